@@ -1,0 +1,69 @@
+# clmcache: the two commands of the README, and the helpers behind them.
+#   make demo   build, then replay the prefix cache over both workloads
+#   make test   build, run every test, then again under ASan + UBSan
+#   make bench  run every tests/bench/bench_* program (JSON lines)
+SHELL := /bin/bash
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= $(shell nproc)
+SHARED ?= $(abspath $(CURDIR)/../shared)
+CMAKE_FLAGS ?=
+
+# Debian packages the build and the tests need (installed by `make deps`).
+DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
+  libfmt-dev catch2 nlohmann-json3-dev
+
+# nvcc lives outside PATH on a stock CUDA install; CMake finds it when told.
+NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+ifneq ($(NVCC),)
+  CUDA_FLAGS := -DCMAKE_CUDA_COMPILER=$(NVCC)
+endif
+
+.PHONY: all deps build build-asan test test-release test-asan demo bench format clean
+
+all: build
+
+deps:
+	@missing=""; \
+	for p in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else \
+	    echo "missing Debian packages; run:"; echo "  sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS) $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS)
+
+build-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_SANITIZE=ON -DCLM_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+test-release: build
+	cd $(BUILD) && CLM_SHARED_DIR=$(SHARED) ctest --output-on-failure -j$(JOBS)
+
+# The sanitizer pass runs the same suite, with property tests scaled down
+# where a test says so (CLM_PROPERTY_OPS).
+test-asan: build-asan
+	cd $(ASAN_BUILD) && CLM_SHARED_DIR=$(SHARED) ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS)
+
+test: test-release test-asan
+
+demo: build
+	@examples/replay/replay_demo.sh $(BUILD)/examples/replay/replay $(SHARED)
+
+bench: build
+	cmake --build $(BUILD) --target bench
+
+format:
+	clang-format -i $$(git ls-files '*.hpp' '*.cpp' '*.h' '*.c' '*.cu')
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,350 @@
+// capi/clm.cpp: the extern "C" layer over clm::Engine. It only converts:
+// checks pointers and struct sizes, copies arrays, turns a clm::Status into a
+// clm_status plus the thread-local message, and never lets an exception out.
+#include "clm.h"
+
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm/engine.hpp"
+
+namespace {
+
+thread_local std::string last_error;
+
+clm_status fail(clm_status code, std::string message) {
+  last_error = std::move(message);
+  return code;
+}
+clm_status report(const clm::Status& s) {
+  return s.ok() ? CLM_OK : fail(static_cast<clm_status>(s.code()), s.message());
+}
+
+// Runs body, turning any exception into a status: nothing throws through the ABI.
+template <class Body>
+clm_status guarded(Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(CLM_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(CLM_ERR_INTERNAL, fmt::format("internal error: {}", e.what()));
+  } catch (...) {
+    return fail(CLM_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+// Versioned structs: accept any size from the first version's up to ours, and
+// read only the fields the caller's size covers.
+template <class Struct>
+clm_status check_struct_size(std::size_t size, std::size_t first_version_size, const char* what) {
+  if (size < first_version_size || size > sizeof(Struct)) {
+    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: struct_size {} is not a size this library knows ({}..{})",
+                                                      what, size, first_version_size, sizeof(Struct)));
+  }
+  return CLM_OK;
+}
+constexpr std::size_t kEngineOptionsV1 = sizeof(clm_engine_options);
+constexpr std::size_t kAdmitOptionsV1 = sizeof(clm_admit_options);
+constexpr std::size_t kMetricsV1 = sizeof(clm_metrics);
+
+clm_status null_argument(const char* function, const char* name) {
+  return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: {} is NULL", function, name));
+}
+
+}  // namespace
+
+// The engine is shared with its sequence handles, so that a handle outliving
+// clm_engine_free fails cleanly instead of touching freed memory.
+struct EngineState {
+  std::unique_ptr<clm::Engine> engine;
+  std::atomic<bool> closed{false};
+};
+struct clm_engine {
+  std::shared_ptr<EngineState> state;
+};
+struct clm_seq {
+  std::shared_ptr<EngineState> state;
+  clm::Admission admission;           // id, cached tokens, page table, slots of the prompt
+  std::vector<std::int64_t> slots;    // of the last extend
+  bool extended = false;
+  bool ended = false;
+  const char* ended_by = "";
+};
+
+extern "C" {
+
+int clm_version(void) { return CLM_VERSION_NUMBER; }
+
+const char* clm_version_string(void) {
+#define CLM_STR2(x) #x
+#define CLM_STR(x) CLM_STR2(x)
+  return CLM_STR(CLM_VERSION_MAJOR) "." CLM_STR(CLM_VERSION_MINOR) "." CLM_STR(CLM_VERSION_PATCH);
+}
+
+const char* clm_status_name(clm_status status) {
+  if (status > 0 || status < CLM_ERR_IO) return "unknown";
+  return clm::status_code_name(static_cast<clm::StatusCode>(status));
+}
+
+const char* clm_last_error(void) { return last_error.c_str(); }
+
+clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
+  if (!options) return null_argument("clm_engine_options_init", "options");
+  if (clm_status s = check_struct_size<clm_engine_options>(struct_size, kEngineOptionsV1, "clm_engine_options_init")) {
+    return s;
+  }
+  const clm::EngineConfig defaults;
+  std::memset(options, 0, struct_size);
+  options->struct_size = static_cast<uint32_t>(struct_size);
+  options->num_pages = 0;
+  options->page_size = defaults.pool.page_size;
+  options->num_layers = defaults.pool.num_layers;
+  options->kv_heads = defaults.pool.kv_heads;
+  options->head_dim = defaults.pool.head_dim;
+  options->kv_dtype = static_cast<int32_t>(defaults.pool.dtype);
+  options->memory = static_cast<int32_t>(defaults.pool.memory);
+  options->device = defaults.pool.device;
+  options->eviction_policy = static_cast<int32_t>(defaults.eviction_policy);
+  options->slru_protected_fraction = defaults.slru_protected_fraction;
+  return CLM_OK;
+}
+
+clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options) {
+  return guarded([&]() -> clm_status {
+    if (!out) return null_argument("clm_engine_create", "out");
+    *out = nullptr;
+    if (!options) return null_argument("clm_engine_create", "options (num_pages has no default)");
+    if (clm_status s = check_struct_size<clm_engine_options>(options->struct_size, kEngineOptionsV1,
+                                                             "clm_engine_create")) {
+      return s;
+    }
+    if (options->kv_dtype < CLM_KV_F32 || options->kv_dtype > CLM_KV_BF16) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_create: unknown kv_dtype {}", options->kv_dtype));
+    }
+    if (options->memory < CLM_MEMORY_NONE || options->memory > CLM_MEMORY_DEVICE) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_create: unknown memory {}", options->memory));
+    }
+    if (options->eviction_policy < CLM_EVICT_LRU || options->eviction_policy > CLM_EVICT_PRIORITY) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_create: unknown eviction_policy {}", options->eviction_policy));
+    }
+    clm::EngineConfig config;
+    config.pool.num_pages = options->num_pages;
+    config.pool.page_size = options->page_size;
+    config.pool.num_layers = options->num_layers;
+    config.pool.kv_heads = options->kv_heads;
+    config.pool.head_dim = options->head_dim;
+    config.pool.dtype = static_cast<clm::KvDType>(options->kv_dtype);
+    config.pool.memory = static_cast<clm::MemoryKind>(options->memory);
+    config.pool.device = options->device;
+    config.eviction_policy = static_cast<clm::EvictionPolicy>(options->eviction_policy);
+    config.slru_protected_fraction = options->slru_protected_fraction;
+    auto state = std::make_shared<EngineState>();
+    if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
+    *out = new clm_engine{std::move(state)};
+    return CLM_OK;
+  });
+}
+
+void clm_engine_free(clm_engine* engine) {
+  if (!engine) return;
+  engine->state->closed = true;
+  engine->state->engine->abort_all();
+  delete engine;  // the pool's memory goes with the last sequence handle
+}
+
+clm_status clm_engine_kv_layout(clm_kv_layout* out, const clm_engine* engine) {
+  if (!out) return null_argument("clm_engine_kv_layout", "out");
+  if (!engine) return null_argument("clm_engine_kv_layout", "engine");
+  const clm::PagedKvPool& pool = engine->state->engine->pool();
+  const clm::PagedKvPoolConfig& c = pool.config();
+  *out = clm_kv_layout{pool.data(),         pool.page_bytes(),  pool.layer_bytes(), c.num_pages,
+                       c.page_size,         c.num_layers,       c.kv_heads,         c.head_dim,
+                       static_cast<int32_t>(c.dtype), static_cast<int32_t>(c.memory)};
+  return CLM_OK;
+}
+
+clm_status clm_admit_options_init(clm_admit_options* options, size_t struct_size) {
+  if (!options) return null_argument("clm_admit_options_init", "options");
+  if (clm_status s = check_struct_size<clm_admit_options>(struct_size, kAdmitOptionsV1, "clm_admit_options_init")) {
+    return s;
+  }
+  std::memset(options, 0, struct_size);
+  options->struct_size = static_cast<uint32_t>(struct_size);
+  return CLM_OK;
+}
+
+clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* tokens, size_t n_tokens,
+                            const clm_admit_options* options) {
+  return guarded([&]() -> clm_status {
+    if (!out) return null_argument("clm_engine_admit", "out");
+    *out = nullptr;
+    if (!engine) return null_argument("clm_engine_admit", "engine");
+    if (!tokens && n_tokens > 0) return null_argument("clm_engine_admit", "tokens (with n_tokens > 0)");
+    if (n_tokens > (size_t{1} << 30)) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_admit: n_tokens {} is too large", n_tokens));
+    }
+    clm::AdmitOptions admit;
+    if (options) {
+      if (clm_status s = check_struct_size<clm_admit_options>(options->struct_size, kAdmitOptionsV1,
+                                                              "clm_engine_admit")) {
+        return s;
+      }
+      if (!options->cache_salt && options->cache_salt_len > 0) {
+        return null_argument("clm_engine_admit", "options->cache_salt (with cache_salt_len > 0)");
+      }
+      if (options->cache_salt) admit.cache_salt = std::string_view(options->cache_salt, options->cache_salt_len);
+      admit.adapter_id = options->adapter_id;
+      admit.priority = options->priority;
+    }
+    auto seq = std::make_unique<clm_seq>();
+    seq->state = engine->state;
+    if (clm_status s = report(engine->state->engine->admit({tokens, n_tokens}, admit, seq->admission))) return s;
+    *out = seq.release();
+    return CLM_OK;
+  });
+}
+
+namespace {
+clm_status check_running(const clm_seq* seq, const char* function) {
+  if (!seq) return null_argument(function, "seq");
+  if (seq->state->closed) return fail(CLM_ERR_FAILED_PRECONDITION, fmt::format("{}: the engine was freed", function));
+  if (seq->ended) {
+    return fail(CLM_ERR_FAILED_PRECONDITION, fmt::format("{}: the sequence was already {}", function, seq->ended_by));
+  }
+  return CLM_OK;
+}
+}  // namespace
+
+clm_status clm_seq_extend(clm_seq* seq, const int32_t* tokens, size_t n_tokens) {
+  return guarded([&]() -> clm_status {
+    if (clm_status s = check_running(seq, "clm_seq_extend")) return s;
+    if (!tokens && n_tokens > 0) return null_argument("clm_seq_extend", "tokens (with n_tokens > 0)");
+    if (clm_status s = report(seq->state->engine->extend(seq->admission.seq, {tokens, n_tokens}, seq->slots))) {
+      return s;
+    }
+    seq->extended = true;
+    return CLM_OK;
+  });
+}
+
+clm_status clm_seq_finish(clm_seq* seq) {
+  return guarded([&]() -> clm_status {
+    if (clm_status s = check_running(seq, "clm_seq_finish")) return s;
+    if (clm_status s = report(seq->state->engine->finish(seq->admission.seq))) return s;
+    seq->ended = true;
+    seq->ended_by = "finished";
+    return CLM_OK;
+  });
+}
+
+clm_status clm_seq_abort(clm_seq* seq) {
+  return guarded([&]() -> clm_status {
+    if (clm_status s = check_running(seq, "clm_seq_abort")) return s;
+    if (clm_status s = report(seq->state->engine->abort(seq->admission.seq))) return s;
+    seq->ended = true;
+    seq->ended_by = "aborted";
+    return CLM_OK;
+  });
+}
+
+void clm_seq_free(clm_seq* seq) {
+  if (!seq) return;
+  if (!seq->ended && !seq->state->closed) (void)seq->state->engine->abort(seq->admission.seq);
+  delete seq;
+}
+
+int32_t clm_seq_cached_tokens(const clm_seq* seq) { return seq ? seq->admission.cached_tokens : 0; }
+
+const int32_t* clm_seq_page_table(const clm_seq* seq, size_t* n_pages) {
+  if (n_pages) *n_pages = 0;
+  if (!seq) return nullptr;
+  if (!seq->ended && !seq->state->closed && seq->extended) {
+    // Decode steps add pages: refresh the cached copy.
+    auto* self = const_cast<clm_seq*>(seq);
+    if (!self->state->engine->page_table(self->admission.seq, self->admission.page_table).ok()) return nullptr;
+  }
+  if (n_pages) *n_pages = seq->admission.page_table.size();
+  return seq->admission.page_table.data();
+}
+
+const int64_t* clm_seq_slots(const clm_seq* seq, size_t* n_slots) {
+  if (n_slots) *n_slots = 0;
+  if (!seq) return nullptr;
+  const std::vector<std::int64_t>& slots = seq->extended ? seq->slots : seq->admission.slots;
+  if (n_slots) *n_slots = slots.size();
+  return slots.data();
+}
+
+clm_status clm_engine_batch_page_table(int32_t* indptr, int32_t* indices, size_t indices_capacity, size_t* n_indices,
+                                       int32_t* last_page_len, clm_engine* engine, clm_seq* const* seqs,
+                                       size_t n_seqs) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_batch_page_table";
+    if (!indptr) return null_argument(fn, "indptr");
+    if (!n_indices) return null_argument(fn, "n_indices");
+    if (!last_page_len && n_seqs > 0) return null_argument(fn, "last_page_len");
+    if (!engine) return null_argument(fn, "engine");
+    if (!seqs && n_seqs > 0) return null_argument(fn, "seqs");
+    std::vector<clm::SequenceId> ids(n_seqs);
+    for (size_t i = 0; i < n_seqs; ++i) {
+      if (clm_status s = check_running(seqs[i], fn)) return s;
+      if (seqs[i]->state != engine->state) {
+        return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: seqs[{}] belongs to another engine", fn, i));
+      }
+      ids[i] = seqs[i]->admission.seq;
+    }
+    clm::PagedBatch batch;
+    if (clm_status s = report(engine->state->engine->batch_page_table(ids, batch))) return s;
+    *n_indices = batch.indices.size();
+    if (batch.indices.size() > indices_capacity || (!indices && !batch.indices.empty())) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: {} page ids need room, indices holds {}", fn,
+                                                        batch.indices.size(), indices ? indices_capacity : 0));
+    }
+    std::copy(batch.indptr.begin(), batch.indptr.end(), indptr);
+    std::copy(batch.indices.begin(), batch.indices.end(), indices);
+    std::copy(batch.last_page_len.begin(), batch.last_page_len.end(), last_page_len);
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
+  return guarded([&]() -> clm_status {
+    if (!out) return null_argument("clm_engine_metrics", "out");
+    if (!engine) return null_argument("clm_engine_metrics", "engine");
+    if (clm_status s = check_struct_size<clm_metrics>(out->struct_size, kMetricsV1, "clm_engine_metrics")) return s;
+    const clm::EngineMetrics m = engine->state->engine->metrics();
+    clm_metrics full{};
+    full.struct_size = out->struct_size;
+    full.tokens_queried = m.cache.tokens_queried;
+    full.tokens_hit = m.cache.tokens_hit;
+    full.hit_rate = m.cache.hit_rate();
+    full.cached_tokens = m.cache.cached_tokens;
+    full.evictable_tokens = m.cache.evictable_tokens;
+    full.protected_tokens = m.cache.protected_tokens;
+    full.pages_used = m.cache.pages_used;
+    full.pages_free = m.cache.pages_free;
+    full.evicted_tokens = m.cache.evicted_tokens;
+    full.evictions = m.cache.evictions;
+    full.inserted_tokens = m.cache.inserted_tokens;
+    full.admitted = m.admitted;
+    full.finished = m.finished;
+    full.aborted = m.aborted;
+    full.rejected = m.rejected;
+    full.active_sequences = m.active_sequences;
+    full.metadata_bytes = m.cache.metadata_bytes;
+    std::memcpy(out, &full, out->struct_size);
+    return CLM_OK;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,247 @@
+// examples/replay/main.cpp: the `replay` command. Parses flags, loads the
+// workload, replays it through PagedKvPool + RadixTree and prints the figures
+// (see replay_driver.hpp for the protocol, ../shared/workloads.md for the
+// workloads).
+//
+// Exit status: 0 ok, 1 the replay failed a check (page leak, broken tree
+// invariant), 2 bad input (flags, files, malformed lines).
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "clm/eviction_policy.hpp"
+#include "replay_driver.hpp"
+#include "workload.hpp"
+
+namespace {
+
+using clm::replay::ReplayConfig;
+using clm::replay::ReplayResult;
+using clm::replay::Workload;
+
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitBadInput = 2;
+
+constexpr std::string_view kUsage =
+    "usage: replay --workload gsp|FILE.jsonl|mooncake:FILE --page-size N --capacity TOKENS\n"
+    "              [--policy lru|lfu|slru|priority] [--json] [--repeat K] [--seed S]\n"
+    "       replay --write-gsp FILE [--seed S]   (then replays too when --workload is given)\n"
+    "\n"
+    "  --workload   gsp: SGLang's generated-shared-prefix workload (64 groups x 16 prompts,\n"
+    "               2048-token system prompts, 128-token questions, 256-token outputs);\n"
+    "               FILE: JSONL, one {\"prompt\":[..],\"output\":[..],\"salt\":\"..\"} per line;\n"
+    "               mooncake:FILE: a Mooncake trace (512-token hash blocks)\n"
+    "  --page-size  tokens per KV page\n"
+    "  --capacity   pool size in tokens (num_pages = capacity / page size)\n"
+    "  --policy     eviction policy (default lru)\n"
+    "  --json       one JSON object on stdout instead of text\n"
+    "  --repeat     replays on a fresh pool and tree; times are their median (default 1)\n"
+    "  --seed       gsp generator seed (default 42)\n"
+    "  --write-gsp  write the gsp workload of --seed as JSONL to FILE\n";
+
+struct Options {
+  std::string workload;
+  std::optional<std::int64_t> page_size;
+  std::optional<std::int64_t> capacity;
+  clm::EvictionPolicy policy = clm::EvictionPolicy::lru;
+  bool json = false;
+  int repeat = 1;
+  std::uint64_t seed = clm::replay::GspParams{}.seed;
+  std::string write_gsp;
+};
+
+// Thrown only inside flag parsing, turned into exit status 2 by main.
+struct UsageError {
+  std::string message;
+};
+
+template <class Int>
+Int parse_int(std::string_view flag, std::string_view text, Int min_value) {
+  Int value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    throw UsageError{fmt::format("{}: '{}' is not an integer (or is out of range)", flag, text)};
+  }
+  if (value < min_value) throw UsageError{fmt::format("{}: must be >= {}, got {}", flag, min_value, value)};
+  return value;
+}
+
+Options parse_flags(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    std::optional<std::string_view> inline_value;  // --flag=value
+    if (const auto eq = arg.find('='); arg.substr(0, 2) == "--" && eq != std::string_view::npos) {
+      inline_value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    auto value = [&]() -> std::string_view {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= argc) throw UsageError{fmt::format("{} needs a value", arg)};
+      return argv[++i];
+    };
+    auto no_value = [&] {
+      if (inline_value) throw UsageError{fmt::format("{} takes no value", arg)};
+    };
+    if (arg == "--workload") {
+      options.workload = value();
+      if (options.workload.empty()) throw UsageError{"--workload: empty"};
+    } else if (arg == "--page-size") {
+      options.page_size = parse_int<std::int64_t>(arg, value(), 1);
+      if (*options.page_size > std::numeric_limits<std::int32_t>::max()) throw UsageError{"--page-size: too large"};
+    } else if (arg == "--capacity") {
+      options.capacity = parse_int<std::int64_t>(arg, value(), 1);
+    } else if (arg == "--policy") {
+      const std::string_view name = value();
+      const auto policy = clm::parse_eviction_policy(name);
+      if (!policy) throw UsageError{fmt::format("--policy: unknown policy '{}' (lru, lfu, slru, priority)", name)};
+      options.policy = *policy;
+    } else if (arg == "--json") {
+      no_value();
+      options.json = true;
+    } else if (arg == "--repeat") {
+      options.repeat = parse_int<int>(arg, value(), 1);
+    } else if (arg == "--seed") {
+      options.seed = parse_int<std::uint64_t>(arg, value(), 0);
+    } else if (arg == "--write-gsp") {
+      options.write_gsp = value();
+      if (options.write_gsp.empty()) throw UsageError{"--write-gsp: empty file name"};
+    } else {
+      throw UsageError{fmt::format("unknown argument '{}'", argv[i])};
+    }
+  }
+  if (options.workload.empty() && options.write_gsp.empty()) throw UsageError{"--workload is required"};
+  if (!options.workload.empty()) {
+    if (!options.page_size) throw UsageError{"--page-size is required"};
+    if (!options.capacity) throw UsageError{"--capacity is required"};
+  }
+  return options;
+}
+
+// JSON has no inf or nan.
+std::string json_number(double x) { return std::isfinite(x) ? fmt::format("{}", x) : "null"; }
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+    } else {
+      out += c;
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+void print_json(const Options& options, const ReplayResult& r, double memcmp_gbps) {
+  std::string runs;
+  for (const double w : r.wall_s_runs) {
+    if (!runs.empty()) runs.push_back(',');
+    runs.append(json_number(w));
+  }
+  fmt::print(
+      "{{\"workload\":{},\"policy\":\"{}\",\"page_size\":{},\"capacity\":{},\"num_pages\":{},\"seed\":{},"
+      "\"requests\":{},\"failed_requests\":{},\"prompt_tokens\":{},\"hit_tokens\":{},\"hit_rate\":{},"
+      "\"inserted_tokens\":{},\"evicted_tokens\":{},\"evictions\":{},\"repeat\":{},\"wall_s\":{},"
+      "\"wall_s_runs\":[{}],\"requests_per_s\":{},"
+      "\"metadata_bytes_per_token\":{},\"metadata_sampled_at\":\"peak cached tokens, sampled every 64 requests\","
+      "\"peak_cached_tokens\":{},\"metadata_bytes_at_peak\":{},"
+      "\"metadata_bytes_per_token_end\":{},\"cached_tokens_end\":{},\"metadata_bytes_end\":{},"
+      "\"touched_bytes\":{},\"memcmp_gbps\":{},\"memory_bound_fraction\":{}}}\n",
+      json_string(options.workload), clm::eviction_policy_name(options.policy), r.page_size, *options.capacity,
+      r.num_pages, options.seed, r.requests, r.failed_requests, r.prompt_tokens, r.hit_tokens,
+      json_number(r.hit_rate()), r.inserted_tokens, r.evicted_tokens, r.evictions, options.repeat,
+      json_number(r.wall_s), runs, json_number(r.requests_per_s()), json_number(r.metadata_bytes_per_token()),
+      r.peak_cached_tokens, r.metadata_bytes_at_peak, json_number(r.final_metadata_bytes_per_token()),
+      r.final_cached_tokens, r.final_metadata_bytes, r.touched_bytes(), json_number(memcmp_gbps),
+      json_number(r.memory_bound_fraction(memcmp_gbps)));
+}
+
+void print_text(const Options& options, const ReplayResult& r, double memcmp_gbps) {
+  fmt::print("workload          {} ({} requests, {} prompt tokens)\n", options.workload, r.requests, r.prompt_tokens);
+  fmt::print("cache             {}, page size {}, capacity {} tokens ({} pages)\n",
+             clm::eviction_policy_name(options.policy), r.page_size, *options.capacity, r.num_pages);
+  fmt::print("hit rate          {:.4f} ({} of {} prompt tokens), {} failed requests\n", r.hit_rate(), r.hit_tokens,
+             r.prompt_tokens, r.failed_requests);
+  fmt::print("stored / evicted  {} tokens stored, {} tokens evicted in {} leaves\n", r.inserted_tokens,
+             r.evicted_tokens, r.evictions);
+  fmt::print("time              {:.4f} s ({}), {:.0f} requests/s\n", r.wall_s,
+             options.repeat > 1 ? fmt::format("median of {}", options.repeat) : std::string("one run"),
+             r.requests_per_s());
+  fmt::print("tree metadata     {:.1f} bytes/token at the peak of {} cached tokens; {:.1f} at the end ({} tokens)\n",
+             r.metadata_bytes_per_token(), r.peak_cached_tokens, r.final_metadata_bytes_per_token(),
+             r.final_cached_tokens);
+  fmt::print("memory bound      memcmp {:.1f} GB/s; {:.1f} MB touched: memory-bound fraction {:.3f}\n", memcmp_gbps,
+             static_cast<double>(r.touched_bytes()) / 1e6, r.memory_bound_fraction(memcmp_gbps));
+}
+
+int run(const Options& options) {
+  if (!options.write_gsp.empty()) {
+    clm::replay::GspParams params;
+    params.seed = options.seed;
+    const clm::Status written = clm::replay::write_jsonl_workload(clm::replay::generate_gsp(params), options.write_gsp);
+    if (!written.ok()) {
+      fmt::print(stderr, "replay: {}\n", written.message());
+      return kExitBadInput;
+    }
+    if (!options.json) fmt::print(stderr, "replay: wrote the gsp workload (seed {}) to {}\n", options.seed, options.write_gsp);
+    if (options.workload.empty()) return 0;
+  }
+
+  Workload workload;
+  if (const clm::Status loaded = clm::replay::load_workload(options.workload, options.seed, workload); !loaded.ok()) {
+    fmt::print(stderr, "replay: {}\n", loaded.message());
+    return kExitBadInput;
+  }
+  ReplayConfig config;
+  config.page_size = static_cast<std::int32_t>(*options.page_size);
+  config.capacity_tokens = *options.capacity;
+  config.policy = options.policy;
+  ReplayResult result;
+  if (const clm::Status replayed = clm::replay::run_replays(workload, config, options.repeat, result);
+      !replayed.ok()) {
+    fmt::print(stderr, "replay: {}: {}\n", replayed.code_name(), replayed.message());
+    return replayed.code() == clm::StatusCode::invalid_argument ? kExitBadInput : kExitCheckFailed;
+  }
+  const double memcmp_gbps = clm::replay::measure_memcmp_gbps();
+  if (options.json) {
+    print_json(options, result, memcmp_gbps);
+  } else {
+    print_text(options, result, memcmp_gbps);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  try {
+    if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+      fmt::print("{}", kUsage);
+      return 0;
+    }
+    options = parse_flags(argc, argv);
+  } catch (const UsageError& error) {
+    fmt::print(stderr, "replay: {}\n{}", error.message, kUsage);
+    return kExitBadInput;
+  }
+  try {
+    return run(options);
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "replay: out of memory\n");
+    return kExitCheckFailed;
+  }
+}

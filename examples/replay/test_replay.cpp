@@ -1,0 +1,381 @@
+// examples/replay/test_replay.cpp: checks of the replay tool: the gsp workload
+// and its unbounded optimum, the JSONL round trip, Mooncake token expansion,
+// the leak and invariant checks under eviction and failed requests, and
+// clean errors (exit status 2 from the binary) on bad input.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "replay_driver.hpp"
+#include "workload.hpp"
+
+namespace {
+
+using clm::replay::ReplayConfig;
+using clm::replay::ReplayResult;
+using clm::replay::Workload;
+
+// A file in the temp directory, removed when the test ends.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& name, const std::string& contents = {})
+      : path_(std::filesystem::temp_directory_path() /
+              ("clm_test_replay_" + std::to_string(::getpid()) + "_" + name)) {
+    if (!contents.empty()) std::ofstream(path_, std::ios::binary) << contents;
+  }
+  ~TempFile() {
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+ReplayResult replay(const Workload& workload, std::int32_t page_size, std::int64_t capacity,
+                    clm::EvictionPolicy policy = clm::EvictionPolicy::lru) {
+  ReplayConfig config;
+  config.page_size = page_size;
+  config.capacity_tokens = capacity;
+  config.policy = policy;
+  ReplayResult result;
+  const clm::Status status = clm::replay::run_replay(workload, config, result);
+  INFO(status.message());
+  REQUIRE(status.ok());
+  return result;
+}
+
+Workload parse_jsonl(const std::string& text) {
+  Workload workload;
+  const clm::Status status = clm::replay::parse_jsonl_workload(text, "test.jsonl", workload);
+  INFO(status.message());
+  REQUIRE(status.ok());
+  return workload;
+}
+
+Workload parse_mooncake(const std::string& text) {
+  Workload workload;
+  const clm::Status status = clm::replay::parse_mooncake_trace(text, "trace.jsonl", workload);
+  INFO(status.message());
+  REQUIRE(status.ok());
+  return workload;
+}
+
+// Exit status of the replay binary run with `args`; stdout goes to `stdout_path`.
+int run_replay_binary(const std::string& args, const std::string& stdout_path = "/dev/null") {
+  const std::string command = std::string(CLM_REPLAY_BINARY) + " " + args + " >" + stdout_path + " 2>/dev/null";
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+const std::string& gsp_jsonl_path() {  // written once, shared by the tests that need it
+  static TempFile file("gsp.jsonl");
+  static const bool written = clm::replay::write_jsonl_workload(clm::replay::generate_gsp(), file.path()).ok();
+  REQUIRE(written);
+  static const std::string path = file.path();
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("gsp has SGLang's default shape") {
+  const Workload gsp = clm::replay::generate_gsp();
+  REQUIRE(gsp.requests.size() == 1024);
+  REQUIRE(gsp.total_prompt_tokens() == 2228224);
+  std::set<std::vector<std::int32_t>> system_prompts;
+  std::set<std::vector<std::int32_t>> distinct_requests;
+  for (const auto& r : gsp.requests) {
+    REQUIRE(r.prompt_tokens == 2176);
+    REQUIRE(r.output_tokens == 256);
+    const auto prompt = gsp.prompt(r);
+    system_prompts.emplace(prompt.begin(), prompt.begin() + 2048);
+    const auto all = gsp.prompt_and_output(r);
+    distinct_requests.emplace(all.begin(), all.end());
+    for (const std::int32_t id : all) REQUIRE((id >= 0 && id < 128256));
+  }
+  REQUIRE(system_prompts.size() == 64);
+  REQUIRE(distinct_requests.size() == 1024);
+  // Shuffled: the first 16 requests do not all share one system prompt.
+  std::set<std::vector<std::int32_t>> first_sixteen;
+  for (std::size_t i = 0; i < 16; ++i) {
+    const auto prompt = gsp.prompt(gsp.requests[i]);
+    first_sixteen.emplace(prompt.begin(), prompt.begin() + 2048);
+  }
+  REQUIRE(first_sixteen.size() > 1);
+  // Deterministic per seed, different across seeds.
+  REQUIRE(clm::replay::generate_gsp().tokens == gsp.tokens);
+  clm::replay::GspParams other;
+  other.seed = 7;
+  REQUIRE(clm::replay::generate_gsp(other).tokens != gsp.tokens);
+}
+
+TEST_CASE("gsp with an unbounded cache reaches the optimum hit rate") {
+  // Only the 15 later prompts of each group can hit, on the system prompt alone.
+  const double optimum = 64.0 * 15 * 2048 / (1024.0 * 2176);
+  const Workload gsp = clm::replay::generate_gsp();
+  for (const std::int32_t page_size : {1, 16}) {
+    const ReplayResult r = replay(gsp, page_size, 1048576 * 4);
+    INFO("page size " << page_size);
+    REQUIRE(r.hit_rate() == Approx(optimum).margin(1e-4));
+    REQUIRE(r.hit_rate() == Approx(0.8824).margin(1e-4));
+    REQUIRE(r.failed_requests == 0);
+    REQUIRE(r.evicted_tokens == 0);
+    // Everything distinct is cached: 64 system prompts + 1024 questions and outputs.
+    REQUIRE(r.final_cached_tokens == 64 * 2048 + 1024 * (128 + 256));
+  }
+}
+
+TEST_CASE("a bounded cache evicts and still leaks no page", "[leak]") {
+  const Workload gsp = clm::replay::generate_gsp();
+  for (const auto policy : {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru,
+                            clm::EvictionPolicy::priority}) {
+    for (const std::int32_t page_size : {1, 16}) {
+      INFO(clm::eviction_policy_name(policy) << ", page size " << page_size);
+      const ReplayResult r = replay(gsp, page_size, 131072, policy);  // run_replay checks leaks + invariants
+      REQUIRE(r.evicted_tokens > 0);
+      REQUIRE(r.failed_requests == 0);
+      REQUIRE(r.hit_rate() > 0.3);
+      REQUIRE(r.hit_rate() < 0.8824);
+      REQUIRE(r.final_cached_tokens <= 131072);
+    }
+  }
+}
+
+TEST_CASE("page sizes that do not divide the lengths leak nothing") {
+  const Workload gsp = clm::replay::generate_gsp();
+  for (const std::int32_t page_size : {3, 7, 100}) {
+    INFO("page size " << page_size);
+    const ReplayResult r = replay(gsp, page_size, 70000);
+    REQUIRE(r.failed_requests == 0);
+    REQUIRE(r.hit_tokens % static_cast<std::uint64_t>(page_size) == 0);
+  }
+}
+
+TEST_CASE("requests too big for the pool fail cleanly") {
+  // 40 tokens of prompt+output on 32 token slots: never fits. The small one does.
+  const Workload w = parse_jsonl(
+      "{\"prompt\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30],"
+      "\"output\":[1,2,3,4,5,6,7,8,9,10]}\n"
+      "{\"prompt\":[1,2,3,4,5],\"output\":[6]}\n"
+      "{\"prompt\":[1,2,3,4,5,6,7],\"output\":[8]}\n");
+  const ReplayResult r = replay(w, 4, 32);
+  REQUIRE(r.failed_requests == 1);
+  REQUIRE(r.hit_tokens == 4);  // the third request reuses the second's first page
+  REQUIRE(r.prompt_tokens == 42);
+}
+
+TEST_CASE("JSONL round trip replays exactly like gsp") {
+  const Workload generated = clm::replay::generate_gsp();
+  Workload read;
+  const clm::Status status = clm::replay::read_jsonl_workload(gsp_jsonl_path(), read);
+  INFO(status.message());
+  REQUIRE(status.ok());
+  REQUIRE(read.tokens == generated.tokens);
+  REQUIRE(read.requests.size() == generated.requests.size());
+  for (const auto& [page_size, capacity] : {std::pair{1, 131072}, std::pair{16, 131072}, std::pair{16, 1048576}}) {
+    const ReplayResult a = replay(generated, page_size, capacity);
+    const ReplayResult b = replay(read, page_size, capacity);
+    REQUIRE(a.hit_tokens == b.hit_tokens);
+    REQUIRE(a.prompt_tokens == b.prompt_tokens);
+    REQUIRE(a.inserted_tokens == b.inserted_tokens);
+    REQUIRE(a.evicted_tokens == b.evicted_tokens);
+    REQUIRE(a.evictions == b.evictions);
+    REQUIRE(a.final_cached_tokens == b.final_cached_tokens);
+  }
+}
+
+TEST_CASE("the binary writes gsp as JSONL and replays it the same", "[cli]") {
+  TempFile written("written.jsonl");
+  REQUIRE(run_replay_binary("--write-gsp " + written.path()) == 0);
+  Workload from_binary;
+  REQUIRE(clm::replay::read_jsonl_workload(written.path(), from_binary).ok());
+  REQUIRE(from_binary.tokens == clm::replay::generate_gsp().tokens);
+}
+
+TEST_CASE("JSONL salts are namespaces; other keys are ignored") {
+  const Workload w = parse_jsonl(
+      "{\"prompt\":[5,6,7,8],\"output\":[9],\"salt\":\"a\"}\n"
+      "\n"
+      "  {\"extra\":{\"x\":[1,2.5e3,true,null]},\"salt\":\"b\",\"prompt\":[5,6,7,8]}\r\n"
+      "{\"prompt\":[5,6,7,8],\"salt\":\"a\"}\n"
+      "{\"prompt\":[5,6,7,8],\"salt\":\"\\u00e9\\\"\\ud83d\\ude00\"}\n");
+  REQUIRE(w.requests.size() == 4);
+  REQUIRE(w.salt(w.requests[0]) == "a");
+  REQUIRE(w.salt(w.requests[1]) == "b");
+  REQUIRE(w.requests[0].salt == w.requests[2].salt);
+  REQUIRE(w.salt(w.requests[3]) == "\xc3\xa9\"\xf0\x9f\x98\x80");
+  REQUIRE(w.requests[1].output_tokens == 0);
+  const ReplayResult r = replay(w, 1, 1000);
+  REQUIRE(r.hit_tokens == 3);  // only the third request, in namespace "a", hits (capped at len-1)
+}
+
+TEST_CASE("Mooncake blocks expand to the expected token ids") {
+  const Workload w = parse_mooncake(
+      "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [3, 7]}\n"
+      "{\"timestamp\": 12.5, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [3]}\n"
+      "{\"hash_ids\": [0], \"input_length\": 1, \"output_length\": 2}\n");
+  REQUIRE_FALSE(w.output_cached);
+  REQUIRE(w.requests.size() == 3);
+  REQUIRE(w.requests[0].prompt_tokens == 600);
+  REQUIRE(w.requests[0].output_tokens == 5);
+  const auto first = w.prompt(w.requests[0]);
+  for (std::int32_t t = 0; t < 512; ++t) REQUIRE(first[static_cast<std::size_t>(t)] == 3 * 512 + t);
+  for (std::int32_t t = 0; t < 88; ++t) REQUIRE(first[static_cast<std::size_t>(512 + t)] == 7 * 512 + t);
+  const auto second = w.prompt(w.requests[1]);
+  REQUIRE(std::vector<std::int32_t>(second.begin(), second.end()) ==
+          std::vector<std::int32_t>(first.begin(), first.begin() + 512));
+  const auto third = w.prompt(w.requests[2]);
+  REQUIRE(third.size() == 1);
+  REQUIRE(third[0] == 0);
+}
+
+TEST_CASE("Mooncake replay inserts prompts only") {
+  const Workload w = parse_mooncake(
+      "{\"input_length\": 1000, \"output_length\": 300, \"hash_ids\": [0, 1]}\n"
+      "{\"input_length\": 700, \"output_length\": 10, \"hash_ids\": [0, 2]}\n"
+      "{\"input_length\": 1000, \"output_length\": 10, \"hash_ids\": [0, 1]}\n");
+  const ReplayResult r = replay(w, 16, 100000);
+  // Request 2 reuses block 0; request 3 its whole prompt but the last page
+  // (992 tokens: the prompt's stored part, capped at len-1 and page-aligned).
+  REQUIRE(r.hit_tokens == 512 + 992);
+  // Prompts stored page-aligned: 992 + (688 - 512) new tokens; outputs never.
+  REQUIRE(r.inserted_tokens == 992 + 176);
+  REQUIRE(r.final_cached_tokens == 992 + 176);
+  // 64 pages: the first request (82 pages) fails; the third fits only by
+  // evicting the second's unshared tail.
+  const ReplayResult tight = replay(w, 16, 1024);
+  REQUIRE(tight.failed_requests == 1);
+  REQUIRE(tight.hit_tokens == 512);
+  REQUIRE(tight.evicted_tokens == 176);
+}
+
+TEST_CASE("the real Mooncake trace, when present, replays without leaks", "[mooncake]") {
+  const char* dir = std::getenv("CLM_SHARED_DIR");
+  const std::string path = std::string(dir ? dir : CLM_DEFAULT_SHARED_DIR) + "/traces/mooncake/conversation_trace.jsonl";
+  if (!std::filesystem::exists(path)) {
+    WARN("skipped: no trace at " << path);
+    return;
+  }
+  Workload trace;
+  REQUIRE(clm::replay::read_mooncake_trace(path, trace).ok());
+  REQUIRE(trace.requests.size() == 12031);
+  const ReplayResult r = replay(trace, 16, 1000000);
+  REQUIRE(r.hit_rate() > 0.02);
+  REQUIRE(r.hit_rate() < 0.374);
+}
+
+TEST_CASE("bad workload files are reported, not crashed on") {
+  Workload w;
+  SECTION("missing file") {
+    const clm::Status s = clm::replay::read_jsonl_workload("/nonexistent/workload.jsonl", w);
+    REQUIRE(s.code() == clm::StatusCode::io_error);
+    REQUIRE_THAT(s.message(), Catch::Contains("/nonexistent/workload.jsonl"));
+    REQUIRE(clm::replay::read_mooncake_trace("/nonexistent/trace", w).code() == clm::StatusCode::io_error);
+    REQUIRE(clm::replay::load_workload("mooncake:", 42, w).code() == clm::StatusCode::invalid_argument);
+  }
+  SECTION("a directory") {
+    REQUIRE_FALSE(clm::replay::read_jsonl_workload(std::filesystem::temp_directory_path().string(), w).ok());
+  }
+  SECTION("malformed JSONL lines") {
+    const std::vector<std::string> bad = {
+        "not json",
+        "{\"prompt\":[1,2,3]",
+        "{\"prompt\":[1,2,3]} trailing",
+        "{\"output\":[1]}",
+        "{\"prompt\":[]}",
+        "{\"prompt\":[1,-2]}",
+        "{\"prompt\":[1,2.5]}",
+        "{\"prompt\":[1,2e3]}",
+        "{\"prompt\":[2147483648]}",
+        "{\"prompt\":[99999999999999999999999999]}",
+        "{\"prompt\":[1,,2]}",
+        "{\"prompt\":[1],\"prompt\":[2]}",
+        "{\"prompt\":[1],\"salt\":5}",
+        "{\"prompt\":[1],\"salt\":\"unterminated}",
+        "{\"prompt\":[1],\"salt\":\"\\x\"}",
+        "{\"prompt\":[1],\"salt\":\"\\ud800\"}",
+        "{\"prompt\":\"1 2 3\"}",
+        "[1,2,3]",
+        "{\"prompt\":[1] \"output\":[2]}",
+        "{\"prompt\":[1],\"x\":tru}",
+    };
+    for (const std::string& line : bad) {
+      INFO(line);
+      const clm::Status s = clm::replay::parse_jsonl_workload("{\"prompt\":[7]}\n" + line + "\n", "w.jsonl", w);
+      REQUIRE(s.code() == clm::StatusCode::invalid_argument);
+      REQUIRE_THAT(s.message(), Catch::StartsWith("w.jsonl:2:"));
+    }
+  }
+  SECTION("empty workload") {
+    REQUIRE(clm::replay::parse_jsonl_workload("\n\n", "empty.jsonl", w).code() == clm::StatusCode::invalid_argument);
+  }
+  SECTION("malformed Mooncake lines") {
+    const std::vector<std::string> bad = {
+        "{\"input_length\": 600, \"output_length\": 5}",
+        "{\"input_length\": 600, \"hash_ids\": [1, 2]}",
+        "{\"output_length\": 5, \"hash_ids\": [1, 2]}",
+        "{\"input_length\": 1025, \"output_length\": 5, \"hash_ids\": [1, 2]}",
+        "{\"input_length\": 512, \"output_length\": 5, \"hash_ids\": [1, 2]}",
+        "{\"input_length\": 0, \"output_length\": 5, \"hash_ids\": []}",
+        "{\"input_length\": 10, \"output_length\": -1, \"hash_ids\": [1]}",
+        "{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [-1]}",
+        "{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [4194304]}",
+        "{\"input_length\": 10.5, \"output_length\": 1, \"hash_ids\": [1]}",
+        "{\"input_length\": 10, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}",
+    };
+    for (const std::string& line : bad) {
+      INFO(line);
+      const clm::Status s = clm::replay::parse_mooncake_trace(line + "\n", "t.jsonl", w);
+      REQUIRE(s.code() == clm::StatusCode::invalid_argument);
+      REQUIRE_THAT(s.message(), Catch::StartsWith("t.jsonl:1:"));
+    }
+  }
+}
+
+TEST_CASE("the binary exits 2 on bad input", "[cli]") {
+  TempFile malformed("malformed.jsonl", "{\"prompt\":[1,2,3]}\n{\"prompt\":[1,\n");
+  REQUIRE(run_replay_binary("--workload gsp --page-size 16 --capacity 131072 --bogus") == 2);
+  REQUIRE(run_replay_binary("--workload gsp --page-size 16") == 2);
+  REQUIRE(run_replay_binary("--workload gsp --page-size 0 --capacity 131072") == 2);
+  REQUIRE(run_replay_binary("--workload gsp --page-size x --capacity 131072") == 2);
+  REQUIRE(run_replay_binary("--workload gsp --page-size 16 --capacity 8") == 2);
+  REQUIRE(run_replay_binary("--workload gsp --page-size 16 --capacity 131072 --policy fifo") == 2);
+  REQUIRE(run_replay_binary("--workload gsp --page-size 16 --capacity 131072 --repeat 0") == 2);
+  REQUIRE(run_replay_binary("--workload /nonexistent.jsonl --page-size 16 --capacity 131072") == 2);
+  REQUIRE(run_replay_binary("--workload mooncake:/nonexistent --page-size 16 --capacity 131072") == 2);
+  REQUIRE(run_replay_binary("--workload " + malformed.path() + " --page-size 16 --capacity 131072") == 2);
+  REQUIRE(run_replay_binary("--workload") == 2);
+  REQUIRE(run_replay_binary("") == 2);
+}
+
+TEST_CASE("the binary's --json output is one object with the figures", "[cli]") {
+  TempFile output("out.json");
+  REQUIRE(run_replay_binary("--workload " + gsp_jsonl_path() + " --page-size 16 --capacity 1048576 --json --repeat 2",
+                            output.path()) == 0);
+  std::ifstream in(output.path());
+  std::string line, extra;
+  REQUIRE(std::getline(in, line));
+  REQUIRE_FALSE(std::getline(in, extra));
+  REQUIRE(line.front() == '{');
+  REQUIRE(line.back() == '}');
+  for (const char* key : {"\"workload\":", "\"policy\":\"lru\"", "\"page_size\":16", "\"capacity\":1048576",
+                          "\"requests\":1024", "\"failed_requests\":0", "\"prompt_tokens\":2228224",
+                          "\"hit_tokens\":1966080", "\"hit_rate\":0.88235", "\"evicted_tokens\":0", "\"evictions\":0",
+                          "\"wall_s\":", "\"requests_per_s\":", "\"metadata_bytes_per_token\":", "\"memcmp_gbps\":",
+                          "\"memory_bound_fraction\":"}) {
+    INFO(key);
+    REQUIRE_THAT(line, Catch::Contains(key));
+  }
+}

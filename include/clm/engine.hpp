@@ -1,0 +1,340 @@
+// clm/engine.hpp: the one class a host talks to. It owns the KV pool and the
+// prefix cache (and, as they land, the tiers and the CLM parts), all set up
+// from one EngineConfig, and runs the request lifecycle over them.
+//
+//   clm::EngineConfig config;
+//   config.pool.num_pages = 65536; config.pool.page_size = 16;
+//   config.pool.num_layers = 32; config.pool.kv_heads = 8; config.pool.head_dim = 128;
+//   std::unique_ptr<clm::Engine> engine;
+//   CLM_RETURN_IF_ERROR(clm::Engine::create(config, engine));
+//
+//   clm::Admission a;
+//   CLM_RETURN_IF_ERROR(engine->admit(prompt, {.cache_salt = "tenant-7"}, a));
+//   // prompt[0, a.cached_tokens) is cached in a.page_table; write the K/V of
+//   // prompt[a.cached_tokens, len) into a.slots (slot = page * page_size + row).
+//   std::vector<int64_t> slots;
+//   CLM_RETURN_IF_ERROR(engine->extend(a.seq, {&next_token, 1}, slots));  // decode
+//   CLM_RETURN_IF_ERROR(engine->finish(a.seq));  // publish prompt + output, unlock
+//
+// Lifecycle: admit matches the longest cached prefix (page-aligned, at most
+// len-1 tokens), locks it, and allocates fresh pages for the rest of the
+// prompt, evicting unlocked prefixes when the pool is short. extend appends
+// tokens whose K/V the host will write, allocating a page whenever the last
+// one fills. finish inserts every token of the sequence into the cache and
+// unlocks; abort releases without caching. A sequence id is never reused, so
+// a finish after abort, or a second finish, is reported as such.
+//
+// Thread safety: every method may be called from any thread at once. One
+// mutex guards the pool, the tree and the sequence table; only the O(pages)
+// bookkeeping of a call runs under it; copying tokens in and page tables and
+// slots out happens outside.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm/eviction_policy.hpp"
+#include "clm/paged_kv_pool.hpp"
+#include "clm/radix_tree.hpp"
+#include "clm/status.hpp"
+
+namespace clm {
+
+struct EngineConfig {
+  PagedKvPoolConfig pool;
+  EvictionPolicy eviction_policy = EvictionPolicy::lru;
+  double slru_protected_fraction = kDefaultSlruProtectedFraction;
+};
+
+struct AdmitOptions {
+  std::string_view cache_salt;  // requests with different salts never share pages
+  std::int32_t adapter_id = 0;  // nor do requests computed with different adapters
+  int priority = 0;             // 0-100, for EvictionPolicy::priority
+};
+
+using SequenceId = std::uint64_t;  // 0 is never a sequence
+
+struct Admission {
+  SequenceId seq = 0;
+  std::int32_t cached_tokens = 0;        // page-aligned, <= prompt length - 1
+  std::vector<std::int32_t> page_table;  // ceil(len / page_size) pages covering the prompt
+  std::vector<std::int64_t> slots;       // for prompt[cached_tokens, len): page * page_size + row
+};
+
+// FlashInfer's paged-KV batch description: sequence i uses
+// indices[indptr[i], indptr[i+1]), and rows [0, last_page_len[i]) of its last page.
+struct PagedBatch {
+  std::vector<std::int32_t> indptr;
+  std::vector<std::int32_t> indices;
+  std::vector<std::int32_t> last_page_len;
+};
+
+struct EngineMetrics {
+  RadixTreeMetrics cache;
+  std::uint64_t admitted = 0;
+  std::uint64_t finished = 0;
+  std::uint64_t aborted = 0;
+  std::uint64_t rejected = 0;  // admissions refused for lack of pages
+  std::int64_t active_sequences = 0;
+};
+
+class Engine {
+ public:
+  static Status create(const EngineConfig& config, std::unique_ptr<Engine>& out) {
+    if (config.eviction_policy > EvictionPolicy::priority) return invalid_argument("unknown eviction policy");
+    if (!(config.slru_protected_fraction >= 0.0 && config.slru_protected_fraction <= 1.0)) {
+      return invalid_argument(
+          fmt::format("slru_protected_fraction must be in [0, 1], got {}", config.slru_protected_fraction));
+    }
+    std::unique_ptr<PagedKvPool> pool;
+    CLM_RETURN_IF_ERROR(PagedKvPool::create(config.pool, pool));
+    out.reset(new Engine(config, std::move(pool)));
+    return {};
+  }
+  ~Engine() { abort_all(); }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineConfig& config() const { return config_; }
+  std::int32_t page_size() const { return page_size_; }
+  // The pool's KV memory; its layout is documented in paged_kv_pool.hpp. The
+  // data pointer never changes; page contents belong to the sequence whose
+  // table holds the page.
+  const PagedKvPool& pool() const { return *pool_; }
+
+  Status admit(std::span<const std::int32_t> prompt, const AdmitOptions& options, Admission& out) {
+    if (options.priority < 0 || options.priority > kMaxPriority) {
+      return invalid_argument(fmt::format("admit: priority must be in [0, {}], got {}", kMaxPriority, options.priority));
+    }
+    auto seq = std::make_unique<Sequence>();
+    seq->salt.assign(options.cache_salt);
+    seq->adapter_id = options.adapter_id;
+    seq->priority = options.priority;
+    seq->tokens.assign(prompt.begin(), prompt.end());
+    const std::size_t total_pages = pages_for(prompt.size());
+    {
+      std::lock_guard lock(mutex_);
+      CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, seq->cache_namespace(), match_));
+      CLM_RETURN_IF_ERROR(tree_->lock(match_.node));
+      seq->pages.swap(match_.pages);
+      seq->tree_pages = seq->pages.size();
+      seq->pages.resize(total_pages);
+      Status allocated = tree_->allocate_pages(std::span(seq->pages).subspan(seq->tree_pages));
+      if (!allocated.ok()) {
+        (void)tree_->unlock(match_.node);
+        ++metrics_.rejected;
+        return allocated;
+      }
+      seq->locked = match_.node;
+      out.seq = next_id_++;
+      out.cached_tokens = static_cast<std::int32_t>(seq->tree_pages) * page_size_;
+      sequences_.emplace(out.seq, std::move(seq));
+      ++metrics_.admitted;
+      // Copied under the lock: the table may change as soon as it is released.
+      const Sequence& admitted = *sequences_.find(out.seq)->second;
+      out.page_table.assign(admitted.pages.begin(), admitted.pages.end());
+    }
+    slots_for(out.page_table, static_cast<std::size_t>(out.cached_tokens), prompt.size(), out.slots);
+    return {};
+  }
+
+  // Appends tokens (decode steps); `slots` receives where to write their K/V.
+  Status extend(SequenceId id, std::span<const std::int32_t> tokens, std::vector<std::int64_t>& slots) {
+    const std::size_t bad = detail::first_invalid_token(tokens.data(), tokens.size());
+    if (bad != tokens.size()) {
+      return invalid_argument(fmt::format("extend: token id {} at position {} is outside [0, 2^31)", tokens[bad], bad));
+    }
+    std::vector<std::int32_t> pages;
+    std::size_t first = 0;
+    {
+      std::lock_guard lock(mutex_);
+      Sequence* seq = nullptr;
+      CLM_RETURN_IF_ERROR(find(id, "extend", seq));
+      first = seq->tokens.size();
+      if (tokens.size() > kMaxTokens - first) return invalid_argument("extend: sequence would be too long");
+      const std::size_t old_pages = seq->pages.size();
+      const std::size_t new_pages = pages_for(first + tokens.size());
+      seq->pages.resize(new_pages);
+      Status allocated = tree_->allocate_pages(std::span(seq->pages).subspan(old_pages));
+      if (!allocated.ok()) {
+        seq->pages.resize(old_pages);
+        return allocated;
+      }
+      seq->tokens.insert(seq->tokens.end(), tokens.begin(), tokens.end());
+      const std::size_t first_page = first / static_cast<std::size_t>(page_size_);
+      pages.assign(seq->pages.begin() + static_cast<std::ptrdiff_t>(first_page), seq->pages.end());
+      first -= first_page * static_cast<std::size_t>(page_size_);
+    }
+    slots_for(pages, first, first + tokens.size(), slots);
+    return {};
+  }
+
+  // Publishes prompt + output into the cache and ends the sequence.
+  Status finish(SequenceId id) {
+    std::unique_ptr<Sequence> seq;
+    {
+      std::lock_guard lock(mutex_);
+      Sequence* found = nullptr;
+      CLM_RETURN_IF_ERROR(find(id, "finish", found));
+      InsertOutcome done;
+      CLM_RETURN_IF_ERROR(tree_->insert(found->tokens, found->pages, found->cache_namespace(), done, found->priority));
+      // The tree took the pages of the stored part; the partial last page is ours.
+      (void)pool_->release(std::span(found->pages).subspan(static_cast<std::size_t>(done.stored_tokens / page_size_)));
+      (void)tree_->unlock(found->locked);
+      seq = take(id);
+      ++metrics_.finished;
+    }
+    return {};  // `seq` is freed outside the lock
+  }
+
+  // Ends the sequence without caching anything it computed.
+  Status abort(SequenceId id) {
+    std::unique_ptr<Sequence> seq;
+    {
+      std::lock_guard lock(mutex_);
+      Sequence* found = nullptr;
+      CLM_RETURN_IF_ERROR(find(id, "abort", found));
+      (void)pool_->release(std::span(found->pages).subspan(found->tree_pages));
+      (void)tree_->unlock(found->locked);
+      seq = take(id);
+      ++metrics_.aborted;
+    }
+    return {};
+  }
+
+  // Ends every running sequence as abort() would (a host shutting down).
+  void abort_all() {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, seq] : sequences_) {
+      (void)tree_->unlock(seq->locked);
+      (void)pool_->release(std::span(seq->pages).subspan(seq->tree_pages));
+      ++metrics_.aborted;
+    }
+    sequences_.clear();
+  }
+
+  Status page_table(SequenceId id, std::vector<std::int32_t>& pages, std::int32_t* tokens = nullptr) {
+    std::lock_guard lock(mutex_);
+    Sequence* seq = nullptr;
+    CLM_RETURN_IF_ERROR(find(id, "page_table", seq));
+    pages.assign(seq->pages.begin(), seq->pages.end());
+    if (tokens) *tokens = static_cast<std::int32_t>(seq->tokens.size());
+    return {};
+  }
+
+  // The page tables of `ids` in FlashInfer's CSR form, for attention kernels.
+  Status batch_page_table(std::span<const SequenceId> ids, PagedBatch& out) {
+    std::lock_guard lock(mutex_);
+    for (SequenceId id : ids) {
+      Sequence* seq = nullptr;
+      CLM_RETURN_IF_ERROR(find(id, "batch_page_table", seq));
+    }
+    out.indptr.assign(1, 0);
+    out.indices.clear();
+    out.last_page_len.clear();
+    for (SequenceId id : ids) {
+      const Sequence& seq = *sequences_.find(id)->second;
+      out.indices.insert(out.indices.end(), seq.pages.begin(), seq.pages.end());
+      out.indptr.push_back(static_cast<std::int32_t>(out.indices.size()));
+      const auto len = static_cast<std::int32_t>(seq.tokens.size());
+      out.last_page_len.push_back(len - (static_cast<std::int32_t>(seq.pages.size()) - 1) * page_size_);
+    }
+    return {};
+  }
+
+  EngineMetrics metrics() const {
+    std::lock_guard lock(mutex_);
+    EngineMetrics m = metrics_;
+    m.cache = tree_->metrics();
+    m.active_sequences = static_cast<std::int64_t>(sequences_.size());
+    return m;
+  }
+
+  // For tests: the tree's invariants, and that every pool page is free, the
+  // tree's, or held by exactly the running sequences that list it.
+  Status check_invariants() const {
+    std::lock_guard lock(mutex_);
+    CLM_RETURN_IF_ERROR(tree_->check_invariants());
+    std::int64_t held = 0;
+    for (const auto& [id, seq] : sequences_) held += static_cast<std::int64_t>(seq->pages.size() - seq->tree_pages);
+    const std::int64_t tree_pages = tree_->cached_tokens() / page_size_;
+    if (pool_->free_pages() + tree_pages + held != pool_->num_pages()) {
+      return Status(StatusCode::internal,
+                    fmt::format("engine: {} free + {} cached + {} held by sequences != {} pages", pool_->free_pages(),
+                                tree_pages, held, pool_->num_pages()));
+    }
+    return {};
+  }
+
+ private:
+  static constexpr std::size_t kMaxTokens = std::size_t{1} << 30;
+
+  struct Sequence {
+    std::string salt;
+    std::int32_t adapter_id = 0;
+    int priority = 0;
+    std::vector<std::int32_t> tokens;
+    std::vector<std::int32_t> pages;
+    std::size_t tree_pages = 0;  // leading pages that are the tree's (protected by `locked`)
+    NodeRef locked;
+    CacheNamespace cache_namespace() const { return {salt, adapter_id}; }
+  };
+
+  Engine(const EngineConfig& config, std::unique_ptr<PagedKvPool> pool)
+      : config_(config),
+        page_size_(config.pool.page_size),
+        pool_(std::move(pool)),
+        tree_(std::make_unique<RadixTree>(*pool_, config.eviction_policy, config.slru_protected_fraction)) {}
+
+  std::size_t pages_for(std::size_t tokens) const {
+    return (tokens + static_cast<std::size_t>(page_size_) - 1) / static_cast<std::size_t>(page_size_);
+  }
+
+  // Slots of tokens [begin, end) of a sequence whose pages from token 0 are `pages`.
+  void slots_for(const std::vector<std::int32_t>& pages, std::size_t begin, std::size_t end,
+                 std::vector<std::int64_t>& slots) const {
+    slots.resize(end - begin);
+    const auto page = static_cast<std::size_t>(page_size_);
+    for (std::size_t t = begin; t < end; ++t) {
+      slots[t - begin] = static_cast<std::int64_t>(pages[t / page]) * page_size_ + static_cast<std::int64_t>(t % page);
+    }
+  }
+
+  Status find(SequenceId id, const char* what, Sequence*& out) {
+    auto it = sequences_.find(id);
+    if (it != sequences_.end()) {
+      out = it->second.get();
+      return {};
+    }
+    if (id != 0 && id < next_id_) {
+      return failed_precondition(fmt::format("{}: sequence {} has already finished or been aborted", what, id));
+    }
+    return not_found(fmt::format("{}: no sequence {}", what, id));
+  }
+
+  std::unique_ptr<Sequence> take(SequenceId id) {
+    auto it = sequences_.find(id);
+    std::unique_ptr<Sequence> seq = std::move(it->second);
+    sequences_.erase(it);
+    return seq;
+  }
+
+  const EngineConfig config_;
+  const std::int32_t page_size_;
+  mutable std::mutex mutex_;
+  std::unique_ptr<PagedKvPool> pool_;
+  std::unique_ptr<RadixTree> tree_;
+  std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
+  SequenceId next_id_ = 1;
+  PrefixMatch match_;  // scratch, under the mutex
+  EngineMetrics metrics_;
+};
+
+}  // namespace clm

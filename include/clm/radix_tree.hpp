@@ -1,0 +1,815 @@
+// clm/radix_tree.hpp: the prefix cache. A radix tree over token ids that maps
+// every cached prefix to the pages of a PagedKvPool (RadixAttention, with the
+// semantics of SGLang's RadixCache for any page_size >= 1).
+//
+//   clm::RadixTree tree(*pool, clm::EvictionPolicy::lru);
+//   clm::CacheNamespace ns{.salt = "tenant-42"};
+//   clm::PrefixMatch hit;
+//   CLM_RETURN_IF_ERROR(tree.match_prefix(prompt, ns, hit));  // hit.pages: reuse these
+//   CLM_RETURN_IF_ERROR(tree.lock(hit.node));                 // not evictable while running
+//   std::vector<int32_t> pages = hit.pages;                    // + fresh pages for the rest
+//   ... tree.allocate_pages(...), compute K/V for prompt[hit.cached_tokens:] ...
+//   clm::InsertOutcome done;
+//   CLM_RETURN_IF_ERROR(tree.insert(prompt, pages, ns, done));
+//   CLM_RETURN_IF_ERROR(tree.lock(done.node));
+//   CLM_RETURN_IF_ERROR(tree.unlock(hit.node));
+//
+// Semantics:
+// - match_prefix returns the longest cached prefix, a whole number of pages and
+//   at most len-1 tokens (the last prompt token is always recomputed, for its
+//   logits). When the match ends inside a node the node is split, so the
+//   returned node covers exactly the match and can be locked.
+// - insert stores the page-aligned part of `tokens` and takes ownership of its
+//   pages. Pages of a part that was already cached are duplicates: the tree
+//   releases them and writes its own page ids into `pages` in their place.
+// - lock/unlock count along the path to the root; a locked node is never
+//   evicted. evictable + protected == cached tokens at every moment.
+// - evict frees whole unlocked leaves in the policy's order, incrementally (an
+//   indexed heap kept up to date, no rebuild) and without recursion.
+// - Each (cache salt, adapter id) pair is a namespace with its own root: no
+//   match ever crosses namespaces.
+// - Every call validates all of its input before it changes anything, and
+//   reports errors as a Status; nothing is half-applied.
+//
+// Memory: per node ~56 bytes plus one malloc block of token ids and page ids
+// (4 bytes a token + 4 bytes a page) plus 16-32 bytes in the edge table. Not
+// thread-safe: the Engine serialises access.
+#pragma once
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm/detail/child_edge_map.hpp"
+#include "clm/detail/eviction_heap.hpp"
+#include "clm/detail/token_ops.hpp"
+#include "clm/eviction_policy.hpp"
+#include "clm/paged_kv_pool.hpp"
+#include "clm/status.hpp"
+
+namespace clm {
+
+// Requests that must never share cached pages: a tenant's cache salt, and the
+// LoRA adapter the KV was computed with.
+struct CacheNamespace {
+  std::string_view salt;
+  std::int32_t adapter_id = 0;
+};
+
+// A handle to a tree node. Stale handles (the node was evicted) are detected.
+struct NodeRef {
+  std::int32_t index = -1;
+  std::uint32_t generation = 0;
+  bool operator==(const NodeRef&) const = default;
+};
+
+struct PrefixMatch {
+  std::int32_t cached_tokens = 0;   // page-aligned, <= len-1
+  NodeRef node;                     // deepest matched node (the namespace root on a miss)
+  std::vector<std::int32_t> pages;  // cached_tokens / page_size page ids
+};
+
+struct InsertOutcome {
+  std::int32_t cached_tokens = 0;  // leading tokens that were cached before the call
+  std::int32_t stored_tokens = 0;  // page-aligned length now cached (<= tokens.size())
+  NodeRef node;                    // node that ends at stored_tokens
+};
+
+struct RadixTreeMetrics {
+  std::uint64_t match_calls = 0;
+  std::uint64_t tokens_queried = 0;  // sum of match_prefix lengths
+  std::uint64_t tokens_hit = 0;      // sum of cached_tokens returned
+  std::uint64_t inserted_tokens = 0; // tokens newly stored by insert
+  std::uint64_t evicted_tokens = 0;
+  std::uint64_t evictions = 0;       // leaves evicted
+  std::int64_t cached_tokens = 0;
+  std::int64_t evictable_tokens = 0;
+  std::int64_t protected_tokens = 0;
+  std::int64_t nodes = 0;            // excluding namespace roots
+  std::int64_t namespaces = 0;
+  std::int32_t pages_used = 0;
+  std::int32_t pages_free = 0;
+  std::size_t metadata_bytes = 0;    // tree bookkeeping, not KV
+  double hit_rate() const { return tokens_queried ? double(tokens_hit) / double(tokens_queried) : 0.0; }
+};
+
+class RadixTree {
+ public:
+  // The pool must outlive the tree; the tree's page size is the pool's.
+  // `slru_protected_fraction` caps SLRU's protected segment (a fraction of the
+  // pool's tokens, clamped to [0, 1]); other policies ignore it.
+  explicit RadixTree(PagedKvPool& pool, EvictionPolicy policy = EvictionPolicy::lru,
+                     double slru_protected_fraction = kDefaultSlruProtectedFraction)
+      : pool_(pool),
+        page_size_(pool.page_size()),
+        policy_(policy),
+        protected_segment_cap_(static_cast<std::int64_t>(
+            (std::isnan(slru_protected_fraction) ? kDefaultSlruProtectedFraction
+                                                 : std::clamp(slru_protected_fraction, 0.0, 1.0)) *
+            pool.num_pages() * pool.page_size())),
+        owned_pages_((static_cast<std::size_t>(pool.num_pages()) + 63) / 64, 0) {}
+
+  ~RadixTree() {
+    for (Node& node : nodes_) {
+      if (!node.live) continue;
+      if (node.parent >= 0) (void)pool_.release({pages_of(node), page_count(node)});
+      std::free(node.data);
+    }
+  }
+  RadixTree(const RadixTree&) = delete;
+  RadixTree& operator=(const RadixTree&) = delete;
+
+  std::int32_t page_size() const { return page_size_; }
+  EvictionPolicy policy() const { return policy_; }
+  PagedKvPool& pool() const { return pool_; }
+
+  // ---- match ----------------------------------------------------------------
+  Status match_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns, PrefixMatch& out) {
+    CLM_RETURN_IF_ERROR(validate_length(tokens, "match_prefix"));
+    const std::int32_t length = static_cast<std::int32_t>(tokens.size());
+    const Walk walk = walk_down(find_namespace(ns), tokens.data(), length - 1);
+    // The matched part equals cached ids, which are valid: check only the rest.
+    CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "match_prefix"));
+    std::int32_t end = walk.node >= 0 ? walk.node : create_namespace(ns);
+    if (walk.offset < nodes_[end].len) {
+      end = split(end, walk.offset);
+      path_.back() = end;
+    }
+    ++tick_;
+    out.pages.clear();
+    out.pages.reserve(static_cast<std::size_t>(walk.matched / page_size_));
+    for (std::int32_t n : path_) {
+      Node& node = nodes_[n];
+      out.pages.insert(out.pages.end(), pages_of(node), pages_of(node) + page_count(node));
+      node.last_access = tick_;
+      ++node.hits;
+      if (policy_ == EvictionPolicy::slru) promote_to_protected(n);
+      refresh_heap_key(n);
+    }
+    if (policy_ == EvictionPolicy::slru) enforce_protected_cap();
+    out.cached_tokens = walk.matched;
+    out.node = ref(end);
+    ++metrics_.match_calls;
+    metrics_.tokens_queried += static_cast<std::uint64_t>(length);
+    metrics_.tokens_hit += static_cast<std::uint64_t>(walk.matched);
+    return {};
+  }
+
+  // ---- insert ---------------------------------------------------------------
+  // `pages` must hold at least tokens.size() / page_size ids; the tree takes the
+  // first that many (pages past them stay the caller's).
+  Status insert(std::span<const std::int32_t> tokens, std::span<std::int32_t> pages, const CacheNamespace& ns,
+                InsertOutcome& out, int priority = 0) {
+    CLM_RETURN_IF_ERROR(validate_length(tokens, "insert"));
+    if (priority < 0 || priority > kMaxPriority) {
+      return invalid_argument(fmt::format("insert: priority must be in [0, {}], got {}", kMaxPriority, priority));
+    }
+    const std::int32_t store_len = static_cast<std::int32_t>(tokens.size()) / page_size_ * page_size_;
+    const std::size_t store_pages = static_cast<std::size_t>(store_len / page_size_);
+    if (pages.size() < store_pages) {
+      return invalid_argument(fmt::format("insert: {} tokens need {} pages of {} tokens, got {}", tokens.size(),
+                                          store_pages, page_size_, pages.size()));
+    }
+    const Walk walk = walk_down(find_namespace(ns), tokens.data(), store_len);
+    CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "insert"));
+    CLM_RETURN_IF_ERROR(take_pages(walk, pages.first(store_pages)));
+
+    // From here on nothing can fail but the host's allocator.
+    reserve_for_new_nodes(2);
+    std::int32_t end = walk.node >= 0 ? walk.node : create_namespace(ns);
+    if (store_len == 0) {
+      out = InsertOutcome{0, 0, ref(end)};
+      return {};
+    }
+    if (walk.offset < nodes_[end].len) {
+      end = split(end, walk.offset);
+      path_.back() = end;
+    }
+    ++tick_;
+    const auto prio = static_cast<std::uint8_t>(priority);
+    for (std::int32_t n : path_) {
+      Node& node = nodes_[n];
+      node.last_access = tick_;
+      node.priority = std::max(node.priority, prio);
+      refresh_protected_key(n);
+      refresh_heap_key(n);
+    }
+    if (walk.matched < store_len) {
+      end = add_leaf(end, tokens.data() + walk.matched, pages.data() + walk.matched / page_size_,
+                     store_len - walk.matched, prio);
+    }
+    out = InsertOutcome{walk.matched, store_len, ref(end)};
+    return {};
+  }
+
+  // ---- locks ----------------------------------------------------------------
+  Status lock(NodeRef ref) {
+    CLM_RETURN_IF_ERROR(check_ref(ref, "lock"));
+    ++nodes_[ref.index].own_locks;
+    for (std::int32_t n = ref.index; nodes_[n].parent >= 0; n = nodes_[n].parent) {
+      Node& node = nodes_[n];
+      if (node.lock_ref++ == 0) {
+        evictable_ -= node.len;
+        protected_ += node.len;
+        if (node.heap_pos != detail::EvictionHeap::kAbsent) heap_.remove(n, heap_positions());
+      }
+    }
+    return {};
+  }
+
+  Status unlock(NodeRef ref) {
+    CLM_RETURN_IF_ERROR(check_ref(ref, "unlock"));
+    if (nodes_[ref.index].own_locks == 0) {
+      return failed_precondition(fmt::format("unlock: node {} is not locked (unlock without lock)", ref.index));
+    }
+    --nodes_[ref.index].own_locks;
+    for (std::int32_t n = ref.index; nodes_[n].parent >= 0; n = nodes_[n].parent) {
+      Node& node = nodes_[n];
+      if (--node.lock_ref == 0) {
+        evictable_ += node.len;
+        protected_ -= node.len;
+        if (node.num_children == 0) heap_.push(n, key_of(node), heap_positions());
+      }
+    }
+    if (nodes_[ref.index].parent < 0) drop_namespace_if_unused(ref.index);
+    return {};
+  }
+
+  // ---- eviction -------------------------------------------------------------
+  // Frees at least `tokens` tokens (fewer only when fewer are evictable).
+  Status evict(std::int64_t tokens, std::int64_t* evicted = nullptr) {
+    if (tokens < 0) return invalid_argument(fmt::format("evict: token count must be >= 0, got {}", tokens));
+    std::int64_t freed = 0;
+    while (freed < tokens && !heap_.empty()) freed += evict_leaf(heap_.pop(heap_positions()));
+    if (evicted) *evicted = freed;
+    return {};
+  }
+
+  // Allocates out.size() pages from the pool, evicting cached prefixes when it
+  // is short. All or nothing: when the unlocked cache cannot make room, nothing
+  // is evicted or allocated. (Pages a host retained with PagedKvPool::retain do
+  // not return to the pool when evicted; then the eviction may stand and the
+  // allocation still fail with out_of_memory.)
+  Status allocate_pages(std::span<std::int32_t> out) {
+    const std::int64_t need = static_cast<std::int64_t>(out.size());
+    const std::int64_t free_pages = pool_.free_pages();
+    if (need > free_pages) {
+      const std::int64_t short_pages = need - free_pages;
+      if (short_pages * page_size_ > evictable_) {
+        return out_of_memory(fmt::format(
+            "KV pool exhausted: {} pages needed, {} free, {} tokens evictable, {} tokens locked by running requests",
+            need, free_pages, evictable_, protected_));
+      }
+      CLM_RETURN_IF_ERROR(evict(short_pages * page_size_));
+    }
+    return pool_.allocate(out);
+  }
+
+  // ---- inspection -----------------------------------------------------------
+  std::int64_t cached_tokens() const { return cached_; }
+  std::int64_t evictable_tokens() const { return evictable_; }
+  std::int64_t protected_tokens() const { return protected_; }
+  bool owns_page(std::int32_t page) const {
+    return pool_.valid_id(page) && (owned_pages_[static_cast<std::size_t>(page) >> 6] >> (page & 63) & 1);
+  }
+
+  RadixTreeMetrics metrics() const {
+    RadixTreeMetrics m = metrics_;
+    m.cached_tokens = cached_;
+    m.evictable_tokens = evictable_;
+    m.protected_tokens = protected_;
+    m.nodes = live_nodes_ - namespace_count_;
+    m.namespaces = namespace_count_;
+    m.pages_used = pool_.used_pages();
+    m.pages_free = pool_.free_pages();
+    m.metadata_bytes = metadata_bytes();
+    return m;
+  }
+
+  // Bytes the tree itself holds: node records, token/page blocks (as the
+  // allocator sized them, with its per-block header), the edge table, the
+  // eviction heap, the page-ownership bitmap and the namespace index.
+  std::size_t metadata_bytes() const {
+    // Hash-map nodes as malloc sizes them (payload + next pointer + cached
+    // hash, rounded to 16, + 8), bucket arrays, and salts too long for SSO.
+    constexpr std::size_t kSaltEntry = 64, kAdapterEntry = 96, kRootNameEntry = 48;
+    std::size_t namespace_bytes = namespaces_.bucket_count() * sizeof(void*) +
+                                  root_names_.bucket_count() * sizeof(void*) + root_names_.size() * kRootNameEntry;
+    for (const auto& [adapter, salts] : namespaces_) {
+      namespace_bytes += kAdapterEntry + salts.bucket_count() * sizeof(void*);
+      for (const auto& [salt, root] : salts) {
+        namespace_bytes += kSaltEntry;
+        if (salt.capacity() > 15) namespace_bytes += malloc_usable_size(const_cast<char*>(salt.data())) + 8;
+      }
+    }
+    return nodes_.capacity() * sizeof(Node) + free_nodes_.capacity() * sizeof(std::int32_t) + block_bytes_ +
+           edges_.memory_bytes() + heap_.memory_bytes() + protected_heap_.memory_bytes() + owned_pages_.capacity() * sizeof(std::uint64_t) +
+           path_.capacity() * sizeof(std::int32_t) + scratch_.capacity() * sizeof(std::int32_t) + namespace_bytes;
+  }
+
+  // Recomputes every derived quantity from scratch and compares (for tests):
+  // lock counts, evictable/protected/cached sizes, heap membership and order,
+  // edges, page ownership.
+  Status check_invariants() const;
+
+ private:
+  struct Node {
+    std::int32_t* data = nullptr;  // [len token ids][len / page_size page ids]
+    std::int32_t len = 0;          // tokens, a multiple of page_size
+    std::int32_t parent = -1;      // -1: a namespace root
+    std::int32_t num_children = 0;
+    std::int32_t lock_ref = 0;     // locks on this node and its descendants
+    std::int32_t own_locks = 0;    // locks taken on this node itself
+    std::int32_t heap_pos = detail::EvictionHeap::kAbsent;
+    std::int32_t protected_pos = detail::EvictionHeap::kAbsent;  // SLRU's protected segment
+    std::uint32_t generation = 1;
+    std::uint32_t hits = 0;
+    std::uint64_t last_access = 0;
+    std::uint8_t priority = 0;
+    bool live = false;
+  };
+  struct HeapPositions {
+    std::vector<Node>* nodes;
+    std::int32_t& operator[](std::int32_t n) const { return (*nodes)[static_cast<std::size_t>(n)].heap_pos; }
+  };
+  struct Walk {
+    std::int32_t node;     // deepest node reached (a namespace root when nothing matched)
+    std::int32_t offset;   // tokens of `node` matched; < node.len when the match ends inside it
+    std::int32_t matched;  // tokens matched in all
+  };
+  struct SaltHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  using SaltIndex = std::unordered_map<std::string, std::int32_t, SaltHash, std::equal_to<>>;
+
+  struct ProtectedPositions {
+    std::vector<Node>* nodes;
+    std::int32_t& operator[](std::int32_t n) const { return (*nodes)[static_cast<std::size_t>(n)].protected_pos; }
+  };
+  HeapPositions heap_positions() { return HeapPositions{&nodes_}; }
+  ProtectedPositions protected_positions() { return ProtectedPositions{&nodes_}; }
+  static bool in_protected_segment(const Node& node) { return node.protected_pos != detail::EvictionHeap::kAbsent; }
+  std::int32_t* pages_of(const Node& node) const { return node.data + node.len; }
+  std::size_t page_count(const Node& node) const { return static_cast<std::size_t>(node.len / page_size_); }
+  std::uint64_t key_of(const Node& node) const {
+    return eviction_key(policy_, node.last_access, node.hits, node.priority, in_protected_segment(node));
+  }
+  std::uint64_t edge_key_of(const Node& node) const {
+    return detail::ChildEdgeMap::edge_key(node.parent,
+                                          detail::hash_page(node.data, static_cast<std::size_t>(page_size_)));
+  }
+  NodeRef ref(std::int32_t n) const { return NodeRef{n, nodes_[n].generation}; }
+
+  Status validate_length(std::span<const std::int32_t> tokens, const char* what) const {
+    if (tokens.empty()) return invalid_argument(fmt::format("{}: empty token sequence", what));
+    if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max() - page_size_)) {
+      return invalid_argument(fmt::format("{}: {} tokens is too long", what, tokens.size()));
+    }
+    return {};
+  }
+  // Checks the ids from `from` on (those before it matched cached, valid ids).
+  static Status validate_ids(std::span<const std::int32_t> tokens, std::size_t from, const char* what) {
+    const std::size_t bad = from + detail::first_invalid_token(tokens.data() + from, tokens.size() - from);
+    if (bad != tokens.size()) {
+      return invalid_argument(
+          fmt::format("{}: token id {} at position {} is outside [0, 2^31)", what, tokens[bad], bad));
+    }
+    return {};
+  }
+
+  Status check_ref(NodeRef r, const char* what) const {
+    if (r.index < 0 || static_cast<std::size_t>(r.index) >= nodes_.size() || !nodes_[r.index].live ||
+        nodes_[r.index].generation != r.generation) {
+      return not_found(fmt::format("{}: node handle ({}, {}) does not name a live node (evicted?)", what, r.index,
+                                   r.generation));
+    }
+    return {};
+  }
+
+  // The root of a namespace, or -1 when it has none (yet).
+  std::int32_t find_namespace(const CacheNamespace& ns) const {
+    auto salts = namespaces_.find(ns.adapter_id);
+    if (salts == namespaces_.end()) return -1;
+    auto it = salts->second.find(ns.salt);
+    return it == salts->second.end() ? -1 : it->second;
+  }
+  // Roots appear with the first valid call in a namespace and go when its
+  // last node is evicted and no lock holds the root, so per-request salts do
+  // not pile up.
+  std::int32_t create_namespace(const CacheNamespace& ns) {
+    SaltIndex& salts = namespaces_[ns.adapter_id];
+    const std::int32_t root = new_node();
+    auto [it, inserted] = salts.emplace(std::string(ns.salt), root);
+    root_names_.emplace(root, RootName{ns.adapter_id, &it->first});
+    ++namespace_count_;
+    return root;
+  }
+  void drop_namespace_if_unused(std::int32_t root) {
+    const Node& node = nodes_[root];
+    if (node.num_children > 0 || node.own_locks > 0) return;
+    auto name = root_names_.find(root);
+    auto salts = namespaces_.find(name->second.adapter_id);
+    salts->second.erase(salts->second.find(*name->second.salt));
+    if (salts->second.empty()) namespaces_.erase(salts);
+    root_names_.erase(name);
+    free_node(root);
+    --namespace_count_;
+  }
+
+  // Follows `tokens[0, limit)` down from `root` a page at a time; path_ gets the
+  // nodes visited below the root.
+  Walk walk_down(std::int32_t root, const std::int32_t* tokens, std::int32_t limit) {
+    path_.clear();
+    if (root < 0) return Walk{-1, 0, 0};  // a namespace not seen yet
+    const auto page = static_cast<std::size_t>(page_size_);
+    std::int32_t node = root;
+    std::int32_t pos = 0;
+    while (limit - pos >= page_size_) {
+      const std::int32_t* query = tokens + pos;
+      const std::uint64_t key = detail::ChildEdgeMap::edge_key(node, detail::hash_page(query, page));
+      const std::int32_t child = edges_.find(key, [&](std::int32_t c) {
+        return nodes_[c].parent == node && std::memcmp(nodes_[c].data, query, page * sizeof(std::int32_t)) == 0;
+      });
+      if (child < 0) break;
+      path_.push_back(child);
+      const Node& c = nodes_[child];
+      const auto comparable = static_cast<std::size_t>(std::min(c.len, limit - pos));
+      const std::size_t common = page + detail::common_prefix(c.data + page, query + page, comparable - page);
+      const auto matched = static_cast<std::int32_t>(common / page * page);
+      pos += matched;
+      if (matched < c.len) return Walk{child, matched, pos};
+      node = child;
+    }
+    return Walk{node, nodes_[node].len, pos};
+  }
+
+  // Validates the caller's pages for an insert and settles their ownership:
+  // pages of the already-cached part that are not the tree's own are
+  // duplicates, released (and replaced by the tree's ids in `pages`); the rest
+  // become the tree's. Changes nothing when it fails.
+  Status take_pages(const Walk& walk, std::span<std::int32_t> pages) {
+    const std::size_t cached_pages = static_cast<std::size_t>(walk.matched / page_size_);
+    // Usually the caller passes back the pages its match returned: one memcmp
+    // per node finds that, and there is nothing to release or copy.
+    bool has_duplicates = false;
+    for_each_cached_run(walk, [&](std::size_t at, const std::int32_t* tree_pages, std::size_t count) {
+      has_duplicates = has_duplicates || std::memcmp(pages.data() + at, tree_pages, count * sizeof(std::int32_t));
+    });
+    scratch_.clear();
+    if (has_duplicates) {
+      Status bad;
+      for_each_cached_run(walk, [&](std::size_t at, const std::int32_t* tree_pages, std::size_t count) {
+        for (std::size_t j = 0; j < count && bad.ok(); ++j) {
+          const std::int32_t p = pages[at + j];
+          if (p == tree_pages[j]) continue;
+          if (!pool_.is_allocated(p) || owns_page(p)) {
+            bad = invalid_argument(fmt::format("insert: page {} at position {} is {}", p, at + j,
+                                               owns_page(p) ? "already cached under another prefix"
+                                                            : "not allocated"));
+          }
+          scratch_.push_back(p);
+        }
+      });
+      CLM_RETURN_IF_ERROR(bad);
+    }
+    for (std::size_t k = cached_pages; k < pages.size(); ++k) {
+      const std::int32_t p = pages[k];
+      if (!pool_.is_allocated(p) || owns_page(p)) {
+        for (std::size_t u = cached_pages; u < k; ++u) set_owned(pages[u], false);
+        return invalid_argument(fmt::format("insert: page {} at position {} is {}", p, k,
+                                            !pool_.is_allocated(p) ? "not allocated"
+                                                                   : "already cached (or passed twice)"));
+      }
+      set_owned(p, true);
+    }
+    if (!has_duplicates) return {};
+    // Duplicates are released only now, once the new pages are known good.
+    bool clash = false;
+    for (std::int32_t p : scratch_) clash = clash || owns_page(p);
+    Status released = clash ? invalid_argument("insert: a page is passed both as a duplicate and as a new page")
+                            : pool_.release(scratch_);
+    if (!released.ok()) {
+      for (std::size_t u = cached_pages; u < pages.size(); ++u) set_owned(pages[u], false);
+      return released;
+    }
+    for_each_cached_run(walk, [&](std::size_t at, const std::int32_t* tree_pages, std::size_t count) {
+      std::copy_n(tree_pages, count, pages.begin() + static_cast<std::ptrdiff_t>(at));
+    });
+    return {};
+  }
+
+  // Calls fn(position in the caller's page table, the tree's page ids, count)
+  // for each node of the last walk, over the part the walk matched.
+  template <class Fn>
+  void for_each_cached_run(const Walk& walk, Fn&& fn) const {
+    std::size_t at = 0;
+    for (std::int32_t n : path_) {
+      const Node& node = nodes_[n];
+      const auto count = static_cast<std::size_t>((n == walk.node ? walk.offset : node.len) / page_size_);
+      fn(at, pages_of(node), count);
+      at += count;
+    }
+  }
+
+  void set_owned(std::int32_t page, bool owned) {
+    std::uint64_t& word = owned_pages_[static_cast<std::size_t>(page) >> 6];
+    const std::uint64_t bit = std::uint64_t{1} << (page & 63);
+    word = owned ? (word | bit) : (word & ~bit);
+  }
+
+  // SLRU: a hit moves a node into the protected segment (or to its MRU end).
+  void promote_to_protected(std::int32_t n) {
+    Node& node = nodes_[n];
+    if (in_protected_segment(node)) {
+      protected_heap_.update(n, node.last_access, protected_positions());
+    } else {
+      protected_heap_.push(n, node.last_access, protected_positions());
+      protected_segment_tokens_ += node.len;
+    }
+  }
+  void refresh_protected_key(std::int32_t n) {
+    if (in_protected_segment(nodes_[n])) protected_heap_.update(n, nodes_[n].last_access, protected_positions());
+  }
+  void leave_protected_segment(std::int32_t n) {
+    if (!in_protected_segment(nodes_[n])) return;
+    protected_heap_.remove(n, protected_positions());
+    protected_segment_tokens_ -= nodes_[n].len;
+  }
+  // Overflow of the protected segment falls back to probation, at its MRU end.
+  void enforce_protected_cap() {
+    while (protected_segment_tokens_ > protected_segment_cap_ && !protected_heap_.empty()) {
+      const std::int32_t n = protected_heap_.pop(protected_positions());
+      protected_segment_tokens_ -= nodes_[n].len;
+      nodes_[n].last_access = tick_;
+      refresh_heap_key(n);
+    }
+  }
+
+  void refresh_heap_key(std::int32_t n) {
+    if (nodes_[n].heap_pos != detail::EvictionHeap::kAbsent) heap_.update(n, key_of(nodes_[n]), heap_positions());
+  }
+
+  void reserve_for_new_nodes(std::size_t count) {
+    // Geometric growth (x1.5: this is most of the tree's overhead beyond the
+    // token ids); reserve() alone allocates exactly what it is asked.
+    auto grow = [](std::size_t need, std::size_t capacity) { return std::max(need, capacity + capacity / 2); };
+    if (free_nodes_.size() < count && nodes_.size() + count > nodes_.capacity()) {
+      nodes_.reserve(grow(nodes_.size() + count, nodes_.capacity()));
+    }
+    edges_.reserve(count);
+    if (heap_.size() + count > heap_.capacity()) heap_.reserve(grow(heap_.size() + count, heap_.capacity()));
+    if (policy_ == EvictionPolicy::slru && protected_heap_.size() + count > protected_heap_.capacity()) {
+      protected_heap_.reserve(grow(protected_heap_.size() + count, protected_heap_.capacity()));
+    }
+  }
+
+  std::int32_t new_node() {
+    std::int32_t n;
+    if (!free_nodes_.empty()) {
+      n = free_nodes_.back();
+      free_nodes_.pop_back();
+    } else {
+      n = static_cast<std::int32_t>(nodes_.size());
+      nodes_.emplace_back();
+    }
+    Node& node = nodes_[n];
+    const std::uint32_t generation = node.generation;
+    node = Node{};
+    node.generation = generation;
+    node.live = true;
+    ++live_nodes_;
+    return n;
+  }
+
+  void free_node(std::int32_t n) {
+    Node& node = nodes_[n];
+    block_bytes_ -= block_size(node.data);
+    std::free(node.data);
+    node.data = nullptr;
+    node.live = false;
+    ++node.generation;
+    --live_nodes_;
+    free_nodes_.push_back(n);
+  }
+
+  std::int32_t* allocate_block(std::int32_t tokens) {
+    const std::size_t words = static_cast<std::size_t>(tokens) + static_cast<std::size_t>(tokens / page_size_);
+    auto* block = static_cast<std::int32_t*>(std::malloc(words * sizeof(std::int32_t)));
+    if (!block) throw std::bad_alloc();
+    block_bytes_ += block_size(block);
+    return block;
+  }
+  static std::size_t block_size(void* block) {
+    return block ? malloc_usable_size(block) + sizeof(std::size_t) : 0;  // + the allocator's chunk header
+  }
+
+  // Splits node n so that its first `offset` tokens become a new parent node,
+  // which is returned. Locks, access time, hits and priority are inherited.
+  std::int32_t split(std::int32_t n, std::int32_t offset) {
+    reserve_for_new_nodes(1);
+    std::int32_t* prefix = allocate_block(offset);
+    const std::int32_t m = new_node();
+    Node& node = nodes_[n];
+    Node& mid = nodes_[m];
+    const std::int32_t old_len = node.len;
+    const std::int32_t rest = old_len - offset;
+    std::memcpy(prefix, node.data, static_cast<std::size_t>(offset) * sizeof(std::int32_t));
+    std::memcpy(prefix + offset, pages_of(node),
+                static_cast<std::size_t>(offset / page_size_) * sizeof(std::int32_t));
+    mid.data = prefix;
+    mid.len = offset;
+    mid.parent = node.parent;
+    mid.num_children = 1;
+    mid.lock_ref = node.lock_ref;
+    mid.hits = node.hits;
+    mid.last_access = node.last_access;
+    mid.priority = node.priority;
+    if (in_protected_segment(node)) protected_heap_.push(m, mid.last_access, protected_positions());
+    edges_.replace(edge_key_of(node), n, m);
+
+    // The suffix moves to the front of n's own block, which then shrinks.
+    std::int32_t* data = node.data;
+    std::memmove(data, data + offset, static_cast<std::size_t>(rest) * sizeof(std::int32_t));
+    std::memmove(data + rest, data + old_len + offset / page_size_,
+                 static_cast<std::size_t>(rest / page_size_) * sizeof(std::int32_t));
+    block_bytes_ -= block_size(data);
+    const std::size_t words = static_cast<std::size_t>(rest + rest / page_size_);
+    if (auto* shrunk = static_cast<std::int32_t*>(std::realloc(data, words * sizeof(std::int32_t)))) data = shrunk;
+    block_bytes_ += block_size(data);
+    node.data = data;
+    node.len = rest;
+    node.parent = m;
+    edges_.insert(edge_key_of(node), n);
+    return m;
+  }
+
+  std::int32_t add_leaf(std::int32_t parent, const std::int32_t* tokens, const std::int32_t* pages, std::int32_t len,
+                        std::uint8_t priority) {
+    std::int32_t* block = allocate_block(len);
+    const std::int32_t n = new_node();
+    Node& leaf = nodes_[n];
+    std::memcpy(block, tokens, static_cast<std::size_t>(len) * sizeof(std::int32_t));
+    std::memcpy(block + len, pages, static_cast<std::size_t>(len / page_size_) * sizeof(std::int32_t));
+    leaf.data = block;
+    leaf.len = len;
+    leaf.parent = parent;
+    leaf.last_access = tick_;
+    leaf.priority = priority;
+    Node& up = nodes_[parent];
+    if (up.heap_pos != detail::EvictionHeap::kAbsent) heap_.remove(parent, heap_positions());
+    ++up.num_children;
+    edges_.insert(edge_key_of(leaf), n);
+    heap_.push(n, key_of(leaf), heap_positions());
+    cached_ += len;
+    evictable_ += len;
+    metrics_.inserted_tokens += static_cast<std::uint64_t>(len);
+    return n;
+  }
+
+  std::int64_t evict_leaf(std::int32_t n) {
+    Node& node = nodes_[n];
+    const std::int32_t len = node.len;
+    const std::int32_t* pages = pages_of(node);
+    for (std::size_t j = 0; j < page_count(node); ++j) set_owned(pages[j], false);
+    (void)pool_.release({pages, page_count(node)});  // the tree's own references: always valid
+    edges_.erase(edge_key_of(node), n);
+    leave_protected_segment(n);
+    const std::int32_t parent = node.parent;
+    free_node(n);
+    Node& up = nodes_[parent];
+    if (--up.num_children == 0 && up.lock_ref == 0 && up.parent >= 0) {
+      heap_.push(parent, key_of(up), heap_positions());
+    }
+    if (up.parent < 0) drop_namespace_if_unused(parent);
+    cached_ -= len;
+    evictable_ -= len;
+    metrics_.evicted_tokens += static_cast<std::uint64_t>(len);
+    ++metrics_.evictions;
+    return len;
+  }
+
+  PagedKvPool& pool_;
+  const std::int32_t page_size_;
+  const EvictionPolicy policy_;
+  std::vector<Node> nodes_;
+  std::vector<std::int32_t> free_nodes_;
+  detail::ChildEdgeMap edges_;
+  detail::EvictionHeap heap_;
+  detail::EvictionHeap protected_heap_;  // SLRU: protected nodes by last access
+  const std::int64_t protected_segment_cap_;
+  std::int64_t protected_segment_tokens_ = 0;
+  std::vector<std::uint64_t> owned_pages_;  // bit per pool page: held by the tree
+  std::unordered_map<std::int32_t, SaltIndex> namespaces_;  // adapter id -> salt -> root
+  struct RootName {
+    std::int32_t adapter_id;
+    const std::string* salt;  // the key in namespaces_ (map nodes do not move)
+  };
+  std::unordered_map<std::int32_t, RootName> root_names_;
+  std::vector<std::int32_t> path_;     // scratch: nodes of the last walk
+  std::vector<std::int32_t> scratch_;  // scratch: duplicate pages of an insert
+  std::uint64_t tick_ = 0;
+  std::int64_t cached_ = 0;
+  std::int64_t evictable_ = 0;
+  std::int64_t protected_ = 0;
+  std::int64_t live_nodes_ = 0;
+  std::int64_t namespace_count_ = 0;
+  std::size_t block_bytes_ = 0;
+  RadixTreeMetrics metrics_;
+};
+
+inline Status RadixTree::check_invariants() const {
+  auto broken = [](std::string what) { return Status(StatusCode::internal, "radix tree invariant: " + what); };
+  std::vector<std::int32_t> lock_from_children(nodes_.size(), 0);
+  std::vector<std::int32_t> children(nodes_.size(), 0);
+  std::int64_t cached = 0, evictable = 0, locked = 0, live = 0;
+  std::size_t owned_pages = 0;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& node = nodes_[i];
+    if (!node.live) continue;
+    ++live;
+    if (node.parent < 0) continue;
+    const Node& up = nodes_[node.parent];
+    if (!up.live) return broken(fmt::format("node {} has a dead parent", i));
+    ++children[node.parent];
+    lock_from_children[node.parent] += node.lock_ref;
+    if (node.len <= 0 || node.len % page_size_) return broken(fmt::format("node {} has length {}", i, node.len));
+    cached += node.len;
+    (node.lock_ref > 0 ? locked : evictable) += node.len;
+    for (std::size_t j = 0; j < page_count(node); ++j) {
+      const std::int32_t p = pages_of(node)[j];
+      if (!owns_page(p) || !pool_.is_allocated(p)) return broken(fmt::format("page {} of node {} not held", p, i));
+      ++owned_pages;
+    }
+    const std::int32_t* first = node.data;
+    const std::int32_t found = edges_.find(edge_key_of(node), [&](std::int32_t c) {
+      return nodes_[c].parent == node.parent &&
+             std::memcmp(nodes_[c].data, first, static_cast<std::size_t>(page_size_) * sizeof(std::int32_t)) == 0;
+    });
+    if (found != static_cast<std::int32_t>(i)) return broken(fmt::format("edge to node {} resolves to {}", i, found));
+  }
+  std::size_t owned_bits = 0;
+  for (std::uint64_t word : owned_pages_) owned_bits += static_cast<std::size_t>(__builtin_popcountll(word));
+  if (owned_bits != owned_pages) return broken(fmt::format("{} pages marked owned, {} in nodes", owned_bits, owned_pages));
+  if (edges_.size() != static_cast<std::size_t>(live - namespace_count_)) return broken("edge count");
+  std::size_t in_heap = 0;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& node = nodes_[i];
+    if (!node.live) continue;
+    if (children[i] != node.num_children) return broken(fmt::format("node {} child count", i));
+    if (node.parent >= 0 && node.lock_ref != node.own_locks + lock_from_children[i]) {
+      return broken(fmt::format("node {} lock_ref {} != own {} + children {}", i, node.lock_ref, node.own_locks,
+                                lock_from_children[i]));
+    }
+    const bool evictable_leaf = node.parent >= 0 && node.num_children == 0 && node.lock_ref == 0;
+    if (evictable_leaf != (node.heap_pos != detail::EvictionHeap::kAbsent)) {
+      return broken(fmt::format("node {} heap membership", i));
+    }
+    in_heap += evictable_leaf;
+  }
+  if (in_heap != heap_.size()) return broken("heap size");
+  std::int64_t protected_segment = 0;
+  std::size_t in_protected = 0;
+  for (const Node& node : nodes_) {
+    if (!node.live || !in_protected_segment(node)) continue;
+    protected_segment += node.len;
+    ++in_protected;
+  }
+  if (protected_segment != protected_segment_tokens_ || in_protected != protected_heap_.size()) {
+    return broken("SLRU protected segment size");
+  }
+  if (!protected_heap_.well_formed(ProtectedPositions{const_cast<std::vector<Node>*>(&nodes_)})) {
+    return broken("SLRU protected segment order");
+  }
+  bool protected_keys_current = true;
+  protected_heap_.for_each([&](std::int32_t n, std::uint64_t key) {
+    protected_keys_current = protected_keys_current && key == nodes_[n].last_access;
+  });
+  if (!protected_keys_current) return broken("stale SLRU key");
+  if (!heap_.well_formed(HeapPositions{const_cast<std::vector<Node>*>(&nodes_)})) return broken("heap order");
+  bool keys_current = true;
+  heap_.for_each([&](std::int32_t n, std::uint64_t key) { keys_current = keys_current && key == key_of(nodes_[n]); });
+  if (!keys_current) return broken("stale heap key");
+  if (cached != cached_ || evictable != evictable_ || locked != protected_) {
+    return broken(fmt::format("sizes: cached {} vs {}, evictable {} vs {}, protected {} vs {}", cached, cached_,
+                              evictable, evictable_, locked, protected_));
+  }
+  if (live != live_nodes_) return broken("live node count");
+  if (root_names_.size() != static_cast<std::size_t>(namespace_count_)) return broken("namespace count");
+  return {};
+}
+
+}  // namespace clm

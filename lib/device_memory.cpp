@@ -1,0 +1,60 @@
+// Device allocation for PagedKvPool over the CUDA runtime (when built with it).
+#include "clm/device_memory.hpp"
+
+#include <fmt/format.h>
+
+#if CLM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace clm {
+
+#if CLM_HAVE_CUDA
+int cuda_device_count(std::string* reason) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    // Without a driver this is cudaErrorInsufficientDriver, not NoDevice.
+    if (reason) *reason = fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(err));
+    return 0;
+  }
+  if (count == 0 && reason) *reason = "no CUDA device";
+  return count;
+}
+
+Status device_allocate(std::size_t bytes, int device, void** out) {
+  *out = nullptr;
+  std::string reason;
+  if (cuda_device_count(&reason) <= device || device < 0) {
+    return unsupported(fmt::format("no CUDA device {}: {}", device, reason));
+  }
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+    return unsupported(fmt::format("cudaSetDevice({}): {}", device, cudaGetErrorString(err)));
+  }
+  if (cudaError_t err = cudaMalloc(out, bytes); err != cudaSuccess) {
+    *out = nullptr;
+    return out_of_memory(fmt::format("cudaMalloc({} bytes): {}", bytes, cudaGetErrorString(err)));
+  }
+  return {};
+}
+
+void device_free(void* pointer, int device) {
+  if (!pointer) return;
+  cudaSetDevice(device);
+  cudaFree(pointer);
+}
+#else
+int cuda_device_count(std::string* reason) {
+  if (reason) *reason = "clmcache was built without CUDA";
+  return 0;
+}
+
+Status device_allocate(std::size_t, int, void** out) {
+  *out = nullptr;
+  return unsupported("device memory: clmcache was built without CUDA");
+}
+
+void device_free(void*, int) {}
+#endif
+
+}  // namespace clm

@@ -1,0 +1,212 @@
+// tests/bench/bench_prefix_cache.cpp: benchmarks of the prefix cache, each
+// figure printed as one JSON line beside a baseline measured in the same run:
+//
+//   pool_alloc_free   PagedKvPool allocate+release, ns per page, against a
+//                     bare std::vector<int32_t> free list: pop_back/push_back
+//                     per id (no reference counts, no checks, no Status).
+//   gsp_replay        requests/s of the gsp replay, against the requests/s a
+//                     replay would reach if it only streamed the bytes it must
+//                     touch at memcmp bandwidth (ratio = memory_bound_fraction).
+//   gsp_hit_rate      hit rate, against the unbounded optimum 0.8824.
+//   tree_metadata     tree bytes per cached token, against 4 (raw token ids).
+//   mooncake_hit_rate hit rate per policy and capacity on the Mooncake trace,
+//                     against LRU's in the same run (skipped without the trace).
+//
+// The trace is looked for at --shared DIR, $CLM_SHARED_DIR, or a shared/
+// folder beside any ancestor of the executable or of the working directory.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm/eviction_policy.hpp"
+#include "clm/paged_kv_pool.hpp"
+#include "replay_driver.hpp"
+#include "workload.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using clm::replay::ReplayConfig;
+using clm::replay::ReplayResult;
+using clm::replay::Workload;
+
+constexpr std::string_view kTracePath = "traces/mooncake/conversation_trace.jsonl";
+
+void print_figure(std::string_view bench_case, std::string_view metric, double value, std::string_view unit,
+                  std::string_view baseline_metric, double baseline) {
+  fmt::print(
+      "{{\"bench\":\"prefix_cache\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{},\"unit\":\"{}\","
+      "\"baseline_metric\":\"{}\",\"baseline\":{},\"ratio\":{}}}\n",
+      bench_case, metric, value, unit, baseline_metric, baseline, baseline != 0 ? value / baseline : 0.0);
+  std::fflush(stdout);
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
+// The plainest free list: ids popped off and pushed back onto a
+// std::vector<int32_t> one at a time, with no reference counts, no checks and
+// no Status. What handing out page ids costs at the least without batching.
+class VectorFreeList {
+ public:
+  explicit VectorFreeList(std::int32_t pages) {
+    for (std::int32_t p = pages - 1; p >= 0; --p) free_.push_back(p);
+  }
+  bool allocate(std::span<std::int32_t> out) {
+    if (out.size() > free_.size()) return false;
+    for (std::int32_t& page : out) {
+      page = free_.back();
+      free_.pop_back();
+    }
+    return true;
+  }
+  void release(std::span<const std::int32_t> pages) {
+    for (const std::int32_t page : pages) free_.push_back(page);
+  }
+
+ private:
+  std::vector<std::int32_t> free_;
+};
+
+// ns per page of `rounds` allocate+release cycles of `batch` pages.
+template <class Allocate, class Release>
+double time_alloc_free(std::size_t batch, std::size_t rounds, Allocate&& allocate, Release&& release) {
+  std::vector<std::int32_t> pages(batch);
+  std::int64_t checksum = 0;  // uses the ids, so that no cycle is optimised away
+  const Clock::time_point start = Clock::now();
+  for (std::size_t r = 0; r < rounds; ++r) {
+    if (!allocate(std::span(pages))) std::abort();
+    checksum += pages[r % batch];
+    release(std::span<const std::int32_t>(pages));
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (checksum < 0) std::abort();
+  return s * 1e9 / static_cast<double>(batch * rounds);
+}
+
+void bench_pool_alloc_free() {
+  constexpr std::int32_t kPoolPages = 65536;
+  constexpr std::size_t kPagesPerRun = std::size_t{1} << 22;
+  constexpr int kRuns = 7;
+  clm::PagedKvPoolConfig config;
+  config.num_pages = kPoolPages;
+  config.page_size = 16;
+  config.memory = clm::MemoryKind::none;
+  std::unique_ptr<clm::PagedKvPool> pool;
+  if (!clm::PagedKvPool::create(config, pool).ok()) std::abort();
+  VectorFreeList free_list(kPoolPages);
+  for (const std::size_t batch : {std::size_t{1}, std::size_t{16}, std::size_t{256}}) {
+    const std::size_t rounds = kPagesPerRun / batch;
+    std::vector<double> pool_ns, list_ns;
+    for (int run = 0; run < kRuns; ++run) {
+      pool_ns.push_back(time_alloc_free(
+          batch, rounds, [&](std::span<std::int32_t> out) { return pool->allocate(out).ok(); },
+          [&](std::span<const std::int32_t> in) {
+            if (!pool->release(in).ok()) std::abort();
+          }));
+      list_ns.push_back(time_alloc_free(
+          batch, rounds, [&](std::span<std::int32_t> out) { return free_list.allocate(out); },
+          [&](std::span<const std::int32_t> in) { free_list.release(in); }));
+    }
+    print_figure(fmt::format("pool_alloc_free/batch={}", batch), "ns_per_page", median(pool_ns), "ns",
+                 "vector_free_list_ns_per_page", median(list_ns));
+  }
+}
+
+void bench_gsp(double memcmp_gbps) {
+  const Workload gsp = clm::replay::generate_gsp();
+  const double optimum = 64.0 * 15 * 2048 / (1024.0 * 2176);
+  for (const std::int32_t page_size : {1, 16}) {
+    for (const std::int64_t capacity : {std::int64_t{131072}, std::int64_t{1048576}}) {
+      ReplayConfig config;
+      config.page_size = page_size;
+      config.capacity_tokens = capacity;
+      ReplayResult r;
+      if (const clm::Status s = clm::replay::run_replays(gsp, config, 5, r); !s.ok()) {
+        fmt::print(stderr, "bench_prefix_cache: gsp replay failed: {}\n", s.message());
+        std::exit(1);
+      }
+      const std::string name = fmt::format("gsp/page={}/capacity={}", page_size, capacity);
+      const double bound_rps = static_cast<double>(r.requests) * memcmp_gbps * 1e9 /
+                               static_cast<double>(r.touched_bytes());
+      print_figure(name, "requests_per_s", r.requests_per_s(), "requests/s", "memcmp_bound_requests_per_s", bound_rps);
+      print_figure(name, "hit_rate", r.hit_rate(), "fraction", "unbounded_optimum_hit_rate", optimum);
+      print_figure(name, "metadata_bytes_per_token", r.metadata_bytes_per_token(), "bytes/token",
+                   "raw_token_id_bytes_per_token", 4.0);
+    }
+  }
+}
+
+std::optional<fs::path> find_trace(int argc, char** argv) {
+  std::vector<fs::path> shared_dirs;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string_view(argv[i]) == "--shared") shared_dirs.emplace_back(argv[i + 1]);
+  }
+  if (const char* env = std::getenv("CLM_SHARED_DIR")) shared_dirs.emplace_back(env);
+  std::error_code error;
+  for (fs::path start : {fs::absolute(argv[0], error).parent_path(), fs::current_path(error)}) {
+    for (fs::path dir = start; !dir.empty(); dir = dir.parent_path()) {
+      shared_dirs.push_back(dir / "shared");
+      if (dir == dir.parent_path()) break;
+    }
+  }
+  for (const fs::path& dir : shared_dirs) {
+    if (fs::is_regular_file(dir / kTracePath, error)) return dir / kTracePath;
+  }
+  return std::nullopt;
+}
+
+void bench_mooncake(const fs::path& trace_path) {
+  Workload trace;
+  if (const clm::Status s = clm::replay::read_mooncake_trace(trace_path.string(), trace); !s.ok()) {
+    fmt::print(stderr, "bench_prefix_cache: {}\n", s.message());
+    std::exit(1);
+  }
+  for (const std::int64_t capacity : {std::int64_t{100000}, std::int64_t{1000000}, std::int64_t{3000000}}) {
+    double lru_hit_rate = 0;
+    for (const auto policy : {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru}) {
+      ReplayConfig config;
+      config.page_size = 16;
+      config.capacity_tokens = capacity;
+      config.policy = policy;
+      ReplayResult r;
+      if (const clm::Status s = clm::replay::run_replay(trace, config, r); !s.ok()) {
+        fmt::print(stderr, "bench_prefix_cache: mooncake replay failed: {}\n", s.message());
+        std::exit(1);
+      }
+      if (policy == clm::EvictionPolicy::lru) lru_hit_rate = r.hit_rate();
+      print_figure(fmt::format("mooncake/page=16/capacity={}/policy={}", capacity, clm::eviction_policy_name(policy)),
+                   "hit_rate", r.hit_rate(), "fraction", "lru_hit_rate", lru_hit_rate);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench_pool_alloc_free();
+  bench_gsp(clm::replay::measure_memcmp_gbps());
+  if (const auto trace = find_trace(argc, argv)) {
+    bench_mooncake(*trace);
+  } else {
+    fmt::print(stderr,
+               "bench_prefix_cache: skipping the Mooncake cases: no {} under --shared, $CLM_SHARED_DIR or a shared/ "
+               "folder beside the executable's or working directory's ancestors\n",
+               kTracePath);
+  }
+  return 0;
+}

@@ -1,0 +1,349 @@
+// RadixTree: directed scenarios for each rule of the prefix cache (the random
+// differential test against a naive model is test_radix_tree_property.cpp).
+#include <catch2/catch.hpp>
+
+#include <pthread.h>
+
+#include <numeric>
+#include <random>
+
+#include "clm/radix_tree.hpp"
+
+using clm::CacheNamespace;
+using clm::EvictionPolicy;
+using clm::InsertOutcome;
+using clm::PrefixMatch;
+using clm::RadixTree;
+using Tokens = std::vector<std::int32_t>;
+
+namespace {
+
+struct Fixture {
+  explicit Fixture(std::int32_t page_size, std::int32_t pages = 1024, EvictionPolicy policy = EvictionPolicy::lru) {
+    clm::PagedKvPoolConfig config;
+    config.num_pages = pages;
+    config.page_size = page_size;
+    config.memory = clm::MemoryKind::none;
+    REQUIRE(clm::PagedKvPool::create(config, pool).ok());
+    tree = std::make_unique<RadixTree>(*pool, policy);
+  }
+  ~Fixture() { CHECK(tree->check_invariants().ok()); }
+
+  // Caches `tokens` the way a request does: match, allocate the rest, insert.
+  InsertOutcome cache(const Tokens& tokens, const CacheNamespace& ns = {}, int priority = 0) {
+    PrefixMatch hit;
+    REQUIRE(tree->match_prefix(tokens, ns, hit).ok());
+    Tokens pages = hit.pages;
+    const std::size_t needed = tokens.size() / static_cast<std::size_t>(pool->page_size());
+    std::vector<std::int32_t> fresh(needed - pages.size());
+    REQUIRE(tree->allocate_pages(fresh).ok());
+    pages.insert(pages.end(), fresh.begin(), fresh.end());
+    InsertOutcome out;
+    REQUIRE(tree->insert(tokens, pages, ns, out, priority).ok());
+    REQUIRE(tree->check_invariants().ok());
+    return out;
+  }
+  std::int32_t hit(const Tokens& tokens, const CacheNamespace& ns = {}) {
+    PrefixMatch m;
+    REQUIRE(tree->match_prefix(tokens, ns, m).ok());
+    REQUIRE(m.pages.size() * static_cast<std::size_t>(pool->page_size()) == static_cast<std::size_t>(m.cached_tokens));
+    return m.cached_tokens;
+  }
+
+  std::unique_ptr<clm::PagedKvPool> pool;
+  std::unique_ptr<RadixTree> tree;
+};
+
+Tokens iota(std::int32_t n, std::int32_t first = 0) {
+  Tokens t(static_cast<std::size_t>(n));
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+Tokens concat(Tokens a, const Tokens& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("match returns the longest cached prefix, capped at len-1", "[tree]") {
+  Fixture f(1);
+  f.cache(iota(10));
+  CHECK(f.hit(iota(10)) == 9);              // the last token is always recomputed
+  CHECK(f.hit(iota(20)) == 10);             // longer query: the whole cached sequence
+  CHECK(f.hit(concat(iota(4), {99, 98})) == 4);  // diverges after 4
+  CHECK(f.hit({5, 6, 7}) == 0);             // no common first token
+  CHECK(f.hit({0}) == 0);
+  CHECK(f.tree->cached_tokens() == 10);
+}
+
+TEST_CASE("matches and inserts are page-aligned", "[tree]") {
+  Fixture f(4);
+  InsertOutcome out = f.cache(iota(10));   // only 8 tokens (2 pages) are stored
+  CHECK(out.stored_tokens == 8);
+  CHECK(f.tree->cached_tokens() == 8);
+  CHECK(f.hit(iota(9)) == 8);
+  CHECK(f.hit(iota(8)) == 4);                    // capped at 7, aligned down to 4
+  CHECK(f.hit(concat(iota(6), {77, 78, 79})) == 4);  // mismatch inside page 2
+}
+
+TEST_CASE("a match ending inside a node splits it and returns exactly the matched pages", "[tree]") {
+  Fixture f(2);
+  const Tokens a = iota(12);
+  Tokens a_pages;
+  {
+    PrefixMatch m;
+    REQUIRE(f.tree->match_prefix(a, {}, m).ok());
+    a_pages.resize(6);
+    REQUIRE(f.tree->allocate_pages(a_pages).ok());
+    InsertOutcome out;
+    REQUIRE(f.tree->insert(a, a_pages, {}, out).ok());
+  }
+  PrefixMatch m;
+  REQUIRE(f.tree->match_prefix(concat(iota(6), {100, 101}), {}, m).ok());
+  CHECK(m.cached_tokens == 6);
+  CHECK(m.pages == Tokens(a_pages.begin(), a_pages.begin() + 3));
+  CHECK(f.tree->metrics().nodes == 2);  // split into [0,6) and [6,12)
+  // The full sequence still matches through both halves.
+  PrefixMatch whole;
+  REQUIRE(f.tree->match_prefix(concat(a, {1}), {}, whole).ok());
+  CHECK(whole.pages == a_pages);
+  CHECK(f.tree->check_invariants().ok());
+}
+
+TEST_CASE("insert releases duplicate pages and hands back the tree's ids", "[tree]") {
+  Fixture f(1, 64);
+  const Tokens seq = iota(8);
+  f.cache(seq);
+  const std::int32_t used_before = f.pool->used_pages();
+  // A second request computed the same 8 tokens into its own pages, plus 4 more.
+  Tokens pages(12);
+  REQUIRE(f.pool->allocate(pages).ok());
+  const Tokens mine = pages;
+  InsertOutcome out;
+  REQUIRE(f.tree->insert(concat(seq, {50, 51, 52, 53}), pages, {}, out).ok());
+  CHECK(out.cached_tokens == 8);
+  CHECK(out.stored_tokens == 12);
+  for (std::size_t i = 0; i < 8; ++i) {
+    CHECK(pages[i] != mine[i]);
+    CHECK(f.pool->ref_count(mine[i]) == 0);  // duplicates went back to the pool
+  }
+  CHECK(Tokens(pages.begin() + 8, pages.end()) == Tokens(mine.begin() + 8, mine.end()));
+  CHECK(f.pool->used_pages() == used_before + 4);
+  CHECK(f.tree->cached_tokens() == 12);
+}
+
+TEST_CASE("namespaces never share cached pages", "[tree]") {
+  Fixture f(16);
+  const Tokens prompt = iota(64);
+  f.cache(prompt, {.salt = "tenant-a"});
+  CHECK(f.hit(prompt, {.salt = "tenant-a"}) == 48);
+  CHECK(f.hit(prompt, {.salt = "tenant-b"}) == 0);
+  CHECK(f.hit(prompt, {}) == 0);
+  CHECK(f.hit(prompt, {.salt = "tenant-a", .adapter_id = 3}) == 0);
+  f.cache(prompt, {.salt = "tenant-b"});
+  CHECK(f.tree->cached_tokens() == 128);  // stored twice, once per tenant
+  CHECK(f.tree->metrics().namespaces == 4);
+}
+
+TEST_CASE("locks protect nodes from eviction and keep sizes exact", "[tree]") {
+  Fixture f(1, 64);
+  InsertOutcome a = f.cache(iota(10, 0));
+  InsertOutcome b = f.cache(iota(10, 100));
+  REQUIRE(f.tree->lock(a.node).ok());
+  CHECK(f.tree->protected_tokens() == 10);
+  CHECK(f.tree->evictable_tokens() == 10);
+  std::int64_t evicted = 0;
+  REQUIRE(f.tree->evict(1000, &evicted).ok());
+  CHECK(evicted == 10);  // only b could go
+  CHECK(f.hit(iota(11, 0)) == 10);
+  CHECK(f.hit(iota(11, 100)) == 0);
+  CHECK(f.tree->lock(b.node).code() == clm::StatusCode::not_found);  // b was evicted: stale handle
+  REQUIRE(f.tree->unlock(a.node).ok());
+  CHECK(f.tree->unlock(a.node).code() == clm::StatusCode::failed_precondition);
+  CHECK(f.tree->evictable_tokens() == 10);
+  CHECK(f.tree->protected_tokens() == 0);
+}
+
+TEST_CASE("locking a descendant protects its ancestors", "[tree]") {
+  Fixture f(1, 64);
+  f.cache(iota(8));
+  InsertOutcome child = f.cache(concat(iota(8), {40, 41, 42}));
+  REQUIRE(f.tree->lock(child.node).ok());
+  CHECK(f.tree->protected_tokens() == 11);
+  std::int64_t evicted = 0;
+  REQUIRE(f.tree->evict(100, &evicted).ok());
+  CHECK(evicted == 0);
+  REQUIRE(f.tree->unlock(child.node).ok());
+  REQUIRE(f.tree->evict(100, &evicted).ok());
+  CHECK(evicted == 11);  // the leaf first, then its parent, which became a leaf
+  CHECK(f.tree->cached_tokens() == 0);
+  CHECK(f.pool->used_pages() == 0);
+}
+
+TEST_CASE("LRU evicts the least recently used leaf first", "[tree][policy]") {
+  Fixture f(1, 64, EvictionPolicy::lru);
+  f.cache(iota(5, 0));
+  f.cache(iota(5, 100));
+  f.cache(iota(5, 200));
+  f.hit(iota(6, 0));  // touch the oldest: now 100 is the LRU
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.hit(iota(6, 100)) == 0);
+  CHECK(f.hit(iota(6, 0)) == 5);
+  CHECK(f.hit(iota(6, 200)) == 5);
+}
+
+TEST_CASE("LFU evicts the least hit leaf, ties by recency", "[tree][policy]") {
+  Fixture f(1, 64, EvictionPolicy::lfu);
+  f.cache(iota(5, 0));
+  f.cache(iota(5, 100));
+  f.cache(iota(5, 200));
+  for (int i = 0; i < 3; ++i) f.hit(iota(6, 0));
+  f.hit(iota(6, 200));
+  // 100 was never hit; then 200 (one hit) goes before 0 (three hits).
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.tree->cached_tokens() == 10);
+  CHECK(f.hit(iota(6, 100)) == 0);
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.hit(iota(6, 0)) == 5);
+  CHECK(f.hit(iota(6, 200)) == 0);
+}
+
+TEST_CASE("SLRU keeps reused prefixes over a scan of one-off ones", "[tree][policy]") {
+  Fixture f(1, 64, EvictionPolicy::slru);
+  f.cache(iota(5, 0));
+  f.hit(iota(6, 0));  // reused once: protected
+  for (std::int32_t i = 1; i <= 5; ++i) f.cache(iota(5, 100 * i));  // a scan of newer one-off prompts
+  REQUIRE(f.tree->evict(25).ok());
+  CHECK(f.hit(iota(6, 0)) == 5);  // survived although it is the oldest
+  CHECK(f.tree->cached_tokens() == 5);
+}
+
+TEST_CASE("priority evicts the lowest priority first, ties by LRU", "[tree][policy]") {
+  Fixture f(1, 64, EvictionPolicy::priority);
+  f.cache(iota(5, 0), {}, 90);
+  f.cache(iota(5, 100), {}, 10);
+  f.cache(iota(5, 200), {}, 10);
+  f.hit(iota(6, 100));
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.hit(iota(6, 200)) == 0);  // priority 10, older than 100
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.hit(iota(6, 100)) == 0);
+  CHECK(f.hit(iota(6, 0)) == 5);
+}
+
+TEST_CASE("allocate_pages evicts when short and fails cleanly when all is locked", "[tree]") {
+  Fixture f(4, 8);
+  InsertOutcome a = f.cache(iota(16, 0));   // 4 pages
+  f.cache(iota(16, 100));                   // 4 pages: pool full
+  CHECK(f.pool->free_pages() == 0);
+  REQUIRE(f.tree->lock(a.node).ok());
+  Tokens three(3);
+  REQUIRE(f.tree->allocate_pages(three).ok());  // evicts b
+  CHECK(f.tree->cached_tokens() == 16);
+  REQUIRE(f.pool->release(three).ok());
+  REQUIRE(f.tree->lock(f.cache(iota(16, 200)).node).ok());  // everything cached is locked now
+  Tokens one(1, -7);
+  clm::Status s = f.tree->allocate_pages(one);
+  CHECK(s.code() == clm::StatusCode::out_of_memory);
+  CHECK(s.message().find("locked") != std::string::npos);
+  CHECK(one[0] == -7);
+  CHECK(f.tree->cached_tokens() == 32);  // nothing was evicted for a failed allocation
+}
+
+namespace {
+// Runs fn on a thread with a small stack, where recursion over a deep tree
+// would overflow at once.
+template <class Fn>
+void run_on_small_stack(Fn fn) {
+  pthread_attr_t attr;
+  REQUIRE(pthread_attr_init(&attr) == 0);
+  REQUIRE(pthread_attr_setstacksize(&attr, 256 * 1024) == 0);
+  pthread_t thread;
+  auto trampoline = [](void* arg) -> void* {
+    (*static_cast<Fn*>(arg))();
+    return nullptr;
+  };
+  REQUIRE(pthread_create(&thread, &attr, trampoline, &fn) == 0);
+  REQUIRE(pthread_join(thread, nullptr) == 0);
+  pthread_attr_destroy(&attr);
+}
+}  // namespace
+
+TEST_CASE("a deep tree evicts and tears down without recursion", "[tree]") {
+  const std::int32_t depth = 8192;
+  Fixture f(1, depth + 8);
+  // Each insert extends the previous sequence by one token: a chain of nodes.
+  Tokens seq;
+  Tokens pages;
+  for (std::int32_t i = 0; i < depth; ++i) {
+    seq.push_back(i % 7);
+    pages.push_back(0);
+    REQUIRE(f.pool->allocate({&pages.back(), 1}).ok());
+    InsertOutcome out;
+    REQUIRE(f.tree->insert(seq, pages, {}, out).ok());
+    REQUIRE(out.cached_tokens == i);
+  }
+  CHECK(f.tree->metrics().nodes == depth);
+  CHECK(f.hit(concat(seq, {1})) == depth);
+  std::int64_t evicted = 0;
+  bool evict_ok = false;
+  run_on_small_stack([&] { evict_ok = f.tree->evict(depth / 2, &evicted).ok(); });
+  CHECK(evict_ok);
+  CHECK(evicted == depth / 2);
+  CHECK(f.hit(concat(seq, {1})) == depth / 2);
+  run_on_small_stack([&] { f.tree.reset(); });  // the destructor walks the rest
+  CHECK(f.pool->used_pages() == 0);
+  f.tree = std::make_unique<RadixTree>(*f.pool);
+}
+
+TEST_CASE("bad input gives a status and changes nothing", "[tree][errors]") {
+  Fixture f(2, 16);
+  f.cache(iota(6));
+  const auto before = f.tree->metrics();
+  PrefixMatch m;
+  InsertOutcome out;
+  Tokens pages(8);
+  CHECK(f.tree->match_prefix(Tokens{}, {}, m).code() == clm::StatusCode::invalid_argument);
+  CHECK(f.tree->match_prefix(Tokens{1, -2, 3}, {}, m).code() == clm::StatusCode::invalid_argument);
+  CHECK(f.tree->insert(Tokens{}, pages, {}, out).code() == clm::StatusCode::invalid_argument);
+  CHECK(f.tree->insert(Tokens{0, 1, -5, 3}, pages, {}, out).code() == clm::StatusCode::invalid_argument);
+  Tokens four(4), unallocated(5, 9);
+  CHECK(f.tree->insert(iota(10), four, {}, out).code() == clm::StatusCode::invalid_argument);  // 5 needed
+  CHECK(f.tree->insert(iota(10), unallocated, {}, out).code() == clm::StatusCode::invalid_argument);
+  CHECK(f.tree->insert(iota(4, 50), pages, {}, out, 101).code() == clm::StatusCode::invalid_argument);
+  CHECK(f.tree->evict(-1).code() == clm::StatusCode::invalid_argument);
+  CHECK(f.tree->lock(clm::NodeRef{}).code() == clm::StatusCode::not_found);
+  CHECK(f.tree->unlock(clm::NodeRef{12345, 1}).code() == clm::StatusCode::not_found);
+  // A page the tree already owns cannot be inserted again under another prefix.
+  PrefixMatch hit;
+  REQUIRE(f.tree->match_prefix(iota(7), {}, hit).ok());
+  Tokens stolen = {hit.pages[0], hit.pages[1]};
+  clm::Status s = f.tree->insert(Tokens{70, 71, 72, 73}, stolen, {}, out);
+  CHECK(s.code() == clm::StatusCode::invalid_argument);
+  CHECK(!s.message().empty());
+  const auto after = f.tree->metrics();
+  CHECK(after.cached_tokens == before.cached_tokens);
+  CHECK(after.pages_used == before.pages_used);
+  CHECK(after.nodes == before.nodes);
+}
+
+TEST_CASE("metrics count queries, hits and evictions exactly", "[tree][metrics]") {
+  Fixture f(1, 32);
+  f.cache(iota(10));                  // queried 10, hit 0
+  f.hit(iota(10));                    // queried 10, hit 9
+  f.cache(concat(iota(10), {5, 6}));  // queried 12, hit 10
+  REQUIRE(f.tree->evict(2).ok());
+  auto m = f.tree->metrics();
+  CHECK(m.match_calls == 3);
+  CHECK(m.tokens_queried == 32);
+  CHECK(m.tokens_hit == 19);
+  CHECK(m.hit_rate() == Approx(19.0 / 32.0));
+  CHECK(m.evicted_tokens == 2);
+  CHECK(m.evictions == 1);
+  CHECK(m.cached_tokens == 10);
+  CHECK(m.pages_used == 10);
+  CHECK(m.pages_free == 22);
+  CHECK(m.inserted_tokens == 12);
+  CHECK(m.metadata_bytes > 0);
+}
