@@ -11,7 +11,7 @@ CMAKE_FLAGS ?=
 
 # Debian packages the build and the tests need (installed by `make deps`).
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
-  libfmt-dev catch2 nlohmann-json3-dev
+  libfmt-dev catch2 golang-go abigail-tools
 
 # nvcc lives outside PATH on a stock CUDA install; CMake finds it when told.
 NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -19,7 +19,7 @@ ifneq ($(NVCC),)
   CUDA_FLAGS := -DCMAKE_CUDA_COMPILER=$(NVCC)
 endif
 
-.PHONY: all deps build build-asan test test-release test-asan demo bench format clean
+.PHONY: all deps build build-asan test test-release test-asan demo bench abi-baseline format clean
 
 all: build
 
@@ -28,6 +28,7 @@ deps:
 	for p in $(DEBIAN_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
 	done; \
+	command -v cargo >/dev/null 2>&1 || [ -x $$HOME/.cargo/bin/cargo ] || missing="$$missing cargo"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages:$$missing"; \
@@ -61,6 +62,12 @@ demo: build
 
 bench: build
 	cmake --build $(BUILD) --target bench
+
+# Regenerate tests/abi/libclmcache.abi after an intended ABI change; commit it with the change.
+abi-baseline: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS) $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS) --target clmcache
+	bash tests/abi/update_baseline.sh $(BUILD)
 
 format:
 	clang-format -i $$(git ls-files '*.hpp' '*.cpp' '*.h' '*.c' '*.cu')

@@ -4,6 +4,7 @@
 #include "clm.h"
 
 #include <atomic>
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -52,9 +53,23 @@ clm_status check_struct_size(std::size_t size, std::size_t first_version_size, c
   }
   return CLM_OK;
 }
-constexpr std::size_t kEngineOptionsV1 = sizeof(clm_engine_options);
-constexpr std::size_t kAdmitOptionsV1 = sizeof(clm_admit_options);
-constexpr std::size_t kMetricsV1 = sizeof(clm_metrics);
+// The sizes of the first version of each struct: frozen. A later version
+// appends fields and accepts callers compiled with any size from these on.
+constexpr std::size_t kMaxTokens = std::size_t{1} << 30;    // per call; the Engine's own limit
+constexpr std::size_t kMaxSaltBytes = std::size_t{1} << 16;  // a salt names a tenant, not a document
+constexpr std::size_t kEngineOptionsV1 = offsetof(clm_engine_options, slru_protected_fraction) + sizeof(double);
+constexpr std::size_t kAdmitOptionsV1 = offsetof(clm_admit_options, priority) + sizeof(int32_t);
+constexpr std::size_t kMetricsV1 = offsetof(clm_metrics, metadata_bytes) + sizeof(uint64_t);
+constexpr std::size_t kKvLayoutV1 = offsetof(clm_kv_layout, memory) + sizeof(int32_t);
+
+// A caller's struct of `size` bytes as this library's full struct: the
+// caller's fields, and the defaults for fields its version did not have.
+template <class Struct>
+Struct widen(const Struct* caller, std::size_t size, const Struct& defaults) {
+  Struct full = defaults;
+  std::memcpy(static_cast<void*>(&full), caller, std::min(size, sizeof(Struct)));
+  return full;
+}
 
 clm_status null_argument(const char* function, const char* name) {
   return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: {} is NULL", function, name));
@@ -97,24 +112,33 @@ const char* clm_status_name(clm_status status) {
 
 const char* clm_last_error(void) { return last_error.c_str(); }
 
+namespace {
+clm_engine_options default_engine_options() {
+  const clm::EngineConfig defaults;
+  clm_engine_options o{};
+  o.struct_size = sizeof o;
+  o.num_pages = 0;
+  o.page_size = defaults.pool.page_size;
+  o.num_layers = defaults.pool.num_layers;
+  o.kv_heads = defaults.pool.kv_heads;
+  o.head_dim = defaults.pool.head_dim;
+  o.kv_dtype = static_cast<int32_t>(defaults.pool.dtype);
+  o.memory = static_cast<int32_t>(defaults.pool.memory);
+  o.device = defaults.pool.device;
+  o.eviction_policy = static_cast<int32_t>(defaults.eviction_policy);
+  o.slru_protected_fraction = defaults.slru_protected_fraction;
+  return o;
+}
+}  // namespace
+
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_engine_options_init", "options");
   if (clm_status s = check_struct_size<clm_engine_options>(struct_size, kEngineOptionsV1, "clm_engine_options_init")) {
     return s;
   }
-  const clm::EngineConfig defaults;
-  std::memset(options, 0, struct_size);
-  options->struct_size = static_cast<uint32_t>(struct_size);
-  options->num_pages = 0;
-  options->page_size = defaults.pool.page_size;
-  options->num_layers = defaults.pool.num_layers;
-  options->kv_heads = defaults.pool.kv_heads;
-  options->head_dim = defaults.pool.head_dim;
-  options->kv_dtype = static_cast<int32_t>(defaults.pool.dtype);
-  options->memory = static_cast<int32_t>(defaults.pool.memory);
-  options->device = defaults.pool.device;
-  options->eviction_policy = static_cast<int32_t>(defaults.eviction_policy);
-  options->slru_protected_fraction = defaults.slru_protected_fraction;
+  clm_engine_options defaults = default_engine_options();
+  defaults.struct_size = static_cast<uint32_t>(struct_size);
+  std::memcpy(options, &defaults, struct_size);  // only the fields the caller's version has
   return CLM_OK;
 }
 
@@ -127,6 +151,8 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
                                                              "clm_engine_create")) {
       return s;
     }
+    const clm_engine_options widened = widen(options, options->struct_size, default_engine_options());
+    options = &widened;
     if (options->kv_dtype < CLM_KV_F32 || options->kv_dtype > CLM_KV_BF16) {
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_create: unknown kv_dtype {}", options->kv_dtype));
     }
@@ -165,11 +191,13 @@ void clm_engine_free(clm_engine* engine) {
 clm_status clm_engine_kv_layout(clm_kv_layout* out, const clm_engine* engine) {
   if (!out) return null_argument("clm_engine_kv_layout", "out");
   if (!engine) return null_argument("clm_engine_kv_layout", "engine");
+  if (clm_status s = check_struct_size<clm_kv_layout>(out->struct_size, kKvLayoutV1, "clm_engine_kv_layout")) return s;
   const clm::PagedKvPool& pool = engine->state->engine->pool();
   const clm::PagedKvPoolConfig& c = pool.config();
-  *out = clm_kv_layout{pool.data(),         pool.page_bytes(),  pool.layer_bytes(), c.num_pages,
-                       c.page_size,         c.num_layers,       c.kv_heads,         c.head_dim,
-                       static_cast<int32_t>(c.dtype), static_cast<int32_t>(c.memory)};
+  const clm_kv_layout full{out->struct_size, pool.data(),  pool.page_bytes(), pool.layer_bytes(),
+                           c.num_pages,      c.page_size,  c.num_layers,      c.kv_heads,
+                           c.head_dim,       static_cast<int32_t>(c.dtype), static_cast<int32_t>(c.memory)};
+  std::memcpy(out, &full, out->struct_size);
   return CLM_OK;
 }
 
@@ -178,7 +206,7 @@ clm_status clm_admit_options_init(clm_admit_options* options, size_t struct_size
   if (clm_status s = check_struct_size<clm_admit_options>(struct_size, kAdmitOptionsV1, "clm_admit_options_init")) {
     return s;
   }
-  std::memset(options, 0, struct_size);
+  std::memset(options, 0, struct_size);  // every default is zero
   options->struct_size = static_cast<uint32_t>(struct_size);
   return CLM_OK;
 }
@@ -190,7 +218,7 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
     *out = nullptr;
     if (!engine) return null_argument("clm_engine_admit", "engine");
     if (!tokens && n_tokens > 0) return null_argument("clm_engine_admit", "tokens (with n_tokens > 0)");
-    if (n_tokens > (size_t{1} << 30)) {
+    if (n_tokens > kMaxTokens) {
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_admit: n_tokens {} is too large", n_tokens));
     }
     clm::AdmitOptions admit;
@@ -199,8 +227,14 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
                                                               "clm_engine_admit")) {
         return s;
       }
+      const clm_admit_options widened = widen(options, options->struct_size, clm_admit_options{});
+      options = &widened;
       if (!options->cache_salt && options->cache_salt_len > 0) {
         return null_argument("clm_engine_admit", "options->cache_salt (with cache_salt_len > 0)");
+      }
+      if (options->cache_salt_len > kMaxSaltBytes) {
+        return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_admit: cache_salt_len {} exceeds {} bytes",
+                                                          options->cache_salt_len, kMaxSaltBytes));
       }
       if (options->cache_salt) admit.cache_salt = std::string_view(options->cache_salt, options->cache_salt_len);
       admit.adapter_id = options->adapter_id;
@@ -229,11 +263,14 @@ clm_status clm_seq_extend(clm_seq* seq, const int32_t* tokens, size_t n_tokens) 
   return guarded([&]() -> clm_status {
     if (clm_status s = check_running(seq, "clm_seq_extend")) return s;
     if (!tokens && n_tokens > 0) return null_argument("clm_seq_extend", "tokens (with n_tokens > 0)");
-    if (clm_status s = report(seq->state->engine->extend(seq->admission.seq, {tokens, n_tokens}, seq->slots))) {
-      return s;
+    if (n_tokens > kMaxTokens) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_seq_extend: n_tokens {} is too large", n_tokens));
     }
+    clm::Engine& engine = *seq->state->engine;
+    if (clm_status s = report(engine.extend(seq->admission.seq, {tokens, n_tokens}, seq->slots))) return s;
     seq->extended = true;
-    return CLM_OK;
+    // Keep the borrowed page table current, so that reading it stays a pure read.
+    return report(engine.page_table(seq->admission.seq, seq->admission.page_table));
   });
 }
 
@@ -265,21 +302,20 @@ void clm_seq_free(clm_seq* seq) {
 
 int32_t clm_seq_cached_tokens(const clm_seq* seq) { return seq ? seq->admission.cached_tokens : 0; }
 
+// Pages and slots of an ended sequence belong to the cache or to other
+// sequences by now: an ended sequence has none.
+static bool has_live_pages(const clm_seq* seq) { return seq && !seq->ended && !seq->state->closed; }
+
 const int32_t* clm_seq_page_table(const clm_seq* seq, size_t* n_pages) {
   if (n_pages) *n_pages = 0;
-  if (!seq) return nullptr;
-  if (!seq->ended && !seq->state->closed && seq->extended) {
-    // Decode steps add pages: refresh the cached copy.
-    auto* self = const_cast<clm_seq*>(seq);
-    if (!self->state->engine->page_table(self->admission.seq, self->admission.page_table).ok()) return nullptr;
-  }
+  if (!has_live_pages(seq)) return nullptr;
   if (n_pages) *n_pages = seq->admission.page_table.size();
   return seq->admission.page_table.data();
 }
 
 const int64_t* clm_seq_slots(const clm_seq* seq, size_t* n_slots) {
   if (n_slots) *n_slots = 0;
-  if (!seq) return nullptr;
+  if (!has_live_pages(seq)) return nullptr;
   const std::vector<std::int64_t>& slots = seq->extended ? seq->slots : seq->admission.slots;
   if (n_slots) *n_slots = slots.size();
   return slots.data();
@@ -295,6 +331,9 @@ clm_status clm_engine_batch_page_table(int32_t* indptr, int32_t* indices, size_t
     if (!last_page_len && n_seqs > 0) return null_argument(fn, "last_page_len");
     if (!engine) return null_argument(fn, "engine");
     if (!seqs && n_seqs > 0) return null_argument(fn, "seqs");
+    if (n_seqs >= static_cast<size_t>(INT32_MAX)) {  // indptr holds int32 offsets
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: n_seqs {} is too large", fn, n_seqs));
+    }
     std::vector<clm::SequenceId> ids(n_seqs);
     for (size_t i = 0; i < n_seqs; ++i) {
       if (clm_status s = check_running(seqs[i], fn)) return s;

@@ -28,7 +28,8 @@
  *   recent failure on the calling thread.
  * - Out-parameters come first. Options structs carry their own size and are
  *   filled by an init function, so new fields can be appended without
- *   breaking compiled callers; pass NULL for defaults.
+ *   breaking compiled callers; admit takes NULL for defaults (engine options
+ *   are required: num_pages has no default).
  * - Ownership: the caller owns what a create/admit function returns and gives
  *   it back with the matching free function; free functions accept NULL.
  *   Arrays returned by clm_seq_* accessors belong to the sequence and stay
@@ -47,8 +48,10 @@
 extern "C" {
 #endif
 
-#if defined(_WIN32)
+#if defined(_WIN32) && defined(CLM_BUILDING_LIBRARY)
 #define CLM_API __declspec(dllexport)
+#elif defined(_WIN32)
+#define CLM_API __declspec(dllimport)
 #elif defined(__GNUC__)
 #define CLM_API __attribute__((visibility("default")))
 #else
@@ -125,8 +128,10 @@ CLM_API void clm_engine_free(clm_engine *engine);
 
 /* The pool's KV memory (NULL with CLM_MEMORY_NONE) and its layout: page p,
  * layer l: K at base + p*page_bytes + l*layer_bytes, V layer_bytes/2 further,
- * each [page_size][kv_heads][head_dim] (NHD rows). */
+ * each [page_size][kv_heads][head_dim] (NHD rows). Set out->struct_size to
+ * sizeof(clm_kv_layout) first; only that many bytes are written. */
 typedef struct clm_kv_layout {
+  uint32_t struct_size;
   void *base;
   size_t page_bytes;
   size_t layer_bytes;
@@ -161,10 +166,12 @@ CLM_API void clm_seq_free(clm_seq *seq);
 
 /* Tokens of the prompt that were cached at admission (0 on a NULL handle). */
 CLM_API int32_t clm_seq_cached_tokens(const clm_seq *seq);
-/* The sequence's page table: ceil(length / page_size) page ids. */
+/* The sequence's page table: ceil(length / page_size) page ids. NULL with
+ * *n_pages = 0 for a NULL or ended (finished, aborted, engine freed) sequence,
+ * whose pages belong to the cache or to other sequences by then. */
 CLM_API const int32_t *clm_seq_page_table(const clm_seq *seq, size_t *n_pages);
 /* Slots (page * page_size + row) of the tokens added by the last admit or
- * extend: where the host writes their K/V. */
+ * extend: where the host writes their K/V. NULL and 0 as above. */
 CLM_API const int64_t *clm_seq_slots(const clm_seq *seq, size_t *n_slots);
 
 /* FlashInfer's paged-KV CSR arrays for a batch of sequences, written to

@@ -25,14 +25,16 @@
 // a finish after abort, or a second finish, is reported as such.
 //
 // Thread safety: every method may be called from any thread at once. One
-// mutex guards the pool, the tree and the sequence table; only the O(pages)
-// bookkeeping of a call runs under it; copying tokens in and page tables and
-// slots out happens outside.
+// lock guards the pool, the tree and the sequence table; copying tokens in and
+// computing slots out happen outside it. The lock spins a few microseconds
+// before it sleeps (detail/spin_mutex.hpp): critical sections are shorter than
+// a futex round trip, and with a plain std::mutex two threads on one Engine
+// ran at 0.64x the requests/s of one; with it, 1.4x (bench_engine).
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <mutex>  // std::lock_guard
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -40,6 +42,7 @@
 
 #include <fmt/format.h>
 
+#include "clm/detail/spin_mutex.hpp"
 #include "clm/eviction_policy.hpp"
 #include "clm/paged_kv_pool.hpp"
 #include "clm/radix_tree.hpp"
@@ -147,6 +150,7 @@ class Engine {
 
   // Appends tokens (decode steps); `slots` receives where to write their K/V.
   Status extend(SequenceId id, std::span<const std::int32_t> tokens, std::vector<std::int64_t>& slots) {
+    if (tokens.size() > kMaxTokens) return invalid_argument("extend: sequence would be too long");
     const std::size_t bad = detail::first_invalid_token(tokens.data(), tokens.size());
     if (bad != tokens.size()) {
       return invalid_argument(fmt::format("extend: token id {} at position {} is outside [0, 2^31)", tokens[bad], bad));
@@ -328,7 +332,7 @@ class Engine {
 
   const EngineConfig config_;
   const std::int32_t page_size_;
-  mutable std::mutex mutex_;
+  mutable detail::SpinThenBlockMutex mutex_;
   std::unique_ptr<PagedKvPool> pool_;
   std::unique_ptr<RadixTree> tree_;
   std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;

@@ -180,10 +180,14 @@ class PagedKvPool {
 
   static Status validate(const PagedKvPoolConfig& c) {
     if (c.num_pages <= 0) return invalid_argument(fmt::format("num_pages must be > 0, got {}", c.num_pages));
-    if (c.page_size <= 0) return invalid_argument(fmt::format("page_size must be > 0, got {}", c.page_size));
-    if (c.num_layers <= 0 || c.kv_heads <= 0 || c.head_dim <= 0) {
-      return invalid_argument(fmt::format("num_layers, kv_heads and head_dim must be > 0, got {}, {}, {}",
-                                          c.num_layers, c.kv_heads, c.head_dim));
+    constexpr std::int32_t kMaxDimension = 1 << 16;  // far beyond any model; keeps products in range
+    if (c.page_size <= 0 || c.page_size > kMaxDimension) {
+      return invalid_argument(fmt::format("page_size must be in [1, {}], got {}", kMaxDimension, c.page_size));
+    }
+    if (c.num_layers <= 0 || c.kv_heads <= 0 || c.head_dim <= 0 || c.num_layers > kMaxDimension ||
+        c.kv_heads > kMaxDimension || c.head_dim > kMaxDimension) {
+      return invalid_argument(fmt::format("num_layers, kv_heads and head_dim must be in [1, {}], got {}, {}, {}",
+                                          kMaxDimension, c.num_layers, c.kv_heads, c.head_dim));
     }
     if (c.dtype != KvDType::f32 && c.dtype != KvDType::f16 && c.dtype != KvDType::bf16) {
       return invalid_argument("unknown KV dtype");

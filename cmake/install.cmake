@@ -1,0 +1,46 @@
+# Install rules: headers, both C libraries, a CMake package and a .pc file.
+# Included from the top-level CMakeLists.txt once the targets exist.
+include(CMakePackageConfigHelpers)
+
+install(TARGETS clmcache clmcache_static clmcache_core
+  EXPORT clmcacheTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/capi/clm.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/clm DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+set(clm_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/clmcache)
+install(EXPORT clmcacheTargets NAMESPACE clmcache:: DESTINATION ${clm_cmake_dir})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/clmcacheConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/clmcacheConfig.cmake INSTALL_DESTINATION ${clm_cmake_dir})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/clmcacheConfigVersion.cmake
+  COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/clmcacheConfig.cmake ${PROJECT_BINARY_DIR}/clmcacheConfigVersion.cmake
+  DESTINATION ${clm_cmake_dir})
+
+# The .pc file finds its prefix from its own location (${pcfiledir}), so it
+# stays right when the prefix is chosen at install time (cmake --install
+# --prefix, as the install_stage test does) or the tree is moved.
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(clm_pc_prefix "${CMAKE_INSTALL_PREFIX}")
+else()
+  file(RELATIVE_PATH clm_pc_up "/clm/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/clm")
+  string(REGEX REPLACE "/$" "" clm_pc_up "${clm_pc_up}")
+  set(clm_pc_prefix "\${pcfiledir}/${clm_pc_up}")
+endif()
+foreach(dir LIBDIR INCLUDEDIR)
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_${dir}}")
+    set(clm_pc_${dir} "${CMAKE_INSTALL_${dir}}")
+  else()
+    set(clm_pc_${dir} "\${prefix}/${CMAKE_INSTALL_${dir}}")
+  endif()
+endforeach()
+# What a static link (pkg-config --static) needs besides libclmcache.a.
+set(clm_pc_libs_private "-lfmt -lstdc++ -lm -lpthread")
+if(CLM_HAVE_CUDA)
+  string(APPEND clm_pc_libs_private " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/clmcache.pc.in ${PROJECT_BINARY_DIR}/clmcache.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/clmcache.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,0 +1,622 @@
+// Package clm is a Go binding of clmcache's C ABI (clm.h): an embeddable
+// KV-cache library for LLM inference backends (prefix reuse over a paged KV
+// pool).
+//
+//	opts, _ := clm.DefaultEngineOptions()
+//	opts.NumPages = 65536
+//	engine, err := clm.NewEngine(opts)
+//	if err != nil { ... }
+//	defer engine.Close()
+//
+//	seq, err := engine.Admit(prompt, nil)
+//	cached, _ := seq.CachedTokens() // prompt[:cached] is reused
+//	slots, _ := seq.Slots()         // write the K/V of prompt[cached:] here
+//	... seq.Extend(next) per decode step ...
+//	err = seq.Finish()              // publish prompt + output for later requests
+//	seq.Close()
+//
+// Handles are freed by Close (idempotent); a finalizer frees them too if Close
+// was forgotten, but callers should not rely on it: the pool's pages stay
+// locked until the handle is freed. Every call on a closed handle returns an
+// *Error with code FailedPrecondition that wraps ErrClosed.
+//
+// An Engine may be used from many goroutines at once. A Seq serializes its own
+// calls with a mutex, so it may be shared too (the C ABI forbids concurrent
+// use of one sequence handle; the wrapper enforces it).
+//
+// The binding finds the library with pkg-config (package clmcache): set
+// PKG_CONFIG_PATH to <prefix>/lib/pkgconfig of an installation, and
+// LD_LIBRARY_PATH to <prefix>/lib to run.
+package clm
+
+/*
+#cgo pkg-config: clmcache
+#include <stdlib.h>
+#include <clm.h>
+
+// The salt is a pointer inside the options struct: cgo forbids passing Go
+// memory that holds a Go pointer, so the struct travels by value and the salt
+// (which points into Go memory) as its own argument.
+static clm_status clmgo_admit(clm_seq **out, clm_engine *engine, const int32_t *tokens, size_t n_tokens,
+                              int use_options, clm_admit_options options, const char *salt, size_t salt_len) {
+  options.cache_salt = salt;
+  options.cache_salt_len = salt_len;
+  return clm_engine_admit(out, engine, tokens, n_tokens, use_options ? &options : NULL);
+}
+*/
+import "C"
+
+import (
+	"runtime"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// HeaderVersion is CLM_VERSION_NUMBER of the clm.h this package was compiled
+// against; compare with Version() to detect a header/library skew.
+const HeaderVersion = int(C.CLM_VERSION_NUMBER)
+
+// Version is the library's version number (major*10000 + minor*100 + patch).
+func Version() int { return int(C.clm_version()) }
+
+// VersionString is the library's version as "major.minor.patch".
+func VersionString() string { return C.GoString(C.clm_version_string()) }
+
+// KVDType is the element type of the pool's K/V (CLM_KV_*).
+type KVDType int32
+
+const (
+	KVF32  KVDType = C.CLM_KV_F32
+	KVF16  KVDType = C.CLM_KV_F16
+	KVBF16 KVDType = C.CLM_KV_BF16
+)
+
+// MemoryKind is where the pool keeps the KV bytes (CLM_MEMORY_*).
+type MemoryKind int32
+
+const (
+	MemoryNone   MemoryKind = C.CLM_MEMORY_NONE
+	MemoryHost   MemoryKind = C.CLM_MEMORY_HOST
+	MemoryDevice MemoryKind = C.CLM_MEMORY_DEVICE
+)
+
+// EvictionPolicy chooses which unlocked prefixes are evicted first (CLM_EVICT_*).
+type EvictionPolicy int32
+
+const (
+	EvictLRU      EvictionPolicy = C.CLM_EVICT_LRU
+	EvictLFU      EvictionPolicy = C.CLM_EVICT_LFU
+	EvictSLRU     EvictionPolicy = C.CLM_EVICT_SLRU
+	EvictPriority EvictionPolicy = C.CLM_EVICT_PRIORITY
+)
+
+// EngineOptions mirrors clm_engine_options. Start from DefaultEngineOptions;
+// NumPages has no default and must be set.
+type EngineOptions struct {
+	NumPages              int32
+	PageSize              int32
+	NumLayers             int32
+	KVHeads               int32
+	HeadDim               int32
+	KVDType               KVDType
+	Memory                MemoryKind
+	Device                int32
+	EvictionPolicy        EvictionPolicy
+	SLRUProtectedFraction float64
+}
+
+func engineOptionsInit(c *C.clm_engine_options) error {
+	return call("clm_engine_options_init", func() C.clm_status {
+		return C.clm_engine_options_init(c, C.sizeof_clm_engine_options)
+	})
+}
+
+// DefaultEngineOptions is the library's defaults (clm_engine_options_init).
+// It fails only on a header/library skew.
+func DefaultEngineOptions() (EngineOptions, error) {
+	var c C.clm_engine_options
+	if err := engineOptionsInit(&c); err != nil {
+		return EngineOptions{}, err
+	}
+	return EngineOptions{
+		NumPages:              int32(c.num_pages),
+		PageSize:              int32(c.page_size),
+		NumLayers:             int32(c.num_layers),
+		KVHeads:               int32(c.kv_heads),
+		HeadDim:               int32(c.head_dim),
+		KVDType:               KVDType(c.kv_dtype),
+		Memory:                MemoryKind(c.memory),
+		Device:                int32(c.device),
+		EvictionPolicy:        EvictionPolicy(c.eviction_policy),
+		SLRUProtectedFraction: float64(c.slru_protected_fraction),
+	}, nil
+}
+
+// AdmitOptions mirrors clm_admit_options.
+type AdmitOptions struct {
+	// CacheSalt isolates tenants: requests with different salts never share
+	// pages. "" is no salt.
+	CacheSalt string
+	// AdapterID is the LoRA adapter the KV is computed with.
+	AdapterID int32
+	// Priority (0-100) is used by EvictPriority.
+	Priority int32
+}
+
+func admitOptionsInit(c *C.clm_admit_options) error {
+	return call("clm_admit_options_init", func() C.clm_status {
+		return C.clm_admit_options_init(c, C.sizeof_clm_admit_options)
+	})
+}
+
+// DefaultAdmitOptions is the library's defaults (clm_admit_options_init).
+func DefaultAdmitOptions() (AdmitOptions, error) {
+	var c C.clm_admit_options
+	if err := admitOptionsInit(&c); err != nil {
+		return AdmitOptions{}, err
+	}
+	return AdmitOptions{AdapterID: int32(c.adapter_id), Priority: int32(c.priority)}, nil
+}
+
+// KVLayout mirrors clm_kv_layout: page p, layer l: K at Base + p*PageBytes +
+// l*LayerBytes, V LayerBytes/2 further, each [PageSize][KVHeads][HeadDim].
+// Base is C memory (nil with MemoryNone) owned by the engine; it stays valid
+// while the Engine or any of its Seqs is open.
+type KVLayout struct {
+	Base       unsafe.Pointer
+	PageBytes  uint64
+	LayerBytes uint64
+	NumPages   int32
+	PageSize   int32
+	NumLayers  int32
+	KVHeads    int32
+	HeadDim    int32
+	KVDType    KVDType
+	Memory     MemoryKind
+}
+
+// Metrics mirrors clm_metrics.
+type Metrics struct {
+	TokensQueried   uint64
+	TokensHit       uint64
+	HitRate         float64
+	CachedTokens    int64
+	EvictableTokens int64
+	ProtectedTokens int64
+	PagesUsed       int32
+	PagesFree       int32
+	EvictedTokens   uint64
+	Evictions       uint64
+	InsertedTokens  uint64
+	Admitted        uint64
+	Finished        uint64
+	Aborted         uint64
+	Rejected        uint64
+	ActiveSequences int64
+	MetadataBytes   uint64
+}
+
+// PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
+// uses Indices[Indptr[i]:Indptr[i+1]] and rows [0, LastPageLen[i]) of its
+// last page.
+type PagedBatch struct {
+	Indptr      []int32
+	Indices     []int32
+	LastPageLen []int32
+}
+
+// Engine is a clm_engine: the KV pool and the prefix cache.
+type Engine struct {
+	mu     sync.RWMutex // read: a call in flight; write: Close
+	ptr    *C.clm_engine
+	closed atomic.Bool // read by Seqs without taking mu
+}
+
+// NewEngine creates an engine (clm_engine_create).
+func NewEngine(opts EngineOptions) (*Engine, error) {
+	var c C.clm_engine_options
+	if err := engineOptionsInit(&c); err != nil {
+		return nil, err
+	}
+	c.num_pages = C.int32_t(opts.NumPages)
+	c.page_size = C.int32_t(opts.PageSize)
+	c.num_layers = C.int32_t(opts.NumLayers)
+	c.kv_heads = C.int32_t(opts.KVHeads)
+	c.head_dim = C.int32_t(opts.HeadDim)
+	c.kv_dtype = C.int32_t(opts.KVDType)
+	c.memory = C.int32_t(opts.Memory)
+	c.device = C.int32_t(opts.Device)
+	c.eviction_policy = C.int32_t(opts.EvictionPolicy)
+	c.slru_protected_fraction = C.double(opts.SLRUProtectedFraction)
+	var ptr *C.clm_engine
+	if err := call("clm_engine_create", func() C.clm_status { return C.clm_engine_create(&ptr, &c) }); err != nil {
+		return nil, err
+	}
+	e := &Engine{ptr: ptr}
+	runtime.SetFinalizer(e, (*Engine).free)
+	return e, nil
+}
+
+// Close frees the engine (clm_engine_free): running sequences end as if
+// aborted, and calls on their Seqs fail with FailedPrecondition; the Seqs
+// must still be closed. Close is idempotent and always returns nil.
+func (e *Engine) Close() error {
+	e.free()
+	runtime.SetFinalizer(e, nil)
+	return nil
+}
+
+func (e *Engine) free() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ptr != nil {
+		e.closed.Store(true)
+		C.clm_engine_free(e.ptr)
+		e.ptr = nil
+	}
+}
+
+// acquire read-locks the engine for one call; release must follow.
+func (e *Engine) acquire(op string) (*C.clm_engine, error) {
+	if e == nil {
+		return nil, closedError(op, "engine")
+	}
+	e.mu.RLock()
+	if e.ptr == nil {
+		e.mu.RUnlock()
+		return nil, closedError(op, "engine")
+	}
+	return e.ptr, nil
+}
+
+func (e *Engine) release() {
+	e.mu.RUnlock()
+	runtime.KeepAlive(e)
+}
+
+// tokensPtr is a pointer to the first token, or nil for none. The C library
+// copies the tokens and keeps no pointer to them, so Go memory is passed
+// directly, without a copy.
+func tokensPtr(tokens []int32) *C.int32_t {
+	if len(tokens) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&tokens[0]))
+}
+
+// stringPtr is a pointer to the bytes of s (nil for ""), for C to read during
+// one call.
+func stringPtr(s string) *C.char {
+	if len(s) == 0 {
+		return nil
+	}
+	return (*C.char)(*(*unsafe.Pointer)(unsafe.Pointer(&s)))
+}
+
+// Admit matches the longest cached prefix of tokens, locks it, and allocates
+// pages for the rest of the prompt (clm_engine_admit). opts may be nil.
+func (e *Engine) Admit(tokens []int32, opts *AdmitOptions) (*Seq, error) {
+	const op = "clm_engine_admit"
+	ep, err := e.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer e.release()
+	var copts C.clm_admit_options
+	useOptions := C.int(0)
+	var salt string
+	if opts != nil {
+		if err := admitOptionsInit(&copts); err != nil {
+			return nil, err
+		}
+		copts.adapter_id = C.int32_t(opts.AdapterID)
+		copts.priority = C.int32_t(opts.Priority)
+		salt = opts.CacheSalt
+		useOptions = 1
+	}
+	var ptr *C.clm_seq
+	err = call(op, func() C.clm_status {
+		return C.clmgo_admit(&ptr, ep, tokensPtr(tokens), C.size_t(len(tokens)), useOptions, copts,
+			stringPtr(salt), C.size_t(len(salt)))
+	})
+	runtime.KeepAlive(tokens)
+	runtime.KeepAlive(salt)
+	if err != nil {
+		return nil, err
+	}
+	s := &Seq{ptr: ptr, engine: e}
+	runtime.SetFinalizer(s, (*Seq).free)
+	return s, nil
+}
+
+// KVLayout describes the pool's memory (clm_engine_kv_layout).
+func (e *Engine) KVLayout() (KVLayout, error) {
+	const op = "clm_engine_kv_layout"
+	ep, err := e.acquire(op)
+	if err != nil {
+		return KVLayout{}, err
+	}
+	defer e.release()
+	var c C.clm_kv_layout
+	c.struct_size = C.uint32_t(C.sizeof_clm_kv_layout)
+	if err := call(op, func() C.clm_status { return C.clm_engine_kv_layout(&c, ep) }); err != nil {
+		return KVLayout{}, err
+	}
+	return KVLayout{
+		Base:       c.base,
+		PageBytes:  uint64(c.page_bytes),
+		LayerBytes: uint64(c.layer_bytes),
+		NumPages:   int32(c.num_pages),
+		PageSize:   int32(c.page_size),
+		NumLayers:  int32(c.num_layers),
+		KVHeads:    int32(c.kv_heads),
+		HeadDim:    int32(c.head_dim),
+		KVDType:    KVDType(c.kv_dtype),
+		Memory:     MemoryKind(c.memory),
+	}, nil
+}
+
+// Metrics copies the engine's counters out (clm_engine_metrics).
+func (e *Engine) Metrics() (Metrics, error) {
+	const op = "clm_engine_metrics"
+	ep, err := e.acquire(op)
+	if err != nil {
+		return Metrics{}, err
+	}
+	defer e.release()
+	var c C.clm_metrics
+	c.struct_size = C.uint32_t(C.sizeof_clm_metrics)
+	if err := call(op, func() C.clm_status { return C.clm_engine_metrics(&c, ep) }); err != nil {
+		return Metrics{}, err
+	}
+	return Metrics{
+		TokensQueried:   uint64(c.tokens_queried),
+		TokensHit:       uint64(c.tokens_hit),
+		HitRate:         float64(c.hit_rate),
+		CachedTokens:    int64(c.cached_tokens),
+		EvictableTokens: int64(c.evictable_tokens),
+		ProtectedTokens: int64(c.protected_tokens),
+		PagesUsed:       int32(c.pages_used),
+		PagesFree:       int32(c.pages_free),
+		EvictedTokens:   uint64(c.evicted_tokens),
+		Evictions:       uint64(c.evictions),
+		InsertedTokens:  uint64(c.inserted_tokens),
+		Admitted:        uint64(c.admitted),
+		Finished:        uint64(c.finished),
+		Aborted:         uint64(c.aborted),
+		Rejected:        uint64(c.rejected),
+		ActiveSequences: int64(c.active_sequences),
+		MetadataBytes:   uint64(c.metadata_bytes),
+	}, nil
+}
+
+// BatchPageTable gives the page tables of running sequences of this engine in
+// FlashInfer's CSR form (clm_engine_batch_page_table).
+func (e *Engine) BatchPageTable(seqs []*Seq) (PagedBatch, error) {
+	const op = "clm_engine_batch_page_table"
+	ep, err := e.acquire(op)
+	if err != nil {
+		return PagedBatch{}, err
+	}
+	defer e.release()
+
+	// Hold every distinct Seq's lock, in address order (no deadlock between
+	// overlapping batches; a Seq listed twice is locked once).
+	distinct := make([]*Seq, 0, len(seqs))
+	seen := make(map[*Seq]bool, len(seqs))
+	for i, s := range seqs {
+		if s == nil {
+			return PagedBatch{}, &Error{code: InvalidArgument, op: op, msg: "seqs[" + strconv.Itoa(i) + "] is nil"}
+		}
+		if !seen[s] {
+			seen[s] = true
+			distinct = append(distinct, s)
+		}
+	}
+	sort.Slice(distinct, func(i, j int) bool {
+		return uintptr(unsafe.Pointer(distinct[i])) < uintptr(unsafe.Pointer(distinct[j]))
+	})
+	for _, s := range distinct {
+		s.mu.Lock()
+	}
+	defer func() {
+		for _, s := range distinct {
+			s.mu.Unlock()
+		}
+		runtime.KeepAlive(seqs)
+	}()
+
+	n := len(seqs)
+	cseqs := make([]*C.clm_seq, n)
+	for i, s := range seqs {
+		if s.ptr == nil {
+			return PagedBatch{}, closedError(op, "sequence")
+		}
+		cseqs[i] = s.ptr
+	}
+	out := PagedBatch{Indptr: make([]int32, n+1), LastPageLen: make([]int32, n)}
+	capacity := 64 * n
+	for attempt := 0; ; attempt++ {
+		indices := make([]int32, capacity)
+		var needed C.size_t
+		var seqsPtr **C.clm_seq
+		if n > 0 {
+			seqsPtr = &cseqs[0]
+		}
+		err := call(op, func() C.clm_status {
+			return C.clm_engine_batch_page_table((*C.int32_t)(unsafe.Pointer(&out.Indptr[0])), tokensPtr(indices),
+				C.size_t(len(indices)), &needed, tokensPtr(out.LastPageLen), ep, seqsPtr, C.size_t(n))
+		})
+		if err == nil {
+			out.Indices = indices[:needed]
+			return out, nil
+		}
+		// Too small a buffer is reported as InvalidArgument with the size needed.
+		if attempt == 0 && CodeOf(err) == InvalidArgument && int(needed) > capacity {
+			capacity = int(needed)
+			continue
+		}
+		return PagedBatch{}, err
+	}
+}
+
+// Seq is a clm_seq: one request admitted into an engine.
+type Seq struct {
+	mu     sync.Mutex
+	ptr    *C.clm_seq
+	engine *Engine // keeps the Engine (and its finalizer) from going before the Seq
+	ended  bool    // Finish or Abort succeeded
+}
+
+// checkRunning refuses the page table and slots of a sequence that ended: the
+// C accessors still return its last arrays, but their pages went back to the
+// cache or the pool and may belong to other sequences already.
+func (s *Seq) checkRunning(op string) error {
+	if s.ended || s.engine.closed.Load() {
+		return &Error{code: FailedPrecondition, op: op,
+			msg: "the sequence has ended: its pages may belong to other sequences now"}
+	}
+	return nil
+}
+
+// Close frees the handle (clm_seq_free); a sequence still running is aborted
+// first. Close is idempotent and always returns nil.
+func (s *Seq) Close() error {
+	s.free()
+	runtime.SetFinalizer(s, nil)
+	return nil
+}
+
+func (s *Seq) free() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ptr != nil {
+		C.clm_seq_free(s.ptr)
+		s.ptr = nil
+		s.engine = nil
+	}
+}
+
+func (s *Seq) acquire(op string) (*C.clm_seq, error) {
+	if s == nil {
+		return nil, closedError(op, "sequence")
+	}
+	s.mu.Lock()
+	if s.ptr == nil {
+		s.mu.Unlock()
+		return nil, closedError(op, "sequence")
+	}
+	return s.ptr, nil
+}
+
+func (s *Seq) release() {
+	s.mu.Unlock()
+	runtime.KeepAlive(s)
+}
+
+// Extend appends decoded tokens whose K/V the host will write
+// (clm_seq_extend); Slots then gives their slots.
+func (s *Seq) Extend(tokens []int32) error {
+	const op = "clm_seq_extend"
+	sp, err := s.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer s.release()
+	err = call(op, func() C.clm_status { return C.clm_seq_extend(sp, tokensPtr(tokens), C.size_t(len(tokens))) })
+	runtime.KeepAlive(tokens)
+	return err
+}
+
+// Finish publishes prompt + output into the cache and ends the sequence
+// (clm_seq_finish). The handle must still be closed.
+func (s *Seq) Finish() error {
+	const op = "clm_seq_finish"
+	sp, err := s.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer s.release()
+	err = call(op, func() C.clm_status { return C.clm_seq_finish(sp) })
+	if err == nil {
+		s.ended = true
+	}
+	return err
+}
+
+// Abort ends the sequence without caching anything it computed
+// (clm_seq_abort). The handle must still be closed.
+func (s *Seq) Abort() error {
+	const op = "clm_seq_abort"
+	sp, err := s.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer s.release()
+	err = call(op, func() C.clm_status { return C.clm_seq_abort(sp) })
+	if err == nil {
+		s.ended = true
+	}
+	return err
+}
+
+// CachedTokens is how many leading prompt tokens were cached at admission
+// (clm_seq_cached_tokens).
+func (s *Seq) CachedTokens() (int32, error) {
+	sp, err := s.acquire("clm_seq_cached_tokens")
+	if err != nil {
+		return 0, err
+	}
+	defer s.release()
+	return int32(C.clm_seq_cached_tokens(sp)), nil
+}
+
+// PageTable is a copy of the sequence's page table: ceil(length/page_size)
+// page ids (clm_seq_page_table). It fails with FailedPrecondition once the
+// sequence has ended (Finish, Abort, or the Engine's Close).
+func (s *Seq) PageTable() ([]int32, error) {
+	const op = "clm_seq_page_table"
+	sp, err := s.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer s.release()
+	if err := s.checkRunning(op); err != nil {
+		return nil, err
+	}
+	var n C.size_t
+	p := C.clm_seq_page_table(sp, &n)
+	if p == nil {
+		// A page table is never empty (a prompt has at least one token), so
+		// NULL is the accessor's only way to say it failed; it sets no message.
+		return nil, &Error{code: FailedPrecondition, op: op, msg: "the page table is not available"}
+	}
+	out := make([]int32, int(n))
+	copy(out, unsafe.Slice((*int32)(unsafe.Pointer(p)), int(n)))
+	return out, nil
+}
+
+// Slots is a copy of the slots (page*page_size + row) of the tokens added by
+// the last Admit or Extend: where the host writes their K/V (clm_seq_slots).
+// It fails with FailedPrecondition once the sequence has ended.
+func (s *Seq) Slots() ([]int64, error) {
+	const op = "clm_seq_slots"
+	sp, err := s.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer s.release()
+	if err := s.checkRunning(op); err != nil {
+		return nil, err
+	}
+	var n C.size_t
+	p := C.clm_seq_slots(sp, &n)
+	out := make([]int64, int(n))
+	if n > 0 {
+		copy(out, unsafe.Slice((*int64)(unsafe.Pointer(p)), int(n)))
+	}
+	return out, nil
+}

@@ -1,0 +1,3 @@
+module clmcache.example/clm
+
+go 1.19

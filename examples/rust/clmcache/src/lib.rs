@@ -1,0 +1,744 @@
+//! Safe Rust wrapper over clmcache's C ABI (`clm.h`), an embeddable KV-cache
+//! library for LLM inference: prefix reuse over a paged KV pool.
+//!
+//! ```no_run
+//! use clmcache::{Engine, EngineOptions};
+//!
+//! let engine = Engine::new(&EngineOptions { page_size: 16, ..EngineOptions::new(4096) })?;
+//! let prompt: Vec<i32> = (0..100).collect();
+//! let mut seq = engine.admit(&prompt)?;
+//! let cached = seq.cached_tokens(); // prompt[..cached] is already in the pool
+//! // ... write the K/V of prompt[cached..] into seq.slots() ...
+//! let slots = seq.extend(&[42])?; // a decode step: where token 42's K/V goes
+//! assert_eq!(slots.len(), 1);
+//! seq.finish()?; // publish prompt + output for later requests
+//! # Ok::<(), clmcache::Error>(())
+//! ```
+//!
+//! Threading follows the C ABI: an [`Engine`] may be used from many threads at
+//! once (`Send + Sync`; share it with `Arc`). A [`Sequence`] must not be used
+//! by two threads at the same time, so it is `Send` but not `Sync`.
+//!
+//! Errors are [`Error`]s: the status code plus the message of
+//! `clm_last_error()`, copied on the calling thread right after the call
+//! that failed.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use std::ffi::CStr;
+use std::fmt;
+use std::mem::{size_of, MaybeUninit};
+use std::os::raw::{c_char, c_void};
+use std::ptr::{self, NonNull};
+use std::slice;
+
+pub use clmcache_sys as sys;
+
+// ---- errors -----------------------------------------------------------------
+
+/// What went wrong, as a `clm_status` code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// Malformed input: bad lengths, bad ids, bad options.
+    InvalidArgument,
+    /// No free KV pages, even after eviction (or no host memory).
+    OutOfMemory,
+    /// No such handle or sequence.
+    NotFound,
+    /// A valid call in the wrong state (e.g. finish after abort).
+    FailedPrecondition,
+    /// Not in this build or on this machine (e.g. no GPU).
+    Unsupported,
+    /// A bug in clmcache.
+    Internal,
+    /// A file, socket or database call failed.
+    Io,
+    /// A code this wrapper does not know (a newer library).
+    Unknown(i32),
+}
+
+impl ErrorCode {
+    /// The code for a failed `clm_status`; `None` for `CLM_OK`.
+    pub fn from_raw(status: sys::clm_status) -> Option<ErrorCode> {
+        Some(match status {
+            sys::CLM_OK => return None,
+            sys::CLM_ERR_INVALID_ARGUMENT => ErrorCode::InvalidArgument,
+            sys::CLM_ERR_OUT_OF_MEMORY => ErrorCode::OutOfMemory,
+            sys::CLM_ERR_NOT_FOUND => ErrorCode::NotFound,
+            sys::CLM_ERR_FAILED_PRECONDITION => ErrorCode::FailedPrecondition,
+            sys::CLM_ERR_UNSUPPORTED => ErrorCode::Unsupported,
+            sys::CLM_ERR_INTERNAL => ErrorCode::Internal,
+            sys::CLM_ERR_IO => ErrorCode::Io,
+            other => ErrorCode::Unknown(other),
+        })
+    }
+
+    /// The `clm_status` value.
+    pub fn raw(self) -> sys::clm_status {
+        match self {
+            ErrorCode::InvalidArgument => sys::CLM_ERR_INVALID_ARGUMENT,
+            ErrorCode::OutOfMemory => sys::CLM_ERR_OUT_OF_MEMORY,
+            ErrorCode::NotFound => sys::CLM_ERR_NOT_FOUND,
+            ErrorCode::FailedPrecondition => sys::CLM_ERR_FAILED_PRECONDITION,
+            ErrorCode::Unsupported => sys::CLM_ERR_UNSUPPORTED,
+            ErrorCode::Internal => sys::CLM_ERR_INTERNAL,
+            ErrorCode::Io => sys::CLM_ERR_IO,
+            ErrorCode::Unknown(code) => code,
+        }
+    }
+
+    /// The library's static name for the code ("invalid_argument", ...).
+    pub fn name(self) -> &'static str {
+        // SAFETY: clm_status_name accepts any value and returns a static string.
+        unsafe { static_str(sys::clm_status_name(self.raw())) }.unwrap_or("unknown")
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed clmcache call: its status code and `clm_last_error()`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    code: ErrorCode,
+    message: String,
+}
+
+impl Error {
+    /// Builds the error of a failed call. Must run on the thread that made
+    /// the call, before any other clm_* call there (the message is
+    /// thread-local and only valid until the next call).
+    fn last(status: sys::clm_status) -> Error {
+        // SAFETY: clm_last_error returns a NUL-terminated thread-local string
+        // that stays valid until the next clm_* call on this thread; it is
+        // copied before any.
+        let message = unsafe {
+            let p = sys::clm_last_error();
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        Error { code: ErrorCode::from_raw(status).unwrap_or(ErrorCode::Unknown(status)), message }
+    }
+
+    fn new(code: ErrorCode, message: impl Into<String>) -> Error {
+        Error { code, message: message.into() }
+    }
+
+    /// The status code.
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// The library's description of the failure.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "clmcache: {}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `Result` with clmcache's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn check(status: sys::clm_status) -> Result<()> {
+    if status == sys::CLM_OK {
+        Ok(())
+    } else {
+        Err(Error::last(status))
+    }
+}
+
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string that lives forever.
+unsafe fn static_str(p: *const c_char) -> Option<&'static str> {
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: per the contract above.
+        unsafe { CStr::from_ptr(p) }.to_str().ok()
+    }
+}
+
+/// A slice over an array owned by the C side; an empty one for NULL.
+///
+/// # Safety
+/// When `p` is non-NULL it must point to `n` initialized values that stay
+/// unchanged for `'a`.
+unsafe fn c_slice<'a, T>(p: *const T, n: usize) -> &'a [T] {
+    if p.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: per the contract above.
+        unsafe { slice::from_raw_parts(p, n) }
+    }
+}
+
+// ---- version ------------------------------------------------------------------
+
+/// The library's version as `major * 10000 + minor * 100 + patch`.
+pub fn version() -> i32 {
+    // SAFETY: no arguments, no state.
+    unsafe { sys::clm_version() }
+}
+
+/// The library's version as "major.minor.patch".
+pub fn version_string() -> &'static str {
+    // SAFETY: returns a static string.
+    unsafe { static_str(sys::clm_version_string()) }.unwrap_or("")
+}
+
+/// Whether the loaded library has the version these bindings were written
+/// against (`CLM_VERSION_NUMBER` of clm.h).
+pub fn version_matches() -> bool {
+    version() == sys::CLM_VERSION_NUMBER
+}
+
+// ---- options ------------------------------------------------------------------
+
+macro_rules! raw_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $value:path,)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+        impl $name {
+            /// The C constant.
+            pub fn raw(self) -> i32 {
+                match self {
+                    $($name::$variant => $value,)*
+                }
+            }
+            /// The variant for a C constant, if it is one this wrapper knows.
+            pub fn from_raw(value: i32) -> Option<$name> {
+                $(if value == $value { return Some($name::$variant); })*
+                None
+            }
+        }
+    };
+}
+
+raw_enum!(
+    /// Element type of the K/V pool (`CLM_KV_*`).
+    KvDtype {
+        F32 = sys::CLM_KV_F32,
+        F16 = sys::CLM_KV_F16,
+        Bf16 = sys::CLM_KV_BF16,
+    }
+);
+
+raw_enum!(
+    /// Where the pool keeps the K/V bytes (`CLM_MEMORY_*`).
+    MemoryKind {
+        /// Page ids only: the host keeps the KV tensors.
+        None = sys::CLM_MEMORY_NONE,
+        /// Host memory.
+        Host = sys::CLM_MEMORY_HOST,
+        /// CUDA device memory.
+        Device = sys::CLM_MEMORY_DEVICE,
+    }
+);
+
+raw_enum!(
+    /// Which unlocked prefixes are evicted first (`CLM_EVICT_*`).
+    EvictionPolicy {
+        Lru = sys::CLM_EVICT_LRU,
+        Lfu = sys::CLM_EVICT_LFU,
+        Slru = sys::CLM_EVICT_SLRU,
+        Priority = sys::CLM_EVICT_PRIORITY,
+    }
+);
+
+fn known<T>(value: Option<T>, what: &str, raw: i32) -> Result<T> {
+    value.ok_or_else(|| Error::new(ErrorCode::Internal, format!("clmcache returned an unknown {} {}", what, raw)))
+}
+
+/// Engine settings (`clm_engine_options`). Defaults come from the library's
+/// `clm_engine_options_init`; `num_pages` has none and must be set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineOptions {
+    /// Pool budget, in pages (required, > 0).
+    pub num_pages: i32,
+    /// Tokens per page.
+    pub page_size: i32,
+    pub num_layers: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    pub kv_dtype: KvDtype,
+    pub memory: MemoryKind,
+    /// CUDA device for [`MemoryKind::Device`].
+    pub device: i32,
+    pub eviction_policy: EvictionPolicy,
+    /// In [0, 1], for [`EvictionPolicy::Slru`].
+    pub slru_protected_fraction: f64,
+}
+
+impl EngineOptions {
+    /// The library's defaults with a pool of `num_pages` pages.
+    pub fn new(num_pages: i32) -> EngineOptions {
+        EngineOptions { num_pages, ..EngineOptions::default() }
+    }
+
+    /// The library's defaults (`clm_engine_options_init`), or the error it
+    /// gives when it does not know this wrapper's struct size.
+    pub fn library_defaults() -> Result<EngineOptions> {
+        let raw = raw_engine_options()?;
+        Ok(EngineOptions {
+            num_pages: raw.num_pages,
+            page_size: raw.page_size,
+            num_layers: raw.num_layers,
+            kv_heads: raw.kv_heads,
+            head_dim: raw.head_dim,
+            kv_dtype: known(KvDtype::from_raw(raw.kv_dtype), "kv_dtype", raw.kv_dtype)?,
+            memory: known(MemoryKind::from_raw(raw.memory), "memory kind", raw.memory)?,
+            device: raw.device,
+            eviction_policy: known(
+                EvictionPolicy::from_raw(raw.eviction_policy),
+                "eviction policy",
+                raw.eviction_policy,
+            )?,
+            slru_protected_fraction: raw.slru_protected_fraction,
+        })
+    }
+
+    /// The C struct: the library's defaults overwritten by every field here.
+    pub fn to_raw(&self) -> Result<sys::clm_engine_options> {
+        let mut raw = raw_engine_options()?;
+        raw.num_pages = self.num_pages;
+        raw.page_size = self.page_size;
+        raw.num_layers = self.num_layers;
+        raw.kv_heads = self.kv_heads;
+        raw.head_dim = self.head_dim;
+        raw.kv_dtype = self.kv_dtype.raw();
+        raw.memory = self.memory.raw();
+        raw.device = self.device;
+        raw.eviction_policy = self.eviction_policy.raw();
+        raw.slru_protected_fraction = self.slru_protected_fraction;
+        Ok(raw)
+    }
+}
+
+impl Default for EngineOptions {
+    /// The library's defaults (with `num_pages` 0, which the engine rejects).
+    ///
+    /// # Panics
+    /// If the loaded library does not know this wrapper's struct size (a
+    /// library/bindings version skew); use [`EngineOptions::library_defaults`]
+    /// to get that as an error.
+    fn default() -> EngineOptions {
+        match EngineOptions::library_defaults() {
+            Ok(options) => options,
+            Err(e) => panic!("clmcache: clm_engine_options_init failed: {}", e),
+        }
+    }
+}
+
+fn raw_engine_options() -> Result<sys::clm_engine_options> {
+    let mut raw = MaybeUninit::<sys::clm_engine_options>::zeroed();
+    // SAFETY: raw is a zeroed (valid) struct of exactly the size passed.
+    check(unsafe { sys::clm_engine_options_init(raw.as_mut_ptr(), size_of::<sys::clm_engine_options>()) })?;
+    // SAFETY: zeroed is a valid value of this plain-data struct, and init filled it.
+    Ok(unsafe { raw.assume_init() })
+}
+
+/// Per-request options (`clm_admit_options`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmitOptions<'a> {
+    /// Tenant isolation: requests with different salts never share pages.
+    /// `None` (or an empty salt) is the shared, unsalted cache.
+    pub cache_salt: Option<&'a [u8]>,
+    /// LoRA adapter the KV is computed with; different adapters never share.
+    pub adapter_id: i32,
+    /// 0-100, for [`EvictionPolicy::Priority`].
+    pub priority: i32,
+}
+
+impl<'a> AdmitOptions<'a> {
+    /// Defaults with the given cache salt.
+    pub fn salted(salt: &'a [u8]) -> AdmitOptions<'a> {
+        AdmitOptions { cache_salt: Some(salt), ..AdmitOptions::default() }
+    }
+
+    /// The library's defaults (`clm_admit_options_init`).
+    pub fn library_defaults() -> Result<AdmitOptions<'static>> {
+        let raw = raw_admit_options()?;
+        Ok(AdmitOptions { cache_salt: None, adapter_id: raw.adapter_id, priority: raw.priority })
+    }
+
+    /// The C struct; it borrows `cache_salt`, so it must not outlive `self`.
+    pub fn to_raw(&self) -> Result<sys::clm_admit_options> {
+        let mut raw = raw_admit_options()?;
+        let salt = self.cache_salt.unwrap_or(&[]);
+        raw.cache_salt = if salt.is_empty() { ptr::null() } else { salt.as_ptr() as *const c_char };
+        raw.cache_salt_len = salt.len();
+        raw.adapter_id = self.adapter_id;
+        raw.priority = self.priority;
+        Ok(raw)
+    }
+}
+
+impl Default for AdmitOptions<'_> {
+    /// The library's defaults: no salt, adapter 0, priority 0.
+    ///
+    /// # Panics
+    /// On a library/bindings version skew, as [`EngineOptions::default`].
+    fn default() -> Self {
+        match AdmitOptions::library_defaults() {
+            Ok(options) => options,
+            Err(e) => panic!("clmcache: clm_admit_options_init failed: {}", e),
+        }
+    }
+}
+
+fn raw_admit_options() -> Result<sys::clm_admit_options> {
+    let mut raw = MaybeUninit::<sys::clm_admit_options>::zeroed();
+    // SAFETY: raw is a zeroed (valid: NULL salt) struct of exactly the size passed.
+    check(unsafe { sys::clm_admit_options_init(raw.as_mut_ptr(), size_of::<sys::clm_admit_options>()) })?;
+    // SAFETY: as above.
+    Ok(unsafe { raw.assume_init() })
+}
+
+// ---- engine -------------------------------------------------------------------
+
+/// The pool's memory and layout (`clm_kv_layout`): page `p`, layer `l` has K
+/// at `base + p * page_bytes + l * layer_bytes` and V `layer_bytes / 2`
+/// further, each `[page_size][kv_heads][head_dim]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvLayout {
+    /// Start of the pool; NULL with [`MemoryKind::None`], a device pointer
+    /// with [`MemoryKind::Device`]. It stays valid while the engine or any of
+    /// its sequences is alive; writing to it is up to the host's own
+    /// synchronization (a page belongs to the sequence whose table holds it).
+    pub base: *mut c_void,
+    pub page_bytes: usize,
+    pub layer_bytes: usize,
+    pub num_pages: i32,
+    pub page_size: i32,
+    pub num_layers: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    pub kv_dtype: KvDtype,
+    pub memory: MemoryKind,
+}
+
+/// The engine's counters (`clm_metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Metrics {
+    /// Prompt tokens looked up at admission.
+    pub tokens_queried: u64,
+    /// Of those, tokens found cached.
+    pub tokens_hit: u64,
+    pub hit_rate: f64,
+    pub cached_tokens: i64,
+    pub evictable_tokens: i64,
+    pub protected_tokens: i64,
+    pub pages_used: i32,
+    pub pages_free: i32,
+    pub evicted_tokens: u64,
+    pub evictions: u64,
+    pub inserted_tokens: u64,
+    pub admitted: u64,
+    pub finished: u64,
+    pub aborted: u64,
+    /// Admissions refused for lack of pages.
+    pub rejected: u64,
+    pub active_sequences: i64,
+    pub metadata_bytes: u64,
+}
+
+impl From<sys::clm_metrics> for Metrics {
+    fn from(m: sys::clm_metrics) -> Metrics {
+        Metrics {
+            tokens_queried: m.tokens_queried,
+            tokens_hit: m.tokens_hit,
+            hit_rate: m.hit_rate,
+            cached_tokens: m.cached_tokens,
+            evictable_tokens: m.evictable_tokens,
+            protected_tokens: m.protected_tokens,
+            pages_used: m.pages_used,
+            pages_free: m.pages_free,
+            evicted_tokens: m.evicted_tokens,
+            evictions: m.evictions,
+            inserted_tokens: m.inserted_tokens,
+            admitted: m.admitted,
+            finished: m.finished,
+            aborted: m.aborted,
+            rejected: m.rejected,
+            active_sequences: m.active_sequences,
+            metadata_bytes: m.metadata_bytes,
+        }
+    }
+}
+
+/// FlashInfer's paged-KV CSR description of a batch: sequence `i` uses pages
+/// `indices[indptr[i]..indptr[i + 1]]` and rows `0..last_page_len[i]` of its
+/// last page.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PagedBatch {
+    pub indptr: Vec<i32>,
+    pub indices: Vec<i32>,
+    pub last_page_len: Vec<i32>,
+}
+
+/// A clmcache engine: the KV pool and the prefix cache (`clm_engine`).
+///
+/// Thread-safe: share it between threads with `Arc<Engine>`. Dropping it
+/// ends every running sequence as an abort; [`Sequence`]s that outlive it
+/// stay safe to drop, and their other calls fail with
+/// [`ErrorCode::FailedPrecondition`].
+#[derive(Debug)]
+pub struct Engine {
+    raw: NonNull<sys::clm_engine>,
+}
+
+// SAFETY: clm.h: "an engine may be used from many threads at once"; every
+// engine call locks internally, and clm_engine_free needs ownership.
+unsafe impl Send for Engine {}
+// SAFETY: as above.
+unsafe impl Sync for Engine {}
+
+impl Engine {
+    /// Creates an engine (`clm_engine_create`).
+    pub fn new(options: &EngineOptions) -> Result<Engine> {
+        let raw = options.to_raw()?;
+        let mut out: *mut sys::clm_engine = ptr::null_mut();
+        // SAFETY: out and raw are valid for the call; raw.struct_size is ours.
+        check(unsafe { sys::clm_engine_create(&mut out, &raw) })?;
+        match NonNull::new(out) {
+            Some(raw) => Ok(Engine { raw }),
+            None => Err(Error::new(ErrorCode::Internal, "clm_engine_create returned OK and no engine")),
+        }
+    }
+
+    /// Admits a prompt with default options (`clm_engine_admit`): matches the
+    /// longest cached prefix (page-aligned, at most `tokens.len() - 1`),
+    /// locks it, and allocates pages for the rest. Token ids must lie in
+    /// `[0, 2^31)`.
+    pub fn admit(&self, tokens: &[i32]) -> Result<Sequence> {
+        self.admit_raw(tokens, ptr::null())
+    }
+
+    /// [`Engine::admit`] with options.
+    pub fn admit_with(&self, tokens: &[i32], options: &AdmitOptions<'_>) -> Result<Sequence> {
+        let raw = options.to_raw()?;
+        self.admit_raw(tokens, &raw)
+    }
+
+    fn admit_raw(&self, tokens: &[i32], options: *const sys::clm_admit_options) -> Result<Sequence> {
+        let mut out: *mut sys::clm_seq = ptr::null_mut();
+        // SAFETY: tokens is a live slice of tokens.len() ids; options is NULL
+        // or a struct (and salt) borrowed for the call; the engine is
+        // thread-safe, so a shared borrow may pass it as mutable.
+        check(unsafe { sys::clm_engine_admit(&mut out, self.raw.as_ptr(), tokens.as_ptr(), tokens.len(), options) })?;
+        match NonNull::new(out) {
+            Some(raw) => Ok(Sequence { raw }),
+            None => Err(Error::new(ErrorCode::Internal, "clm_engine_admit returned OK and no sequence")),
+        }
+    }
+
+    /// The pool's memory and layout (`clm_engine_kv_layout`).
+    pub fn kv_layout(&self) -> Result<KvLayout> {
+        // SAFETY: all-zero is a valid clm_kv_layout (NULL base).
+        let mut raw: sys::clm_kv_layout = unsafe { MaybeUninit::zeroed().assume_init() };
+        raw.struct_size = size_of::<sys::clm_kv_layout>() as u32;
+        // SAFETY: raw is writable for struct_size bytes; the engine is live.
+        check(unsafe { sys::clm_engine_kv_layout(&mut raw, self.raw.as_ptr()) })?;
+        Ok(KvLayout {
+            base: raw.base,
+            page_bytes: raw.page_bytes,
+            layer_bytes: raw.layer_bytes,
+            num_pages: raw.num_pages,
+            page_size: raw.page_size,
+            num_layers: raw.num_layers,
+            kv_heads: raw.kv_heads,
+            head_dim: raw.head_dim,
+            kv_dtype: known(KvDtype::from_raw(raw.kv_dtype), "kv_dtype", raw.kv_dtype)?,
+            memory: known(MemoryKind::from_raw(raw.memory), "memory kind", raw.memory)?,
+        })
+    }
+
+    /// A snapshot of the counters (`clm_engine_metrics`).
+    pub fn metrics(&self) -> Result<Metrics> {
+        let mut raw = sys::clm_metrics { struct_size: size_of::<sys::clm_metrics>() as u32, ..Default::default() };
+        // SAFETY: raw is writable for struct_size bytes; the engine is live.
+        check(unsafe { sys::clm_engine_metrics(&mut raw, self.raw.as_ptr()) })?;
+        Ok(raw.into())
+    }
+
+    /// The page tables of running sequences of this engine in FlashInfer's
+    /// CSR form (`clm_engine_batch_page_table`).
+    pub fn batch_page_table(&self, seqs: &[&Sequence]) -> Result<PagedBatch> {
+        let handles: Vec<*mut sys::clm_seq> = seqs.iter().map(|s| s.raw.as_ptr()).collect();
+        let mut batch =
+            PagedBatch { indptr: vec![0; seqs.len() + 1], indices: Vec::new(), last_page_len: vec![0; seqs.len()] };
+        // A first guess at the page count; the library says how many it needs.
+        let mut capacity = seqs.len() * 8;
+        loop {
+            batch.indices.resize(capacity, 0);
+            let mut needed = 0usize;
+            // SAFETY: every buffer is writable for the length passed (indptr
+            // n + 1, last_page_len n, indices `capacity`); the handles are
+            // live sequences borrowed for the call, and since Sequence is not
+            // Sync no other thread uses them meanwhile.
+            let status = unsafe {
+                sys::clm_engine_batch_page_table(
+                    batch.indptr.as_mut_ptr(),
+                    batch.indices.as_mut_ptr(),
+                    capacity,
+                    &mut needed,
+                    batch.last_page_len.as_mut_ptr(),
+                    self.raw.as_ptr(),
+                    handles.as_ptr(),
+                    handles.len(),
+                )
+            };
+            if status == sys::CLM_ERR_INVALID_ARGUMENT && needed > capacity {
+                // Too small (nothing was written): retry with the size needed.
+                capacity = needed;
+                continue;
+            }
+            check(status)?;
+            batch.indices.truncate(needed);
+            return Ok(batch);
+        }
+    }
+
+    /// The C handle, for calls this wrapper does not cover. It stays owned
+    /// by `self`.
+    pub fn as_raw(&self) -> *mut sys::clm_engine {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle, and no borrow of self is left.
+        unsafe { sys::clm_engine_free(self.raw.as_ptr()) }
+    }
+}
+
+// ---- sequences ----------------------------------------------------------------
+
+/// One request (`clm_seq`): admitted by [`Engine::admit`], extended while
+/// decoding, then finished (published to the cache) or aborted. Dropping a
+/// running sequence aborts it.
+///
+/// `Send` but not `Sync`: clm.h allows moving a sequence handle between
+/// threads but not using it from two at once. Calls that change it take
+/// `&mut self`, so slices borrowed from it ([`Sequence::slots`]) cannot
+/// outlive the arrays they view.
+///
+/// ```compile_fail,E0277
+/// fn shared<T: Sync>() {}
+/// shared::<clmcache::Sequence>();
+/// ```
+///
+/// ```compile_fail,E0502
+/// # fn f(engine: &clmcache::Engine) -> clmcache::Result<()> {
+/// let mut seq = engine.admit(&[1, 2, 3])?;
+/// let slots = seq.slots();
+/// seq.extend(&[4])?; // would invalidate `slots`
+/// println!("{:?}", slots);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Sequence {
+    raw: NonNull<sys::clm_seq>,
+}
+
+// SAFETY: clm.h: "a sequence handle must not be used by two threads at the
+// same time": moving it is fine (and its engine is thread-safe), sharing is
+// not, which NonNull's !Sync already keeps out.
+unsafe impl Send for Sequence {}
+
+impl Sequence {
+    /// Prompt tokens that were cached at admission: their K/V is already in
+    /// the pool.
+    pub fn cached_tokens(&self) -> usize {
+        // SAFETY: the handle is live.
+        let n = unsafe { sys::clm_seq_cached_tokens(self.raw.as_ptr()) };
+        n.max(0) as usize
+    }
+
+    /// Slots (`page * page_size + row`) of the tokens added by the admission
+    /// or the last [`Sequence::extend`]: where the host writes their K/V.
+    /// Empty once the sequence has ended.
+    pub fn slots(&self) -> &[i64] {
+        let mut n = 0usize;
+        // SAFETY: the handle is live. The array belongs to the sequence and
+        // only changes on extend/finish/abort/free, all of which need
+        // `&mut self` (or ownership), so it outlives this borrow unchanged.
+        unsafe { c_slice(sys::clm_seq_slots(self.raw.as_ptr(), &mut n), n) }
+    }
+
+    /// The page table: `ceil(length / page_size)` page ids, copied.
+    ///
+    /// Empty once the sequence has ended (finished, aborted, or its engine
+    /// dropped): its pages belong to the cache or to other sequences then.
+    ///
+    /// A copy, not a borrow: earlier builds of the library refreshed the
+    /// array in place on each call after an extend (through a `const`
+    /// handle), which would write under a slice handed out earlier.
+    pub fn page_table(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        self.page_table_into(&mut out);
+        out
+    }
+
+    /// [`Sequence::page_table`] into a caller's buffer (cleared first).
+    pub fn page_table_into(&self, out: &mut Vec<i32>) {
+        let mut n = 0usize;
+        // SAFETY: the handle is live; the array is copied before any other
+        // call on this sequence.
+        let pages = unsafe { c_slice(sys::clm_seq_page_table(self.raw.as_ptr(), &mut n), n) };
+        out.clear();
+        out.extend_from_slice(pages);
+    }
+
+    /// Appends decoded tokens whose K/V the host will write
+    /// (`clm_seq_extend`); returns their slots (as [`Sequence::slots`]).
+    pub fn extend(&mut self, tokens: &[i32]) -> Result<&[i64]> {
+        // SAFETY: the handle is live and exclusively borrowed; tokens is a
+        // live slice of tokens.len() ids.
+        check(unsafe { sys::clm_seq_extend(self.raw.as_ptr(), tokens.as_ptr(), tokens.len()) })?;
+        Ok(self.slots())
+    }
+
+    /// Publishes prompt + output into the cache and ends the sequence
+    /// (`clm_seq_finish`). A second finish, or one after abort, is
+    /// [`ErrorCode::FailedPrecondition`].
+    pub fn finish(&mut self) -> Result<()> {
+        // SAFETY: the handle is live and exclusively borrowed.
+        check(unsafe { sys::clm_seq_finish(self.raw.as_ptr()) })
+    }
+
+    /// Ends the sequence without caching what it computed (`clm_seq_abort`).
+    pub fn abort(&mut self) -> Result<()> {
+        // SAFETY: the handle is live and exclusively borrowed.
+        check(unsafe { sys::clm_seq_abort(self.raw.as_ptr()) })
+    }
+
+    /// The C handle, for calls this wrapper does not cover. It stays owned
+    /// by `self`; don't use it from another thread while `self` is in use.
+    pub fn as_raw(&self) -> *mut sys::clm_seq {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for Sequence {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle; a running sequence is aborted first.
+        unsafe { sys::clm_seq_free(self.raw.as_ptr()) }
+    }
+}

@@ -1,0 +1,133 @@
+// bench_engine: the request lifecycle through clm::Engine, through the C ABI,
+// and from two threads at once. One JSON object per figure:
+//   engine/capi_vs_cpp   gsp replay via clm_* calls; baseline: the same via the C++ Engine
+//   engine/threads       requests/s with 2 threads on one Engine; baseline: 1 thread
+// Each request: admit(prompt), extend(its 256 output tokens), finish.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm.h"
+#include "clm/engine.hpp"
+#include "workload.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::int32_t kPageSize = 16;
+constexpr std::int32_t kPages = (1 << 20) / kPageSize;  // 1M tokens: no eviction on gsp
+constexpr int kRuns = 5;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "bench_engine: %s\n", what.c_str());
+  std::exit(1);
+}
+
+std::unique_ptr<clm::Engine> make_engine() {
+  clm::EngineConfig config;
+  config.pool.num_pages = kPages;
+  config.pool.page_size = kPageSize;
+  config.pool.memory = clm::MemoryKind::none;
+  std::unique_ptr<clm::Engine> engine;
+  if (clm::Status s = clm::Engine::create(config, engine); !s.ok()) die(s.message());
+  return engine;
+}
+
+// Requests [begin, end) with stride `step` through the C++ Engine.
+void replay_cpp(clm::Engine& engine, const clm::replay::Workload& w, std::size_t begin, std::size_t step) {
+  clm::Admission admission;
+  std::vector<std::int64_t> slots;
+  for (std::size_t i = begin; i < w.requests.size(); i += step) {
+    const clm::replay::Request& r = w.requests[i];
+    const auto all = w.prompt_and_output(r);
+    clm::Status s = engine.admit(w.prompt(r), {}, admission);
+    if (s.ok()) s = engine.extend(admission.seq, all.subspan(static_cast<std::size_t>(r.prompt_tokens)), slots);
+    if (s.ok()) s = engine.finish(admission.seq);
+    if (!s.ok()) die(s.message());
+  }
+}
+
+double run_cpp(const clm::replay::Workload& w) {
+  auto engine = make_engine();
+  const auto start = Clock::now();
+  replay_cpp(*engine, w, 0, 1);
+  return seconds_since(start);
+}
+
+double run_capi(const clm::replay::Workload& w) {
+  clm_engine_options options;
+  clm_engine_options_init(&options, sizeof options);
+  options.num_pages = kPages;
+  options.page_size = kPageSize;
+  options.memory = CLM_MEMORY_NONE;
+  clm_engine* engine = nullptr;
+  if (clm_engine_create(&engine, &options) != CLM_OK) die(clm_last_error());
+  const auto start = Clock::now();
+  for (const clm::replay::Request& r : w.requests) {
+    const auto all = w.prompt_and_output(r);
+    clm_seq* seq = nullptr;
+    if (clm_engine_admit(&seq, engine, all.data(), static_cast<size_t>(r.prompt_tokens), nullptr) != CLM_OK ||
+        clm_seq_extend(seq, all.data() + r.prompt_tokens, static_cast<size_t>(r.output_tokens)) != CLM_OK ||
+        clm_seq_finish(seq) != CLM_OK) {
+      die(clm_last_error());
+    }
+    clm_seq_free(seq);
+  }
+  const double wall = seconds_since(start);
+  clm_engine_free(engine);
+  return wall;
+}
+
+double run_threads(const clm::replay::Workload& w, int threads) {
+  auto engine = make_engine();
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] { replay_cpp(*engine, w, static_cast<std::size_t>(t), static_cast<std::size_t>(threads)); });
+  }
+  for (auto& t : pool) t.join();
+  return seconds_since(start);
+}
+
+void print(const char* case_name, const char* metric, double value, const char* unit, const char* baseline_metric,
+           double baseline) {
+  fmt::print(
+      "{{\"bench\":\"engine\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{},\"unit\":\"{}\","
+      "\"baseline_metric\":\"{}\",\"baseline\":{},\"ratio\":{}}}\n",
+      case_name, metric, value, unit, baseline_metric, baseline, value / baseline);
+}
+
+}  // namespace
+
+int main() {
+  const clm::replay::Workload gsp = clm::replay::generate_gsp();
+  const double requests = static_cast<double>(gsp.requests.size());
+
+  // Interleaved, so that drift of the shared machine hits both sides alike.
+  std::vector<double> cpp, capi, one, two;
+  for (int run = 0; run < kRuns; ++run) {
+    cpp.push_back(run_cpp(gsp));
+    capi.push_back(run_capi(gsp));
+  }
+  print("capi_vs_cpp/gsp/page=16", "requests_per_s", requests / median(capi), "requests/s",
+        "cpp_engine_requests_per_s", requests / median(cpp));
+
+  for (int run = 0; run < kRuns; ++run) {
+    one.push_back(run_threads(gsp, 1));
+    two.push_back(run_threads(gsp, 2));
+  }
+  print("threads/gsp/page=16", "requests_per_s_2_threads", requests / median(two), "requests/s",
+        "requests_per_s_1_thread", requests / median(one));
+  return 0;
+}

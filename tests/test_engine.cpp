@@ -1,0 +1,256 @@
+// clm::Engine: the request lifecycle over pool + tree, its errors, its CSR
+// page tables, and many threads at once against page accounting invariants.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <numeric>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "clm/engine.hpp"
+
+using clm::Admission;
+using clm::Engine;
+using clm::StatusCode;
+using Tokens = std::vector<std::int32_t>;
+
+namespace {
+
+std::unique_ptr<Engine> make_engine(std::int32_t pages, std::int32_t page_size,
+                                    clm::EvictionPolicy policy = clm::EvictionPolicy::lru) {
+  clm::EngineConfig config;
+  config.pool.num_pages = pages;
+  config.pool.page_size = page_size;
+  config.pool.memory = clm::MemoryKind::none;
+  config.eviction_policy = policy;
+  std::unique_ptr<Engine> engine;
+  REQUIRE(Engine::create(config, engine).ok());
+  return engine;
+}
+
+Tokens random_tokens(std::mt19937& rng, std::size_t n, std::int32_t vocab = 50000) {
+  Tokens t(n);
+  for (auto& x : t) x = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(vocab));
+  return t;
+}
+
+// Checks what an admission promises: the page table covers the prompt, the
+// slots address the uncached tokens in order, and cached pages come first.
+void check_admission(const Admission& a, std::size_t prompt_len, std::int32_t page_size) {
+  const auto ps = static_cast<std::size_t>(page_size);
+  REQUIRE(a.page_table.size() == (prompt_len + ps - 1) / ps);
+  REQUIRE(a.cached_tokens % page_size == 0);
+  REQUIRE(static_cast<std::size_t>(a.cached_tokens) <= prompt_len - 1);
+  REQUIRE(a.slots.size() == prompt_len - static_cast<std::size_t>(a.cached_tokens));
+  for (std::size_t i = 0; i < a.slots.size(); ++i) {
+    const std::size_t t = static_cast<std::size_t>(a.cached_tokens) + i;
+    REQUIRE(a.slots[i] == static_cast<std::int64_t>(a.page_table[t / ps]) * page_size + static_cast<std::int64_t>(t % ps));
+  }
+  REQUIRE(std::set<std::int32_t>(a.page_table.begin(), a.page_table.end()).size() == a.page_table.size());
+}
+
+}  // namespace
+
+TEST_CASE("engine: a finished conversation turn is reused by the next", "[engine]") {
+  std::mt19937 rng(std::random_device{}());
+  for (std::int32_t page_size : {1, 16, 64}) {
+    auto engine = make_engine(4096, page_size);
+    const Tokens system = random_tokens(rng, 300);
+    Tokens history = system;
+    Tokens user = random_tokens(rng, 1 + rng() % 50);
+    history.insert(history.end(), user.begin(), user.end());
+    for (int turn = 0; turn < 4; ++turn) {
+      Admission a;
+      REQUIRE(engine->admit(history, {.cache_salt = "t"}, a).ok());
+      check_admission(a, history.size(), page_size);
+      if (turn > 0) {
+        // Everything the previous turn finished with is cached (page-aligned).
+        const std::size_t previous = history.size() - user.size();
+        const auto expected = std::min(previous / static_cast<std::size_t>(page_size) * static_cast<std::size_t>(page_size),
+                                       (history.size() - 1) / static_cast<std::size_t>(page_size) *
+                                           static_cast<std::size_t>(page_size));
+        REQUIRE(static_cast<std::size_t>(a.cached_tokens) == expected);
+      }
+      // Decode one token at a time, as a host would.
+      const Tokens output = random_tokens(rng, 1 + rng() % 40);
+      std::vector<std::int64_t> slots;
+      for (std::int32_t token : output) {
+        REQUIRE(engine->extend(a.seq, {&token, 1}, slots).ok());
+        REQUIRE(slots.size() == 1);
+        std::vector<std::int32_t> table;
+        std::int32_t length = 0;
+        REQUIRE(engine->page_table(a.seq, table, &length).ok());
+        REQUIRE(slots[0] == static_cast<std::int64_t>(table[static_cast<std::size_t>((length - 1) / page_size)]) *
+                                    page_size + (length - 1) % page_size);
+      }
+      REQUIRE(engine->finish(a.seq).ok());
+      REQUIRE(engine->check_invariants().ok());
+      history.insert(history.end(), output.begin(), output.end());
+      user = random_tokens(rng, 1 + rng() % 50);
+      history.insert(history.end(), user.begin(), user.end());
+    }
+    const clm::EngineMetrics m = engine->metrics();
+    CHECK(m.admitted == 4);
+    CHECK(m.finished == 4);
+    CHECK(m.active_sequences == 0);
+  }
+}
+
+TEST_CASE("engine: salts and adapters isolate tenants", "[engine]") {
+  std::mt19937 rng(std::random_device{}());
+  auto engine = make_engine(1024, 16);
+  const Tokens prompt = random_tokens(rng, 200);
+  Admission a;
+  REQUIRE(engine->admit(prompt, {.cache_salt = "alice"}, a).ok());
+  REQUIRE(engine->finish(a.seq).ok());
+  for (clm::AdmitOptions other : {clm::AdmitOptions{.cache_salt = "bob"}, clm::AdmitOptions{},
+                                   clm::AdmitOptions{.cache_salt = "alice", .adapter_id = 2}}) {
+    REQUIRE(engine->admit(prompt, other, a).ok());
+    CHECK(a.cached_tokens == 0);
+    REQUIRE(engine->abort(a.seq).ok());
+  }
+  REQUIRE(engine->admit(prompt, {.cache_salt = "alice"}, a).ok());
+  CHECK(a.cached_tokens == 192);
+  REQUIRE(engine->finish(a.seq).ok());
+  REQUIRE(engine->check_invariants().ok());
+}
+
+TEST_CASE("engine: abort caches nothing and returns the pages", "[engine]") {
+  std::mt19937 rng(std::random_device{}());
+  auto engine = make_engine(64, 4);
+  const Tokens prompt = random_tokens(rng, 41);
+  Admission a;
+  REQUIRE(engine->admit(prompt, {}, a).ok());
+  CHECK(engine->metrics().cache.pages_used == 11);
+  REQUIRE(engine->abort(a.seq).ok());
+  CHECK(engine->metrics().cache.pages_used == 0);
+  REQUIRE(engine->admit(prompt, {}, a).ok());
+  CHECK(a.cached_tokens == 0);
+  REQUIRE(engine->finish(a.seq).ok());
+  CHECK(engine->metrics().cache.cached_tokens == 40);  // the partial last page went back
+  CHECK(engine->metrics().cache.pages_used == 10);
+}
+
+TEST_CASE("engine: lifecycle errors are statuses", "[engine][errors]") {
+  auto engine = make_engine(16, 4);
+  Admission a;
+  std::vector<std::int64_t> slots;
+  const Tokens prompt = {1, 2, 3, 4, 5, 6};
+  CHECK(engine->admit(Tokens{}, {}, a).code() == StatusCode::invalid_argument);
+  CHECK(engine->admit(Tokens{1, -1}, {}, a).code() == StatusCode::invalid_argument);
+  CHECK(engine->admit(prompt, {.cache_salt = "", .adapter_id = 0, .priority = 101}, a).code() == StatusCode::invalid_argument);
+  REQUIRE(engine->admit(prompt, {}, a).ok());
+  const Tokens bad = {7, -3};
+  CHECK(engine->extend(a.seq, bad, slots).code() == StatusCode::invalid_argument);
+  REQUIRE(engine->abort(a.seq).ok());
+  CHECK(engine->finish(a.seq).code() == StatusCode::failed_precondition);
+  CHECK(engine->abort(a.seq).code() == StatusCode::failed_precondition);
+  CHECK(engine->extend(a.seq, prompt, slots).code() == StatusCode::failed_precondition);
+  REQUIRE(engine->admit(prompt, {}, a).ok());
+  REQUIRE(engine->finish(a.seq).ok());
+  CHECK(engine->finish(a.seq).code() == StatusCode::failed_precondition);
+  CHECK(engine->finish(987654).code() == StatusCode::not_found);
+  CHECK(engine->finish(0).code() == StatusCode::not_found);
+  std::unique_ptr<Engine> none;
+  clm::EngineConfig config;
+  CHECK(Engine::create(config, none).code() == StatusCode::invalid_argument);  // num_pages 0
+  config.pool.num_pages = 4;
+  config.slru_protected_fraction = std::nan("");
+  CHECK(Engine::create(config, none).code() == StatusCode::invalid_argument);
+  CHECK(engine->check_invariants().ok());
+}
+
+TEST_CASE("engine: exhaustion while everything is locked fails whole", "[engine][errors]") {
+  std::mt19937 rng(std::random_device{}());
+  auto engine = make_engine(8, 4);
+  Admission a, b;
+  REQUIRE(engine->admit(random_tokens(rng, 20), {}, a).ok());  // 5 pages, locked while running
+  const auto before = engine->metrics();
+  clm::Status s = engine->admit(random_tokens(rng, 16), {}, b);  // 4 more: only 3 left
+  CHECK(s.code() == StatusCode::out_of_memory);
+  CHECK(!s.message().empty());
+  std::vector<std::int64_t> slots;
+  CHECK(engine->extend(a.seq, random_tokens(rng, 13), slots).code() == StatusCode::out_of_memory);
+  const auto after = engine->metrics();
+  CHECK(after.cache.pages_used == before.cache.pages_used);
+  CHECK(after.rejected == 1);
+  CHECK(engine->check_invariants().ok());
+  REQUIRE(engine->extend(a.seq, random_tokens(rng, 12), slots).ok());  // exactly the 3 left
+  REQUIRE(engine->finish(a.seq).ok());
+  REQUIRE(engine->admit(random_tokens(rng, 16), {}, b).ok());  // evicts the finished one
+  CHECK(engine->check_invariants().ok());
+}
+
+TEST_CASE("engine: batch page table in FlashInfer's CSR form", "[engine]") {
+  std::mt19937 rng(std::random_device{}());
+  auto engine = make_engine(512, 16);
+  std::vector<clm::SequenceId> ids;
+  std::vector<std::size_t> lengths;
+  for (int i = 0; i < 6; ++i) {
+    Admission a;
+    const std::size_t len = 1 + rng() % 100;
+    REQUIRE(engine->admit(random_tokens(rng, len), {}, a).ok());
+    ids.push_back(a.seq);
+    lengths.push_back(len);
+  }
+  clm::PagedBatch batch;
+  REQUIRE(engine->batch_page_table(ids, batch).ok());
+  REQUIRE(batch.indptr.size() == ids.size() + 1);
+  REQUIRE(batch.indptr.front() == 0);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    std::vector<std::int32_t> table;
+    REQUIRE(engine->page_table(ids[i], table).ok());
+    REQUIRE(Tokens(batch.indices.begin() + batch.indptr[i], batch.indices.begin() + batch.indptr[i + 1]) == table);
+    REQUIRE(batch.last_page_len[i] >= 1);
+    REQUIRE(batch.last_page_len[i] <= 16);
+    REQUIRE(static_cast<std::size_t>((batch.indptr[i + 1] - batch.indptr[i] - 1) * 16 + batch.last_page_len[i]) ==
+            lengths[i]);
+  }
+  std::vector<clm::SequenceId> with_bad = ids;
+  with_bad.push_back(424242);
+  CHECK(engine->batch_page_table(with_bad, batch).code() == StatusCode::not_found);
+}
+
+TEST_CASE("engine: many threads admit, extend, finish and abort at once", "[engine][threads]") {
+  const std::uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  auto engine = make_engine(600, 16, clm::EvictionPolicy::slru);
+  // Shared prompts so that threads hit, split and evict each other's prefixes.
+  std::mt19937 setup(seed);
+  std::vector<Tokens> prefixes;
+  for (int i = 0; i < 8; ++i) prefixes.push_back(random_tokens(setup, 64 + setup() % 200, 64));
+  std::atomic<int> failures{0};
+  std::atomic<std::uint64_t> finished{0};
+  auto worker = [&](std::uint32_t thread_seed) {
+    std::mt19937 rng(thread_seed);
+    for (int step = 0; step < 1500; ++step) {
+      Tokens prompt = prefixes[rng() % prefixes.size()];
+      const Tokens suffix = random_tokens(rng, 1 + rng() % 80, 64);
+      prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+      Admission a;
+      clm::Status s = engine->admit(prompt, {.cache_salt = (rng() % 4) ? "" : "other"}, a);
+      if (s.code() == StatusCode::out_of_memory) continue;
+      if (!s.ok()) {
+        ++failures;
+        continue;
+      }
+      std::vector<std::int64_t> slots;
+      const Tokens output = random_tokens(rng, rng() % 40, 64);
+      s = engine->extend(a.seq, output, slots);
+      if (!s.ok() && s.code() != StatusCode::out_of_memory) ++failures;
+      s = (rng() % 5) ? engine->finish(a.seq) : engine->abort(a.seq);
+      if (!s.ok()) ++failures;
+      finished += s.ok();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < 4; ++t) threads.emplace_back(worker, seed + t + 1);
+  for (auto& t : threads) t.join();
+  CHECK(failures == 0);
+  CHECK(finished > 1000);
+  const clm::Status s = engine->check_invariants();
+  INFO(s.message());
+  CHECK(s.ok());
+  CHECK(engine->metrics().active_sequences == 0);
+}
