@@ -266,11 +266,13 @@ clm_status clm_seq_extend(clm_seq* seq, const int32_t* tokens, size_t n_tokens) 
     if (n_tokens > kMaxTokens) {
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_seq_extend: n_tokens {} is too large", n_tokens));
     }
-    clm::Engine& engine = *seq->state->engine;
-    if (clm_status s = report(engine.extend(seq->admission.seq, {tokens, n_tokens}, seq->slots))) return s;
+    // The borrowed page table is refreshed here, so that reading it stays a pure read.
+    if (clm_status s = report(seq->state->engine->extend(seq->admission.seq, {tokens, n_tokens}, seq->slots,
+                                                         &seq->admission.page_table))) {
+      return s;
+    }
     seq->extended = true;
-    // Keep the borrowed page table current, so that reading it stays a pure read.
-    return report(engine.page_table(seq->admission.seq, seq->admission.page_table));
+    return CLM_OK;
   });
 }
 

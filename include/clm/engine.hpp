@@ -148,8 +148,10 @@ class Engine {
     return {};
   }
 
-  // Appends tokens (decode steps); `slots` receives where to write their K/V.
-  Status extend(SequenceId id, std::span<const std::int32_t> tokens, std::vector<std::int64_t>& slots) {
+  // Appends tokens (decode steps); `slots` receives where to write their K/V,
+  // and `page_table`, when given, the sequence's whole page table afterwards.
+  Status extend(SequenceId id, std::span<const std::int32_t> tokens, std::vector<std::int64_t>& slots,
+                std::vector<std::int32_t>* page_table = nullptr) {
     if (tokens.size() > kMaxTokens) return invalid_argument("extend: sequence would be too long");
     const std::size_t bad = detail::first_invalid_token(tokens.data(), tokens.size());
     if (bad != tokens.size()) {
@@ -175,6 +177,7 @@ class Engine {
       const std::size_t first_page = first / static_cast<std::size_t>(page_size_);
       pages.assign(seq->pages.begin() + static_cast<std::ptrdiff_t>(first_page), seq->pages.end());
       first -= first_page * static_cast<std::size_t>(page_size_);
+      if (page_table) page_table->assign(seq->pages.begin(), seq->pages.end());
     }
     slots_for(pages, first, first + tokens.size(), slots);
     return {};
