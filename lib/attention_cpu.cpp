@@ -1,0 +1,863 @@
+// CPU attention and KV kernels over the paged pool (clm/attention.hpp).
+//
+// This file holds the entry points (validation first: nothing is read or
+// written until every shape, page id, slot and head count has been checked),
+// the drivers that split work into tasks, the thread pool that runs them, the
+// ISA dispatch and the scalar kernels. The AVX2 kernels are in
+// attention_cpu_avx2.cpp; see docs/kernels.md.
+#include "clm/attention.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+#if defined(__unix__)
+#include <unistd.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
+#include <fmt/format.h>
+
+#include "clm/detail/attention_cpu.hpp"
+#include "clm/detail/half.hpp"
+
+namespace clm {
+namespace detail {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- threads --------------------------------------------------------------------
+
+int hardware_threads() {
+  static const int count = [] {
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+      const int n = CPU_COUNT(&set);
+      if (n > 0) return n;
+    }
+#endif
+    const unsigned n = std::thread::hardware_concurrency();
+    return n > 0 ? static_cast<int>(n) : 1;
+  }();
+  return count;
+}
+
+// A fixed set of workers that run one parallel loop at a time; the calling
+// thread takes part. A call that finds the pool busy (another host thread is
+// in a kernel) runs its loop on its own thread rather than wait.
+class ThreadPool {
+ public:
+  using Body = void (*)(void* context, std::int64_t task);
+
+  static ThreadPool& instance() {
+    static ThreadPool pool;
+    return pool;
+  }
+
+  ~ThreadPool() {
+    if (forked()) {  // the workers are the parent's: nothing to stop or join here
+      new std::vector<std::thread>(std::move(workers_));  // never destroyed (joinable)
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  // Runs body(context, t) for every t in [0, tasks) on up to `threads`
+  // threads. False if a task threw (the rest still ran).
+  bool run(std::int64_t tasks, int threads, Body body, void* context) {
+    if (tasks <= 0) return true;
+    threads = static_cast<int>(std::min<std::int64_t>(threads, tasks));
+    if (threads > 1 && forked()) threads = 1;  // a forked child has none of the workers
+    std::unique_lock run_lock(run_mutex_, std::try_to_lock);
+    if (threads > 1 && run_lock.owns_lock()) threads = 1 + ensure_workers(threads - 1);
+    if (threads <= 1 || !run_lock.owns_lock()) {
+      bool ok = true;
+      for (std::int64_t t = 0; t < tasks; ++t) ok &= call(body, context, t);
+      return ok;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      body_ = body;
+      context_ = context;
+      tasks_ = tasks;
+      next_.store(0, std::memory_order_relaxed);
+      failed_.store(false, std::memory_order_relaxed);
+      helpers_ = threads - 1;
+      active_ = helpers_;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work();
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return active_ == 0; });
+    return !failed_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  ThreadPool() = default;
+
+  // True in a child forked after the workers started (they exist only in the
+  // parent; its locks may be held). The child runs every loop on its own thread.
+  bool forked() const {
+#if defined(__unix__)
+    return !workers_.empty() && getpid() != owner_;
+#else
+    return false;
+#endif
+  }
+
+  static bool call(Body body, void* context, std::int64_t task) {
+    try {
+      body(context, task);
+      return true;
+    } catch (...) {  // std::bad_alloc from scratch memory: reported as a Status
+      return false;
+    }
+  }
+
+  void work() {
+    for (;;) {
+      const std::int64_t t = next_.fetch_add(1, std::memory_order_relaxed);
+      if (t >= tasks_) return;
+      if (!call(body_, context_, t)) failed_.store(true, std::memory_order_relaxed);
+    }
+  }
+
+  // Starts workers up to `wanted` (or as many as the system gives); returns how many there are.
+  int ensure_workers(int wanted) {
+    wanted = std::min(wanted, hardware_threads() - 1);
+    while (static_cast<int>(workers_.size()) < wanted) {
+      try {
+        const int index = static_cast<int>(workers_.size());
+        workers_.emplace_back([this, index] { worker_loop(index); });
+      } catch (...) {
+        break;
+      }
+    }
+    return std::min(wanted, static_cast<int>(workers_.size()));
+  }
+
+  void worker_loop(int index) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (index >= helpers_) continue;  // not needed for this loop
+      }
+      work();
+      {
+        std::lock_guard lock(mutex_);
+        if (--active_ == 0) done_.notify_one();
+      }
+    }
+  }
+
+#if defined(__unix__)
+  const pid_t owner_ = getpid();
+#endif
+  std::mutex run_mutex_;  // one loop at a time
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::vector<std::thread> workers_;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+  int helpers_ = 0;
+  int active_ = 0;
+  Body body_ = nullptr;
+  void* context_ = nullptr;
+  std::int64_t tasks_ = 0;
+  std::atomic<std::int64_t> next_{0};
+  std::atomic<bool> failed_{false};
+};
+
+template <typename F>
+bool parallel_for(std::int64_t tasks, int threads, F& f) {
+  return ThreadPool::instance().run(
+      tasks, threads, [](void* context, std::int64_t t) { (*static_cast<F*>(context))(t); }, &f);
+}
+
+// ---- per-thread scratch -----------------------------------------------------------
+
+struct Scratch {
+  static constexpr int kSlots = 8;
+  float* data[kSlots] = {};
+  std::size_t size[kSlots] = {};
+  ~Scratch() {
+    for (float* p : data) std::free(p);
+  }
+};
+thread_local Scratch t_scratch;
+
+// ---- dispatch ---------------------------------------------------------------------
+
+std::atomic<int> g_isa{-1};
+std::atomic<std::int32_t> g_decode_chunk{0};
+
+CpuIsa detect_isa() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  // F16C by CPUID (leaf 1, ecx bit 29): not every compiler's __builtin_cpu_supports
+  // knows it. AVX2 implies the OS saves the YMM state F16C needs.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+  if (avx2_kernels_built() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
+    return CpuIsa::avx2;  // (__builtin_cpu_supports also checks that the OS saves the YMM state)
+  }
+#endif
+  return CpuIsa::scalar;
+}
+
+// ---- scalar kernels ---------------------------------------------------------------
+
+template <KvDType DT>
+inline float load1(const char* row, std::size_t i) {
+  if constexpr (DT == KvDType::f32) {
+    float f;
+    std::memcpy(&f, row + 4 * i, 4);
+    return f;
+  } else {
+    std::uint16_t h;
+    std::memcpy(&h, row + 2 * i, 2);
+    return DT == KvDType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+  }
+}
+
+template <KvDType DT>
+void decode_chunk_scalar_t(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& c) {
+  const std::size_t dim = static_cast<std::size_t>(kv.head_dim);
+  const std::size_t group = static_cast<std::size_t>(shape.group);
+  for (std::int64_t t = c.begin; t < c.end; ++t) {
+    const char* token = kv.token_row(c.pages, t);
+    for (std::size_t h = 0; h < static_cast<std::size_t>(kv.kv_heads); ++h) {
+      const char* k = token + h * kv.head_bytes;
+      const char* v = k + kv.v_offset;
+      for (std::size_t hq = h * group; hq < (h + 1) * group; ++hq) {
+        const float* q = c.q + hq * dim;
+        float score = 0.0f;
+        for (std::size_t d = 0; d < dim; ++d) score += q[d] * load1<DT>(k, d);
+        score *= shape.scale;
+        float* acc = c.acc + hq * dim;
+        if (score > c.m[hq]) {
+          const float alpha = std::exp(c.m[hq] - score);
+          for (std::size_t d = 0; d < dim; ++d) acc[d] *= alpha;
+          c.l[hq] *= alpha;
+          c.m[hq] = score;
+        }
+        const float p = std::exp(score - c.m[hq]);
+        c.l[hq] += p;
+        for (std::size_t d = 0; d < dim; ++d) acc[d] += p * load1<DT>(v, d);
+      }
+    }
+  }
+}
+
+template <KvDType DT>
+void prefill_tile_scalar_t(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
+  const std::size_t dim = static_cast<std::size_t>(kv.head_dim);
+  const std::size_t hq_count = static_cast<std::size_t>(shape.num_q_heads);
+  const std::int64_t pos0 = tile.kv_len - tile.n_new;
+  const std::size_t head_off = static_cast<std::size_t>(tile.kv_head) * kv.head_bytes;
+  const std::int64_t span = tile.window > 0 ? std::min<std::int64_t>(tile.window, tile.kv_len) : tile.kv_len;
+  float* scores = scratch_floats(0, static_cast<std::size_t>(span));
+  float* acc = scratch_floats(1, dim);
+  for (std::int32_t i = tile.q_begin; i < tile.q_end; ++i) {
+    const std::int64_t pos = pos0 + i;
+    const std::int64_t lo = tile.window > 0 ? std::max<std::int64_t>(0, pos - tile.window + 1) : 0;
+    for (std::size_t g = 0; g < static_cast<std::size_t>(shape.group); ++g) {
+      const std::size_t hq = static_cast<std::size_t>(tile.kv_head) * static_cast<std::size_t>(shape.group) + g;
+      const float* q = tile.q + (static_cast<std::size_t>(i) * hq_count + hq) * dim;
+      float mx = kNegInf;
+      for (std::int64_t t = lo; t <= pos; ++t) {
+        const char* k = kv.token_row(tile.pages, t) + head_off;
+        float s = 0.0f;
+        for (std::size_t d = 0; d < dim; ++d) s += q[d] * load1<DT>(k, d);
+        s *= shape.scale;
+        scores[t - lo] = s;
+        mx = std::max(mx, s);
+      }
+      std::fill(acc, acc + dim, 0.0f);
+      float sum = 0.0f;
+      for (std::int64_t t = lo; t <= pos; ++t) {
+        const float p = std::exp(scores[t - lo] - mx);
+        sum += p;
+        const char* v = kv.token_row(tile.pages, t) + head_off + kv.v_offset;
+        for (std::size_t d = 0; d < dim; ++d) acc[d] += p * load1<DT>(v, d);
+      }
+      float* out = tile.out + (static_cast<std::size_t>(i) * hq_count + hq) * dim;
+      for (std::size_t d = 0; d < dim; ++d) out[d] = acc[d] / sum;
+    }
+  }
+}
+
+// ---- validation -------------------------------------------------------------------
+
+Status check_view(const PagedKvView& kv, const char* what) {
+  if (kv.memory == MemoryKind::device) {
+    return unsupported(fmt::format("{}: the pool is in device memory; these are the CPU kernels", what));
+  }
+  if (kv.memory == MemoryKind::none) {
+    return failed_precondition(fmt::format("{}: the pool keeps no KV bytes (MemoryKind::none)", what));
+  }
+  if (kv.memory != MemoryKind::host) return invalid_argument(fmt::format("{}: unknown memory kind", what));
+  if (kv.dtype != KvDType::f32 && kv.dtype != KvDType::f16 && kv.dtype != KvDType::bf16) {
+    return invalid_argument(fmt::format("{}: unknown KV dtype", what));
+  }
+  if (kv.base == nullptr) return invalid_argument(fmt::format("{}: the view has no base pointer", what));
+  if (kv.num_pages <= 0 || kv.page_size <= 0 || kv.num_layers <= 0 || kv.kv_heads <= 0 || kv.head_dim <= 0) {
+    return invalid_argument(fmt::format(
+        "{}: num_pages, page_size, num_layers, kv_heads and head_dim must be > 0, got {}, {}, {}, {}, {}", what,
+        kv.num_pages, kv.page_size, kv.num_layers, kv.kv_heads, kv.head_dim));
+  }
+  // The byte sizes must be those of the layout (paged_kv_pool.hpp), without overflow.
+  std::size_t layer = 0, page = 0, total = 0;
+  const bool overflow =
+      __builtin_mul_overflow(static_cast<std::size_t>(kv.page_size) * static_cast<std::size_t>(kv.kv_heads),
+                             static_cast<std::size_t>(kv.head_dim) * 2 * kv_dtype_bytes(kv.dtype), &layer) ||
+      __builtin_mul_overflow(layer, static_cast<std::size_t>(kv.num_layers), &page) ||
+      __builtin_mul_overflow(page, static_cast<std::size_t>(kv.num_pages), &total) ||
+      total > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
+  if (overflow) return invalid_argument(fmt::format("{}: the pool's size overflows", what));
+  if (kv.layer_bytes != layer || kv.page_bytes != page) {
+    return invalid_argument(fmt::format("{}: layer_bytes {} / page_bytes {} do not match the layout ({} / {})", what,
+                                        kv.layer_bytes, kv.page_bytes, layer, page));
+  }
+  return {};
+}
+
+Status check_layer(const PagedKvView& kv, std::int32_t layer, const char* what) {
+  if (layer < 0 || layer >= kv.num_layers) {
+    return invalid_argument(fmt::format("{}: layer {} is outside [0, {})", what, layer, kv.num_layers));
+  }
+  return {};
+}
+
+Status check_params(const PagedKvView& kv, const AttentionParams& p, const char* what) {
+  CLM_RETURN_IF_ERROR(check_layer(kv, p.layer, what));
+  if (p.num_q_heads <= 0 || p.num_q_heads % kv.kv_heads != 0) {
+    return invalid_argument(fmt::format("{}: num_q_heads {} is not a positive multiple of kv_heads {}", what,
+                                        p.num_q_heads, kv.kv_heads));
+  }
+  if (!std::isfinite(p.softmax_scale)) {
+    return invalid_argument(fmt::format("{}: softmax_scale {} is not finite", what, p.softmax_scale));
+  }
+  if (p.sliding_window < 0) {
+    return invalid_argument(fmt::format("{}: sliding_window {} is negative", what, p.sliding_window));
+  }
+  if (p.num_threads < 0) return invalid_argument(fmt::format("{}: num_threads {} is negative", what, p.num_threads));
+  return {};
+}
+
+Status check_page(const PagedKvView& kv, std::int32_t page, std::size_t index, const char* what) {
+  if (page < 0 || page >= kv.num_pages) {
+    return invalid_argument(
+        fmt::format("{}: page id {} (entry {}) is outside the pool [0, {})", what, page, index, kv.num_pages));
+  }
+  return {};
+}
+
+// Queries must be finite (a NaN would spread silently through the softmax),
+// and out must not overlap q.
+Status check_activations(const float* q, float* out, std::size_t count, const char* what) {
+  if (q == nullptr || out == nullptr) return invalid_argument(fmt::format("{}: q and out must not be null", what));
+  const auto qa = reinterpret_cast<std::uintptr_t>(q);
+  const auto oa = reinterpret_cast<std::uintptr_t>(out);
+  const std::uintptr_t bytes = count * sizeof(float);
+  if (qa < oa + bytes && oa < qa + bytes) return invalid_argument(fmt::format("{}: out overlaps q", what));
+  // One vectorisable pass over the exponent bits (all ones: inf or NaN), then
+  // a search for the culprit only when there is one.
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, q + i, sizeof bits);
+    bad |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  if (bad == 0) return {};
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!std::isfinite(q[i])) {
+      return invalid_argument(fmt::format("{}: q[{}] is {} (queries must be finite)", what, i, q[i]));
+    }
+  }
+  return {};
+}
+
+KvLayer layer_of(const PagedKvView& kv, std::int32_t layer) {
+  KvLayer l;
+  const std::size_t e = kv_dtype_bytes(kv.dtype);
+  l.base = static_cast<const char*>(kv.base) + static_cast<std::size_t>(layer) * kv.layer_bytes;
+  l.page_stride = kv.page_bytes;
+  l.row_bytes = static_cast<std::size_t>(kv.kv_heads) * static_cast<std::size_t>(kv.head_dim) * e;
+  l.v_offset = static_cast<std::size_t>(kv.page_size) * l.row_bytes;
+  l.head_bytes = static_cast<std::size_t>(kv.head_dim) * e;
+  l.page_size = kv.page_size;
+  l.kv_heads = kv.kv_heads;
+  l.head_dim = kv.head_dim;
+  l.dtype = kv.dtype;
+  return l;
+}
+
+AttnShape shape_of(const PagedKvView& kv, const AttentionParams& p) {
+  AttnShape s;
+  s.num_q_heads = p.num_q_heads;
+  s.group = p.num_q_heads / kv.kv_heads;
+  s.scale = p.softmax_scale != 0.0f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(kv.head_dim));
+  return s;
+}
+
+// The SIMD kernels' level for this layer: scalar when the ISA is missing or
+// head_dim is not a multiple of 64.
+CpuIsa simd_for(const KvLayer& kv) {
+  return kv.head_dim % kAvx2HeadDimMultiple == 0 ? cpu_isa() : CpuIsa::scalar;
+}
+
+// ---- decode driver ------------------------------------------------------------------
+
+constexpr std::int64_t kMinChunk = 256;          // tokens: below this a split costs more than it gains
+constexpr std::size_t kParallelBytes = 1 << 20;  // KV bytes below which one thread is faster
+
+struct Sequence {
+  const std::int32_t* pages;
+  std::int64_t begin;  // first visible key (sliding window)
+  std::int64_t end;    // kv_len
+};
+
+Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, const std::vector<Sequence>& seqs,
+                   float* out, int requested_threads, const char* what) {
+  const std::size_t dim = static_cast<std::size_t>(kv.head_dim);
+  const std::size_t hq = static_cast<std::size_t>(shape.num_q_heads);
+  const std::size_t state = (hq * dim + 2 * hq + 15) / 16 * 16;  // acc, m, l; 64-byte aligned
+
+  std::int64_t tokens = 0;
+  for (const Sequence& s : seqs) tokens += s.end - s.begin;
+  int threads = cpu_kernel_threads(requested_threads);
+  if (static_cast<std::size_t>(tokens) * kv.row_bytes * 2 < kParallelBytes) threads = 1;
+
+  std::int64_t chunk = g_decode_chunk.load(std::memory_order_relaxed);
+  if (chunk <= 0) {
+    // About 4 chunks per thread over the whole batch: long sequences are split
+    // (flash-decoding), a batch of many short ones is not.
+    chunk = threads == 1 ? std::numeric_limits<std::int64_t>::max()
+                         : std::max<std::int64_t>(kMinChunk, (tokens + 4 * threads - 1) / (4 * threads));
+  }
+
+  struct Task {
+    std::int32_t seq;
+    std::int64_t begin, end;
+    std::int64_t part;  // index into partials, or -1: the only chunk of its sequence
+  };
+  std::vector<Task> tasks;
+  std::vector<std::int64_t> first_part(seqs.size() + 1, 0);
+  std::int64_t parts = 0;
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const std::int64_t len = seqs[i].end - seqs[i].begin;
+    const std::int64_t n = len > 0 ? 1 + (len - 1) / chunk : 0;
+    first_part[i] = parts;
+    for (std::int64_t c = 0; c < n; ++c) {
+      const std::int64_t b = seqs[i].begin + c * chunk;
+      tasks.push_back({static_cast<std::int32_t>(i), b, b + std::min(chunk, seqs[i].end - b), n > 1 ? parts + c : -1});
+    }
+    if (n > 1) parts += n;
+  }
+  first_part[seqs.size()] = parts;
+  // The kernels want 32-byte aligned state: aligned_alloc, not std::vector.
+  std::unique_ptr<float, decltype(&std::free)> partial_storage(nullptr, &std::free);
+  if (parts > 0) {
+    partial_storage.reset(static_cast<float*>(std::aligned_alloc(64, static_cast<std::size_t>(parts) * state * sizeof(float))));
+    if (!partial_storage) return out_of_memory(fmt::format("{}: no memory for {} partial results", what, parts));
+  }
+  float* const partials = partial_storage.get();
+
+  const CpuIsa isa = simd_for(kv);
+  auto run_chunk = [&](std::int64_t t) {
+    const Task& task = tasks[static_cast<std::size_t>(t)];
+    float* st = task.part >= 0 ? partials + static_cast<std::size_t>(task.part) * state
+                               : scratch_floats(7, state);
+    DecodeChunk c;
+    c.q = q + static_cast<std::size_t>(task.seq) * hq * dim;
+    c.pages = seqs[static_cast<std::size_t>(task.seq)].pages;
+    c.begin = task.begin;
+    c.end = task.end;
+    c.acc = st;
+    c.m = st + hq * dim;
+    c.l = c.m + hq;
+    std::fill(c.acc, c.acc + hq * dim, 0.0f);
+    std::fill(c.m, c.m + hq, kNegInf);
+    std::fill(c.l, c.l + hq, 0.0f);
+    if (isa == CpuIsa::avx2) {
+      decode_chunk_avx2(kv, shape, c);
+    } else {
+      decode_chunk_scalar(kv, shape, c);
+    }
+    if (task.part < 0) {
+      float* o = out + static_cast<std::size_t>(task.seq) * hq * dim;
+      for (std::size_t h = 0; h < hq; ++h) {
+        const float inv = 1.0f / c.l[h];
+        for (std::size_t d = 0; d < dim; ++d) o[h * dim + d] = c.acc[h * dim + d] * inv;
+      }
+    }
+  };
+  if (!parallel_for(static_cast<std::int64_t>(tasks.size()), threads, run_chunk)) {
+    return out_of_memory(fmt::format("{}: no memory for kernel scratch", what));
+  }
+  if (parts == 0) return {};
+
+  // Merge the chunks of each split sequence by log-sum-exp:
+  //   M = max_c m_c,  out = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c.
+  std::vector<std::int32_t> split;
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    if (first_part[i + 1] > first_part[i]) split.push_back(static_cast<std::int32_t>(i));
+  }
+  auto merge = [&](std::int64_t t) {
+    const std::size_t i = static_cast<std::size_t>(split[static_cast<std::size_t>(t)]);
+    const std::int64_t p0 = first_part[i];
+    const std::int64_t p1 = first_part[i + 1];
+    float* o = out + i * hq * dim;
+    for (std::size_t h = 0; h < hq; ++h) {
+      float mx = kNegInf;
+      for (std::int64_t p = p0; p < p1; ++p) {
+        mx = std::max(mx, partials[static_cast<std::size_t>(p) * state + hq * dim + h]);
+      }
+      float denom = 0.0f;
+      float* oh = o + h * dim;
+      std::fill(oh, oh + dim, 0.0f);
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const float* st = partials + static_cast<std::size_t>(p) * state;
+        const float w = std::exp(st[hq * dim + h] - mx);
+        denom += w * st[hq * dim + hq + h];
+        const float* acc = st + h * dim;
+        for (std::size_t d = 0; d < dim; ++d) oh[d] += w * acc[d];
+      }
+      const float inv = 1.0f / denom;
+      for (std::size_t d = 0; d < dim; ++d) oh[d] *= inv;
+    }
+  };
+  const int merge_threads = static_cast<std::size_t>(parts) * state * sizeof(float) < kParallelBytes ? 1 : threads;
+  if (!parallel_for(static_cast<std::int64_t>(split.size()), merge_threads, merge)) {
+    return out_of_memory(fmt::format("{}: no memory for kernel scratch", what));
+  }
+  return {};
+}
+
+// The kernels report no error but memory; the API never throws.
+Status decode(const KvLayer& kv, const AttnShape& shape, const float* q, const std::vector<Sequence>& seqs,
+              float* out, int requested_threads, const char* what) {
+  try {
+    return decode_impl(kv, shape, q, seqs, out, requested_threads, what);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(fmt::format("{}: out of host memory", what));
+  }
+}
+
+}  // namespace
+
+// ---- detail API -------------------------------------------------------------------------
+
+const char* cpu_isa_name(CpuIsa isa) {
+  return isa == CpuIsa::avx2 ? "avx2" : "scalar";
+}
+
+CpuIsa cpu_isa_best() {
+  static const CpuIsa best = detect_isa();
+  return best;
+}
+
+CpuIsa cpu_isa() {
+  int isa = g_isa.load(std::memory_order_relaxed);
+  if (isa < 0) {
+    isa = static_cast<int>(cpu_isa_best());
+    g_isa.store(isa, std::memory_order_relaxed);
+  }
+  return static_cast<CpuIsa>(isa);
+}
+
+Status set_cpu_isa(CpuIsa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(cpu_isa_best())) {
+    return unsupported(fmt::format("set_cpu_isa: this machine (or build) has no {} (best: {})", cpu_isa_name(isa),
+                                   cpu_isa_name(cpu_isa_best())));
+  }
+  g_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+  return {};
+}
+
+void set_decode_chunk_tokens(std::int32_t tokens) { g_decode_chunk.store(std::max(0, tokens)); }
+
+int cpu_kernel_threads(int requested) {
+  const int hw = hardware_threads();
+  return requested <= 0 ? hw : std::min(requested, hw);
+}
+
+float* scratch_floats(int slot, std::size_t count) {
+  Scratch& s = t_scratch;
+  const std::size_t i = static_cast<std::size_t>(slot);
+  if (s.size[i] < count) {
+    const std::size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    std::free(s.data[i]);
+    s.data[i] = static_cast<float*>(p);
+    s.size[i] = bytes / sizeof(float);
+  }
+  return s.data[i];
+}
+
+void decode_chunk_scalar(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
+  // The scalar kernel scales the scores, not q.
+  switch (kv.dtype) {
+    case KvDType::f32: decode_chunk_scalar_t<KvDType::f32>(kv, shape, chunk); break;
+    case KvDType::f16: decode_chunk_scalar_t<KvDType::f16>(kv, shape, chunk); break;
+    case KvDType::bf16: decode_chunk_scalar_t<KvDType::bf16>(kv, shape, chunk); break;
+  }
+}
+
+void prefill_tile_scalar(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
+  switch (kv.dtype) {
+    case KvDType::f32: prefill_tile_scalar_t<KvDType::f32>(kv, shape, tile); break;
+    case KvDType::f16: prefill_tile_scalar_t<KvDType::f16>(kv, shape, tile); break;
+    case KvDType::bf16: prefill_tile_scalar_t<KvDType::bf16>(kv, shape, tile); break;
+  }
+}
+
+}  // namespace detail
+
+// ---- entry points ---------------------------------------------------------------------------
+
+Status write_kv(const PagedKvView& kv, std::int32_t layer, const float* k, const float* v,
+                std::span<const std::int64_t> slots) {
+  constexpr const char* what = "write_kv";
+  CLM_RETURN_IF_ERROR(detail::check_view(kv, what));
+  CLM_RETURN_IF_ERROR(detail::check_layer(kv, layer, what));
+  if (slots.empty()) return {};
+  if (k == nullptr || v == nullptr) return invalid_argument("write_kv: k and v must not be null");
+  const std::int64_t slot_count = static_cast<std::int64_t>(kv.num_pages) * kv.page_size;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] < 0 || slots[i] >= slot_count) {
+      return invalid_argument(
+          fmt::format("write_kv: slot {} (token {}) is outside the pool [0, {})", slots[i], i, slot_count));
+    }
+  }
+  const detail::KvLayer l = detail::layer_of(kv, layer);
+  const std::size_t row = static_cast<std::size_t>(kv.kv_heads) * static_cast<std::size_t>(kv.head_dim);
+  char* base = const_cast<char*>(l.base);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const std::int64_t page = slots[i] / kv.page_size;
+    const std::int64_t r = slots[i] % kv.page_size;
+    char* dk = base + static_cast<std::size_t>(page) * l.page_stride + static_cast<std::size_t>(r) * l.row_bytes;
+    char* dv = dk + l.v_offset;
+    const float* sk = k + i * row;
+    const float* sv = v + i * row;
+    switch (kv.dtype) {
+      case KvDType::f32:
+        std::memcpy(dk, sk, row * sizeof(float));
+        std::memcpy(dv, sv, row * sizeof(float));
+        break;
+      case KvDType::f16:
+      case KvDType::bf16: {
+        const bool f16 = kv.dtype == KvDType::f16;
+        for (std::size_t j = 0; j < row; ++j) {
+          const std::uint16_t hk = f16 ? detail::f32_to_f16(sk[j]) : detail::f32_to_bf16(sk[j]);
+          const std::uint16_t hv = f16 ? detail::f32_to_f16(sv[j]) : detail::f32_to_bf16(sv[j]);
+          std::memcpy(dk + 2 * j, &hk, 2);
+          std::memcpy(dv + 2 * j, &hv, 2);
+        }
+        break;
+      }
+    }
+  }
+  return {};
+}
+
+Status paged_decode_attention(const PagedKvView& kv, const AttentionParams& params, const float* q,
+                              std::span<const std::int32_t> indptr, std::span<const std::int32_t> indices,
+                              std::span<const std::int32_t> last_page_len, float* out) {
+  constexpr const char* what = "paged_decode_attention";
+  CLM_RETURN_IF_ERROR(detail::check_view(kv, what));
+  CLM_RETURN_IF_ERROR(detail::check_params(kv, params, what));
+  const std::size_t batch = last_page_len.size();
+  if (indptr.size() != batch + 1) {
+    return invalid_argument(
+        fmt::format("{}: indptr has {} entries; {} sequences need {}", what, indptr.size(), batch, batch + 1));
+  }
+  // indptr first (non-negative, increasing, within indices), then the pages it names.
+  for (std::size_t i = 0; i < batch; ++i) {
+    if (indptr[i] < 0 || indptr[i + 1] <= indptr[i]) {
+      return invalid_argument(fmt::format("{}: indptr[{}..{}] = {}, {}: every sequence needs >= 1 page", what, i,
+                                          i + 1, indptr[i], indptr[i + 1]));
+    }
+  }
+  if (batch == 0) return {};
+  if (static_cast<std::size_t>(indptr[batch]) > indices.size()) {
+    return invalid_argument(
+        fmt::format("{}: indptr[{}] = {} is past the {} indices", what, batch, indptr[batch], indices.size()));
+  }
+  std::vector<detail::Sequence> seqs(batch);
+  for (std::size_t i = 0; i < batch; ++i) {
+    if (last_page_len[i] < 1 || last_page_len[i] > kv.page_size) {
+      return invalid_argument(fmt::format("{}: last_page_len[{}] = {} is outside [1, page_size {}]", what, i,
+                                          last_page_len[i], kv.page_size));
+    }
+    for (std::int32_t j = indptr[i]; j < indptr[i + 1]; ++j) {
+      CLM_RETURN_IF_ERROR(detail::check_page(kv, indices[static_cast<std::size_t>(j)], static_cast<std::size_t>(j), what));
+    }
+    const std::int64_t pages = static_cast<std::int64_t>(indptr[i + 1]) - indptr[i];
+    const std::int64_t len = (pages - 1) * kv.page_size + last_page_len[i];
+    seqs[i].pages = indices.data() + indptr[i];
+    seqs[i].end = len;
+    seqs[i].begin = params.sliding_window > 0 ? std::max<std::int64_t>(0, len - params.sliding_window) : 0;
+  }
+  const std::size_t count =
+      batch * static_cast<std::size_t>(params.num_q_heads) * static_cast<std::size_t>(kv.head_dim);
+  CLM_RETURN_IF_ERROR(detail::check_activations(q, out, count, what));
+  return detail::decode(detail::layer_of(kv, params.layer), detail::shape_of(kv, params), q, seqs, out,
+                        params.num_threads, what);
+}
+
+Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& params, const float* q,
+                               std::int32_t n_new, std::span<const std::int32_t> pages, std::int32_t kv_len,
+                               float* out) {
+  constexpr const char* what = "paged_prefill_attention";
+  CLM_RETURN_IF_ERROR(detail::check_view(kv, what));
+  CLM_RETURN_IF_ERROR(detail::check_params(kv, params, what));
+  if (n_new < 0 || kv_len < n_new) {
+    return invalid_argument(fmt::format("{}: n_new {} must be in [0, kv_len {}]", what, n_new, kv_len));
+  }
+  if (n_new == 0) return {};
+  const std::size_t needed = (static_cast<std::size_t>(kv_len) + static_cast<std::size_t>(kv.page_size) - 1) /
+                             static_cast<std::size_t>(kv.page_size);
+  if (pages.size() < needed) {
+    return invalid_argument(fmt::format("{}: {} tokens of page size {} need {} pages, got {}", what, kv_len,
+                                        kv.page_size, needed, pages.size()));
+  }
+  for (std::size_t j = 0; j < needed; ++j) CLM_RETURN_IF_ERROR(detail::check_page(kv, pages[j], j, what));
+  const std::size_t count =
+      static_cast<std::size_t>(n_new) * static_cast<std::size_t>(params.num_q_heads) * static_cast<std::size_t>(kv.head_dim);
+  CLM_RETURN_IF_ERROR(detail::check_activations(q, out, count, what));
+
+  const detail::KvLayer layer = detail::layer_of(kv, params.layer);
+  const detail::AttnShape shape = detail::shape_of(kv, params);
+  if (n_new == 1) {  // one query: the decode path splits a long prefix across threads
+    std::vector<detail::Sequence> seq;
+    try {
+      seq.resize(1);
+    } catch (const std::bad_alloc&) {
+      return out_of_memory(fmt::format("{}: out of host memory", what));
+    }
+    seq[0].pages = pages.data();
+    seq[0].end = kv_len;
+    seq[0].begin = params.sliding_window > 0 ? std::max<std::int64_t>(0, kv_len - params.sliding_window) : 0;
+    return detail::decode(layer, shape, q, seq, out, params.num_threads, what);
+  }
+
+  // Tasks: (kv head, tile of queries); a tile has ~128 rows (queries x group).
+  int threads = detail::cpu_kernel_threads(params.num_threads);
+  const std::int64_t span = params.sliding_window > 0 ? std::min(params.sliding_window, kv_len) : kv_len;
+  const double flops = 4.0 * n_new * static_cast<double>(span) * params.num_q_heads * kv.head_dim;
+  if (flops < 4e6) threads = 1;
+  const std::int32_t heads = kv.kv_heads;
+  std::int32_t tile = std::clamp(128 / shape.group, 1, 128);
+  while (tile > 8 && static_cast<std::int64_t>(heads) * ((n_new + tile - 1) / tile) < 4 * threads) tile /= 2;
+  const std::int32_t tiles = (n_new + tile - 1) / tile;
+  const bool avx2 = detail::simd_for(layer) == detail::CpuIsa::avx2;
+  auto run_tile = [&](std::int64_t t) {
+    // Later tiles see more keys: hand them out first.
+    const std::int32_t index = tiles - 1 - static_cast<std::int32_t>(t / heads);
+    detail::PrefillTile pt;
+    pt.q = q;
+    pt.out = out;
+    pt.pages = pages.data();
+    pt.kv_len = kv_len;
+    pt.n_new = n_new;
+    pt.window = params.sliding_window;
+    pt.kv_head = static_cast<std::int32_t>(t % heads);
+    pt.q_begin = index * tile;
+    pt.q_end = std::min(n_new, pt.q_begin + tile);
+    if (avx2) {
+      detail::prefill_tile_avx2(layer, shape, pt);
+    } else {
+      detail::prefill_tile_scalar(layer, shape, pt);
+    }
+  };
+  bool ok = false;
+  try {
+    ok = detail::parallel_for(static_cast<std::int64_t>(tiles) * heads, threads, run_tile);
+  } catch (const std::bad_alloc&) {
+  }
+  if (!ok) return out_of_memory(fmt::format("{}: no memory for kernel scratch", what));
+  return {};
+}
+
+Status copy_pages(const PagedKvView& dst, std::span<const std::int32_t> dst_pages, const PagedKvView& src,
+                  std::span<const std::int32_t> src_pages) {
+  constexpr const char* what = "copy_pages";
+  CLM_RETURN_IF_ERROR(detail::check_view(dst, what));
+  CLM_RETURN_IF_ERROR(detail::check_view(src, what));
+  if (dst.dtype != src.dtype || dst.page_size != src.page_size || dst.num_layers != src.num_layers ||
+      dst.kv_heads != src.kv_heads || dst.head_dim != src.head_dim) {
+    return invalid_argument("copy_pages: the two pools have different layouts (dtype, page_size, layers, heads, head_dim)");
+  }
+  if (dst_pages.size() != src_pages.size()) {
+    return invalid_argument(
+        fmt::format("copy_pages: {} destination pages for {} source pages", dst_pages.size(), src_pages.size()));
+  }
+  for (std::size_t i = 0; i < dst_pages.size(); ++i) {
+    CLM_RETURN_IF_ERROR(detail::check_page(dst, dst_pages[i], i, "copy_pages (destination)"));
+    CLM_RETURN_IF_ERROR(detail::check_page(src, src_pages[i], i, "copy_pages (source)"));
+  }
+  for (std::size_t i = 0; i < dst_pages.size(); ++i) {  // in order: a later pair sees an earlier copy
+    char* d = static_cast<char*>(dst.base) + static_cast<std::size_t>(dst_pages[i]) * dst.page_bytes;
+    const char* s = static_cast<const char*>(src.base) + static_cast<std::size_t>(src_pages[i]) * src.page_bytes;
+    if (d != s) std::memmove(d, s, dst.page_bytes);
+  }
+  return {};
+}
+
+Status gather_pages(void* buffer, const PagedKvView& src, std::span<const std::int32_t> pages) {
+  CLM_RETURN_IF_ERROR(detail::check_view(src, "gather_pages"));
+  for (std::size_t i = 0; i < pages.size(); ++i) CLM_RETURN_IF_ERROR(detail::check_page(src, pages[i], i, "gather_pages"));
+  if (pages.empty()) return {};
+  if (buffer == nullptr) return invalid_argument("gather_pages: buffer must not be null");
+  char* out = static_cast<char*>(buffer);
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    std::memcpy(out + i * src.page_bytes,
+                static_cast<const char*>(src.base) + static_cast<std::size_t>(pages[i]) * src.page_bytes, src.page_bytes);
+  }
+  return {};
+}
+
+Status scatter_pages(const PagedKvView& dst, std::span<const std::int32_t> pages, const void* buffer) {
+  CLM_RETURN_IF_ERROR(detail::check_view(dst, "scatter_pages"));
+  for (std::size_t i = 0; i < pages.size(); ++i) CLM_RETURN_IF_ERROR(detail::check_page(dst, pages[i], i, "scatter_pages"));
+  if (pages.empty()) return {};
+  if (buffer == nullptr) return invalid_argument("scatter_pages: buffer must not be null");
+  const char* in = static_cast<const char*>(buffer);
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    std::memcpy(static_cast<char*>(dst.base) + static_cast<std::size_t>(pages[i]) * dst.page_bytes,
+                in + i * dst.page_bytes, dst.page_bytes);
+  }
+  return {};
+}
+
+}  // namespace clm

@@ -1,0 +1,653 @@
+// AVX2 + FMA + F16C attention kernels (see clm/detail/attention_cpu.hpp).
+//
+// Every function below is compiled for that target through a target pragma
+// (the same as __attribute__((target("avx2,fma,f16c"))) on each), not with
+// -mavx2 for the file: nothing outside this region, and no inline function of
+// a header, is built for AVX2, so the library still runs on any x86-64; the
+// drivers in attention_cpu.cpp call in here only after __builtin_cpu_supports.
+//
+// decode: memory-bound. Per block of 64 tokens: the K rows are read in address
+//   order and scored against the q heads of their kv head (up to 8 dot
+//   products in flight, summed horizontally together), an online softmax
+//   updates the running max / sum, and each V row is read once into the
+//   group's accumulators. Rows are software-prefetched 32 tokens ahead. KV is
+//   converted to f32 in registers as it is loaded.
+// prefill: compute-bound. A tile of queries x the q heads of one kv head (M
+//   rows) runs over 32-key blocks: K is packed transposed into f32 [D][32] and
+//   V into f32 [32][D], S = Q K^T and O = diag(alpha) O + P V use 6x16
+//   register-blocked micro-kernels, masks are applied only to blocks that
+//   straddle the diagonal or the window edge.
+#include "clm/detail/attention_cpu.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CLM_AVX2_KERNELS 1
+#else
+#define CLM_AVX2_KERNELS 0
+#endif
+
+#if CLM_AVX2_KERNELS
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+namespace clm::detail {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kDecodeBlock = 64;   // tokens per decode block
+constexpr int kPrefetchTokens = 32;  // decode: rows are prefetched this many tokens ahead
+constexpr int kKeyBlock = 32;      // keys per prefill block
+constexpr int kRowTile = 6;        // rows per prefill micro-kernel
+
+template <KvDType DT>
+constexpr std::size_t kBytes = DT == KvDType::f32 ? 4 : 2;
+
+// 8 consecutive elements of a KV row, as f32.
+template <KvDType DT>
+inline __m256 load8(const char* p) {
+  if constexpr (DT == KvDType::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (DT == KvDType::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+// exp(x) for x <= 88 (Cephes' polynomial, ~1 ulp); exactly 0 below -87
+// (where f32 exp would be subnormal), so masked -inf scores give 0. NaN stays NaN.
+inline __m256 exp8(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);  // x second: a NaN x passes through
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+  return _mm256_andnot_ps(underflow, y);
+}
+
+// The 8 horizontal sums of a[0..7], as one vector (lane i = sum of a[i]).
+inline __m256 hsum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]);
+  const __m256 t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]);
+  const __m256 t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ---- decode -------------------------------------------------------------------
+//
+// Per block of 64 tokens: (A) in address order, `step` tokens at a time (every
+// kv head of a token is one contiguous row), the scores of every q head; (B)
+// per kv head, the online-softmax update; (C) per kv head, acc += P V. Rows
+// are prefetched (into L2) kPrefetchTokens ahead, one head's part per head
+// step: with ~2 FMAs per byte the core by itself keeps too few misses in
+// flight. C reads the V rows head-major from L2.
+
+// 16 consecutive elements of a KV row as two f32 vectors, in the "block
+// layout" of DT: elements 0-7 and 8-15 for f32/f16; for bf16 the even
+// elements and the odd ones (0,2,..,14 | 1,3,..,15: one 256-bit load, one
+// shift, one and; no cross-lane widening). Decode keeps q and acc in the same
+// layout (to_block_layout / from_block_layout), so the order cancels out.
+template <KvDType DT>
+inline void load16(const char* p, __m256& lo, __m256& hi) {
+  if constexpr (DT == KvDType::bf16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  } else {
+    lo = load8<DT>(p);
+    hi = load8<DT>(p + 8 * kBytes<DT>);
+  }
+}
+
+// In place, n a multiple of 16: natural order -> block layout of DT, and back.
+template <KvDType DT>
+inline void to_block_layout(float* x, std::size_t n) {
+  if constexpr (DT == KvDType::bf16) {
+    for (std::size_t i = 0; i < n; i += 16) {
+      const __m256 a = _mm256_load_ps(x + i);      // 0..7
+      const __m256 b = _mm256_load_ps(x + i + 8);  // 8..15
+      const __m256 lo = _mm256_permute2f128_ps(a, b, 0x20);  // 0..3 | 8..11
+      const __m256 hi = _mm256_permute2f128_ps(a, b, 0x31);  // 4..7 | 12..15
+      _mm256_store_ps(x + i, _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)));      // 0 2 4 6 | 8 10 12 14
+      _mm256_store_ps(x + i + 8, _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));  // 1 3 5 7 | 9 11 13 15
+    }
+  } else {
+    (void)x;
+    (void)n;
+  }
+}
+template <KvDType DT>
+inline void from_block_layout(float* x, std::size_t n) {
+  if constexpr (DT == KvDType::bf16) {
+    for (std::size_t i = 0; i < n; i += 16) {
+      const __m256 even = _mm256_load_ps(x + i);
+      const __m256 odd = _mm256_load_ps(x + i + 8);
+      const __m256 lo = _mm256_unpacklo_ps(even, odd);  // 0 1 2 3 | 8 9 10 11
+      const __m256 hi = _mm256_unpackhi_ps(even, odd);  // 4 5 6 7 | 12 13 14 15
+      _mm256_store_ps(x + i, _mm256_permute2f128_ps(lo, hi, 0x20));
+      _mm256_store_ps(x + i + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+  } else {
+    (void)x;
+    (void)n;
+  }
+}
+
+// Scores of SG q heads (q: [SG][dim], scaled, block layout) against ntok K
+// rows (a multiple of 8 / SG): s[t][g].
+template <KvDType DT, int SG>
+inline void qk_group(const float* q, const char* const* krow, int ntok, int dim, float* s) {
+  constexpr int TT = 8 / SG;  // tokens per pass: TT * SG = 8 dot products in flight
+  constexpr std::size_t E = kBytes<DT>;
+  for (int t = 0; t < ntok; t += TT) {
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+    for (int d = 0; d < dim; d += 16) {
+      __m256 k0[TT], k1[TT];
+      for (int tt = 0; tt < TT; ++tt) load16<DT>(krow[t + tt] + static_cast<std::size_t>(d) * E, k0[tt], k1[tt]);
+      for (int g = 0; g < SG; ++g) {
+        const float* qg = q + static_cast<std::ptrdiff_t>(g) * dim + d;
+        const __m256 q0 = _mm256_load_ps(qg);
+        const __m256 q1 = _mm256_load_ps(qg + 8);
+        for (int tt = 0; tt < TT; ++tt) {
+          a[tt * SG + g] = _mm256_fmadd_ps(q0, k0[tt], a[tt * SG + g]);
+          a[tt * SG + g] = _mm256_fmadd_ps(q1, k1[tt], a[tt * SG + g]);
+        }
+      }
+    }
+    _mm256_storeu_ps(s + t * SG, hsum8(a));
+  }
+}
+
+// Online softmax over one block's scores s[t][g] (nt valid tokens): updates
+// m and l, turns s into p, returns the rescale factors of acc in alpha.
+template <int SG>
+void softmax_update(float* s, int nt, float* m, float* l, float* alpha) {
+  const int n = nt * SG;
+  const int nv = (n + 7) / 8;
+  for (int i = n; i < nv * 8; ++i) s[i] = kNegInf;
+  __m256 mx = _mm256_set1_ps(kNegInf);
+  for (int v = 0; v < nv; ++v) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + 8 * v));
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, mx);
+  alignas(32) float pattern[8];
+  for (int g = 0; g < SG; ++g) {
+    float bm = kNegInf;
+    for (int i = g; i < 8; i += SG) bm = std::max(bm, lane[i]);
+    const float m_new = std::max(m[g], bm);
+    alpha[g] = std::exp(m[g] - m_new);
+    m[g] = m_new;
+  }
+  for (int i = 0; i < 8; ++i) pattern[i] = m[i % SG];
+  const __m256 mv = _mm256_load_ps(pattern);
+  __m256 sum = _mm256_setzero_ps();
+  for (int v = 0; v < nv; ++v) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), mv));
+    _mm256_storeu_ps(s + 8 * v, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  _mm256_store_ps(lane, sum);
+  for (int g = 0; g < SG; ++g) {
+    float ls = 0.0f;
+    for (int i = g; i < 8; i += SG) ls += lane[i];
+    l[g] = l[g] * alpha[g] + ls;
+  }
+}
+
+// acc[g] = alpha[g] acc[g] + sum_t p[t * stride + g] v[t] for NG q heads
+// (NG in 1, 2, 4: 8 accumulators of NG x 16 / NG columns), V rows read in
+// place, acc in block layout.
+template <KvDType DT, int NG>
+void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int dim, float* acc, const float* alpha) {
+  constexpr std::size_t E = kBytes<DT>;
+  constexpr int NB = 4 / NG;  // 16-column blocks per pass
+  for (int d0 = 0; d0 < dim; d0 += 16 * NB) {
+    __m256 o[NG][2 * NB];
+    for (int g = 0; g < NG; ++g) {
+      const __m256 al = _mm256_set1_ps(alpha[g]);
+      for (int c = 0; c < 2 * NB; ++c) {
+        o[g][c] = _mm256_mul_ps(_mm256_load_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 8 * c), al);
+      }
+    }
+    for (int t = 0; t < nt; ++t) {
+      const char* vr = vrow[t] + static_cast<std::size_t>(d0) * E;
+      __m256 pb[NG];
+      for (int g = 0; g < NG; ++g) pb[g] = _mm256_set1_ps(p[t * stride + g]);
+      for (int c = 0; c < NB; ++c) {
+        __m256 v0, v1;
+        load16<DT>(vr + static_cast<std::size_t>(16 * c) * E, v0, v1);
+        for (int g = 0; g < NG; ++g) {
+          o[g][2 * c] = _mm256_fmadd_ps(pb[g], v0, o[g][2 * c]);
+          o[g][2 * c + 1] = _mm256_fmadd_ps(pb[g], v1, o[g][2 * c + 1]);
+        }
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      for (int c = 0; c < 2 * NB; ++c) _mm256_store_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 8 * c, o[g][c]);
+    }
+  }
+}
+
+template <KvDType DT, int SG>
+void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l) {
+  float alpha[SG];
+  softmax_update<SG>(s, nt, m, l, alpha);
+  if constexpr (SG == 8) {  // two passes of 4: 16 accumulators would not fit in registers
+    pv_rows<DT, 4>(s, 8, nt, vrow, dim, acc, alpha);
+    pv_rows<DT, 4>(s + 4, 8, nt, vrow, dim, acc + 4 * dim, alpha + 4);
+  } else {
+    pv_rows<DT, SG>(s, SG, nt, vrow, dim, acc, alpha);
+  }
+}
+
+// The q heads of a kv head in sub-groups of 8, 4, 2, 1 (a group of 6 is 4 + 2).
+inline int subgroup(int left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+
+template <KvDType DT>
+void decode_chunk(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
+  const int dim = kv.head_dim;
+  const std::size_t d = static_cast<std::size_t>(dim);
+  const int heads = kv.kv_heads;
+  const int group = shape.group;
+  const std::size_t hq_d = static_cast<std::size_t>(shape.num_q_heads) * d;
+  float* qs = scratch_floats(0, hq_d);
+  // Scores: the sub-group of SG q heads from hq0 owns [hq0 * 64, (hq0 + SG) * 64), as [t][g].
+  float* s = scratch_floats(1, static_cast<std::size_t>(shape.num_q_heads) * kDecodeBlock + 8);
+  const __m256 scale = _mm256_set1_ps(shape.scale);
+  for (std::size_t i = 0; i < hq_d; i += 8) _mm256_store_ps(qs + i, _mm256_mul_ps(_mm256_loadu_ps(chunk.q + i), scale));
+  to_block_layout<DT>(qs, hq_d);
+  to_block_layout<DT>(chunk.acc, hq_d);  // (zeros, or the state of an earlier call)
+
+  // Tokens per step of phase A: 8 / (the smallest sub-group), so that every
+  // sub-group keeps 8 dot products in flight.
+  int min_sg = 8;
+  for (int g0 = 0; g0 < group; g0 += subgroup(group - g0)) min_sg = subgroup(group - g0);
+  const int step = 8 / min_sg;
+
+  const char* rows[kDecodeBlock + kPrefetchTokens + 8];
+  const char* krow[8];
+  const char* vrow[kDecodeBlock];
+  for (std::int64_t b = chunk.begin; b < chunk.end; b += kDecodeBlock) {
+    const int nt = static_cast<int>(std::min<std::int64_t>(kDecodeBlock, chunk.end - b));
+    const int padded = (nt + step - 1) / step * step;
+    // Rows of this block, then of the kPrefetchTokens after it (to prefetch).
+    const int known = static_cast<int>(std::min<std::int64_t>(kDecodeBlock + kPrefetchTokens, chunk.end - b));
+    for (int i = 0; i < known; ++i) rows[i] = kv.token_row(chunk.pages, b + i);
+    const char* pad[8];  // rows that stand in past the end of the block; their scores are dropped
+    for (int i = 0; i < 8; ++i) pad[i] = rows[nt - 1];
+
+    // (A) in address order: `step` token rows (every head) at a time.
+    for (int t = 0; t < padded; t += step) {
+      const int pf_end = std::min(known, t + kPrefetchTokens + step);
+      for (int h = 0; h < heads; ++h) {
+        const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes;
+        for (int i = t + kPrefetchTokens; i < pf_end; ++i) {
+          const char* k = rows[i] + off;
+          for (std::size_t line = 0; line < kv.head_bytes; line += 64) {
+            _mm_prefetch(k + line, _MM_HINT_T2);
+            _mm_prefetch(k + kv.v_offset + line, _MM_HINT_T2);
+          }
+        }
+        for (int i = 0; i < step; ++i) krow[i] = (t + i < nt ? rows[t + i] : pad[i]) + off;
+        for (int g0 = 0; g0 < group;) {
+          const int sg = subgroup(group - g0);
+          const std::size_t hq0 = static_cast<std::size_t>(h) * static_cast<std::size_t>(group) + static_cast<std::size_t>(g0);
+          const float* q = qs + hq0 * d;
+          float* sc = s + hq0 * kDecodeBlock + static_cast<std::size_t>(t * sg);
+          switch (sg) {
+            case 8: qk_group<DT, 8>(q, krow, step, dim, sc); break;
+            case 4: qk_group<DT, 4>(q, krow, step, dim, sc); break;
+            case 2: qk_group<DT, 2>(q, krow, step, dim, sc); break;
+            default: qk_group<DT, 1>(q, krow, step, dim, sc); break;
+          }
+          g0 += sg;
+        }
+      }
+    }
+
+    // (B, C) per kv head and sub-group: softmax update, then P V.
+    for (int h = 0; h < heads; ++h) {
+      const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes + kv.v_offset;
+      for (int i = 0; i < nt; ++i) vrow[i] = rows[i] + off;
+      for (int g0 = 0; g0 < group;) {
+        const int sg = subgroup(group - g0);
+        const std::size_t hq0 = static_cast<std::size_t>(h) * static_cast<std::size_t>(group) + static_cast<std::size_t>(g0);
+        float* sc = s + hq0 * kDecodeBlock;
+        float* acc = chunk.acc + hq0 * d;
+        switch (sg) {
+          case 8: softmax_pv<DT, 8>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0); break;
+          case 4: softmax_pv<DT, 4>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0); break;
+          case 2: softmax_pv<DT, 2>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0); break;
+          default: softmax_pv<DT, 1>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0); break;
+        }
+        g0 += sg;
+      }
+    }
+  }
+  from_block_layout<DT>(chunk.acc, hq_d);
+}
+
+// ---- prefill ------------------------------------------------------------------
+
+inline void transpose8(__m256* r) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
+  const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
+  const __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
+  const __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
+  const __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// KT[d][j] = K row j, element d (f32), for kKeyBlock rows (all valid).
+template <KvDType DT>
+void pack_kt(const char* const* krow, int dim, float* kt) {
+  constexpr std::size_t E = kBytes<DT>;
+  for (int j0 = 0; j0 < kKeyBlock; j0 += 8) {
+    for (int d0 = 0; d0 < dim; d0 += 8) {
+      __m256 r[8];
+      for (int j = 0; j < 8; ++j) r[j] = load8<DT>(krow[j0 + j] + static_cast<std::size_t>(d0) * E);
+      transpose8(r);
+      for (int j = 0; j < 8; ++j) _mm256_store_ps(kt + static_cast<std::ptrdiff_t>(d0 + j) * kKeyBlock + j0, r[j]);
+    }
+  }
+}
+
+// Vp[j][:] = V row j (f32), for the nb valid rows.
+template <KvDType DT>
+void pack_v(const char* const* vrow, int nb, int dim, float* vp) {
+  constexpr std::size_t E = kBytes<DT>;
+  for (int j = 0; j < nb; ++j) {
+    if constexpr (DT == KvDType::f32) {
+      std::memcpy(vp + static_cast<std::ptrdiff_t>(j) * dim, vrow[j], static_cast<std::size_t>(dim) * 4);
+    } else {
+      for (int d = 0; d < dim; d += 8) {
+        _mm256_store_ps(vp + static_cast<std::ptrdiff_t>(j) * dim + d, load8<DT>(vrow[j] + static_cast<std::size_t>(d) * E));
+      }
+    }
+  }
+}
+
+// S[r][0..kKeyBlock) = Q[r] . KT, MR rows.
+template <int MR>
+void qk_kernel(const float* q, const float* kt, float* s, int dim) {
+  for (int n0 = 0; n0 < kKeyBlock; n0 += 16) {
+    __m256 c[MR][2];
+    for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm256_setzero_ps();
+    const float* k = kt + n0;
+    for (int d = 0; d < dim; ++d, k += kKeyBlock) {
+      const __m256 k0 = _mm256_load_ps(k);
+      const __m256 k1 = _mm256_load_ps(k + 8);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 b = _mm256_broadcast_ss(q + static_cast<std::ptrdiff_t>(r) * dim + d);
+        c[r][0] = _mm256_fmadd_ps(b, k0, c[r][0]);
+        c[r][1] = _mm256_fmadd_ps(b, k1, c[r][1]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      _mm256_store_ps(s + r * kKeyBlock + n0, c[r][0]);
+      _mm256_store_ps(s + r * kKeyBlock + n0 + 8, c[r][1]);
+    }
+  }
+}
+
+// O[r] = alpha[r] * O[r] + sum_{k < nk} P[r][k] * Vp[k], MR rows.
+template <int MR>
+void pv_kernel(const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
+  for (int c0 = 0; c0 < dim; c0 += 16) {
+    __m256 c[MR][2];
+    for (int r = 0; r < MR; ++r) {
+      const __m256 al = _mm256_set1_ps(alpha[r]);
+      c[r][0] = _mm256_mul_ps(_mm256_load_ps(o + static_cast<std::ptrdiff_t>(r) * dim + c0), al);
+      c[r][1] = _mm256_mul_ps(_mm256_load_ps(o + static_cast<std::ptrdiff_t>(r) * dim + c0 + 8), al);
+    }
+    const float* v = vp + c0;
+    for (int k = 0; k < nk; ++k, v += dim) {
+      const __m256 v0 = _mm256_load_ps(v);
+      const __m256 v1 = _mm256_load_ps(v + 8);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 b = _mm256_broadcast_ss(p + r * kKeyBlock + k);
+        c[r][0] = _mm256_fmadd_ps(b, v0, c[r][0]);
+        c[r][1] = _mm256_fmadd_ps(b, v1, c[r][1]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      _mm256_store_ps(o + static_cast<std::ptrdiff_t>(r) * dim + c0, c[r][0]);
+      _mm256_store_ps(o + static_cast<std::ptrdiff_t>(r) * dim + c0 + 8, c[r][1]);
+    }
+  }
+}
+
+template <template <int> class Kernel, typename... Args>
+void by_rows(int mr, Args... args) {
+  switch (mr) {
+    case 6: Kernel<6>::run(args...); break;
+    case 5: Kernel<5>::run(args...); break;
+    case 4: Kernel<4>::run(args...); break;
+    case 3: Kernel<3>::run(args...); break;
+    case 2: Kernel<2>::run(args...); break;
+    default: Kernel<1>::run(args...); break;
+  }
+}
+template <int MR>
+struct QkKernel {
+  static void run(const float* q, const float* kt, float* s, int dim) { qk_kernel<MR>(q, kt, s, dim); }
+};
+template <int MR>
+struct PvKernel {
+  static void run(const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
+    pv_kernel<MR>(p, vp, o, alpha, dim, nk);
+  }
+};
+
+// Online softmax of one row of S (in place: S becomes P).
+inline void softmax_row(float* s, float& m, float& l, float& alpha) {
+  __m256 mx = _mm256_load_ps(s);
+  for (int j = 8; j < kKeyBlock; j += 8) mx = _mm256_max_ps(mx, _mm256_load_ps(s + j));
+  const float m_new = std::max(m, hmax8(mx));
+  if (m_new == kNegInf) {  // every key so far masked: nothing to add
+    alpha = 1.0f;
+    for (int j = 0; j < kKeyBlock; j += 8) _mm256_store_ps(s + j, _mm256_setzero_ps());
+    return;
+  }
+  alpha = std::exp(m - m_new);
+  const __m256 mv = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+  for (int j = 0; j < kKeyBlock; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(s + j), mv));
+    _mm256_store_ps(s + j, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  l = l * alpha + hsum(sum);
+  m = m_new;
+}
+
+template <KvDType DT>
+void prefill_tile(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
+  const int dim = kv.head_dim;
+  const int group = shape.group;
+  const int nq = tile.q_end - tile.q_begin;
+  const int rows = nq * group;
+  const std::size_t d = static_cast<std::size_t>(dim);
+  const std::size_t row_stride = static_cast<std::size_t>(shape.num_q_heads) * d;  // one token's q heads
+  const std::size_t group_floats = static_cast<std::size_t>(group) * d;
+
+  float* qs = scratch_floats(0, static_cast<std::size_t>(rows) * d);
+  float* o = scratch_floats(1, static_cast<std::size_t>(rows) * d);
+  float* s = scratch_floats(2, static_cast<std::size_t>(rows) * kKeyBlock);
+  float* kt = scratch_floats(3, d * kKeyBlock);
+  float* vp = scratch_floats(4, d * kKeyBlock);
+  float* ml = scratch_floats(5, 3 * static_cast<std::size_t>(rows));
+  float* m = ml;
+  float* l = ml + rows;
+  float* alpha = ml + 2 * rows;
+
+  // Rows r = i * group + g: query q_begin + i, q head kv_head * group + g.
+  const __m256 scale = _mm256_set1_ps(shape.scale);
+  for (int i = 0; i < nq; ++i) {
+    const float* src = tile.q + static_cast<std::size_t>(tile.q_begin + i) * row_stride +
+                       static_cast<std::size_t>(tile.kv_head) * group_floats;
+    float* dst = qs + static_cast<std::size_t>(i) * group_floats;
+    for (std::size_t j = 0; j < group_floats; j += 8) _mm256_store_ps(dst + j, _mm256_mul_ps(_mm256_loadu_ps(src + j), scale));
+  }
+  std::memset(o, 0, static_cast<std::size_t>(rows) * d * sizeof(float));
+  for (int r = 0; r < rows; ++r) {
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+  }
+
+  const std::int64_t pos0 = tile.kv_len - tile.n_new;
+  const std::int64_t first_pos = pos0 + tile.q_begin;
+  const std::int64_t last_pos = pos0 + tile.q_end - 1;
+  const std::int64_t key_begin = tile.window > 0 ? std::max<std::int64_t>(0, first_pos - tile.window + 1) : 0;
+  const std::int64_t key_end = last_pos + 1;
+  const std::size_t head_off = static_cast<std::size_t>(tile.kv_head) * kv.head_bytes;
+  const char* krow[kKeyBlock];
+  const char* vrow[kKeyBlock];
+
+  for (std::int64_t kb = key_begin; kb < key_end; kb += kKeyBlock) {
+    const int nb = static_cast<int>(std::min<std::int64_t>(kKeyBlock, key_end - kb));
+    for (int j = 0; j < nb; ++j) krow[j] = kv.token_row(tile.pages, kb + j) + head_off;
+    for (int j = nb; j < kKeyBlock; ++j) krow[j] = krow[nb - 1];
+    for (int j = 0; j < nb; ++j) vrow[j] = krow[j] + kv.v_offset;
+    pack_kt<DT>(krow, dim, kt);
+    pack_v<DT>(vrow, nb, dim, vp);
+
+    for (int r0 = 0; r0 < rows; r0 += kRowTile) {
+      by_rows<QkKernel>(std::min(kRowTile, rows - r0), qs + static_cast<std::size_t>(r0) * d, kt,
+                        s + static_cast<std::size_t>(r0) * kKeyBlock, dim);
+    }
+    const bool unmasked = nb == kKeyBlock && kb + nb - 1 <= first_pos &&
+                          (tile.window <= 0 || kb >= last_pos - tile.window + 1);
+    if (!unmasked) {
+      for (int i = 0; i < nq; ++i) {
+        const std::int64_t pos = first_pos + i;
+        const std::int64_t lo = tile.window > 0 ? pos - tile.window + 1 : 0;
+        for (int g = 0; g < group; ++g) {
+          float* row = s + static_cast<std::size_t>(i * group + g) * kKeyBlock;
+          for (int j = 0; j < kKeyBlock; ++j) {
+            const std::int64_t key = kb + j;
+            if (j >= nb || key > pos || key < lo) row[j] = kNegInf;
+          }
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) softmax_row(s + static_cast<std::size_t>(r) * kKeyBlock, m[r], l[r], alpha[r]);
+    for (int r0 = 0; r0 < rows; r0 += kRowTile) {
+      by_rows<PvKernel>(std::min(kRowTile, rows - r0), s + static_cast<std::size_t>(r0) * kKeyBlock, vp,
+                        o + static_cast<std::size_t>(r0) * d, alpha + r0, dim, nb);
+    }
+  }
+
+  for (int i = 0; i < nq; ++i) {
+    float* dst = tile.out + static_cast<std::size_t>(tile.q_begin + i) * row_stride +
+                 static_cast<std::size_t>(tile.kv_head) * group_floats;
+    for (int g = 0; g < group; ++g) {
+      const int r = i * group + g;
+      const __m256 inv = _mm256_set1_ps(1.0f / l[r]);
+      const float* src = o + static_cast<std::size_t>(r) * d;
+      for (int j = 0; j < dim; j += 8) {
+        _mm256_storeu_ps(dst + static_cast<std::size_t>(g) * d + j, _mm256_mul_ps(_mm256_load_ps(src + j), inv));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void decode_chunk_avx2(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
+  switch (kv.dtype) {
+    case KvDType::f32: decode_chunk<KvDType::f32>(kv, shape, chunk); break;
+    case KvDType::f16: decode_chunk<KvDType::f16>(kv, shape, chunk); break;
+    case KvDType::bf16: decode_chunk<KvDType::bf16>(kv, shape, chunk); break;
+  }
+}
+
+void prefill_tile_avx2(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
+  switch (kv.dtype) {
+    case KvDType::f32: prefill_tile<KvDType::f32>(kv, shape, tile); break;
+    case KvDType::f16: prefill_tile<KvDType::f16>(kv, shape, tile); break;
+    case KvDType::bf16: prefill_tile<KvDType::bf16>(kv, shape, tile); break;
+  }
+}
+
+}  // namespace clm::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace clm::detail {
+bool avx2_kernels_built() { return true; }
+}  // namespace clm::detail
+
+#else  // !CLM_AVX2_KERNELS
+
+#include <cstdlib>
+
+namespace clm::detail {
+bool avx2_kernels_built() { return false; }
+void decode_chunk_avx2(const KvLayer&, const AttnShape&, const DecodeChunk&) { std::abort(); }
+void prefill_tile_avx2(const KvLayer&, const AttnShape&, const PrefillTile&) { std::abort(); }
+}  // namespace clm::detail
+
+#endif
