@@ -1,0 +1,632 @@
+// clm/cuda_kernels.hpp over the CUDA runtime: the workspace, host validation
+// (plan.cpp), uploads through pinned staging buffers, and the launches of
+// kernels.cu. Plain C++: the CUDA runtime API is a C API.
+#include "clm/cuda_kernels.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "launch.hpp"
+#include "plan.hpp"
+
+namespace clm::cuda {
+
+using detail::Dims;
+
+namespace {
+
+Status cuda_error(cudaError_t err, const char* what) {
+  std::string text = fmt::format("{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
+  switch (err) {
+    case cudaErrorMemoryAllocation: return out_of_memory(std::move(text));
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion: return unsupported(std::move(text));
+    default: return {StatusCode::internal, std::move(text)};
+  }
+}
+
+#define CLM_CUDA_TRY(call, what)                                 \
+  do {                                                           \
+    cudaError_t clm_err_ = (call);                               \
+    if (clm_err_ != cudaSuccess) return cuda_error(clm_err_, what); \
+  } while (0)
+
+Status launch_status(int result, const char* what) {
+  if (result == -1) return {StatusCode::internal, fmt::format("{}: no kernel instance for this configuration", what)};
+  if (result != 0) return cuda_error(static_cast<cudaError_t>(result), what);
+  return {};
+}
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Makes `device` current for the calling thread for the scope of a call.
+class DeviceGuard {
+ public:
+  Status enter(int device) {
+    if (entered_) return {};
+    CLM_CUDA_TRY(cudaGetDevice(&previous_), "cudaGetDevice");
+    entered_ = true;
+    if (previous_ != device) {
+      CLM_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
+      restore_ = true;
+    }
+    return {};
+  }
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool entered_ = false;
+  bool restore_ = false;
+};
+
+// Where a range of memory lives, from the pointer attributes of its first and
+// last byte.
+struct Placement {
+  enum Kind { device, pinned_host, pageable_host } kind = pageable_host;
+  void* device_pointer = nullptr;  // device-accessible address of the first byte (null: none)
+};
+
+Status place(const void* pointer, std::size_t bytes, int device, const char* what, Placement& out) {
+  if (pointer == nullptr) return invalid_argument(fmt::format("{}: null pointer", what));
+  cudaPointerAttributes first{}, last{};
+  CLM_CUDA_TRY(cudaPointerGetAttributes(&first, pointer), "cudaPointerGetAttributes");
+  const void* end = static_cast<const unsigned char*>(pointer) + (bytes == 0 ? 0 : bytes - 1);
+  CLM_CUDA_TRY(cudaPointerGetAttributes(&last, end), "cudaPointerGetAttributes");
+  if (first.type != last.type) {
+    return invalid_argument(fmt::format("{}: the first and last byte of its {} bytes are different kinds of memory "
+                                        "(is the buffer too small?)",
+                                        what, bytes));
+  }
+  switch (first.type) {
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged:
+      if (first.type == cudaMemoryTypeDevice && (first.device != device || last.device != device)) {
+        return invalid_argument(fmt::format("{}: memory of device {}, but the workspace is on device {}", what,
+                                            first.device, device));
+      }
+      if (static_cast<const unsigned char*>(last.devicePointer) - static_cast<const unsigned char*>(first.devicePointer) !=
+          static_cast<std::ptrdiff_t>(bytes == 0 ? 0 : bytes - 1)) {
+        return invalid_argument(fmt::format("{}: its {} bytes are not one device allocation", what, bytes));
+      }
+      out.kind = Placement::device;
+      out.device_pointer = first.devicePointer;
+      return {};
+    case cudaMemoryTypeHost:
+      out.kind = Placement::pinned_host;
+      out.device_pointer = nullptr;
+      if (first.devicePointer != nullptr && last.devicePointer != nullptr &&
+          static_cast<const unsigned char*>(last.devicePointer) - static_cast<const unsigned char*>(first.devicePointer) ==
+              static_cast<std::ptrdiff_t>(bytes == 0 ? 0 : bytes - 1)) {
+        out.device_pointer = first.devicePointer;
+      }
+      return {};
+    default:
+      out.kind = Placement::pageable_host;
+      out.device_pointer = nullptr;
+      return {};
+  }
+}
+
+// A buffer the kernels read or write: must be device (or managed) memory.
+Status check_device_buffer(const void* pointer, std::size_t bytes, int device, const char* what) {
+  Placement p;
+  CLM_RETURN_IF_ERROR(place(pointer, bytes, device, what, p));
+  if (p.kind != Placement::device) {
+    return invalid_argument(fmt::format("{}: must be device memory, got {} host memory", what,
+                                        p.kind == Placement::pinned_host ? "pinned" : "pageable"));
+  }
+  if (p.device_pointer != pointer) {
+    return invalid_argument(fmt::format("{}: not directly addressable by the device", what));
+  }
+  return {};
+}
+
+Status check_pool_memory(const PagedKvView& kv, int device, const char* what, Placement& out) {
+  const std::size_t bytes = kv.page_bytes * static_cast<std::size_t>(kv.num_pages);
+  CLM_RETURN_IF_ERROR(place(kv.base, bytes, device, what, out));
+  const bool on_device = out.kind == Placement::device;
+  if (kv.memory == MemoryKind::device && !on_device) {
+    return invalid_argument(fmt::format("{}: the view says MemoryKind::device, but its memory is host memory", what));
+  }
+  if (kv.memory == MemoryKind::host && on_device) {
+    return invalid_argument(fmt::format("{}: the view says MemoryKind::host, but its memory is device memory", what));
+  }
+  if (kv.memory == MemoryKind::none) return failed_precondition(fmt::format("{}: the pool keeps no KV bytes", what));
+  return {};
+}
+
+}  // namespace
+
+// ============================================================================
+// Workspace
+// ============================================================================
+struct Workspace::Impl {
+  struct Staging {  // pinned host memory a call fills, then uploads
+    void* host = nullptr;
+    std::size_t capacity = 0;
+    cudaEvent_t uploaded = nullptr;  // recorded after the upload from it
+    bool pending = false;
+  };
+  struct DeviceBuffer {
+    void* pointer = nullptr;
+    std::size_t capacity = 0;
+  };
+
+  int device = 0;
+  int sm_count = 1;
+  std::array<Staging, 8> staging;
+  unsigned next_staging = 0;
+  DeviceBuffer plan_meta;  // decode plan: items, merge_indptr, indices
+  DeviceBuffer call_meta;  // per call: prefill pages, write_kv slots, copy pairs
+  DeviceBuffer partials;   // decode partial outputs + lse
+  cudaEvent_t last_call = nullptr;
+  bool has_last_call = false;
+
+  detail::DecodePlan plan;
+  bool planned = false;
+  const std::int32_t* plan_indices = nullptr;  // device
+  const detail::DecodeItem* plan_items = nullptr;
+  const std::int32_t* plan_merge_indptr = nullptr;
+  std::map<std::tuple<int, int, int>, int> blocks_per_sm;  // (dtype, head_dim, G) -> occupancy
+
+  ~Impl() {
+    DeviceGuard guard;
+    if (!guard.enter(device).ok()) return;
+    // Every call waits for the previous one, so the last call's event covers
+    // all work that may still use these buffers.
+    if (has_last_call) cudaEventSynchronize(last_call);
+    for (Staging& s : staging) {
+      if (s.host) cudaFreeHost(s.host);
+      if (s.uploaded) cudaEventDestroy(s.uploaded);
+    }
+    for (DeviceBuffer* b : {&plan_meta, &call_meta, &partials}) {
+      if (b->pointer) cudaFree(b->pointer);
+    }
+    if (last_call) cudaEventDestroy(last_call);
+  }
+
+  // Orders this call after the workspace's previous one (possibly on another stream).
+  Status begin(cudaStream_t stream) {
+    if (has_last_call) CLM_CUDA_TRY(cudaStreamWaitEvent(stream, last_call, 0), "cudaStreamWaitEvent");
+    return {};
+  }
+  Status end(cudaStream_t stream) {
+    CLM_CUDA_TRY(cudaEventRecord(last_call, stream), "cudaEventRecord");
+    has_last_call = true;
+    return {};
+  }
+
+  // Grows a device buffer; the old one may still be in use by earlier work on
+  // `stream` (ordered after every earlier call by begin()), so wait for it.
+  Status reserve(DeviceBuffer& b, std::size_t bytes, cudaStream_t stream) {
+    if (b.capacity >= bytes) return {};
+    CLM_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (b.pointer) CLM_CUDA_TRY(cudaFree(b.pointer), "cudaFree");
+    b.pointer = nullptr;
+    b.capacity = 0;
+    const std::size_t grown = std::max(bytes, std::size_t{1} << 16);
+    CLM_CUDA_TRY(cudaMalloc(&b.pointer, grown), "cudaMalloc (workspace)");
+    b.capacity = grown;
+    return {};
+  }
+
+  // A staging buffer of >= bytes whose previous upload has completed.
+  Status acquire_staging(std::size_t bytes, Staging*& out) {
+    Staging& s = staging[next_staging++ % staging.size()];
+    if (s.pending) {
+      CLM_CUDA_TRY(cudaEventSynchronize(s.uploaded), "cudaEventSynchronize (staging)");
+      s.pending = false;
+    }
+    if (s.capacity < bytes) {
+      if (s.host) CLM_CUDA_TRY(cudaFreeHost(s.host), "cudaFreeHost");
+      s.host = nullptr;
+      s.capacity = 0;
+      const std::size_t grown = std::max(bytes, std::size_t{1} << 16);
+      CLM_CUDA_TRY(cudaMallocHost(&s.host, grown), "cudaMallocHost (staging)");
+      s.capacity = grown;
+    }
+    out = &s;
+    return {};
+  }
+
+  // Uploads `parts` (host ranges), each 16-byte aligned, into `dst`; returns
+  // the device address of each part.
+  struct Part {
+    const void* data;
+    std::size_t bytes;
+  };
+  Status upload(std::initializer_list<Part> parts, DeviceBuffer& dst, cudaStream_t stream,
+                std::vector<void*>& addresses) {
+    std::size_t total = 0;
+    for (const Part& p : parts) total += (p.bytes + 15) / 16 * 16;
+    addresses.clear();
+    if (total == 0) {
+      for (std::size_t i = 0; i < parts.size(); ++i) addresses.push_back(nullptr);
+      return {};
+    }
+    CLM_RETURN_IF_ERROR(reserve(dst, total, stream));
+    Staging* s = nullptr;
+    CLM_RETURN_IF_ERROR(acquire_staging(total, s));
+    std::size_t offset = 0;
+    for (const Part& p : parts) {
+      if (p.bytes) std::memcpy(static_cast<unsigned char*>(s->host) + offset, p.data, p.bytes);
+      addresses.push_back(p.bytes ? static_cast<unsigned char*>(dst.pointer) + offset : nullptr);
+      offset += (p.bytes + 15) / 16 * 16;
+    }
+    CLM_CUDA_TRY(cudaMemcpyAsync(dst.pointer, s->host, total, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (upload)");
+    CLM_CUDA_TRY(cudaEventRecord(s->uploaded, stream), "cudaEventRecord");
+    s->pending = true;
+    return {};
+  }
+
+  Status decode_occupancy(KvDType dtype, int head_dim, int heads_per_block, int& blocks) {
+    const auto key = std::make_tuple(static_cast<int>(dtype), head_dim, heads_per_block);
+    if (auto it = blocks_per_sm.find(key); it != blocks_per_sm.end()) {
+      blocks = it->second;
+      return {};
+    }
+    blocks = 1;
+    CLM_RETURN_IF_ERROR(launch_status(
+        detail::decode_blocks_per_sm(static_cast<int>(dtype), head_dim, heads_per_block, &blocks),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    blocks = std::max(blocks, 1);
+    blocks_per_sm.emplace(key, blocks);
+    return {};
+  }
+};
+
+Workspace::Workspace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Workspace::~Workspace() = default;
+int Workspace::device() const { return impl_->device; }
+int Workspace::sm_count() const { return impl_->sm_count; }
+std::size_t Workspace::device_bytes() const {
+  return impl_->plan_meta.capacity + impl_->call_meta.capacity + impl_->partials.capacity;
+}
+
+Status Workspace::create(int device, std::unique_ptr<Workspace>& out) {
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    cudaGetLastError();  // clear
+    return unsupported(fmt::format("no usable CUDA device: cudaGetDeviceCount: {}", cudaGetErrorString(err)));
+  }
+  if (device < 0 || device >= count) {
+    return unsupported(fmt::format("no CUDA device {} ({} present)", device, count));
+  }
+  DeviceGuard guard;
+  CLM_RETURN_IF_ERROR(guard.enter(device));
+  auto impl = std::make_unique<Impl>();
+  impl->device = device;
+  CLM_CUDA_TRY(cudaDeviceGetAttribute(&impl->sm_count, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute");
+  for (Impl::Staging& s : impl->staging) {
+    CLM_CUDA_TRY(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  CLM_CUDA_TRY(cudaEventCreateWithFlags(&impl->last_call, cudaEventDisableTiming), "cudaEventCreate");
+  out.reset(new Workspace(std::move(impl)));
+  return {};
+}
+
+namespace {
+
+// What every call does first: the device, the stream's device, the ordering.
+Status enter(Workspace::Impl& w, DeviceGuard& guard, void* stream) {
+  CLM_RETURN_IF_ERROR(guard.enter(w.device));
+  if (stream != nullptr) {
+    int stream_device = -1;
+    CLM_CUDA_TRY(cudaStreamGetDevice(as_stream(stream), &stream_device), "cudaStreamGetDevice");
+    if (stream_device != w.device) {
+      return invalid_argument(fmt::format("the stream belongs to device {}, the workspace to device {}", stream_device,
+                                          w.device));
+    }
+  }
+  return w.begin(as_stream(stream));
+}
+
+}  // namespace
+
+// ============================================================================
+// decode
+// ============================================================================
+Status decode_plan(Workspace& ws, const PagedKvView& kv, const AttentionParams& params,
+                   std::span<const std::int32_t> indptr, std::span<const std::int32_t> indices,
+                   std::span<const std::int32_t> last_page_len, void* stream, const DecodeOptions& options) {
+  Workspace::Impl& w = ws.impl();
+  w.planned = false;
+  // Host checks first: nothing touches the device for a malformed batch.
+  CLM_RETURN_IF_ERROR(detail::validate_kernel_view(kv, 0));
+  CLM_RETURN_IF_ERROR(detail::validate_heads(kv, params));
+  DeviceGuard guard;
+  CLM_RETURN_IF_ERROR(guard.enter(w.device));
+  const detail::HeadBlocking heads = detail::choose_head_blocking(params.num_q_heads / kv.kv_heads);
+  detail::DecodeTuning tuning;
+  tuning.sm_count = w.sm_count;
+  tuning.chunk_tokens = options.chunk_tokens;
+  CLM_RETURN_IF_ERROR(w.decode_occupancy(kv.dtype, kv.head_dim, heads.heads_per_block, tuning.blocks_per_sm));
+  detail::DecodePlan plan;
+  CLM_RETURN_IF_ERROR(detail::plan_decode(kv, params, indptr, indices, last_page_len, tuning, plan));
+  if (options.device_indices != nullptr && plan.nnz > 0) {
+    CLM_RETURN_IF_ERROR(check_device_buffer(options.device_indices, static_cast<std::size_t>(plan.nnz) * 4, w.device,
+                                            "decode: options.device_indices"));
+  }
+  CLM_RETURN_IF_ERROR(enter(w, guard, stream));
+  const cudaStream_t s = as_stream(stream);
+  const bool upload_indices = options.device_indices == nullptr;
+  std::vector<void*> at;
+  CLM_RETURN_IF_ERROR(w.upload({{plan.items.data(), plan.items.size() * sizeof(detail::DecodeItem)},
+                                {plan.merge_indptr.data(), plan.merge_indptr.size() * sizeof(std::int32_t)},
+                                {indices.data(), upload_indices ? static_cast<std::size_t>(plan.nnz) * 4 : 0}},
+                               w.plan_meta, s, at));
+  CLM_RETURN_IF_ERROR(w.reserve(w.partials, detail::decode_partial_floats(plan) * sizeof(float), s));
+  w.plan_items = static_cast<const detail::DecodeItem*>(at[0]);
+  w.plan_merge_indptr = static_cast<const std::int32_t*>(at[1]);
+  w.plan_indices = upload_indices ? static_cast<const std::int32_t*>(at[2]) : options.device_indices;
+  w.plan = std::move(plan);
+  w.planned = true;
+  return w.end(s);
+}
+
+Status decode_run(Workspace& ws, const PagedKvView& kv, const AttentionParams& params, const float* q, float* out,
+                  void* stream) {
+  Workspace::Impl& w = ws.impl();
+  if (!w.planned) return failed_precondition("decode_run: no decode_plan on this workspace (or the last one failed)");
+  const detail::DecodePlan& plan = w.plan;
+  CLM_RETURN_IF_ERROR(detail::check_decode_run(plan, kv, params));
+  DeviceGuard guard;
+  CLM_RETURN_IF_ERROR(guard.enter(w.device));
+  Placement pool;
+  CLM_RETURN_IF_ERROR(check_pool_memory(kv, w.device, "decode: kv", pool));
+  if (plan.batch == 0) return {};
+  const std::size_t act_bytes =
+      static_cast<std::size_t>(plan.batch) * static_cast<std::size_t>(plan.num_q_heads) * plan.head_dim * sizeof(float);
+  CLM_RETURN_IF_ERROR(detail::check_no_overlap(q, out, act_bytes, "decode"));
+  CLM_RETURN_IF_ERROR(check_device_buffer(q, act_bytes, w.device, "decode: q"));
+  CLM_RETURN_IF_ERROR(check_device_buffer(out, act_bytes, w.device, "decode: out"));
+  CLM_RETURN_IF_ERROR(enter(w, guard, stream));
+  const cudaStream_t s = as_stream(stream);
+  float* partial_out = static_cast<float*>(w.partials.pointer);
+  float* partial_lse = partial_out + plan.items.size() * static_cast<std::size_t>(plan.num_q_heads) * plan.head_dim;
+  const detail::DecodeArgs args =
+      detail::make_decode_args(plan, kv, params, w.plan_indices, w.plan_items, q, partial_out, partial_lse);
+  CLM_RETURN_IF_ERROR(launch_status(detail::launch_decode(static_cast<int>(kv.dtype), kv.head_dim,
+                                                          plan.heads.heads_per_block, plan.decode_grid, args, stream),
+                                    "decode kernel launch"));
+  const detail::MergeArgs merge = detail::make_merge_args(plan, w.plan_merge_indptr, partial_out, partial_lse, out);
+  CLM_RETURN_IF_ERROR(
+      launch_status(detail::launch_merge(kv.head_dim, plan.merge_grid, merge, stream), "decode merge kernel launch"));
+  return w.end(s);
+}
+
+Status paged_decode_attention(Workspace& ws, const PagedKvView& kv, const AttentionParams& params, const float* q,
+                              std::span<const std::int32_t> indptr, std::span<const std::int32_t> indices,
+                              std::span<const std::int32_t> last_page_len, float* out, void* stream,
+                              const DecodeOptions& options) {
+  CLM_RETURN_IF_ERROR(decode_plan(ws, kv, params, indptr, indices, last_page_len, stream, options));
+  return decode_run(ws, kv, params, q, out, stream);
+}
+
+// ============================================================================
+// prefill
+// ============================================================================
+Status paged_prefill_attention(Workspace& ws, const PagedKvView& kv, const AttentionParams& params, const float* q,
+                               std::int32_t n_new, std::span<const std::int32_t> pages, std::int32_t kv_len,
+                               float* out, void* stream) {
+  Workspace::Impl& w = ws.impl();
+  CLM_RETURN_IF_ERROR(detail::validate_prefill(kv, params, n_new, pages, kv_len));
+  DeviceGuard guard;
+  CLM_RETURN_IF_ERROR(guard.enter(w.device));
+  Placement pool;
+  CLM_RETURN_IF_ERROR(check_pool_memory(kv, w.device, "prefill: kv", pool));
+  if (n_new == 0) return {};
+  const std::size_t act_bytes =
+      static_cast<std::size_t>(n_new) * static_cast<std::size_t>(params.num_q_heads) * kv.head_dim * sizeof(float);
+  CLM_RETURN_IF_ERROR(detail::check_no_overlap(q, out, act_bytes, "prefill"));
+  CLM_RETURN_IF_ERROR(check_device_buffer(q, act_bytes, w.device, "prefill: q"));
+  CLM_RETURN_IF_ERROR(check_device_buffer(out, act_bytes, w.device, "prefill: out"));
+  CLM_RETURN_IF_ERROR(enter(w, guard, stream));
+  const cudaStream_t s = as_stream(stream);
+  const std::size_t used = static_cast<std::size_t>(detail::prefill_pages_used(kv, kv_len));
+  std::vector<void*> at;
+  CLM_RETURN_IF_ERROR(w.upload({{pages.data(), used * sizeof(std::int32_t)}}, w.call_meta, s, at));
+  const detail::PrefillArgs args = detail::make_prefill_args(kv, params, n_new, kv_len,
+                                                             static_cast<const std::int32_t*>(at[0]), q, out);
+  CLM_RETURN_IF_ERROR(launch_status(detail::launch_prefill(static_cast<int>(kv.dtype), kv.head_dim,
+                                                           detail::prefill_grid(kv, params, n_new), args, stream),
+                                    "prefill kernel launch"));
+  return w.end(s);
+}
+
+// ============================================================================
+// write_kv
+// ============================================================================
+Status write_kv(Workspace& ws, const PagedKvView& kv, std::int32_t layer, const float* k, const float* v,
+                std::span<const std::int64_t> slots, void* stream) {
+  Workspace::Impl& w = ws.impl();
+  CLM_RETURN_IF_ERROR(detail::validate_write_kv(kv, layer, slots));
+  DeviceGuard guard;
+  CLM_RETURN_IF_ERROR(guard.enter(w.device));
+  Placement pool;
+  CLM_RETURN_IF_ERROR(check_pool_memory(kv, w.device, "write_kv: kv", pool));
+  if (slots.empty()) return {};
+  const std::size_t row_bytes = static_cast<std::size_t>(kv.kv_heads) * kv.head_dim * sizeof(float);
+  CLM_RETURN_IF_ERROR(check_device_buffer(k, slots.size() * row_bytes, w.device, "write_kv: k"));
+  CLM_RETURN_IF_ERROR(check_device_buffer(v, slots.size() * row_bytes, w.device, "write_kv: v"));
+  CLM_RETURN_IF_ERROR(enter(w, guard, stream));
+  const cudaStream_t s = as_stream(stream);
+  std::vector<void*> at;
+  CLM_RETURN_IF_ERROR(w.upload({{slots.data(), slots.size() * sizeof(std::int64_t)}}, w.call_meta, s, at));
+  const detail::WriteKvArgs args =
+      detail::make_write_kv_args(kv, layer, static_cast<const std::int64_t*>(at[0]), k, v);
+  CLM_RETURN_IF_ERROR(launch_status(
+      detail::launch_write_kv(static_cast<int>(kv.dtype), Dims{static_cast<unsigned>(slots.size()), 1, 1}, args, stream),
+      "write_kv kernel launch"));
+  return w.end(s);
+}
+
+// ============================================================================
+// page copies
+// ============================================================================
+namespace {
+
+constexpr std::size_t kKernelCopyMaxPageBytes = 256 * 1024;
+
+Status copy_impl(Workspace& ws, const PagedKvView& dst, std::span<const std::int32_t> dst_pages,
+                 const PagedKvView& src, std::span<const std::int32_t> src_pages, void* stream,
+                 const CopyOptions& options) {
+  Workspace::Impl& w = ws.impl();
+  CLM_RETURN_IF_ERROR(detail::validate_copy(dst, dst_pages, src, src_pages));
+  if (options.method != CopyMethod::automatic && options.method != CopyMethod::memcpy &&
+      options.method != CopyMethod::kernel) {
+    return invalid_argument("copy: unknown CopyMethod");
+  }
+  DeviceGuard guard;
+  CLM_RETURN_IF_ERROR(guard.enter(w.device));
+  Placement d, s;
+  CLM_RETURN_IF_ERROR(check_pool_memory(dst, w.device, "copy: dst", d));
+  CLM_RETURN_IF_ERROR(check_pool_memory(src, w.device, "copy: src", s));
+  if (dst_pages.empty()) return {};
+  const std::size_t page_bytes = src.page_bytes;
+  const bool kernel_possible = d.device_pointer != nullptr && s.device_pointer != nullptr &&
+                               detail::copy_kernel_supports(page_bytes) &&
+                               reinterpret_cast<std::uintptr_t>(d.device_pointer) % 16 == 0 &&
+                               reinterpret_cast<std::uintptr_t>(s.device_pointer) % 16 == 0;
+  bool use_kernel = false;
+  switch (options.method) {
+    case CopyMethod::kernel:
+      if (!kernel_possible) {
+        return unsupported(
+            "copy: the copy kernel needs both sides device-accessible (device memory, or pinned and mapped host "
+            "memory) and page_bytes a multiple of 16");
+      }
+      use_kernel = true;
+      break;
+    case CopyMethod::memcpy: use_kernel = false; break;
+    default:  // small pages, and at least one side on the device
+      use_kernel = kernel_possible && page_bytes < kKernelCopyMaxPageBytes &&
+                   (d.kind == Placement::device || s.kind == Placement::device);
+      break;
+  }
+  CLM_RETURN_IF_ERROR(enter(w, guard, stream));
+  const cudaStream_t st = as_stream(stream);
+  if (use_kernel) {
+    std::vector<std::int32_t> pairs(2 * dst_pages.size());
+    for (std::size_t i = 0; i < dst_pages.size(); ++i) {
+      pairs[2 * i] = src_pages[i];
+      pairs[2 * i + 1] = dst_pages[i];
+    }
+    std::vector<void*> at;
+    CLM_RETURN_IF_ERROR(w.upload({{pairs.data(), pairs.size() * sizeof(std::int32_t)}}, w.call_meta, st, at));
+    detail::CopyArgs args{};
+    args.src = static_cast<const unsigned char*>(s.device_pointer);
+    args.dst = static_cast<unsigned char*>(d.device_pointer);
+    args.page_bytes = page_bytes;
+    args.units = page_bytes / 16;
+    args.pairs = static_cast<const std::int32_t*>(at[0]);
+    CLM_RETURN_IF_ERROR(
+        launch_status(detail::launch_copy(detail::copy_grid(dst_pages.size(), page_bytes), args, stream),
+                      "copy kernel launch"));
+  } else {
+    for (const detail::CopyRun& run : detail::coalesce_runs(dst_pages, src_pages)) {
+      CLM_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(dst.base) + static_cast<std::size_t>(run.dst) * page_bytes,
+                                   static_cast<const unsigned char*>(src.base) + static_cast<std::size_t>(run.src) * page_bytes,
+                                   static_cast<std::size_t>(run.count) * page_bytes, cudaMemcpyDefault, st),
+                   "cudaMemcpyAsync (copy_pages)");
+    }
+  }
+  return w.end(st);
+}
+
+// A view of `count` consecutive pages at `buffer`, laid out like `like`.
+PagedKvView buffer_view(void* buffer, const PagedKvView& like, std::size_t count, MemoryKind memory) {
+  PagedKvView v = like;
+  v.base = buffer;
+  v.num_pages = static_cast<std::int32_t>(count);
+  v.memory = memory;
+  return v;
+}
+
+Status buffer_memory(const void* buffer, const PagedKvView& like, std::size_t count, int device, MemoryKind& out) {
+  if (buffer == nullptr) return invalid_argument("buffer: null pointer");
+  DeviceGuard guard;
+  CLM_RETURN_IF_ERROR(guard.enter(device));
+  Placement p;
+  CLM_RETURN_IF_ERROR(place(buffer, like.page_bytes * count, device, "buffer", p));
+  out = p.kind == Placement::device ? MemoryKind::device : MemoryKind::host;
+  return {};
+}
+
+}  // namespace
+
+Status copy_pages(Workspace& ws, const PagedKvView& dst, std::span<const std::int32_t> dst_pages,
+                  const PagedKvView& src, std::span<const std::int32_t> src_pages, void* stream,
+                  const CopyOptions& options) {
+  return copy_impl(ws, dst, dst_pages, src, src_pages, stream, options);
+}
+
+Status gather_pages(Workspace& ws, void* buffer, const PagedKvView& src, std::span<const std::int32_t> pages,
+                    void* stream, const CopyOptions& options) {
+  if (pages.empty()) return detail::validate_view(src, "gather: src");
+  if (pages.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+    return invalid_argument("gather: too many pages");
+  }
+  CLM_RETURN_IF_ERROR(detail::validate_view(src, "gather: src"));
+  MemoryKind memory{};
+  CLM_RETURN_IF_ERROR(buffer_memory(buffer, src, pages.size(), ws.device(), memory));
+  std::vector<std::int32_t> slots(pages.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<std::int32_t>(i);
+  return copy_impl(ws, buffer_view(buffer, src, pages.size(), memory), slots, src, pages, stream, options);
+}
+
+Status scatter_pages(Workspace& ws, const PagedKvView& dst, std::span<const std::int32_t> pages, const void* buffer,
+                     void* stream, const CopyOptions& options) {
+  if (pages.empty()) return detail::validate_view(dst, "scatter: dst");
+  if (pages.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+    return invalid_argument("scatter: too many pages");
+  }
+  CLM_RETURN_IF_ERROR(detail::validate_view(dst, "scatter: dst"));
+  MemoryKind memory{};
+  CLM_RETURN_IF_ERROR(buffer_memory(buffer, dst, pages.size(), ws.device(), memory));
+  std::vector<std::int32_t> slots(pages.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<std::int32_t>(i);
+  // The buffer is only read; the view's pointer is not const.
+  return copy_impl(ws, dst, pages, buffer_view(const_cast<void*>(buffer), dst, pages.size(), memory), slots, stream,
+                   options);
+}
+
+// ============================================================================
+// helpers
+// ============================================================================
+Status pin_host_memory(void* pointer, std::size_t bytes) {
+  if (pointer == nullptr || bytes == 0) return invalid_argument("pin_host_memory: null pointer or no bytes");
+  CLM_CUDA_TRY(cudaHostRegister(pointer, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped), "cudaHostRegister");
+  return {};
+}
+
+Status unpin_host_memory(void* pointer) {
+  if (pointer == nullptr) return invalid_argument("unpin_host_memory: null pointer");
+  CLM_CUDA_TRY(cudaHostUnregister(pointer), "cudaHostUnregister");
+  return {};
+}
+
+Status synchronize(void* stream) {
+  CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+  CLM_CUDA_TRY(cudaGetLastError(), "asynchronous error");
+  return {};
+}
+
+}  // namespace clm::cuda
