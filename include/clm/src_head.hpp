@@ -1,0 +1,84 @@
+// clm/src_head.hpp: the SRC head (Suffix Reuse Confidence) of CLM, on the CPU
+// (lib/src_head.cpp, docs/clm.md). It turns one layer's attention output for a
+// ragged batch of sequences into one score per sequence: how confident the
+// model is that a cached suffix can be reused.
+//
+//   std::unique_ptr<clm::SrcHead> head;
+//   CLM_RETURN_IF_ERROR(clm::SrcHead::create(std::move(weights), clm::Gelu::tanh, head));
+//   // attn_out [total_tokens][hidden], token_ids [total_tokens], indptr [batch + 1]
+//   const int32_t special[] = {128009};  // <|eot_id|>
+//   CLM_RETURN_IF_ERROR(head->score(attn_out, token_ids, indptr, special, scores));
+//
+// Per sequence b (positions indptr[b] .. indptr[b+1]-1 of attn_out):
+//   h     = mean of attn_out rows whose token id is not in special_ids   [hidden]
+//   z     = GELU(W1 h + b1)                                              [hidden/4]
+//   score = sigmoid(w2 . z + b2)                                         in [0, 1]
+// The batch is computed as two GEMMs ([batch x hidden] x W1^T, then x w2) over
+// the head's own weights (moved in by create, never copied per call).
+// The score is in (0, 1) mathematically; in f32 it saturates to exactly 0 or 1
+// once |logit| exceeds about 17 (resp. 88).
+//
+// Errors (Status, never exceptions), all StatusCode::invalid_argument:
+//   - create: hidden < 4 or not divisible by 4, weight sizes that do not match
+//     hidden, a NaN/Inf weight;
+//   - score: attn_out size not total_tokens * hidden, token_ids size not
+//     total_tokens, indptr empty, not starting at 0, decreasing or not ending
+//     at total_tokens, scores_out size not batch, a sequence with no
+//     non-special position (empty, or all special: there is nothing to average,
+//     and no neutral score is made up for it), a NaN/Inf anywhere in attn_out
+//     (special positions included: it means an upstream bug), or a non-finite
+//     intermediate value (activations so large that the f32 GEMMs overflow).
+// On any error scores_out is left untouched; a score is never NaN.
+// score is const and keeps no state: concurrent calls on one head are safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "clm/status.hpp"
+
+namespace clm {
+
+// Row-major f32 weights of the head. inner = hidden / 4.
+struct SrcHeadWeights {
+  int32_t hidden = 0;
+  std::vector<float> w1;  // [inner][hidden]
+  std::vector<float> b1;  // [inner]
+  std::vector<float> w2;  // [inner] (the single output row)
+  float b2 = 0.0f;
+};
+
+enum class Gelu {
+  tanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  erf,   // 0.5 x (1 + erf(x / sqrt(2))), the exact form
+};
+
+class SrcHead {
+ public:
+  // Validates `weights` (see above) and takes ownership of them.
+  static Status create(SrcHeadWeights weights, Gelu gelu, std::unique_ptr<SrcHead>& out);
+
+  // attn_out: [total_tokens][hidden] row-major; token_ids: [total_tokens];
+  // indptr: [batch + 1] CSR offsets into the tokens; special_ids: token ids
+  // masked out of the mean (any order, duplicates allowed); scores_out: [batch].
+  // batch == 0 (indptr == {0}, no tokens) is valid and writes nothing.
+  Status score(std::span<const float> attn_out, std::span<const int32_t> token_ids,
+               std::span<const int32_t> indptr, std::span<const int32_t> special_ids,
+               std::span<float> scores_out) const;
+
+  int32_t hidden() const { return weights_.hidden; }
+  int32_t inner() const { return weights_.hidden / 4; }
+  Gelu gelu() const { return gelu_; }
+  const SrcHeadWeights& weights() const { return weights_; }
+
+ private:
+  SrcHead(SrcHeadWeights weights, Gelu gelu) : weights_(std::move(weights)), gelu_(gelu) {}
+
+  SrcHeadWeights weights_;
+  Gelu gelu_;
+};
+
+}  // namespace clm

@@ -1,0 +1,370 @@
+// Tests of the CPU SRC head (include/clm/src_head.hpp) against a float64
+// reference written here with plain loops, on fresh random data (the seed is
+// printed on failure).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "clm/src_head.hpp"
+
+namespace {
+
+constexpr int32_t kEot = 128009;
+constexpr int32_t kBos = 128000;
+const std::vector<int32_t> kSpecial = {kEot, kBos, kEot};  // a duplicate on purpose
+
+struct Batch {
+  std::vector<float> attn;      // [total][hidden]
+  std::vector<int32_t> ids;     // [total]
+  std::vector<int32_t> indptr;  // [batch + 1]
+  std::size_t batch() const { return indptr.size() - 1; }
+};
+
+bool is_special(int32_t id) {
+  for (int32_t s : kSpecial) {
+    if (s == id) return true;
+  }
+  return false;
+}
+
+clm::SrcHeadWeights random_weights(int32_t hidden, std::mt19937& rng) {
+  const auto h = static_cast<std::size_t>(hidden);
+  const std::size_t inner = h / 4;
+  // Scaled so that z and the logit are O(1): the scores spread over (0, 1).
+  std::normal_distribution<float> n1(0.0f, 1.0f / std::sqrt(static_cast<float>(h)));
+  std::normal_distribution<float> n2(0.0f, 1.5f / std::sqrt(static_cast<float>(inner)));
+  std::normal_distribution<float> nb(0.0f, 0.3f);
+  clm::SrcHeadWeights w;
+  w.hidden = hidden;
+  w.w1.resize(inner * h);
+  for (float& v : w.w1) v = n1(rng);
+  w.b1.resize(inner);
+  for (float& v : w.b1) v = nb(rng);
+  w.w2.resize(inner);
+  for (float& v : w.w2) v = n2(rng);
+  w.b2 = nb(rng);
+  return w;
+}
+
+// Ragged batch; each sequence gets its own mean vector (so the sequences score
+// differently), ~25% special positions and at least one non-special one.
+Batch random_batch(int32_t hidden, const std::vector<int>& lengths, std::mt19937& rng) {
+  const auto h = static_cast<std::size_t>(hidden);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::uniform_int_distribution<int32_t> token(0, 127999);
+  std::bernoulli_distribution special(0.25);
+  Batch out;
+  out.indptr.push_back(0);
+  for (int len : lengths) {
+    std::vector<float> mu(h);
+    for (float& v : mu) v = n(rng);
+    const int keep = std::uniform_int_distribution<int>(0, len - 1)(rng);
+    for (int t = 0; t < len; ++t) {
+      for (std::size_t c = 0; c < h; ++c) out.attn.push_back(mu[c] + 0.5f * n(rng));
+      const bool sp = t != keep && special(rng);
+      out.ids.push_back(sp ? kSpecial[static_cast<std::size_t>(t) % 2] : token(rng));
+    }
+    out.indptr.push_back(out.indptr.back() + len);
+  }
+  return out;
+}
+
+std::vector<double> reference(const clm::SrcHeadWeights& w, clm::Gelu gelu, const Batch& b) {
+  const auto h = static_cast<std::size_t>(w.hidden);
+  const std::size_t inner = h / 4;
+  std::vector<double> scores;
+  for (std::size_t s = 0; s < b.batch(); ++s) {
+    std::vector<double> mean(h, 0.0);
+    int count = 0;
+    for (auto t = static_cast<std::size_t>(b.indptr[s]); t < static_cast<std::size_t>(b.indptr[s + 1]); ++t) {
+      if (is_special(b.ids[t])) continue;
+      for (std::size_t c = 0; c < h; ++c) mean[c] += static_cast<double>(b.attn[t * h + c]);
+      ++count;
+    }
+    for (double& v : mean) v /= count;
+    double logit = static_cast<double>(w.b2);
+    for (std::size_t i = 0; i < inner; ++i) {
+      double z = static_cast<double>(w.b1[i]);
+      for (std::size_t c = 0; c < h; ++c) z += static_cast<double>(w.w1[i * h + c]) * mean[c];
+      const double g = gelu == clm::Gelu::erf
+                           ? 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)))
+                           : 0.5 * z * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z)));
+      logit += static_cast<double>(w.w2[i]) * g;
+    }
+    scores.push_back(1.0 / (1.0 + std::exp(-logit)));
+  }
+  return scores;
+}
+
+std::unique_ptr<clm::SrcHead> make_head(const clm::SrcHeadWeights& w, clm::Gelu gelu) {
+  std::unique_ptr<clm::SrcHead> head;
+  const clm::Status s = clm::SrcHead::create(w, gelu, head);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  REQUIRE(head);
+  return head;
+}
+
+clm::Status run(const clm::SrcHead& head, const Batch& b, std::vector<float>& scores) {
+  return head.score(b.attn, b.ids, b.indptr, kSpecial, scores);
+}
+
+void check_against_reference(const clm::SrcHeadWeights& w, clm::Gelu gelu, const Batch& b,
+                             const std::vector<float>& scores) {
+  const std::vector<double> ref = reference(w, gelu, b);
+  REQUIRE(scores.size() == ref.size());
+  for (std::size_t s = 0; s < ref.size(); ++s) {
+    INFO("sequence " << s << ": got " << scores[s] << ", reference " << ref[s]);
+    REQUIRE(std::isfinite(scores[s]));
+    REQUIRE(scores[s] > 0.0f);
+    REQUIRE(scores[s] < 1.0f);
+    CHECK(std::abs(static_cast<double>(scores[s]) - ref[s]) <= 1e-5 * ref[s]);
+  }
+}
+
+uint32_t fresh_seed() { return std::random_device{}(); }
+
+}  // namespace
+
+TEST_CASE("SRC head matches a float64 reference on ragged batches") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  struct Shape {
+    int32_t hidden;
+    std::vector<int> lengths;
+  };
+  const std::vector<Shape> shapes = {
+      {4, {1, 3, 2}},
+      {64, {1, 7, 33, 2, 15, 1, 40, 9, 4}},
+      {256, {12, 1, 25, 3, 64, 8, 30}},
+      {4096, {5, 17, 1}},
+  };
+  for (const Shape& shape : shapes) {
+    for (clm::Gelu gelu : {clm::Gelu::tanh, clm::Gelu::erf}) {
+      INFO("hidden " << shape.hidden << ", gelu " << (gelu == clm::Gelu::tanh ? "tanh" : "erf"));
+      const clm::SrcHeadWeights w = random_weights(shape.hidden, rng);
+      const Batch b = random_batch(shape.hidden, shape.lengths, rng);
+      auto head = make_head(w, gelu);
+      CHECK(head->hidden() == shape.hidden);
+      CHECK(head->inner() == shape.hidden / 4);
+      std::vector<float> scores(b.batch(), -1.0f);
+      const clm::Status s = run(*head, b, scores);
+      INFO(s.message());
+      REQUIRE(s.ok());
+      check_against_reference(w, gelu, b, scores);
+    }
+  }
+}
+
+TEST_CASE("SRC head: the two GELU modes differ, and the batch does not mix sequences") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const clm::SrcHeadWeights w = random_weights(64, rng);
+  const Batch b = random_batch(64, {6, 9, 3, 20}, rng);
+  auto tanh_head = make_head(w, clm::Gelu::tanh);
+  auto erf_head = make_head(w, clm::Gelu::erf);
+  std::vector<float> st(b.batch()), se(b.batch());
+  REQUIRE(run(*tanh_head, b, st).ok());
+  REQUIRE(run(*erf_head, b, se).ok());
+  CHECK(st != se);
+  // Each sequence alone scores as it does inside the batch.
+  for (std::size_t s = 0; s < b.batch(); ++s) {
+    Batch one;
+    const auto begin = static_cast<std::size_t>(b.indptr[s]), end = static_cast<std::size_t>(b.indptr[s + 1]);
+    one.attn.assign(b.attn.begin() + static_cast<std::ptrdiff_t>(begin * 64),
+                    b.attn.begin() + static_cast<std::ptrdiff_t>(end * 64));
+    one.ids.assign(b.ids.begin() + static_cast<std::ptrdiff_t>(begin), b.ids.begin() + static_cast<std::ptrdiff_t>(end));
+    one.indptr = {0, static_cast<int32_t>(end - begin)};
+    std::vector<float> single(1);
+    REQUIRE(run(*tanh_head, one, single).ok());
+    CHECK(std::abs(single[0] - st[s]) <= 1e-6f * st[s]);
+  }
+}
+
+TEST_CASE("SRC head: special positions are excluded from the mean") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const int32_t hidden = 64;
+  const auto h = static_cast<std::size_t>(hidden);
+  const clm::SrcHeadWeights w = random_weights(hidden, rng);
+  Batch b = random_batch(hidden, {10, 14, 7}, rng);
+  // Make sure sequence 1 has a special position and two non-special ones.
+  const auto s1 = static_cast<std::size_t>(b.indptr[1]);
+  b.ids[s1 + 2] = kEot;
+  b.ids[s1 + 3] = 42;
+  b.ids[s1 + 4] = 43;
+  auto head = make_head(w, clm::Gelu::erf);
+  std::vector<float> base(b.batch());
+  REQUIRE(run(*head, b, base).ok());
+
+  SECTION("changing a special position changes nothing") {
+    Batch c = b;
+    std::normal_distribution<float> n(0.0f, 50.0f);
+    for (std::size_t t = 0; t < c.ids.size(); ++t) {
+      if (!is_special(c.ids[t])) continue;
+      for (std::size_t k = 0; k < h; ++k) c.attn[t * h + k] = n(rng);
+    }
+    std::vector<float> scores(c.batch());
+    REQUIRE(run(*head, c, scores).ok());
+    CHECK(scores == base);
+  }
+  SECTION("changing a non-special position changes that sequence's score only") {
+    Batch c = b;
+    std::normal_distribution<float> n(0.0f, 3.0f);
+    for (std::size_t k = 0; k < h; ++k) c.attn[(s1 + 3) * h + k] += n(rng);
+    std::vector<float> scores(c.batch());
+    REQUIRE(run(*head, c, scores).ok());
+    CHECK(scores[0] == base[0]);
+    CHECK(scores[1] != base[1]);
+    CHECK(scores[2] == base[2]);
+    check_against_reference(w, clm::Gelu::erf, c, scores);
+  }
+  SECTION("marking a position special changes the score like the reference says") {
+    Batch c = b;
+    c.ids[s1 + 4] = kBos;
+    std::vector<float> scores(c.batch());
+    REQUIRE(run(*head, c, scores).ok());
+    CHECK(scores[1] != base[1]);
+    check_against_reference(w, clm::Gelu::erf, c, scores);
+  }
+}
+
+TEST_CASE("SRC head: NaN and Inf give invalid_argument and leave scores untouched") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const int32_t hidden = 64;
+  const clm::SrcHeadWeights w = random_weights(hidden, rng);
+  const Batch b = random_batch(hidden, {5, 8, 2}, rng);
+  auto head = make_head(w, clm::Gelu::tanh);
+  const std::vector<float> sentinel(b.batch(), -7.0f);
+
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (int trial = 0; trial < 4; ++trial) {
+      Batch c = b;
+      const auto at = std::uniform_int_distribution<std::size_t>(0, c.attn.size() - 1)(rng);
+      c.attn[at] = bad;
+      INFO("bad value " << bad << " at " << at);
+      std::vector<float> scores = sentinel;
+      const clm::Status s = run(*head, c, scores);
+      CHECK(s.code() == clm::StatusCode::invalid_argument);
+      CHECK(!s.message().empty());
+      CHECK(scores == sentinel);
+    }
+  }
+  SECTION("finite activations that overflow the f32 GEMM") {
+    clm::SrcHeadWeights ones = w;
+    for (float& v : ones.w1) v = 1.0f;  // z = 64 * 3e38 overflows to +inf
+    auto big_head = make_head(ones, clm::Gelu::tanh);
+    Batch c = b;
+    for (float& v : c.attn) v = 3.0e38f;
+    std::vector<float> scores = sentinel;
+    const clm::Status s = run(*big_head, c, scores);
+    INFO(s.message());
+    CHECK(s.code() == clm::StatusCode::invalid_argument);
+    CHECK(scores == sentinel);
+  }
+  SECTION("non-finite weights are refused by create") {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    for (int which = 0; which < 4; ++which) {
+      clm::SrcHeadWeights bad = w;
+      if (which == 0) bad.w1[bad.w1.size() / 2] = nan;
+      if (which == 1) bad.b1[1] = inf;
+      if (which == 2) bad.w2[0] = -inf;
+      if (which == 3) bad.b2 = nan;
+      std::unique_ptr<clm::SrcHead> out;
+      const clm::Status s = clm::SrcHead::create(bad, clm::Gelu::erf, out);
+      INFO("which " << which);
+      CHECK(s.code() == clm::StatusCode::invalid_argument);
+      CHECK(!out);
+    }
+  }
+}
+
+TEST_CASE("SRC head: bad shapes give invalid_argument") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const int32_t hidden = 16;
+  const clm::SrcHeadWeights w = random_weights(hidden, rng);
+
+  SECTION("create") {
+    auto refused = [](clm::SrcHeadWeights bad) {
+      std::unique_ptr<clm::SrcHead> out;
+      const clm::Status s = clm::SrcHead::create(std::move(bad), clm::Gelu::tanh, out);
+      INFO(s.message());
+      return s.code() == clm::StatusCode::invalid_argument && !out;
+    };
+    for (int32_t bad_hidden : {0, -4, 2, 6, 18}) {
+      clm::SrcHeadWeights bad = w;
+      bad.hidden = bad_hidden;
+      INFO("hidden " << bad_hidden);
+      CHECK(refused(bad));
+    }
+    clm::SrcHeadWeights bad = w;
+    bad.w1.pop_back();
+    CHECK(refused(bad));
+    bad = w;
+    bad.b1.push_back(0.0f);
+    CHECK(refused(bad));
+    bad = w;
+    bad.w2.clear();
+    CHECK(refused(bad));
+    bad = w;
+    bad.w1.resize(w.w1.size() * 4);  // [hidden][hidden] instead of [hidden/4][hidden]
+    CHECK(refused(bad));
+  }
+
+  SECTION("score") {
+    auto head = make_head(w, clm::Gelu::tanh);
+    const Batch b = random_batch(hidden, {3, 4}, rng);
+    const std::vector<float> sentinel(2, -7.0f);
+    auto refused = [&](std::span<const float> attn, std::span<const int32_t> ids, std::span<const int32_t> indptr,
+                       std::size_t n_scores) {
+      std::vector<float> scores(n_scores, -7.0f);
+      const clm::Status s = head->score(attn, ids, indptr, kSpecial, scores);
+      INFO(s.message());
+      return s.code() == clm::StatusCode::invalid_argument && !s.message().empty() &&
+             scores == std::vector<float>(n_scores, -7.0f);
+    };
+    std::vector<float> scores = sentinel;
+    REQUIRE(head->score(b.attn, b.ids, b.indptr, kSpecial, scores).ok());
+
+    // attn_out not a multiple of hidden
+    CHECK(refused(std::span<const float>(b.attn).first(b.attn.size() - 1), b.ids, b.indptr, 2));
+    // token_ids size
+    CHECK(refused(b.attn, std::span<const int32_t>(b.ids).first(b.ids.size() - 1), b.indptr, 2));
+    // indptr: empty, not from 0, decreasing, wrong end, past the end
+    CHECK(refused(b.attn, b.ids, {}, 0));
+    CHECK(refused(b.attn, b.ids, std::vector<int32_t>{1, 4, 7}, 2));
+    CHECK(refused(b.attn, b.ids, std::vector<int32_t>{0, 5, 4, 7}, 3));
+    CHECK(refused(b.attn, b.ids, std::vector<int32_t>{0, 3, 6}, 2));
+    CHECK(refused(b.attn, b.ids, std::vector<int32_t>{0, 3, 8}, 2));
+    CHECK(refused(b.attn, b.ids, std::vector<int32_t>{0, -1, 7}, 2));
+    // scores size
+    CHECK(refused(b.attn, b.ids, b.indptr, 1));
+    CHECK(refused(b.attn, b.ids, b.indptr, 3));
+    // an empty sequence
+    CHECK(refused(b.attn, b.ids, std::vector<int32_t>{0, 3, 3, 7}, 3));
+    // a sequence whose positions are all special
+    std::vector<int32_t> ids = b.ids;
+    for (std::size_t t = 3; t < 7; ++t) ids[t] = (t % 2) ? kEot : kBos;
+    CHECK(refused(b.attn, ids, b.indptr, 2));
+    // ... which is fine once the specials are not masked
+    std::vector<float> two(2);
+    CHECK(head->score(b.attn, ids, b.indptr, {}, two).ok());
+    // batch 0 is valid and writes nothing
+    std::vector<int32_t> zero = {0};
+    CHECK(head->score({}, {}, zero, kSpecial, {}).ok());
+  }
+}
