@@ -55,7 +55,7 @@ clm_status check_struct_size(std::size_t size, std::size_t first_version_size, c
 }
 // The sizes of the first version of each struct: frozen. A later version
 // appends fields and accepts callers compiled with any size from these on.
-constexpr std::size_t kMaxTokens = std::size_t{1} << 30;    // per call; the Engine's own limit
+constexpr std::size_t kMaxTokens = clm::Engine::kMaxTokens;  // per call
 constexpr std::size_t kMaxSaltBytes = std::size_t{1} << 16;  // a salt names a tenant, not a document
 constexpr std::size_t kEngineOptionsV1 = offsetof(clm_engine_options, slru_protected_fraction) + sizeof(double);
 constexpr std::size_t kAdmitOptionsV1 = offsetof(clm_admit_options, priority) + sizeof(int32_t);

@@ -90,6 +90,9 @@ struct EngineMetrics {
 
 class Engine {
  public:
+  // The longest sequence (prompt + output) the Engine holds.
+  static constexpr std::size_t kMaxTokens = std::size_t{1} << 30;
+
   static Status create(const EngineConfig& config, std::unique_ptr<Engine>& out) {
     if (config.eviction_policy > EvictionPolicy::priority) return invalid_argument("unknown eviction policy");
     if (!(config.slru_protected_fraction >= 0.0 && config.slru_protected_fraction <= 1.0)) {
@@ -281,8 +284,6 @@ class Engine {
   }
 
  private:
-  static constexpr std::size_t kMaxTokens = std::size_t{1} << 30;
-
   struct Sequence {
     std::string salt;
     std::int32_t adapter_id = 0;

@@ -20,8 +20,6 @@ class EvictionHeap {
   // node records); the heap writes each member's slot into it.
   bool empty() const { return entries_.empty(); }
   std::size_t size() const { return entries_.size(); }
-  std::int32_t top() const { return entries_.front().node; }
-  std::uint64_t top_key() const { return entries_.front().key; }
   void reserve(std::size_t n) { entries_.reserve(n); }
   std::size_t capacity() const { return entries_.capacity(); }
 
