@@ -17,83 +17,9 @@
 
 #include "clm/engine.hpp"
 
-namespace {
+#include "capi_internal.hpp"
 
-thread_local std::string last_error;
-
-clm_status fail(clm_status code, std::string message) {
-  last_error = std::move(message);
-  return code;
-}
-clm_status report(const clm::Status& s) {
-  return s.ok() ? CLM_OK : fail(static_cast<clm_status>(s.code()), s.message());
-}
-
-// Runs body, turning any exception into a status: nothing throws through the ABI.
-template <class Body>
-clm_status guarded(Body&& body) noexcept {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return fail(CLM_ERR_OUT_OF_MEMORY, "out of host memory");
-  } catch (const std::exception& e) {
-    return fail(CLM_ERR_INTERNAL, fmt::format("internal error: {}", e.what()));
-  } catch (...) {
-    return fail(CLM_ERR_INTERNAL, "internal error: unknown exception");
-  }
-}
-
-// Versioned structs: accept any size from the first version's up to ours, and
-// read only the fields the caller's size covers.
-template <class Struct>
-clm_status check_struct_size(std::size_t size, std::size_t first_version_size, const char* what) {
-  if (size < first_version_size || size > sizeof(Struct)) {
-    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: struct_size {} is not a size this library knows ({}..{})",
-                                                      what, size, first_version_size, sizeof(Struct)));
-  }
-  return CLM_OK;
-}
-// The sizes of the first version of each struct: frozen. A later version
-// appends fields and accepts callers compiled with any size from these on.
-constexpr std::size_t kMaxTokens = clm::Engine::kMaxTokens;  // per call
-constexpr std::size_t kMaxSaltBytes = std::size_t{1} << 16;  // a salt names a tenant, not a document
-constexpr std::size_t kEngineOptionsV1 = offsetof(clm_engine_options, slru_protected_fraction) + sizeof(double);
-constexpr std::size_t kAdmitOptionsV1 = offsetof(clm_admit_options, priority) + sizeof(int32_t);
-constexpr std::size_t kMetricsV1 = offsetof(clm_metrics, metadata_bytes) + sizeof(uint64_t);
-constexpr std::size_t kKvLayoutV1 = offsetof(clm_kv_layout, memory) + sizeof(int32_t);
-
-// A caller's struct of `size` bytes as this library's full struct: the
-// caller's fields, and the defaults for fields its version did not have.
-template <class Struct>
-Struct widen(const Struct* caller, std::size_t size, const Struct& defaults) {
-  Struct full = defaults;
-  std::memcpy(static_cast<void*>(&full), caller, std::min(size, sizeof(Struct)));
-  return full;
-}
-
-clm_status null_argument(const char* function, const char* name) {
-  return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: {} is NULL", function, name));
-}
-
-}  // namespace
-
-// The engine is shared with its sequence handles, so that a handle outliving
-// clm_engine_free fails cleanly instead of touching freed memory.
-struct EngineState {
-  std::unique_ptr<clm::Engine> engine;
-  std::atomic<bool> closed{false};
-};
-struct clm_engine {
-  std::shared_ptr<EngineState> state;
-};
-struct clm_seq {
-  std::shared_ptr<EngineState> state;
-  clm::Admission admission;           // id, cached tokens, page table, slots of the prompt
-  std::vector<std::int64_t> slots;    // of the last extend
-  bool extended = false;
-  bool ended = false;
-  const char* ended_by = "";
-};
+using namespace clm_capi;
 
 extern "C" {
 
@@ -110,7 +36,7 @@ const char* clm_status_name(clm_status status) {
   return clm::status_code_name(static_cast<clm::StatusCode>(status));
 }
 
-const char* clm_last_error(void) { return last_error.c_str(); }
+const char* clm_last_error(void) { return clm_capi::last_error_message().c_str(); }
 
 namespace {
 clm_engine_options default_engine_options() {
@@ -127,6 +53,12 @@ clm_engine_options default_engine_options() {
   o.device = defaults.pool.device;
   o.eviction_policy = static_cast<int32_t>(defaults.eviction_policy);
   o.slru_protected_fraction = defaults.slru_protected_fraction;
+  o.src_daily_requests = defaults.src_gate.daily_requests;
+  o.src_threshold = defaults.src_gate.threshold_override;
+  o.src_breaker_score = defaults.src_gate.breaker_score;
+  o.src_breaker_steps = defaults.src_gate.breaker_steps;
+  o.special_token_ids = nullptr;
+  o.n_special_token_ids = 0;
   return o;
 }
 }  // namespace
@@ -174,6 +106,21 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     config.pool.device = options->device;
     config.eviction_policy = static_cast<clm::EvictionPolicy>(options->eviction_policy);
     config.slru_protected_fraction = options->slru_protected_fraction;
+    config.src_gate.daily_requests = options->src_daily_requests;
+    config.src_gate.threshold_override = options->src_threshold;
+    config.src_gate.breaker_score = options->src_breaker_score;
+    config.src_gate.breaker_steps = options->src_breaker_steps;
+    if (!options->special_token_ids && options->n_special_token_ids > 0) {
+      return null_argument("clm_engine_create", "options->special_token_ids (with n_special_token_ids > 0)");
+    }
+    if (options->n_special_token_ids > (std::size_t{1} << 20)) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_create: n_special_token_ids {} is too large",
+                                                        options->n_special_token_ids));
+    }
+    if (options->n_special_token_ids > 0) {
+      config.special_token_ids.assign(options->special_token_ids,
+                                      options->special_token_ids + options->n_special_token_ids);
+    }
     auto state = std::make_shared<EngineState>();
     if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
     *out = new clm_engine{std::move(state)};
@@ -249,14 +196,6 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
 }
 
 namespace {
-clm_status check_running(const clm_seq* seq, const char* function) {
-  if (!seq) return null_argument(function, "seq");
-  if (seq->state->closed) return fail(CLM_ERR_FAILED_PRECONDITION, fmt::format("{}: the engine was freed", function));
-  if (seq->ended) {
-    return fail(CLM_ERR_FAILED_PRECONDITION, fmt::format("{}: the sequence was already {}", function, seq->ended_by));
-  }
-  return CLM_OK;
-}
 }  // namespace
 
 clm_status clm_seq_extend(clm_seq* seq, const int32_t* tokens, size_t n_tokens) {
@@ -332,18 +271,11 @@ clm_status clm_engine_batch_page_table(int32_t* indptr, int32_t* indices, size_t
     if (!n_indices) return null_argument(fn, "n_indices");
     if (!last_page_len && n_seqs > 0) return null_argument(fn, "last_page_len");
     if (!engine) return null_argument(fn, "engine");
-    if (!seqs && n_seqs > 0) return null_argument(fn, "seqs");
     if (n_seqs >= static_cast<size_t>(INT32_MAX)) {  // indptr holds int32 offsets
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: n_seqs {} is too large", fn, n_seqs));
     }
-    std::vector<clm::SequenceId> ids(n_seqs);
-    for (size_t i = 0; i < n_seqs; ++i) {
-      if (clm_status s = check_running(seqs[i], fn)) return s;
-      if (seqs[i]->state != engine->state) {
-        return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: seqs[{}] belongs to another engine", fn, i));
-      }
-      ids[i] = seqs[i]->admission.seq;
-    }
+    std::vector<clm::SequenceId> ids;
+    if (clm_status s = sequence_ids(engine, seqs, n_seqs, fn, ids)) return s;
     clm::PagedBatch batch;
     if (clm_status s = report(engine->state->engine->batch_page_table(ids, batch))) return s;
     *n_indices = batch.indices.size();
@@ -383,6 +315,15 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     full.rejected = m.rejected;
     full.active_sequences = m.active_sequences;
     full.metadata_bytes = m.cache.metadata_bytes;
+    full.src_threshold = m.src.threshold;
+    full.src_steps = m.src.steps;
+    full.src_unscored_steps = m.src.unscored_steps;
+    full.src_reuse_decisions = m.src.reuse_decisions;
+    full.src_retrievals_found = m.src.retrievals_found;
+    full.src_retrievals_failed = m.src.retrievals_failed;
+    full.src_breaker_trips = m.src.breaker_trips;
+    full.src_baseline_sequences = m.src.baseline_sequences;
+    full.src_injections = m.src.injections;
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

@@ -114,6 +114,13 @@ typedef struct clm_engine_options {
   int32_t device;       /* CUDA device for CLM_MEMORY_DEVICE (default 0) */
   int32_t eviction_policy;        /* CLM_EVICT_* (default CLM_EVICT_LRU) */
   double slru_protected_fraction; /* [0, 1], default 0.2 */
+  /* -- version 2: CLM suffix reuse (docs/clm.md) -- */
+  double src_daily_requests;          /* expected requests/day; sets the SRC threshold (default 10000) */
+  float src_threshold;                /* in [0, 1] fixes the threshold; < 0 = from src_daily_requests (default -1) */
+  float src_breaker_score;            /* default 0.95 */
+  int32_t src_breaker_steps;          /* default 3 */
+  const int32_t *special_token_ids;   /* left out of the SRC head's mean (copied at create; default none) */
+  size_t n_special_token_ids;
 } clm_engine_options;
 
 /* Fills *options with defaults. struct_size: sizeof(*options) as compiled by
@@ -203,10 +210,203 @@ typedef struct clm_metrics {
   uint64_t rejected;
   int64_t active_sequences;
   uint64_t metadata_bytes;
+  /* -- version 2: the SRC head, its threshold and breaker -- */
+  double src_threshold;            /* the threshold in force */
+  uint64_t src_steps;              /* sequence-steps scored */
+  uint64_t src_unscored_steps;     /* sequence-steps with no non-special row yet */
+  uint64_t src_reuse_decisions;    /* steps whose score passed the threshold */
+  uint64_t src_retrievals_found;   /* reported snapshot lookups that found one */
+  uint64_t src_retrievals_failed;  /* ... that found none */
+  uint64_t src_breaker_trips;      /* sequences switched to baseline mode, ever */
+  int64_t src_baseline_sequences;  /* running sequences in baseline mode now */
+  uint64_t src_injections;         /* sequence-layers that received a snapshot */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */
 CLM_API clm_status clm_engine_metrics(clm_metrics *out, const clm_engine *engine);
+
+/* ---- CLM suffix reuse: the SRC head (docs/clm.md) ------------------------
+ * A tiny head on one layer's attention output scores, per running sequence
+ * and step, how likely the current suffix repeats an earlier one (SRC). The
+ * engine keeps each sequence's running mean, so a step passes only the new
+ * rows. Weights come from a safetensors file or from host memory (copied). */
+#define CLM_GELU_TANH 0 /* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) */
+#define CLM_GELU_ERF 1  /* 0.5x(1 + erf(x / sqrt(2))) */
+
+/* Activation element types (hidden states, attention outputs). */
+#define CLM_DTYPE_F32 0
+#define CLM_DTYPE_F16 1
+#define CLM_DTYPE_BF16 2
+
+/* Loads src_head.w1 [hidden/4, hidden], src_head.b1 [hidden/4], src_head.w2
+ * [hidden/4], src_head.b2 [1] (f32, f16 or bf16) and installs the head,
+ * replacing any earlier one. */
+CLM_API clm_status clm_engine_load_src_head(clm_engine *engine, const char *path, int32_t gelu);
+/* The same from host memory, row-major f32: w1 [hidden/4 * hidden], b1 and w2
+ * [hidden/4]. The arrays are copied; the caller keeps ownership. */
+CLM_API clm_status clm_engine_set_src_head(clm_engine *engine, int32_t hidden, const float *w1, const float *b1,
+                                           const float *w2, float b2, int32_t gelu);
+
+typedef struct clm_src_decision {
+  float score;      /* SRC in [0, 1]; 0 when not scored */
+  float threshold;  /* the threshold it was compared with */
+  uint8_t scored;   /* 0: the sequence has no non-special row yet */
+  uint8_t reuse;    /* 1: look up a snapshot and inject it */
+  uint8_t baseline; /* 1: the breaker switched this sequence off for good */
+  uint8_t reserved;
+} clm_src_decision;
+
+/* One SRC step: attn_out [n_rows][hidden] (dtype CLM_DTYPE_*) holds the new
+ * rows of one layer's attention output, seqs[i] owning rows indptr[i] ..
+ * indptr[i+1]-1 (indptr has n_seqs + 1 entries; 0 rows is allowed);
+ * token_ids[n_rows] their ids. Writes decisions[n_seqs]. Nothing changes on
+ * error: CLM_ERR_FAILED_PRECONDITION without a head, CLM_ERR_INVALID_ARGUMENT
+ * for bad shapes, NaN/Inf rows or a sequence listed twice. */
+CLM_API clm_status clm_engine_src_step(clm_src_decision *decisions, clm_engine *engine, clm_seq *const *seqs,
+                                       size_t n_seqs, const void *attn_out, int32_t dtype, size_t n_rows,
+                                       int32_t hidden, const int32_t *token_ids, const int32_t *indptr);
+/* Whether each snapshot lookup the last step asked for found one (found[i]
+ * != 0). After src_breaker_steps consecutive failed lookups at scores above
+ * src_breaker_score a sequence falls back to baseline (reuse is 0 from then). */
+CLM_API clm_status clm_engine_report_retrieval(clm_engine *engine, clm_seq *const *seqs, size_t n_seqs,
+                                               const uint8_t *found);
+
+/* ---- CLM suffix reuse: snapshots (docs/clm.md) -----------------------------
+ * A snapshot is a last-layer hidden state projected by PCA to snapshot_dim
+ * and L2-normalised; the host stores it, and on a later reuse decision the
+ * adapter adds residual_scale * (W s + b) to the hidden states of the layers
+ * it injects at. Weights come from safetensors files or host memory (copied). */
+
+/* Loads snapshot.mean [hidden] and snapshot.components [snapshot_dim, hidden]
+ * (f32/f16/bf16) and installs the projection, replacing any earlier one. */
+CLM_API clm_status clm_engine_load_snapshot_projection(clm_engine *engine, const char *path);
+/* The same from host memory (row-major f32, copied): mean [hidden],
+ * components [snapshot_dim * hidden] with orthonormal rows. */
+CLM_API clm_status clm_engine_set_snapshot_projection(clm_engine *engine, int32_t hidden, int32_t snapshot_dim,
+                                                      const float *mean, const float *components);
+/* Snapshots of rows [n_rows][hidden] (dtype CLM_DTYPE_*) into
+ * snapshots[n_rows * snapshot_dim] (f32); snapshots_len is its length in floats. */
+CLM_API clm_status clm_engine_make_snapshots(float *snapshots, size_t snapshots_len, clm_engine *engine,
+                                             const void *rows, int32_t dtype, size_t n_rows, int32_t hidden);
+
+typedef struct clm_adapter_options {
+  uint32_t struct_size;   /* sizeof(clm_adapter_options) as the caller compiled it */
+  int32_t num_layers;     /* the model's layer count (required, >= 1) */
+  const int32_t *layers;  /* layers that inject (copied); NULL / 0 = the last 3 */
+  size_t n_layers;
+  float residual_scale;   /* default 0.3 */
+} clm_adapter_options;
+CLM_API clm_status clm_adapter_options_init(clm_adapter_options *options, size_t struct_size);
+
+/* Loads adapter.weight [hidden, snapshot_dim] and adapter.bias [hidden]
+ * (f32/f16/bf16) and installs the adapter, replacing any earlier one. */
+CLM_API clm_status clm_engine_load_snapshot_adapter(clm_engine *engine, const char *path,
+                                                    const clm_adapter_options *options);
+/* The same from host memory (row-major f32, copied). */
+CLM_API clm_status clm_engine_set_snapshot_adapter(clm_engine *engine, int32_t snapshot_dim, int32_t hidden,
+                                                   const float *weight, const float *bias,
+                                                   const clm_adapter_options *options);
+/* Adds residual_scale * (W snapshots[i] + b) to rows indptr[i] .. indptr[i+1]-1
+ * of hidden_states [n_rows][hidden] (dtype CLM_DTYPE_*, updated in place) for
+ * each i with apply[i] != 0 whose sequence is not in baseline mode, when the
+ * adapter injects at `layer` (else nothing changes and CLM_OK). snapshots:
+ * [n_seqs][snapshot_dim] f32. On error hidden_states is untouched. */
+CLM_API clm_status clm_engine_inject_snapshots(clm_engine *engine, void *hidden_states, int32_t dtype, size_t n_rows,
+                                               int32_t hidden, clm_seq *const *seqs, size_t n_seqs,
+                                               const int32_t *indptr, const float *snapshots, int32_t snapshot_dim,
+                                               const uint8_t *apply, int32_t layer);
+
+/* ---- attention and KV kernels over the engine's pool (docs/kernels.md) ----
+ * For a host that brings its own weights: write the K/V of new tokens into
+ * the engine's pool, and compute attention over a sequence's pages (the
+ * reused prefix and the new tokens) without writing paged kernels.
+ *
+ * Shapes (row-major; activations f32, KV in the pool's kv_dtype):
+ *   k, v      [n_slots][kv_heads][head_dim]           (clm_engine_write_kv)
+ *   q, out    [n_new][num_q_heads][head_dim]           (prefill: the last n_new tokens)
+ *             [n_seqs][num_q_heads][head_dim]          (decode: each sequence's last token)
+ * Grouped-query attention: q head h reads kv head h / (num_q_heads / kv_heads).
+ * Every array comes with its length (elements, or bytes for page buffers);
+ * q, out, k and v must hold exactly what the shape needs. Nothing outside
+ * the arrays or the pool is read or written.
+ *
+ * Where the memory is, by the pool's memory:
+ * - CLM_MEMORY_HOST: host pointers; the CPU kernels (threads: num_threads),
+ *   synchronous.
+ * - CLM_MEMORY_DEVICE: the CUDA kernels when the library was built with CUDA
+ *   (else CLM_ERR_UNSUPPORTED). q, out, k, v: device memory of the pool's
+ *   device; page ids, indptr, last_page_len and slots stay host arrays
+ *   (validated, then uploaded). The work is queued on `stream` (a
+ *   cudaStream_t; NULL = the default stream) and the call returns: buffers
+ *   must stay valid until the stream reaches it, and an error inside a kernel
+ *   surfaces at the next synchronisation. head_dim 64 or 128 for attention.
+ *   The library keeps one CUDA workspace (device scratch, grown as needed) per
+ *   host thread and device, freed when the thread exits.
+ * - CLM_MEMORY_NONE: no KV bytes; every call is CLM_ERR_FAILED_PRECONDITION.
+ *
+ * Every call validates before it writes anything (on error nothing was
+ * written): layer, head counts, lengths, every page id and slot against the
+ * pool, last_page_len in [1, page_size], out not overlapping q, and (host
+ * pools) finite queries. Page ids are checked against the pool, not against
+ * sequences: pass only pages the host holds (clm_seq_page_table,
+ * clm_engine_batch_page_table, clm_seq_slots). Cached prefix pages are shared:
+ * read them, never write them. Calls may run on many threads at once, and
+ * alongside the engine's calls, as long as no two write the same pages. */
+typedef struct clm_attention_params {
+  uint32_t struct_size;   /* sizeof(clm_attention_params) as the caller compiled it */
+  int32_t layer;          /* in [0, num_layers) (default 0) */
+  int32_t num_q_heads;    /* a positive multiple of kv_heads (required: default 0 is rejected) */
+  float softmax_scale;    /* 0 (default) = 1/sqrt(head_dim) */
+  int32_t sliding_window; /* > 0: a query at position p sees keys in (p - window, p]; 0 (default) = all */
+  int32_t num_threads;    /* host pools: CPU threads, 0 (default) = every hardware thread */
+  void *stream;           /* device pools: the cudaStream_t to queue on; NULL (default) = the default stream */
+} clm_attention_params;
+/* Fills *params with defaults. struct_size: sizeof(*params) as compiled by
+ * the caller; a size this library does not know is CLM_ERR_INVALID_ARGUMENT. */
+CLM_API clm_status clm_attention_params_init(clm_attention_params *params, size_t struct_size);
+
+/* Scatters the K/V rows of one layer into the pool: row i of k and v (each
+ * kv_len = n_slots * kv_heads * head_dim floats) goes to slots[i] (page *
+ * page_size + row, as clm_seq_slots gives them), converted to the pool's
+ * dtype (round to nearest even). stream: device pools only (NULL = default). */
+CLM_API clm_status clm_engine_write_kv(clm_engine *engine, int32_t layer, const int64_t *slots, size_t n_slots,
+                                       const float *k, const float *v, size_t kv_len, void *stream);
+
+/* Causal attention (GQA, optional sliding window) of the last n_new tokens of
+ * a sequence of kv_len tokens, whose K/V (the cached prefix and the new
+ * tokens, all written) are in pages[0, n_pages) (at least ceil(kv_len /
+ * page_size) ids: clm_seq_page_table). q and out: q_len = out_len = n_new *
+ * num_q_heads * head_dim floats. */
+CLM_API clm_status clm_engine_paged_prefill_attention(float *out, size_t out_len, const clm_engine *engine,
+                                                      const clm_attention_params *params, const float *q,
+                                                      size_t q_len, int32_t n_new, const int32_t *pages,
+                                                      size_t n_pages, int32_t kv_len);
+
+/* Attention of one query per sequence (its last token) over its pages, for a
+ * ragged batch in FlashInfer's CSR form as clm_engine_batch_page_table
+ * writes it: sequence i uses pages indices[indptr[i], indptr[i+1]) (>= 1)
+ * and rows [0, last_page_len[i]) of its last one. indptr: n_seqs + 1
+ * entries; indices: n_indices; last_page_len: n_seqs. q and out: q_len =
+ * out_len = n_seqs * num_q_heads * head_dim floats. */
+CLM_API clm_status clm_engine_paged_decode_attention(float *out, size_t out_len, const clm_engine *engine,
+                                                     const clm_attention_params *params, const float *q,
+                                                     size_t q_len, const int32_t *indptr, const int32_t *indices,
+                                                     size_t n_indices, const int32_t *last_page_len, size_t n_seqs);
+
+/* Whole pages (every layer): dst_pages[i] <- src_pages[i], pair by pair in
+ * order, between the pools of two engines of the same layout (dtype,
+ * page_size, num_layers, kv_heads, head_dim), or within one engine (dst ==
+ * src). With CUDA, either pool may be in device memory (host pools: pinned
+ * memory makes the copy asynchronous). */
+CLM_API clm_status clm_engine_copy_pages(clm_engine *dst, const int32_t *dst_pages, const clm_engine *src,
+                                         const int32_t *src_pages, size_t n_pages, void *stream);
+/* Packs pages[0, n_pages) into buffer (n_pages * page_bytes bytes, page_bytes
+ * as clm_engine_kv_layout gives it; buffer_len at least that), and back.
+ * Device pools: the buffer may be host or device memory. */
+CLM_API clm_status clm_engine_gather_pages(void *buffer, size_t buffer_len, const clm_engine *engine,
+                                           const int32_t *pages, size_t n_pages, void *stream);
+CLM_API clm_status clm_engine_scatter_pages(clm_engine *engine, const int32_t *pages, size_t n_pages,
+                                            const void *buffer, size_t buffer_len, void *stream);
 
 #ifdef __cplusplus
 }

@@ -40,7 +40,7 @@ endforeach()
 # What a static link (pkg-config --static) needs besides libclmcache.a.
 set(clm_pc_libs_private "-lfmt -lstdc++ -lm -lpthread")
 if(CLM_HAVE_CUDA)
-  string(APPEND clm_pc_libs_private " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+  string(APPEND clm_pc_libs_private " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/clmcache.pc.in ${PROJECT_BINARY_DIR}/clmcache.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/clmcache.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

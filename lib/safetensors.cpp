@@ -4,8 +4,11 @@
 
 #include <fmt/format.h>
 
+#include "clm/detail/half.hpp"
+
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -551,6 +554,35 @@ Status SafetensorsFile::get(std::string_view name, TensorDType expected_dtype,
     return invalid_argument(fmt::format("safetensors: tensor \"{}\": expected shape {}, got {}", name,
                                         shape_string(expected_shape), shape_string(t->shape)));
   out = t;
+  return Status::success();
+}
+
+Status SafetensorsFile::get_f32(std::string_view name, std::span<const std::int64_t> expected_shape,
+                                std::vector<float>& values, std::vector<std::int64_t>* shape) const {
+  const TensorView* t = find(name);
+  if (t == nullptr) return not_found(fmt::format("safetensors: no tensor \"{}\"", name));
+  if (t->dtype != TensorDType::f32 && t->dtype != TensorDType::f16 && t->dtype != TensorDType::bf16)
+    return invalid_argument(fmt::format("safetensors: tensor \"{}\": expected dtype F32, F16 or BF16, got {}",
+                                        name, tensor_dtype_name(t->dtype)));
+  CLM_RETURN_IF_ERROR(get(name, t->dtype, expected_shape, t));
+  const auto n = static_cast<std::size_t>(t->numel());
+  std::vector<float> converted(n);
+  const std::byte* src = t->bytes.data();
+  for (std::size_t i = 0; i < n; ++i) {
+    float v;
+    if (t->dtype == TensorDType::f32) {
+      std::memcpy(&v, src + 4 * i, 4);
+    } else {
+      std::uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      v = t->dtype == TensorDType::f16 ? detail::f16_to_f32(h) : detail::bf16_to_f32(h);
+    }
+    if (!std::isfinite(v))
+      return invalid_argument(fmt::format("safetensors: tensor \"{}\" holds a NaN or Inf at element {}", name, i));
+    converted[i] = v;
+  }
+  values = std::move(converted);
+  if (shape) *shape = t->shape;
   return Status::success();
 }
 

@@ -1,6 +1,9 @@
-// The CPU SRC head (include/clm/src_head.hpp): masked means, then two Eigen
-// GEMMs over the head's weights, GELU and a sigmoid.
+// The CPU SRC head (include/clm/src_head.hpp): validation, masked means in
+// f64, then the head on the means (src_head_pooled.hpp: Eigen GEMM or GEMV,
+// GELU, the output row; AVX2 + FMA when the CPU has them) and a sigmoid.
 #include "clm/src_head.hpp"
+
+#include "eigen_avx2.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -14,12 +17,10 @@
 #include <Eigen/Core>
 #pragma GCC diagnostic pop
 
+#include "src_head_pooled.hpp"  // after Eigen
+
 namespace clm {
 namespace {
-
-using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstRowMap = Eigen::Map<const RowMatrix>;
-using ConstVecMap = Eigen::Map<const Eigen::VectorXf>;
 
 bool all_finite(std::span<const float> values) {
   for (float v : values) {
@@ -35,31 +36,18 @@ std::size_t first_non_finite(std::span<const float> values) {
   return values.size();
 }
 
-float gelu_tanh(float x) {
-  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-}
-
-float gelu_erf(float x) {
-  constexpr float inv_sqrt2 = 0.7071067811865476f;
-  return 0.5f * x * (1.0f + std::erf(x * inv_sqrt2));
-}
-
 float sigmoid(float x) {
   if (x >= 0.0f) return 1.0f / (1.0f + std::exp(-x));
   const float e = std::exp(x);
   return e / (1.0f + e);
 }
 
-}  // namespace
-
-Status SrcHead::create(SrcHeadWeights weights, Gelu gelu, std::unique_ptr<SrcHead>& out) {
+Status check_weights(const SrcHeadWeights& weights) {
   const int32_t hidden = weights.hidden;
   if (hidden < 4 || hidden % 4 != 0) {
     return invalid_argument("SrcHead: hidden must be >= 4 and divisible by 4, got " +
                             std::to_string(hidden));
   }
-  if (gelu != Gelu::tanh && gelu != Gelu::erf) return invalid_argument("SrcHead: unknown Gelu mode");
   const std::size_t h = static_cast<std::size_t>(hidden);
   const std::size_t inner = h / 4;
   if (weights.w1.size() != inner * h) {
@@ -78,6 +66,14 @@ Status SrcHead::create(SrcHeadWeights weights, Gelu gelu, std::unique_ptr<SrcHea
       !std::isfinite(weights.b2)) {
     return invalid_argument("SrcHead: the weights hold a NaN or Inf");
   }
+  return Status::success();
+}
+
+}  // namespace
+
+Status SrcHead::create(SrcHeadWeights weights, Gelu gelu, std::unique_ptr<SrcHead>& out) {
+  if (gelu != Gelu::tanh && gelu != Gelu::erf) return invalid_argument("SrcHead: unknown Gelu mode");
+  CLM_RETURN_IF_ERROR(check_weights(weights));
   out.reset(new SrcHead(std::move(weights), gelu));
   return Status::success();
 }
@@ -86,14 +82,23 @@ Status SrcHead::score(std::span<const float> attn_out, std::span<const int32_t> 
                       std::span<const int32_t> indptr, std::span<const int32_t> special_ids,
                       std::span<float> scores_out) const {
   const std::size_t h = static_cast<std::size_t>(weights_.hidden);
-  const std::size_t inner = h / 4;
-
-  // ---- shapes --------------------------------------------------------------
   if (attn_out.size() % h != 0) {
     return invalid_argument("SrcHead::score: attn_out size " + std::to_string(attn_out.size()) +
                             " is not a multiple of hidden " + std::to_string(h));
   }
-  const std::size_t total_tokens = attn_out.size() / h;
+  const ConstActivationView view{attn_out.data(), ActDType::f32, static_cast<std::int64_t>(attn_out.size() / h),
+                                 weights_.hidden};
+  return score(view, token_ids, indptr, special_ids, scores_out);
+}
+
+Status SrcHead::score(ConstActivationView attn_out, std::span<const int32_t> token_ids,
+                      std::span<const int32_t> indptr, std::span<const int32_t> special_ids,
+                      std::span<float> scores_out) const {
+  const std::size_t h = static_cast<std::size_t>(weights_.hidden);
+
+  // ---- shapes --------------------------------------------------------------
+  CLM_RETURN_IF_ERROR(check_activation_view(attn_out, weights_.hidden, "SrcHead::score: attn_out"));
+  const auto total_tokens = static_cast<std::size_t>(attn_out.rows);
   if (token_ids.size() != total_tokens) {
     return invalid_argument("SrcHead::score: token_ids has " + std::to_string(token_ids.size()) +
                             " entries, attn_out has " + std::to_string(total_tokens) + " tokens");
@@ -114,28 +119,45 @@ Status SrcHead::score(std::span<const float> attn_out, std::span<const int32_t> 
     return invalid_argument("SrcHead::score: indptr ends at " + std::to_string(indptr[batch]) +
                             ", attn_out has " + std::to_string(total_tokens) + " tokens");
   }
-  if (const std::size_t bad = first_non_finite(attn_out); bad != attn_out.size()) {
-    return invalid_argument("SrcHead::score: attn_out holds a NaN or Inf (token " +
-                            std::to_string(bad / h) + ", channel " + std::to_string(bad % h) + ")");
+  std::vector<float> row(h);
+  for (std::size_t t = 0; t < total_tokens; ++t) {
+    const float* values = attn_out.dtype == ActDType::f32 ? static_cast<const float*>(attn_out.data) + t * h
+                                                            : row.data();
+    if (attn_out.dtype != ActDType::f32) attn_out.load_row(static_cast<std::int64_t>(t), row.data());
+    if (const std::size_t bad = first_non_finite({values, h}); bad != h) {
+      return invalid_argument("SrcHead::score: attn_out holds a NaN or Inf (token " + std::to_string(t) +
+                              ", channel " + std::to_string(bad) + ")");
+    }
   }
   if (batch == 0) return Status::success();
 
   std::vector<int32_t> special(special_ids.begin(), special_ids.end());
   std::sort(special.begin(), special.end());
-  auto is_special = [&special](int32_t id) {
-    return std::binary_search(special.begin(), special.end(), id);
-  };
+  auto is_special = [&special](int32_t id) { return std::binary_search(special.begin(), special.end(), id); };
 
-  // ---- masked means: H [batch x hidden] --------------------------------------
-  RowMatrix means(static_cast<Eigen::Index>(batch), static_cast<Eigen::Index>(h));
+  // ---- masked means: H [batch x hidden], accumulated in f64 -------------------
+  std::vector<float> means(batch * h);
   std::vector<double> acc(h);
+  auto row_of = [&](std::size_t t) -> const float* {
+    if (attn_out.dtype == ActDType::f32) return static_cast<const float*>(attn_out.data) + t * h;
+    attn_out.load_row(static_cast<std::int64_t>(t), row.data());
+    return row.data();
+  };
   for (std::size_t b = 0; b < batch; ++b) {
-    std::fill(acc.begin(), acc.end(), 0.0);
-    std::size_t count = 0;
+    float* dst = means.data() + b * h;
+    std::size_t count = 0, first = 0;
     for (auto t = static_cast<std::size_t>(indptr[b]); t < static_cast<std::size_t>(indptr[b + 1]); ++t) {
       if (is_special(token_ids[t])) continue;
-      const float* row = attn_out.data() + t * h;
-      for (std::size_t c = 0; c < h; ++c) acc[c] += static_cast<double>(row[c]);
+      if (count == 0) {
+        first = t;  // a lone row is its own mean: no f64 pass (a decode step)
+      } else {
+        if (count == 1) {
+          const float* r0 = row_of(first);
+          for (std::size_t c = 0; c < h; ++c) acc[c] = static_cast<double>(r0[c]);
+        }
+        const float* values = row_of(t);
+        for (std::size_t c = 0; c < h; ++c) acc[c] += static_cast<double>(values[c]);
+      }
       ++count;
     }
     if (count == 0) {
@@ -143,35 +165,107 @@ Status SrcHead::score(std::span<const float> attn_out, std::span<const int32_t> 
                               " has no non-special position to average (" +
                               std::to_string(indptr[b + 1] - indptr[b]) + " tokens, all special)");
     }
+    if (count == 1) {
+      const float* r0 = row_of(first);
+      std::copy(r0, r0 + h, dst);
+      continue;
+    }
     const double inv = 1.0 / static_cast<double>(count);
-    float* dst = means.data() + b * h;
     for (std::size_t c = 0; c < h; ++c) dst[c] = static_cast<float>(acc[c] * inv);
   }
+  return score_pooled(means, scores_out);
+}
 
-  // ---- Z = GELU(H W1^T + b1), logits = Z w2 + b2 ------------------------------
-  const auto ei = static_cast<Eigen::Index>(inner);
-  const ConstRowMap w1(weights_.w1.data(), ei, static_cast<Eigen::Index>(h));
-  const ConstVecMap b1(weights_.b1.data(), ei);
-  const ConstVecMap w2(weights_.w2.data(), ei);
-
-  RowMatrix z = means * w1.transpose();
-  z.rowwise() += b1.transpose();
-  if (gelu_ == Gelu::tanh) {
-    z = z.unaryExpr([](float x) { return gelu_tanh(x); });
-  } else {
-    z = z.unaryExpr([](float x) { return gelu_erf(x); });
+Status SrcHead::score_pooled(std::span<const float> means, std::span<float> scores_out) const {
+  const std::size_t h = static_cast<std::size_t>(weights_.hidden);
+  const std::size_t batch = scores_out.size();
+  if (means.size() != batch * h) {
+    return invalid_argument("SrcHead::score_pooled: means has " + std::to_string(means.size()) +
+                            " floats, expected batch " + std::to_string(batch) + " x hidden " + std::to_string(h));
   }
-  Eigen::VectorXf logits = z * w2;
-  logits.array() += weights_.b2;
+  if (const std::size_t bad = first_non_finite(means); bad != means.size()) {
+    return invalid_argument("SrcHead::score_pooled: means hold a NaN or Inf (row " + std::to_string(bad / h) +
+                            ", channel " + std::to_string(bad % h) + ")");
+  }
+  if (batch == 0) return Status::success();
+
+  // ---- logits = w2 . GELU(H W1^T + b1) + b2, AVX2 + FMA when the CPU has them --
+  std::vector<float> logits(batch);
+  if (detail::eigen_avx2_usable()) {
+    detail::src_head_pooled_logits_avx2(means.data(), static_cast<std::int64_t>(batch), weights_.hidden,
+                                        weights_.w1.data(), weights_.b1.data(), weights_.w2.data(), weights_.b2,
+                                        gelu_ == Gelu::tanh, logits.data());
+  } else {
+    detail::src_head_pooled_logits(means.data(), static_cast<std::int64_t>(batch), weights_.hidden,
+                                   weights_.w1.data(), weights_.b1.data(), weights_.w2.data(), weights_.b2,
+                                   gelu_ == Gelu::tanh, logits.data());
+  }
 
   for (std::size_t b = 0; b < batch; ++b) {
-    if (!std::isfinite(logits[static_cast<Eigen::Index>(b)])) {
+    if (!std::isfinite(logits[b])) {
       return invalid_argument("SrcHead::score: sequence " + std::to_string(b) +
                               " gives a non-finite logit (the activations overflow f32)");
     }
   }
-  for (std::size_t b = 0; b < batch; ++b) scores_out[b] = sigmoid(logits[static_cast<Eigen::Index>(b)]);
+  for (std::size_t b = 0; b < batch; ++b) scores_out[b] = sigmoid(logits[b]);
   return Status::success();
+}
+
+Status read_src_head(const SafetensorsFile& file, SrcHeadWeights& out) {
+  SrcHeadWeights w;
+  std::vector<std::int64_t> shape;
+  const std::int64_t any2[] = {-1, -1};
+  CLM_RETURN_IF_ERROR(file.get_f32("src_head.w1", any2, w.w1, &shape));
+  const std::int64_t inner = shape[0];
+  const std::int64_t hidden = shape[1];
+  if (hidden < 4 || hidden % 4 != 0 || inner != hidden / 4 || hidden > (std::int64_t{1} << 20)) {
+    return invalid_argument("read_src_head: src_head.w1 must be [hidden/4, hidden] with hidden divisible by 4, got [" +
+                            std::to_string(inner) + ", " + std::to_string(hidden) + "]");
+  }
+  const std::int64_t b1_shape[] = {inner};
+  CLM_RETURN_IF_ERROR(file.get_f32("src_head.b1", b1_shape, w.b1));
+  const TensorView* w2 = file.find("src_head.w2");
+  if (w2 != nullptr && w2->shape.size() == 2) {
+    const std::int64_t w2_shape[] = {1, inner};
+    CLM_RETURN_IF_ERROR(file.get_f32("src_head.w2", w2_shape, w.w2));
+  } else {
+    const std::int64_t w2_shape[] = {inner};
+    CLM_RETURN_IF_ERROR(file.get_f32("src_head.w2", w2_shape, w.w2));
+  }
+  std::vector<float> b2;
+  const TensorView* b2_view = file.find("src_head.b2");
+  if (b2_view != nullptr && b2_view->shape.empty()) {
+    CLM_RETURN_IF_ERROR(file.get_f32("src_head.b2", {}, b2));
+  } else {
+    const std::int64_t b2_shape[] = {1};
+    CLM_RETURN_IF_ERROR(file.get_f32("src_head.b2", b2_shape, b2));
+  }
+  w.hidden = static_cast<int32_t>(hidden);
+  w.b2 = b2[0];
+  out = std::move(w);
+  return Status::success();
+}
+
+Status read_src_head(const std::string& path, SrcHeadWeights& out) {
+  SafetensorsFile file;
+  CLM_RETURN_IF_ERROR(SafetensorsFile::open(path, file));
+  return read_src_head(file, out);
+}
+
+Status write_src_head(const std::string& path, const SrcHeadWeights& weights,
+                      const std::map<std::string, std::string>& metadata) {
+  CLM_RETURN_IF_ERROR(check_weights(weights));  // a file we write must load
+  const std::int64_t hidden = weights.hidden;
+  const std::int64_t inner = hidden / 4;
+  auto bytes = [](std::span<const float> v) { return std::as_bytes(v); };
+  const float b2[] = {weights.b2};
+  const TensorToWrite tensors[] = {
+      {"src_head.w1", TensorDType::f32, {inner, hidden}, bytes(weights.w1)},
+      {"src_head.b1", TensorDType::f32, {inner}, bytes(weights.b1)},
+      {"src_head.w2", TensorDType::f32, {inner}, bytes(weights.w2)},
+      {"src_head.b2", TensorDType::f32, {1}, bytes(b2)},
+  };
+  return write_safetensors(path, tensors, metadata);
 }
 
 }  // namespace clm

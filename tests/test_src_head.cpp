@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <span>
+#include <string>
 #include <limits>
 #include <memory>
 #include <random>
@@ -365,6 +368,194 @@ TEST_CASE("SRC head: bad shapes give invalid_argument") {
     CHECK(head->score(b.attn, ids, b.indptr, {}, two).ok());
     // batch 0 is valid and writes nothing
     std::vector<int32_t> zero = {0};
-    CHECK(head->score({}, {}, zero, kSpecial, {}).ok());
+    CHECK(head->score(std::span<const float>{}, {}, zero, kSpecial, {}).ok());
   }
+}
+
+namespace {
+
+std::vector<std::uint16_t> to_half(const std::vector<float>& values, clm::ActDType dtype) {
+  std::vector<std::uint16_t> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    out[i] = dtype == clm::ActDType::f16 ? clm::detail::f32_to_f16(values[i]) : clm::detail::f32_to_bf16(values[i]);
+  }
+  return out;
+}
+
+// A file built by hand: the 8-byte little-endian header length, the JSON, the data.
+std::vector<std::byte> hand_file(const std::string& json, const std::vector<std::byte>& data) {
+  std::vector<std::byte> out;
+  const auto n = static_cast<std::uint64_t>(json.size());
+  for (int k = 0; k < 8; ++k) out.push_back(static_cast<std::byte>((n >> (8 * k)) & 0xFF));
+  for (char c : json) out.push_back(static_cast<std::byte>(c));
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+void append_u16(std::vector<std::byte>& data, const std::vector<std::uint16_t>& values) {
+  for (std::uint16_t v : values) {
+    data.push_back(static_cast<std::byte>(v & 0xFF));
+    data.push_back(static_cast<std::byte>(v >> 8));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("SRC head over f16 and bf16 attention outputs stays within 1e-2 of the float64 reference") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  for (int32_t hidden : {64, 1024}) {
+    const clm::SrcHeadWeights w = random_weights(hidden, rng);
+    const Batch b = random_batch(hidden, {3, 17, 1, 40}, rng);
+    auto head = make_head(w, clm::Gelu::tanh);
+    const std::vector<double> ref = reference(w, clm::Gelu::tanh, b);
+    for (clm::ActDType dtype : {clm::ActDType::f16, clm::ActDType::bf16}) {
+      INFO("hidden " << hidden << ", dtype " << clm::kv_dtype_name(dtype));
+      const std::vector<std::uint16_t> half = to_half(b.attn, dtype);
+      const clm::ConstActivationView view{half.data(), dtype, static_cast<std::int64_t>(b.ids.size()), hidden};
+      std::vector<float> scores(b.batch(), -1.0f);
+      const clm::Status s = head->score(view, b.ids, b.indptr, kSpecial, scores);
+      INFO(s.message());
+      REQUIRE(s.ok());
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        INFO("sequence " << i << ": " << scores[i] << " vs " << ref[i]);
+        CHECK(std::abs(static_cast<double>(scores[i]) - ref[i]) <= 1e-2 * ref[i]);
+      }
+    }
+    // A NaN in a half-precision input is refused too.
+    std::vector<std::uint16_t> half = to_half(b.attn, clm::ActDType::bf16);
+    half[half.size() / 2] = 0x7fc0;  // bf16 quiet NaN
+    const clm::ConstActivationView view{half.data(), clm::ActDType::bf16, static_cast<std::int64_t>(b.ids.size()),
+                                        hidden};
+    std::vector<float> scores(b.batch(), -1.0f);
+    CHECK(head->score(view, b.ids, b.indptr, kSpecial, scores).code() == clm::StatusCode::invalid_argument);
+    CHECK(scores == std::vector<float>(b.batch(), -1.0f));
+  }
+}
+
+TEST_CASE("SRC head: score_pooled on the means equals score on the rows") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const int32_t hidden = 256;
+  const auto h = static_cast<std::size_t>(hidden);
+  const clm::SrcHeadWeights w = random_weights(hidden, rng);
+  const Batch b = random_batch(hidden, {5, 1, 12}, rng);
+  auto head = make_head(w, clm::Gelu::erf);
+  std::vector<float> means(b.batch() * h, 0.0f);
+  for (std::size_t s = 0; s < b.batch(); ++s) {
+    std::vector<double> acc(h, 0.0);
+    int count = 0;
+    for (auto t = static_cast<std::size_t>(b.indptr[s]); t < static_cast<std::size_t>(b.indptr[s + 1]); ++t) {
+      if (is_special(b.ids[t])) continue;
+      for (std::size_t c = 0; c < h; ++c) acc[c] += b.attn[t * h + c];
+      ++count;
+    }
+    for (std::size_t c = 0; c < h; ++c) means[s * h + c] = static_cast<float>(acc[c] / count);
+  }
+  std::vector<float> pooled(b.batch()), direct(b.batch());
+  REQUIRE(head->score_pooled(means, pooled).ok());
+  REQUIRE(run(*head, b, direct).ok());
+  for (std::size_t s = 0; s < b.batch(); ++s) CHECK(std::abs(pooled[s] - direct[s]) <= 1e-6f * direct[s]);
+  // batch 1 takes the GEMV path: same answer as inside a batch.
+  std::vector<float> one(1);
+  REQUIRE(head->score_pooled(std::span<const float>(means).subspan(h, h), one).ok());
+  CHECK(std::abs(one[0] - pooled[1]) <= 1e-6f * pooled[1]);
+  // Wrong sizes and NaN are refused, scores untouched.
+  std::vector<float> out(2, -1.0f);
+  CHECK(head->score_pooled(means, out).code() == clm::StatusCode::invalid_argument);
+  means[3] = std::numeric_limits<float>::infinity();
+  std::vector<float> out3(3, -1.0f);
+  CHECK(head->score_pooled(means, out3).code() == clm::StatusCode::invalid_argument);
+  CHECK(out3 == std::vector<float>(3, -1.0f));
+}
+
+TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const clm::SrcHeadWeights w = random_weights(32, rng);
+  const std::string path = "test_src_head_" + std::to_string(seed) + ".safetensors";
+  REQUIRE(clm::write_src_head(path, w, {{"gelu", "tanh"}}).ok());
+  clm::SrcHeadWeights back;
+  const clm::Status s = clm::read_src_head(path, back);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  std::remove(path.c_str());
+  CHECK(back.hidden == w.hidden);
+  CHECK(back.w1 == w.w1);
+  CHECK(back.b1 == w.b1);
+  CHECK(back.w2 == w.w2);
+  CHECK(back.b2 == w.b2);
+
+  // hidden 4: w1 [1, 4] f16, b1 [1] bf16, w2 [1, 1] f32, b2 [] f32: every accepted form.
+  const std::vector<float> w1 = {0.5f, -1.25f, 2.0f, 0.75f};
+  std::vector<std::byte> data;
+  append_u16(data, to_half(w1, clm::ActDType::f16));     // 0..8
+  append_u16(data, to_half({0.25f}, clm::ActDType::bf16));  // 8..10
+  data.resize(12);                                            // pad to 12 for the f32s
+  const float w2 = -1.5f, b2 = 0.125f;
+  for (float v : {w2, b2}) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    data.insert(data.end(), p, p + 4);
+  }  // w2 12..16, b2 16..20
+  const std::string json =
+      R"({"src_head.w1":{"dtype":"F16","shape":[1,4],"data_offsets":[0,8]},)"
+      R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
+      R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
+      R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
+  clm::SafetensorsFile file;
+  REQUIRE(clm::SafetensorsFile::parse(hand_file(json, data), file).ok());
+  clm::SrcHeadWeights hand;
+  const clm::Status hs = clm::read_src_head(file, hand);
+  INFO(hs.message());
+  REQUIRE(hs.ok());
+  CHECK(hand.hidden == 4);
+  CHECK(hand.w1 == w1);
+  CHECK(hand.b1 == std::vector<float>{0.25f});
+  CHECK(hand.w2 == std::vector<float>{w2});
+  CHECK(hand.b2 == b2);
+  auto head = make_head(hand, clm::Gelu::erf);
+  // One token [1, 0, 0, 0]: z = 0.5 + 0.25; logit = -1.5 * GELU(0.75) + 0.125.
+  const std::vector<float> row = {1.0f, 0.0f, 0.0f, 0.0f};
+  const std::vector<int32_t> ids = {7}, indptr = {0, 1};
+  std::vector<float> score(1);
+  REQUIRE(head->score(row, ids, indptr, {}, score).ok());
+  const double z = 0.75, g = 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+  CHECK(std::abs(score[0] - 1.0 / (1.0 + std::exp(-(-1.5 * g + 0.125)))) < 1e-6);
+
+  // Wrong shapes, a wrong dtype and a NaN are refused with the tensor named.
+  const std::string bad_shape =
+      R"({"src_head.w1":{"dtype":"F16","shape":[2,2],"data_offsets":[0,8]},)"
+      R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
+      R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
+      R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
+  clm::SafetensorsFile f2;
+  REQUIRE(clm::SafetensorsFile::parse(hand_file(bad_shape, data), f2).ok());
+  clm::SrcHeadWeights untouched = hand;
+  clm::Status e = clm::read_src_head(f2, untouched);
+  CHECK(e.code() == clm::StatusCode::invalid_argument);
+  CHECK(untouched.w1 == w1);
+  const std::string bad_dtype =
+      R"({"src_head.w1":{"dtype":"I16","shape":[1,4],"data_offsets":[0,8]},)"
+      R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
+      R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
+      R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
+  clm::SafetensorsFile f3;
+  REQUIRE(clm::SafetensorsFile::parse(hand_file(bad_dtype, data), f3).ok());
+  e = clm::read_src_head(f3, untouched);
+  CHECK(e.code() == clm::StatusCode::invalid_argument);
+  CHECK(e.message().find("src_head.w1") != std::string::npos);
+  std::vector<std::byte> nan_data = data;
+  nan_data[0] = std::byte{0x00};
+  nan_data[1] = std::byte{0x7e};  // f16 NaN in w1[0]
+  clm::SafetensorsFile f4;
+  REQUIRE(clm::SafetensorsFile::parse(hand_file(json, nan_data), f4).ok());
+  CHECK(clm::read_src_head(f4, untouched).code() == clm::StatusCode::invalid_argument);
+  clm::SafetensorsFile empty;
+  REQUIRE(clm::SafetensorsFile::parse(hand_file("{}", {}), empty).ok());
+  CHECK(clm::read_src_head(empty, untouched).code() == clm::StatusCode::not_found);
+  CHECK(clm::read_src_head(std::string("/nonexistent/head.safetensors"), untouched).code() ==
+        clm::StatusCode::io_error);
 }

@@ -43,6 +43,13 @@ static clm_status clmgo_admit(clm_seq **out, clm_engine *engine, const int32_t *
   options.cache_salt_len = salt_len;
   return clm_engine_admit(out, engine, tokens, n_tokens, use_options ? &options : NULL);
 }
+
+// The same for the special token ids of the engine options (version 2).
+static clm_status clmgo_create(clm_engine **out, clm_engine_options options, const int32_t *special, size_t n_special) {
+  options.special_token_ids = special;
+  options.n_special_token_ids = n_special;
+  return clm_engine_create(out, &options);
+}
 */
 import "C"
 
@@ -106,6 +113,22 @@ type EngineOptions struct {
 	Device                int32
 	EvictionPolicy        EvictionPolicy
 	SLRUProtectedFraction float64
+
+	// Version 2: CLM suffix reuse (docs/clm.md).
+
+	// SRCDailyRequests is the expected traffic (requests/day); it sets the
+	// SRC threshold (0.8 + 0.05*log10(daily/10000), clamped to [0.7, 0.95])
+	// when SRCThreshold < 0.
+	SRCDailyRequests float64
+	// SRCThreshold in [0, 1] fixes the threshold; < 0 derives it.
+	SRCThreshold float32
+	// SRCBreakerScore: scores above it whose retrieval failed count toward
+	// the breaker.
+	SRCBreakerScore float32
+	// SRCBreakerSteps such steps in a row switch a sequence to baseline mode.
+	SRCBreakerSteps int32
+	// SpecialTokenIDs are left out of the SRC head's running mean (copied).
+	SpecialTokenIDs []int32
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -132,6 +155,10 @@ func DefaultEngineOptions() (EngineOptions, error) {
 		Device:                int32(c.device),
 		EvictionPolicy:        EvictionPolicy(c.eviction_policy),
 		SLRUProtectedFraction: float64(c.slru_protected_fraction),
+		SRCDailyRequests:      float64(c.src_daily_requests),
+		SRCThreshold:          float32(c.src_threshold),
+		SRCBreakerScore:       float32(c.src_breaker_score),
+		SRCBreakerSteps:       int32(c.src_breaker_steps),
 	}, nil
 }
 
@@ -197,6 +224,17 @@ type Metrics struct {
 	Rejected        uint64
 	ActiveSequences int64
 	MetadataBytes   uint64
+
+	// Version 2: the SRC head, its threshold and breaker.
+	SRCThreshold         float64 // the threshold in force
+	SRCSteps             uint64  // sequence-steps scored
+	SRCUnscoredSteps     uint64  // sequence-steps with no non-special row yet
+	SRCReuseDecisions    uint64  // steps whose score passed the threshold
+	SRCRetrievalsFound   uint64  // reported snapshot lookups that found one
+	SRCRetrievalsFailed  uint64  // ... that found none
+	SRCBreakerTrips      uint64  // sequences switched to baseline mode, ever
+	SRCBaselineSequences int64   // running sequences in baseline mode now
+	SRCInjections        uint64  // sequence-layers that received a snapshot
 }
 
 // PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
@@ -213,6 +251,7 @@ type Engine struct {
 	mu     sync.RWMutex // read: a call in flight; write: Close
 	ptr    *C.clm_engine
 	closed atomic.Bool // read by Seqs without taking mu
+	layout KVLayout    // the pool's shape, for the kernels' checks (kernels.go)
 }
 
 // NewEngine creates an engine (clm_engine_create).
@@ -231,12 +270,27 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	c.device = C.int32_t(opts.Device)
 	c.eviction_policy = C.int32_t(opts.EvictionPolicy)
 	c.slru_protected_fraction = C.double(opts.SLRUProtectedFraction)
+	c.src_daily_requests = C.double(opts.SRCDailyRequests)
+	c.src_threshold = C.float(opts.SRCThreshold)
+	c.src_breaker_score = C.float(opts.SRCBreakerScore)
+	c.src_breaker_steps = C.int32_t(opts.SRCBreakerSteps)
 	var ptr *C.clm_engine
-	if err := call("clm_engine_create", func() C.clm_status { return C.clm_engine_create(&ptr, &c) }); err != nil {
+	special := opts.SpecialTokenIDs
+	err := call("clm_engine_create", func() C.clm_status {
+		return C.clmgo_create(&ptr, c, tokensPtr(special), C.size_t(len(special)))
+	})
+	runtime.KeepAlive(special)
+	if err != nil {
 		return nil, err
 	}
 	e := &Engine{ptr: ptr}
 	runtime.SetFinalizer(e, (*Engine).free)
+	layout, err := e.KVLayout()
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.layout = layout
 	return e, nil
 }
 
@@ -390,6 +444,16 @@ func (e *Engine) Metrics() (Metrics, error) {
 		Rejected:        uint64(c.rejected),
 		ActiveSequences: int64(c.active_sequences),
 		MetadataBytes:   uint64(c.metadata_bytes),
+
+		SRCThreshold:         float64(c.src_threshold),
+		SRCSteps:             uint64(c.src_steps),
+		SRCUnscoredSteps:     uint64(c.src_unscored_steps),
+		SRCReuseDecisions:    uint64(c.src_reuse_decisions),
+		SRCRetrievalsFound:   uint64(c.src_retrievals_found),
+		SRCRetrievalsFailed:  uint64(c.src_retrievals_failed),
+		SRCBreakerTrips:      uint64(c.src_breaker_trips),
+		SRCBaselineSequences: int64(c.src_baseline_sequences),
+		SRCInjections:        uint64(c.src_injections),
 	}, nil
 }
 
@@ -403,52 +467,21 @@ func (e *Engine) BatchPageTable(seqs []*Seq) (PagedBatch, error) {
 	}
 	defer e.release()
 
-	// Hold every distinct Seq's lock, in address order (no deadlock between
-	// overlapping batches; a Seq listed twice is locked once).
-	distinct := make([]*Seq, 0, len(seqs))
-	seen := make(map[*Seq]bool, len(seqs))
-	for i, s := range seqs {
-		if s == nil {
-			return PagedBatch{}, &Error{code: InvalidArgument, op: op, msg: "seqs[" + strconv.Itoa(i) + "] is nil"}
-		}
-		if !seen[s] {
-			seen[s] = true
-			distinct = append(distinct, s)
-		}
+	cseqs, unlock, err := lockSeqs(op, seqs)
+	if err != nil {
+		return PagedBatch{}, err
 	}
-	sort.Slice(distinct, func(i, j int) bool {
-		return uintptr(unsafe.Pointer(distinct[i])) < uintptr(unsafe.Pointer(distinct[j]))
-	})
-	for _, s := range distinct {
-		s.mu.Lock()
-	}
-	defer func() {
-		for _, s := range distinct {
-			s.mu.Unlock()
-		}
-		runtime.KeepAlive(seqs)
-	}()
+	defer unlock()
 
 	n := len(seqs)
-	cseqs := make([]*C.clm_seq, n)
-	for i, s := range seqs {
-		if s.ptr == nil {
-			return PagedBatch{}, closedError(op, "sequence")
-		}
-		cseqs[i] = s.ptr
-	}
 	out := PagedBatch{Indptr: make([]int32, n+1), LastPageLen: make([]int32, n)}
 	capacity := 64 * n
 	for attempt := 0; ; attempt++ {
 		indices := make([]int32, capacity)
 		var needed C.size_t
-		var seqsPtr **C.clm_seq
-		if n > 0 {
-			seqsPtr = &cseqs[0]
-		}
 		err := call(op, func() C.clm_status {
 			return C.clm_engine_batch_page_table((*C.int32_t)(unsafe.Pointer(&out.Indptr[0])), tokensPtr(indices),
-				C.size_t(len(indices)), &needed, tokensPtr(out.LastPageLen), ep, seqsPtr, C.size_t(n))
+				C.size_t(len(indices)), &needed, tokensPtr(out.LastPageLen), ep, seqsPtr(cseqs), C.size_t(n))
 		})
 		if err == nil {
 			out.Indices = indices[:needed]
@@ -461,6 +494,52 @@ func (e *Engine) BatchPageTable(seqs []*Seq) (PagedBatch, error) {
 		}
 		return PagedBatch{}, err
 	}
+}
+
+// lockSeqs holds every distinct Seq's lock, in address order (no deadlock
+// between overlapping batches; a Seq listed twice is locked once), and gives
+// their C handles in the order of seqs. unlock must follow on success.
+func lockSeqs(op string, seqs []*Seq) ([]*C.clm_seq, func(), error) {
+	distinct := make([]*Seq, 0, len(seqs))
+	seen := make(map[*Seq]bool, len(seqs))
+	for i, s := range seqs {
+		if s == nil {
+			return nil, nil, &Error{code: InvalidArgument, op: op, msg: "seqs[" + strconv.Itoa(i) + "] is nil"}
+		}
+		if !seen[s] {
+			seen[s] = true
+			distinct = append(distinct, s)
+		}
+	}
+	sort.Slice(distinct, func(i, j int) bool {
+		return uintptr(unsafe.Pointer(distinct[i])) < uintptr(unsafe.Pointer(distinct[j]))
+	})
+	for _, s := range distinct {
+		s.mu.Lock()
+	}
+	unlock := func() {
+		for _, s := range distinct {
+			s.mu.Unlock()
+		}
+		runtime.KeepAlive(seqs)
+	}
+	cseqs := make([]*C.clm_seq, len(seqs))
+	for i, s := range seqs {
+		if s.ptr == nil {
+			unlock()
+			return nil, nil, closedError(op, "sequence")
+		}
+		cseqs[i] = s.ptr
+	}
+	return cseqs, unlock, nil
+}
+
+// seqsPtr is a pointer to the first handle, or nil for none.
+func seqsPtr(cseqs []*C.clm_seq) **C.clm_seq {
+	if len(cseqs) == 0 {
+		return nil
+	}
+	return &cseqs[0]
 }
 
 // Seq is a clm_seq: one request admitted into an engine.

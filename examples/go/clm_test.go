@@ -479,8 +479,11 @@ func TestMetrics(t *testing.T) {
 	e := newEngine(t, numPages, pageSize)
 	m0, err := e.Metrics()
 	must(t, err)
-	if m0 != (Metrics{PagesFree: numPages, MetadataBytes: m0.MetadataBytes}) {
+	if m0 != (Metrics{PagesFree: numPages, MetadataBytes: m0.MetadataBytes, SRCThreshold: m0.SRCThreshold}) {
 		t.Fatalf("fresh engine: %+v", m0)
+	}
+	if math.Abs(m0.SRCThreshold-0.8) > 1e-6 { // the default: 10000 requests/day
+		t.Fatalf("fresh engine: SRC threshold %v, want 0.8", m0.SRCThreshold)
 	}
 
 	// A: 40 prompt + 8 output tokens, finished: stores 48 tokens (3 pages).
@@ -519,6 +522,7 @@ func TestMetrics(t *testing.T) {
 		Aborted:         1,
 		ActiveSequences: 1,
 		MetadataBytes:   m.MetadataBytes,
+		SRCThreshold:    m0.SRCThreshold, // no SRC step ran: the SRC counters stay zero
 	}
 	if m != want {
 		t.Fatalf("metrics\n got %+v\nwant %+v", m, want)

@@ -46,6 +46,9 @@
 #include "clm/eviction_policy.hpp"
 #include "clm/paged_kv_pool.hpp"
 #include "clm/radix_tree.hpp"
+#include "clm/snapshot_adapter.hpp"
+#include "clm/snapshot_projection.hpp"
+#include "clm/src_tracker.hpp"
 #include "clm/status.hpp"
 
 namespace clm {
@@ -54,6 +57,10 @@ struct EngineConfig {
   PagedKvPoolConfig pool;
   EvictionPolicy eviction_policy = EvictionPolicy::lru;
   double slru_protected_fraction = kDefaultSlruProtectedFraction;
+  // CLM suffix reuse (docs/clm.md): when an SRC score means "inject", and the
+  // token ids (e.g. <|eot_id|>) left out of the SRC head's mean.
+  SrcGateConfig src_gate;
+  std::vector<std::int32_t> special_token_ids;
 };
 
 struct AdmitOptions {
@@ -86,6 +93,7 @@ struct EngineMetrics {
   std::uint64_t aborted = 0;
   std::uint64_t rejected = 0;  // admissions refused for lack of pages
   std::int64_t active_sequences = 0;
+  SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
 };
 
 class Engine {
@@ -98,6 +106,10 @@ class Engine {
     if (!(config.slru_protected_fraction >= 0.0 && config.slru_protected_fraction <= 1.0)) {
       return invalid_argument(
           fmt::format("slru_protected_fraction must be in [0, 1], got {}", config.slru_protected_fraction));
+    }
+    CLM_RETURN_IF_ERROR(check_src_gate_config(config.src_gate));
+    for (std::int32_t id : config.special_token_ids) {
+      if (id < 0) return invalid_argument(fmt::format("special_token_ids: token id {} is negative", id));
     }
     std::unique_ptr<PagedKvPool> pool;
     CLM_RETURN_IF_ERROR(PagedKvPool::create(config.pool, pool));
@@ -148,6 +160,7 @@ class Engine {
       out.page_table.assign(admitted.pages.begin(), admitted.pages.end());
     }
     slots_for(out.page_table, static_cast<std::size_t>(out.cached_tokens), prompt.size(), out.slots);
+    src_.add(out.seq);  // nobody else knows the id yet, so this cannot race with its end
     return {};
   }
 
@@ -201,6 +214,7 @@ class Engine {
       seq = take(id);
       ++metrics_.finished;
     }
+    src_.remove(id);
     return {};  // `seq` is freed outside the lock
   }
 
@@ -216,6 +230,7 @@ class Engine {
       seq = take(id);
       ++metrics_.aborted;
     }
+    src_.remove(id);
     return {};
   }
 
@@ -225,6 +240,7 @@ class Engine {
     for (auto& [id, seq] : sequences_) {
       (void)tree_->unlock(seq->locked);
       (void)pool_->release(std::span(seq->pages).subspan(seq->tree_pages));
+      src_.remove(id);
       ++metrics_.aborted;
     }
     sequences_.clear();
@@ -259,9 +275,86 @@ class Engine {
     return {};
   }
 
+  // ---- CLM: the SRC head over running sequences (src_tracker.hpp) ----------
+  // Installs the SRC head (shared: several engines may use one); nullptr removes it.
+  void set_src_head(std::shared_ptr<const SrcHead> head) { src_.set_head(std::move(head)); }
+  std::shared_ptr<const SrcHead> src_head() const { return src_.head(); }
+
+  // One SRC step over running sequences: attn_out holds the new rows of one
+  // layer's attention output, sequence ids[i] owning rows indptr[i] ..
+  // indptr[i+1]-1, token_ids their ids. Each sequence's mean runs over all its
+  // non-special rows so far; decisions_out[i] says whether to look up and
+  // inject a snapshot. Nothing changes on error.
+  Status src_step(std::span<const SequenceId> ids, ConstActivationView attn_out,
+                  std::span<const std::int32_t> token_ids, std::span<const std::int32_t> indptr,
+                  std::span<SrcDecision> decisions_out) {
+    return src_.step(ids, attn_out, token_ids, indptr, decisions_out);
+  }
+  // Whether each lookup the last step asked for found a snapshot (feeds the breaker).
+  Status report_snapshot_retrieval(std::span<const SequenceId> ids, std::span<const std::uint8_t> found) {
+    return src_.report_retrieval(ids, found);
+  }
+  bool src_baseline(SequenceId id) const { return src_.in_baseline(id); }
+
+  // ---- CLM: snapshots (snapshot_projection.hpp, snapshot_adapter.hpp) -------
+  // Installs the PCA projection that turns last-layer hidden states into
+  // snapshots, and the adapter that injects them; nullptr removes either.
+  void set_snapshot_projection(std::shared_ptr<const SnapshotProjection> projection) {
+    std::lock_guard lock(clm_parts_mutex_);
+    projection_ = std::move(projection);
+  }
+  void set_snapshot_adapter(std::shared_ptr<const SnapshotAdapter> adapter) {
+    std::lock_guard lock(clm_parts_mutex_);
+    adapter_ = std::move(adapter);
+  }
+  std::shared_ptr<const SnapshotProjection> snapshot_projection() const {
+    std::lock_guard lock(clm_parts_mutex_);
+    return projection_;
+  }
+  std::shared_ptr<const SnapshotAdapter> snapshot_adapter() const {
+    std::lock_guard lock(clm_parts_mutex_);
+    return adapter_;
+  }
+
+  // Snapshots of hidden-state rows [n][hidden] into out [n][snapshot_dim]:
+  // projected, L2-normalised (what a host stores to reuse later).
+  Status make_snapshots(ConstActivationView rows, std::span<float> out) const {
+    const std::shared_ptr<const SnapshotProjection> projection = snapshot_projection();
+    if (!projection) return failed_precondition("make_snapshots: no snapshot projection is installed");
+    return projection->project(rows, out);
+  }
+
+  // Injects snapshots into one layer's hidden states of a ragged batch:
+  // sequence ids[i] owns rows indptr[i] .. indptr[i+1]-1 and gets
+  // residual_scale * adapter(snapshots[i]) added to each, when apply[i] != 0,
+  // the sequence is not in baseline mode, and the adapter injects at `layer`.
+  Status inject_snapshots(std::span<const SequenceId> ids, ActivationView hidden_states,
+                          std::span<const std::int32_t> indptr, std::span<const float> snapshots,
+                          std::span<const std::uint8_t> apply, std::int32_t layer) {
+    const std::shared_ptr<const SnapshotAdapter> adapter = snapshot_adapter();
+    if (!adapter) return failed_precondition("inject_snapshots: no snapshot adapter is installed");
+    if (apply.size() != ids.size()) {
+      return invalid_argument(fmt::format("inject_snapshots: {} sequences but {} apply flags", ids.size(), apply.size()));
+    }
+    std::vector<std::uint8_t> effective;
+    CLM_RETURN_IF_ERROR(src_.baseline_flags(ids, effective));
+    std::uint64_t injected = 0;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      effective[i] = apply[i] != 0 && effective[i] == 0 ? 1 : 0;
+      injected += effective[i];
+    }
+    CLM_RETURN_IF_ERROR(adapter->inject_batch(hidden_states, indptr, snapshots, effective, layer));
+    if (adapter->injects_at(layer)) src_.count_injections(injected);
+    return {};
+  }
+
   EngineMetrics metrics() const {
+    EngineMetrics m;
+    m.src = src_.metrics();
     std::lock_guard lock(mutex_);
-    EngineMetrics m = metrics_;
+    const SrcMetrics src = m.src;
+    m = metrics_;
+    m.src = src;
     m.cache = tree_->metrics();
     m.active_sequences = static_cast<std::int64_t>(sequences_.size());
     return m;
@@ -299,7 +392,8 @@ class Engine {
       : config_(config),
         page_size_(config.pool.page_size),
         pool_(std::move(pool)),
-        tree_(std::make_unique<RadixTree>(*pool_, config.eviction_policy, config.slru_protected_fraction)) {}
+        tree_(std::make_unique<RadixTree>(*pool_, config.eviction_policy, config.slru_protected_fraction)),
+        src_(config.src_gate, config.special_token_ids) {}
 
   std::size_t pages_for(std::size_t tokens) const {
     return (tokens + static_cast<std::size_t>(page_size_) - 1) / static_cast<std::size_t>(page_size_);
@@ -343,6 +437,10 @@ class Engine {
   SequenceId next_id_ = 1;
   PrefixMatch match_;  // scratch, under the mutex
   EngineMetrics metrics_;
+  SrcTracker src_;  // its own lock: SRC steps never hold up the prefix cache
+  mutable std::mutex clm_parts_mutex_;  // guards the two pointers below
+  std::shared_ptr<const SnapshotProjection> projection_;
+  std::shared_ptr<const SnapshotAdapter> adapter_;
 };
 
 }  // namespace clm

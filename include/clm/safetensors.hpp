@@ -102,6 +102,13 @@ class SafetensorsFile {
   Status get(std::string_view name, TensorDType expected_dtype,
              std::span<const std::int64_t> expected_shape, const TensorView*& out) const;
 
+  // The tensor called `name`, which must be f32, f16 or bf16 and match
+  // expected_shape (as get), converted to f32 row-major into `values`; its
+  // shape into `shape` when given. NaN/Inf elements are invalid_argument
+  // (weights with them are broken). On error the outputs are unchanged.
+  Status get_f32(std::string_view name, std::span<const std::int64_t> expected_shape, std::vector<float>& values,
+                 std::vector<std::int64_t>* shape = nullptr) const;
+
   // All tensors, sorted by name.
   const std::vector<TensorView>& tensors() const { return tensors_; }
   std::size_t size() const { return tensors_.size(); }

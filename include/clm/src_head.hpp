@@ -18,6 +18,14 @@
 // The score is in (0, 1) mathematically; in f32 it saturates to exactly 0 or 1
 // once |logit| exceeds about 17 (resp. 88).
 //
+// Weights come from the host: in memory (SrcHeadWeights), or from a
+// safetensors file (read_src_head; names in docs/clm.md: src_head.w1 [inner,
+// hidden], src_head.b1 [inner], src_head.w2 [inner] or [1, inner], src_head.b2
+// [] or [1]; f32, f16 or bf16, converted to f32 on load).
+//
+// Decode: the host (or Engine::src_step) keeps a running sum per sequence and
+// calls score_pooled on the means, so a step costs one row per sequence.
+//
 // Errors (Status, never exceptions), all StatusCode::invalid_argument:
 //   - create: hidden < 4 or not divisible by 4, weight sizes that do not match
 //     hidden, a NaN/Inf weight;
@@ -33,11 +41,15 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "clm/activations.hpp"
+#include "clm/safetensors.hpp"
 #include "clm/status.hpp"
 
 namespace clm {
@@ -68,6 +80,12 @@ class SrcHead {
   Status score(std::span<const float> attn_out, std::span<const int32_t> token_ids,
                std::span<const int32_t> indptr, std::span<const int32_t> special_ids,
                std::span<float> scores_out) const;
+  // The same over attention outputs in f32, f16 or bf16 (attn_out.cols must be
+  // hidden; the means are accumulated in f64).
+  Status score(ConstActivationView attn_out, std::span<const int32_t> token_ids, std::span<const int32_t> indptr,
+               std::span<const int32_t> special_ids, std::span<float> scores_out) const;
+  // The head on already pooled vectors: means [batch][hidden] -> scores [batch].
+  Status score_pooled(std::span<const float> means, std::span<float> scores_out) const;
 
   int32_t hidden() const { return weights_.hidden; }
   int32_t inner() const { return weights_.hidden / 4; }
@@ -80,5 +98,13 @@ class SrcHead {
   SrcHeadWeights weights_;
   Gelu gelu_;
 };
+
+// The head's tensors from a loaded file (names above; f32/f16/bf16; shapes
+// checked against each other). `hidden` is taken from src_head.w1.
+Status read_src_head(const SafetensorsFile& file, SrcHeadWeights& out);
+Status read_src_head(const std::string& path, SrcHeadWeights& out);
+// Writes the head as f32 tensors under the names above.
+Status write_src_head(const std::string& path, const SrcHeadWeights& weights,
+                      const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace clm

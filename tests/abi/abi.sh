@@ -46,7 +46,8 @@ dump() {
   readelf -S "$lib" | grep -q '\.debug_info' ||
     { echo "abi.sh: $lib has no DWARF (.debug_info): build it with -g" >&2; return 1; }
   tmp=$out.tmp.$$
-  "$ABIDW" --headers-dir "$src/capi" --drop-private-types --exported-interfaces-only \
+  # Only clm.h is public: capi/ also holds the C ABI's internal header.
+  "$ABIDW" --header-file "$src/capi/clm.h" --drop-private-types --exported-interfaces-only \
     --no-corpus-path --no-comp-dir-path --no-show-locs --no-elf-needed --type-id-style hash \
     --out-file "$tmp" "$lib" || { rm -f "$tmp"; return 1; }
   # abi-instr carries the compiled file's absolute path: keep it relative to

@@ -37,6 +37,12 @@
 #if CLM_EVICT_LRU != 0 || CLM_EVICT_LFU != 1 || CLM_EVICT_SLRU != 2 || CLM_EVICT_PRIORITY != 3
 #error "eviction policies changed: they are ABI"
 #endif
+#if CLM_GELU_TANH != 0 || CLM_GELU_ERF != 1
+#error "gelu modes changed: they are ABI"
+#endif
+#if CLM_DTYPE_F32 != 0 || CLM_DTYPE_F16 != 1 || CLM_DTYPE_BF16 != 2
+#error "activation dtypes changed: they are ABI"
+#endif
 
 /* C99 has no _Static_assert: a negative array size fails the build. */
 #define C99_STATIC_ASSERT(cond, name) typedef char c99_static_assert_##name[(cond) ? 1 : -1]
@@ -48,16 +54,29 @@ C99_STATIC_ASSERT(offsetof(clm_engine_options, struct_size) == 0, engine_options
 C99_STATIC_ASSERT(offsetof(clm_admit_options, struct_size) == 0, admit_options_size_first);
 C99_STATIC_ASSERT(offsetof(clm_metrics, struct_size) == 0, metrics_size_first);
 C99_STATIC_ASSERT(offsetof(clm_kv_layout, struct_size) == 0, kv_layout_size_first);
+C99_STATIC_ASSERT(offsetof(clm_adapter_options, struct_size) == 0, adapter_options_size_first);
+C99_STATIC_ASSERT(offsetof(clm_attention_params, struct_size) == 0, attention_params_size_first);
+/* Version 2 appends: the version-1 fields keep their places. */
+C99_STATIC_ASSERT(offsetof(clm_engine_options, src_daily_requests) >=
+                      offsetof(clm_engine_options, slru_protected_fraction) + sizeof(double),
+                  engine_options_v2_appended);
+C99_STATIC_ASSERT(offsetof(clm_metrics, src_threshold) >= offsetof(clm_metrics, metadata_bytes) + sizeof(uint64_t),
+                  metrics_v2_appended);
+C99_STATIC_ASSERT(sizeof(clm_src_decision) == 2 * sizeof(float) + 4, src_decision_is_packed_plain_data);
 
 /* Every field, with its type (a wrong type warns, and warnings are errors). */
-static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layout *kl, clm_metrics *m) {
+static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layout *kl, clm_metrics *m,
+                      clm_src_decision *sd, clm_adapter_options *ad, clm_attention_params *ap) {
   uint32_t *u32;
   int32_t *i32;
   int64_t *i64;
   uint64_t *u64;
+  uint8_t *u8;
+  float *f32;
   double *f64;
   size_t *sz;
   const char **str;
+  const int32_t **ids;
   void **ptr;
   clm_engine *engine = NULL; /* opaque: only pointers to them exist */
   clm_seq *seq = NULL;
@@ -73,6 +92,12 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i32 = &eo->device;
   i32 = &eo->eviction_policy;
   f64 = &eo->slru_protected_fraction;
+  f64 = &eo->src_daily_requests;
+  f32 = &eo->src_threshold;
+  f32 = &eo->src_breaker_score;
+  i32 = &eo->src_breaker_steps;
+  ids = &eo->special_token_ids;
+  sz = &eo->n_special_token_ids;
 
   u32 = &ao->struct_size;
   str = &ao->cache_salt;
@@ -110,8 +135,38 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   u64 = &m->rejected;
   i64 = &m->active_sequences;
   u64 = &m->metadata_bytes;
+  f64 = &m->src_threshold;
+  u64 = &m->src_steps;
+  u64 = &m->src_unscored_steps;
+  u64 = &m->src_reuse_decisions;
+  u64 = &m->src_retrievals_found;
+  u64 = &m->src_retrievals_failed;
+  u64 = &m->src_breaker_trips;
+  i64 = &m->src_baseline_sequences;
+  u64 = &m->src_injections;
 
-  (void)u32, (void)i32, (void)i64, (void)u64, (void)f64, (void)sz, (void)str, (void)ptr;
+  f32 = &sd->score;
+  f32 = &sd->threshold;
+  u8 = &sd->scored;
+  u8 = &sd->reuse;
+  u8 = &sd->baseline;
+  u8 = &sd->reserved;
+
+  u32 = &ad->struct_size;
+  i32 = &ad->num_layers;
+  ids = &ad->layers;
+  sz = &ad->n_layers;
+  f32 = &ad->residual_scale;
+
+  u32 = &ap->struct_size;
+  i32 = &ap->layer;
+  i32 = &ap->num_q_heads;
+  f32 = &ap->softmax_scale;
+  i32 = &ap->sliding_window;
+  i32 = &ap->num_threads;
+  ptr = &ap->stream;
+
+  (void)u32, (void)i32, (void)i64, (void)u64, (void)u8, (void)f32, (void)f64, (void)sz, (void)str, (void)ids, (void)ptr;
   (void)engine, (void)seq;
 }
 
@@ -138,6 +193,51 @@ static clm_status (*const p_engine_batch_page_table)(int32_t *, int32_t *, size_
                                                      clm_seq *const *, size_t) = clm_engine_batch_page_table;
 static clm_status (*const p_engine_metrics)(clm_metrics *, const clm_engine *) = clm_engine_metrics;
 
+/* CLM suffix reuse: the SRC head. */
+static clm_status (*const p_engine_load_src_head)(clm_engine *, const char *, int32_t) = clm_engine_load_src_head;
+static clm_status (*const p_engine_set_src_head)(clm_engine *, int32_t, const float *, const float *, const float *,
+                                                 float, int32_t) = clm_engine_set_src_head;
+static clm_status (*const p_engine_src_step)(clm_src_decision *, clm_engine *, clm_seq *const *, size_t, const void *,
+                                             int32_t, size_t, int32_t, const int32_t *,
+                                             const int32_t *) = clm_engine_src_step;
+static clm_status (*const p_engine_report_retrieval)(clm_engine *, clm_seq *const *, size_t,
+                                                     const uint8_t *) = clm_engine_report_retrieval;
+
+/* CLM suffix reuse: snapshots. */
+static clm_status (*const p_engine_load_snapshot_projection)(clm_engine *,
+                                                             const char *) = clm_engine_load_snapshot_projection;
+static clm_status (*const p_engine_set_snapshot_projection)(clm_engine *, int32_t, int32_t, const float *,
+                                                            const float *) = clm_engine_set_snapshot_projection;
+static clm_status (*const p_engine_make_snapshots)(float *, size_t, clm_engine *, const void *, int32_t, size_t,
+                                                   int32_t) = clm_engine_make_snapshots;
+static clm_status (*const p_adapter_options_init)(clm_adapter_options *, size_t) = clm_adapter_options_init;
+static clm_status (*const p_engine_load_snapshot_adapter)(clm_engine *, const char *,
+                                                          const clm_adapter_options *) = clm_engine_load_snapshot_adapter;
+static clm_status (*const p_engine_set_snapshot_adapter)(clm_engine *, int32_t, int32_t, const float *, const float *,
+                                                         const clm_adapter_options *) = clm_engine_set_snapshot_adapter;
+static clm_status (*const p_engine_inject_snapshots)(clm_engine *, void *, int32_t, size_t, int32_t, clm_seq *const *,
+                                                     size_t, const int32_t *, const float *, int32_t, const uint8_t *,
+                                                     int32_t) = clm_engine_inject_snapshots;
+
+/* Attention and KV kernels. */
+static clm_status (*const p_attention_params_init)(clm_attention_params *, size_t) = clm_attention_params_init;
+static clm_status (*const p_engine_write_kv)(clm_engine *, int32_t, const int64_t *, size_t, const float *,
+                                             const float *, size_t, void *) = clm_engine_write_kv;
+static clm_status (*const p_engine_paged_prefill_attention)(float *, size_t, const clm_engine *,
+                                                            const clm_attention_params *, const float *, size_t,
+                                                            int32_t, const int32_t *, size_t,
+                                                            int32_t) = clm_engine_paged_prefill_attention;
+static clm_status (*const p_engine_paged_decode_attention)(float *, size_t, const clm_engine *,
+                                                           const clm_attention_params *, const float *, size_t,
+                                                           const int32_t *, const int32_t *, size_t, const int32_t *,
+                                                           size_t) = clm_engine_paged_decode_attention;
+static clm_status (*const p_engine_copy_pages)(clm_engine *, const int32_t *, const clm_engine *, const int32_t *,
+                                               size_t, void *) = clm_engine_copy_pages;
+static clm_status (*const p_engine_gather_pages)(void *, size_t, const clm_engine *, const int32_t *, size_t,
+                                                 void *) = clm_engine_gather_pages;
+static clm_status (*const p_engine_scatter_pages)(clm_engine *, const int32_t *, size_t, const void *, size_t,
+                                                  void *) = clm_engine_scatter_pages;
+
 static int fail(const char *what, clm_status status) {
   fprintf(stderr, "c99_header: %s: %s (%d): %s\n", what, p_status_name(status), (int)status, p_last_error());
   return 1;
@@ -149,6 +249,9 @@ int main(void) {
   clm_admit_options admit;
   clm_kv_layout layout;
   clm_metrics metrics;
+  clm_src_decision decision;
+  clm_adapter_options adapter;
+  clm_attention_params params;
   clm_engine *engine = NULL;
   clm_seq *seq = NULL;
   clm_seq *batch[1];
@@ -163,10 +266,22 @@ int main(void) {
                        CLM_EVICT_LRU, CLM_EVICT_LFU, CLM_EVICT_SLRU, CLM_EVICT_PRIORITY};
   const clm_status codes[] = {CLM_OK, CLM_ERR_INVALID_ARGUMENT, CLM_ERR_OUT_OF_MEMORY, CLM_ERR_NOT_FOUND,
                               CLM_ERR_FAILED_PRECONDITION, CLM_ERR_UNSUPPORTED, CLM_ERR_INTERNAL, CLM_ERR_IO};
+  const int modes[] = {CLM_GELU_TANH, CLM_GELU_ERF, CLM_DTYPE_F32, CLM_DTYPE_F16, CLM_DTYPE_BF16};
+  /* A hidden-4 SRC head, projection (snapshot_dim 1) and adapter. */
+  const float w1[4] = {0.5f, -0.25f, 0.125f, 1.0f}, b1[1] = {0.0f}, w2[1] = {1.0f};
+  const float mean[4] = {0.0f, 0.0f, 0.0f, 0.0f}, components[4] = {1.0f, 0.0f, 0.0f, 0.0f};
+  const float weight[4] = {1.0f, 2.0f, 3.0f, 4.0f}, bias[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int32_t adapter_layers[1] = {0}, row_ids[1] = {7}, row_indptr[2] = {0, 1};
+  const uint8_t found[1] = {1}, apply[1] = {1};
+  float rows[4] = {1.0f, 2.0f, 3.0f, 4.0f}, snapshot[1] = {0.0f}, q[1] = {0.0f}, out[1] = {0.0f};
+  const int64_t kv_slots[1] = {0};
+  const int32_t kv_pages[1] = {0}, kv_indptr[2] = {0, 1}, kv_last[1] = {1};
+  unsigned char page_buffer[1];
   size_t i;
 
-  use_types(&options, &admit, &layout, &metrics);
+  use_types(&options, &admit, &layout, &metrics, &decision, &adapter, &params);
   (void)kinds;
+  (void)modes;
   for (i = 0; i < sizeof codes / sizeof codes[0]; ++i) {
     if (strcmp(p_status_name(codes[i]), "unknown") == 0) return fail("status name", codes[i]);
   }
@@ -203,6 +318,61 @@ int main(void) {
   if (indptr[0] != 0 || indptr[1] != 2 || n_indices != 2 || last_page_len[0] != 2) {
     return fail("batch page table contents", CLM_ERR_INTERNAL);
   }
+
+  /* CLM suffix reuse on the running sequence. */
+  if ((s = p_engine_set_src_head(engine, 4, w1, b1, w2, 0.0f, CLM_GELU_ERF)) != CLM_OK) return fail("set_src_head", s);
+  if ((s = p_engine_load_src_head(engine, "/nonexistent/head.safetensors", CLM_GELU_TANH)) != CLM_ERR_IO) {
+    return fail("load_src_head of a missing file", s);
+  }
+  s = p_engine_src_step(&decision, engine, batch, 1, rows, CLM_DTYPE_F32, 1, 4, row_ids, row_indptr);
+  if (s != CLM_OK) return fail("src_step", s);
+  if (decision.scored != 1 || !(decision.score > 0.0f && decision.score < 1.0f)) {
+    return fail("src_step decision", CLM_ERR_INTERNAL);
+  }
+  if ((s = p_engine_report_retrieval(engine, batch, 1, found)) != CLM_OK) return fail("report_retrieval", s);
+  if ((s = p_engine_set_snapshot_projection(engine, 4, 1, mean, components)) != CLM_OK) {
+    return fail("set_snapshot_projection", s);
+  }
+  if ((s = p_engine_load_snapshot_projection(engine, "/nonexistent/p.safetensors")) != CLM_ERR_IO) {
+    return fail("load_snapshot_projection of a missing file", s);
+  }
+  s = p_engine_make_snapshots(snapshot, 1, engine, rows, CLM_DTYPE_F32, 1, 4);
+  if (s != CLM_OK) return fail("make_snapshots", s);
+  if (snapshot[0] != 1.0f) return fail("make_snapshots contents", CLM_ERR_INTERNAL);
+  if ((s = p_adapter_options_init(&adapter, sizeof adapter)) != CLM_OK) return fail("adapter_options_init", s);
+  adapter.num_layers = 1;
+  adapter.layers = adapter_layers;
+  adapter.n_layers = 1;
+  adapter.residual_scale = 1.0f;
+  if ((s = p_engine_set_snapshot_adapter(engine, 1, 4, weight, bias, &adapter)) != CLM_OK) {
+    return fail("set_snapshot_adapter", s);
+  }
+  if ((s = p_engine_load_snapshot_adapter(engine, "/nonexistent/a.safetensors", &adapter)) != CLM_ERR_IO) {
+    return fail("load_snapshot_adapter of a missing file", s);
+  }
+  s = p_engine_inject_snapshots(engine, rows, CLM_DTYPE_F32, 1, 4, batch, 1, row_indptr, snapshot, 1, apply, 0);
+  if (s != CLM_OK) return fail("inject_snapshots", s);
+  if (rows[0] != 2.0f || rows[3] != 8.0f) return fail("inject_snapshots contents", CLM_ERR_INTERNAL);
+
+  /* The kernels: this pool keeps no KV bytes (CLM_MEMORY_NONE). */
+  if ((s = p_attention_params_init(&params, sizeof params)) != CLM_OK) return fail("attention_params_init", s);
+  params.num_q_heads = 1;
+  if (params.stream != NULL) return fail("attention_params_init stream", CLM_ERR_INTERNAL);
+  if ((s = p_engine_write_kv(engine, 0, kv_slots, 1, q, q, 1, NULL)) != CLM_ERR_FAILED_PRECONDITION) {
+    return fail("write_kv without KV bytes", s);
+  }
+  s = p_engine_paged_prefill_attention(out, 1, engine, &params, q, 1, 1, kv_pages, 1, 1);
+  if (s != CLM_ERR_FAILED_PRECONDITION) return fail("paged_prefill_attention without KV bytes", s);
+  s = p_engine_paged_decode_attention(out, 1, engine, &params, q, 1, kv_indptr, kv_pages, 1, kv_last, 1);
+  if (s != CLM_ERR_FAILED_PRECONDITION) return fail("paged_decode_attention without KV bytes", s);
+  if ((s = p_engine_copy_pages(engine, kv_pages, engine, kv_pages, 1, NULL)) != CLM_ERR_FAILED_PRECONDITION) {
+    return fail("copy_pages without KV bytes", s);
+  }
+  s = p_engine_gather_pages(page_buffer, sizeof page_buffer, engine, kv_pages, 1, NULL);
+  if (s != CLM_ERR_FAILED_PRECONDITION) return fail("gather_pages without KV bytes", s);
+  s = p_engine_scatter_pages(engine, kv_pages, 1, page_buffer, sizeof page_buffer, NULL);
+  if (s != CLM_ERR_FAILED_PRECONDITION) return fail("scatter_pages without KV bytes", s);
+
   if ((s = p_seq_finish(seq)) != CLM_OK) return fail("seq_finish", s);
   if ((s = p_seq_abort(seq)) != CLM_ERR_FAILED_PRECONDITION) return fail("seq_abort after finish", s);
   p_seq_free(seq);
@@ -210,7 +380,8 @@ int main(void) {
   memset(&metrics, 0, sizeof metrics);
   metrics.struct_size = sizeof metrics;
   if ((s = p_engine_metrics(&metrics, engine)) != CLM_OK) return fail("engine_metrics", s);
-  if (metrics.admitted != 1 || metrics.finished != 1 || metrics.cached_tokens != 4) {
+  if (metrics.admitted != 1 || metrics.finished != 1 || metrics.cached_tokens != 4 || metrics.src_steps != 1 ||
+      metrics.src_retrievals_found + metrics.src_retrievals_failed > 1 || metrics.src_injections != 1) {
     return fail("metrics contents", CLM_ERR_INTERNAL);
   }
   p_engine_free(engine);

@@ -6,6 +6,7 @@
 #   summary.md                 tests (pass/fail per binary) + benchmark table
 #   bench_cuda_kernels.jsonl   the benchmark's JSON lines
 #   bench_cuda_kernels.md      the benchmark's markdown table
+#   bench_cuda_clm.jsonl/.md   the same for the CLM model side (SRC head, adapter)
 #   <test>.log, build.log, configure.log, bench_cuda_kernels.log
 #
 # Exits non-zero when the build or a test fails. Installs nothing. Without a
@@ -60,7 +61,8 @@ if [ ! -d "$build/cuda" ]; then  # cuda/ is configured only when CMake enabled C
   say "FAILED: CMake did not enable CUDA (see $out/configure.log)"
   exit 1
 fi
-targets=(test_cuda_kernels test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_device_pool bench_cuda_kernels)
+targets=(test_cuda_kernels test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_device_pool bench_cuda_kernels
+         test_cuda_clm test_cuda_clm_emulated bench_cuda_clm)
 say "building ${targets[*]} with $jobs jobs"
 if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
   grep -E "error|Error" "$out/build.log" | head -40
@@ -78,8 +80,8 @@ run_test() {  # name
   "$build/tests/$t" >"$out/$t.log" 2>&1
   echo $? >"$out/$t.rc"
 }
-cpu_tests=(test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated)
-gpu_tests=(test_device_pool test_cuda_kernels)
+cpu_tests=(test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_cuda_clm_emulated)
+gpu_tests=(test_device_pool test_cuda_kernels test_cuda_clm)
 pids=()
 for t in "${cpu_tests[@]}"; do
   run_test "$t" &
@@ -148,6 +150,34 @@ elif grep -q SKIPPED "$out/bench_cuda_kernels.log"; then
   skipped=1
 else
   cat "$out/bench_cuda_kernels.md"
+fi
+
+# ---- CLM model side benchmark (SRC head, snapshot adapter) -------------------------------
+say "running bench_cuda_clm"
+: >"$out/bench_cuda_clm.md"
+CLM_BENCH_MARKDOWN="$out/bench_cuda_clm.md" "$build/tests/bench/bench_cuda_clm" \
+  >"$out/bench_cuda_clm.jsonl" 2>"$out/bench_cuda_clm.log"
+clm_bench_rc=$?
+cat "$out/bench_cuda_clm.log"
+{
+  echo
+  echo "## Benchmark (bench_cuda_clm)"
+  echo
+  if [ $clm_bench_rc != 0 ]; then
+    echo "**FAILED** (exit $clm_bench_rc): $(tail -3 "$out/bench_cuda_clm.log")"
+  elif [ -s "$out/bench_cuda_clm.md" ]; then
+    cat "$out/bench_cuda_clm.md"
+  else
+    echo "$(cat "$out/bench_cuda_clm.log")"
+  fi
+} >>"$out/summary.md"
+if [ $clm_bench_rc != 0 ]; then
+  say "FAILED: bench_cuda_clm (exit $clm_bench_rc)"
+  failed=1
+elif grep -q SKIPPED "$out/bench_cuda_clm.log"; then
+  skipped=1
+else
+  cat "$out/bench_cuda_clm.md"
 fi
 
 say "results in $out (summary.md)"

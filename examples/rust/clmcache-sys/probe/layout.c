@@ -18,6 +18,9 @@ int main(void) {
   TYPE(clm_kv_layout);
   TYPE(clm_admit_options);
   TYPE(clm_metrics);
+  TYPE(clm_src_decision);
+  TYPE(clm_adapter_options);
+  TYPE(clm_attention_params);
   printf("];\n");
 
   printf("pub const C_FIELDS: &[(&str, usize, usize)] = &[\n");
@@ -32,6 +35,12 @@ int main(void) {
   FIELD(clm_engine_options, device);
   FIELD(clm_engine_options, eviction_policy);
   FIELD(clm_engine_options, slru_protected_fraction);
+  FIELD(clm_engine_options, src_daily_requests);
+  FIELD(clm_engine_options, src_threshold);
+  FIELD(clm_engine_options, src_breaker_score);
+  FIELD(clm_engine_options, src_breaker_steps);
+  FIELD(clm_engine_options, special_token_ids);
+  FIELD(clm_engine_options, n_special_token_ids);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);
@@ -69,6 +78,36 @@ int main(void) {
   FIELD(clm_metrics, rejected);
   FIELD(clm_metrics, active_sequences);
   FIELD(clm_metrics, metadata_bytes);
+  FIELD(clm_metrics, src_threshold);
+  FIELD(clm_metrics, src_steps);
+  FIELD(clm_metrics, src_unscored_steps);
+  FIELD(clm_metrics, src_reuse_decisions);
+  FIELD(clm_metrics, src_retrievals_found);
+  FIELD(clm_metrics, src_retrievals_failed);
+  FIELD(clm_metrics, src_breaker_trips);
+  FIELD(clm_metrics, src_baseline_sequences);
+  FIELD(clm_metrics, src_injections);
+
+  FIELD(clm_src_decision, score);
+  FIELD(clm_src_decision, threshold);
+  FIELD(clm_src_decision, scored);
+  FIELD(clm_src_decision, reuse);
+  FIELD(clm_src_decision, baseline);
+  FIELD(clm_src_decision, reserved);
+
+  FIELD(clm_adapter_options, struct_size);
+  FIELD(clm_adapter_options, num_layers);
+  FIELD(clm_adapter_options, layers);
+  FIELD(clm_adapter_options, n_layers);
+  FIELD(clm_adapter_options, residual_scale);
+
+  FIELD(clm_attention_params, struct_size);
+  FIELD(clm_attention_params, layer);
+  FIELD(clm_attention_params, num_q_heads);
+  FIELD(clm_attention_params, softmax_scale);
+  FIELD(clm_attention_params, sliding_window);
+  FIELD(clm_attention_params, num_threads);
+  FIELD(clm_attention_params, stream);
   printf("];\n");
 
   printf("pub const C_CONSTANTS: &[(&str, i64)] = &[\n");
@@ -94,6 +133,11 @@ int main(void) {
   CONST(CLM_EVICT_LFU);
   CONST(CLM_EVICT_SLRU);
   CONST(CLM_EVICT_PRIORITY);
+  CONST(CLM_GELU_TANH);
+  CONST(CLM_GELU_ERF);
+  CONST(CLM_DTYPE_F32);
+  CONST(CLM_DTYPE_F16);
+  CONST(CLM_DTYPE_BF16);
   printf("];\n");
   return 0;
 }

@@ -62,7 +62,7 @@ pub const CLM_EVICT_SLRU: i32 = 2;
 pub const CLM_EVICT_PRIORITY: i32 = 3;
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct clm_engine_options {
     pub struct_size: u32,
     pub num_pages: i32,
@@ -75,6 +75,40 @@ pub struct clm_engine_options {
     pub device: i32,
     pub eviction_policy: i32,
     pub slru_protected_fraction: f64,
+    // -- version 2: CLM suffix reuse --
+    pub src_daily_requests: f64,
+    pub src_threshold: f32,
+    pub src_breaker_score: f32,
+    pub src_breaker_steps: i32,
+    /// Copied by `clm_engine_create`; NULL for none.
+    pub special_token_ids: *const i32,
+    pub n_special_token_ids: usize,
+}
+
+impl Default for clm_engine_options {
+    /// All zero (NULL `special_token_ids`), as `memset(0)` in C; not the
+    /// library's defaults: `clm_engine_options_init` gives those.
+    fn default() -> Self {
+        clm_engine_options {
+            struct_size: 0,
+            num_pages: 0,
+            page_size: 0,
+            num_layers: 0,
+            kv_heads: 0,
+            head_dim: 0,
+            kv_dtype: 0,
+            memory: 0,
+            device: 0,
+            eviction_policy: 0,
+            slru_protected_fraction: 0.0,
+            src_daily_requests: 0.0,
+            src_threshold: 0.0,
+            src_breaker_score: 0.0,
+            src_breaker_steps: 0,
+            special_token_ids: std::ptr::null(),
+            n_special_token_ids: 0,
+        }
+    }
 }
 
 #[repr(C)]
@@ -127,6 +161,61 @@ pub struct clm_metrics {
     pub rejected: u64,
     pub active_sequences: i64,
     pub metadata_bytes: u64,
+    // -- version 2: the SRC head, its threshold and breaker --
+    pub src_threshold: f64,
+    pub src_steps: u64,
+    pub src_unscored_steps: u64,
+    pub src_reuse_decisions: u64,
+    pub src_retrievals_found: u64,
+    pub src_retrievals_failed: u64,
+    pub src_breaker_trips: u64,
+    pub src_baseline_sequences: i64,
+    pub src_injections: u64,
+}
+
+// ---- CLM suffix reuse: the SRC head ---------------------------------------------
+pub const CLM_GELU_TANH: i32 = 0;
+pub const CLM_GELU_ERF: i32 = 1;
+
+pub const CLM_DTYPE_F32: i32 = 0;
+pub const CLM_DTYPE_F16: i32 = 1;
+pub const CLM_DTYPE_BF16: i32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct clm_src_decision {
+    pub score: f32,
+    pub threshold: f32,
+    pub scored: u8,
+    pub reuse: u8,
+    pub baseline: u8,
+    pub reserved: u8,
+}
+
+// ---- CLM suffix reuse: snapshots ------------------------------------------------
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct clm_adapter_options {
+    pub struct_size: u32,
+    pub num_layers: i32,
+    /// Copied by the set/load calls; NULL with `n_layers` 0 for the last 3.
+    pub layers: *const i32,
+    pub n_layers: usize,
+    pub residual_scale: f32,
+}
+
+// ---- attention and KV kernels ---------------------------------------------------
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct clm_attention_params {
+    pub struct_size: u32,
+    pub layer: i32,
+    pub num_q_heads: i32,
+    pub softmax_scale: f32,
+    pub sliding_window: i32,
+    pub num_threads: i32,
+    /// A `cudaStream_t` for device pools; NULL is the default stream.
+    pub stream: *mut c_void,
 }
 
 extern "C" {
@@ -170,4 +259,140 @@ extern "C" {
     ) -> clm_status;
 
     pub fn clm_engine_metrics(out: *mut clm_metrics, engine: *const clm_engine) -> clm_status;
+
+    pub fn clm_engine_load_src_head(engine: *mut clm_engine, path: *const c_char, gelu: i32) -> clm_status;
+    pub fn clm_engine_set_src_head(
+        engine: *mut clm_engine,
+        hidden: i32,
+        w1: *const f32,
+        b1: *const f32,
+        w2: *const f32,
+        b2: f32,
+        gelu: i32,
+    ) -> clm_status;
+    pub fn clm_engine_src_step(
+        decisions: *mut clm_src_decision,
+        engine: *mut clm_engine,
+        seqs: *const *mut clm_seq,
+        n_seqs: usize,
+        attn_out: *const c_void,
+        dtype: i32,
+        n_rows: usize,
+        hidden: i32,
+        token_ids: *const i32,
+        indptr: *const i32,
+    ) -> clm_status;
+    pub fn clm_engine_report_retrieval(
+        engine: *mut clm_engine,
+        seqs: *const *mut clm_seq,
+        n_seqs: usize,
+        found: *const u8,
+    ) -> clm_status;
+
+    pub fn clm_engine_load_snapshot_projection(engine: *mut clm_engine, path: *const c_char) -> clm_status;
+    pub fn clm_engine_set_snapshot_projection(
+        engine: *mut clm_engine,
+        hidden: i32,
+        snapshot_dim: i32,
+        mean: *const f32,
+        components: *const f32,
+    ) -> clm_status;
+    pub fn clm_engine_make_snapshots(
+        snapshots: *mut f32,
+        snapshots_len: usize,
+        engine: *mut clm_engine,
+        rows: *const c_void,
+        dtype: i32,
+        n_rows: usize,
+        hidden: i32,
+    ) -> clm_status;
+    pub fn clm_adapter_options_init(options: *mut clm_adapter_options, struct_size: usize) -> clm_status;
+    pub fn clm_engine_load_snapshot_adapter(
+        engine: *mut clm_engine,
+        path: *const c_char,
+        options: *const clm_adapter_options,
+    ) -> clm_status;
+    pub fn clm_engine_set_snapshot_adapter(
+        engine: *mut clm_engine,
+        snapshot_dim: i32,
+        hidden: i32,
+        weight: *const f32,
+        bias: *const f32,
+        options: *const clm_adapter_options,
+    ) -> clm_status;
+    pub fn clm_engine_inject_snapshots(
+        engine: *mut clm_engine,
+        hidden_states: *mut c_void,
+        dtype: i32,
+        n_rows: usize,
+        hidden: i32,
+        seqs: *const *mut clm_seq,
+        n_seqs: usize,
+        indptr: *const i32,
+        snapshots: *const f32,
+        snapshot_dim: i32,
+        apply: *const u8,
+        layer: i32,
+    ) -> clm_status;
+
+    pub fn clm_attention_params_init(params: *mut clm_attention_params, struct_size: usize) -> clm_status;
+    pub fn clm_engine_write_kv(
+        engine: *mut clm_engine,
+        layer: i32,
+        slots: *const i64,
+        n_slots: usize,
+        k: *const f32,
+        v: *const f32,
+        kv_len: usize,
+        stream: *mut c_void,
+    ) -> clm_status;
+    pub fn clm_engine_paged_prefill_attention(
+        out: *mut f32,
+        out_len: usize,
+        engine: *const clm_engine,
+        params: *const clm_attention_params,
+        q: *const f32,
+        q_len: usize,
+        n_new: i32,
+        pages: *const i32,
+        n_pages: usize,
+        kv_len: i32,
+    ) -> clm_status;
+    pub fn clm_engine_paged_decode_attention(
+        out: *mut f32,
+        out_len: usize,
+        engine: *const clm_engine,
+        params: *const clm_attention_params,
+        q: *const f32,
+        q_len: usize,
+        indptr: *const i32,
+        indices: *const i32,
+        n_indices: usize,
+        last_page_len: *const i32,
+        n_seqs: usize,
+    ) -> clm_status;
+    pub fn clm_engine_copy_pages(
+        dst: *mut clm_engine,
+        dst_pages: *const i32,
+        src: *const clm_engine,
+        src_pages: *const i32,
+        n_pages: usize,
+        stream: *mut c_void,
+    ) -> clm_status;
+    pub fn clm_engine_gather_pages(
+        buffer: *mut c_void,
+        buffer_len: usize,
+        engine: *const clm_engine,
+        pages: *const i32,
+        n_pages: usize,
+        stream: *mut c_void,
+    ) -> clm_status;
+    pub fn clm_engine_scatter_pages(
+        engine: *mut clm_engine,
+        pages: *const i32,
+        n_pages: usize,
+        buffer: *const c_void,
+        buffer_len: usize,
+        stream: *mut c_void,
+    ) -> clm_status;
 }

@@ -36,7 +36,16 @@ macro_rules! constant {
 }
 
 fn rust_types() -> Vec<(&'static str, usize, usize)> {
-    vec![ty!(clm_status), ty!(clm_engine_options), ty!(clm_kv_layout), ty!(clm_admit_options), ty!(clm_metrics)]
+    vec![
+        ty!(clm_status),
+        ty!(clm_engine_options),
+        ty!(clm_kv_layout),
+        ty!(clm_admit_options),
+        ty!(clm_metrics),
+        ty!(clm_src_decision),
+        ty!(clm_adapter_options),
+        ty!(clm_attention_params),
+    ]
 }
 
 fn rust_fields() -> Vec<(&'static str, usize, usize)> {
@@ -52,6 +61,12 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, device),
         field!(clm_engine_options, eviction_policy),
         field!(clm_engine_options, slru_protected_fraction),
+        field!(clm_engine_options, src_daily_requests),
+        field!(clm_engine_options, src_threshold),
+        field!(clm_engine_options, src_breaker_score),
+        field!(clm_engine_options, src_breaker_steps),
+        field!(clm_engine_options, special_token_ids),
+        field!(clm_engine_options, n_special_token_ids),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -86,6 +101,33 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_metrics, rejected),
         field!(clm_metrics, active_sequences),
         field!(clm_metrics, metadata_bytes),
+        field!(clm_metrics, src_threshold),
+        field!(clm_metrics, src_steps),
+        field!(clm_metrics, src_unscored_steps),
+        field!(clm_metrics, src_reuse_decisions),
+        field!(clm_metrics, src_retrievals_found),
+        field!(clm_metrics, src_retrievals_failed),
+        field!(clm_metrics, src_breaker_trips),
+        field!(clm_metrics, src_baseline_sequences),
+        field!(clm_metrics, src_injections),
+        field!(clm_src_decision, score),
+        field!(clm_src_decision, threshold),
+        field!(clm_src_decision, scored),
+        field!(clm_src_decision, reuse),
+        field!(clm_src_decision, baseline),
+        field!(clm_src_decision, reserved),
+        field!(clm_adapter_options, struct_size),
+        field!(clm_adapter_options, num_layers),
+        field!(clm_adapter_options, layers),
+        field!(clm_adapter_options, n_layers),
+        field!(clm_adapter_options, residual_scale),
+        field!(clm_attention_params, struct_size),
+        field!(clm_attention_params, layer),
+        field!(clm_attention_params, num_q_heads),
+        field!(clm_attention_params, softmax_scale),
+        field!(clm_attention_params, sliding_window),
+        field!(clm_attention_params, num_threads),
+        field!(clm_attention_params, stream),
     ]
 }
 
@@ -113,6 +155,11 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         constant!(CLM_EVICT_LFU),
         constant!(CLM_EVICT_SLRU),
         constant!(CLM_EVICT_PRIORITY),
+        constant!(CLM_GELU_TANH),
+        constant!(CLM_GELU_ERF),
+        constant!(CLM_DTYPE_F32),
+        constant!(CLM_DTYPE_F16),
+        constant!(CLM_DTYPE_BF16),
     ]
 }
 
@@ -164,28 +211,55 @@ fn constants_match_c() {
 }
 
 // Worked out by hand for LP64 (8-byte pointers, size_t and double, 4-byte int):
-// engine options: u32 + 9 x i32 = 40, then the double at 40: 48.
+// engine options: u32 + 9 x i32 = 40, then the double at 40: 48 (version 1);
+// version 2 appends a double at 48, two floats at 56 and 60, an i32 at 64,
+// 4 bytes of padding, the pointer at 72 and the size_t at 80: 88.
 // kv layout: u32 at 0, pointer at 8, 2 x size_t -> 32, 7 x i32 = 28 -> 60,
 // padded to 64.
 // admit options: u32 at 0, pointer at 8, size_t at 16, 2 x i32 at 24: 32.
 // metrics: u32 at 0, 6 x 8-byte fields at 8..56, 2 x i32 at 56, 7 x u64 at
-// 64..120, i64 at 120, u64 at 128: 136.
+// 64..120, i64 at 120, u64 at 128: 136 (version 1); version 2 appends nine
+// 8-byte fields at 136..208: 208.
+// src decision: two floats at 0 and 4, four u8 at 8..12: 12, aligned to 4.
+// adapter options: u32 at 0, i32 at 4, pointer at 8, size_t at 16, float at
+// 24, padded to 32.
+// attention params: u32 at 0, 5 x 4-byte fields at 4..24, pointer at 24: 32.
 #[cfg(all(target_pointer_width = "64", not(windows)))]
 #[test]
 fn lp64_sizes_worked_out_by_hand() {
-    assert_eq!(size_of::<clm_engine_options>(), 48);
+    assert_eq!(size_of::<clm_engine_options>(), 88);
     assert_eq!(field!(clm_engine_options, slru_protected_fraction).1, 40);
+    assert_eq!(field!(clm_engine_options, src_daily_requests).1, 48);
+    assert_eq!(field!(clm_engine_options, src_threshold).1, 56);
+    assert_eq!(field!(clm_engine_options, src_breaker_score).1, 60);
+    assert_eq!(field!(clm_engine_options, src_breaker_steps).1, 64);
+    assert_eq!(field!(clm_engine_options, special_token_ids).1, 72);
+    assert_eq!(field!(clm_engine_options, n_special_token_ids).1, 80);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
     assert_eq!(size_of::<clm_admit_options>(), 32);
     assert_eq!(field!(clm_admit_options, cache_salt).1, 8);
     assert_eq!(field!(clm_admit_options, priority).1, 28);
-    assert_eq!(size_of::<clm_metrics>(), 136);
+    assert_eq!(size_of::<clm_metrics>(), 208);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);
     assert_eq!(field!(clm_metrics, active_sequences).1, 120);
     assert_eq!(field!(clm_metrics, metadata_bytes).1, 128);
+    assert_eq!(field!(clm_metrics, src_threshold).1, 136);
+    assert_eq!(field!(clm_metrics, src_baseline_sequences).1, 192);
+    assert_eq!(field!(clm_metrics, src_injections).1, 200);
+    assert_eq!((size_of::<clm_src_decision>(), align_of::<clm_src_decision>()), (12, 4));
+    assert_eq!(field!(clm_src_decision, scored).1, 8);
+    assert_eq!(field!(clm_src_decision, reserved).1, 11);
+    assert_eq!((size_of::<clm_adapter_options>(), align_of::<clm_adapter_options>()), (32, 8));
+    assert_eq!(field!(clm_adapter_options, layers).1, 8);
+    assert_eq!(field!(clm_adapter_options, n_layers).1, 16);
+    assert_eq!(field!(clm_adapter_options, residual_scale).1, 24);
+    assert_eq!((size_of::<clm_attention_params>(), align_of::<clm_attention_params>()), (32, 8));
+    assert_eq!(field!(clm_attention_params, softmax_scale).1, 12);
+    assert_eq!(field!(clm_attention_params, num_threads).1, 20);
+    assert_eq!(field!(clm_attention_params, stream).1, 24);
 }
 
 #[test]
@@ -199,6 +273,8 @@ fn links_and_agrees_on_the_version() {
 
 #[test]
 fn init_functions_accept_our_struct_sizes() {
+    // The size of version 1 of clm_engine_options (up to slru_protected_fraction).
+    let v1 = field!(clm_engine_options, slru_protected_fraction).1 + size_of::<f64>();
     // SAFETY: each pointer is to a live, properly sized value.
     unsafe {
         let mut engine = MaybeUninit::<clm_engine_options>::zeroed().assume_init();
@@ -207,8 +283,30 @@ fn init_functions_accept_our_struct_sizes() {
         let mut admit = MaybeUninit::<clm_admit_options>::zeroed().assume_init();
         assert_eq!(clm_admit_options_init(&mut admit, size_of::<clm_admit_options>()), CLM_OK);
         assert_eq!(admit.struct_size as usize, size_of::<clm_admit_options>());
-        // One byte short is a size this library does not know.
-        assert_eq!(clm_engine_options_init(&mut engine, size_of::<clm_engine_options>() - 1), CLM_ERR_INVALID_ARGUMENT);
+        let mut adapter = MaybeUninit::<clm_adapter_options>::zeroed().assume_init();
+        assert_eq!(clm_adapter_options_init(&mut adapter, size_of::<clm_adapter_options>()), CLM_OK);
+        assert_eq!(adapter.struct_size as usize, size_of::<clm_adapter_options>());
+        assert_eq!((adapter.layers, adapter.n_layers, adapter.residual_scale), (std::ptr::null(), 0, 0.3));
+        let mut params = MaybeUninit::<clm_attention_params>::zeroed().assume_init();
+        assert_eq!(clm_attention_params_init(&mut params, size_of::<clm_attention_params>()), CLM_OK);
+        assert_eq!(params.struct_size as usize, size_of::<clm_attention_params>());
+        assert!(params.stream.is_null());
+        // Version 1 of clm_engine_options (up to slru_protected_fraction) is
+        // still a size the library knows: old callers keep working.
+        // src_breaker_steps lies beyond v1: it must stay untouched.
+        let mut old = clm_engine_options { src_breaker_steps: -7, ..clm_engine_options::default() };
+        assert_eq!(clm_engine_options_init(&mut old, v1), CLM_OK);
+        assert_eq!((old.struct_size as usize, old.page_size, old.src_breaker_steps), (v1, 16, -7));
+        assert_eq!(engine.src_breaker_steps, 3);
+        assert_eq!(engine.src_threshold, -1.0);
+        assert_eq!(engine.src_daily_requests, 10000.0);
+        // One byte more than ours, or one byte short of version 1, is a size
+        // this library does not know (any size from version 1's to ours is
+        // accepted, so older callers keep working).
+        let mut big = [0u64; 16];
+        let big_ptr = big.as_mut_ptr() as *mut clm_engine_options;
+        assert_eq!(clm_engine_options_init(big_ptr, size_of::<clm_engine_options>() + 1), CLM_ERR_INVALID_ARGUMENT);
+        assert_eq!(clm_engine_options_init(&mut engine, v1 - 1), CLM_ERR_INVALID_ARGUMENT);
         assert!(!std::ffi::CStr::from_ptr(clm_last_error()).to_bytes().is_empty());
     }
 }

@@ -282,6 +282,18 @@ pub struct EngineOptions {
     pub eviction_policy: EvictionPolicy,
     /// In [0, 1], for [`EvictionPolicy::Slru`].
     pub slru_protected_fraction: f64,
+    /// Expected requests per day; sets the SRC threshold (`0.8 + 0.05 *
+    /// log10(daily / 10000)`, clamped to [0.7, 0.95]) when `src_threshold < 0`.
+    pub src_daily_requests: f64,
+    /// In [0, 1] fixes the SRC threshold; < 0 derives it from
+    /// `src_daily_requests`.
+    pub src_threshold: f32,
+    /// Scores above this whose snapshot retrieval failed count toward the breaker.
+    pub src_breaker_score: f32,
+    /// Consecutive such steps that switch a sequence to baseline mode (>= 1).
+    pub src_breaker_steps: i32,
+    /// Token ids left out of the SRC head's running mean (copied at creation).
+    pub special_token_ids: Vec<i32>,
 }
 
 impl EngineOptions {
@@ -309,10 +321,16 @@ impl EngineOptions {
                 raw.eviction_policy,
             )?,
             slru_protected_fraction: raw.slru_protected_fraction,
+            src_daily_requests: raw.src_daily_requests,
+            src_threshold: raw.src_threshold,
+            src_breaker_score: raw.src_breaker_score,
+            src_breaker_steps: raw.src_breaker_steps,
+            special_token_ids: Vec::new(),
         })
     }
 
     /// The C struct: the library's defaults overwritten by every field here.
+    /// It borrows `special_token_ids`, so it must not outlive `self`.
     pub fn to_raw(&self) -> Result<sys::clm_engine_options> {
         let mut raw = raw_engine_options()?;
         raw.num_pages = self.num_pages;
@@ -325,6 +343,13 @@ impl EngineOptions {
         raw.device = self.device;
         raw.eviction_policy = self.eviction_policy.raw();
         raw.slru_protected_fraction = self.slru_protected_fraction;
+        raw.src_daily_requests = self.src_daily_requests;
+        raw.src_threshold = self.src_threshold;
+        raw.src_breaker_score = self.src_breaker_score;
+        raw.src_breaker_steps = self.src_breaker_steps;
+        raw.special_token_ids =
+            if self.special_token_ids.is_empty() { ptr::null() } else { self.special_token_ids.as_ptr() };
+        raw.n_special_token_ids = self.special_token_ids.len();
         Ok(raw)
     }
 }
@@ -455,6 +480,24 @@ pub struct Metrics {
     pub rejected: u64,
     pub active_sequences: i64,
     pub metadata_bytes: u64,
+    /// The SRC threshold in force.
+    pub src_threshold: f64,
+    /// Sequence-steps scored by [`Engine::src_step`].
+    pub src_steps: u64,
+    /// Sequence-steps with no non-special row yet.
+    pub src_unscored_steps: u64,
+    /// Steps whose score passed the threshold.
+    pub src_reuse_decisions: u64,
+    /// Reported snapshot lookups that found one.
+    pub src_retrievals_found: u64,
+    /// Reported snapshot lookups that found none.
+    pub src_retrievals_failed: u64,
+    /// Sequences switched to baseline mode, ever.
+    pub src_breaker_trips: u64,
+    /// Running sequences in baseline mode now.
+    pub src_baseline_sequences: i64,
+    /// Sequence-layers that received a snapshot.
+    pub src_injections: u64,
 }
 
 impl From<sys::clm_metrics> for Metrics {
@@ -477,6 +520,15 @@ impl From<sys::clm_metrics> for Metrics {
             rejected: m.rejected,
             active_sequences: m.active_sequences,
             metadata_bytes: m.metadata_bytes,
+            src_threshold: m.src_threshold,
+            src_steps: m.src_steps,
+            src_unscored_steps: m.src_unscored_steps,
+            src_reuse_decisions: m.src_reuse_decisions,
+            src_retrievals_found: m.src_retrievals_found,
+            src_retrievals_failed: m.src_retrievals_failed,
+            src_breaker_trips: m.src_breaker_trips,
+            src_baseline_sequences: m.src_baseline_sequences,
+            src_injections: m.src_injections,
         }
     }
 }
@@ -500,6 +552,9 @@ pub struct PagedBatch {
 #[derive(Debug)]
 pub struct Engine {
     raw: NonNull<sys::clm_engine>,
+    // The pool's shape, read once at creation, for the length checks of the
+    // kernels (kernels.rs).
+    layout: KvLayout,
 }
 
 // SAFETY: clm.h: "an engine may be used from many threads at once"; every
@@ -515,10 +570,25 @@ impl Engine {
         let mut out: *mut sys::clm_engine = ptr::null_mut();
         // SAFETY: out and raw are valid for the call; raw.struct_size is ours.
         check(unsafe { sys::clm_engine_create(&mut out, &raw) })?;
-        match NonNull::new(out) {
-            Some(raw) => Ok(Engine { raw }),
-            None => Err(Error::new(ErrorCode::Internal, "clm_engine_create returned OK and no engine")),
-        }
+        let raw = match NonNull::new(out) {
+            Some(raw) => raw,
+            None => return Err(Error::new(ErrorCode::Internal, "clm_engine_create returned OK and no engine")),
+        };
+        let layout = KvLayout {
+            base: ptr::null_mut(),
+            page_bytes: 0,
+            layer_bytes: 0,
+            num_pages: 0,
+            page_size: 0,
+            num_layers: 0,
+            kv_heads: 0,
+            head_dim: 0,
+            kv_dtype: KvDtype::F32,
+            memory: MemoryKind::None,
+        };
+        let mut engine = Engine { raw, layout };
+        engine.layout = engine.kv_layout()?; // on error, Drop frees the engine
+        Ok(engine)
     }
 
     /// Admits a prompt with default options (`clm_engine_admit`): matches the
@@ -742,3 +812,9 @@ impl Drop for Sequence {
         unsafe { sys::clm_seq_free(self.raw.as_ptr()) }
     }
 }
+
+mod clm;
+mod kernels;
+
+pub use crate::clm::{ActDtype, Activations, ActivationsMut, AdapterOptions, Gelu, SrcDecision, SrcHeadWeights};
+pub use crate::kernels::AttentionParams;

@@ -307,7 +307,16 @@ fn metrics_count_what_happened() {
     const PAGES: i32 = 16;
     let engine = engine(PAGES);
     let m = engine.metrics().unwrap();
-    assert_eq!(m, clmcache::Metrics { pages_free: PAGES, metadata_bytes: m.metadata_bytes, ..Default::default() });
+    assert_eq!(
+        m,
+        clmcache::Metrics {
+            pages_free: PAGES,
+            metadata_bytes: m.metadata_bytes,
+            src_threshold: m.src_threshold,
+            ..Default::default()
+        }
+    );
+    assert!((m.src_threshold - 0.8).abs() < 1e-6, "the default threshold: {}", m.src_threshold);
 
     let shared = tokens(1, 32);
     engine.admit(&shared).unwrap().finish().unwrap(); // A: published, 2 pages

@@ -1,0 +1,129 @@
+// capi/capi_internal.hpp: what the C ABI's source files share: the handle
+// types behind clm.h's opaque pointers, the thread-local error message, the
+// exception guard and the versioned-struct helpers. Not installed.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm.h"
+#include "clm/engine.hpp"
+
+namespace clm_capi {
+
+// The message clm_last_error returns: one per thread.
+inline std::string& last_error_message() {
+  thread_local std::string message;
+  return message;
+}
+
+inline clm_status fail(clm_status code, std::string message) {
+  last_error_message() = std::move(message);
+  return code;
+}
+inline clm_status report(const clm::Status& s) {
+  return s.ok() ? CLM_OK : fail(static_cast<clm_status>(s.code()), s.message());
+}
+
+// Runs body, turning any exception into a status: nothing throws through the ABI.
+template <class Body>
+clm_status guarded(Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(CLM_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(CLM_ERR_INTERNAL, fmt::format("internal error: {}", e.what()));
+  } catch (...) {
+    return fail(CLM_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+// Versioned structs: accept any size from the first version's up to ours, and
+// read only the fields the caller's size covers.
+template <class Struct>
+clm_status check_struct_size(std::size_t size, std::size_t first_version_size, const char* what) {
+  if (size < first_version_size || size > sizeof(Struct)) {
+    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: struct_size {} is not a size this library knows ({}..{})",
+                                                      what, size, first_version_size, sizeof(Struct)));
+  }
+  return CLM_OK;
+}
+// The sizes of the first version of each struct: frozen. A later version
+// appends fields and accepts callers compiled with any size from these on.
+constexpr std::size_t kMaxTokens = clm::Engine::kMaxTokens;  // per call
+constexpr std::size_t kMaxSaltBytes = std::size_t{1} << 16;  // a salt names a tenant, not a document
+constexpr std::size_t kEngineOptionsV1 = offsetof(clm_engine_options, slru_protected_fraction) + sizeof(double);
+constexpr std::size_t kAdmitOptionsV1 = offsetof(clm_admit_options, priority) + sizeof(int32_t);
+constexpr std::size_t kMetricsV1 = offsetof(clm_metrics, metadata_bytes) + sizeof(uint64_t);
+constexpr std::size_t kKvLayoutV1 = offsetof(clm_kv_layout, memory) + sizeof(int32_t);
+
+// A caller's struct of `size` bytes as this library's full struct: the
+// caller's fields, and the defaults for fields its version did not have.
+template <class Struct>
+Struct widen(const Struct* caller, std::size_t size, const Struct& defaults) {
+  Struct full = defaults;
+  std::memcpy(static_cast<void*>(&full), caller, std::min(size, sizeof(Struct)));
+  return full;
+}
+
+inline clm_status null_argument(const char* function, const char* name) {
+  return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: {} is NULL", function, name));
+}
+
+// The engine is shared with its sequence handles, so that a handle outliving
+// clm_engine_free fails cleanly instead of touching freed memory.
+struct EngineState {
+  std::unique_ptr<clm::Engine> engine;
+  std::atomic<bool> closed{false};
+};
+}  // namespace clm_capi
+
+struct clm_engine {
+  std::shared_ptr<clm_capi::EngineState> state;
+};
+struct clm_seq {
+  std::shared_ptr<clm_capi::EngineState> state;
+  clm::Admission admission;         // id, cached tokens, page table, slots of the prompt
+  std::vector<std::int64_t> slots;  // of the last extend
+  bool extended = false;
+  bool ended = false;
+  const char* ended_by = "";
+};
+
+namespace clm_capi {
+
+inline clm_status check_running(const clm_seq* seq, const char* function) {
+  if (!seq) return null_argument(function, "seq");
+  if (seq->state->closed) return fail(CLM_ERR_FAILED_PRECONDITION, fmt::format("{}: the engine was freed", function));
+  if (seq->ended) {
+    return fail(CLM_ERR_FAILED_PRECONDITION, fmt::format("{}: the sequence was already {}", function, seq->ended_by));
+  }
+  return CLM_OK;
+}
+
+// The engine's ids of `seqs`, each running and belonging to `engine`.
+inline clm_status sequence_ids(const clm_engine* engine, clm_seq* const* seqs, std::size_t n_seqs, const char* fn,
+                               std::vector<clm::SequenceId>& ids) {
+  if (!seqs && n_seqs > 0) return null_argument(fn, "seqs");
+  ids.resize(n_seqs);
+  for (std::size_t i = 0; i < n_seqs; ++i) {
+    if (clm_status s = check_running(seqs[i], fn)) return s;
+    if (seqs[i]->state != engine->state) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: seqs[{}] belongs to another engine", fn, i));
+    }
+    ids[i] = seqs[i]->admission.seq;
+  }
+  return CLM_OK;
+}
+
+}  // namespace clm_capi

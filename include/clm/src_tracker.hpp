@@ -1,0 +1,119 @@
+// clm/src_tracker.hpp: the SRC head run step by step over running sequences.
+// Keeps each sequence's running sum of its non-special attention-output rows,
+// so a decode step costs one row per sequence (not the whole history), scores
+// the means with the SrcHead, and passes each score through the gate and
+// breaker of src_gate.hpp. Engine owns one (Engine::src_step); hosts without
+// an Engine may use it directly.
+//
+//   clm::SrcTracker tracker(config, {128009});       // <|eot_id|> is not averaged
+//   tracker.set_head(head);                           // std::shared_ptr<const SrcHead>
+//   tracker.add(seq);                                 // when the sequence starts
+//   // each step: the new rows of a layer's attention output, CSR over `seqs`
+//   std::vector<clm::SrcDecision> d(seqs.size());
+//   CLM_RETURN_IF_ERROR(tracker.step(seqs, attn_out, token_ids, indptr, d));
+//   // for each d[i].reuse: look up a snapshot, then
+//   CLM_RETURN_IF_ERROR(tracker.report_retrieval(seqs, found));
+//   tracker.remove(seq);                              // when it ends
+//
+// A step validates everything first (shapes, NaN/Inf, unknown or duplicate
+// sequences, the head's arithmetic) and only then commits the new sums and
+// gate states: a failed step changes nothing. Steps of different sequences may
+// run concurrently; the heavy part (the head's GEMM) runs outside the lock.
+// Two steps of the same sequence at once are refused (failed_precondition).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "clm/activations.hpp"
+#include "clm/src_gate.hpp"
+#include "clm/src_head.hpp"
+#include "clm/status.hpp"
+
+namespace clm {
+
+// What one step says about one sequence.
+struct SrcDecision {
+  float score = 0.0f;         // SRC in [0, 1]; 0 when not scored
+  float threshold = 0.0f;     // the threshold it was compared with
+  std::uint8_t scored = 0;    // 0: no non-special position yet, nothing to average
+  std::uint8_t reuse = 0;     // look up a snapshot and inject it
+  std::uint8_t baseline = 0;  // the breaker has switched this sequence off
+};
+
+struct SrcMetrics {
+  float threshold = 0.0f;               // the threshold in force
+  std::uint64_t steps = 0;              // sequence-steps scored
+  std::uint64_t unscored_steps = 0;     // sequence-steps with nothing to average yet
+  std::uint64_t reuse_decisions = 0;    // steps that passed the gate
+  std::uint64_t retrievals_found = 0;   // reported lookups that found a snapshot
+  std::uint64_t retrievals_failed = 0;  // ... that found none
+  std::uint64_t breaker_trips = 0;      // sequences switched to baseline, ever
+  std::uint64_t injections = 0;         // sequence-layers that received a snapshot (Engine::inject_snapshots)
+  std::int64_t baseline_sequences = 0;  // tracked sequences in baseline mode now
+  std::int64_t tracked_sequences = 0;
+};
+
+class SrcTracker {
+ public:
+  using SeqId = std::uint64_t;
+
+  // config must pass check_src_gate_config (Engine::create checks it).
+  SrcTracker(SrcGateConfig config, std::vector<std::int32_t> special_ids);
+
+  // Installs (or, with nullptr, removes) the head. A head of another hidden
+  // size clears every sequence's running sum (their gate states stay).
+  void set_head(std::shared_ptr<const SrcHead> head);
+  std::shared_ptr<const SrcHead> head() const;
+
+  // Starts / ends tracking a sequence. add of a tracked id is a no-op.
+  void add(SeqId id);
+  void remove(SeqId id);
+
+  // One step: attn_out [total_tokens][hidden] holds the new rows of every
+  // sequence, ids[i] owning rows indptr[i] .. indptr[i+1]-1 (indptr has
+  // ids.size() + 1 entries, starting at 0, ending at total_tokens; a sequence
+  // may have 0 new rows). decisions_out: [ids.size()].
+  // failed_precondition without a head; not_found for an untracked id;
+  // invalid_argument for bad shapes, duplicate ids, NaN/Inf rows.
+  Status step(std::span<const SeqId> ids, ConstActivationView attn_out, std::span<const std::int32_t> token_ids,
+              std::span<const std::int32_t> indptr, std::span<SrcDecision> decisions_out);
+
+  // found[i] != 0: the lookup for ids[i] (after a step with reuse) found a
+  // snapshot. Feeds the breaker. not_found for an untracked id; nothing
+  // changes on error.
+  Status report_retrieval(std::span<const SeqId> ids, std::span<const std::uint8_t> found);
+
+  // Whether the breaker has switched the sequence to baseline (false when untracked).
+  bool in_baseline(SeqId id) const;
+  // baseline_out[i] = in_baseline(ids[i]); not_found for an untracked id.
+  Status baseline_flags(std::span<const SeqId> ids, std::vector<std::uint8_t>& baseline_out) const;
+  // Counts snapshot injections into the metrics.
+  void count_injections(std::uint64_t n);
+
+  SrcMetrics metrics() const;
+  const SrcGateConfig& config() const { return config_; }
+
+ private:
+  struct SequenceState {
+    std::vector<double> sum;  // [hidden] over non-special rows so far; empty until the first step
+    std::int64_t count = 0;
+    std::uint64_t version = 0;  // bumped by each committed step: detects concurrent steps
+    SrcGateState gate;
+  };
+
+  const SrcGateConfig config_;
+  const float threshold_;
+  const std::vector<std::int32_t> special_ids_;  // sorted, unique
+
+  mutable std::mutex mutex_;
+  std::shared_ptr<const SrcHead> head_;
+  std::unordered_map<SeqId, SequenceState> states_;
+  SrcMetrics metrics_;
+};
+
+}  // namespace clm

@@ -1,0 +1,309 @@
+// bench_cuda_clm: the CLM model side on this machine's GPU (clm/cuda_clm.hpp),
+// one JSON object per figure (as the other benches):
+//
+//   src_head/...  DeviceSrcHead::score_async at hidden 4096 (inner 1024) over M
+//                 sequences: the head's effective GEMM rate, 2*M*hidden*inner
+//                 FLOP / time of the whole call (upload, masked mean, GEMM,
+//                 fused bias+GELU+dot+sigmoid), vs cuBLAS's own rate for the
+//                 same GEMM (cublasGemmEx, f32, same shape) measured in the same
+//                 run; target >= 0.6 for the decode shapes (one token per
+//                 sequence). The prefill shape (8 x 512 tokens) is dominated by
+//                 reading attn_out: its figure is the DRAM bytes the head must
+//                 read (attn_out + W1) per second vs a device-to-device
+//                 cudaMemcpy (read + write bytes); target >= 0.6.
+//   adapter/...   DeviceSnapshotAdapter::apply (and inject = prepare + apply)
+//                 over the hidden states: bytes read + written per second vs a
+//                 device-to-device cudaMemcpy of the same bytes (read + write).
+//
+// Without a usable CUDA device it says SKIPPED on stderr and exits 0. With
+// CLM_BENCH_MARKDOWN=<file> it also writes the figures as a markdown table.
+// CLM_BENCH_SMOKE=1 shrinks every shape (a quick check of the program itself).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm/cuda_clm.hpp"
+#include "clm/device_memory.hpp"
+
+namespace {
+
+struct Figure {
+  std::string name, metric, unit, baseline_metric;
+  double value, baseline;
+  double target;  // 0: none
+};
+std::vector<Figure> g_figures;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "bench_cuda_clm: %s\n", what.c_str());
+  std::exit(1);
+}
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) die(fmt::format("{}: {}", what, cudaGetErrorString(err)));
+}
+void check(cublasStatus_t err, const char* what) {
+  if (err != CUBLAS_STATUS_SUCCESS) die(fmt::format("{}: {}", what, cublasGetStatusString(err)));
+}
+void check(const clm::Status& st, const char* what) {
+  if (!st.ok()) die(fmt::format("{}: {}: {}", what, st.code_name(), st.message()));
+}
+
+void report(const std::string& name, const char* metric, double value, const char* unit, const char* baseline_metric,
+            double baseline, double target = 0) {
+  fmt::print(
+      "{{\"bench\":\"cuda_clm\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{:.4f},\"unit\":\"{}\","
+      "\"baseline_metric\":\"{}\",\"baseline\":{:.4f},\"ratio\":{:.4f}}}\n",
+      name, metric, value, unit, baseline_metric, baseline, value / baseline);
+  std::fflush(stdout);
+  g_figures.push_back(Figure{name, metric, unit, baseline_metric, value, baseline, target});
+}
+
+// Median time in ms of `runs` calls of f on `stream`, timed with events.
+template <class F>
+double time_ms(cudaStream_t stream, int warmup, int runs, F&& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  check(cudaStreamSynchronize(stream), "warmup");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    f();
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
+
+template <class T>
+T* device_alloc(std::size_t count) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, std::max<std::size_t>(count * sizeof(T), 16)), "cudaMalloc");
+  return static_cast<T*>(p);
+}
+
+std::vector<float> uniform(std::size_t n, float lo, float hi, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Random activations in `dtype` (f32 bits, or the high halves for bf16: values stay finite).
+void fill_activations(void* dst, clm::ActDType dtype, std::size_t n, std::mt19937_64& rng) {
+  const std::vector<float> f = uniform(n, -1.0f, 1.0f, rng);
+  if (dtype == clm::ActDType::f32) {
+    check(cudaMemcpy(dst, f.data(), n * 4, cudaMemcpyHostToDevice), "upload");
+    return;
+  }
+  std::vector<std::uint16_t> h(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, &f[i], 4);
+    h[i] = dtype == clm::ActDType::bf16 ? static_cast<std::uint16_t>(u >> 16) : std::uint16_t{0x3c00};  // f16: 1.0
+  }
+  check(cudaMemcpy(dst, h.data(), n * 2, cudaMemcpyHostToDevice), "upload");
+}
+
+double memcpy_gbps(cudaStream_t stream, std::size_t bytes) {
+  void* a = device_alloc<unsigned char>(bytes);
+  void* b = device_alloc<unsigned char>(bytes);
+  check(cudaMemset(a, 1, bytes), "cudaMemset");
+  const double ms = time_ms(
+      stream, 3, 20, [&] { check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"); });
+  cudaFree(a);
+  cudaFree(b);
+  return gbps(2.0 * static_cast<double>(bytes), ms);
+}
+
+std::int32_t g_hidden = 4096;
+std::int32_t g_shrink = 1;
+
+struct HeadShape {
+  const char* label;
+  std::int32_t batch;
+  std::int32_t tokens_per_seq;
+};
+
+void bench_head(cudaStream_t stream, cublasHandle_t blas, double big_memcpy_gbps, clm::ActDType dtype,
+                const HeadShape& s) {
+  std::mt19937_64 rng(11);
+  const std::int32_t hidden = g_hidden;
+  const std::int32_t inner = hidden / 4;
+  const std::int32_t batch = std::max(1, s.batch / g_shrink);
+  const std::int32_t per = std::max(1, s.tokens_per_seq / g_shrink);
+  const std::size_t tokens = static_cast<std::size_t>(batch) * per;
+  clm::SrcHeadWeights w;
+  w.hidden = hidden;
+  w.w1 = uniform(static_cast<std::size_t>(inner) * hidden, -0.03f, 0.03f, rng);
+  w.b1 = uniform(static_cast<std::size_t>(inner), -0.1f, 0.1f, rng);
+  w.w2 = uniform(static_cast<std::size_t>(inner), -0.1f, 0.1f, rng);
+  std::unique_ptr<clm::cuda::DeviceSrcHead> head;
+  check(clm::cuda::DeviceSrcHead::create(0, w, clm::Gelu::tanh, head), "DeviceSrcHead::create");
+
+  void* attn = device_alloc<unsigned char>(tokens * hidden * clm::kv_dtype_bytes(dtype));
+  fill_activations(attn, dtype, tokens * hidden, rng);
+  std::vector<std::int32_t> ids(tokens);
+  for (std::size_t t = 0; t < tokens; ++t) ids[t] = static_cast<std::int32_t>(100 + t % 1000);
+  auto* d_ids = device_alloc<std::int32_t>(tokens);
+  check(cudaMemcpy(d_ids, ids.data(), tokens * 4, cudaMemcpyHostToDevice), "upload ids");
+  std::vector<std::int32_t> indptr{0};
+  for (std::int32_t b = 0; b < batch; ++b) indptr.push_back(indptr.back() + per);
+  const std::vector<std::int32_t> special = {128000, 128001, 128009};
+  auto* d_scores = device_alloc<float>(static_cast<std::size_t>(batch));
+  const clm::ConstActivationView view{attn, dtype, static_cast<std::int64_t>(tokens), hidden};
+
+  const double head_ms = time_ms(
+      stream, 3, 30, [&] { check(head->score_async(view, d_ids, indptr, special, d_scores, stream), "score_async"); });
+  check(head->check(stream), "check");
+  std::vector<float> host_scores(static_cast<std::size_t>(batch));
+  const double sync_ms =
+      time_ms(stream, 2, 10, [&] { check(head->score(view, d_ids, indptr, special, host_scores, stream), "score"); });
+
+  // cuBLAS alone at the same shape: Z^T [inner x batch] = W1 (T) x H^T, f32.
+  auto* d_w1 = device_alloc<float>(w.w1.size());
+  check(cudaMemcpy(d_w1, w.w1.data(), w.w1.size() * 4, cudaMemcpyHostToDevice), "upload w1");
+  auto* d_h = device_alloc<float>(static_cast<std::size_t>(batch) * hidden);
+  auto* d_z = device_alloc<float>(static_cast<std::size_t>(batch) * inner);
+  check(cudaMemset(d_h, 0, static_cast<std::size_t>(batch) * hidden * 4), "cudaMemset");
+  check(cublasSetStream(blas, stream), "cublasSetStream");
+  const float one = 1.0f, zero = 0.0f;
+  const double gemm_ms = time_ms(stream, 3, 30, [&] {
+    check(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, inner, batch, hidden, &one, d_w1, CUDA_R_32F, hidden, d_h,
+                       CUDA_R_32F, hidden, &zero, d_z, CUDA_R_32F, inner, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  });
+
+  const double flop = 2.0 * batch * static_cast<double>(hidden) * inner;
+  const std::string name =
+      fmt::format("src_head/{}/{}/b{}/tok{}/h{}", s.label, clm::kv_dtype_name(dtype), batch, per, hidden);
+  const bool decode = per == 1;
+  report(name, "effective_gemm_TFLOPs", flop / (head_ms * 1e-3) / 1e12, "TFLOP/s", "cublas_gemm_TFLOPs",
+         flop / (gemm_ms * 1e-3) / 1e12, decode ? 0.6 : 0);
+  if (!decode) {
+    const double bytes = static_cast<double>(tokens) * hidden * static_cast<double>(clm::kv_dtype_bytes(dtype)) +
+                         static_cast<double>(w.w1.size()) * 4.0;
+    report(name, "read_GBps(attn_out+W1)", gbps(bytes, head_ms), "GB/s", "d2d_memcpy_read_plus_write_GBps",
+           big_memcpy_gbps, 0.6);
+  }
+  report(name, "us_per_score_async", head_ms * 1e3, "us", "us_cublas_gemm_alone", gemm_ms * 1e3);
+  report(name, "us_per_score_sync", sync_ms * 1e3, "us", "us_per_score_async", head_ms * 1e3);
+  for (void* p : {static_cast<void*>(d_w1), static_cast<void*>(d_h), static_cast<void*>(d_z), attn,
+                  static_cast<void*>(d_ids), static_cast<void*>(d_scores)}) {
+    cudaFree(p);
+  }
+}
+
+struct AdapterShape {
+  const char* label;
+  std::int32_t batch;
+  std::int32_t tokens_per_seq;
+};
+
+void bench_adapter(cudaStream_t stream, clm::ActDType dtype, const AdapterShape& s) {
+  std::mt19937_64 rng(12);
+  const std::int32_t hidden = g_hidden;
+  const std::int32_t sdim = 256;
+  const std::int32_t batch = std::max(1, s.batch / g_shrink);
+  const std::int32_t per = std::max(1, s.tokens_per_seq / g_shrink);
+  const std::size_t rows = static_cast<std::size_t>(batch) * per;
+  clm::SnapshotAdapterWeights w;
+  w.snapshot_dim = sdim;
+  w.hidden = hidden;
+  w.weight = uniform(static_cast<std::size_t>(hidden) * sdim, -0.05f, 0.05f, rng);
+  w.bias = uniform(static_cast<std::size_t>(hidden), -0.05f, 0.05f, rng);
+  clm::SnapshotAdapterConfig cfg;
+  cfg.num_layers = 32;
+  std::unique_ptr<clm::cuda::DeviceSnapshotAdapter> adapter;
+  check(clm::cuda::DeviceSnapshotAdapter::create(0, w, cfg, adapter), "DeviceSnapshotAdapter::create");
+  const std::size_t bytes = rows * hidden * clm::kv_dtype_bytes(dtype);
+  void* hs = device_alloc<unsigned char>(bytes);
+  fill_activations(hs, dtype, rows * hidden, rng);
+  auto* snaps = device_alloc<float>(static_cast<std::size_t>(batch) * sdim);
+  const std::vector<float> sv = uniform(static_cast<std::size_t>(batch) * sdim, -1.0f, 1.0f, rng);
+  check(cudaMemcpy(snaps, sv.data(), sv.size() * 4, cudaMemcpyHostToDevice), "upload snapshots");
+  std::vector<std::int32_t> indptr{0};
+  for (std::int32_t b = 0; b < batch; ++b) indptr.push_back(indptr.back() + per);
+  const clm::ActivationView view{hs, dtype, static_cast<std::int64_t>(rows), hidden};
+  const std::int32_t layer = cfg.num_layers - 1;
+  check(adapter->prepare(snaps, batch, stream), "prepare");
+  const double apply_ms =
+      time_ms(stream, 3, 30, [&] { check(adapter->apply(view, indptr, {}, layer, stream), "apply"); });
+  const double inject_ms =
+      time_ms(stream, 3, 30, [&] { check(adapter->inject(view, indptr, snaps, {}, layer, stream), "inject"); });
+  const double copy_gbps = memcpy_gbps(stream, bytes);
+  const std::string name =
+      fmt::format("adapter/{}/{}/b{}/tok{}/h{}/s{}", s.label, clm::kv_dtype_name(dtype), batch, per, hidden, sdim);
+  report(name, "apply_GBps", gbps(2.0 * static_cast<double>(bytes), apply_ms), "GB/s", "d2d_memcpy_same_bytes_GBps",
+         copy_gbps, per > 1 ? 0.6 : 0);
+  report(name, "inject_GBps", gbps(2.0 * static_cast<double>(bytes), inject_ms), "GB/s", "d2d_memcpy_same_bytes_GBps",
+         copy_gbps);
+  report(name, "us_per_apply", apply_ms * 1e3, "us", "us_d2d_memcpy_same_bytes",
+         2.0 * static_cast<double>(bytes) / (copy_gbps * 1e9) * 1e6);
+  cudaFree(hs);
+  cudaFree(snaps);
+}
+
+void write_markdown(const char* path) {
+  std::ofstream md(path);
+  md << "| case | metric | value | baseline | ratio | target |\n|---|---|---:|---:|---:|---|\n";
+  for (const Figure& f : g_figures) {
+    const double ratio = f.value / f.baseline;
+    md << "| " << f.name << " | " << f.metric << " | " << fmt::format("{:.2f} {}", f.value, f.unit) << " | "
+       << fmt::format("{:.2f} ({})", f.baseline, f.baseline_metric) << " | " << fmt::format("{:.3f}", ratio) << " | "
+       << (f.target > 0 ? fmt::format(">= {:.2f} {}", f.target, ratio >= f.target ? "met" : "**missed**") : "")
+       << " |\n";
+  }
+}
+
+}  // namespace
+
+int main() {
+  std::string reason;
+  if (clm::cuda_device_count(&reason) == 0) {
+    std::fprintf(stderr, "bench_cuda_clm: SKIPPED (no usable CUDA device: %s)\n", reason.c_str());
+    return 0;
+  }
+  if (const char* smoke = std::getenv("CLM_BENCH_SMOKE"); smoke && std::string(smoke) == "1") {
+    g_shrink = 8;
+    g_hidden = 1024;
+  }
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cublasHandle_t blas;
+  check(cublasCreate(&blas), "cublasCreate");
+  const double big_memcpy = memcpy_gbps(stream, (std::size_t{1} << 30) / static_cast<std::size_t>(g_shrink));
+
+  const HeadShape heads[] = {{"decode", 64, 1}, {"decode", 512, 1}, {"prefill", 8, 512}};
+  for (clm::ActDType dtype : {clm::ActDType::f32, clm::ActDType::bf16}) {
+    for (const HeadShape& s : heads) bench_head(stream, blas, big_memcpy, dtype, s);
+  }
+  const AdapterShape adapters[] = {{"decode", 64, 1}, {"decode", 512, 1}, {"prefill", 8, 512}};
+  for (clm::ActDType dtype : {clm::ActDType::f32, clm::ActDType::bf16}) {
+    for (const AdapterShape& s : adapters) bench_adapter(stream, dtype, s);
+  }
+  cublasDestroy(blas);
+  check(cudaStreamSynchronize(stream), "synchronize");
+  cudaStreamDestroy(stream);
+  if (const char* md = std::getenv("CLM_BENCH_MARKDOWN")) write_markdown(md);
+  return 0;
+}
