@@ -2,12 +2,7 @@
 // the CPU runs it, else Eigen with the library's generic flags.
 #include "dense_gemm.hpp"
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wpedantic"
 #include <Eigen/Core>
-#pragma GCC diagnostic pop
 
 #include "eigen_avx2.hpp"
 

@@ -42,10 +42,6 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wpedantic"
 #define __SSE3__ 1
 #define __SSSE3__ 1
 #define __SSE4_1__ 1
@@ -64,7 +60,6 @@
 #undef __AVX__
 #undef __AVX2__
 #undef __FMA__
-#pragma GCC diagnostic pop
 
 namespace clm::detail {
 

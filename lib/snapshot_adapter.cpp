@@ -9,12 +9,7 @@
 #include <limits>
 #include <string>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wpedantic"
 #include <Eigen/Core>
-#pragma GCC diagnostic pop
 
 #include "clm/snapshot_projection.hpp"  // snapshot_from_f16
 #include "dense_gemm.hpp"

@@ -12,14 +12,9 @@
 #include <random>
 #include <string>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wpedantic"
 #include <Eigen/Core>
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
-#pragma GCC diagnostic pop
 
 #include "dense_gemm.hpp"
 #include "float_tensor.hpp"

@@ -10,12 +10,7 @@
 #include <cstddef>
 #include <string>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wpedantic"
 #include <Eigen/Core>
-#pragma GCC diagnostic pop
 
 #include "src_head_pooled.hpp"  // after Eigen
 

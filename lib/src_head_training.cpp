@@ -12,12 +12,7 @@
 #include <string>
 #include <utility>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#pragma GCC diagnostic ignored "-Wshadow"
-#pragma GCC diagnostic ignored "-Wpedantic"
 #include <Eigen/Core>
-#pragma GCC diagnostic pop
 
 namespace clm {
 namespace {

@@ -13,27 +13,15 @@
 
 #include <unistd.h>  // getpid
 
+#include "test_support.hpp"
+
 namespace {
 
 using clm::StatusCode;
 using clm::TensorDType;
 
-// A file built by hand: the 8-byte little-endian length, `json`, then `data`.
-std::vector<std::byte> make_file(const std::string& json, const std::vector<std::byte>& data = {}) {
-  std::vector<std::byte> out;
-  const auto n = static_cast<std::uint64_t>(json.size());
-  for (int k = 0; k < 8; ++k) out.push_back(static_cast<std::byte>((n >> (8 * k)) & 0xFF));
-  for (char c : json) out.push_back(static_cast<std::byte>(c));
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
-}
 
-template <typename T>
-std::vector<std::byte> raw_bytes(const std::vector<T>& values) {
-  std::vector<std::byte> out(values.size() * sizeof(T));
-  if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
-  return out;
-}
+using clm_test::raw_bytes;
 
 template <typename T>
 std::vector<T> values_of(const clm::TensorView& t) {
@@ -69,7 +57,7 @@ TEST_CASE("a hand-built file parses to the right values") {
       "  \"proj.weight\": {\"shape\": [2, 3], \"data_offsets\": [0, 24], \"dtype\": \"F32\"},\n"
       "  \"empty\": {\"dtype\":\"F16\",\"shape\":[0, 4],\"data_offsets\":[36,36]}}     ";
   clm::SafetensorsFile file;
-  const clm::Status s = clm::SafetensorsFile::parse(make_file(json, data), file);
+  const clm::Status s = clm::SafetensorsFile::parse(clm_test::file_bytes(json, data), file);
   INFO(s.message());
   REQUIRE(s.ok());
   REQUIRE(file.size() == 3);
@@ -102,12 +90,12 @@ TEST_CASE("a hand-built file parses to the right values") {
   const std::vector<double> one = {6.5};
   clm::SafetensorsFile scalar;
   REQUIRE(clm::SafetensorsFile::parse(
-              make_file("{\"x\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]}}", raw_bytes(one)),
+              clm_test::file_bytes("{\"x\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]}}", raw_bytes(one)),
               scalar)
               .ok());
   REQUIRE(values_of<double>(*scalar.find("x")) == one);
   clm::SafetensorsFile none;
-  REQUIRE(clm::SafetensorsFile::parse(make_file("{}"), none).ok());
+  REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes("{}"), none).ok());
   REQUIRE(none.size() == 0);
 }
 
@@ -115,7 +103,7 @@ TEST_CASE("get reports the tensor, the expected and the actual dtype and shape")
   const std::vector<float> w(6, 1.0f);
   clm::SafetensorsFile file;
   REQUIRE(clm::SafetensorsFile::parse(
-              make_file("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", raw_bytes(w)),
+              clm_test::file_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", raw_bytes(w)),
               file)
               .ok());
   const clm::TensorView* out = nullptr;
@@ -226,55 +214,55 @@ TEST_CASE("malformed files are refused with the right status") {
   std::vector<Case> cases = {
       {"empty file", {}},
       {"shorter than the length", {std::byte{2}, std::byte{0}}},
-      {"header longer than the file", make_file("{}", {})},
+      {"header longer than the file", clm_test::file_bytes("{}", {})},
       {"absurd header length", {}},
-      {"header not an object", make_file("[]", data)},
-      {"unterminated object", make_file("{\"t\":{\"dtype\":\"F32\"", data)},
-      {"missing colon", make_file("{\"t\" {}}", data)},
-      {"trailing comma", make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}", data)},
-      {"trailing garbage", make_file(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") + " x", data)},
-      {"single quotes", make_file("{'t':{}}", data)},
-      {"bad escape", make_file("{\"t\\q\":{}}", data)},
-      {"lone surrogate", make_file("{\"\\ud800\":{}}", data)},
-      {"control character", make_file("{\"a\nb\":{}}", data)},
-      {"not UTF-8", make_file("{\"\xff\":{}}", data)},
-      {"unknown dtype", make_file(t("\"dtype\":\"F8\",\"shape\":[1],\"data_offsets\":[0,1]"), data)},
-      {"dtype not a string", make_file(t("\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]"), data)},
-      {"missing dtype", make_file(t("\"shape\":[1],\"data_offsets\":[0,4]"), data)},
-      {"missing shape", make_file(t("\"dtype\":\"F32\",\"data_offsets\":[0,4]"), data)},
-      {"missing offsets", make_file(t("\"dtype\":\"F32\",\"shape\":[1]"), data)},
-      {"unknown field", make_file(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1"), data)},
-      {"duplicate field", make_file(t("\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]"), data)},
-      {"negative extent", make_file(t("\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]"), data)},
-      {"fractional extent", make_file(t("\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]"), data)},
-      {"leading zero", make_file(t("\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]"), data)},
-      {"extent too large", make_file(t("\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]"), data)},
+      {"header not an object", clm_test::file_bytes("[]", data)},
+      {"unterminated object", clm_test::file_bytes("{\"t\":{\"dtype\":\"F32\"", data)},
+      {"missing colon", clm_test::file_bytes("{\"t\" {}}", data)},
+      {"trailing comma", clm_test::file_bytes("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}", data)},
+      {"trailing garbage", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") + " x", data)},
+      {"single quotes", clm_test::file_bytes("{'t':{}}", data)},
+      {"bad escape", clm_test::file_bytes("{\"t\\q\":{}}", data)},
+      {"lone surrogate", clm_test::file_bytes("{\"\\ud800\":{}}", data)},
+      {"control character", clm_test::file_bytes("{\"a\nb\":{}}", data)},
+      {"not UTF-8", clm_test::file_bytes("{\"\xff\":{}}", data)},
+      {"unknown dtype", clm_test::file_bytes(t("\"dtype\":\"F8\",\"shape\":[1],\"data_offsets\":[0,1]"), data)},
+      {"dtype not a string", clm_test::file_bytes(t("\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]"), data)},
+      {"missing dtype", clm_test::file_bytes(t("\"shape\":[1],\"data_offsets\":[0,4]"), data)},
+      {"missing shape", clm_test::file_bytes(t("\"dtype\":\"F32\",\"data_offsets\":[0,4]"), data)},
+      {"missing offsets", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1]"), data)},
+      {"unknown field", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1"), data)},
+      {"duplicate field", clm_test::file_bytes(t("\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]"), data)},
+      {"negative extent", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]"), data)},
+      {"fractional extent", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]"), data)},
+      {"leading zero", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]"), data)},
+      {"extent too large", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]"), data)},
       {"shape product overflow",
-       make_file(t("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]"), data)},
-      {"byte count overflow", make_file(t("\"dtype\":\"F64\",\"shape\":[4611686018427387904],\"data_offsets\":[0,4]"), data)},
-      {"offsets not a pair", make_file(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]"), data)},
-      {"end before begin", make_file(t("\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,4]"), data)},
-      {"offsets past the buffer", make_file(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[64,68]"), data)},
+       clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]"), data)},
+      {"byte count overflow", clm_test::file_bytes(t("\"dtype\":\"F64\",\"shape\":[4611686018427387904],\"data_offsets\":[0,4]"), data)},
+      {"offsets not a pair", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]"), data)},
+      {"end before begin", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,4]"), data)},
+      {"offsets past the buffer", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[64,68]"), data)},
       {"offsets past the buffer (huge)",
-       make_file(t("\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[9223372036854775806,9223372036854775807]"), data)},
-      {"byte count mismatch", make_file(t("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]"), data)},
+       clm_test::file_bytes(t("\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[9223372036854775806,9223372036854775807]"), data)},
+      {"byte count mismatch", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]"), data)},
       {"overlapping tensors",
-       make_file("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+       clm_test::file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                  "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
                  data)},
       {"duplicate names",
-       make_file("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+       clm_test::file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                  "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                  data)},
-      {"duplicate metadata", make_file("{\"__metadata__\":{},\"__metadata__\":{}}", data)},
-      {"duplicate metadata key", make_file("{\"__metadata__\":{\"a\":\"1\",\"a\":\"2\"}}", data)},
-      {"metadata value not a string", make_file("{\"__metadata__\":{\"a\":1}}", data)},
-      {"metadata not an object", make_file("{\"__metadata__\":\"x\"}", data)},
+      {"duplicate metadata", clm_test::file_bytes("{\"__metadata__\":{},\"__metadata__\":{}}", data)},
+      {"duplicate metadata key", clm_test::file_bytes("{\"__metadata__\":{\"a\":\"1\",\"a\":\"2\"}}", data)},
+      {"metadata value not a string", clm_test::file_bytes("{\"__metadata__\":{\"a\":1}}", data)},
+      {"metadata not an object", clm_test::file_bytes("{\"__metadata__\":\"x\"}", data)},
   };
   // Header length larger than the file: claim 100 bytes, hold 2.
   cases[2].bytes[0] = std::byte{100};
   // Header length absurd: 2^40, with a file that is short anyway.
-  cases[3].bytes = make_file("{}", data);
+  cases[3].bytes = clm_test::file_bytes("{}", data);
   cases[3].bytes[5] = std::byte{1};
   for (const Case& c : cases) {
     INFO(c.what);
@@ -298,7 +286,7 @@ TEST_CASE("open and write report io errors; the writer refuses bad tensors") {
   // A malformed file on disk: invalid_argument, naming the path.
   const std::string path = temp_path("malformed.safetensors");
   {
-    const auto bytes = make_file("{\"t\":", {});
+    const auto bytes = clm_test::file_bytes("{\"t\":", {});
     std::FILE* f = std::fopen(path.c_str(), "wb");
     REQUIRE(f != nullptr);
     REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());

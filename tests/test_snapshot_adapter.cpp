@@ -19,13 +19,17 @@
 
 #include "clm/detail/half.hpp"
 #include "clm/snapshot_adapter.hpp"
+#include "test_support.hpp"
 
 namespace {
+
+using clm_test::fresh_seed;
+using clm_test::RawTensor;
+using clm_test::raw_bytes;
 
 using clm::ActDType;
 using clm::StatusCode;
 
-uint32_t fresh_seed() { return std::random_device{}(); }
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
@@ -142,43 +146,9 @@ void require_invalid(const clm::Status& s) {
 
 // ---- hand-built safetensors bytes --------------------------------------------------
 
-struct RawTensor {
-  std::string name, dtype;
-  std::vector<std::int64_t> shape;
-  std::vector<std::byte> bytes;
-};
-
-template <typename T>
-std::vector<std::byte> raw_bytes(const std::vector<T>& values) {
-  std::vector<std::byte> out(values.size() * sizeof(T));
-  if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
-  return out;
-}
-
-// The 8-byte length, the JSON header (written here, not by our writer), the data.
-std::vector<std::byte> make_file(const std::vector<RawTensor>& tensors) {
-  std::string json = "{";
-  std::vector<std::byte> data;
-  for (const RawTensor& t : tensors) {
-    if (json.size() > 1) json += ",";
-    json.append("\"").append(t.name).append("\":{\"dtype\":\"").append(t.dtype).append("\",\"shape\":[");
-    for (std::size_t i = 0; i < t.shape.size(); ++i) json.append(i ? "," : "").append(std::to_string(t.shape[i]));
-    json.append("],\"data_offsets\":[").append(std::to_string(data.size())).append(",");
-    json.append(std::to_string(data.size() + t.bytes.size())).append("]}");
-    data.insert(data.end(), t.bytes.begin(), t.bytes.end());
-  }
-  json += "}";
-  std::vector<std::byte> out;
-  const auto n = static_cast<std::uint64_t>(json.size());
-  for (int k = 0; k < 8; ++k) out.push_back(static_cast<std::byte>((n >> (8 * k)) & 0xFF));
-  for (char c : json) out.push_back(static_cast<std::byte>(c));
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
-}
-
 clm::Status read_bytes(const std::vector<RawTensor>& tensors, clm::SnapshotAdapterWeights& out) {
   clm::SafetensorsFile file;
-  const clm::Status s = clm::SafetensorsFile::parse(make_file(tensors), file);
+  const clm::Status s = clm::SafetensorsFile::parse(clm_test::safetensors_bytes(tensors), file);
   INFO(s.message());
   REQUIRE(s.ok());
   return clm::read_snapshot_adapter(file, out);

@@ -28,13 +28,18 @@
 
 #include "clm/detail/half.hpp"
 #include "clm/snapshot_projection.hpp"
+#include "test_support.hpp"
 
 namespace {
+
+using clm_test::fresh_seed;
+using clm_test::to_half;
+using clm_test::RawTensor;
+using clm_test::raw_bytes;
 
 using clm::StatusCode;
 using MatD = Eigen::MatrixXd;
 
-uint32_t fresh_seed() { return std::random_device{}(); }
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 void require_invalid(const clm::Status& s) {
@@ -242,12 +247,6 @@ std::vector<float> random_rows(const clm::SnapshotProjectionWeights& w, int n, s
   return x;
 }
 
-std::vector<std::uint16_t> to_half(const std::vector<float>& x, clm::ActDType dtype) {
-  std::vector<std::uint16_t> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i)
-    out[i] = dtype == clm::ActDType::f16 ? clm::detail::f32_to_f16(x[i]) : clm::detail::f32_to_bf16(x[i]);
-  return out;
-}
 std::vector<double> from_half(const std::vector<std::uint16_t>& x, clm::ActDType dtype) {
   std::vector<double> out(x.size());
   for (std::size_t i = 0; i < x.size(); ++i)
@@ -257,43 +256,9 @@ std::vector<double> from_half(const std::vector<std::uint16_t>& x, clm::ActDType
 
 // ---- hand-built safetensors bytes ------------------------------------------------
 
-struct RawTensor {
-  std::string name, dtype;
-  std::vector<std::int64_t> shape;
-  std::vector<std::byte> bytes;
-};
-
-template <typename T>
-std::vector<std::byte> raw_bytes(const std::vector<T>& values) {
-  std::vector<std::byte> out(values.size() * sizeof(T));
-  if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
-  return out;
-}
-
-// The 8-byte length, the JSON header (written here, not by our writer), the data.
-std::vector<std::byte> make_file(const std::vector<RawTensor>& tensors) {
-  std::string json = "{";
-  std::vector<std::byte> data;
-  for (const RawTensor& t : tensors) {
-    if (json.size() > 1) json += ",";
-    json.append("\"").append(t.name).append("\":{\"dtype\":\"").append(t.dtype).append("\",\"shape\":[");
-    for (std::size_t i = 0; i < t.shape.size(); ++i) json.append(i ? "," : "").append(std::to_string(t.shape[i]));
-    json.append("],\"data_offsets\":[").append(std::to_string(data.size())).append(",");
-    json.append(std::to_string(data.size() + t.bytes.size())).append("]}");
-    data.insert(data.end(), t.bytes.begin(), t.bytes.end());
-  }
-  json += "}";
-  std::vector<std::byte> out;
-  const auto n = static_cast<std::uint64_t>(json.size());
-  for (int k = 0; k < 8; ++k) out.push_back(static_cast<std::byte>((n >> (8 * k)) & 0xFF));
-  for (char c : json) out.push_back(static_cast<std::byte>(c));
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
-}
-
 clm::Status read_bytes(const std::vector<RawTensor>& tensors, clm::SnapshotProjectionWeights& out) {
   clm::SafetensorsFile file;
-  const clm::Status s = clm::SafetensorsFile::parse(make_file(tensors), file);
+  const clm::Status s = clm::SafetensorsFile::parse(clm_test::safetensors_bytes(tensors), file);
   INFO(s.message());
   REQUIRE(s.ok());
   return clm::read_snapshot_projection(file, out);

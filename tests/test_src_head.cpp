@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "clm/src_head.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -130,7 +131,7 @@ void check_against_reference(const clm::SrcHeadWeights& w, clm::Gelu gelu, const
   }
 }
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+using clm_test::fresh_seed;
 
 }  // namespace
 
@@ -374,23 +375,7 @@ TEST_CASE("SRC head: bad shapes give invalid_argument") {
 
 namespace {
 
-std::vector<std::uint16_t> to_half(const std::vector<float>& values, clm::ActDType dtype) {
-  std::vector<std::uint16_t> out(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    out[i] = dtype == clm::ActDType::f16 ? clm::detail::f32_to_f16(values[i]) : clm::detail::f32_to_bf16(values[i]);
-  }
-  return out;
-}
 
-// A file built by hand: the 8-byte little-endian header length, the JSON, the data.
-std::vector<std::byte> hand_file(const std::string& json, const std::vector<std::byte>& data) {
-  std::vector<std::byte> out;
-  const auto n = static_cast<std::uint64_t>(json.size());
-  for (int k = 0; k < 8; ++k) out.push_back(static_cast<std::byte>((n >> (8 * k)) & 0xFF));
-  for (char c : json) out.push_back(static_cast<std::byte>(c));
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
-}
 
 void append_u16(std::vector<std::byte>& data, const std::vector<std::uint16_t>& values) {
   for (std::uint16_t v : values) {
@@ -412,7 +397,7 @@ TEST_CASE("SRC head over f16 and bf16 attention outputs stays within 1e-2 of the
     const std::vector<double> ref = reference(w, clm::Gelu::tanh, b);
     for (clm::ActDType dtype : {clm::ActDType::f16, clm::ActDType::bf16}) {
       INFO("hidden " << hidden << ", dtype " << clm::kv_dtype_name(dtype));
-      const std::vector<std::uint16_t> half = to_half(b.attn, dtype);
+      const std::vector<std::uint16_t> half = clm_test::to_half(b.attn, dtype);
       const clm::ConstActivationView view{half.data(), dtype, static_cast<std::int64_t>(b.ids.size()), hidden};
       std::vector<float> scores(b.batch(), -1.0f);
       const clm::Status s = head->score(view, b.ids, b.indptr, kSpecial, scores);
@@ -424,7 +409,7 @@ TEST_CASE("SRC head over f16 and bf16 attention outputs stays within 1e-2 of the
       }
     }
     // A NaN in a half-precision input is refused too.
-    std::vector<std::uint16_t> half = to_half(b.attn, clm::ActDType::bf16);
+    std::vector<std::uint16_t> half = clm_test::to_half(b.attn, clm::ActDType::bf16);
     half[half.size() / 2] = 0x7fc0;  // bf16 quiet NaN
     const clm::ConstActivationView view{half.data(), clm::ActDType::bf16, static_cast<std::int64_t>(b.ids.size()),
                                         hidden};
@@ -492,8 +477,8 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
   // hidden 4: w1 [1, 4] f16, b1 [1] bf16, w2 [1, 1] f32, b2 [] f32: every accepted form.
   const std::vector<float> w1 = {0.5f, -1.25f, 2.0f, 0.75f};
   std::vector<std::byte> data;
-  append_u16(data, to_half(w1, clm::ActDType::f16));     // 0..8
-  append_u16(data, to_half({0.25f}, clm::ActDType::bf16));  // 8..10
+  append_u16(data, clm_test::to_half(w1, clm::ActDType::f16));     // 0..8
+  append_u16(data, clm_test::to_half({0.25f}, clm::ActDType::bf16));  // 8..10
   data.resize(12);                                            // pad to 12 for the f32s
   const float w2 = -1.5f, b2 = 0.125f;
   for (float v : {w2, b2}) {
@@ -506,7 +491,7 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
       R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
       R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
   clm::SafetensorsFile file;
-  REQUIRE(clm::SafetensorsFile::parse(hand_file(json, data), file).ok());
+  REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes(json, data), file).ok());
   clm::SrcHeadWeights hand;
   const clm::Status hs = clm::read_src_head(file, hand);
   INFO(hs.message());
@@ -532,7 +517,7 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
       R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
       R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
   clm::SafetensorsFile f2;
-  REQUIRE(clm::SafetensorsFile::parse(hand_file(bad_shape, data), f2).ok());
+  REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes(bad_shape, data), f2).ok());
   clm::SrcHeadWeights untouched = hand;
   clm::Status e = clm::read_src_head(f2, untouched);
   CHECK(e.code() == clm::StatusCode::invalid_argument);
@@ -543,7 +528,7 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
       R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
       R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
   clm::SafetensorsFile f3;
-  REQUIRE(clm::SafetensorsFile::parse(hand_file(bad_dtype, data), f3).ok());
+  REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes(bad_dtype, data), f3).ok());
   e = clm::read_src_head(f3, untouched);
   CHECK(e.code() == clm::StatusCode::invalid_argument);
   CHECK(e.message().find("src_head.w1") != std::string::npos);
@@ -551,10 +536,10 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
   nan_data[0] = std::byte{0x00};
   nan_data[1] = std::byte{0x7e};  // f16 NaN in w1[0]
   clm::SafetensorsFile f4;
-  REQUIRE(clm::SafetensorsFile::parse(hand_file(json, nan_data), f4).ok());
+  REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes(json, nan_data), f4).ok());
   CHECK(clm::read_src_head(f4, untouched).code() == clm::StatusCode::invalid_argument);
   clm::SafetensorsFile empty;
-  REQUIRE(clm::SafetensorsFile::parse(hand_file("{}", {}), empty).ok());
+  REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes("{}", {}), empty).ok());
   CHECK(clm::read_src_head(empty, untouched).code() == clm::StatusCode::not_found);
   CHECK(clm::read_src_head(std::string("/nonexistent/head.safetensors"), untouched).code() ==
         clm::StatusCode::io_error);

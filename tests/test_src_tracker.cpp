@@ -17,11 +17,12 @@
 #include "clm/engine.hpp"
 #include "clm/src_gate.hpp"
 #include "clm/src_tracker.hpp"
+#include "test_support.hpp"
 
 namespace {
 
 constexpr int32_t kEot = 7;  // the special id used here
-uint32_t fresh_seed() { return std::random_device{}(); }
+using clm_test::fresh_seed;
 
 clm::SrcHeadWeights random_weights(int32_t hidden, std::mt19937& rng, float b2 = 0.0f) {
   const auto h = static_cast<std::size_t>(hidden);

@@ -30,7 +30,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -39,11 +38,13 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 #include <Eigen/Dense>
 
+#include "bench_common.hpp"
 #include "clm/engine.hpp"
 #include "clm/snapshot_adapter.hpp"
 #include "clm/snapshot_projection.hpp"
@@ -51,32 +52,18 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using clm_bench::check;
+using clm_bench::Clock;
+using clm_bench::die;
+using clm_bench::median;
+using clm_bench::print_figure;
+using clm_bench::seconds_since;
+
+constexpr std::string_view kBench = "clm";
 constexpr int kRuns = 15;
 constexpr std::int32_t kHidden = 4096;
 constexpr std::int32_t kInner = kHidden / 4;
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "bench_clm: %s\n", what.c_str());
-  std::exit(1);
-}
-void check(const clm::Status& s) {
-  if (!s.ok()) die(s.message());
-}
-void print(const std::string& case_name, const char* metric, double value, const char* unit,
-           const char* baseline_metric, double baseline) {
-  fmt::print(
-      "{{\"bench\":\"clm\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{:.4g},\"unit\":\"{}\","
-      "\"baseline_metric\":\"{}\",\"baseline\":{:.4g},\"ratio\":{:.3f}}}\n",
-      case_name, metric, value, unit, baseline_metric, baseline, value / baseline);
-  std::fflush(stdout);
-}
 
 std::vector<float> random_floats(std::size_t n, float scale, std::mt19937& rng) {
   std::normal_distribution<float> d(0.0f, scale);
@@ -143,8 +130,8 @@ void bench_head_batch(const clm::SrcHead& head, int batch, std::mt19937& rng) {
     gemm_s.push_back(g);
   }
   const double flop = 2.0 * batch * kHidden * kInner;
-  print(fmt::format("head_b{}", batch), "gemm_rate", flop / median(head_s) / 1e9, "GFLOP/s", "eigen_gemm_rate",
-        flop / median(gemm_s) / 1e9);
+  print_figure(kBench, fmt::format("head_b{}", batch), "gemm_rate", flop / median(head_s) / 1e9, "GFLOP/s",
+               "eigen_gemm_rate", flop / median(gemm_s) / 1e9);
 }
 
 void bench_engine_step(std::shared_ptr<const clm::SrcHead> head, int batch, std::mt19937& rng) {
@@ -180,8 +167,8 @@ void bench_engine_step(std::shared_ptr<const clm::SrcHead> head, int batch, std:
     gemm_s.push_back(g);
   }
   const double flop = 2.0 * batch * kHidden * kInner;
-  print(fmt::format("step_b{}", batch), "gemm_rate", flop / median(step_s) / 1e9, "GFLOP/s", "eigen_gemm_rate",
-        flop / median(gemm_s) / 1e9);
+  print_figure(kBench, fmt::format("step_b{}", batch), "gemm_rate", flop / median(step_s) / 1e9, "GFLOP/s",
+               "eigen_gemm_rate", flop / median(gemm_s) / 1e9);
 }
 
 void bench_gemv(const clm::SrcHead& head, bool cold, std::mt19937& rng) {
@@ -206,8 +193,8 @@ void bench_gemv(const clm::SrcHead& head, bool cold, std::mt19937& rng) {
   }
   if (!std::isfinite(sink)) die("read pass gave a non-finite sum");
   const double bytes = static_cast<double>(w1.size() * sizeof(float));
-  print(cold ? "head_gemv_b1_cold" : "head_gemv_b1_warm", "weight_bandwidth", bytes / median(head_s) / 1e9, "GB/s",
-        "weight_read_bandwidth", bytes / median(read_s) / 1e9);
+  print_figure(kBench, cold ? "head_gemv_b1_cold" : "head_gemv_b1_warm", "weight_bandwidth",
+               bytes / median(head_s) / 1e9, "GB/s", "weight_read_bandwidth", bytes / median(read_s) / 1e9);
 }
 
 // Eigen's GEMM C [m x n] = A [m x k] B [n x k]^T, the shape of a CLM part.
@@ -248,8 +235,8 @@ void bench_projection(int batch, std::mt19937& rng) {
     gemm_s.push_back(g);
   }
   const double flop = 2.0 * batch * kHidden * kSnapshotDim;
-  print(fmt::format("project_b{}", batch), "gemm_rate", flop / median(part_s) / 1e9, "GFLOP/s", "eigen_gemm_rate",
-        flop / median(gemm_s) / 1e9);
+  print_figure(kBench, fmt::format("project_b{}", batch), "gemm_rate", flop / median(part_s) / 1e9, "GFLOP/s",
+               "eigen_gemm_rate", flop / median(gemm_s) / 1e9);
 }
 
 void bench_inject(int batch, std::mt19937& rng) {
@@ -280,8 +267,8 @@ void bench_inject(int batch, std::mt19937& rng) {
     gemm_s.push_back(g);
   }
   const double flop = 2.0 * batch * kHidden * kSnapshotDim;
-  print(fmt::format("inject_b{}", batch), "gemm_rate", flop / median(part_s) / 1e9, "GFLOP/s", "eigen_gemm_rate",
-        flop / median(gemm_s) / 1e9);
+  print_figure(kBench, fmt::format("inject_b{}", batch), "gemm_rate", flop / median(part_s) / 1e9, "GFLOP/s",
+               "eigen_gemm_rate", flop / median(gemm_s) / 1e9);
 }
 
 }  // namespace

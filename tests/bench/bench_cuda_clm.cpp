@@ -22,83 +22,32 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "bench_cuda_common.hpp"
 #include "clm/cuda_clm.hpp"
 #include "clm/device_memory.hpp"
 
 namespace {
 
-struct Figure {
-  std::string name, metric, unit, baseline_metric;
-  double value, baseline;
-  double target;  // 0: none
-};
-std::vector<Figure> g_figures;
+using clm_bench::check;
+using clm_bench::device_alloc;
+using clm_bench::gbps;
+using clm_bench::memcpy_gbps;
+using clm_bench::report;
+using clm_bench::time_ms;
 
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "bench_cuda_clm: %s\n", what.c_str());
-  std::exit(1);
-}
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) die(fmt::format("{}: {}", what, cudaGetErrorString(err)));
-}
+constexpr std::string_view kBench = "cuda_clm";
+
 void check(cublasStatus_t err, const char* what) {
-  if (err != CUBLAS_STATUS_SUCCESS) die(fmt::format("{}: {}", what, cublasGetStatusString(err)));
-}
-void check(const clm::Status& st, const char* what) {
-  if (!st.ok()) die(fmt::format("{}: {}: {}", what, st.code_name(), st.message()));
-}
-
-void report(const std::string& name, const char* metric, double value, const char* unit, const char* baseline_metric,
-            double baseline, double target = 0) {
-  fmt::print(
-      "{{\"bench\":\"cuda_clm\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{:.4f},\"unit\":\"{}\","
-      "\"baseline_metric\":\"{}\",\"baseline\":{:.4f},\"ratio\":{:.4f}}}\n",
-      name, metric, value, unit, baseline_metric, baseline, value / baseline);
-  std::fflush(stdout);
-  g_figures.push_back(Figure{name, metric, unit, baseline_metric, value, baseline, target});
-}
-
-// Median time in ms of `runs` calls of f on `stream`, timed with events.
-template <class F>
-double time_ms(cudaStream_t stream, int warmup, int runs, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  check(cudaStreamSynchronize(stream), "warmup");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<double> ms;
-  for (int i = 0; i < runs; ++i) {
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
-    f();
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
-
-template <class T>
-T* device_alloc(std::size_t count) {
-  void* p = nullptr;
-  check(cudaMalloc(&p, std::max<std::size_t>(count * sizeof(T), 16)), "cudaMalloc");
-  return static_cast<T*>(p);
+  if (err != CUBLAS_STATUS_SUCCESS) clm_bench::die(fmt::format("{}: {}", what, cublasGetStatusString(err)));
 }
 
 std::vector<float> uniform(std::size_t n, float lo, float hi, std::mt19937_64& rng) {
@@ -122,17 +71,6 @@ void fill_activations(void* dst, clm::ActDType dtype, std::size_t n, std::mt1993
     h[i] = dtype == clm::ActDType::bf16 ? static_cast<std::uint16_t>(u >> 16) : std::uint16_t{0x3c00};  // f16: 1.0
   }
   check(cudaMemcpy(dst, h.data(), n * 2, cudaMemcpyHostToDevice), "upload");
-}
-
-double memcpy_gbps(cudaStream_t stream, std::size_t bytes) {
-  void* a = device_alloc<unsigned char>(bytes);
-  void* b = device_alloc<unsigned char>(bytes);
-  check(cudaMemset(a, 1, bytes), "cudaMemset");
-  const double ms = time_ms(
-      stream, 3, 20, [&] { check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"); });
-  cudaFree(a);
-  cudaFree(b);
-  return gbps(2.0 * static_cast<double>(bytes), ms);
 }
 
 std::int32_t g_hidden = 4096;
@@ -197,16 +135,16 @@ void bench_head(cudaStream_t stream, cublasHandle_t blas, double big_memcpy_gbps
   const std::string name =
       fmt::format("src_head/{}/{}/b{}/tok{}/h{}", s.label, clm::kv_dtype_name(dtype), batch, per, hidden);
   const bool decode = per == 1;
-  report(name, "effective_gemm_TFLOPs", flop / (head_ms * 1e-3) / 1e12, "TFLOP/s", "cublas_gemm_TFLOPs",
+  report(kBench, name, "effective_gemm_TFLOPs", flop / (head_ms * 1e-3) / 1e12, "TFLOP/s", "cublas_gemm_TFLOPs",
          flop / (gemm_ms * 1e-3) / 1e12, decode ? 0.6 : 0);
   if (!decode) {
     const double bytes = static_cast<double>(tokens) * hidden * static_cast<double>(clm::kv_dtype_bytes(dtype)) +
                          static_cast<double>(w.w1.size()) * 4.0;
-    report(name, "read_GBps(attn_out+W1)", gbps(bytes, head_ms), "GB/s", "d2d_memcpy_read_plus_write_GBps",
+    report(kBench, name, "read_GBps(attn_out+W1)", gbps(bytes, head_ms), "GB/s", "d2d_memcpy_read_plus_write_GBps",
            big_memcpy_gbps, 0.6);
   }
-  report(name, "us_per_score_async", head_ms * 1e3, "us", "us_cublas_gemm_alone", gemm_ms * 1e3);
-  report(name, "us_per_score_sync", sync_ms * 1e3, "us", "us_per_score_async", head_ms * 1e3);
+  report(kBench, name, "us_per_score_async", head_ms * 1e3, "us", "us_cublas_gemm_alone", gemm_ms * 1e3);
+  report(kBench, name, "us_per_score_sync", sync_ms * 1e3, "us", "us_per_score_async", head_ms * 1e3);
   for (void* p : {static_cast<void*>(d_w1), static_cast<void*>(d_h), static_cast<void*>(d_z), attn,
                   static_cast<void*>(d_ids), static_cast<void*>(d_scores)}) {
     cudaFree(p);
@@ -250,40 +188,24 @@ void bench_adapter(cudaStream_t stream, clm::ActDType dtype, const AdapterShape&
       time_ms(stream, 3, 30, [&] { check(adapter->apply(view, indptr, {}, layer, stream), "apply"); });
   const double inject_ms =
       time_ms(stream, 3, 30, [&] { check(adapter->inject(view, indptr, snaps, {}, layer, stream), "inject"); });
-  const double copy_gbps = memcpy_gbps(stream, bytes);
+  const double copy_gbps = memcpy_gbps(stream, bytes, 3, 20);
   const std::string name =
       fmt::format("adapter/{}/{}/b{}/tok{}/h{}/s{}", s.label, clm::kv_dtype_name(dtype), batch, per, hidden, sdim);
-  report(name, "apply_GBps", gbps(2.0 * static_cast<double>(bytes), apply_ms), "GB/s", "d2d_memcpy_same_bytes_GBps",
-         copy_gbps, per > 1 ? 0.6 : 0);
-  report(name, "inject_GBps", gbps(2.0 * static_cast<double>(bytes), inject_ms), "GB/s", "d2d_memcpy_same_bytes_GBps",
-         copy_gbps);
-  report(name, "us_per_apply", apply_ms * 1e3, "us", "us_d2d_memcpy_same_bytes",
+  report(kBench, name, "apply_GBps", gbps(2.0 * static_cast<double>(bytes), apply_ms), "GB/s",
+         "d2d_memcpy_same_bytes_GBps", copy_gbps, per > 1 ? 0.6 : 0);
+  report(kBench, name, "inject_GBps", gbps(2.0 * static_cast<double>(bytes), inject_ms), "GB/s",
+         "d2d_memcpy_same_bytes_GBps", copy_gbps);
+  report(kBench, name, "us_per_apply", apply_ms * 1e3, "us", "us_d2d_memcpy_same_bytes",
          2.0 * static_cast<double>(bytes) / (copy_gbps * 1e9) * 1e6);
   cudaFree(hs);
   cudaFree(snaps);
 }
 
-void write_markdown(const char* path) {
-  std::ofstream md(path);
-  md << "| case | metric | value | baseline | ratio | target |\n|---|---|---:|---:|---:|---|\n";
-  for (const Figure& f : g_figures) {
-    const double ratio = f.value / f.baseline;
-    md << "| " << f.name << " | " << f.metric << " | " << fmt::format("{:.2f} {}", f.value, f.unit) << " | "
-       << fmt::format("{:.2f} ({})", f.baseline, f.baseline_metric) << " | " << fmt::format("{:.3f}", ratio) << " | "
-       << (f.target > 0 ? fmt::format(">= {:.2f} {}", f.target, ratio >= f.target ? "met" : "**missed**") : "")
-       << " |\n";
-  }
-}
-
 }  // namespace
 
 int main() {
-  std::string reason;
-  if (clm::cuda_device_count(&reason) == 0) {
-    std::fprintf(stderr, "bench_cuda_clm: SKIPPED (no usable CUDA device: %s)\n", reason.c_str());
-    return 0;
-  }
-  if (const char* smoke = std::getenv("CLM_BENCH_SMOKE"); smoke && std::string(smoke) == "1") {
+  if (clm_bench::skip_without_device()) return 0;
+  if (clm_bench::smoke_run()) {
     g_shrink = 8;
     g_hidden = 1024;
   }
@@ -291,7 +213,7 @@ int main() {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cublasHandle_t blas;
   check(cublasCreate(&blas), "cublasCreate");
-  const double big_memcpy = memcpy_gbps(stream, (std::size_t{1} << 30) / static_cast<std::size_t>(g_shrink));
+  const double big_memcpy = memcpy_gbps(stream, (std::size_t{1} << 30) / static_cast<std::size_t>(g_shrink), 3, 20);
 
   const HeadShape heads[] = {{"decode", 64, 1}, {"decode", 512, 1}, {"prefill", 8, 512}};
   for (clm::ActDType dtype : {clm::ActDType::f32, clm::ActDType::bf16}) {
@@ -304,6 +226,6 @@ int main() {
   cublasDestroy(blas);
   check(cudaStreamSynchronize(stream), "synchronize");
   cudaStreamDestroy(stream);
-  if (const char* md = std::getenv("CLM_BENCH_MARKDOWN")) write_markdown(md);
+  clm_bench::write_markdown_if_asked();
   return 0;
 }

@@ -14,73 +14,30 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "bench_cuda_common.hpp"
 #include "clm/cuda_kernels.hpp"
 #include "clm/device_memory.hpp"
 
 namespace {
 
-struct Figure {
-  std::string name, metric, unit, baseline_metric;
-  double value, baseline;
-  double target;  // 0: none
-};
-std::vector<Figure> g_figures;
+using clm_bench::check;
+using clm_bench::device_alloc;
+using clm_bench::die;
+using clm_bench::gbps;
+using clm_bench::report;
+using clm_bench::time_ms;
 
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "bench_cuda_kernels: %s\n", what.c_str());
-  std::exit(1);
-}
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) die(fmt::format("{}: {}", what, cudaGetErrorString(err)));
-}
-void check(const clm::Status& st, const char* what) {
-  if (!st.ok()) die(fmt::format("{}: {}: {}", what, st.code_name(), st.message()));
-}
-
-void report(const std::string& name, const char* metric, double value, const char* unit, const char* baseline_metric,
-            double baseline, double target = 0) {
-  fmt::print(
-      "{{\"bench\":\"cuda_kernels\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{:.4f},\"unit\":\"{}\","
-      "\"baseline_metric\":\"{}\",\"baseline\":{:.4f},\"ratio\":{:.4f}}}\n",
-      name, metric, value, unit, baseline_metric, baseline, value / baseline);
-  std::fflush(stdout);
-  g_figures.push_back(Figure{name, metric, unit, baseline_metric, value, baseline, target});
-}
-
-// Median time in ms of `runs` calls of f on `stream`, timed with events.
-template <class F>
-double time_ms(cudaStream_t stream, int warmup, int runs, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  check(cudaStreamSynchronize(stream), "warmup");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<double> ms;
-  for (int i = 0; i < runs; ++i) {
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
-    f();
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+constexpr std::string_view kBench = "cuda_kernels";
 
 clm::PagedKvView make_view(void* base, clm::MemoryKind memory, std::int32_t num_pages, std::int32_t page_size,
                            std::int32_t num_layers, std::int32_t kv_heads, std::int32_t head_dim, clm::KvDType dtype) {
@@ -97,8 +54,6 @@ clm::PagedKvView make_view(void* base, clm::MemoryKind memory, std::int32_t num_
   v.page_bytes = v.layer_bytes * static_cast<std::size_t>(num_layers);
   return v;
 }
-
-double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
 
 // CLM_BENCH_SMOKE=1: everything 64x smaller.
 std::int32_t g_shrink = 1;
@@ -134,27 +89,25 @@ void bench_decode(clm::cuda::Workspace& ws, cudaStream_t stream, void* pool_memo
   std::vector<float> q(n);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float& x : q) x = u(rng);
-  void* dq_memory = nullptr;
-  void* dout_memory = nullptr;
-  check(cudaMalloc(&dq_memory, n * sizeof(float)), "cudaMalloc q");
-  check(cudaMalloc(&dout_memory, n * sizeof(float)), "cudaMalloc out");
-  auto* dq = static_cast<float*>(dq_memory);
-  auto* dout = static_cast<float*>(dout_memory);
+  float* dq = device_alloc<float>(n);
+  float* dout = device_alloc<float>(n);
   check(cudaMemcpy(dq, q.data(), n * sizeof(float), cudaMemcpyHostToDevice), "upload q");
   check(clm::cuda::decode_plan(ws, kv, params, indptr, ids, last_page_len, stream), "decode_plan");
-  const double ms = time_ms(stream, 3, 20, [&] { check(clm::cuda::decode_run(ws, kv, params, dq, dout, stream), "decode_run"); });
+  const double ms =
+      time_ms(stream, 3, 20, [&] { check(clm::cuda::decode_run(ws, kv, params, dq, dout, stream), "decode_run"); });
   const double kv_bytes = static_cast<double>(s.batch) * (s.context / g_shrink) * s.kv_heads * s.head_dim * 2.0 *
                           static_cast<double>(clm::kv_dtype_bytes(s.dtype));
   const std::string name = fmt::format("decode/{}/{}/b{}/ctx{}/hq{}/hkv{}/d{}", s.label, clm::kv_dtype_name(s.dtype),
                                        s.batch, s.context / g_shrink, s.q_heads, s.kv_heads, s.head_dim);
-  report(name, "achieved_bandwidth_GBps", gbps(kv_bytes, ms), "GB/s", "d2d_memcpy_read_plus_write_GBps", memcpy_gbps,
-         s.target);
-  report(name, "us_per_decode_run", ms * 1e3, "us", "us_at_memcpy_bandwidth", kv_bytes / (memcpy_gbps * 1e9) * 1e6);
+  report(kBench, name, "achieved_bandwidth_GBps", gbps(kv_bytes, ms), "GB/s", "d2d_memcpy_read_plus_write_GBps",
+         memcpy_gbps, s.target);
+  report(kBench, name, "us_per_decode_run", ms * 1e3, "us", "us_at_memcpy_bandwidth",
+         kv_bytes / (memcpy_gbps * 1e9) * 1e6);
   // The plan (host validation, split, upload) once per step, for scale.
   const double plan_ms = time_ms(stream, 1, 5, [&] {
     check(clm::cuda::decode_plan(ws, kv, params, indptr, ids, last_page_len, stream), "decode_plan");
   });
-  report(name, "us_per_decode_plan", plan_ms * 1e3, "us", "us_per_decode_run", ms * 1e3);
+  report(kBench, name, "us_per_decode_plan", plan_ms * 1e3, "us", "us_per_decode_run", ms * 1e3);
   cudaFree(dq);
   cudaFree(dout);
 }
@@ -167,11 +120,13 @@ struct CopyShape {
 
 void bench_copy(clm::cuda::Workspace& ws, cudaStream_t stream, unsigned char* host, void* device, std::size_t bytes,
                 const CopyShape& s) {
-  const clm::PagedKvView like = make_view(nullptr, clm::MemoryKind::host, 1, 16, s.num_layers, 8, 128, clm::KvDType::bf16);
+  const clm::PagedKvView like =
+      make_view(nullptr, clm::MemoryKind::host, 1, 16, s.num_layers, 8, 128, clm::KvDType::bf16);
   const auto pool_pages = static_cast<std::int32_t>(bytes / like.page_bytes);
   const std::int32_t copied = std::max(1, s.pages / g_shrink);
   if (pool_pages < 2 * copied) die("copy pools too small");
-  const clm::PagedKvView hv = make_view(host, clm::MemoryKind::host, pool_pages, 16, s.num_layers, 8, 128, clm::KvDType::bf16);
+  const clm::PagedKvView hv =
+      make_view(host, clm::MemoryKind::host, pool_pages, 16, s.num_layers, 8, 128, clm::KvDType::bf16);
   const clm::PagedKvView dv =
       make_view(device, clm::MemoryKind::device, pool_pages, 16, s.num_layers, 8, 128, clm::KvDType::bf16);
   std::mt19937_64 rng(7);
@@ -194,43 +149,25 @@ void bench_copy(clm::cuda::Workspace& ws, cudaStream_t stream, unsigned char* ho
     const char* mname = method == CopyMethod::automatic ? "auto" : method == CopyMethod::memcpy ? "memcpy" : "kernel";
     clm::cuda::CopyOptions options;
     options.method = method;
-    const double h2d = time_ms(stream, 1, 5, [&] {
-      check(clm::cuda::copy_pages(ws, dv, b, hv, a, stream, options), "copy_pages h2d");
-    });
-    const double d2h = time_ms(stream, 1, 5, [&] {
-      check(clm::cuda::copy_pages(ws, hv, a, dv, b, stream, options), "copy_pages d2h");
-    });
+    const double h2d = time_ms(
+        stream, 1, 5, [&] { check(clm::cuda::copy_pages(ws, dv, b, hv, a, stream, options), "copy_pages h2d"); });
+    const double d2h = time_ms(
+        stream, 1, 5, [&] { check(clm::cuda::copy_pages(ws, hv, a, dv, b, stream, options), "copy_pages d2h"); });
     const double target = method == CopyMethod::automatic ? 0.70 : 0;
-    report(fmt::format("copy_h2d/{}/page={}KiB/pages={}/{}", s.label, like.page_bytes / 1024, copied, mname),
+    report(kBench, fmt::format("copy_h2d/{}/page={}KiB/pages={}/{}", s.label, like.page_bytes / 1024, copied, mname),
            "bandwidth_GBps", gbps(static_cast<double>(moved), h2d), "GB/s", "plain_cudaMemcpy_GBps",
            gbps(static_cast<double>(moved), h2d_plain), target);
-    report(fmt::format("copy_d2h/{}/page={}KiB/pages={}/{}", s.label, like.page_bytes / 1024, copied, mname),
+    report(kBench, fmt::format("copy_d2h/{}/page={}KiB/pages={}/{}", s.label, like.page_bytes / 1024, copied, mname),
            "bandwidth_GBps", gbps(static_cast<double>(moved), d2h), "GB/s", "plain_cudaMemcpy_GBps",
            gbps(static_cast<double>(moved), d2h_plain), target);
-  }
-}
-
-void write_markdown(const char* path) {
-  std::ofstream md(path);
-  md << "| case | metric | value | baseline | ratio | target |\n|---|---|---:|---:|---:|---|\n";
-  for (const Figure& f : g_figures) {
-    const double ratio = f.value / f.baseline;
-    md << "| " << f.name << " | " << f.metric << " | " << fmt::format("{:.1f} {}", f.value, f.unit) << " | "
-       << fmt::format("{:.1f} ({})", f.baseline, f.baseline_metric) << " | " << fmt::format("{:.3f}", ratio) << " | "
-       << (f.target > 0 ? fmt::format(">= {:.2f} {}", f.target, ratio >= f.target ? "met" : "**missed**") : "")
-       << " |\n";
   }
 }
 
 }  // namespace
 
 int main() {
-  std::string reason;
-  if (clm::cuda_device_count(&reason) == 0) {
-    std::fprintf(stderr, "bench_cuda_kernels: SKIPPED (no usable CUDA device: %s)\n", reason.c_str());
-    return 0;
-  }
-  if (const char* smoke = std::getenv("CLM_BENCH_SMOKE"); smoke && std::string(smoke) == "1") g_shrink = 64;
+  if (clm_bench::skip_without_device()) return 0;
+  if (clm_bench::smoke_run()) g_shrink = 64;
   std::unique_ptr<clm::cuda::Workspace> ws;
   check(clm::cuda::Workspace::create(0, ws), "Workspace::create");
   cudaStream_t stream;
@@ -238,30 +175,17 @@ int main() {
 
   // ---- device-to-device cudaMemcpy: the bandwidth baseline --------------------
   const std::size_t copy_bytes = (std::size_t{1} << 30) / static_cast<std::size_t>(g_shrink);
-  void *src = nullptr, *dst = nullptr;
-  check(cudaMalloc(&src, copy_bytes), "cudaMalloc");
-  check(cudaMalloc(&dst, copy_bytes), "cudaMalloc");
-  check(cudaMemset(src, 1, copy_bytes), "cudaMemset");
-  const double memcpy_ms = time_ms(stream, 2, 10, [&] {
-    check(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-  });
-  const double memcpy_gbps = gbps(2.0 * static_cast<double>(copy_bytes), memcpy_ms);
-  cudaFree(src);
-  cudaFree(dst);
+  const double memcpy_gbps = clm_bench::memcpy_gbps(stream, copy_bytes, 2, 10);
 
   // ---- decode -----------------------------------------------------------------------
   // One pool buffer for all shapes: 32 x 32k tokens x 8 kv heads x 128 x bf16 x (K + V) = 4 GiB.
   const std::size_t pool_bytes = std::size_t{32} * 32768 * 8 * 128 * 2 * 2 / static_cast<std::size_t>(g_shrink);
-  void* pool = nullptr;
-  check(cudaMalloc(&pool, pool_bytes), "cudaMalloc pool");
+  void* pool = device_alloc<unsigned char>(pool_bytes);
   check(cudaMemset(pool, 0x3c, pool_bytes), "cudaMemset pool");  // finite values in every dtype
   const DecodeShape shapes[] = {
-      {"main", clm::KvDType::bf16, 128, 32, 8, 32, 32768, 0.75},
-      {"f16", clm::KvDType::f16, 128, 32, 8, 32, 32768, 0},
-      {"d64", clm::KvDType::bf16, 64, 32, 8, 32, 32768, 0},
-      {"gqa8", clm::KvDType::bf16, 128, 64, 8, 32, 32768, 0},
-      {"mha", clm::KvDType::bf16, 128, 8, 8, 32, 32768, 0},
-      {"f32", clm::KvDType::f32, 128, 32, 8, 16, 32768, 0},
+      {"main", clm::KvDType::bf16, 128, 32, 8, 32, 32768, 0.75}, {"f16", clm::KvDType::f16, 128, 32, 8, 32, 32768, 0},
+      {"d64", clm::KvDType::bf16, 64, 32, 8, 32, 32768, 0},      {"gqa8", clm::KvDType::bf16, 128, 64, 8, 32, 32768, 0},
+      {"mha", clm::KvDType::bf16, 128, 8, 8, 32, 32768, 0},      {"f32", clm::KvDType::f32, 128, 32, 8, 16, 32768, 0},
       {"ctx4k", clm::KvDType::bf16, 128, 32, 8, 32, 4096, 0},
   };
   for (const DecodeShape& s : shapes) bench_decode(*ws, stream, pool, pool_bytes, memcpy_gbps, s);
@@ -269,13 +193,13 @@ int main() {
 
   // ---- host <-> device page copies ------------------------------------------------------
   // each side; half of it is copied (2 MiB pages: at least 4 of them in smoke mode)
-  const std::size_t pool_copy_bytes = std::max<std::size_t>((std::size_t{1} << 30) / static_cast<std::size_t>(g_shrink), std::size_t{8} << 20);
+  const std::size_t pool_copy_bytes =
+      std::max<std::size_t>((std::size_t{1} << 30) / static_cast<std::size_t>(g_shrink), std::size_t{8} << 20);
   auto* host = static_cast<unsigned char*>(std::aligned_alloc(4096, pool_copy_bytes));
   if (!host) die("host allocation");
   std::memset(host, 0x3c, pool_copy_bytes);
   check(clm::cuda::pin_host_memory(host, pool_copy_bytes), "pin_host_memory");
-  void* device = nullptr;
-  check(cudaMalloc(&device, pool_copy_bytes), "cudaMalloc");
+  void* device = device_alloc<unsigned char>(pool_copy_bytes);
   const CopyShape copies[] = {{"1layer", 1, 8192}, {"32layers", 32, 256}, {"4layers", 4, 1024}};
   for (const CopyShape& c : copies) bench_copy(*ws, stream, host, device, pool_copy_bytes, c);
   check(clm::cuda::unpin_host_memory(host), "unpin_host_memory");
@@ -284,6 +208,6 @@ int main() {
 
   check(clm::cuda::synchronize(stream), "synchronize");
   cudaStreamDestroy(stream);
-  if (const char* md = std::getenv("CLM_BENCH_MARKDOWN")) write_markdown(md);
+  clm_bench::write_markdown_if_asked();
   return 0;
 }

@@ -3,36 +3,28 @@
 //   engine/capi_vs_cpp   gsp replay via clm_* calls; baseline: the same via the C++ Engine
 //   engine/threads       requests/s with 2 threads on one Engine; baseline: 1 thread
 // Each request: admit(prompt), extend(its 256 output tokens), finish.
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
+#include <memory>
+#include <string_view>
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-
+#include "bench_common.hpp"
 #include "clm.h"
 #include "clm/engine.hpp"
 #include "workload.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using clm_bench::Clock;
+using clm_bench::die;
+using clm_bench::median;
+using clm_bench::print_figure;
+using clm_bench::seconds_since;
+
+constexpr std::string_view kBench = "engine";
 constexpr std::int32_t kPageSize = 16;
 constexpr std::int32_t kPages = (1 << 20) / kPageSize;  // 1M tokens: no eviction on gsp
 constexpr int kRuns = 5;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "bench_engine: %s\n", what.c_str());
-  std::exit(1);
-}
 
 std::unique_ptr<clm::Engine> make_engine() {
   clm::EngineConfig config;
@@ -94,18 +86,11 @@ double run_threads(const clm::replay::Workload& w, int threads) {
   const auto start = Clock::now();
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] { replay_cpp(*engine, w, static_cast<std::size_t>(t), static_cast<std::size_t>(threads)); });
+    pool.emplace_back(
+        [&, t] { replay_cpp(*engine, w, static_cast<std::size_t>(t), static_cast<std::size_t>(threads)); });
   }
   for (auto& t : pool) t.join();
   return seconds_since(start);
-}
-
-void print(const char* case_name, const char* metric, double value, const char* unit, const char* baseline_metric,
-           double baseline) {
-  fmt::print(
-      "{{\"bench\":\"engine\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{},\"unit\":\"{}\","
-      "\"baseline_metric\":\"{}\",\"baseline\":{},\"ratio\":{}}}\n",
-      case_name, metric, value, unit, baseline_metric, baseline, value / baseline);
 }
 
 }  // namespace
@@ -120,14 +105,14 @@ int main() {
     cpp.push_back(run_cpp(gsp));
     capi.push_back(run_capi(gsp));
   }
-  print("capi_vs_cpp/gsp/page=16", "requests_per_s", requests / median(capi), "requests/s",
-        "cpp_engine_requests_per_s", requests / median(cpp));
+  print_figure(kBench, "capi_vs_cpp/gsp/page=16", "requests_per_s", requests / median(capi), "requests/s",
+               "cpp_engine_requests_per_s", requests / median(cpp));
 
   for (int run = 0; run < kRuns; ++run) {
     one.push_back(run_threads(gsp, 1));
     two.push_back(run_threads(gsp, 2));
   }
-  print("threads/gsp/page=16", "requests_per_s_2_threads", requests / median(two), "requests/s",
-        "requests_per_s_1_thread", requests / median(one));
+  print_figure(kBench, "threads/gsp/page=16", "requests_per_s_2_threads", requests / median(two), "requests/s",
+               "requests_per_s_1_thread", requests / median(one));
   return 0;
 }

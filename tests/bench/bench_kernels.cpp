@@ -20,7 +20,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,44 +29,31 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
-#include <Eigen/Dense>
 #include <fmt/format.h>
+#include <Eigen/Dense>
 
+#include "bench_common.hpp"
 #include "clm/attention.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using clm_bench::check;
+using clm_bench::Clock;
+using clm_bench::die;
+using clm_bench::median;
+using clm_bench::print_figure;
+using clm_bench::seconds_since;
+
+constexpr std::string_view kBench = "kernels";
 constexpr int kRuns = 15;
 int g_threads = 0;
 constexpr std::int32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "bench_kernels: %s\n", what.c_str());
-  std::exit(1);
-}
-void check(const clm::Status& s) {
-  if (!s.ok()) die(s.message());
-}
-
-void print(const std::string& case_name, const char* metric, double value, const char* unit,
-           const char* baseline_metric, double baseline) {
-  fmt::print(
-      "{{\"bench\":\"kernels\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{:.4g},\"unit\":\"{}\","
-      "\"baseline_metric\":\"{}\",\"baseline\":{:.4g},\"ratio\":{:.3f}}}\n",
-      case_name, metric, value, unit, baseline_metric, baseline, value / baseline);
-  std::fflush(stdout);
-}
 
 std::string load_average() {
   std::ifstream f("/proc/loadavg");
@@ -250,8 +236,8 @@ void bench_decode(const Pool& p, const std::string& name, int batch, std::int32_
     kernel.push_back(seconds_since(start));
     base.push_back(stream.seconds());
   }
-  print(name, "kv_read_GB_per_s", bytes / median(kernel) / 1e9, "GB/s", "stream_read_GB_per_s",
-        static_cast<double>(stream.bytes()) / median(base) / 1e9);
+  print_figure(kBench, name, "kv_read_GB_per_s", bytes / median(kernel) / 1e9, "GB/s", "stream_read_GB_per_s",
+               static_cast<double>(stream.bytes()) / median(base) / 1e9);
 }
 
 void bench_prefill(clm::KvDType dtype, const std::string& name, EigenGemm& gemm, std::mt19937& rng) {
@@ -276,8 +262,8 @@ void bench_prefill(clm::KvDType dtype, const std::string& name, EigenGemm& gemm,
     kernel.push_back(seconds_since(start));
     base.push_back(gemm.seconds());
   }
-  print(name, "GFLOP_per_s", flops / median(kernel) / 1e9, "GFLOP/s", "eigen_gemm_GFLOP_per_s",
-        gemm.flops() / median(base) / 1e9);
+  print_figure(kBench, name, "GFLOP_per_s", flops / median(kernel) / 1e9, "GFLOP/s", "eigen_gemm_GFLOP_per_s",
+               gemm.flops() / median(base) / 1e9);
 }
 
 }  // namespace

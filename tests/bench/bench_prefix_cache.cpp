@@ -14,8 +14,6 @@
 //
 // The trace is looked for at --shared DIR, $CLM_SHARED_DIR, or a shared/
 // folder beside any ancestor of the executable or of the working directory.
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -28,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_common.hpp"
 #include "clm/eviction_policy.hpp"
 #include "clm/paged_kv_pool.hpp"
 #include "replay_driver.hpp"
@@ -36,27 +35,17 @@
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using clm::replay::ReplayConfig;
 using clm::replay::ReplayResult;
 using clm::replay::Workload;
+using clm_bench::Clock;
+using clm_bench::die;
+using clm_bench::median;
+using clm_bench::print_figure;
+using clm_bench::seconds_since;
 
+constexpr std::string_view kBench = "prefix_cache";
 constexpr std::string_view kTracePath = "traces/mooncake/conversation_trace.jsonl";
-
-void print_figure(std::string_view bench_case, std::string_view metric, double value, std::string_view unit,
-                  std::string_view baseline_metric, double baseline) {
-  fmt::print(
-      "{{\"bench\":\"prefix_cache\",\"case\":\"{}\",\"metric\":\"{}\",\"value\":{},\"unit\":\"{}\","
-      "\"baseline_metric\":\"{}\",\"baseline\":{},\"ratio\":{}}}\n",
-      bench_case, metric, value, unit, baseline_metric, baseline, baseline != 0 ? value / baseline : 0.0);
-  std::fflush(stdout);
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
-}
 
 // The plainest free list: ids popped off and pushed back onto a
 // std::vector<int32_t> one at a time, with no reference counts, no checks and
@@ -93,7 +82,7 @@ double time_alloc_free(std::size_t batch, std::size_t rounds, Allocate&& allocat
     checksum += pages[r % batch];
     release(std::span<const std::int32_t>(pages));
   }
-  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  const double s = seconds_since(start);
   if (checksum < 0) std::abort();
   return s * 1e9 / static_cast<double>(batch * rounds);
 }
@@ -122,7 +111,7 @@ void bench_pool_alloc_free() {
           batch, rounds, [&](std::span<std::int32_t> out) { return free_list.allocate(out); },
           [&](std::span<const std::int32_t> in) { free_list.release(in); }));
     }
-    print_figure(fmt::format("pool_alloc_free/batch={}", batch), "ns_per_page", median(pool_ns), "ns",
+    print_figure(kBench, fmt::format("pool_alloc_free/batch={}", batch), "ns_per_page", median(pool_ns), "ns",
                  "vector_free_list_ns_per_page", median(list_ns));
   }
 }
@@ -137,15 +126,15 @@ void bench_gsp(double memcmp_gbps) {
       config.capacity_tokens = capacity;
       ReplayResult r;
       if (const clm::Status s = clm::replay::run_replays(gsp, config, 5, r); !s.ok()) {
-        fmt::print(stderr, "bench_prefix_cache: gsp replay failed: {}\n", s.message());
-        std::exit(1);
+        die(fmt::format("gsp replay failed: {}", s.message()));
       }
       const std::string name = fmt::format("gsp/page={}/capacity={}", page_size, capacity);
-      const double bound_rps = static_cast<double>(r.requests) * memcmp_gbps * 1e9 /
-                               static_cast<double>(r.touched_bytes());
-      print_figure(name, "requests_per_s", r.requests_per_s(), "requests/s", "memcmp_bound_requests_per_s", bound_rps);
-      print_figure(name, "hit_rate", r.hit_rate(), "fraction", "unbounded_optimum_hit_rate", optimum);
-      print_figure(name, "metadata_bytes_per_token", r.metadata_bytes_per_token(), "bytes/token",
+      const double bound_rps =
+          static_cast<double>(r.requests) * memcmp_gbps * 1e9 / static_cast<double>(r.touched_bytes());
+      print_figure(kBench, name, "requests_per_s", r.requests_per_s(), "requests/s", "memcmp_bound_requests_per_s",
+                   bound_rps);
+      print_figure(kBench, name, "hit_rate", r.hit_rate(), "fraction", "unbounded_optimum_hit_rate", optimum);
+      print_figure(kBench, name, "metadata_bytes_per_token", r.metadata_bytes_per_token(), "bytes/token",
                    "raw_token_id_bytes_per_token", 4.0);
     }
   }
@@ -173,8 +162,7 @@ std::optional<fs::path> find_trace(int argc, char** argv) {
 void bench_mooncake(const fs::path& trace_path) {
   Workload trace;
   if (const clm::Status s = clm::replay::read_mooncake_trace(trace_path.string(), trace); !s.ok()) {
-    fmt::print(stderr, "bench_prefix_cache: {}\n", s.message());
-    std::exit(1);
+    die(s.message());
   }
   for (const std::int64_t capacity : {std::int64_t{100000}, std::int64_t{1000000}, std::int64_t{3000000}}) {
     double lru_hit_rate = 0;
@@ -185,11 +173,11 @@ void bench_mooncake(const fs::path& trace_path) {
       config.policy = policy;
       ReplayResult r;
       if (const clm::Status s = clm::replay::run_replay(trace, config, r); !s.ok()) {
-        fmt::print(stderr, "bench_prefix_cache: mooncake replay failed: {}\n", s.message());
-        std::exit(1);
+        die(fmt::format("mooncake replay failed: {}", s.message()));
       }
       if (policy == clm::EvictionPolicy::lru) lru_hit_rate = r.hit_rate();
-      print_figure(fmt::format("mooncake/page=16/capacity={}/policy={}", capacity, clm::eviction_policy_name(policy)),
+      print_figure(kBench,
+                   fmt::format("mooncake/page=16/capacity={}/policy={}", capacity, clm::eviction_policy_name(policy)),
                    "hit_rate", r.hit_rate(), "fraction", "lru_hit_rate", lru_hit_rate);
     }
   }
