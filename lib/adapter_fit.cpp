@@ -124,6 +124,10 @@ Status fit_snapshot_adapter(ConstActivationView snapshots, ConstActivationView d
   }
   w.bias.resize(static_cast<std::size_t>(h));
   for (Eigen::Index o = 0; o < h; ++o) w.bias[static_cast<std::size_t>(o)] = static_cast<float>(bias[o]);
+  // Finite in f64 can still overflow f32: return only weights an adapter accepts.
+  if (Status valid = validate_snapshot_adapter(w); !valid.ok()) {
+    return invalid_argument("fit_snapshot_adapter: the solution does not fit f32 weights: " + valid.message());
+  }
 
   if (report != nullptr) {
     const double s2 = static_cast<double>(residual_scale) * static_cast<double>(residual_scale);

@@ -9,7 +9,8 @@
 // AVX2 instantiations can merge, at link time, with the generic ones of the
 // same templates elsewhere (an ODR merge could run AVX2 code on a CPU without
 // it). Every standard header Eigen uses is included first, outside the region,
-// so no std:: inline function is compiled for AVX2. Callers check
+// so no std:: inline function is compiled for AVX2; the test
+// eigen_avx2_isolation (tests/check_eigen_avx2_isolation.sh) checks the object. Callers check
 // eigen_avx2_usable() first.
 #include "eigen_avx2.hpp"
 
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cassert>
 #include <cfloat>
 #include <climits>
@@ -35,10 +37,13 @@
 #include <functional>
 #include <iosfwd>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>  // (Eigen's Parallelizer.h includes these three)
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -51,6 +56,8 @@
 #define __FMA__ 1
 #define Eigen ClmEigenAvx2
 #include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>
+
 #include "src_head_pooled.hpp"
 #undef Eigen
 #undef __SSE3__

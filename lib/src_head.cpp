@@ -11,6 +11,7 @@
 #include <string>
 
 #include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>
 
 #include "src_head_pooled.hpp"  // after Eigen
 
@@ -214,8 +215,9 @@ Status read_src_head(const SafetensorsFile& file, SrcHeadWeights& out) {
   const std::int64_t inner = shape[0];
   const std::int64_t hidden = shape[1];
   if (hidden < 4 || hidden % 4 != 0 || inner != hidden / 4 || hidden > (std::int64_t{1} << 20)) {
-    return invalid_argument("read_src_head: src_head.w1 must be [hidden/4, hidden] with hidden divisible by 4, got [" +
-                            std::to_string(inner) + ", " + std::to_string(hidden) + "]");
+    return invalid_argument(
+        "read_src_head: src_head.w1 must be [hidden/4, hidden] with hidden a multiple of 4 in [4, 2^20], got [" +
+        std::to_string(inner) + ", " + std::to_string(hidden) + "]");
   }
   const std::int64_t b1_shape[] = {inner};
   CLM_RETURN_IF_ERROR(file.get_f32("src_head.b1", b1_shape, w.b1));

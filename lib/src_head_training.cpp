@@ -468,6 +468,11 @@ double src_head_loss_f64(const SrcHeadParamsF64& params, Gelu gelu_mode, std::sp
                          std::span<const std::uint8_t> y, double weight_decay, SrcHeadParamsF64* grad) {
   const Eigen::Index h = params.hidden, inner = params.hidden / 4;
   const auto rows = static_cast<Eigen::Index>(y.size());
+  const auto uh = static_cast<std::size_t>(h), ui = static_cast<std::size_t>(inner);
+  if (h < 4 || rows == 0 || params.w1.size() != ui * uh || params.b1.size() != ui || params.w2.size() != ui ||
+      x.size() != y.size() * uh) {
+    return std::numeric_limits<double>::quiet_NaN();  // sizes that do not match: nothing to evaluate
+  }
   Params<double> p;
   p.w1 = Eigen::Map<const Mat<double>>(params.w1.data(), inner, h);
   p.b1 = Eigen::Map<const Vec<double>>(params.b1.data(), inner);

@@ -28,7 +28,7 @@ void SrcTracker::set_head(std::shared_ptr<const SrcHead> head) {
     for (auto& [id, state] : states_) {
       state.sum.clear();
       state.count = 0;
-      ++state.version;
+      state.version = next_version_++;
     }
   }
 }
@@ -40,7 +40,8 @@ std::shared_ptr<const SrcHead> SrcTracker::head() const {
 
 void SrcTracker::add(SeqId id) {
   std::lock_guard lock(mutex_);
-  states_.try_emplace(id);
+  const auto [it, added] = states_.try_emplace(id);
+  if (added) it->second.version = next_version_++;
 }
 
 void SrcTracker::remove(SeqId id) {
@@ -186,7 +187,7 @@ Status SrcTracker::step(std::span<const SeqId> ids, ConstActivationView attn_out
     SequenceState& state = *states[i];
     state.sum = std::move(sums[i]);
     state.count = counts[i];
-    ++state.version;
+    state.version = next_version_++;
     SrcDecision d;
     d.threshold = threshold_;
     if (k < scored.size() && scored[k] == i) {

@@ -286,3 +286,20 @@ TEST_CASE("adapter fit: singular systems and bad inputs give invalid_argument, o
     CHECK(refused(clm::ConstActivationView{nullptr, clm::ActDType::f32, p.rows(), dim}, p.d(), 1.0, 0.3f));
   }
 }
+
+TEST_CASE("adapter fit: a solution finite in f64 but not in f32 is refused, not returned") {
+  // delta / residual_scale = 1e40: finite in f64, +inf once stored as f32 weights.
+  const std::vector<float> s = {0.0f, 1.0f, 2.0f};
+  const std::vector<float> d = {1e10f, 2e10f, 3e10f};
+  const clm::ConstActivationView sv{s.data(), clm::ActDType::f32, 3, 1};
+  const clm::ConstActivationView dv{d.data(), clm::ActDType::f32, 3, 1};
+  clm::SnapshotAdapterWeights out;
+  out.hidden = -7;
+  const clm::Status st = clm::fit_snapshot_adapter(sv, dv, 0.0, 1e-30f, out);
+  INFO(st.message());
+  CHECK(st.code() == clm::StatusCode::invalid_argument);
+  CHECK(out.hidden == -7);
+  // The same data at a sane scale fits, and an adapter accepts it.
+  REQUIRE(clm::fit_snapshot_adapter(sv, dv, 0.0, 0.3f, out).ok());
+  CHECK(clm::validate_snapshot_adapter(out).ok());
+}

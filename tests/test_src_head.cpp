@@ -544,3 +544,19 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
   CHECK(clm::read_src_head(std::string("/nonexistent/head.safetensors"), untouched).code() ==
         clm::StatusCode::io_error);
 }
+
+TEST_CASE("activation views whose size overflows are refused before anything reads them") {
+  const clm::ConstActivationView huge{nullptr, clm::ActDType::f32, std::int64_t{1} << 62, 4};
+  CHECK(clm::check_activation_view(huge, 4, "huge").code() == clm::StatusCode::invalid_argument);
+  const clm::ConstActivationView huge_half{nullptr, clm::ActDType::bf16, std::int64_t{1} << 61, 4};
+  CHECK(clm::check_activation_view(huge_half, 4, "huge").code() == clm::StatusCode::invalid_argument);
+  std::mt19937 rng(fresh_seed());
+  auto head = make_head(random_weights(4, rng), clm::Gelu::tanh);
+  std::vector<float> scores(1, -1.0f);
+  const std::vector<int32_t> ids = {1}, indptr = {0, 1};
+  CHECK(head->score(huge, ids, indptr, {}, scores).code() == clm::StatusCode::invalid_argument);
+  CHECK(scores[0] == -1.0f);
+  // A view that fits still passes.
+  const std::vector<float> one(4, 0.5f);
+  CHECK(clm::check_activation_view({one.data(), clm::ActDType::f32, 1, 4}, 4, "one").ok());
+}

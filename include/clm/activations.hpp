@@ -92,6 +92,14 @@ inline Status check_activation_view(const ConstActivationView& view, std::int32_
     return invalid_argument(std::string(what) + ": unknown activation dtype");
   }
   if (view.rows < 0 || view.cols < 0) return invalid_argument(std::string(what) + ": negative rows or cols");
+  // rows * cols * element size must fit: elements() and bytes() would wrap.
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(view.rows), static_cast<std::size_t>(view.cols), &bytes) ||
+      __builtin_mul_overflow(bytes, kv_dtype_bytes(view.dtype), &bytes) ||
+      bytes > static_cast<std::size_t>(PTRDIFF_MAX)) {
+    return invalid_argument(std::string(what) + ": " + std::to_string(view.rows) + " x " + std::to_string(view.cols) +
+                            " elements do not fit in memory");
+  }
   if (expected_cols >= 0 && view.cols != expected_cols) {
     return invalid_argument(std::string(what) + ": has " + std::to_string(view.cols) + " columns, expected " +
                             std::to_string(expected_cols));

@@ -152,6 +152,9 @@ class Engine {
       }
       seq->locked = match_.node;
       out.seq = next_id_++;
+      // Under the lock, like abort_all's removal: an abort_all between our
+      // unlock and a later add would leave a dead sequence tracked forever.
+      src_.add(out.seq);
       out.cached_tokens = static_cast<std::int32_t>(seq->tree_pages) * page_size_;
       sequences_.emplace(out.seq, std::move(seq));
       ++metrics_.admitted;
@@ -160,7 +163,6 @@ class Engine {
       out.page_table.assign(admitted.pages.begin(), admitted.pages.end());
     }
     slots_for(out.page_table, static_cast<std::size_t>(out.cached_tokens), prompt.size(), out.slots);
-    src_.add(out.seq);  // nobody else knows the id yet, so this cannot race with its end
     return {};
   }
 
@@ -338,10 +340,10 @@ class Engine {
     }
     std::vector<std::uint8_t> effective;
     CLM_RETURN_IF_ERROR(src_.baseline_flags(ids, effective));
-    std::uint64_t injected = 0;
+    std::uint64_t injected = 0;  // sequences that get the delta on at least one row
     for (std::size_t i = 0; i < ids.size(); ++i) {
       effective[i] = apply[i] != 0 && effective[i] == 0 ? 1 : 0;
-      injected += effective[i];
+      if (effective[i] != 0 && i + 1 < indptr.size() && indptr[i + 1] > indptr[i]) ++injected;
     }
     CLM_RETURN_IF_ERROR(adapter->inject_batch(hidden_states, indptr, snapshots, effective, layer));
     if (adapter->injects_at(layer)) src_.count_injections(injected);

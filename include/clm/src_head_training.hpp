@@ -94,6 +94,7 @@ struct SrcHeadParamsF64 {
 // The training objective in f64 (the code path training runs in f32): the
 // mean BCE over rows x [rows][hidden] with labels y, plus the decay term; its
 // gradient into `grad` (resized) when not null. For tests (a gradient check).
+// NaN (and grad untouched) when the sizes do not match each other.
 double src_head_loss_f64(const SrcHeadParamsF64& params, Gelu gelu, std::span<const double> x,
                          std::span<const std::uint8_t> y, double weight_decay, SrcHeadParamsF64* grad);
 

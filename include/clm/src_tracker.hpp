@@ -102,7 +102,7 @@ class SrcTracker {
   struct SequenceState {
     std::vector<double> sum;  // [hidden] over non-special rows so far; empty until the first step
     std::int64_t count = 0;
-    std::uint64_t version = 0;  // bumped by each committed step: detects concurrent steps
+    std::uint64_t version = 0;  // from next_version_, renewed by each commit: detects concurrent steps
     SrcGateState gate;
   };
 
@@ -113,6 +113,9 @@ class SrcTracker {
   mutable std::mutex mutex_;
   std::shared_ptr<const SrcHead> head_;
   std::unordered_map<SeqId, SequenceState> states_;
+  // Tracker-wide, so an id removed and added again never matches a version a
+  // step in flight saw before.
+  std::uint64_t next_version_ = 1;
   SrcMetrics metrics_;
 };
 
