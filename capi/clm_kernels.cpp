@@ -21,9 +21,6 @@ using namespace clm_capi;
 
 namespace {
 
-// The size of the first version of clm_attention_params: frozen.
-constexpr std::size_t kAttentionParamsV1 = offsetof(clm_attention_params, stream) + sizeof(void*);
-
 // Which kernels a pool's memory calls for.
 enum class Backend { cpu, cuda };
 

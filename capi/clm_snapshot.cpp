@@ -16,7 +16,6 @@ namespace {
 
 constexpr int32_t kMaxDim = 1 << 20;
 constexpr std::size_t kMaxLayers = 1 << 16;
-constexpr std::size_t kAdapterOptionsV1 = offsetof(clm_adapter_options, residual_scale) + sizeof(float);
 
 clm_adapter_options default_adapter_options() {
   const clm::SnapshotAdapterConfig defaults;

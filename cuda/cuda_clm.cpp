@@ -9,7 +9,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -21,30 +20,20 @@
 
 #include "clm_args.hpp"
 #include "clm_launch.hpp"
+#include "device_staging.hpp"
 
 namespace clm::cuda {
 
+using detail::as_stream;
 using detail::ClmRecord;
+using detail::DeviceBuffer;
+using detail::DeviceGuard;
 using detail::Dims;
+using detail::GrowthPolicy;
+using detail::launch_status;
+using detail::round16;
 
 namespace {
-
-Status cuda_error(cudaError_t err, const char* what) {
-  std::string text = fmt::format("{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
-  switch (err) {
-    case cudaErrorMemoryAllocation:
-      return out_of_memory(std::move(text));
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-    case cudaErrorCompatNotSupportedOnDevice:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion:
-      return unsupported(std::move(text));
-    default:
-      return {StatusCode::internal, std::move(text)};
-  }
-}
 
 Status cublas_error(cublasStatus_t err, const char* what) {
   std::string text = fmt::format("{}: {} ({})", what, cublasGetStatusString(err), cublasGetStatusName(err));
@@ -59,50 +48,11 @@ Status cublas_error(cublasStatus_t err, const char* what) {
   }
 }
 
-#define CLM_CUDA_TRY(call, what)                                    \
-  do {                                                              \
-    cudaError_t clm_err_ = (call);                                  \
-    if (clm_err_ != cudaSuccess) return cuda_error(clm_err_, what); \
-  } while (0)
-
 #define CLM_CUBLAS_TRY(call, what)                                                        \
   do {                                                                                    \
     cublasStatus_t clm_blas_err_ = (call);                                                \
     if (clm_blas_err_ != CUBLAS_STATUS_SUCCESS) return cublas_error(clm_blas_err_, what); \
   } while (0)
-
-Status launch_status(int result, const char* what) {
-  if (result == -1) return {StatusCode::internal, fmt::format("{}: no kernel instance for this configuration", what)};
-  if (result != 0) return cuda_error(static_cast<cudaError_t>(result), what);
-  return {};
-}
-
-cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
-
-std::size_t round16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
-
-// Makes `device` current for the calling thread for the scope of a call.
-class DeviceGuard {
- public:
-  Status enter(int device) {
-    if (entered_) return {};
-    CLM_CUDA_TRY(cudaGetDevice(&previous_), "cudaGetDevice");
-    entered_ = true;
-    if (previous_ != device) {
-      CLM_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
-      restore_ = true;
-    }
-    return {};
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool entered_ = false;
-  bool restore_ = false;
-};
 
 // A buffer the kernels read or write: device (or managed) memory of `device`,
 // first and last byte in one allocation.
@@ -188,32 +138,15 @@ constexpr ClmRecord kZeroRecord{0, 0, 0, 0, 0, 0u, 0, 0};
 // pinned staging buffers for the per-call uploads, growable device buffers,
 // and the event that orders calls.
 // ============================================================================
-struct DeviceBuffer {
-  void* pointer = nullptr;
-  std::size_t capacity = 0;
-};
-
 class DeviceContext {
  public:
-  struct Staging {
-    void* host = nullptr;
-    std::size_t capacity = 0;
-    cudaEvent_t uploaded = nullptr;
-    bool pending = false;
-  };
-  struct Part {
-    const void* data;  // null: zeros
-    std::size_t bytes;
-  };
-
   int device = 0;
   int sm_count = 1;
   cublasHandle_t blas = nullptr;
   DeviceBuffer blas_workspace;
   cudaStream_t bound_stream = nullptr;
   bool bound = false;
-  std::array<Staging, 4> staging;
-  unsigned next_staging = 0;
+  detail::StagingRing<4> staging{std::size_t{1} << 14};
   cudaEvent_t last_call = nullptr;
   bool has_last_call = false;
   std::vector<DeviceBuffer*> owned;  // freed by the destructor
@@ -236,9 +169,7 @@ class DeviceContext {
     sm_count = std::max(sm_count, 1);
     int major = 0;
     CLM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-    for (Staging& s : staging) {
-      CLM_CUDA_TRY(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming), "cudaEventCreate");
-    }
+    CLM_RETURN_IF_ERROR(staging.create_events());
     CLM_CUDA_TRY(cudaEventCreateWithFlags(&last_call, cudaEventDisableTiming), "cudaEventCreate");
     CLM_CUBLAS_TRY(cublasCreate(&blas), "cublasCreate");
     // f32 compute without TF32 (the CPU head's accuracy), whatever the handle's default.
@@ -259,10 +190,7 @@ class DeviceContext {
     for (DeviceBuffer* b : owned) {
       if (b->pointer) cudaFree(b->pointer);
     }
-    for (Staging& s : staging) {
-      if (s.host) cudaFreeHost(s.host);
-      if (s.uploaded) cudaEventDestroy(s.uploaded);
-    }
+    staging.release();
     if (last_call) cudaEventDestroy(last_call);
   }
 
@@ -296,64 +224,17 @@ class DeviceContext {
     return {};
   }
 
-  // Grows a device buffer; earlier work on `stream` may still use the old one.
+  // Device buffers grow with a quarter of headroom (at least 64 KiB).
+  static constexpr GrowthPolicy kGrowth{true, std::size_t{1} << 16, "cudaMalloc (CLM scratch)"};
   Status reserve(DeviceBuffer& b, std::size_t bytes, void* stream) {
-    if (b.capacity >= bytes) return {};
-    CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
-    if (b.pointer) CLM_CUDA_TRY(cudaFree(b.pointer), "cudaFree");
-    b.pointer = nullptr;
-    b.capacity = 0;
-    const std::size_t grown = std::max(bytes + bytes / 4, std::size_t{1} << 16);
-    CLM_CUDA_TRY(cudaMalloc(&b.pointer, grown), "cudaMalloc (CLM scratch)");
-    b.capacity = grown;
-    return {};
-  }
-
-  Status acquire_staging(std::size_t bytes, Staging*& out) {
-    Staging& s = staging[next_staging++ % staging.size()];
-    if (s.pending) {
-      CLM_CUDA_TRY(cudaEventSynchronize(s.uploaded), "cudaEventSynchronize (staging)");
-      s.pending = false;
-    }
-    if (s.capacity < bytes) {
-      if (s.host) CLM_CUDA_TRY(cudaFreeHost(s.host), "cudaFreeHost");
-      s.host = nullptr;
-      s.capacity = 0;
-      const std::size_t grown = std::max(bytes, std::size_t{1} << 14);
-      CLM_CUDA_TRY(cudaMallocHost(&s.host, grown), "cudaMallocHost (staging)");
-      s.capacity = grown;
-    }
-    out = &s;
-    return {};
+    return detail::reserve(b, bytes, as_stream(stream), kGrowth);
   }
 
   // Uploads `parts` (each at a 16-byte aligned offset; null data: zeros) into
   // `dst` with one copy; returns each part's device address.
-  Status upload(std::initializer_list<Part> parts, DeviceBuffer& dst, void* stream, std::vector<void*>& at) {
-    std::size_t total = 0;
-    for (const Part& p : parts) total += round16(p.bytes);
-    at.clear();
-    CLM_RETURN_IF_ERROR(reserve(dst, total, stream));
-    Staging* s = nullptr;
-    CLM_RETURN_IF_ERROR(acquire_staging(total, s));
-    std::size_t offset = 0;
-    for (const Part& p : parts) {
-      auto* host = static_cast<unsigned char*>(s->host) + offset;
-      if (p.bytes != 0) {
-        if (p.data != nullptr) {
-          std::memcpy(host, p.data, p.bytes);
-        } else {
-          std::memset(host, 0, p.bytes);
-        }
-      }
-      at.push_back(p.bytes != 0 ? static_cast<unsigned char*>(dst.pointer) + offset : nullptr);
-      offset += round16(p.bytes);
-    }
-    CLM_CUDA_TRY(cudaMemcpyAsync(dst.pointer, s->host, total, cudaMemcpyHostToDevice, as_stream(stream)),
-                 "cudaMemcpyAsync (upload)");
-    CLM_CUDA_TRY(cudaEventRecord(s->uploaded, as_stream(stream)), "cudaEventRecord");
-    s->pending = true;
-    return {};
+  Status upload(std::initializer_list<detail::UploadPart> parts, DeviceBuffer& dst, void* stream,
+                std::vector<void*>& at) {
+    return staging.upload(parts, dst, kGrowth, as_stream(stream), at);
   }
 
   // A device copy of host data, made once (synchronous).

@@ -6,8 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <array>
-#include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -15,65 +14,20 @@
 
 #include <fmt/format.h>
 
+#include "device_staging.hpp"
 #include "launch.hpp"
 #include "plan.hpp"
 
 namespace clm::cuda {
 
+using detail::as_stream;
+using detail::DeviceBuffer;
+using detail::DeviceGuard;
 using detail::Dims;
+using detail::GrowthPolicy;
+using detail::launch_status;
 
 namespace {
-
-Status cuda_error(cudaError_t err, const char* what) {
-  std::string text = fmt::format("{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
-  switch (err) {
-    case cudaErrorMemoryAllocation: return out_of_memory(std::move(text));
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-    case cudaErrorCompatNotSupportedOnDevice:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion: return unsupported(std::move(text));
-    default: return {StatusCode::internal, std::move(text)};
-  }
-}
-
-#define CLM_CUDA_TRY(call, what)                                 \
-  do {                                                           \
-    cudaError_t clm_err_ = (call);                               \
-    if (clm_err_ != cudaSuccess) return cuda_error(clm_err_, what); \
-  } while (0)
-
-Status launch_status(int result, const char* what) {
-  if (result == -1) return {StatusCode::internal, fmt::format("{}: no kernel instance for this configuration", what)};
-  if (result != 0) return cuda_error(static_cast<cudaError_t>(result), what);
-  return {};
-}
-
-cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
-
-// Makes `device` current for the calling thread for the scope of a call.
-class DeviceGuard {
- public:
-  Status enter(int device) {
-    if (entered_) return {};
-    CLM_CUDA_TRY(cudaGetDevice(&previous_), "cudaGetDevice");
-    entered_ = true;
-    if (previous_ != device) {
-      CLM_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
-      restore_ = true;
-    }
-    return {};
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool entered_ = false;
-  bool restore_ = false;
-};
 
 // Where a range of memory lives, from the pointer attributes of its first and
 // last byte.
@@ -89,18 +43,20 @@ Status place(const void* pointer, std::size_t bytes, int device, const char* wha
   const void* end = static_cast<const unsigned char*>(pointer) + (bytes == 0 ? 0 : bytes - 1);
   CLM_CUDA_TRY(cudaPointerGetAttributes(&last, end), "cudaPointerGetAttributes");
   if (first.type != last.type) {
-    return invalid_argument(fmt::format("{}: the first and last byte of its {} bytes are different kinds of memory "
-                                        "(is the buffer too small?)",
-                                        what, bytes));
+    return invalid_argument(
+        fmt::format("{}: the first and last byte of its {} bytes are different kinds of memory "
+                    "(is the buffer too small?)",
+                    what, bytes));
   }
   switch (first.type) {
     case cudaMemoryTypeDevice:
     case cudaMemoryTypeManaged:
       if (first.type == cudaMemoryTypeDevice && (first.device != device || last.device != device)) {
-        return invalid_argument(fmt::format("{}: memory of device {}, but the workspace is on device {}", what,
-                                            first.device, device));
+        return invalid_argument(
+            fmt::format("{}: memory of device {}, but the workspace is on device {}", what, first.device, device));
       }
-      if (static_cast<const unsigned char*>(last.devicePointer) - static_cast<const unsigned char*>(first.devicePointer) !=
+      if (static_cast<const unsigned char*>(last.devicePointer) -
+              static_cast<const unsigned char*>(first.devicePointer) !=
           static_cast<std::ptrdiff_t>(bytes == 0 ? 0 : bytes - 1)) {
         return invalid_argument(fmt::format("{}: its {} bytes are not one device allocation", what, bytes));
       }
@@ -111,7 +67,8 @@ Status place(const void* pointer, std::size_t bytes, int device, const char* wha
       out.kind = Placement::pinned_host;
       out.device_pointer = nullptr;
       if (first.devicePointer != nullptr && last.devicePointer != nullptr &&
-          static_cast<const unsigned char*>(last.devicePointer) - static_cast<const unsigned char*>(first.devicePointer) ==
+          static_cast<const unsigned char*>(last.devicePointer) -
+                  static_cast<const unsigned char*>(first.devicePointer) ==
               static_cast<std::ptrdiff_t>(bytes == 0 ? 0 : bytes - 1)) {
         out.device_pointer = first.devicePointer;
       }
@@ -157,21 +114,9 @@ Status check_pool_memory(const PagedKvView& kv, int device, const char* what, Pl
 // Workspace
 // ============================================================================
 struct Workspace::Impl {
-  struct Staging {  // pinned host memory a call fills, then uploads
-    void* host = nullptr;
-    std::size_t capacity = 0;
-    cudaEvent_t uploaded = nullptr;  // recorded after the upload from it
-    bool pending = false;
-  };
-  struct DeviceBuffer {
-    void* pointer = nullptr;
-    std::size_t capacity = 0;
-  };
-
   int device = 0;
   int sm_count = 1;
-  std::array<Staging, 8> staging;
-  unsigned next_staging = 0;
+  detail::StagingRing<8> staging{std::size_t{1} << 16};
   DeviceBuffer plan_meta;  // decode plan: items, merge_indptr, indices
   DeviceBuffer call_meta;  // per call: prefill pages, write_kv slots, copy pairs
   DeviceBuffer partials;   // decode partial outputs + lse
@@ -191,10 +136,7 @@ struct Workspace::Impl {
     // Every call waits for the previous one, so the last call's event covers
     // all work that may still use these buffers.
     if (has_last_call) cudaEventSynchronize(last_call);
-    for (Staging& s : staging) {
-      if (s.host) cudaFreeHost(s.host);
-      if (s.uploaded) cudaEventDestroy(s.uploaded);
-    }
+    staging.release();
     for (DeviceBuffer* b : {&plan_meta, &call_meta, &partials}) {
       if (b->pointer) cudaFree(b->pointer);
     }
@@ -212,67 +154,16 @@ struct Workspace::Impl {
     return {};
   }
 
-  // Grows a device buffer; the old one may still be in use by earlier work on
-  // `stream` (ordered after every earlier call by begin()), so wait for it.
+  // Device buffers grow to exactly what a call needs (at least 64 KiB).
+  static constexpr GrowthPolicy kGrowth{false, std::size_t{1} << 16, "cudaMalloc (workspace)"};
   Status reserve(DeviceBuffer& b, std::size_t bytes, cudaStream_t stream) {
-    if (b.capacity >= bytes) return {};
-    CLM_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    if (b.pointer) CLM_CUDA_TRY(cudaFree(b.pointer), "cudaFree");
-    b.pointer = nullptr;
-    b.capacity = 0;
-    const std::size_t grown = std::max(bytes, std::size_t{1} << 16);
-    CLM_CUDA_TRY(cudaMalloc(&b.pointer, grown), "cudaMalloc (workspace)");
-    b.capacity = grown;
-    return {};
+    return detail::reserve(b, bytes, stream, kGrowth);
   }
-
-  // A staging buffer of >= bytes whose previous upload has completed.
-  Status acquire_staging(std::size_t bytes, Staging*& out) {
-    Staging& s = staging[next_staging++ % staging.size()];
-    if (s.pending) {
-      CLM_CUDA_TRY(cudaEventSynchronize(s.uploaded), "cudaEventSynchronize (staging)");
-      s.pending = false;
-    }
-    if (s.capacity < bytes) {
-      if (s.host) CLM_CUDA_TRY(cudaFreeHost(s.host), "cudaFreeHost");
-      s.host = nullptr;
-      s.capacity = 0;
-      const std::size_t grown = std::max(bytes, std::size_t{1} << 16);
-      CLM_CUDA_TRY(cudaMallocHost(&s.host, grown), "cudaMallocHost (staging)");
-      s.capacity = grown;
-    }
-    out = &s;
-    return {};
-  }
-
   // Uploads `parts` (host ranges), each 16-byte aligned, into `dst`; returns
   // the device address of each part.
-  struct Part {
-    const void* data;
-    std::size_t bytes;
-  };
-  Status upload(std::initializer_list<Part> parts, DeviceBuffer& dst, cudaStream_t stream,
+  Status upload(std::initializer_list<detail::UploadPart> parts, DeviceBuffer& dst, cudaStream_t stream,
                 std::vector<void*>& addresses) {
-    std::size_t total = 0;
-    for (const Part& p : parts) total += (p.bytes + 15) / 16 * 16;
-    addresses.clear();
-    if (total == 0) {
-      for (std::size_t i = 0; i < parts.size(); ++i) addresses.push_back(nullptr);
-      return {};
-    }
-    CLM_RETURN_IF_ERROR(reserve(dst, total, stream));
-    Staging* s = nullptr;
-    CLM_RETURN_IF_ERROR(acquire_staging(total, s));
-    std::size_t offset = 0;
-    for (const Part& p : parts) {
-      if (p.bytes) std::memcpy(static_cast<unsigned char*>(s->host) + offset, p.data, p.bytes);
-      addresses.push_back(p.bytes ? static_cast<unsigned char*>(dst.pointer) + offset : nullptr);
-      offset += (p.bytes + 15) / 16 * 16;
-    }
-    CLM_CUDA_TRY(cudaMemcpyAsync(dst.pointer, s->host, total, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (upload)");
-    CLM_CUDA_TRY(cudaEventRecord(s->uploaded, stream), "cudaEventRecord");
-    s->pending = true;
-    return {};
+    return staging.upload(parts, dst, kGrowth, stream, addresses);
   }
 
   Status decode_occupancy(KvDType dtype, int head_dim, int heads_per_block, int& blocks) {
@@ -282,9 +173,9 @@ struct Workspace::Impl {
       return {};
     }
     blocks = 1;
-    CLM_RETURN_IF_ERROR(launch_status(
-        detail::decode_blocks_per_sm(static_cast<int>(dtype), head_dim, heads_per_block, &blocks),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    CLM_RETURN_IF_ERROR(
+        launch_status(detail::decode_blocks_per_sm(static_cast<int>(dtype), head_dim, heads_per_block, &blocks),
+                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
     blocks = std::max(blocks, 1);
     blocks_per_sm.emplace(key, blocks);
     return {};
@@ -314,9 +205,7 @@ Status Workspace::create(int device, std::unique_ptr<Workspace>& out) {
   impl->device = device;
   CLM_CUDA_TRY(cudaDeviceGetAttribute(&impl->sm_count, cudaDevAttrMultiProcessorCount, device),
                "cudaDeviceGetAttribute");
-  for (Impl::Staging& s : impl->staging) {
-    CLM_CUDA_TRY(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming), "cudaEventCreate");
-  }
+  CLM_RETURN_IF_ERROR(impl->staging.create_events());
   CLM_CUDA_TRY(cudaEventCreateWithFlags(&impl->last_call, cudaEventDisableTiming), "cudaEventCreate");
   out.reset(new Workspace(std::move(impl)));
   return {};
@@ -331,8 +220,8 @@ Status enter(Workspace::Impl& w, DeviceGuard& guard, void* stream) {
     int stream_device = -1;
     CLM_CUDA_TRY(cudaStreamGetDevice(as_stream(stream), &stream_device), "cudaStreamGetDevice");
     if (stream_device != w.device) {
-      return invalid_argument(fmt::format("the stream belongs to device {}, the workspace to device {}", stream_device,
-                                          w.device));
+      return invalid_argument(
+          fmt::format("the stream belongs to device {}, the workspace to device {}", stream_device, w.device));
     }
   }
   return w.begin(as_stream(stream));
@@ -424,8 +313,8 @@ Status paged_decode_attention(Workspace& ws, const PagedKvView& kv, const Attent
 // prefill
 // ============================================================================
 Status paged_prefill_attention(Workspace& ws, const PagedKvView& kv, const AttentionParams& params, const float* q,
-                               std::int32_t n_new, std::span<const std::int32_t> pages, std::int32_t kv_len,
-                               float* out, void* stream) {
+                               std::int32_t n_new, std::span<const std::int32_t> pages, std::int32_t kv_len, float* out,
+                               void* stream) {
   Workspace::Impl& w = ws.impl();
   CLM_RETURN_IF_ERROR(detail::validate_prefill(kv, params, n_new, pages, kv_len));
   DeviceGuard guard;
@@ -443,8 +332,8 @@ Status paged_prefill_attention(Workspace& ws, const PagedKvView& kv, const Atten
   const std::size_t used = static_cast<std::size_t>(detail::prefill_pages_used(kv, kv_len));
   std::vector<void*> at;
   CLM_RETURN_IF_ERROR(w.upload({{pages.data(), used * sizeof(std::int32_t)}}, w.call_meta, s, at));
-  const detail::PrefillArgs args = detail::make_prefill_args(kv, params, n_new, kv_len,
-                                                             static_cast<const std::int32_t*>(at[0]), q, out);
+  const detail::PrefillArgs args =
+      detail::make_prefill_args(kv, params, n_new, kv_len, static_cast<const std::int32_t*>(at[0]), q, out);
   CLM_RETURN_IF_ERROR(launch_status(detail::launch_prefill(static_cast<int>(kv.dtype), kv.head_dim,
                                                            detail::prefill_grid(kv, params, n_new), args, stream),
                                     "prefill kernel launch"));
@@ -470,11 +359,11 @@ Status write_kv(Workspace& ws, const PagedKvView& kv, std::int32_t layer, const 
   const cudaStream_t s = as_stream(stream);
   std::vector<void*> at;
   CLM_RETURN_IF_ERROR(w.upload({{slots.data(), slots.size() * sizeof(std::int64_t)}}, w.call_meta, s, at));
-  const detail::WriteKvArgs args =
-      detail::make_write_kv_args(kv, layer, static_cast<const std::int64_t*>(at[0]), k, v);
-  CLM_RETURN_IF_ERROR(launch_status(
-      detail::launch_write_kv(static_cast<int>(kv.dtype), Dims{static_cast<unsigned>(slots.size()), 1, 1}, args, stream),
-      "write_kv kernel launch"));
+  const detail::WriteKvArgs args = detail::make_write_kv_args(kv, layer, static_cast<const std::int64_t*>(at[0]), k, v);
+  CLM_RETURN_IF_ERROR(
+      launch_status(detail::launch_write_kv(static_cast<int>(kv.dtype), Dims{static_cast<unsigned>(slots.size()), 1, 1},
+                                            args, stream),
+                    "write_kv kernel launch"));
   return w.end(s);
 }
 
@@ -485,9 +374,8 @@ namespace {
 
 constexpr std::size_t kKernelCopyMaxPageBytes = 256 * 1024;
 
-Status copy_impl(Workspace& ws, const PagedKvView& dst, std::span<const std::int32_t> dst_pages,
-                 const PagedKvView& src, std::span<const std::int32_t> src_pages, void* stream,
-                 const CopyOptions& options) {
+Status copy_impl(Workspace& ws, const PagedKvView& dst, std::span<const std::int32_t> dst_pages, const PagedKvView& src,
+                 std::span<const std::int32_t> src_pages, void* stream, const CopyOptions& options) {
   Workspace::Impl& w = ws.impl();
   CLM_RETURN_IF_ERROR(detail::validate_copy(dst, dst_pages, src, src_pages));
   if (options.method != CopyMethod::automatic && options.method != CopyMethod::memcpy &&
@@ -515,7 +403,9 @@ Status copy_impl(Workspace& ws, const PagedKvView& dst, std::span<const std::int
       }
       use_kernel = true;
       break;
-    case CopyMethod::memcpy: use_kernel = false; break;
+    case CopyMethod::memcpy:
+      use_kernel = false;
+      break;
     default:  // small pages, and at least one side on the device
       use_kernel = kernel_possible && page_bytes < kKernelCopyMaxPageBytes &&
                    (d.kind == Placement::device || s.kind == Placement::device);
@@ -537,15 +427,15 @@ Status copy_impl(Workspace& ws, const PagedKvView& dst, std::span<const std::int
     args.page_bytes = page_bytes;
     args.units = page_bytes / 16;
     args.pairs = static_cast<const std::int32_t*>(at[0]);
-    CLM_RETURN_IF_ERROR(
-        launch_status(detail::launch_copy(detail::copy_grid(dst_pages.size(), page_bytes), args, stream),
-                      "copy kernel launch"));
+    CLM_RETURN_IF_ERROR(launch_status(
+        detail::launch_copy(detail::copy_grid(dst_pages.size(), page_bytes), args, stream), "copy kernel launch"));
   } else {
     for (const detail::CopyRun& run : detail::coalesce_runs(dst_pages, src_pages)) {
-      CLM_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(dst.base) + static_cast<std::size_t>(run.dst) * page_bytes,
-                                   static_cast<const unsigned char*>(src.base) + static_cast<std::size_t>(run.src) * page_bytes,
-                                   static_cast<std::size_t>(run.count) * page_bytes, cudaMemcpyDefault, st),
-                   "cudaMemcpyAsync (copy_pages)");
+      CLM_CUDA_TRY(
+          cudaMemcpyAsync(static_cast<unsigned char*>(dst.base) + static_cast<std::size_t>(run.dst) * page_bytes,
+                          static_cast<const unsigned char*>(src.base) + static_cast<std::size_t>(run.src) * page_bytes,
+                          static_cast<std::size_t>(run.count) * page_bytes, cudaMemcpyDefault, st),
+          "cudaMemcpyAsync (copy_pages)");
     }
   }
   return w.end(st);

@@ -2,8 +2,7 @@
 // the CPU runs it, else Eigen with the library's generic flags.
 #include "dense_gemm.hpp"
 
-#include <Eigen/Core>
-
+#include "dense_kernels.hpp"
 #include "eigen_avx2.hpp"
 
 namespace clm::detail {
@@ -13,17 +12,7 @@ void gemm_nt(const float* a, std::int64_t m, std::int64_t k, const float* b, std
     gemm_nt_avx2(a, m, k, b, n, c);
     return;
   }
-  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const Eigen::Map<const RowMatrix> bm(b, n, k);
-  if (m == 1) {
-    const Eigen::Map<const Eigen::VectorXf> x(a, k);
-    Eigen::Map<Eigen::VectorXf> out(c, n);
-    out.noalias() = bm * x;
-    return;
-  }
-  const Eigen::Map<const RowMatrix> am(a, m, k);
-  Eigen::Map<RowMatrix> out(c, m, n);
-  out.noalias() = am * bm.transpose();
+  gemm_nt_eigen(a, m, k, b, n, c);
 }
 
 }  // namespace clm::detail

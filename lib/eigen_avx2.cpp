@@ -55,10 +55,7 @@
 #define __AVX2__ 1
 #define __FMA__ 1
 #define Eigen ClmEigenAvx2
-#include <Eigen/Core>
-#include <unsupported/Eigen/SpecialFunctions>
-
-#include "src_head_pooled.hpp"
+#include "dense_kernels.hpp"
 #undef Eigen
 #undef __SSE3__
 #undef __SSSE3__
@@ -73,17 +70,7 @@ namespace clm::detail {
 static_assert(ClmEigenAvx2::internal::packet_traits<float>::size == 8, "Eigen did not take the AVX path");
 
 void gemm_nt_avx2(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c) {
-  using RowMatrix = ClmEigenAvx2::Matrix<float, ClmEigenAvx2::Dynamic, ClmEigenAvx2::Dynamic, ClmEigenAvx2::RowMajor>;
-  const ClmEigenAvx2::Map<const RowMatrix> bm(b, n, k);
-  if (m == 1) {
-    const ClmEigenAvx2::Map<const ClmEigenAvx2::VectorXf> x(a, k);
-    ClmEigenAvx2::Map<ClmEigenAvx2::VectorXf> out(c, n);
-    out.noalias() = bm * x;
-    return;
-  }
-  const ClmEigenAvx2::Map<const RowMatrix> am(a, m, k);
-  ClmEigenAvx2::Map<RowMatrix> out(c, m, n);
-  out.noalias() = am * bm.transpose();
+  gemm_nt_eigen(a, m, k, b, n, c);
 }
 
 void src_head_pooled_logits_avx2(const float* means, std::int64_t batch, std::int32_t hidden, const float* w1,

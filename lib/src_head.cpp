@@ -1,5 +1,5 @@
 // The CPU SRC head (include/clm/src_head.hpp): validation, masked means in
-// f64, then the head on the means (src_head_pooled.hpp: Eigen GEMM or GEMV,
+// f64, then the head on the means (dense_kernels.hpp: Eigen GEMM or GEMV,
 // GELU, the output row; AVX2 + FMA when the CPU has them) and a sigmoid.
 #include "clm/src_head.hpp"
 
@@ -10,10 +10,7 @@
 #include <cstddef>
 #include <string>
 
-#include <Eigen/Core>
-#include <unsupported/Eigen/SpecialFunctions>
-
-#include "src_head_pooled.hpp"  // after Eigen
+#include "dense_kernels.hpp"
 
 namespace clm {
 namespace {
@@ -115,16 +112,6 @@ Status SrcHead::score(ConstActivationView attn_out, std::span<const int32_t> tok
     return invalid_argument("SrcHead::score: indptr ends at " + std::to_string(indptr[batch]) +
                             ", attn_out has " + std::to_string(total_tokens) + " tokens");
   }
-  std::vector<float> row(h);
-  for (std::size_t t = 0; t < total_tokens; ++t) {
-    const float* values = attn_out.dtype == ActDType::f32 ? static_cast<const float*>(attn_out.data) + t * h
-                                                            : row.data();
-    if (attn_out.dtype != ActDType::f32) attn_out.load_row(static_cast<std::int64_t>(t), row.data());
-    if (const std::size_t bad = first_non_finite({values, h}); bad != h) {
-      return invalid_argument("SrcHead::score: attn_out holds a NaN or Inf (token " + std::to_string(t) +
-                              ", channel " + std::to_string(bad) + ")");
-    }
-  }
   if (batch == 0) return Status::success();
 
   std::vector<int32_t> special(special_ids.begin(), special_ids.end());
@@ -132,26 +119,33 @@ Status SrcHead::score(ConstActivationView attn_out, std::span<const int32_t> tok
   auto is_special = [&special](int32_t id) { return std::binary_search(special.begin(), special.end(), id); };
 
   // ---- masked means: H [batch x hidden], accumulated in f64 -------------------
+  // One pass over the rows (indptr covers every one): each is converted once,
+  // checked for NaN/Inf (special rows too: a bad value means an upstream bug),
+  // and added unless special. A lone row is its own mean (a decode step).
   std::vector<float> means(batch * h);
   std::vector<double> acc(h);
-  auto row_of = [&](std::size_t t) -> const float* {
-    if (attn_out.dtype == ActDType::f32) return static_cast<const float*>(attn_out.data) + t * h;
-    attn_out.load_row(static_cast<std::int64_t>(t), row.data());
-    return row.data();
-  };
+  std::vector<float> row(h);
   for (std::size_t b = 0; b < batch; ++b) {
     float* dst = means.data() + b * h;
-    std::size_t count = 0, first = 0;
+    std::size_t count = 0;
     for (auto t = static_cast<std::size_t>(indptr[b]); t < static_cast<std::size_t>(indptr[b + 1]); ++t) {
+      const float* values = row.data();
+      if (attn_out.dtype == ActDType::f32) {
+        values = static_cast<const float*>(attn_out.data) + t * h;
+      } else {
+        attn_out.load_row(static_cast<std::int64_t>(t), row.data());
+      }
+      if (const std::size_t bad = first_non_finite({values, h}); bad != h) {
+        return invalid_argument("SrcHead::score: attn_out holds a NaN or Inf (token " + std::to_string(t) +
+                                ", channel " + std::to_string(bad) + ")");
+      }
       if (is_special(token_ids[t])) continue;
       if (count == 0) {
-        first = t;  // a lone row is its own mean: no f64 pass (a decode step)
+        std::copy(values, values + h, dst);
       } else {
         if (count == 1) {
-          const float* r0 = row_of(first);
-          for (std::size_t c = 0; c < h; ++c) acc[c] = static_cast<double>(r0[c]);
+          for (std::size_t c = 0; c < h; ++c) acc[c] = static_cast<double>(dst[c]);
         }
-        const float* values = row_of(t);
         for (std::size_t c = 0; c < h; ++c) acc[c] += static_cast<double>(values[c]);
       }
       ++count;
@@ -161,11 +155,7 @@ Status SrcHead::score(ConstActivationView attn_out, std::span<const int32_t> tok
                               " has no non-special position to average (" +
                               std::to_string(indptr[b + 1] - indptr[b]) + " tokens, all special)");
     }
-    if (count == 1) {
-      const float* r0 = row_of(first);
-      std::copy(r0, r0 + h, dst);
-      continue;
-    }
+    if (count == 1) continue;
     const double inv = 1.0 / static_cast<double>(count);
     for (std::size_t c = 0; c < h; ++c) dst[c] = static_cast<float>(acc[c] * inv);
   }

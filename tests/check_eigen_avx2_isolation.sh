@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/check_eigen_avx2_isolation.sh OBJECTS: lib/eigen_avx2.cpp's object may
-# hold AVX instructions only in Eigen's renamed copy (ClmEigenAvx2) and our two
-# entry points; any other function compiled for AVX there could be picked by
+# hold AVX instructions only in Eigen's renamed copy (ClmEigenAvx2), our two
+# entry points, and functions of an anonymous namespace (internal linkage:
+# never merged); any other function compiled for AVX there could be picked by
 # the linker for the generic build and crash a CPU without AVX.
 # OBJECTS: clmcache_core's object files (a ;-separated list, as CMake gives it).
 set -euo pipefail
@@ -14,7 +15,7 @@ done
 report=$(objdump -d --no-show-raw-insn -C "$obj" | awk '
   /^[0-9a-f]+ <.*>:$/ { name = $0; sub(/^[0-9a-f]+ </, "", name); sub(/>:$/, "", name); next }
   /\t(v[a-z0-9]+ |.*%ymm)/ { vex[name]++ }
-  END { for (n in vex) print (n ~ /ClmEigenAvx2|gemm_nt_avx2|src_head_pooled_logits/ ? "ok " : "BAD ") vex[n] " " n }')
+  END { for (n in vex) print (n ~ /ClmEigenAvx2|gemm_nt_avx2|src_head_pooled_logits_avx2|\(anonymous namespace\)/ ? "ok " : "BAD ") vex[n] " " n }')
 if [[ -z "$report" ]]; then
   echo "no AVX instruction at all in $obj: the AVX2 build is not being compiled (or this check is broken)"
   exit 1

@@ -351,11 +351,9 @@ class Engine {
   }
 
   EngineMetrics metrics() const {
-    EngineMetrics m;
-    m.src = src_.metrics();
+    const SrcMetrics src = src_.metrics();  // its own lock, taken before ours: never nested
     std::lock_guard lock(mutex_);
-    const SrcMetrics src = m.src;
-    m = metrics_;
+    EngineMetrics m = metrics_;
     m.src = src;
     m.cache = tree_->metrics();
     m.active_sequences = static_cast<std::int64_t>(sequences_.size());

@@ -1,16 +1,35 @@
-// lib/src_head_pooled.hpp (internal): the SRC head on pooled means, as one
-// Eigen template included by two translation units: src_head.cpp (the
-// library's generic flags) and eigen_avx2.cpp (Eigen renamed and
-// built for AVX2 + FMA). The anonymous namespace gives each its own copy, so
-// the two builds never merge at link time. Include after <Eigen/Core> and
-// <unsupported/Eigen/SpecialFunctions> (for erf).
+// lib/dense_kernels.hpp (internal): the CLM parts' dense math, written once
+// as Eigen templates and compiled twice: by dense_gemm.cpp and src_head.cpp
+// with the library's generic flags, and by eigen_avx2.cpp with Eigen renamed
+// and built for AVX2 + FMA. The anonymous namespace gives each translation unit
+// its own copy, so the two builds never merge at link time.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>  // erf
+
 namespace clm::detail {
 namespace {
+
+// c [m][n] = a [m][k] * b [n][k]^T, all row-major; m == 1 is a GEMV over b's
+// rows (a decode step: bound by reading b).
+template <int Unused = 0>
+void gemm_nt_eigen(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c) {
+  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const Eigen::Map<const RowMatrix> bm(b, n, k);
+  if (m == 1) {
+    const Eigen::Map<const Eigen::VectorXf> x(a, k);
+    Eigen::Map<Eigen::VectorXf> out(c, n);
+    out.noalias() = bm * x;
+    return;
+  }
+  const Eigen::Map<const RowMatrix> am(a, m, k);
+  Eigen::Map<RowMatrix> out(c, m, n);
+  out.noalias() = am * bm.transpose();
+}
 
 // logits[b] = w2 . GELU(W1 means[b] + b1) + b2 for b < batch (all row-major).
 // tanh_gelu: the tanh form; else the exact erf form. Both vectorised by Eigen
@@ -21,17 +40,10 @@ void src_head_pooled_logits(const float* means, std::int64_t batch, std::int32_t
   using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using RowArray = Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const std::int32_t inner = hidden / 4;
-  const Eigen::Map<const RowMatrix> w(w1, inner, hidden);
   const Eigen::Map<const Eigen::RowVectorXf> bias(b1, inner);
   const Eigen::Map<const Eigen::VectorXf> out_w(w2, inner);
   RowMatrix z(batch, inner);
-  if (batch == 1) {  // one decode step of one sequence: a GEMV, bound by reading W1
-    const Eigen::Map<const Eigen::VectorXf> x(means, hidden);
-    z.row(0).noalias() = (w * x).transpose();
-  } else {
-    const Eigen::Map<const RowMatrix> x(means, batch, hidden);
-    z.noalias() = x * w.transpose();
-  }
+  gemm_nt_eigen(means, batch, hidden, w1, inner, z.data());
   z.rowwise() += bias;
   RowArray g(batch, inner);
   if (tanh_gelu) {
