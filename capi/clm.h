@@ -232,6 +232,9 @@ CLM_API clm_status clm_engine_metrics(clm_metrics *out, const clm_engine *engine
  * rows. Weights come from a safetensors file or from host memory (copied). */
 #define CLM_GELU_TANH 0 /* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) */
 #define CLM_GELU_ERF 1  /* 0.5x(1 + erf(x / sqrt(2))) */
+/* clm_engine_load_src_head only: the GELU the file names in its "gelu"
+ * metadata (as clm_fit and write_src_head record it). */
+#define CLM_GELU_FROM_FILE (-1)
 
 /* Activation element types (hidden states, attention outputs). */
 #define CLM_DTYPE_F32 0
@@ -240,7 +243,10 @@ CLM_API clm_status clm_engine_metrics(clm_metrics *out, const clm_engine *engine
 
 /* Loads src_head.w1 [hidden/4, hidden], src_head.b1 [hidden/4], src_head.w2
  * [hidden/4], src_head.b2 [1] (f32, f16 or bf16) and installs the head,
- * replacing any earlier one. */
+ * replacing any earlier one. gelu: CLM_GELU_TANH, CLM_GELU_ERF or
+ * CLM_GELU_FROM_FILE. A file whose "gelu" metadata names another form than
+ * the one asked for, or that names none when CLM_GELU_FROM_FILE is asked
+ * for, is CLM_ERR_INVALID_ARGUMENT (the earlier head stays). */
 CLM_API clm_status clm_engine_load_src_head(clm_engine *engine, const char *path, int32_t gelu);
 /* The same from host memory, row-major f32: w1 [hidden/4 * hidden], b1 and w2
  * [hidden/4]. The arrays are copied; the caller keeps ownership. */

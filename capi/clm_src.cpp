@@ -4,6 +4,7 @@
 // clm::SrcHead and clm::SrcTracker.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "capi_internal.hpp"
@@ -39,10 +40,15 @@ clm_status clm_engine_load_src_head(clm_engine* engine, const char* path, int32_
     const char* fn = "clm_engine_load_src_head";
     if (!engine) return null_argument(fn, "engine");
     if (!path) return null_argument(fn, "path");
-    clm::Gelu mode;
-    if (clm_status s = gelu_of(gelu, fn, mode)) return s;
+    std::optional<clm::Gelu> requested;
+    if (gelu != CLM_GELU_FROM_FILE) {
+      clm::Gelu mode;
+      if (clm_status s = gelu_of(gelu, fn, mode)) return s;
+      requested = mode;
+    }
     clm::SrcHeadWeights weights;
-    if (clm_status s = report(clm::read_src_head(std::string(path), weights))) return s;
+    clm::Gelu mode;
+    if (clm_status s = report(clm::load_src_head(std::string(path), requested, weights, mode))) return s;
     return install(engine, std::move(weights), mode);
   });
 }

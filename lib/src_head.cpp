@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 #include "dense_kernels.hpp"
 
@@ -38,28 +39,36 @@ float sigmoid(float x) {
 Status check_weights(const SrcHeadWeights& weights) {
   const int32_t hidden = weights.hidden;
   if (hidden < 4 || hidden % 4 != 0) {
-    return invalid_argument("SrcHead: hidden must be >= 4 and divisible by 4, got " +
-                            std::to_string(hidden));
+    return invalid_argument("SrcHead: hidden must be >= 4 and divisible by 4, got " + std::to_string(hidden));
   }
   const std::size_t h = static_cast<std::size_t>(hidden);
   const std::size_t inner = h / 4;
   if (weights.w1.size() != inner * h) {
-    return invalid_argument("SrcHead: w1 must hold hidden/4 * hidden = " + std::to_string(inner * h) +
-                            " floats, got " + std::to_string(weights.w1.size()));
+    return invalid_argument("SrcHead: w1 must hold hidden/4 * hidden = " + std::to_string(inner * h) + " floats, got " +
+                            std::to_string(weights.w1.size()));
   }
   if (weights.b1.size() != inner) {
-    return invalid_argument("SrcHead: b1 must hold hidden/4 = " + std::to_string(inner) +
-                            " floats, got " + std::to_string(weights.b1.size()));
+    return invalid_argument("SrcHead: b1 must hold hidden/4 = " + std::to_string(inner) + " floats, got " +
+                            std::to_string(weights.b1.size()));
   }
   if (weights.w2.size() != inner) {
-    return invalid_argument("SrcHead: w2 must hold hidden/4 = " + std::to_string(inner) +
-                            " floats, got " + std::to_string(weights.w2.size()));
+    return invalid_argument("SrcHead: w2 must hold hidden/4 = " + std::to_string(inner) + " floats, got " +
+                            std::to_string(weights.w2.size()));
   }
-  if (!all_finite(weights.w1) || !all_finite(weights.b1) || !all_finite(weights.w2) ||
-      !std::isfinite(weights.b2)) {
+  if (!all_finite(weights.w1) || !all_finite(weights.b1) || !all_finite(weights.w2) || !std::isfinite(weights.b2)) {
     return invalid_argument("SrcHead: the weights hold a NaN or Inf");
   }
   return Status::success();
+}
+
+constexpr std::string_view kGeluMetadataKey = "gelu";
+
+std::string_view gelu_name(Gelu gelu) { return gelu == Gelu::erf ? "erf" : "tanh"; }
+
+std::optional<Gelu> gelu_from_name(std::string_view name) {
+  if (name == "tanh") return Gelu::tanh;
+  if (name == "erf") return Gelu::erf;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -84,9 +93,8 @@ Status SrcHead::score(std::span<const float> attn_out, std::span<const int32_t> 
   return score(view, token_ids, indptr, special_ids, scores_out);
 }
 
-Status SrcHead::score(ConstActivationView attn_out, std::span<const int32_t> token_ids,
-                      std::span<const int32_t> indptr, std::span<const int32_t> special_ids,
-                      std::span<float> scores_out) const {
+Status SrcHead::score(ConstActivationView attn_out, std::span<const int32_t> token_ids, std::span<const int32_t> indptr,
+                      std::span<const int32_t> special_ids, std::span<float> scores_out) const {
   const std::size_t h = static_cast<std::size_t>(weights_.hidden);
 
   // ---- shapes --------------------------------------------------------------
@@ -109,8 +117,8 @@ Status SrcHead::score(ConstActivationView attn_out, std::span<const int32_t> tok
     }
   }
   if (static_cast<std::size_t>(indptr[batch]) != total_tokens) {
-    return invalid_argument("SrcHead::score: indptr ends at " + std::to_string(indptr[batch]) +
-                            ", attn_out has " + std::to_string(total_tokens) + " tokens");
+    return invalid_argument("SrcHead::score: indptr ends at " + std::to_string(indptr[batch]) + ", attn_out has " +
+                            std::to_string(total_tokens) + " tokens");
   }
   if (batch == 0) return Status::success();
 
@@ -152,8 +160,8 @@ Status SrcHead::score(ConstActivationView attn_out, std::span<const int32_t> tok
     }
     if (count == 0) {
       return invalid_argument("SrcHead::score: sequence " + std::to_string(b) +
-                              " has no non-special position to average (" +
-                              std::to_string(indptr[b + 1] - indptr[b]) + " tokens, all special)");
+                              " has no non-special position to average (" + std::to_string(indptr[b + 1] - indptr[b]) +
+                              " tokens, all special)");
     }
     if (count == 1) continue;
     const double inv = 1.0 / static_cast<double>(count);
@@ -182,9 +190,9 @@ Status SrcHead::score_pooled(std::span<const float> means, std::span<float> scor
                                         weights_.w1.data(), weights_.b1.data(), weights_.w2.data(), weights_.b2,
                                         gelu_ == Gelu::tanh, logits.data());
   } else {
-    detail::src_head_pooled_logits(means.data(), static_cast<std::int64_t>(batch), weights_.hidden,
-                                   weights_.w1.data(), weights_.b1.data(), weights_.w2.data(), weights_.b2,
-                                   gelu_ == Gelu::tanh, logits.data());
+    detail::src_head_pooled_logits(means.data(), static_cast<std::int64_t>(batch), weights_.hidden, weights_.w1.data(),
+                                   weights_.b1.data(), weights_.w2.data(), weights_.b2, gelu_ == Gelu::tanh,
+                                   logits.data());
   }
 
   for (std::size_t b = 0; b < batch; ++b) {
@@ -239,9 +247,55 @@ Status read_src_head(const std::string& path, SrcHeadWeights& out) {
   return read_src_head(file, out);
 }
 
-Status write_src_head(const std::string& path, const SrcHeadWeights& weights,
+Status read_src_head_gelu(const SafetensorsFile& file, std::optional<Gelu>& out) {
+  const auto it = file.metadata().find(std::string(kGeluMetadataKey));
+  if (it == file.metadata().end()) {
+    out.reset();
+    return Status::success();
+  }
+  const std::optional<Gelu> gelu = gelu_from_name(it->second);
+  if (!gelu) {
+    return invalid_argument("read_src_head_gelu: metadata \"gelu\" is \"" + it->second +
+                            "\", expected \"tanh\" or \"erf\"");
+  }
+  out = gelu;
+  return Status::success();
+}
+
+Status load_src_head(const std::string& path, std::optional<Gelu> requested, SrcHeadWeights& weights, Gelu& gelu) {
+  if (requested && *requested != Gelu::tanh && *requested != Gelu::erf) {
+    return invalid_argument("load_src_head: unknown Gelu mode");
+  }
+  SafetensorsFile file;
+  CLM_RETURN_IF_ERROR(SafetensorsFile::open(path, file));
+  std::optional<Gelu> in_file;
+  CLM_RETURN_IF_ERROR(read_src_head_gelu(file, in_file));
+  if (!requested && !in_file) {
+    return invalid_argument("load_src_head: " + path +
+                            " does not say which GELU its head uses (no \"gelu\" metadata); name it (tanh or erf)");
+  }
+  if (requested && in_file && *requested != *in_file) {
+    return invalid_argument("load_src_head: " + path + " holds a head trained with the " +
+                            std::string(gelu_name(*in_file)) + " GELU, but " + std::string(gelu_name(*requested)) +
+                            " was asked for");
+  }
+  SrcHeadWeights read;
+  CLM_RETURN_IF_ERROR(read_src_head(file, read));
+  weights = std::move(read);
+  gelu = requested ? *requested : *in_file;
+  return Status::success();
+}
+
+Status write_src_head(const std::string& path, const SrcHeadWeights& weights, Gelu gelu,
                       const std::map<std::string, std::string>& metadata) {
   CLM_RETURN_IF_ERROR(check_weights(weights));  // a file we write must load
+  if (gelu != Gelu::tanh && gelu != Gelu::erf) return invalid_argument("write_src_head: unknown Gelu mode");
+  std::map<std::string, std::string> all = metadata;
+  const auto [it, added] = all.emplace(std::string(kGeluMetadataKey), std::string(gelu_name(gelu)));
+  if (!added && it->second != gelu_name(gelu)) {
+    return invalid_argument("write_src_head: metadata \"gelu\" is \"" + it->second + "\" but the head uses " +
+                            std::string(gelu_name(gelu)));
+  }
   const std::int64_t hidden = weights.hidden;
   const std::int64_t inner = hidden / 4;
   auto bytes = [](std::span<const float> v) { return std::as_bytes(v); };
@@ -252,7 +306,7 @@ Status write_src_head(const std::string& path, const SrcHeadWeights& weights,
       {"src_head.w2", TensorDType::f32, {inner}, bytes(weights.w2)},
       {"src_head.b2", TensorDType::f32, {1}, bytes(b2)},
   };
-  return write_safetensors(path, tensors, metadata);
+  return write_safetensors(path, tensors, all);
 }
 
 }  // namespace clm

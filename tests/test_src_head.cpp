@@ -6,11 +6,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
 #include <span>
 #include <string>
-#include <limits>
-#include <memory>
-#include <random>
 #include <vector>
 
 #include "clm/src_head.hpp"
@@ -184,7 +187,8 @@ TEST_CASE("SRC head: the two GELU modes differ, and the batch does not mix seque
     const auto begin = static_cast<std::size_t>(b.indptr[s]), end = static_cast<std::size_t>(b.indptr[s + 1]);
     one.attn.assign(b.attn.begin() + static_cast<std::ptrdiff_t>(begin * 64),
                     b.attn.begin() + static_cast<std::ptrdiff_t>(end * 64));
-    one.ids.assign(b.ids.begin() + static_cast<std::ptrdiff_t>(begin), b.ids.begin() + static_cast<std::ptrdiff_t>(end));
+    one.ids.assign(b.ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                   b.ids.begin() + static_cast<std::ptrdiff_t>(end));
     one.indptr = {0, static_cast<int32_t>(end - begin)};
     std::vector<float> single(1);
     REQUIRE(run(*tanh_head, one, single).ok());
@@ -375,8 +379,6 @@ TEST_CASE("SRC head: bad shapes give invalid_argument") {
 
 namespace {
 
-
-
 void append_u16(std::vector<std::byte>& data, const std::vector<std::uint16_t>& values) {
   for (std::uint16_t v : values) {
     data.push_back(static_cast<std::byte>(v & 0xFF));
@@ -462,11 +464,23 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
   std::mt19937 rng(seed);
   const clm::SrcHeadWeights w = random_weights(32, rng);
   const std::string path = "test_src_head_" + std::to_string(seed) + ".safetensors";
-  REQUIRE(clm::write_src_head(path, w, {{"gelu", "tanh"}}).ok());
+  const clm::Gelu written_gelu = seed % 2 == 0 ? clm::Gelu::erf : clm::Gelu::tanh;
+  REQUIRE(clm::write_src_head(path, w, written_gelu, {{"written_by", "test_src_head"}}).ok());
+  clm::SafetensorsFile written;
+  REQUIRE(clm::SafetensorsFile::open(path, written).ok());
   clm::SrcHeadWeights back;
-  const clm::Status s = clm::read_src_head(path, back);
+  const clm::Status s = clm::read_src_head(written, back);
   INFO(s.message());
   REQUIRE(s.ok());
+  std::optional<clm::Gelu> back_gelu;
+  REQUIRE(clm::read_src_head_gelu(written, back_gelu).ok());
+  CHECK(back_gelu == written_gelu);
+  CHECK(written.metadata().at("written_by") == "test_src_head");
+  // A "gelu" entry of the host's that contradicts the head is refused, and nothing is written.
+  const std::string conflicting = path + ".conflict";
+  const std::map<std::string, std::string> wrong = {{"gelu", written_gelu == clm::Gelu::erf ? "tanh" : "erf"}};
+  CHECK(clm::write_src_head(conflicting, w, written_gelu, wrong).code() == clm::StatusCode::invalid_argument);
+  CHECK(!std::ifstream(conflicting).good());
   std::remove(path.c_str());
   CHECK(back.hidden == w.hidden);
   CHECK(back.w1 == w.w1);
@@ -477,19 +491,18 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
   // hidden 4: w1 [1, 4] f16, b1 [1] bf16, w2 [1, 1] f32, b2 [] f32: every accepted form.
   const std::vector<float> w1 = {0.5f, -1.25f, 2.0f, 0.75f};
   std::vector<std::byte> data;
-  append_u16(data, clm_test::to_half(w1, clm::ActDType::f16));     // 0..8
+  append_u16(data, clm_test::to_half(w1, clm::ActDType::f16));        // 0..8
   append_u16(data, clm_test::to_half({0.25f}, clm::ActDType::bf16));  // 8..10
-  data.resize(12);                                            // pad to 12 for the f32s
+  data.resize(12);                                                    // pad to 12 for the f32s
   const float w2 = -1.5f, b2 = 0.125f;
   for (float v : {w2, b2}) {
     const auto* p = reinterpret_cast<const std::byte*>(&v);
     data.insert(data.end(), p, p + 4);
   }  // w2 12..16, b2 16..20
-  const std::string json =
-      R"({"src_head.w1":{"dtype":"F16","shape":[1,4],"data_offsets":[0,8]},)"
-      R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
-      R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
-      R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
+  const std::string json = R"({"src_head.w1":{"dtype":"F16","shape":[1,4],"data_offsets":[0,8]},)"
+                           R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
+                           R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
+                           R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
   clm::SafetensorsFile file;
   REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes(json, data), file).ok());
   clm::SrcHeadWeights hand;
@@ -501,6 +514,25 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
   CHECK(hand.b1 == std::vector<float>{0.25f});
   CHECK(hand.w2 == std::vector<float>{w2});
   CHECK(hand.b2 == b2);
+  std::optional<clm::Gelu> no_gelu = clm::Gelu::tanh;
+  REQUIRE(clm::read_src_head_gelu(file, no_gelu).ok());
+  CHECK(!no_gelu.has_value());  // a file that does not say
+  for (const auto& [value, want] : std::map<std::string, std::optional<clm::Gelu>>{
+           {"erf", clm::Gelu::erf}, {"tanh", clm::Gelu::tanh}, {"relu", std::nullopt}, {"ERF", std::nullopt}}) {
+    INFO("gelu metadata " << value);
+    const std::string with_meta = R"({"__metadata__":{"gelu":")" + value + R"("},)" + json.substr(1);
+    clm::SafetensorsFile meta_file;
+    REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes(with_meta, data), meta_file).ok());
+    std::optional<clm::Gelu> got;
+    const clm::Status gs = clm::read_src_head_gelu(meta_file, got);
+    if (want) {
+      REQUIRE(gs.ok());
+      CHECK(got == want);
+    } else {
+      CHECK(gs.code() == clm::StatusCode::invalid_argument);
+      CHECK(gs.message().find(value) != std::string::npos);
+    }
+  }
   auto head = make_head(hand, clm::Gelu::erf);
   // One token [1, 0, 0, 0]: z = 0.5 + 0.25; logit = -1.5 * GELU(0.75) + 0.125.
   const std::vector<float> row = {1.0f, 0.0f, 0.0f, 0.0f};
@@ -511,22 +543,20 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
   CHECK(std::abs(score[0] - 1.0 / (1.0 + std::exp(-(-1.5 * g + 0.125)))) < 1e-6);
 
   // Wrong shapes, a wrong dtype and a NaN are refused with the tensor named.
-  const std::string bad_shape =
-      R"({"src_head.w1":{"dtype":"F16","shape":[2,2],"data_offsets":[0,8]},)"
-      R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
-      R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
-      R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
+  const std::string bad_shape = R"({"src_head.w1":{"dtype":"F16","shape":[2,2],"data_offsets":[0,8]},)"
+                                R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
+                                R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
+                                R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
   clm::SafetensorsFile f2;
   REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes(bad_shape, data), f2).ok());
   clm::SrcHeadWeights untouched = hand;
   clm::Status e = clm::read_src_head(f2, untouched);
   CHECK(e.code() == clm::StatusCode::invalid_argument);
   CHECK(untouched.w1 == w1);
-  const std::string bad_dtype =
-      R"({"src_head.w1":{"dtype":"I16","shape":[1,4],"data_offsets":[0,8]},)"
-      R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
-      R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
-      R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
+  const std::string bad_dtype = R"({"src_head.w1":{"dtype":"I16","shape":[1,4],"data_offsets":[0,8]},)"
+                                R"("src_head.b1":{"dtype":"BF16","shape":[1],"data_offsets":[8,10]},)"
+                                R"("src_head.w2":{"dtype":"F32","shape":[1,1],"data_offsets":[12,16]},)"
+                                R"("src_head.b2":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})";
   clm::SafetensorsFile f3;
   REQUIRE(clm::SafetensorsFile::parse(clm_test::file_bytes(bad_dtype, data), f3).ok());
   e = clm::read_src_head(f3, untouched);

@@ -250,7 +250,7 @@ int fit_src_head(Flags& flags) {
   clm::SrcHeadWeights weights;
   clm::SrcHeadTrainReport report;
   check(clm::train_src_head(features.view(), labels, options, weights, &report));
-  check(clm::write_src_head(out, weights, {{"gelu", gelu}, {"written_by", "clm_fit"}}), out);
+  check(clm::write_src_head(out, weights, options.gelu, {{"written_by", "clm_fit"}}), out);
   fmt::print(
       "{{\"command\":\"src-head\",\"rows\":{},\"hidden\":{},\"train_rows\":{},\"validation_rows\":{},"
       "\"epochs_run\":{},\"best_epoch\":{},\"train_loss\":{},\"train_auc\":{},\"validation_loss\":{},"

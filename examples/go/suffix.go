@@ -43,6 +43,9 @@ type Gelu int32
 const (
 	GeluTanh Gelu = C.CLM_GELU_TANH // 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
 	GeluErf  Gelu = C.CLM_GELU_ERF  // 0.5x(1 + erf(x / sqrt(2)))
+	// GeluFromFile (LoadSRCHead only): the form the file names in its "gelu"
+	// metadata, as clm_fit writes it.
+	GeluFromFile Gelu = C.CLM_GELU_FROM_FILE
 )
 
 // DType is the element type of activations (CLM_DTYPE_*).
@@ -236,7 +239,9 @@ func (e *Engine) SetSRCHead(w SRCHeadWeights, gelu Gelu) error {
 }
 
 // LoadSRCHead loads the SRC head (src_head.w1, .b1, .w2, .b2) from a
-// safetensors file (clm_engine_load_src_head), replacing any earlier one.
+// safetensors file (clm_engine_load_src_head), replacing any earlier one. A
+// file whose "gelu" metadata names another form than gelu, or none when gelu
+// is GeluFromFile, is refused (the earlier head stays).
 func (e *Engine) LoadSRCHead(path string, gelu Gelu) error {
 	const op = "clm_engine_load_src_head"
 	ep, err := e.acquire(op)

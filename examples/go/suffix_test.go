@@ -221,6 +221,7 @@ func TestSRCHeadFromFileAndBreaker(t *testing.T) {
 	wantCode(t, e.LoadSRCHead(filepath.Join(t.TempDir(), "missing.safetensors"), GeluTanh), IO)
 	wantCode(t, e.LoadSRCHead("bad\x00path", GeluTanh), InvalidArgument)
 	wantCode(t, e.LoadSRCHead(path, Gelu(7)), InvalidArgument)
+	wantCode(t, e.LoadSRCHead(path, GeluFromFile), InvalidArgument) // the file does not say
 
 	s := admit(t, e, []int32{1, 5, 6, 7, 8}, nil)
 	row := make([]float32, srcHidden)

@@ -21,7 +21,10 @@
 // Weights come from the host: in memory (SrcHeadWeights), or from a
 // safetensors file (read_src_head; names in docs/clm.md: src_head.w1 [inner,
 // hidden], src_head.b1 [inner], src_head.w2 [inner] or [1, inner], src_head.b2
-// [] or [1]; f32, f16 or bf16, converted to f32 on load).
+// [] or [1]; f32, f16 or bf16, converted to f32 on load). write_src_head
+// also records the GELU form in the file's metadata ("gelu": "tanh" or "erf",
+// as clm_fit writes it); read_src_head_gelu reads it back, so that a head is
+// never run with another GELU than the one it was trained with.
 //
 // Decode: the host (or Engine::src_step) keeps a running sum per sequence and
 // calls score_pooled on the means, so a step costs one row per sequence.
@@ -43,6 +46,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -77,9 +81,8 @@ class SrcHead {
   // indptr: [batch + 1] CSR offsets into the tokens; special_ids: token ids
   // masked out of the mean (any order, duplicates allowed); scores_out: [batch].
   // batch == 0 (indptr == {0}, no tokens) is valid and writes nothing.
-  Status score(std::span<const float> attn_out, std::span<const int32_t> token_ids,
-               std::span<const int32_t> indptr, std::span<const int32_t> special_ids,
-               std::span<float> scores_out) const;
+  Status score(std::span<const float> attn_out, std::span<const int32_t> token_ids, std::span<const int32_t> indptr,
+               std::span<const int32_t> special_ids, std::span<float> scores_out) const;
   // The same over attention outputs in f32, f16 or bf16 (attn_out.cols must be
   // hidden; the means are accumulated in f64).
   Status score(ConstActivationView attn_out, std::span<const int32_t> token_ids, std::span<const int32_t> indptr,
@@ -103,8 +106,19 @@ class SrcHead {
 // checked against each other). `hidden` is taken from src_head.w1.
 Status read_src_head(const SafetensorsFile& file, SrcHeadWeights& out);
 Status read_src_head(const std::string& path, SrcHeadWeights& out);
-// Writes the head as f32 tensors under the names above.
-Status write_src_head(const std::string& path, const SrcHeadWeights& weights,
+// The GELU form a file says its head uses (metadata "gelu": "tanh" or "erf");
+// nullopt when the file does not say (files written by other tools). Any
+// other value is invalid_argument.
+Status read_src_head_gelu(const SafetensorsFile& file, std::optional<Gelu>& out);
+// Reads a head file and settles its GELU: `requested` (nullopt: the file's
+// own) must agree with the file's "gelu" metadata when it has one
+// (invalid_argument otherwise, naming both); a file that does not say needs
+// `requested`. Nothing is written to the outputs on an error.
+Status load_src_head(const std::string& path, std::optional<Gelu> requested, SrcHeadWeights& weights, Gelu& gelu);
+// Writes the head as f32 tensors under the names above, with metadata "gelu"
+// set to `gelu` and the host's own entries (a "gelu" entry among them that
+// says otherwise is invalid_argument).
+Status write_src_head(const std::string& path, const SrcHeadWeights& weights, Gelu gelu,
                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace clm

@@ -81,6 +81,49 @@ void append_bytes(std::vector<unsigned char>& out, const void* p, std::size_t n)
   out.insert(out.end(), b, b + n);
 }
 
+// Writes the head as a safetensors file built byte by byte (F32 tensors, the
+// header's keys sorted as the format asks, `metadata` the inside of a
+// "__metadata__" object or empty) and returns its path.
+std::string write_head_file(const Head& h, const std::string& metadata, const std::string& name) {
+  char tensors[512];
+  std::snprintf(tensors, sizeof tensors,
+                "\"src_head.b1\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[0,%d]},"
+                "\"src_head.b2\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[%d,%d]},"
+                "\"src_head.w1\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%d,%d]},"
+                "\"src_head.w2\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%d,%d]}}",
+                kInner, 4 * kInner, 4 * kInner, 4 * kInner + 4, kInner, kHidden, 4 * kInner + 4,
+                4 * kInner + 4 + 4 * kInner * kHidden, kInner, 4 * kInner + 4 + 4 * kInner * kHidden,
+                8 * kInner + 4 + 4 * kInner * kHidden);
+  std::string header = "{";  // appended piece by piece: GCC 12 warns falsely on a chain of operator+
+  if (!metadata.empty()) header.append("\"__metadata__\":{").append(metadata).append("},");
+  header.append(tensors);
+  std::vector<unsigned char> file;
+  const uint64_t n = header.size();
+  for (int k = 0; k < 8; ++k) file.push_back(static_cast<unsigned char>((n >> (8 * k)) & 0xFF));
+  append_bytes(file, header.data(), n);
+  append_bytes(file, h.b1.data(), 4 * h.b1.size());
+  append_bytes(file, &h.b2, 4);
+  append_bytes(file, h.w1.data(), 4 * h.w1.size());
+  append_bytes(file, h.w2.data(), 4 * h.w2.size());
+  const std::string path = name + "_" + std::to_string(::getpid()) + ".safetensors";
+  FILE* f = std::fopen(path.c_str(), "wb");
+  REQUIRE(f);
+  REQUIRE(std::fwrite(file.data(), 1, file.size(), f) == file.size());
+  std::fclose(f);
+  return path;
+}
+
+// One step of one fresh sequence whose only row is `row`: its score.
+float score_one_row(clm_engine* engine, int32_t first_token, const std::vector<float>& row) {
+  SeqPtr s = admit(engine, first_token);
+  clm_seq* seqs[] = {s.get()};
+  const int32_t ids[] = {9}, indptr[] = {0, 1};
+  clm_src_decision d;
+  REQUIRE_OK(clm_engine_src_step(&d, engine, seqs, 1, row.data(), CLM_DTYPE_F32, 1, kHidden, ids, indptr));
+  REQUIRE(d.scored == 1);
+  return d.score;
+}
+
 }  // namespace
 
 TEST_CASE("SRC head from host memory: running-mean scores match float64, across steps", "[capi][clm]") {
@@ -135,28 +178,7 @@ TEST_CASE("SRC head from a safetensors file built byte by byte; the breaker; v1 
   std::mt19937 rng(std::random_device{}());
   // b2 = 40: every score is 1, above the breaker's 0.95.
   const Head h = random_head(rng, 40.0f);
-  char header[512];
-  std::snprintf(header, sizeof header,
-                "{\"src_head.b1\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[0,%d]},"
-                "\"src_head.b2\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[%d,%d]},"
-                "\"src_head.w1\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%d,%d]},"
-                "\"src_head.w2\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%d,%d]}}",
-                kInner, 4 * kInner, 4 * kInner, 4 * kInner + 4, kInner, kHidden, 4 * kInner + 4,
-                4 * kInner + 4 + 4 * kInner * kHidden, kInner, 4 * kInner + 4 + 4 * kInner * kHidden,
-                8 * kInner + 4 + 4 * kInner * kHidden);
-  std::vector<unsigned char> file;
-  const uint64_t n = std::strlen(header);
-  for (int k = 0; k < 8; ++k) file.push_back(static_cast<unsigned char>((n >> (8 * k)) & 0xFF));
-  append_bytes(file, header, n);
-  append_bytes(file, h.b1.data(), 4 * h.b1.size());
-  append_bytes(file, &h.b2, 4);
-  append_bytes(file, h.w1.data(), 4 * h.w1.size());
-  append_bytes(file, h.w2.data(), 4 * h.w2.size());
-  const std::string path = "capi_src_head_" + std::to_string(::getpid()) + ".safetensors";
-  FILE* f = std::fopen(path.c_str(), "wb");
-  REQUIRE(f);
-  REQUIRE(std::fwrite(file.data(), 1, file.size(), f) == file.size());
-  std::fclose(f);
+  const std::string path = write_head_file(h, "", "capi_src_head");
 
   EnginePtr engine = make_engine(nullptr, 0, 1e6);  // threshold 0.9
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_load_src_head(engine.get(), path.c_str(), 7));
@@ -528,4 +550,51 @@ TEST_CASE("snapshot adapter from a safetensors file built byte by byte", "[capi]
     const double delta = weight[ch * dim] * 2.0 - weight[ch * dim + 1] + bias[ch];
     CHECK(hs[ch] == Approx(1.0 + 0.5 * delta).epsilon(1e-6));
   }
+}
+
+TEST_CASE("SRC head file's gelu metadata: CLM_GELU_FROM_FILE follows it, a contradicting request is refused",
+          "[capi][clm]") {
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const Head first = random_head(rng, 0.0f);
+  Head second = random_head(rng, 0.0f);
+  for (float& w : second.w2) w *= 10.0f;  // the tanh and erf forms differ by < 2e-4: make that show in the score
+  // A row at which the two forms give scores far apart compared with the 1e-5 tolerance.
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  std::vector<float> row(kHidden);
+  std::vector<double> mean;
+  double ref_erf = 0.0, ref_tanh = 0.0;
+  for (int attempt = 0; attempt < 1000 && std::abs(ref_erf - ref_tanh) <= 1e-4 * ref_erf; ++attempt) {
+    for (float& v : row) v = n(rng);
+    mean.assign(row.begin(), row.end());
+    ref_erf = reference(second, mean, true);
+    ref_tanh = reference(second, mean, false);
+  }
+  REQUIRE(std::abs(ref_erf - ref_tanh) > 1e-4 * ref_erf);
+  const std::string erf_file = write_head_file(second, "\"gelu\":\"erf\",\"written_by\":\"test\"", "capi_head_erf");
+  const std::string silent_file = write_head_file(second, "", "capi_head_silent");
+  const std::string odd_file = write_head_file(second, "\"gelu\":\"relu\"", "capi_head_odd");
+
+  EnginePtr engine = make_engine(nullptr, 0);
+  REQUIRE_OK(clm_engine_set_src_head(engine.get(), kHidden, first.w1.data(), first.b1.data(), first.w2.data(), first.b2,
+                                     CLM_GELU_TANH));
+  // Each refusal names the problem and leaves the first head installed.
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_load_src_head(engine.get(), erf_file.c_str(), CLM_GELU_TANH));
+  CHECK(std::string(clm_last_error()).find("erf") != std::string::npos);
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_load_src_head(engine.get(), silent_file.c_str(), CLM_GELU_FROM_FILE));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_load_src_head(engine.get(), odd_file.c_str(), CLM_GELU_ERF));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_load_src_head(engine.get(), erf_file.c_str(), -2));
+  const double ref_first = reference(first, mean, false);
+  CHECK(std::abs(score_one_row(engine.get(), 1, row) - ref_first) <= 1e-5 * ref_first);
+
+  // FROM_FILE takes the file's erf; naming it explicitly agrees; a silent file takes what it is told.
+  REQUIRE_OK(clm_engine_load_src_head(engine.get(), erf_file.c_str(), CLM_GELU_FROM_FILE));
+  CHECK(std::abs(score_one_row(engine.get(), 3, row) - ref_erf) <= 1e-5 * ref_erf);
+  REQUIRE_OK(clm_engine_load_src_head(engine.get(), erf_file.c_str(), CLM_GELU_ERF));
+  CHECK(std::abs(score_one_row(engine.get(), 4, row) - ref_erf) <= 1e-5 * ref_erf);
+  REQUIRE_OK(clm_engine_load_src_head(engine.get(), silent_file.c_str(), CLM_GELU_TANH));
+  CHECK(std::abs(score_one_row(engine.get(), 5, row) - ref_tanh) <= 1e-5 * ref_tanh);
+  for (const std::string& p : {erf_file, silent_file, odd_file}) std::remove(p.c_str());
 }

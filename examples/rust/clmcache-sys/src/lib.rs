@@ -176,6 +176,7 @@ pub struct clm_metrics {
 // ---- CLM suffix reuse: the SRC head ---------------------------------------------
 pub const CLM_GELU_TANH: i32 = 0;
 pub const CLM_GELU_ERF: i32 = 1;
+pub const CLM_GELU_FROM_FILE: i32 = -1;
 
 pub const CLM_DTYPE_F32: i32 = 0;
 pub const CLM_DTYPE_F16: i32 = 1;

@@ -330,10 +330,21 @@ impl Engine {
 
     /// Loads the SRC head from a safetensors file (`src_head.w1`, `.b1`,
     /// `.w2`, `.b2`; `clm_engine_load_src_head`), replacing any earlier one.
+    /// A file whose `gelu` metadata names another form than `gelu` is refused
+    /// (the earlier head stays).
     pub fn load_src_head(&self, path: impl AsRef<Path>, gelu: Gelu) -> Result<()> {
         let path = path_cstring("clm_engine_load_src_head", path.as_ref())?;
         // SAFETY: path is NUL-terminated and lives across the call.
         check(unsafe { sys::clm_engine_load_src_head(self.as_raw(), path.as_ptr(), gelu.raw()) })
+    }
+
+    /// [`Engine::load_src_head`] with the GELU the file names in its `gelu`
+    /// metadata, as `clm_fit` writes it (`CLM_GELU_FROM_FILE`); a file that
+    /// names none is refused.
+    pub fn load_src_head_as_trained(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path_cstring("clm_engine_load_src_head", path.as_ref())?;
+        // SAFETY: path is NUL-terminated and lives across the call.
+        check(unsafe { sys::clm_engine_load_src_head(self.as_raw(), path.as_ptr(), sys::CLM_GELU_FROM_FILE) })
     }
 
     /// One SRC step over a ragged batch (`clm_engine_src_step`):

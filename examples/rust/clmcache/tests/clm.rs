@@ -227,9 +227,14 @@ fn src_head_from_a_safetensors_file_and_the_breaker() {
         ],
     );
     let engine = Engine::new(&EngineOptions { src_daily_requests: 1e6, ..options() }).unwrap(); // threshold 0.9
+    // This file does not say which GELU it was trained with.
+    let from_file = engine.load_src_head_as_trained(&path);
     let loaded = engine.load_src_head(&path, Gelu::Tanh);
     std::fs::remove_file(&path).unwrap();
     loaded.unwrap();
+    let err = from_file.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(err.message().contains("GELU"), "{}", err);
 
     let err = engine.load_src_head("/nonexistent/head.safetensors", Gelu::Tanh).unwrap_err();
     assert_eq!(err.code(), ErrorCode::Io, "{}", err);
