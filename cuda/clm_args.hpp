@@ -23,6 +23,7 @@ enum ClmError : std::int32_t {
   kErrNonFinite = 1,  // a NaN or Inf in attn_out (special positions included)
   kErrEmpty = 2,      // a sequence with no non-special position
   kErrLogit = 4,      // a non-finite logit (the activations overflow f32)
+  kErrDelta = 8,      // adapter: a non-finite delta (a NaN/Inf snapshot, or W s overflows f32)
 };
 
 // What the kernels of one score call found. A fresh one ("none found": error 0,
@@ -112,8 +113,19 @@ struct AdapterAddArgs {
   std::int32_t cols;
   std::int32_t pad;
   const AddItem* items;
-  const float* delta;  // [batch][cols] = residual_scale * W s (cuBLAS)
-  const float* bias;   // [cols] = residual_scale * b
+  const float* delta;           // [batch][cols] = residual_scale * W s (cuBLAS)
+  const float* bias;            // [cols] = residual_scale * b
+  const std::int32_t* refused;  // the prepare's record error: nonzero -> add nothing
+};
+
+// grid = (batch): flags a delta + bias with a NaN/Inf in `rec` (kErrDelta, the
+// smallest such sequence in nonfinite_seq).
+struct AdapterCheckArgs {
+  const float* delta;  // [batch][cols]
+  const float* bias;   // [cols]
+  std::int32_t cols;
+  std::int32_t pad;
+  ClmRecord* rec;
 };
 
 }  // namespace clm::cuda::detail

@@ -31,4 +31,9 @@ int launch_adapter_add(int dtype, bool vec, Dims grid, const AdapterAddArgs& arg
   });
 }
 
+int launch_adapter_check(Dims grid, const AdapterCheckArgs& args, void* stream) {
+  adapter_check_kernel<<<clm_dim3(grid), kAddThreads, 0, clm_stream(stream)>>>(args);
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace clm::cuda::detail

@@ -323,13 +323,33 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kHeadThreads) head_finish_kernel(const HeadFin
 }
 
 // ============================================================================
+// Adapter delta check (after prepare's GEMM): grid = (batch), block =
+// kAddThreads. A non-finite delta + bias of sequence b (a NaN/Inf snapshot, or
+// W s overflowing f32) sets kErrDelta and min(nonfinite_seq, b); the adds of
+// this prepare then add nothing, so the hidden states are never half-changed.
+// ============================================================================
+CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kAddThreads) adapter_check_kernel(const AdapterCheckArgs a) {
+  const int b = static_cast<int>(bid_x());
+  const float* drow = a.delta + static_cast<std::size_t>(b) * a.cols;
+  bool finite = true;
+  for (int c = static_cast<int>(tid_x()); c < a.cols; c += kAddThreads)
+    finite = finite && clm_finite(drow[c] + a.bias[c]);
+  if (!finite) {
+    clm_atomic_min(&a.rec->nonfinite_seq, b);
+    clm_atomic_or(&a.rec->error, kErrDelta);
+  }
+}
+
+// ============================================================================
 // Adapter add: grid = (items, col_tiles), block = kAddThreads. Thread `tid` of
 // column tile y owns V columns; it loads delta + bias for them once, then adds
 // them to each of the item's rows (at most kAddRowsPerItem rows of one
-// sequence), rounding to the view's dtype.
+// sequence), rounding to the view's dtype. Nothing at all when the prepare's
+// check refused the deltas.
 // ============================================================================
 template <class K, int V>
 CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kAddThreads) adapter_add_kernel(const AdapterAddArgs a) {
+  if (*a.refused != 0) return;  // grid-uniform
   const AddItem it = a.items[bid_x()];
   const int c0 = (static_cast<int>(bid_y()) * kAddThreads + static_cast<int>(tid_x())) * V;
   if (c0 >= a.cols) return;
@@ -352,6 +372,7 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kAddThreads) adapter_add_kernel(const AdapterA
 using MaskedMeanKernel = void (*)(MaskedMeanArgs);
 using HeadFinishKernel = void (*)(HeadFinishArgs);
 using AdapterAddKernel = void (*)(AdapterAddArgs);
+using AdapterCheckKernel = void (*)(AdapterCheckArgs);
 
 template <class K, class F>
 int masked_mean_by_vec(bool vec, F& f) {

@@ -12,5 +12,6 @@ namespace clm::cuda::detail {
 int launch_masked_mean(int dtype, bool vec, Dims grid, const MaskedMeanArgs& args, void* stream);
 int launch_head_finish(bool gelu_erf, Dims grid, const HeadFinishArgs& args, void* stream);
 int launch_adapter_add(int dtype, bool vec, Dims grid, const AdapterAddArgs& args, void* stream);
+int launch_adapter_check(Dims grid, const AdapterCheckArgs& args, void* stream);
 
 }  // namespace clm::cuda::detail

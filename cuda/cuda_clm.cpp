@@ -628,11 +628,16 @@ struct DeviceSnapshotAdapter::Impl {
   DeviceBuffer weights;  // W [hidden][snapshot_dim] | residual_scale * b [hidden]
   const float* w = nullptr;
   const float* scaled_bias = nullptr;
-  DeviceBuffer delta;  // [batch][hidden] = residual_scale * W s
-  DeviceBuffer meta;   // per apply: items
+  DeviceBuffer delta;   // [batch][hidden] = residual_scale * W s
+  DeviceBuffer record;  // ClmRecord of the last prepare (kErrDelta: its applies add nothing)
+  DeviceBuffer meta;    // per apply: items
   std::int32_t prepared_batch = -1;
+  void* readback = nullptr;  // pinned ClmRecord (check)
 
-  Impl() { ctx.owned = {&weights, &delta, &meta}; }
+  Impl() { ctx.owned = {&weights, &delta, &record, &meta}; }
+  ~Impl() {
+    if (readback) cudaFreeHost(readback);  // check() waits for its copy: no work still uses it
+  }
 
   // The host checks of apply / inject (everything but the prepared batch).
   Status check_call(const ActivationView& hs, std::span<const std::int32_t> indptr,
@@ -745,6 +750,8 @@ Status DeviceSnapshotAdapter::prepare(const float* snapshots, std::int32_t batch
                                             a.ctx.device, "DeviceSnapshotAdapter::prepare: snapshots"));
   }
   CLM_RETURN_IF_ERROR(a.ctx.enter(guard, stream));
+  std::vector<void*> at;
+  CLM_RETURN_IF_ERROR(a.ctx.upload({{&kFreshRecord, sizeof(ClmRecord)}}, a.record, stream, at));
   if (batch > 0) {
     CLM_RETURN_IF_ERROR(a.ctx.reserve(a.delta, b * static_cast<std::size_t>(a.hidden) * sizeof(float), stream));
     CLM_RETURN_IF_ERROR(a.ctx.bind(stream));
@@ -752,6 +759,14 @@ Status DeviceSnapshotAdapter::prepare(const float* snapshots, std::int32_t batch
     CLM_RETURN_IF_ERROR(a.ctx.gemm(CUBLAS_OP_T, CUBLAS_OP_N, a.hidden, batch, a.snapshot_dim, a.scale, a.w,
                                    a.snapshot_dim, snapshots, a.snapshot_dim, 0.0f,
                                    static_cast<float*>(a.delta.pointer), a.hidden, "cublasGemmEx (adapter W s)"));
+    detail::AdapterCheckArgs args{};
+    args.delta = static_cast<const float*>(a.delta.pointer);
+    args.bias = a.scaled_bias;
+    args.cols = a.hidden;
+    args.rec = static_cast<ClmRecord*>(at[0]);
+    CLM_RETURN_IF_ERROR(
+        launch_status(detail::launch_adapter_check(Dims{static_cast<unsigned>(batch), 1, 1}, args, stream),
+                      "adapter delta check kernel launch"));
   }
   CLM_RETURN_IF_ERROR(a.ctx.end(stream));
   a.prepared_batch = batch;
@@ -795,6 +810,7 @@ Status DeviceSnapshotAdapter::apply(const ActivationView& hidden_states, std::sp
   args.items = static_cast<const detail::AddItem*>(at[0]);
   args.delta = static_cast<const float*>(a.delta.pointer);
   args.bias = a.scaled_bias;
+  args.refused = &static_cast<const ClmRecord*>(a.record.pointer)->error;
   const auto col_tiles =
       static_cast<unsigned>((a.hidden / layout.elems + detail::kAddThreads - 1) / detail::kAddThreads);
   CLM_RETURN_IF_ERROR(
@@ -802,6 +818,31 @@ Status DeviceSnapshotAdapter::apply(const ActivationView& hidden_states, std::sp
                                                Dims{static_cast<unsigned>(items.size()), col_tiles, 1}, args, stream),
                     "adapter add kernel launch"));
   return a.ctx.end(stream);
+}
+
+Status DeviceSnapshotAdapter::check(void* stream) {
+  Impl& a = *impl_;
+  const char* what = "DeviceSnapshotAdapter::check";
+  if (a.prepared_batch < 0) return failed_precondition(fmt::format("{}: no prepare() before (or it failed)", what));
+  DeviceGuard guard;
+  CLM_RETURN_IF_ERROR(a.ctx.enter(guard, stream));
+  if (a.readback == nullptr) CLM_CUDA_TRY(cudaMallocHost(&a.readback, sizeof(ClmRecord)), "cudaMallocHost (readback)");
+  CLM_CUDA_TRY(
+      cudaMemcpyAsync(a.readback, a.record.pointer, sizeof(ClmRecord), cudaMemcpyDeviceToHost, as_stream(stream)),
+      "cudaMemcpyAsync (record)");
+  CLM_RETURN_IF_ERROR(a.ctx.end(stream));
+  CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+  CLM_CUDA_TRY(cudaGetLastError(), "asynchronous error");
+  ClmRecord r{};
+  std::memcpy(&r, a.readback, sizeof(ClmRecord));
+  if (r.error & detail::kErrDelta) {
+    return invalid_argument(
+        fmt::format("DeviceSnapshotAdapter::prepare (checked): sequence {} gives a non-finite delta (its snapshot "
+                    "holds a NaN or Inf, or W s overflows f32); the applies since added nothing",
+                    r.nonfinite_seq));
+  }
+  if (r.error != 0) return {StatusCode::internal, fmt::format("{}: unknown device error bits {:#x}", what, r.error)};
+  return {};
 }
 
 Status DeviceSnapshotAdapter::inject(const ActivationView& hidden_states, std::span<const std::int32_t> indptr,

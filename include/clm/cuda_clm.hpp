@@ -23,6 +23,7 @@
 //     clm::ActivationView hs{d_hidden, clm::ActDType::bf16, total_tokens, hidden};
 //     CLM_RETURN_IF_ERROR(adapter->apply(hs, indptr, apply_mask, layer, stream));  // no-op at other layers
 //   }
+//   CLM_RETURN_IF_ERROR(adapter->check(stream));  // waits; a NaN/Inf delta -> invalid_argument, nothing added
 //
 // Semantics are the CPU ones (src_head.hpp, snapshot_adapter.hpp); the
 // differences, all because the data is on the device, are listed below and in
@@ -34,9 +35,10 @@
 // (cudaPointerGetAttributes of their first and last byte), and launches
 // nothing when a check fails (invalid_argument, or failed_precondition for a
 // call out of order). What only the device can see (NaN/Inf in attn_out, a
-// sequence whose tokens are all special, a non-finite logit) is flagged by the
-// kernels in a device status record that the host reads back: check() (or the
-// synchronous score()) turns it into invalid_argument. CUDA and cuBLAS errors
+// sequence whose tokens are all special, a non-finite logit; a NaN/Inf
+// adapter delta) is flagged by the kernels in a device status record that the
+// host reads back: check() (or the synchronous score()) turns it into
+// invalid_argument. CUDA and cuBLAS errors
 // become a Status with the library's error text (out_of_memory for allocation
 // failures, unsupported without a usable device, internal otherwise). No call
 // throws.
@@ -148,11 +150,19 @@ class DeviceSnapshotAdapter {
 
   // Computes the deltas of `batch` snapshots (device, [batch][snapshot_dim]
   // f32) into the adapter's buffer, for the apply() calls that follow (until
-  // the next prepare). Unlike the CPU adapter, snapshots are not checked for
-  // NaN/Inf and the deltas not for overflow (they stay on the device); the
-  // snapshots of masked-out sequences are read too (they must be valid memory,
-  // their deltas are not added).
+  // the next prepare), and checks them on the device: when any delta holds a
+  // NaN/Inf (a NaN/Inf snapshot, or W s overflowing f32) the applies of this
+  // prepare add nothing at all, and check() says which sequence. Unlike
+  // inject_batch on the CPU, the snapshots of masked-out sequences are read
+  // and checked too (prepare does not know the mask): give them finite values
+  // (zeros).
   Status prepare(const float* snapshots, std::int32_t batch, void* stream);
+
+  // Waits for `stream` and reports the last prepare's device check:
+  // invalid_argument (naming the first bad sequence) when its deltas were
+  // refused, so that the applies since added nothing; failed_precondition
+  // without a successful prepare.
+  Status check(void* stream);
 
   // hidden_states (device, [total_tokens][hidden]): adds delta_b to rows
   // [indptr[b], indptr[b+1]) of every sequence b with apply_mask[b] != 0
@@ -163,7 +173,8 @@ class DeviceSnapshotAdapter {
   Status apply(const ActivationView& hidden_states, std::span<const std::int32_t> indptr,
                std::span<const std::uint8_t> apply_mask, std::int32_t layer, void* stream);
 
-  // prepare + apply in one call (prepare is skipped at layers that do not inject).
+  // prepare + apply in one call (prepare is skipped at layers that do not inject;
+  // check() tells whether the deltas were refused).
   Status inject(const ActivationView& hidden_states, std::span<const std::int32_t> indptr, const float* snapshots,
                 std::span<const std::uint8_t> apply_mask, std::int32_t layer, void* stream);
 

@@ -34,4 +34,9 @@ int launch_adapter_add(int dtype, bool vec, Dims grid, const AdapterAddArgs& arg
   });
 }
 
+int launch_adapter_check(Dims grid, const AdapterCheckArgs& args, void*) {
+  clm_emu::launch(emu(grid), kAddThreads, &adapter_check_kernel, args);
+  return 0;
+}
+
 }  // namespace clm::cuda::detail

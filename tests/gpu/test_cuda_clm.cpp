@@ -737,3 +737,89 @@ TEST_CASE("CUDA snapshot adapter validates its calls", "[cuda][gpu][clm]") {
   CLM_CUDA_OK(cudaStreamSynchronize(stream.s));
   CHECK(dx.download(x.bytes.size()) == x.bytes);
 }
+
+TEST_CASE("CUDA snapshot adapter refuses NaN/Inf snapshots and overflowing deltas on the device, adding nothing",
+          "[cuda][gpu][clm]") {
+  if (skip_without_gpu()) return;
+  std::mt19937_64 rng(700);
+  clm::SnapshotAdapterWeights w;
+  w.snapshot_dim = 8;
+  w.hidden = 32;
+  w.weight = uniform(256, 0.5f, 1.0f, rng);  // one sign: huge snapshots overflow instead of cancelling
+  w.bias = uniform(32, -1, 1, rng);
+  clm::SnapshotAdapterConfig cfg;
+  cfg.num_layers = 4;  // injects at 1, 2, 3
+  cfg.residual_scale = 1.0f;
+  std::unique_ptr<clm::cuda::DeviceSnapshotAdapter> adapter;
+  REQUIRE_OK(clm::cuda::DeviceSnapshotAdapter::create(0, w, cfg, adapter));
+  Stream stream;
+  REQUIRE_ERROR(adapter->check(stream.s), StatusCode::failed_precondition, "prepare");
+  std::vector<std::pair<std::size_t, float>> huge;  // sequence 2: W s >= 8 * 0.5 * 3e38, past FLT_MAX however summed
+  for (std::size_t k = 0; k < 8; ++k) huge.emplace_back(16 + k, 3e38f);
+
+  const std::vector<std::int32_t> indptr = {0, 2, 3, 5};
+  HostAct x(ActDType::bf16, 5, 32);
+  const std::vector<float> v = uniform(5 * 32, -2.0f, 2.0f, rng);
+  for (std::int64_t r = 0; r < 5; ++r) {
+    for (std::int32_t col = 0; col < 32; ++col) x.set(r, col, v[x.index(r, col)]);
+  }
+  DeviceAct dx(x, 0);
+  const clm::ActivationView view{dx.data(), ActDType::bf16, 5, 32};
+  const std::vector<float> good = uniform(3 * 8, -1.0f, 1.0f, rng);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+
+  struct Bad {
+    const char* what;
+    std::vector<std::pair<std::size_t, float>> values;  // (index into [3][8], value)
+    std::vector<std::uint8_t> mask;
+    const char* message;
+  };
+  const Bad cases[] = {
+      {"NaN in sequence 1", {{8 + 3, nan}}, {}, "sequence 1"},
+      {"Inf in sequence 2 and NaN in sequence 1: the first is named", {{16, inf}, {9, nan}}, {}, "sequence 1"},
+      {"-Inf in sequence 0", {{7, -inf}}, {}, "sequence 0"},
+      {"finite snapshot whose W s overflows f32", huge, {}, "sequence 2"},
+      {"NaN in a masked-out sequence: prepare does not know the mask", {{8, nan}}, {1, 0, 1}, "sequence 1"},
+  };
+  for (const Bad& c : cases) {
+    INFO(c.what);
+    std::vector<float> snaps = good;
+    for (const auto& [i, value] : c.values) snaps[i] = value;
+    DeviceBytes dsnaps(snaps);
+    REQUIRE_OK(adapter->prepare(dsnaps.get<float>(), 3, stream.s));  // the host cannot see device data
+    for (std::int32_t layer : {1, 2, 3}) REQUIRE_OK(adapter->apply(view, indptr, c.mask, layer, stream.s));
+    REQUIRE_ERROR(adapter->check(stream.s), StatusCode::invalid_argument, c.message);
+    CHECK(dx.download(x.bytes.size()) == x.bytes);                                     // nothing added, byte for byte
+    REQUIRE_ERROR(adapter->check(stream.s), StatusCode::invalid_argument, c.message);  // until the next prepare
+  }
+  // inject = prepare + apply: refused the same way; at a layer that does not inject nothing is prepared.
+  std::vector<float> nan_snaps = good;
+  nan_snaps[20] = nan;
+  DeviceBytes dnan(nan_snaps);
+  REQUIRE_OK(adapter->inject(view, indptr, dnan.get<float>(), {}, 3, stream.s));
+  REQUIRE_ERROR(adapter->check(stream.s), StatusCode::invalid_argument, "sequence 2");
+  CHECK(dx.download(x.bytes.size()) == x.bytes);
+  DeviceBytes dgood(good);
+  REQUIRE_OK(adapter->inject(view, indptr, dgood.get<float>(), {}, 0, stream.s));  // layer 0: no prepare
+  REQUIRE_ERROR(adapter->check(stream.s), StatusCode::invalid_argument, "sequence 2");
+  // Good snapshots again: check passes and the deltas land (compared with the CPU adapter).
+  REQUIRE_OK(adapter->inject(view, indptr, dgood.get<float>(), {}, 3, stream.s));
+  REQUIRE_OK(adapter->check(stream.s));
+  std::unique_ptr<clm::SnapshotAdapter> cpu;
+  REQUIRE_OK(clm::SnapshotAdapter::create(w, cfg, cpu));
+  std::vector<unsigned char> cpu_out = x.bytes;
+  REQUIRE_OK(
+      cpu->inject_batch({cpu_out.data(), ActDType::bf16, 5, 32}, indptr, good, std::vector<std::uint8_t>(3, 1), 3));
+  const std::vector<unsigned char> out = dx.download(x.bytes.size());
+  CHECK(out != x.bytes);
+  std::vector<float> gpu_values;
+  std::vector<double> cpu_values;
+  for (std::int64_t r = 0; r < 5; ++r) {
+    for (std::int32_t col = 0; col < 32; ++col) {
+      gpu_values.push_back(static_cast<float>(x.get_from(out, r, col)));
+      cpu_values.push_back(x.get_from(cpu_out, r, col));
+    }
+  }
+  CHECK(clm_test::relative_error(gpu_values, cpu_values) <= clm_test::tolerance(ActDType::bf16));
+}
