@@ -19,7 +19,7 @@ ifneq ($(NVCC),)
   CUDA_FLAGS := -DCMAKE_CUDA_COMPILER=$(NVCC)
 endif
 
-.PHONY: all deps build build-asan test test-release test-asan demo bench abi-baseline format clean
+.PHONY: all deps build build-asan test test-release test-asan demo bench abi-baseline gpu-deps format clean
 
 all: build
 
@@ -68,6 +68,11 @@ abi-baseline: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS) --target clmcache
 	bash tests/abi/update_baseline.sh $(BUILD)
+
+# Debian's packages of the build's libraries in .gpu-deps/deps.tar.gz, for a GPU
+# machine with no package registry (tests/gpu/run.sh builds against it there).
+gpu-deps:
+	bash tests/gpu/pack_deps.sh
 
 format:
 	clang-format -i $$(git ls-files '*.hpp' '*.cpp' '*.h' '*.c' '*.cu')

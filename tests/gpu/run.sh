@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh: build clmcache with CUDA, run the CUDA tests and the CUDA
-# kernel benchmark on this machine's GPU, and write the results under $OUT
-# (or ./gpu-results):
+# kernel benchmarks on this machine's GPU, and write the results under $OUT
+# (or ./gpu-results), four files in all:
 #
-#   summary.md                 tests (pass/fail per binary) + benchmark table
-#   bench_cuda_kernels.jsonl   the benchmark's JSON lines
-#   bench_cuda_kernels.md      the benchmark's markdown table
-#   bench_cuda_clm.jsonl/.md   the same for the CLM model side (SRC head, adapter)
-#   <test>.log, build.log, configure.log, bench_cuda_kernels.log
+#   summary.md                 tests (pass/fail per binary) + both benchmark tables
+#   bench_cuda_kernels.jsonl   the paged-attention benchmark's JSON lines
+#   bench_cuda_clm.jsonl       the CLM model side's (SRC head, adapter)
+#   logs.tar.gz                configure, build, each test's and each benchmark's log
 #
 # Exits non-zero when the build or a test fails. Installs nothing. Without a
 # usable GPU the GPU tests and the benchmark report SKIPPED and the run passes
 # (set CLM_REQUIRE_GPU=1 to make that a failure).
 #
+# Dependencies: the system's (make deps), or, on a GPU machine with no package
+# registry, the archive tests/gpu/pack_deps.sh writes to .gpu-deps/deps.tar.gz
+# (made where apt-get works, then carried along with the working tree): when it
+# is there, it is unpacked into the build folder and built against. CMake
+# drives make, or ninja where there is no make.
+#
 # Environment: OUT (results folder), CLM_GPU_BUILD (build folder, default
-# build-gpu in the source tree), CLM_CUDA_ARCH (default 90: H100/H200; 80 for
-# A100), CLM_BENCH_SMOKE=1 (tiny benchmark shapes), JOBS.
+# build-gpu in the source tree), CLM_GPU_DEPS (the archive, default
+# .gpu-deps/deps.tar.gz), CLM_CUDA_ARCH (default 90: H100/H200; 80 for A100),
+# CLM_BENCH_SMOKE=1 (tiny benchmark shapes), JOBS.
 set -uo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -41,32 +47,69 @@ else
   say "nvidia-smi not found"
 fi
 
+# ---- dependencies: the archive of pack_deps.sh when it is there, else the system's ----
+mkdir -p "$build"
+logs=$build/gpu-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+deps_archive=${CLM_GPU_DEPS:-$src/.gpu-deps/deps.tar.gz}
+dep_flags=()
+if [ -f "$deps_archive" ]; then
+  deps=$build/deps
+  rm -rf "$deps"
+  mkdir -p "$deps"
+  if ! tar -xzf "$deps_archive" -C "$deps"; then
+    say "FAILED: cannot unpack $deps_archive"
+    exit 1
+  fi
+  say "dependencies from $deps_archive: $(sed 's/Package: //; s/ Version: / /' "$deps/clm-gpu-deps.txt" | paste -sd, -)"
+  usr=$deps/usr
+  arch_lib=$usr/lib/x86_64-linux-gnu
+  # Every package named outright: a system without Debian's multiarch layout would not search lib/x86_64-linux-gnu.
+  dep_flags=(-DCMAKE_PREFIX_PATH="$usr" -DEigen3_DIR="$usr/share/eigen3/cmake" -Dfmt_DIR="$arch_lib/cmake/fmt"
+             -DCatch2_DIR="$usr/lib/cmake/Catch2" -DSQLite3_INCLUDE_DIR="$usr/include"
+             -DSQLite3_LIBRARY="$arch_lib/libsqlite3.so" -DHNSWLIB_INCLUDE_DIR="$usr/include")
+fi
+generator=()
+if ! command -v make >/dev/null 2>&1 && command -v ninja >/dev/null 2>&1; then
+  generator=(-G Ninja)
+fi
+say "host compiler: $(c++ --version 2>/dev/null | head -1 || echo 'c++ not found'); cmake: $(cmake --version | head -1)"
+
 # ---- configure and build (own folder, Release, one architecture) -------------
+# Warnings stay warnings here: this run measures, and another machine's compiler
+# (newer, with new warnings) must not stop it; CI keeps them errors.
 configure() {
-  cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
-    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCLM_CUDA=ON >"$out/configure.log" 2>&1
+  cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCLM_CUDA=ON -DCLM_WARNINGS_AS_ERRORS=OFF "${dep_flags[@]}" \
+    >"$logs/configure.log" 2>&1
 }
 say "configuring $build (sm_$arch)"
 if ! configure; then
-  say "configure failed; checking the Debian packages (make deps), then retrying"
-  make -C "$src" deps >>"$out/configure.log" 2>&1 || true
+  if [ ${#dep_flags[@]} = 0 ] && command -v make >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    say "configure failed; checking the Debian packages (make deps), then retrying"
+    make -C "$src" deps >>"$logs/configure.log" 2>&1 || true
+  fi
   if ! configure; then
-    tail -30 "$out/configure.log"
-    say "FAILED: configure (see $out/configure.log)"
+    tail -30 "$logs/configure.log"
+    say "FAILED: configure (see configure.log in logs.tar.gz; without a package registry, run tests/gpu/pack_deps.sh where there is one and carry .gpu-deps)"
+    tar -czf "$out/logs.tar.gz" -C "$logs" .
     exit 1
   fi
 fi
 if [ ! -d "$build/cuda" ]; then  # cuda/ is configured only when CMake enabled CUDA
-  tail -30 "$out/configure.log"
-  say "FAILED: CMake did not enable CUDA (see $out/configure.log)"
+  tail -30 "$logs/configure.log"
+  say "FAILED: CMake did not enable CUDA (see configure.log in logs.tar.gz)"
+  tar -czf "$out/logs.tar.gz" -C "$logs" .
   exit 1
 fi
 targets=(test_cuda_kernels test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_device_pool bench_cuda_kernels
          test_cuda_clm test_cuda_clm_emulated bench_cuda_clm)
 say "building ${targets[*]} with $jobs jobs"
-if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
-  grep -E "error|Error" "$out/build.log" | head -40
-  say "FAILED: build (see $out/build.log)"
+if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
+  grep -E "error|Error" "$logs/build.log" | head -40
+  say "FAILED: build (see build.log in logs.tar.gz)"
+  tar -czf "$out/logs.tar.gz" -C "$logs" .
   exit 1
 fi
 say "build done"
@@ -77,8 +120,8 @@ say "build done"
 declare -A rc
 run_test() {  # name
   local t=$1
-  "$build/tests/$t" >"$out/$t.log" 2>&1
-  echo $? >"$out/$t.rc"
+  "$build/tests/$t" >"$logs/$t.log" 2>&1
+  echo $? >"$logs/$t.rc"
 }
 cpu_tests=(test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_cuda_clm_emulated)
 gpu_tests=(test_device_pool test_cuda_kernels test_cuda_clm)
@@ -108,79 +151,84 @@ skipped=0
   echo "|---|---|---|"
 } >"$out/summary.md"
 for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
-  code=$(cat "$out/$t.rc" 2>/dev/null || echo 1)
+  code=$(cat "$logs/$t.rc" 2>/dev/null || echo 1)
   rc[$t]=$code
-  line=$(grep -E "^(All tests passed|test cases:)" "$out/$t.log" | tail -1)
+  line=$(grep -E "^(All tests passed|test cases:)" "$logs/$t.log" | tail -1)
   result=passed
   if [ "$code" != 0 ]; then
     result="**FAILED** (exit $code)"
     failed=1
-  elif grep -q "^SKIPPED" "$out/$t.log"; then
-    result="skipped: $(grep -m1 '^SKIPPED' "$out/$t.log")"
+  elif grep -q "^SKIPPED" "$logs/$t.log"; then
+    result="skipped: $(grep -m1 '^SKIPPED' "$logs/$t.log")"
     skipped=1
   fi
   echo "| $t | $result | $(printf "%s" "${line:-no summary line}" | tr "|" "/") |" >>"$out/summary.md"
   say "$t: $result ${line}"
-  if [ "$code" != 0 ]; then tail -40 "$out/$t.log"; fi
+  if [ "$code" != 0 ]; then tail -40 "$logs/$t.log"; fi
 done
 
 # ---- benchmark ------------------------------------------------------------------------
 say "running bench_cuda_kernels"
-: >"$out/bench_cuda_kernels.md"
-CLM_BENCH_MARKDOWN="$out/bench_cuda_kernels.md" "$build/tests/bench/bench_cuda_kernels" \
-  >"$out/bench_cuda_kernels.jsonl" 2>"$out/bench_cuda_kernels.log"
+: >"$logs/bench_cuda_kernels.md"
+CLM_BENCH_MARKDOWN="$logs/bench_cuda_kernels.md" "$build/tests/bench/bench_cuda_kernels" \
+  >"$out/bench_cuda_kernels.jsonl" 2>"$logs/bench_cuda_kernels.log"
 bench_rc=$?
-cat "$out/bench_cuda_kernels.log"
+cat "$logs/bench_cuda_kernels.log"
 {
   echo
   echo "## Benchmark (bench_cuda_kernels)"
   echo
   if [ $bench_rc != 0 ]; then
-    echo "**FAILED** (exit $bench_rc): $(tail -3 "$out/bench_cuda_kernels.log")"
-  elif [ -s "$out/bench_cuda_kernels.md" ]; then
-    cat "$out/bench_cuda_kernels.md"
+    echo "**FAILED** (exit $bench_rc): $(tail -3 "$logs/bench_cuda_kernels.log")"
+  elif [ -s "$logs/bench_cuda_kernels.md" ]; then
+    cat "$logs/bench_cuda_kernels.md"
   else
-    echo "$(cat "$out/bench_cuda_kernels.log")"
+    echo "$(cat "$logs/bench_cuda_kernels.log")"
   fi
 } >>"$out/summary.md"
 if [ $bench_rc != 0 ]; then
   say "FAILED: bench_cuda_kernels (exit $bench_rc)"
   failed=1
-elif grep -q SKIPPED "$out/bench_cuda_kernels.log"; then
+elif grep -q SKIPPED "$logs/bench_cuda_kernels.log"; then
   skipped=1
 else
-  cat "$out/bench_cuda_kernels.md"
+  cat "$logs/bench_cuda_kernels.md"
 fi
 
 # ---- CLM model side benchmark (SRC head, snapshot adapter) -------------------------------
 say "running bench_cuda_clm"
-: >"$out/bench_cuda_clm.md"
-CLM_BENCH_MARKDOWN="$out/bench_cuda_clm.md" "$build/tests/bench/bench_cuda_clm" \
-  >"$out/bench_cuda_clm.jsonl" 2>"$out/bench_cuda_clm.log"
+: >"$logs/bench_cuda_clm.md"
+CLM_BENCH_MARKDOWN="$logs/bench_cuda_clm.md" "$build/tests/bench/bench_cuda_clm" \
+  >"$out/bench_cuda_clm.jsonl" 2>"$logs/bench_cuda_clm.log"
 clm_bench_rc=$?
-cat "$out/bench_cuda_clm.log"
+cat "$logs/bench_cuda_clm.log"
 {
   echo
   echo "## Benchmark (bench_cuda_clm)"
   echo
   if [ $clm_bench_rc != 0 ]; then
-    echo "**FAILED** (exit $clm_bench_rc): $(tail -3 "$out/bench_cuda_clm.log")"
-  elif [ -s "$out/bench_cuda_clm.md" ]; then
-    cat "$out/bench_cuda_clm.md"
+    echo "**FAILED** (exit $clm_bench_rc): $(tail -3 "$logs/bench_cuda_clm.log")"
+  elif [ -s "$logs/bench_cuda_clm.md" ]; then
+    cat "$logs/bench_cuda_clm.md"
   else
-    echo "$(cat "$out/bench_cuda_clm.log")"
+    echo "$(cat "$logs/bench_cuda_clm.log")"
   fi
 } >>"$out/summary.md"
 if [ $clm_bench_rc != 0 ]; then
   say "FAILED: bench_cuda_clm (exit $clm_bench_rc)"
   failed=1
-elif grep -q SKIPPED "$out/bench_cuda_clm.log"; then
+elif grep -q SKIPPED "$logs/bench_cuda_clm.log"; then
   skipped=1
 else
-  cat "$out/bench_cuda_clm.md"
+  cat "$logs/bench_cuda_clm.md"
 fi
 
-say "results in $out (summary.md)"
+cp "$out/bench_cuda_kernels.jsonl" "$out/bench_cuda_clm.jsonl" "$logs/" 2>/dev/null
+tar -czf "$out/logs.tar.gz" -C "$logs" .
+echo
+cat "$out/summary.md"
+echo
+say "results in $out: summary.md, bench_cuda_kernels.jsonl, bench_cuda_clm.jsonl, logs.tar.gz"
 if [ $failed != 0 ]; then
   say "FAILED"
   exit 1

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# tests/gpu/pack_deps.sh: packs the Debian packages the CUDA build needs
+# (Eigen, fmt, SQLite, hnswlib, Catch2) into .gpu-deps/deps.tar.gz, for a GPU
+# machine that has CUDA and a compiler but no package registry (such a machine
+# is lent bare, and nothing can be installed on it). tests/gpu/run.sh unpacks
+# the archive into its build folder and builds against it when it is there.
+#
+#   tests/gpu/pack_deps.sh          # here, where apt-get reaches Debian
+#   # ...carry .gpu-deps to the GPU machine with the working tree, then there:
+#   tests/gpu/run.sh
+#
+# The packages are Debian 12's (x86-64): headers, the CMake package files and
+# the shared libraries libfmt.so.9 and libsqlite3.so.0 (found there through
+# the build's RPATH). .gpu-deps/ is git-ignored; the archive is about 3 MiB.
+set -euo pipefail
+
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+dest=$src/.gpu-deps
+packages=(libeigen3-dev libfmt-dev libfmt9 libsqlite3-dev libsqlite3-0 libhnswlib-dev catch2)
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/debs" "$work/root"
+# As root, apt's download sandbox user cannot write to a mktemp folder: download as root.
+(cd "$work/debs" && apt-get download -q -o APT::Sandbox::User=root "${packages[@]}")
+for deb in "$work"/debs/*.deb; do
+  dpkg-deb -x "$deb" "$work/root"
+  dpkg-deb -f "$deb" Package Version | paste -sd' ' >>"$work/root/clm-gpu-deps.txt"
+done
+# What a build never reads: documentation, and the static SQLite library.
+rm -rf "$work/root/usr/share/doc" "$work/root/usr/share/man" "$work/root/usr/lib/x86_64-linux-gnu/libsqlite3.a"
+mkdir -p "$dest"
+tar -czf "$dest/deps.tar.gz.tmp" -C "$work/root" .
+mv "$dest/deps.tar.gz.tmp" "$dest/deps.tar.gz"
+echo "wrote $dest/deps.tar.gz ($(du -h "$dest/deps.tar.gz" | cut -f1)):"
+sed 's/^/  /' "$work/root/clm-gpu-deps.txt"
