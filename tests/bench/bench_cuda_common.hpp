@@ -7,6 +7,7 @@
 //   check(cudaError_t)     die on a failed CUDA runtime call
 //   device_alloc           cudaMalloc of n T (at least 16 bytes)
 //   time_ms, gbps          the median of event-timed runs on a stream; GB/s
+//   time_ms_pipelined      the same per call, over back-to-back calls per run
 //   memcpy_gbps            the device-to-device cudaMemcpy baseline
 //   report                 print_figure, and a row kept for the markdown table
 //                          that write_markdown_if_asked() writes to the file
@@ -79,6 +80,18 @@ double time_ms(cudaStream_t stream, int warmup, int runs, F&& f) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return median(std::move(ms));
+}
+
+// Median time in ms per call of f when `per_run` calls go back to back
+// between two events (as a decode loop enqueues them: the host's enqueue cost
+// overlaps the device's work instead of leaving the device idle before each call).
+template <class F>
+double time_ms_pipelined(cudaStream_t stream, int warmup, int runs, int per_run, F&& f) {
+  return time_ms(stream, warmup, runs,
+                 [&] {
+                   for (int i = 0; i < per_run; ++i) f();
+                 }) /
+         per_run;
 }
 
 // Device-to-device cudaMemcpy of `bytes` on `stream`: bytes read + written per
