@@ -36,6 +36,7 @@
 
 #include "bench_cuda_common.hpp"
 #include "clm/cuda_clm.hpp"
+#include "clm/detail/half.hpp"
 #include "clm/device_memory.hpp"
 
 namespace {
@@ -61,7 +62,8 @@ std::vector<float> uniform(std::size_t n, float lo, float hi, std::mt19937_64& r
   return v;
 }
 
-// Random activations in `dtype` (f32 bits, or the high halves for bf16: values stay finite).
+// Random activations in [-1, 1] in `dtype` (never constants: timings on
+// uniform data can flatter the hardware).
 void fill_activations(void* dst, clm::ActDType dtype, std::size_t n, std::mt19937_64& rng) {
   const std::vector<float> f = uniform(n, -1.0f, 1.0f, rng);
   if (dtype == clm::ActDType::f32) {
@@ -70,9 +72,7 @@ void fill_activations(void* dst, clm::ActDType dtype, std::size_t n, std::mt1993
   }
   std::vector<std::uint16_t> h(n);
   for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, &f[i], 4);
-    h[i] = dtype == clm::ActDType::bf16 ? static_cast<std::uint16_t>(u >> 16) : std::uint16_t{0x3c00};  // f16: 1.0
+    h[i] = dtype == clm::ActDType::bf16 ? clm::detail::f32_to_bf16(f[i]) : clm::detail::f32_to_f16(f[i]);
   }
   check(cudaMemcpy(dst, h.data(), n * 2, cudaMemcpyHostToDevice), "upload");
 }
@@ -131,7 +131,7 @@ void bench_head(cudaStream_t stream, cublasHandle_t blas, double big_memcpy_gbps
   check(cudaMemcpy(d_w1, w.w1.data(), w.w1.size() * 4, cudaMemcpyHostToDevice), "upload w1");
   auto* d_h = device_alloc<float>(static_cast<std::size_t>(batch) * hidden);
   auto* d_z = device_alloc<float>(static_cast<std::size_t>(batch) * inner);
-  check(cudaMemset(d_h, 0, static_cast<std::size_t>(batch) * hidden * 4), "cudaMemset");
+  fill_activations(d_h, clm::ActDType::f32, static_cast<std::size_t>(batch) * hidden, rng);  // means-like, not zeros
   check(cublasSetStream(blas, stream), "cublasSetStream");
   const float one = 1.0f, zero = 0.0f;
   const auto gemm = [&] {

@@ -3,7 +3,8 @@
 //
 //   skip_without_device()  "<program>: SKIPPED (no usable CUDA device: ...)" on
 //                          stderr where there is none; the bench then exits 0
-//   smoke_run()            CLM_BENCH_SMOKE=1: the bench shrinks every shape
+//   smoke_run()            CLM_BENCH_SMOKE=1: the bench shrinks every shape,
+//                          and each timing runs once (a check of the program)
 //   check(cudaError_t)     die on a failed CUDA runtime call
 //   device_alloc           cudaMalloc of n T (at least 16 bytes)
 //   time_ms, gbps          the median of event-timed runs on a stream; GB/s
@@ -62,6 +63,10 @@ inline double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; 
 // after `warmup` untimed calls.
 template <class F>
 double time_ms(cudaStream_t stream, int warmup, int runs, F&& f) {
+  if (smoke_run()) {
+    warmup = 0;
+    runs = 1;
+  }
   for (int i = 0; i < warmup; ++i) f();
   check(cudaStreamSynchronize(stream), "warmup");
   cudaEvent_t start, stop;
@@ -87,6 +92,7 @@ double time_ms(cudaStream_t stream, int warmup, int runs, F&& f) {
 // overlaps the device's work instead of leaving the device idle before each call).
 template <class F>
 double time_ms_pipelined(cudaStream_t stream, int warmup, int runs, int per_run, F&& f) {
+  if (smoke_run()) per_run = 2;
   return time_ms(stream, warmup, runs,
                  [&] {
                    for (int i = 0; i < per_run; ++i) f();

@@ -26,6 +26,7 @@
 
 #include "bench_cuda_common.hpp"
 #include "clm/cuda_kernels.hpp"
+#include "clm/detail/half.hpp"
 #include "clm/device_memory.hpp"
 
 namespace {
@@ -163,6 +164,23 @@ void bench_copy(clm::cuda::Workspace& ws, cudaStream_t stream, unsigned char* ho
   }
 }
 
+// Fills `bytes` of device memory with random bf16 values in [-1, 1]: finite
+// read as bf16, as f16 (|x| < 2) and as f32 (a bf16 high half), and never a
+// constant (timings on uniform data can flatter the hardware). A 64 MiB random
+// block, repeated.
+void fill_random_kv(void* device, std::size_t bytes) {
+  const std::size_t block = std::min<std::size_t>(bytes, std::size_t{64} << 20);
+  std::vector<std::uint16_t> values(block / 2);
+  std::mt19937_64 rng(99);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (std::uint16_t& v : values) v = clm::detail::f32_to_bf16(u(rng));
+  for (std::size_t at = 0; at < bytes; at += block) {
+    check(cudaMemcpy(static_cast<unsigned char*>(device) + at, values.data(), std::min(block, bytes - at),
+                     cudaMemcpyHostToDevice),
+          "upload random K/V");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -181,7 +199,7 @@ int main() {
   // One pool buffer for all shapes: 32 x 32k tokens x 8 kv heads x 128 x bf16 x (K + V) = 4 GiB.
   const std::size_t pool_bytes = std::size_t{32} * 32768 * 8 * 128 * 2 * 2 / static_cast<std::size_t>(g_shrink);
   void* pool = device_alloc<unsigned char>(pool_bytes);
-  check(cudaMemset(pool, 0x3c, pool_bytes), "cudaMemset pool");  // finite values in every dtype
+  fill_random_kv(pool, pool_bytes);
   const DecodeShape shapes[] = {
       {"main", clm::KvDType::bf16, 128, 32, 8, 32, 32768, 0.75}, {"f16", clm::KvDType::f16, 128, 32, 8, 32, 32768, 0},
       {"d64", clm::KvDType::bf16, 64, 32, 8, 32, 32768, 0},      {"gqa8", clm::KvDType::bf16, 128, 64, 8, 32, 32768, 0},
