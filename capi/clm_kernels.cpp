@@ -136,6 +136,37 @@ clm_status dispatch([[maybe_unused]] Backend backend, [[maybe_unused]] const clm
   return report_as(fn, cpu());
 }
 
+// The caller's page buffer must hold n_pages whole pages.
+clm_status check_page_buffer(const char* fn, const void* buffer, size_t buffer_len, const clm::PagedKvPool& pool,
+                             size_t n_pages) {
+  if (!buffer && n_pages > 0) return null_argument(fn, "buffer (with n_pages > 0)");
+  std::size_t needed = 0;
+  if (!product(n_pages, pool.page_bytes(), 1, needed) || buffer_len < needed) {
+    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: buffer_len {} is too small for {} pages of {} bytes", fn,
+                                                      buffer_len, n_pages, pool.page_bytes()));
+  }
+  return CLM_OK;
+}
+
+// gather / scatter: the checks both share, then the CPU or CUDA copy between
+// the engine's pool and the caller's buffer of whole pages.
+template <class CpuCopy, class CudaCopy>
+clm_status transfer_pages(const char* fn, const clm_engine* engine, const int32_t* pages, size_t n_pages,
+                          const void* buffer, size_t buffer_len, CpuCopy cpu_copy, CudaCopy cuda_copy) {
+  return guarded([&]() -> clm_status {
+    if (!engine) return null_argument(fn, "engine");
+    const clm::PagedKvPool& pool = engine->state->engine->pool();
+    Backend backend = Backend::cpu;
+    if (clm_status s = backend_of(pool, fn, backend)) return s;
+    if (!pages && n_pages > 0) return null_argument(fn, "pages (with n_pages > 0)");
+    if (clm_status s = check_page_buffer(fn, buffer, buffer_len, pool, n_pages)) return s;
+    const clm::PagedKvView kv = clm::PagedKvView::of(pool);
+    const std::span<const std::int32_t> ids(pages, n_pages);
+    return dispatch(
+        backend, pool, fn, [&] { return cpu_copy(kv, ids); }, [&](auto& ws) { return cuda_copy(ws, kv, ids); });
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -297,70 +328,38 @@ clm_status clm_engine_copy_pages(clm_engine* dst, const int32_t* dst_pages, cons
   });
 }
 
-namespace {
-
-// The caller's page buffer must hold n_pages whole pages.
-clm_status check_page_buffer(const char* fn, const void* buffer, size_t buffer_len, const clm::PagedKvPool& pool,
-                             size_t n_pages) {
-  if (!buffer && n_pages > 0) return null_argument(fn, "buffer (with n_pages > 0)");
-  std::size_t needed = 0;
-  if (!product(n_pages, pool.page_bytes(), 1, needed) || buffer_len < needed) {
-    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: buffer_len {} is too small for {} pages of {} bytes", fn,
-                                                      buffer_len, n_pages, pool.page_bytes()));
-  }
-  return CLM_OK;
-}
-
-}  // namespace
-
 clm_status clm_engine_gather_pages(void* buffer, size_t buffer_len, const clm_engine* engine, const int32_t* pages,
                                    size_t n_pages, void* stream) {
-  return guarded([&]() -> clm_status {
-    const char* fn = "clm_engine_gather_pages";
-    if (!engine) return null_argument(fn, "engine");
-    const clm::PagedKvPool& pool = engine->state->engine->pool();
-    Backend backend = Backend::cpu;
-    if (clm_status s = backend_of(pool, fn, backend)) return s;
-    if (!pages && n_pages > 0) return null_argument(fn, "pages (with n_pages > 0)");
-    if (clm_status s = check_page_buffer(fn, buffer, buffer_len, pool, n_pages)) return s;
-    const clm::PagedKvView kv = clm::PagedKvView::of(pool);
-    const std::span<const std::int32_t> page_span(pages, n_pages);
-    return dispatch(
-        backend, pool, fn, [&] { return clm::gather_pages(buffer, kv, page_span); },
-        [&]([[maybe_unused]] auto& ws) {
+  return transfer_pages(
+      "clm_engine_gather_pages", engine, pages, n_pages, buffer, buffer_len,
+      [&](const clm::PagedKvView& kv, std::span<const std::int32_t> ids) { return clm::gather_pages(buffer, kv, ids); },
+      [&]([[maybe_unused]] auto& ws, [[maybe_unused]] const clm::PagedKvView& kv,
+          [[maybe_unused]] std::span<const std::int32_t> ids) {
 #if CLM_HAVE_CUDA
-          return clm::cuda::gather_pages(ws, buffer, kv, page_span, stream);
+        return clm::cuda::gather_pages(ws, buffer, kv, ids, stream);
 #else
-          (void)stream;
-          return clm::Status{};
+        (void)stream;
+        return clm::Status{};
 #endif
-        });
-  });
+      });
 }
 
 clm_status clm_engine_scatter_pages(clm_engine* engine, const int32_t* pages, size_t n_pages, const void* buffer,
                                     size_t buffer_len, void* stream) {
-  return guarded([&]() -> clm_status {
-    const char* fn = "clm_engine_scatter_pages";
-    if (!engine) return null_argument(fn, "engine");
-    const clm::PagedKvPool& pool = engine->state->engine->pool();
-    Backend backend = Backend::cpu;
-    if (clm_status s = backend_of(pool, fn, backend)) return s;
-    if (!pages && n_pages > 0) return null_argument(fn, "pages (with n_pages > 0)");
-    if (clm_status s = check_page_buffer(fn, buffer, buffer_len, pool, n_pages)) return s;
-    const clm::PagedKvView kv = clm::PagedKvView::of(pool);
-    const std::span<const std::int32_t> page_span(pages, n_pages);
-    return dispatch(
-        backend, pool, fn, [&] { return clm::scatter_pages(kv, page_span, buffer); },
-        [&]([[maybe_unused]] auto& ws) {
+  return transfer_pages(
+      "clm_engine_scatter_pages", engine, pages, n_pages, buffer, buffer_len,
+      [&](const clm::PagedKvView& kv, std::span<const std::int32_t> ids) {
+        return clm::scatter_pages(kv, ids, buffer);
+      },
+      [&]([[maybe_unused]] auto& ws, [[maybe_unused]] const clm::PagedKvView& kv,
+          [[maybe_unused]] std::span<const std::int32_t> ids) {
 #if CLM_HAVE_CUDA
-          return clm::cuda::scatter_pages(ws, kv, page_span, buffer, stream);
+        return clm::cuda::scatter_pages(ws, kv, ids, buffer, stream);
 #else
-          (void)stream;
-          return clm::Status{};
+        (void)stream;
+        return clm::Status{};
 #endif
-        });
-  });
+      });
 }
 
 }  // extern "C"
