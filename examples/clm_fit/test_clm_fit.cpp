@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -125,6 +126,9 @@ TEST_CASE("clm_fit src-head trains on a file and writes a head SrcHead loads") {
   INFO(read.message());
   REQUIRE(read.ok());
   CHECK(weights.hidden == hidden);
+  std::optional<clm::Gelu> recorded;
+  REQUIRE(clm::read_src_head_gelu(file, recorded).ok());
+  CHECK(recorded == clm::Gelu::erf);  // load_src_head follows it
   std::unique_ptr<clm::SrcHead> head;
   REQUIRE(clm::SrcHead::create(std::move(weights), clm::Gelu::erf, head).ok());
 }
