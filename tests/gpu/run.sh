@@ -167,63 +167,36 @@ for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
   if [ "$code" != 0 ]; then tail -40 "$logs/$t.log"; fi
 done
 
-# ---- benchmark ------------------------------------------------------------------------
-say "running bench_cuda_kernels"
-: >"$logs/bench_cuda_kernels.md"
-CLM_BENCH_MARKDOWN="$logs/bench_cuda_kernels.md" "$build/tests/bench/bench_cuda_kernels" \
-  >"$out/bench_cuda_kernels.jsonl" 2>"$logs/bench_cuda_kernels.log"
-bench_rc=$?
-cat "$logs/bench_cuda_kernels.log"
-{
-  echo
-  echo "## Benchmark (bench_cuda_kernels)"
-  echo
-  if [ $bench_rc != 0 ]; then
-    echo "**FAILED** (exit $bench_rc): $(tail -3 "$logs/bench_cuda_kernels.log")"
-  elif [ -s "$logs/bench_cuda_kernels.md" ]; then
-    cat "$logs/bench_cuda_kernels.md"
-  else
-    echo "$(cat "$logs/bench_cuda_kernels.log")"
+# ---- benchmarks: JSON lines to $OUT, their markdown tables into summary.md -------------
+run_bench() {  # name heading
+  local name=$1 heading=$2
+  say "running $name"
+  : >"$logs/$name.md"
+  CLM_BENCH_MARKDOWN="$logs/$name.md" "$build/tests/bench/$name" >"$out/$name.jsonl" 2>"$logs/$name.log"
+  local code=$?
+  cat "$logs/$name.log"
+  {
+    echo
+    echo "## $heading ($name)"
+    echo
+    if [ $code != 0 ]; then
+      echo "**FAILED** (exit $code): $(tail -3 "$logs/$name.log")"
+    elif [ -s "$logs/$name.md" ]; then
+      cat "$logs/$name.md"
+    else
+      cat "$logs/$name.log"
+    fi
+  } >>"$out/summary.md"
+  if [ $code != 0 ]; then
+    say "FAILED: $name (exit $code)"
+    failed=1
+  elif grep -q SKIPPED "$logs/$name.log"; then
+    skipped=1
   fi
-} >>"$out/summary.md"
-if [ $bench_rc != 0 ]; then
-  say "FAILED: bench_cuda_kernels (exit $bench_rc)"
-  failed=1
-elif grep -q SKIPPED "$logs/bench_cuda_kernels.log"; then
-  skipped=1
-else
-  cat "$logs/bench_cuda_kernels.md"
-fi
+}
+run_bench bench_cuda_kernels "Benchmark: paged attention, page copies"
+run_bench bench_cuda_clm "Benchmark: CLM model side (SRC head, snapshot adapter)"
 
-# ---- CLM model side benchmark (SRC head, snapshot adapter) -------------------------------
-say "running bench_cuda_clm"
-: >"$logs/bench_cuda_clm.md"
-CLM_BENCH_MARKDOWN="$logs/bench_cuda_clm.md" "$build/tests/bench/bench_cuda_clm" \
-  >"$out/bench_cuda_clm.jsonl" 2>"$logs/bench_cuda_clm.log"
-clm_bench_rc=$?
-cat "$logs/bench_cuda_clm.log"
-{
-  echo
-  echo "## Benchmark (bench_cuda_clm)"
-  echo
-  if [ $clm_bench_rc != 0 ]; then
-    echo "**FAILED** (exit $clm_bench_rc): $(tail -3 "$logs/bench_cuda_clm.log")"
-  elif [ -s "$logs/bench_cuda_clm.md" ]; then
-    cat "$logs/bench_cuda_clm.md"
-  else
-    echo "$(cat "$logs/bench_cuda_clm.log")"
-  fi
-} >>"$out/summary.md"
-if [ $clm_bench_rc != 0 ]; then
-  say "FAILED: bench_cuda_clm (exit $clm_bench_rc)"
-  failed=1
-elif grep -q SKIPPED "$logs/bench_cuda_clm.log"; then
-  skipped=1
-else
-  cat "$logs/bench_cuda_clm.md"
-fi
-
-cp "$out/bench_cuda_kernels.jsonl" "$out/bench_cuda_clm.jsonl" "$logs/" 2>/dev/null
 tar -czf "$out/logs.tar.gz" -C "$logs" .
 echo
 cat "$out/summary.md"
