@@ -71,6 +71,16 @@ clm_status check_len(const char* fn, const char* name, std::size_t len, const ch
   return CLM_OK;
 }
 
+// q and out of an attention call: [rows][num_q_heads][head_dim] floats each, non-null when non-empty.
+clm_status check_q_and_out(const char* fn, const float* q, size_t q_len, const float* out, size_t out_len,
+                           const char* rows_name, std::size_t rows, const clm::AttentionParams& p,
+                           std::int32_t head_dim) {
+  if (!q && q_len > 0) return null_argument(fn, "q (with q_len > 0)");
+  if (!out && out_len > 0) return null_argument(fn, "out (with out_len > 0)");
+  if (clm_status s = check_len(fn, "q_len", q_len, rows_name, rows, "num_q_heads", p.num_q_heads, head_dim)) return s;
+  return check_len(fn, "out_len", out_len, rows_name, rows, "num_q_heads", p.num_q_heads, head_dim);
+}
+
 clm_attention_params default_params() {
   const clm::AttentionParams defaults;
   clm_attention_params p{};
@@ -228,15 +238,11 @@ clm_status clm_engine_paged_prefill_attention(float* out, size_t out_len, const 
     if (n_new < 0 || kv_len < n_new) {
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: n_new {} must be in [0, kv_len {}]", fn, n_new, kv_len));
     }
-    if (!q && q_len > 0) return null_argument(fn, "q (with q_len > 0)");
-    if (!out && out_len > 0) return null_argument(fn, "out (with out_len > 0)");
-    if (!pages && n_pages > 0) return null_argument(fn, "pages (with n_pages > 0)");
-    const std::int32_t head_dim = pool.config().head_dim;
-    const auto rows = static_cast<std::size_t>(n_new);
-    if (clm_status s = check_len(fn, "q_len", q_len, "n_new", rows, "num_q_heads", p.num_q_heads, head_dim)) return s;
-    if (clm_status s = check_len(fn, "out_len", out_len, "n_new", rows, "num_q_heads", p.num_q_heads, head_dim)) {
+    if (clm_status s = check_q_and_out(fn, q, q_len, out, out_len, "n_new", static_cast<std::size_t>(n_new), p,
+                                       pool.config().head_dim)) {
       return s;
     }
+    if (!pages && n_pages > 0) return null_argument(fn, "pages (with n_pages > 0)");
     const clm::PagedKvView kv = clm::PagedKvView::of(pool);
     const std::span<const std::int32_t> page_span(pages, n_pages);
     return dispatch(
@@ -270,13 +276,7 @@ clm_status clm_engine_paged_decode_attention(float* out, size_t out_len, const c
     if (!indptr) return null_argument(fn, "indptr (it has n_seqs + 1 entries)");
     if (!indices && n_indices > 0) return null_argument(fn, "indices (with n_indices > 0)");
     if (!last_page_len && n_seqs > 0) return null_argument(fn, "last_page_len (with n_seqs > 0)");
-    if (!q && q_len > 0) return null_argument(fn, "q (with q_len > 0)");
-    if (!out && out_len > 0) return null_argument(fn, "out (with out_len > 0)");
-    const std::int32_t head_dim = pool.config().head_dim;
-    if (clm_status s = check_len(fn, "q_len", q_len, "n_seqs", n_seqs, "num_q_heads", p.num_q_heads, head_dim)) {
-      return s;
-    }
-    if (clm_status s = check_len(fn, "out_len", out_len, "n_seqs", n_seqs, "num_q_heads", p.num_q_heads, head_dim)) {
+    if (clm_status s = check_q_and_out(fn, q, q_len, out, out_len, "n_seqs", n_seqs, p, pool.config().head_dim)) {
       return s;
     }
     const clm::PagedKvView kv = clm::PagedKvView::of(pool);
