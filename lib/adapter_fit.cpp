@@ -76,19 +76,27 @@ Status fit_snapshot_adapter(ConstActivationView snapshots, ConstActivationView d
   if (!column_means(snapshots, 1.0, x_mean)) return invalid_argument("fit_snapshot_adapter: snapshots hold a NaN/Inf");
   if (!column_means(deltas, inv_scale, y_mean)) return invalid_argument("fit_snapshot_adapter: deltas hold a NaN/Inf");
 
+  // Passes 2 and 3 walk the pairs in chunks of centred rows (xc, yc).
+  MatD xc, yc;
+  const auto for_each_centred_chunk = [&](auto&& use) {
+    for (std::int64_t begin = 0; begin < n; begin += kChunk) {
+      const Eigen::Index rows = std::min(kChunk, n - begin);
+      xc.resize(rows, d);
+      yc.resize(rows, h);
+      load_centred(snapshots, begin, x_mean, 1.0, xc);
+      load_centred(deltas, begin, y_mean, inv_scale, yc);
+      use();
+    }
+  };
+
   // Pass 2: G = Sc^T Sc, R = Sc^T Yc.
-  MatD gram = MatD::Zero(d, d), cross = MatD::Zero(d, h), xc, yc;
+  MatD gram = MatD::Zero(d, d), cross = MatD::Zero(d, h);
   double tss_scaled = 0.0;
-  for (std::int64_t begin = 0; begin < n; begin += kChunk) {
-    const Eigen::Index rows = std::min(kChunk, n - begin);
-    xc.resize(rows, d);
-    yc.resize(rows, h);
-    load_centred(snapshots, begin, x_mean, 1.0, xc);
-    load_centred(deltas, begin, y_mean, inv_scale, yc);
+  for_each_centred_chunk([&] {
     gram.noalias() += xc.transpose() * xc;
     cross.noalias() += xc.transpose() * yc;
     tss_scaled += yc.squaredNorm();
-  }
+  });
   gram.diagonal().array() += ridge_lambda;
 
   const Eigen::LDLT<MatD> ldlt(gram);
@@ -106,14 +114,7 @@ Status fit_snapshot_adapter(ConstActivationView snapshots, ConstActivationView d
 
   // Pass 3: residuals, centred (W s + b - y = W (s - mean s) - (y - mean y)).
   double rss_scaled = 0.0;
-  for (std::int64_t begin = 0; begin < n; begin += kChunk) {
-    const Eigen::Index rows = std::min(kChunk, n - begin);
-    xc.resize(rows, d);
-    yc.resize(rows, h);
-    load_centred(snapshots, begin, x_mean, 1.0, xc);
-    load_centred(deltas, begin, y_mean, inv_scale, yc);
-    rss_scaled += (xc * coef - yc).squaredNorm();
-  }
+  for_each_centred_chunk([&] { rss_scaled += (xc * coef - yc).squaredNorm(); });
 
   SnapshotAdapterWeights w;
   w.snapshot_dim = static_cast<std::int32_t>(d);
