@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -56,7 +57,7 @@ Status cublas_error(cublasStatus_t err, const char* what) {
 
 // A buffer the kernels read or write: device (or managed) memory of `device`,
 // first and last byte in one allocation.
-Status check_device_buffer(const void* pointer, std::size_t bytes, int device, const std::string& what) {
+Status check_device_buffer(const void* pointer, std::size_t bytes, int device, std::string_view what) {
   if (pointer == nullptr) return invalid_argument(fmt::format("{}: null pointer", what));
   if (bytes == 0) return {};
   cudaPointerAttributes first{}, last{};
@@ -302,6 +303,20 @@ struct DeviceSrcHead::Impl {
                  std::span<const std::int32_t> indptr, std::span<const std::int32_t> special_ids, float* scores,
                  bool user_scores, bool accumulate, void* stream);
   Status read_verdict(void* stream, std::span<float> scores_out);
+
+  // Grows the pinned readback buffer to `bytes` (at least 4 KiB), after the
+  // stream's earlier copies into the old one have completed.
+  Status reserve_readback(std::size_t bytes, void* stream) {
+    if (readback_capacity >= bytes) return {};
+    CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+    if (readback) CLM_CUDA_TRY(cudaFreeHost(readback), "cudaFreeHost");
+    readback = nullptr;
+    readback_capacity = 0;
+    const std::size_t capacity = std::max<std::size_t>(bytes, 4096);
+    CLM_CUDA_TRY(cudaMallocHost(&readback, capacity), "cudaMallocHost (readback)");
+    readback_capacity = capacity;
+    return {};
+  }
 };
 
 namespace {
@@ -518,14 +533,7 @@ Status DeviceSrcHead::Impl::enqueue(const ConstActivationView& attn_out, const s
   if (!user_scores) {
     // score(): this call's record and scores come back with the sticky one.
     const std::size_t need = sizeof(ClmRecord) * 2 + batch * sizeof(float);
-    if (readback_capacity < need) {
-      CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
-      if (readback) CLM_CUDA_TRY(cudaFreeHost(readback), "cudaFreeHost");
-      readback = nullptr;
-      readback_capacity = 0;
-      CLM_CUDA_TRY(cudaMallocHost(&readback, std::max<std::size_t>(need, 4096)), "cudaMallocHost (readback)");
-      readback_capacity = std::max<std::size_t>(need, 4096);
-    }
+    CLM_RETURN_IF_ERROR(reserve_readback(need, stream));
     auto* rb = static_cast<unsigned char*>(readback);
     CLM_CUDA_TRY(
         cudaMemcpyAsync(rb + sizeof(ClmRecord), rec, sizeof(ClmRecord), cudaMemcpyDeviceToHost, as_stream(stream)),
@@ -564,14 +572,7 @@ Status verdict_status(const ClmRecord& r, const char* what) {
 Status DeviceSrcHead::Impl::read_verdict(void* stream, std::span<float> scores_out) {
   DeviceGuard guard;
   CLM_RETURN_IF_ERROR(ctx.enter(guard, stream));
-  if (readback_capacity < sizeof(ClmRecord) * 2) {
-    CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
-    if (readback) CLM_CUDA_TRY(cudaFreeHost(readback), "cudaFreeHost");
-    readback = nullptr;
-    readback_capacity = 0;
-    CLM_CUDA_TRY(cudaMallocHost(&readback, 4096), "cudaMallocHost (readback)");
-    readback_capacity = 4096;
-  }
+  CLM_RETURN_IF_ERROR(reserve_readback(sizeof(ClmRecord), stream));
   CLM_CUDA_TRY(cudaMemcpyAsync(readback, sticky.pointer, sizeof(ClmRecord), cudaMemcpyDeviceToHost, as_stream(stream)),
                "cudaMemcpyAsync (status)");
   CLM_CUDA_TRY(
