@@ -55,7 +55,8 @@ namespace {
 using clm_bench::check;
 using clm_bench::Clock;
 using clm_bench::die;
-using clm_bench::median;
+using clm_bench::interleaved_medians;
+using clm_bench::PairedMedians;
 using clm_bench::print_figure;
 using clm_bench::seconds_since;
 
@@ -119,19 +120,17 @@ void bench_head_batch(const clm::SrcHead& head, int batch, std::mt19937& rng) {
   const std::int32_t special[] = {128009};
   std::vector<float> scores(static_cast<std::size_t>(batch));
   EigenBaseline gemm(batch, rng);
-  std::vector<double> head_s, gemm_s;
-  for (int r = 0; r < kRuns + 1; ++r) {
-    auto start = Clock::now();
-    check(head.score(attn, ids, indptr, special, scores));
-    const double h = seconds_since(start);
-    const double g = gemm.seconds();
-    if (r == 0) continue;  // warm-up
-    head_s.push_back(h);
-    gemm_s.push_back(g);
-  }
+  const PairedMedians t = interleaved_medians(
+      kRuns,
+      [&] {
+        const auto start = Clock::now();
+        check(head.score(attn, ids, indptr, special, scores));
+        return seconds_since(start);
+      },
+      [&] { return gemm.seconds(); });
   const double flop = 2.0 * batch * kHidden * kInner;
-  print_figure(kBench, fmt::format("head_b{}", batch), "gemm_rate", flop / median(head_s) / 1e9, "GFLOP/s",
-               "eigen_gemm_rate", flop / median(gemm_s) / 1e9);
+  print_figure(kBench, fmt::format("head_b{}", batch), "gemm_rate", flop / t.part / 1e9, "GFLOP/s", "eigen_gemm_rate",
+               flop / t.baseline / 1e9);
 }
 
 void bench_engine_step(std::shared_ptr<const clm::SrcHead> head, int batch, std::mt19937& rng) {
@@ -156,19 +155,17 @@ void bench_engine_step(std::shared_ptr<const clm::SrcHead> head, int batch, std:
   std::vector<clm::SrcDecision> decisions(static_cast<std::size_t>(batch));
   const clm::ConstActivationView view{attn.data(), clm::ActDType::f32, batch, kHidden};
   EigenBaseline gemm(batch, rng);
-  std::vector<double> step_s, gemm_s;
-  for (int r = 0; r < kRuns + 1; ++r) {
-    auto start = Clock::now();
-    check(engine->src_step(ids, view, tokens, indptr, decisions));
-    const double s = seconds_since(start);
-    const double g = gemm.seconds();
-    if (r == 0) continue;
-    step_s.push_back(s);
-    gemm_s.push_back(g);
-  }
+  const PairedMedians t = interleaved_medians(
+      kRuns,
+      [&] {
+        const auto start = Clock::now();
+        check(engine->src_step(ids, view, tokens, indptr, decisions));
+        return seconds_since(start);
+      },
+      [&] { return gemm.seconds(); });
   const double flop = 2.0 * batch * kHidden * kInner;
-  print_figure(kBench, fmt::format("step_b{}", batch), "gemm_rate", flop / median(step_s) / 1e9, "GFLOP/s",
-               "eigen_gemm_rate", flop / median(gemm_s) / 1e9);
+  print_figure(kBench, fmt::format("step_b{}", batch), "gemm_rate", flop / t.part / 1e9, "GFLOP/s", "eigen_gemm_rate",
+               flop / t.baseline / 1e9);
 }
 
 void bench_gemv(const clm::SrcHead& head, bool cold, std::mt19937& rng) {
@@ -177,24 +174,24 @@ void bench_gemv(const clm::SrcHead& head, bool cold, std::mt19937& rng) {
   const std::vector<float>& w1 = head.weights().w1;  // the very buffer the head reads
   std::vector<float> flush(cold ? (std::size_t{256} << 20) / sizeof(float) : 0, 1.0f);
   float sink = 0.0f;
-  std::vector<double> head_s, read_s;
-  for (int r = 0; r < kRuns + 1; ++r) {
-    if (cold) sink += read_pass(flush.data(), flush.size());
-    auto start = Clock::now();
-    check(head.score_pooled(mean, score));
-    const double h = seconds_since(start);
-    if (cold) sink += read_pass(flush.data(), flush.size());
-    start = Clock::now();
-    sink += read_pass(w1.data(), w1.size());
-    const double rd = seconds_since(start);
-    if (r == 0) continue;
-    head_s.push_back(h);
-    read_s.push_back(rd);
-  }
+  const PairedMedians t = interleaved_medians(
+      kRuns,
+      [&] {
+        if (cold) sink += read_pass(flush.data(), flush.size());
+        const auto start = Clock::now();
+        check(head.score_pooled(mean, score));
+        return seconds_since(start);
+      },
+      [&] {
+        if (cold) sink += read_pass(flush.data(), flush.size());
+        const auto start = Clock::now();
+        sink += read_pass(w1.data(), w1.size());
+        return seconds_since(start);
+      });
   if (!std::isfinite(sink)) die("read pass gave a non-finite sum");
   const double bytes = static_cast<double>(w1.size() * sizeof(float));
-  print_figure(kBench, cold ? "head_gemv_b1_cold" : "head_gemv_b1_warm", "weight_bandwidth",
-               bytes / median(head_s) / 1e9, "GB/s", "weight_read_bandwidth", bytes / median(read_s) / 1e9);
+  print_figure(kBench, cold ? "head_gemv_b1_cold" : "head_gemv_b1_warm", "weight_bandwidth", bytes / t.part / 1e9,
+               "GB/s", "weight_read_bandwidth", bytes / t.baseline / 1e9);
 }
 
 // Eigen's GEMM C [m x n] = A [m x k] B [n x k]^T, the shape of a CLM part.
@@ -224,19 +221,17 @@ void bench_projection(int batch, std::mt19937& rng) {
   const std::vector<float> rows = random_floats(static_cast<std::size_t>(batch) * kHidden, 1.0f, rng);
   std::vector<float> out(static_cast<std::size_t>(batch) * kSnapshotDim);
   RowMatrix a = RowMatrix::Random(batch, kHidden), b = RowMatrix::Random(kSnapshotDim, kHidden), c(batch, kSnapshotDim);
-  std::vector<double> part_s, gemm_s;
-  for (int r = 0; r < kRuns + 1; ++r) {
-    const auto start = Clock::now();
-    check(projection->project(clm::ConstActivationView{rows.data(), clm::ActDType::f32, batch, kHidden}, out));
-    const double p = seconds_since(start);
-    const double g = eigen_gemm_seconds(c, a, b);
-    if (r == 0) continue;
-    part_s.push_back(p);
-    gemm_s.push_back(g);
-  }
+  const PairedMedians t = interleaved_medians(
+      kRuns,
+      [&] {
+        const auto start = Clock::now();
+        check(projection->project(clm::ConstActivationView{rows.data(), clm::ActDType::f32, batch, kHidden}, out));
+        return seconds_since(start);
+      },
+      [&] { return eigen_gemm_seconds(c, a, b); });
   const double flop = 2.0 * batch * kHidden * kSnapshotDim;
-  print_figure(kBench, fmt::format("project_b{}", batch), "gemm_rate", flop / median(part_s) / 1e9, "GFLOP/s",
-               "eigen_gemm_rate", flop / median(gemm_s) / 1e9);
+  print_figure(kBench, fmt::format("project_b{}", batch), "gemm_rate", flop / t.part / 1e9, "GFLOP/s",
+               "eigen_gemm_rate", flop / t.baseline / 1e9);
 }
 
 void bench_inject(int batch, std::mt19937& rng) {
@@ -255,20 +250,18 @@ void bench_inject(int batch, std::mt19937& rng) {
   std::iota(indptr.begin(), indptr.end(), 0);
   const std::vector<std::uint8_t> apply(static_cast<std::size_t>(batch), 1);
   RowMatrix a = RowMatrix::Random(batch, kSnapshotDim), b = RowMatrix::Random(kHidden, kSnapshotDim), c(batch, kHidden);
-  std::vector<double> part_s, gemm_s;
-  for (int r = 0; r < kRuns + 1; ++r) {
-    const auto start = Clock::now();
-    check(adapter->inject_batch(clm::ActivationView{hidden.data(), clm::ActDType::f32, batch, kHidden}, indptr,
-                                snapshots, apply, 31));
-    const double p = seconds_since(start);
-    const double g = eigen_gemm_seconds(c, a, b);
-    if (r == 0) continue;
-    part_s.push_back(p);
-    gemm_s.push_back(g);
-  }
+  const PairedMedians t = interleaved_medians(
+      kRuns,
+      [&] {
+        const auto start = Clock::now();
+        check(adapter->inject_batch(clm::ActivationView{hidden.data(), clm::ActDType::f32, batch, kHidden}, indptr,
+                                    snapshots, apply, 31));
+        return seconds_since(start);
+      },
+      [&] { return eigen_gemm_seconds(c, a, b); });
   const double flop = 2.0 * batch * kHidden * kSnapshotDim;
-  print_figure(kBench, fmt::format("inject_b{}", batch), "gemm_rate", flop / median(part_s) / 1e9, "GFLOP/s",
-               "eigen_gemm_rate", flop / median(gemm_s) / 1e9);
+  print_figure(kBench, fmt::format("inject_b{}", batch), "gemm_rate", flop / t.part / 1e9, "GFLOP/s", "eigen_gemm_rate",
+               flop / t.baseline / 1e9);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // tests/bench/bench_common.hpp: what the benchmark programs of tests/bench share
 // (header-only, no CUDA; bench_cuda_common.hpp adds the GPU side): timing with
-// a steady clock, the median of a sample, die/check for fatal errors, and
+// a steady clock, the median of a sample, interleaved part/baseline medians,
+// die/check for fatal errors, and
 // print_figure, the one JSON line each figure is printed as:
 //
 //   {"bench":"kernels","case":"decode_f32_b8_8k","metric":"kv_read_GB_per_s","value":41.2345,"unit":"GB/s",
@@ -56,6 +57,26 @@ inline void check(const clm::Status& s) {
 // The same, naming the call that failed and the status code.
 inline void check(const clm::Status& s, std::string_view what) {
   if (!s.ok()) die(fmt::format("{}: {}: {}", what, s.code_name(), s.message()));
+}
+
+// The medians, in seconds, of `runs` interleaved pairs of part() and
+// baseline() (each returns the seconds it measured), after one warm-up pair:
+// interleaving makes the drift of a shared machine hit both alike.
+struct PairedMedians {
+  double part;
+  double baseline;
+};
+template <class Part, class Baseline>
+PairedMedians interleaved_medians(int runs, Part&& part, Baseline&& baseline) {
+  std::vector<double> part_s, base_s;
+  for (int r = 0; r <= runs; ++r) {
+    const double p = part();
+    const double b = baseline();
+    if (r == 0) continue;  // warm-up
+    part_s.push_back(p);
+    base_s.push_back(b);
+  }
+  return {median(std::move(part_s)), median(std::move(base_s))};
 }
 
 inline double ratio(double value, double baseline) { return baseline != 0 ? value / baseline : 0.0; }
