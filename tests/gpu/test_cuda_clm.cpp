@@ -27,28 +27,17 @@
 
 #include "clm/cuda_clm.hpp"
 #include "clm/device_memory.hpp"
+#include "gpu_test_support.hpp"
 #include "kernel_reference.hpp"
 
 namespace {
 
-#ifdef CLM_TEST_EMULATED_GPU
-constexpr bool kFull = false;
-#else
-constexpr bool kFull = true;
-#endif
+using clm_test::kFull;
+using clm_test::skip_without_gpu;
 
 using clm::ActDType;
 using clm::Gelu;
 using clm::StatusCode;
-
-bool skip_without_gpu() {
-  std::string reason;
-  if (clm::cuda_device_count(&reason) > 0) return false;
-  std::cout << "SKIPPED (no usable CUDA device: " << reason << ")\n";
-  return true;
-}
-
-#define CLM_CUDA_OK(call) REQUIRE((call) == cudaSuccess)
 
 #define REQUIRE_OK(expr)                            \
   do {                                              \

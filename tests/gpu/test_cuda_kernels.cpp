@@ -19,15 +19,13 @@
 #include "clm/cuda_kernels.hpp"
 #include "clm/device_memory.hpp"
 #include "clm/paged_kv_pool.hpp"
+#include "gpu_test_support.hpp"
 #include "kernel_reference.hpp"
 
 namespace {
 
-#ifdef CLM_TEST_EMULATED_GPU
-constexpr bool kFull = false;
-#else
-constexpr bool kFull = true;
-#endif
+using clm_test::kFull;
+using clm_test::skip_without_gpu;
 
 using clm::AttentionParams;
 using clm::KvDType;
@@ -36,15 +34,6 @@ using clm::StatusCode;
 using clm_test::Batch;
 using clm_test::Geometry;
 using clm_test::HostPool;
-
-bool skip_without_gpu() {
-  std::string reason;
-  if (clm::cuda_device_count(&reason) > 0) return false;
-  std::cout << "SKIPPED (no usable CUDA device: " << reason << ")\n";
-  return true;
-}
-
-#define CLM_CUDA_OK(call) REQUIRE((call) == cudaSuccess)
 
 // A device copy of a host vector (or of n elements).
 template <class T>
@@ -112,11 +101,11 @@ struct Gpu {
   }
 };
 
-#define REQUIRE_OK(expr)                       \
-  do {                                         \
-    const clm::Status st_ = (expr);            \
+#define REQUIRE_OK(expr)                            \
+  do {                                              \
+    const clm::Status st_ = (expr);                 \
     INFO(st_.code_name() << ": " << st_.message()); \
-    REQUIRE(st_.ok());                         \
+    REQUIRE(st_.ok());                              \
   } while (0)
 
 bool all_nan(const std::vector<float>& x) {
@@ -147,8 +136,8 @@ void decode_case(Gpu& gpu, KvDType dtype, std::int32_t head_dim, std::int32_t gr
   INFO(clm_test::describe(g) << " group=" << group << " chunk=" << chunk << " window=" << window);
   clm::cuda::DecodeOptions options;
   options.chunk_tokens = chunk;
-  REQUIRE_OK(clm::cuda::decode_plan(*gpu.ws, pool.view(), params, b.indptr, b.indices, b.last_page_len, gpu.stream,
-                                    options));
+  REQUIRE_OK(
+      clm::cuda::decode_plan(*gpu.ws, pool.view(), params, b.indptr, b.indices, b.last_page_len, gpu.stream, options));
   for (std::int32_t layer : {1, 0}) {  // one plan, both layers
     params.layer = layer;
     const std::vector<float> q = clm_test::random_floats(n, rng);
@@ -233,8 +222,8 @@ TEST_CASE("CUDA prefill matches the float64 reference", "[cuda][gpu]") {
             params.layer = 1;
             params.num_q_heads = g.kv_heads * group;
             params.sliding_window = window;
-            const std::vector<float> q = clm_test::random_floats(
-                static_cast<std::size_t>(s.n_new) * params.num_q_heads * head_dim, rng);
+            const std::vector<float> q =
+                clm_test::random_floats(static_cast<std::size_t>(s.n_new) * params.num_q_heads * head_dim, rng);
             DeviceArray<float> dq(q), dout(q.size());
             dout.poison();
             INFO(clm_test::describe(g) << " group=" << group << " kv_len=" << s.kv_len << " n_new=" << s.n_new
@@ -339,8 +328,8 @@ TEST_CASE("CUDA page copies between host and device pools", "[cuda][gpu]") {
     clm::cuda::CopyOptions options;
     options.method = method;
     // host -> device
-    REQUIRE_OK(clm::cuda::copy_pages(*gpu.ws, dev.view(), dst_pages, host.view(MemoryKind::host), src_pages,
-                                     gpu.stream, options));
+    REQUIRE_OK(clm::cuda::copy_pages(*gpu.ws, dev.view(), dst_pages, host.view(MemoryKind::host), src_pages, gpu.stream,
+                                     options));
     gpu.sync();
     expect_pages(dev.download(), host.data(), "h2d");
     // device -> device
@@ -357,13 +346,13 @@ TEST_CASE("CUDA page copies between host and device pools", "[cuda][gpu]") {
                                      gpu.stream, options));
     gpu.sync();
     for (std::int32_t p : src_pages) {
-      CHECK(std::memcmp(host_dst.data() + static_cast<std::size_t>(p) * pb, host.data() + static_cast<std::size_t>(p) * pb,
-                        pb) == 0);
+      CHECK(std::memcmp(host_dst.data() + static_cast<std::size_t>(p) * pb,
+                        host.data() + static_cast<std::size_t>(p) * pb, pb) == 0);
     }
     // gather into a contiguous device buffer and a pinned host buffer, scatter back
     DeviceArray<unsigned char> packed(src_pages.size() * pb);
-    REQUIRE_OK(clm::cuda::gather_pages(*gpu.ws, packed.get(), host.view(MemoryKind::host), src_pages, gpu.stream,
-                                       options));
+    REQUIRE_OK(
+        clm::cuda::gather_pages(*gpu.ws, packed.get(), host.view(MemoryKind::host), src_pages, gpu.stream, options));
     gpu.sync();
     const std::vector<unsigned char> pk = packed.download();
     for (std::size_t i = 0; i < src_pages.size(); ++i) {
@@ -382,8 +371,8 @@ TEST_CASE("CUDA page copies between host and device pools", "[cuda][gpu]") {
   CHECK(clm::cuda::copy_pages(*gpu.ws, dev.view(), dst_pages, pageable.view(MemoryKind::host), src_pages, gpu.stream,
                               kernel)
             .code() == StatusCode::unsupported);
-  REQUIRE_OK(clm::cuda::copy_pages(*gpu.ws, dev.view(), dst_pages, pageable.view(MemoryKind::host), src_pages,
-                                   gpu.stream));
+  REQUIRE_OK(
+      clm::cuda::copy_pages(*gpu.ws, dev.view(), dst_pages, pageable.view(MemoryKind::host), src_pages, gpu.stream));
   gpu.sync();
   expect_pages(dev.download(), pageable.data(), "pageable h2d");
   REQUIRE_OK(clm::cuda::unpin_host_memory(host.data()));
@@ -410,7 +399,8 @@ TEST_CASE("CUDA kernels work on a device-resident PagedKvPool", "[cuda][gpu]") {
   std::mt19937_64 rng(500);
   const std::int32_t len = 40;
   std::vector<std::int64_t> slots;
-  for (std::int32_t t = 0; t < len; ++t) slots.push_back(std::int64_t{pages[static_cast<std::size_t>(t / 16)]} * 16 + t % 16);
+  for (std::int32_t t = 0; t < len; ++t)
+    slots.push_back(std::int64_t{pages[static_cast<std::size_t>(t / 16)]} * 16 + t % 16);
   const std::size_t row = 8 * 128;
   std::vector<float> k = clm_test::random_floats(len * row, rng), v = clm_test::random_floats(len * row, rng);
   DeviceArray<float> dk(k), dv(v);
@@ -438,9 +428,11 @@ TEST_CASE("CUDA kernels work on a device-resident PagedKvPool", "[cuda][gpu]") {
   const std::vector<float> q = clm_test::random_floats(static_cast<std::size_t>(len) * 32 * 128, rng);
   DeviceArray<float> dq(q), dout(q.size());
   dout.poison();
-  REQUIRE_OK(clm::cuda::paged_prefill_attention(*gpu.ws, kv, params, dq.get(), len, pages, len, dout.get(), gpu.stream));
+  REQUIRE_OK(
+      clm::cuda::paged_prefill_attention(*gpu.ws, kv, params, dq.get(), len, pages, len, dout.get(), gpu.stream));
   gpu.sync();
-  CHECK(clm_test::relative_error(dout.download(), clm_test::reference_prefill(host, params, q, len, pages, len)) <= 1e-2);
+  CHECK(clm_test::relative_error(dout.download(), clm_test::reference_prefill(host, params, q, len, pages, len)) <=
+        1e-2);
   Batch b;
   b.lens = {len};
   b.indptr = {0, 3};
@@ -497,8 +489,8 @@ TEST_CASE("CUDA entry points reject bad arguments before launching", "[cuda][gpu
   CHECK(clm::cuda::paged_decode_attention(*gpu.ws, pool.view(), params, q.data(), indptr, indices, lpl, dout.get(),
                                           gpu.stream)
             .code() == StatusCode::invalid_argument);
-  CHECK(clm::cuda::paged_decode_attention(*gpu.ws, pool.view(), params, dq.get(), indptr, indices, lpl,
-                                          host_out.data(), gpu.stream)
+  CHECK(clm::cuda::paged_decode_attention(*gpu.ws, pool.view(), params, dq.get(), indptr, indices, lpl, host_out.data(),
+                                          gpu.stream)
             .code() == StatusCode::invalid_argument);
   CHECK(clm::cuda::paged_decode_attention(*gpu.ws, host.view(MemoryKind::device), params, dq.get(), indptr, indices,
                                           lpl, dout.get(), gpu.stream)
@@ -519,8 +511,8 @@ TEST_CASE("CUDA entry points reject bad arguments before launching", "[cuda][gpu
   bad.layer = 1;
   CHECK(clm::cuda::paged_prefill_attention(*gpu.ws, pool.view(), bad, dq.get(), 2, indices, 20, dout.get(), gpu.stream)
             .code() == StatusCode::invalid_argument);
-  CHECK(clm::cuda::paged_prefill_attention(*gpu.ws, pool.view(), params, dq.get(), 2, std::vector<std::int32_t>{1},
-                                           20, dout.get(), gpu.stream)
+  CHECK(clm::cuda::paged_prefill_attention(*gpu.ws, pool.view(), params, dq.get(), 2, std::vector<std::int32_t>{1}, 20,
+                                           dout.get(), gpu.stream)
             .code() == StatusCode::invalid_argument);
   DeviceArray<float> dk(std::vector<float>(2 * 2 * 64, 1.0f));
   CHECK(clm::cuda::write_kv(*gpu.ws, pool.view(), 0, dk.get(), dk.get(), std::vector<std::int64_t>{3, 128}, gpu.stream)
