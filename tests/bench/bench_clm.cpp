@@ -49,6 +49,7 @@
 #include "clm/snapshot_adapter.hpp"
 #include "clm/snapshot_projection.hpp"
 #include "clm/src_head.hpp"
+#include "read_pass.hpp"
 
 namespace {
 
@@ -58,6 +59,7 @@ using clm_bench::die;
 using clm_bench::interleaved_medians;
 using clm_bench::PairedMedians;
 using clm_bench::print_figure;
+using clm_bench::read_pass;
 using clm_bench::seconds_since;
 
 constexpr std::string_view kBench = "clm";
@@ -71,22 +73,6 @@ std::vector<float> random_floats(std::size_t n, float scale, std::mt19937& rng) 
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);
   return v;
-}
-
-float read_pass(const float* p, std::size_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  float s = std::accumulate(lanes, lanes + 8, 0.0f);
-  for (; i < n; ++i) s += p[i];
-  return s;
 }
 
 clm::SrcHeadWeights random_weights(std::mt19937& rng) {

@@ -40,6 +40,7 @@
 #include "clm/attention.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
+#include "read_pass.hpp"
 
 namespace {
 
@@ -89,7 +90,7 @@ class ReadBandwidth {
     for (int t = 0; t < threads_; ++t) {
       pool.emplace_back([this, t, &sums] {
         const auto [b, e] = share(t);
-        sums[static_cast<std::size_t>(t)] = sum(data_ + b, e - b);
+        sums[static_cast<std::size_t>(t)] = clm_bench::read_pass(data_ + b, e - b);
       });
     }
     for (auto& t : pool) t.join();
@@ -103,21 +104,6 @@ class ReadBandwidth {
     const std::size_t per = floats_ / static_cast<std::size_t>(threads_) / 64 * 64;
     const std::size_t b = per * static_cast<std::size_t>(t);
     return {b, t == threads_ - 1 ? floats_ : b + per};
-  }
-  static float sum(const float* p, std::size_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    std::size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-      a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
-      a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
-      a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
-      a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
-    }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    float s = std::accumulate(lanes, lanes + 8, 0.0f);
-    for (; i < n; ++i) s += p[i];
-    return s;
   }
 
   std::size_t floats_;
