@@ -130,33 +130,13 @@ func (e *Engine) PagedPrefillAttention(p AttentionParams, q []float32, nNew int,
 	if nNew < 0 || nNew > 1<<31-1 || kvLen < 0 || kvLen > 1<<31-1 {
 		return nil, invalid(op, "n_new %d or kv_len %d is out of range", nNew, kvLen)
 	}
-	n, err := e.activationLen(op, nNew, p.NumQHeads)
-	if err != nil {
-		return nil, err
-	}
-	if err := expectLen(op, "q", len(q), n, "[n_new][num_q_heads][head_dim]"); err != nil {
-		return nil, err
-	}
-	cp, err := p.toC()
-	if err != nil {
-		return nil, err
-	}
-	ep, err := e.acquire(op)
-	if err != nil {
-		return nil, err
-	}
-	defer e.release()
-	out := make([]float32, n)
-	err = call(op, func() C.clm_status {
-		return C.clm_engine_paged_prefill_attention(floatsPtr(out), C.size_t(len(out)), ep, &cp, floatsPtr(q),
-			C.size_t(len(q)), C.int32_t(nNew), tokensPtr(pages), C.size_t(len(pages)), C.int32_t(kvLen))
-	})
-	runtime.KeepAlive(q)
+	out, err := e.attention(op, p, q, nNew, "[n_new][num_q_heads][head_dim]",
+		func(out []float32, ep *C.clm_engine, cp *C.clm_attention_params) C.clm_status {
+			return C.clm_engine_paged_prefill_attention(floatsPtr(out), C.size_t(len(out)), ep, cp, floatsPtr(q),
+				C.size_t(len(q)), C.int32_t(nNew), tokensPtr(pages), C.size_t(len(pages)), C.int32_t(kvLen))
+		})
 	runtime.KeepAlive(pages)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return out, err
 }
 
 // PagedDecodeAttention is the attention of one query per sequence (its last
@@ -172,11 +152,26 @@ func (e *Engine) PagedDecodeAttention(p AttentionParams, q []float32, batch Page
 	if err := expectLen(op, "batch.Indptr", len(batch.Indptr), nSeqs+1, "len(batch.LastPageLen) + 1"); err != nil {
 		return nil, err
 	}
-	n, err := e.activationLen(op, nSeqs, p.NumQHeads)
+	out, err := e.attention(op, p, q, nSeqs, "[n_seqs][num_q_heads][head_dim]",
+		func(out []float32, ep *C.clm_engine, cp *C.clm_attention_params) C.clm_status {
+			return C.clm_engine_paged_decode_attention(floatsPtr(out), C.size_t(len(out)), ep, cp, floatsPtr(q),
+				C.size_t(len(q)), tokensPtr(batch.Indptr), tokensPtr(batch.Indices), C.size_t(len(batch.Indices)),
+				tokensPtr(batch.LastPageLen), C.size_t(nSeqs))
+		})
+	runtime.KeepAlive(batch)
+	return out, err
+}
+
+// attention is what both attention calls share: q must hold rows x
+// NumQHeads x head_dim floats; run gets a result of the same size, the
+// engine and the C params.
+func (e *Engine) attention(op string, p AttentionParams, q []float32, rows int, shape string,
+	run func(out []float32, ep *C.clm_engine, cp *C.clm_attention_params) C.clm_status) ([]float32, error) {
+	n, err := e.activationLen(op, rows, p.NumQHeads)
 	if err != nil {
 		return nil, err
 	}
-	if err := expectLen(op, "q", len(q), n, "[n_seqs][num_q_heads][head_dim]"); err != nil {
+	if err := expectLen(op, "q", len(q), n, shape); err != nil {
 		return nil, err
 	}
 	cp, err := p.toC()
@@ -189,13 +184,8 @@ func (e *Engine) PagedDecodeAttention(p AttentionParams, q []float32, batch Page
 	}
 	defer e.release()
 	out := make([]float32, n)
-	err = call(op, func() C.clm_status {
-		return C.clm_engine_paged_decode_attention(floatsPtr(out), C.size_t(len(out)), ep, &cp, floatsPtr(q),
-			C.size_t(len(q)), tokensPtr(batch.Indptr), tokensPtr(batch.Indices), C.size_t(len(batch.Indices)),
-			tokensPtr(batch.LastPageLen), C.size_t(nSeqs))
-	})
+	err = call(op, func() C.clm_status { return run(out, ep, &cp) })
 	runtime.KeepAlive(q)
-	runtime.KeepAlive(batch)
 	if err != nil {
 		return nil, err
 	}
