@@ -496,6 +496,22 @@ func (e *Engine) BatchPageTable(seqs []*Seq) (PagedBatch, error) {
 	}
 }
 
+// withSeqs runs f with the engine and the batch's handles held: the engine
+// acquired, every Seq locked (lockSeqs), both released when f returns.
+func (e *Engine) withSeqs(op string, seqs []*Seq, f func(ep *C.clm_engine, cseqs []*C.clm_seq) error) error {
+	ep, err := e.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer e.release()
+	cseqs, unlock, err := lockSeqs(op, seqs)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return f(ep, cseqs)
+}
+
 // lockSeqs holds every distinct Seq's lock, in address order (no deadlock
 // between overlapping batches; a Seq listed twice is locked once), and gives
 // their C handles in the order of seqs. unlock must follow on success.

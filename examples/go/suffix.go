@@ -272,24 +272,16 @@ func (e *Engine) SRCStep(seqs []*Seq, attnOut Rows, hidden int32, tokenIDs, indp
 	if err := expectLen(op, "indptr", len(indptr), len(seqs)+1, "len(seqs) + 1"); err != nil {
 		return nil, err
 	}
-	ep, err := e.acquire(op)
-	if err != nil {
-		return nil, err
-	}
-	defer e.release()
-	cseqs, unlock, err := lockSeqs(op, seqs)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
 	raw := make([]C.clm_src_decision, len(seqs))
 	var rawPtr *C.clm_src_decision
 	if len(raw) > 0 {
 		rawPtr = &raw[0]
 	}
-	err = call(op, func() C.clm_status {
-		return C.clm_engine_src_step(rawPtr, ep, seqsPtr(cseqs), C.size_t(len(cseqs)), attnOut.ptr(),
-			C.int32_t(attnOut.dtype), C.size_t(nRows), C.int32_t(hidden), tokensPtr(tokenIDs), tokensPtr(indptr))
+	err = e.withSeqs(op, seqs, func(ep *C.clm_engine, cseqs []*C.clm_seq) error {
+		return call(op, func() C.clm_status {
+			return C.clm_engine_src_step(rawPtr, ep, seqsPtr(cseqs), C.size_t(len(cseqs)), attnOut.ptr(),
+				C.int32_t(attnOut.dtype), C.size_t(nRows), C.int32_t(hidden), tokensPtr(tokenIDs), tokensPtr(indptr))
+		})
 	})
 	runtime.KeepAlive(attnOut)
 	runtime.KeepAlive(tokenIDs)
@@ -314,19 +306,11 @@ func (e *Engine) ReportRetrieval(seqs []*Seq, found []bool) error {
 	if err := expectLen(op, "found", len(found), len(seqs), "one per sequence"); err != nil {
 		return err
 	}
-	ep, err := e.acquire(op)
-	if err != nil {
-		return err
-	}
-	defer e.release()
-	cseqs, unlock, err := lockSeqs(op, seqs)
-	if err != nil {
-		return err
-	}
-	defer unlock()
 	cfound := flags(found)
-	return call(op, func() C.clm_status {
-		return C.clm_engine_report_retrieval(ep, seqsPtr(cseqs), C.size_t(len(cseqs)), flagsPtr(cfound))
+	return e.withSeqs(op, seqs, func(ep *C.clm_engine, cseqs []*C.clm_seq) error {
+		return call(op, func() C.clm_status {
+			return C.clm_engine_report_retrieval(ep, seqsPtr(cseqs), C.size_t(len(cseqs)), flagsPtr(cfound))
+		})
 	})
 }
 
@@ -487,21 +471,13 @@ func (e *Engine) InjectSnapshots(hiddenStates Rows, hidden int32, seqs []*Seq, i
 	if err := expectLen(op, "apply", len(apply), len(seqs), "one per sequence"); err != nil {
 		return err
 	}
-	ep, err := e.acquire(op)
-	if err != nil {
-		return err
-	}
-	defer e.release()
-	cseqs, unlock, err := lockSeqs(op, seqs)
-	if err != nil {
-		return err
-	}
-	defer unlock()
 	capply := flags(apply)
-	err = call(op, func() C.clm_status {
-		return C.clm_engine_inject_snapshots(ep, hiddenStates.ptr(), C.int32_t(hiddenStates.dtype), C.size_t(nRows),
-			C.int32_t(hidden), seqsPtr(cseqs), C.size_t(len(cseqs)), tokensPtr(indptr), floatsPtr(snapshots),
-			C.int32_t(snapshotDim), flagsPtr(capply), C.int32_t(layer))
+	err = e.withSeqs(op, seqs, func(ep *C.clm_engine, cseqs []*C.clm_seq) error {
+		return call(op, func() C.clm_status {
+			return C.clm_engine_inject_snapshots(ep, hiddenStates.ptr(), C.int32_t(hiddenStates.dtype),
+				C.size_t(nRows), C.int32_t(hidden), seqsPtr(cseqs), C.size_t(len(cseqs)), tokensPtr(indptr),
+				floatsPtr(snapshots), C.int32_t(snapshotDim), flagsPtr(capply), C.int32_t(layer))
+		})
 	})
 	runtime.KeepAlive(hiddenStates)
 	runtime.KeepAlive(indptr)
