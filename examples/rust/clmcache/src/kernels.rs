@@ -139,6 +139,22 @@ impl Engine {
             .ok_or_else(|| invalid(function, format!("{} rows x {} heads overflows", rows, heads)))
     }
 
+    /// `q` and `out` of an attention call must each hold `rows` x
+    /// `num_q_heads` x `head_dim` floats (`shape` names that in errors).
+    fn check_q_and_out(
+        &self,
+        function: &str,
+        rows: usize,
+        heads: i32,
+        q: &[f32],
+        out: &[f32],
+        shape: &str,
+    ) -> Result<()> {
+        let n = self.activation_len(function, rows, heads)?;
+        expect_len(function, "q", q.len(), n, shape)?;
+        expect_len(function, "out", out.len(), n, shape)
+    }
+
     /// Writes the K/V rows of one layer into the pool (`clm_engine_write_kv`):
     /// row `i` of `k` and `v` (each `[slots.len()][kv_heads][head_dim]`) goes
     /// to `slots[i]`, converted to the pool's dtype (round to nearest even).
@@ -182,9 +198,7 @@ impl Engine {
         self.host_pool(F)?;
         let n_new_i32 = to_i32(F, "n_new", n_new)?;
         let kv_len_i32 = to_i32(F, "kv_len", kv_len)?;
-        let n = self.activation_len(F, n_new, params.num_q_heads)?;
-        expect_len(F, "q", q.len(), n, "[n_new][num_q_heads][head_dim]")?;
-        expect_len(F, "out", out.len(), n, "[n_new][num_q_heads][head_dim]")?;
+        self.check_q_and_out(F, n_new, params.num_q_heads, q, out, "[n_new][num_q_heads][head_dim]")?;
         let raw = params.to_raw()?;
         // SAFETY: out is exclusively borrowed (so it cannot overlap q) and
         // holds out_len floats, q q_len, pages n_pages ids; raw lives across
@@ -235,9 +249,7 @@ impl Engine {
         self.host_pool(F)?;
         let n_seqs = batch.last_page_len.len();
         expect_len(F, "batch.indptr", batch.indptr.len(), n_seqs + 1, "batch.last_page_len.len() + 1")?;
-        let n = self.activation_len(F, n_seqs, params.num_q_heads)?;
-        expect_len(F, "q", q.len(), n, "[n_seqs][num_q_heads][head_dim]")?;
-        expect_len(F, "out", out.len(), n, "[n_seqs][num_q_heads][head_dim]")?;
+        self.check_q_and_out(F, n_seqs, params.num_q_heads, q, out, "[n_seqs][num_q_heads][head_dim]")?;
         let raw = params.to_raw()?;
         // SAFETY: indptr holds n_seqs + 1 entries, last_page_len n_seqs,
         // indices n_indices, q and out their lengths (out exclusively
