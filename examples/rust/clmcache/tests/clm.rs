@@ -226,7 +226,8 @@ fn src_head_from_a_safetensors_file_and_the_breaker() {
             ("src_head.w2", &[INNER], &head.w2),
         ],
     );
-    let engine = Engine::new(&EngineOptions { src_daily_requests: 1e6, ..options() }).unwrap(); // threshold 0.9
+    // threshold 0.9
+    let engine = Engine::new(&EngineOptions { src_daily_requests: 1e6, ..options() }).unwrap();
     // This file does not say which GELU it was trained with.
     let from_file = engine.load_src_head_as_trained(&path);
     let loaded = engine.load_src_head(&path, Gelu::Tanh);
