@@ -113,6 +113,22 @@ clm_status read_params(const clm_attention_params* params, const char* fn, clm::
   return CLM_OK;
 }
 
+// What both attention calls start with: the engine's pool and where it
+// lives, and the caller's params (any known version) with the stream.
+struct AttentionCall {
+  const clm::PagedKvPool* pool = nullptr;
+  Backend backend = Backend::cpu;
+  clm::AttentionParams params;
+  void* stream = nullptr;
+};
+clm_status begin_attention(const char* fn, const clm_engine* engine, const clm_attention_params* params,
+                           AttentionCall& out) {
+  if (!engine) return null_argument(fn, "engine");
+  out.pool = &engine->state->engine->pool();
+  if (clm_status s = backend_of(*out.pool, fn, out.backend)) return s;
+  return read_params(params, fn, out.params, out.stream);
+}
+
 #if CLM_HAVE_CUDA
 // One workspace per host thread and device (a Workspace is not thread-safe),
 // created on first use and freed when the thread exits.
@@ -228,13 +244,10 @@ clm_status clm_engine_paged_prefill_attention(float* out, size_t out_len, const 
                                               int32_t n_new, const int32_t* pages, size_t n_pages, int32_t kv_len) {
   return guarded([&]() -> clm_status {
     const char* fn = "clm_engine_paged_prefill_attention";
-    if (!engine) return null_argument(fn, "engine");
-    const clm::PagedKvPool& pool = engine->state->engine->pool();
-    Backend backend = Backend::cpu;
-    if (clm_status s = backend_of(pool, fn, backend)) return s;
-    clm::AttentionParams p;
-    void* stream = nullptr;
-    if (clm_status s = read_params(params, fn, p, stream)) return s;
+    AttentionCall call;
+    if (clm_status s = begin_attention(fn, engine, params, call)) return s;
+    const clm::PagedKvPool& pool = *call.pool;
+    const clm::AttentionParams& p = call.params;
     if (n_new < 0 || kv_len < n_new) {
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: n_new {} must be in [0, kv_len {}]", fn, n_new, kv_len));
     }
@@ -246,10 +259,10 @@ clm_status clm_engine_paged_prefill_attention(float* out, size_t out_len, const 
     const clm::PagedKvView kv = clm::PagedKvView::of(pool);
     const std::span<const std::int32_t> page_span(pages, n_pages);
     return dispatch(
-        backend, pool, fn, [&] { return clm::paged_prefill_attention(kv, p, q, n_new, page_span, kv_len, out); },
+        call.backend, pool, fn, [&] { return clm::paged_prefill_attention(kv, p, q, n_new, page_span, kv_len, out); },
         [&]([[maybe_unused]] auto& ws) {
 #if CLM_HAVE_CUDA
-          return clm::cuda::paged_prefill_attention(ws, kv, p, q, n_new, page_span, kv_len, out, stream);
+          return clm::cuda::paged_prefill_attention(ws, kv, p, q, n_new, page_span, kv_len, out, call.stream);
 #else
           return clm::Status{};
 #endif
@@ -263,13 +276,10 @@ clm_status clm_engine_paged_decode_attention(float* out, size_t out_len, const c
                                              const int32_t* last_page_len, size_t n_seqs) {
   return guarded([&]() -> clm_status {
     const char* fn = "clm_engine_paged_decode_attention";
-    if (!engine) return null_argument(fn, "engine");
-    const clm::PagedKvPool& pool = engine->state->engine->pool();
-    Backend backend = Backend::cpu;
-    if (clm_status s = backend_of(pool, fn, backend)) return s;
-    clm::AttentionParams p;
-    void* stream = nullptr;
-    if (clm_status s = read_params(params, fn, p, stream)) return s;
+    AttentionCall call;
+    if (clm_status s = begin_attention(fn, engine, params, call)) return s;
+    const clm::PagedKvPool& pool = *call.pool;
+    const clm::AttentionParams& p = call.params;
     if (n_seqs >= static_cast<size_t>(INT32_MAX)) {  // indptr holds int32 offsets
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: n_seqs {} is too large", fn, n_seqs));
     }
@@ -284,11 +294,12 @@ clm_status clm_engine_paged_decode_attention(float* out, size_t out_len, const c
     const std::span<const std::int32_t> indices_span(indices, n_indices);
     const std::span<const std::int32_t> last_span(last_page_len, n_seqs);
     return dispatch(
-        backend, pool, fn,
+        call.backend, pool, fn,
         [&] { return clm::paged_decode_attention(kv, p, q, indptr_span, indices_span, last_span, out); },
         [&]([[maybe_unused]] auto& ws) {
 #if CLM_HAVE_CUDA
-          return clm::cuda::paged_decode_attention(ws, kv, p, q, indptr_span, indices_span, last_span, out, stream);
+          return clm::cuda::paged_decode_attention(ws, kv, p, q, indptr_span, indices_span, last_span, out,
+                                                   call.stream);
 #else
           return clm::Status{};
 #endif
