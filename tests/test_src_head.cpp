@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -463,7 +464,8 @@ TEST_CASE("SRC head weights: write/read round trip, and a hand-built f16 file") 
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const clm::SrcHeadWeights w = random_weights(32, rng);
-  const std::string path = "test_src_head_" + std::to_string(seed) + ".safetensors";
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("test_src_head_" + std::to_string(seed) + ".safetensors")).string();
   const clm::Gelu written_gelu = seed % 2 == 0 ? clm::Gelu::erf : clm::Gelu::tanh;
   REQUIRE(clm::write_src_head(path, w, written_gelu, {{"written_by", "test_src_head"}}).ok());
   clm::SafetensorsFile written;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -105,7 +106,9 @@ std::string write_head_file(const Head& h, const std::string& metadata, const st
   append_bytes(file, &h.b2, 4);
   append_bytes(file, h.w1.data(), 4 * h.w1.size());
   append_bytes(file, h.w2.data(), 4 * h.w2.size());
-  const std::string path = name + "_" + std::to_string(::getpid()) + ".safetensors";
+  // In the temporary folder: tests never write into the source tree or the build's working directory.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".safetensors")).string();
   FILE* f = std::fopen(path.c_str(), "wb");
   REQUIRE(f);
   REQUIRE(std::fwrite(file.data(), 1, file.size(), f) == file.size());
@@ -518,7 +521,8 @@ TEST_CASE("snapshot adapter from a safetensors file built byte by byte", "[capi]
   append_bytes(file, header, n);
   append_bytes(file, bias, sizeof bias);
   append_bytes(file, weight, sizeof weight);
-  const std::string path = "capi_adapter_" + std::to_string(::getpid()) + ".safetensors";
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("capi_adapter_" + std::to_string(::getpid()) + ".safetensors")).string();
   FILE* f = std::fopen(path.c_str(), "wb");
   REQUIRE(f);
   REQUIRE(std::fwrite(file.data(), 1, file.size(), f) == file.size());
