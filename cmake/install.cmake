@@ -38,7 +38,7 @@ foreach(dir LIBDIR INCLUDEDIR)
   endif()
 endforeach()
 # What a static link (pkg-config --static) needs besides libclmcache.a.
-set(clm_pc_libs_private "-lfmt -lstdc++ -lm -lpthread")
+set(clm_pc_libs_private "-lfmt -lsqlite3 -lstdc++ -lm -lpthread")
 if(CLM_HAVE_CUDA)
   string(APPEND clm_pc_libs_private " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart")
 endif()

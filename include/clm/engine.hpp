@@ -32,6 +32,8 @@
 // ran at 0.64x the requests/s of one; with it, 1.4x (bench_engine).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <mutex>  // std::lock_guard
@@ -50,6 +52,7 @@
 #include "clm/snapshot_projection.hpp"
 #include "clm/src_tracker.hpp"
 #include "clm/status.hpp"
+#include "clm/store/snapshot_store.hpp"
 
 namespace clm {
 
@@ -61,6 +64,18 @@ struct EngineConfig {
   // token ids (e.g. <|eot_id|>) left out of the SRC head's mean.
   SrcGateConfig src_gate;
   std::vector<std::int32_t> special_token_ids;
+  // The semantic snapshot store (store/snapshot_store.hpp): the Engine opens
+  // and owns it when snapshot_store.path is set (":memory:" for tests).
+  SnapshotStoreConfig snapshot_store;
+};
+
+// One suffix of a snapshot lookup or record: the user's text (the store's
+// SuffixKeyer makes the key), or the host's own key and the group level 2
+// must agree on (store/suffix_key.hpp, from_host_key).
+struct SuffixRef {
+  std::string_view text = {};
+  bool is_key = false;
+  std::string_view group = {};
 };
 
 struct AdmitOptions {
@@ -94,6 +109,8 @@ struct EngineMetrics {
   std::uint64_t rejected = 0;  // admissions refused for lack of pages
   std::int64_t active_sequences = 0;
   SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
+  bool has_snapshot_store = false;
+  SnapshotStoreMetrics store;  // all zero without a store
 };
 
 class Engine {
@@ -113,7 +130,10 @@ class Engine {
     }
     std::unique_ptr<PagedKvPool> pool;
     CLM_RETURN_IF_ERROR(PagedKvPool::create(config.pool, pool));
+    std::unique_ptr<SnapshotStore> store;
+    if (!config.snapshot_store.path.empty()) CLM_RETURN_IF_ERROR(SnapshotStore::open(config.snapshot_store, store));
     out.reset(new Engine(config, std::move(pool)));
+    out->store_ = std::move(store);
     return {};
   }
   ~Engine() { abort_all(); }
@@ -129,7 +149,8 @@ class Engine {
 
   Status admit(std::span<const std::int32_t> prompt, const AdmitOptions& options, Admission& out) {
     if (options.priority < 0 || options.priority > kMaxPriority) {
-      return invalid_argument(fmt::format("admit: priority must be in [0, {}], got {}", kMaxPriority, options.priority));
+      return invalid_argument(
+          fmt::format("admit: priority must be in [0, {}], got {}", kMaxPriority, options.priority));
     }
     auto seq = std::make_unique<Sequence>();
     seq->salt.assign(options.cache_salt);
@@ -336,7 +357,8 @@ class Engine {
     const std::shared_ptr<const SnapshotAdapter> adapter = snapshot_adapter();
     if (!adapter) return failed_precondition("inject_snapshots: no snapshot adapter is installed");
     if (apply.size() != ids.size()) {
-      return invalid_argument(fmt::format("inject_snapshots: {} sequences but {} apply flags", ids.size(), apply.size()));
+      return invalid_argument(
+          fmt::format("inject_snapshots: {} sequences but {} apply flags", ids.size(), apply.size()));
     }
     std::vector<std::uint8_t> effective;
     CLM_RETURN_IF_ERROR(src_.baseline_flags(ids, effective));
@@ -350,11 +372,141 @@ class Engine {
     return {};
   }
 
+  // ---- CLM: the snapshot store (store/snapshot_store.hpp) -------------------
+  // The store, or nullptr when EngineConfig::snapshot_store.path was empty.
+  SnapshotStore* snapshot_store() const { return store_.get(); }
+
+  // The key the store uses for `suffix`.
+  Status suffix_key(const SuffixRef& suffix, SuffixKey& out) const {
+    if (!store_) return failed_precondition("suffix_key: the engine has no snapshot store");
+    if (suffix.is_key) return SuffixKeyer::from_host_key(suffix.text, suffix.group, out);
+    return store_->keyer().make_key(suffix.text, out);
+  }
+
+  // Looks up a snapshot for each sequence ids[i]: suffixes[i] names its
+  // suffix, queries [n][snapshot_dim] (or empty: level 2 is skipped) its
+  // query vectors. Writes hits[i], snapshots [n][snapshot_dim] (zeros on a
+  // miss) and apply[i] (1 on a hit): what inject_snapshots takes. Each lookup
+  // is reported to the SRC breaker as report_snapshot_retrieval would (found
+  // = hit), so the host does not report it again. The tenant is the
+  // sequence's cache salt and adapter id. Everything is checked first; on an
+  // error no output is meaningful and no breaker state changed.
+  Status lookup_snapshots(std::span<const SequenceId> ids, std::span<const SuffixRef> suffixes,
+                          std::span<const float> queries, std::span<SnapshotHit> hits, std::span<float> snapshots,
+                          std::span<std::uint8_t> apply) {
+    if (!store_) return failed_precondition("lookup_snapshots: the engine has no snapshot store");
+    const auto dim = static_cast<std::size_t>(store_->config().snapshot_dim);
+    const std::size_t n = ids.size();
+    if (suffixes.size() != n || hits.size() != n || apply.size() != n || snapshots.size() != n * dim ||
+        (!queries.empty() && queries.size() != n * dim)) {
+      return invalid_argument(fmt::format(
+          "lookup_snapshots: {} sequences need {} suffixes, hits and apply flags and {} snapshot values ({} queries, "
+          "or none); got {}, {}, {}, {} and {}",
+          n, n, n * dim, n * dim, suffixes.size(), hits.size(), apply.size(), snapshots.size(), queries.size()));
+    }
+    CLM_RETURN_IF_ERROR(check_distinct(ids, "lookup_snapshots"));
+    for (std::size_t i = 0; i < queries.size(); i += dim) {  // what the store would refuse, before any lookup
+      double norm = 0;
+      for (std::size_t j = i; j < i + dim; ++j) {
+        if (!std::isfinite(queries[j])) {
+          return invalid_argument(fmt::format("lookup_snapshots: query {} has a value that is not finite", i / dim));
+        }
+        norm += static_cast<double>(queries[j]) * queries[j];
+      }
+      if (!(norm > 0) || !std::isfinite(norm)) {
+        return invalid_argument(fmt::format("lookup_snapshots: query {} has no direction", i / dim));
+      }
+    }
+    std::vector<SuffixKey> keys(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      Status made = suffix_key(suffixes[i], keys[i]);
+      if (!made.ok()) return Status(made.code(), fmt::format("lookup_snapshots: suffix {}: {}", i, made.message()));
+    }
+    std::vector<std::string> tenants;
+    CLM_RETURN_IF_ERROR(tenants_of(ids, "lookup_snapshots", tenants));
+    std::vector<std::uint8_t> found(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::span<float> out = snapshots.subspan(i * dim, dim);
+      std::fill(out.begin(), out.end(), 0.0f);
+      CLM_RETURN_IF_ERROR(
+          store_->lookup(tenants[i], keys[i], queries.empty() ? queries : queries.subspan(i * dim, dim), hits[i], out));
+      found[i] = hits[i].level != SnapshotLevel::miss ? 1 : 0;
+      apply[i] = found[i];
+    }
+    {
+      std::lock_guard lock(mutex_);
+      for (std::size_t i = 0; i < n; ++i) {
+        auto it = sequences_.find(ids[i]);
+        if (it == sequences_.end()) continue;  // ended meanwhile
+        if (found[i]) {
+          it->second->served = keys[i];
+          it->second->served.key = hits[i].key;  // the served key (another at levels 2 and 3)
+          it->second->served.fingerprint = hits[i].fingerprint;
+        } else {
+          it->second->served = SuffixKey{};
+        }
+      }
+    }
+    return src_.report_retrieval(ids, found);
+  }
+
+  // Records a snapshot [snapshot_dim] of a sequence's suffix (store record():
+  // admission, versions, drift), under the sequence's tenant.
+  Status record_snapshot(SequenceId id, const SuffixRef& suffix, std::span<const float> snapshot,
+                         RecordOutcome& outcome) {
+    if (!store_) return failed_precondition("record_snapshot: the engine has no snapshot store");
+    SuffixKey key;
+    CLM_RETURN_IF_ERROR(suffix_key(suffix, key));
+    std::vector<std::string> tenants;
+    CLM_RETURN_IF_ERROR(tenants_of(std::span(&id, 1), "record_snapshot", tenants));
+    return store_->record(tenants[0], key, snapshot, outcome);
+  }
+
+  // Whether the snapshot last served to each sequence was right (correct[i]
+  // != 0): breaker (b) of the store blacklists keys whose accuracy falls.
+  // failed_precondition for a sequence that was served nothing.
+  Status report_snapshot_outcome(std::span<const SequenceId> ids, std::span<const std::uint8_t> correct) {
+    if (!store_) return failed_precondition("report_snapshot_outcome: the engine has no snapshot store");
+    if (correct.size() != ids.size()) {
+      return invalid_argument(
+          fmt::format("report_snapshot_outcome: {} sequences but {} outcomes", ids.size(), correct.size()));
+    }
+    CLM_RETURN_IF_ERROR(check_distinct(ids, "report_snapshot_outcome"));
+    std::vector<std::string> tenants;
+    CLM_RETURN_IF_ERROR(tenants_of(ids, "report_snapshot_outcome", tenants));
+    std::vector<SuffixKey> served(ids.size());
+    {
+      std::lock_guard lock(mutex_);
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        Sequence* seq = nullptr;
+        CLM_RETURN_IF_ERROR(find(ids[i], "report_snapshot_outcome", seq));
+        if (seq->served.key.empty()) {
+          return failed_precondition(fmt::format(
+              "report_snapshot_outcome: sequence {} was served no snapshot by its last lookup, or it was reported",
+              ids[i]));
+        }
+      }
+      for (std::size_t i = 0; i < ids.size(); ++i) {  // one report per served snapshot
+        Sequence& seq = *sequences_.find(ids[i])->second;
+        served[i] = std::move(seq.served);
+        seq.served = SuffixKey{};
+      }
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      CLM_RETURN_IF_ERROR(store_->report_outcome(tenants[i], served[i], correct[i] != 0));
+    }
+    return {};
+  }
+
   EngineMetrics metrics() const {
-    const SrcMetrics src = src_.metrics();  // its own lock, taken before ours: never nested
+    // The tracker's and the store's own locks, taken before ours: never nested.
+    const SrcMetrics src = src_.metrics();
+    const SnapshotStoreMetrics store = store_ ? store_->metrics() : SnapshotStoreMetrics{};
     std::lock_guard lock(mutex_);
     EngineMetrics m = metrics_;
     m.src = src;
+    m.has_snapshot_store = store_ != nullptr;
+    m.store = store;
     m.cache = tree_->metrics();
     m.active_sequences = static_cast<std::int64_t>(sequences_.size());
     return m;
@@ -369,9 +521,8 @@ class Engine {
     for (const auto& [id, seq] : sequences_) held += static_cast<std::int64_t>(seq->pages.size() - seq->tree_pages);
     const std::int64_t tree_pages = tree_->cached_tokens() / page_size_;
     if (pool_->free_pages() + tree_pages + held != pool_->num_pages()) {
-      return Status(StatusCode::internal,
-                    fmt::format("engine: {} free + {} cached + {} held by sequences != {} pages", pool_->free_pages(),
-                                tree_pages, held, pool_->num_pages()));
+      return Status(StatusCode::internal, fmt::format("engine: {} free + {} cached + {} held by sequences != {} pages",
+                                                      pool_->free_pages(), tree_pages, held, pool_->num_pages()));
     }
     return {};
   }
@@ -385,8 +536,34 @@ class Engine {
     std::vector<std::int32_t> pages;
     std::size_t tree_pages = 0;  // leading pages that are the tree's (protected by `locked`)
     NodeRef locked;
+    SuffixKey served;  // the key of the snapshot the last lookup served (empty: none)
     CacheNamespace cache_namespace() const { return {salt, adapter_id}; }
+    // The snapshot store's tenant: salt and adapter, as the prefix cache separates them.
+    std::string tenant() const {
+      std::string t = salt;
+      for (int b = 0; b < 4; ++b) t.push_back(static_cast<char>(static_cast<std::uint32_t>(adapter_id) >> (8 * b)));
+      return t;
+    }
   };
+
+  static Status check_distinct(std::span<const SequenceId> ids, const char* what) {
+    std::vector<SequenceId> sorted(ids.begin(), ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+    if (twice != sorted.end()) return invalid_argument(fmt::format("{}: sequence {} is listed twice", what, *twice));
+    return {};
+  }
+
+  Status tenants_of(std::span<const SequenceId> ids, const char* what, std::vector<std::string>& out) {
+    std::lock_guard lock(mutex_);
+    out.resize(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      Sequence* seq = nullptr;
+      CLM_RETURN_IF_ERROR(find(ids[i], what, seq));
+      out[i] = seq->tenant();
+    }
+    return {};
+  }
 
   Engine(const EngineConfig& config, std::unique_ptr<PagedKvPool> pool)
       : config_(config),
@@ -437,10 +614,11 @@ class Engine {
   SequenceId next_id_ = 1;
   PrefixMatch match_;  // scratch, under the mutex
   EngineMetrics metrics_;
-  SrcTracker src_;  // its own lock: SRC steps never hold up the prefix cache
+  SrcTracker src_;                      // its own lock: SRC steps never hold up the prefix cache
   mutable std::mutex clm_parts_mutex_;  // guards the two pointers below
   std::shared_ptr<const SnapshotProjection> projection_;
   std::shared_ptr<const SnapshotAdapter> adapter_;
+  std::unique_ptr<SnapshotStore> store_;  // set once by create()
 };
 
 }  // namespace clm

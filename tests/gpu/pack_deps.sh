@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/gpu/pack_deps.sh: packs the Debian packages the CUDA build needs
-# (Eigen, fmt, SQLite, hnswlib, Catch2) into .gpu-deps/deps.tar.gz, for a GPU
+# (Eigen, fmt, SQLite, hnswlib, Catch2, nlohmann-json) into .gpu-deps/deps.tar.gz, for a GPU
 # machine that has CUDA and a compiler but no package registry (such a machine
 # is lent bare, and nothing can be installed on it). tests/gpu/run.sh unpacks
 # the archive into its build folder and builds against it when it is there.
@@ -16,7 +16,7 @@ set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dest=$src/.gpu-deps
-packages=(libeigen3-dev libfmt-dev libfmt9 libsqlite3-dev libsqlite3-0 libhnswlib-dev catch2)
+packages=(libeigen3-dev libfmt-dev libfmt9 libsqlite3-dev libsqlite3-0 libhnswlib-dev catch2 nlohmann-json3-dev)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -1,0 +1,265 @@
+// clm/store/snapshot_store.hpp: CLM's semantic snapshot store
+// (docs/snapshot-store.md). It keeps the snapshots a host makes of repeated
+// suffixes (snapshot_projection.hpp) in SQLite, finds them again by suffix key
+// or by similarity (hnswlib), and hands them to the adapter for injection.
+//
+//   clm::SnapshotStoreConfig config;
+//   config.path = "/var/lib/chatbot/snapshots";   // a directory; ":memory:" for tests
+//   config.snapshot_dim = 256;
+//   std::unique_ptr<clm::SnapshotStore> store;
+//   CLM_RETURN_IF_ERROR(clm::SnapshotStore::open(config, store));
+//
+//   clm::SuffixKey key;
+//   CLM_RETURN_IF_ERROR(store->keyer().make_key("订单789现在啥情况？", key));
+//   clm::RecordOutcome rec;                        // offline or after a turn
+//   CLM_RETURN_IF_ERROR(store->record("tenant-7", key, snapshot, rec));
+//   clm::SnapshotHit hit;                          // online, when the SRC head says reuse
+//   std::vector<float> injected(256);
+//   CLM_RETURN_IF_ERROR(store->lookup("tenant-7", key, query_snapshot, hit, injected));
+//   if (hit.level != clm::SnapshotLevel::miss) { /* inject `injected` */ }
+//
+// Retrieval runs three levels and stops at the first that answers:
+//  1. exact: the key's newest stable version (a version is stable once
+//     `stable_confirmations` later records agreed with it; with none stable,
+//     the newest version, flagged unstable);
+//  2. ann: the query vector's nearest stored snapshots (hnswlib, inner product
+//     over unit vectors = cosine), the top `ann_top_k` above
+//     `similarity_floor` whose key's group (entity + polarised action) equals
+//     the query's; the best one is returned, all are listed;
+//  3. fallback: for a low-information suffix (greetings, thanks), the generic
+//     snapshot set for its key (or for "*") with set_fallback.
+// A tenant (the cache salt) sees only its own rows, fallbacks and index at
+// every level. A blacklisted key is never served at any level.
+//
+// Writing: record() counts a key's sightings and stores nothing until it has
+// been seen min_usage_threshold times (admission). After that, a snapshot
+// whose cosine to the newest version is below version_cosine becomes a new
+// version; one at or above confirms it. Over the last drift_window records of
+// a key, a total variance (mean squared distance from the window's mean)
+// above drift_variance starts a new version too (drift). Snapshots are
+// stored f16 in a self-describing, checksummed BLOB (snapshot_blob.hpp); a
+// row whose checksum fails is skipped and counted, never returned.
+//
+// Shards: num_shards SQLite databases (shard-NN.db in `path`), each with one
+// HNSW index per tenant beside it (shard-NN.<tenant>.hnsw). A key lives in
+// the shard that consistent hashing (consistent_hash.hpp) assigns to its
+// route, a hash of its tenant and group: every candidate level 2 may return
+// for a query sits in the query's own shard, so a lookup touches one shard.
+// Each database: WAL, synchronous=NORMAL, incremental auto-vacuum, prepared
+// statements only (no SQL text is ever built from input).
+//
+// Breakers: (a) a lookup waits at most lookup_timeout_us for a busy shard
+// (its lock or SQLite's) and then answers miss (counted as busy_misses);
+// writes wait write_busy_timeout_ms and then fail with io_error. (b)
+// report_outcome feeds a per-key accuracy over blacklist_window_ms; below
+// blacklist_accuracy (with at least blacklist_min_reports reports) the key is
+// blacklisted for blacklist_duration_ms, persisted in its shard, and skipped
+// before any lookup. (c) a missing, stale-beyond-repair or corrupt index file
+// is rebuilt from the database on a background thread; level 1 keeps serving
+// and level 2 answers miss for that shard and tenant until it is done.
+//
+// Durability: a record returns once its transaction committed (WAL). Index
+// files are written on flush(), evict(), rebuild and close (temporary file,
+// fsync, rename, checksum trailer); rows committed after the last save are
+// added to the index when the store opens. A process killed at any point
+// loses no committed snapshot. Usage counts (usage_count, last_used) of
+// lookups are batched in memory and written with the next write or flush; a
+// crash may lose those counts, never a snapshot.
+//
+// Thread safety: every method may be called from any thread at once; each
+// shard has its own lock, and lookups of different shards run in parallel.
+// One process opens a store at a time: open() takes an exclusive lock on
+// `path`/LOCK (flock) and refuses a store another process (or another open
+// in this one) holds, since two writers would each save index files that
+// miss the other's rows.
+//
+// Errors (Status, never exceptions): invalid_argument for a vector of the
+// wrong dimension, NaN/Inf or zero length, an empty key, a bad config;
+// io_error for a database or file that cannot be opened, read or written
+// (a corrupt database, a full disk, a database locked past the write
+// timeout); failed_precondition for a store opened with another shard count
+// or snapshot_dim than it was created with. Nothing committed changes on
+// error, and a failed batch writes none of its rows.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "clm/status.hpp"
+#include "clm/store/suffix_key.hpp"
+
+namespace clm {
+
+struct SnapshotStoreConfig {
+  std::string path;                 // directory (created if missing); ":memory:" keeps everything in memory
+  std::int32_t num_shards = 16;     // 1..256, fixed when the store is created
+  std::int32_t snapshot_dim = 256;  // 1..4096, fixed when the store is created
+  SuffixKeyerConfig keyer;          // how text becomes keys (suffix_key.hpp)
+
+  // Admission and versions.
+  std::int64_t min_usage_threshold = 50;  // sightings before a key is stored (>= 1)
+  float version_cosine = 0.95f;           // below: a new version (0, 1]
+  std::int32_t stable_confirmations = 1;  // confirmations that make a version stable (>= 0)
+  std::int32_t drift_window = 100;        // records per key in the drift window (>= 2)
+  float drift_variance = 0.08f;           // window variance above which a new version starts (> 0)
+  std::int32_t drift_tracked_keys = 256;  // keys whose windows are kept in memory (LRU; >= 1)
+
+  // Level 2 (hnswlib).
+  std::int32_t ann_top_k = 3;        // 1..64
+  float similarity_floor = 0.80f;    // cosine, [-1, 1]
+  std::int32_t ann_ef_search = 128;  // >= ann_top_k
+  std::int32_t ann_m = 16;           // 2..100
+  std::int32_t ann_ef_construction = 200;
+
+  // Eviction: rows unused for evict_after_days with usage_count < evict_min_usage.
+  double evict_after_days = 30.0;
+  std::int64_t evict_min_usage = 5;
+
+  // Breakers.
+  std::int32_t lookup_timeout_us = 2000;      // (a) a busy shard answers miss after this
+  std::int32_t write_busy_timeout_ms = 5000;  // (a) a write waits this long for SQLite's lock
+  double blacklist_accuracy = 0.95;           // (b)
+  std::int64_t blacklist_window_ms = 5 * 60 * 1000;
+  std::int64_t blacklist_duration_ms = 24 * 60 * 60 * 1000;
+  std::int32_t blacklist_min_reports = 20;
+  bool rebuild_in_background = true;  // (c) false: open() rebuilds before it returns
+
+  // Milliseconds since the Unix epoch; tests pass their own clock.
+  std::function<std::int64_t()> clock_ms;  // empty: the system clock
+};
+
+enum class SnapshotLevel : std::uint8_t { miss = 0, exact = 1, ann = 2, fallback = 3 };
+const char* snapshot_level_name(SnapshotLevel level);
+
+struct SnapshotCandidate {
+  std::string key;
+  std::uint64_t fingerprint = 0;
+  std::int32_t version = 0;
+  float similarity = 0.0f;
+};
+
+struct SnapshotHit {
+  SnapshotLevel level = SnapshotLevel::miss;
+  float similarity = 0.0f;  // cosine between query and snapshot (1 for exact without a query)
+  std::string key;          // the served snapshot's key (the fallback's name at level 3)
+  std::uint64_t fingerprint = 0;
+  std::int32_t version = 0;                   // 0 at levels 0 and 3
+  bool stable = false;                        // level 1: the version is stable
+  std::vector<SnapshotCandidate> candidates;  // level 2: up to ann_top_k, best first
+};
+
+enum class RecordResult : std::uint8_t {
+  counted = 0,      // seen fewer than min_usage_threshold times: counted, not stored
+  admitted = 1,     // stored as version 1
+  confirmed = 2,    // agrees with the newest version (cosine >= version_cosine)
+  new_version = 3,  // cosine below version_cosine: stored as a new version
+  drifted = 4,      // the drift window's variance passed drift_variance: a new version
+  not_written = 5,  // record_batch failed before this record's shard committed
+};
+const char* record_result_name(RecordResult result);
+
+struct RecordOutcome {
+  RecordResult result = RecordResult::counted;
+  std::int64_t seen = 0;     // sightings so far (while counted)
+  std::int32_t version = 0;  // the key's newest version afterwards (0 while counted)
+};
+
+// One record of a batch.
+struct SnapshotRecord {
+  std::string_view tenant;
+  const SuffixKey* key = nullptr;
+  std::span<const float> snapshot;
+};
+
+struct SnapshotStoreMetrics {
+  std::uint64_t lookups = 0;
+  std::uint64_t hits_exact = 0;
+  std::uint64_t hits_ann = 0;
+  std::uint64_t hits_fallback = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t busy_misses = 0;        // lookups answered miss by breaker (a)
+  std::uint64_t blacklisted_skips = 0;  // lookups or candidates refused by breaker (b)
+  std::uint64_t ann_unavailable = 0;    // level-2 lookups while the index was rebuilt (c)
+  std::uint64_t records = 0;
+  std::uint64_t counted = 0;     // records below the admission threshold
+  std::uint64_t admissions = 0;  // keys stored for the first time
+  std::uint64_t confirmations = 0;
+  std::uint64_t versions = 0;         // new versions of existing keys (cosine or drift)
+  std::uint64_t drift_versions = 0;   // ... of them by drift
+  std::uint64_t evictions = 0;        // rows deleted by evict()
+  std::uint64_t corrupt_skipped = 0;  // rows whose checksum or header failed
+  std::uint64_t index_rebuilds = 0;   // index files rebuilt from the database
+  std::uint64_t outcome_reports = 0;
+  std::int64_t snapshots = 0;         // rows stored now
+  std::int64_t blacklisted_keys = 0;  // keys blacklisted now
+};
+
+struct EvictionReport {
+  std::int64_t deleted = 0;
+  std::int64_t pages_vacuumed = 0;
+};
+
+class SnapshotStore {
+ public:
+  static Status open(const SnapshotStoreConfig& config, std::unique_ptr<SnapshotStore>& out);
+  ~SnapshotStore();  // saves the index files and waits for a rebuild in progress
+  SnapshotStore(const SnapshotStore&) = delete;
+  SnapshotStore& operator=(const SnapshotStore&) = delete;
+
+  const SnapshotStoreConfig& config() const;
+  const SuffixKeyer& keyer() const;
+
+  // Levels 1-3 for one suffix. query may be empty (level 2 is then skipped).
+  // snapshot_out: [snapshot_dim], written on a hit (unit length to f16 rounding), untouched
+  // on a miss. A miss is ok(); errors are for bad arguments only.
+  Status lookup(std::string_view tenant, const SuffixKey& key, std::span<const float> query, SnapshotHit& hit,
+                std::span<float> snapshot_out);
+
+  // Counts and, once admitted, stores one snapshot of the suffix `key`.
+  Status record(std::string_view tenant, const SuffixKey& key, std::span<const float> snapshot, RecordOutcome& outcome);
+  // Many records: everything is validated first (a bad record writes
+  // nothing), then one transaction per shard touched. A shard that fails to
+  // commit (a full disk, a lock held past write_busy_timeout_ms) is rolled
+  // back and its error returned; shards committed before it stay committed
+  // (SQLite cannot commit atomically across WAL databases), and every record
+  // not committed says not_written. outcomes: [records.size()].
+  Status record_batch(std::span<const SnapshotRecord> records, std::span<RecordOutcome> outcomes);
+
+  // Breaker (b): whether serving `key` to this tenant was right.
+  Status report_outcome(std::string_view tenant, const SuffixKey& key, bool correct);
+  bool is_blacklisted(std::string_view tenant, const SuffixKey& key);
+
+  // Level 3: the generic snapshot for a low-information key ("GREETING",
+  // "THANKS") or for all of them ("*"). Persisted.
+  Status set_fallback(std::string_view tenant, std::string_view name, std::span<const float> snapshot);
+
+  // Deletes rows with last_used older than evict_after_days and usage_count
+  // below evict_min_usage, with their index entries; then vacuums.
+  Status evict(EvictionReport& report);
+
+  // Writes pending usage counts and saves every index file.
+  Status flush();
+  // Rebuilds every index from its database (blocking), as breaker (c) does in the background.
+  Status rebuild_indexes();
+  // Waits until no background rebuild is running.
+  void wait_for_rebuilds();
+  // PRAGMA integrity_check of every shard; io_error naming the first that fails.
+  Status check_integrity();
+
+  SnapshotStoreMetrics metrics() const;
+
+  // The shard a key lives in (for tools and tests).
+  std::int32_t shard_of(std::string_view tenant, const SuffixKey& key) const;
+
+ private:
+  struct Impl;
+  explicit SnapshotStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace clm

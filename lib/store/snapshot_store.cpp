@@ -1,0 +1,1003 @@
+// lib/store/snapshot_store.cpp: the snapshot store's policy
+// (clm/store/snapshot_store.hpp): routing to shards, the three retrieval
+// levels, admission, versions and drift, the breakers, eviction, and the
+// background index rebuild. Storage itself is StoreShard's (store_shard.cpp).
+#include "clm/store/snapshot_store.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <list>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "clm/detail/half.hpp"
+#include "clm/store/consistent_hash.hpp"
+#include "hnsw_index.hpp"
+#include "store_shard.hpp"
+
+namespace clm {
+
+using store_detail::HnswIndex;
+using store_detail::LabelInfo;
+using store_detail::SnapshotRow;
+using store_detail::StoreShard;
+using store_detail::TenantIndex;
+
+const char* snapshot_level_name(SnapshotLevel level) {
+  switch (level) {
+    case SnapshotLevel::miss:
+      return "miss";
+    case SnapshotLevel::exact:
+      return "exact";
+    case SnapshotLevel::ann:
+      return "ann";
+    case SnapshotLevel::fallback:
+      return "fallback";
+  }
+  return "unknown";
+}
+
+const char* record_result_name(RecordResult result) {
+  switch (result) {
+    case RecordResult::counted:
+      return "counted";
+    case RecordResult::admitted:
+      return "admitted";
+    case RecordResult::confirmed:
+      return "confirmed";
+    case RecordResult::new_version:
+      return "new_version";
+    case RecordResult::drifted:
+      return "drifted";
+    case RecordResult::not_written:
+      return "not_written";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// A salt names a tenant (the C ABI takes up to 64 KiB), plus what Engine appends (the adapter id).
+constexpr std::size_t kMaxTenantBytes = (std::size_t{1} << 16) + 64;
+constexpr std::size_t kMaxNameBytes = 256;
+constexpr std::size_t kUsageFlushRows = 4096;     // pending usage rows that trigger a write
+constexpr std::size_t kMaxOutcomeKeys = 1 << 16;  // keys whose recent outcomes are kept
+constexpr std::size_t kMaxOutcomesPerKey = 1 << 12;
+
+std::int64_t system_clock_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// tenant bytes, NUL, then the key's fingerprint: one map key per (tenant, key).
+std::string tenant_key(std::string_view tenant, std::uint64_t fp) {
+  std::string k(tenant);
+  k.push_back('\0');
+  for (int b = 0; b < 8; ++b) k.push_back(static_cast<char>(fp >> (8 * b)));
+  return k;
+}
+
+// Copies v normalised to unit length into out; invalid_argument for the wrong
+// size, NaN/Inf or a zero vector.
+Status unit_copy(std::span<const float> v, std::int32_t dim, const char* what, std::vector<float>& out) {
+  if (v.size() != static_cast<std::size_t>(dim)) {
+    return invalid_argument(fmt::format("{}: {} values where the store's snapshot_dim is {}", what, v.size(), dim));
+  }
+  double norm = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) return invalid_argument(fmt::format("{}: value {} is not finite", what, i));
+    norm += static_cast<double>(v[i]) * v[i];
+  }
+  if (!(norm > 0) || !std::isfinite(norm))
+    return invalid_argument(fmt::format("{}: the vector has no direction", what));
+  const double inv = 1.0 / std::sqrt(norm);
+  out.resize(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i] * inv);
+  return {};
+}
+
+// As the store keeps it: rounded through f16, so what is indexed and compared
+// is exactly what a lookup serves.
+void round_f16(std::vector<float>& v) {
+  for (float& x : v) x = detail::f16_to_f32(detail::f32_to_f16(x));
+}
+
+float dot(std::span<const float> a, std::span<const float> b) {
+  return store_detail::dot_product(a.data(), b.data(), a.size());
+}
+// A cosine of unit vectors stored in f16 can pass 1 by a rounding error.
+float clamp_cosine(float c) { return std::clamp(c, -1.0f, 1.0f); }
+
+Status check_key(const SuffixKey& key, std::string_view tenant, const char* what) {
+  if (key.key.empty()) return invalid_argument(fmt::format("{}: the key is empty", what));
+  if (tenant.size() > kMaxTenantBytes) {
+    return invalid_argument(fmt::format("{}: tenant of {} bytes (at most {})", what, tenant.size(), kMaxTenantBytes));
+  }
+  if (key.fingerprint != key_fingerprint(key.key)) {
+    return invalid_argument(fmt::format("{}: the key's fingerprint does not match \"{}\"", what, key.key));
+  }
+  return {};
+}
+
+Status check_config(const SnapshotStoreConfig& c) {
+  auto bad = [](std::string m) { return invalid_argument("snapshot store config: " + std::move(m)); };
+  if (c.path.empty()) return bad("path is empty (a directory, or \":memory:\")");
+  if (c.num_shards < 1 || c.num_shards > 256) return bad(fmt::format("num_shards {} is not in [1, 256]", c.num_shards));
+  if (c.snapshot_dim < 1 || c.snapshot_dim > 4096)
+    return bad(fmt::format("snapshot_dim {} is not in [1, 4096]", c.snapshot_dim));
+  if (c.min_usage_threshold < 1) return bad("min_usage_threshold must be >= 1");
+  if (!(c.version_cosine > 0.0f && c.version_cosine <= 1.0f)) return bad("version_cosine must be in (0, 1]");
+  if (c.stable_confirmations < 0) return bad("stable_confirmations must be >= 0");
+  if (c.drift_window < 2) return bad("drift_window must be >= 2");
+  if (!(c.drift_variance > 0.0f) || !std::isfinite(c.drift_variance)) return bad("drift_variance must be > 0");
+  if (c.drift_tracked_keys < 1) return bad("drift_tracked_keys must be >= 1");
+  if (c.ann_top_k < 1 || c.ann_top_k > 64) return bad("ann_top_k must be in [1, 64]");
+  if (!(c.similarity_floor >= -1.0f && c.similarity_floor <= 1.0f)) return bad("similarity_floor must be in [-1, 1]");
+  if (c.ann_ef_search < c.ann_top_k || c.ann_ef_search > 100000)
+    return bad("ann_ef_search must be in [ann_top_k, 1e5]");
+  if (c.ann_m < 2 || c.ann_m > 100) return bad("ann_m must be in [2, 100]");
+  if (c.ann_ef_construction < 1 || c.ann_ef_construction > 100000)
+    return bad("ann_ef_construction must be in [1, 1e5]");
+  if (!(c.evict_after_days >= 0) || !std::isfinite(c.evict_after_days)) return bad("evict_after_days must be >= 0");
+  if (c.lookup_timeout_us < 0 || c.write_busy_timeout_ms < 0) return bad("timeouts must be >= 0");
+  if (!(c.blacklist_accuracy >= 0 && c.blacklist_accuracy <= 1)) return bad("blacklist_accuracy must be in [0, 1]");
+  if (c.blacklist_window_ms < 1 || c.blacklist_duration_ms < 0 || c.blacklist_min_reports < 1) {
+    return bad("blacklist_window_ms >= 1, blacklist_duration_ms >= 0 and blacklist_min_reports >= 1 are required");
+  }
+  return {};
+}
+
+// The last drift_window snapshots of a key (f16), with running sums for the
+// total variance: mean |x|^2 - |mean x|^2.
+struct DriftWindow {
+  std::vector<std::uint16_t> rows;  // [window][dim]
+  std::vector<double> sum;          // [dim]
+  double sum_sq = 0;
+  std::int32_t count = 0, next = 0;
+
+  void clear() {
+    std::fill(sum.begin(), sum.end(), 0.0);
+    sum_sq = 0;
+    count = next = 0;
+  }
+  // Adds a row, evicting the oldest when full; returns the variance once full, else -1.
+  double push(std::span<const float> v, std::int32_t window) {
+    const std::size_t dim = v.size();
+    if (rows.empty()) {
+      rows.assign(static_cast<std::size_t>(window) * dim, 0);
+      sum.assign(dim, 0.0);
+    }
+    std::uint16_t* slot = rows.data() + static_cast<std::size_t>(next) * dim;
+    if (count == window) {
+      for (std::size_t i = 0; i < dim; ++i) {
+        const double old = detail::f16_to_f32(slot[i]);
+        sum[i] -= old;
+        sum_sq -= old * old;
+      }
+    } else {
+      ++count;
+    }
+    for (std::size_t i = 0; i < dim; ++i) {
+      slot[i] = detail::f32_to_f16(v[i]);
+      const double x = detail::f16_to_f32(slot[i]);
+      sum[i] += x;
+      sum_sq += x * x;
+    }
+    next = (next + 1) % window;
+    if (count < window) return -1;
+    double mean_sq = 0;
+    for (double s : sum) mean_sq += (s / count) * (s / count);
+    return std::max(0.0, sum_sq / count - mean_sq);
+  }
+};
+
+struct IndexAdd {
+  std::string tenant;
+  std::int64_t id;
+  LabelInfo info;
+  std::vector<float> vector;
+};
+
+}  // namespace
+
+// The store directory's LOCK file, held (flock) while the store is open.
+// First member of Impl, so it is released last, after the databases close.
+struct DirectoryLock {
+  int fd = -1;
+  DirectoryLock() = default;
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+  ~DirectoryLock() {
+    if (fd >= 0) ::close(fd);
+  }
+  Status acquire(const std::string& dir) {
+    const std::string path = dir + "/LOCK";
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+      return {StatusCode::io_error, fmt::format("snapshot store: cannot open {}: {}", path, std::strerror(errno))};
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      return failed_precondition(fmt::format(
+          "snapshot store {}: already open (in another process, or another SnapshotStore of this one)", dir));
+    }
+    return {};
+  }
+};
+
+struct SnapshotStore::Impl {
+  DirectoryLock dir_lock;
+  SnapshotStoreConfig config;
+  std::unique_ptr<SuffixKeyer> keyer;
+  ConsistentHashRing ring{1};
+  std::vector<std::unique_ptr<StoreShard>> shards;
+
+  std::mutex drift_mutex;
+  std::list<std::string> drift_order;  // most recent first
+  std::unordered_map<std::string, std::pair<DriftWindow, std::list<std::string>::iterator>> drift;
+
+  std::mutex breaker_mutex;
+  std::unordered_map<std::string, std::int64_t> blacklist;  // tenant_key -> until (ms)
+  std::unordered_map<std::string, std::deque<std::pair<std::int64_t, bool>>> outcomes;
+
+  std::mutex fallback_mutex;
+  std::unordered_map<std::string, std::vector<float>> fallbacks;  // tenant NUL name -> unit vector
+
+  mutable std::mutex metrics_mutex;
+  SnapshotStoreMetrics m;
+
+  std::mutex rebuild_mutex;
+  std::condition_variable rebuild_cv;
+  struct RebuildJob {
+    std::int32_t shard;
+    std::string tenant;
+    bool keep_serving;  // compaction: the old index serves until the new one is in
+  };
+  std::deque<RebuildJob> rebuild_queue;
+  std::int32_t rebuilds_running = 0;
+  bool stopping = false;
+  std::atomic<bool> stop_flag{false};
+  std::thread rebuild_thread;
+
+  std::int64_t now_ms() const { return config.clock_ms ? config.clock_ms() : system_clock_ms(); }
+
+  std::int32_t shard_of(std::string_view tenant, std::uint64_t group) const {
+    return ring.shard_of(group ^ mix64(key_fingerprint(tenant)));
+  }
+
+  template <class F>
+  void count(F&& f) {
+    std::lock_guard lock(metrics_mutex);
+    f(m);
+  }
+
+  bool blacklisted(std::string_view tenant, std::uint64_t fp) {
+    std::lock_guard lock(breaker_mutex);
+    const auto it = blacklist.find(tenant_key(tenant, fp));
+    if (it == blacklist.end()) return false;
+    if (it->second < now_ms()) {
+      blacklist.erase(it);
+      return false;
+    }
+    return true;
+  }
+
+  Status open_indexes(std::int32_t s);
+  Status build_index(std::int32_t s, const std::string& tenant, bool keep_serving = false);
+  void queue_rebuild(std::int32_t s, const std::string& tenant, bool keep_serving = false);
+  void rebuild_loop();
+  Status record_in_shard(StoreShard& shard, std::string_view tenant, const SuffixKey& key, std::vector<float>& unit,
+                         RecordOutcome& outcome, std::vector<IndexAdd>& adds);
+  double drift_push(const std::string& k, std::span<const float> v, bool reset);
+  void install_adds(StoreShard& shard, std::vector<IndexAdd>& adds);
+};
+
+SnapshotStore::SnapshotStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+SnapshotStore::~SnapshotStore() {
+  {
+    std::lock_guard lock(impl_->rebuild_mutex);
+    impl_->stopping = true;
+    impl_->stop_flag = true;
+  }
+  impl_->rebuild_cv.notify_all();
+  if (impl_->rebuild_thread.joinable()) impl_->rebuild_thread.join();
+  (void)flush();  // a destructor cannot report: what failed to save is rebuilt at the next open
+}
+
+const SnapshotStoreConfig& SnapshotStore::config() const { return impl_->config; }
+const SuffixKeyer& SnapshotStore::keyer() const { return *impl_->keyer; }
+
+std::int32_t SnapshotStore::shard_of(std::string_view tenant, const SuffixKey& key) const {
+  return impl_->shard_of(tenant, key.group);
+}
+
+Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<SnapshotStore>& out) {
+  CLM_RETURN_IF_ERROR(check_config(config));
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->ring = ConsistentHashRing(config.num_shards);
+  CLM_RETURN_IF_ERROR(SuffixKeyer::create(config.keyer, impl->keyer));
+  const bool memory = config.path == ":memory:";
+  if (!memory) {
+    std::error_code ec;
+    std::filesystem::create_directories(config.path, ec);
+    if (ec) {
+      return {StatusCode::io_error, fmt::format("snapshot store: cannot create {}: {}", config.path, ec.message())};
+    }
+    CLM_RETURN_IF_ERROR(impl->dir_lock.acquire(config.path));
+  }
+  for (std::int32_t s = 0; s < config.num_shards; ++s) {
+    store_detail::ShardSettings settings;
+    settings.dir = memory ? std::string() : config.path;
+    settings.index = s;
+    settings.num_shards = config.num_shards;
+    settings.dim = config.snapshot_dim;
+    settings.hnsw = {config.snapshot_dim, config.ann_m, config.ann_ef_construction};
+    settings.write_busy_timeout_ms = config.write_busy_timeout_ms;
+    std::unique_ptr<StoreShard> shard;
+    CLM_RETURN_IF_ERROR(StoreShard::open(settings, shard));
+    impl->shards.push_back(std::move(shard));
+  }
+  Impl& im = *impl;
+  const std::int64_t now = im.now_ms();
+  for (auto& shard : im.shards) {
+    std::lock_guard lock(shard->mutex);
+    CLM_RETURN_IF_ERROR(shard->load_blacklist([&](std::string_view tenant, std::uint64_t fp, std::int64_t until) {
+      if (until >= now) im.blacklist[tenant_key(tenant, fp)] = until;
+    }));
+    std::uint64_t corrupt = 0;
+    CLM_RETURN_IF_ERROR(shard->load_fallbacks(
+        [&](std::string_view tenant, std::string_view name, std::vector<float>& v) {
+          std::string k(tenant);
+          k.push_back('\0');
+          k.append(name);
+          im.fallbacks[k] = v;
+        },
+        corrupt));
+    std::int64_t rows = 0;
+    CLM_RETURN_IF_ERROR(shard->count_rows(rows));
+    im.m.snapshots += rows;
+    im.m.corrupt_skipped += corrupt;
+  }
+  for (std::int32_t s = 0; s < config.num_shards; ++s) CLM_RETURN_IF_ERROR(im.open_indexes(s));
+  out.reset(new SnapshotStore(std::move(impl)));
+  return {};
+}
+
+// Loads each tenant's index of shard s and adds the rows committed after it
+// was saved; an index that cannot be loaded is rebuilt.
+Status SnapshotStore::Impl::open_indexes(std::int32_t s) {
+  StoreShard& shard = *shards[static_cast<std::size_t>(s)];
+  std::vector<std::string> tenants;
+  {
+    std::lock_guard lock(shard.mutex);
+    CLM_RETURN_IF_ERROR(shard.tenants(tenants));
+  }
+  for (const std::string& tenant : tenants) {
+    std::unique_ptr<HnswIndex> index;
+    const bool loaded =
+        !shard.settings().dir.empty() && HnswIndex::load(shard.index_path(tenant), shard.settings().hnsw, index).ok();
+    if (!loaded) {
+      count([](SnapshotStoreMetrics& x) { ++x.index_rebuilds; });
+      if (config.rebuild_in_background) {
+        std::lock_guard lock(shard.mutex);
+        shard.tenant_index(tenant).rebuilding = true;
+        queue_rebuild(s, tenant);
+      } else {
+        CLM_RETURN_IF_ERROR(build_index(s, tenant));
+      }
+      continue;
+    }
+    std::lock_guard lock(shard.mutex);
+    TenantIndex& t = shard.tenant_index(tenant);
+    const std::int64_t indexed = index->max_label();
+    Status added;
+    CLM_RETURN_IF_ERROR(
+        shard.tenant_rows(tenant, -1, [&](std::int64_t id, const LabelInfo& info, std::vector<float>& v) {
+          if (v.empty()) return;  // a corrupt row is never indexed, never served
+          t.labels[id] = info;
+          if (id > indexed && added.ok()) {
+            added = index->add(v, id);
+            t.dirty = true;
+          }
+        }));
+    CLM_RETURN_IF_ERROR(added);
+    t.index = std::move(index);
+  }
+  return {};
+}
+
+// Builds tenant's index of shard s from its database: rows are read under the
+// shard lock, the graph is built outside it, and rows committed meanwhile are
+// added under the lock before the index goes live.
+Status SnapshotStore::Impl::build_index(std::int32_t s, const std::string& tenant, bool keep_serving) {
+  StoreShard& shard = *shards[static_cast<std::size_t>(s)];
+  std::vector<std::pair<std::int64_t, std::vector<float>>> rows;
+  std::unordered_map<std::int64_t, LabelInfo> labels;
+  std::int64_t last = -1;
+  {
+    std::lock_guard lock(shard.mutex);
+    shard.set_write_deadline();
+    if (!keep_serving) shard.tenant_index(tenant).rebuilding = true;
+    CLM_RETURN_IF_ERROR(
+        shard.tenant_rows(tenant, -1, [&](std::int64_t id, const LabelInfo& info, std::vector<float>& v) {
+          last = id;
+          if (v.empty()) return;
+          labels[id] = info;
+          rows.emplace_back(id, std::move(v));
+          v.clear();
+        }));
+  }
+  std::unique_ptr<HnswIndex> index;
+  CLM_RETURN_IF_ERROR(HnswIndex::create(shard.settings().hnsw, index));
+  for (const auto& [id, v] : rows) {
+    if (stop_flag) return failed_precondition("snapshot store: closing");
+    CLM_RETURN_IF_ERROR(index->add(v, id));
+  }
+  rows.clear();
+  std::unique_lock lock(shard.mutex);
+  shard.set_write_deadline();
+  TenantIndex& t = shard.tenant_index(tenant);
+  Status added;
+  CLM_RETURN_IF_ERROR(
+      shard.tenant_rows(tenant, last, [&](std::int64_t id, const LabelInfo& info, std::vector<float>& v) {
+        if (v.empty() || !added.ok()) return;
+        labels[id] = info;
+        added = index->add(v, id);
+      }));
+  CLM_RETURN_IF_ERROR(added);
+  t.labels = std::move(labels);
+  t.index = std::move(index);
+  t.rebuilding = false;
+  t.dirty = true;
+  std::vector<HnswIndex::PendingSave> saves;
+  CLM_RETURN_IF_ERROR(shard.begin_index_saves(true, saves));
+  lock.unlock();
+  return shard.finish_saves(saves);
+}
+
+void SnapshotStore::Impl::queue_rebuild(std::int32_t s, const std::string& tenant, bool keep_serving) {
+  std::lock_guard lock(rebuild_mutex);
+  rebuild_queue.push_back({s, tenant, keep_serving});
+  if (!rebuild_thread.joinable()) rebuild_thread = std::thread([this] { rebuild_loop(); });
+  rebuild_cv.notify_all();
+}
+
+void SnapshotStore::Impl::rebuild_loop() {
+  std::unique_lock lock(rebuild_mutex);
+  while (true) {
+    rebuild_cv.wait(lock, [&] { return stopping || !rebuild_queue.empty(); });
+    if (stopping) return;
+    const RebuildJob job = rebuild_queue.front();
+    rebuild_queue.pop_front();
+    ++rebuilds_running;
+    lock.unlock();
+    const std::int32_t s = job.shard;
+    const std::string& tenant = job.tenant;
+    const Status built = build_index(s, tenant, job.keep_serving);
+    if (!built.ok() && !stop_flag && !job.keep_serving) {
+      // Leave level 2 off for this tenant and shard (exact lookups still serve);
+      // the next open tries again.
+      StoreShard& shard = *shards[static_cast<std::size_t>(s)];
+      std::lock_guard shard_lock(shard.mutex);
+      shard.tenant_index(tenant).rebuilding = true;
+    }
+    lock.lock();
+    --rebuilds_running;
+    rebuild_cv.notify_all();
+  }
+}
+
+void SnapshotStore::wait_for_rebuilds() {
+  std::unique_lock lock(impl_->rebuild_mutex);
+  impl_->rebuild_cv.wait(lock, [&] { return impl_->rebuild_queue.empty() && impl_->rebuilds_running == 0; });
+}
+
+Status SnapshotStore::rebuild_indexes() {
+  wait_for_rebuilds();
+  for (std::int32_t s = 0; s < impl_->config.num_shards; ++s) {
+    StoreShard& shard = *impl_->shards[static_cast<std::size_t>(s)];
+    std::vector<std::string> tenants;
+    {
+      std::lock_guard lock(shard.mutex);
+      CLM_RETURN_IF_ERROR(shard.tenants(tenants));
+    }
+    for (const std::string& tenant : tenants) {
+      CLM_RETURN_IF_ERROR(impl_->build_index(s, tenant));
+      impl_->count([](SnapshotStoreMetrics& x) { ++x.index_rebuilds; });
+    }
+  }
+  return {};
+}
+
+// ---- lookup -------------------------------------------------------------
+
+Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std::span<const float> query,
+                             SnapshotHit& hit, std::span<float> snapshot_out) {
+  Impl& im = *impl_;
+  const std::int32_t dim = im.config.snapshot_dim;
+  CLM_RETURN_IF_ERROR(check_key(key, tenant, "snapshot lookup"));
+  if (snapshot_out.size() != static_cast<std::size_t>(dim)) {
+    return invalid_argument(
+        fmt::format("snapshot lookup: output of {} values, snapshot_dim is {}", snapshot_out.size(), dim));
+  }
+  std::vector<float> q;
+  if (!query.empty()) CLM_RETURN_IF_ERROR(unit_copy(query, dim, "snapshot lookup: query", q));
+  hit = SnapshotHit{};
+  im.count([](SnapshotStoreMetrics& x) { ++x.lookups; });
+  auto miss = [&]() -> Status {
+    im.count([](SnapshotStoreMetrics& x) { ++x.misses; });
+    return {};
+  };
+  if (im.blacklisted(tenant, key.fingerprint)) {
+    im.count([](SnapshotStoreMetrics& x) { ++x.blacklisted_skips; });
+    return miss();
+  }
+
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(im.config.lookup_timeout_us);
+  StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, key.group))];
+  std::unique_lock lock(shard.mutex, std::defer_lock);
+  auto busy = [&]() -> Status {
+    im.count([](SnapshotStoreMetrics& x) { ++x.busy_misses; });
+    return miss();
+  };
+  if (!lock.try_lock_until(deadline)) return busy();
+  shard.set_busy_deadline(deadline);
+
+  // Level 1: the newest stable version, else the newest readable one.
+  SnapshotRow chosen, newest;
+  std::uint64_t corrupt = 0;
+  Status read = shard.versions(tenant, key, [&](SnapshotRow& r) {
+    if (r.vector.empty()) {
+      ++corrupt;
+      return true;
+    }
+    if (newest.vector.empty()) newest = r;
+    if (r.confirmations >= im.config.stable_confirmations) {
+      chosen = std::move(r);
+      return false;
+    }
+    return true;
+  });
+  if (corrupt) im.count([&](SnapshotStoreMetrics& x) { x.corrupt_skipped += corrupt; });
+  if (!read.ok()) return shard.is_busy(read) ? busy() : read;
+  const bool stable = !chosen.vector.empty();
+  if (!stable && !newest.vector.empty()) chosen = std::move(newest);
+  if (!chosen.vector.empty()) {
+    std::copy(chosen.vector.begin(), chosen.vector.end(), snapshot_out.begin());
+    hit.level = SnapshotLevel::exact;
+    hit.similarity = q.empty() ? 1.0f : clamp_cosine(dot(q, chosen.vector));
+    hit.key = key.key;
+    hit.fingerprint = key.fingerprint;
+    hit.version = chosen.version;
+    hit.stable = stable;
+    shard.note_usage(chosen.id);
+    if (shard.pending_usage() >= kUsageFlushRows) (void)shard.flush_usage(im.now_ms() / 1000);  // retried later if busy
+    im.count([](SnapshotStoreMetrics& x) { ++x.hits_exact; });
+    return {};
+  }
+
+  // Level 2: neighbours in this tenant's index whose group agrees.
+  if (!q.empty()) {
+    const auto found = shard.indexes.find(std::string(tenant));
+    if (found != shard.indexes.end() && found->second.rebuilding) {
+      im.count([](SnapshotStoreMetrics& x) { ++x.ann_unavailable; });
+    } else if (found != shard.indexes.end() && found->second.index) {
+      TenantIndex& t = found->second;
+      std::vector<std::pair<float, std::int64_t>> near;
+      const auto ef = static_cast<std::size_t>(im.config.ann_ef_search);
+      CLM_RETURN_IF_ERROR(t.index->search(q, ef, ef, near));
+      std::unordered_set<std::uint64_t> keys_seen;
+      std::vector<std::int64_t> ids;
+      std::uint64_t refused = 0;
+      for (const auto& [similarity, id] : near) {
+        if (similarity < im.config.similarity_floor) break;  // best first
+        const auto info = t.labels.find(id);
+        if (info == t.labels.end() || info->second.group != key.group) continue;
+        if (!keys_seen.insert(info->second.fingerprint).second) continue;  // one candidate per key
+        if (im.blacklisted(tenant, info->second.fingerprint)) {
+          ++refused;
+          continue;
+        }
+        hit.candidates.push_back(
+            {info->second.key, info->second.fingerprint, info->second.version, clamp_cosine(similarity)});
+        ids.push_back(id);
+        if (hit.candidates.size() == static_cast<std::size_t>(im.config.ann_top_k)) break;
+      }
+      if (refused) im.count([&](SnapshotStoreMetrics& x) { x.blacklisted_skips += refused; });
+      for (std::size_t c = 0; c < ids.size(); ++c) {
+        SnapshotRow r;
+        bool exists = false;
+        read = shard.row(ids[c], r, exists);
+        if (!read.ok()) return shard.is_busy(read) ? busy() : read;
+        if (!exists) continue;  // evicted since the index was saved
+        if (r.vector.empty()) {
+          im.count([](SnapshotStoreMetrics& x) { ++x.corrupt_skipped; });
+          continue;
+        }
+        std::copy(r.vector.begin(), r.vector.end(), snapshot_out.begin());
+        hit.level = SnapshotLevel::ann;
+        hit.similarity = hit.candidates[c].similarity;
+        hit.key = hit.candidates[c].key;
+        hit.fingerprint = hit.candidates[c].fingerprint;
+        hit.version = hit.candidates[c].version;
+        hit.candidates.erase(hit.candidates.begin(), hit.candidates.begin() + static_cast<std::ptrdiff_t>(c));
+        shard.note_usage(r.id);
+        im.count([](SnapshotStoreMetrics& x) { ++x.hits_ann; });
+        return {};
+      }
+      hit.candidates.clear();
+    }
+  }
+  lock.unlock();
+
+  // Level 3: the generic snapshot of a low-information suffix.
+  if (key.low_information) {
+    std::lock_guard fallback_lock(im.fallback_mutex);
+    for (std::string_view name : {std::string_view(key.key), std::string_view("*")}) {
+      std::string k(tenant);
+      k.push_back('\0');
+      k.append(name);
+      const auto it = im.fallbacks.find(k);
+      if (it == im.fallbacks.end()) continue;
+      if (im.blacklisted(tenant, key_fingerprint(name))) {  // a fallback is refused like any key
+        im.count([](SnapshotStoreMetrics& x) { ++x.blacklisted_skips; });
+        continue;
+      }
+      std::copy(it->second.begin(), it->second.end(), snapshot_out.begin());
+      hit.level = SnapshotLevel::fallback;
+      hit.similarity = q.empty() ? 0.0f : clamp_cosine(dot(q, it->second));
+      hit.key.assign(name);
+      hit.fingerprint = key_fingerprint(name);
+      im.count([](SnapshotStoreMetrics& x) { ++x.hits_fallback; });
+      return {};
+    }
+  }
+  return miss();
+}
+
+// ---- record -------------------------------------------------------------
+
+double SnapshotStore::Impl::drift_push(const std::string& k, std::span<const float> v, bool reset) {
+  std::lock_guard lock(drift_mutex);
+  auto it = drift.find(k);
+  if (it == drift.end()) {
+    drift_order.push_front(k);
+    it = drift.emplace(k, std::make_pair(DriftWindow{}, drift_order.begin())).first;
+    while (drift.size() > static_cast<std::size_t>(config.drift_tracked_keys)) {
+      drift.erase(drift_order.back());
+      drift_order.pop_back();
+    }
+  } else {
+    drift_order.splice(drift_order.begin(), drift_order, it->second.second);
+  }
+  DriftWindow& w = it->second.first;
+  if (reset) w.clear();
+  return w.push(v, config.drift_window);
+}
+
+Status SnapshotStore::Impl::record_in_shard(StoreShard& shard, std::string_view tenant, const SuffixKey& key,
+                                            std::vector<float>& unit, RecordOutcome& outcome,
+                                            std::vector<IndexAdd>& adds) {
+  const std::int64_t now_s = now_ms() / 1000;
+  SnapshotRow current;
+  std::int32_t top_version = 0;
+  CLM_RETURN_IF_ERROR(shard.versions(tenant, key, [&](SnapshotRow& r) {
+    top_version = std::max(top_version, r.version);
+    if (r.vector.empty()) return true;  // corrupt: look at older versions
+    current = std::move(r);
+    return false;
+  }));
+  auto store_version = [&](std::int32_t version) -> Status {
+    std::int64_t id = 0;
+    CLM_RETURN_IF_ERROR(shard.insert(tenant, key, version, unit, now_s, id));
+    adds.push_back({std::string(tenant), id, LabelInfo{key.group, key.fingerprint, version, key.key}, unit});
+    outcome.version = version;
+    return {};
+  };
+  const std::string k = tenant_key(tenant, key.fingerprint);
+  if (top_version == 0) {  // not stored yet: admission
+    std::int64_t seen = 0;
+    CLM_RETURN_IF_ERROR(shard.count_sighting(tenant, key, now_s, seen));
+    outcome.seen = seen;
+    if (seen < config.min_usage_threshold) {
+      outcome.result = RecordResult::counted;
+      return {};
+    }
+    CLM_RETURN_IF_ERROR(shard.forget_sightings(tenant, key));
+    CLM_RETURN_IF_ERROR(store_version(1));
+    outcome.result = RecordResult::admitted;
+    (void)drift_push(k, unit, true);
+    return {};
+  }
+  if (current.vector.empty() || dot(unit, current.vector) < config.version_cosine) {
+    CLM_RETURN_IF_ERROR(store_version(top_version + 1));
+    outcome.result = RecordResult::new_version;
+    (void)drift_push(k, unit, true);
+    return {};
+  }
+  CLM_RETURN_IF_ERROR(shard.confirm(current.id));
+  const double variance = drift_push(k, unit, false);
+  if (variance > static_cast<double>(config.drift_variance)) {
+    CLM_RETURN_IF_ERROR(store_version(top_version + 1));
+    outcome.result = RecordResult::drifted;
+    (void)drift_push(k, unit, true);
+    return {};
+  }
+  outcome.result = RecordResult::confirmed;
+  outcome.version = current.version;
+  return {};
+}
+
+void SnapshotStore::Impl::install_adds(StoreShard& shard, std::vector<IndexAdd>& adds) {
+  for (IndexAdd& a : adds) {
+    TenantIndex& t = shard.tenant_index(a.tenant);
+    if (t.rebuilding) continue;  // the rebuild's catch-up adds it
+    if (!t.index && !HnswIndex::create(shard.settings().hnsw, t.index).ok()) continue;
+    if (t.index->add(a.vector, a.id).ok()) {
+      t.labels[a.id] = std::move(a.info);
+      t.dirty = true;
+    }
+    // An add that fails (out of memory) leaves the row reachable by level 1
+    // only; the next rebuild indexes it.
+  }
+}
+
+Status SnapshotStore::record(std::string_view tenant, const SuffixKey& key, std::span<const float> snapshot,
+                             RecordOutcome& outcome) {
+  const SnapshotRecord one{tenant, &key, snapshot};
+  return record_batch(std::span(&one, 1), std::span(&outcome, 1));
+}
+
+Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std::span<RecordOutcome> outcomes) {
+  Impl& im = *impl_;
+  if (outcomes.size() != records.size()) {
+    return invalid_argument(fmt::format("record_batch: {} records but {} outcomes", records.size(), outcomes.size()));
+  }
+  // Everything is checked before anything is written.
+  std::vector<std::vector<float>> units(records.size());
+  std::vector<std::vector<std::size_t>> by_shard(im.shards.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const SnapshotRecord& r = records[i];
+    if (!r.key) return invalid_argument(fmt::format("record_batch: record {} has no key", i));
+    CLM_RETURN_IF_ERROR(check_key(*r.key, r.tenant, "snapshot record"));
+    CLM_RETURN_IF_ERROR(unit_copy(r.snapshot, im.config.snapshot_dim, "snapshot record", units[i]));
+    round_f16(units[i]);
+    by_shard[static_cast<std::size_t>(im.shard_of(r.tenant, r.key->group))].push_back(i);
+  }
+  for (RecordOutcome& o : outcomes) o = RecordOutcome{RecordResult::not_written, 0, 0};
+  for (std::size_t s = 0; s < im.shards.size(); ++s) {
+    if (by_shard[s].empty()) continue;
+    StoreShard& shard = *im.shards[s];
+    std::lock_guard lock(shard.mutex);
+    shard.set_write_deadline();
+    CLM_RETURN_IF_ERROR(shard.flush_usage(im.now_ms() / 1000));
+    CLM_RETURN_IF_ERROR(shard.begin());
+    std::vector<IndexAdd> adds;
+    std::vector<RecordOutcome> local(by_shard[s].size());
+    Status failed;
+    for (std::size_t j = 0; j < by_shard[s].size() && failed.ok(); ++j) {
+      const std::size_t i = by_shard[s][j];
+      failed = im.record_in_shard(shard, records[i].tenant, *records[i].key, units[i], local[j], adds);
+    }
+    if (failed.ok()) failed = shard.commit();
+    if (!failed.ok()) {
+      shard.rollback();
+      return failed;
+    }
+    im.install_adds(shard, adds);
+    SnapshotStoreMetrics delta;
+    for (std::size_t j = 0; j < by_shard[s].size(); ++j) {
+      outcomes[by_shard[s][j]] = local[j];
+      ++delta.records;
+      switch (local[j].result) {
+        case RecordResult::counted:
+          ++delta.counted;
+          break;
+        case RecordResult::admitted:
+          ++delta.admissions;
+          break;
+        case RecordResult::confirmed:
+          ++delta.confirmations;
+          break;
+        case RecordResult::new_version:
+          ++delta.versions;
+          break;
+        case RecordResult::drifted:
+          ++delta.versions;
+          ++delta.drift_versions;
+          break;
+        case RecordResult::not_written:
+          break;
+      }
+    }
+    im.count([&](SnapshotStoreMetrics& x) {
+      x.records += delta.records;
+      x.counted += delta.counted;
+      x.admissions += delta.admissions;
+      x.confirmations += delta.confirmations;
+      x.versions += delta.versions;
+      x.drift_versions += delta.drift_versions;
+      x.snapshots += static_cast<std::int64_t>(adds.size());
+    });
+  }
+  return {};
+}
+
+// ---- breakers, fallbacks, eviction ---------------------------------------
+
+Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& key, bool correct) {
+  Impl& im = *impl_;
+  CLM_RETURN_IF_ERROR(check_key(key, tenant, "report_outcome"));
+  const std::int64_t now = im.now_ms();
+  const std::string k = tenant_key(tenant, key.fingerprint);
+  bool trip = false;
+  {
+    std::lock_guard lock(im.breaker_mutex);
+    if (im.outcomes.size() >= kMaxOutcomeKeys && !im.outcomes.count(k)) {
+      // Forget keys with no report inside the window, to stay bounded.
+      std::erase_if(im.outcomes,
+                    [&](const auto& e) { return e.second.back().first < now - im.config.blacklist_window_ms; });
+      if (im.outcomes.size() >= kMaxOutcomeKeys) im.outcomes.erase(im.outcomes.begin());
+    }
+    auto& window = im.outcomes[k];
+    window.emplace_back(now, correct);
+    while (!window.empty() &&
+           (window.front().first < now - im.config.blacklist_window_ms || window.size() > kMaxOutcomesPerKey)) {
+      window.pop_front();
+    }
+    std::size_t right = 0;
+    for (const auto& o : window) right += o.second ? 1 : 0;
+    const double accuracy = static_cast<double>(right) / static_cast<double>(window.size());
+    if (window.size() >= static_cast<std::size_t>(im.config.blacklist_min_reports) &&
+        accuracy < im.config.blacklist_accuracy && !im.blacklist.count(k)) {
+      trip = true;
+      im.blacklist[k] = now + im.config.blacklist_duration_ms;
+      im.outcomes.erase(k);
+    }
+  }
+  im.count([](SnapshotStoreMetrics& x) { ++x.outcome_reports; });
+  if (!trip) return {};
+  StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, key.group))];
+  std::lock_guard lock(shard.mutex);
+  shard.set_write_deadline();
+  return shard.put_blacklist(tenant, key, now + im.config.blacklist_duration_ms);  // in force in memory either way
+}
+
+bool SnapshotStore::is_blacklisted(std::string_view tenant, const SuffixKey& key) {
+  return impl_->blacklisted(tenant, key.fingerprint);
+}
+
+Status SnapshotStore::set_fallback(std::string_view tenant, std::string_view name, std::span<const float> snapshot) {
+  Impl& im = *impl_;
+  if (name.empty() || name.size() > kMaxNameBytes) {
+    return invalid_argument(fmt::format("set_fallback: the name must have 1..{} bytes", kMaxNameBytes));
+  }
+  if (tenant.size() > kMaxTenantBytes) return invalid_argument("set_fallback: tenant too long");
+  std::vector<float> unit;
+  CLM_RETURN_IF_ERROR(unit_copy(snapshot, im.config.snapshot_dim, "set_fallback", unit));
+  round_f16(unit);
+  StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, key_fingerprint(name)))];
+  {
+    std::lock_guard lock(shard.mutex);
+    shard.set_write_deadline();
+    CLM_RETURN_IF_ERROR(shard.put_fallback(tenant, name, unit));
+  }
+  std::string k(tenant);
+  k.push_back('\0');
+  k.append(name);
+  std::lock_guard lock(im.fallback_mutex);
+  im.fallbacks[k] = std::move(unit);
+  return {};
+}
+
+Status SnapshotStore::evict(EvictionReport& report) {
+  Impl& im = *impl_;
+  report = {};
+  const std::int64_t now_ms = im.now_ms();
+  const auto cutoff_s =
+      static_cast<std::int64_t>(static_cast<double>(now_ms / 1000) - im.config.evict_after_days * 86400.0);
+  for (auto& shard_ptr : im.shards) {
+    StoreShard& shard = *shard_ptr;
+    std::unique_lock lock(shard.mutex);
+    shard.set_write_deadline();
+    CLM_RETURN_IF_ERROR(shard.flush_usage(now_ms / 1000));
+    CLM_RETURN_IF_ERROR(shard.begin());
+    std::vector<std::pair<std::int64_t, std::string>> victims;
+    Status s = shard.eviction_candidates(cutoff_s, im.config.evict_min_usage, victims);
+    for (std::size_t i = 0; i < victims.size() && s.ok(); ++i) s = shard.delete_row(victims[i].first);
+    if (s.ok()) s = shard.prune(cutoff_s, now_ms);
+    if (s.ok()) s = shard.commit();
+    if (!s.ok()) {
+      shard.rollback();
+      return s;
+    }
+    std::set<std::string> touched;
+    for (const auto& [id, tenant] : victims) {
+      TenantIndex& t = shard.tenant_index(tenant);
+      t.labels.erase(id);
+      if (t.index) t.index->remove(id);
+      t.dirty = true;
+      touched.insert(tenant);
+    }
+    for (const std::string& tenant : touched) {
+      TenantIndex& t = shard.tenant_index(tenant);
+      if (t.rebuilding) continue;
+      if (t.labels.empty()) {  // the tenant has no rows left here: no index, no files
+        if (!shard.settings().dir.empty()) {
+          std::error_code ec;
+          std::filesystem::remove(shard.index_path(tenant), ec);
+          std::filesystem::remove(shard.index_path(tenant) + ".meta", ec);
+        }
+        shard.indexes.erase(tenant);
+      } else if (t.index && t.index->deleted() > t.index->size()) {
+        // More dead entries than live ones: a fresh graph is smaller and faster.
+        im.queue_rebuild(static_cast<std::int32_t>(&shard_ptr - im.shards.data()), tenant, true);
+      }
+    }
+    report.deleted += static_cast<std::int64_t>(victims.size());
+    std::int64_t pages = 0;
+    CLM_RETURN_IF_ERROR(shard.vacuum(pages));
+    report.pages_vacuumed += pages;
+    std::vector<HnswIndex::PendingSave> saves;
+    CLM_RETURN_IF_ERROR(shard.begin_index_saves(true, saves));
+    lock.unlock();
+    CLM_RETURN_IF_ERROR(shard.finish_saves(saves));
+  }
+  im.count([&](SnapshotStoreMetrics& x) {
+    x.evictions += static_cast<std::uint64_t>(report.deleted);
+    x.snapshots -= report.deleted;
+  });
+  return {};
+}
+
+Status SnapshotStore::flush() {
+  for (auto& shard : impl_->shards) {
+    std::vector<HnswIndex::PendingSave> saves;
+    {
+      std::lock_guard lock(shard->mutex);
+      shard->set_write_deadline();
+      CLM_RETURN_IF_ERROR(shard->flush_usage(impl_->now_ms() / 1000));
+      CLM_RETURN_IF_ERROR(shard->begin_index_saves(true, saves));
+    }
+    CLM_RETURN_IF_ERROR(shard->finish_saves(saves));  // fsyncs without the shard lock
+  }
+  return {};
+}
+
+Status SnapshotStore::check_integrity() {
+  for (auto& shard : impl_->shards) {
+    std::lock_guard lock(shard->mutex);
+    shard->set_write_deadline();
+    CLM_RETURN_IF_ERROR(shard->integrity_check());
+  }
+  return {};
+}
+
+SnapshotStoreMetrics SnapshotStore::metrics() const {
+  SnapshotStoreMetrics out;
+  {
+    std::lock_guard lock(impl_->metrics_mutex);
+    out = impl_->m;
+  }
+  std::lock_guard lock(impl_->breaker_mutex);
+  const std::int64_t now = impl_->now_ms();
+  for (const auto& [k, until] : impl_->blacklist) out.blacklisted_keys += until >= now ? 1 : 0;
+  return out;
+}
+
+}  // namespace clm

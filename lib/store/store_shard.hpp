@@ -1,0 +1,148 @@
+// lib/store/store_shard.hpp: one shard of the snapshot store: a SQLite
+// database (shard-NN.db) with its schema and prepared statements, the HNSW
+// index of each tenant in it, and what the indexes' labels stand for.
+// Internal: SnapshotStore (snapshot_store.cpp) holds the policy (levels,
+// versions, breakers); a shard only stores, reads and indexes. Every member
+// but open() expects the caller to hold `mutex`.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "clm/status.hpp"
+#include "clm/store/suffix_key.hpp"
+#include "hnsw_index.hpp"
+#include "sqlite_db.hpp"
+
+namespace clm::store_detail {
+
+struct ShardSettings {
+  std::string dir;  // empty: an in-memory database and no index files
+  std::int32_t index = 0;
+  std::int32_t num_shards = 1;
+  std::int32_t dim = 0;
+  HnswParams hnsw;
+  std::int32_t write_busy_timeout_ms = 5000;
+};
+
+// One stored row as the store reads it back.
+struct SnapshotRow {
+  std::int64_t id = 0;
+  std::int32_t version = 0;
+  std::int64_t confirmations = 0;
+  std::vector<float> vector;  // decoded; empty when the BLOB failed its checks
+};
+
+// What an index label (= row id) stands for: enough to filter level-2
+// candidates without touching the database.
+struct LabelInfo {
+  std::uint64_t group = 0;
+  std::uint64_t fingerprint = 0;
+  std::int32_t version = 0;
+  std::string key;
+};
+
+struct TenantIndex {
+  std::string tenant;
+  std::unique_ptr<HnswIndex> index;  // null while a rebuild runs
+  bool rebuilding = false;
+  bool dirty = false;  // changed since the last save
+  std::unordered_map<std::int64_t, LabelInfo> labels;
+};
+
+class StoreShard {
+ public:
+  static Status open(const ShardSettings& settings, std::unique_ptr<StoreShard>& out);
+
+  std::timed_mutex mutex;  // the shard lock: SQLite connection, indexes, labels
+
+  const ShardSettings& settings() const { return settings_; }
+  std::string index_path(std::string_view tenant) const;
+
+  // SQLite waits for a lock held by another connection until this deadline
+  // (then SQLITE_BUSY): lookups set a short one, writes a long one.
+  void set_busy_deadline(std::chrono::steady_clock::time_point deadline) { busy_deadline_ = deadline; }
+  void set_write_deadline() {
+    busy_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(settings_.write_busy_timeout_ms);
+  }
+  bool is_busy(const Status& s) const { return s.code() == StatusCode::io_error && last_rc_busy_; }
+
+  // ---- reads --------------------------------------------------------------
+  // The key's versions, newest first; rows whose BLOB fails come with an empty
+  // vector (the caller counts and skips them). `each` returns false to stop.
+  Status versions(std::string_view tenant, const SuffixKey& key, const std::function<bool(SnapshotRow&)>& each);
+  Status row(std::int64_t id, SnapshotRow& out, bool& found);
+  Status tenants(std::vector<std::string>& out);
+  // Rows of one tenant with id > after_id, in id order (index rebuild, catch-up).
+  Status tenant_rows(std::string_view tenant, std::int64_t after_id,
+                     const std::function<void(std::int64_t id, const LabelInfo&, std::vector<float>&)>& each);
+  Status count_rows(std::int64_t& out);
+  Status integrity_check();
+
+  // ---- writes (inside begin() .. commit()) -------------------------------
+  Status begin();
+  Status commit();
+  void rollback();
+  Status count_sighting(std::string_view tenant, const SuffixKey& key, std::int64_t now_s, std::int64_t& seen);
+  Status forget_sightings(std::string_view tenant, const SuffixKey& key);
+  Status insert(std::string_view tenant, const SuffixKey& key, std::int32_t version, std::span<const float> unit,
+                std::int64_t now_s, std::int64_t& id);
+  Status confirm(std::int64_t id);
+  Status put_blacklist(std::string_view tenant, const SuffixKey& key, std::int64_t until_ms);
+  Status put_fallback(std::string_view tenant, std::string_view name, std::span<const float> unit);
+  // Rows to evict; then delete_rows in the same transaction.
+  Status eviction_candidates(std::int64_t unused_before_s, std::int64_t min_usage,
+                             std::vector<std::pair<std::int64_t, std::string>>& out);
+  Status delete_row(std::int64_t id);
+  Status prune(std::int64_t seen_before_s, std::int64_t now_ms);
+  Status vacuum(std::int64_t& pages);
+
+  Status load_blacklist(const std::function<void(std::string_view tenant, std::uint64_t fp, std::int64_t until)>& each);
+  Status load_fallbacks(
+      const std::function<void(std::string_view tenant, std::string_view name, std::vector<float>&)>& each,
+      std::uint64_t& corrupt);
+
+  // Usage of served rows, batched: written by flush_usage (its own transaction).
+  void note_usage(std::int64_t id) { ++pending_usage_[id]; }
+  std::size_t pending_usage() const { return pending_usage_.size(); }
+  Status flush_usage(std::int64_t now_s);
+
+  // ---- indexes -----------------------------------------------------------
+  std::unordered_map<std::string, TenantIndex> indexes;  // by tenant bytes
+  TenantIndex& tenant_index(std::string_view tenant);    // created empty (no HNSW yet) when absent
+  // Index saves in two steps (hnsw_index.hpp): begin under `mutex`, then
+  // finish_saves after releasing it, so lookups never wait for an fsync.
+  Status begin_index_saves(bool only_dirty, std::vector<HnswIndex::PendingSave>& out);
+  Status finish_saves(const std::vector<HnswIndex::PendingSave>& saves);
+  std::mutex save_mutex;  // orders finish_saves of this shard (taken without `mutex`)
+
+ private:
+  explicit StoreShard(const ShardSettings& settings) : settings_(settings) {}
+  Status prepare_all();
+  Status check_meta();
+  Status done(int rc, std::string_view what);  // SQLITE_DONE -> ok, else the error
+  static int busy_handler(void* self, int count);
+
+  ShardSettings settings_;
+  SqliteDb db_;
+  std::chrono::steady_clock::time_point busy_deadline_{};
+  bool last_rc_busy_ = false;
+  std::unordered_map<std::int64_t, std::int64_t> pending_usage_;
+  std::vector<std::uint8_t> blob_;  // scratch
+
+  Statement versions_, row_, tenants_, tenant_rows_, count_rows_;
+  Statement begin_, commit_, rollback_;
+  Statement see_, forget_, insert_, confirm_, usage_;
+  Statement blacklist_put_, blacklist_all_, fallback_put_, fallback_all_;
+  Statement evictable_, delete_, prune_seen_, prune_blacklist_;
+};
+
+}  // namespace clm::store_detail

@@ -1,0 +1,99 @@
+// tests/store/store_test_support.hpp: what the snapshot store's tests share:
+// a temporary directory removed at scope exit, random unit vectors, a clock
+// the test moves by hand, and a host key.
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm/store/snapshot_store.hpp"
+
+namespace clm_test {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() / fmt::format("clm-store-test-{:08x}{:08x}", rd(), rd());
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string str() const { return path_.string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::vector<float> random_unit(std::mt19937& rng, int dim) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(dim));
+  double norm = 0;
+  for (float& x : v) {
+    x = n(rng);
+    norm += static_cast<double>(x) * x;
+  }
+  for (float& x : v) x = static_cast<float>(x / std::sqrt(norm));
+  return v;
+}
+
+// base + sigma * noise, renormalised (float64).
+inline std::vector<float> noisy(const std::vector<float>& base, double sigma, std::mt19937& rng) {
+  std::normal_distribution<double> n(0.0, sigma);
+  std::vector<double> v(base.size());
+  double norm = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = base[i] + n(rng);
+    norm += v[i] * v[i];
+  }
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i] / std::sqrt(norm));
+  return out;
+}
+
+inline double cosine64(const std::vector<float>& a, const std::vector<float>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ab += static_cast<double>(a[i]) * b[i];
+    aa += static_cast<double>(a[i]) * a[i];
+    bb += static_cast<double>(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
+  return d;
+}
+
+// A clock the test sets; starts at a fixed, realistic date.
+struct ManualClock {
+  std::shared_ptr<std::atomic<std::int64_t>> now = std::make_shared<std::atomic<std::int64_t>>(1'790'000'000'000);
+  std::function<std::int64_t()> fn() const {
+    auto n = now;
+    return [n] { return n->load(); };
+  }
+  void advance_ms(std::int64_t ms) { *now += ms; }
+};
+
+inline clm::SuffixKey host_key(const std::string& key, const std::string& group = "g") {
+  clm::SuffixKey k;
+  const clm::Status s = clm::SuffixKeyer::from_host_key(key, group, k);
+  if (!s.ok()) throw std::runtime_error(s.message());
+  return k;
+}
+
+}  // namespace clm_test

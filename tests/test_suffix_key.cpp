@@ -1,0 +1,729 @@
+// Tests of the suffix keyer (include/clm/store/suffix_key.hpp): paraphrases
+// that must share a key and variants that must not, normalisation, strict
+// UTF-8, limits, random input, host keys, custom lexicons and patterns,
+// threads, and the labelled pairs of tests/data/suffix_pairs.tsv.
+#include "clm/store/suffix_key.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>  // getpid
+
+#include "test_support.hpp"
+
+#ifndef CLM_TEST_DATA_DIR
+#error "CLM_TEST_DATA_DIR must name tests/data (tests/CMakeLists.txt)"
+#endif
+#ifndef CLM_SUFFIX_LEXICON_DIR
+#error "CLM_SUFFIX_LEXICON_DIR must name data/suffix_keys (tests/CMakeLists.txt)"
+#endif
+
+namespace {
+
+using clm::StatusCode;
+using clm::SuffixKey;
+using clm::SuffixKeyer;
+using clm::SuffixKeyerConfig;
+
+namespace fs = std::filesystem;
+
+std::unique_ptr<SuffixKeyer> make_keyer(const SuffixKeyerConfig& config = {}) {
+  std::unique_ptr<SuffixKeyer> keyer;
+  const clm::Status s = SuffixKeyer::create(config, keyer);
+  INFO("create: " << s.code_name() << ": " << s.message());
+  REQUIRE(s.ok());
+  REQUIRE(keyer);
+  return keyer;
+}
+
+// The built-in keyer, created once (it is immutable).
+const SuffixKeyer& builtin() {
+  static const std::unique_ptr<SuffixKeyer> keyer = make_keyer();
+  return *keyer;
+}
+
+SuffixKey key_of(const SuffixKeyer& keyer, const std::string& text) {
+  SuffixKey k;
+  const clm::Status s = keyer.make_key(text, k);
+  INFO("text \"" << text << "\": " << s.code_name() << ": " << s.message());
+  REQUIRE(s.ok());
+  return k;
+}
+std::string key(const std::string& text) { return key_of(builtin(), text).key; }
+
+StatusCode code_of(const SuffixKeyer& keyer, std::string_view text) {
+  SuffixKey k;
+  return keyer.make_key(text, k).code();
+}
+
+void check_consistent(const SuffixKey& k) {
+  CHECK(k.fingerprint == clm::key_fingerprint(k.key));
+  CHECK(k.group == clm::key_fingerprint(k.entity + "|" + k.action));
+  CHECK(std::is_sorted(k.details.begin(), k.details.end()));
+  CHECK(std::adjacent_find(k.details.begin(), k.details.end()) == k.details.end());
+  CHECK(!k.key.empty());
+  for (char c : k.key) CHECK((c > 0x20 && c < 0x7F));
+}
+
+// A fresh folder under the system's temporary directory, removed at scope end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           ("clm_test_suffix_key_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  void write(const std::string& name, const std::string& content) const {
+    std::ofstream f(path / name, std::ios::binary);
+    f << content;
+    REQUIRE(f.good());
+  }
+};
+
+}  // namespace
+
+static_assert(clm::key_fingerprint("") == 0xcbf29ce484222325ULL);
+static_assert(clm::key_fingerprint("a") == 0xaf63dc4c8601ec8cULL);  // FNV-1a 64 test vector
+static_assert(clm::key_fingerprint("foobar") == 0x85944171f73967e8ULL);
+
+TEST_CASE("suffix key: the header's examples") {
+  for (const char* text : {"帮我查下订单#ORD-789的状态", "订单789现在啥情况？", "Please check the status of order 789",
+                           "What's the status of order #789?"}) {
+    const SuffixKey k = key_of(builtin(), text);
+    INFO(text);
+    CHECK(k.key == "ORDER-789-QUERY-STATUS");
+    CHECK(k.entity == "789");
+    CHECK(k.object == "ORDER");
+    CHECK(k.action == "QUERY");
+    CHECK(k.details == std::vector<std::string>{"STATUS"});
+    CHECK(!k.low_information);
+    check_consistent(k);
+  }
+  // Several actions: all of them, sorted, so the group sees every one.
+  const SuffixKey two = key_of(builtin(), "订单8123付款没成功");
+  CHECK(two.action == "PAY+NOT-SUCCEED");
+  CHECK(two.key == "ORDER-8123-PAY+NOT-SUCCEED");
+  // Several objects: the first in sorted order, the others are details.
+  const SuffixKey objects = key_of(builtin(), "Where is the refund for order 7744?");
+  CHECK(objects.object == "ORDER");
+  CHECK(objects.details == std::vector<std::string>{"REFUND"});
+  const SuffixKey no = key_of(builtin(), "Don't check order 789");
+  CHECK(no.key == "ORDER-789-NOT-QUERY");
+  CHECK(no.action == "NOT-QUERY");
+  CHECK(no.group != key_of(builtin(), "Check order 789").group);
+}
+
+TEST_CASE("suffix key: paraphrase groups share a key") {
+  const std::vector<std::vector<std::string>> groups = {
+      {"帮我查下订单#ORD-789的状态", "订单789现在啥情况？", "Please check the status of order 789",
+       "What's the status of order #789?", "order 789 status", "ORDER #789 — STATUS?", "查询订单789的进度"},
+      {"Cancel order 789", "I want to cancel order #789", "please cancel ORD-789", "取消订单789",
+       "帮我把订单789取消掉"},
+      {"Turn on auto renewal", "Enable automatic renewal", "开启自动续费", "打开自动续费"},
+      {"Turn off auto renewal", "disable auto-renewal", "关闭自动续费", "把自动续费关掉"},
+      {"Where is my refund?", "where's my refund", "我的退款呢？"},
+      {"How do I reset my password?", "how can I reset my password", "密码怎么重置"},
+      {"When will order 9753 ship?", "订单9753什么时候发货？", "订单9753啥时候发货"},
+      {"Has order 1200 shipped?", "Check whether order 1200 has shipped", "订单1200发货了吗"},
+      {"Where is the refund for order 7744?", "订单7744的退款在哪", "order 7744: where's my refund"},
+      {"hi", "Hello!", "你好", "您好", "在吗"},
+      {"thanks", "Thank you so much!", "谢谢", "多谢了"},
+  };
+  std::vector<std::string> keys;
+  for (const auto& group : groups) {
+    const std::string first = key(group.front());
+    for (const std::string& text : group) {
+      INFO(group.front() << " | " << text);
+      CHECK(key(text) == first);
+    }
+    keys.push_back(first);
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    for (std::size_t j = i + 1; j < keys.size(); ++j) CHECK(keys[i] != keys[j]);
+  }
+}
+
+TEST_CASE("suffix key: negated, opposite and other-entity variants never share a key") {
+  struct Variant {
+    std::string a, b;
+    bool group_differs;  // the polarised action itself differs, so level 2 must not agree either
+  };
+  const std::vector<Variant> variants = {
+      {"Cancel order 789", "Don't cancel order 789", true},
+      {"Cancel order 789", "Confirm order 789", true},
+      {"Cancel order 789", "Cancel order 790", true},
+      {"Check order 789", "Don't check order 789", true},
+      {"Turn on auto renewal", "Turn off auto renewal", true},
+      {"Enable email notifications", "Disable email notifications", true},
+      {"Subscribe to the newsletter", "Unsubscribe from the newsletter", true},
+      {"I received order 9001", "I never received order 9001", true},
+      {"I can log in", "I can't log in", true},
+      {"取消订单789", "不要取消订单789", true},
+      {"取消订单789", "确认订单789", true},
+      {"开启自动续费", "关闭自动续费", true},
+      {"我登录不了账号", "我能登录账号", true},
+      {"订单9001到了", "订单9001没到", true},
+      {"订单1200发货了吗", "订单2100发货了吗", true},
+      {"Refund order 7744", "Do not refund order 7744", true},
+      {"订单7744退款", "订单7744不退款", true},
+      {"Where is my refund?", "I want a refund", true},
+      {"订单8123付款成功了", "订单8123付款没成功", true},
+      {"Pay and enable auto renewal", "Pay and disable auto renewal", true},
+      {"订单789的状态", "订单789的物流", false},
+      {"Reset my password", "Reset my PIN code", false},
+  };
+  for (const Variant& v : variants) {
+    const SuffixKey a = key_of(builtin(), v.a), b = key_of(builtin(), v.b);
+    INFO(v.a << " => " << a.key << " | " << v.b << " => " << b.key);
+    CHECK(a.key != b.key);
+    CHECK(a.fingerprint != b.fingerprint);
+    if (v.group_differs) CHECK(a.group != b.group);
+  }
+}
+
+TEST_CASE("suffix key: full-width text equals half-width") {
+  const SuffixKeyer& k = builtin();
+  std::string norm;
+  REQUIRE(k.normalise("ＯＲＤＥＲ　７８９", norm).ok());
+  CHECK(norm == "order 789");
+  REQUIRE(k.normalise("Ｃｈｅｃｋ　ｔｈｅ　ｓｔａｔｕｓ　ｏｆ　ｏｒｄｅｒ　＃７８９？！", norm).ok());
+  CHECK(norm == "check the status of order 789");
+  CHECK(key("ＯＲＤＥＲ　７８９") == key("order 789"));
+  CHECK(key("Ｃａｎｃｅｌ　ｏｒｄｅｒ　＃７８９") == key("Cancel order #789"));
+  CHECK(key("订单７８９的状态？") == key("订单789的状态?"));
+  CHECK(key("ＯＲＤＥＲ　７８９的状态") == "ORDER-789-QUERY-STATUS");
+  CHECK(key("ｈｉ！") == "GREETING");
+}
+
+TEST_CASE("suffix key: case folding") {
+  CHECK(key("CANCEL ORDER 789") == key("cancel order 789"));
+  CHECK(key("Cancel Order 789") == key("cancel order 789"));
+  CHECK(key("WHERE IS MY REFUND") == key("where is my refund"));
+  CHECK(key("ORD-789 STATUS") == "ORDER-789-QUERY-STATUS");
+}
+
+TEST_CASE("suffix key: normalise") {
+  const SuffixKeyer& k = builtin();
+  auto norm = [&](std::string_view text) {
+    std::string out = "untouched";
+    const clm::Status s = k.normalise(text, out);
+    INFO(s.message());
+    REQUIRE(s.ok());
+    return out;
+  };
+  CHECK(norm("  Hello,\t  World!! ") == "hello world");
+  CHECK(norm("帮我查下订单#ORD-789的状态") == "帮我查下订单 ord 789的状态");
+  CHECK(norm("订单789现在啥情况？") == "订单789现在啥情况");
+  CHECK(norm("「取消」、订单。。。") == "取消 订单");
+  CHECK(norm("don't") == "don t");
+  CHECK(norm("a\u00a0b\u2014c\u3000d\ufeffe") == "a b c d e");  // NBSP, em dash, ideographic space, BOM
+  CHECK(norm("Café ¥100 🙂") == "café ¥100 🙂");        // letters and symbols stay
+  CHECK(norm("") == "");
+  CHECK(norm("?!…") == "");
+  CHECK(norm(std::string("a\0b", 3)) == "a b");  // controls separate
+  std::string out = "untouched";
+  CHECK(k.normalise("\xff", out).code() == StatusCode::invalid_argument);
+  CHECK(out == "untouched");
+}
+
+TEST_CASE("suffix key: fingerprints and groups") {
+  for (const char* text : {"Cancel order 789", "订单789的退款到哪了", "hi", "Where is my refund?", "谢谢",
+                           "Don't ship order 3131 today", "运费多少钱"}) {
+    INFO(text);
+    check_consistent(key_of(builtin(), text));
+  }
+  const SuffixKey hi = key_of(builtin(), "hello");
+  CHECK(hi.low_information);
+  CHECK(hi.key == "GREETING");
+  CHECK(hi.action.empty());
+  CHECK(hi.group == clm::key_fingerprint("|"));
+  CHECK(key_of(builtin(), "thank you!").key == "THANKS");
+  CHECK(!key_of(builtin(), "hi, cancel order 789").low_information);
+  // The same entity and polarised action: one group, whatever the details.
+  CHECK(key_of(builtin(), "Check the status of order 789").group == key_of(builtin(), "check order 789").group);
+}
+
+TEST_CASE("suffix key: invalid UTF-8 is invalid_argument, and leaves out untouched") {
+  const std::vector<std::string> invalid = {
+      "\x80",              // lone continuation byte
+      "order \xbf 789",    // ... in the middle
+      "\xe8\xae",          // truncated 3-byte sequence
+      "订单\xe8",          // truncated at the end
+      "\xc0\xaf",          // overlong '/'
+      "\xc1\xbf",          // overlong
+      "\xe0\x80\xaf",      // overlong 3-byte
+      "\xf0\x80\x80\xaf",  // overlong 4-byte
+      "\xed\xa0\x80",      // surrogate U+D800
+      "\xed\xbf\xbf",      // surrogate U+DFFF
+      "\xf4\x90\x80\x80",  // U+110000
+      "\xf5\x80\x80\x80",  // lead byte past U+10FFFF
+      "\xff",
+      "\xfe",             // never in UTF-8
+      "\xe8\x41\x41",     // continuation expected
+      "ok \xf0\x9f\x99",  // truncated emoji
+  };
+  for (const std::string& text : invalid) {
+    INFO("bytes of size " << text.size());
+    SuffixKey k;
+    k.key = "sentinel";
+    const clm::Status s = builtin().make_key(text, k);
+    CHECK(s.code() == StatusCode::invalid_argument);
+    CHECK(s.message().find("UTF-8") != std::string::npos);
+    CHECK(k.key == "sentinel");
+  }
+  // The edges of the valid ranges are valid.
+  for (const std::string& text : {std::string("order 789 \xf4\x8f\xbf\xbf"), std::string("order 789 \xed\x9f\xbf"),
+                                  std::string("order 789 \xee\x80\x80"), std::string("order 789 \xc2\x80")}) {
+    CHECK(key(text) == "ORDER-789");
+  }
+}
+
+TEST_CASE("suffix key: empty and content-free text is invalid_argument") {
+  for (const char* text : {"", "   ", "?!。，", "asdf qwer", "what?", "啊啊啊", "no", "没有", "嗯嗯"}) {
+    INFO("\"" << text << "\"");
+    SuffixKey k;
+    const clm::Status s = builtin().make_key(text, k);
+    CHECK(s.code() == StatusCode::invalid_argument);
+    CHECK(s.message() == "no content");
+  }
+}
+
+TEST_CASE("suffix key: text over max_text_bytes is invalid_argument, and fast") {
+  const std::string big(2u << 20, 'a');
+  auto t0 = std::chrono::steady_clock::now();
+  SuffixKey k;
+  const clm::Status s = builtin().make_key(big, k);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().find("max_text_bytes") != std::string::npos);
+  std::string norm;
+  CHECK(builtin().normalise(big, norm).code() == StatusCode::invalid_argument);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200));
+
+  // With the limit raised, 2 MB of hostile text still takes linear time:
+  // prefixes that almost match the entity patterns, long digit runs,
+  // negations, CJK, all repeated.
+  SuffixKeyerConfig config;
+  config.max_text_bytes = 4u << 20;
+  const auto keyer = make_keyer(config);
+  const std::vector<std::string> pieces = {"ord ", "order ", "订单", "订单号", "1234567890123456789012345 ",
+                                           "不要", "don't ", "查",   "ORD-",   "#",
+                                           "，",   "ord",    "99 ",  "状态"};
+  std::string hostile;
+  std::mt19937 rng(1);
+  while (hostile.size() < (2u << 20)) hostile += pieces[rng() % pieces.size()];
+  t0 = std::chrono::steady_clock::now();
+  SuffixKey hk;
+  const clm::Status hs = keyer->make_key(hostile, hk);
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  CHECK(hs.ok());
+  WARN("2 MB of hostile text: " << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count() << " ms");
+  CHECK(elapsed < std::chrono::seconds(10));  // a quadratic keyer takes hours here
+}
+
+TEST_CASE("suffix key: random input never crashes") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const SuffixKeyer& keyer = builtin();
+  // Pieces a random text is made of: raw bytes, code points of every kind,
+  // and lexicon words, so that keys are built, not only rejected.
+  const std::vector<std::string> words = {
+      "order",  " ",  "订单",   "取消", "不", "not",     "789",  "#",    "？",      "状态", "what",     "hi", "谢谢",
+      "ＯＲＤ", "－", "refund", "退款", "吗", "turn on", "没有", "ord-", "1234567", "在吗", "how much", "　"};
+  int ok = 0;
+  for (int iter = 0; iter < 4000; ++iter) {
+    std::string text;
+    const int parts = static_cast<int>(rng() % 24);
+    for (int p = 0; p < parts; ++p) {
+      switch (rng() % 4) {
+        case 0:
+          text.push_back(static_cast<char>(rng() & 0xFF));
+          break;
+        case 1: {
+          static const char32_t ranges[][2] = {{0x20, 0x7E},     {0x80, 0x7FF},    {0x3000, 0x303F},
+                                               {0x4E00, 0x9FFF}, {0xFF01, 0xFF65}, {0x10000, 0x10FFFF}};
+          const auto& r = ranges[rng() % 6];
+          const char32_t cp = r[0] + static_cast<char32_t>(rng() % (r[1] - r[0] + 1));
+          // Encode by hand (no codecvt): the library's decoder is what is tested.
+          if (cp < 0x80) {
+            text.push_back(static_cast<char>(cp));
+          } else if (cp < 0x800) {
+            text.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+            text.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+          } else if (cp < 0x10000) {
+            text.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+            text.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+            text.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+          } else {
+            text.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+            text.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+            text.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+            text.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+          }
+          break;
+        }
+        default:
+          text += words[rng() % words.size()];
+          break;
+      }
+    }
+    INFO("iteration " << iter << ", " << text.size() << " bytes");
+    SuffixKey k;
+    const clm::Status s = keyer.make_key(text, k);
+    REQUIRE((s.ok() || s.code() == StatusCode::invalid_argument));
+    std::string norm;
+    const clm::Status ns = keyer.normalise(text, norm);
+    REQUIRE((ns.ok() || ns.code() == StatusCode::invalid_argument));
+    if (!ns.ok()) {
+      CHECK(!s.ok());  // invalid UTF-8 fails both ways
+      continue;
+    }
+    std::string again;
+    REQUIRE(keyer.normalise(norm, again).ok());
+    CHECK(again == norm);  // idempotent
+    if (!s.ok()) continue;
+    ++ok;
+    check_consistent(k);
+    SuffixKey k2;
+    REQUIRE(keyer.make_key(text, k2).ok());
+    CHECK(k2.key == k.key);
+    SuffixKey k3;  // the key is a function of the normalised text
+    REQUIRE(keyer.make_key(norm, k3).ok());
+    CHECK(k3.key == k.key);
+  }
+  CHECK(ok > 500);  // the generator does reach the key-building path
+}
+
+TEST_CASE("suffix key: from_host_key") {
+  SuffixKey k;
+  REQUIRE(SuffixKeyer::from_host_key("faq:shipping-times v2", "", k).ok());
+  CHECK(k.key == "faq:shipping-times v2");
+  CHECK(k.fingerprint == clm::key_fingerprint("faq:shipping-times v2"));
+  CHECK(k.group == k.fingerprint);  // empty group: the key itself
+  CHECK(k.entity.empty());
+  CHECK(k.action.empty());
+  CHECK(k.object.empty());
+  CHECK(k.details.empty());
+  CHECK(!k.low_information);
+  REQUIRE(SuffixKeyer::from_host_key("A", "tenant-7|faq", k).ok());
+  CHECK(k.group == clm::key_fingerprint("tenant-7|faq"));
+  REQUIRE(SuffixKeyer::from_host_key(std::string(256, '~'), std::string(256, ' '), k).ok());
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", ""},
+      {std::string(257, 'k'), ""},
+      {"line\nbreak", ""},
+      {"tab\tkey", ""},
+      {"del\x7f", ""},
+      {"订单", ""},
+      {std::string("nul\0", 4), ""},
+      {"ok", "bad\ngroup"},
+      {"ok", std::string(257, 'g')},
+  };
+  for (const auto& [key_text, group] : bad) {
+    SuffixKey out;
+    out.key = "sentinel";
+    CHECK(SuffixKeyer::from_host_key(key_text, group, out).code() == StatusCode::invalid_argument);
+    CHECK(out.key == "sentinel");
+  }
+}
+
+TEST_CASE("suffix key: a lexicon directory replaces the built-in lexicons") {
+  TempDir dir;
+  dir.write("a.tsv",
+            "# a host's own words\n"
+            "\n"
+            "ticket\tobject\tTICKET\n"
+            "reopen\taction\tREOPEN   # trailing comment\n"
+            "re open\taction\tREOPEN\n"
+            "status\tdetail\tSTATUS\r\n"
+            "nope\tnegation\tNOT_\n");
+  dir.write("b.tsv",
+            "hallo\tgreeting\tGREETING\n"
+            "wann\tquestion\tTIME\n"
+            "zeit\tdetail\tTIME\n"
+            "工单\tobject\tTICKET\n"
+            "重开\taction\tREOPEN\n");
+  dir.write("ignored.txt", "this\tis\tnot read\tat all\n");
+  SuffixKeyerConfig config;
+  config.lexicon_dir = dir.path.string();
+  const auto keyer = make_keyer(config);
+  CHECK(key_of(*keyer, "Reopen ticket 4711").key == "TICKET-4711-REOPEN");
+  CHECK(key_of(*keyer, "re-open ticket 4711!").key == "TICKET-4711-REOPEN");
+  CHECK(key_of(*keyer, "重开工单4711").key == "TICKET-4711-REOPEN");
+  CHECK(key_of(*keyer, "nope, reopen ticket 4711").key == "TICKET-4711-NOT-REOPEN");
+  CHECK(key_of(*keyer, "ticket 4711 status").key == "TICKET-4711-QUERY-STATUS");
+  CHECK(key_of(*keyer, "wann ticket 4711").key == "TICKET-4711-QUERY-TIME");
+  CHECK(key_of(*keyer, "hallo").key == "GREETING");
+  CHECK(code_of(*keyer, "cancel my order") == StatusCode::invalid_argument);  // no built-in words
+  CHECK(code_of(*keyer, "thanks") == StatusCode::invalid_argument);
+
+  // The source lexicons, read from disk, give the keys of the compiled-in ones:
+  // the embedding is byte-exact and current.
+  SuffixKeyerConfig source;
+  source.lexicon_dir = CLM_SUFFIX_LEXICON_DIR;
+  const auto from_source = make_keyer(source);
+  for (const char* text : {"帮我查下订单#ORD-789的状态", "Turn off auto renewal", "谢谢", "订单9001一直没收到",
+                           "How much does shipping cost?", "不好意思，订单特别慢，能加急吗"}) {
+    CHECK(key_of(*from_source, text).key == key(text));
+  }
+}
+
+TEST_CASE("suffix key: malformed lexicon lines name their file and line") {
+  struct Bad {
+    std::string content, why;
+  };
+  const std::vector<Bad> bad = {
+      {"ok\taction\tOK\ntwo fields\taction\n", "fields"},        {"ok\taction\tOK\na\tb\tc\td\n", "fields"},
+      {"ok\taction\tOK\nword\tverb\tWORD\n", "category"},        {"ok\taction\tOK\nword\taction\tword\n", "canonical"},
+      {"ok\taction\tOK\nword\taction\t1WORD\n", "canonical"},    {"ok\taction\tOK\nword\taction\tNOT\n", "canonical"},
+      {"ok\taction\tOK\n?!\taction\tPUNCT\n", "surface"},        {"ok\taction\tOK\n\xff\taction\tBAD\n", "UTF-8"},
+      {"ok\taction\tOK\nok\tobject\tOK2\n", "already"},          {"ok\taction\tOK\nthing\tobject\tOK\n", "already"},
+      {"ok\taction\tOK\nwhen\tquestion\tNOWHERE\n", "question"}, {"ok\taction\tOK\nx\tdetail\tQUERY\n", "QUERY"},
+  };
+  for (const Bad& b : bad) {
+    TempDir dir;
+    dir.write("broken.tsv", b.content);
+    SuffixKeyerConfig config;
+    config.lexicon_dir = dir.path.string();
+    std::unique_ptr<SuffixKeyer> keyer;
+    const clm::Status s = SuffixKeyer::create(config, keyer);
+    INFO(b.content << " => " << s.message());
+    CHECK(s.code() == StatusCode::invalid_argument);
+    CHECK(s.message().find("broken.tsv:2") != std::string::npos);
+    CHECK(s.message().find(b.why) != std::string::npos);
+    CHECK(!keyer);
+  }
+  {
+    TempDir dir;  // no *.tsv at all
+    dir.write("readme.txt", "nothing here");
+    SuffixKeyerConfig config;
+    config.lexicon_dir = dir.path.string();
+    std::unique_ptr<SuffixKeyer> keyer;
+    CHECK(SuffixKeyer::create(config, keyer).code() == StatusCode::invalid_argument);
+  }
+  SuffixKeyerConfig missing;
+  missing.lexicon_dir = (fs::temp_directory_path() / "clm_test_suffix_key_no_such_dir_0xdead").string();
+  std::unique_ptr<SuffixKeyer> keyer;
+  CHECK(SuffixKeyer::create(missing, keyer).code() == StatusCode::io_error);
+  SuffixKeyerConfig zero;
+  zero.max_text_bytes = 0;
+  CHECK(SuffixKeyer::create(zero, keyer).code() == StatusCode::invalid_argument);
+}
+
+TEST_CASE("suffix key: entity patterns are configurable") {
+  SuffixKeyerConfig config;
+  config.entity_patterns = {"ticket ?{a:3-10}", "tk{d:2-4}"};
+  const auto keyer = make_keyer(config);
+  CHECK(key_of(*keyer, "Cancel ticket AB-123").entity.empty());  // "ab" then a separator: no run of 3
+  CHECK(key_of(*keyer, "Cancel ticket AB123").entity == "ab123");
+  CHECK(key_of(*keyer, "Cancel ticket#AB123").entity == "ab123");
+  CHECK(key_of(*keyer, "cancel TK-42").entity.empty());  // "tk" then a separator: the pattern has none
+  CHECK(key_of(*keyer, "cancel tk42").entity == "42");
+  CHECK(key_of(*keyer, "cancel tk12345").entity.empty());    // runs are whole: 5 digits is no 2..4
+  CHECK(key_of(*keyer, "cancel order 789").entity.empty());  // the built-in patterns are replaced
+  CHECK(key_of(*keyer, "cancel atk42").entity.empty());      // never inside a word
+  CHECK(key_of(builtin(), "cancel order 789").entity == "789");
+  CHECK(key_of(builtin(), "order 789, not 456").entity == "789");
+  CHECK(key_of(builtin(), "refund 200 dollars for order 789").entity == "789");  // order patterns first
+  CHECK(key_of(builtin(), "12345678901234567890123 cancel").entity.empty());     // too long for an order number
+
+  // An optional literal equal to the next one: a match that needs the
+  // optional character skipped is still found.
+  SuffixKeyerConfig tricky;
+  tricky.entity_patterns = {"x?x{d:1-3}"};
+  const auto tricky_keyer = make_keyer(tricky);
+  CHECK(key_of(*tricky_keyer, "cancel x12").entity == "12");
+  CHECK(key_of(*tricky_keyer, "cancel xx12").entity == "12");
+
+  for (const std::string& bad :
+       {std::string(""), std::string("abc"), std::string("{d:0-3}"), std::string("{d:5-3}"), std::string("{x:1-3}"),
+        std::string("{d:1-3}{a:1-3}"), std::string("?{d:1-3}"), std::string("{d:1-3"), std::string("{d:1-999}"),
+        std::string("a??{d:1-2}"), std::string("{d:1-3}?"), std::string("\xff{d:1-3}")}) {
+    SuffixKeyerConfig c;
+    c.entity_patterns = {bad};
+    std::unique_ptr<SuffixKeyer> k;
+    INFO("pattern \"" << bad << "\"");
+    CHECK(SuffixKeyer::create(c, k).code() == StatusCode::invalid_argument);
+  }
+
+  // Many optional literals over text that keeps almost matching: linear, at
+  // O(elements^2) a word (a matcher quadratic in the text takes minutes here).
+  SuffixKeyerConfig hostile;
+  hostile.max_text_bytes = 1u << 20;
+  std::string p;
+  for (int i = 0; i < 30; ++i) p += "a?";
+  hostile.entity_patterns = {p + "{d:1-5}b"};
+  const auto hostile_keyer = make_keyer(hostile);
+  std::string text;  // words of 29 'a's and a digit: every word start takes all 30 elements' states
+  while (text.size() + 32 < (256u << 10)) text += std::string(29, 'a') + "1 ";
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(code_of(*hostile_keyer, text) == StatusCode::invalid_argument);  // no content
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
+TEST_CASE("suffix key: one keyer, many threads, the same keys") {
+  const std::vector<std::string> texts = {"帮我查下订单#ORD-789的状态",
+                                          "Please check the status of order 789",
+                                          "Don't cancel order 789",
+                                          "关闭自动续费",
+                                          "hi",
+                                          "谢谢",
+                                          "\xff invalid",
+                                          "",
+                                          "Where is my refund?",
+                                          "订单9001一直没收到"};
+  std::vector<std::string> expected;
+  for (const std::string& t : texts) {
+    SuffixKey k;
+    const clm::Status s = builtin().make_key(t, k);
+    expected.push_back(s.ok() ? k.key : std::string("error: ") + s.code_name());
+  }
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int iter = 0; iter < 300; ++iter) {
+        const std::size_t i = static_cast<std::size_t>(iter * 7 + t) % texts.size();
+        SuffixKey k;
+        const clm::Status s = builtin().make_key(texts[i], k);
+        const std::string got = s.ok() ? k.key : std::string("error: ") + s.code_name();
+        if (got != expected[i]) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(mismatches.load() == 0);
+}
+
+TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
+  // Each surface alone, keyed: the data and the greedy matcher agree.
+  int checked = 0;
+  for (const auto& file : fs::directory_iterator(CLM_SUFFIX_LEXICON_DIR)) {
+    if (file.path().extension() != ".tsv") continue;
+    std::ifstream in(file.path(), std::ios::binary);
+    std::string line;
+    int line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (line.empty() || line[0] == '#') continue;
+      std::string surface, category, name;
+      std::istringstream fields(line);
+      std::getline(fields, surface, '\t');
+      std::getline(fields, category, '\t');
+      std::getline(fields, name, '\t');
+      name = name.substr(0, name.find_first_of(" \t#"));
+      INFO(file.path().filename().string() << ":" << line_no << ": " << surface << " " << category << " " << name);
+      SuffixKey k;
+      const clm::Status s = builtin().make_key(surface, k);
+      if (category == "action") {
+        REQUIRE(s.ok());
+        CHECK(k.action == name);
+      } else if (category == "object") {
+        REQUIRE(s.ok());
+        CHECK(k.object == name);
+      } else if (category == "detail") {
+        REQUIRE(s.ok());
+        CHECK(k.action == "QUERY");
+        CHECK(k.details == std::vector<std::string>{name});
+      } else if (category == "greeting") {
+        REQUIRE(s.ok());
+        CHECK(k.low_information);
+        CHECK(k.key == name);
+      } else if (category == "question") {
+        if (name == "QUERY") {
+          CHECK(s.code() == StatusCode::invalid_argument);  // a bare "what?" has no content
+        } else {
+          REQUIRE(s.ok());
+          CHECK(k.key == "QUERY-" + name);
+        }
+      } else if (category == "negation" || category == "stopword") {
+        CHECK(s.code() == StatusCode::invalid_argument);
+      } else {
+        FAIL("unknown category");
+      }
+      ++checked;
+    }
+  }
+  CHECK(checked > 500);
+}
+
+TEST_CASE("suffix key: the labelled pairs") {
+  // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
+  // should share a key (a miss costs reuse, and is reported); negation,
+  // opposite and entity pairs must not (a false hit serves a wrong answer).
+  std::ifstream in(std::string(CLM_TEST_DATA_DIR) + "/suffix_pairs.tsv", std::ios::binary);
+  REQUIRE(in.good());
+  struct Tally {
+    int paraphrases = 0, hits = 0, differ = 0, false_hits = 0;
+  };
+  Tally en, zh;
+  std::string misses, false_hits, line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> f;
+    std::istringstream fields(line);
+    for (std::string x; std::getline(fields, x, '\t');) f.push_back(x);
+    INFO("suffix_pairs.tsv:" << line_no << ": " << line);
+    REQUIRE(f.size() == 4);
+    REQUIRE((f[0] == "en" || f[0] == "zh"));
+    REQUIRE((f[1] == "paraphrase" || f[1] == "negation" || f[1] == "opposite" || f[1] == "entity"));
+    Tally& t = f[0] == "en" ? en : zh;
+    SuffixKey a, b;
+    const bool ok_a = builtin().make_key(f[2], a).ok(), ok_b = builtin().make_key(f[3], b).ok();
+    const bool same = ok_a && ok_b && a.key == b.key;
+    const std::string shown = f[2] + " => " + a.key + " | " + f[3] + " => " + b.key + "\n";
+    if (f[1] == "paraphrase") {
+      ++t.paraphrases;
+      if (same) {
+        ++t.hits;
+      } else {
+        misses += "  " + f[0] + ": " + shown;
+      }
+    } else {
+      ++t.differ;
+      if (same) {
+        ++t.false_hits;
+        false_hits += "  " + f[0] + " " + f[1] + ": " + shown;
+      }
+    }
+  }
+  CHECK(en.paraphrases + en.differ >= 150);
+  CHECK(zh.paraphrases + zh.differ >= 150);
+  auto rate = [](int n, int d) { return d ? static_cast<double>(n) / d : 0.0; };
+  char summary[512];
+  std::snprintf(summary, sizeof summary,
+                "labelled pairs: paraphrase hit rate en %.3f (%d/%d), zh %.3f (%d/%d), all %.3f; "
+                "false-hit rate en %.3f (%d/%d), zh %.3f (%d/%d), all %.3f",
+                rate(en.hits, en.paraphrases), en.hits, en.paraphrases, rate(zh.hits, zh.paraphrases), zh.hits,
+                zh.paraphrases, rate(en.hits + zh.hits, en.paraphrases + zh.paraphrases),
+                rate(en.false_hits, en.differ), en.false_hits, en.differ, rate(zh.false_hits, zh.differ), zh.false_hits,
+                zh.differ, rate(en.false_hits + zh.false_hits, en.differ + zh.differ));
+  WARN(summary << "\nparaphrase misses:\n" << misses);
+  INFO("false hits:\n" << false_hits);
+  CHECK(rate(en.false_hits + zh.false_hits, en.differ + zh.differ) <= 0.01);
+  CHECK(rate(en.false_hits, en.differ) <= 0.01);
+  CHECK(rate(zh.false_hits, zh.differ) <= 0.01);
+  CHECK(rate(en.hits + zh.hits, en.paraphrases + zh.paraphrases) >= 0.6);
+}
