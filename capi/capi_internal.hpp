@@ -68,6 +68,14 @@ constexpr std::size_t kMetricsV1 = offsetof(clm_metrics, metadata_bytes) + sizeo
 constexpr std::size_t kKvLayoutV1 = offsetof(clm_kv_layout, memory) + sizeof(int32_t);
 constexpr std::size_t kAdapterOptionsV1 = offsetof(clm_adapter_options, residual_scale) + sizeof(float);
 constexpr std::size_t kAttentionParamsV1 = offsetof(clm_attention_params, stream) + sizeof(void*);
+// Version 2 (the SRC head), frozen too: version 3 (the snapshot store) appends
+// to it, and a caller of any of these sizes gets the later fields' defaults.
+constexpr std::size_t kEngineOptionsV2 = offsetof(clm_engine_options, n_special_token_ids) + sizeof(size_t);
+constexpr std::size_t kMetricsV2 = offsetof(clm_metrics, src_injections) + sizeof(uint64_t);
+static_assert(kEngineOptionsV1 < kEngineOptionsV2 && kEngineOptionsV2 < sizeof(clm_engine_options));
+static_assert(kMetricsV1 < kMetricsV2 && kMetricsV2 < sizeof(clm_metrics));
+static_assert(offsetof(clm_engine_options, snapshot_store_path) >= kEngineOptionsV2, "version 3 appends");
+static_assert(offsetof(clm_metrics, store_lookups) >= kMetricsV2, "version 3 appends");
 
 // A caller's struct of `size` bytes as this library's full struct: the
 // caller's fields, and the defaults for fields its version did not have.

@@ -59,8 +59,19 @@ clm_engine_options default_engine_options() {
   o.src_breaker_steps = defaults.src_gate.breaker_steps;
   o.special_token_ids = nullptr;
   o.n_special_token_ids = 0;
+  const clm::SnapshotStoreConfig& store = defaults.snapshot_store;
+  o.snapshot_store_path = nullptr;
+  o.snapshot_store_shards = store.num_shards;
+  o.snapshot_dim = store.snapshot_dim;
+  o.snapshot_min_usage = store.min_usage_threshold;
+  o.snapshot_version_cosine = store.version_cosine;
+  o.snapshot_similarity_floor = store.similarity_floor;
+  o.snapshot_ann_ef_search = store.ann_ef_search;
+  o.snapshot_lookup_timeout_us = store.lookup_timeout_us;
   return o;
 }
+
+constexpr std::size_t kMaxStorePathBytes = 4096;  // PATH_MAX on Linux
 }  // namespace
 
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
@@ -121,6 +132,21 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
       config.special_token_ids.assign(options->special_token_ids,
                                       options->special_token_ids + options->n_special_token_ids);
     }
+    if (options->snapshot_store_path) {  // NULL or "": no store (the store checks the rest of its settings)
+      const std::size_t n = strnlen(options->snapshot_store_path, kMaxStorePathBytes + 1);
+      if (n > kMaxStorePathBytes) {
+        return fail(CLM_ERR_INVALID_ARGUMENT,
+                    fmt::format("clm_engine_create: snapshot_store_path is longer than {} bytes", kMaxStorePathBytes));
+      }
+      config.snapshot_store.path.assign(options->snapshot_store_path, n);
+    }
+    config.snapshot_store.num_shards = options->snapshot_store_shards;
+    config.snapshot_store.snapshot_dim = options->snapshot_dim;
+    config.snapshot_store.min_usage_threshold = options->snapshot_min_usage;
+    config.snapshot_store.version_cosine = options->snapshot_version_cosine;
+    config.snapshot_store.similarity_floor = options->snapshot_similarity_floor;
+    config.snapshot_store.ann_ef_search = options->snapshot_ann_ef_search;
+    config.snapshot_store.lookup_timeout_us = options->snapshot_lookup_timeout_us;
     auto state = std::make_shared<EngineState>();
     if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
     *out = new clm_engine{std::move(state)};
@@ -324,6 +350,28 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     full.src_breaker_trips = m.src.breaker_trips;
     full.src_baseline_sequences = m.src.baseline_sequences;
     full.src_injections = m.src.injections;
+    const clm::SnapshotStoreMetrics& st = m.store;
+    full.store_lookups = st.lookups;
+    full.store_hits_exact = st.hits_exact;
+    full.store_hits_ann = st.hits_ann;
+    full.store_hits_fallback = st.hits_fallback;
+    full.store_misses = st.misses;
+    full.store_busy_misses = st.busy_misses;
+    full.store_blacklisted_skips = st.blacklisted_skips;
+    full.store_ann_unavailable = st.ann_unavailable;
+    full.store_records = st.records;
+    full.store_counted = st.counted;
+    full.store_admissions = st.admissions;
+    full.store_confirmations = st.confirmations;
+    full.store_versions = st.versions;
+    full.store_drift_versions = st.drift_versions;
+    full.store_evictions = st.evictions;
+    full.store_corrupt_skipped = st.corrupt_skipped;
+    full.store_index_rebuilds = st.index_rebuilds;
+    full.store_outcome_reports = st.outcome_reports;
+    full.store_snapshots = st.snapshots;
+    full.store_blacklisted_keys = st.blacklisted_keys;
+    full.has_snapshot_store = m.has_snapshot_store ? 1 : 0;
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

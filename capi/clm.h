@@ -121,6 +121,16 @@ typedef struct clm_engine_options {
   int32_t src_breaker_steps;          /* default 3 */
   const int32_t *special_token_ids;   /* left out of the SRC head's mean (copied at create; default none) */
   size_t n_special_token_ids;
+  /* -- version 3: the semantic snapshot store ("snapshot store" below) -- */
+  const char *snapshot_store_path;    /* NUL-terminated directory, ":memory:" for tests; NULL or "" = no store
+                                         (copied at create; default NULL) */
+  int32_t snapshot_store_shards;      /* SQLite shards, 1..256, fixed when the store is created (default 16) */
+  int32_t snapshot_dim;               /* floats per snapshot, 1..4096, fixed when created (default 256) */
+  int64_t snapshot_min_usage;         /* sightings of a suffix before it is stored, >= 1 (default 50) */
+  float snapshot_version_cosine;      /* (0, 1]: a record below this cosine is a new version (default 0.95) */
+  float snapshot_similarity_floor;    /* [-1, 1]: level 2 serves nothing below this cosine (default 0.80) */
+  int32_t snapshot_ann_ef_search;     /* level 2's search breadth (default 128) */
+  int32_t snapshot_lookup_timeout_us; /* a lookup waits this long for a busy shard, then misses (default 2000) */
 } clm_engine_options;
 
 /* Fills *options with defaults. struct_size: sizeof(*options) as compiled by
@@ -220,6 +230,28 @@ typedef struct clm_metrics {
   uint64_t src_breaker_trips;      /* sequences switched to baseline mode, ever */
   int64_t src_baseline_sequences;  /* running sequences in baseline mode now */
   uint64_t src_injections;         /* sequence-layers that received a snapshot */
+  /* -- version 3: the snapshot store (all 0 without one) -- */
+  uint64_t store_lookups;           /* suffixes looked up */
+  uint64_t store_hits_exact;        /* ... answered at level 1 */
+  uint64_t store_hits_ann;          /* ... at level 2 */
+  uint64_t store_hits_fallback;     /* ... at level 3 */
+  uint64_t store_misses;            /* ... not answered (busy and blacklisted keys included) */
+  uint64_t store_busy_misses;       /* misses because a shard stayed busy past snapshot_lookup_timeout_us */
+  uint64_t store_blacklisted_skips; /* lookups or level-2 candidates refused for a blacklisted key */
+  uint64_t store_ann_unavailable;   /* level-2 lookups while the index was being rebuilt */
+  uint64_t store_records;           /* snapshots recorded */
+  uint64_t store_counted;           /* ... only counted: below snapshot_min_usage */
+  uint64_t store_admissions;        /* suffixes stored for the first time */
+  uint64_t store_confirmations;     /* records that agreed with the newest version */
+  uint64_t store_versions;          /* new versions of stored suffixes (cosine or drift) */
+  uint64_t store_drift_versions;    /* ... of them started by drift */
+  uint64_t store_evictions;         /* rows deleted by clm_engine_evict_snapshots */
+  uint64_t store_corrupt_skipped;   /* rows skipped because their checksum or header failed */
+  uint64_t store_index_rebuilds;    /* similarity indexes rebuilt from the database */
+  uint64_t store_outcome_reports;   /* outcomes reported (clm_engine_report_snapshot_outcome) */
+  int64_t store_snapshots;          /* rows stored now */
+  int64_t store_blacklisted_keys;   /* keys blacklisted now */
+  int32_t has_snapshot_store;       /* 1 when the engine was created with a store */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */
@@ -321,6 +353,115 @@ CLM_API clm_status clm_engine_inject_snapshots(clm_engine *engine, void *hidden_
                                                int32_t hidden, clm_seq *const *seqs, size_t n_seqs,
                                                const int32_t *indptr, const float *snapshots, int32_t snapshot_dim,
                                                const uint8_t *apply, int32_t layer);
+
+/* ---- CLM suffix reuse: the snapshot store (docs/c-api.md, "Snapshot store") --
+ * An engine created with options->snapshot_store_path keeps the snapshots a
+ * host records of repeated suffixes (SQLite shards, an HNSW index per tenant)
+ * and finds them again for a reuse decision. A suffix is named either by the
+ * user's text, which the engine's keyer turns into a key ("Please check the
+ * status of order 789" and "What's the status of order #789?" share
+ * "ORDER-789-QUERY-STATUS"), or by a key of the host's own (1..256 printable
+ * ASCII bytes) with the group level 2 must agree on. A sequence's tenant is
+ * its cache salt and adapter id: no tenant ever sees another's snapshots,
+ * fallbacks or blacklist at any level. Every call below is
+ * CLM_ERR_FAILED_PRECONDITION on an engine without a store. */
+#define CLM_SUFFIX_TEXT 0 /* suffixes[i] is the user's text (UTF-8); groups must be NULL */
+#define CLM_SUFFIX_KEY 1  /* suffixes[i] is the host's key; groups[i] its group (NULL or "" = the key itself) */
+
+/* Where a lookup found its snapshot. */
+#define CLM_SNAPSHOT_MISS 0     /* nothing: the snapshot is zeros and apply 0 */
+#define CLM_SNAPSHOT_EXACT 1    /* level 1: the key's newest stable version (else its newest, stable = 0) */
+#define CLM_SNAPSHOT_ANN 2      /* level 2: the nearest stored snapshot of the same group (needs a query) */
+#define CLM_SNAPSHOT_FALLBACK 3 /* level 3: the tenant's generic snapshot of a greeting or thanks */
+
+/* What recording a snapshot did (clm_engine_record_snapshot). */
+#define CLM_RECORD_COUNTED 0     /* seen fewer than snapshot_min_usage times: counted, not stored */
+#define CLM_RECORD_ADMITTED 1    /* stored as version 1 */
+#define CLM_RECORD_CONFIRMED 2   /* agrees with the newest version (cosine >= snapshot_version_cosine) */
+#define CLM_RECORD_NEW_VERSION 3 /* cosine below snapshot_version_cosine: stored as a new version */
+#define CLM_RECORD_DRIFTED 4     /* the key's recent records drifted apart: stored as a new version */
+
+#define CLM_SNAPSHOT_KEY_BYTES 264 /* room for a key of up to 263 bytes and its NUL */
+
+/* One sequence's lookup result. An element of an output array, so it has a
+ * fixed size and no struct_size: its layout never changes within a SONAME.
+ * Later fields can only take the place of `reserved`, which this release
+ * writes as zeros. */
+typedef struct clm_snapshot_hit {
+  int32_t level;         /* CLM_SNAPSHOT_* */
+  float similarity;      /* cosine of the query and the snapshot (level 1 without a query: 1; level 3: 0) */
+  int32_t version;       /* the served version (levels 1 and 2; else 0) */
+  uint32_t key_len;      /* bytes of the served key, which may exceed what `key` holds (see key_truncated) */
+  uint64_t fingerprint;  /* FNV-1a 64 of the served key (0 on a miss) */
+  uint8_t stable;        /* level 1: the version is stable (confirmed by later records) */
+  uint8_t key_truncated; /* 1 when key_len > CLM_SNAPSHOT_KEY_BYTES - 1: `key` holds its first bytes */
+  uint8_t reserved[30];
+  char key[CLM_SNAPSHOT_KEY_BYTES]; /* the served key, NUL-terminated: the suffix's own at level 1, a
+                                       neighbour's at level 2, the fallback's name at level 3, "" on a miss */
+} clm_snapshot_hit;
+
+/* The key the engine's keyer makes of text[0, text_len) (UTF-8, at most 16
+ * KiB). *key_len always receives the key's length in bytes (without the
+ * NUL); when key_len + 1 exceeds key_capacity nothing is written to key and
+ * CLM_ERR_INVALID_ARGUMENT is returned, so key = NULL, key_capacity = 0 is a
+ * sizing call. *fingerprint (NULL: not wanted) receives the key's FNV-1a 64.
+ * Text with no content, invalid UTF-8 or too long is CLM_ERR_INVALID_ARGUMENT. */
+CLM_API clm_status clm_suffix_key(char *key, size_t key_capacity, size_t *key_len, uint64_t *fingerprint,
+                                  const clm_engine *engine, const char *text, size_t text_len);
+
+/* Looks up a snapshot for each running sequence seqs[i] under its tenant:
+ * suffixes[i] (suffix_lens[i] bytes) names its suffix as suffix_kind says;
+ * with CLM_SUFFIX_KEY, groups[i] / group_lens[i] (groups NULL: none) name
+ * its group. queries [n_seqs * snapshot_dim] (NULL with queries_len 0: level
+ * 2 is skipped) are the sequences' query snapshots. Writes hits[n_seqs],
+ * snapshots [snapshots_len = n_seqs * snapshot_dim] (unit length on a hit,
+ * zeros on a miss) and apply[n_seqs] (1 on a hit): what
+ * clm_engine_inject_snapshots takes. Each lookup is also reported to the SRC
+ * breaker as clm_engine_report_retrieval would (found = hit): do not report
+ * it again. Everything is checked first (lengths, suffix_kind, keys, NaN/Inf
+ * or zero queries, a sequence listed twice); on error nothing is written and
+ * nothing changes. */
+CLM_API clm_status clm_engine_lookup_snapshots(clm_snapshot_hit *hits, float *snapshots, size_t snapshots_len,
+                                               uint8_t *apply, clm_engine *engine, clm_seq *const *seqs,
+                                               size_t n_seqs, const char *const *suffixes, const size_t *suffix_lens,
+                                               const char *const *groups, const size_t *group_lens,
+                                               int32_t suffix_kind, const float *queries, size_t queries_len);
+
+/* Records snapshot [snapshot_len = snapshot_dim] (normalised; stored as f16)
+ * of a running sequence's suffix under its tenant: counts the suffix and,
+ * once it has been seen snapshot_min_usage times, stores it, as a new
+ * version when it disagrees with the newest one. *result receives a
+ * CLM_RECORD_* value, *version the key's newest version afterwards (0 while
+ * counted). group / group_len as in clm_engine_lookup_snapshots (NULL with
+ * CLM_SUFFIX_TEXT). A NaN/Inf or zero snapshot is CLM_ERR_INVALID_ARGUMENT;
+ * a database that cannot be written is CLM_ERR_IO. Nothing is stored on error. */
+CLM_API clm_status clm_engine_record_snapshot(int32_t *result, int32_t *version, clm_engine *engine, clm_seq *seq,
+                                              const char *suffix, size_t suffix_len, const char *group,
+                                              size_t group_len, int32_t suffix_kind, const float *snapshot,
+                                              size_t snapshot_len);
+
+/* Whether the snapshot the last lookup served each sequence was right
+ * (correct[i] != 0). A key whose accuracy falls below 95% (over at least 20
+ * reports in 5 minutes) is blacklisted for its tenant for a day and served at
+ * no level. A sequence whose last lookup served nothing is
+ * CLM_ERR_FAILED_PRECONDITION; one listed twice CLM_ERR_INVALID_ARGUMENT. */
+CLM_API clm_status clm_engine_report_snapshot_outcome(clm_engine *engine, clm_seq *const *seqs, size_t n_seqs,
+                                                      const uint8_t *correct);
+
+/* Sets level 3's generic snapshot [snapshot_len = snapshot_dim] for the
+ * tenant of the sequences admitted with cache salt tenant_salt[0, salt_len)
+ * (NULL, 0: no salt) and adapter_id: name is a greeting's key ("GREETING",
+ * "THANKS", as clm_suffix_key gives them) or "*" for all of them, 1..256
+ * bytes. Replaces an earlier one; persisted. */
+CLM_API clm_status clm_engine_set_fallback_snapshot(clm_engine *engine, const char *tenant_salt, size_t salt_len,
+                                                    int32_t adapter_id, const char *name, size_t name_len,
+                                                    const float *snapshot, size_t snapshot_len);
+
+/* Writes the lookups' pending usage counts and saves every index file. */
+CLM_API clm_status clm_engine_flush_snapshot_store(clm_engine *engine);
+/* Deletes the snapshots unused for 30 days and used fewer than 5 times, with
+ * their index entries, then vacuums; *deleted receives how many. */
+CLM_API clm_status clm_engine_evict_snapshots(int64_t *deleted, clm_engine *engine);
 
 /* ---- attention and KV kernels over the engine's pool (docs/kernels.md) ----
  * For a host that brings its own weights: write the K/V of new tokens into

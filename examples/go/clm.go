@@ -57,6 +57,7 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -129,6 +130,27 @@ type EngineOptions struct {
 	SRCBreakerSteps int32
 	// SpecialTokenIDs are left out of the SRC head's running mean (copied).
 	SpecialTokenIDs []int32
+
+	// Version 3: the semantic snapshot store (store.go).
+
+	// SnapshotStorePath is the store's directory (":memory:" keeps it in
+	// memory, for tests); "" is no store. Copied at creation.
+	SnapshotStorePath string
+	// SnapshotStoreShards (1..256) and SnapshotDim (floats per snapshot,
+	// 1..4096) are fixed when the store is created.
+	SnapshotStoreShards int32
+	SnapshotDim         int32
+	// SnapshotMinUsage is how often a suffix is seen before it is stored (>= 1).
+	SnapshotMinUsage int64
+	// SnapshotVersionCosine in (0, 1]: a record below this cosine to the
+	// newest version is a new version.
+	SnapshotVersionCosine float32
+	// SnapshotSimilarityFloor in [-1, 1]: level 2 serves nothing below it.
+	SnapshotSimilarityFloor float32
+	// SnapshotANNEfSearch is level 2's search breadth.
+	SnapshotANNEfSearch int32
+	// SnapshotLookupTimeoutUS: a lookup waits this long for a busy shard, then misses.
+	SnapshotLookupTimeoutUS int32
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -159,6 +181,14 @@ func DefaultEngineOptions() (EngineOptions, error) {
 		SRCThreshold:          float32(c.src_threshold),
 		SRCBreakerScore:       float32(c.src_breaker_score),
 		SRCBreakerSteps:       int32(c.src_breaker_steps),
+
+		SnapshotStoreShards:     int32(c.snapshot_store_shards),
+		SnapshotDim:             int32(c.snapshot_dim),
+		SnapshotMinUsage:        int64(c.snapshot_min_usage),
+		SnapshotVersionCosine:   float32(c.snapshot_version_cosine),
+		SnapshotSimilarityFloor: float32(c.snapshot_similarity_floor),
+		SnapshotANNEfSearch:     int32(c.snapshot_ann_ef_search),
+		SnapshotLookupTimeoutUS: int32(c.snapshot_lookup_timeout_us),
 	}, nil
 }
 
@@ -235,6 +265,29 @@ type Metrics struct {
 	SRCBreakerTrips      uint64  // sequences switched to baseline mode, ever
 	SRCBaselineSequences int64   // running sequences in baseline mode now
 	SRCInjections        uint64  // sequence-layers that received a snapshot
+
+	// Version 3: the snapshot store (all 0 without one).
+	HasSnapshotStore      bool   // the engine was created with a store
+	StoreLookups          uint64 // suffixes looked up (LookupSnapshots)
+	StoreHitsExact        uint64 // ... answered at level 1
+	StoreHitsANN          uint64 // ... at level 2
+	StoreHitsFallback     uint64 // ... at level 3
+	StoreMisses           uint64 // ... not answered (including busy and blacklisted ones)
+	StoreBusyMisses       uint64 // misses because a shard stayed busy past the lookup timeout
+	StoreBlacklistedSkips uint64 // lookups or level-2 candidates refused for a blacklisted key
+	StoreANNUnavailable   uint64 // level-2 lookups while the index was being rebuilt
+	StoreRecords          uint64 // snapshots recorded (RecordSnapshot)
+	StoreCounted          uint64 // ... only counted: below SnapshotMinUsage
+	StoreAdmissions       uint64 // suffixes stored for the first time
+	StoreConfirmations    uint64 // records that agreed with the newest version
+	StoreVersions         uint64 // new versions of stored suffixes (cosine or drift)
+	StoreDriftVersions    uint64 // ... of them started by drift
+	StoreEvictions        uint64 // rows deleted by EvictSnapshots
+	StoreCorruptSkipped   uint64 // rows skipped because their checksum or header failed
+	StoreIndexRebuilds    uint64 // similarity indexes rebuilt from the database
+	StoreOutcomeReports   uint64 // outcomes reported (ReportSnapshotOutcome)
+	StoreSnapshots        int64  // rows stored now
+	StoreBlacklistedKeys  int64  // keys blacklisted now
 }
 
 // PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
@@ -252,6 +305,8 @@ type Engine struct {
 	ptr    *C.clm_engine
 	closed atomic.Bool // read by Seqs without taking mu
 	layout KVLayout    // the pool's shape, for the kernels' checks (kernels.go)
+	// snapshotDim is the store's SnapshotDim as created, 0 without a store (store.go).
+	snapshotDim int
 }
 
 // NewEngine creates an engine (clm_engine_create).
@@ -274,6 +329,27 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	c.src_threshold = C.float(opts.SRCThreshold)
 	c.src_breaker_score = C.float(opts.SRCBreakerScore)
 	c.src_breaker_steps = C.int32_t(opts.SRCBreakerSteps)
+	c.snapshot_store_shards = C.int32_t(opts.SnapshotStoreShards)
+	c.snapshot_dim = C.int32_t(opts.SnapshotDim)
+	c.snapshot_min_usage = C.int64_t(opts.SnapshotMinUsage)
+	c.snapshot_version_cosine = C.float(opts.SnapshotVersionCosine)
+	c.snapshot_similarity_floor = C.float(opts.SnapshotSimilarityFloor)
+	c.snapshot_ann_ef_search = C.int32_t(opts.SnapshotANNEfSearch)
+	c.snapshot_lookup_timeout_us = C.int32_t(opts.SnapshotLookupTimeoutUS)
+	snapshotDim := 0
+	if opts.SnapshotStorePath != "" {
+		if strings.IndexByte(opts.SnapshotStorePath, 0) >= 0 {
+			return nil, &Error{code: InvalidArgument, op: "clm_engine_create",
+				msg: "SnapshotStorePath " + strconv.Quote(opts.SnapshotStorePath) + " contains a NUL byte"}
+		}
+		// C memory, so the struct may carry it into C (and it is freed after).
+		path := C.CString(opts.SnapshotStorePath)
+		defer C.free(unsafe.Pointer(path))
+		c.snapshot_store_path = path
+		if opts.SnapshotDim > 0 {
+			snapshotDim = int(opts.SnapshotDim)
+		}
+	}
 	var ptr *C.clm_engine
 	special := opts.SpecialTokenIDs
 	err := call("clm_engine_create", func() C.clm_status {
@@ -283,7 +359,7 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{ptr: ptr}
+	e := &Engine{ptr: ptr, snapshotDim: snapshotDim}
 	runtime.SetFinalizer(e, (*Engine).free)
 	layout, err := e.KVLayout()
 	if err != nil {
@@ -454,6 +530,28 @@ func (e *Engine) Metrics() (Metrics, error) {
 		SRCBreakerTrips:      uint64(c.src_breaker_trips),
 		SRCBaselineSequences: int64(c.src_baseline_sequences),
 		SRCInjections:        uint64(c.src_injections),
+
+		HasSnapshotStore:      c.has_snapshot_store != 0,
+		StoreLookups:          uint64(c.store_lookups),
+		StoreHitsExact:        uint64(c.store_hits_exact),
+		StoreHitsANN:          uint64(c.store_hits_ann),
+		StoreHitsFallback:     uint64(c.store_hits_fallback),
+		StoreMisses:           uint64(c.store_misses),
+		StoreBusyMisses:       uint64(c.store_busy_misses),
+		StoreBlacklistedSkips: uint64(c.store_blacklisted_skips),
+		StoreANNUnavailable:   uint64(c.store_ann_unavailable),
+		StoreRecords:          uint64(c.store_records),
+		StoreCounted:          uint64(c.store_counted),
+		StoreAdmissions:       uint64(c.store_admissions),
+		StoreConfirmations:    uint64(c.store_confirmations),
+		StoreVersions:         uint64(c.store_versions),
+		StoreDriftVersions:    uint64(c.store_drift_versions),
+		StoreEvictions:        uint64(c.store_evictions),
+		StoreCorruptSkipped:   uint64(c.store_corrupt_skipped),
+		StoreIndexRebuilds:    uint64(c.store_index_rebuilds),
+		StoreOutcomeReports:   uint64(c.store_outcome_reports),
+		StoreSnapshots:        int64(c.store_snapshots),
+		StoreBlacklistedKeys:  int64(c.store_blacklisted_keys),
 	}, nil
 }
 

@@ -43,6 +43,19 @@
 #if CLM_DTYPE_F32 != 0 || CLM_DTYPE_F16 != 1 || CLM_DTYPE_BF16 != 2
 #error "activation dtypes changed: they are ABI"
 #endif
+#if CLM_SUFFIX_TEXT != 0 || CLM_SUFFIX_KEY != 1
+#error "suffix kinds changed: they are ABI"
+#endif
+#if CLM_SNAPSHOT_MISS != 0 || CLM_SNAPSHOT_EXACT != 1 || CLM_SNAPSHOT_ANN != 2 || CLM_SNAPSHOT_FALLBACK != 3
+#error "snapshot levels changed: they are ABI"
+#endif
+#if CLM_RECORD_COUNTED != 0 || CLM_RECORD_ADMITTED != 1 || CLM_RECORD_CONFIRMED != 2 || \
+    CLM_RECORD_NEW_VERSION != 3 || CLM_RECORD_DRIFTED != 4
+#error "record results changed: they are ABI"
+#endif
+#if CLM_SNAPSHOT_KEY_BYTES != 264
+#error "CLM_SNAPSHOT_KEY_BYTES changed: it sizes clm_snapshot_hit, an array element"
+#endif
 
 /* C99 has no _Static_assert: a negative array size fails the build. */
 #define C99_STATIC_ASSERT(cond, name) typedef char c99_static_assert_##name[(cond) ? 1 : -1]
@@ -63,10 +76,20 @@ C99_STATIC_ASSERT(offsetof(clm_engine_options, src_daily_requests) >=
 C99_STATIC_ASSERT(offsetof(clm_metrics, src_threshold) >= offsetof(clm_metrics, metadata_bytes) + sizeof(uint64_t),
                   metrics_v2_appended);
 C99_STATIC_ASSERT(sizeof(clm_src_decision) == 2 * sizeof(float) + 4, src_decision_is_packed_plain_data);
+/* Version 3 appends too. */
+C99_STATIC_ASSERT(offsetof(clm_engine_options, snapshot_store_path) >=
+                      offsetof(clm_engine_options, n_special_token_ids) + sizeof(size_t),
+                  engine_options_v3_appended);
+C99_STATIC_ASSERT(offsetof(clm_metrics, store_lookups) >= offsetof(clm_metrics, src_injections) + sizeof(uint64_t),
+                  metrics_v3_appended);
+/* clm_snapshot_hit is an array element with no struct_size: its layout is fixed. */
+C99_STATIC_ASSERT(offsetof(clm_snapshot_hit, fingerprint) == 16, snapshot_hit_fingerprint_at_16);
+C99_STATIC_ASSERT(offsetof(clm_snapshot_hit, key) == 56, snapshot_hit_key_at_56);
+C99_STATIC_ASSERT(sizeof(clm_snapshot_hit) == 56 + CLM_SNAPSHOT_KEY_BYTES, snapshot_hit_is_320_bytes);
 
 /* Every field, with its type (a wrong type warns, and warnings are errors). */
 static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layout *kl, clm_metrics *m,
-                      clm_src_decision *sd, clm_adapter_options *ad, clm_attention_params *ap) {
+                      clm_src_decision *sd, clm_adapter_options *ad, clm_attention_params *ap, clm_snapshot_hit *sh) {
   uint32_t *u32;
   int32_t *i32;
   int64_t *i64;
@@ -76,6 +99,7 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   double *f64;
   size_t *sz;
   const char **str;
+  char *chars;
   const int32_t **ids;
   void **ptr;
   clm_engine *engine = NULL; /* opaque: only pointers to them exist */
@@ -98,6 +122,14 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i32 = &eo->src_breaker_steps;
   ids = &eo->special_token_ids;
   sz = &eo->n_special_token_ids;
+  str = &eo->snapshot_store_path;
+  i32 = &eo->snapshot_store_shards;
+  i32 = &eo->snapshot_dim;
+  i64 = &eo->snapshot_min_usage;
+  f32 = &eo->snapshot_version_cosine;
+  f32 = &eo->snapshot_similarity_floor;
+  i32 = &eo->snapshot_ann_ef_search;
+  i32 = &eo->snapshot_lookup_timeout_us;
 
   u32 = &ao->struct_size;
   str = &ao->cache_salt;
@@ -144,6 +176,27 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   u64 = &m->src_breaker_trips;
   i64 = &m->src_baseline_sequences;
   u64 = &m->src_injections;
+  u64 = &m->store_lookups;
+  u64 = &m->store_hits_exact;
+  u64 = &m->store_hits_ann;
+  u64 = &m->store_hits_fallback;
+  u64 = &m->store_misses;
+  u64 = &m->store_busy_misses;
+  u64 = &m->store_blacklisted_skips;
+  u64 = &m->store_ann_unavailable;
+  u64 = &m->store_records;
+  u64 = &m->store_counted;
+  u64 = &m->store_admissions;
+  u64 = &m->store_confirmations;
+  u64 = &m->store_versions;
+  u64 = &m->store_drift_versions;
+  u64 = &m->store_evictions;
+  u64 = &m->store_corrupt_skipped;
+  u64 = &m->store_index_rebuilds;
+  u64 = &m->store_outcome_reports;
+  i64 = &m->store_snapshots;
+  i64 = &m->store_blacklisted_keys;
+  i32 = &m->has_snapshot_store;
 
   f32 = &sd->score;
   f32 = &sd->threshold;
@@ -166,7 +219,18 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i32 = &ap->num_threads;
   ptr = &ap->stream;
 
-  (void)u32, (void)i32, (void)i64, (void)u64, (void)u8, (void)f32, (void)f64, (void)sz, (void)str, (void)ids, (void)ptr;
+  i32 = &sh->level;
+  f32 = &sh->similarity;
+  i32 = &sh->version;
+  u32 = &sh->key_len;
+  u64 = &sh->fingerprint;
+  u8 = &sh->stable;
+  u8 = &sh->key_truncated;
+  u8 = sh->reserved;
+  chars = sh->key;
+
+  (void)u32, (void)i32, (void)i64, (void)u64, (void)u8, (void)f32, (void)f64, (void)sz, (void)str, (void)chars,
+      (void)ids, (void)ptr;
   (void)engine, (void)seq;
 }
 
@@ -218,6 +282,24 @@ static clm_status (*const p_engine_set_snapshot_adapter)(clm_engine *, int32_t, 
 static clm_status (*const p_engine_inject_snapshots)(clm_engine *, void *, int32_t, size_t, int32_t, clm_seq *const *,
                                                      size_t, const int32_t *, const float *, int32_t, const uint8_t *,
                                                      int32_t) = clm_engine_inject_snapshots;
+
+/* CLM suffix reuse: the snapshot store. */
+static clm_status (*const p_suffix_key)(char *, size_t, size_t *, uint64_t *, const clm_engine *, const char *,
+                                        size_t) = clm_suffix_key;
+static clm_status (*const p_engine_lookup_snapshots)(clm_snapshot_hit *, float *, size_t, uint8_t *, clm_engine *,
+                                                     clm_seq *const *, size_t, const char *const *, const size_t *,
+                                                     const char *const *, const size_t *, int32_t, const float *,
+                                                     size_t) = clm_engine_lookup_snapshots;
+static clm_status (*const p_engine_record_snapshot)(int32_t *, int32_t *, clm_engine *, clm_seq *, const char *,
+                                                    size_t, const char *, size_t, int32_t, const float *,
+                                                    size_t) = clm_engine_record_snapshot;
+static clm_status (*const p_engine_report_snapshot_outcome)(clm_engine *, clm_seq *const *, size_t,
+                                                            const uint8_t *) = clm_engine_report_snapshot_outcome;
+static clm_status (*const p_engine_set_fallback_snapshot)(clm_engine *, const char *, size_t, int32_t, const char *,
+                                                          size_t, const float *,
+                                                          size_t) = clm_engine_set_fallback_snapshot;
+static clm_status (*const p_engine_flush_snapshot_store)(clm_engine *) = clm_engine_flush_snapshot_store;
+static clm_status (*const p_engine_evict_snapshots)(int64_t *, clm_engine *) = clm_engine_evict_snapshots;
 
 /* Attention and KV kernels. */
 static clm_status (*const p_attention_params_init)(clm_attention_params *, size_t) = clm_attention_params_init;
@@ -277,9 +359,24 @@ int main(void) {
   const int64_t kv_slots[1] = {0};
   const int32_t kv_pages[1] = {0}, kv_indptr[2] = {0, 1}, kv_last[1] = {1};
   unsigned char page_buffer[1];
+  /* The snapshot store: a second engine, in memory, 2-float snapshots. */
+  clm_engine *store_engine = NULL;
+  clm_seq *store_seq = NULL;
+  clm_snapshot_hit hit;
+  const char *suffixes[1] = {"C99-KEY"};
+  const size_t suffix_lens[1] = {7};
+  const float stored[2] = {3.0f, 4.0f};
+  float served[2] = {0.0f, 0.0f};
+  uint8_t served_apply[1] = {0};
+  const uint8_t correct[1] = {1};
+  char key[CLM_SNAPSHOT_KEY_BYTES];
+  size_t key_len = 0;
+  uint64_t fingerprint = 0;
+  int32_t record_result = -1, record_version = -1;
+  int64_t deleted = -1;
   size_t i;
 
-  use_types(&options, &admit, &layout, &metrics, &decision, &adapter, &params);
+  use_types(&options, &admit, &layout, &metrics, &decision, &adapter, &params, &hit);
   (void)kinds;
   (void)modes;
   for (i = 0; i < sizeof codes / sizeof codes[0]; ++i) {
@@ -373,6 +470,11 @@ int main(void) {
   s = p_engine_scatter_pages(engine, kv_pages, 1, page_buffer, sizeof page_buffer, NULL);
   if (s != CLM_ERR_FAILED_PRECONDITION) return fail("scatter_pages without KV bytes", s);
 
+  /* This engine has no snapshot store. */
+  if ((s = p_engine_flush_snapshot_store(engine)) != CLM_ERR_FAILED_PRECONDITION) {
+    return fail("flush_snapshot_store without a store", s);
+  }
+
   if ((s = p_seq_finish(seq)) != CLM_OK) return fail("seq_finish", s);
   if ((s = p_seq_abort(seq)) != CLM_ERR_FAILED_PRECONDITION) return fail("seq_abort after finish", s);
   p_seq_free(seq);
@@ -385,6 +487,48 @@ int main(void) {
     return fail("metrics contents", CLM_ERR_INTERNAL);
   }
   p_engine_free(engine);
+
+  /* The snapshot store: record a host key, find it again at level 1. */
+  if ((s = p_engine_options_init(&options, sizeof options)) != CLM_OK) return fail("engine_options_init", s);
+  options.num_pages = 8;
+  options.memory = CLM_MEMORY_NONE;
+  options.snapshot_store_path = ":memory:";
+  options.snapshot_store_shards = 1;
+  options.snapshot_dim = 2;
+  options.snapshot_min_usage = 1;
+  if ((s = p_engine_create(&store_engine, &options)) != CLM_OK) return fail("engine_create with a store", s);
+  if ((s = p_engine_admit(&store_seq, store_engine, prompt, 5, &admit)) != CLM_OK) return fail("engine_admit", s);
+  s = p_engine_record_snapshot(&record_result, &record_version, store_engine, store_seq, suffixes[0], suffix_lens[0],
+                               NULL, 0, CLM_SUFFIX_KEY, stored, 2);
+  if (s != CLM_OK) return fail("engine_record_snapshot", s);
+  if (record_result != CLM_RECORD_ADMITTED || record_version != 1) return fail("record result", CLM_ERR_INTERNAL);
+  s = p_engine_lookup_snapshots(&hit, served, 2, served_apply, store_engine, &store_seq, 1, suffixes, suffix_lens, NULL,
+                                NULL, CLM_SUFFIX_KEY, NULL, 0);
+  if (s != CLM_OK) return fail("engine_lookup_snapshots", s);
+  /* 3/5 and 4/5 are within f16's rounding of 0.6 and 0.8. */
+  if (hit.level != CLM_SNAPSHOT_EXACT || served_apply[0] != 1 || strcmp(hit.key, "C99-KEY") != 0 ||
+      hit.key_len != 7 || served[0] < 0.599f || served[0] > 0.601f || served[1] < 0.799f || served[1] > 0.801f) {
+    return fail("lookup contents", CLM_ERR_INTERNAL);
+  }
+  if ((s = p_engine_report_snapshot_outcome(store_engine, &store_seq, 1, correct)) != CLM_OK) {
+    return fail("engine_report_snapshot_outcome", s);
+  }
+  s = p_suffix_key(key, sizeof key, &key_len, &fingerprint, store_engine, "thanks", 6);
+  if (s != CLM_OK) return fail("suffix_key", s);
+  if (strcmp(key, "THANKS") != 0 || key_len != 6 || fingerprint == 0) return fail("suffix_key contents", s);
+  s = p_engine_set_fallback_snapshot(store_engine, admit.cache_salt, admit.cache_salt_len, 0, "*", 1, stored, 2);
+  if (s != CLM_OK) return fail("engine_set_fallback_snapshot", s);
+  if ((s = p_engine_flush_snapshot_store(store_engine)) != CLM_OK) return fail("engine_flush_snapshot_store", s);
+  if ((s = p_engine_evict_snapshots(&deleted, store_engine)) != CLM_OK) return fail("engine_evict_snapshots", s);
+  memset(&metrics, 0, sizeof metrics);
+  metrics.struct_size = sizeof metrics;
+  if ((s = p_engine_metrics(&metrics, store_engine)) != CLM_OK) return fail("engine_metrics", s);
+  if (deleted != 0 || metrics.has_snapshot_store != 1 || metrics.store_records != 1 || metrics.store_hits_exact != 1 ||
+      metrics.store_snapshots != 1 || metrics.store_outcome_reports != 1) {
+    return fail("store metrics contents", CLM_ERR_INTERNAL);
+  }
+  p_seq_free(store_seq);
+  p_engine_free(store_engine);
   printf("c99_header: clmcache %s, C99 header ok\n", p_version_string());
   return 0;
 }

@@ -21,6 +21,7 @@ int main(void) {
   TYPE(clm_src_decision);
   TYPE(clm_adapter_options);
   TYPE(clm_attention_params);
+  TYPE(clm_snapshot_hit);
   printf("];\n");
 
   printf("pub const C_FIELDS: &[(&str, usize, usize)] = &[\n");
@@ -41,6 +42,14 @@ int main(void) {
   FIELD(clm_engine_options, src_breaker_steps);
   FIELD(clm_engine_options, special_token_ids);
   FIELD(clm_engine_options, n_special_token_ids);
+  FIELD(clm_engine_options, snapshot_store_path);
+  FIELD(clm_engine_options, snapshot_store_shards);
+  FIELD(clm_engine_options, snapshot_dim);
+  FIELD(clm_engine_options, snapshot_min_usage);
+  FIELD(clm_engine_options, snapshot_version_cosine);
+  FIELD(clm_engine_options, snapshot_similarity_floor);
+  FIELD(clm_engine_options, snapshot_ann_ef_search);
+  FIELD(clm_engine_options, snapshot_lookup_timeout_us);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);
@@ -87,6 +96,27 @@ int main(void) {
   FIELD(clm_metrics, src_breaker_trips);
   FIELD(clm_metrics, src_baseline_sequences);
   FIELD(clm_metrics, src_injections);
+  FIELD(clm_metrics, store_lookups);
+  FIELD(clm_metrics, store_hits_exact);
+  FIELD(clm_metrics, store_hits_ann);
+  FIELD(clm_metrics, store_hits_fallback);
+  FIELD(clm_metrics, store_misses);
+  FIELD(clm_metrics, store_busy_misses);
+  FIELD(clm_metrics, store_blacklisted_skips);
+  FIELD(clm_metrics, store_ann_unavailable);
+  FIELD(clm_metrics, store_records);
+  FIELD(clm_metrics, store_counted);
+  FIELD(clm_metrics, store_admissions);
+  FIELD(clm_metrics, store_confirmations);
+  FIELD(clm_metrics, store_versions);
+  FIELD(clm_metrics, store_drift_versions);
+  FIELD(clm_metrics, store_evictions);
+  FIELD(clm_metrics, store_corrupt_skipped);
+  FIELD(clm_metrics, store_index_rebuilds);
+  FIELD(clm_metrics, store_outcome_reports);
+  FIELD(clm_metrics, store_snapshots);
+  FIELD(clm_metrics, store_blacklisted_keys);
+  FIELD(clm_metrics, has_snapshot_store);
 
   FIELD(clm_src_decision, score);
   FIELD(clm_src_decision, threshold);
@@ -108,6 +138,16 @@ int main(void) {
   FIELD(clm_attention_params, sliding_window);
   FIELD(clm_attention_params, num_threads);
   FIELD(clm_attention_params, stream);
+
+  FIELD(clm_snapshot_hit, level);
+  FIELD(clm_snapshot_hit, similarity);
+  FIELD(clm_snapshot_hit, version);
+  FIELD(clm_snapshot_hit, key_len);
+  FIELD(clm_snapshot_hit, fingerprint);
+  FIELD(clm_snapshot_hit, stable);
+  FIELD(clm_snapshot_hit, key_truncated);
+  FIELD(clm_snapshot_hit, reserved);
+  FIELD(clm_snapshot_hit, key);
   printf("];\n");
 
   printf("pub const C_CONSTANTS: &[(&str, i64)] = &[\n");
@@ -138,6 +178,18 @@ int main(void) {
   CONST(CLM_DTYPE_F32);
   CONST(CLM_DTYPE_F16);
   CONST(CLM_DTYPE_BF16);
+  CONST(CLM_SUFFIX_TEXT);
+  CONST(CLM_SUFFIX_KEY);
+  CONST(CLM_SNAPSHOT_MISS);
+  CONST(CLM_SNAPSHOT_EXACT);
+  CONST(CLM_SNAPSHOT_ANN);
+  CONST(CLM_SNAPSHOT_FALLBACK);
+  CONST(CLM_RECORD_COUNTED);
+  CONST(CLM_RECORD_ADMITTED);
+  CONST(CLM_RECORD_CONFIRMED);
+  CONST(CLM_RECORD_NEW_VERSION);
+  CONST(CLM_RECORD_DRIFTED);
+  CONST(CLM_SNAPSHOT_KEY_BYTES);
   printf("];\n");
   return 0;
 }

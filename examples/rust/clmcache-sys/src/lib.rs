@@ -83,6 +83,16 @@ pub struct clm_engine_options {
     /// Copied by `clm_engine_create`; NULL for none.
     pub special_token_ids: *const i32,
     pub n_special_token_ids: usize,
+    // -- version 3: the semantic snapshot store --
+    /// NUL-terminated, copied by `clm_engine_create`; NULL or "" for no store.
+    pub snapshot_store_path: *const c_char,
+    pub snapshot_store_shards: i32,
+    pub snapshot_dim: i32,
+    pub snapshot_min_usage: i64,
+    pub snapshot_version_cosine: f32,
+    pub snapshot_similarity_floor: f32,
+    pub snapshot_ann_ef_search: i32,
+    pub snapshot_lookup_timeout_us: i32,
 }
 
 impl Default for clm_engine_options {
@@ -107,6 +117,14 @@ impl Default for clm_engine_options {
             src_breaker_steps: 0,
             special_token_ids: std::ptr::null(),
             n_special_token_ids: 0,
+            snapshot_store_path: std::ptr::null(),
+            snapshot_store_shards: 0,
+            snapshot_dim: 0,
+            snapshot_min_usage: 0,
+            snapshot_version_cosine: 0.0,
+            snapshot_similarity_floor: 0.0,
+            snapshot_ann_ef_search: 0,
+            snapshot_lookup_timeout_us: 0,
         }
     }
 }
@@ -171,6 +189,28 @@ pub struct clm_metrics {
     pub src_breaker_trips: u64,
     pub src_baseline_sequences: i64,
     pub src_injections: u64,
+    // -- version 3: the snapshot store (all 0 without one) --
+    pub store_lookups: u64,
+    pub store_hits_exact: u64,
+    pub store_hits_ann: u64,
+    pub store_hits_fallback: u64,
+    pub store_misses: u64,
+    pub store_busy_misses: u64,
+    pub store_blacklisted_skips: u64,
+    pub store_ann_unavailable: u64,
+    pub store_records: u64,
+    pub store_counted: u64,
+    pub store_admissions: u64,
+    pub store_confirmations: u64,
+    pub store_versions: u64,
+    pub store_drift_versions: u64,
+    pub store_evictions: u64,
+    pub store_corrupt_skipped: u64,
+    pub store_index_rebuilds: u64,
+    pub store_outcome_reports: u64,
+    pub store_snapshots: i64,
+    pub store_blacklisted_keys: i64,
+    pub has_snapshot_store: i32,
 }
 
 // ---- CLM suffix reuse: the SRC head ---------------------------------------------
@@ -203,6 +243,57 @@ pub struct clm_adapter_options {
     pub layers: *const i32,
     pub n_layers: usize,
     pub residual_scale: f32,
+}
+
+// ---- CLM suffix reuse: the snapshot store ---------------------------------------
+pub const CLM_SUFFIX_TEXT: i32 = 0;
+pub const CLM_SUFFIX_KEY: i32 = 1;
+
+pub const CLM_SNAPSHOT_MISS: i32 = 0;
+pub const CLM_SNAPSHOT_EXACT: i32 = 1;
+pub const CLM_SNAPSHOT_ANN: i32 = 2;
+pub const CLM_SNAPSHOT_FALLBACK: i32 = 3;
+
+pub const CLM_RECORD_COUNTED: i32 = 0;
+pub const CLM_RECORD_ADMITTED: i32 = 1;
+pub const CLM_RECORD_CONFIRMED: i32 = 2;
+pub const CLM_RECORD_NEW_VERSION: i32 = 3;
+pub const CLM_RECORD_DRIFTED: i32 = 4;
+
+pub const CLM_SNAPSHOT_KEY_BYTES: usize = 264;
+
+/// One sequence's lookup result: an output array element of fixed size (no
+/// `struct_size`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct clm_snapshot_hit {
+    pub level: i32,
+    pub similarity: f32,
+    pub version: i32,
+    pub key_len: u32,
+    pub fingerprint: u64,
+    pub stable: u8,
+    pub key_truncated: u8,
+    pub reserved: [u8; 30],
+    /// NUL-terminated.
+    pub key: [c_char; CLM_SNAPSHOT_KEY_BYTES],
+}
+
+impl Default for clm_snapshot_hit {
+    /// All zero: a miss with an empty key.
+    fn default() -> Self {
+        clm_snapshot_hit {
+            level: 0,
+            similarity: 0.0,
+            version: 0,
+            key_len: 0,
+            fingerprint: 0,
+            stable: 0,
+            key_truncated: 0,
+            reserved: [0; 30],
+            key: [0; CLM_SNAPSHOT_KEY_BYTES],
+        }
+    }
 }
 
 // ---- attention and KV kernels ---------------------------------------------------
@@ -335,6 +426,63 @@ extern "C" {
         apply: *const u8,
         layer: i32,
     ) -> clm_status;
+
+    pub fn clm_suffix_key(
+        key: *mut c_char,
+        key_capacity: usize,
+        key_len: *mut usize,
+        fingerprint: *mut u64,
+        engine: *const clm_engine,
+        text: *const c_char,
+        text_len: usize,
+    ) -> clm_status;
+    pub fn clm_engine_lookup_snapshots(
+        hits: *mut clm_snapshot_hit,
+        snapshots: *mut f32,
+        snapshots_len: usize,
+        apply: *mut u8,
+        engine: *mut clm_engine,
+        seqs: *const *mut clm_seq,
+        n_seqs: usize,
+        suffixes: *const *const c_char,
+        suffix_lens: *const usize,
+        groups: *const *const c_char,
+        group_lens: *const usize,
+        suffix_kind: i32,
+        queries: *const f32,
+        queries_len: usize,
+    ) -> clm_status;
+    pub fn clm_engine_record_snapshot(
+        result: *mut i32,
+        version: *mut i32,
+        engine: *mut clm_engine,
+        seq: *mut clm_seq,
+        suffix: *const c_char,
+        suffix_len: usize,
+        group: *const c_char,
+        group_len: usize,
+        suffix_kind: i32,
+        snapshot: *const f32,
+        snapshot_len: usize,
+    ) -> clm_status;
+    pub fn clm_engine_report_snapshot_outcome(
+        engine: *mut clm_engine,
+        seqs: *const *mut clm_seq,
+        n_seqs: usize,
+        correct: *const u8,
+    ) -> clm_status;
+    pub fn clm_engine_set_fallback_snapshot(
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+        name: *const c_char,
+        name_len: usize,
+        snapshot: *const f32,
+        snapshot_len: usize,
+    ) -> clm_status;
+    pub fn clm_engine_flush_snapshot_store(engine: *mut clm_engine) -> clm_status;
+    pub fn clm_engine_evict_snapshots(deleted: *mut i64, engine: *mut clm_engine) -> clm_status;
 
     pub fn clm_attention_params_init(params: *mut clm_attention_params, struct_size: usize) -> clm_status;
     pub fn clm_engine_write_kv(

@@ -45,6 +45,7 @@ fn rust_types() -> Vec<(&'static str, usize, usize)> {
         ty!(clm_src_decision),
         ty!(clm_adapter_options),
         ty!(clm_attention_params),
+        ty!(clm_snapshot_hit),
     ]
 }
 
@@ -67,6 +68,14 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, src_breaker_steps),
         field!(clm_engine_options, special_token_ids),
         field!(clm_engine_options, n_special_token_ids),
+        field!(clm_engine_options, snapshot_store_path),
+        field!(clm_engine_options, snapshot_store_shards),
+        field!(clm_engine_options, snapshot_dim),
+        field!(clm_engine_options, snapshot_min_usage),
+        field!(clm_engine_options, snapshot_version_cosine),
+        field!(clm_engine_options, snapshot_similarity_floor),
+        field!(clm_engine_options, snapshot_ann_ef_search),
+        field!(clm_engine_options, snapshot_lookup_timeout_us),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -110,6 +119,27 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_metrics, src_breaker_trips),
         field!(clm_metrics, src_baseline_sequences),
         field!(clm_metrics, src_injections),
+        field!(clm_metrics, store_lookups),
+        field!(clm_metrics, store_hits_exact),
+        field!(clm_metrics, store_hits_ann),
+        field!(clm_metrics, store_hits_fallback),
+        field!(clm_metrics, store_misses),
+        field!(clm_metrics, store_busy_misses),
+        field!(clm_metrics, store_blacklisted_skips),
+        field!(clm_metrics, store_ann_unavailable),
+        field!(clm_metrics, store_records),
+        field!(clm_metrics, store_counted),
+        field!(clm_metrics, store_admissions),
+        field!(clm_metrics, store_confirmations),
+        field!(clm_metrics, store_versions),
+        field!(clm_metrics, store_drift_versions),
+        field!(clm_metrics, store_evictions),
+        field!(clm_metrics, store_corrupt_skipped),
+        field!(clm_metrics, store_index_rebuilds),
+        field!(clm_metrics, store_outcome_reports),
+        field!(clm_metrics, store_snapshots),
+        field!(clm_metrics, store_blacklisted_keys),
+        field!(clm_metrics, has_snapshot_store),
         field!(clm_src_decision, score),
         field!(clm_src_decision, threshold),
         field!(clm_src_decision, scored),
@@ -128,6 +158,15 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_attention_params, sliding_window),
         field!(clm_attention_params, num_threads),
         field!(clm_attention_params, stream),
+        field!(clm_snapshot_hit, level),
+        field!(clm_snapshot_hit, similarity),
+        field!(clm_snapshot_hit, version),
+        field!(clm_snapshot_hit, key_len),
+        field!(clm_snapshot_hit, fingerprint),
+        field!(clm_snapshot_hit, stable),
+        field!(clm_snapshot_hit, key_truncated),
+        field!(clm_snapshot_hit, reserved),
+        field!(clm_snapshot_hit, key),
     ]
 }
 
@@ -160,6 +199,18 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         constant!(CLM_DTYPE_F32),
         constant!(CLM_DTYPE_F16),
         constant!(CLM_DTYPE_BF16),
+        constant!(CLM_SUFFIX_TEXT),
+        constant!(CLM_SUFFIX_KEY),
+        constant!(CLM_SNAPSHOT_MISS),
+        constant!(CLM_SNAPSHOT_EXACT),
+        constant!(CLM_SNAPSHOT_ANN),
+        constant!(CLM_SNAPSHOT_FALLBACK),
+        constant!(CLM_RECORD_COUNTED),
+        constant!(CLM_RECORD_ADMITTED),
+        constant!(CLM_RECORD_CONFIRMED),
+        constant!(CLM_RECORD_NEW_VERSION),
+        constant!(CLM_RECORD_DRIFTED),
+        constant!(CLM_SNAPSHOT_KEY_BYTES),
     ]
 }
 
@@ -213,13 +264,18 @@ fn constants_match_c() {
 // Worked out by hand for LP64 (8-byte pointers, size_t and double, 4-byte int):
 // engine options: u32 + 9 x i32 = 40, then the double at 40: 48 (version 1);
 // version 2 appends a double at 48, two floats at 56 and 60, an i32 at 64,
-// 4 bytes of padding, the pointer at 72 and the size_t at 80: 88.
+// 4 bytes of padding, the pointer at 72 and the size_t at 80: 88; version 3
+// the path pointer at 88, two i32 at 96 and 100, the i64 at 104, two floats
+// at 112 and 116, two i32 at 120 and 124: 128.
 // kv layout: u32 at 0, pointer at 8, 2 x size_t -> 32, 7 x i32 = 28 -> 60,
 // padded to 64.
 // admit options: u32 at 0, pointer at 8, size_t at 16, 2 x i32 at 24: 32.
 // metrics: u32 at 0, 6 x 8-byte fields at 8..56, 2 x i32 at 56, 7 x u64 at
 // 64..120, i64 at 120, u64 at 128: 136 (version 1); version 2 appends nine
-// 8-byte fields at 136..208: 208.
+// 8-byte fields at 136..208: 208; version 3 twenty 8-byte fields at
+// 208..368 and an i32 at 368, padded to 376.
+// snapshot hit: i32, f32, i32, u32 at 0..16, the u64 at 16, two u8 at 24
+// and 25, 30 reserved bytes to 56, the key's 264 bytes: 320, aligned to 8.
 // src decision: two floats at 0 and 4, four u8 at 8..12: 12, aligned to 4.
 // adapter options: u32 at 0, i32 at 4, pointer at 8, size_t at 16, float at
 // 24, padded to 32.
@@ -227,7 +283,6 @@ fn constants_match_c() {
 #[cfg(all(target_pointer_width = "64", not(windows)))]
 #[test]
 fn lp64_sizes_worked_out_by_hand() {
-    assert_eq!(size_of::<clm_engine_options>(), 88);
     assert_eq!(field!(clm_engine_options, slru_protected_fraction).1, 40);
     assert_eq!(field!(clm_engine_options, src_daily_requests).1, 48);
     assert_eq!(field!(clm_engine_options, src_threshold).1, 56);
@@ -235,13 +290,17 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, src_breaker_steps).1, 64);
     assert_eq!(field!(clm_engine_options, special_token_ids).1, 72);
     assert_eq!(field!(clm_engine_options, n_special_token_ids).1, 80);
+    assert_eq!(size_of::<clm_engine_options>(), 128);
+    assert_eq!(field!(clm_engine_options, snapshot_store_path).1, 88);
+    assert_eq!(field!(clm_engine_options, snapshot_min_usage).1, 104);
+    assert_eq!(field!(clm_engine_options, snapshot_lookup_timeout_us).1, 124);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
     assert_eq!(size_of::<clm_admit_options>(), 32);
     assert_eq!(field!(clm_admit_options, cache_salt).1, 8);
     assert_eq!(field!(clm_admit_options, priority).1, 28);
-    assert_eq!(size_of::<clm_metrics>(), 208);
+    assert_eq!(size_of::<clm_metrics>(), 376);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);
     assert_eq!(field!(clm_metrics, active_sequences).1, 120);
@@ -249,6 +308,13 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_metrics, src_threshold).1, 136);
     assert_eq!(field!(clm_metrics, src_baseline_sequences).1, 192);
     assert_eq!(field!(clm_metrics, src_injections).1, 200);
+    assert_eq!(field!(clm_metrics, store_lookups).1, 208);
+    assert_eq!(field!(clm_metrics, store_blacklisted_keys).1, 360);
+    assert_eq!(field!(clm_metrics, has_snapshot_store).1, 368);
+    assert_eq!((size_of::<clm_snapshot_hit>(), align_of::<clm_snapshot_hit>()), (320, 8));
+    assert_eq!(field!(clm_snapshot_hit, fingerprint).1, 16);
+    assert_eq!(field!(clm_snapshot_hit, stable).1, 24);
+    assert_eq!(field!(clm_snapshot_hit, key).1, 56);
     assert_eq!((size_of::<clm_src_decision>(), align_of::<clm_src_decision>()), (12, 4));
     assert_eq!(field!(clm_src_decision, scored).1, 8);
     assert_eq!(field!(clm_src_decision, reserved).1, 11);
@@ -275,6 +341,8 @@ fn links_and_agrees_on_the_version() {
 fn init_functions_accept_our_struct_sizes() {
     // The size of version 1 of clm_engine_options (up to slru_protected_fraction).
     let v1 = field!(clm_engine_options, slru_protected_fraction).1 + size_of::<f64>();
+    // ... and of version 2 (up to n_special_token_ids).
+    let v2 = field!(clm_engine_options, n_special_token_ids).1 + size_of::<usize>();
     // SAFETY: each pointer is to a live, properly sized value.
     unsafe {
         let mut engine = MaybeUninit::<clm_engine_options>::zeroed().assume_init();
@@ -300,6 +368,15 @@ fn init_functions_accept_our_struct_sizes() {
         assert_eq!(engine.src_breaker_steps, 3);
         assert_eq!(engine.src_threshold, -1.0);
         assert_eq!(engine.src_daily_requests, 10000.0);
+        // Version 3: the store's defaults, and no store unless a path is set.
+        assert!(engine.snapshot_store_path.is_null());
+        assert_eq!((engine.snapshot_store_shards, engine.snapshot_dim, engine.snapshot_min_usage), (16, 256, 50));
+        assert_eq!((engine.snapshot_version_cosine, engine.snapshot_similarity_floor), (0.95, 0.8));
+        assert_eq!((engine.snapshot_ann_ef_search, engine.snapshot_lookup_timeout_us), (128, 2000));
+        // Version 2 (up to n_special_token_ids) too: the version-3 fields stay untouched.
+        let mut old2 = clm_engine_options { snapshot_dim: -7, ..clm_engine_options::default() };
+        assert_eq!(clm_engine_options_init(&mut old2, v2), CLM_OK);
+        assert_eq!((old2.struct_size as usize, old2.src_breaker_steps, old2.snapshot_dim), (v2, 3, -7));
         // One byte more than ours, or one byte short of version 1, is a size
         // this library does not know (any size from version 1's to ours is
         // accepted, so older callers keep working).

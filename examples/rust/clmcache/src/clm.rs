@@ -264,7 +264,7 @@ fn rows_of(function: &str, name: &str, len: usize, hidden: i32) -> Result<usize>
 }
 
 /// `a * b`, or an error when it overflows.
-fn product(function: &str, a: usize, b: usize) -> Result<usize> {
+pub(crate) fn product(function: &str, a: usize, b: usize) -> Result<usize> {
     a.checked_mul(b).ok_or_else(|| invalid(function, format!("{} x {} overflows", a, b)))
 }
 
@@ -286,11 +286,11 @@ pub(crate) fn handles(seqs: &[&Sequence]) -> Vec<*mut sys::clm_seq> {
     seqs.iter().map(|s| s.as_raw()).collect()
 }
 
-fn flags(values: &[bool]) -> Vec<u8> {
+pub(crate) fn flags(values: &[bool]) -> Vec<u8> {
     values.iter().map(|&v| v as u8).collect()
 }
 
-fn null_if_empty<T>(values: &[T]) -> *const T {
+pub(crate) fn null_if_empty<T>(values: &[T]) -> *const T {
     if values.is_empty() {
         ptr::null()
     } else {

@@ -24,10 +24,11 @@
 //! that failed.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::fmt;
 use std::mem::{size_of, MaybeUninit};
 use std::os::raw::{c_char, c_void};
+use std::path::PathBuf;
 use std::ptr::{self, NonNull};
 use std::slice;
 
@@ -294,6 +295,24 @@ pub struct EngineOptions {
     pub src_breaker_steps: i32,
     /// Token ids left out of the SRC head's running mean (copied at creation).
     pub special_token_ids: Vec<i32>,
+    /// The semantic snapshot store's directory (`":memory:"` keeps it in
+    /// memory, for tests); `None` or an empty path: no store. See
+    /// [`Engine::lookup_snapshots`].
+    pub snapshot_store_path: Option<PathBuf>,
+    /// SQLite shards, 1..256, fixed when the store is created.
+    pub snapshot_store_shards: i32,
+    /// Floats per snapshot, 1..4096, fixed when the store is created.
+    pub snapshot_dim: i32,
+    /// Sightings of a suffix before it is stored (>= 1).
+    pub snapshot_min_usage: i64,
+    /// In (0, 1]: a record below this cosine to the newest version is a new version.
+    pub snapshot_version_cosine: f32,
+    /// In [-1, 1]: level 2 serves nothing below this cosine.
+    pub snapshot_similarity_floor: f32,
+    /// Level 2's search breadth.
+    pub snapshot_ann_ef_search: i32,
+    /// A lookup waits this long for a busy shard, then misses.
+    pub snapshot_lookup_timeout_us: i32,
 }
 
 impl EngineOptions {
@@ -326,11 +345,42 @@ impl EngineOptions {
             src_breaker_score: raw.src_breaker_score,
             src_breaker_steps: raw.src_breaker_steps,
             special_token_ids: Vec::new(),
+            snapshot_store_path: None,
+            snapshot_store_shards: raw.snapshot_store_shards,
+            snapshot_dim: raw.snapshot_dim,
+            snapshot_min_usage: raw.snapshot_min_usage,
+            snapshot_version_cosine: raw.snapshot_version_cosine,
+            snapshot_similarity_floor: raw.snapshot_similarity_floor,
+            snapshot_ann_ef_search: raw.snapshot_ann_ef_search,
+            snapshot_lookup_timeout_us: raw.snapshot_lookup_timeout_us,
         })
     }
 
-    /// The C struct: the library's defaults overwritten by every field here.
-    /// It borrows `special_token_ids`, so it must not outlive `self`.
+    /// Whether these options create an engine with a snapshot store.
+    pub fn has_snapshot_store(&self) -> bool {
+        self.snapshot_store_path.as_ref().map_or(false, |p| !p.as_os_str().is_empty())
+    }
+
+    /// [`EngineOptions::to_raw`] with `snapshot_store_path` set too: the C
+    /// struct points into the returned NUL-terminated copy of the path
+    /// (`None` without a store), so it must outlive neither `self` nor that
+    /// copy. A path with a NUL byte is `InvalidArgument`.
+    pub fn to_raw_with_path(&self) -> Result<(sys::clm_engine_options, Option<CString>)> {
+        let mut raw = self.to_raw()?;
+        let path = match &self.snapshot_store_path {
+            Some(p) if !p.as_os_str().is_empty() => Some(crate::clm::path_cstring("clm_engine_create", p)?),
+            _ => None,
+        };
+        // The CString's bytes live on the heap: moving it keeps the pointer valid.
+        raw.snapshot_store_path = path.as_ref().map_or(ptr::null(), |p| p.as_ptr());
+        Ok((raw, path))
+    }
+
+    /// The C struct: the library's defaults overwritten by every field here
+    /// but `snapshot_store_path`, which stays NULL (no store): the struct
+    /// cannot own the NUL-terminated copy a path needs
+    /// ([`EngineOptions::to_raw_with_path`] gives both). It borrows
+    /// `special_token_ids`, so it must not outlive `self`.
     pub fn to_raw(&self) -> Result<sys::clm_engine_options> {
         let mut raw = raw_engine_options()?;
         raw.num_pages = self.num_pages;
@@ -350,6 +400,14 @@ impl EngineOptions {
         raw.special_token_ids =
             if self.special_token_ids.is_empty() { ptr::null() } else { self.special_token_ids.as_ptr() };
         raw.n_special_token_ids = self.special_token_ids.len();
+        raw.snapshot_store_path = ptr::null();
+        raw.snapshot_store_shards = self.snapshot_store_shards;
+        raw.snapshot_dim = self.snapshot_dim;
+        raw.snapshot_min_usage = self.snapshot_min_usage;
+        raw.snapshot_version_cosine = self.snapshot_version_cosine;
+        raw.snapshot_similarity_floor = self.snapshot_similarity_floor;
+        raw.snapshot_ann_ef_search = self.snapshot_ann_ef_search;
+        raw.snapshot_lookup_timeout_us = self.snapshot_lookup_timeout_us;
         Ok(raw)
     }
 }
@@ -498,6 +556,48 @@ pub struct Metrics {
     pub src_baseline_sequences: i64,
     /// Sequence-layers that received a snapshot.
     pub src_injections: u64,
+    /// The engine has a snapshot store (the `store_*` counters are 0 without one).
+    pub has_snapshot_store: bool,
+    /// Suffixes looked up ([`Engine::lookup_snapshots`]).
+    pub store_lookups: u64,
+    /// ... answered at level 1 (the key's own snapshot).
+    pub store_hits_exact: u64,
+    /// ... at level 2 (a neighbour of the same group).
+    pub store_hits_ann: u64,
+    /// ... at level 3 (a greeting's fallback).
+    pub store_hits_fallback: u64,
+    /// ... not answered (including busy and blacklisted ones).
+    pub store_misses: u64,
+    /// Misses because a shard stayed busy past `snapshot_lookup_timeout_us`.
+    pub store_busy_misses: u64,
+    /// Lookups or level-2 candidates refused for a blacklisted key.
+    pub store_blacklisted_skips: u64,
+    /// Level-2 lookups while the index was being rebuilt.
+    pub store_ann_unavailable: u64,
+    /// Snapshots recorded ([`Engine::record_snapshot`]).
+    pub store_records: u64,
+    /// ... only counted: below `snapshot_min_usage`.
+    pub store_counted: u64,
+    /// Suffixes stored for the first time.
+    pub store_admissions: u64,
+    /// Records that agreed with the newest version.
+    pub store_confirmations: u64,
+    /// New versions of stored suffixes (cosine or drift).
+    pub store_versions: u64,
+    /// ... of them started by drift.
+    pub store_drift_versions: u64,
+    /// Rows deleted by [`Engine::evict_snapshots`].
+    pub store_evictions: u64,
+    /// Rows skipped because their checksum or header failed.
+    pub store_corrupt_skipped: u64,
+    /// Similarity indexes rebuilt from the database.
+    pub store_index_rebuilds: u64,
+    /// Outcomes reported ([`Engine::report_snapshot_outcome`]).
+    pub store_outcome_reports: u64,
+    /// Rows stored now.
+    pub store_snapshots: i64,
+    /// Keys blacklisted now.
+    pub store_blacklisted_keys: i64,
 }
 
 impl From<sys::clm_metrics> for Metrics {
@@ -529,6 +629,27 @@ impl From<sys::clm_metrics> for Metrics {
             src_breaker_trips: m.src_breaker_trips,
             src_baseline_sequences: m.src_baseline_sequences,
             src_injections: m.src_injections,
+            has_snapshot_store: m.has_snapshot_store != 0,
+            store_lookups: m.store_lookups,
+            store_hits_exact: m.store_hits_exact,
+            store_hits_ann: m.store_hits_ann,
+            store_hits_fallback: m.store_hits_fallback,
+            store_misses: m.store_misses,
+            store_busy_misses: m.store_busy_misses,
+            store_blacklisted_skips: m.store_blacklisted_skips,
+            store_ann_unavailable: m.store_ann_unavailable,
+            store_records: m.store_records,
+            store_counted: m.store_counted,
+            store_admissions: m.store_admissions,
+            store_confirmations: m.store_confirmations,
+            store_versions: m.store_versions,
+            store_drift_versions: m.store_drift_versions,
+            store_evictions: m.store_evictions,
+            store_corrupt_skipped: m.store_corrupt_skipped,
+            store_index_rebuilds: m.store_index_rebuilds,
+            store_outcome_reports: m.store_outcome_reports,
+            store_snapshots: m.store_snapshots,
+            store_blacklisted_keys: m.store_blacklisted_keys,
         }
     }
 }
@@ -555,6 +676,8 @@ pub struct Engine {
     // The pool's shape, read once at creation, for the length checks of the
     // kernels (kernels.rs).
     layout: KvLayout,
+    // The snapshot store's snapshot_dim as created, 0 without a store (store.rs).
+    snapshot_dim: usize,
 }
 
 // SAFETY: clm.h: "an engine may be used from many threads at once"; every
@@ -566,10 +689,12 @@ unsafe impl Sync for Engine {}
 impl Engine {
     /// Creates an engine (`clm_engine_create`).
     pub fn new(options: &EngineOptions) -> Result<Engine> {
-        let raw = options.to_raw()?;
+        let (raw, path) = options.to_raw_with_path()?;
         let mut out: *mut sys::clm_engine = ptr::null_mut();
-        // SAFETY: out and raw are valid for the call; raw.struct_size is ours.
+        // SAFETY: out and raw are valid for the call; raw.struct_size is ours;
+        // the path raw points to lives in `path` until after the call.
         check(unsafe { sys::clm_engine_create(&mut out, &raw) })?;
+        drop(path);
         let raw = match NonNull::new(out) {
             Some(raw) => raw,
             None => return Err(Error::new(ErrorCode::Internal, "clm_engine_create returned OK and no engine")),
@@ -586,7 +711,8 @@ impl Engine {
             kv_dtype: KvDtype::F32,
             memory: MemoryKind::None,
         };
-        let mut engine = Engine { raw, layout };
+        let snapshot_dim = if options.has_snapshot_store() { options.snapshot_dim.max(0) as usize } else { 0 };
+        let mut engine = Engine { raw, layout, snapshot_dim };
         engine.layout = engine.kv_layout()?; // on error, Drop frees the engine
         Ok(engine)
     }
@@ -815,6 +941,8 @@ impl Drop for Sequence {
 
 mod clm;
 mod kernels;
+mod store;
 
 pub use crate::clm::{ActDtype, Activations, ActivationsMut, AdapterOptions, Gelu, SrcDecision, SrcHeadWeights};
 pub use crate::kernels::AttentionParams;
+pub use crate::store::{RecordOutcome, RecordResult, SnapshotHit, SnapshotLevel, SnapshotLookup, Suffix, SuffixKey};

@@ -1,0 +1,291 @@
+// capi/clm_store.cpp: the C ABI of CLM's semantic snapshot store (clm.h,
+// "the snapshot store"): suffix keys, lookups, records, outcome reports,
+// fallbacks, flush and eviction. Conversion only; the logic is in
+// clm::Engine (lookup_snapshots, record_snapshot, report_snapshot_outcome,
+// suffix_key) and clm::SnapshotStore.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "capi_internal.hpp"
+#include "clm/store/snapshot_store.hpp"
+#include "clm/store/suffix_key.hpp"
+
+using namespace clm_capi;
+
+namespace {
+
+constexpr std::size_t kMaxBatch = std::size_t{1} << 20;  // sequences per call
+
+clm_status no_store(const char* fn) {
+  return fail(CLM_ERR_FAILED_PRECONDITION, fmt::format("{}: the engine has no snapshot store "
+                                                       "(clm_engine_options.snapshot_store_path was not set)",
+                                                       fn));
+}
+
+clm::SnapshotStore* store_of(const clm_engine* engine) { return engine->state->engine->snapshot_store(); }
+
+clm_status check_kind(int32_t suffix_kind, const char* fn) {
+  if (suffix_kind != CLM_SUFFIX_TEXT && suffix_kind != CLM_SUFFIX_KEY) {
+    return fail(CLM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: unknown suffix_kind {} (CLM_SUFFIX_TEXT or CLM_SUFFIX_KEY)", fn, suffix_kind));
+  }
+  return CLM_OK;
+}
+
+// One suffix as the Engine takes it. The views point into the caller's arrays.
+clm_status suffix_ref(const char* fn, const char* what, const char* suffix, std::size_t suffix_len, const char* group,
+                      std::size_t group_len, int32_t suffix_kind, clm::SuffixRef& out) {
+  if (!suffix && suffix_len > 0) return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: {} is NULL", fn, what));
+  if (!group && group_len > 0) {
+    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: the group of {} is NULL with a length", fn, what));
+  }
+  if (suffix_kind == CLM_SUFFIX_TEXT && group_len > 0) {
+    return fail(CLM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: {} is CLM_SUFFIX_TEXT but has a group (groups are for CLM_SUFFIX_KEY)", fn, what));
+  }
+  out.text = suffix ? std::string_view(suffix, suffix_len) : std::string_view();
+  out.is_key = suffix_kind == CLM_SUFFIX_KEY;
+  out.group = group ? std::string_view(group, group_len) : std::string_view();
+  return CLM_OK;
+}
+
+// A sequence listed twice: the Engine's breaker report would refuse it only
+// after the store had served the batch, so it is refused here first.
+clm_status check_distinct(const std::vector<clm::SequenceId>& ids, const char* fn) {
+  std::unordered_set<clm::SequenceId> seen;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (!seen.insert(ids[i]).second) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: seqs[{}] is listed twice", fn, i));
+    }
+  }
+  return CLM_OK;
+}
+
+// The store refuses a NaN/Inf or zero query inside the Engine's loop, after
+// the lookups before it have counted and been served; checked here first so
+// that a refused call changes nothing.
+clm_status check_queries(const float* queries, std::size_t n, std::size_t dim, const char* fn) {
+  for (std::size_t i = 0; i < n; ++i) {
+    double norm = 0.0;
+    for (std::size_t k = 0; k < dim; ++k) {
+      const float v = queries[i * dim + k];
+      if (!std::isfinite(v)) {
+        return fail(CLM_ERR_INVALID_ARGUMENT,
+                    fmt::format("{}: queries[{}] (sequence {}) is not finite", fn, i * dim + k, i));
+      }
+      norm += static_cast<double>(v) * v;
+    }
+    if (!(norm > 0.0) || !std::isfinite(norm)) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: the query of sequence {} has no direction", fn, i));
+    }
+  }
+  return CLM_OK;
+}
+
+clm_snapshot_hit to_c(const clm::SnapshotHit& hit) {
+  clm_snapshot_hit out;
+  std::memset(&out, 0, sizeof out);  // reserved bytes and the key's tail
+  out.level = static_cast<int32_t>(hit.level);
+  out.similarity = hit.similarity;
+  out.version = hit.version;
+  out.key_len = static_cast<uint32_t>(std::min<std::size_t>(hit.key.size(), UINT32_MAX));
+  out.fingerprint = hit.fingerprint;
+  out.stable = hit.stable ? 1 : 0;
+  const std::size_t copied = std::min(hit.key.size(), sizeof out.key - 1);
+  out.key_truncated = copied < hit.key.size() ? 1 : 0;
+  std::memcpy(out.key, hit.key.data(), copied);
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+clm_status clm_suffix_key(char* key, size_t key_capacity, size_t* key_len, uint64_t* fingerprint,
+                          const clm_engine* engine, const char* text, size_t text_len) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_suffix_key";
+    if (!key_len) return null_argument(fn, "key_len");
+    if (!engine) return null_argument(fn, "engine");
+    if (!text && text_len > 0) return null_argument(fn, "text (with text_len > 0)");
+    if (!store_of(engine)) return no_store(fn);
+    clm::SuffixRef ref;
+    ref.text = text ? std::string_view(text, text_len) : std::string_view();
+    clm::SuffixKey made;
+    if (clm_status s = report(engine->state->engine->suffix_key(ref, made))) return s;
+    *key_len = made.key.size();
+    if (!key || made.key.size() >= key_capacity) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: the key needs {} bytes with its NUL, key holds {}", fn,
+                                                        made.key.size() + 1, key ? key_capacity : 0));
+    }
+    std::memcpy(key, made.key.data(), made.key.size());
+    key[made.key.size()] = '\0';
+    if (fingerprint) *fingerprint = made.fingerprint;
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_lookup_snapshots(clm_snapshot_hit* hits, float* snapshots, size_t snapshots_len, uint8_t* apply,
+                                       clm_engine* engine, clm_seq* const* seqs, size_t n_seqs,
+                                       const char* const* suffixes, const size_t* suffix_lens,
+                                       const char* const* groups, const size_t* group_lens, int32_t suffix_kind,
+                                       const float* queries, size_t queries_len) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_lookup_snapshots";
+    if (!engine) return null_argument(fn, "engine");
+    if (n_seqs > kMaxBatch) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: n_seqs {} exceeds {}", fn, n_seqs, kMaxBatch));
+    }
+    if (!hits && n_seqs > 0) return null_argument(fn, "hits");
+    if (!apply && n_seqs > 0) return null_argument(fn, "apply");
+    if (!snapshots && snapshots_len > 0) return null_argument(fn, "snapshots (with snapshots_len > 0)");
+    if (!suffixes && n_seqs > 0) return null_argument(fn, "suffixes");
+    if (!suffix_lens && n_seqs > 0) return null_argument(fn, "suffix_lens");
+    if (groups && !group_lens && n_seqs > 0) return null_argument(fn, "group_lens (with groups)");
+    if (!queries && queries_len > 0) return null_argument(fn, "queries (with queries_len > 0)");
+    if (clm_status s = check_kind(suffix_kind, fn)) return s;
+    if (groups && suffix_kind == CLM_SUFFIX_TEXT) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: groups are for CLM_SUFFIX_KEY; pass NULL with "
+                                                        "CLM_SUFFIX_TEXT",
+                                                        fn));
+    }
+    clm::SnapshotStore* store = store_of(engine);
+    if (!store) return no_store(fn);
+    const auto dim = static_cast<std::size_t>(store->config().snapshot_dim);
+    if (snapshots_len != n_seqs * dim) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: snapshots_len {} is not n_seqs * snapshot_dim = {} * {}",
+                                                        fn, snapshots_len, n_seqs, dim));
+    }
+    if (queries && queries_len != n_seqs * dim) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: queries_len {} is not n_seqs * snapshot_dim = {} * {} (queries NULL: no level 2)",
+                              fn, queries_len, n_seqs, dim));
+    }
+    std::vector<clm::SequenceId> ids;
+    if (clm_status s = sequence_ids(engine, seqs, n_seqs, fn, ids)) return s;
+    if (clm_status s = check_distinct(ids, fn)) return s;
+    std::vector<clm::SuffixRef> refs(n_seqs);
+    for (std::size_t i = 0; i < n_seqs; ++i) {
+      const std::string what = fmt::format("suffixes[{}]", i);
+      if (clm_status s = suffix_ref(fn, what.c_str(), suffixes[i], suffix_lens[i], groups ? groups[i] : nullptr,
+                                    groups ? group_lens[i] : 0, suffix_kind, refs[i])) {
+        return s;
+      }
+    }
+    if (queries) {
+      if (clm_status s = check_queries(queries, n_seqs, dim, fn)) return s;
+    }
+    // Written to the caller's arrays only once the whole batch succeeded.
+    std::vector<clm::SnapshotHit> found(n_seqs);
+    std::vector<float> out(snapshots_len);
+    std::vector<std::uint8_t> flags(n_seqs);
+    if (clm_status s = report(engine->state->engine->lookup_snapshots(ids, refs, {queries, queries ? queries_len : 0},
+                                                                      found, out, flags))) {
+      return s;
+    }
+    for (std::size_t i = 0; i < n_seqs; ++i) hits[i] = to_c(found[i]);
+    std::copy(out.begin(), out.end(), snapshots);
+    std::copy(flags.begin(), flags.end(), apply);
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_record_snapshot(int32_t* result, int32_t* version, clm_engine* engine, clm_seq* seq,
+                                      const char* suffix, size_t suffix_len, const char* group, size_t group_len,
+                                      int32_t suffix_kind, const float* snapshot, size_t snapshot_len) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_record_snapshot";
+    if (!result) return null_argument(fn, "result");
+    if (!version) return null_argument(fn, "version");
+    if (!engine) return null_argument(fn, "engine");
+    if (!snapshot && snapshot_len > 0) return null_argument(fn, "snapshot (with snapshot_len > 0)");
+    if (clm_status s = check_kind(suffix_kind, fn)) return s;
+    clm::SuffixRef ref;
+    if (clm_status s = suffix_ref(fn, "suffix", suffix, suffix_len, group, group_len, suffix_kind, ref)) return s;
+    if (!store_of(engine)) return no_store(fn);
+    std::vector<clm::SequenceId> ids;
+    if (clm_status s = sequence_ids(engine, &seq, 1, fn, ids)) return s;
+    clm::RecordOutcome outcome;
+    if (clm_status s = report(engine->state->engine->record_snapshot(ids[0], ref, {snapshot, snapshot_len}, outcome))) {
+      return s;
+    }
+    *result = static_cast<int32_t>(outcome.result);
+    *version = outcome.version;
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_report_snapshot_outcome(clm_engine* engine, clm_seq* const* seqs, size_t n_seqs,
+                                              const uint8_t* correct) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_report_snapshot_outcome";
+    if (!engine) return null_argument(fn, "engine");
+    if (n_seqs > kMaxBatch) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: n_seqs {} exceeds {}", fn, n_seqs, kMaxBatch));
+    }
+    if (!correct && n_seqs > 0) return null_argument(fn, "correct");
+    if (!store_of(engine)) return no_store(fn);
+    std::vector<clm::SequenceId> ids;
+    if (clm_status s = sequence_ids(engine, seqs, n_seqs, fn, ids)) return s;
+    if (clm_status s = check_distinct(ids, fn)) return s;
+    return report(engine->state->engine->report_snapshot_outcome(ids, {correct, n_seqs}));
+  });
+}
+
+clm_status clm_engine_set_fallback_snapshot(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                            int32_t adapter_id, const char* name, size_t name_len,
+                                            const float* snapshot, size_t snapshot_len) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_set_fallback_snapshot";
+    if (!engine) return null_argument(fn, "engine");
+    if (!tenant_salt && salt_len > 0) return null_argument(fn, "tenant_salt (with salt_len > 0)");
+    if (salt_len > kMaxSaltBytes) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: salt_len {} exceeds {} bytes", fn, salt_len, kMaxSaltBytes));
+    }
+    if (!name && name_len > 0) return null_argument(fn, "name (with name_len > 0)");
+    if (!snapshot && snapshot_len > 0) return null_argument(fn, "snapshot (with snapshot_len > 0)");
+    clm::SnapshotStore* store = store_of(engine);
+    if (!store) return no_store(fn);
+    // The tenant the Engine gives a sequence (Sequence::tenant in engine.hpp):
+    // its salt, then its adapter id as 4 little-endian bytes.
+    std::string tenant = tenant_salt ? std::string(tenant_salt, salt_len) : std::string();
+    for (int b = 0; b < 4; ++b) {
+      tenant.push_back(static_cast<char>((static_cast<uint32_t>(adapter_id) >> (8 * b)) & 0xFFu));
+    }
+    return report(store->set_fallback(tenant, name ? std::string_view(name, name_len) : std::string_view(),
+                                      {snapshot, snapshot_len}));
+  });
+}
+
+clm_status clm_engine_flush_snapshot_store(clm_engine* engine) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_flush_snapshot_store";
+    if (!engine) return null_argument(fn, "engine");
+    clm::SnapshotStore* store = store_of(engine);
+    if (!store) return no_store(fn);
+    return report(store->flush());
+  });
+}
+
+clm_status clm_engine_evict_snapshots(int64_t* deleted, clm_engine* engine) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_evict_snapshots";
+    if (!deleted) return null_argument(fn, "deleted");
+    if (!engine) return null_argument(fn, "engine");
+    clm::SnapshotStore* store = store_of(engine);
+    if (!store) return no_store(fn);
+    clm::EvictionReport evicted;
+    if (clm_status s = report(store->evict(evicted))) return s;
+    *deleted = evicted.deleted;
+    return CLM_OK;
+  });
+}
+
+}  // extern "C"
