@@ -1,0 +1,1537 @@
+// examples/snapshot_store/main.cpp: `clm_store`, the command-line tool for
+// CLM's semantic snapshot store (clm/store/snapshot_store.hpp). With it a
+// person sees which key a text gets, loads snapshots into a store, asks a
+// store what it would serve for a suffix, and looks after a store on disk:
+// row counts and file sizes, eviction, index rebuilds, integrity checks. A
+// store is a directory of shard-NN.db files and their index files; its shard
+// count and snapshot_dim are read from it, so only `ingest` into a new
+// directory needs --dim. A session:
+//
+//   $ printf '%s\n' 'Please check the status of order 789' "Don't check order 789" | clm_store key
+//   ORDER-789-QUERY-STATUS	24c85ee0fb7c6e72
+//   ORDER-789-NOT-QUERY	b508aac2143455d5
+//   $ head -1 turns.jsonl
+//   {"text":"Please check the status of order 789","snapshot":[0.106,0.202,0.304,0.404,0.503,0.601,0.706,0.809]}
+//   $ clm_store ingest --store snaps --dim 8 --shards 4 --min-usage 2 --input turns.jsonl
+//   clm_store ingest: 12 records from turns.jsonl into snaps (4 shards, dim 8) in 0.24 s
+//     counted              3
+//     admitted             3
+//     confirmed            6
+//     new_version          0
+//     drifted              0
+//     rows                 3 (was 0)
+//   $ clm_store lookup --store snaps "What's the status of order #789?"
+//   query key     ORDER-789-QUERY-STATUS  (fingerprint 24c85ee0fb7c6e72, shard 1)
+//   level         exact
+//   similarity    1.000000
+//   key           ORDER-789-QUERY-STATUS
+//   ...
+//   $ clm_store lookup --store snaps --key faq-99 --group orders --query '[0.12,0.2,0.29,0.41,0.5,0.6,0.68,0.8]'
+//   query key     faq-99  (fingerprint 6d5dc60faf62f8c8, shard 0)
+//   level         ann
+//   similarity    0.999728
+//   key           faq-12
+//   ...
+//   $ clm_store stats --store snaps            # rows, keys, file sizes per shard; metrics
+//   $ clm_store evict --store snaps --older-than-days 30 --list
+//   clm_store evict: deleted 0 rows (unused for 30 days, usage below 5): rows 5 -> 5
+//   ...
+//   $ clm_store rebuild-index --store snaps
+//   clm_store rebuild-index: rebuilt 4 indexes of 5 rows in 0.167 s (0.320 s with opening); 4 index files
+//   $ clm_store check --store snaps
+//   clm_store check: ok: 4 shards, 5 rows, 0 fallbacks
+//
+// `clm_store COMMAND --help` tells each command's options. Exit status: 0 ok;
+// 1 a problem found (key: some lines failed; check: damage); 2 an error (bad
+// flags or input, a store that cannot be opened or written), with a message
+// on stderr. The tool reads the shard databases directly (read-only queries)
+// only for what the store's API does not report: per-shard counts for stats,
+// evict's list and check's checksums.
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "clm/status.hpp"
+#include "clm/store/snapshot_blob.hpp"
+#include "clm/store/snapshot_store.hpp"
+#include "clm/store/suffix_key.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitProblem = 1;  // key: some lines failed; check: the store is damaged
+constexpr int kExitError = 2;    // bad flags or input, a store that cannot be opened or written
+
+// A bad command line: the message, then a pointer to --help.
+struct UsageError {
+  std::string message;
+};
+// Anything else that stops a command: the message alone.
+struct Failure {
+  std::string message;
+};
+
+void check(const clm::Status& s, std::string_view context) {
+  if (s.ok()) return;
+  throw Failure{fmt::format("{}: {}: {}", context, s.code_name(), s.message())};
+}
+
+std::string hex(std::uint64_t v) { return fmt::format("{:016x}", v); }
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The shortest decimal that reads back as `f`, as a double: JSON output then
+// shows 0.1 for 0.1f, not 0.10000000149011612.
+double tidy(float f) { return std::strtod(fmt::format("{}", f).c_str(), nullptr); }
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// Tenants are bytes: printable ASCII as it is, anything else as \xNN.
+std::string printable(std::string_view bytes) {
+  std::string out;
+  for (const char c : bytes) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f && c != '\\') {
+      out += c;
+    } else {
+      out += fmt::format("\\x{:02x}", u);
+    }
+  }
+  return out;
+}
+
+std::string human_bytes(std::uint64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", v, units[u]);
+}
+
+// nlohmann's messages start with "[json.exception.parse_error.101] ": keep what follows.
+std::string json_message(const std::exception& e) {
+  std::string_view m = e.what();
+  if (m.substr(0, 1) == "[") {
+    const auto close = m.find("] ");
+    if (close != std::string_view::npos) m.remove_prefix(close + 2);
+  }
+  return std::string(m);
+}
+
+// ---- command lines ---------------------------------------------------------
+
+// The flags after the command: `--flag VALUE` or `--flag=VALUE` for the
+// command's value flags, bare `--switch`es, and positional arguments (all
+// that follows `--` is positional). Anything else is refused at once.
+class Args {
+ public:
+  Args(int argc, char** argv, int first, const std::vector<std::string_view>& value_flags,
+       const std::vector<std::string_view>& switches, std::string_view command)
+      : command_(command) {
+    bool positional_only = false;
+    for (int i = first; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (positional_only || arg.size() < 3 || arg.substr(0, 2) != "--") {
+        if (!positional_only && arg == "--") {
+          positional_only = true;
+          continue;
+        }
+        positionals_.emplace_back(arg);
+        continue;
+      }
+      std::string name(arg);
+      std::optional<std::string> value;
+      if (const auto eq = arg.find('='); eq != std::string_view::npos) {
+        name = std::string(arg.substr(0, eq));
+        value = std::string(arg.substr(eq + 1));
+      }
+      const bool is_value = std::find(value_flags.begin(), value_flags.end(), name) != value_flags.end();
+      const bool is_switch = std::find(switches.begin(), switches.end(), name) != switches.end();
+      if (!is_value && !is_switch) throw UsageError{fmt::format("unknown flag {} for `clm_store {}`", name, command)};
+      if (is_switch) {
+        if (value) throw UsageError{fmt::format("{} takes no value", name)};
+        value = "";
+      } else if (!value) {
+        if (i + 1 >= argc) throw UsageError{fmt::format("{} needs a value", name)};
+        value = argv[++i];
+      }
+      if (!values_.emplace(name, *value).second) throw UsageError{fmt::format("{} given twice", name)};
+    }
+  }
+
+  const std::string& command() const { return command_; }
+  const std::vector<std::string>& positionals() const { return positionals_; }
+  void no_positionals() const {
+    if (!positionals_.empty()) {
+      throw UsageError{fmt::format("unexpected argument '{}' for `clm_store {}`", positionals_[0], command_)};
+    }
+  }
+
+  bool has(const std::string& flag) const { return values_.count(flag) != 0; }
+  std::optional<std::string> get(const std::string& flag) const {
+    const auto it = values_.find(flag);
+    if (it == values_.end()) return std::nullopt;
+    return it->second;
+  }
+  std::string required(const std::string& flag) const {
+    const auto v = get(flag);
+    if (!v) throw UsageError{fmt::format("{} is required", flag)};
+    if (v->empty()) throw UsageError{fmt::format("{}: empty", flag)};
+    return *v;
+  }
+  template <class Int>
+  std::optional<Int> integer(const std::string& flag, Int min_value, Int max_value) const {
+    const auto v = get(flag);
+    if (!v) return std::nullopt;
+    Int value{};
+    const auto [end, error] = std::from_chars(v->data(), v->data() + v->size(), value);
+    if (error != std::errc() || end != v->data() + v->size() || v->empty()) {
+      throw UsageError{fmt::format("{}: '{}' is not an integer (or is out of range)", flag, *v)};
+    }
+    if (value < min_value || value > max_value) {
+      throw UsageError{fmt::format("{}: {} is not in [{}, {}]", flag, value, min_value, max_value)};
+    }
+    return value;
+  }
+  std::optional<double> real(const std::string& flag, double min_value, double max_value) const {
+    const auto v = get(flag);
+    if (!v) return std::nullopt;
+    double value = 0;
+    const auto [end, error] = std::from_chars(v->data(), v->data() + v->size(), value);
+    if (error != std::errc() || end != v->data() + v->size() || v->empty() || !std::isfinite(value)) {
+      throw UsageError{fmt::format("{}: '{}' is not a finite number", flag, *v)};
+    }
+    if (value < min_value || value > max_value) {
+      throw UsageError{fmt::format("{}: {} is not in [{}, {}]", flag, value, min_value, max_value)};
+    }
+    return value;
+  }
+
+ private:
+  std::string command_;
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positionals_;
+};
+
+// ---- the shard databases, read directly -------------------------------------
+
+std::string shard_path(const std::string& dir, std::int32_t shard) {
+  return fmt::format("{}/shard-{:02}.db", dir, shard);
+}
+
+// A SQLite connection for the tool's own queries: opens an existing file only,
+// and refuses to write (query_only).
+class Db {
+ public:
+  explicit Db(const std::string& path) : path_(path) {
+    const int rc = sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr);
+    if (rc != SQLITE_OK) {
+      const std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+      sqlite3_close_v2(db_);
+      db_ = nullptr;
+      throw Failure{fmt::format("cannot open {}: {}", path, why)};
+    }
+    sqlite3_busy_timeout(db_, 5000);
+    char* error = nullptr;
+    if (sqlite3_exec(db_, "PRAGMA query_only = 1", nullptr, nullptr, &error) != SQLITE_OK) {
+      const std::string why = error ? error : "?";
+      sqlite3_free(error);
+      sqlite3_close_v2(db_);
+      db_ = nullptr;
+      throw Failure{fmt::format("{}: {}", path, why)};
+    }
+  }
+  ~Db() { sqlite3_close_v2(db_); }
+  Db(const Db&) = delete;
+  Db& operator=(const Db&) = delete;
+
+  class Query {
+   public:
+    Query(Db& db, const char* sql) : db_(db) {
+      if (sqlite3_prepare_v2(db.db_, sql, -1, &stmt_, nullptr) != SQLITE_OK) {
+        throw Failure{fmt::format("{}: is this a snapshot store shard? ({})", db.path_, sqlite3_errmsg(db.db_))};
+      }
+    }
+    ~Query() { sqlite3_finalize(stmt_); }
+    Query(const Query&) = delete;
+    Query& operator=(const Query&) = delete;
+
+    void bind(int i, std::int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+    bool next() {
+      const int rc = sqlite3_step(stmt_);
+      if (rc == SQLITE_ROW) return true;
+      if (rc == SQLITE_DONE) return false;
+      throw Failure{fmt::format("{}: {}", db_.path_, sqlite3_errmsg(db_.db_))};
+    }
+    std::int64_t integer(int i) const { return sqlite3_column_int64(stmt_, i); }
+    std::string_view text(int i) const {
+      const unsigned char* p = sqlite3_column_text(stmt_, i);
+      const int n = sqlite3_column_bytes(stmt_, i);
+      return p ? std::string_view(reinterpret_cast<const char*>(p), static_cast<std::size_t>(n)) : std::string_view();
+    }
+    std::span<const std::uint8_t> blob(int i) const {
+      const void* p = sqlite3_column_blob(stmt_, i);
+      const int n = sqlite3_column_bytes(stmt_, i);
+      return {static_cast<const std::uint8_t*>(p), p ? static_cast<std::size_t>(n) : 0};
+    }
+    std::string_view bytes(int i) const {
+      const auto b = blob(i);
+      return {reinterpret_cast<const char*>(b.data()), b.size()};
+    }
+
+   private:
+    Db& db_;
+    sqlite3_stmt* stmt_ = nullptr;
+  };
+
+  // The first column of the first row of a one-value query.
+  std::int64_t value(const char* sql, std::optional<std::int64_t> param = std::nullopt) {
+    Query q(*this, sql);
+    if (param) q.bind(1, *param);
+    return q.next() ? q.integer(0) : 0;
+  }
+
+ private:
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
+
+struct Layout {
+  std::int32_t shards = 0;
+  std::int32_t dim = 0;
+};
+
+// The shard count and snapshot_dim a store was created with (store_meta of
+// shard 0); nullopt when the directory holds no store.
+std::optional<Layout> read_layout(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) throw Failure{fmt::format("{} is not a directory", dir)};
+  const std::string path = shard_path(dir, 0);
+  if (!fs::exists(path, ec)) return std::nullopt;
+  Db db(path);
+  Db::Query q(db, "SELECT name, value FROM store_meta");
+  std::map<std::string, std::int64_t, std::less<>> meta;
+  while (q.next()) meta[std::string(q.text(0))] = q.integer(1);
+  const auto shards = meta.find("num_shards"), dim = meta.find("snapshot_dim");
+  if (shards == meta.end() || dim == meta.end() || shards->second < 1 || shards->second > 256 || dim->second < 1 ||
+      dim->second > 4096) {
+    throw Failure{fmt::format("{}: store_meta lacks a valid num_shards / snapshot_dim", path)};
+  }
+  return Layout{static_cast<std::int32_t>(shards->second), static_cast<std::int32_t>(dim->second)};
+}
+
+std::uint64_t file_bytes(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t n = fs::file_size(path, ec);
+  return ec ? 0 : static_cast<std::uint64_t>(n);
+}
+
+// The index files of each shard: shard-NN.<tenant tag>.hnsw -> its bytes and
+// those of the .meta beside it (temporary files are left out).
+std::map<std::int32_t, std::map<std::string, std::uint64_t>> index_files(const std::string& dir) {
+  std::map<std::int32_t, std::map<std::string, std::uint64_t>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("shard-", 0) != 0 || !name.ends_with(".hnsw")) continue;
+    std::int32_t shard = 0;
+    const auto [end, error] = std::from_chars(name.data() + 6, name.data() + name.size(), shard);
+    if (error != std::errc() || *end != '.') continue;
+    const std::string path = entry.path().string();
+    out[shard][path] = file_bytes(path) + file_bytes(path + ".meta");
+  }
+  if (ec) throw Failure{fmt::format("cannot list {}: {}", dir, ec.message())};
+  return out;
+}
+
+struct ShardInfo {
+  std::int32_t shard = 0;
+  std::int64_t rows = 0;
+  std::int64_t keys = 0;  // distinct (tenant, key)
+  std::int64_t tenants = 0;
+  std::int64_t max_version = 0;
+  std::int64_t counting = 0;     // keys seen but not admitted yet
+  std::int64_t blacklisted = 0;  // in force now
+  std::int64_t fallbacks = 0;
+  std::uint64_t db_bytes = 0;
+  std::uint64_t wal_bytes = 0;
+  std::int64_t index_files = 0;
+  std::uint64_t index_bytes = 0;
+};
+
+std::vector<ShardInfo> inspect_shards(const std::string& dir, std::int32_t shards) {
+  const auto indexes = index_files(dir);
+  std::vector<ShardInfo> out;
+  const std::int64_t now = now_ms();
+  for (std::int32_t s = 0; s < shards; ++s) {
+    ShardInfo info;
+    info.shard = s;
+    const std::string path = shard_path(dir, s);
+    {
+      Db db(path);
+      info.rows = db.value("SELECT count(*) FROM semantic_snapshots");
+      info.keys = db.value("SELECT count(*) FROM (SELECT DISTINCT tenant, suffix_key FROM semantic_snapshots)");
+      info.tenants = db.value("SELECT count(DISTINCT tenant) FROM semantic_snapshots");
+      info.max_version = db.value("SELECT coalesce(max(version), 0) FROM semantic_snapshots");
+      info.counting = db.value("SELECT count(*) FROM suffix_sightings");
+      info.blacklisted = db.value("SELECT count(*) FROM blacklist WHERE until_ms >= ?1", now);
+      info.fallbacks = db.value("SELECT count(*) FROM fallback_snapshots");
+    }
+    info.db_bytes = file_bytes(path);
+    info.wal_bytes = file_bytes(path + "-wal");
+    if (const auto it = indexes.find(s); it != indexes.end()) {
+      info.index_files = static_cast<std::int64_t>(it->second.size());
+      for (const auto& [file, bytes] : it->second) info.index_bytes += bytes;
+    }
+    out.push_back(info);
+  }
+  return out;
+}
+
+// ---- opening a store --------------------------------------------------------
+
+const std::vector<std::string_view> kStoreFlags = {"--store", "--shards", "--dim"};
+
+std::vector<std::string_view> flags(std::vector<std::string_view> a, const std::vector<std::string_view>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The config of the store at --store: shard count and snapshot_dim as it was
+// created (--shards / --dim must agree), or from the flags for a new store
+// when `may_create`.
+clm::SnapshotStoreConfig store_config(const Args& args, bool may_create) {
+  clm::SnapshotStoreConfig config;
+  config.path = args.required("--store");
+  if (config.path == ":memory:") throw UsageError{"--store :memory: would keep nothing: give a directory"};
+  const auto shards = args.integer<std::int32_t>("--shards", 1, 256);
+  const auto dim = args.integer<std::int32_t>("--dim", 1, 4096);
+  if (const auto layout = read_layout(config.path)) {
+    if (shards && *shards != layout->shards) {
+      throw Failure{fmt::format("--shards {}: the store at {} has {} shards (fixed when it was created)", *shards,
+                                config.path, layout->shards)};
+    }
+    if (dim && *dim != layout->dim) {
+      throw Failure{fmt::format("--dim {}: the store at {} has snapshot_dim {} (fixed when it was created)", *dim,
+                                config.path, layout->dim)};
+    }
+    config.num_shards = layout->shards;
+    config.snapshot_dim = layout->dim;
+  } else if (!may_create) {
+    throw Failure{fmt::format("no snapshot store at {} (no {}); `clm_store ingest --dim N` creates one", config.path,
+                              shard_path(config.path, 0))};
+  } else {
+    if (!dim) throw UsageError{fmt::format("{} holds no store yet: --dim is required to create one", config.path)};
+    config.num_shards = shards.value_or(config.num_shards);
+    config.snapshot_dim = *dim;
+  }
+  if (const auto lexicons = args.get("--lexicons")) config.keyer.lexicon_dir = *lexicons;
+  return config;
+}
+
+std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& config) {
+  std::unique_ptr<clm::SnapshotStore> store;
+  check(clm::SnapshotStore::open(config, store), fmt::format("cannot open the store at {}", config.path));
+  return store;
+}
+
+// ---- snapshots in JSON -------------------------------------------------------
+
+// A JSON array of `dim` numbers as floats; the reason in `error` when it is not one.
+bool json_vector(const Json& j, std::int32_t dim, std::string_view what, std::vector<float>& out, std::string& error) {
+  if (!j.is_array()) {
+    error = fmt::format("{} must be an array of {} numbers, not {}", what, dim, j.type_name());
+    return false;
+  }
+  if (j.size() != static_cast<std::size_t>(dim)) {
+    error = fmt::format("{} has {} values, the store's snapshot_dim is {}", what, j.size(), dim);
+    return false;
+  }
+  out.resize(j.size());
+  double norm = 0;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const Json& v = j[i];
+    if (!v.is_number()) {
+      error = fmt::format("{}[{}] is {}, not a number", what, i, v.type_name());
+      return false;
+    }
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max())) {
+      error = fmt::format("{}[{}] = {} is not a finite float", what, i, d);
+      return false;
+    }
+    out[i] = static_cast<float>(d);
+    norm += static_cast<double>(out[i]) * out[i];
+  }
+  if (!(norm > 0)) {
+    error = fmt::format("{} is all zeros: it has no direction", what);
+    return false;
+  }
+  return true;
+}
+
+Json json_floats(std::span<const float> v) {
+  Json a = Json::array();
+  for (const float f : v) a.push_back(tidy(f));
+  return a;
+}
+
+// Parses one JSON value; duplicate object keys are refused (nlohmann keeps the last).
+bool parse_json(std::string_view text, Json& out, std::string& error) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  std::string duplicate;
+  const Json::parser_callback_t callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+        duplicate.empty()) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  try {
+    out = Json::parse(text.begin(), text.end(), callback);
+  } catch (const Json::exception& e) {
+    error = json_message(e);
+    return false;
+  }
+  if (!duplicate.empty()) {
+    error = fmt::format("field \"{}\" given twice", duplicate);
+    return false;
+  }
+  return true;
+}
+
+// ---- key ---------------------------------------------------------------------
+
+constexpr std::string_view kKeyUsage =
+    "usage: clm_store key [--json] [--lexicons DIR] < lines.txt\n"
+    "\n"
+    "Prints, for each line of UTF-8 text on stdin, its suffix key and the key's fingerprint\n"
+    "(FNV-1a 64, hex), tab-separated. A line the keyer refuses (invalid UTF-8, no content,\n"
+    "over 16 KiB) gets its error on stderr and an empty line on stdout, so output lines match\n"
+    "input lines; the other lines go on, and the exit status is 1 at the end.\n"
+    "\n"
+    "  --json          one JSON object per line: line, key, fingerprint, group, entity, action,\n"
+    "                  object, details, low_information (a failed line: line, error, code)\n"
+    "  --lexicons DIR  a directory of *.tsv lexicons replacing the built-in ones\n";
+
+int cmd_key(const Args& args) {
+  args.no_positionals();
+  const bool json = args.has("--json");
+  clm::SuffixKeyerConfig keyer_config;
+  if (const auto lexicons = args.get("--lexicons")) keyer_config.lexicon_dir = *lexicons;
+  std::unique_ptr<clm::SuffixKeyer> keyer;
+  check(clm::SuffixKeyer::create(keyer_config, keyer), "cannot load the lexicons");
+
+  std::string line;
+  std::size_t n = 0, failed = 0;
+  while (std::getline(std::cin, line)) {
+    ++n;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    clm::SuffixKey k;
+    const clm::Status s = keyer->make_key(line, k);
+    if (!s.ok()) {
+      ++failed;
+      std::fflush(stdout);  // keeps stdout and stderr in order on a terminal
+      fmt::print(stderr, "clm_store key: line {}: {}: {}\n", n, s.code_name(), s.message());
+      if (json) {
+        fmt::print("{}\n", dump(Json{{"line", n}, {"error", s.message()}, {"code", s.code_name()}}));
+      } else {
+        fmt::print("\n");
+      }
+      continue;
+    }
+    if (json) {
+      Json j;
+      j["line"] = n;
+      j["key"] = k.key;
+      j["fingerprint"] = hex(k.fingerprint);
+      j["group"] = hex(k.group);
+      j["entity"] = k.entity;
+      j["action"] = k.action;
+      j["object"] = k.object;
+      j["details"] = k.details;
+      j["low_information"] = k.low_information;
+      fmt::print("{}\n", dump(j));
+    } else {
+      fmt::print("{}\t{}\n", k.key, hex(k.fingerprint));
+    }
+  }
+  if (std::cin.bad()) throw Failure{"reading stdin failed"};
+  if (failed) {
+    std::fflush(stdout);
+    fmt::print(stderr, "clm_store key: {} of {} lines failed\n", failed, n);
+    return kExitProblem;
+  }
+  return 0;
+}
+
+// ---- ingest --------------------------------------------------------------------
+
+constexpr std::string_view kIngestUsage =
+    "usage: clm_store ingest --store DIR [--input FILE] [--tenant T] [--dim N] [--shards N]\n"
+    "                        [--min-usage N] [--version-cosine C] [--batch N] [--lexicons DIR]\n"
+    "                        [--json] [--quiet]\n"
+    "\n"
+    "Records snapshots into the store at DIR, creating it when DIR holds none (--dim is then\n"
+    "required). Input: JSON lines, from FILE or stdin, each one of\n"
+    "  {\"text\": \"...\", \"snapshot\": [numbers]}                 keyed by the suffix keyer\n"
+    "  {\"key\": \"...\", \"group\": \"...\", \"snapshot\": [numbers]}  a host's own key (group optional)\n"
+    "with an optional \"tenant\" (default: --tenant). Blank lines are skipped; other fields are\n"
+    "an error. The whole input is read and checked before anything is written (it is held in\n"
+    "memory: about 4 x dim bytes a record): a malformed line, a snapshot of the wrong length,\n"
+    "a value that is not a finite float, an all-zero snapshot or text without content is\n"
+    "reported with its line number, and the store is left as it was. Then the records go\n"
+    "to the store in batches (record_batch: one transaction per shard touched), with\n"
+    "progress on stderr for long inputs, and a summary by outcome is printed.\n"
+    "\n"
+    "  --input FILE        the JSON lines (default and \"-\": stdin)\n"
+    "  --tenant T          the tenant of lines without \"tenant\" (default: empty)\n"
+    "  --dim N             snapshot_dim of a new store, 1..4096 (an existing one: must agree)\n"
+    "  --shards N          shard count of a new store, 1..256 (default 16; an existing one: must agree)\n"
+    "  --min-usage N       sightings before a key is stored (default 50; 1 stores each key at\n"
+    "                      once). The store keeps the counts, so they add up over runs\n"
+    "  --version-cosine C  below this cosine to the key's newest version, a new version\n"
+    "                      (default 0.95)\n"
+    "  --batch N           records per record_batch call (default 512)\n"
+    "  --lexicons DIR      lexicons for \"text\" lines: lookups must use the same ones\n"
+    "  --json              the summary as one JSON object\n"
+    "  --quiet             no progress on stderr\n";
+
+struct IngestRecord {
+  std::size_t line = 0;
+  std::string tenant;
+  clm::SuffixKey key;
+  std::vector<float> snapshot;
+};
+
+constexpr std::size_t kMaxTenantBytes = std::size_t{1} << 16;  // the store's limit
+
+// One line of ingest's input, checked; the reason in `error` when it is refused.
+bool parse_ingest_line(std::string_view text, const clm::SuffixKeyer& keyer, std::int32_t dim,
+                       const std::string& default_tenant, IngestRecord& out, std::string& error) {
+  Json j;
+  if (!parse_json(text, j, error)) return false;
+  if (!j.is_object()) {
+    error = fmt::format("expected a JSON object, got {}", j.type_name());
+    return false;
+  }
+  for (const auto& [name, value] : j.items()) {
+    if (name != "text" && name != "key" && name != "group" && name != "snapshot" && name != "tenant") {
+      error = fmt::format("unknown field \"{}\" (fields: text or key, group, snapshot, tenant)", name);
+      return false;
+    }
+    if (name != "snapshot" && !value.is_string()) {
+      error = fmt::format("\"{}\" must be a string, not {}", name, value.type_name());
+      return false;
+    }
+  }
+  const bool has_text = j.contains("text"), has_key = j.contains("key");
+  if (has_text == has_key) {
+    error = has_text ? "give \"text\" or \"key\", not both" : "needs \"text\" or \"key\"";
+    return false;
+  }
+  if (has_text && j.contains("group")) {
+    error = "\"group\" goes with \"key\" (a text's group comes from its key)";
+    return false;
+  }
+  if (!j.contains("snapshot")) {
+    error = "needs \"snapshot\"";
+    return false;
+  }
+  if (!json_vector(j["snapshot"], dim, "snapshot", out.snapshot, error)) return false;
+  out.tenant = j.contains("tenant") ? j["tenant"].get<std::string>() : default_tenant;
+  if (out.tenant.size() > kMaxTenantBytes) {
+    error = fmt::format("tenant of {} bytes (at most {})", out.tenant.size(), kMaxTenantBytes);
+    return false;
+  }
+  const clm::Status s =
+      has_text ? keyer.make_key(j["text"].get<std::string>(), out.key)
+               : clm::SuffixKeyer::from_host_key(j["key"].get<std::string>(), j.value("group", std::string()), out.key);
+  if (!s.ok()) {
+    error = fmt::format("{}: {}", has_text ? "text" : "key", s.message());
+    return false;
+  }
+  return true;
+}
+
+// A line of progress on stderr at most every `every` seconds.
+class Progress {
+ public:
+  Progress(bool quiet, double every = 2.0) : quiet_(quiet), every_(every) {}
+  template <class... T>
+  void maybe(fmt::format_string<T...> format, T&&... values) {
+    if (quiet_) return;
+    const auto now = Clock::now();
+    if (std::chrono::duration<double>(now - last_).count() < every_) return;
+    last_ = now;
+    fmt::print(stderr, format, std::forward<T>(values)...);
+  }
+
+ private:
+  bool quiet_;
+  double every_;
+  Clock::time_point last_ = Clock::now();
+};
+
+int cmd_ingest(const Args& args) {
+  args.no_positionals();
+  clm::SnapshotStoreConfig config = store_config(args, true);
+  config.min_usage_threshold =
+      args.integer<std::int64_t>("--min-usage", 1, std::int64_t{1} << 40).value_or(config.min_usage_threshold);
+  config.version_cosine =
+      static_cast<float>(args.real("--version-cosine", 1e-6, 1.0).value_or(static_cast<double>(config.version_cosine)));
+  const auto batch_size = args.integer<std::size_t>("--batch", 1, 1000000).value_or(512);
+  const std::string tenant = args.get("--tenant").value_or("");
+  if (tenant.size() > kMaxTenantBytes) throw UsageError{"--tenant: too long"};
+  const bool json = args.has("--json"), quiet = args.has("--quiet");
+  const std::string input = args.get("--input").value_or("-");
+  const std::string source = input == "-" ? "stdin" : input;
+
+  std::ifstream file;
+  if (input != "-") {
+    file.open(input, std::ios::binary);
+    if (!file) throw Failure{fmt::format("cannot open {}: {}", input, std::strerror(errno))};
+  }
+  std::istream& in = input == "-" ? std::cin : file;
+
+  // 1. Read and check everything.
+  std::unique_ptr<clm::SuffixKeyer> keyer;
+  check(clm::SuffixKeyer::create(config.keyer, keyer), "cannot load the lexicons");
+  const auto t0 = Clock::now();
+  Progress progress(quiet);
+  std::vector<IngestRecord> records;
+  std::size_t line_no = 0, bad = 0;
+  constexpr std::size_t kErrorsShown = 20;
+  std::string line, error;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    IngestRecord r;
+    r.line = line_no;
+    if (!parse_ingest_line(line, *keyer, config.snapshot_dim, tenant, r, error)) {
+      if (++bad <= kErrorsShown) fmt::print(stderr, "clm_store ingest: {}:{}: {}\n", source, line_no, error);
+      continue;
+    }
+    if (bad == 0) records.push_back(std::move(r));
+    progress.maybe("clm_store ingest: read {} lines\n", line_no);
+  }
+  if (in.bad()) throw Failure{fmt::format("reading {} failed", source)};
+  if (bad) {
+    if (bad > kErrorsShown) fmt::print(stderr, "clm_store ingest: ... and {} more\n", bad - kErrorsShown);
+    throw Failure{fmt::format("{} of the lines of {} refused: nothing was written", bad, source)};
+  }
+
+  // 2. Write.
+  std::unique_ptr<clm::SnapshotStore> store = open_store(config);
+  const std::int64_t rows_before = store->metrics().snapshots;
+  std::uint64_t by_result[5] = {};
+  std::vector<clm::SnapshotRecord> batch;
+  std::vector<clm::RecordOutcome> outcomes;
+  const auto t_write = Clock::now();
+  for (std::size_t start = 0; start < records.size(); start += batch_size) {
+    const std::size_t end = std::min(records.size(), start + batch_size);
+    batch.clear();
+    for (std::size_t i = start; i < end; ++i)
+      batch.push_back({records[i].tenant, &records[i].key, records[i].snapshot});
+    outcomes.assign(batch.size(), {});
+    const clm::Status s = store->record_batch(batch, outcomes);
+    if (!s.ok()) {
+      throw Failure{fmt::format(
+          "recording the batch of lines {}..{} failed: {}: {}\n  the {} records before line {} were committed; of this "
+          "batch, the records of shards that committed before the failing one were kept (record_batch commits per "
+          "shard)",
+          records[start].line, records[end - 1].line, s.code_name(), s.message(), start, records[start].line)};
+    }
+    for (const clm::RecordOutcome& o : outcomes) ++by_result[static_cast<std::size_t>(o.result)];
+    const double elapsed = seconds_since(t_write);
+    progress.maybe("clm_store ingest: recorded {}/{} ({:.0f}%), {:.0f} records/s\n", end, records.size(),
+                   100.0 * static_cast<double>(end) / static_cast<double>(records.size()),
+                   static_cast<double>(end) / std::max(elapsed, 1e-9));
+  }
+  check(store->flush(), "saving the index files");
+  const std::int64_t rows_after = store->metrics().snapshots;
+  const double seconds = seconds_since(t0);
+
+  const clm::RecordResult results[] = {clm::RecordResult::counted, clm::RecordResult::admitted,
+                                       clm::RecordResult::confirmed, clm::RecordResult::new_version,
+                                       clm::RecordResult::drifted};
+  if (json) {
+    Json j;
+    j["store"] = config.path;
+    j["input"] = source;
+    j["records"] = records.size();
+    for (const auto r : results) j[clm::record_result_name(r)] = by_result[static_cast<std::size_t>(r)];
+    j["rows_before"] = rows_before;
+    j["rows_after"] = rows_after;
+    j["seconds"] = seconds;
+    fmt::print("{}\n", dump(j));
+  } else {
+    fmt::print("clm_store ingest: {} records from {} into {} ({} shards, dim {}) in {:.2f} s\n", records.size(), source,
+               config.path, config.num_shards, config.snapshot_dim, seconds);
+    for (const auto r : results) {
+      fmt::print("  {:<12} {:>9}\n", clm::record_result_name(r), by_result[static_cast<std::size_t>(r)]);
+    }
+    fmt::print("  {:<12} {:>9} (was {})\n", "rows", rows_after, rows_before);
+  }
+  return 0;
+}
+
+// ---- lookup ----------------------------------------------------------------------
+
+constexpr std::string_view kLookupUsage =
+    "usage: clm_store lookup --store DIR (TEXT | --text TEXT | --key K [--group G])\n"
+    "                        [--query JSON | --query-file FILE] [--tenant T] [--print-snapshot]\n"
+    "                        [--json] [--similarity-floor F] [--top-k K] [--no-wait] [--lexicons DIR]\n"
+    "\n"
+    "Asks the store what it would serve for one suffix, and prints the level (exact: the key's\n"
+    "newest stable version, else its newest one, not stable; ann: the most similar snapshot of\n"
+    "the same group to the query vector; fallback: a greeting's generic snapshot; or miss),\n"
+    "similarity, key, fingerprint, version, stable, and the level-2 candidates.\n"
+    "\n"
+    "  TEXT, --text TEXT      the user's text, keyed as ingest keys it\n"
+    "  --key K [--group G]    a host's own key and group, as ingested\n"
+    "  --query JSON           the query snapshot: a JSON array of dim numbers (level 2 needs one)\n"
+    "  --query-file FILE      the same from FILE (\"-\": stdin): a JSON array, or an object with\n"
+    "                         \"snapshot\" (a line of ingest's input)\n"
+    "  --tenant T             the tenant (default: empty)\n"
+    "  --print-snapshot       print the served snapshot too (unit length, f16 precision)\n"
+    "  --json                 one JSON object\n"
+    "  --similarity-floor F   the cosine a level-2 candidate needs (default 0.80)\n"
+    "  --top-k K              level-2 candidates, 1..64 (default 3)\n"
+    "  --no-wait              answer at once, as a server just opened would: level 2 answers miss\n"
+    "                         for a shard whose index is still being rebuilt. Without it, a\n"
+    "                         missing or stale index is rebuilt before the lookup\n"
+    "  --lexicons DIR         lexicons for TEXT: the ones ingest used\n"
+    "\n"
+    "A hit counts as a use of its row (usage_count, last_used), as a server's lookup does.\n"
+    "Exit status 0 for a hit and for a miss alike.\n";
+
+int cmd_lookup(const Args& args) {
+  clm::SnapshotStoreConfig config = store_config(args, false);
+  const bool no_wait = args.has("--no-wait");
+  config.rebuild_in_background = no_wait;
+  config.similarity_floor = static_cast<float>(
+      args.real("--similarity-floor", -1.0, 1.0).value_or(static_cast<double>(config.similarity_floor)));
+  config.ann_top_k = args.integer<std::int32_t>("--top-k", 1, 64).value_or(config.ann_top_k);
+  config.ann_ef_search = std::max(config.ann_ef_search, config.ann_top_k);
+  const std::string tenant = args.get("--tenant").value_or("");
+  const bool json = args.has("--json"), print_snapshot = args.has("--print-snapshot");
+
+  if (args.positionals().size() > 1) {
+    throw UsageError{"give the text as one argument (quote it), or with --text"};
+  }
+  std::optional<std::string> text = args.get("--text");
+  if (!args.positionals().empty()) {
+    if (text) throw UsageError{"give the text once: as an argument or with --text"};
+    text = args.positionals()[0];
+  }
+  const auto host_key = args.get("--key");
+  if (text.has_value() == host_key.has_value()) {
+    throw UsageError{text ? "give a text or --key, not both" : "give a text (TEXT or --text) or --key"};
+  }
+  if (text && args.has("--group")) throw UsageError{"--group goes with --key"};
+
+  std::vector<float> query;
+  if (args.has("--query") && args.has("--query-file")) throw UsageError{"give --query or --query-file, not both"};
+  if (args.has("--query") || args.has("--query-file")) {
+    std::string source = "--query", body;
+    if (const auto q = args.get("--query")) {
+      body = *q;
+    } else {
+      const std::string path = *args.get("--query-file");
+      source = path == "-" ? "stdin" : path;
+      std::ifstream file;
+      if (path != "-") {
+        file.open(path, std::ios::binary);
+        if (!file) throw Failure{fmt::format("cannot open {}: {}", path, std::strerror(errno))};
+      }
+      std::istream& in = path == "-" ? std::cin : file;
+      body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (in.bad()) throw Failure{fmt::format("reading {} failed", source)};
+    }
+    Json j;
+    std::string error;
+    if (!parse_json(body, j, error)) throw Failure{fmt::format("{}: {}", source, error)};
+    if (j.is_object()) {
+      if (!j.contains("snapshot")) throw Failure{fmt::format("{}: an object needs \"snapshot\"", source)};
+      j = Json(j["snapshot"]);
+    }
+    if (!json_vector(j, config.snapshot_dim, "the query", query, error)) {
+      throw Failure{fmt::format("{}: {}", source, error)};
+    }
+  }
+
+  std::unique_ptr<clm::SnapshotStore> store = open_store(config);
+  clm::SuffixKey key;
+  if (text) {
+    check(store->keyer().make_key(*text, key), "the text");
+  } else {
+    check(clm::SuffixKeyer::from_host_key(*host_key, args.get("--group").value_or(""), key), "--key");
+  }
+  const std::int32_t shard = store->shard_of(tenant, key);
+  clm::SnapshotHit hit;
+  std::vector<float> snapshot(static_cast<std::size_t>(config.snapshot_dim));
+  check(store->lookup(tenant, key, query, hit, snapshot), "lookup");
+  const clm::SnapshotStoreMetrics m = store->metrics();
+
+  if (!no_wait && m.index_rebuilds > 0) {
+    fmt::print(stderr, "clm_store lookup: note: {} index file(s) were missing or unreadable and were rebuilt first\n",
+               m.index_rebuilds);
+  }
+  if (m.ann_unavailable > 0) {
+    fmt::print(stderr, "clm_store lookup: note: level 2 was off: shard {}'s index is being rebuilt (--no-wait)\n",
+               shard);
+  }
+  if (m.busy_misses > 0)
+    fmt::print(stderr, "clm_store lookup: note: shard {} was busy: the miss is the breaker's\n", shard);
+  if (m.blacklisted_skips > 0) fmt::print(stderr, "clm_store lookup: note: blacklisted keys were skipped\n");
+  const bool hit_level = hit.level != clm::SnapshotLevel::miss;
+  if (json) {
+    Json j;
+    j["query_key"] = key.key;
+    j["query_fingerprint"] = hex(key.fingerprint);
+    j["query_group"] = hex(key.group);
+    j["low_information"] = key.low_information;
+    j["tenant"] = printable(tenant);
+    j["shard"] = shard;
+    j["level"] = clm::snapshot_level_name(hit.level);
+    j["similarity"] = tidy(hit.similarity);
+    j["key"] = hit.key;
+    j["fingerprint"] = hex(hit.fingerprint);
+    j["version"] = hit.version;
+    j["stable"] = hit.stable;
+    Json candidates = Json::array();
+    for (const auto& c : hit.candidates) {
+      candidates.push_back(Json{{"key", c.key},
+                                {"fingerprint", hex(c.fingerprint)},
+                                {"version", c.version},
+                                {"similarity", tidy(c.similarity)}});
+    }
+    j["candidates"] = candidates;
+    if (print_snapshot && hit_level) j["snapshot"] = json_floats(snapshot);
+    fmt::print("{}\n", dump(j));
+    return 0;
+  }
+  fmt::print("{:<13} {}  (fingerprint {}, shard {}{})\n", "query key", key.key, hex(key.fingerprint), shard,
+             key.low_information ? ", low information" : "");
+  fmt::print("{:<13} {}\n", "level", clm::snapshot_level_name(hit.level));
+  if (hit_level) {
+    fmt::print("{:<13} {:.6f}\n", "similarity", hit.similarity);
+    fmt::print("{:<13} {}\n", "key", hit.key);
+    fmt::print("{:<13} {}\n", "fingerprint", hex(hit.fingerprint));
+    fmt::print("{:<13} {}\n", "version", hit.version);
+    fmt::print("{:<13} {}\n", "stable", hit.stable ? "yes" : "no");
+  }
+  fmt::print("{:<13} {}\n", "candidates", hit.candidates.size());
+  for (std::size_t i = 0; i < hit.candidates.size(); ++i) {
+    const auto& c = hit.candidates[i];
+    fmt::print("  {:>2}. {:.6f}  {}  v{}  ({})\n", i + 1, c.similarity, c.key, c.version, hex(c.fingerprint));
+  }
+  if (print_snapshot && hit_level) fmt::print("{:<13} {}\n", "snapshot", dump(json_floats(snapshot)));
+  return 0;
+}
+
+// ---- stats ---------------------------------------------------------------------
+
+constexpr std::string_view kStatsUsage =
+    "usage: clm_store stats --store DIR [--json]\n"
+    "\n"
+    "Per shard: rows (snapshots stored, all versions), keys (distinct tenant and key),\n"
+    "tenants, the highest version, keys still counting toward admission, blacklisted keys,\n"
+    "fallback snapshots, and the sizes of the database, its WAL and its index files (an index\n"
+    "file per tenant: fewer files than tenants means some are missing; the store rebuilds them\n"
+    "when it opens). Then the store's metrics; its counters (lookups, records, ...) cover\n"
+    "this process only, which has just opened the store.\n"
+    "\n"
+    "  --json   one JSON object\n";
+
+Json metrics_json(const clm::SnapshotStoreMetrics& m) {
+  return Json{{"lookups", m.lookups},
+              {"hits_exact", m.hits_exact},
+              {"hits_ann", m.hits_ann},
+              {"hits_fallback", m.hits_fallback},
+              {"misses", m.misses},
+              {"busy_misses", m.busy_misses},
+              {"blacklisted_skips", m.blacklisted_skips},
+              {"ann_unavailable", m.ann_unavailable},
+              {"records", m.records},
+              {"counted", m.counted},
+              {"admissions", m.admissions},
+              {"confirmations", m.confirmations},
+              {"versions", m.versions},
+              {"drift_versions", m.drift_versions},
+              {"evictions", m.evictions},
+              {"corrupt_skipped", m.corrupt_skipped},
+              {"index_rebuilds", m.index_rebuilds},
+              {"outcome_reports", m.outcome_reports},
+              {"snapshots", m.snapshots},
+              {"blacklisted_keys", m.blacklisted_keys}};
+}
+
+int cmd_stats(const Args& args) {
+  args.no_positionals();
+  clm::SnapshotStoreConfig config = store_config(args, false);
+  const bool json = args.has("--json");
+  const std::vector<ShardInfo> shards = inspect_shards(config.path, config.num_shards);  // as found on disk
+  const clm::SnapshotStoreMetrics m = open_store(config)->metrics();  // a rebuild the open starts stops at close
+
+  ShardInfo total;
+  for (const ShardInfo& s : shards) {
+    total.rows += s.rows;
+    total.keys += s.keys;
+    total.tenants += s.tenants;
+    total.max_version = std::max(total.max_version, s.max_version);
+    total.counting += s.counting;
+    total.blacklisted += s.blacklisted;
+    total.fallbacks += s.fallbacks;
+    total.db_bytes += s.db_bytes;
+    total.wal_bytes += s.wal_bytes;
+    total.index_files += s.index_files;
+    total.index_bytes += s.index_bytes;
+  }
+  const std::int64_t missing = std::max<std::int64_t>(0, total.tenants - total.index_files);
+  if (json) {
+    auto shard_json = [](const ShardInfo& s) {
+      return Json{{"shard", s.shard},
+                  {"rows", s.rows},
+                  {"keys", s.keys},
+                  {"tenants", s.tenants},
+                  {"max_version", s.max_version},
+                  {"counting", s.counting},
+                  {"blacklisted", s.blacklisted},
+                  {"fallbacks", s.fallbacks},
+                  {"db_bytes", s.db_bytes},
+                  {"wal_bytes", s.wal_bytes},
+                  {"index_files", s.index_files},
+                  {"index_bytes", s.index_bytes}};
+    };
+    Json j;
+    j["store"] = config.path;
+    j["num_shards"] = config.num_shards;
+    j["snapshot_dim"] = config.snapshot_dim;
+    j["rows"] = total.rows;
+    j["keys"] = total.keys;
+    j["counting"] = total.counting;
+    j["db_bytes"] = total.db_bytes;
+    j["wal_bytes"] = total.wal_bytes;
+    j["index_files"] = total.index_files;
+    j["index_bytes"] = total.index_bytes;
+    j["shard_tenants"] = total.tenants;
+    Json per_shard = Json::array();
+    for (const ShardInfo& s : shards) per_shard.push_back(shard_json(s));
+    j["shards"] = per_shard;
+    j["metrics"] = metrics_json(m);
+    fmt::print("{}\n", dump(j));
+    return 0;
+  }
+  fmt::print("store {}: {} shards, snapshot_dim {}\n\n", config.path, config.num_shards, config.snapshot_dim);
+  fmt::print("{:>5} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>10} {:>10} {:>7} {:>10}\n", "shard", "rows", "keys",
+             "tenants", "max_ver", "counting", "black", "fallbk", "db", "wal", "indexes", "index size");
+  auto row = [](const std::string& name, const ShardInfo& s) {
+    fmt::print("{:>5} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>10} {:>10} {:>7} {:>10}\n", name, s.rows, s.keys,
+               s.tenants, s.max_version, s.counting, s.blacklisted, s.fallbacks, human_bytes(s.db_bytes),
+               human_bytes(s.wal_bytes), s.index_files, human_bytes(s.index_bytes));
+  };
+  for (const ShardInfo& s : shards) row(fmt::format("{:02}", s.shard), s);
+  row("total", total);
+  if (missing > 0) {
+    fmt::print(
+        "\n{} tenant index file(s) missing: the store rebuilds them when it opens (or: clm_store rebuild-index)\n",
+        missing);
+  }
+  fmt::print("\nmetrics (counters cover this process, which has just opened the store):\n");
+  const Json metrics = metrics_json(m);
+  for (const auto& [name, value] : metrics.items()) fmt::print("  {:<18} {}\n", name, value.dump());
+  return 0;
+}
+
+// ---- evict ---------------------------------------------------------------------
+
+constexpr std::string_view kEvictUsage =
+    "usage: clm_store evict --store DIR [--older-than-days D] [--below-usage N] [--list] [--dry-run] [--json]\n"
+    "\n"
+    "Deletes the rows unused (last_used) for more than D days whose usage_count is below N,\n"
+    "with their index entries, and sightings not seen for D days and expired blacklist\n"
+    "entries; then vacuums each shard (incremental auto-vacuum). Prints what was deleted and\n"
+    "how much was vacuumed.\n"
+    "\n"
+    "  --older-than-days D   default 30 (0: every row not used in this very second)\n"
+    "  --below-usage N       default 5\n"
+    "  --list                list the rows to delete (tenant, key, version, usage, last used)\n"
+    "  --dry-run             list them and delete nothing\n"
+    "  --json                one JSON object (with --list: the rows too)\n";
+
+struct EvictRow {
+  std::int32_t shard = 0;
+  std::string tenant, key;
+  std::int64_t version = 0, usage = 0, last_used = 0;
+};
+
+std::string utc(std::int64_t unix_s) {
+  const std::time_t t = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+int cmd_evict(const Args& args) {
+  args.no_positionals();
+  clm::SnapshotStoreConfig config = store_config(args, false);
+  config.evict_after_days = args.real("--older-than-days", 0.0, 1e6).value_or(config.evict_after_days);
+  config.evict_min_usage = args.integer<std::int64_t>("--below-usage", 0, std::numeric_limits<std::int64_t>::max())
+                               .value_or(config.evict_min_usage);
+  const bool list = args.has("--list") || args.has("--dry-run"), dry_run = args.has("--dry-run");
+  const bool json = args.has("--json");
+
+  // What the store will delete, by its documented rule (snapshot_store.hpp, evict).
+  const std::int64_t now_s = now_ms() / 1000;
+  const auto cutoff_s = static_cast<std::int64_t>(static_cast<double>(now_s) - config.evict_after_days * 86400.0);
+  std::vector<EvictRow> victims;
+  for (std::int32_t s = 0; s < config.num_shards; ++s) {
+    Db db(shard_path(config.path, s));
+    Db::Query q(db,
+                "SELECT tenant, suffix_key, version, usage_count, last_used FROM semantic_snapshots"
+                " WHERE last_used < ?1 AND usage_count < ?2 ORDER BY last_used, id");
+    q.bind(1, cutoff_s);
+    q.bind(2, config.evict_min_usage);
+    while (q.next()) {
+      victims.push_back({s, std::string(q.bytes(0)), std::string(q.text(1)), q.integer(2), q.integer(3), q.integer(4)});
+    }
+  }
+  const std::vector<ShardInfo> before = inspect_shards(config.path, config.num_shards);
+  std::int64_t rows_before = 0, counting_before = 0;
+  std::uint64_t bytes_before = 0;
+  for (const ShardInfo& s : before) {
+    rows_before += s.rows;
+    counting_before += s.counting;
+    bytes_before += s.db_bytes + s.wal_bytes;
+  }
+
+  clm::EvictionReport report;
+  std::int64_t rows_after = rows_before, counting_after = counting_before;
+  std::uint64_t bytes_after = bytes_before;
+  if (!dry_run) {
+    {
+      std::unique_ptr<clm::SnapshotStore> store = open_store(config);
+      check(store->evict(report), "evict");
+      check(store->flush(), "saving the index files");
+    }  // closed: the WAL is checkpointed, so the sizes below are the files'
+    rows_after = counting_after = 0;
+    bytes_after = 0;
+    for (const ShardInfo& s : inspect_shards(config.path, config.num_shards)) {
+      rows_after += s.rows;
+      counting_after += s.counting;
+      bytes_after += s.db_bytes + s.wal_bytes;
+    }
+  }
+
+  if (json) {
+    Json j;
+    j["store"] = config.path;
+    j["dry_run"] = dry_run;
+    j["older_than_days"] = config.evict_after_days;
+    j["below_usage"] = config.evict_min_usage;
+    j["matched"] = victims.size();
+    j["deleted"] = report.deleted;
+    j["pages_vacuumed"] = report.pages_vacuumed;
+    j["rows_before"] = rows_before;
+    j["rows_after"] = rows_after;
+    j["sightings_before"] = counting_before;
+    j["sightings_after"] = counting_after;
+    j["db_bytes_before"] = bytes_before;
+    j["db_bytes_after"] = bytes_after;
+    if (list) {
+      Json rows = Json::array();
+      for (const EvictRow& r : victims) {
+        rows.push_back(Json{{"shard", r.shard},
+                            {"tenant", printable(r.tenant)},
+                            {"key", r.key},
+                            {"version", r.version},
+                            {"usage_count", r.usage},
+                            {"last_used", utc(r.last_used)}});
+      }
+      j["rows"] = rows;
+    }
+    fmt::print("{}\n", dump(j));
+    return 0;
+  }
+  if (list) {
+    for (const EvictRow& r : victims) {
+      fmt::print("{}  shard {:02}  tenant \"{}\"  {}  v{}  used {} time(s), last {}\n",
+                 dry_run ? "would delete" : "delete", r.shard, printable(r.tenant), r.key, r.version, r.usage,
+                 utc(r.last_used));
+    }
+  }
+  const std::string rule =
+      fmt::format("unused for {} days, usage below {}", config.evict_after_days, config.evict_min_usage);
+  if (dry_run) {
+    fmt::print("clm_store evict: {} of {} rows match ({}); --dry-run: nothing deleted\n", victims.size(), rows_before,
+               rule);
+    return 0;
+  }
+  fmt::print("clm_store evict: deleted {} rows ({}): rows {} -> {}\n", report.deleted, rule, rows_before, rows_after);
+  fmt::print("  sightings pruned: {} -> {}\n", counting_before, counting_after);
+  fmt::print("  vacuumed {} free pages: database files {} -> {}\n", report.pages_vacuumed, human_bytes(bytes_before),
+             human_bytes(bytes_after));
+  if (static_cast<std::size_t>(report.deleted) != victims.size()) {
+    fmt::print(stderr,
+               "clm_store evict: note: {} rows matched when listed, {} were deleted (used or added meanwhile)\n",
+               victims.size(), report.deleted);
+  }
+  return 0;
+}
+
+// ---- rebuild-index ----------------------------------------------------------------
+
+constexpr std::string_view kRebuildUsage =
+    "usage: clm_store rebuild-index --store DIR [--json] [--quiet]\n"
+    "\n"
+    "Rebuilds every HNSW index (one per shard and tenant) from the databases and saves it,\n"
+    "as the store does in the background for a missing or corrupt index file. Progress (index\n"
+    "files written) on stderr, then the time taken.\n"
+    "\n"
+    "  --json    the summary as one JSON object\n"
+    "  --quiet   no progress on stderr\n";
+
+// Inode of each index file: a save writes a new file and renames it over the old one.
+std::map<std::string, std::uint64_t> index_inodes(const std::string& dir) {
+  std::map<std::string, std::uint64_t> out;
+  for (const auto& [shard, files] : index_files(dir)) {
+    for (const auto& [path, bytes] : files) {
+      struct stat st {};
+      if (::stat(path.c_str(), &st) == 0) out[path] = static_cast<std::uint64_t>(st.st_ino);
+    }
+  }
+  return out;
+}
+
+int cmd_rebuild(const Args& args) {
+  args.no_positionals();
+  clm::SnapshotStoreConfig config = store_config(args, false);
+  const bool json = args.has("--json"), quiet = args.has("--quiet");
+  std::int64_t indexes = 0, rows = 0;
+  for (const ShardInfo& s : inspect_shards(config.path, config.num_shards)) {
+    indexes += s.tenants;
+    rows += s.rows;
+  }
+  const auto t0 = Clock::now();
+  config.rebuild_in_background = false;  // what is missing is rebuilt by open(), before the count starts
+  std::unique_ptr<clm::SnapshotStore> store = open_store(config);
+  const double open_s = seconds_since(t0);
+  const std::uint64_t rebuilt_at_open = store->metrics().index_rebuilds;
+  if (!quiet) {
+    fmt::print(stderr, "clm_store rebuild-index: {} indexes ({} rows, {} shards) to rebuild{}\n", indexes, rows,
+               config.num_shards,
+               rebuilt_at_open ? fmt::format("; {} missing or unreadable were rebuilt while opening ({:.2f} s)",
+                                             rebuilt_at_open, open_s)
+                               : std::string());
+  }
+
+  const auto start_inodes = index_inodes(config.path);
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  clm::Status result;
+  const auto t1 = Clock::now();
+  std::thread worker([&] {
+    clm::Status s;
+    try {
+      s = store->rebuild_indexes();
+    } catch (const std::exception& e) {  // bad_alloc
+      s = clm::Status(clm::StatusCode::out_of_memory, e.what());
+    }
+    std::lock_guard lock(mutex);
+    result = s;
+    done = true;
+    cv.notify_all();
+  });
+  std::size_t reported = 0;
+  auto last_print = Clock::now();
+  {
+    std::unique_lock lock(mutex);
+    while (!cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return done; })) {
+      if (quiet || Clock::now() - last_print < std::chrono::seconds(1)) continue;
+      std::size_t written = 0;
+      for (const auto& [path, inode] : index_inodes(config.path)) {
+        const auto it = start_inodes.find(path);
+        written += it == start_inodes.end() || it->second != inode ? 1 : 0;
+      }
+      if (written != reported) {
+        reported = written;
+        last_print = Clock::now();
+        fmt::print(stderr, "clm_store rebuild-index: {}/{} index files written, {:.1f} s\n", written, indexes,
+                   seconds_since(t1));
+      }
+    }
+  }
+  worker.join();
+  check(result, "rebuild-index");
+  check(store->flush(), "saving the index files");
+  const double rebuild_s = seconds_since(t1);
+  store.reset();
+  const double total_s = seconds_since(t0);
+  std::int64_t files = 0;
+  for (const auto& [shard, f] : index_files(config.path)) files += static_cast<std::int64_t>(f.size());
+
+  if (json) {
+    Json j;
+    j["store"] = config.path;
+    j["indexes"] = indexes;
+    j["rows"] = rows;
+    j["rebuilt_at_open"] = rebuilt_at_open;
+    j["index_files"] = files;
+    j["open_seconds"] = open_s;
+    j["rebuild_seconds"] = rebuild_s;
+    j["seconds"] = total_s;
+    fmt::print("{}\n", dump(j));
+  } else {
+    fmt::print(
+        "clm_store rebuild-index: rebuilt {} indexes of {} rows in {:.3f} s ({:.3f} s with opening); {} index files\n",
+        indexes, rows, rebuild_s, total_s, files);
+  }
+  return 0;
+}
+
+// ---- check ---------------------------------------------------------------------
+
+constexpr std::string_view kCheckUsage =
+    "usage: clm_store check --store DIR [--json]\n"
+    "\n"
+    "Runs SQLite's integrity_check on every shard and verifies every stored snapshot and\n"
+    "fallback (its BLOB's header, dim and checksum, and its key's fingerprint), and counts\n"
+    "index files missing or unreadable (a warning: the store rebuilds those). Exit status 1\n"
+    "when a shard or a row is damaged.\n"
+    "\n"
+    "  --json   one JSON object\n";
+
+int cmd_check(const Args& args) {
+  args.no_positionals();
+  clm::SnapshotStoreConfig config = store_config(args, false);
+  const bool json = args.has("--json");
+  std::vector<std::string> problems;
+  std::int64_t rows = 0, fallbacks = 0;
+  std::uint64_t index_rebuilds = 0;
+  std::unique_ptr<clm::SnapshotStore> store;
+  const clm::Status opened = clm::SnapshotStore::open(config, store);
+  if (!opened.ok()) {
+    problems.push_back(fmt::format("the store does not open: {}: {}", opened.code_name(), opened.message()));
+  } else {
+    index_rebuilds = store->metrics().index_rebuilds;
+    const clm::Status integrity = store->check_integrity();
+    if (!integrity.ok()) problems.push_back(integrity.message());
+  }
+  std::vector<float> buffer(static_cast<std::size_t>(config.snapshot_dim));
+  constexpr std::size_t kShown = 20;
+  std::size_t bad_rows = 0;
+  auto bad = [&](std::string message) {
+    if (++bad_rows <= kShown) problems.push_back(std::move(message));
+  };
+  for (std::int32_t s = 0; s < config.num_shards; ++s) {
+    try {
+      Db db(shard_path(config.path, s));
+      Db::Query q(db,
+                  "SELECT id, tenant, suffix_key, suffix_hash, version, dim, snapshot, checksum FROM semantic_snapshots"
+                  " ORDER BY id");
+      while (q.next()) {
+        ++rows;
+        const std::string where = fmt::format("shard {:02} row {} (tenant \"{}\", {} v{})", s, q.integer(0),
+                                              printable(q.bytes(1)), q.text(2), q.integer(4));
+        if (static_cast<std::uint64_t>(q.integer(3)) != clm::key_fingerprint(q.text(2))) {
+          bad(fmt::format("{}: suffix_hash is not the key's fingerprint", where));
+        }
+        const clm::Status s_blob = q.integer(5) != config.snapshot_dim
+                                       ? clm::invalid_argument(fmt::format("dim column {}", q.integer(5)))
+                                       : clm::decode_snapshot_blob(q.blob(6), config.snapshot_dim,
+                                                                   static_cast<std::uint64_t>(q.integer(7)), buffer);
+        if (!s_blob.ok()) bad(fmt::format("{}: {}", where, s_blob.message()));
+      }
+      Db::Query f(db, "SELECT tenant, name, snapshot, checksum FROM fallback_snapshots");
+      while (f.next()) {
+        ++fallbacks;
+        const clm::Status s_blob =
+            clm::decode_snapshot_blob(f.blob(2), config.snapshot_dim, static_cast<std::uint64_t>(f.integer(3)), buffer);
+        if (!s_blob.ok()) {
+          bad(fmt::format("shard {:02} fallback \"{}\" (tenant \"{}\"): {}", s, f.text(1), printable(f.bytes(0)),
+                          s_blob.message()));
+        }
+      }
+    } catch (const Failure& failure) {
+      problems.push_back(failure.message);
+    }
+  }
+  if (bad_rows > kShown) problems.push_back(fmt::format("... and {} more damaged rows", bad_rows - kShown));
+  store.reset();
+
+  if (json) {
+    Json j;
+    j["store"] = config.path;
+    j["ok"] = problems.empty();
+    j["shards"] = config.num_shards;
+    j["rows"] = rows;
+    j["fallbacks"] = fallbacks;
+    j["damaged_rows"] = bad_rows;
+    j["indexes_rebuilt_at_open"] = index_rebuilds;
+    j["problems"] = problems;
+    fmt::print("{}\n", dump(j));
+  } else {
+    for (const std::string& p : problems) fmt::print("problem: {}\n", p);
+    if (index_rebuilds > 0) {
+      fmt::print(
+          "warning: {} index file(s) missing or unreadable (the store rebuilds them; or: clm_store rebuild-index)\n",
+          index_rebuilds);
+    }
+    fmt::print("clm_store check: {}: {} shards, {} rows, {} fallbacks{}\n", problems.empty() ? "ok" : "DAMAGED",
+               config.num_shards, rows, fallbacks, bad_rows ? fmt::format(", {} damaged rows", bad_rows) : "");
+  }
+  return problems.empty() ? 0 : kExitProblem;
+}
+
+// ---- main ------------------------------------------------------------------------
+
+constexpr std::string_view kUsage =
+    "usage: clm_store COMMAND [options]        (clm_store COMMAND --help: its options)\n"
+    "\n"
+    "  key            the suffix key and fingerprint of each line of text on stdin\n"
+    "  ingest         record JSON lines {\"text\" or \"key\", \"snapshot\"} into a store\n"
+    "  lookup         what a store serves for a text or key (levels exact, ann, fallback)\n"
+    "  stats          rows, keys and file sizes per shard, and the store's metrics\n"
+    "  evict          delete rows unused for a while, then vacuum\n"
+    "  rebuild-index  rebuild every HNSW index from the databases\n"
+    "  check          integrity_check of every shard, and every snapshot's checksum\n"
+    "\n"
+    "A store is a directory (--store DIR) of shard-NN.db files and their index files. Its\n"
+    "shard count and snapshot_dim are read from it (--shards / --dim, if given, must agree),\n"
+    "so only `ingest` into a new directory needs --dim. A store serves one process at a time:\n"
+    "run ingest, evict and rebuild-index while no server has it open (the server's indexes in\n"
+    "memory would not see the changes, and the index files it saves would drop them).\n"
+    "Exit status: 0 ok; 1 a problem found (key: some lines failed; check: damage);\n"
+    "2 an error (bad flags or input, a store that cannot be opened or written).\n";
+
+struct Command {
+  std::string_view name;
+  std::string_view usage;
+  std::vector<std::string_view> value_flags;
+  std::vector<std::string_view> switches;
+  int (*run)(const Args&);
+};
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> all = {
+      {"key", kKeyUsage, {"--lexicons"}, {"--json"}, cmd_key},
+      {"ingest",
+       kIngestUsage,
+       flags(kStoreFlags, {"--input", "--tenant", "--min-usage", "--version-cosine", "--batch", "--lexicons"}),
+       {"--json", "--quiet"},
+       cmd_ingest},
+      {"lookup",
+       kLookupUsage,
+       flags(kStoreFlags, {"--text", "--key", "--group", "--query", "--query-file", "--tenant", "--similarity-floor",
+                           "--top-k", "--lexicons"}),
+       {"--print-snapshot", "--json", "--no-wait"},
+       cmd_lookup},
+      {"stats", kStatsUsage, kStoreFlags, {"--json"}, cmd_stats},
+      {"evict",
+       kEvictUsage,
+       flags(kStoreFlags, {"--older-than-days", "--below-usage"}),
+       {"--list", "--dry-run", "--json"},
+       cmd_evict},
+      {"rebuild-index", kRebuildUsage, kStoreFlags, {"--json", "--quiet"}, cmd_rebuild},
+      {"check", kCheckUsage, kStoreFlags, {"--json"}, cmd_check},
+  };
+  return all;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::ios::sync_with_stdio(false);
+  std::string prefix = "clm_store";
+  std::string help_hint = "clm_store --help";
+  try {
+    if (argc < 2) {
+      fmt::print(stderr, "{}", kUsage);
+      return kExitError;
+    }
+    const std::string_view name = argv[1];
+    if (name == "--help" || name == "-h" || name == "help") {
+      fmt::print("{}", kUsage);
+      return 0;
+    }
+    const auto& all = commands();
+    const auto command = std::find_if(all.begin(), all.end(), [&](const Command& c) { return c.name == name; });
+    if (command == all.end()) throw UsageError{fmt::format("unknown command '{}'", name)};
+    prefix = fmt::format("clm_store {}", name);
+    help_hint = fmt::format("clm_store {} --help", name);
+    for (int i = 2; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+      if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+        fmt::print("{}", command->usage);
+        return 0;
+      }
+    }
+    const Args args(argc, argv, 2, command->value_flags, command->switches, command->name);
+    const int rc = command->run(args);
+    std::fflush(stdout);
+    if (std::ferror(stdout)) {
+      fmt::print(stderr, "{}: writing stdout failed\n", prefix);
+      return kExitError;
+    }
+    return rc;
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "{}: {}\n({} for usage)\n", prefix, e.message, help_hint);
+  } catch (const Failure& e) {
+    fmt::print(stderr, "{}: {}\n", prefix, e.message);
+  } catch (const std::exception& e) {  // bad_alloc, a JSON type error missed above
+    fmt::print(stderr, "{}: {}\n", prefix, e.what());
+  }
+  return kExitError;
+}

@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# examples/snapshot_store/test_clm_store.sh: a session with the clm_store tool,
+# checked step by step (ctest runs it as clm_store_cli):
+#
+#   test_clm_store.sh PATH/TO/clm_store
+#
+# key on paraphrases, negations and bad lines; ingest of generated JSON lines
+# (random unit vectors, a fresh seed each run: CLM_STORE_TEST_SEED=N repeats a
+# run) into a temporary store; lookups at levels exact (the vector back within
+# f16 tolerance) and ann (a noisy copy under another key of the same group),
+# tenant isolation, stats, eviction, rebuild-index after deleting the index
+# files, check; and bad input (malformed JSON, a wrong dimension, numbers that
+# are no finite float, missing flags) refused with a non-zero exit and the
+# store's rows unchanged. Plain bash and awk; everything it writes lies in one
+# mktemp -d directory, removed at the end.
+# shellcheck disable=SC2015  # `[ A ] && [ B ] || fail ...` fails when either test does: meant
+set -euo pipefail
+
+bin=${1:?usage: test_clm_store.sh PATH/TO/clm_store}
+work=$(mktemp -d "${TMPDIR:-/tmp}/clm_store_test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+seed=${CLM_STORE_TEST_SEED:-$(((RANDOM << 15) | RANDOM))}
+store=$work/store
+dim=24
+checks=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- stdout:" >&2
+  head -c 4000 "$work/out" >&2 || true
+  echo "--- stderr:" >&2
+  head -c 4000 "$work/err" >&2 || true
+  echo "(seed $seed: CLM_STORE_TEST_SEED=$seed repeats this run)" >&2
+  exit 1
+}
+ok() {
+  checks=$((checks + 1))
+  echo "ok $checks - $*"
+}
+
+# run ARGS...: the tool's stdout in $work/out, stderr in $work/err, status in $rc (stdin: /dev/null).
+run() {
+  set +e
+  "$bin" "$@" </dev/null >"$work/out" 2>"$work/err"
+  rc=$?
+  set -e
+}
+# run_in FILE ARGS...: the same with FILE on stdin.
+run_in() {
+  local input=$1
+  shift
+  set +e
+  "$bin" "$@" <"$input" >"$work/out" 2>"$work/err"
+  rc=$?
+  set -e
+}
+expect_rc() { [ "$rc" = "$1" ] || fail "$2: exit status $rc, expected $1"; }
+expect_err() { grep -q -- "$1" "$work/err" || fail "$2: stderr lacks '$1'"; }
+expect_out() { grep -q -- "$1" "$work/out" || fail "$2: stdout lacks '$1'"; }
+# field NAME: the first "NAME":value of the JSON on stdout (strings without their quotes).
+field() { grep -o "\"$1\":[^,}]*" "$work/out" | head -1 | cut -d: -f2- | tr -d '"'; }
+# array NAME: the first "NAME":[...] of the JSON on stdout, as comma-separated numbers.
+array() { grep -o "\"$1\":\[[^]]*\]" "$work/out" | head -1 | sed 's/^[^[]*\[//; s/\]$//'; }
+# snapshot_of FILE KEY: the snapshot of the line with "key":"KEY" in a JSONL file.
+snapshot_of() { grep "\"key\":\"$2\"," "$1" | head -1 | sed 's/.*"snapshot":\[//; s/\].*//'; }
+# close A B TOL: the comma-separated vectors A and B agree within TOL in every component.
+close() {
+  awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN {
+    na = split(a, x, ","); nb = split(b, y, ",")
+    if (na != nb || na == 0) exit 1
+    for (i = 1; i <= na; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > tol) exit 1 }
+  }'
+}
+rows() {
+  run stats --store "$store" --json
+  expect_rc 0 "stats"
+  field rows
+}
+
+echo "# clm_store test: seed $seed, work dir $work"
+
+# ---- key -------------------------------------------------------------------
+printf '%s\n' 'Please check the status of order 789' '帮我查下订单#ORD-789的状态' "Don't check order 789" '' \
+  >"$work/texts.txt"
+printf 'bad \xff\xfe utf-8\n' >>"$work/texts.txt"
+printf '%s\n' 'Hi there' 'Hello!' 'Please check the status of order 790' >>"$work/texts.txt"
+run_in "$work/texts.txt" key
+expect_rc 1 "key with two bad lines"
+[ "$(wc -l <"$work/out")" = 8 ] || fail "key: one output line per input line"
+key_of() { sed -n "${1}p" "$work/out" | cut -f1; }
+[ "$(key_of 1)" = ORDER-789-QUERY-STATUS ] || fail "key: the header's example key"
+[ "$(key_of 1)" = "$(key_of 2)" ] || fail "key: an English and a Chinese paraphrase share a key"
+[ "$(sed -n 1p "$work/out")" = "$(sed -n 2p "$work/out")" ] || fail "key: the same key, the same fingerprint"
+[ "$(key_of 3)" != "$(key_of 1)" ] || fail "key: a negation gets another key"
+[ "$(key_of 8)" != "$(key_of 1)" ] || fail "key: another order number, another key"
+[ -z "$(key_of 4)" ] && [ -z "$(key_of 5)" ] || fail "key: a failed line prints an empty line"
+[ "$(key_of 6)" = "$(key_of 7)" ] || fail "key: greetings share a key"
+sed -n 1p "$work/out" | grep -qE $'^[A-Z0-9-]+\t[0-9a-f]{16}$' || fail "key: KEY<TAB>16 hex digits"
+expect_err "line 4" "key: the empty line's error"
+expect_err "line 5" "key: the invalid UTF-8 line's error"
+expect_err "2 of 8 lines failed" "key: the count of failed lines"
+ok "key: paraphrases share a key, a negation does not, bad lines are reported and skipped"
+
+run_in "$work/texts.txt" key --json
+expect_rc 1 "key --json"
+sed -n 3p "$work/out" >"$work/line3"
+grep -q '"action":"NOT-QUERY"' "$work/line3" || fail "key --json: the negation is NOT-QUERY"
+grep -q '"entity":"789"' "$work/line3" || fail "key --json: the entity"
+grep -q '"object":"ORDER"' "$work/line3" || fail "key --json: the object"
+sed -n 1p "$work/out" | grep -q '"details":\["STATUS"\]' || fail "key --json: the details"
+sed -n 1p "$work/out" | grep -q '"low_information":false' || fail "key --json: low_information false"
+sed -n 6p "$work/out" | grep -q '"low_information":true' || fail "key --json: a greeting is low_information"
+sed -n 4p "$work/out" | grep -q '"error":' || fail "key --json: the failed line's error"
+ok "key --json: entity, action, object, details, low_information, errors"
+
+run key --lexicons "$work/no-such-dir"
+[ "$rc" = 2 ] || fail "key --lexicons with a missing directory: exit 2"
+ok "key: a missing lexicon directory is an error"
+
+# ---- ingest ------------------------------------------------------------------
+# n random unit vectors, keys k0..k(n-1) in 24 groups; every 8th in tenant acme.
+n=240
+awk -v seed="$seed" -v n="$n" -v dim="$dim" '
+  function gauss(  u1, u2) { u1 = rand(); u2 = rand(); if (u1 < 1e-12) u1 = 1e-12
+                             return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2) }
+  BEGIN {
+    srand(seed)
+    for (i = 0; i < n; i++) {
+      norm = 0
+      for (d = 0; d < dim; d++) { v[d] = gauss(); norm += v[d] * v[d] }
+      norm = sqrt(norm)
+      line = "{\"key\":\"k" i "\",\"group\":\"g" (i % 24) "\","
+      if (i % 8 == 0) line = line "\"tenant\":\"acme\","
+      line = line "\"snapshot\":["
+      for (d = 0; d < dim; d++) line = line sprintf("%s%.7f", d ? "," : "", v[d] / norm)
+      print line "]}"
+    }
+    # Two texts, one key: the second record confirms the first.
+    for (t = 0; t < 2; t++) {
+      line = "{\"text\":\"" (t ? "What is the status of order #789?" : "Please check the status of order 789") "\",\"snapshot\":["
+      for (d = 0; d < dim; d++) line = line sprintf("%s%.7f", d ? "," : "", d == 0 ? 1 : 0)
+      print line "]}"
+    }
+  }' >"$work/data.jsonl"
+total=$((n + 1))
+
+run_in "$work/data.jsonl" ingest --store "$store" --dim "$dim" --shards 4 --min-usage 1 --json
+expect_rc 0 "ingest"
+[ "$(field records)" = $((n + 2)) ] || fail "ingest: records"
+[ "$(field admitted)" = "$total" ] || fail "ingest: every key admitted at once (--min-usage 1)"
+[ "$(field confirmed)" = 1 ] || fail "ingest: the paraphrase confirms the text's key"
+[ "$(field rows_before)" = 0 ] && [ "$(field rows_after)" = "$total" ] || fail "ingest: rows before and after"
+ok "ingest: $((n + 2)) records of a generated JSONL, $total rows"
+
+run --help
+expect_rc 0 "--help"
+expect_out "rebuild-index" "--help lists the commands"
+run ingest --help
+expect_rc 0 "ingest --help"
+expect_out "--min-usage" "ingest --help"
+ok "--help, overall and per command"
+
+run_in "$work/data.jsonl" ingest --store "$store" --min-usage 1
+expect_rc 0 "ingest again"
+grep -qE "confirmed +$((n + 2))$" "$work/out" || fail "ingest again: every record confirms its key"
+grep -qE "rows +$total \(was $total\)" "$work/out" || fail "ingest again: no new rows"
+ok "ingest of the same records again: all confirmed, no new rows (the shape of the store is read from it)"
+
+# ---- lookup ------------------------------------------------------------------
+run lookup --store "$store" --key k5 --group g5 --json --print-snapshot
+expect_rc 0 "lookup k5"
+[ "$(field level)" = exact ] || fail "lookup k5: level exact"
+[ "$(field key)" = k5 ] && [ "$(field version)" = 1 ] && [ "$(field stable)" = true ] || fail "lookup k5: k5 v1, stable"
+close "$(array snapshot)" "$(snapshot_of "$work/data.jsonl" k5)" 0.002 || fail "lookup k5: the ingested vector (f16)"
+ok "lookup of an ingested key: level exact, the vector back within f16 tolerance"
+
+run lookup --store "$store" --key k5 --group g5
+expect_rc 0 "lookup k5 (text)"
+grep -qE '^level +exact$' "$work/out" || fail "lookup text output: the level"
+ok "lookup: the human output"
+
+# A noisy copy of k5 (cosine about 0.99) under a key never ingested.
+noisy=$(awk -v a="$(snapshot_of "$work/data.jsonl" k5)" -v seed="$((seed + 1))" 'BEGIN {
+  srand(seed); n = split(a, x, ",")
+  for (i = 1; i <= n; i++) printf "%s%.7f", (i > 1 ? "," : ""), x[i] + 0.03 * (rand() - 0.5)
+}')
+run lookup --store "$store" --key probe --group g5 --query "[$noisy]" --json
+expect_rc 0 "lookup probe"
+[ "$(field level)" = ann ] || fail "lookup of a noisy copy in the same group: level ann"
+[ "$(field key)" = k5 ] || fail "lookup of a noisy copy: k5 served"
+awk -v s="$(field similarity)" 'BEGIN { exit !(s > 0.95) }' || fail "lookup of a noisy copy: similarity"
+ok "lookup of a noisy copy under another key of the same group: level ann, k5"
+
+run lookup --store "$store" --key probe --group g6 --query "[$noisy]" --json
+expect_rc 0 "lookup probe g6"
+[ "$(field level)" = miss ] || fail "lookup of a noisy copy in another group: miss"
+ok "lookup of the same vector in another group: miss"
+
+printf '{"snapshot":[%s]}\n' "$noisy" >"$work/query.json"
+run lookup --store "$store" --key probe --group g5 --query-file "$work/query.json" --json
+[ "$(field level)" = ann ] || fail "lookup --query-file"
+ok "lookup --query-file"
+
+run lookup --store "$store" --key k0 --group g0 --json
+[ "$(field level)" = miss ] || fail "lookup of tenant acme's key by the default tenant: miss"
+run lookup --store "$store" --key k0 --group g0 --tenant acme --json
+[ "$(field level)" = exact ] || fail "lookup of k0 by tenant acme: exact"
+ok "tenants see only their own rows"
+
+run lookup --store "$store" "What's the status of order #789?" --json
+[ "$(field query_key)" = ORDER-789-QUERY-STATUS ] && [ "$(field level)" = exact ] || fail "lookup by text"
+ok "lookup by text"
+
+# ---- stats, evict ------------------------------------------------------------
+run stats --store "$store" --json
+expect_rc 0 "stats"
+[ "$(field rows)" = "$total" ] || fail "stats: rows"
+[ "$(grep -o '"shard":' "$work/out" | wc -l)" = 4 ] || fail "stats: four shards"
+tenants=$(field shard_tenants)
+[ "$(field index_files)" = "$tenants" ] || fail "stats: an index file per shard and tenant"
+run stats --store "$store"
+expect_rc 0 "stats (table)"
+grep -qE "^ *total +$total " "$work/out" || fail "stats table: the total row"
+ok "stats: $total rows in 4 shards, $tenants index files"
+
+run evict --store "$store" --json
+expect_rc 0 "evict"
+[ "$(field deleted)" = 0 ] && [ "$(field rows_after)" = "$total" ] || fail "evict with nothing old deletes nothing"
+ok "evict: nothing old, nothing deleted"
+
+# ---- rebuild-index -----------------------------------------------------------
+rm -f "$store"/*.hnsw "$store"/*.hnsw.meta
+run stats --store "$store" --json
+[ "$(field index_files)" = 0 ] || fail "stats after deleting the index files"
+run rebuild-index --store "$store" --json
+expect_rc 0 "rebuild-index"
+[ "$(field indexes)" = "$tenants" ] || fail "rebuild-index: indexes"
+run stats --store "$store" --json
+[ "$(field index_files)" = "$tenants" ] || fail "rebuild-index: the index files are back"
+run lookup --store "$store" --key probe --group g5 --query "[$noisy]" --json --no-wait
+[ "$(field level)" = ann ] && [ "$(field key)" = k5 ] || fail "level 2 after rebuild-index"
+ok "rebuild-index after deleting every index file: files back, level 2 answers (without waiting)"
+
+rm -f "$store"/*.hnsw "$store"/*.hnsw.meta
+run lookup --store "$store" --key probe --group g5 --query "[$noisy]" --json
+[ "$(field level)" = ann ] || fail "lookup rebuilds a missing index before it answers"
+expect_err "rebuilt first" "lookup: the note on the rebuilt indexes"
+ok "lookup with the index files gone: rebuilt first, level ann"
+
+# ---- bad input: refused, nothing written ----------------------------------------
+before=$(rows)
+good() { printf '{"key":"%s","snapshot":[%s]}\n' "$1" "$(snapshot_of "$work/data.jsonl" k7)"; }
+vec23=$(snapshot_of "$work/data.jsonl" k7 | cut -d, -f1-23)
+bad_input() {  # bad_input NAME LINE EXPECTED-STDERR: three new keys, the bad line, one more
+  { good new1; good new2; good new3; printf '%s\n' "$2"; good new4; } >"$work/bad.jsonl"
+  run_in "$work/bad.jsonl" ingest --store "$store" --min-usage 1
+  [ "$rc" = 2 ] || fail "$1: exit status $rc, expected 2"
+  expect_err ":4: " "$1: the line number"
+  expect_err "$3" "$1"
+  expect_err "nothing was written" "$1"
+  [ "$(rows)" = "$before" ] || fail "$1: rows changed"
+  run lookup --store "$store" --key new1 --json
+  [ "$(field level)" = miss ] || fail "$1: a good line before the bad one was written"
+  ok "ingest refuses $1; nothing written"
+}
+bad_input "malformed JSON" '{"key":"bad","snapshot":[0.5, 0.25' "parse error"
+bad_input "a wrong dimension" "{\"key\":\"bad\",\"snapshot\":[$vec23]}" "has 23 values"
+bad_input "a number beyond double (1e999)" "{\"key\":\"bad\",\"snapshot\":[1e999,$vec23]}" "overflow"
+bad_input "a number beyond float (1e39)" "{\"key\":\"bad\",\"snapshot\":[1e39,$vec23]}" "not a finite float"
+bad_input "NaN as a string" "{\"key\":\"bad\",\"snapshot\":[\"NaN\",$vec23]}" "not a number"
+bad_input "a bare NaN" "{\"key\":\"bad\",\"snapshot\":[NaN,$vec23]}" "parse error"
+bad_input "a zero vector" "{\"key\":\"bad\",\"snapshot\":[$(printf '0,%.0s' $(seq 23))0]}" "no direction"
+bad_input "an unknown field" "{\"key\":\"bad\",\"snapshots\":[$vec23,1]}" "unknown field"
+bad_input "a field given twice" "{\"key\":\"bad\",\"key\":\"b\",\"snapshot\":[$vec23,1]}" "given twice"
+bad_input "text and key" "{\"key\":\"bad\",\"text\":\"order 789\",\"snapshot\":[$vec23,1]}" "not both"
+bad_input "text without content" "{\"text\":\" ?! \",\"snapshot\":[$vec23,1]}" "text:"
+bad_input "an array line" "[1,2,3]" "expected a JSON object"
+
+run_in "$work/data.jsonl" ingest --dim "$dim"
+[ "$rc" = 2 ] || fail "ingest without --store"
+expect_err "--store is required" "ingest without --store"
+ok "ingest without --store: an error"
+
+run_in "$work/data.jsonl" ingest --store "$store" --dim 32
+[ "$rc" = 2 ] || fail "ingest --dim 32 into a store of dim 24"
+expect_err "snapshot_dim $dim" "--dim against the store's"
+run_in "$work/data.jsonl" ingest --store "$work/new-store"
+[ "$rc" = 2 ] || fail "ingest into a new store without --dim"
+expect_err "--dim is required" "a new store without --dim"
+[ ! -e "$work/new-store" ] || fail "a refused ingest created a directory"
+run_in "$work/data.jsonl" ingest --store "$work/new-store" --dim 0
+[ "$rc" = 2 ] || fail "--dim 0"
+ok "ingest: --dim must agree with the store, a new store needs one"
+
+run lookup --store "$store" --key k5 --query "[0.5, 0.5]"
+[ "$rc" = 2 ] || fail "lookup with a query of the wrong length"
+expect_err "has 2 values" "lookup: the query's length"
+run lookup --store "$store" --key k5 --query "[$(printf '0,%.0s' $(seq 23))0]"
+[ "$rc" = 2 ] || fail "lookup with a zero query"
+run lookup --store "$store"
+[ "$rc" = 2 ] || fail "lookup without a key"
+run lookup --store "$store" --key k5 --text hello
+[ "$rc" = 2 ] || fail "lookup with a key and a text"
+ok "lookup: a query of the wrong length or no direction, no key, two keys: errors"
+
+run stats --store "$work/nowhere"
+[ "$rc" = 2 ] || fail "stats of a missing store"
+expect_err "no snapshot store" "stats of a missing store"
+[ ! -e "$work/nowhere" ] || fail "stats created a store"
+run stats
+[ "$rc" = 2 ] || fail "stats without --store"
+expect_err "--store is required" "stats without --store"
+run stats --store "$store" --frobnicate
+[ "$rc" = 2 ] || fail "an unknown flag"
+expect_err "unknown flag --frobnicate" "an unknown flag"
+run evict --store "$store" --older-than-days -1
+[ "$rc" = 2 ] || fail "evict --older-than-days -1"
+run evict --store "$store" --below-usage many
+[ "$rc" = 2 ] || fail "evict --below-usage many"
+run frobnicate
+[ "$rc" = 2 ] || fail "an unknown command"
+run
+[ "$rc" = 2 ] || fail "no command"
+ok "missing or unknown stores, flags and commands: errors"
+
+[ "$(rows)" = "$before" ] || fail "the refused commands changed the rows"
+run check --store "$store"
+expect_rc 0 "check"
+expect_out "ok: 4 shards, $total rows" "check"
+ok "check: ok, $total rows; the rows unchanged by every refused command"
+
+# ---- evict for real --------------------------------------------------------------
+run evict --store "$store" --older-than-days 0 --below-usage 1000000 --dry-run
+expect_rc 0 "evict --dry-run"
+[ "$(rows)" = "$total" ] || fail "evict --dry-run deleted rows"
+sleep 2  # every row's last_used is now at least a second ago
+run evict --store "$store" --older-than-days 0 --below-usage 1000000 --json --list
+expect_rc 0 "evict all"
+[ "$(field deleted)" = "$total" ] && [ "$(field matched)" = "$total" ] && [ "$(field rows_after)" = 0 ] ||
+  fail "evict of every row"
+run lookup --store "$store" --key k5 --group g5 --json
+[ "$(field level)" = miss ] || fail "lookup after eviction"
+run check --store "$store"
+expect_rc 0 "check after eviction"
+ok "evict --older-than-days 0: every row deleted, lookups miss, check ok"
+
+echo "# all $checks checks passed"
