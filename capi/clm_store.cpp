@@ -4,12 +4,10 @@
 // clm::Engine (lookup_snapshots, record_snapshot, report_snapshot_outcome,
 // suffix_key) and clm::SnapshotStore.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 #include "capi_internal.hpp"
@@ -52,39 +50,6 @@ clm_status suffix_ref(const char* fn, const char* what, const char* suffix, std:
   out.text = suffix ? std::string_view(suffix, suffix_len) : std::string_view();
   out.is_key = suffix_kind == CLM_SUFFIX_KEY;
   out.group = group ? std::string_view(group, group_len) : std::string_view();
-  return CLM_OK;
-}
-
-// A sequence listed twice: the Engine's breaker report would refuse it only
-// after the store had served the batch, so it is refused here first.
-clm_status check_distinct(const std::vector<clm::SequenceId>& ids, const char* fn) {
-  std::unordered_set<clm::SequenceId> seen;
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (!seen.insert(ids[i]).second) {
-      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: seqs[{}] is listed twice", fn, i));
-    }
-  }
-  return CLM_OK;
-}
-
-// The store refuses a NaN/Inf or zero query inside the Engine's loop, after
-// the lookups before it have counted and been served; checked here first so
-// that a refused call changes nothing.
-clm_status check_queries(const float* queries, std::size_t n, std::size_t dim, const char* fn) {
-  for (std::size_t i = 0; i < n; ++i) {
-    double norm = 0.0;
-    for (std::size_t k = 0; k < dim; ++k) {
-      const float v = queries[i * dim + k];
-      if (!std::isfinite(v)) {
-        return fail(CLM_ERR_INVALID_ARGUMENT,
-                    fmt::format("{}: queries[{}] (sequence {}) is not finite", fn, i * dim + k, i));
-      }
-      norm += static_cast<double>(v) * v;
-    }
-    if (!(norm > 0.0) || !std::isfinite(norm)) {
-      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: the query of sequence {} has no direction", fn, i));
-    }
-  }
   return CLM_OK;
 }
 
@@ -169,7 +134,6 @@ clm_status clm_engine_lookup_snapshots(clm_snapshot_hit* hits, float* snapshots,
     }
     std::vector<clm::SequenceId> ids;
     if (clm_status s = sequence_ids(engine, seqs, n_seqs, fn, ids)) return s;
-    if (clm_status s = check_distinct(ids, fn)) return s;
     std::vector<clm::SuffixRef> refs(n_seqs);
     for (std::size_t i = 0; i < n_seqs; ++i) {
       const std::string what = fmt::format("suffixes[{}]", i);
@@ -177,9 +141,6 @@ clm_status clm_engine_lookup_snapshots(clm_snapshot_hit* hits, float* snapshots,
                                     groups ? group_lens[i] : 0, suffix_kind, refs[i])) {
         return s;
       }
-    }
-    if (queries) {
-      if (clm_status s = check_queries(queries, n_seqs, dim, fn)) return s;
     }
     // Written to the caller's arrays only once the whole batch succeeded.
     std::vector<clm::SnapshotHit> found(n_seqs);
@@ -233,7 +194,6 @@ clm_status clm_engine_report_snapshot_outcome(clm_engine* engine, clm_seq* const
     if (!store_of(engine)) return no_store(fn);
     std::vector<clm::SequenceId> ids;
     if (clm_status s = sequence_ids(engine, seqs, n_seqs, fn, ids)) return s;
-    if (clm_status s = check_distinct(ids, fn)) return s;
     return report(engine->state->engine->report_snapshot_outcome(ids, {correct, n_seqs}));
   });
 }
