@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "clm/detail/half.hpp"
+#include "clm/detail/utf8.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -97,24 +98,6 @@ std::size_t find_bad_utf8(std::string_view s) {
     i += len;
   }
   return std::string_view::npos;
-}
-
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 struct RawTensor {
@@ -263,7 +246,7 @@ class HeaderParser {
             if (lo < 0xDC00 || lo > 0xDFFF) return error("bad low surrogate in \\u escape");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
-          append_utf8(out, cp);
+          detail::append_utf8(out, cp);
           break;
         }
         default: return error(fmt::format("bad escape '\\{}'", printable(e)));

@@ -8,6 +8,8 @@
 // it holds. The keyer is immutable after create().
 #include "clm/store/suffix_key.hpp"
 
+#include "clm/detail/utf8.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -77,24 +79,6 @@ bool decode_utf8(std::string_view s, std::size_t& i, char32_t& cp) {
   return true;
 }
 
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 constexpr bool is_ascii_alnum(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
 }
@@ -159,7 +143,7 @@ Status normalise_text(std::string_view text, std::string& out) {
     }
     if (pending_separator && !out.empty()) out.push_back(' ');
     pending_separator = false;
-    append_utf8(out, cp);
+    detail::append_utf8(out, cp);
   }
   return Status::success();
 }
