@@ -302,12 +302,6 @@ Status HnswIndex::publish(const PendingSave& save) {
   return fsync_path(dir.empty() ? "." : dir);
 }
 
-Status HnswIndex::save(const std::string& path) const {
-  PendingSave pending;
-  CLM_RETURN_IF_ERROR(write_unsynced(path, pending));
-  return publish(pending);
-}
-
 Status HnswIndex::add(std::span<const float> unit_vector, std::int64_t label) {
   if (unit_vector.size() != static_cast<std::size_t>(impl_->params.dim) || label < 0) {
     return invalid_argument(fmt::format("hnsw index: add of {} values with label {}", unit_vector.size(), label));
@@ -361,9 +355,5 @@ Status HnswIndex::search(std::span<const float> query, std::size_t k, std::size_
 std::size_t HnswIndex::size() const { return impl_->index->cur_element_count - impl_->index->num_deleted_; }
 std::size_t HnswIndex::deleted() const { return impl_->index->num_deleted_; }
 std::int64_t HnswIndex::max_label() const { return impl_->max_label; }
-std::size_t HnswIndex::memory_bytes() const {
-  const auto& index = *impl_->index;
-  return index.max_elements_ * (index.size_data_per_element_ + sizeof(void*)) + index.label_lookup_.size() * 32;
-}
 
 }  // namespace clm::store_detail

@@ -9,10 +9,11 @@
 // end of a vector, never runs. Labels are the database's row ids.
 //
 // Files: hnswlib's saveIndex format, and beside it a .meta line ("CLMHNSW1",
-// dim, size, FNV-1a 64 of the index file). save writes temporary files,
-// fsyncs them and renames them over the old ones; load verifies size,
-// checksum and hnswlib's layout before hnswlib reads a byte, so a corrupt or
-// truncated file is an error, never a crash. Not thread-safe: the store's shard lock guards each index.
+// dim, size, FNV-1a 64 of the index file). A save (write_unsynced, then
+// publish) writes temporary files, fsyncs them and renames them over the old
+// ones; load verifies size, checksum and hnswlib's layout before hnswlib reads
+// a byte, so a corrupt or truncated file is an error, never a crash. Not
+// thread-safe: the store's shard lock guards each index.
 #pragma once
 
 #include <cstdint>
@@ -44,14 +45,13 @@ class HnswIndex {
   // write_unsynced writes the graph to a temporary file (what must not race
   // with changes to the index: memory to page cache), publish checks it
   // whole, writes the .meta, fsyncs and renames both (the slow part, which
-  // needs no lock). save does both.
+  // needs no lock).
   struct PendingSave {
     std::string path, tmp;
     std::int32_t dim = 0;
   };
   Status write_unsynced(const std::string& path, PendingSave& out) const;
   static Status publish(const PendingSave& save);
-  Status save(const std::string& path) const;
   // Adds (or, for a label already present, replaces) a unit vector.
   Status add(std::span<const float> unit_vector, std::int64_t label);
   void remove(std::int64_t label);  // unknown labels are ignored
@@ -62,7 +62,6 @@ class HnswIndex {
   std::size_t size() const;        // live entries
   std::size_t deleted() const;     // entries removed but still in the graph (space a rebuild frees)
   std::int64_t max_label() const;  // -1 when empty; rows above it are not indexed
-  std::size_t memory_bytes() const;
 
  private:
   struct Impl;

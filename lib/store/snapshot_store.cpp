@@ -268,8 +268,7 @@ struct SnapshotStore::Impl {
   };
   std::deque<RebuildJob> rebuild_queue;
   std::int32_t rebuilds_running = 0;
-  bool stopping = false;
-  std::atomic<bool> stop_flag{false};
+  std::atomic<bool> stopping{false};  // set under rebuild_mutex; read by a build in progress without it
   std::thread rebuild_thread;
 
   std::int64_t now_ms() const { return config.clock_ms ? config.clock_ms() : system_clock_ms(); }
@@ -311,7 +310,6 @@ SnapshotStore::~SnapshotStore() {
   {
     std::lock_guard lock(impl_->rebuild_mutex);
     impl_->stopping = true;
-    impl_->stop_flag = true;
   }
   impl_->rebuild_cv.notify_all();
   if (impl_->rebuild_thread.joinable()) impl_->rebuild_thread.join();
@@ -445,7 +443,7 @@ Status SnapshotStore::Impl::build_index(std::int32_t s, const std::string& tenan
   std::unique_ptr<HnswIndex> index;
   CLM_RETURN_IF_ERROR(HnswIndex::create(shard.settings().hnsw, index));
   for (const auto& [id, v] : rows) {
-    if (stop_flag) return failed_precondition("snapshot store: closing");
+    if (stopping) return failed_precondition("snapshot store: closing");
     CLM_RETURN_IF_ERROR(index->add(v, id));
   }
   rows.clear();
@@ -489,7 +487,7 @@ void SnapshotStore::Impl::rebuild_loop() {
     const std::int32_t s = job.shard;
     const std::string& tenant = job.tenant;
     const Status built = build_index(s, tenant, job.keep_serving);
-    if (!built.ok() && !stop_flag && !job.keep_serving) {
+    if (!built.ok() && !stopping && !job.keep_serving) {
       // Leave level 2 off for this tenant and shard (exact lookups still serve);
       // the next open tries again.
       StoreShard& shard = *shards[static_cast<std::size_t>(s)];

@@ -39,8 +39,6 @@ class ConsistentHashRing {
     std::sort(points_.begin(), points_.end());
   }
 
-  std::int32_t shards() const { return points_.empty() ? 0 : static_cast<std::int32_t>(count_shards()); }
-
   std::int32_t shard_of(std::uint64_t key) const {
     const std::uint64_t h = mix64(key);
     auto it = std::lower_bound(points_.begin(), points_.end(), std::pair<std::uint64_t, std::int32_t>(h, 0));
@@ -49,11 +47,6 @@ class ConsistentHashRing {
   }
 
  private:
-  std::size_t count_shards() const {
-    std::int32_t top = 0;
-    for (const auto& p : points_) top = std::max(top, p.second);
-    return static_cast<std::size_t>(top) + 1;
-  }
   std::vector<std::pair<std::uint64_t, std::int32_t>> points_;  // (position, shard), sorted
 };
 
