@@ -406,16 +406,8 @@ class Engine {
     }
     CLM_RETURN_IF_ERROR(check_distinct(ids, "lookup_snapshots"));
     for (std::size_t i = 0; i < queries.size(); i += dim) {  // what the store would refuse, before any lookup
-      double norm = 0;
-      for (std::size_t j = i; j < i + dim; ++j) {
-        if (!std::isfinite(queries[j])) {
-          return invalid_argument(fmt::format("lookup_snapshots: query {} has a value that is not finite", i / dim));
-        }
-        norm += static_cast<double>(queries[j]) * queries[j];
-      }
-      if (!(norm > 0) || !std::isfinite(norm)) {
-        return invalid_argument(fmt::format("lookup_snapshots: query {} has no direction", i / dim));
-      }
+      CLM_RETURN_IF_ERROR(check_snapshot_vector(queries.subspan(i, dim), static_cast<std::int32_t>(dim),
+                                                fmt::format("lookup_snapshots: query {}", i / dim)));
     }
     std::vector<SuffixKey> keys(n);
     for (std::size_t i = 0; i < n; ++i) {

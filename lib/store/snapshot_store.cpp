@@ -38,6 +38,28 @@ using store_detail::SnapshotRow;
 using store_detail::StoreShard;
 using store_detail::TenantIndex;
 
+namespace {
+// The squared norm of a vector the store accepts (check_snapshot_vector).
+Status checked_squared_norm(std::span<const float> v, std::int32_t dim, std::string_view what, double& norm) {
+  if (v.size() != static_cast<std::size_t>(dim)) {
+    return invalid_argument(fmt::format("{}: {} values where the store's snapshot_dim is {}", what, v.size(), dim));
+  }
+  norm = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) return invalid_argument(fmt::format("{}: value {} is not finite", what, i));
+    norm += static_cast<double>(v[i]) * v[i];
+  }
+  if (!(norm > 0) || !std::isfinite(norm))
+    return invalid_argument(fmt::format("{}: the vector has no direction", what));
+  return {};
+}
+}  // namespace
+
+Status check_snapshot_vector(std::span<const float> v, std::int32_t dim, std::string_view what) {
+  double norm = 0;
+  return checked_squared_norm(v, dim, what, norm);
+}
+
 const char* snapshot_level_name(SnapshotLevel level) {
   switch (level) {
     case SnapshotLevel::miss:
@@ -84,6 +106,14 @@ std::int64_t system_clock_ms() {
       .count();
 }
 
+// tenant bytes, NUL, then the fallback's name: one map key per (tenant, name).
+std::string fallback_key(std::string_view tenant, std::string_view name) {
+  std::string k(tenant);
+  k.push_back('\0');
+  k.append(name);
+  return k;
+}
+
 // tenant bytes, NUL, then the key's fingerprint: one map key per (tenant, key).
 std::string tenant_key(std::string_view tenant, std::uint64_t fp) {
   std::string k(tenant);
@@ -95,16 +125,8 @@ std::string tenant_key(std::string_view tenant, std::uint64_t fp) {
 // Copies v normalised to unit length into out; invalid_argument for the wrong
 // size, NaN/Inf or a zero vector.
 Status unit_copy(std::span<const float> v, std::int32_t dim, const char* what, std::vector<float>& out) {
-  if (v.size() != static_cast<std::size_t>(dim)) {
-    return invalid_argument(fmt::format("{}: {} values where the store's snapshot_dim is {}", what, v.size(), dim));
-  }
   double norm = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) return invalid_argument(fmt::format("{}: value {} is not finite", what, i));
-    norm += static_cast<double>(v[i]) * v[i];
-  }
-  if (!(norm > 0) || !std::isfinite(norm))
-    return invalid_argument(fmt::format("{}: the vector has no direction", what));
+  CLM_RETURN_IF_ERROR(checked_squared_norm(v, dim, what, norm));
   const double inv = 1.0 / std::sqrt(norm);
   out.resize(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i] * inv);
@@ -358,14 +380,10 @@ Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<Sn
       if (until >= now) im.blacklist[tenant_key(tenant, fp)] = until;
     }));
     std::uint64_t corrupt = 0;
-    CLM_RETURN_IF_ERROR(shard->load_fallbacks(
-        [&](std::string_view tenant, std::string_view name, std::vector<float>& v) {
-          std::string k(tenant);
-          k.push_back('\0');
-          k.append(name);
-          im.fallbacks[k] = v;
-        },
-        corrupt));
+    CLM_RETURN_IF_ERROR(
+        shard->load_fallbacks([&](std::string_view tenant, std::string_view name,
+                                  std::vector<float>& v) { im.fallbacks[fallback_key(tenant, name)] = v; },
+                              corrupt));
     std::int64_t rows = 0;
     CLM_RETURN_IF_ERROR(shard->count_rows(rows));
     im.m.snapshots += rows;
@@ -647,10 +665,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   if (key.low_information) {
     std::lock_guard fallback_lock(im.fallback_mutex);
     for (std::string_view name : {std::string_view(key.key), std::string_view("*")}) {
-      std::string k(tenant);
-      k.push_back('\0');
-      k.append(name);
-      const auto it = im.fallbacks.find(k);
+      const auto it = im.fallbacks.find(fallback_key(tenant, name));
       if (it == im.fallbacks.end()) continue;
       if (im.blacklisted(tenant, key_fingerprint(name))) {  // a fallback is refused like any key
         im.count([](SnapshotStoreMetrics& x) { ++x.blacklisted_skips; });
@@ -895,11 +910,8 @@ Status SnapshotStore::set_fallback(std::string_view tenant, std::string_view nam
     shard.set_write_deadline();
     CLM_RETURN_IF_ERROR(shard.put_fallback(tenant, name, unit));
   }
-  std::string k(tenant);
-  k.push_back('\0');
-  k.append(name);
   std::lock_guard lock(im.fallback_mutex);
-  im.fallbacks[k] = std::move(unit);
+  im.fallbacks[fallback_key(tenant, name)] = std::move(unit);
   return {};
 }
 

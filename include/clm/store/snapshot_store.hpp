@@ -133,6 +133,11 @@ struct SnapshotStoreConfig {
   std::function<std::int64_t()> clock_ms;  // empty: the system clock
 };
 
+// What the store accepts as a snapshot or query: `dim` finite values with a
+// direction (not all zero). invalid_argument naming `what` otherwise. Hosts
+// (and Engine) may check a whole batch with it before they look anything up.
+Status check_snapshot_vector(std::span<const float> v, std::int32_t dim, std::string_view what);
+
 enum class SnapshotLevel : std::uint8_t { miss = 0, exact = 1, ann = 2, fallback = 3 };
 const char* snapshot_level_name(SnapshotLevel level);
 
