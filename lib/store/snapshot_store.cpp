@@ -273,6 +273,9 @@ struct SnapshotStore::Impl {
 
   std::mutex breaker_mutex;
   std::unordered_map<std::string, std::int64_t> blacklist;  // tenant_key -> until (ms)
+  // blacklist.size(), kept under breaker_mutex: a lookup (and each level-2
+  // candidate) skips the lock and the key's string when nothing is blacklisted.
+  std::atomic<std::size_t> blacklist_size{0};
   std::unordered_map<std::string, std::deque<std::pair<std::int64_t, bool>>> outcomes;
 
   std::mutex fallback_mutex;
@@ -306,11 +309,13 @@ struct SnapshotStore::Impl {
   }
 
   bool blacklisted(std::string_view tenant, std::uint64_t fp) {
+    if (blacklist_size.load(std::memory_order_relaxed) == 0) return false;
     std::lock_guard lock(breaker_mutex);
     const auto it = blacklist.find(tenant_key(tenant, fp));
     if (it == blacklist.end()) return false;
     if (it->second < now_ms()) {
       blacklist.erase(it);
+      blacklist_size = blacklist.size();
       return false;
     }
     return true;
@@ -378,6 +383,7 @@ Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<Sn
     std::lock_guard lock(shard->mutex);
     CLM_RETURN_IF_ERROR(shard->load_blacklist([&](std::string_view tenant, std::uint64_t fp, std::int64_t until) {
       if (until >= now) im.blacklist[tenant_key(tenant, fp)] = until;
+      im.blacklist_size = im.blacklist.size();
     }));
     std::uint64_t corrupt = 0;
     CLM_RETURN_IF_ERROR(
@@ -880,6 +886,7 @@ Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& k
         accuracy < im.config.blacklist_accuracy && !im.blacklist.count(k)) {
       trip = true;
       im.blacklist[k] = now + im.config.blacklist_duration_ms;
+      im.blacklist_size = im.blacklist.size();
       im.outcomes.erase(k);
     }
   }
