@@ -283,16 +283,10 @@ func (e *Engine) RecordSnapshot(seq *Seq, suffix Suffix, snapshot []float32) (Re
 // accuracy falls is blacklisted for its tenant. A sequence served nothing is
 // FailedPrecondition.
 func (e *Engine) ReportSnapshotOutcome(seqs []*Seq, correct []bool) error {
-	const op = "clm_engine_report_snapshot_outcome"
-	if err := expectLen(op, "correct", len(correct), len(seqs), "one per sequence"); err != nil {
-		return err
-	}
-	ccorrect := flags(correct)
-	return e.withSeqs(op, seqs, func(ep *C.clm_engine, cseqs []*C.clm_seq) error {
-		return call(op, func() C.clm_status {
-			return C.clm_engine_report_snapshot_outcome(ep, seqsPtr(cseqs), C.size_t(len(cseqs)), flagsPtr(ccorrect))
+	return e.reportPerSeq("clm_engine_report_snapshot_outcome", "correct", seqs, correct,
+		func(ep *C.clm_engine, cseqs **C.clm_seq, n C.size_t, cflags *C.uint8_t) C.clm_status {
+			return C.clm_engine_report_snapshot_outcome(ep, cseqs, n, cflags)
 		})
-	})
 }
 
 // SetFallbackSnapshot sets level 3's generic snapshot [SnapshotDim] for the

@@ -302,14 +302,23 @@ func (e *Engine) SRCStep(seqs []*Seq, attnOut Rows, hidden int32, tokenIDs, indp
 // lookups in a row at scores above SRCBreakerScore a sequence falls back to
 // baseline mode.
 func (e *Engine) ReportRetrieval(seqs []*Seq, found []bool) error {
-	const op = "clm_engine_report_retrieval"
-	if err := expectLen(op, "found", len(found), len(seqs), "one per sequence"); err != nil {
+	return e.reportPerSeq("clm_engine_report_retrieval", "found", seqs, found,
+		func(ep *C.clm_engine, cseqs **C.clm_seq, n C.size_t, cflags *C.uint8_t) C.clm_status {
+			return C.clm_engine_report_retrieval(ep, cseqs, n, cflags)
+		})
+}
+
+// reportPerSeq runs one of the C calls that take one flag per sequence
+// (retrievals found, outcomes right), with the engine and the sequences held.
+func (e *Engine) reportPerSeq(op, name string, seqs []*Seq, values []bool,
+	cfn func(*C.clm_engine, **C.clm_seq, C.size_t, *C.uint8_t) C.clm_status) error {
+	if err := expectLen(op, name, len(values), len(seqs), "one per sequence"); err != nil {
 		return err
 	}
-	cfound := flags(found)
+	cvalues := flags(values)
 	return e.withSeqs(op, seqs, func(ep *C.clm_engine, cseqs []*C.clm_seq) error {
 		return call(op, func() C.clm_status {
-			return C.clm_engine_report_retrieval(ep, seqsPtr(cseqs), C.size_t(len(cseqs)), flagsPtr(cfound))
+			return cfn(ep, seqsPtr(cseqs), C.size_t(len(cseqs)), flagsPtr(cvalues))
 		})
 	})
 }
