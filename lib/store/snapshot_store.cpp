@@ -427,15 +427,18 @@ Status SnapshotStore::Impl::open_indexes(std::int32_t s) {
     std::lock_guard lock(shard.mutex);
     TenantIndex& t = shard.tenant_index(tenant);
     const std::int64_t indexed = index->max_label();
+    // Rows the file holds need only their labels (a row corrupted since is
+    // caught when a lookup reads it); rows after it are read whole and added.
+    CLM_RETURN_IF_ERROR(shard.tenant_labels(tenant, -1, [&](std::int64_t id, const LabelInfo& info) {
+      if (id <= indexed) t.labels[id] = info;
+    }));
     Status added;
     CLM_RETURN_IF_ERROR(
-        shard.tenant_rows(tenant, -1, [&](std::int64_t id, const LabelInfo& info, std::vector<float>& v) {
-          if (v.empty()) return;  // a corrupt row is never indexed, never served
+        shard.tenant_rows(tenant, indexed, [&](std::int64_t id, const LabelInfo& info, std::vector<float>& v) {
+          if (v.empty() || !added.ok()) return;  // a corrupt row is never indexed, never served
           t.labels[id] = info;
-          if (id > indexed && added.ok()) {
-            added = index->add(v, id);
-            t.dirty = true;
-          }
+          added = index->add(v, id);
+          t.dirty = true;
         }));
     CLM_RETURN_IF_ERROR(added);
     t.index = std::move(index);

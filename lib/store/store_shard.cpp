@@ -101,6 +101,9 @@ Status StoreShard::prepare_all() {
       {"SELECT id, suffix_hash, group_hash, version, suffix_key, snapshot, checksum FROM semantic_snapshots"
        " WHERE tenant = ?1 AND id > ?2 ORDER BY id",
        &tenant_rows_},
+      {"SELECT id, suffix_hash, group_hash, version, suffix_key FROM semantic_snapshots"
+       " WHERE tenant = ?1 AND id > ?2 ORDER BY id",
+       &tenant_labels_},
       {"SELECT count(*) FROM semantic_snapshots", &count_rows_},
       {"BEGIN IMMEDIATE", &begin_},
       {"COMMIT", &commit_},
@@ -223,6 +226,16 @@ Status StoreShard::tenants(std::vector<std::string>& out) {
   return done(rc, "listing tenants");
 }
 
+namespace {
+// Columns 1-4 of tenant_rows_ and tenant_labels_: what an index label stands for.
+void read_label(const Statement& row, LabelInfo& info) {
+  info.fingerprint = static_cast<std::uint64_t>(row.column_int(1));
+  info.group = static_cast<std::uint64_t>(row.column_int(2));
+  info.version = static_cast<std::int32_t>(row.column_int(3));
+  info.key.assign(row.column_text(4));
+}
+}  // namespace
+
 Status StoreShard::tenant_rows(std::string_view tenant, std::int64_t after_id,
                                const std::function<void(std::int64_t, const LabelInfo&, std::vector<float>&)>& each) {
   tenant_rows_.bind_blob(1, tenant);
@@ -231,15 +244,26 @@ Status StoreShard::tenant_rows(std::string_view tenant, std::int64_t after_id,
   std::vector<float> v;
   int rc;
   while ((rc = tenant_rows_.step()) == SQLITE_ROW) {
-    info.fingerprint = static_cast<std::uint64_t>(tenant_rows_.column_int(1));
-    info.group = static_cast<std::uint64_t>(tenant_rows_.column_int(2));
-    info.version = static_cast<std::int32_t>(tenant_rows_.column_int(3));
-    info.key.assign(tenant_rows_.column_text(4));
+    read_label(tenant_rows_, info);
     decode_into(tenant_rows_.column_blob(5), settings_.dim, static_cast<std::uint64_t>(tenant_rows_.column_int(6)), v);
     each(tenant_rows_.column_int(0), info, v);
   }
   tenant_rows_.reset();
   return done(rc, "reading a tenant's rows");
+}
+
+Status StoreShard::tenant_labels(std::string_view tenant, std::int64_t after_id,
+                                 const std::function<void(std::int64_t, const LabelInfo&)>& each) {
+  tenant_labels_.bind_blob(1, tenant);
+  tenant_labels_.bind_int(2, after_id);
+  LabelInfo info;
+  int rc;
+  while ((rc = tenant_labels_.step()) == SQLITE_ROW) {
+    read_label(tenant_labels_, info);
+    each(tenant_labels_.column_int(0), info);
+  }
+  tenant_labels_.reset();
+  return done(rc, "reading a tenant's labels");
 }
 
 Status StoreShard::count_rows(std::int64_t& out) {

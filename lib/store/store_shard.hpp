@@ -84,6 +84,10 @@ class StoreShard {
   // Rows of one tenant with id > after_id, in id order (index rebuild, catch-up).
   Status tenant_rows(std::string_view tenant, std::int64_t after_id,
                      const std::function<void(std::int64_t id, const LabelInfo&, std::vector<float>&)>& each);
+  // The same without the snapshots (no BLOB read or decoded): the labels of
+  // rows an index loaded from its file already holds.
+  Status tenant_labels(std::string_view tenant, std::int64_t after_id,
+                       const std::function<void(std::int64_t id, const LabelInfo&)>& each);
   Status count_rows(std::int64_t& out);
   Status integrity_check();
 
@@ -138,7 +142,7 @@ class StoreShard {
   std::unordered_map<std::int64_t, std::int64_t> pending_usage_;
   std::vector<std::uint8_t> blob_;  // scratch
 
-  Statement versions_, row_, tenants_, tenant_rows_, count_rows_;
+  Statement versions_, row_, tenants_, tenant_rows_, tenant_labels_, count_rows_;
   Statement begin_, commit_, rollback_;
   Statement see_, forget_, insert_, confirm_, usage_;
   Statement blacklist_put_, blacklist_all_, fallback_put_, fallback_all_;

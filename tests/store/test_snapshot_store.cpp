@@ -520,6 +520,12 @@ TEST_CASE("a row whose BLOB fails its checksum is skipped and counted, never ser
   CHECK(hit.version == 1);
   CHECK(clm_test::max_abs_diff(out, v1) < kF16);
   CHECK(store->metrics().corrupt_skipped >= 1);
+  // Level 2 reaches the corrupt row through the index (loaded from its file,
+  // labels read without the BLOBs): it is skipped there too, never served.
+  const std::uint64_t corrupt_before = store->metrics().corrupt_skipped;
+  const clm::SnapshotHit near = lookup(*store, "t", host_key("OTHER"), v2, out);
+  CHECK_FALSE((near.level == SnapshotLevel::ann && near.version == 2));
+  CHECK(store->metrics().corrupt_skipped == corrupt_before + 1);
 }
 
 TEST_CASE("breaker (a): a busy shard answers miss in bounded time; a locked write fails cleanly", "[store][breaker]") {
