@@ -76,6 +76,13 @@ static_assert(kEngineOptionsV1 < kEngineOptionsV2 && kEngineOptionsV2 < sizeof(c
 static_assert(kMetricsV1 < kMetricsV2 && kMetricsV2 < sizeof(clm_metrics));
 static_assert(offsetof(clm_engine_options, snapshot_store_path) >= kEngineOptionsV2, "version 3 appends");
 static_assert(offsetof(clm_metrics, store_lookups) >= kMetricsV2, "version 3 appends");
+// Version 3, frozen: version 4 (the tiers) appends to it.
+constexpr std::size_t kEngineOptionsV3 = offsetof(clm_engine_options, snapshot_lookup_timeout_us) + sizeof(int32_t);
+constexpr std::size_t kMetricsV3 = offsetof(clm_metrics, has_snapshot_store) + sizeof(int32_t);
+static_assert(kEngineOptionsV2 < kEngineOptionsV3 && kEngineOptionsV3 < sizeof(clm_engine_options));
+static_assert(kMetricsV2 < kMetricsV3 && kMetricsV3 < sizeof(clm_metrics));
+static_assert(offsetof(clm_engine_options, host_pages) >= kEngineOptionsV3, "version 4 appends");
+static_assert(offsetof(clm_metrics, has_tiers) >= kMetricsV3, "version 4 appends");
 
 // A caller's struct of `size` bytes as this library's full struct: the
 // caller's fields, and the defaults for fields its version did not have.

@@ -3,8 +3,8 @@
 // clm_status plus the thread-local message, and never lets an exception out.
 #include "clm.h"
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -68,10 +68,20 @@ clm_engine_options default_engine_options() {
   o.snapshot_similarity_floor = store.similarity_floor;
   o.snapshot_ann_ef_search = store.ann_ef_search;
   o.snapshot_lookup_timeout_us = store.lookup_timeout_us;
+  const clm::TierConfig& tiers = defaults.tiers;
+  o.host_pages = tiers.host_pages;
+  o.write_policy = static_cast<int32_t>(tiers.write_policy);
+  o.storage_url = nullptr;
+  o.prefetch_policy = static_cast<int32_t>(tiers.prefetch_policy);
+  o.prefetch_timeout_ms = tiers.prefetch_timeout_ms;
+  o.prefetch_timeout_per_1k_tokens_ms = tiers.prefetch_timeout_per_1k_tokens_ms;
+  o.storage_workers = tiers.storage_workers;
+  o.storage_batch_pages = tiers.storage_batch_pages;
   return o;
 }
 
-constexpr std::size_t kMaxStorePathBytes = 4096;  // PATH_MAX on Linux
+constexpr std::size_t kMaxStorePathBytes = 4096;   // PATH_MAX on Linux
+constexpr std::size_t kMaxStorageUrlBytes = 8192;  // a path and a few options
 }  // namespace
 
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
@@ -90,8 +100,8 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     if (!out) return null_argument("clm_engine_create", "out");
     *out = nullptr;
     if (!options) return null_argument("clm_engine_create", "options (num_pages has no default)");
-    if (clm_status s = check_struct_size<clm_engine_options>(options->struct_size, kEngineOptionsV1,
-                                                             "clm_engine_create")) {
+    if (clm_status s =
+            check_struct_size<clm_engine_options>(options->struct_size, kEngineOptionsV1, "clm_engine_create")) {
       return s;
     }
     const clm_engine_options widened = widen(options, options->struct_size, default_engine_options());
@@ -125,8 +135,8 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
       return null_argument("clm_engine_create", "options->special_token_ids (with n_special_token_ids > 0)");
     }
     if (options->n_special_token_ids > (std::size_t{1} << 20)) {
-      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_create: n_special_token_ids {} is too large",
-                                                        options->n_special_token_ids));
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_create: n_special_token_ids {} is too large", options->n_special_token_ids));
     }
     if (options->n_special_token_ids > 0) {
       config.special_token_ids.assign(options->special_token_ids,
@@ -147,6 +157,29 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     config.snapshot_store.similarity_floor = options->snapshot_similarity_floor;
     config.snapshot_store.ann_ef_search = options->snapshot_ann_ef_search;
     config.snapshot_store.lookup_timeout_us = options->snapshot_lookup_timeout_us;
+    if (options->write_policy < CLM_WRITE_THROUGH || options->write_policy > CLM_WRITE_BACK) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_create: unknown write_policy {}", options->write_policy));
+    }
+    if (options->prefetch_policy < CLM_PREFETCH_BEST_EFFORT || options->prefetch_policy > CLM_PREFETCH_TIMEOUT) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_create: unknown prefetch_policy {}", options->prefetch_policy));
+    }
+    config.tiers.host_pages = options->host_pages;
+    config.tiers.write_policy = static_cast<clm::WritePolicy>(options->write_policy);
+    if (options->storage_url) {  // NULL or "": no storage tier (the tiers check the rest)
+      const std::size_t n = strnlen(options->storage_url, kMaxStorageUrlBytes + 1);
+      if (n > kMaxStorageUrlBytes) {
+        return fail(CLM_ERR_INVALID_ARGUMENT,
+                    fmt::format("clm_engine_create: storage_url is longer than {} bytes", kMaxStorageUrlBytes));
+      }
+      config.tiers.storage_url.assign(options->storage_url, n);
+    }
+    config.tiers.prefetch_policy = static_cast<clm::PrefetchPolicy>(options->prefetch_policy);
+    config.tiers.prefetch_timeout_ms = options->prefetch_timeout_ms;
+    config.tiers.prefetch_timeout_per_1k_tokens_ms = options->prefetch_timeout_per_1k_tokens_ms;
+    config.tiers.storage_workers = options->storage_workers;
+    config.tiers.storage_batch_pages = options->storage_batch_pages;
     auto state = std::make_shared<EngineState>();
     if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
     *out = new clm_engine{std::move(state)};
@@ -167,9 +200,17 @@ clm_status clm_engine_kv_layout(clm_kv_layout* out, const clm_engine* engine) {
   if (clm_status s = check_struct_size<clm_kv_layout>(out->struct_size, kKvLayoutV1, "clm_engine_kv_layout")) return s;
   const clm::PagedKvPool& pool = engine->state->engine->pool();
   const clm::PagedKvPoolConfig& c = pool.config();
-  const clm_kv_layout full{out->struct_size, pool.data(),  pool.page_bytes(), pool.layer_bytes(),
-                           c.num_pages,      c.page_size,  c.num_layers,      c.kv_heads,
-                           c.head_dim,       static_cast<int32_t>(c.dtype), static_cast<int32_t>(c.memory)};
+  const clm_kv_layout full{out->struct_size,
+                           pool.data(),
+                           pool.page_bytes(),
+                           pool.layer_bytes(),
+                           c.num_pages,
+                           c.page_size,
+                           c.num_layers,
+                           c.kv_heads,
+                           c.head_dim,
+                           static_cast<int32_t>(c.dtype),
+                           static_cast<int32_t>(c.memory)};
   std::memcpy(out, &full, out->struct_size);
   return CLM_OK;
 }
@@ -184,6 +225,48 @@ clm_status clm_admit_options_init(clm_admit_options* options, size_t struct_size
   return CLM_OK;
 }
 
+namespace {
+// The caller's admit options (NULL: the defaults) as the Engine's; the salt stays the caller's bytes.
+clm_status admit_options_of(const clm_admit_options* options, const char* fn, clm::AdmitOptions& admit) {
+  if (!options) return CLM_OK;
+  if (clm_status s = check_struct_size<clm_admit_options>(options->struct_size, kAdmitOptionsV1, fn)) return s;
+  const clm_admit_options widened = widen(options, options->struct_size, clm_admit_options{});
+  if (!widened.cache_salt && widened.cache_salt_len > 0) {
+    return null_argument(fn, "options->cache_salt (with cache_salt_len > 0)");
+  }
+  if (widened.cache_salt_len > kMaxSaltBytes) {
+    return fail(CLM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: cache_salt_len {} exceeds {} bytes", fn, widened.cache_salt_len, kMaxSaltBytes));
+  }
+  if (widened.cache_salt) admit.cache_salt = std::string_view(widened.cache_salt, widened.cache_salt_len);
+  admit.adapter_id = widened.adapter_id;
+  admit.priority = widened.priority;
+  return CLM_OK;
+}
+}  // namespace
+
+clm_status clm_engine_prefetch(clm_engine* engine, const int32_t* tokens, size_t n_tokens,
+                               const clm_admit_options* options) {
+  return guarded([&]() -> clm_status {
+    if (!engine) return null_argument("clm_engine_prefetch", "engine");
+    if (!tokens && n_tokens > 0) return null_argument("clm_engine_prefetch", "tokens (with n_tokens > 0)");
+    if (n_tokens > kMaxTokens) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_prefetch: n_tokens {} is too large", n_tokens));
+    }
+    clm::AdmitOptions admit;
+    if (clm_status s = admit_options_of(options, "clm_engine_prefetch", admit)) return s;
+    return report(engine->state->engine->prefetch({tokens, n_tokens}, admit));
+  });
+}
+
+clm_status clm_engine_wait_for_tiers(clm_engine* engine) {
+  return guarded([&]() -> clm_status {
+    if (!engine) return null_argument("clm_engine_wait_for_tiers", "engine");
+    engine->state->engine->wait_for_tiers();
+    return CLM_OK;
+  });
+}
+
 clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* tokens, size_t n_tokens,
                             const clm_admit_options* options) {
   return guarded([&]() -> clm_status {
@@ -195,24 +278,7 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_admit: n_tokens {} is too large", n_tokens));
     }
     clm::AdmitOptions admit;
-    if (options) {
-      if (clm_status s = check_struct_size<clm_admit_options>(options->struct_size, kAdmitOptionsV1,
-                                                              "clm_engine_admit")) {
-        return s;
-      }
-      const clm_admit_options widened = widen(options, options->struct_size, clm_admit_options{});
-      options = &widened;
-      if (!options->cache_salt && options->cache_salt_len > 0) {
-        return null_argument("clm_engine_admit", "options->cache_salt (with cache_salt_len > 0)");
-      }
-      if (options->cache_salt_len > kMaxSaltBytes) {
-        return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_admit: cache_salt_len {} exceeds {} bytes",
-                                                          options->cache_salt_len, kMaxSaltBytes));
-      }
-      if (options->cache_salt) admit.cache_salt = std::string_view(options->cache_salt, options->cache_salt_len);
-      admit.adapter_id = options->adapter_id;
-      admit.priority = options->priority;
-    }
+    if (clm_status s = admit_options_of(options, "clm_engine_admit", admit)) return s;
     auto seq = std::make_unique<clm_seq>();
     seq->state = engine->state;
     if (clm_status s = report(engine->state->engine->admit({tokens, n_tokens}, admit, seq->admission))) return s;
@@ -221,8 +287,7 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
   });
 }
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 clm_status clm_seq_extend(clm_seq* seq, const int32_t* tokens, size_t n_tokens) {
   return guarded([&]() -> clm_status {
@@ -268,6 +333,8 @@ void clm_seq_free(clm_seq* seq) {
 }
 
 int32_t clm_seq_cached_tokens(const clm_seq* seq) { return seq ? seq->admission.cached_tokens : 0; }
+int32_t clm_seq_host_tokens(const clm_seq* seq) { return seq ? seq->admission.host_tokens : 0; }
+int32_t clm_seq_storage_tokens(const clm_seq* seq) { return seq ? seq->admission.storage_tokens : 0; }
 
 // Pages and slots of an ended sequence belong to the cache or to other
 // sequences by now: an ended sequence has none.
@@ -372,6 +439,26 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     full.store_snapshots = st.snapshots;
     full.store_blacklisted_keys = st.blacklisted_keys;
     full.has_snapshot_store = m.has_snapshot_store ? 1 : 0;
+    const clm::TierMetrics& t = m.tiers;
+    full.has_tiers = m.has_tiers ? 1 : 0;
+    full.has_storage = t.has_storage ? 1 : 0;
+    full.device_hit_tokens = t.device_hit_tokens;
+    full.host_hit_tokens = t.host_hit_tokens;
+    full.storage_hit_tokens = t.storage_hit_tokens;
+    full.load_backs = t.load_backs;
+    full.loaded_pages = t.loaded_pages;
+    full.backed_up_pages = t.backed_up_pages;
+    full.stored_pages = t.stored_pages;
+    full.fetched_pages = t.fetched_pages;
+    full.prefetch_timeouts = t.prefetch_timeouts;
+    full.storage_errors = t.storage_errors;
+    full.dropped_backups = t.dropped_backups;
+    full.host_cached_tokens = m.cache.host_cached_tokens;
+    full.host_pages_used = t.host_pages_used;
+    full.host_pages_total = t.host_pages_total;
+    full.storage_corrupt_pages = t.storage.corrupt_pages;
+    full.storage_dropped_writes = t.storage.dropped_writes;
+    full.storage_evicted_pages = t.storage.evicted_pages;
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

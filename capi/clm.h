@@ -131,7 +131,28 @@ typedef struct clm_engine_options {
   float snapshot_similarity_floor;    /* [-1, 1]: level 2 serves nothing below this cosine (default 0.80) */
   int32_t snapshot_ann_ef_search;     /* level 2's search breadth (default 128) */
   int32_t snapshot_lookup_timeout_us; /* a lookup waits this long for a busy shard, then misses (default 2000) */
+  /* -- version 4: the tiered KV cache (docs/tiers.md) -- */
+  int32_t host_pages;                 /* L2: host-memory pages of the pool's layout; 0 = no tiers (default 0) */
+  int32_t write_policy;               /* CLM_WRITE_* (default CLM_WRITE_THROUGH) */
+  const char *storage_url;            /* L3, NUL-terminated: "file:///dir?capacity_mb=N" or
+                                         "redis://host:port/db?prefix=clm:&ttl=3600"; NULL or "" = none; needs
+                                         host_pages > 0 (copied at create; default NULL) */
+  int32_t prefetch_policy;            /* CLM_PREFETCH_* (default CLM_PREFETCH_TIMEOUT) */
+  double prefetch_timeout_ms;         /* CLM_PREFETCH_TIMEOUT: base wait (default 20) */
+  double prefetch_timeout_per_1k_tokens_ms; /* ... plus this per 1000 tokens fetched (default 10) */
+  int32_t storage_workers;            /* threads that talk to storage, 1..64 (default 2) */
+  int32_t storage_batch_pages;        /* pages per storage call, 1..4096 (default 32) */
 } clm_engine_options;
+
+/* When a cached page gets its host-tier copy (then, with a storage tier, its
+ * stored copy). */
+#define CLM_WRITE_THROUGH 0           /* on its first hit (default) */
+#define CLM_WRITE_THROUGH_SELECTIVE 1 /* once it has been hit twice */
+#define CLM_WRITE_BACK 2              /* only when the device tier evicts it */
+/* How long clm_engine_admit waits for pages found in storage. */
+#define CLM_PREFETCH_BEST_EFFORT 0   /* not at all: what has arrived is used */
+#define CLM_PREFETCH_WAIT_COMPLETE 1 /* until every page found is in */
+#define CLM_PREFETCH_TIMEOUT 2       /* up to prefetch_timeout_ms + per_1k_tokens_ms * tokens / 1000 */
 
 /* Fills *options with defaults. struct_size: sizeof(*options) as compiled by
  * the caller; a size this library does not know is CLM_ERR_INVALID_ARGUMENT. */
@@ -183,6 +204,20 @@ CLM_API void clm_seq_free(clm_seq *seq);
 
 /* Tokens of the prompt that were cached at admission (0 on a NULL handle). */
 CLM_API int32_t clm_seq_cached_tokens(const clm_seq *seq);
+/* Of those, how many were copied in from the host tier, and of these how many
+ * the host tier had just fetched from storage for this admission (the rest
+ * were on the device). All are in their pages when clm_engine_admit returns. */
+CLM_API int32_t clm_seq_host_tokens(const clm_seq *seq);
+CLM_API int32_t clm_seq_storage_tokens(const clm_seq *seq);
+
+/* Starts fetching the pages of tokens[0, n_tokens) that only storage has into
+ * the host tier, and returns: call it when a request is queued; its admit
+ * finds them there. CLM_ERR_FAILED_PRECONDITION without a storage tier.
+ * options may be NULL. */
+CLM_API clm_status clm_engine_prefetch(clm_engine *engine, const int32_t *tokens, size_t n_tokens,
+                                       const clm_admit_options *options);
+/* Waits until the tiers' copies, storage reads and writes queued so far are done. */
+CLM_API clm_status clm_engine_wait_for_tiers(clm_engine *engine);
 /* The sequence's page table: ceil(length / page_size) page ids. NULL with
  * *n_pages = 0 for a NULL or ended (finished, aborted, engine freed) sequence,
  * whose pages belong to the cache or to other sequences by then. */
@@ -252,6 +287,26 @@ typedef struct clm_metrics {
   int64_t store_snapshots;          /* rows stored now */
   int64_t store_blacklisted_keys;   /* keys blacklisted now */
   int32_t has_snapshot_store;       /* 1 when the engine was created with a store */
+  /* -- version 4: the tiered KV cache (all 0 without tiers) -- */
+  int32_t has_tiers;                /* 1 with a host tier */
+  int32_t has_storage;              /* 1 with a storage tier */
+  uint64_t device_hit_tokens;       /* cached tokens admissions found on the device */
+  uint64_t host_hit_tokens;         /* ... copied in from the host tier */
+  uint64_t storage_hit_tokens;      /* ... fetched from storage for the admission */
+  uint64_t load_backs;              /* admissions that copied host pages to the device */
+  uint64_t loaded_pages;            /* pages copied host -> device */
+  uint64_t backed_up_pages;         /* pages copied device -> host (the write policy) */
+  uint64_t stored_pages;            /* pages written to storage */
+  uint64_t fetched_pages;           /* pages read from storage into the host tier */
+  uint64_t prefetch_timeouts;       /* admissions that stopped waiting for storage */
+  uint64_t storage_errors;          /* storage calls that failed (the admission recomputed) */
+  uint64_t dropped_backups;         /* host copies given up (no room, failed copy) */
+  int64_t host_cached_tokens;       /* tokens with a host copy now */
+  int64_t host_pages_used;
+  int64_t host_pages_total;
+  uint64_t storage_corrupt_pages;   /* stored values refused (checksum, layout, size) */
+  uint64_t storage_dropped_writes;  /* pages storage could not write (full disk, ...) */
+  uint64_t storage_evicted_pages;   /* pages the file backend removed for its size cap */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */

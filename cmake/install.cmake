@@ -18,6 +18,7 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/clmcacheConfig.cmake.i
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/clmcacheConfigVersion.cmake
   COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/clmcacheConfig.cmake ${PROJECT_BINARY_DIR}/clmcacheConfigVersion.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/Findhiredis.cmake  # hiredis has no CMake package of its own
   DESTINATION ${clm_cmake_dir})
 
 # The .pc file finds its prefix from its own location (${pcfiledir}), so it
@@ -38,7 +39,7 @@ foreach(dir LIBDIR INCLUDEDIR)
   endif()
 endforeach()
 # What a static link (pkg-config --static) needs besides libclmcache.a.
-set(clm_pc_libs_private "-lfmt -lsqlite3 -lstdc++ -lm -lpthread")
+set(clm_pc_libs_private "-lfmt -lsqlite3 -lcrypto -lhiredis -lstdc++ -lm -lpthread")
 if(CLM_HAVE_CUDA)
   string(APPEND clm_pc_libs_private " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart")
 endif()

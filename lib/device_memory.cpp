@@ -43,6 +43,21 @@ void device_free(void* pointer, int device) {
   cudaSetDevice(device);
   cudaFree(pointer);
 }
+
+Status pinned_host_allocate(std::size_t bytes, void** out) {
+  *out = nullptr;
+  std::string reason;
+  if (cuda_device_count(&reason) <= 0) return unsupported(fmt::format("pinned host memory: {}", reason));
+  if (cudaError_t err = cudaHostAlloc(out, bytes, cudaHostAllocPortable | cudaHostAllocMapped); err != cudaSuccess) {
+    *out = nullptr;
+    return out_of_memory(fmt::format("cudaHostAlloc({} bytes): {}", bytes, cudaGetErrorString(err)));
+  }
+  return {};
+}
+
+void pinned_host_free(void* pointer) {
+  if (pointer) cudaFreeHost(pointer);
+}
 #else
 int cuda_device_count(std::string* reason) {
   if (reason) *reason = "clmcache was built without CUDA";
@@ -55,6 +70,13 @@ Status device_allocate(std::size_t, int, void** out) {
 }
 
 void device_free(void*, int) {}
+
+Status pinned_host_allocate(std::size_t, void** out) {
+  *out = nullptr;
+  return unsupported("pinned host memory: clmcache was built without CUDA");
+}
+
+void pinned_host_free(void*) {}
 #endif
 
 }  // namespace clm

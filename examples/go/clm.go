@@ -151,6 +151,30 @@ type EngineOptions struct {
 	SnapshotANNEfSearch int32
 	// SnapshotLookupTimeoutUS: a lookup waits this long for a busy shard, then misses.
 	SnapshotLookupTimeoutUS int32
+
+	// Version 4: the tiered KV cache (tiers.go, docs/tiers.md).
+
+	// HostPages is the size, in pages of the pool's layout, of the host
+	// tier that evicted pages move down to and load back from (>= 0; 0 is
+	// no tiers).
+	HostPages int32
+	// WritePolicy says when a cached page gets its host copy.
+	WritePolicy WritePolicy
+	// StorageURL names the storage tier below the host tier (it needs
+	// HostPages > 0): "file:///var/cache/clm?capacity_mb=4096" or
+	// "redis://127.0.0.1:6379/0?prefix=clm:&ttl=3600"; "" is none. Copied at
+	// creation.
+	StorageURL string
+	// PrefetchPolicy says how long an admission waits for pages found in storage.
+	PrefetchPolicy PrefetchPolicy
+	// PrefetchTimeoutMS is PrefetchTimeout's base wait, in milliseconds ...
+	PrefetchTimeoutMS float64
+	// PrefetchTimeoutPer1KTokensMS ... plus this per 1000 tokens fetched.
+	PrefetchTimeoutPer1KTokensMS float64
+	// StorageWorkers is the number of threads that talk to storage, 1..64.
+	StorageWorkers int32
+	// StorageBatchPages is the number of pages per storage call, 1..4096.
+	StorageBatchPages int32
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -189,6 +213,14 @@ func DefaultEngineOptions() (EngineOptions, error) {
 		SnapshotSimilarityFloor: float32(c.snapshot_similarity_floor),
 		SnapshotANNEfSearch:     int32(c.snapshot_ann_ef_search),
 		SnapshotLookupTimeoutUS: int32(c.snapshot_lookup_timeout_us),
+
+		HostPages:                    int32(c.host_pages),
+		WritePolicy:                  WritePolicy(c.write_policy),
+		PrefetchPolicy:               PrefetchPolicy(c.prefetch_policy),
+		PrefetchTimeoutMS:            float64(c.prefetch_timeout_ms),
+		PrefetchTimeoutPer1KTokensMS: float64(c.prefetch_timeout_per_1k_tokens_ms),
+		StorageWorkers:               int32(c.storage_workers),
+		StorageBatchPages:            int32(c.storage_batch_pages),
 	}, nil
 }
 
@@ -288,6 +320,27 @@ type Metrics struct {
 	StoreOutcomeReports   uint64 // outcomes reported (ReportSnapshotOutcome)
 	StoreSnapshots        int64  // rows stored now
 	StoreBlacklistedKeys  int64  // keys blacklisted now
+
+	// Version 4: the tiered KV cache (all 0 without tiers).
+	HasTiers             bool   // the engine has a host tier
+	HasStorage           bool   // ... and a storage tier
+	DeviceHitTokens      uint64 // cached tokens admissions found on the device
+	HostHitTokens        uint64 // ... copied in from the host tier
+	StorageHitTokens     uint64 // ... fetched from storage for the admission
+	LoadBacks            uint64 // admissions that copied host pages to the device
+	LoadedPages          uint64 // pages copied host -> device
+	BackedUpPages        uint64 // pages copied device -> host (the write policy)
+	StoredPages          uint64 // pages written to storage
+	FetchedPages         uint64 // pages read from storage into the host tier
+	PrefetchTimeouts     uint64 // admissions that stopped waiting for storage
+	StorageErrors        uint64 // storage calls that failed (the admission recomputed)
+	DroppedBackups       uint64 // host copies given up (no room, failed copy)
+	HostCachedTokens     int64  // tokens with a host copy now
+	HostPagesUsed        int64  // host-tier pages in use now
+	HostPagesTotal       int64  // host-tier pages in all
+	StorageCorruptPages  uint64 // stored values refused (checksum, layout, size)
+	StorageDroppedWrites uint64 // pages storage could not write (full disk, ...)
+	StorageEvictedPages  uint64 // pages the file backend removed for its size cap
 }
 
 // PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
@@ -336,6 +389,23 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	c.snapshot_similarity_floor = C.float(opts.SnapshotSimilarityFloor)
 	c.snapshot_ann_ef_search = C.int32_t(opts.SnapshotANNEfSearch)
 	c.snapshot_lookup_timeout_us = C.int32_t(opts.SnapshotLookupTimeoutUS)
+	c.host_pages = C.int32_t(opts.HostPages)
+	c.write_policy = C.int32_t(opts.WritePolicy)
+	c.prefetch_policy = C.int32_t(opts.PrefetchPolicy)
+	c.prefetch_timeout_ms = C.double(opts.PrefetchTimeoutMS)
+	c.prefetch_timeout_per_1k_tokens_ms = C.double(opts.PrefetchTimeoutPer1KTokensMS)
+	c.storage_workers = C.int32_t(opts.StorageWorkers)
+	c.storage_batch_pages = C.int32_t(opts.StorageBatchPages)
+	if opts.StorageURL != "" {
+		if strings.IndexByte(opts.StorageURL, 0) >= 0 {
+			return nil, &Error{code: InvalidArgument, op: "clm_engine_create",
+				msg: "StorageURL " + strconv.Quote(opts.StorageURL) + " contains a NUL byte"}
+		}
+		// C memory, as the store path.
+		url := C.CString(opts.StorageURL)
+		defer C.free(unsafe.Pointer(url))
+		c.storage_url = url
+	}
 	snapshotDim := 0
 	if opts.SnapshotStorePath != "" {
 		if strings.IndexByte(opts.SnapshotStorePath, 0) >= 0 {
@@ -435,17 +505,9 @@ func (e *Engine) Admit(tokens []int32, opts *AdmitOptions) (*Seq, error) {
 		return nil, err
 	}
 	defer e.release()
-	var copts C.clm_admit_options
-	useOptions := C.int(0)
-	var salt string
-	if opts != nil {
-		if err := admitOptionsInit(&copts); err != nil {
-			return nil, err
-		}
-		copts.adapter_id = C.int32_t(opts.AdapterID)
-		copts.priority = C.int32_t(opts.Priority)
-		salt = opts.CacheSalt
-		useOptions = 1
+	copts, useOptions, salt, err := admitOptionsToC(opts)
+	if err != nil {
+		return nil, err
 	}
 	var ptr *C.clm_seq
 	err = call(op, func() C.clm_status {
@@ -460,6 +522,22 @@ func (e *Engine) Admit(tokens []int32, opts *AdmitOptions) (*Seq, error) {
 	s := &Seq{ptr: ptr, engine: e}
 	runtime.SetFinalizer(s, (*Seq).free)
 	return s, nil
+}
+
+// admitOptionsToC is what clmgo_admit and clmgo_prefetch take for opts: the
+// struct, whether to pass it (0 for nil opts: the defaults), and the salt,
+// which travels as its own argument.
+func admitOptionsToC(opts *AdmitOptions) (C.clm_admit_options, C.int, string, error) {
+	var c C.clm_admit_options
+	if opts == nil {
+		return c, 0, "", nil
+	}
+	if err := admitOptionsInit(&c); err != nil {
+		return c, 0, "", err
+	}
+	c.adapter_id = C.int32_t(opts.AdapterID)
+	c.priority = C.int32_t(opts.Priority)
+	return c, 1, opts.CacheSalt, nil
 }
 
 // KVLayout describes the pool's memory (clm_engine_kv_layout).
@@ -552,6 +630,26 @@ func (e *Engine) Metrics() (Metrics, error) {
 		StoreOutcomeReports:   uint64(c.store_outcome_reports),
 		StoreSnapshots:        int64(c.store_snapshots),
 		StoreBlacklistedKeys:  int64(c.store_blacklisted_keys),
+
+		HasTiers:             c.has_tiers != 0,
+		HasStorage:           c.has_storage != 0,
+		DeviceHitTokens:      uint64(c.device_hit_tokens),
+		HostHitTokens:        uint64(c.host_hit_tokens),
+		StorageHitTokens:     uint64(c.storage_hit_tokens),
+		LoadBacks:            uint64(c.load_backs),
+		LoadedPages:          uint64(c.loaded_pages),
+		BackedUpPages:        uint64(c.backed_up_pages),
+		StoredPages:          uint64(c.stored_pages),
+		FetchedPages:         uint64(c.fetched_pages),
+		PrefetchTimeouts:     uint64(c.prefetch_timeouts),
+		StorageErrors:        uint64(c.storage_errors),
+		DroppedBackups:       uint64(c.dropped_backups),
+		HostCachedTokens:     int64(c.host_cached_tokens),
+		HostPagesUsed:        int64(c.host_pages_used),
+		HostPagesTotal:       int64(c.host_pages_total),
+		StorageCorruptPages:  uint64(c.storage_corrupt_pages),
+		StorageDroppedWrites: uint64(c.storage_dropped_writes),
+		StorageEvictedPages:  uint64(c.storage_evicted_pages),
 	}, nil
 }
 
@@ -765,6 +863,30 @@ func (s *Seq) CachedTokens() (int32, error) {
 	}
 	defer s.release()
 	return int32(C.clm_seq_cached_tokens(sp)), nil
+}
+
+// HostTokens is how many of the cached tokens the admission copied in from
+// the host tier (clm_seq_host_tokens); the rest were on the device. 0
+// without tiers.
+func (s *Seq) HostTokens() (int32, error) {
+	sp, err := s.acquire("clm_seq_host_tokens")
+	if err != nil {
+		return 0, err
+	}
+	defer s.release()
+	return int32(C.clm_seq_host_tokens(sp)), nil
+}
+
+// StorageTokens is how many of the host tokens the host tier had just
+// fetched from storage for this admission (clm_seq_storage_tokens); pages
+// that an earlier Prefetch had already brought in are host tokens only.
+func (s *Seq) StorageTokens() (int32, error) {
+	sp, err := s.acquire("clm_seq_storage_tokens")
+	if err != nil {
+		return 0, err
+	}
+	defer s.release()
+	return int32(C.clm_seq_storage_tokens(sp)), nil
 }
 
 // PageTable is a copy of the sequence's page table: ceil(length/page_size)

@@ -18,4 +18,9 @@ int cuda_device_count(std::string* reason = nullptr);
 Status device_allocate(std::size_t bytes, int device, void** out);
 void device_free(void* pointer, int device);
 
+// Page-locked host memory (cudaHostAlloc, portable and mapped): unsupported
+// without CUDA or a usable device.
+Status pinned_host_allocate(std::size_t bytes, void** out);
+void pinned_host_free(void* pointer);
+
 }  // namespace clm

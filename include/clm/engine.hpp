@@ -53,6 +53,7 @@
 #include "clm/src_tracker.hpp"
 #include "clm/status.hpp"
 #include "clm/store/snapshot_store.hpp"
+#include "clm/tiers/tier_manager.hpp"
 
 namespace clm {
 
@@ -67,6 +68,9 @@ struct EngineConfig {
   // The semantic snapshot store (store/snapshot_store.hpp): the Engine opens
   // and owns it when snapshot_store.path is set (":memory:" for tests).
   SnapshotStoreConfig snapshot_store;
+  // The tiered KV cache (tiers/tier_config.hpp): a host tier when
+  // tiers.host_pages > 0, and a storage tier when tiers.storage_url is set.
+  TierConfig tiers;
 };
 
 // One suffix of a snapshot lookup or record: the user's text (the store's
@@ -88,7 +92,13 @@ using SequenceId = std::uint64_t;  // 0 is never a sequence
 
 struct Admission {
   SequenceId seq = 0;
-  std::int32_t cached_tokens = 0;        // page-aligned, <= prompt length - 1
+  std::int32_t cached_tokens = 0;  // page-aligned, <= prompt length - 1
+  // Of cached_tokens, how many were copied in from the host tier and, of
+  // those, how many the host tier had just fetched from storage for this
+  // admission; the rest were on the device. All are in their pages when
+  // admit() returns.
+  std::int32_t host_tokens = 0;
+  std::int32_t storage_tokens = 0;
   std::vector<std::int32_t> page_table;  // ceil(len / page_size) pages covering the prompt
   std::vector<std::int64_t> slots;       // for prompt[cached_tokens, len): page * page_size + row
 };
@@ -111,6 +121,8 @@ struct EngineMetrics {
   SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
   bool has_snapshot_store = false;
   SnapshotStoreMetrics store;  // all zero without a store
+  bool has_tiers = false;
+  TierMetrics tiers;  // all zero without tiers
 };
 
 class Engine {
@@ -130,13 +142,28 @@ class Engine {
     }
     std::unique_ptr<PagedKvPool> pool;
     CLM_RETURN_IF_ERROR(PagedKvPool::create(config.pool, pool));
+    std::unique_ptr<TierManager> tiers;
+    if (config.tiers.host_pages < 0) {
+      return invalid_argument(
+          fmt::format("tiers: host_pages must be >= 0 (0: no tiers), got {}", config.tiers.host_pages));
+    }
+    if (config.tiers.host_pages > 0) {
+      CLM_RETURN_IF_ERROR(TierManager::create(config.tiers, *pool, tiers));
+    } else if (!config.tiers.storage_url.empty()) {
+      return invalid_argument("tiers: a storage tier needs a host tier (tiers.host_pages > 0)");
+    }
     std::unique_ptr<SnapshotStore> store;
     if (!config.snapshot_store.path.empty()) CLM_RETURN_IF_ERROR(SnapshotStore::open(config.snapshot_store, store));
-    out.reset(new Engine(config, std::move(pool)));
+    out.reset(new Engine(config, std::move(pool), std::move(tiers)));
     out->store_ = std::move(store);
+    if (out->tiers_) out->tiers_->start(*out->tree_, out->mutex_);
     return {};
   }
-  ~Engine() { abort_all(); }
+  ~Engine() {
+    abort_all();
+    if (tiers_) tiers_->stop();  // its jobs hold tree nodes; the tree holds its host pages
+    tree_.reset();
+  }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -158,20 +185,48 @@ class Engine {
     seq->priority = options.priority;
     seq->tokens.assign(prompt.begin(), prompt.end());
     const std::size_t total_pages = pages_for(prompt.size());
+    out.host_tokens = out.storage_tokens = 0;
+    FetchOutcome fetched;
+    if (tiers_ && tiers_->has_storage()) fetch_from_storage(prompt, seq->cache_namespace(), true, fetched);
     {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, seq->cache_namespace(), match_));
       CLM_RETURN_IF_ERROR(tree_->lock(match_.node));
+      // The host-only part (match_ is shared scratch: what a load-back needs is kept here).
+      const bool load_back = match_.host_tokens > 0;
+      const NodeRef host_node = match_.host_node;
+      std::vector<std::int32_t> host_pages;
+      if (load_back) {
+        (void)tree_->host_pin(host_node);  // a live node with a host copy: cannot fail
+        host_pages.swap(match_.host_pages);
+      }
       seq->pages.swap(match_.pages);
       seq->tree_pages = seq->pages.size();
+      seq->locked = match_.node;
       seq->pages.resize(total_pages);
       Status allocated = tree_->allocate_pages(std::span(seq->pages).subspan(seq->tree_pages));
+      if (!allocated.ok() && tiers_ && tiers_->copies_in_flight()) {
+        // Copies to the host lock the device pages they read: wait for them
+        // (our own locks and pins hold meanwhile), then try once more.
+        lock.unlock();
+        tiers_->wait_for_copies();
+        lock.lock();
+        allocated = tree_->allocate_pages(std::span(seq->pages).subspan(seq->tree_pages));
+      }
       if (!allocated.ok()) {
-        (void)tree_->unlock(match_.node);
+        if (load_back) (void)tree_->host_unpin(host_node);
+        (void)tree_->unlock(seq->locked);
         ++metrics_.rejected;
+        if (tiers_) tiers_->on_evictions();
         return allocated;
       }
-      seq->locked = match_.node;
+      if (load_back) load_from_host(lock, *seq, host_pages, host_node, fetched, out);
+      if (tiers_) {
+        const auto device = static_cast<std::int32_t>(seq->tree_pages) * page_size_ - out.host_tokens;
+        tiers_->count_admission(device, out.host_tokens - out.storage_tokens, out.storage_tokens);
+        tiers_->on_evictions();
+        tiers_->on_hit(seq->locked);
+      }
       out.seq = next_id_++;
       // Under the lock, like abort_all's removal: an abort_all between our
       // unlock and a later add would leave a dead sequence tracked forever.
@@ -208,6 +263,7 @@ class Engine {
       const std::size_t new_pages = pages_for(first + tokens.size());
       seq->pages.resize(new_pages);
       Status allocated = tree_->allocate_pages(std::span(seq->pages).subspan(old_pages));
+      if (tiers_) tiers_->on_evictions();
       if (!allocated.ok()) {
         seq->pages.resize(old_pages);
         return allocated;
@@ -220,6 +276,27 @@ class Engine {
     }
     slots_for(pages, first, first + tokens.size(), slots);
     return {};
+  }
+
+  // ---- tiers (tiers/tier_config.hpp, docs/tiers.md) -------------------------
+  // Starts fetching the pages of `prompt` that only storage has into the host
+  // tier, and returns: a host calls it when a request arrives, and admit()
+  // later finds them there (best_effort admissions wait for nothing).
+  Status prefetch(std::span<const std::int32_t> prompt, const AdmitOptions& options) {
+    if (!tiers_ || !tiers_->has_storage()) return failed_precondition("prefetch: the engine has no storage tier");
+    if (prompt.empty() || prompt.size() > kMaxTokens) return invalid_argument("prefetch: empty or too long prompt");
+    const std::size_t bad = detail::first_invalid_token(prompt.data(), prompt.size());
+    if (bad != prompt.size()) {
+      return invalid_argument(
+          fmt::format("prefetch: token id {} at position {} is outside [0, 2^31)", prompt[bad], bad));
+    }
+    FetchOutcome ignored;
+    fetch_from_storage(prompt, {options.cache_salt, options.adapter_id}, false, ignored);
+    return {};
+  }
+  // Waits until the tiers' copies and storage reads and writes queued so far are done.
+  void wait_for_tiers() {
+    if (tiers_) tiers_->drain();
   }
 
   // Publishes prompt + output into the cache and ends the sequence.
@@ -494,12 +571,17 @@ class Engine {
     // The tracker's and the store's own locks, taken before ours: never nested.
     const SrcMetrics src = src_.metrics();
     const SnapshotStoreMetrics store = store_ ? store_->metrics() : SnapshotStoreMetrics{};
+    const TierMetrics tiers = tiers_ ? tiers_->metrics() : TierMetrics{};
     std::lock_guard lock(mutex_);
     EngineMetrics m = metrics_;
     m.src = src;
     m.has_snapshot_store = store_ != nullptr;
     m.store = store;
+    m.has_tiers = tiers_ != nullptr;
+    if (tiers_) m.tiers = tiers;
     m.cache = tree_->metrics();
+    m.tiers.host_pages_used = m.cache.host_pages_used;
+    m.tiers.dropped_backups += m.cache.write_backs_dropped;
     m.active_sequences = static_cast<std::int64_t>(sequences_.size());
     return m;
   }
@@ -557,12 +639,64 @@ class Engine {
     return {};
   }
 
-  Engine(const EngineConfig& config, std::unique_ptr<PagedKvPool> pool)
+  Engine(const EngineConfig& config, std::unique_ptr<PagedKvPool> pool, std::unique_ptr<TierManager> tiers)
       : config_(config),
         page_size_(config.pool.page_size),
         pool_(std::move(pool)),
-        tree_(std::make_unique<RadixTree>(*pool_, config.eviction_policy, config.slru_protected_fraction)),
+        tiers_(std::move(tiers)),
+        tree_(std::make_unique<RadixTree>(*pool_, config.eviction_policy, config.slru_protected_fraction,
+                                          tiers_ ? tiers_->host_pool() : nullptr)),
         src_(config.src_gate, config.special_token_ids) {}
+
+  // Storage (L3): fetches what no tier holds of the prompt's whole pages
+  // (up to len-1 tokens), waiting as the prefetch policy says when `wait`.
+  void fetch_from_storage(std::span<const std::int32_t> prompt, const CacheNamespace& ns, bool wait,
+                          FetchOutcome& fetched) {
+    if (prompt.size() < 2 || prompt.size() > kMaxTokens) return;
+    const auto limit =
+        static_cast<std::int32_t>((prompt.size() - 1) / static_cast<std::size_t>(page_size_)) * page_size_;
+    if (limit <= 0) return;
+    std::int32_t cached = 0, host_backed = 0;
+    {
+      std::lock_guard lock(mutex_);
+      tree_->coverage(prompt, ns, cached, host_backed);
+    }
+    if (cached >= limit) return;
+    tiers_->fetch(prompt.first(static_cast<std::size_t>(limit)), ns, host_backed, wait, fetched);
+  }
+
+  // The load-back of an admission, under the lock (released while copying):
+  // the match found host_pages (host-only, ending at host_node) after the
+  // device part; they are pinned, the device end locked, and seq.pages has fresh device pages from
+  // seq.tree_pages on. On success those pages join the tree and the
+  // sequence's lock moves to the end of the loaded part; if the copy fails
+  // they are left for the host to compute.
+  void load_from_host(std::unique_lock<detail::SpinThenBlockMutex>& lock, Sequence& seq,
+                      std::span<const std::int32_t> host_pages, NodeRef host_node, const FetchOutcome& fetched,
+                      Admission& out) {
+    const std::size_t device = seq.tree_pages;
+    const std::size_t head = device + host_pages.size();
+    lock.unlock();
+    const Status loaded = tiers_->load(host_pages, std::span(seq.pages).subspan(device, host_pages.size()));
+    lock.lock();
+    InsertOutcome done;
+    if (loaded.ok() &&
+        tree_
+            ->insert(std::span(seq.tokens).first(head * static_cast<std::size_t>(page_size_)),
+                     std::span(seq.pages).first(head), seq.cache_namespace(), done, seq.priority)
+            .ok() &&
+        tree_->lock(done.node).ok()) {
+      (void)tree_->unlock(seq.locked);
+      seq.locked = done.node;
+      seq.tree_pages = head;
+      const auto begin = static_cast<std::int32_t>(device) * page_size_;
+      const auto end = static_cast<std::int32_t>(head) * page_size_;
+      out.host_tokens = end - begin;
+      out.storage_tokens = std::max(
+          0, std::min(end, fetched.first_token + fetched.fetched_tokens) - std::max(begin, fetched.first_token));
+    }
+    (void)tree_->host_unpin(host_node);
+  }
 
   std::size_t pages_for(std::size_t tokens) const {
     return (tokens + static_cast<std::size_t>(page_size_) - 1) / static_cast<std::size_t>(page_size_);
@@ -601,6 +735,7 @@ class Engine {
   const std::int32_t page_size_;
   mutable detail::SpinThenBlockMutex mutex_;
   std::unique_ptr<PagedKvPool> pool_;
+  std::unique_ptr<TierManager> tiers_;  // the host pool in it outlives tree_ (see ~Engine)
   std::unique_ptr<RadixTree> tree_;
   std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   SequenceId next_id_ = 1;

@@ -58,6 +58,9 @@ struct PagedKvPoolConfig {
   KvDType dtype = KvDType::f16;
   MemoryKind memory = MemoryKind::host;
   int device = 0;  // CUDA device for MemoryKind::device
+  // MemoryKind::host only: page-locked (cudaHostAlloc), so that copies to and
+  // from a GPU are asynchronous DMA (a host tier under a device pool).
+  bool pinned = false;
 };
 
 class PagedKvPool {
@@ -73,6 +76,8 @@ class PagedKvPool {
   ~PagedKvPool() {
     if (config_.memory == MemoryKind::device) {
       device_free(data_, config_.device);
+    } else if (config_.pinned) {
+      pinned_host_free(data_);
     } else {
       std::free(data_);
     }
@@ -85,8 +90,8 @@ class PagedKvPool {
   Status allocate(std::span<std::int32_t> out) {
     const std::size_t count = out.size();
     if (count > free_count_) {
-      return out_of_memory(fmt::format("KV pool exhausted: {} pages asked, {} free of {}", count,
-                                       free_count_, free_stack_.size()));
+      return out_of_memory(
+          fmt::format("KV pool exhausted: {} pages asked, {} free of {}", count, free_count_, free_stack_.size()));
     }
     const std::int32_t* top = free_stack_.data() + (free_count_ - count);
     for (std::size_t i = 0; i < count; ++i) {
@@ -143,8 +148,7 @@ class PagedKvPool {
   const PagedKvPoolConfig& config() const { return config_; }
   std::size_t element_bytes() const { return kv_dtype_bytes(config_.dtype); }
   std::size_t block_bytes() const {  // one of K or V, one layer, one page
-    return static_cast<std::size_t>(config_.page_size) * config_.kv_heads * config_.head_dim *
-           element_bytes();
+    return static_cast<std::size_t>(config_.page_size) * config_.kv_heads * config_.head_dim * element_bytes();
   }
   std::size_t layer_bytes() const { return 2 * block_bytes(); }
   std::size_t page_bytes() const { return layer_bytes() * static_cast<std::size_t>(config_.num_layers); }
@@ -206,7 +210,9 @@ class PagedKvPool {
 
   Status allocate_storage() {
     const std::size_t bytes = storage_bytes();
-    if (config_.memory == MemoryKind::host) {
+    if (config_.memory == MemoryKind::host && config_.pinned) {
+      CLM_RETURN_IF_ERROR(pinned_host_allocate(bytes, &data_));
+    } else if (config_.memory == MemoryKind::host) {
       constexpr std::size_t kAlign = 256;
       data_ = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
       if (!data_) return out_of_memory(fmt::format("cannot allocate {} bytes of host KV memory", bytes));

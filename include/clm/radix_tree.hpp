@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <new>
 #include <span>
@@ -77,32 +78,47 @@ struct NodeRef {
 };
 
 struct PrefixMatch {
-  std::int32_t cached_tokens = 0;   // page-aligned, <= len-1
-  NodeRef node;                     // deepest matched node (the namespace root on a miss)
+  std::int32_t cached_tokens = 0;   // page-aligned, <= len-1: the part on the device (L1)
+  NodeRef node;                     // deepest matched node on the device (the namespace root on a miss)
   std::vector<std::int32_t> pages;  // cached_tokens / page_size page ids
+  // With a host tier: the tokens after cached_tokens whose pages are only in
+  // host memory (L2), their host page ids, and the deepest such node.
+  std::int32_t host_tokens = 0;
+  std::vector<std::int32_t> host_pages;
+  NodeRef host_node;
+  // Leading tokens of the match that have a host copy (L2 or both).
+  std::int32_t host_backed_tokens = 0;
 };
 
 struct InsertOutcome {
-  std::int32_t cached_tokens = 0;  // leading tokens that were cached before the call
+  std::int32_t cached_tokens = 0;  // leading tokens that were cached (in the tier inserted into) before the call
   std::int32_t stored_tokens = 0;  // page-aligned length now cached (<= tokens.size())
   NodeRef node;                    // node that ends at stored_tokens
 };
 
 struct RadixTreeMetrics {
   std::uint64_t match_calls = 0;
-  std::uint64_t tokens_queried = 0;  // sum of match_prefix lengths
-  std::uint64_t tokens_hit = 0;      // sum of cached_tokens returned
-  std::uint64_t inserted_tokens = 0; // tokens newly stored by insert
+  std::uint64_t tokens_queried = 0;   // sum of match_prefix lengths
+  std::uint64_t tokens_hit = 0;       // sum of cached_tokens returned
+  std::uint64_t inserted_tokens = 0;  // tokens newly stored by insert
   std::uint64_t evicted_tokens = 0;
-  std::uint64_t evictions = 0;       // leaves evicted
+  std::uint64_t evictions = 0;  // leaves evicted
   std::int64_t cached_tokens = 0;
   std::int64_t evictable_tokens = 0;
   std::int64_t protected_tokens = 0;
-  std::int64_t nodes = 0;            // excluding namespace roots
+  std::int64_t nodes = 0;  // excluding namespace roots
   std::int64_t namespaces = 0;
   std::int32_t pages_used = 0;
   std::int32_t pages_free = 0;
-  std::size_t metadata_bytes = 0;    // tree bookkeeping, not KV
+  std::size_t metadata_bytes = 0;  // tree bookkeeping, not KV
+  // The host tier (L2), all zero without one.
+  std::uint64_t host_tokens_hit = 0;      // tokens matched past the device part, on the host only
+  std::uint64_t host_evicted_tokens = 0;  // host copies dropped for room
+  std::uint64_t backed_up_tokens = 0;     // tokens given a host copy (write policies, fetches)
+  std::uint64_t write_backs_dropped = 0;  // device evictions write-back could not copy (no host room, failed copy)
+  std::int64_t host_cached_tokens = 0;    // tokens with a host copy
+  std::int32_t host_pages_used = 0;
+  std::int32_t host_pages_free = 0;
   double hit_rate() const { return tokens_queried ? double(tokens_hit) / double(tokens_queried) : 0.0; }
 };
 
@@ -111,21 +127,29 @@ class RadixTree {
   // The pool must outlive the tree; the tree's page size is the pool's.
   // `slru_protected_fraction` caps SLRU's protected segment (a fraction of the
   // pool's tokens, clamped to [0, 1]); other policies ignore it.
+  //
+  // `host_pool`, when given, is the host tier (L2): a second pool of the same
+  // page size whose pages hold copies of cached pages (tiers/tier_manager.hpp). A
+  // node then lives on the device, on the host, or both; see "Tiers" below.
   explicit RadixTree(PagedKvPool& pool, EvictionPolicy policy = EvictionPolicy::lru,
-                     double slru_protected_fraction = kDefaultSlruProtectedFraction)
+                     double slru_protected_fraction = kDefaultSlruProtectedFraction, PagedKvPool* host_pool = nullptr)
       : pool_(pool),
+        host_pool_(host_pool),
+        page_words_(host_pool ? 2 : 1),
         page_size_(pool.page_size()),
         policy_(policy),
-        protected_segment_cap_(static_cast<std::int64_t>(
-            (std::isnan(slru_protected_fraction) ? kDefaultSlruProtectedFraction
-                                                 : std::clamp(slru_protected_fraction, 0.0, 1.0)) *
-            pool.num_pages() * pool.page_size())),
-        owned_pages_((static_cast<std::size_t>(pool.num_pages()) + 63) / 64, 0) {}
+        protected_segment_cap_(static_cast<std::int64_t>((std::isnan(slru_protected_fraction)
+                                                              ? kDefaultSlruProtectedFraction
+                                                              : std::clamp(slru_protected_fraction, 0.0, 1.0)) *
+                                                         pool.num_pages() * pool.page_size())),
+        owned_pages_((static_cast<std::size_t>(pool.num_pages()) + 63) / 64, 0),
+        host_owned_pages_(host_pool ? (static_cast<std::size_t>(host_pool->num_pages()) + 63) / 64 : 0, 0) {}
 
   ~RadixTree() {
     for (Node& node : nodes_) {
       if (!node.live) continue;
-      if (node.parent >= 0) (void)pool_.release({pages_of(node), page_count(node)});
+      if (node.parent >= 0 && node.on_device) (void)pool_.release({pages_of(node), page_count(node)});
+      if (node.parent >= 0 && node.on_host) (void)host_pool_->release({host_pages_of(node), page_count(node)});
       std::free(node.data);
     }
   }
@@ -135,6 +159,7 @@ class RadixTree {
   std::int32_t page_size() const { return page_size_; }
   EvictionPolicy policy() const { return policy_; }
   PagedKvPool& pool() const { return pool_; }
+  PagedKvPool* host_pool() const { return host_pool_; }
 
   // ---- match ----------------------------------------------------------------
   Status match_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns, PrefixMatch& out) {
@@ -151,20 +176,37 @@ class RadixTree {
     ++tick_;
     out.pages.clear();
     out.pages.reserve(static_cast<std::size_t>(walk.matched / page_size_));
+    out.host_pages.clear();
+    out.host_backed_tokens = 0;
+    out.host_node = NodeRef{};
+    std::int32_t device_end = path_.empty() ? end : nodes_[path_.front()].parent;  // the namespace root
+    bool host_backed = true;
+    // The path is device nodes, then host-only ones (a device node's parent is on the device).
     for (std::int32_t n : path_) {
       Node& node = nodes_[n];
-      out.pages.insert(out.pages.end(), pages_of(node), pages_of(node) + page_count(node));
       node.last_access = tick_;
       ++node.hits;
-      if (policy_ == EvictionPolicy::slru) promote_to_protected(n);
-      refresh_heap_key(n);
+      if (node.on_device) {
+        out.pages.insert(out.pages.end(), pages_of(node), pages_of(node) + page_count(node));
+        device_end = n;
+        if (policy_ == EvictionPolicy::slru) promote_to_protected(n);
+        refresh_heap_key(n);
+      } else {
+        out.host_pages.insert(out.host_pages.end(), host_pages_of(node), host_pages_of(node) + page_count(node));
+        out.host_node = ref(n);
+      }
+      host_backed = host_backed && node.on_host;
+      if (host_backed) out.host_backed_tokens += node.len;
+      refresh_host_heap(n);
     }
     if (policy_ == EvictionPolicy::slru) enforce_protected_cap();
-    out.cached_tokens = walk.matched;
-    out.node = ref(end);
+    out.cached_tokens = static_cast<std::int32_t>(out.pages.size()) * page_size_;
+    out.host_tokens = static_cast<std::int32_t>(out.host_pages.size()) * page_size_;
+    out.node = ref(device_end);
     ++metrics_.match_calls;
     metrics_.tokens_queried += static_cast<std::uint64_t>(length);
-    metrics_.tokens_hit += static_cast<std::uint64_t>(walk.matched);
+    metrics_.tokens_hit += static_cast<std::uint64_t>(out.cached_tokens);
+    metrics_.host_tokens_hit += static_cast<std::uint64_t>(out.host_tokens);
     return {};
   }
 
@@ -185,7 +227,9 @@ class RadixTree {
     }
     const Walk walk = walk_down(find_namespace(ns), tokens.data(), store_len);
     CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "insert"));
-    CLM_RETURN_IF_ERROR(take_pages(walk, pages.first(store_pages)));
+    // Matched nodes that are only on the host take the caller's pages (a load-back, or a recompute).
+    const std::int32_t device_matched = matched_on(walk, &Node::on_device);
+    CLM_RETURN_IF_ERROR(take_pages(walk, device_matched, pages.first(store_pages)));
 
     // From here on nothing can fail but the host's allocator.
     reserve_for_new_nodes(2);
@@ -206,18 +250,27 @@ class RadixTree {
       node.priority = std::max(node.priority, prio);
       refresh_protected_key(n);
       refresh_heap_key(n);
+      refresh_host_heap(n);
+    }
+    std::int32_t at = 0;
+    for (std::int32_t n : path_) {
+      if (!nodes_[n].on_device) attach_device(n, pages.data() + at / page_size_);
+      at += nodes_[n].len;
     }
     if (walk.matched < store_len) {
       end = add_leaf(end, tokens.data() + walk.matched, pages.data() + walk.matched / page_size_,
                      store_len - walk.matched, prio);
     }
-    out = InsertOutcome{walk.matched, store_len, ref(end)};
+    out = InsertOutcome{device_matched, store_len, ref(end)};
     return {};
   }
 
   // ---- locks ----------------------------------------------------------------
   Status lock(NodeRef ref) {
     CLM_RETURN_IF_ERROR(check_ref(ref, "lock"));
+    if (!nodes_[ref.index].on_device) {
+      return failed_precondition(fmt::format("lock: node {} is on the host only (load it first)", ref.index));
+    }
     ++nodes_[ref.index].own_locks;
     for (std::int32_t n = ref.index; nodes_[n].parent >= 0; n = nodes_[n].parent) {
       Node& node = nodes_[n];
@@ -241,7 +294,7 @@ class RadixTree {
       if (--node.lock_ref == 0) {
         evictable_ += node.len;
         protected_ -= node.len;
-        if (node.num_children == 0) heap_.push(n, key_of(node), heap_positions());
+        if (node.device_children == 0) heap_.push(n, key_of(node), heap_positions());
       }
     }
     if (nodes_[ref.index].parent < 0) drop_namespace_if_unused(ref.index);
@@ -278,6 +331,207 @@ class RadixTree {
     return pool_.allocate(out);
   }
 
+  // ---- tiers ----------------------------------------------------------------
+  // With a host pool, every node is on the device (L1), on the host (L2) or
+  // both. Two rules keep a match a single walk: a device node's parent is on
+  // the device, and a node with a host copy has a parent with one (the root
+  // counts as both). So the device part of any path comes first, then
+  // host-only nodes; and the host-backed part is a prefix too.
+  // - Device eviction drops a leaf's device pages; a node with a host copy
+  //   stays (host only). With set_write_back, a node without one is copied
+  //   to the host first (and its path above, for the second rule).
+  // - Host eviction (LRU) drops host copies nothing below has, that nothing
+  //   pins; a host-only node goes with its copy.
+  // - insert() lets matched host-only nodes take the caller's device pages
+  //   (a load-back); insert_host() gives matched nodes host copies and adds
+  //   host-only leaves (a backup, or pages fetched from storage).
+
+  // Takes out.size() host pages, dropping host copies (LRU) when short.
+  // out_of_memory when pinned copies leave too little room (some may have
+  // been dropped by then: they are copies).
+  Status allocate_host_pages(std::span<std::int32_t> out) {
+    if (!host_pool_) return failed_precondition("allocate_host_pages: the tree has no host tier");
+    const auto need = static_cast<std::int32_t>(std::min<std::size_t>(out.size(), INT32_MAX));
+    while (host_pool_->free_pages() < need && !host_heap_.empty()) {
+      (void)evict_host_leaf(host_heap_.pop(host_heap_positions()));
+    }
+    return host_pool_->allocate(out);
+  }
+
+  // Host copies of the pages [first_page, first_page + host_pages.size()) of
+  // `tokens`, whose earlier pages must have host copies already. Nodes that
+  // have one keep theirs (the caller's page is released as a duplicate);
+  // nodes without one take the caller's; pages past the tree become host-only
+  // leaves. The tree takes every page on success, none on failure.
+  Status insert_host(std::span<const std::int32_t> tokens, std::span<const std::int32_t> host_pages,
+                     std::int32_t first_page, const CacheNamespace& ns, InsertOutcome& out) {
+    if (!host_pool_) return failed_precondition("insert_host: the tree has no host tier");
+    CLM_RETURN_IF_ERROR(validate_length(tokens, "insert_host"));
+    if (first_page < 0 || host_pages.empty() ||
+        (static_cast<std::size_t>(first_page) + host_pages.size()) * static_cast<std::size_t>(page_size_) >
+            tokens.size()) {
+      return invalid_argument(fmt::format("insert_host: pages [{}, {}) of {} tokens are not whole pages of {}",
+                                          first_page, static_cast<std::size_t>(first_page) + host_pages.size(),
+                                          tokens.size(), page_size_));
+    }
+    const auto store_len = static_cast<std::int32_t>((static_cast<std::size_t>(first_page) + host_pages.size()) *
+                                                     static_cast<std::size_t>(page_size_));
+    const Walk walk = walk_down(find_namespace(ns), tokens.data(), store_len);
+    const std::int32_t host_matched = matched_on(walk, &Node::on_host);
+    if (host_matched < first_page * page_size_) {
+      return failed_precondition(
+          fmt::format("insert_host: only {} leading tokens have host copies, page {} starts at {}", host_matched,
+                      first_page, first_page * page_size_));
+    }
+    CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "insert_host"));
+    for (std::size_t k = 0; k < host_pages.size(); ++k) {
+      const std::int32_t p = host_pages[k];
+      if (!host_pool_->is_allocated(p) || host_owns_page(p)) {
+        for (std::size_t u = 0; u < k; ++u) set_host_owned(host_pages[u], false);
+        return invalid_argument(
+            fmt::format("insert_host: host page {} at position {} is {}", p, k,
+                        !host_pool_->is_allocated(p) ? "not allocated" : "already cached (or passed twice)"));
+      }
+      set_host_owned(p, true);
+    }
+    // From here on nothing can fail but the host's allocator.
+    reserve_for_new_nodes(2);
+    std::int32_t end = walk.node >= 0 ? walk.node : create_namespace(ns);
+    if (walk.offset < nodes_[end].len) {
+      end = split(end, walk.offset);
+      path_.back() = end;
+    }
+    std::int32_t at = 0;
+    for (std::int32_t n : path_) {
+      if (!nodes_[n].on_host) attach_host(n, host_pages.data() + (at / page_size_ - first_page));
+      at += nodes_[n].len;
+    }
+    const auto duplicates =
+        host_pages.first(static_cast<std::size_t>(std::max(0, host_matched / page_size_ - first_page)));
+    for (std::int32_t p : duplicates) set_host_owned(p, false);
+    (void)host_pool_->release(duplicates);
+    if (walk.matched < store_len) {
+      end = add_host_leaf(end, tokens.data() + walk.matched,
+                          host_pages.data() + (walk.matched / page_size_ - first_page), store_len - walk.matched);
+    }
+    out = InsertOutcome{host_matched, store_len, ref(end)};
+    return {};
+  }
+
+  // Holds a node's host copy (and so those of its path) while its host pages
+  // are read outside the tree's lock: a load-back or a write to storage.
+  Status host_pin(NodeRef ref) {
+    CLM_RETURN_IF_ERROR(check_ref(ref, "host_pin"));
+    Node& node = nodes_[ref.index];
+    if (!node.on_host || node.parent < 0) {
+      return failed_precondition(fmt::format("host_pin: node {} has no host copy", ref.index));
+    }
+    ++node.host_pins;
+    refresh_host_heap(ref.index);
+    return {};
+  }
+  Status host_unpin(NodeRef ref) {
+    CLM_RETURN_IF_ERROR(check_ref(ref, "host_unpin"));
+    Node& node = nodes_[ref.index];
+    if (node.host_pins == 0) return failed_precondition(fmt::format("host_unpin: node {} is not pinned", ref.index));
+    --node.host_pins;
+    refresh_host_heap(ref.index);
+    return {};
+  }
+
+  // How far a match of `tokens` would reach (device and host, at most len-1
+  // tokens) and how much of that has host copies. Changes nothing.
+  void coverage(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t& cached,
+                std::int32_t& host_backed) {
+    cached = host_backed = 0;
+    if (!validate_length(tokens, "coverage").ok()) return;
+    const Walk walk = walk_down(find_namespace(ns), tokens.data(), static_cast<std::int32_t>(tokens.size()) - 1);
+    cached = walk.matched;
+    host_backed = matched_on(walk, &Node::on_host);
+  }
+
+  // Pins the host copy of the node that ends exactly `length` tokens into
+  // `tokens` (splitting one there), whose pages must all have host copies:
+  // what a fetch hangs its pages below. not_found when they do not.
+  Status host_pin_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t length,
+                         NodeRef& out) {
+    if (length <= 0 || length % page_size_ != 0 || static_cast<std::size_t>(length) > tokens.size()) {
+      return invalid_argument(
+          fmt::format("host_pin_prefix: {} is not a whole number of pages of {} tokens", length, tokens.size()));
+    }
+    const Walk walk = walk_down(find_namespace(ns), tokens.data(), length);
+    if (matched_on(walk, &Node::on_host) < length) {
+      return not_found(fmt::format("host_pin_prefix: the first {} tokens have no host copies", length));
+    }
+    std::int32_t end = walk.node;
+    if (walk.offset < nodes_[end].len) end = split(end, walk.offset);
+    out = ref(end);
+    ++nodes_[end].host_pins;
+    refresh_host_heap(end);
+    return {};
+  }
+
+  // Device eviction writes nodes without a host copy back to the host first,
+  // through `copy` (device pages -> host pages, same order), when set.
+  using WriteBackCopy =
+      std::function<Status(std::span<const std::int32_t> device_pages, std::span<const std::int32_t> host_pages)>;
+  void set_write_back(WriteBackCopy copy) { write_back_copier_ = std::move(copy); }
+
+  // Nodes given host copies by write-back since the last call (for storage).
+  void take_backed_up(std::vector<NodeRef>& out) {
+    out.swap(backed_up_);
+    backed_up_.clear();
+  }
+
+  // The path of a live node: its tokens from the namespace root, its
+  // namespace, and (with host copies along all of it) its host pages.
+  Status node_path(NodeRef ref, std::vector<std::int32_t>& tokens, std::vector<std::int32_t>* host_pages,
+                   std::string& salt, std::int32_t& adapter_id) const {
+    CLM_RETURN_IF_ERROR(check_ref(ref, "node_path"));
+    std::vector<std::int32_t> chain;
+    std::int32_t n = ref.index;
+    for (; nodes_[n].parent >= 0; n = nodes_[n].parent) chain.push_back(n);
+    tokens.clear();
+    if (host_pages) host_pages->clear();
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const Node& node = nodes_[*it];
+      tokens.insert(tokens.end(), node.data, node.data + node.len);
+      if (!host_pages) continue;
+      if (!node.on_host) return failed_precondition(fmt::format("node_path: node {} has no host copy", *it));
+      host_pages->insert(host_pages->end(), host_pages_of(node), host_pages_of(node) + page_count(node));
+    }
+    const RootName& name = root_names_.at(n);
+    salt = *name.salt;
+    adapter_id = name.adapter_id;
+    return {};
+  }
+
+  // The deepest nodes of `ref`'s path (from the top, up to `ref`) that are on
+  // the device without a host copy and were hit at least `min_hits` times:
+  // what a write-through backs up. Returns their first page in the path and
+  // their device pages; the caller locks `ref` while it copies.
+  void backup_candidates(NodeRef ref, std::uint32_t min_hits, std::int32_t& first_page, NodeRef& last,
+                         std::vector<std::int32_t>& device_pages) const {
+    device_pages.clear();
+    last = NodeRef{};
+    first_page = 0;
+    if (!host_pool_ || !check_ref(ref, "backup").ok()) return;
+    std::vector<std::int32_t> chain;
+    for (std::int32_t n = ref.index; nodes_[n].parent >= 0; n = nodes_[n].parent) chain.push_back(n);
+    std::int32_t at = 0;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const Node& node = nodes_[*it];
+      if (node.on_host) {
+        at += node.len;
+        continue;
+      }
+      if (!node.on_device || node.hits < min_hits) break;
+      if (device_pages.empty()) first_page = at / page_size_;
+      device_pages.insert(device_pages.end(), pages_of(node), pages_of(node) + page_count(node));
+      last = this->ref(*it);
+    }
+  }
+
   // ---- inspection -----------------------------------------------------------
   std::int64_t cached_tokens() const { return cached_; }
   std::int64_t evictable_tokens() const { return evictable_; }
@@ -296,6 +550,9 @@ class RadixTree {
     m.pages_used = pool_.used_pages();
     m.pages_free = pool_.free_pages();
     m.metadata_bytes = metadata_bytes();
+    m.host_cached_tokens = host_cached_;
+    m.host_pages_used = host_pool_ ? host_pool_->used_pages() : 0;
+    m.host_pages_free = host_pool_ ? host_pool_->free_pages() : 0;
     return m;
   }
 
@@ -316,8 +573,11 @@ class RadixTree {
       }
     }
     return nodes_.capacity() * sizeof(Node) + free_nodes_.capacity() * sizeof(std::int32_t) + block_bytes_ +
-           edges_.memory_bytes() + heap_.memory_bytes() + protected_heap_.memory_bytes() + owned_pages_.capacity() * sizeof(std::uint64_t) +
-           path_.capacity() * sizeof(std::int32_t) + scratch_.capacity() * sizeof(std::int32_t) + namespace_bytes;
+           edges_.memory_bytes() + heap_.memory_bytes() + protected_heap_.memory_bytes() +
+           owned_pages_.capacity() * sizeof(std::uint64_t) + host_heap_.memory_bytes() +
+           host_owned_pages_.capacity() * sizeof(std::uint64_t) + backed_up_.capacity() * sizeof(NodeRef) +
+           host_scratch_.capacity() * sizeof(std::int32_t) + path_.capacity() * sizeof(std::int32_t) +
+           scratch_.capacity() * sizeof(std::int32_t) + namespace_bytes;
   }
 
   // Recomputes every derived quantity from scratch and compares (for tests):
@@ -331,15 +591,21 @@ class RadixTree {
     std::int32_t len = 0;          // tokens, a multiple of page_size
     std::int32_t parent = -1;      // -1: a namespace root
     std::int32_t num_children = 0;
-    std::int32_t lock_ref = 0;     // locks on this node and its descendants
-    std::int32_t own_locks = 0;    // locks taken on this node itself
+    std::int32_t lock_ref = 0;   // locks on this node and its descendants
+    std::int32_t own_locks = 0;  // locks taken on this node itself
     std::int32_t heap_pos = detail::EvictionHeap::kAbsent;
     std::int32_t protected_pos = detail::EvictionHeap::kAbsent;  // SLRU's protected segment
     std::uint32_t generation = 1;
     std::uint32_t hits = 0;
     std::uint64_t last_access = 0;
+    std::int32_t device_children = 0;  // children on the device
+    std::int32_t host_children = 0;    // children with a host copy
+    std::int32_t host_pins = 0;        // readers of its host pages (copies in flight)
+    std::int32_t host_heap_pos = detail::EvictionHeap::kAbsent;
     std::uint8_t priority = 0;
     bool live = false;
+    bool on_device = true;  // pages_of() are pool pages the tree holds
+    bool on_host = false;   // host_pages_of() are host-pool pages the tree holds
   };
   struct HeapPositions {
     std::vector<Node>* nodes;
@@ -360,10 +626,78 @@ class RadixTree {
     std::vector<Node>* nodes;
     std::int32_t& operator[](std::int32_t n) const { return (*nodes)[static_cast<std::size_t>(n)].protected_pos; }
   };
+  struct HostHeapPositions {
+    std::vector<Node>* nodes;
+    std::int32_t& operator[](std::int32_t n) const { return (*nodes)[static_cast<std::size_t>(n)].host_heap_pos; }
+  };
   HeapPositions heap_positions() { return HeapPositions{&nodes_}; }
+  HostHeapPositions host_heap_positions() { return HostHeapPositions{&nodes_}; }
   ProtectedPositions protected_positions() { return ProtectedPositions{&nodes_}; }
   static bool in_protected_segment(const Node& node) { return node.protected_pos != detail::EvictionHeap::kAbsent; }
   std::int32_t* pages_of(const Node& node) const { return node.data + node.len; }
+  std::int32_t* host_pages_of(const Node& node) const { return node.data + node.len + page_count(node); }
+  // Tokens of the last walk's nodes (from the top) that have `tier`.
+  std::int32_t matched_on(const Walk& walk, bool Node::*tier) const {
+    std::int32_t matched = 0;
+    for (std::int32_t n : path_) {
+      if (!(nodes_[n].*tier)) break;
+      matched += n == walk.node ? walk.offset : nodes_[n].len;
+    }
+    return matched;
+  }
+  // A host-tier eviction candidate: a host copy no other host copy hangs
+  // below, that nothing is reading.
+  static bool host_evictable(const Node& node) {
+    return node.parent >= 0 && node.on_host && node.host_children == 0 && node.host_pins == 0;
+  }
+  void refresh_host_heap(std::int32_t n) {
+    if (!host_pool_) return;
+    const Node& node = nodes_[n];
+    const bool member = node.host_heap_pos != detail::EvictionHeap::kAbsent;
+    if (host_evictable(node)) {
+      if (member) {
+        host_heap_.update(n, node.last_access, host_heap_positions());
+      } else {
+        host_heap_.push(n, node.last_access, host_heap_positions());
+      }
+    } else if (member) {
+      host_heap_.remove(n, host_heap_positions());
+    }
+  }
+  void set_host_owned(std::int32_t page, bool owned) {
+    std::uint64_t& word = host_owned_pages_[static_cast<std::size_t>(page) >> 6];
+    const std::uint64_t bit = std::uint64_t{1} << (page & 63);
+    word = owned ? (word | bit) : (word & ~bit);
+  }
+  bool host_owns_page(std::int32_t page) const {
+    return host_pool_ && host_pool_->valid_id(page) &&
+           (host_owned_pages_[static_cast<std::size_t>(page) >> 6] >> (page & 63) & 1);
+  }
+
+  // A host-only node takes device pages (owned already): it is on both tiers.
+  void attach_device(std::int32_t n, const std::int32_t* pages) {
+    Node& node = nodes_[n];
+    std::copy_n(pages, page_count(node), pages_of(node));
+    node.on_device = true;
+    cached_ += node.len;
+    evictable_ += node.len;  // a host-only node is never locked
+    metrics_.inserted_tokens += static_cast<std::uint64_t>(node.len);
+    Node& up = nodes_[node.parent];
+    if (up.heap_pos != detail::EvictionHeap::kAbsent) heap_.remove(node.parent, heap_positions());
+    ++up.device_children;
+    if (node.device_children == 0) heap_.push(n, key_of(node), heap_positions());
+  }
+  // A device-only node takes host pages (owned already).
+  void attach_host(std::int32_t n, const std::int32_t* host_pages) {
+    Node& node = nodes_[n];
+    std::copy_n(host_pages, page_count(node), host_pages_of(node));
+    node.on_host = true;
+    host_cached_ += node.len;
+    metrics_.backed_up_tokens += static_cast<std::uint64_t>(node.len);
+    ++nodes_[node.parent].host_children;
+    refresh_host_heap(node.parent);
+    refresh_host_heap(n);
+  }
   std::size_t page_count(const Node& node) const { return static_cast<std::size_t>(node.len / page_size_); }
   std::uint64_t key_of(const Node& node) const {
     return eviction_key(policy_, node.last_access, node.hits, node.priority, in_protected_segment(node));
@@ -394,8 +728,8 @@ class RadixTree {
   Status check_ref(NodeRef r, const char* what) const {
     if (r.index < 0 || static_cast<std::size_t>(r.index) >= nodes_.size() || !nodes_[r.index].live ||
         nodes_[r.index].generation != r.generation) {
-      return not_found(fmt::format("{}: node handle ({}, {}) does not name a live node (evicted?)", what, r.index,
-                                   r.generation));
+      return not_found(
+          fmt::format("{}: node handle ({}, {}) does not name a live node (evicted?)", what, r.index, r.generation));
     }
     return {};
   }
@@ -461,8 +795,8 @@ class RadixTree {
   // pages of the already-cached part that are not the tree's own are
   // duplicates, released (and replaced by the tree's ids in `pages`); the rest
   // become the tree's. Changes nothing when it fails.
-  Status take_pages(const Walk& walk, std::span<std::int32_t> pages) {
-    const std::size_t cached_pages = static_cast<std::size_t>(walk.matched / page_size_);
+  Status take_pages(const Walk& walk, std::int32_t device_matched, std::span<std::int32_t> pages) {
+    const std::size_t cached_pages = static_cast<std::size_t>(device_matched / page_size_);
     // Usually the caller passes back the pages its match returned: one memcmp
     // per node finds that, and there is nothing to release or copy.
     bool has_duplicates = false;
@@ -478,8 +812,7 @@ class RadixTree {
           if (p == tree_pages[j]) continue;
           if (!pool_.is_allocated(p) || owns_page(p)) {
             bad = invalid_argument(fmt::format("insert: page {} at position {} is {}", p, at + j,
-                                               owns_page(p) ? "already cached under another prefix"
-                                                            : "not allocated"));
+                                               owns_page(p) ? "already cached under another prefix" : "not allocated"));
           }
           scratch_.push_back(p);
         }
@@ -490,9 +823,9 @@ class RadixTree {
       const std::int32_t p = pages[k];
       if (!pool_.is_allocated(p) || owns_page(p)) {
         for (std::size_t u = cached_pages; u < k; ++u) set_owned(pages[u], false);
-        return invalid_argument(fmt::format("insert: page {} at position {} is {}", p, k,
-                                            !pool_.is_allocated(p) ? "not allocated"
-                                                                   : "already cached (or passed twice)"));
+        return invalid_argument(
+            fmt::format("insert: page {} at position {} is {}", p, k,
+                        !pool_.is_allocated(p) ? "not allocated" : "already cached (or passed twice)"));
       }
       set_owned(p, true);
     }
@@ -513,12 +846,13 @@ class RadixTree {
   }
 
   // Calls fn(position in the caller's page table, the tree's page ids, count)
-  // for each node of the last walk, over the part the walk matched.
+  // for each device node of the last walk, over the part the walk matched.
   template <class Fn>
   void for_each_cached_run(const Walk& walk, Fn&& fn) const {
     std::size_t at = 0;
     for (std::int32_t n : path_) {
       const Node& node = nodes_[n];
+      if (!node.on_device) break;  // host-only nodes follow the device ones
       const auto count = static_cast<std::size_t>((n == walk.node ? walk.offset : node.len) / page_size_);
       fn(at, pages_of(node), count);
       at += count;
@@ -556,6 +890,7 @@ class RadixTree {
       protected_segment_tokens_ -= nodes_[n].len;
       nodes_[n].last_access = tick_;
       refresh_heap_key(n);
+      refresh_host_heap(n);
     }
   }
 
@@ -607,7 +942,8 @@ class RadixTree {
   }
 
   std::int32_t* allocate_block(std::int32_t tokens) {
-    const std::size_t words = static_cast<std::size_t>(tokens) + static_cast<std::size_t>(tokens / page_size_);
+    const std::size_t words =
+        static_cast<std::size_t>(tokens) + page_words_ * static_cast<std::size_t>(tokens / page_size_);
     auto* block = static_cast<std::int32_t*>(std::malloc(words * sizeof(std::int32_t)));
     if (!block) throw std::bad_alloc();
     block_bytes_ += block_size(block);
@@ -628,8 +964,10 @@ class RadixTree {
     const std::int32_t old_len = node.len;
     const std::int32_t rest = old_len - offset;
     std::memcpy(prefix, node.data, static_cast<std::size_t>(offset) * sizeof(std::int32_t));
-    std::memcpy(prefix + offset, pages_of(node),
-                static_cast<std::size_t>(offset / page_size_) * sizeof(std::int32_t));
+    const auto prefix_pages = static_cast<std::size_t>(offset / page_size_);
+    std::memcpy(prefix + offset, pages_of(node), prefix_pages * sizeof(std::int32_t));
+    if (host_pool_)
+      std::memcpy(prefix + offset + prefix_pages, host_pages_of(node), prefix_pages * sizeof(std::int32_t));
     mid.data = prefix;
     mid.len = offset;
     mid.parent = node.parent;
@@ -638,16 +976,26 @@ class RadixTree {
     mid.hits = node.hits;
     mid.last_access = node.last_access;
     mid.priority = node.priority;
+    // Both halves keep the node's tiers; its host pins stay below, where they protect mid too.
+    mid.on_device = node.on_device;
+    mid.on_host = node.on_host;
+    mid.device_children = node.on_device ? 1 : 0;
+    mid.host_children = node.on_host ? 1 : 0;
     if (in_protected_segment(node)) protected_heap_.push(m, mid.last_access, protected_positions());
     edges_.replace(edge_key_of(node), n, m);
 
     // The suffix moves to the front of n's own block, which then shrinks.
     std::int32_t* data = node.data;
+    const auto old_pages = static_cast<std::size_t>(old_len / page_size_);
+    const auto rest_pages = static_cast<std::size_t>(rest / page_size_);
     std::memmove(data, data + offset, static_cast<std::size_t>(rest) * sizeof(std::int32_t));
-    std::memmove(data + rest, data + old_len + offset / page_size_,
-                 static_cast<std::size_t>(rest / page_size_) * sizeof(std::int32_t));
+    std::memmove(data + rest, data + old_len + prefix_pages, rest_pages * sizeof(std::int32_t));
+    if (host_pool_) {
+      std::memmove(data + rest + rest_pages, data + old_len + old_pages + prefix_pages,
+                   rest_pages * sizeof(std::int32_t));
+    }
     block_bytes_ -= block_size(data);
-    const std::size_t words = static_cast<std::size_t>(rest + rest / page_size_);
+    const std::size_t words = static_cast<std::size_t>(rest) + page_words_ * rest_pages;
     if (auto* shrunk = static_cast<std::int32_t*>(std::realloc(data, words * sizeof(std::int32_t)))) data = shrunk;
     block_bytes_ += block_size(data);
     node.data = data;
@@ -672,6 +1020,7 @@ class RadixTree {
     Node& up = nodes_[parent];
     if (up.heap_pos != detail::EvictionHeap::kAbsent) heap_.remove(parent, heap_positions());
     ++up.num_children;
+    ++up.device_children;
     edges_.insert(edge_key_of(leaf), n);
     heap_.push(n, key_of(leaf), heap_positions());
     cached_ += len;
@@ -680,18 +1029,97 @@ class RadixTree {
     return n;
   }
 
+  std::int32_t add_host_leaf(std::int32_t parent, const std::int32_t* tokens, const std::int32_t* host_pages,
+                             std::int32_t len) {
+    std::int32_t* block = allocate_block(len);
+    const std::int32_t n = new_node();
+    Node& leaf = nodes_[n];
+    const auto pages = static_cast<std::size_t>(len / page_size_);
+    std::memcpy(block, tokens, static_cast<std::size_t>(len) * sizeof(std::int32_t));
+    std::fill_n(block + len, pages, -1);  // no device pages
+    std::memcpy(block + len + pages, host_pages, pages * sizeof(std::int32_t));
+    leaf.data = block;
+    leaf.len = len;
+    leaf.parent = parent;
+    leaf.last_access = tick_;
+    leaf.on_device = false;
+    leaf.on_host = true;
+    ++nodes_[parent].num_children;
+    ++nodes_[parent].host_children;
+    edges_.insert(edge_key_of(leaf), n);
+    refresh_host_heap(parent);
+    refresh_host_heap(n);
+    host_cached_ += len;
+    metrics_.backed_up_tokens += static_cast<std::uint64_t>(len);
+    return n;
+  }
+
+  // Write-back: copies device leaf n, and the nodes above it that have no host
+  // copy, to the host. False (nothing changed) when the host has no room or
+  // the copy fails: n is then evicted without a copy.
+  bool back_up_path(std::int32_t n) {
+    std::vector<std::int32_t> chain;  // bottom-up
+    std::int32_t anchor = n;
+    for (; nodes_[anchor].parent >= 0 && !nodes_[anchor].on_host; anchor = nodes_[anchor].parent)
+      chain.push_back(anchor);
+    std::size_t count = 0;
+    for (std::int32_t c : chain) count += page_count(nodes_[c]);
+    host_scratch_.resize(count);
+    const bool pin = nodes_[anchor].parent >= 0;  // making room must not drop the copy we hang below
+    if (pin) {
+      ++nodes_[anchor].host_pins;
+      refresh_host_heap(anchor);
+    }
+    const Status room = allocate_host_pages(host_scratch_);
+    if (pin) {
+      --nodes_[anchor].host_pins;
+      refresh_host_heap(anchor);
+    }
+    if (!room.ok()) {
+      ++metrics_.write_backs_dropped;
+      return false;
+    }
+    device_scratch_.clear();
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const Node& node = nodes_[*it];
+      device_scratch_.insert(device_scratch_.end(), pages_of(node), pages_of(node) + page_count(node));
+    }
+    if (!write_back_copier_(device_scratch_, host_scratch_).ok()) {
+      (void)host_pool_->release(host_scratch_);
+      ++metrics_.write_backs_dropped;
+      return false;
+    }
+    std::size_t at = 0;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const std::size_t pages = page_count(nodes_[*it]);
+      for (std::size_t j = 0; j < pages; ++j) set_host_owned(host_scratch_[at + j], true);
+      attach_host(*it, host_scratch_.data() + at);
+      at += pages;
+    }
+    backed_up_.push_back(ref(n));
+    return true;
+  }
+
+  // Drops a device leaf's pages. A node with a host copy stays (on the host
+  // only); one without is written back first when the policy says so, or goes.
   std::int64_t evict_leaf(std::int32_t n) {
+    if (!nodes_[n].on_host && host_pool_ && write_back_copier_) (void)back_up_path(n);
     Node& node = nodes_[n];
     const std::int32_t len = node.len;
     const std::int32_t* pages = pages_of(node);
     for (std::size_t j = 0; j < page_count(node); ++j) set_owned(pages[j], false);
     (void)pool_.release({pages, page_count(node)});  // the tree's own references: always valid
-    edges_.erase(edge_key_of(node), n);
     leave_protected_segment(n);
     const std::int32_t parent = node.parent;
-    free_node(n);
+    if (node.on_host) {
+      node.on_device = false;
+    } else {  // a full leaf: host-only children need a host parent
+      edges_.erase(edge_key_of(node), n);
+      free_node(n);
+      --nodes_[parent].num_children;
+    }
     Node& up = nodes_[parent];
-    if (--up.num_children == 0 && up.lock_ref == 0 && up.parent >= 0) {
+    if (--up.device_children == 0 && up.lock_ref == 0 && up.parent >= 0) {
       heap_.push(parent, key_of(up), heap_positions());
     }
     if (up.parent < 0) drop_namespace_if_unused(parent);
@@ -702,7 +1130,32 @@ class RadixTree {
     return len;
   }
 
+  // Drops a host copy: a node on both tiers stays on the device; a host-only
+  // node (no children: they would have host copies) goes.
+  std::int64_t evict_host_leaf(std::int32_t n) {
+    Node& node = nodes_[n];
+    const std::int32_t len = node.len;
+    const std::int32_t* pages = host_pages_of(node);
+    for (std::size_t j = 0; j < page_count(node); ++j) set_host_owned(pages[j], false);
+    (void)host_pool_->release({pages, page_count(node)});
+    node.on_host = false;
+    const std::int32_t parent = node.parent;
+    if (!node.on_device) {
+      edges_.erase(edge_key_of(node), n);
+      free_node(n);
+      --nodes_[parent].num_children;
+    }
+    --nodes_[parent].host_children;
+    refresh_host_heap(parent);
+    if (nodes_[parent].parent < 0) drop_namespace_if_unused(parent);
+    host_cached_ -= len;
+    metrics_.host_evicted_tokens += static_cast<std::uint64_t>(len);
+    return len;
+  }
+
   PagedKvPool& pool_;
+  PagedKvPool* const host_pool_;
+  const std::size_t page_words_;  // page-id arrays per node block: device, and host with a host tier
   const std::int32_t page_size_;
   const EvictionPolicy policy_;
   std::vector<Node> nodes_;
@@ -712,7 +1165,14 @@ class RadixTree {
   detail::EvictionHeap protected_heap_;  // SLRU: protected nodes by last access
   const std::int64_t protected_segment_cap_;
   std::int64_t protected_segment_tokens_ = 0;
-  std::vector<std::uint64_t> owned_pages_;  // bit per pool page: held by the tree
+  std::vector<std::uint64_t> owned_pages_;       // bit per pool page: held by the tree
+  std::vector<std::uint64_t> host_owned_pages_;  // bit per host-pool page: held by the tree
+  detail::EvictionHeap host_heap_;               // host copies that may go, by last access
+  std::int64_t host_cached_ = 0;
+  WriteBackCopy write_back_copier_;
+  std::vector<NodeRef> backed_up_;
+  std::vector<std::int32_t> host_scratch_;                  // scratch: a write-back's host pages
+  std::vector<std::int32_t> device_scratch_;                // scratch: a write-back's device pages
   std::unordered_map<std::int32_t, SaltIndex> namespaces_;  // adapter id -> salt -> root
   struct RootName {
     std::int32_t adapter_id;
@@ -735,18 +1195,46 @@ inline Status RadixTree::check_invariants() const {
   auto broken = [](std::string what) { return Status(StatusCode::internal, "radix tree invariant: " + what); };
   std::vector<std::int32_t> lock_from_children(nodes_.size(), 0);
   std::vector<std::int32_t> children(nodes_.size(), 0);
-  std::int64_t cached = 0, evictable = 0, locked = 0, live = 0;
-  std::size_t owned_pages = 0;
+  std::vector<std::int32_t> device_children(nodes_.size(), 0);
+  std::vector<std::int32_t> host_children(nodes_.size(), 0);
+  std::int64_t cached = 0, evictable = 0, locked = 0, live = 0, host_cached = 0;
+  std::size_t owned_pages = 0, host_owned = 0;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const Node& node = nodes_[i];
     if (!node.live) continue;
     ++live;
-    if (node.parent < 0) continue;
+    if (node.parent < 0) {
+      if (!node.on_device || node.on_host) return broken(fmt::format("root {} has tiers", i));
+      continue;
+    }
     const Node& up = nodes_[node.parent];
     if (!up.live) return broken(fmt::format("node {} has a dead parent", i));
     ++children[node.parent];
+    device_children[node.parent] += node.on_device;
+    host_children[node.parent] += node.on_host;
     lock_from_children[node.parent] += node.lock_ref;
     if (node.len <= 0 || node.len % page_size_) return broken(fmt::format("node {} has length {}", i, node.len));
+    if (!node.on_device && !node.on_host) return broken(fmt::format("node {} is on no tier", i));
+    if (node.on_host && !host_pool_) return broken(fmt::format("node {} has a host copy without a host tier", i));
+    if (node.on_device && !up.on_device) return broken(fmt::format("device node {} under a host-only node", i));
+    if (node.on_host && up.parent >= 0 && !up.on_host) {
+      return broken(fmt::format("host copy of node {} under a node without one", i));
+    }
+    if (!node.on_device && node.lock_ref != 0) return broken(fmt::format("host-only node {} is locked", i));
+    if (node.host_pins < 0 || (node.host_pins > 0 && !node.on_host)) return broken(fmt::format("node {} pins", i));
+    if (node.on_host) {
+      host_cached += node.len;
+      for (std::size_t j = 0; j < page_count(node); ++j) {
+        const std::int32_t p = host_pages_of(node)[j];
+        if (!host_owns_page(p) || !host_pool_->is_allocated(p)) {
+          return broken(fmt::format("host page {} of node {} not held", p, i));
+        }
+        ++host_owned;
+      }
+    }
+    const bool host_member = node.host_heap_pos != detail::EvictionHeap::kAbsent;
+    if (host_member != host_evictable(node)) return broken(fmt::format("node {} host heap membership", i));
+    if (!node.on_device) continue;
     cached += node.len;
     (node.lock_ref > 0 ? locked : evictable) += node.len;
     for (std::size_t j = 0; j < page_count(node); ++j) {
@@ -763,18 +1251,37 @@ inline Status RadixTree::check_invariants() const {
   }
   std::size_t owned_bits = 0;
   for (std::uint64_t word : owned_pages_) owned_bits += static_cast<std::size_t>(__builtin_popcountll(word));
-  if (owned_bits != owned_pages) return broken(fmt::format("{} pages marked owned, {} in nodes", owned_bits, owned_pages));
+  if (owned_bits != owned_pages)
+    return broken(fmt::format("{} pages marked owned, {} in nodes", owned_bits, owned_pages));
+  std::size_t host_bits = 0;
+  for (std::uint64_t word : host_owned_pages_) host_bits += static_cast<std::size_t>(__builtin_popcountll(word));
+  if (host_bits != host_owned)
+    return broken(fmt::format("{} host pages marked owned, {} in nodes", host_bits, host_owned));
+  if (host_cached != host_cached_) return broken(fmt::format("host cached {} vs {}", host_cached, host_cached_));
+  std::size_t host_in_heap = 0;
+  for (const Node& node : nodes_) host_in_heap += node.live && host_evictable(node);
+  if (host_in_heap != host_heap_.size()) return broken("host heap size");
+  if (!host_heap_.well_formed(HostHeapPositions{const_cast<std::vector<Node>*>(&nodes_)}))
+    return broken("host heap order");
+  bool host_keys_current = true;
+  host_heap_.for_each([&](std::int32_t n, std::uint64_t key) {
+    host_keys_current = host_keys_current && key == nodes_[n].last_access;
+  });
+  if (!host_keys_current) return broken("stale host heap key");
   if (edges_.size() != static_cast<std::size_t>(live - namespace_count_)) return broken("edge count");
   std::size_t in_heap = 0;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const Node& node = nodes_[i];
     if (!node.live) continue;
-    if (children[i] != node.num_children) return broken(fmt::format("node {} child count", i));
+    if (children[i] != node.num_children || device_children[i] != node.device_children ||
+        host_children[i] != node.host_children) {
+      return broken(fmt::format("node {} child counts", i));
+    }
     if (node.parent >= 0 && node.lock_ref != node.own_locks + lock_from_children[i]) {
       return broken(fmt::format("node {} lock_ref {} != own {} + children {}", i, node.lock_ref, node.own_locks,
                                 lock_from_children[i]));
     }
-    const bool evictable_leaf = node.parent >= 0 && node.num_children == 0 && node.lock_ref == 0;
+    const bool evictable_leaf = node.parent >= 0 && node.on_device && node.device_children == 0 && node.lock_ref == 0;
     if (evictable_leaf != (node.heap_pos != detail::EvictionHeap::kAbsent)) {
       return broken(fmt::format("node {} heap membership", i));
     }

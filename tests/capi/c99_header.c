@@ -82,6 +82,18 @@ C99_STATIC_ASSERT(offsetof(clm_engine_options, snapshot_store_path) >=
                   engine_options_v3_appended);
 C99_STATIC_ASSERT(offsetof(clm_metrics, store_lookups) >= offsetof(clm_metrics, src_injections) + sizeof(uint64_t),
                   metrics_v3_appended);
+/* Version 4 (the tiers) appends too. */
+C99_STATIC_ASSERT(offsetof(clm_engine_options, host_pages) >=
+                      offsetof(clm_engine_options, snapshot_lookup_timeout_us) + sizeof(int32_t),
+                  engine_options_v4_appended);
+C99_STATIC_ASSERT(offsetof(clm_metrics, has_tiers) >= offsetof(clm_metrics, has_snapshot_store) + sizeof(int32_t),
+                  metrics_v4_appended);
+#if CLM_WRITE_THROUGH != 0 || CLM_WRITE_THROUGH_SELECTIVE != 1 || CLM_WRITE_BACK != 2
+#error "CLM_WRITE_* changed"
+#endif
+#if CLM_PREFETCH_BEST_EFFORT != 0 || CLM_PREFETCH_WAIT_COMPLETE != 1 || CLM_PREFETCH_TIMEOUT != 2
+#error "CLM_PREFETCH_* changed"
+#endif
 /* clm_snapshot_hit is an array element with no struct_size: its layout is fixed. */
 C99_STATIC_ASSERT(offsetof(clm_snapshot_hit, fingerprint) == 16, snapshot_hit_fingerprint_at_16);
 C99_STATIC_ASSERT(offsetof(clm_snapshot_hit, key) == 56, snapshot_hit_key_at_56);
@@ -128,6 +140,14 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i64 = &eo->snapshot_min_usage;
   f32 = &eo->snapshot_version_cosine;
   f32 = &eo->snapshot_similarity_floor;
+  i32 = &eo->host_pages;
+  i32 = &eo->write_policy;
+  str = &eo->storage_url;
+  i32 = &eo->prefetch_policy;
+  f64 = &eo->prefetch_timeout_ms;
+  f64 = &eo->prefetch_timeout_per_1k_tokens_ms;
+  i32 = &eo->storage_workers;
+  i32 = &eo->storage_batch_pages;
   i32 = &eo->snapshot_ann_ef_search;
   i32 = &eo->snapshot_lookup_timeout_us;
 
@@ -197,6 +217,25 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i64 = &m->store_snapshots;
   i64 = &m->store_blacklisted_keys;
   i32 = &m->has_snapshot_store;
+  i32 = &m->has_tiers;
+  i32 = &m->has_storage;
+  u64 = &m->device_hit_tokens;
+  u64 = &m->host_hit_tokens;
+  u64 = &m->storage_hit_tokens;
+  u64 = &m->load_backs;
+  u64 = &m->loaded_pages;
+  u64 = &m->backed_up_pages;
+  u64 = &m->stored_pages;
+  u64 = &m->fetched_pages;
+  u64 = &m->prefetch_timeouts;
+  u64 = &m->storage_errors;
+  u64 = &m->dropped_backups;
+  i64 = &m->host_cached_tokens;
+  i64 = &m->host_pages_used;
+  i64 = &m->host_pages_total;
+  u64 = &m->storage_corrupt_pages;
+  u64 = &m->storage_dropped_writes;
+  u64 = &m->storage_evicted_pages;
 
   f32 = &sd->score;
   f32 = &sd->threshold;
@@ -251,6 +290,11 @@ static clm_status (*const p_seq_finish)(clm_seq *) = clm_seq_finish;
 static clm_status (*const p_seq_abort)(clm_seq *) = clm_seq_abort;
 static void (*const p_seq_free)(clm_seq *) = clm_seq_free;
 static int32_t (*const p_seq_cached_tokens)(const clm_seq *) = clm_seq_cached_tokens;
+static int32_t (*const p_seq_host_tokens)(const clm_seq *) = clm_seq_host_tokens;
+static int32_t (*const p_seq_storage_tokens)(const clm_seq *) = clm_seq_storage_tokens;
+static clm_status (*const p_engine_prefetch)(clm_engine *, const int32_t *, size_t, const clm_admit_options *) =
+    clm_engine_prefetch;
+static clm_status (*const p_engine_wait_for_tiers)(clm_engine *) = clm_engine_wait_for_tiers;
 static const int32_t *(*const p_seq_page_table)(const clm_seq *, size_t *) = clm_seq_page_table;
 static const int64_t *(*const p_seq_slots)(const clm_seq *, size_t *) = clm_seq_slots;
 static clm_status (*const p_engine_batch_page_table)(int32_t *, int32_t *, size_t, size_t *, int32_t *, clm_engine *,
@@ -405,6 +449,10 @@ int main(void) {
   admit.cache_salt_len = 3;
   if ((s = p_engine_admit(&seq, engine, prompt, 5, &admit)) != CLM_OK) return fail("engine_admit", s);
   if (p_seq_cached_tokens(seq) != 0) return fail("seq_cached_tokens", CLM_ERR_INTERNAL);
+  if (p_seq_host_tokens(seq) != 0 || p_seq_storage_tokens(seq) != 0) return fail("seq sources", CLM_ERR_INTERNAL);
+  /* No tiers here: a prefetch is refused, and there is nothing to wait for. */
+  if ((s = p_engine_prefetch(engine, prompt, 5, &admit)) != CLM_ERR_FAILED_PRECONDITION) return fail("prefetch", s);
+  if ((s = p_engine_wait_for_tiers(engine)) != CLM_OK) return fail("wait_for_tiers", s);
   pages = p_seq_page_table(seq, &n_pages);
   slots = p_seq_slots(seq, &n_slots);
   if (!pages || n_pages != 2 || !slots || n_slots != 5) return fail("page table / slots", CLM_ERR_INTERNAL);

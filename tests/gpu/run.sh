@@ -68,7 +68,10 @@ if [ -f "$deps_archive" ]; then
   # Every package named outright: a system without Debian's multiarch layout would not search lib/x86_64-linux-gnu.
   dep_flags=(-DCMAKE_PREFIX_PATH="$usr" -DEigen3_DIR="$usr/share/eigen3/cmake" -Dfmt_DIR="$arch_lib/cmake/fmt"
              -DCatch2_DIR="$usr/lib/cmake/Catch2" -DSQLite3_INCLUDE_DIR="$usr/include"
-             -DSQLite3_LIBRARY="$arch_lib/libsqlite3.so" -DHNSWLIB_INCLUDE_DIR="$usr/include")
+             -DSQLite3_LIBRARY="$arch_lib/libsqlite3.so" -DHNSWLIB_INCLUDE_DIR="$usr/include"
+             -DOPENSSL_ROOT_DIR="$usr" -DOPENSSL_INCLUDE_DIR="$usr/include"
+             -DOPENSSL_CRYPTO_LIBRARY="$arch_lib/libcrypto.so" -DOPENSSL_SSL_LIBRARY="$arch_lib/libssl.so"
+             -DHIREDIS_INCLUDE_DIR="$usr/include" -DHIREDIS_LIBRARY="$arch_lib/libhiredis.so")
 fi
 generator=()
 if ! command -v make >/dev/null 2>&1 && command -v ninja >/dev/null 2>&1; then

@@ -50,6 +50,14 @@ int main(void) {
   FIELD(clm_engine_options, snapshot_similarity_floor);
   FIELD(clm_engine_options, snapshot_ann_ef_search);
   FIELD(clm_engine_options, snapshot_lookup_timeout_us);
+  FIELD(clm_engine_options, host_pages);
+  FIELD(clm_engine_options, write_policy);
+  FIELD(clm_engine_options, storage_url);
+  FIELD(clm_engine_options, prefetch_policy);
+  FIELD(clm_engine_options, prefetch_timeout_ms);
+  FIELD(clm_engine_options, prefetch_timeout_per_1k_tokens_ms);
+  FIELD(clm_engine_options, storage_workers);
+  FIELD(clm_engine_options, storage_batch_pages);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);
@@ -117,6 +125,25 @@ int main(void) {
   FIELD(clm_metrics, store_snapshots);
   FIELD(clm_metrics, store_blacklisted_keys);
   FIELD(clm_metrics, has_snapshot_store);
+  FIELD(clm_metrics, has_tiers);
+  FIELD(clm_metrics, has_storage);
+  FIELD(clm_metrics, device_hit_tokens);
+  FIELD(clm_metrics, host_hit_tokens);
+  FIELD(clm_metrics, storage_hit_tokens);
+  FIELD(clm_metrics, load_backs);
+  FIELD(clm_metrics, loaded_pages);
+  FIELD(clm_metrics, backed_up_pages);
+  FIELD(clm_metrics, stored_pages);
+  FIELD(clm_metrics, fetched_pages);
+  FIELD(clm_metrics, prefetch_timeouts);
+  FIELD(clm_metrics, storage_errors);
+  FIELD(clm_metrics, dropped_backups);
+  FIELD(clm_metrics, host_cached_tokens);
+  FIELD(clm_metrics, host_pages_used);
+  FIELD(clm_metrics, host_pages_total);
+  FIELD(clm_metrics, storage_corrupt_pages);
+  FIELD(clm_metrics, storage_dropped_writes);
+  FIELD(clm_metrics, storage_evicted_pages);
 
   FIELD(clm_src_decision, score);
   FIELD(clm_src_decision, threshold);
@@ -173,6 +200,12 @@ int main(void) {
   CONST(CLM_EVICT_LFU);
   CONST(CLM_EVICT_SLRU);
   CONST(CLM_EVICT_PRIORITY);
+  CONST(CLM_WRITE_THROUGH);
+  CONST(CLM_WRITE_THROUGH_SELECTIVE);
+  CONST(CLM_WRITE_BACK);
+  CONST(CLM_PREFETCH_BEST_EFFORT);
+  CONST(CLM_PREFETCH_WAIT_COMPLETE);
+  CONST(CLM_PREFETCH_TIMEOUT);
   CONST(CLM_GELU_TANH);
   CONST(CLM_GELU_ERF);
   CONST(CLM_DTYPE_F32);

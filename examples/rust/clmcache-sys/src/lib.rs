@@ -61,6 +61,21 @@ pub const CLM_EVICT_LFU: i32 = 1;
 pub const CLM_EVICT_SLRU: i32 = 2;
 pub const CLM_EVICT_PRIORITY: i32 = 3;
 
+/// When a cached page gets its host-tier copy (then, with a storage tier, its
+/// stored copy): on its first hit.
+pub const CLM_WRITE_THROUGH: i32 = 0;
+/// ... once it has been hit twice.
+pub const CLM_WRITE_THROUGH_SELECTIVE: i32 = 1;
+/// ... only when the device tier evicts it.
+pub const CLM_WRITE_BACK: i32 = 2;
+
+/// How long `clm_engine_admit` waits for pages found in storage: not at all.
+pub const CLM_PREFETCH_BEST_EFFORT: i32 = 0;
+/// ... until every page found is in.
+pub const CLM_PREFETCH_WAIT_COMPLETE: i32 = 1;
+/// ... up to `prefetch_timeout_ms + prefetch_timeout_per_1k_tokens_ms * tokens / 1000`.
+pub const CLM_PREFETCH_TIMEOUT: i32 = 2;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct clm_engine_options {
@@ -93,6 +108,20 @@ pub struct clm_engine_options {
     pub snapshot_similarity_floor: f32,
     pub snapshot_ann_ef_search: i32,
     pub snapshot_lookup_timeout_us: i32,
+    // -- version 4: the tiered KV cache (docs/tiers.md) --
+    /// Host-tier pages of the pool's layout; 0 for no tiers.
+    pub host_pages: i32,
+    /// `CLM_WRITE_*`.
+    pub write_policy: i32,
+    /// NUL-terminated, copied by `clm_engine_create`; NULL or "" for no
+    /// storage tier (needs `host_pages > 0`).
+    pub storage_url: *const c_char,
+    /// `CLM_PREFETCH_*`.
+    pub prefetch_policy: i32,
+    pub prefetch_timeout_ms: f64,
+    pub prefetch_timeout_per_1k_tokens_ms: f64,
+    pub storage_workers: i32,
+    pub storage_batch_pages: i32,
 }
 
 impl Default for clm_engine_options {
@@ -125,6 +154,14 @@ impl Default for clm_engine_options {
             snapshot_similarity_floor: 0.0,
             snapshot_ann_ef_search: 0,
             snapshot_lookup_timeout_us: 0,
+            host_pages: 0,
+            write_policy: 0,
+            storage_url: std::ptr::null(),
+            prefetch_policy: 0,
+            prefetch_timeout_ms: 0.0,
+            prefetch_timeout_per_1k_tokens_ms: 0.0,
+            storage_workers: 0,
+            storage_batch_pages: 0,
         }
     }
 }
@@ -211,6 +248,26 @@ pub struct clm_metrics {
     pub store_snapshots: i64,
     pub store_blacklisted_keys: i64,
     pub has_snapshot_store: i32,
+    // -- version 4: the tiered KV cache (all 0 without tiers) --
+    pub has_tiers: i32,
+    pub has_storage: i32,
+    pub device_hit_tokens: u64,
+    pub host_hit_tokens: u64,
+    pub storage_hit_tokens: u64,
+    pub load_backs: u64,
+    pub loaded_pages: u64,
+    pub backed_up_pages: u64,
+    pub stored_pages: u64,
+    pub fetched_pages: u64,
+    pub prefetch_timeouts: u64,
+    pub storage_errors: u64,
+    pub dropped_backups: u64,
+    pub host_cached_tokens: i64,
+    pub host_pages_used: i64,
+    pub host_pages_total: i64,
+    pub storage_corrupt_pages: u64,
+    pub storage_dropped_writes: u64,
+    pub storage_evicted_pages: u64,
 }
 
 // ---- CLM suffix reuse: the SRC head ---------------------------------------------
@@ -336,6 +393,17 @@ extern "C" {
     pub fn clm_seq_free(seq: *mut clm_seq);
 
     pub fn clm_seq_cached_tokens(seq: *const clm_seq) -> i32;
+    pub fn clm_seq_host_tokens(seq: *const clm_seq) -> i32;
+    pub fn clm_seq_storage_tokens(seq: *const clm_seq) -> i32;
+
+    pub fn clm_engine_prefetch(
+        engine: *mut clm_engine,
+        tokens: *const i32,
+        n_tokens: usize,
+        options: *const clm_admit_options,
+    ) -> clm_status;
+    pub fn clm_engine_wait_for_tiers(engine: *mut clm_engine) -> clm_status;
+
     pub fn clm_seq_page_table(seq: *const clm_seq, n_pages: *mut usize) -> *const i32;
     pub fn clm_seq_slots(seq: *const clm_seq, n_slots: *mut usize) -> *const i64;
 

@@ -76,6 +76,14 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, snapshot_similarity_floor),
         field!(clm_engine_options, snapshot_ann_ef_search),
         field!(clm_engine_options, snapshot_lookup_timeout_us),
+        field!(clm_engine_options, host_pages),
+        field!(clm_engine_options, write_policy),
+        field!(clm_engine_options, storage_url),
+        field!(clm_engine_options, prefetch_policy),
+        field!(clm_engine_options, prefetch_timeout_ms),
+        field!(clm_engine_options, prefetch_timeout_per_1k_tokens_ms),
+        field!(clm_engine_options, storage_workers),
+        field!(clm_engine_options, storage_batch_pages),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -140,6 +148,25 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_metrics, store_snapshots),
         field!(clm_metrics, store_blacklisted_keys),
         field!(clm_metrics, has_snapshot_store),
+        field!(clm_metrics, has_tiers),
+        field!(clm_metrics, has_storage),
+        field!(clm_metrics, device_hit_tokens),
+        field!(clm_metrics, host_hit_tokens),
+        field!(clm_metrics, storage_hit_tokens),
+        field!(clm_metrics, load_backs),
+        field!(clm_metrics, loaded_pages),
+        field!(clm_metrics, backed_up_pages),
+        field!(clm_metrics, stored_pages),
+        field!(clm_metrics, fetched_pages),
+        field!(clm_metrics, prefetch_timeouts),
+        field!(clm_metrics, storage_errors),
+        field!(clm_metrics, dropped_backups),
+        field!(clm_metrics, host_cached_tokens),
+        field!(clm_metrics, host_pages_used),
+        field!(clm_metrics, host_pages_total),
+        field!(clm_metrics, storage_corrupt_pages),
+        field!(clm_metrics, storage_dropped_writes),
+        field!(clm_metrics, storage_evicted_pages),
         field!(clm_src_decision, score),
         field!(clm_src_decision, threshold),
         field!(clm_src_decision, scored),
@@ -194,6 +221,12 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         constant!(CLM_EVICT_LFU),
         constant!(CLM_EVICT_SLRU),
         constant!(CLM_EVICT_PRIORITY),
+        constant!(CLM_WRITE_THROUGH),
+        constant!(CLM_WRITE_THROUGH_SELECTIVE),
+        constant!(CLM_WRITE_BACK),
+        constant!(CLM_PREFETCH_BEST_EFFORT),
+        constant!(CLM_PREFETCH_WAIT_COMPLETE),
+        constant!(CLM_PREFETCH_TIMEOUT),
         constant!(CLM_GELU_TANH),
         constant!(CLM_GELU_ERF),
         constant!(CLM_DTYPE_F32),
@@ -266,14 +299,17 @@ fn constants_match_c() {
 // version 2 appends a double at 48, two floats at 56 and 60, an i32 at 64,
 // 4 bytes of padding, the pointer at 72 and the size_t at 80: 88; version 3
 // the path pointer at 88, two i32 at 96 and 100, the i64 at 104, two floats
-// at 112 and 116, two i32 at 120 and 124: 128.
+// at 112 and 116, two i32 at 120 and 124: 128; version 4 two i32 at 128 and
+// 132, the URL pointer at 136, an i32 at 144, 4 bytes of padding, two
+// doubles at 152 and 160, two i32 at 168 and 172: 176.
 // kv layout: u32 at 0, pointer at 8, 2 x size_t -> 32, 7 x i32 = 28 -> 60,
 // padded to 64.
 // admit options: u32 at 0, pointer at 8, size_t at 16, 2 x i32 at 24: 32.
 // metrics: u32 at 0, 6 x 8-byte fields at 8..56, 2 x i32 at 56, 7 x u64 at
 // 64..120, i64 at 120, u64 at 128: 136 (version 1); version 2 appends nine
 // 8-byte fields at 136..208: 208; version 3 twenty 8-byte fields at
-// 208..368 and an i32 at 368, padded to 376.
+// 208..368 and an i32 at 368, padded to 376; version 4 two i32 at 372 and
+// 376, 4 bytes of padding, seventeen 8-byte fields at 384..520: 520.
 // snapshot hit: i32, f32, i32, u32 at 0..16, the u64 at 16, two u8 at 24
 // and 25, 30 reserved bytes to 56, the key's 264 bytes: 320, aligned to 8.
 // src decision: two floats at 0 and 4, four u8 at 8..12: 12, aligned to 4.
@@ -290,17 +326,22 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, src_breaker_steps).1, 64);
     assert_eq!(field!(clm_engine_options, special_token_ids).1, 72);
     assert_eq!(field!(clm_engine_options, n_special_token_ids).1, 80);
-    assert_eq!(size_of::<clm_engine_options>(), 128);
     assert_eq!(field!(clm_engine_options, snapshot_store_path).1, 88);
     assert_eq!(field!(clm_engine_options, snapshot_min_usage).1, 104);
     assert_eq!(field!(clm_engine_options, snapshot_lookup_timeout_us).1, 124);
+    assert_eq!(size_of::<clm_engine_options>(), 176);
+    assert_eq!(field!(clm_engine_options, host_pages).1, 128);
+    assert_eq!(field!(clm_engine_options, storage_url).1, 136);
+    assert_eq!(field!(clm_engine_options, prefetch_policy).1, 144);
+    assert_eq!(field!(clm_engine_options, prefetch_timeout_ms).1, 152);
+    assert_eq!(field!(clm_engine_options, storage_batch_pages).1, 172);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
     assert_eq!(size_of::<clm_admit_options>(), 32);
     assert_eq!(field!(clm_admit_options, cache_salt).1, 8);
     assert_eq!(field!(clm_admit_options, priority).1, 28);
-    assert_eq!(size_of::<clm_metrics>(), 376);
+    assert_eq!(size_of::<clm_metrics>(), 520);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);
     assert_eq!(field!(clm_metrics, active_sequences).1, 120);
@@ -311,6 +352,11 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_metrics, store_lookups).1, 208);
     assert_eq!(field!(clm_metrics, store_blacklisted_keys).1, 360);
     assert_eq!(field!(clm_metrics, has_snapshot_store).1, 368);
+    assert_eq!(field!(clm_metrics, has_tiers).1, 372);
+    assert_eq!(field!(clm_metrics, has_storage).1, 376);
+    assert_eq!(field!(clm_metrics, device_hit_tokens).1, 384);
+    assert_eq!(field!(clm_metrics, host_cached_tokens).1, 472);
+    assert_eq!(field!(clm_metrics, storage_evicted_pages).1, 512);
     assert_eq!((size_of::<clm_snapshot_hit>(), align_of::<clm_snapshot_hit>()), (320, 8));
     assert_eq!(field!(clm_snapshot_hit, fingerprint).1, 16);
     assert_eq!(field!(clm_snapshot_hit, stable).1, 24);
@@ -343,6 +389,8 @@ fn init_functions_accept_our_struct_sizes() {
     let v1 = field!(clm_engine_options, slru_protected_fraction).1 + size_of::<f64>();
     // ... and of version 2 (up to n_special_token_ids).
     let v2 = field!(clm_engine_options, n_special_token_ids).1 + size_of::<usize>();
+    // ... and of version 3 (up to snapshot_lookup_timeout_us).
+    let v3 = field!(clm_engine_options, snapshot_lookup_timeout_us).1 + size_of::<i32>();
     // SAFETY: each pointer is to a live, properly sized value.
     unsafe {
         let mut engine = MaybeUninit::<clm_engine_options>::zeroed().assume_init();
@@ -377,10 +425,20 @@ fn init_functions_accept_our_struct_sizes() {
         let mut old2 = clm_engine_options { snapshot_dim: -7, ..clm_engine_options::default() };
         assert_eq!(clm_engine_options_init(&mut old2, v2), CLM_OK);
         assert_eq!((old2.struct_size as usize, old2.src_breaker_steps, old2.snapshot_dim), (v2, 3, -7));
+        // Version 4: no tiers by default, and the tiers' defaults.
+        assert_eq!((engine.host_pages, engine.write_policy), (0, CLM_WRITE_THROUGH));
+        assert!(engine.storage_url.is_null());
+        assert_eq!(engine.prefetch_policy, CLM_PREFETCH_TIMEOUT);
+        assert_eq!((engine.prefetch_timeout_ms, engine.prefetch_timeout_per_1k_tokens_ms), (20.0, 10.0));
+        assert_eq!((engine.storage_workers, engine.storage_batch_pages), (2, 32));
+        // Version 3 (up to snapshot_lookup_timeout_us): the version-4 fields stay untouched.
+        let mut old3 = clm_engine_options { host_pages: -7, ..clm_engine_options::default() };
+        assert_eq!(clm_engine_options_init(&mut old3, v3), CLM_OK);
+        assert_eq!((old3.struct_size as usize, old3.snapshot_dim, old3.host_pages), (v3, 256, -7));
         // One byte more than ours, or one byte short of version 1, is a size
         // this library does not know (any size from version 1's to ours is
         // accepted, so older callers keep working).
-        let mut big = [0u64; 16];
+        let mut big = [0u64; 32];
         let big_ptr = big.as_mut_ptr() as *mut clm_engine_options;
         assert_eq!(clm_engine_options_init(big_ptr, size_of::<clm_engine_options>() + 1), CLM_ERR_INVALID_ARGUMENT);
         assert_eq!(clm_engine_options_init(&mut engine, v1 - 1), CLM_ERR_INVALID_ARGUMENT);

@@ -26,6 +26,7 @@
 
 use std::ffi::{CStr, CString};
 use std::fmt;
+use std::marker::PhantomData;
 use std::mem::{size_of, MaybeUninit};
 use std::os::raw::{c_char, c_void};
 use std::path::PathBuf;
@@ -261,6 +262,34 @@ raw_enum!(
     }
 );
 
+raw_enum!(
+    /// When a cached page gets its host-tier copy, and then, with a storage
+    /// tier, its stored copy (`CLM_WRITE_*`).
+    WritePolicy {
+        /// On its first hit (`CLM_WRITE_THROUGH`, the default).
+        Through = sys::CLM_WRITE_THROUGH,
+        /// Once it has been hit twice (`CLM_WRITE_THROUGH_SELECTIVE`).
+        ThroughSelective = sys::CLM_WRITE_THROUGH_SELECTIVE,
+        /// Only when the device tier evicts it (`CLM_WRITE_BACK`).
+        Back = sys::CLM_WRITE_BACK,
+    }
+);
+
+raw_enum!(
+    /// How long an admission waits for the pages it found in storage
+    /// (`CLM_PREFETCH_*`).
+    PrefetchPolicy {
+        /// Not at all: what has arrived is used, the rest lands for later
+        /// requests (`CLM_PREFETCH_BEST_EFFORT`).
+        BestEffort = sys::CLM_PREFETCH_BEST_EFFORT,
+        /// Until every page found is in (`CLM_PREFETCH_WAIT_COMPLETE`).
+        WaitComplete = sys::CLM_PREFETCH_WAIT_COMPLETE,
+        /// Up to `prefetch_timeout_ms + prefetch_timeout_per_1k_tokens_ms *
+        /// tokens / 1000` (`CLM_PREFETCH_TIMEOUT`, the default).
+        Timeout = sys::CLM_PREFETCH_TIMEOUT,
+    }
+);
+
 fn known<T>(value: Option<T>, what: &str, raw: i32) -> Result<T> {
     value.ok_or_else(|| Error::new(ErrorCode::Internal, format!("clmcache returned an unknown {} {}", what, raw)))
 }
@@ -313,6 +342,27 @@ pub struct EngineOptions {
     pub snapshot_ann_ef_search: i32,
     /// A lookup waits this long for a busy shard, then misses.
     pub snapshot_lookup_timeout_us: i32,
+    /// The tiered KV cache (docs/tiers.md): pages of the pool's layout in a
+    /// host-memory tier that evicted pages move down to and load back from
+    /// (>= 0; 0: no tiers). See [`Sequence::host_tokens`].
+    pub host_pages: i32,
+    /// When a cached page gets its host copy.
+    pub write_policy: WritePolicy,
+    /// The storage tier below the host tier (needs `host_pages > 0`):
+    /// `"file:///var/cache/clm?capacity_mb=4096"` or
+    /// `"redis://127.0.0.1:6379/0?prefix=clm:&ttl=3600"`. `None` or an empty
+    /// URL: no storage tier. See [`Engine::prefetch`].
+    pub storage_url: Option<String>,
+    /// How long an admission waits for pages found in storage.
+    pub prefetch_policy: PrefetchPolicy,
+    /// [`PrefetchPolicy::Timeout`]: the base wait, in milliseconds.
+    pub prefetch_timeout_ms: f64,
+    /// ... plus this many milliseconds per 1000 tokens fetched.
+    pub prefetch_timeout_per_1k_tokens_ms: f64,
+    /// Threads that talk to storage, 1..64.
+    pub storage_workers: i32,
+    /// Pages per storage call, 1..4096.
+    pub storage_batch_pages: i32,
 }
 
 impl EngineOptions {
@@ -353,6 +403,18 @@ impl EngineOptions {
             snapshot_similarity_floor: raw.snapshot_similarity_floor,
             snapshot_ann_ef_search: raw.snapshot_ann_ef_search,
             snapshot_lookup_timeout_us: raw.snapshot_lookup_timeout_us,
+            host_pages: raw.host_pages,
+            write_policy: known(WritePolicy::from_raw(raw.write_policy), "write policy", raw.write_policy)?,
+            storage_url: None,
+            prefetch_policy: known(
+                PrefetchPolicy::from_raw(raw.prefetch_policy),
+                "prefetch policy",
+                raw.prefetch_policy,
+            )?,
+            prefetch_timeout_ms: raw.prefetch_timeout_ms,
+            prefetch_timeout_per_1k_tokens_ms: raw.prefetch_timeout_per_1k_tokens_ms,
+            storage_workers: raw.storage_workers,
+            storage_batch_pages: raw.storage_batch_pages,
         })
     }
 
@@ -361,25 +423,65 @@ impl EngineOptions {
         self.snapshot_store_path.as_ref().map_or(false, |p| !p.as_os_str().is_empty())
     }
 
+    /// Whether these options create an engine with tiers (a host tier).
+    pub fn has_tiers(&self) -> bool {
+        self.host_pages > 0
+    }
+
+    /// Whether these options name a storage tier (which also needs a host
+    /// tier: without one, [`Engine::new`] refuses them).
+    pub fn has_storage(&self) -> bool {
+        self.storage_url.as_ref().map_or(false, |url| !url.is_empty())
+    }
+
     /// [`EngineOptions::to_raw`] with `snapshot_store_path` set too: the C
     /// struct points into the returned NUL-terminated copy of the path
     /// (`None` without a store), so it must outlive neither `self` nor that
-    /// copy. A path with a NUL byte is `InvalidArgument`.
+    /// copy. A path with a NUL byte is `InvalidArgument`. `storage_url`
+    /// stays NULL: [`EngineOptions::to_raw_owned`] sets both strings.
     pub fn to_raw_with_path(&self) -> Result<(sys::clm_engine_options, Option<CString>)> {
         let mut raw = self.to_raw()?;
-        let path = match &self.snapshot_store_path {
-            Some(p) if !p.as_os_str().is_empty() => Some(crate::clm::path_cstring("clm_engine_create", p)?),
-            _ => None,
-        };
+        let path = self.store_path_cstring()?;
         // The CString's bytes live on the heap: moving it keeps the pointer valid.
         raw.snapshot_store_path = path.as_ref().map_or(ptr::null(), |p| p.as_ptr());
         Ok((raw, path))
     }
 
+    /// The complete C struct, with `snapshot_store_path` and `storage_url`
+    /// pointing into NUL-terminated copies that the returned value owns; it
+    /// borrows `special_token_ids` from `self`. A path or URL with a NUL byte
+    /// is `InvalidArgument`.
+    pub fn to_raw_owned(&self) -> Result<RawEngineOptions<'_>> {
+        let mut raw = self.to_raw()?;
+        let snapshot_store_path = self.store_path_cstring()?;
+        let storage_url = match &self.storage_url {
+            Some(url) if !url.is_empty() => Some(CString::new(url.as_bytes()).map_err(|_| {
+                crate::clm::invalid("clm_engine_create", format!("storage_url {:?} contains a NUL byte", url))
+            })?),
+            _ => None,
+        };
+        // The CStrings' bytes live on the heap: moving them keeps the pointers valid.
+        raw.snapshot_store_path = snapshot_store_path.as_ref().map_or(ptr::null(), |p| p.as_ptr());
+        raw.storage_url = storage_url.as_ref().map_or(ptr::null(), |u| u.as_ptr());
+        Ok(RawEngineOptions {
+            raw,
+            _snapshot_store_path: snapshot_store_path,
+            _storage_url: storage_url,
+            _options: PhantomData,
+        })
+    }
+
+    fn store_path_cstring(&self) -> Result<Option<CString>> {
+        match &self.snapshot_store_path {
+            Some(p) if !p.as_os_str().is_empty() => Ok(Some(crate::clm::path_cstring("clm_engine_create", p)?)),
+            _ => Ok(None),
+        }
+    }
+
     /// The C struct: the library's defaults overwritten by every field here
-    /// but `snapshot_store_path`, which stays NULL (no store): the struct
-    /// cannot own the NUL-terminated copy a path needs
-    /// ([`EngineOptions::to_raw_with_path`] gives both). It borrows
+    /// but `snapshot_store_path` and `storage_url`, which stay NULL (no store,
+    /// no storage tier): the struct cannot own the NUL-terminated copies they
+    /// need ([`EngineOptions::to_raw_owned`] gives both). It borrows
     /// `special_token_ids`, so it must not outlive `self`.
     pub fn to_raw(&self) -> Result<sys::clm_engine_options> {
         let mut raw = raw_engine_options()?;
@@ -408,7 +510,33 @@ impl EngineOptions {
         raw.snapshot_similarity_floor = self.snapshot_similarity_floor;
         raw.snapshot_ann_ef_search = self.snapshot_ann_ef_search;
         raw.snapshot_lookup_timeout_us = self.snapshot_lookup_timeout_us;
+        raw.host_pages = self.host_pages;
+        raw.write_policy = self.write_policy.raw();
+        raw.storage_url = ptr::null();
+        raw.prefetch_policy = self.prefetch_policy.raw();
+        raw.prefetch_timeout_ms = self.prefetch_timeout_ms;
+        raw.prefetch_timeout_per_1k_tokens_ms = self.prefetch_timeout_per_1k_tokens_ms;
+        raw.storage_workers = self.storage_workers;
+        raw.storage_batch_pages = self.storage_batch_pages;
         Ok(raw)
+    }
+}
+
+/// A complete `clm_engine_options` ([`EngineOptions::to_raw_owned`]) with
+/// the NUL-terminated strings it points to; it borrows the [`EngineOptions`]
+/// it was made from (their `special_token_ids`).
+#[derive(Debug)]
+pub struct RawEngineOptions<'a> {
+    raw: sys::clm_engine_options,
+    _snapshot_store_path: Option<CString>,
+    _storage_url: Option<CString>,
+    _options: PhantomData<&'a EngineOptions>,
+}
+
+impl RawEngineOptions<'_> {
+    /// The C struct; its pointers are valid while `self` lives.
+    pub fn as_raw(&self) -> &sys::clm_engine_options {
+        &self.raw
     }
 }
 
@@ -598,6 +726,44 @@ pub struct Metrics {
     pub store_snapshots: i64,
     /// Keys blacklisted now.
     pub store_blacklisted_keys: i64,
+    /// The engine has a host tier (the tier counters are 0 without one).
+    pub has_tiers: bool,
+    /// The engine has a storage tier.
+    pub has_storage: bool,
+    /// Cached tokens that admissions found on the device.
+    pub device_hit_tokens: u64,
+    /// ... copied in from the host tier.
+    pub host_hit_tokens: u64,
+    /// ... fetched from storage for the admission.
+    pub storage_hit_tokens: u64,
+    /// Admissions that copied host pages to the device.
+    pub load_backs: u64,
+    /// Pages copied host -> device.
+    pub loaded_pages: u64,
+    /// Pages copied device -> host (the write policy).
+    pub backed_up_pages: u64,
+    /// Pages written to storage.
+    pub stored_pages: u64,
+    /// Pages read from storage into the host tier.
+    pub fetched_pages: u64,
+    /// Admissions that stopped waiting for storage.
+    pub prefetch_timeouts: u64,
+    /// Storage calls that failed (the admission recomputed).
+    pub storage_errors: u64,
+    /// Host copies given up (no room, failed copy).
+    pub dropped_backups: u64,
+    /// Tokens with a host copy now.
+    pub host_cached_tokens: i64,
+    /// Host-tier pages in use now.
+    pub host_pages_used: i64,
+    /// Host-tier pages in all.
+    pub host_pages_total: i64,
+    /// Stored values refused (checksum, layout, size).
+    pub storage_corrupt_pages: u64,
+    /// Pages storage could not write (full disk, ...).
+    pub storage_dropped_writes: u64,
+    /// Pages the file backend removed for its size cap.
+    pub storage_evicted_pages: u64,
 }
 
 impl From<sys::clm_metrics> for Metrics {
@@ -650,6 +816,25 @@ impl From<sys::clm_metrics> for Metrics {
             store_outcome_reports: m.store_outcome_reports,
             store_snapshots: m.store_snapshots,
             store_blacklisted_keys: m.store_blacklisted_keys,
+            has_tiers: m.has_tiers != 0,
+            has_storage: m.has_storage != 0,
+            device_hit_tokens: m.device_hit_tokens,
+            host_hit_tokens: m.host_hit_tokens,
+            storage_hit_tokens: m.storage_hit_tokens,
+            load_backs: m.load_backs,
+            loaded_pages: m.loaded_pages,
+            backed_up_pages: m.backed_up_pages,
+            stored_pages: m.stored_pages,
+            fetched_pages: m.fetched_pages,
+            prefetch_timeouts: m.prefetch_timeouts,
+            storage_errors: m.storage_errors,
+            dropped_backups: m.dropped_backups,
+            host_cached_tokens: m.host_cached_tokens,
+            host_pages_used: m.host_pages_used,
+            host_pages_total: m.host_pages_total,
+            storage_corrupt_pages: m.storage_corrupt_pages,
+            storage_dropped_writes: m.storage_dropped_writes,
+            storage_evicted_pages: m.storage_evicted_pages,
         }
     }
 }
@@ -689,12 +874,12 @@ unsafe impl Sync for Engine {}
 impl Engine {
     /// Creates an engine (`clm_engine_create`).
     pub fn new(options: &EngineOptions) -> Result<Engine> {
-        let (raw, path) = options.to_raw_with_path()?;
+        let raw = options.to_raw_owned()?;
         let mut out: *mut sys::clm_engine = ptr::null_mut();
         // SAFETY: out and raw are valid for the call; raw.struct_size is ours;
-        // the path raw points to lives in `path` until after the call.
-        check(unsafe { sys::clm_engine_create(&mut out, &raw) })?;
-        drop(path);
+        // the strings and token ids raw points to live until after the call.
+        check(unsafe { sys::clm_engine_create(&mut out, raw.as_raw()) })?;
+        drop(raw);
         let raw = match NonNull::new(out) {
             Some(raw) => raw,
             None => return Err(Error::new(ErrorCode::Internal, "clm_engine_create returned OK and no engine")),
@@ -867,6 +1052,23 @@ impl Sequence {
         n.max(0) as usize
     }
 
+    /// Of [`Sequence::cached_tokens`], how many the admission copied in from
+    /// the host tier (the rest were on the device); 0 without tiers.
+    pub fn host_tokens(&self) -> usize {
+        // SAFETY: the handle is live.
+        let n = unsafe { sys::clm_seq_host_tokens(self.raw.as_ptr()) };
+        n.max(0) as usize
+    }
+
+    /// Of [`Sequence::host_tokens`], how many the host tier had just fetched
+    /// from storage for this admission (pages that an earlier
+    /// [`Engine::prefetch`] had already brought in are host tokens only).
+    pub fn storage_tokens(&self) -> usize {
+        // SAFETY: the handle is live.
+        let n = unsafe { sys::clm_seq_storage_tokens(self.raw.as_ptr()) };
+        n.max(0) as usize
+    }
+
     /// Slots (`page * page_size + row`) of the tokens added by the admission
     /// or the last [`Sequence::extend`]: where the host writes their K/V.
     /// Empty once the sequence has ended.
@@ -942,6 +1144,7 @@ impl Drop for Sequence {
 mod clm;
 mod kernels;
 mod store;
+mod tiers;
 
 pub use crate::clm::{ActDtype, Activations, ActivationsMut, AdapterOptions, Gelu, SrcDecision, SrcHeadWeights};
 pub use crate::kernels::AttentionParams;

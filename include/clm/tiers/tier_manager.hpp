@@ -1,0 +1,130 @@
+// clm/tiers/tier_manager.hpp: the moving parts of the tiered KV cache, which
+// the Engine owns when EngineConfig::tiers.host_pages > 0: the host pool
+// (L2), the page copier, the storage backend (L3) and the worker threads that
+// copy pages between them. The Engine calls it; hosts use the Engine.
+//
+//   std::unique_ptr<clm::TierManager> tiers;
+//   CLM_RETURN_IF_ERROR(clm::TierManager::create(config.tiers, device_pool, tiers));
+//   clm::RadixTree tree(device_pool, policy, fraction, tiers->host_pool());
+//   tiers->start(tree, engine_mutex);       // workers take engine_mutex to reach the tree
+//   ...                                     // admit: fetch(), load(); under the lock: on_hit(), on_evictions()
+//   tiers->stop();                          // before the tree goes
+//
+// Jobs and their guards (docs/tiers.md): a write-through copy locks its
+// device node (never evicted while read) and holds its host pages until
+// insert_host() takes them; a storage write host_pins its node; a fetch
+// host_pins the node its pages hang below and moves the pin down as batches
+// land. No storage call runs under the engine lock, and no copy but
+// write-back's: it runs inside a device eviction, which must read the pages
+// before they are reused (docs/tiers.md).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clm/detail/spin_mutex.hpp"
+#include "clm/paged_kv_pool.hpp"
+#include "clm/radix_tree.hpp"
+#include "clm/status.hpp"
+#include "clm/tiers/page_copier.hpp"
+#include "clm/tiers/storage_backend.hpp"
+#include "clm/tiers/tier_config.hpp"
+
+namespace clm {
+
+// What one admission's fetch from storage brought in time.
+struct FetchOutcome {
+  std::int32_t first_token = 0;     // where the fetched pages start
+  std::int32_t fetched_tokens = 0;  // whole pages from first_token on, in the host tier when fetch() returned
+  bool timed_out = false;
+  bool failed = false;  // storage could not be asked (counted in storage_errors)
+};
+
+class TierManager {
+ public:
+  static Status create(const TierConfig& config, const PagedKvPool& device_pool, std::unique_ptr<TierManager>& out);
+  ~TierManager();
+  TierManager(const TierManager&) = delete;
+  TierManager& operator=(const TierManager&) = delete;
+
+  PagedKvPool* host_pool() const { return host_pool_.get(); }
+  const TierConfig& config() const { return config_; }
+  bool has_storage() const { return storage_ != nullptr; }
+
+  // Starts the workers (and write-back, under write_back). Once.
+  void start(RadixTree& tree, detail::SpinThenBlockMutex& engine_mutex);
+  // Finishes running jobs, drops queued ones (their pages go back), joins.
+  void stop();
+
+  // ---- under the engine lock -------------------------------------------------
+  // A match will be used: write-through copies of the hit path's nodes.
+  void on_hit(NodeRef device_end);
+  // Storage writes for the nodes write-back gave host copies since the last call.
+  void on_evictions();
+  // Admission accounting.
+  void count_admission(std::int32_t device_tokens, std::int32_t host_tokens, std::int32_t storage_tokens);
+
+  // ---- without the engine lock -------------------------------------------------
+  // Fetches the pages of `tokens` past its first `host_backed_tokens` that
+  // storage has into the host tier, waiting as the prefetch policy says
+  // (not at all with wait = false: a prefetch). Storage failures are counted,
+  // never returned: the caller recomputes.
+  void fetch(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t host_backed_tokens, bool wait,
+             FetchOutcome& out);
+  // Copies host pages back into device pages (a load-back).
+  Status load(std::span<const std::int32_t> host_pages, std::span<const std::int32_t> device_pages);
+  // Waits until every queued and running job is done (tests, shutdown of a host).
+  void drain();
+  // Whether device-to-host copies are queued or running (they lock device
+  // pages), and a wait for them to finish.
+  bool copies_in_flight() const;
+  void wait_for_copies();
+
+  TierMetrics metrics() const;
+
+ private:
+  struct CopyJob;
+  struct StoreJob;
+  struct FetchJob;
+
+  TierManager(const TierConfig& config, std::unique_ptr<PagedKvPool> host_pool) noexcept;
+
+  void copy_worker();
+  void storage_worker();
+  void run_copy(CopyJob& job);
+  void run_store(StoreJob& job);
+  void run_fetch(FetchJob& job);
+  void queue_store(NodeRef node);  // under the engine lock
+  void cancel(CopyJob& job);       // under the engine lock
+  void cancel(StoreJob& job);
+
+  const TierConfig config_;
+  std::unique_ptr<PagedKvPool> host_pool_;
+  std::unique_ptr<PageCopier> copier_;
+  std::unique_ptr<StorageBackend> storage_;
+  RadixTree* tree_ = nullptr;
+  detail::SpinThenBlockMutex* engine_mutex_ = nullptr;
+
+  // Queues and counts; never held while the engine lock is taken.
+  mutable std::mutex queue_mutex_;
+  std::condition_variable queue_ready_;
+  std::condition_variable queue_idle_;
+  std::deque<std::unique_ptr<CopyJob>> copy_queue_;
+  std::deque<std::shared_ptr<FetchJob>> fetch_queue_;
+  std::deque<std::unique_ptr<StoreJob>> store_queue_;
+  int running_jobs_ = 0;
+  int running_copies_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+  TierMetrics metrics_;  // under queue_mutex_
+};
+
+}  // namespace clm

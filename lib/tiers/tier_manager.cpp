@@ -1,0 +1,485 @@
+// TierManager: the workers of the tiered KV cache (clm/tiers/tier_manager.hpp).
+//
+// Locks: the engine lock (the tree, the pools) and queue_mutex_ (queues,
+// counts) are never held together, except that queue_mutex_ may be taken
+// briefly while the engine lock is held, never the other way round.
+#include "clm/tiers/tier_manager.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "clm/tiers/page_key.hpp"
+
+namespace clm {
+
+struct TierManager::CopyJob {
+  NodeRef locked;  // the device node whose path is copied, locked until done
+  std::int32_t first_page = 0;
+  std::vector<std::int32_t> device_pages;
+  std::vector<std::int32_t> host_pages;  // the job's until insert_host takes them
+  std::vector<std::int32_t> tokens;      // the path, from the namespace root
+  std::string salt;
+  std::int32_t adapter_id = 0;
+};
+
+struct TierManager::StoreJob {
+  NodeRef pinned;                        // host_pinned until done
+  std::vector<std::int32_t> tokens;      // the path, from the namespace root
+  std::vector<std::int32_t> host_pages;  // its host pages, page for page
+  std::string salt;
+  std::int32_t adapter_id = 0;
+};
+
+struct TierManager::FetchJob {
+  std::vector<std::int32_t> tokens;  // whole pages
+  std::string salt;
+  std::int32_t adapter_id = 0;
+  std::int32_t first_page = 0;
+  // Progress, under queue_mutex_.
+  std::int32_t landed_pages = 0;
+  bool done = false;
+  bool failed = false;
+  std::condition_variable progress;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using EngineLock = std::lock_guard<detail::SpinThenBlockMutex>;
+
+}  // namespace
+
+Status TierManager::create(const TierConfig& config, const PagedKvPool& device_pool,
+                           std::unique_ptr<TierManager>& out) {
+  if (config.host_pages <= 0) return invalid_argument("tiers: host_pages must be > 0 for a host tier");
+  if (config.write_policy > WritePolicy::write_back) return invalid_argument("tiers: unknown write policy");
+  if (config.prefetch_policy > PrefetchPolicy::timeout) return invalid_argument("tiers: unknown prefetch policy");
+  if (!(config.prefetch_timeout_ms >= 0 && config.prefetch_timeout_ms <= 3.6e6) ||
+      !(config.prefetch_timeout_per_1k_tokens_ms >= 0 && config.prefetch_timeout_per_1k_tokens_ms <= 3.6e6)) {
+    return invalid_argument(fmt::format("tiers: prefetch timeouts must be in [0, 3600000] ms, got {} and {}",
+                                        config.prefetch_timeout_ms, config.prefetch_timeout_per_1k_tokens_ms));
+  }
+  if (config.storage_workers < 1 || config.storage_workers > 64) {
+    return invalid_argument(fmt::format("tiers: storage_workers must be in [1, 64], got {}", config.storage_workers));
+  }
+  if (config.storage_batch_pages < 1 || config.storage_batch_pages > 4096) {
+    return invalid_argument(
+        fmt::format("tiers: storage_batch_pages must be in [1, 4096], got {}", config.storage_batch_pages));
+  }
+  PagedKvPoolConfig host = device_pool.config();
+  host.num_pages = config.host_pages;
+  host.memory = device_pool.config().memory == MemoryKind::none ? MemoryKind::none : MemoryKind::host;
+  host.pinned = device_pool.config().memory == MemoryKind::device;
+  std::unique_ptr<PagedKvPool> host_pool;
+  CLM_RETURN_IF_ERROR(PagedKvPool::create(host, host_pool));
+  std::unique_ptr<TierManager> tiers(new TierManager(config, std::move(host_pool)));
+  CLM_RETURN_IF_ERROR(PageCopier::create(device_pool, *tiers->host_pool_, tiers->copier_));
+  if (!config.storage_url.empty()) {
+    if (device_pool.config().memory == MemoryKind::none) {
+      return invalid_argument("tiers: a storage tier needs KV bytes (the pool's memory kind is none)");
+    }
+    CLM_RETURN_IF_ERROR(
+        open_storage_backend(config.storage_url, PageLayout::of(device_pool.config()), tiers->storage_));
+  }
+  out = std::move(tiers);
+  return {};
+}
+
+TierManager::TierManager(const TierConfig& config, std::unique_ptr<PagedKvPool> host_pool) noexcept
+    : config_(config), host_pool_(std::move(host_pool)) {}
+
+TierManager::~TierManager() { stop(); }
+
+void TierManager::start(RadixTree& tree, detail::SpinThenBlockMutex& engine_mutex) {
+  tree_ = &tree;
+  engine_mutex_ = &engine_mutex;
+  if (config_.write_policy == WritePolicy::write_back) {
+    tree.set_write_back([this](std::span<const std::int32_t> device_pages, std::span<const std::int32_t> host_pages) {
+      Status copied = copier_->to_host(device_pages, host_pages);
+      std::lock_guard q(queue_mutex_);
+      if (copied.ok()) metrics_.backed_up_pages += device_pages.size();
+      return copied;  // a failure is counted by the tree, with write-backs that found no room
+    });
+  }
+  workers_.emplace_back([this] { copy_worker(); });
+  if (storage_) {
+    for (int i = 0; i < config_.storage_workers; ++i) workers_.emplace_back([this] { storage_worker(); });
+  }
+}
+
+void TierManager::stop() {
+  {
+    std::lock_guard q(queue_mutex_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+  }
+  queue_ready_.notify_all();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  // What no worker took: give back its pages and guards.
+  std::deque<std::unique_ptr<CopyJob>> copies;
+  std::deque<std::unique_ptr<StoreJob>> stores;
+  std::deque<std::shared_ptr<FetchJob>> fetches;
+  {
+    std::lock_guard q(queue_mutex_);
+    copies.swap(copy_queue_);
+    stores.swap(store_queue_);
+    fetches.swap(fetch_queue_);
+    for (auto& f : fetches) {
+      f->done = true;
+      f->progress.notify_all();
+    }
+  }
+  if (tree_ && (!copies.empty() || !stores.empty())) {
+    EngineLock lock(*engine_mutex_);
+    for (auto& job : copies) cancel(*job);
+    for (auto& job : stores) cancel(*job);
+  }
+}
+
+void TierManager::drain() {
+  std::unique_lock q(queue_mutex_);
+  queue_idle_.wait(q, [&] {
+    return stopping_ || (copy_queue_.empty() && store_queue_.empty() && fetch_queue_.empty() && running_jobs_ == 0);
+  });
+}
+
+bool TierManager::copies_in_flight() const {
+  std::lock_guard q(queue_mutex_);
+  return !copy_queue_.empty() || running_copies_ > 0;
+}
+
+void TierManager::wait_for_copies() {
+  std::unique_lock q(queue_mutex_);
+  queue_idle_.wait(q, [&] { return stopping_ || (copy_queue_.empty() && running_copies_ == 0); });
+}
+
+// ---- under the engine lock ------------------------------------------------------
+
+void TierManager::on_hit(NodeRef device_end) {
+  if (config_.write_policy == WritePolicy::write_back || !tree_) return;
+  const std::uint32_t min_hits = config_.write_policy == WritePolicy::write_through ? 1 : 2;
+  auto job = std::make_unique<CopyJob>();
+  tree_->backup_candidates(device_end, min_hits, job->first_page, job->locked, job->device_pages);
+  if (job->device_pages.empty()) return;
+  {
+    std::lock_guard q(queue_mutex_);
+    if (stopping_) return;
+    // One copy of a node at a time: later hits while it is in flight add nothing.
+    for (const auto& queued : copy_queue_) {
+      if (queued->locked == job->locked) return;
+    }
+  }
+  job->host_pages.resize(job->device_pages.size());
+  if (!tree_->allocate_host_pages(job->host_pages).ok()) {
+    std::lock_guard q(queue_mutex_);
+    ++metrics_.dropped_backups;
+    return;
+  }
+  if (!tree_->lock(job->locked).ok() ||
+      !tree_->node_path(job->locked, job->tokens, nullptr, job->salt, job->adapter_id).ok()) {
+    (void)host_pool_->release(job->host_pages);
+    return;
+  }
+  {
+    std::lock_guard q(queue_mutex_);
+    copy_queue_.push_back(std::move(job));
+  }
+  queue_ready_.notify_all();
+}
+
+void TierManager::on_evictions() {
+  if (!tree_) return;
+  std::vector<NodeRef> backed_up;
+  tree_->take_backed_up(backed_up);
+  if (!storage_) return;
+  for (NodeRef node : backed_up) queue_store(node);
+}
+
+void TierManager::queue_store(NodeRef node) {
+  auto job = std::make_unique<StoreJob>();
+  if (!tree_->node_path(node, job->tokens, &job->host_pages, job->salt, job->adapter_id).ok()) return;
+  if (!tree_->host_pin(node).ok()) return;
+  job->pinned = node;
+  {
+    std::lock_guard q(queue_mutex_);
+    if (!stopping_) {
+      store_queue_.push_back(std::move(job));
+      job = nullptr;
+    }
+  }
+  if (job) {
+    cancel(*job);
+    return;
+  }
+  queue_ready_.notify_all();
+}
+
+void TierManager::cancel(CopyJob& job) {
+  (void)host_pool_->release(job.host_pages);
+  (void)tree_->unlock(job.locked);
+}
+
+void TierManager::cancel(StoreJob& job) { (void)tree_->host_unpin(job.pinned); }
+
+void TierManager::count_admission(std::int32_t device_tokens, std::int32_t host_tokens, std::int32_t storage_tokens) {
+  std::lock_guard q(queue_mutex_);
+  metrics_.device_hit_tokens += static_cast<std::uint64_t>(device_tokens);
+  metrics_.host_hit_tokens += static_cast<std::uint64_t>(host_tokens);
+  metrics_.storage_hit_tokens += static_cast<std::uint64_t>(storage_tokens);
+  if (host_tokens + storage_tokens > 0) ++metrics_.load_backs;
+}
+
+// ---- without the engine lock --------------------------------------------------------
+
+Status TierManager::load(std::span<const std::int32_t> host_pages, std::span<const std::int32_t> device_pages) {
+  Status copied = copier_->to_device(host_pages, device_pages);
+  std::lock_guard q(queue_mutex_);
+  if (copied.ok()) metrics_.loaded_pages += host_pages.size();
+  return copied;
+}
+
+void TierManager::fetch(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t host_backed_tokens,
+                        bool wait, FetchOutcome& out) {
+  out = FetchOutcome{};
+  out.first_token = host_backed_tokens;
+  if (!storage_ || !tree_) return;
+  const std::int32_t page = host_pool_->page_size();
+  const auto whole_pages = static_cast<std::int32_t>(tokens.size() / static_cast<std::size_t>(page));
+  const std::int32_t first_page = host_backed_tokens / page;
+  if (first_page >= whole_pages) return;
+  auto job = std::make_shared<FetchJob>();
+  job->tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(whole_pages) * page);
+  job->salt.assign(ns.salt);
+  job->adapter_id = ns.adapter_id;
+  job->first_page = first_page;
+  std::unique_lock q(queue_mutex_);
+  if (stopping_) return;
+  fetch_queue_.push_back(job);
+  queue_ready_.notify_all();
+  if (!wait || config_.prefetch_policy == PrefetchPolicy::best_effort) {
+    out.fetched_tokens = job->landed_pages * page;
+    return;
+  }
+  const std::int32_t asked = (whole_pages - first_page) * page;
+  if (config_.prefetch_policy == PrefetchPolicy::wait_complete) {
+    job->progress.wait(q, [&] { return job->done; });
+  } else {
+    const double ms = config_.prefetch_timeout_ms + config_.prefetch_timeout_per_1k_tokens_ms * asked / 1000.0;
+    const auto deadline = Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(std::ceil(ms * 1000)));
+    if (!job->progress.wait_until(q, deadline, [&] { return job->done; })) {
+      out.timed_out = true;
+      ++metrics_.prefetch_timeouts;
+    }
+  }
+  out.fetched_tokens = job->landed_pages * page;
+  out.failed = job->failed;
+}
+
+TierMetrics TierManager::metrics() const {
+  TierMetrics m;
+  {
+    std::lock_guard q(queue_mutex_);
+    m = metrics_;
+  }
+  m.has_storage = storage_ != nullptr;
+  if (storage_) m.storage = storage_->stats();
+  m.host_pages_total = host_pool_->num_pages();
+  return m;
+}
+
+// ---- workers -------------------------------------------------------------------------
+
+void TierManager::copy_worker() {
+  for (;;) {
+    std::unique_ptr<CopyJob> job;
+    {
+      std::unique_lock q(queue_mutex_);
+      queue_ready_.wait(q, [&] { return stopping_ || !copy_queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(copy_queue_.front());
+      copy_queue_.pop_front();
+      ++running_jobs_;
+      ++running_copies_;
+    }
+    run_copy(*job);
+    std::lock_guard q(queue_mutex_);
+    --running_jobs_;
+    --running_copies_;
+    queue_idle_.notify_all();
+  }
+}
+
+void TierManager::storage_worker() {
+  for (;;) {
+    std::unique_ptr<StoreJob> store;
+    std::shared_ptr<FetchJob> fetch;
+    {
+      std::unique_lock q(queue_mutex_);
+      queue_ready_.wait(q, [&] { return stopping_ || !fetch_queue_.empty() || !store_queue_.empty(); });
+      if (stopping_) return;
+      // Fetches first: an admission may be waiting for one.
+      if (!fetch_queue_.empty()) {
+        fetch = std::move(fetch_queue_.front());
+        fetch_queue_.pop_front();
+      } else {
+        store = std::move(store_queue_.front());
+        store_queue_.pop_front();
+      }
+      ++running_jobs_;
+    }
+    if (fetch) {
+      run_fetch(*fetch);
+    } else {
+      run_store(*store);
+    }
+    std::lock_guard q(queue_mutex_);
+    --running_jobs_;
+    queue_idle_.notify_all();
+  }
+}
+
+void TierManager::run_copy(CopyJob& job) {
+  const Status copied = copier_->to_host(job.device_pages, job.host_pages);
+  EngineLock lock(*engine_mutex_);
+  bool kept = false;
+  InsertOutcome out;
+  if (copied.ok()) {
+    kept = tree_->insert_host(job.tokens, job.host_pages, job.first_page, {job.salt, job.adapter_id}, out).ok();
+  }
+  if (!kept) (void)host_pool_->release(job.host_pages);  // the path above lost its copies meanwhile
+  (void)tree_->unlock(job.locked);
+  {
+    std::lock_guard q(queue_mutex_);
+    if (kept) {
+      metrics_.backed_up_pages += job.host_pages.size();
+    } else {
+      ++metrics_.dropped_backups;
+    }
+  }
+  if (kept && storage_) queue_store(out.node);
+}
+
+void TierManager::run_store(StoreJob& job) {
+  const std::int32_t page = host_pool_->page_size();
+  const std::size_t pages = job.host_pages.size();
+  std::vector<PageKey> keys(pages);
+  Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id}, keys);
+  std::vector<std::uint8_t> present(pages, 0);
+  if (ok.ok()) ok = storage_->exists(keys, present);
+  std::uint64_t stored = 0;
+  const auto batch = static_cast<std::size_t>(config_.storage_batch_pages);
+  std::vector<PageKey> batch_keys;
+  std::vector<const std::byte*> batch_pages;
+  std::vector<std::uint8_t> written;
+  for (std::size_t i = 0; ok.ok() && i < pages; i += batch) {
+    batch_keys.clear();
+    batch_pages.clear();
+    for (std::size_t j = i; j < std::min(pages, i + batch); ++j) {
+      if (present[j]) continue;
+      batch_keys.push_back(keys[j]);
+      batch_pages.push_back(static_cast<const std::byte*>(host_pool_->page_data(job.host_pages[j])));
+    }
+    if (batch_keys.empty()) continue;
+    written.assign(batch_keys.size(), 0);
+    ok = storage_->set_pages(batch_keys, batch_pages, written);
+    for (std::uint8_t w : written) stored += w;
+  }
+  {
+    EngineLock lock(*engine_mutex_);
+    (void)tree_->host_unpin(job.pinned);
+  }
+  std::lock_guard q(queue_mutex_);
+  metrics_.stored_pages += stored;
+  if (!ok.ok()) ++metrics_.storage_errors;
+}
+
+void TierManager::run_fetch(FetchJob& job) {
+  const std::int32_t page = host_pool_->page_size();
+  const auto whole_pages = static_cast<std::int32_t>(job.tokens.size()) / page;
+  const CacheNamespace ns{job.salt, job.adapter_id};
+  std::vector<PageKey> keys(static_cast<std::size_t>(whole_pages));
+  Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id}, keys);
+  const auto first = static_cast<std::size_t>(job.first_page);
+  std::vector<std::uint8_t> present(keys.size() - first, 0);
+  if (ok.ok()) ok = storage_->exists(std::span(keys).subspan(first), present);
+  const auto found = static_cast<std::size_t>(std::find(present.begin(), present.end(), 0) - present.begin());
+
+  auto finish = [&](bool failed) {
+    std::lock_guard q(queue_mutex_);
+    job.done = true;
+    job.failed = failed;
+    if (failed) ++metrics_.storage_errors;
+    job.progress.notify_all();
+  };
+  if (!ok.ok() || found == 0) {
+    finish(!ok.ok());
+    return;
+  }
+  // The pages land below the host-backed prefix; its end stays pinned, and
+  // the pin moves down to each batch that lands.
+  NodeRef pinned;
+  if (first > 0) {
+    EngineLock lock(*engine_mutex_);
+    if (!tree_->host_pin_prefix(job.tokens, ns, job.first_page * page, pinned).ok()) {
+      pinned = NodeRef{};
+      finish(false);  // evicted meanwhile: the next request asks again
+      return;
+    }
+  }
+  const auto batch = static_cast<std::size_t>(config_.storage_batch_pages);
+  std::vector<std::int32_t> host_pages;
+  std::vector<std::byte*> buffers;
+  std::vector<std::uint8_t> read;
+  for (std::size_t at = first; ok.ok() && at < first + found; at += batch) {
+    const std::size_t n = std::min(batch, first + found - at);
+    host_pages.assign(n, -1);
+    {
+      EngineLock lock(*engine_mutex_);
+      if (!tree_->allocate_host_pages(host_pages).ok()) break;
+    }
+    buffers.resize(n);
+    for (std::size_t j = 0; j < n; ++j) buffers[j] = static_cast<std::byte*>(host_pool_->page_data(host_pages[j]));
+    read.assign(n, 0);
+    ok = storage_->get_pages(std::span(keys).subspan(at, n), buffers, read);
+    const std::size_t good =
+        ok.ok() ? static_cast<std::size_t>(std::find(read.begin(), read.end(), 0) - read.begin()) : 0;
+    bool landed = false;
+    {
+      EngineLock lock(*engine_mutex_);
+      InsertOutcome out;
+      if (good > 0 &&
+          tree_->insert_host(job.tokens, std::span(host_pages).first(good), static_cast<std::int32_t>(at), ns, out)
+              .ok()) {
+        landed = true;
+        if (tree_->host_pin(out.node).ok()) {
+          if (pinned.index >= 0) (void)tree_->host_unpin(pinned);
+          pinned = out.node;
+        }
+        (void)host_pool_->release(std::span(host_pages).subspan(good));
+      } else {
+        (void)host_pool_->release(host_pages);
+      }
+    }
+    {
+      std::lock_guard q(queue_mutex_);
+      if (landed) {
+        job.landed_pages += static_cast<std::int32_t>(good);
+        metrics_.fetched_pages += good;
+      }
+      job.progress.notify_all();
+    }
+    if (!landed || good < n) break;
+  }
+  if (pinned.index >= 0) {
+    EngineLock lock(*engine_mutex_);
+    (void)tree_->host_unpin(pinned);
+  }
+  finish(!ok.ok());
+}
+
+}  // namespace clm

@@ -1,0 +1,261 @@
+// tests/capi/test_capi_tiers.cpp: the tiered KV cache through the C ABI, as a
+// host sees it (only clm.h and libclmcache.so.0): a host tier that loads
+// evicted pages back byte for byte, a directory storage tier shared by two
+// engines (the second's pages are the first's, per source counts), tenant
+// isolation, the version-4 options and metrics beside the old struct sizes,
+// and bad input.
+#include "clm.h"
+
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "capi_checks.hpp"
+
+namespace {
+
+constexpr int32_t kPage = 4;
+
+// A temporary directory for the storage tier, removed at the end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::random_device rd;
+    path = std::filesystem::temp_directory_path() / ("clm-capi-tiers-" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+clm_engine_options tier_options(int32_t pages, int32_t host_pages, const char* storage_url) {
+  clm_engine_options o;
+  REQUIRE_OK(clm_engine_options_init(&o, sizeof o));
+  o.num_pages = pages;
+  o.page_size = kPage;
+  o.num_layers = 2;
+  o.kv_heads = 1;
+  o.head_dim = 4;
+  o.kv_dtype = CLM_KV_F32;
+  o.host_pages = host_pages;
+  o.write_policy = CLM_WRITE_THROUGH;
+  o.storage_url = storage_url;
+  o.prefetch_policy = CLM_PREFETCH_WAIT_COMPLETE;
+  return o;
+}
+
+EnginePtr make(const clm_engine_options& o) {
+  clm_engine* e = nullptr;
+  REQUIRE_OK(clm_engine_create(&e, &o));
+  return EnginePtr(e);
+}
+
+clm_metrics metrics_of(const clm_engine* e) {
+  clm_metrics m;
+  m.struct_size = sizeof m;
+  REQUIRE_OK(clm_engine_metrics(&m, e));
+  return m;
+}
+
+// The value every float of token t's K/V rows gets: a function of the salt and tokens [0, t].
+float reference(const std::string& salt, const std::vector<int32_t>& prompt, size_t t, size_t element) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : salt) h = (h ^ c) * 1099511628211ULL;
+  for (size_t i = 0; i <= t; ++i) h = (h ^ static_cast<uint32_t>(prompt[i])) * 1099511628211ULL;
+  h ^= element * 0x9E3779B97F4A7C15ULL;
+  h ^= h >> 31;
+  return static_cast<float>(h % 65536);
+}
+
+struct Layout {
+  clm_kv_layout kv;
+  explicit Layout(const clm_engine* e) {
+    kv.struct_size = sizeof kv;
+    REQUIRE_OK(clm_engine_kv_layout(&kv, e));
+  }
+  // The floats of slot `slot` (K and V of every layer), as `visit(pointer, element index)`.
+  template <class Visit>
+  void each_float(int64_t slot, Visit&& visit) const {
+    const size_t row = static_cast<size_t>(kv.kv_heads * kv.head_dim);
+    auto* page = static_cast<char*>(kv.base) + static_cast<size_t>(slot / kv.page_size) * kv.page_bytes;
+    const size_t t = static_cast<size_t>(slot % kv.page_size);
+    for (int32_t l = 0; l < kv.num_layers; ++l) {
+      for (int half = 0; half < 2; ++half) {
+        auto* rows = reinterpret_cast<float*>(page + static_cast<size_t>(l) * kv.layer_bytes +
+                                              static_cast<size_t>(half) * kv.layer_bytes / 2);
+        for (size_t e = 0; e < row; ++e) visit(rows + t * row + e, (static_cast<size_t>(l) * 2 + half) * row + e);
+      }
+    }
+  }
+};
+
+// Admits, checks the cached rows, writes the rest, finishes. Returns {cached, host, storage} tokens.
+std::vector<int32_t> serve(clm_engine* e, const std::string& salt, const std::vector<int32_t>& prompt) {
+  clm_admit_options ao;
+  REQUIRE_OK(clm_admit_options_init(&ao, sizeof ao));
+  ao.cache_salt = salt.data();
+  ao.cache_salt_len = salt.size();
+  clm_seq* s = nullptr;
+  REQUIRE_OK(clm_engine_admit(&s, e, prompt.data(), prompt.size(), &ao));
+  SeqPtr seq(s);
+  const Layout layout(e);
+  size_t n_pages = 0;
+  const int32_t* table = clm_seq_page_table(s, &n_pages);
+  const int32_t cached = clm_seq_cached_tokens(s);
+  int wrong = 0;
+  for (int32_t t = 0; t < cached; ++t) {
+    const int64_t slot = static_cast<int64_t>(table[t / kPage]) * kPage + t % kPage;
+    layout.each_float(slot, [&](float* f, size_t element) {
+      wrong += *f == reference(salt, prompt, static_cast<size_t>(t), element) ? 0 : 1;
+    });
+  }
+  CHECK(wrong == 0);
+  size_t n_slots = 0;
+  const int64_t* slots = clm_seq_slots(s, &n_slots);
+  for (size_t i = 0; i < n_slots; ++i) {
+    layout.each_float(slots[i], [&](float* f, size_t element) {
+      *f = reference(salt, prompt, static_cast<size_t>(cached) + i, element);
+    });
+  }
+  const std::vector<int32_t> counts{cached, clm_seq_host_tokens(s), clm_seq_storage_tokens(s)};
+  REQUIRE_OK(clm_seq_finish(s));
+  return counts;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, size_t n) {
+  std::vector<int32_t> p(n);
+  for (auto& t : p) t = static_cast<int32_t>(rng() % 50000);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("tiers through the C ABI: host tier load-back, exact bytes, metrics", "[capi][tiers]") {
+  std::mt19937 rng(std::random_device{}());
+  EnginePtr engine = make(tier_options(16, 64, nullptr));  // 64 tokens on the device
+  const std::vector<int32_t> a = random_prompt(rng, 41);
+  serve(engine.get(), "t", a);
+  serve(engine.get(), "t", a);  // the hit: a host copy (write-through)
+  REQUIRE_OK(clm_engine_wait_for_tiers(engine.get()));
+  for (int i = 0; i < 4; ++i) serve(engine.get(), "t", random_prompt(rng, 41));  // evict a from the device
+  const std::vector<int32_t> again = serve(engine.get(), "t", a);
+  CHECK(again[0] == 40);
+  CHECK(again[1] > 0);  // copied back from the host tier
+  CHECK(again[2] == 0);
+  REQUIRE_OK(clm_engine_wait_for_tiers(engine.get()));
+  const clm_metrics m = metrics_of(engine.get());
+  CHECK(m.has_tiers == 1);
+  CHECK(m.has_storage == 0);
+  CHECK(m.host_hit_tokens == static_cast<uint64_t>(again[1]));
+  CHECK(m.loaded_pages * kPage == m.host_hit_tokens);
+  CHECK(m.backed_up_pages >= 10);
+  CHECK(m.host_pages_total == 64);
+  CHECK(m.host_pages_used > 0);
+  CHECK(m.host_cached_tokens == m.host_pages_used * kPage);
+  // Another tenant shares nothing.
+  CHECK(serve(engine.get(), "u", a)[0] == 0);
+  CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION, clm_engine_prefetch(engine.get(), a.data(), a.size(), nullptr));
+}
+
+TEST_CASE("tiers through the C ABI: a storage directory shared by two engines", "[capi][tiers]") {
+  std::mt19937 rng(std::random_device{}());
+  TempDir dir;
+  const std::string url = "file://" + dir.path.string();
+  const std::vector<int32_t> p = random_prompt(rng, 57);
+  {
+    EnginePtr first = make(tier_options(64, 64, url.c_str()));
+    serve(first.get(), "acme", p);
+    serve(first.get(), "acme", p);
+    REQUIRE_OK(clm_engine_wait_for_tiers(first.get()));
+    CHECK(metrics_of(first.get()).stored_pages == 56 / kPage);
+  }
+  EnginePtr second = make(tier_options(64, 64, url.c_str()));
+  REQUIRE_OK(clm_engine_prefetch(second.get(), p.data(), p.size(), nullptr));  // a queued request
+  REQUIRE_OK(clm_engine_wait_for_tiers(second.get()));
+  const std::vector<int32_t> got = serve(second.get(), "acme", p);  // checks every cached row
+  CHECK(got[0] == 56);
+  CHECK(got[1] == 56);  // from the host tier, where the prefetch put it
+  const clm_metrics m = metrics_of(second.get());
+  CHECK(m.has_storage == 1);
+  CHECK(m.fetched_pages == 56 / kPage);
+  CHECK(m.storage_corrupt_pages == 0);
+  CHECK(serve(second.get(), "acme-2", p)[0] == 0);  // the salt is in every key
+}
+
+TEST_CASE("tiers C ABI: version-4 defaults; old struct sizes; bad input", "[capi][tiers][bad]") {
+  clm_engine_options full;
+  REQUIRE_OK(clm_engine_options_init(&full, sizeof full));
+  CHECK(full.host_pages == 0);
+  CHECK(full.write_policy == CLM_WRITE_THROUGH);
+  CHECK(full.storage_url == nullptr);
+  CHECK(full.prefetch_policy == CLM_PREFETCH_TIMEOUT);
+  CHECK(full.storage_workers == 2);
+  CHECK(full.storage_batch_pages == 32);
+
+  // Version 3 of the options: create gives the tier fields their defaults (no tiers).
+  const size_t v3 = offsetof(clm_engine_options, snapshot_lookup_timeout_us) + sizeof(int32_t);
+  clm_engine_options o;
+  std::memset(&o, 0xCD, sizeof o);
+  REQUIRE_OK(clm_engine_options_init(&o, v3));
+  o.num_pages = 8;
+  o.memory = CLM_MEMORY_NONE;
+  clm_engine* e = nullptr;
+  REQUIRE_OK(clm_engine_create(&e, &o));
+  EnginePtr old(e);
+  // Version 3 of the metrics gets its fields only.
+  const size_t m3 = offsetof(clm_metrics, has_snapshot_store) + sizeof(int32_t);
+  clm_metrics m;
+  std::memset(&m, 0xCD, sizeof m);
+  m.struct_size = static_cast<uint32_t>(m3);
+  REQUIRE_OK(clm_engine_metrics(&m, old.get()));
+  const unsigned char* tail = reinterpret_cast<const unsigned char*>(&m) + m3;
+  for (size_t i = 0; i < sizeof m - m3; ++i) CHECK(tail[i] == 0xCD);
+  CHECK(metrics_of(old.get()).has_tiers == 0);
+
+  clm_engine_options bad = tier_options(8, 8, nullptr);
+  bad.write_policy = 3;
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  bad = tier_options(8, 8, nullptr);
+  bad.prefetch_policy = -1;
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  bad = tier_options(8, 0, "file:///tmp/clm-capi-never");
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));  // storage without a host tier
+  bad = tier_options(8, 8, "redis://[::1");
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  bad = tier_options(8, 8, "s3://bucket/x");
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  bad = tier_options(8, -1, nullptr);  // no tiers is 0, not a negative size
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  bad = tier_options(8, 8, nullptr);
+  bad.storage_workers = 0;
+  bad.storage_url = "file:///tmp/clm-capi-never";
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  const std::string long_url(10000, 'x');
+  bad = tier_options(8, 8, long_url.c_str());
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  // A Redis that is not there is not an error at create: admissions just miss.
+  bad = tier_options(8, 8, "redis://127.0.0.1:1/0?timeout_ms=50");
+  REQUIRE_OK(clm_engine_create(&e, &bad));
+  EnginePtr unreachable(e);
+  const std::vector<int32_t> p{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  CHECK(serve(unreachable.get(), "", p)[0] == 0);
+  CHECK(metrics_of(unreachable.get()).storage_errors > 0);
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_prefetch(nullptr, p.data(), p.size(), nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_prefetch(unreachable.get(), nullptr, 3, nullptr));
+  const std::vector<int32_t> negative{1, -5, 3};
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_prefetch(unreachable.get(), negative.data(), negative.size(), nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_wait_for_tiers(nullptr));
+  CHECK(clm_seq_host_tokens(nullptr) == 0);
+  CHECK(clm_seq_storage_tokens(nullptr) == 0);
+}

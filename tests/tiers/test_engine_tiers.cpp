@@ -1,0 +1,450 @@
+// The tiered KV cache through the Engine: host tier (L2) write policies and
+// load-back, storage (L3) on a directory and on a real redis-server, sharing
+// across two processes, tenant isolation, and failures.
+//
+// The reference for every KV byte: the "model" the test plays writes, for
+// token t of a prompt under tenant T, rows that are a hash of (T, tokens
+// [0, t]) (every layer, K and V). Whatever tier a cached page comes back
+// from, its rows must be exactly those of the prompt admitting it: a page of
+// another prefix, another tenant, a half-written or stale page fails here.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "clm/engine.hpp"
+#include "store/store_test_support.hpp"  // TempDir
+#include "tiers/redis_server.hpp"
+
+namespace {
+
+using clm::Admission;
+using clm::Engine;
+using clm::EngineConfig;
+
+constexpr std::int32_t kPage = 4;
+
+EngineConfig small_config(std::int32_t device_pages, std::int32_t host_pages) {
+  EngineConfig c;
+  c.pool.num_pages = device_pages;
+  c.pool.page_size = kPage;
+  c.pool.num_layers = 2;
+  c.pool.kv_heads = 1;
+  c.pool.head_dim = 8;
+  c.pool.dtype = clm::KvDType::f32;
+  c.tiers.host_pages = host_pages;
+  return c;
+}
+
+std::uint64_t prefix_hash(std::string_view salt, std::span<const std::int32_t> tokens, std::size_t upto) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](std::uint64_t v) {
+    h ^= v;
+    h *= 0x100000001b3ull;
+    h ^= h >> 29;
+  };
+  for (char c : salt) mix(static_cast<unsigned char>(c));
+  mix(0x5a17);
+  for (std::size_t i = 0; i <= upto; ++i) mix(static_cast<std::uint32_t>(tokens[i]));
+  return h;
+}
+
+// The K/V row of token `t` (as the model would compute it), element e of the row.
+float kv_value(std::uint64_t h, int layer, int kv, int e) {
+  std::uint64_t x = h ^ (static_cast<std::uint64_t>(layer) << 40) ^ (static_cast<std::uint64_t>(kv) << 32) ^
+                    static_cast<std::uint64_t>(e);
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return static_cast<float>(x % 100000) / 1000.0f;
+}
+
+float* row(const clm::PagedKvPool& pool, std::int64_t slot, int layer, int kv) {
+  const std::int32_t page = static_cast<std::int32_t>(slot / kPage);
+  const auto t = static_cast<std::size_t>(slot % kPage);
+  auto* base = static_cast<float*>(kv == 0 ? pool.k_data(page, layer) : pool.v_data(page, layer));
+  return base + t * static_cast<std::size_t>(pool.config().kv_heads * pool.config().head_dim);
+}
+
+// The host's side: writes the K/V of the new tokens, and checks the cached ones.
+void write_rows(const Engine& engine, std::string_view salt, std::span<const std::int32_t> prompt, const Admission& a) {
+  const clm::PagedKvPool& pool = engine.pool();
+  const int width = pool.config().kv_heads * pool.config().head_dim;
+  for (std::size_t i = 0; i < a.slots.size(); ++i) {
+    const std::uint64_t h = prefix_hash(salt, prompt, static_cast<std::size_t>(a.cached_tokens) + i);
+    for (int layer = 0; layer < pool.config().num_layers; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        float* r = row(pool, a.slots[i], layer, kv);
+        for (int e = 0; e < width; ++e) r[e] = kv_value(h, layer, kv, e);
+      }
+    }
+  }
+}
+
+// Number of cached tokens whose rows differ from the reference (0 is right).
+int wrong_cached_rows(const Engine& engine, std::string_view salt, std::span<const std::int32_t> prompt,
+                      const Admission& a) {
+  const clm::PagedKvPool& pool = engine.pool();
+  const int width = pool.config().kv_heads * pool.config().head_dim;
+  int wrong = 0;
+  for (std::int32_t t = 0; t < a.cached_tokens; ++t) {
+    const std::int64_t slot =
+        static_cast<std::int64_t>(a.page_table[static_cast<std::size_t>(t / kPage)]) * kPage + t % kPage;
+    const std::uint64_t h = prefix_hash(salt, prompt, static_cast<std::size_t>(t));
+    bool same = true;
+    for (int layer = 0; layer < pool.config().num_layers; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const float* r = row(pool, slot, layer, kv);
+        for (int e = 0; e < width; ++e) same = same && r[e] == kv_value(h, layer, kv, e);
+      }
+    }
+    wrong += same ? 0 : 1;
+  }
+  return wrong;
+}
+
+// One request: admit, check what was cached, compute the rest, finish.
+Admission serve(Engine& engine, std::string_view salt, std::span<const std::int32_t> prompt) {
+  Admission a;
+  const clm::Status s = engine.admit(prompt, {.cache_salt = salt}, a);
+  INFO(s.message());
+  if (!s.ok()) {
+    engine.wait_for_tiers();
+    INFO("after the tiers' jobs: protected " << engine.metrics().cache.protected_tokens);
+    CHECK(false);
+  }
+  REQUIRE(s.ok());
+  REQUIRE(wrong_cached_rows(engine, salt, prompt, a) == 0);
+  REQUIRE(a.storage_tokens <= a.host_tokens);
+  REQUIRE(a.host_tokens <= a.cached_tokens);
+  write_rows(engine, salt, prompt, a);
+  REQUIRE(engine.finish(a.seq).ok());
+  return a;
+}
+
+std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n) {
+  std::vector<std::int32_t> t(n);
+  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 30000);
+  return t;
+}
+
+std::unique_ptr<Engine> make_engine(const EngineConfig& c) {
+  std::unique_ptr<Engine> e;
+  const clm::Status s = Engine::create(c, e);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  return e;
+}
+
+// Conversations over shared system prompts, more than the device tier holds.
+struct Workload {
+  std::vector<std::vector<std::int32_t>> prompts;
+  explicit Workload(std::uint64_t seed, int systems = 6, int requests = 400) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::vector<std::int32_t>> system;
+    for (int i = 0; i < systems; ++i) system.push_back(random_tokens(rng, 40 + rng() % 40));
+    std::vector<std::vector<std::int32_t>> chats;
+    for (int r = 0; r < requests; ++r) {
+      if (chats.empty() || rng() % 3 == 0) {
+        chats.push_back(system[rng() % system.size()]);
+      }
+      std::vector<std::int32_t>& chat = chats[rng() % chats.size()];
+      if (chat.size() > 150) chat = system[rng() % system.size()];  // a new conversation: a request fits the device
+      const std::vector<std::int32_t> turn = random_tokens(rng, 5 + rng() % 20);
+      chat.insert(chat.end(), turn.begin(), turn.end());
+      prompts.push_back(chat);
+    }
+  }
+};
+
+double run_hit_rate(const EngineConfig& c, const Workload& w, clm::EngineMetrics* metrics = nullptr) {
+  auto engine = make_engine(c);
+  std::uint64_t cached = 0, total = 0;
+  for (const auto& p : w.prompts) {
+    const Admission a = serve(*engine, "", p);
+    cached += static_cast<std::uint64_t>(a.cached_tokens);
+    total += p.size();
+    REQUIRE(engine->check_invariants().ok());
+  }
+  engine->wait_for_tiers();
+  if (metrics) *metrics = engine->metrics();
+  return static_cast<double>(cached) / static_cast<double>(total);
+}
+
+}  // namespace
+
+TEST_CASE("host tier: every policy serves exact pages and beats the device tier alone", "[tiers]") {
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  const Workload w(seed);
+  EngineConfig device_only = small_config(64, 0);
+  const double alone = run_hit_rate(device_only, w);
+  for (const clm::WritePolicy policy :
+       {clm::WritePolicy::write_through, clm::WritePolicy::write_through_selective, clm::WritePolicy::write_back}) {
+    EngineConfig c = small_config(64, 256);
+    c.tiers.write_policy = policy;
+    clm::EngineMetrics m;
+    const double tiered = run_hit_rate(c, w, &m);
+    INFO("policy " << static_cast<int>(policy) << ": hit rate " << tiered << " vs " << alone << " on the device alone");
+    CHECK(tiered > alone);
+    CHECK(m.has_tiers);
+    CHECK(m.tiers.host_hit_tokens > 0);
+    CHECK(m.tiers.loaded_pages * kPage == m.tiers.host_hit_tokens);
+    CHECK(m.tiers.backed_up_pages > 0);
+    CHECK(m.cache.host_cached_tokens > 0);
+    CHECK(m.tiers.storage_hit_tokens == 0);
+  }
+}
+
+TEST_CASE("host tier: concurrent requests keep every page exact", "[tiers]") {
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  EngineConfig c = small_config(96, 192);
+  c.tiers.write_policy = clm::WritePolicy::write_through;
+  auto engine = make_engine(c);
+  const Workload w(seed, 4, 1200);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t i = static_cast<std::size_t>(t); i < w.prompts.size(); i += 4) {
+        const auto& p = w.prompts[i];
+        Admission a;
+        if (!engine->admit(p, {}, a).ok()) continue;  // a full pool may refuse
+        if (wrong_cached_rows(*engine, "", p, a) != 0) ++failures;
+        write_rows(*engine, "", p, a);
+        if (!engine->finish(a.seq).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  engine->wait_for_tiers();
+  CHECK(failures == 0);
+  REQUIRE(engine->check_invariants().ok());
+  CHECK(engine->metrics().tiers.host_hit_tokens > 0);
+}
+
+TEST_CASE("storage tier: a directory shared by two engines gives the second the first's pages", "[tiers]") {
+  clm_test::TempDir dir;
+  std::mt19937_64 rng(std::random_device{}());
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 203);
+  EngineConfig c = small_config(128, 128);
+  c.tiers.write_policy = clm::WritePolicy::write_through;
+  c.tiers.storage_url = "file://" + dir.str();
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  {
+    auto first = make_engine(c);
+    serve(*first, "t", prompt);
+    serve(*first, "t", prompt);  // the hit: a host copy, then storage
+    first->wait_for_tiers();
+    CHECK(first->metrics().tiers.stored_pages == 202 / kPage);
+  }
+  auto second = make_engine(c);
+  const Admission a = serve(*second, "t", prompt);
+  CHECK(a.cached_tokens == 202 / kPage * kPage);
+  CHECK(a.storage_tokens == a.cached_tokens);
+  const clm::EngineMetrics m = second->metrics();
+  CHECK(m.tiers.fetched_pages == 202 / kPage);
+  CHECK(m.tiers.storage_hit_tokens == static_cast<std::uint64_t>(a.cached_tokens));
+  // Another tenant, and the same tenant under another adapter, get nothing.
+  Admission other;
+  REQUIRE(second->admit(prompt, {.cache_salt = "t2"}, other).ok());
+  CHECK(other.cached_tokens == 0);
+  REQUIRE(second->abort(other.seq).ok());
+  REQUIRE(second->admit(prompt, {.cache_salt = "t", .adapter_id = 3}, other).ok());
+  CHECK(other.cached_tokens == 0);
+  REQUIRE(second->abort(other.seq).ok());
+}
+
+TEST_CASE("storage tier: a damaged stored page is never loaded; the pages before it are", "[tiers]") {
+  clm_test::TempDir dir;
+  std::mt19937_64 rng(std::random_device{}());
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 81);  // 20 whole pages
+  EngineConfig c = small_config(64, 64);
+  c.tiers.write_policy = clm::WritePolicy::write_through;
+  c.tiers.storage_url = "file://" + dir.str();
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  {
+    auto first = make_engine(c);
+    serve(*first, "t", prompt);
+    serve(*first, "t", prompt);
+    first->wait_for_tiers();
+    REQUIRE(first->metrics().tiers.stored_pages == 20);
+  }
+  // Page 12's file: flip one payload byte (the key says which file it is).
+  std::vector<clm::PageKey> keys(20);
+  REQUIRE(clm::chain_page_keys(clm::PageKey::root(), prompt, kPage, {"t", 0}, keys).ok());
+  const std::string hex = keys[12].hex();
+  std::filesystem::path victim;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path())) {
+    if (entry.is_regular_file() && entry.path().filename().string().find(hex) != std::string::npos)
+      victim = entry.path();
+  }
+  REQUIRE_FALSE(victim.empty());
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char byte = 0;
+    f.read(&byte, 1);
+    f.seekp(-5, std::ios::end);
+    byte = static_cast<char>(byte ^ 0x40);
+    f.write(&byte, 1);
+  }
+  auto second = make_engine(c);
+  const Admission a = serve(*second, "t", prompt);  // every cached row checked against the reference
+  CHECK(a.cached_tokens == 12 * kPage);
+  CHECK(a.storage_tokens == 12 * kPage);
+  CHECK(second->metrics().tiers.storage.corrupt_pages == 1);
+}
+
+TEST_CASE("storage tier: two processes on one redis-server share a prefix, bit for bit", "[tiers][redis]") {
+  clm_test::RedisServer redis;
+  redis.start();
+  std::mt19937_64 rng(std::random_device{}());
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 2048 / 4 + 7);
+  EngineConfig c = small_config(256, 256);
+  c.tiers.write_policy = clm::WritePolicy::write_through;
+  c.tiers.storage_url = redis.url("share:");
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the first instance: computes the prefix, and it lands in redis
+    int code = 1;
+    {
+      std::unique_ptr<Engine> first;
+      if (Engine::create(c, first).ok()) {
+        Admission a;
+        for (int round = 0; round < 2; ++round) {
+          if (!first->admit(prompt, {.cache_salt = "acme"}, a).ok()) break;
+          write_rows(*first, "acme", prompt, a);
+          (void)first->finish(a.seq);
+        }
+        first->wait_for_tiers();
+        code = first->metrics().tiers.stored_pages > 0 ? 0 : 2;
+      }
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  auto second = make_engine(c);
+  const Admission a = serve(*second, "acme", prompt);  // checks every cached row against the reference
+  CHECK(a.cached_tokens == static_cast<std::int32_t>((prompt.size() - 1) / kPage * kPage));
+  CHECK(a.storage_tokens == a.cached_tokens);
+  // The salt is in every key: the same tokens under another tenant find nothing in redis.
+  Admission other;
+  REQUIRE(second->admit(prompt, {.cache_salt = "acme2"}, other).ok());
+  CHECK(other.cached_tokens == 0);
+  CHECK(other.storage_tokens == 0);
+  REQUIRE(second->abort(other.seq).ok());
+}
+
+TEST_CASE("storage tier: redis going away falls back to recompute, and is used again when back", "[tiers][redis]") {
+  clm_test::RedisServer redis;
+  redis.start();
+  std::mt19937_64 rng(std::random_device{}());
+  EngineConfig c = small_config(64, 64);
+  c.tiers.write_policy = clm::WritePolicy::write_through;
+  c.tiers.storage_url = redis.url("faults:", "timeout_ms=100");
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  auto engine = make_engine(c);
+  redis.stop();
+  const std::vector<std::int32_t> a_prompt = random_tokens(rng, 61);
+  const Admission first = serve(*engine, "x", a_prompt);  // storage down: no error, just no hit
+  CHECK(first.cached_tokens == 0);
+  serve(*engine, "x", a_prompt);
+  engine->wait_for_tiers();
+  CHECK(engine->metrics().tiers.storage_errors > 0);
+  redis.restart();
+  // The backend waits ~100 ms after a failed connect before it tries again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::vector<std::int32_t> b_prompt = random_tokens(rng, 61);
+  serve(*engine, "x", b_prompt);
+  serve(*engine, "x", b_prompt);  // hit: stored now that redis is back
+  engine->wait_for_tiers();
+  CHECK(engine->metrics().tiers.stored_pages >= 60 / kPage);
+  auto fresh = make_engine(c);  // a new instance finds it there
+  const Admission again = serve(*fresh, "x", b_prompt);
+  CHECK(again.storage_tokens == 60 / kPage * kPage);
+}
+
+TEST_CASE("storage tier: a hung redis never holds the engine lock", "[tiers][redis]") {
+  clm_test::RedisServer redis;
+  redis.start();
+  std::mt19937_64 rng(std::random_device{}());
+  EngineConfig c = small_config(64, 64);
+  c.tiers.write_policy = clm::WritePolicy::write_through;
+  c.tiers.storage_url = redis.url("hung:", "timeout_ms=1500");
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  auto engine = make_engine(c);
+  const std::vector<std::int32_t> cached = random_tokens(rng, 41);
+  serve(*engine, "x", cached);  // on the device from now on: its admissions need no storage
+  redis.pause();
+  // An admission that asks storage waits for the hung server (up to the backend's timeout)...
+  std::atomic<bool> waiting_done{false};
+  std::thread waiting([&] {
+    Admission a;
+    const std::vector<std::int32_t> fresh = random_tokens(rng, 41);
+    if (engine->admit(fresh, {.cache_salt = "x"}, a).ok()) (void)engine->abort(a.seq);
+    waiting_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // ... while everything else goes on: these take the engine lock.
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) {
+    const Admission a = serve(*engine, "x", cached);
+    CHECK(a.cached_tokens == 40);
+    CHECK(engine->check_invariants().ok());
+    (void)engine->metrics();
+  }
+  const double busy_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  CHECK_FALSE(waiting_done.load());  // the storage admission is still waiting
+  CHECK(busy_ms < 500.0);
+  redis.resume();
+  waiting.join();
+  engine->wait_for_tiers();
+  REQUIRE(engine->check_invariants().ok());
+}
+
+TEST_CASE("tiers: bad configurations are refused with a clear status", "[tiers]") {
+  std::unique_ptr<Engine> e;
+  EngineConfig c = small_config(16, 0);
+  c.tiers.storage_url = "file:///tmp";
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::invalid_argument);  // storage needs a host tier
+  c = small_config(16, 16);
+  c.tiers.storage_url = "gopher://x";
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::invalid_argument);
+  c.tiers.storage_url = "redis://127.0.0.1:99999/0";
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::invalid_argument);
+  c.tiers.storage_url = "";
+  c.tiers.storage_workers = 0;
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::invalid_argument);
+  c = small_config(16, 16);
+  c.tiers.prefetch_timeout_ms = -1;
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::invalid_argument);
+  c = small_config(16, 16);
+  c.pool.memory = clm::MemoryKind::none;
+  c.tiers.storage_url = "file:///tmp/clm-never-created";
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::invalid_argument);  // no bytes to store
+  c = small_config(16, 16);
+  std::unique_ptr<Engine> plain;
+  REQUIRE(Engine::create(small_config(16, 0), plain).ok());
+  CHECK(plain->prefetch(std::vector<std::int32_t>{1, 2, 3}, {}).code() == clm::StatusCode::failed_precondition);
+}

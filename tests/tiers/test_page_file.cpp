@@ -1,0 +1,277 @@
+// The stored page format (clm/tiers/page_file.hpp) and its checksum
+// (clm/detail/fast_checksum.hpp): round trips on random pages, every header
+// bit flip, sampled payload bit flips, every truncation, foreign keys and
+// layouts, all refused; the header's documented offsets read back by hand;
+// the checksum against a plain byte-wise reference and published xxHash64
+// digests.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "clm/detail/fast_checksum.hpp"
+#include "clm/tiers/page_file.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+// xxHash64 as its specification reads, one byte at a time: a different path
+// from the library's word loads and pointer walk.
+std::uint64_t rotl(std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+std::uint64_t read_bytes(const std::vector<std::uint8_t>& v, std::size_t at, int n) {
+  std::uint64_t out = 0;
+  for (int k = n - 1; k >= 0; --k) out = (out << 8) | v[at + static_cast<std::size_t>(k)];
+  return out;
+}
+std::uint64_t reference_xxh64(const std::vector<std::uint8_t>& v, std::uint64_t seed) {
+  const std::uint64_t p1 = 11400714785074694791ull, p2 = 14029467366897019727ull, p3 = 1609587929392839161ull,
+                      p4 = 9650029242287828579ull, p5 = 2870177450012600261ull;
+  auto round = [&](std::uint64_t acc, std::uint64_t lane) { return rotl(acc + lane * p2, 31) * p1; };
+  const std::size_t n = v.size();
+  std::size_t i = 0;
+  std::uint64_t h = 0;
+  if (n >= 32) {
+    std::uint64_t acc[4] = {seed + p1 + p2, seed + p2, seed, seed - p1};
+    while (i + 32 <= n) {
+      for (int lane = 0; lane < 4; ++lane) acc[lane] = round(acc[lane], read_bytes(v, i + 8 * lane, 8));
+      i += 32;
+    }
+    h = rotl(acc[0], 1) + rotl(acc[1], 7) + rotl(acc[2], 12) + rotl(acc[3], 18);
+    for (int lane = 0; lane < 4; ++lane) h = (h ^ round(0, acc[lane])) * p1 + p4;
+  } else {
+    h = seed + p5;
+  }
+  h += n;
+  while (i + 8 <= n) {
+    h = rotl(h ^ round(0, read_bytes(v, i, 8)), 27) * p1 + p4;
+    i += 8;
+  }
+  if (i + 4 <= n) {
+    h = rotl(h ^ (read_bytes(v, i, 4) * p1), 23) * p2 + p3;
+    i += 4;
+  }
+  while (i < n) h = rotl(h ^ (v[i++] * p5), 11) * p1;
+  h ^= h >> 33;
+  h *= p2;
+  h ^= h >> 29;
+  h *= p3;
+  h ^= h >> 32;
+  return h;
+}
+
+std::uint64_t checksum_of(const std::string& s, std::uint64_t seed = 0) {
+  return clm::detail::fast_checksum(s.data(), s.size(), seed);
+}
+
+std::uint64_t read_le(const std::vector<std::byte>& v, std::size_t at, int n) {
+  std::uint64_t out = 0;
+  for (int k = 0; k < n; ++k) out |= static_cast<std::uint64_t>(v[at + static_cast<std::size_t>(k)]) << (8 * k);
+  return out;
+}
+
+clm::PageLayout random_layout(std::mt19937& rng) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<std::int32_t>(lo, hi)(rng); };
+  return {pick(1, 8), pick(1, 3), pick(1, 4), pick(1, 16), static_cast<clm::KvDType>(pick(0, 2))};
+}
+
+clm::PageKey random_key(std::mt19937& rng) {
+  clm::PageKey k;
+  for (auto& b : k.bytes) b = static_cast<std::uint8_t>(rng());
+  return k;
+}
+
+std::vector<std::byte> random_bytes(std::mt19937& rng, std::size_t n) {
+  std::vector<std::byte> out(n);
+  for (auto& b : out) b = static_cast<std::byte>(rng());
+  return out;
+}
+
+// header + payload, as a backend stores it.
+std::vector<std::byte> stored_value(const clm::PageKey& key, const clm::PageLayout& layout,
+                                    const std::vector<std::byte>& payload) {
+  const clm::PageHeaderBytes header = clm::encode_page_header(key, layout, payload);
+  std::vector<std::byte> value(header.size() + payload.size());
+  std::memcpy(value.data(), header.data(), header.size());
+  if (!payload.empty()) std::memcpy(value.data() + header.size(), payload.data(), payload.size());
+  return value;
+}
+
+clm::Status decode(const std::vector<std::byte>& value, const clm::PageKey& key, const clm::PageLayout& layout) {
+  std::span<const std::byte> payload;
+  const clm::Status s = clm::decode_page(value, key, layout, payload);
+  if (!s.ok()) REQUIRE(payload.data() == nullptr);  // untouched on refusal
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("fast_checksum is xxHash64: published digests", "[tiers][checksum]") {
+  std::string abc999, abcd1000;
+  for (int i = 0; i < 999; ++i) abc999 += "abc";
+  for (int i = 0; i < 1000; ++i) abcd1000 += "abcd";
+  CHECK(checksum_of("") == 0xEF46DB3751D8E999ull);
+  CHECK(checksum_of("a") == 0xD24EC4F1A98C6E5Bull);
+  CHECK(checksum_of("abc") == 0x44BC2CF5AD770999ull);
+  CHECK(checksum_of(abc999) == 0x933EB85613976467ull);
+  CHECK(checksum_of(abcd1000) == 0x205219D38E8898BCull);
+}
+
+TEST_CASE("fast_checksum equals a plain byte-wise reference on every length and alignment", "[tiers][checksum]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::vector<std::uint8_t> pool(1100);
+  for (int trial = 0; trial < 3000; ++trial) {
+    for (auto& b : pool) b = static_cast<std::uint8_t>(rng());
+    // Every length 0..1000 once, then random ones; every alignment 0..15.
+    const std::size_t length = trial <= 1000 ? static_cast<std::size_t>(trial) : rng() % 1001;
+    const std::size_t offset = rng() % 16;
+    const std::uint64_t hash_seed = trial % 4 == 0 ? 0 : rng();
+    const std::vector<std::uint8_t> data(pool.begin() + static_cast<std::ptrdiff_t>(offset),
+                                         pool.begin() + static_cast<std::ptrdiff_t>(offset + length));
+    INFO("length " << length << " offset " << offset << " seed " << hash_seed);
+    REQUIRE(clm::detail::fast_checksum(pool.data() + offset, length, hash_seed) == reference_xxh64(data, hash_seed));
+  }
+}
+
+TEST_CASE("a page round-trips, and its header holds what the format says where it says", "[tiers][page_file]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 100; ++trial) {
+    const clm::PageLayout layout = random_layout(rng);
+    REQUIRE(clm::check_page_layout(layout).ok());
+    const clm::PageKey key = random_key(rng);
+    const std::vector<std::byte> payload = random_bytes(rng, layout.page_bytes());
+    const std::vector<std::byte> value = stored_value(key, layout, payload);
+    REQUIRE(value.size() == 80 + layout.page_bytes());
+
+    std::span<const std::byte> back;
+    const clm::Status s = clm::decode_page(value, key, layout, back);
+    INFO(s.message());
+    REQUIRE(s.ok());
+    REQUIRE(back.data() == value.data() + 80);  // points into the value, no copy
+    REQUIRE(std::equal(back.begin(), back.end(), payload.begin(), payload.end()));
+
+    // Offsets by hand (little-endian).
+    CHECK(std::memcmp(value.data(), "CLMKVPG1", 8) == 0);
+    CHECK(read_le(value, 8, 4) == 1);
+    CHECK(std::memcmp(value.data() + 12, key.bytes.data(), 32) == 0);
+    CHECK(read_le(value, 44, 4) == static_cast<std::uint64_t>(layout.page_size));
+    CHECK(read_le(value, 48, 4) == static_cast<std::uint64_t>(layout.num_layers));
+    CHECK(read_le(value, 52, 4) == static_cast<std::uint64_t>(layout.kv_heads));
+    CHECK(read_le(value, 56, 4) == static_cast<std::uint64_t>(layout.head_dim));
+    CHECK(read_le(value, 60, 4) == static_cast<std::uint64_t>(layout.dtype));
+    CHECK(read_le(value, 64, 8) == layout.page_bytes());
+    // checksum = xxh64(payload, seed = xxh64(header bytes 0..72)), by the reference.
+    const std::vector<std::uint8_t> head(reinterpret_cast<const std::uint8_t*>(value.data()),
+                                         reinterpret_cast<const std::uint8_t*>(value.data()) + 72);
+    const std::vector<std::uint8_t> body(reinterpret_cast<const std::uint8_t*>(value.data()) + 80,
+                                         reinterpret_cast<const std::uint8_t*>(value.data()) + value.size());
+    CHECK(read_le(value, 72, 8) == reference_xxh64(body, reference_xxh64(head, 0)));
+  }
+}
+
+TEST_CASE("every header bit flip and sampled payload bit flips are refused", "[tiers][page_file]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const clm::PageLayout layout{16, 2, 4, 32, clm::KvDType::f16};
+  const clm::PageKey key = random_key(rng);
+  const std::vector<std::byte> value = stored_value(key, layout, random_bytes(rng, layout.page_bytes()));
+  REQUIRE(decode(value, key, layout).ok());
+  std::vector<std::size_t> bits;
+  for (std::size_t bit = 0; bit < 80 * 8; ++bit) bits.push_back(bit);
+  bits.push_back(80 * 8);                // the payload's first bit
+  bits.push_back(value.size() * 8 - 1);  // and its last
+  for (int i = 0; i < 3000; ++i) bits.push_back(80 * 8 + rng() % (layout.page_bytes() * 8));
+  for (std::size_t bit : bits) {
+    std::vector<std::byte> flipped = value;
+    flipped[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+    INFO("bit " << bit);
+    const clm::Status s = decode(flipped, key, layout);
+    REQUIRE(s.code() == clm::StatusCode::invalid_argument);
+  }
+}
+
+TEST_CASE("every truncation and an extension are refused", "[tiers][page_file]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const clm::PageLayout layout{4, 1, 2, 8, clm::KvDType::bf16};
+  const clm::PageKey key = random_key(rng);
+  const std::vector<std::byte> value = stored_value(key, layout, random_bytes(rng, layout.page_bytes()));
+  for (std::size_t n = 0; n < value.size(); ++n) {
+    // A copy of exactly n bytes, so ASan sees any read past the end.
+    const std::vector<std::byte> cut(value.begin(), value.begin() + static_cast<std::ptrdiff_t>(n));
+    INFO("length " << n);
+    REQUIRE(decode(cut, key, layout).code() == clm::StatusCode::invalid_argument);
+  }
+  std::vector<std::byte> longer = value;
+  longer.push_back(std::byte{0});
+  CHECK(decode(longer, key, layout).code() == clm::StatusCode::invalid_argument);
+}
+
+TEST_CASE("a page of another key or layout is refused, naming what differs", "[tiers][page_file]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const clm::PageLayout layout{8, 2, 2, 16, clm::KvDType::f16};
+  const clm::PageKey key = random_key(rng);
+  const std::vector<std::byte> value = stored_value(key, layout, random_bytes(rng, layout.page_bytes()));
+
+  clm::PageKey other = key;
+  other.bytes[31] ^= 1;
+  const clm::Status wrong_key = decode(value, other, layout);
+  CHECK(wrong_key.code() == clm::StatusCode::invalid_argument);
+  CHECK_THAT(wrong_key.message(), Catch::Contains("key"));
+
+  struct Variant {
+    clm::PageLayout layout;
+    const char* field;
+  };
+  const Variant variants[] = {
+      {{16, 2, 2, 16, clm::KvDType::f16}, "page_size"}, {{8, 3, 2, 16, clm::KvDType::f16}, "num_layers"},
+      {{8, 2, 1, 16, clm::KvDType::f16}, "kv_heads"},   {{8, 2, 2, 8, clm::KvDType::f16}, "head_dim"},
+      {{8, 2, 2, 16, clm::KvDType::bf16}, "dtype"},     {{8, 2, 2, 16, clm::KvDType::f32}, "dtype"},
+      {{4, 2, 2, 32, clm::KvDType::f16}, "page_size"},  // same page_bytes, other shape
+  };
+  for (const Variant& v : variants) {
+    const clm::Status s = decode(value, key, v.layout);
+    INFO(v.field << ": " << s.message());
+    CHECK(s.code() == clm::StatusCode::invalid_argument);
+    CHECK_THAT(s.message(), Catch::Contains(v.field));
+  }
+  // A value that is all zeros, or random, of the right size: bad magic.
+  const std::vector<std::byte> zeros(value.size());
+  CHECK_THAT(decode(zeros, key, layout).message(), Catch::Contains("magic"));
+  for (int i = 0; i < 200; ++i) {
+    const std::vector<std::byte> junk = random_bytes(rng, rng() % (value.size() + 100));
+    CHECK(decode(junk, key, layout).code() == clm::StatusCode::invalid_argument);
+  }
+}
+
+TEST_CASE("check_page_layout refuses layouts no page can have", "[tiers][page_file]") {
+  const clm::PageLayout good{16, 32, 8, 128, clm::KvDType::f16};
+  CHECK(clm::check_page_layout(good).ok());
+  const std::int32_t big = std::numeric_limits<std::int32_t>::max();
+  const clm::PageLayout bad[] = {
+      {0, 32, 8, 128, clm::KvDType::f16},
+      {16, 0, 8, 128, clm::KvDType::f16},
+      {16, 32, -1, 128, clm::KvDType::f16},
+      {16, 32, 8, 0, clm::KvDType::f16},
+      {16, 32, 8, 128, static_cast<clm::KvDType>(7)},
+      {big, big, big, big, clm::KvDType::f32},  // page_bytes() would overflow
+      {1024, 64, 64, 256, clm::KvDType::f32},   // 8 GiB pages
+  };
+  for (const auto& layout : bad) {
+    const clm::Status s = clm::check_page_layout(layout);
+    INFO(s.message());
+    CHECK(s.code() == clm::StatusCode::invalid_argument);
+  }
+}

@@ -1,0 +1,63 @@
+// tests/tiers/tiers_test_support.hpp: what the storage tier's tests share:
+// random page keys, and page bytes that are a function of the key, so any
+// thread (or process) can check a page it did not write.
+//
+//   const clm::PageKey key = clm_test::random_page_key(rng);
+//   std::vector<std::byte> page = clm_test::page_bytes_of(key, layout);
+//   CHECK(clm_test::page_matches(key, layout, buffer_slot));
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "clm/tiers/page_key.hpp"
+#include "clm/tiers/storage_backend.hpp"
+
+namespace clm_test {
+
+inline clm::PageKey random_page_key(std::mt19937_64& rng) {
+  clm::PageKey key;
+  for (auto& b : key.bytes) b = static_cast<std::uint8_t>(rng());
+  return key;
+}
+
+// Pseudo-random bytes seeded by the key (and a variant, for "another payload
+// under the same key").
+inline std::vector<std::byte> page_bytes_of(const clm::PageKey& key, const clm::PageLayout& layout,
+                                            std::uint64_t variant = 0) {
+  std::uint64_t seed = variant * 0x9E3779B97F4A7C15ull;
+  for (std::size_t i = 0; i < 8; ++i) seed ^= static_cast<std::uint64_t>(key.bytes[i]) << (8 * i);
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> out(layout.page_bytes());
+  std::size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    const std::uint64_t v = rng();
+    for (int b = 0; b < 8; ++b) out[i + static_cast<std::size_t>(b)] = static_cast<std::byte>(v >> (8 * b));
+  }
+  for (; i < out.size(); ++i) out[i] = static_cast<std::byte>(rng());
+  return out;
+}
+
+inline bool page_matches(const clm::PageKey& key, const clm::PageLayout& layout, std::span<const std::byte> slot,
+                         std::uint64_t variant = 0) {
+  const std::vector<std::byte> want = page_bytes_of(key, layout, variant);
+  return std::equal(slot.begin(), slot.end(), want.begin(), want.end());
+}
+
+// The pages of `keys`, back to back, as set() takes them.
+inline std::vector<std::byte> pages_of(std::span<const clm::PageKey> keys, const clm::PageLayout& layout,
+                                       std::uint64_t variant = 0) {
+  std::vector<std::byte> out;
+  out.reserve(keys.size() * layout.page_bytes());
+  for (const auto& key : keys) {
+    const auto page = page_bytes_of(key, layout, variant);
+    out.insert(out.end(), page.begin(), page.end());
+  }
+  return out;
+}
+
+}  // namespace clm_test
