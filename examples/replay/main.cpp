@@ -1,10 +1,12 @@
 // examples/replay/main.cpp: the `replay` command. Parses flags, loads the
-// workload, replays it through PagedKvPool + RadixTree and prints the figures
+// workload, replays it through PagedKvPool + RadixTree (or, with tier flags,
+// through a clm::Engine with a host tier and storage) and prints the figures
 // (see replay_driver.hpp for the protocol, ../shared/workloads.md for the
 // workloads).
 //
 // Exit status: 0 ok, 1 the replay failed a check (page leak, broken tree
-// invariant), 2 bad input (flags, files, malformed lines).
+// invariant, a tier serving wrong K/V bytes), 2 bad input (flags, files,
+// malformed lines, a storage URL the Engine refuses or cannot open).
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +35,9 @@ constexpr int kExitBadInput = 2;
 constexpr std::string_view kUsage =
     "usage: replay --workload gsp|FILE.jsonl|mooncake:FILE --page-size N --capacity TOKENS\n"
     "              [--policy lru|lfu|slru|priority] [--json] [--repeat K] [--seed S]\n"
+    "              [--l2-capacity TOKENS [--storage URL]\n"
+    "               [--write-policy write_through|write_through_selective|write_back]\n"
+    "               [--prefetch best_effort|wait_complete|timeout]]\n"
     "       replay --write-gsp FILE [--seed S]   (then replays too when --workload is given)\n"
     "\n"
     "  --workload   gsp: SGLang's generated-shared-prefix workload (64 groups x 16 prompts,\n"
@@ -45,7 +50,23 @@ constexpr std::string_view kUsage =
     "  --json       one JSON object on stdout instead of text\n"
     "  --repeat     replays on a fresh pool and tree; times are their median (default 1)\n"
     "  --seed       gsp generator seed (default 42)\n"
-    "  --write-gsp  write the gsp workload of --seed as JSONL to FILE\n";
+    "  --write-gsp  write the gsp workload of --seed as JSONL to FILE\n"
+    "\n"
+    "Tiers (the replay then runs each request through a clm::Engine with a tiered cache:\n"
+    "admit, decode the output, finish, and a wait for the tiers' copies and storage calls):\n"
+    "  --l2-capacity   host tier (L2) size in tokens; --capacity is then the device tier (L1).\n"
+    "                  0 or absent: no tiers (the plain replay above)\n"
+    "  --storage       storage tier (L3) URL, needs --l2-capacity: file:///DIR?capacity_mb=N or\n"
+    "                  redis://HOST:PORT/DB?prefix=P&ttl=S. Stored pages need KV bytes, so with\n"
+    "                  storage L1 is host memory of a tiny page (1 layer, 1 KV head, head_dim 8,\n"
+    "                  f16: 256 bytes a token) whose rows the replay writes and checks on every\n"
+    "                  hit; without it, page ids only. Runs once (no --repeat): a repeat would\n"
+    "                  find the first run's pages in storage\n"
+    "  --write-policy  when L1 pages get host copies (default write_through)\n"
+    "  --prefetch      how long an admission waits for storage (default wait_complete, so that\n"
+    "                  a run's hits do not depend on timing)\n"
+    "  The figures then split hits by tier: hit_rate = hit_rate_device + hit_rate_host +\n"
+    "  hit_rate_storage (tokens served from each / prompt tokens).\n";
 
 struct Options {
   std::string workload;
@@ -56,6 +77,11 @@ struct Options {
   int repeat = 1;
   std::uint64_t seed = clm::replay::GspParams{}.seed;
   std::string write_gsp;
+  std::optional<std::int64_t> l2_capacity;
+  std::string storage_url;
+  std::optional<clm::WritePolicy> write_policy;
+  std::optional<clm::PrefetchPolicy> prefetch_policy;
+  bool tiered() const { return l2_capacity && *l2_capacity > 0; }
 };
 
 // Thrown only inside flag parsing, turned into exit status 2 by main.
@@ -114,6 +140,24 @@ Options parse_flags(int argc, char** argv) {
     } else if (arg == "--write-gsp") {
       options.write_gsp = value();
       if (options.write_gsp.empty()) throw UsageError{"--write-gsp: empty file name"};
+    } else if (arg == "--l2-capacity") {
+      options.l2_capacity = parse_int<std::int64_t>(arg, value(), 0);
+    } else if (arg == "--storage") {
+      options.storage_url = value();
+      if (options.storage_url.empty()) throw UsageError{"--storage: empty URL"};
+    } else if (arg == "--write-policy") {
+      const std::string_view name = value();
+      options.write_policy = clm::replay::parse_write_policy(name);
+      if (!options.write_policy) {
+        throw UsageError{fmt::format(
+            "--write-policy: unknown policy '{}' (write_through, write_through_selective, write_back)", name)};
+      }
+    } else if (arg == "--prefetch") {
+      const std::string_view name = value();
+      options.prefetch_policy = clm::replay::parse_prefetch_policy(name);
+      if (!options.prefetch_policy) {
+        throw UsageError{fmt::format("--prefetch: unknown policy '{}' (best_effort, wait_complete, timeout)", name)};
+      }
     } else {
       throw UsageError{fmt::format("unknown argument '{}'", argv[i])};
     }
@@ -122,6 +166,15 @@ Options parse_flags(int argc, char** argv) {
   if (!options.workload.empty()) {
     if (!options.page_size) throw UsageError{"--page-size is required"};
     if (!options.capacity) throw UsageError{"--capacity is required"};
+  }
+  if (!options.storage_url.empty() && !options.tiered()) {
+    throw UsageError{"--storage needs a host tier: --l2-capacity TOKENS (> 0)"};
+  }
+  if ((options.write_policy || options.prefetch_policy) && !options.l2_capacity) {
+    throw UsageError{"--write-policy and --prefetch need --l2-capacity"};
+  }
+  if (!options.storage_url.empty() && options.repeat > 1) {
+    throw UsageError{"--storage runs once (no --repeat): a repeat would find the first run's pages in storage"};
   }
   return options;
 }
@@ -145,6 +198,26 @@ std::string json_string(std::string_view s) {
   return out;
 }
 
+// The tiered path's fields (with a leading comma), or nothing.
+std::string tier_json(const Options& options, const ReplayResult& r) {
+  if (!r.tiered) return {};
+  const clm::TierMetrics& t = r.tiers;
+  return fmt::format(
+      ",\"l2_capacity\":{},\"host_pages\":{},\"storage\":{},\"write_policy\":\"{}\",\"prefetch\":\"{}\","
+      "\"kv_bytes_checked\":{},\"hit_rate_device\":{},\"hit_rate_host\":{},\"hit_rate_storage\":{},"
+      "\"device_hit_tokens\":{},\"host_hit_tokens\":{},\"storage_hit_tokens\":{},\"load_backs\":{},"
+      "\"loaded_pages\":{},\"backed_up_pages\":{},\"dropped_backups\":{},\"stored_pages\":{},"
+      "\"fetched_pages\":{},\"prefetch_timeouts\":{},\"storage_errors\":{},\"storage_corrupt_pages\":{},"
+      "\"storage_dropped_writes\":{}",
+      *options.l2_capacity, r.host_pages, options.storage_url.empty() ? "null" : json_string(options.storage_url),
+      clm::replay::write_policy_name(options.write_policy.value_or(clm::replay::ReplayConfig{}.write_policy)),
+      clm::replay::prefetch_policy_name(options.prefetch_policy.value_or(clm::replay::ReplayConfig{}.prefetch_policy)),
+      r.has_kv_bytes ? "true" : "false", json_number(r.device_hit_rate()), json_number(r.host_hit_rate()),
+      json_number(r.storage_hit_rate()), r.device_hit_tokens, r.host_hit_tokens, r.storage_hit_tokens, t.load_backs,
+      t.loaded_pages, t.backed_up_pages, t.dropped_backups, t.stored_pages, t.fetched_pages, t.prefetch_timeouts,
+      t.storage_errors, t.storage.corrupt_pages, t.storage.dropped_writes);
+}
+
 void print_json(const Options& options, const ReplayResult& r, double memcmp_gbps) {
   std::string runs;
   for (const double w : r.wall_s_runs) {
@@ -159,14 +232,14 @@ void print_json(const Options& options, const ReplayResult& r, double memcmp_gbp
       "\"metadata_bytes_per_token\":{},\"metadata_sampled_at\":\"peak cached tokens, sampled every 64 requests\","
       "\"peak_cached_tokens\":{},\"metadata_bytes_at_peak\":{},"
       "\"metadata_bytes_per_token_end\":{},\"cached_tokens_end\":{},\"metadata_bytes_end\":{},"
-      "\"touched_bytes\":{},\"memcmp_gbps\":{},\"memory_bound_fraction\":{}}}\n",
+      "\"touched_bytes\":{},\"memcmp_gbps\":{},\"memory_bound_fraction\":{}{}}}\n",
       json_string(options.workload), clm::eviction_policy_name(options.policy), r.page_size, *options.capacity,
       r.num_pages, options.seed, r.requests, r.failed_requests, r.prompt_tokens, r.hit_tokens,
       json_number(r.hit_rate()), r.inserted_tokens, r.evicted_tokens, r.evictions, options.repeat,
       json_number(r.wall_s), runs, json_number(r.requests_per_s()), json_number(r.metadata_bytes_per_token()),
       r.peak_cached_tokens, r.metadata_bytes_at_peak, json_number(r.final_metadata_bytes_per_token()),
       r.final_cached_tokens, r.final_metadata_bytes, r.touched_bytes(), json_number(memcmp_gbps),
-      json_number(r.memory_bound_fraction(memcmp_gbps)));
+      json_number(r.memory_bound_fraction(memcmp_gbps)), tier_json(options, r));
 }
 
 void print_text(const Options& options, const ReplayResult& r, double memcmp_gbps) {
@@ -177,6 +250,22 @@ void print_text(const Options& options, const ReplayResult& r, double memcmp_gbp
              r.prompt_tokens, r.failed_requests);
   fmt::print("stored / evicted  {} tokens stored, {} tokens evicted in {} leaves\n", r.inserted_tokens,
              r.evicted_tokens, r.evictions);
+  if (r.tiered) {
+    const clm::TierMetrics& t = r.tiers;
+    fmt::print("tiers             L1 {} tokens, L2 {} tokens ({} pages), storage {}; {}, prefetch {}\n",
+               *options.capacity, *options.l2_capacity, r.host_pages,
+               options.storage_url.empty() ? std::string("none") : options.storage_url,
+               clm::replay::write_policy_name(options.write_policy.value_or(ReplayConfig{}.write_policy)),
+               clm::replay::prefetch_policy_name(options.prefetch_policy.value_or(ReplayConfig{}.prefetch_policy)));
+    fmt::print("hits by tier      device {:.4f}, host {:.4f}, storage {:.4f}{}\n", r.device_hit_rate(),
+               r.host_hit_rate(), r.storage_hit_rate(), r.has_kv_bytes ? " (every cached K/V row checked)" : "");
+    fmt::print("tier copies       {} pages loaded to L1 in {} load-backs, {} backed up to L2 ({} dropped)\n",
+               t.loaded_pages, t.load_backs, t.backed_up_pages, t.dropped_backups);
+    if (!options.storage_url.empty()) {
+      fmt::print("storage           {} pages stored, {} fetched, {} errors, {} prefetch timeouts\n", t.stored_pages,
+                 t.fetched_pages, t.storage_errors, t.prefetch_timeouts);
+    }
+  }
   fmt::print("time              {:.4f} s ({}), {:.0f} requests/s\n", r.wall_s,
              options.repeat > 1 ? fmt::format("median of {}", options.repeat) : std::string("one run"),
              r.requests_per_s());
@@ -196,7 +285,8 @@ int run(const Options& options) {
       fmt::print(stderr, "replay: {}\n", written.message());
       return kExitBadInput;
     }
-    if (!options.json) fmt::print(stderr, "replay: wrote the gsp workload (seed {}) to {}\n", options.seed, options.write_gsp);
+    if (!options.json)
+      fmt::print(stderr, "replay: wrote the gsp workload (seed {}) to {}\n", options.seed, options.write_gsp);
     if (options.workload.empty()) return 0;
   }
 
@@ -209,11 +299,25 @@ int run(const Options& options) {
   config.page_size = static_cast<std::int32_t>(*options.page_size);
   config.capacity_tokens = *options.capacity;
   config.policy = options.policy;
+  if (options.tiered()) {
+    config.host_capacity_tokens = *options.l2_capacity;
+    config.storage_url = options.storage_url;
+    if (options.write_policy) config.write_policy = *options.write_policy;
+    if (options.prefetch_policy) config.prefetch_policy = *options.prefetch_policy;
+  }
   ReplayResult result;
-  if (const clm::Status replayed = clm::replay::run_replays(workload, config, options.repeat, result);
-      !replayed.ok()) {
+  if (const clm::Status replayed = clm::replay::run_replays(workload, config, options.repeat, result); !replayed.ok()) {
     fmt::print(stderr, "replay: {}: {}\n", replayed.code_name(), replayed.message());
-    return replayed.code() == clm::StatusCode::invalid_argument ? kExitBadInput : kExitCheckFailed;
+    // io_error: a storage directory that cannot be created (the workload was read above).
+    const bool bad_input =
+        replayed.code() == clm::StatusCode::invalid_argument || replayed.code() == clm::StatusCode::io_error;
+    return bad_input ? kExitBadInput : kExitCheckFailed;
+  }
+  if (result.tiered && result.tiers.storage_errors > 0) {
+    // Not a failure (the Engine recomputes what storage could not give), but
+    // the storage figures then say little.
+    fmt::print(stderr, "replay: warning: {} storage calls failed (is {} reachable?)\n", result.tiers.storage_errors,
+               options.storage_url);
   }
   const double memcmp_gbps = clm::replay::measure_memcmp_gbps();
   if (options.json) {

@@ -1,5 +1,6 @@
-// examples/replay/replay_driver.cpp: the replay loop, its leak and invariant
-// checks, and the memcmp bandwidth probe.
+// examples/replay/replay_driver.cpp: the replay loops (the RadixTree one and
+// the tiered one through an Engine), their leak and invariant checks, and the
+// memcmp bandwidth probe.
 #include "replay_driver.hpp"
 
 #include <algorithm>
@@ -8,10 +9,12 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "clm/engine.hpp"
 #include "clm/paged_kv_pool.hpp"
 #include "clm/radix_tree.hpp"
 
@@ -81,14 +84,30 @@ class RequestReplayer {
 Status validate(const ReplayConfig& config) {
   if (config.page_size <= 0) return invalid_argument(fmt::format("page size must be > 0, got {}", config.page_size));
   if (config.capacity_tokens < config.page_size) {
-    return invalid_argument(fmt::format("capacity {} tokens is less than one page of {} tokens",
-                                        config.capacity_tokens, config.page_size));
+    return invalid_argument(
+        fmt::format("capacity {} tokens is less than one page of {} tokens", config.capacity_tokens, config.page_size));
   }
   if (config.capacity_tokens / config.page_size > std::numeric_limits<std::int32_t>::max()) {
     return invalid_argument(fmt::format("capacity {} tokens is more than 2^31-1 pages of {} tokens",
                                         config.capacity_tokens, config.page_size));
   }
   if (config.metadata_sample_interval <= 0) return invalid_argument("metadata sample interval must be > 0");
+  if (config.host_capacity_tokens < 0) {
+    return invalid_argument(fmt::format("host tier capacity must be >= 0 tokens, got {}", config.host_capacity_tokens));
+  }
+  if (config.host_capacity_tokens > 0 && config.host_capacity_tokens < config.page_size) {
+    return invalid_argument(fmt::format("host tier capacity {} tokens is less than one page of {} tokens",
+                                        config.host_capacity_tokens, config.page_size));
+  }
+  if (config.host_capacity_tokens / config.page_size > std::numeric_limits<std::int32_t>::max()) {
+    return invalid_argument(fmt::format("host tier capacity {} tokens is more than 2^31-1 pages of {} tokens",
+                                        config.host_capacity_tokens, config.page_size));
+  }
+  if (!config.storage_url.empty() && config.host_capacity_tokens == 0) {
+    return invalid_argument("a storage tier needs a host tier (host capacity > 0): storage pages pass through it");
+  }
+  if (config.write_policy > WritePolicy::write_back) return invalid_argument("unknown write policy");
+  if (config.prefetch_policy > PrefetchPolicy::timeout) return invalid_argument("unknown prefetch policy");
   return {};
 }
 
@@ -96,7 +115,257 @@ bool same_counts(const ReplayResult& a, const ReplayResult& b) {
   return a.requests == b.requests && a.failed_requests == b.failed_requests && a.prompt_tokens == b.prompt_tokens &&
          a.hit_tokens == b.hit_tokens && a.inserted_tokens == b.inserted_tokens &&
          a.evicted_tokens == b.evicted_tokens && a.evictions == b.evictions &&
-         a.final_cached_tokens == b.final_cached_tokens;
+         a.final_cached_tokens == b.final_cached_tokens && a.device_hit_tokens == b.device_hit_tokens &&
+         a.host_hit_tokens == b.host_hit_tokens && a.storage_hit_tokens == b.storage_hit_tokens &&
+         a.tiers.loaded_pages == b.tiers.loaded_pages && a.tiers.backed_up_pages == b.tiers.backed_up_pages &&
+         a.tiers.stored_pages == b.tiers.stored_pages && a.tiers.fetched_pages == b.tiers.fetched_pages;
+}
+
+// ---- the tiered path ------------------------------------------------------
+
+// The K/V bytes the replay writes for each token, and checks when a tier
+// serves them back: a hash of (salt, tokens [0, t]), so that a row from
+// another prefix, another namespace or a stale page never matches.
+class PrefixRows {
+ public:
+  explicit PrefixRows(const PagedKvPool& pool)
+      : pool_(pool),
+        page_size_(static_cast<std::size_t>(pool.page_size())),
+        row_bytes_(static_cast<std::size_t>(pool.config().kv_heads) * static_cast<std::size_t>(pool.config().head_dim) *
+                   kv_dtype_bytes(pool.config().dtype)) {}
+
+  // The hash of every prefix of `tokens` under `salt`.
+  void hash_prefixes(std::string_view salt, std::span<const std::int32_t> tokens) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (const char c : salt) h = mix(h, static_cast<unsigned char>(c));
+    h = mix(h, salt.size());  // "ab" + [1] and "a" + [..] differ
+    hashes_.resize(tokens.size());
+    for (std::size_t t = 0; t < tokens.size(); ++t) {
+      h = mix(h, static_cast<std::uint32_t>(tokens[t]));
+      hashes_[t] = h;
+    }
+  }
+
+  // Writes the rows of tokens [first, first + slots.size()) (every layer, K and V).
+  void write(std::size_t first, std::span<const std::int64_t> slots) {
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      fill_row(hashes_[first + i]);
+      for (std::int32_t layer = 0; layer < pool_.config().num_layers; ++layer) {
+        std::memcpy(row(slots[i], layer, false), expected_.data(), row_bytes_);
+        std::memcpy(row(slots[i], layer, true), expected_.data() + row_bytes_, row_bytes_);
+      }
+    }
+  }
+
+  // Tokens in [0, cached_tokens) whose rows in `page_table` differ from what
+  // their prefix wrote.
+  std::uint64_t wrong_rows(std::int32_t cached_tokens, std::span<const std::int32_t> page_table) {
+    std::uint64_t wrong = 0;
+    for (std::size_t t = 0; t < static_cast<std::size_t>(cached_tokens); ++t) {
+      fill_row(hashes_[t]);
+      const std::int64_t slot =
+          static_cast<std::int64_t>(page_table[t / page_size_]) * static_cast<std::int64_t>(page_size_) +
+          static_cast<std::int64_t>(t % page_size_);
+      bool same = true;
+      for (std::int32_t layer = 0; layer < pool_.config().num_layers; ++layer) {
+        same = same && std::memcmp(row(slot, layer, false), expected_.data(), row_bytes_) == 0 &&
+               std::memcmp(row(slot, layer, true), expected_.data() + row_bytes_, row_bytes_) == 0;
+      }
+      wrong += same ? 0 : 1;
+    }
+    return wrong;
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 32);
+  }
+  // K then V bytes of one row: splitmix64 from the prefix hash.
+  void fill_row(std::uint64_t h) {
+    expected_.resize(2 * row_bytes_);
+    for (std::size_t i = 0; i < expected_.size(); i += sizeof(std::uint64_t)) {
+      h += 0x9e3779b97f4a7c15ull;
+      std::uint64_t z = h;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      std::memcpy(expected_.data() + i, &z, std::min(sizeof z, expected_.size() - i));
+    }
+  }
+  unsigned char* row(std::int64_t slot, std::int32_t layer, bool value) const {
+    const auto page = static_cast<std::int32_t>(slot / static_cast<std::int64_t>(page_size_));
+    void* base = value ? pool_.v_data(page, layer) : pool_.k_data(page, layer);
+    return static_cast<unsigned char*>(base) +
+           static_cast<std::size_t>(slot % static_cast<std::int64_t>(page_size_)) * row_bytes_;
+  }
+
+  const PagedKvPool& pool_;
+  const std::size_t page_size_;
+  const std::size_t row_bytes_;
+  std::vector<std::uint64_t> hashes_;
+  std::vector<unsigned char> expected_;
+};
+
+// Where the pages of outputs that are never cached (Mooncake) are held: an
+// admission in a namespace no workload uses, aborted at the end of the request.
+constexpr std::string_view kOutputPagesSalt = "\x01replay: output pages (never cached)";
+
+// One request through the Engine (see replay_driver.hpp). Returns ok with
+// `failed` set when the Engine refuses the pages (out_of_memory).
+class TieredRequestReplayer {
+ public:
+  TieredRequestReplayer(const Workload& workload, Engine& engine, bool kv_bytes)
+      : workload_(workload),
+        engine_(engine),
+        page_size_(static_cast<std::size_t>(engine.page_size())),
+        rows_(kv_bytes ? std::make_unique<PrefixRows>(engine.pool()) : nullptr) {}
+
+  Status replay(const Request& request, ReplayResult& result, bool& failed) {
+    failed = false;
+    const std::string_view salt = workload_.salt(request);
+    const std::span<const std::int32_t> prompt = workload_.prompt(request);
+    const Status admitted = engine_.admit(prompt, {.cache_salt = salt}, admission_);
+    if (admitted.code() == StatusCode::out_of_memory) {
+      failed = true;
+      return {};
+    }
+    CLM_RETURN_IF_ERROR(admitted);
+    const auto cached = static_cast<std::uint64_t>(admission_.cached_tokens);
+    const auto host = static_cast<std::uint64_t>(admission_.host_tokens);
+    const auto storage = static_cast<std::uint64_t>(admission_.storage_tokens);
+    result.hit_tokens += cached;
+    result.device_hit_tokens += cached - host;
+    result.host_hit_tokens += host - storage;
+    result.storage_hit_tokens += storage;
+    if (rows_) {
+      rows_->hash_prefixes(salt, workload_.output_cached ? workload_.prompt_and_output(request) : prompt);
+      if (const std::uint64_t wrong = rows_->wrong_rows(admission_.cached_tokens, admission_.page_table); wrong) {
+        (void)engine_.abort(admission_.seq);
+        return {StatusCode::internal,
+                fmt::format("{} of {} cached tokens came back with K/V rows of another prefix ({} from the host "
+                            "tier, {} of those from storage)",
+                            wrong, cached, host, storage)};
+      }
+      rows_->write(static_cast<std::size_t>(admission_.cached_tokens), admission_.slots);
+    }
+    if (request.output_tokens > 0) {
+      const Status held = workload_.output_cached ? decode_output(request) : hold_output_pages(request);
+      if (!held.ok()) {
+        (void)engine_.abort(admission_.seq);
+        if (held.code() != StatusCode::out_of_memory) return held;
+        failed = true;
+        engine_.wait_for_tiers();
+        return {};
+      }
+    }
+    CLM_RETURN_IF_ERROR(engine_.finish(admission_.seq));
+    engine_.wait_for_tiers();
+    return {};
+  }
+
+ private:
+  // gsp/JSONL: the output is decoded into the sequence, so finish() caches it.
+  Status decode_output(const Request& request) {
+    const std::span<const std::int32_t> all = workload_.prompt_and_output(request);
+    const std::size_t prompt_tokens = static_cast<std::size_t>(request.prompt_tokens);
+    CLM_RETURN_IF_ERROR(engine_.extend(admission_.seq, all.subspan(prompt_tokens), slots_));
+    if (rows_) rows_->write(prompt_tokens, slots_);
+    return {};
+  }
+
+  // Mooncake: the output's pages are taken for the request's lifetime, as
+  // extend() would take them, but through an admission that is aborted, so
+  // finish() caches the prompt alone.
+  Status hold_output_pages(const Request& request) {
+    const std::size_t prompt_pages = (static_cast<std::size_t>(request.prompt_tokens) + page_size_ - 1) / page_size_;
+    const std::size_t all_pages = (static_cast<std::size_t>(request.prompt_tokens) +
+                                   static_cast<std::size_t>(request.output_tokens) + page_size_ - 1) /
+                                  page_size_;
+    if (all_pages == prompt_pages) return {};
+    placeholder_.assign((all_pages - prompt_pages) * page_size_, 0);
+    Admission held;
+    CLM_RETURN_IF_ERROR(engine_.admit(placeholder_, {.cache_salt = kOutputPagesSalt}, held));
+    return engine_.abort(held.seq);
+  }
+
+  const Workload& workload_;
+  Engine& engine_;
+  const std::size_t page_size_;
+  std::unique_ptr<PrefixRows> rows_;
+  Admission admission_;  // kept across requests, so that its vectors keep their capacity
+  std::vector<std::int64_t> slots_;
+  std::vector<std::int32_t> placeholder_;
+};
+
+Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, ReplayResult& out) {
+  EngineConfig engine_config;
+  engine_config.pool.page_size = config.page_size;
+  engine_config.pool.num_pages = static_cast<std::int32_t>(config.capacity_tokens / config.page_size);
+  const bool kv_bytes = !config.storage_url.empty();
+  if (kv_bytes) {
+    engine_config.pool.memory = MemoryKind::host;
+    engine_config.pool.num_layers = kTieredKvLayout.num_layers;
+    engine_config.pool.kv_heads = kTieredKvLayout.kv_heads;
+    engine_config.pool.head_dim = kTieredKvLayout.head_dim;
+    engine_config.pool.dtype = kTieredKvLayout.dtype;
+  } else {
+    engine_config.pool.memory = MemoryKind::none;
+  }
+  engine_config.eviction_policy = config.policy;
+  engine_config.tiers.host_pages = static_cast<std::int32_t>(config.host_capacity_tokens / config.page_size);
+  engine_config.tiers.write_policy = config.write_policy;
+  engine_config.tiers.storage_url = config.storage_url;
+  engine_config.tiers.prefetch_policy = config.prefetch_policy;
+  std::unique_ptr<Engine> engine;
+  CLM_RETURN_IF_ERROR(Engine::create(engine_config, engine));
+
+  ReplayResult result;
+  result.tiered = true;
+  result.has_kv_bytes = kv_bytes;
+  result.page_size = config.page_size;
+  result.num_pages = engine_config.pool.num_pages;
+  result.host_pages = engine_config.tiers.host_pages;
+  TieredRequestReplayer replayer(workload, *engine, kv_bytes);
+  auto sample_metadata = [&] {
+    const RadixTreeMetrics cache = engine->metrics().cache;
+    if (cache.cached_tokens > result.peak_cached_tokens) {
+      result.peak_cached_tokens = cache.cached_tokens;
+      result.metadata_bytes_at_peak = cache.metadata_bytes;
+    }
+  };
+  const auto interval = static_cast<std::size_t>(config.metadata_sample_interval);
+
+  const Clock::time_point start = Clock::now();
+  for (std::size_t i = 0; i < workload.requests.size(); ++i) {
+    bool failed = false;
+    const Status status = replayer.replay(workload.requests[i], result, failed);
+    if (!status.ok()) return with_context(i, status);
+    result.failed_requests += failed;
+    if ((i + 1) % interval == 0) sample_metadata();
+  }
+  const Clock::time_point stop = Clock::now();
+  sample_metadata();
+
+  result.wall_s = std::chrono::duration<double>(stop - start).count();
+  result.wall_s_runs = {result.wall_s};
+  result.requests = workload.requests.size();
+  result.prompt_tokens = workload.total_prompt_tokens();
+  const EngineMetrics metrics = engine->metrics();
+  result.inserted_tokens = metrics.cache.inserted_tokens;
+  result.evicted_tokens = metrics.cache.evicted_tokens;
+  result.evictions = metrics.cache.evictions;
+  result.final_cached_tokens = metrics.cache.cached_tokens;
+  result.final_metadata_bytes = metrics.cache.metadata_bytes;
+  result.tiers = metrics.tiers;
+  if (metrics.active_sequences != 0) {
+    return {StatusCode::internal, fmt::format("{} sequences still running at the end", metrics.active_sequences)};
+  }
+  // Every device page is free or the tree's (no sequence holds one now).
+  CLM_RETURN_IF_ERROR(engine->check_invariants());
+  out = std::move(result);
+  return {};
 }
 
 }  // namespace
@@ -104,15 +373,24 @@ bool same_counts(const ReplayResult& a, const ReplayResult& b) {
 double ReplayResult::hit_rate() const {
   return prompt_tokens ? static_cast<double>(hit_tokens) / static_cast<double>(prompt_tokens) : 0.0;
 }
+double ReplayResult::device_hit_rate() const {
+  if (!tiered) return hit_rate();
+  return prompt_tokens ? static_cast<double>(device_hit_tokens) / static_cast<double>(prompt_tokens) : 0.0;
+}
+double ReplayResult::host_hit_rate() const {
+  return prompt_tokens ? static_cast<double>(host_hit_tokens) / static_cast<double>(prompt_tokens) : 0.0;
+}
+double ReplayResult::storage_hit_rate() const {
+  return prompt_tokens ? static_cast<double>(storage_hit_tokens) / static_cast<double>(prompt_tokens) : 0.0;
+}
 double ReplayResult::requests_per_s() const { return wall_s > 0 ? static_cast<double>(requests) / wall_s : 0.0; }
 double ReplayResult::metadata_bytes_per_token() const {
   return peak_cached_tokens > 0 ? static_cast<double>(metadata_bytes_at_peak) / static_cast<double>(peak_cached_tokens)
                                 : 0.0;
 }
 double ReplayResult::final_metadata_bytes_per_token() const {
-  return final_cached_tokens > 0
-             ? static_cast<double>(final_metadata_bytes) / static_cast<double>(final_cached_tokens)
-             : 0.0;
+  return final_cached_tokens > 0 ? static_cast<double>(final_metadata_bytes) / static_cast<double>(final_cached_tokens)
+                                 : 0.0;
 }
 std::uint64_t ReplayResult::touched_bytes() const {
   const auto page = static_cast<std::uint64_t>(std::max(page_size, 1));
@@ -123,8 +401,48 @@ double ReplayResult::memory_bound_fraction(double memcmp_gbps) const {
   return static_cast<double>(touched_bytes()) / wall_s / (memcmp_gbps * 1e9);
 }
 
+const char* write_policy_name(WritePolicy policy) {
+  switch (policy) {
+    case WritePolicy::write_through:
+      return "write_through";
+    case WritePolicy::write_through_selective:
+      return "write_through_selective";
+    case WritePolicy::write_back:
+      return "write_back";
+  }
+  return "unknown";
+}
+
+std::optional<WritePolicy> parse_write_policy(std::string_view name) {
+  for (const WritePolicy p :
+       {WritePolicy::write_through, WritePolicy::write_through_selective, WritePolicy::write_back}) {
+    if (name == write_policy_name(p)) return p;
+  }
+  return std::nullopt;
+}
+
+const char* prefetch_policy_name(PrefetchPolicy policy) {
+  switch (policy) {
+    case PrefetchPolicy::best_effort:
+      return "best_effort";
+    case PrefetchPolicy::wait_complete:
+      return "wait_complete";
+    case PrefetchPolicy::timeout:
+      return "timeout";
+  }
+  return "unknown";
+}
+
+std::optional<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
+  for (const PrefetchPolicy p : {PrefetchPolicy::best_effort, PrefetchPolicy::wait_complete, PrefetchPolicy::timeout}) {
+    if (name == prefetch_policy_name(p)) return p;
+  }
+  return std::nullopt;
+}
+
 Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayResult& out) {
   CLM_RETURN_IF_ERROR(validate(config));
+  if (config.tiered()) return run_tiered_replay(workload, config, out);
   PagedKvPoolConfig pool_config;
   pool_config.page_size = config.page_size;
   pool_config.num_pages = static_cast<std::int32_t>(config.capacity_tokens / config.page_size);
@@ -172,9 +490,8 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
     // Every page in use must be a cached one: requests gave back the rest.
     const std::int64_t used_tokens = static_cast<std::int64_t>(pool->used_pages()) * config.page_size;
     if (used_tokens != tree.cached_tokens()) {
-      return {StatusCode::internal,
-              fmt::format("page leak: {} pages ({} tokens) in use, but the tree caches {} tokens", pool->used_pages(),
-                          used_tokens, tree.cached_tokens())};
+      return {StatusCode::internal, fmt::format("page leak: {} pages ({} tokens) in use, but the tree caches {} tokens",
+                                                pool->used_pages(), used_tokens, tree.cached_tokens())};
     }
     CLM_RETURN_IF_ERROR(tree.check_invariants());
   }
@@ -188,6 +505,9 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
 
 Status run_replays(const Workload& workload, const ReplayConfig& config, int repeats, ReplayResult& out) {
   if (repeats < 1) return invalid_argument(fmt::format("repeat count must be >= 1, got {}", repeats));
+  if (repeats > 1 && !config.storage_url.empty()) {
+    return invalid_argument("a replay with a storage tier runs once: a repeat would find the first run's pages there");
+  }
   ReplayResult first;
   std::vector<double> walls;
   for (int run = 0; run < repeats; ++run) {
@@ -196,8 +516,8 @@ Status run_replays(const Workload& workload, const ReplayConfig& config, int rep
     if (run == 0) {
       first = result;
     } else if (!same_counts(first, result)) {
-      return {StatusCode::internal, fmt::format("run {} counted differently from run 1: the replay is not deterministic",
-                                                run + 1)};
+      return {StatusCode::internal,
+              fmt::format("run {} counted differently from run 1: the replay is not deterministic", run + 1)};
     }
     walls.push_back(result.wall_s);
   }

@@ -8,14 +8,31 @@
 // them because everything left is locked fails and is skipped); insert the
 // prompt, lock its node and unlock the match; for gsp/JSONL insert
 // prompt+output; unlock; release the pages the tree did not take.
+//
+// With a host tier (ReplayConfig::host_capacity_tokens > 0) the replay runs
+// through a real clm::Engine with EngineConfig::tiers instead (the tiered
+// path): per request admit(prompt); extend(output) for gsp/JSONL (Mooncake
+// outputs hold pages through a second admission in a private namespace that
+// is aborted, so they are never cached); finish; then wait_for_tiers(), so
+// that every copy and storage call a request started is done before the next
+// one and the run is deterministic. L1 is the Engine's pool: page ids only
+// (MemoryKind::none) without storage; with storage the pages need bytes, so
+// L1 is host memory of a tiny layout (kTieredKvLayout) whose rows the replay
+// writes from a hash of (salt, tokens so far), and every cached row an
+// admission returns, from whichever tier, is checked against it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "clm/eviction_policy.hpp"
+#include "clm/kv_dtype.hpp"
 #include "clm/status.hpp"
+#include "clm/tiers/tier_config.hpp"
 #include "workload.hpp"
 
 namespace clm::replay {
@@ -27,16 +44,47 @@ struct ReplayConfig {
   // Requests between samples of the tree's metadata size (taken inside the
   // timed loop: metadata_bytes() is O(namespaces), so this costs next to nothing).
   std::int32_t metadata_sample_interval = 64;
+
+  // The tiered path (see above): a host tier (L2) of host_capacity_tokens
+  // (host pages = host_capacity_tokens / page_size) when > 0, and a storage
+  // tier (L3) at storage_url when not empty (needs the host tier).
+  std::int64_t host_capacity_tokens = 0;
+  std::string storage_url;
+  WritePolicy write_policy = WritePolicy::write_through;
+  // wait_complete: an admission waits for every page storage has, so that
+  // the hits of a run do not depend on timing.
+  PrefetchPolicy prefetch_policy = PrefetchPolicy::wait_complete;
+
+  bool tiered() const { return host_capacity_tokens > 0 || !storage_url.empty(); }
 };
+
+// The page layout of L1 on the tiered path when storage needs KV bytes: one
+// layer, one KV head of 8 f16 values (256 bytes a token, K and V), so that
+// pages are real bytes, but small.
+struct TieredKvLayout {
+  std::int32_t num_layers = 1;
+  std::int32_t kv_heads = 1;
+  std::int32_t head_dim = 8;
+  KvDType dtype = KvDType::f16;
+};
+inline constexpr TieredKvLayout kTieredKvLayout{};
+
+// Command-line names of the tier policies ("write_through", "best_effort", ...).
+const char* write_policy_name(WritePolicy policy);
+std::optional<WritePolicy> parse_write_policy(std::string_view name);
+const char* prefetch_policy_name(PrefetchPolicy policy);
+std::optional<PrefetchPolicy> parse_prefetch_policy(std::string_view name);
 
 struct ReplayResult {
   std::uint64_t requests = 0;
   std::uint64_t failed_requests = 0;  // no pages even after evicting everything unlocked
   std::uint64_t prompt_tokens = 0;    // of all requests, failed ones included
   std::uint64_t hit_tokens = 0;       // matched prompt tokens, failed requests included
+                                      // (tiered path: cached tokens from all tiers; a
+                                      // refused admission has none)
   std::uint64_t inserted_tokens = 0;  // tokens newly stored by inserts
   std::uint64_t evicted_tokens = 0;
-  std::uint64_t evictions = 0;        // leaves evicted
+  std::uint64_t evictions = 0;  // leaves evicted
   // Tree metadata, sampled every metadata_sample_interval requests and at the
   // end: the sample with the most cached tokens (the first such), and the end.
   std::int64_t peak_cached_tokens = 0;
@@ -45,10 +93,25 @@ struct ReplayResult {
   std::size_t final_metadata_bytes = 0;
   std::int32_t page_size = 0;
   std::int32_t num_pages = 0;
-  double wall_s = 0;                  // the replay loop alone (the median with repeats)
-  std::vector<double> wall_s_runs;    // every run's, in run order
+  double wall_s = 0;                // the replay loop alone (the median with repeats)
+  std::vector<double> wall_s_runs;  // every run's, in run order
 
-  double hit_rate() const;
+  // The tiered path only (all zero otherwise). hit_tokens is split by the
+  // tier each cached token was served from (Admission::host_tokens,
+  // storage_tokens), and `tiers` holds the Engine's tier counters at the end
+  // (copies, storage reads and writes, errors).
+  bool tiered = false;
+  bool has_kv_bytes = false;  // L1 held real bytes (storage on) and every cached row was checked
+  std::uint64_t device_hit_tokens = 0;
+  std::uint64_t host_hit_tokens = 0;
+  std::uint64_t storage_hit_tokens = 0;
+  std::int32_t host_pages = 0;
+  TierMetrics tiers;
+
+  double hit_rate() const;  // all tiers: the sum of the three below on the tiered path
+  double device_hit_rate() const;
+  double host_hit_rate() const;
+  double storage_hit_rate() const;
   double requests_per_s() const;
   double metadata_bytes_per_token() const;        // at the peak sample
   double final_metadata_bytes_per_token() const;  // at the end
@@ -61,13 +124,19 @@ struct ReplayResult {
   double memory_bound_fraction(double memcmp_gbps) const;
 };
 
-// One replay on a fresh pool and tree. Fails with StatusCode::internal when a
-// page leaked (pool pages in use != cached tokens / page size, or pages still
-// in use once the tree is gone) or an invariant of the tree broke.
+// One replay on a fresh pool and tree (tiered path: a fresh Engine). Fails
+// with StatusCode::internal when a page leaked (pool pages in use != cached
+// tokens / page size, or pages still in use once the tree is gone), an
+// invariant of the tree broke, or (tiered path, with storage) a cached row
+// differed from what its prefix wrote. invalid_argument for a bad config,
+// including a storage URL the Engine refuses; io_error for a storage
+// directory that cannot be created.
 Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayResult& out);
 
 // `repeats` replays, each on a fresh pool and tree; wall_s is their median.
 // Every count must come out the same in each run (the replay is deterministic).
+// With storage, repeats must be 1: a later run would find the pages of the
+// earlier ones there.
 Status run_replays(const Workload& workload, const ReplayConfig& config, int repeats, ReplayResult& out);
 
 // memcmp of two equal buffers of `buffer_bytes`, best of `passes`, counting

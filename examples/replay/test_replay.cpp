@@ -1,17 +1,21 @@
 // examples/replay/test_replay.cpp: checks of the replay tool: the gsp workload
 // and its unbounded optimum, the JSONL round trip, Mooncake token expansion,
-// the leak and invariant checks under eviction and failed requests, and
-// clean errors (exit status 2 from the binary) on bad input.
+// the leak and invariant checks under eviction and failed requests, the
+// tiered path (an Engine with a host tier and storage in a temporary
+// directory), and clean errors (exit status 2 from the binary) on bad input.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,8 +32,7 @@ using clm::replay::Workload;
 class TempFile {
  public:
   explicit TempFile(const std::string& name, const std::string& contents = {})
-      : path_(std::filesystem::temp_directory_path() /
-              ("clm_test_replay_" + std::to_string(::getpid()) + "_" + name)) {
+      : path_(std::filesystem::temp_directory_path() / ("clm_test_replay_" + std::to_string(::getpid()) + "_" + name)) {
     if (!contents.empty()) std::ofstream(path_, std::ios::binary) << contents;
   }
   ~TempFile() {
@@ -38,6 +41,26 @@ class TempFile {
   }
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A directory in the temp directory, removed with everything in it when the test ends.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(std::filesystem::temp_directory_path() / ("clm_test_replay_" + std::to_string(::getpid()) + "_" +
+                                                        std::to_string(std::random_device{}()) + "_" + name)) {
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
   std::string path() const { return path_.string(); }
 
  private:
@@ -57,6 +80,65 @@ ReplayResult replay(const Workload& workload, std::int32_t page_size, std::int64
   return result;
 }
 
+// The tiered path: an Engine with a host tier of `host_capacity` tokens.
+ReplayResult tiered_replay(const Workload& workload, std::int32_t page_size, std::int64_t capacity,
+                           std::int64_t host_capacity,
+                           clm::WritePolicy write_policy = clm::WritePolicy::write_through_selective,
+                           const std::string& storage_url = {}) {
+  ReplayConfig config;
+  config.page_size = page_size;
+  config.capacity_tokens = capacity;
+  config.host_capacity_tokens = host_capacity;
+  config.write_policy = write_policy;
+  config.storage_url = storage_url;
+  ReplayResult result;
+  const clm::Status status = clm::replay::run_replay(workload, config, result);
+  INFO(status.message());
+  REQUIRE(status.ok());
+  REQUIRE(result.tiered);
+  return result;
+}
+
+// What every tiered replay must account for: the tiers' hits add up to the
+// hits, the replay's split agrees with the Engine's own counters, and each
+// host hit token came in through a loaded page.
+void check_tier_accounting(const ReplayResult& r) {
+  REQUIRE(r.hit_tokens == r.device_hit_tokens + r.host_hit_tokens + r.storage_hit_tokens);
+  REQUIRE(r.hit_rate() == Approx(r.device_hit_rate() + r.host_hit_rate() + r.storage_hit_rate()).margin(1e-12));
+  REQUIRE(r.tiers.device_hit_tokens == r.device_hit_tokens);
+  REQUIRE(r.tiers.host_hit_tokens == r.host_hit_tokens);
+  REQUIRE(r.tiers.storage_hit_tokens == r.storage_hit_tokens);
+  REQUIRE(r.tiers.loaded_pages * static_cast<std::uint64_t>(r.page_size) == r.host_hit_tokens + r.storage_hit_tokens);
+  REQUIRE(r.tiers.storage_errors == 0);
+}
+
+// A short gsp: 8 groups of 4 prompts (256-token system prompts), small
+// enough for storage tests with real bytes.
+Workload small_gsp() {
+  clm::replay::GspParams params;
+  params.groups = 8;
+  params.prompts_per_group = 4;
+  params.system_prompt_tokens = 256;
+  params.question_tokens = 32;
+  params.output_tokens = 32;
+  return clm::replay::generate_gsp(params);
+}
+
+// The value of a number field of a one-line JSON object ("key":value), or -1.
+double json_field(const std::string& json, const std::string& key) {
+  const std::string needle = "\"" + key + "\":";
+  const std::size_t at = json.find(needle);
+  if (at == std::string::npos) return -1;
+  return std::stod(json.substr(at + needle.size()));
+}
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
 Workload parse_jsonl(const std::string& text) {
   Workload workload;
   const clm::Status status = clm::replay::parse_jsonl_workload(text, "test.jsonl", workload);
@@ -73,9 +155,11 @@ Workload parse_mooncake(const std::string& text) {
   return workload;
 }
 
-// Exit status of the replay binary run with `args`; stdout goes to `stdout_path`.
-int run_replay_binary(const std::string& args, const std::string& stdout_path = "/dev/null") {
-  const std::string command = std::string(CLM_REPLAY_BINARY) + " " + args + " >" + stdout_path + " 2>/dev/null";
+// Exit status of the replay binary run with `args`; stdout goes to
+// `stdout_path`, stderr to `stderr_path`.
+int run_replay_binary(const std::string& args, const std::string& stdout_path = "/dev/null",
+                      const std::string& stderr_path = "/dev/null") {
+  const std::string command = std::string(CLM_REPLAY_BINARY) + " " + args + " >" + stdout_path + " 2>" + stderr_path;
   const int status = std::system(command.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
@@ -139,8 +223,8 @@ TEST_CASE("gsp with an unbounded cache reaches the optimum hit rate") {
 
 TEST_CASE("a bounded cache evicts and still leaks no page", "[leak]") {
   const Workload gsp = clm::replay::generate_gsp();
-  for (const auto policy : {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru,
-                            clm::EvictionPolicy::priority}) {
+  for (const auto policy :
+       {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru, clm::EvictionPolicy::priority}) {
     for (const std::int32_t page_size : {1, 16}) {
       INFO(clm::eviction_policy_name(policy) << ", page size " << page_size);
       const ReplayResult r = replay(gsp, page_size, 131072, policy);  // run_replay checks leaks + invariants
@@ -263,7 +347,8 @@ TEST_CASE("Mooncake replay inserts prompts only") {
 
 TEST_CASE("the real Mooncake trace, when present, replays without leaks", "[mooncake]") {
   const char* dir = std::getenv("CLM_SHARED_DIR");
-  const std::string path = std::string(dir ? dir : CLM_DEFAULT_SHARED_DIR) + "/traces/mooncake/conversation_trace.jsonl";
+  const std::string path =
+      std::string(dir ? dir : CLM_DEFAULT_SHARED_DIR) + "/traces/mooncake/conversation_trace.jsonl";
   if (!std::filesystem::exists(path)) {
     WARN("skipped: no trace at " << path);
     return;
@@ -370,12 +455,169 @@ TEST_CASE("the binary's --json output is one object with the figures", "[cli]") 
   REQUIRE_FALSE(std::getline(in, extra));
   REQUIRE(line.front() == '{');
   REQUIRE(line.back() == '}');
-  for (const char* key : {"\"workload\":", "\"policy\":\"lru\"", "\"page_size\":16", "\"capacity\":1048576",
-                          "\"requests\":1024", "\"failed_requests\":0", "\"prompt_tokens\":2228224",
-                          "\"hit_tokens\":1966080", "\"hit_rate\":0.88235", "\"evicted_tokens\":0", "\"evictions\":0",
-                          "\"wall_s\":", "\"requests_per_s\":", "\"metadata_bytes_per_token\":", "\"memcmp_gbps\":",
-                          "\"memory_bound_fraction\":"}) {
+  for (const char* key :
+       {"\"workload\":", "\"policy\":\"lru\"", "\"page_size\":16", "\"capacity\":1048576", "\"requests\":1024",
+        "\"failed_requests\":0", "\"prompt_tokens\":2228224", "\"hit_tokens\":1966080", "\"hit_rate\":0.88235",
+        "\"evicted_tokens\":0", "\"evictions\":0", "\"wall_s\":", "\"requests_per_s\":",
+        "\"metadata_bytes_per_token\":", "\"memcmp_gbps\":", "\"memory_bound_fraction\":"}) {
     INFO(key);
     REQUIRE_THAT(line, Catch::Contains(key));
+  }
+}
+
+TEST_CASE("tiers: a host tier 4x the device tier beats the device tier alone on gsp", "[tiers]") {
+  const Workload gsp = clm::replay::generate_gsp();
+  // 32768 tokens hold 13 of gsp's 2432-token requests: the device tier alone thrashes.
+  const ReplayResult alone = replay(gsp, 16, 32768);
+  for (const auto policy :
+       {clm::WritePolicy::write_through, clm::WritePolicy::write_through_selective, clm::WritePolicy::write_back}) {
+    INFO("write policy " << clm::replay::write_policy_name(policy));
+    const ReplayResult tiered = tiered_replay(gsp, 16, 32768, 4 * 32768, policy);
+    INFO("all tiers " << tiered.hit_rate() << " (host " << tiered.host_hit_rate() << ") vs the device alone "
+                      << alone.hit_rate());
+    check_tier_accounting(tiered);
+    REQUIRE(tiered.hit_rate() >= alone.hit_rate());
+    REQUIRE(tiered.host_hit_tokens > 0);
+    REQUIRE(tiered.storage_hit_tokens == 0);
+    REQUIRE(tiered.tiers.backed_up_pages > 0);
+    REQUIRE(tiered.failed_requests == 0);
+    REQUIRE(tiered.hit_rate() < 0.8824 + 1e-9);
+  }
+}
+
+TEST_CASE("tiers: with room on the device the tiered path hits exactly like the plain replay", "[tiers]") {
+  // Same protocol (outputs decoded and cached, namespaces apart), so the same hits, all on the device.
+  const Workload gsp = clm::replay::generate_gsp();
+  const ReplayResult plain = replay(gsp, 16, 1048576);
+  const ReplayResult tiered = tiered_replay(gsp, 16, 1048576, 65536);
+  check_tier_accounting(tiered);
+  REQUIRE(tiered.hit_tokens == plain.hit_tokens);
+  REQUIRE(tiered.device_hit_tokens == plain.hit_tokens);
+  REQUIRE(tiered.final_cached_tokens == plain.final_cached_tokens);
+  REQUIRE(tiered.inserted_tokens == plain.inserted_tokens);
+
+  const Workload salted = parse_jsonl(
+      "{\"prompt\":[5,6,7,8],\"output\":[9],\"salt\":\"a\"}\n"
+      "{\"prompt\":[5,6,7,8],\"salt\":\"b\"}\n"
+      "{\"prompt\":[5,6,7,8],\"salt\":\"a\"}\n");
+  REQUIRE(tiered_replay(salted, 1, 1000, 4000).hit_tokens == replay(salted, 1, 1000).hit_tokens);
+
+  // Mooncake: outputs hold pages while the request runs, and are never cached.
+  const Workload trace = parse_mooncake(
+      "{\"input_length\": 1000, \"output_length\": 300, \"hash_ids\": [0, 1]}\n"
+      "{\"input_length\": 700, \"output_length\": 10, \"hash_ids\": [0, 2]}\n"
+      "{\"input_length\": 1000, \"output_length\": 10, \"hash_ids\": [0, 1]}\n");
+  const ReplayResult moon = tiered_replay(trace, 16, 100000, 400000);
+  check_tier_accounting(moon);
+  REQUIRE(moon.hit_tokens == 512 + 992);
+  REQUIRE(moon.inserted_tokens == 992 + 176);
+  REQUIRE(moon.final_cached_tokens == 992 + 176);
+  // 64 pages: the first request (82 pages with its output) is refused, as on the plain path.
+  REQUIRE(tiered_replay(trace, 16, 1024, 4096).failed_requests == 1);
+}
+
+TEST_CASE("tiers: the tiered path is deterministic across repeats", "[tiers]") {
+  const Workload gsp = small_gsp();
+  ReplayConfig config;
+  config.page_size = 16;
+  config.capacity_tokens = 1024;
+  config.host_capacity_tokens = 4096;
+  config.write_policy = clm::WritePolicy::write_back;
+  ReplayResult result;
+  const clm::Status status = clm::replay::run_replays(gsp, config, 3, result);  // fails if two runs count differently
+  INFO(status.message());
+  REQUIRE(status.ok());
+  REQUIRE(result.wall_s_runs.size() == 3);
+  REQUIRE(result.host_hit_tokens > 0);
+}
+
+TEST_CASE("tiers: storage in a directory gives a second replay in a fresh engine its hits", "[tiers][storage]") {
+  const Workload gsp = small_gsp();
+  TempDir dir("storage");
+  const std::string url = "file://" + dir.path();
+  // Every cached K/V row is checked against its prefix inside the replay (an internal error otherwise).
+  const ReplayResult first = tiered_replay(gsp, 16, 1024, 4096, clm::WritePolicy::write_through_selective, url);
+  check_tier_accounting(first);
+  REQUIRE(first.has_kv_bytes);
+  REQUIRE(first.tiers.stored_pages > 0);
+  const ReplayResult second = tiered_replay(gsp, 16, 1024, 4096, clm::WritePolicy::write_through_selective, url);
+  check_tier_accounting(second);
+  REQUIRE(second.storage_hit_tokens > 0);
+  REQUIRE(second.tiers.fetched_pages > 0);
+  REQUIRE(second.hit_rate() >= first.hit_rate());
+}
+
+TEST_CASE("tiers: the binary replays with storage twice, the second process hits storage", "[tiers][cli]") {
+  TempFile workload("small_gsp.jsonl");
+  REQUIRE(clm::replay::write_jsonl_workload(small_gsp(), workload.path()).ok());
+  TempDir dir("cli_storage");
+  TempFile first("first.json");
+  TempFile second("second.json");
+  const std::string args = "--workload " + workload.path() + " --page-size 16 --capacity 1024 --l2-capacity 4096 " +
+                           "--storage 'file://" + dir.path() + "?capacity_mb=64' --json";  // quoted: '?' is a glob
+  REQUIRE(run_replay_binary(args, first.path()) == 0);
+  REQUIRE(run_replay_binary(args, second.path()) == 0);
+  const std::string a = first_line(first.path());
+  const std::string b = first_line(second.path());
+  INFO(a << "\n" << b);
+  for (const char* key : {"\"hit_rate\":", "\"hit_rate_device\":", "\"hit_rate_host\":", "\"hit_rate_storage\":",
+                          "\"loaded_pages\":", "\"backed_up_pages\":", "\"stored_pages\":", "\"fetched_pages\":",
+                          "\"storage_errors\":0", "\"write_policy\":\"write_through\"",
+                          "\"prefetch\":\"wait_complete\"", "\"kv_bytes_checked\":true"}) {
+    INFO(key);
+    REQUIRE_THAT(a, Catch::Contains(key));
+    REQUIRE_THAT(b, Catch::Contains(key));
+  }
+  REQUIRE(json_field(a, "stored_pages") > 0);
+  REQUIRE(json_field(b, "storage_hit_tokens") > 0);
+  REQUIRE(json_field(b, "hit_rate_storage") > 0);
+  REQUIRE(json_field(b, "hit_rate") ==
+          Approx(json_field(b, "hit_rate_device") + json_field(b, "hit_rate_host") + json_field(b, "hit_rate_storage"))
+              .margin(1e-9));
+}
+
+TEST_CASE("tiers: the plain replay's JSON has no tier fields", "[tiers][cli]") {
+  TempFile output("plain.json");
+  REQUIRE(run_replay_binary("--workload " + gsp_jsonl_path() + " --page-size 16 --capacity 131072 --json",
+                            output.path()) == 0);
+  const std::string line = first_line(output.path());
+  REQUIRE_THAT(line, Catch::Contains("\"hit_rate\":0.671875"));
+  REQUIRE_THAT(line, !Catch::Contains("hit_rate_host"));
+  // --l2-capacity 0 is "no host tier": the plain replay.
+  REQUIRE(run_replay_binary("--workload " + gsp_jsonl_path() +
+                                " --page-size 16 --capacity 131072 --json "
+                                "--l2-capacity 0 --write-policy write_back",
+                            output.path()) == 0);
+  REQUIRE(first_line(output.path()).find("hit_rate_host") == std::string::npos);
+}
+
+TEST_CASE("tiers: bad tier flags exit 2 with a message, never a crash", "[tiers][cli]") {
+  TempDir dir("bad_flags");
+  TempFile stderr_file("stderr.txt");
+  const std::string base = "--workload " + gsp_jsonl_path() + " --page-size 16 --capacity 32768 ";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--storage file://" + dir.path(), "--l2-capacity"},
+      {"--l2-capacity 0 --storage file://" + dir.path(), "--l2-capacity"},
+      {"--l2-capacity -16", "--l2-capacity"},
+      {"--l2-capacity x", "--l2-capacity"},
+      {"--l2-capacity 8", "less than one page"},
+      {"--l2-capacity 65536 --write-policy write_sometimes", "--write-policy"},
+      {"--l2-capacity 65536 --prefetch eventually", "--prefetch"},
+      {"--write-policy write_back", "--l2-capacity"},
+      {"--prefetch timeout", "--l2-capacity"},
+      {"--l2-capacity 65536 --storage", "--storage"},
+      {"--l2-capacity 65536 --storage gopher://example.com/x", "gopher"},
+      {"--l2-capacity 65536 --storage redis://127.0.0.1:99999/0", "99999"},
+      {"--l2-capacity 65536 --storage 'file://" + dir.path() + "?capacity_mb=lots'", "capacity_mb"},
+      {"--l2-capacity 65536 --storage file:///proc/clm-replay-cannot-create-this", "clm-replay-cannot-create-this"},
+      {"--l2-capacity 65536 --storage file://" + dir.path() + " --repeat 2", "--repeat"},
+  };
+  for (const auto& [flags, message] : bad) {
+    INFO(flags);
+    REQUIRE(run_replay_binary(base + flags, "/dev/null", stderr_file.path()) == 2);
+    std::ifstream in(stderr_file.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    REQUIRE_THAT(text.str(), Catch::Contains(message));
   }
 }

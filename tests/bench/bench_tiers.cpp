@@ -1,0 +1,489 @@
+// tests/bench/bench_tiers.cpp: benchmarks of the tiered KV cache
+// (EngineConfig::tiers), each figure printed as one JSON line beside a
+// baseline measured in the same run (medians of interleaved runs):
+//
+//   l2_to_l1_load_*            GB/s of the Engine's load-back: the admit of a
+//                              prompt whose pages are only in the host tier
+//                              (L2); bytes = loaded pages * page bytes
+//                              (EngineMetrics::tiers.loaded_pages). Baseline:
+//                              one memcpy of as many bytes. Goal ratio >= 0.70.
+//   l2_to_l1_page_copier_*     PageCopier::to_device alone, pages scattered
+//                              over both pools (one memcpy per page), against
+//                              the same memcpy.
+//   l1_to_l2_write_back_*      GB/s of the Engine's write-back: the admit whose
+//                              allocation evicts a prompt's device pages under
+//                              WritePolicy::write_back, copying them to the
+//                              host (bytes from tiers.backed_up_pages).
+//   l1_to_l2_page_copier_*     PageCopier::to_host alone, scattered.
+//   gsp_tiered_hit_rate_*      gsp through the replay's tiered path (an Engine
+//                              with a host tier), L1 32768 tokens and L2 4x: the
+//                              hit rate over all tiers against L1 alone at the
+//                              same size (the plain replay), per write policy.
+//   redis_fetch_vs_recompute_* seconds per layer of an admit that fetches a
+//                              2048-token prefix from a real redis-server and
+//                              loads it (admit time / num_layers), against the
+//                              library's CPU prefill attention of those 2048
+//                              tokens for one layer (32 q heads over the 8 KV
+//                              heads). Ratio < 1: fetching wins. Skipped, with
+//                              a message, without redis-server.
+//
+// Page shape: page_size 16, 32 layers, 8 KV heads, head_dim 128, bf16: 2 MiB
+// a page (a Llama-3-8B layout), named in each case as p16_l32_h8_d128_bf16.
+// All tiers are host memory here: "device" (L1) is the Engine's host pool,
+// so the copies are memcpy, and the goal is to copy at memcpy speed.
+//
+// CLM_BENCH_SMOKE=1 runs a tiny version (2 layers, a few pages, one run,
+// a short gsp) in seconds, so that ctest builds and runs the program.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench_common.hpp"
+#include "clm/attention.hpp"
+#include "clm/engine.hpp"
+#include "clm/paged_kv_pool.hpp"
+#include "clm/tiers/page_copier.hpp"
+#include "replay_driver.hpp"
+#include "tiers/redis_server.hpp"
+#include "workload.hpp"
+
+namespace {
+
+using clm::Admission;
+using clm::Engine;
+using clm::EngineConfig;
+using clm_bench::check;
+using clm_bench::Clock;
+using clm_bench::die;
+using clm_bench::print_figure;
+using clm_bench::program_name;
+using clm_bench::seconds_since;
+
+constexpr std::string_view kBench = "tiers";
+constexpr std::int32_t kPageSize = 16;
+constexpr std::int32_t kVocabulary = 128256;
+constexpr std::int32_t kQueryHeads = 32;  // over 8 KV heads: Llama-3-8B's grouping
+
+// ---- scale -------------------------------------------------------------------
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+}
+
+struct Scale {
+  bool smoke = false;
+  std::int32_t num_layers = 32;
+  std::int32_t copy_pages = 64;  // pages a copy figure moves: 128 MiB at 2 MiB a page
+  int copy_runs = 9;
+  std::int64_t gsp_l1_tokens = 32768;  // 13 of gsp's 2432-token requests: L1 alone thrashes
+  int gsp_repeats = 3;                 // replays per policy (hit rates must agree; time is their median)
+  std::int32_t redis_tokens = 2048;
+  int redis_runs = 5;
+};
+
+Scale make_scale() {
+  Scale s;
+  if (env_flag("CLM_BENCH_SMOKE")) {
+    s.smoke = true;
+    s.num_layers = 2;
+    s.copy_pages = 8;
+    s.copy_runs = 1;
+    s.gsp_l1_tokens = 1024;
+    s.gsp_repeats = 1;
+    s.redis_tokens = 256;
+    s.redis_runs = 1;
+  }
+  return s;
+}
+
+// The realistic page of the figures (2 layers in a smoke run), in host memory.
+clm::PagedKvPoolConfig page_shape(const Scale& scale, std::int32_t num_pages) {
+  clm::PagedKvPoolConfig c;
+  c.num_pages = num_pages;
+  c.page_size = kPageSize;
+  c.num_layers = scale.num_layers;
+  c.kv_heads = 8;
+  c.head_dim = 128;
+  c.dtype = clm::KvDType::bf16;
+  c.memory = clm::MemoryKind::host;
+  return c;
+}
+
+std::string shape_name(const clm::PagedKvPoolConfig& c) {
+  return fmt::format("p{}_l{}_h{}_d{}_{}", c.page_size, c.num_layers, c.kv_heads, c.head_dim,
+                     clm::kv_dtype_name(c.dtype));
+}
+
+std::size_t page_bytes(const clm::PagedKvPoolConfig& c) { return clm::PageLayout::of(c).page_bytes(); }
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  if (!(in >> a >> b >> c)) return "unknown";
+  return fmt::format("{} {} {}", a, b, c);
+}
+
+template <typename... Args>
+void progress(fmt::format_string<Args...> format, Args&&... args) {
+  fmt::print(stderr, "{}: {}\n", program_name(), fmt::format(format, std::forward<Args>(args)...));
+}
+
+// ---- shared pieces -----------------------------------------------------------
+
+std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n) {
+  std::vector<std::int32_t> tokens(n);
+  for (std::int32_t& t : tokens) t = static_cast<std::int32_t>(rng() % kVocabulary);
+  return tokens;
+}
+
+// Writes every byte of a pool once: the timed copies must not pay for first-touch page faults.
+void prefault(const clm::PagedKvPool& pool, int byte) { std::memset(pool.data(), byte, pool.storage_bytes()); }
+
+std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
+  std::unique_ptr<Engine> engine;
+  check(Engine::create(config, engine), "Engine::create");
+  prefault(engine->pool(), 0x3c);
+  return engine;
+}
+
+// A request whose K/V the bench does not compute (the pool's bytes stand in for it).
+void admit_and_finish(Engine& engine, std::span<const std::int32_t> prompt) {
+  Admission a;
+  check(engine.admit(prompt, {}, a), "admit");
+  check(engine.finish(a.seq), "finish");
+}
+
+// The baseline of the copy figures: one memcpy of `bytes` between two buffers
+// written beforehand (no page faults inside the timing).
+class MemcpyBaseline {
+ public:
+  explicit MemcpyBaseline(std::size_t bytes) : from_(bytes, std::byte{0x5a}), to_(bytes, std::byte{0xa5}) {}
+  std::size_t bytes() const { return from_.size(); }
+  double run() {
+    const Clock::time_point start = Clock::now();
+    std::memcpy(to_.data(), from_.data(), from_.size());
+    const double s = seconds_since(start);
+    sink_ = sink_ + static_cast<unsigned>(to_[to_.size() / 2]);  // the copy is used
+    return s;
+  }
+
+ private:
+  std::vector<std::byte> from_;
+  std::vector<std::byte> to_;
+  volatile unsigned sink_ = 0;
+};
+
+double gb_per_s(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+
+// ---- 1. host tier -> device tier: the Engine's load-back ------------------------
+
+void bench_load_back(const Scale& scale, std::mt19937_64& rng) {
+  const std::int32_t pages = scale.copy_pages;
+  EngineConfig config;
+  config.pool = page_shape(scale, pages + 1);  // the prompt's pages and its last token's
+  config.tiers.host_pages = pages;
+  config.tiers.write_policy = clm::WritePolicy::write_back;  // device evictions copy to the host
+  auto engine = make_engine(config);
+  const std::size_t bytes = static_cast<std::size_t>(pages) * page_bytes(config.pool);
+  progress("l2_to_l1_load: {} pages ({} MiB) of {}", pages, bytes >> 20, shape_name(config.pool));
+
+  // One prompt of `pages` whole pages (+1 token: a hit covers at most len-1).
+  const std::vector<std::int32_t> prompt = random_tokens(rng, static_cast<std::size_t>(pages) * kPageSize + 1);
+  // An admission of every device page evicts all that is cached on the
+  // device; aborted, it gives them all back, and the prompt is on the host only.
+  const std::vector<std::int32_t> filler =
+      random_tokens(rng, static_cast<std::size_t>(config.pool.num_pages) * kPageSize);
+  auto evict_device = [&] {
+    Admission a;
+    check(engine->admit(filler, {}, a), "admit (filler)");
+    check(engine->abort(a.seq), "abort (filler)");
+    engine->wait_for_tiers();
+  };
+  admit_and_finish(*engine, prompt);
+  evict_device();  // write-back: the prompt's pages go to the host
+  if (engine->metrics().tiers.backed_up_pages != static_cast<std::uint64_t>(pages)) {
+    die(fmt::format("l2_to_l1_load: write-back copied {} pages, not {}", engine->metrics().tiers.backed_up_pages,
+                    pages));
+  }
+
+  MemcpyBaseline memcpy_baseline(bytes);
+  auto load_back = [&] {
+    const std::uint64_t before = engine->metrics().tiers.loaded_pages;
+    Admission a;
+    const Clock::time_point start = Clock::now();
+    check(engine->admit(prompt, {}, a), "admit (load-back)");
+    const double s = seconds_since(start);
+    const std::uint64_t loaded = engine->metrics().tiers.loaded_pages - before;
+    if (loaded != static_cast<std::uint64_t>(pages) || a.host_tokens != pages * kPageSize) {
+      die(fmt::format("l2_to_l1_load: the admit loaded {} pages ({} host tokens), not {}", loaded, a.host_tokens,
+                      pages));
+    }
+    check(engine->abort(a.seq), "abort");  // the loaded pages stay cached, on both tiers
+    evict_device();                        // and leave the device again (no copy: the host has them)
+    return s;
+  };
+  const auto m = clm_bench::interleaved_medians(scale.copy_runs, load_back, [&] { return memcpy_baseline.run(); });
+  print_figure(kBench, fmt::format("l2_to_l1_load_{}_{}pages", shape_name(config.pool), pages), "load_GB_per_s",
+               gb_per_s(bytes, m.part), "GB/s", "memcpy_GB_per_s", gb_per_s(bytes, m.baseline));
+}
+
+// ---- 2. device tier -> host tier: the Engine's write-back ------------------------
+
+void bench_write_back(const Scale& scale, std::mt19937_64& rng) {
+  const std::int32_t pages = scale.copy_pages;
+  EngineConfig config;
+  config.pool = page_shape(scale, pages + 1);
+  config.tiers.host_pages = pages;  // each round's copies push the last round's out (LRU)
+  config.tiers.write_policy = clm::WritePolicy::write_back;
+  auto engine = make_engine(config);
+  const std::size_t bytes = static_cast<std::size_t>(pages) * page_bytes(config.pool);
+  progress("l1_to_l2_write_back: {} pages ({} MiB) of {}", pages, bytes >> 20, shape_name(config.pool));
+  const std::vector<std::int32_t> filler =
+      random_tokens(rng, static_cast<std::size_t>(config.pool.num_pages) * kPageSize);
+
+  MemcpyBaseline memcpy_baseline(bytes);
+  auto write_back = [&] {
+    // A new prompt each round: cached on the device, with no host copy yet.
+    admit_and_finish(*engine, random_tokens(rng, static_cast<std::size_t>(pages) * kPageSize + 1));
+    const std::uint64_t before = engine->metrics().tiers.backed_up_pages;
+    Admission a;
+    const Clock::time_point start = Clock::now();
+    check(engine->admit(filler, {}, a), "admit (filler: evicts the prompt)");
+    const double s = seconds_since(start);
+    check(engine->abort(a.seq), "abort (filler)");
+    const std::uint64_t copied = engine->metrics().tiers.backed_up_pages - before;
+    if (copied != static_cast<std::uint64_t>(pages)) {
+      die(fmt::format("l1_to_l2_write_back: the eviction copied {} pages, not {}", copied, pages));
+    }
+    return s;
+  };
+  const auto m = clm_bench::interleaved_medians(scale.copy_runs, write_back, [&] { return memcpy_baseline.run(); });
+  print_figure(kBench, fmt::format("l1_to_l2_write_back_{}_{}pages", shape_name(config.pool), pages),
+               "write_back_GB_per_s", gb_per_s(bytes, m.part), "GB/s", "memcpy_GB_per_s", gb_per_s(bytes, m.baseline));
+}
+
+// ---- 1b, 2b. PageCopier alone, pages scattered ------------------------------------
+
+void bench_page_copier(const Scale& scale, std::mt19937_64& rng) {
+  const std::int32_t pages = scale.copy_pages;
+  // Twice the pages, of which every other one is used, in shuffled order: no
+  // two neighbours in a copy are neighbours in a pool, so each page is its
+  // own memcpy (the copier merges runs of consecutive ids).
+  const clm::PagedKvPoolConfig config = page_shape(scale, 2 * pages);
+  std::unique_ptr<clm::PagedKvPool> device_pool, host_pool;
+  check(clm::PagedKvPool::create(config, device_pool), "device pool");
+  check(clm::PagedKvPool::create(config, host_pool), "host pool");
+  prefault(*device_pool, 0x11);
+  prefault(*host_pool, 0x22);
+  std::unique_ptr<clm::PageCopier> copier;
+  check(clm::PageCopier::create(*device_pool, *host_pool, copier), "PageCopier::create");
+  std::vector<std::int32_t> device_pages(static_cast<std::size_t>(pages)), host_pages(device_pages.size());
+  for (std::int32_t i = 0; i < pages; ++i) {
+    device_pages[static_cast<std::size_t>(i)] = 2 * i;
+    host_pages[static_cast<std::size_t>(i)] = 2 * i + 1;
+  }
+  std::shuffle(device_pages.begin(), device_pages.end(), rng);
+  std::shuffle(host_pages.begin(), host_pages.end(), rng);
+  const std::size_t bytes = static_cast<std::size_t>(pages) * page_bytes(config);
+  progress("page copier: {} scattered pages ({} MiB) of {}", pages, bytes >> 20, shape_name(config));
+  MemcpyBaseline memcpy_baseline(bytes);
+  auto timed = [](auto&& copy) {
+    const Clock::time_point start = Clock::now();
+    check(copy(), "page copy");
+    return seconds_since(start);
+  };
+  const auto to_device = clm_bench::interleaved_medians(
+      scale.copy_runs, [&] { return timed([&] { return copier->to_device(host_pages, device_pages); }); },
+      [&] { return memcpy_baseline.run(); });
+  print_figure(kBench, fmt::format("l2_to_l1_page_copier_to_device_{}_{}pages_scattered", shape_name(config), pages),
+               "copy_GB_per_s", gb_per_s(bytes, to_device.part), "GB/s", "memcpy_GB_per_s",
+               gb_per_s(bytes, to_device.baseline));
+  const auto to_host = clm_bench::interleaved_medians(
+      scale.copy_runs, [&] { return timed([&] { return copier->to_host(device_pages, host_pages); }); },
+      [&] { return memcpy_baseline.run(); });
+  print_figure(kBench, fmt::format("l1_to_l2_page_copier_to_host_{}_{}pages_scattered", shape_name(config), pages),
+               "copy_GB_per_s", gb_per_s(bytes, to_host.part), "GB/s", "memcpy_GB_per_s",
+               gb_per_s(bytes, to_host.baseline));
+}
+
+// ---- 3. gsp: hit rate over all tiers vs L1 alone ----------------------------------
+
+void bench_gsp_hit_rate(const Scale& scale) {
+  clm::replay::GspParams params;
+  if (scale.smoke) {  // 8 groups of 4, 256-token system prompts
+    params.groups = 8;
+    params.prompts_per_group = 4;
+    params.system_prompt_tokens = 256;
+    params.question_tokens = 32;
+    params.output_tokens = 32;
+  }
+  const clm::replay::Workload gsp = clm::replay::generate_gsp(params);
+  clm::replay::ReplayConfig l1_only;
+  l1_only.page_size = kPageSize;
+  l1_only.capacity_tokens = scale.gsp_l1_tokens;
+  clm::replay::ReplayResult alone;
+  check(clm::replay::run_replays(gsp, l1_only, scale.gsp_repeats, alone), "gsp replay (L1 only)");
+  const std::int64_t l2_tokens = 4 * scale.gsp_l1_tokens;
+  progress("gsp: {} requests; L1 {} tokens alone: hit rate {:.4f}", gsp.requests.size(), scale.gsp_l1_tokens,
+           alone.hit_rate());
+  for (const clm::WritePolicy policy :
+       {clm::WritePolicy::write_through_selective, clm::WritePolicy::write_through, clm::WritePolicy::write_back}) {
+    clm::replay::ReplayConfig tiered = l1_only;
+    tiered.host_capacity_tokens = l2_tokens;
+    tiered.write_policy = policy;
+    clm::replay::ReplayResult r;
+    check(clm::replay::run_replays(gsp, tiered, scale.gsp_repeats, r), "gsp replay (tiers)");
+    progress("gsp, {}: device {:.4f} + host {:.4f} = {:.4f}; {} pages loaded, {} backed up; {:.0f} requests/s",
+             clm::replay::write_policy_name(policy), r.device_hit_rate(), r.host_hit_rate(), r.hit_rate(),
+             r.tiers.loaded_pages, r.tiers.backed_up_pages, r.requests_per_s());
+    print_figure(kBench,
+                 fmt::format("gsp_tiered_hit_rate_{}_p{}_l1_{}_l2_{}", clm::replay::write_policy_name(policy),
+                             kPageSize, scale.gsp_l1_tokens, l2_tokens),
+                 "hit_rate_all_tiers", r.hit_rate(), "fraction", "hit_rate_l1_only", alone.hit_rate());
+  }
+}
+
+// ---- 4. fetching a prefix from redis vs recomputing its attention --------------
+
+// Seconds of the CPU prefill attention of `tokens` new tokens over themselves,
+// one layer, kQueryHeads query heads over the shape's KV heads.
+class PrefillAttention {
+ public:
+  PrefillAttention(const Scale& scale, std::int32_t tokens, std::mt19937_64& rng) : tokens_(tokens) {
+    clm::PagedKvPoolConfig config = page_shape(scale, tokens / kPageSize);
+    config.num_layers = 1;
+    check(clm::PagedKvPool::create(config, pool_), "attention pool");
+    const auto n = static_cast<std::size_t>(tokens);
+    const auto kv_row = static_cast<std::size_t>(config.kv_heads * config.head_dim);
+    const auto q_row = static_cast<std::size_t>(kQueryHeads * config.head_dim);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> k(n * kv_row), v(n * kv_row);
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    q_.resize(n * q_row);
+    for (float& x : q_) x = normal(rng);
+    out_.resize(q_.size());
+    std::vector<std::int64_t> slots(n);
+    std::iota(slots.begin(), slots.end(), std::int64_t{0});
+    pages_.resize(static_cast<std::size_t>(config.num_pages));
+    std::iota(pages_.begin(), pages_.end(), 0);
+    view_ = clm::PagedKvView::of(*pool_);
+    check(clm::write_kv(view_, 0, k.data(), v.data(), slots), "write_kv");
+    params_.layer = 0;
+    params_.num_q_heads = kQueryHeads;
+  }
+  double run() {
+    const Clock::time_point start = Clock::now();
+    check(clm::paged_prefill_attention(view_, params_, q_.data(), tokens_, pages_, tokens_, out_.data()),
+          "paged_prefill_attention");
+    return seconds_since(start);
+  }
+
+ private:
+  std::int32_t tokens_;
+  std::unique_ptr<clm::PagedKvPool> pool_;
+  clm::PagedKvView view_;
+  clm::AttentionParams params_;
+  std::vector<float> q_, out_;
+  std::vector<std::int32_t> pages_;
+};
+
+void bench_redis_fetch(const Scale& scale, std::mt19937_64& rng) {
+  const std::int32_t tokens = scale.redis_tokens;
+  clm_test::RedisServer redis;
+  try {
+    redis.start();
+  } catch (const std::exception& e) {
+    progress("redis_fetch_vs_recompute_{}: SKIPPED (no redis-server to start): {}", tokens, e.what());
+    return;
+  }
+  const std::int32_t prefix_pages = tokens / kPageSize;
+  EngineConfig config;
+  config.pool = page_shape(scale, prefix_pages + 1);
+  config.tiers.host_pages = prefix_pages;
+  config.tiers.write_policy = clm::WritePolicy::write_through;
+  // A 2 MiB page is one value; a socket read or write waits up to 5 s (the default 200 ms is for small pages).
+  config.tiers.storage_url = redis.url("bench-tiers:", "timeout_ms=5000");
+  config.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  const std::size_t prefix_bytes = static_cast<std::size_t>(prefix_pages) * page_bytes(config.pool);
+  progress("redis_fetch_vs_recompute_{}: storing two {}-token prefixes ({} MiB each) of {} in redis-server on port {}",
+           tokens, tokens, prefix_bytes >> 20, shape_name(config.pool), redis.port());
+
+  // Two prompts: each fetch of one pushes the other out of both tiers (the
+  // host tier holds one prefix, the device one prompt), so every timed admit
+  // finds its prefix in storage alone.
+  const std::vector<std::vector<std::int32_t>> prompts = {random_tokens(rng, static_cast<std::size_t>(tokens) + 1),
+                                                          random_tokens(rng, static_cast<std::size_t>(tokens) + 1)};
+  {
+    auto writer = make_engine(config);
+    for (const auto& prompt : prompts) {
+      admit_and_finish(*writer, prompt);
+      admit_and_finish(*writer, prompt);  // the hit: a host copy (write_through), then storage
+      writer->wait_for_tiers();
+    }
+    const clm::TierMetrics m = writer->metrics().tiers;
+    if (m.stored_pages != 2 * static_cast<std::uint64_t>(prefix_pages) || m.storage_errors != 0) {
+      die(fmt::format("redis_fetch_vs_recompute: stored {} pages ({} storage errors), not {}", m.stored_pages,
+                      m.storage_errors, 2 * prefix_pages));
+    }
+  }
+  auto reader = make_engine(config);  // a fresh Engine: its host tier is empty
+  std::size_t next = 0;
+  auto fetch = [&] {
+    const std::vector<std::int32_t>& prompt = prompts[next];
+    next = 1 - next;
+    Admission a;
+    const Clock::time_point start = Clock::now();
+    check(reader->admit(prompt, {}, a), "admit (fetch from redis)");
+    const double s = seconds_since(start);
+    if (a.storage_tokens != tokens || a.cached_tokens != tokens) {
+      die(fmt::format("redis_fetch_vs_recompute: the admit found {} tokens in storage ({} cached), not {}",
+                      a.storage_tokens, a.cached_tokens, tokens));
+    }
+    check(reader->abort(a.seq), "abort");
+    reader->wait_for_tiers();
+    return s / scale.num_layers;
+  };
+  PrefillAttention recompute(scale, tokens, rng);
+  const auto m = clm_bench::interleaved_medians(scale.redis_runs, fetch, [&] { return recompute.run(); });
+  const clm::TierMetrics tm = reader->metrics().tiers;
+  if (tm.storage_errors != 0) die(fmt::format("redis_fetch_vs_recompute: {} storage errors", tm.storage_errors));
+  progress("redis_fetch_vs_recompute_{}: fetch + load {:.1f} ms per prompt ({:.2f} GB/s), attention {:.1f} ms a layer",
+           tokens, m.part * scale.num_layers * 1e3, gb_per_s(prefix_bytes, m.part * scale.num_layers),
+           m.baseline * 1e3);
+  print_figure(kBench, fmt::format("redis_fetch_vs_recompute_{}_{}_q{}", tokens, shape_name(config.pool), kQueryHeads),
+               "fetch_load_s_per_layer", m.part, "s", "prefill_attention_s_per_layer", m.baseline);
+}
+
+}  // namespace
+
+int main() {
+  const Scale scale = make_scale();
+  std::uint64_t seed = std::random_device{}();
+  seed = (seed << 32) ^ std::random_device{}();
+  progress("seed {}{}; {} hardware threads; load average {}", seed, scale.smoke ? "; smoke run" : "",
+           std::thread::hardware_concurrency(), load_average());
+  std::mt19937_64 rng(seed);
+  bench_load_back(scale, rng);
+  bench_write_back(scale, rng);
+  bench_page_copier(scale, rng);
+  bench_gsp_hit_rate(scale);
+  bench_redis_fetch(scale, rng);
+  progress("done; load average {}", load_average());
+  return 0;
+}
