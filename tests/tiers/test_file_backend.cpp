@@ -34,51 +34,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using clm_test::fetch;
+using clm_test::open_backend;
+using clm_test::random_keys;
+using clm_test::store;
+
 const clm::PageLayout kSmall{4, 2, 2, 16, clm::KvDType::f16};  // 1 KiB pages
 // 128 KiB pages: 80 + 131072 bytes a file, so capacity_mb=1 holds exactly 7.
 const clm::PageLayout kCapped{16, 4, 8, 64, clm::KvDType::f16};
-
-std::unique_ptr<clm::StorageBackend> open_backend(const std::string& url, const clm::PageLayout& layout) {
-  std::unique_ptr<clm::StorageBackend> backend;
-  const clm::Status s = clm::open_storage_backend(url, layout, backend);
-  INFO(url << ": " << s.message());
-  REQUIRE(s.ok());
-  return backend;
-}
-
-std::vector<clm::PageKey> random_keys(std::mt19937_64& rng, std::size_t n) {
-  std::vector<clm::PageKey> keys(n);
-  for (auto& k : keys) k = clm_test::random_page_key(rng);
-  return keys;
-}
-
-void store(clm::StorageBackend& b, const std::vector<clm::PageKey>& keys, std::uint64_t variant = 0) {
-  const std::vector<std::byte> pages = clm_test::pages_of(keys, b.layout(), variant);
-  std::vector<std::uint8_t> written(keys.size(), 7);
-  const clm::Status s = b.set(keys, pages, written);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  for (std::uint8_t w : written) REQUIRE(w == 1);
-}
-
-// get() of `keys`; each found page is checked against its bytes.
-std::vector<std::uint8_t> fetch(clm::StorageBackend& b, const std::vector<clm::PageKey>& keys,
-                                std::uint64_t variant = 0) {
-  const std::size_t page = b.layout().page_bytes();
-  std::vector<std::byte> buffer(keys.size() * page);
-  std::vector<std::uint8_t> found(keys.size(), 7);
-  const clm::Status s = b.get(keys, buffer, found);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    REQUIRE(found[i] <= 1);
-    if (found[i]) {
-      INFO("page " << i);
-      REQUIRE(clm_test::page_matches(keys[i], b.layout(), std::span(buffer).subspan(i * page, page), variant));
-    }
-  }
-  return found;
-}
 
 std::vector<std::uint8_t> exists(clm::StorageBackend& b, const std::vector<clm::PageKey>& keys) {
   std::vector<std::uint8_t> found(keys.size(), 7);

@@ -27,51 +27,13 @@
 
 namespace {
 
+using clm_test::fetch;
+using clm_test::open_backend;
+using clm_test::random_keys;
+using clm_test::store;
+
 const clm::PageLayout kSmall{16, 2, 2, 32, clm::KvDType::f16};   // 8 KiB pages
 const clm::PageLayout kLarge{16, 8, 8, 128, clm::KvDType::f16};  // 512 KiB pages
-
-std::unique_ptr<clm::StorageBackend> open_backend(const std::string& url, const clm::PageLayout& layout) {
-  std::unique_ptr<clm::StorageBackend> backend;
-  const clm::Status s = clm::open_storage_backend(url, layout, backend);
-  INFO(url << ": " << s.message());
-  REQUIRE(s.ok());
-  return backend;
-}
-
-std::vector<clm::PageKey> random_keys(std::mt19937_64& rng, std::size_t n) {
-  std::vector<clm::PageKey> keys(n);
-  for (auto& k : keys) k = clm_test::random_page_key(rng);
-  return keys;
-}
-
-// Stores the pages of `keys` (variant `variant`); all must be written.
-void store(clm::StorageBackend& b, const std::vector<clm::PageKey>& keys, std::uint64_t variant = 0) {
-  const std::vector<std::byte> pages = clm_test::pages_of(keys, b.layout(), variant);
-  std::vector<std::uint8_t> written(keys.size(), 7);
-  const clm::Status s = b.set(keys, pages, written);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  for (std::uint8_t w : written) REQUIRE(w == 1);
-}
-
-// get() of `keys`; each found page is checked against its bytes.
-std::vector<std::uint8_t> fetch(clm::StorageBackend& b, const std::vector<clm::PageKey>& keys,
-                                std::uint64_t variant = 0) {
-  const std::size_t page = b.layout().page_bytes();
-  std::vector<std::byte> buffer(keys.size() * page);
-  std::vector<std::uint8_t> found(keys.size(), 7);
-  const clm::Status s = b.get(keys, buffer, found);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    REQUIRE(found[i] <= 1);
-    if (found[i]) {
-      INFO("page " << i);
-      REQUIRE(clm_test::page_matches(keys[i], b.layout(), std::span(buffer).subspan(i * page, page), variant));
-    }
-  }
-  return found;
-}
 
 std::string redis_key(const std::string& prefix, const clm::PageKey& key) { return prefix + key.hex(); }
 

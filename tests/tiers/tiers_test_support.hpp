@@ -10,9 +10,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "clm/tiers/page_key.hpp"
 #include "clm/tiers/storage_backend.hpp"
@@ -58,6 +62,51 @@ inline std::vector<std::byte> pages_of(std::span<const clm::PageKey> keys, const
     out.insert(out.end(), page.begin(), page.end());
   }
   return out;
+}
+
+// ---- what the backend tests share (Catch2 assertions inside) -------------------------
+// A backend that must open.
+inline std::unique_ptr<clm::StorageBackend> open_backend(const std::string& url, const clm::PageLayout& layout) {
+  std::unique_ptr<clm::StorageBackend> backend;
+  const clm::Status s = clm::open_storage_backend(url, layout, backend);
+  INFO(url << ": " << s.message());
+  REQUIRE(s.ok());
+  return backend;
+}
+
+inline std::vector<clm::PageKey> random_keys(std::mt19937_64& rng, std::size_t n) {
+  std::vector<clm::PageKey> keys(n);
+  for (auto& k : keys) k = random_page_key(rng);
+  return keys;
+}
+
+// Stores the pages of `keys` (variant `variant`); all must be written.
+inline void store(clm::StorageBackend& b, const std::vector<clm::PageKey>& keys, std::uint64_t variant = 0) {
+  const std::vector<std::byte> pages = pages_of(keys, b.layout(), variant);
+  std::vector<std::uint8_t> written(keys.size(), 7);
+  const clm::Status s = b.set(keys, pages, written);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  for (std::uint8_t w : written) REQUIRE(w == 1);
+}
+
+// get() of `keys`; each found page is checked against its bytes.
+inline std::vector<std::uint8_t> fetch(clm::StorageBackend& b, const std::vector<clm::PageKey>& keys,
+                                       std::uint64_t variant = 0) {
+  const std::size_t page = b.layout().page_bytes();
+  std::vector<std::byte> buffer(keys.size() * page);
+  std::vector<std::uint8_t> found(keys.size(), 7);
+  const clm::Status s = b.get(keys, buffer, found);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    REQUIRE(found[i] <= 1);
+    if (found[i]) {
+      INFO("page " << i);
+      REQUIRE(page_matches(keys[i], b.layout(), std::span(buffer).subspan(i * page, page), variant));
+    }
+  }
+  return found;
 }
 
 }  // namespace clm_test
