@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <span>
@@ -401,6 +402,18 @@ double ReplayResult::memory_bound_fraction(double memcmp_gbps) const {
   return static_cast<double>(touched_bytes()) / wall_s / (memcmp_gbps * 1e9);
 }
 
+namespace {
+// The policy among `all` whose name is `name`: one parser for every policy enum.
+template <class Policy>
+std::optional<Policy> policy_named(std::string_view name, std::initializer_list<Policy> all,
+                                   const char* (*name_of)(Policy)) {
+  for (const Policy p : all) {
+    if (name == name_of(p)) return p;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 const char* write_policy_name(WritePolicy policy) {
   switch (policy) {
     case WritePolicy::write_through:
@@ -414,11 +427,8 @@ const char* write_policy_name(WritePolicy policy) {
 }
 
 std::optional<WritePolicy> parse_write_policy(std::string_view name) {
-  for (const WritePolicy p :
-       {WritePolicy::write_through, WritePolicy::write_through_selective, WritePolicy::write_back}) {
-    if (name == write_policy_name(p)) return p;
-  }
-  return std::nullopt;
+  return policy_named(name, {WritePolicy::write_through, WritePolicy::write_through_selective, WritePolicy::write_back},
+                      write_policy_name);
 }
 
 const char* prefetch_policy_name(PrefetchPolicy policy) {
@@ -434,10 +444,8 @@ const char* prefetch_policy_name(PrefetchPolicy policy) {
 }
 
 std::optional<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
-  for (const PrefetchPolicy p : {PrefetchPolicy::best_effort, PrefetchPolicy::wait_complete, PrefetchPolicy::timeout}) {
-    if (name == prefetch_policy_name(p)) return p;
-  }
-  return std::nullopt;
+  return policy_named(name, {PrefetchPolicy::best_effort, PrefetchPolicy::wait_complete, PrefetchPolicy::timeout},
+                      prefetch_policy_name);
 }
 
 Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayResult& out) {
