@@ -33,6 +33,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -46,6 +47,7 @@
 
 #include "clm/detail/spin_mutex.hpp"
 #include "clm/eviction_policy.hpp"
+#include "clm/metrics_text.hpp"
 #include "clm/paged_kv_pool.hpp"
 #include "clm/radix_tree.hpp"
 #include "clm/snapshot_adapter.hpp"
@@ -118,6 +120,8 @@ struct EngineMetrics {
   std::uint64_t aborted = 0;
   std::uint64_t rejected = 0;  // admissions refused for lack of pages
   std::int64_t active_sequences = 0;
+  // How long the allocations that evicted cached prefixes took, each timed whole.
+  DurationHistogram eviction_duration;
   SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
   bool has_snapshot_store = false;
   SnapshotStoreMetrics store;  // all zero without a store
@@ -204,14 +208,14 @@ class Engine {
       seq->tree_pages = seq->pages.size();
       seq->locked = match_.node;
       seq->pages.resize(total_pages);
-      Status allocated = tree_->allocate_pages(std::span(seq->pages).subspan(seq->tree_pages));
+      Status allocated = allocate(std::span(seq->pages).subspan(seq->tree_pages));
       if (!allocated.ok() && tiers_ && tiers_->copies_in_flight()) {
         // Copies to the host lock the device pages they read: wait for them
         // (our own locks and pins hold meanwhile), then try once more.
         lock.unlock();
         tiers_->wait_for_copies();
         lock.lock();
-        allocated = tree_->allocate_pages(std::span(seq->pages).subspan(seq->tree_pages));
+        allocated = allocate(std::span(seq->pages).subspan(seq->tree_pages));
       }
       if (!allocated.ok()) {
         if (load_back) (void)tree_->host_unpin(host_node);
@@ -262,7 +266,7 @@ class Engine {
       const std::size_t old_pages = seq->pages.size();
       const std::size_t new_pages = pages_for(first + tokens.size());
       seq->pages.resize(new_pages);
-      Status allocated = tree_->allocate_pages(std::span(seq->pages).subspan(old_pages));
+      Status allocated = allocate(std::span(seq->pages).subspan(old_pages));
       if (tiers_) tiers_->on_evictions();
       if (!allocated.ok()) {
         seq->pages.resize(old_pages);
@@ -586,6 +590,9 @@ class Engine {
     return m;
   }
 
+  // metrics() as Prometheus text (metrics_text.hpp).
+  std::string metrics_text() const { return format_metrics_text(metrics()); }
+
   // For tests: the tree's invariants, and that every pool page is free, the
   // tree's, or held by exactly the running sequences that list it.
   Status check_invariants() const {
@@ -696,6 +703,19 @@ class Engine {
           0, std::min(end, fetched.first_token + fetched.fetched_tokens) - std::max(begin, fetched.first_token));
     }
     (void)tree_->host_unpin(host_node);
+  }
+
+  // tree_->allocate_pages, under the lock; a call that evicted (the only way
+  // the device's cached tokens shrink) is timed into the histogram.
+  Status allocate(std::span<std::int32_t> pages) {
+    const std::int64_t cached = tree_->cached_tokens();
+    const auto start = std::chrono::steady_clock::now();
+    Status allocated = tree_->allocate_pages(pages);
+    if (tree_->cached_tokens() < cached) {
+      metrics_.eviction_duration.record(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return allocated;
   }
 
   std::size_t pages_for(std::size_t tokens) const {

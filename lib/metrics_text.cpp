@@ -1,0 +1,202 @@
+// The Prometheus text of EngineMetrics (clm/metrics_text.hpp). The families
+// here are the list docs/metrics.md documents: change both together.
+#include "clm/metrics_text.hpp"
+
+#include <cmath>
+#include <concepts>
+#include <iterator>
+
+#include <fmt/format.h>
+
+#include "clm/engine.hpp"
+
+namespace clm {
+namespace {
+
+constexpr std::string_view kPrefix = "clm_";
+
+class Exposition {
+ public:
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    fmt::format_to(std::back_inserter(text_), "# HELP {}{} {}\n# TYPE {}{} {}\n", kPrefix, name, help, kPrefix, name,
+                   type);
+  }
+  // `labels` as they go between the braces (label="value", ...), or empty.
+  template <class Value>
+  void sample(std::string_view name, std::string_view labels, Value value) {
+    fmt::format_to(std::back_inserter(text_), "{}{}", kPrefix, name);
+    if (!labels.empty()) fmt::format_to(std::back_inserter(text_), "{{{}}}", labels);
+    if constexpr (std::integral<Value>) {
+      fmt::format_to(std::back_inserter(text_), " {}\n", value);
+    } else {
+      fmt::format_to(std::back_inserter(text_), " {}\n", number(static_cast<double>(value)));
+    }
+  }
+  template <class Value>
+  void counter(std::string_view name, std::string_view help, Value value) {
+    family(name, "counter", help);
+    sample(name, {}, value);
+  }
+  template <class Value>
+  void gauge(std::string_view name, std::string_view help, Value value) {
+    family(name, "gauge", help);
+    sample(name, {}, value);
+  }
+  void histogram(std::string_view name, std::string_view help, const DurationHistogram& h) {
+    family(name, "histogram", help);
+    const std::string bucket = fmt::format("{}_bucket", name);
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i < h.kBounds.size(); ++i) {
+      cumulative += h.counts[i];
+      sample(bucket, fmt::format("le=\"{}\"", number(h.kBounds[i])), cumulative);
+    }
+    cumulative += h.counts.back();
+    sample(bucket, "le=\"+Inf\"", cumulative);
+    sample(fmt::format("{}_sum", name), {}, h.sum_seconds);
+    sample(fmt::format("{}_count", name), {}, cumulative);
+  }
+
+  std::string take() { return std::move(text_); }
+
+ private:
+  // Shortest round-trip decimal; the format's spellings of the non-finite.
+  static std::string number(double v) {
+    if (std::isnan(v)) return "NaN";
+    if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+    return fmt::format("{}", v);
+  }
+
+  std::string text_;
+};
+
+void prefix_cache(Exposition& out, const EngineMetrics& m) {
+  const RadixTreeMetrics& c = m.cache;
+  const TierMetrics& t = m.tiers;
+  // The device part is counted where the tree matched it (rejected admissions
+  // included, as vLLM counts); the host and storage parts once loaded back.
+  out.counter("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", c.tokens_queried);
+  out.counter("prefix_cache_hits_total",
+              "Prompt tokens found in the cache: matched on the device, or loaded back from the host tier or storage.",
+              c.tokens_hit + t.host_hit_tokens + t.storage_hit_tokens);
+  out.family("cached_tokens_total", "counter", "Prompt tokens found in the cache, by the tier that held them.");
+  out.sample("cached_tokens_total", "source=\"device\"", c.tokens_hit);
+  out.sample("cached_tokens_total", "source=\"host\"", t.host_hit_tokens);
+  out.sample("cached_tokens_total", "source=\"storage\"", t.storage_hit_tokens);
+  out.counter("prefix_cache_lookups_total", "Prefix cache lookups (one per admission).", c.match_calls);
+  out.counter("inserted_tokens_total", "Tokens newly stored in the prefix cache.", c.inserted_tokens);
+  out.counter("evicted_tokens_total", "Tokens evicted from the device.", c.evicted_tokens);
+  out.counter("evictions_total", "Cached prefixes (tree leaves) evicted from the device.", c.evictions);
+  out.histogram("eviction_duration_seconds", "Time of each page allocation that evicted cached prefixes.",
+                m.eviction_duration);
+  out.gauge("prefix_cache_tokens", "Tokens cached on the device now (evictable + protected).", c.cached_tokens);
+  out.gauge("evictable_tokens", "Cached tokens no running sequence uses: evicted first when pages run short.",
+            c.evictable_tokens);
+  out.gauge("protected_tokens", "Cached tokens locked by running sequences.", c.protected_tokens);
+  out.gauge("prefix_cache_nodes", "Nodes of the prefix tree.", c.nodes);
+  out.gauge("prefix_cache_namespaces", "Namespaces (cache salt x adapter) in the prefix tree.", c.namespaces);
+  out.gauge("prefix_cache_metadata_bytes", "Host memory the prefix tree's bookkeeping takes (no KV).",
+            c.metadata_bytes);
+  out.family("kv_pool_pages", "gauge", "Pages of the device KV pool, in use or free.");
+  out.sample("kv_pool_pages", "state=\"used\"", c.pages_used);
+  out.sample("kv_pool_pages", "state=\"free\"", c.pages_free);
+}
+
+void sequences(Exposition& out, const EngineMetrics& m) {
+  out.counter("sequences_admitted_total", "Sequences admitted.", m.admitted);
+  out.counter("sequences_finished_total", "Sequences finished (their tokens cached).", m.finished);
+  out.counter("sequences_aborted_total", "Sequences aborted (nothing cached).", m.aborted);
+  out.counter("admissions_rejected_total", "Admissions refused for lack of free pages.", m.rejected);
+  out.gauge("active_sequences", "Sequences running now.", m.active_sequences);
+}
+
+void src(Exposition& out, const SrcMetrics& s) {
+  out.gauge("src_threshold", "The SRC score threshold in force.", s.threshold);
+  out.counter("src_scored_steps_total", "Sequence-steps the SRC head scored.", s.steps);
+  out.counter("src_unscored_steps_total", "Sequence-steps with no non-special row to score yet.", s.unscored_steps);
+  out.counter("src_reuse_decisions_total", "Sequence-steps whose SRC score passed the threshold.", s.reuse_decisions);
+  out.family("src_retrievals_total", "counter", "Snapshot lookups reported to the SRC breaker, by result.");
+  out.sample("src_retrievals_total", "result=\"found\"", s.retrievals_found);
+  out.sample("src_retrievals_total", "result=\"failed\"", s.retrievals_failed);
+  out.counter("src_breaker_trips_total", "Sequences the breaker switched to baseline mode.", s.breaker_trips);
+  out.counter("src_injections_total", "Sequence-layers that received a snapshot.", s.injections);
+  out.gauge("src_baseline_sequences", "Tracked sequences in baseline mode now.", s.baseline_sequences);
+  out.gauge("src_tracked_sequences", "Sequences the SRC tracker follows now.", s.tracked_sequences);
+}
+
+void snapshot_store(Exposition& out, const SnapshotStoreMetrics& s) {
+  out.family("snapshot_lookups_total", "counter", "Snapshot lookups, by the level that answered (miss: none).");
+  out.sample("snapshot_lookups_total", "level=\"exact\"", s.hits_exact);
+  out.sample("snapshot_lookups_total", "level=\"ann\"", s.hits_ann);
+  out.sample("snapshot_lookups_total", "level=\"fallback\"", s.hits_fallback);
+  out.sample("snapshot_lookups_total", "level=\"miss\"", s.misses);
+  out.counter("snapshot_busy_misses_total", "Lookups answered miss because a shard stayed busy.", s.busy_misses);
+  out.counter("snapshot_blacklisted_skips_total", "Lookups or level-2 candidates refused for a blacklisted key.",
+              s.blacklisted_skips);
+  out.counter("snapshot_ann_unavailable_total", "Level-2 lookups while the similarity index was rebuilt.",
+              s.ann_unavailable);
+  out.counter("snapshot_records_total", "Snapshots recorded.", s.records);
+  out.counter("snapshot_counted_records_total", "Records only counted: below the admission threshold.", s.counted);
+  out.counter("snapshot_admissions_total", "Suffixes stored for the first time.", s.admissions);
+  out.counter("snapshot_confirmations_total", "Records that agreed with the newest version.", s.confirmations);
+  out.counter("snapshot_versions_total", "New versions of stored suffixes (cosine or drift).", s.versions);
+  out.counter("snapshot_drift_versions_total", "New versions started by drift.", s.drift_versions);
+  out.counter("snapshot_evictions_total", "Snapshot rows deleted by eviction.", s.evictions);
+  out.counter("snapshot_corrupt_skipped_total", "Snapshot rows skipped: checksum or header failed.", s.corrupt_skipped);
+  out.counter("snapshot_index_rebuilds_total", "Similarity indexes rebuilt from the database.", s.index_rebuilds);
+  out.counter("snapshot_outcome_reports_total", "Outcomes reported for served snapshots.", s.outcome_reports);
+  out.gauge("stored_snapshots", "Snapshot rows stored now.", s.snapshots);
+  out.gauge("blacklisted_keys", "Suffix keys blacklisted now.", s.blacklisted_keys);
+}
+
+void tiers(Exposition& out, const EngineMetrics& m) {
+  const RadixTreeMetrics& c = m.cache;
+  const TierMetrics& t = m.tiers;
+  out.family("host_tier_pages", "gauge", "Pages of the host tier, in use or free.");
+  out.sample("host_tier_pages", "state=\"used\"", c.host_pages_used);
+  out.sample("host_tier_pages", "state=\"free\"", c.host_pages_free);
+  out.gauge("host_tier_cached_tokens", "Cached tokens with a host copy now.", c.host_cached_tokens);
+  out.counter("host_tier_matched_tokens_total", "Tokens matched past the device part, on the host only.",
+              c.host_tokens_hit);
+  out.counter("host_tier_evicted_tokens_total", "Host copies dropped for room, in tokens.", c.host_evicted_tokens);
+  out.counter("host_tier_backed_up_tokens_total", "Tokens given a host copy.", c.backed_up_tokens);
+  out.counter("host_tier_backed_up_pages_total", "Pages copied device -> host.", t.backed_up_pages);
+  out.counter("host_tier_load_backs_total", "Admissions that copied host pages to the device.", t.load_backs);
+  out.counter("host_tier_loaded_pages_total", "Pages copied host -> device.", t.loaded_pages);
+  out.counter("host_tier_dropped_backups_total", "Host copies given up: no room on the host, or a failed copy.",
+              t.dropped_backups);
+  out.counter("storage_stored_pages_total", "Pages written to storage.", t.stored_pages);
+  out.counter("storage_fetched_pages_total", "Pages read from storage into the host tier.", t.fetched_pages);
+  out.counter("storage_prefetch_timeouts_total", "Admissions that stopped waiting for storage.", t.prefetch_timeouts);
+  out.counter("storage_errors_total", "Storage calls that failed (the admission recomputed).", t.storage_errors);
+  const StorageStats& s = t.storage;
+  out.counter("storage_backend_read_pages_total", "Pages the storage backend returned.", s.pages_read);
+  out.counter("storage_backend_written_pages_total", "Pages the storage backend stored.", s.pages_written);
+  out.counter("storage_backend_missing_pages_total", "Keys the storage backend did not find.", s.pages_missing);
+  out.counter("storage_backend_corrupt_pages_total", "Stored values refused: magic, key, layout, size or checksum.",
+              s.corrupt_pages);
+  out.counter("storage_backend_dropped_writes_total", "Pages the storage backend could not store (full disk, ...).",
+              s.dropped_writes);
+  out.counter("storage_backend_evicted_pages_total", "Pages the storage backend removed for its size cap.",
+              s.evicted_pages);
+  out.counter("storage_backend_errors_total", "Storage backend calls that failed (connection, I/O).", s.errors);
+  out.counter("storage_backend_read_bytes_total", "Bytes read from storage.", s.bytes_read);
+  out.counter("storage_backend_written_bytes_total", "Bytes written to storage.", s.bytes_written);
+}
+
+}  // namespace
+
+std::string format_metrics_text(const EngineMetrics& m) {
+  Exposition out;
+  out.family("component_enabled", "gauge", "1 for each part this engine was created with.");
+  out.sample("component_enabled", "component=\"snapshot_store\"", m.has_snapshot_store ? 1 : 0);
+  out.sample("component_enabled", "component=\"host_tier\"", m.has_tiers ? 1 : 0);
+  out.sample("component_enabled", "component=\"storage_tier\"", m.tiers.has_storage ? 1 : 0);
+  prefix_cache(out, m);
+  sequences(out, m);
+  src(out, m.src);
+  snapshot_store(out, m.store);
+  tiers(out, m);
+  return out.take();
+}
+
+}  // namespace clm
