@@ -1,18 +1,18 @@
-// C = A B^T for the CLM parts (lib/dense_gemm.hpp): the AVX2 + FMA build when
+// C = A B^T (clm/dense_gemm.hpp): the AVX2 + FMA build when
 // the CPU runs it, else Eigen with the library's generic flags.
 #include "dense_gemm.hpp"
 
 #include "dense_kernels.hpp"
 #include "eigen_avx2.hpp"
 
-namespace clm::detail {
+namespace clm {
 
 void gemm_nt(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c) {
-  if (eigen_avx2_usable()) {
-    gemm_nt_avx2(a, m, k, b, n, c);
+  if (detail::eigen_avx2_usable()) {
+    detail::gemm_nt_avx2(a, m, k, b, n, c);
     return;
   }
-  gemm_nt_eigen(a, m, k, b, n, c);
+  detail::gemm_nt_eigen(a, m, k, b, n, c);
 }
 
-}  // namespace clm::detail
+}  // namespace clm

@@ -1,0 +1,131 @@
+// examples/tiny_llama/generator.hpp: continuous batching over a LlamaModel
+// and its Engine. Requests wait in a queue; each step admits what fits (the
+// engine matches each prompt's cached prefix, so only the rest is prefilled),
+// runs one forward over every admitted request's new rows and every running
+// request's last token, samples, and retires what is done (finish publishes
+// prompt + answer into the cache). Sequences join and leave between steps.
+//
+//   tiny_llama::Generator gen(*model, {});
+//   tiny_llama::GenerateOptions opts;
+//   opts.max_new_tokens = 32; opts.cache_salt = "tenant-7";
+//   gen.submit(prompt, opts, /*on_token=*/nullptr, [](const tiny_llama::GenerationResult& r) { ... });
+//   CLM_RETURN_IF_ERROR(gen.run_until_idle());
+//
+// Or a loop thread (start()/stop()) serving submit() calls from any thread,
+// as examples/server does. Callbacks run on the thread that calls step().
+// use_cache = false is the baseline: the request's prompt is matched against
+// nothing (a salt of its own) and its pages are released, never published.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "llama_model.hpp"
+
+namespace tiny_llama {
+
+struct GenerateOptions {
+  std::int32_t max_new_tokens = 32;
+  float temperature = 0.0f;  // 0: greedy (argmax, lowest id on ties)
+  std::uint64_t seed = 0;    // temperature sampling is a function of (seed, step)
+  std::vector<std::int32_t> stop_tokens;
+  std::string cache_salt;  // tenants with different salts never share pages
+  bool use_cache = true;
+  bool keep_logits = false;  // GenerationResult::logits gets every step's logits (tests)
+};
+
+struct GenerationResult {
+  std::uint64_t request = 0;
+  clm::Status status;
+  std::vector<std::int32_t> tokens;  // generated, the stop token included
+  std::string finish_reason;         // "stop", "length", "cancelled", "error"
+  std::int32_t prompt_tokens = 0;
+  std::int32_t cached_tokens = 0;  // of the prompt, found in the cache (all tiers)
+  std::int32_t host_tokens = 0;    // ... copied in from the host tier
+  std::int32_t storage_tokens = 0;
+  double queue_seconds = 0;    // submit to admission
+  double ttft_seconds = 0;     // submit to the first token
+  double prefill_seconds = 0;  // the forward that prefilled the prompt (shared with its batch)
+  double total_seconds = 0;
+  std::vector<float> logits;  // [steps][vocab] when keep_logits
+};
+
+// Returns false to cancel the request (a client that went away).
+using TokenCallback = std::function<bool(std::int32_t token)>;
+using DoneCallback = std::function<void(const GenerationResult&)>;
+
+struct GeneratorOptions {
+  std::int32_t max_batch = 32;               // running sequences at once
+  std::int32_t prefill_token_budget = 4096;  // new prompt rows admitted per step
+};
+
+class Generator {
+ public:
+  Generator(LlamaModel& model, const GeneratorOptions& options);
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  // Queues a request and returns its id. A prompt that is empty, holds ids
+  // outside the vocabulary, or leaves no room for one new token in the
+  // context is answered at once through on_done with invalid_argument.
+  std::uint64_t submit(std::vector<std::int32_t> prompt, GenerateOptions options, TokenCallback on_token,
+                       DoneCallback on_done);
+
+  // One scheduling step (see above). An error of the forward pass ends every
+  // request of that step with it; the generator stays usable.
+  clm::Status step();
+  // Steps until nothing waits or runs.
+  clm::Status run_until_idle();
+  std::size_t pending() const;
+
+  // A loop thread that steps while there is work and sleeps otherwise.
+  void start();
+  void stop();  // ends the loop; requests still queued or running are cancelled
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Request {
+    std::uint64_t id = 0;
+    std::vector<std::int32_t> prompt;
+    GenerateOptions options;
+    TokenCallback on_token;
+    DoneCallback on_done;
+    Clock::time_point submitted;
+    clm::SequenceId seq = 0;
+    std::int32_t length = 0;  // tokens whose K/V are in the sequence's pages
+    GenerationResult result;
+  };
+
+  clm::Status admit_waiting(ForwardBatch& batch, std::vector<Request*>& rows_of);
+  void retire(Request& request, const char* reason, clm::Status status = {});
+  // Whether the pool can carry `candidate` (just admitted) and every running
+  // request to their max_new_tokens.
+  bool fits_to_the_end(const Request& candidate) const;
+  std::int32_t sample(const Request& request, std::span<const float> logits) const;
+  void loop();
+
+  LlamaModel& model_;
+  clm::Engine& engine_;
+  GeneratorOptions options_;
+  mutable std::mutex queue_mutex_;  // guards waiting_, next_id_, stop_
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Request>> waiting_;
+  std::uint64_t next_id_ = 1;
+  bool stop_ = false;
+  std::vector<std::unique_ptr<Request>> running_;  // the stepping thread's only
+  std::atomic<std::size_t> running_count_{0};
+  std::vector<float> logits_;
+  std::thread loop_;
+};
+
+}  // namespace tiny_llama

@@ -1,0 +1,293 @@
+// examples/tiny_llama/llama_model.cpp: the decoder's forward pass.
+#include "llama_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "clm/attention.hpp"
+#include "clm/dense_gemm.hpp"
+
+namespace tiny_llama {
+
+void ForwardBatch::add(clm::SequenceId id, std::span<const std::int32_t> new_tokens, std::int32_t first,
+                       std::span<const std::int64_t> new_slots, std::span<const std::int32_t> page_table) {
+  ids.push_back(id);
+  tokens.insert(tokens.end(), new_tokens.begin(), new_tokens.end());
+  indptr.push_back(static_cast<std::int32_t>(tokens.size()));
+  first_position.push_back(first);
+  slots.insert(slots.end(), new_slots.begin(), new_slots.end());
+  page_indices.insert(page_indices.end(), page_table.begin(), page_table.end());
+  page_indptr.push_back(static_cast<std::int32_t>(page_indices.size()));
+}
+
+clm::Status LlamaModel::create(const LlamaConfig& config, LlamaWeights weights, clm::Engine& engine,
+                               const ModelOptions& options, std::unique_ptr<LlamaModel>& out) {
+  CLM_RETURN_IF_ERROR(config.check());
+  const clm::PagedKvPoolConfig& pool = engine.pool().config();
+  if (pool.num_layers != config.num_layers || pool.kv_heads != config.num_kv_heads ||
+      pool.head_dim != config.head_dim) {
+    return clm::invalid_argument(fmt::format(
+        "tiny_llama: the engine's pool has {} layers, {} KV heads, head_dim {}; the model needs {}, {}, {}",
+        pool.num_layers, pool.kv_heads, pool.head_dim, config.num_layers, config.num_kv_heads, config.head_dim));
+  }
+  if (pool.memory != clm::MemoryKind::host) {
+    return clm::unsupported("tiny_llama: the CPU decoder needs a host pool (MemoryKind::host)");
+  }
+  const auto h = static_cast<std::size_t>(config.hidden);
+  const auto inter = static_cast<std::size_t>(config.intermediate);
+  const auto expect = [](const std::vector<float>& w, std::size_t n, const char* name) -> clm::Status {
+    if (w.size() != n)
+      return clm::invalid_argument(fmt::format("tiny_llama: {} has {} values, not {}", name, w.size(), n));
+    return {};
+  };
+  CLM_RETURN_IF_ERROR(expect(weights.embed, static_cast<std::size_t>(config.vocab_size) * h, "embed"));
+  if (weights.layers.size() != static_cast<std::size_t>(config.num_layers)) {
+    return clm::invalid_argument(
+        fmt::format("tiny_llama: {} layers of weights, config says {}", weights.layers.size(), config.num_layers));
+  }
+  for (const LlamaLayerWeights& l : weights.layers) {
+    const auto q = static_cast<std::size_t>(config.q_dim()), kv = static_cast<std::size_t>(config.kv_dim());
+    CLM_RETURN_IF_ERROR(expect(l.attn_norm, h, "input_layernorm"));
+    CLM_RETURN_IF_ERROR(expect(l.wq, q * h, "q_proj"));
+    CLM_RETURN_IF_ERROR(expect(l.wk, kv * h, "k_proj"));
+    CLM_RETURN_IF_ERROR(expect(l.wv, kv * h, "v_proj"));
+    CLM_RETURN_IF_ERROR(expect(l.wo, h * q, "o_proj"));
+    CLM_RETURN_IF_ERROR(expect(l.mlp_norm, h, "post_attention_layernorm"));
+    CLM_RETURN_IF_ERROR(expect(l.w_gate, inter * h, "gate_proj"));
+    CLM_RETURN_IF_ERROR(expect(l.w_up, inter * h, "up_proj"));
+    CLM_RETURN_IF_ERROR(expect(l.w_down, h * inter, "down_proj"));
+  }
+  CLM_RETURN_IF_ERROR(expect(weights.final_norm, h, "norm"));
+  CLM_RETURN_IF_ERROR(expect(weights.output_matrix(), static_cast<std::size_t>(config.vocab_size) * h, "lm_head"));
+  out.reset(new LlamaModel(config, std::move(weights), engine, options));
+  return {};
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Engine& engine,
+                       const ModelOptions& options)
+    : config_(config),
+      weights_(std::move(weights)),
+      engine_(engine),
+      threads_(options.threads > 0 ? options.threads
+                                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+      workers_(threads_) {
+  // cos/sin in double, rounded once: a position's rotation is the same in
+  // every batch it appears in, which the equality of reuse rests on.
+  const std::int32_t half = config.head_dim / 2;
+  rope_cos_.resize(static_cast<std::size_t>(config.max_position) * static_cast<std::size_t>(half));
+  rope_sin_.resize(rope_cos_.size());
+  for (std::int32_t p = 0; p < config.max_position; ++p) {
+    for (std::int32_t i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(config.rope_theta, -2.0 * i / config.head_dim);
+      const double angle = p * inv_freq;
+      rope_cos_[static_cast<std::size_t>(p) * half + i] = static_cast<float>(std::cos(angle));
+      rope_sin_[static_cast<std::size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+clm::Status LlamaModel::check(const ForwardBatch& b, std::span<float> logits) const {
+  const std::size_t n = b.ids.size();
+  if (n == 0) return clm::invalid_argument("forward: an empty batch");
+  if (b.indptr.size() != n + 1 || b.first_position.size() != n || b.page_indptr.size() != n + 1) {
+    return clm::invalid_argument(
+        fmt::format("forward: {} sequences need {} row offsets, {} positions and {} page "
+                    "table offsets; got {}, {} and {}",
+                    n, n + 1, n, n + 1, b.indptr.size(), b.first_position.size(), b.page_indptr.size()));
+  }
+  if (b.indptr[0] != 0 || b.page_indptr[0] != 0) return clm::invalid_argument("forward: offsets must start at 0");
+  const std::int64_t page_size = engine_.page_size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t rows = std::int64_t{b.indptr[i + 1]} - b.indptr[i];
+    if (rows < 1) return clm::invalid_argument(fmt::format("forward: sequence {} brings no rows", i));
+    const std::int64_t end = std::int64_t{b.first_position[i]} + rows;
+    if (b.first_position[i] < 0 || end > config_.max_position) {
+      return clm::invalid_argument(fmt::format(
+          "forward: sequence {} reaches position {}, past the context of {} tokens", i, end, config_.max_position));
+    }
+    const std::int64_t pages = std::int64_t{b.page_indptr[i + 1]} - b.page_indptr[i];
+    if (pages != (end + page_size - 1) / page_size) {
+      return clm::invalid_argument(
+          fmt::format("forward: sequence {} has {} tokens but {} pages of {}", i, end, pages, page_size));
+    }
+  }
+  const auto rows = static_cast<std::size_t>(b.indptr[n]);
+  if (b.tokens.size() != rows || b.slots.size() != rows) {
+    return clm::invalid_argument(fmt::format("forward: {} rows need as many tokens and slots; got {} and {}", rows,
+                                             b.tokens.size(), b.slots.size()));
+  }
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (b.tokens[r] < 0 || b.tokens[r] >= config_.vocab_size) {
+      return clm::invalid_argument(fmt::format("forward: token {} at row {} is outside the vocabulary [0, {})",
+                                               b.tokens[r], r, config_.vocab_size));
+    }
+  }
+  if (logits.size() != n * static_cast<std::size_t>(config_.vocab_size)) {
+    return clm::invalid_argument(
+        fmt::format("forward: logits hold {} values, {} sequences need {}", logits.size(), n, n * config_.vocab_size));
+  }
+  return {};
+}
+
+void LlamaModel::matmul(const float* a, std::int64_t m, std::int64_t k, const std::vector<float>& w, std::int64_t n,
+                        float* c) {
+  const int threads = workers_.threads();
+  if (threads == 1 || m * n * k < (1 << 18)) {
+    clm::gemm_nt(a, m, k, w.data(), n, c);
+    return;
+  }
+  if (m >= 4 * threads) {  // many rows: split them, each part writes its own rows of c
+    const std::int64_t chunk = (m + threads - 1) / threads;
+    workers_.run(threads, [&](std::int64_t t) {
+      const std::int64_t begin = t * chunk, end = std::min(m, begin + chunk);
+      if (begin < end) clm::gemm_nt(a + begin * k, end - begin, k, w.data(), n, c + begin * n);
+    });
+    return;
+  }
+  // Few rows (decode): split the weight rows into column panels of c.
+  const std::int64_t chunk = (n + threads - 1) / threads;
+  panel_.resize(static_cast<std::size_t>(m * chunk * threads));
+  workers_.run(threads, [&](std::int64_t t) {
+    const std::int64_t begin = t * chunk, end = std::min(n, begin + chunk);
+    if (begin >= end) return;
+    float* panel = panel_.data() + t * m * chunk;
+    clm::gemm_nt(a, m, k, w.data() + begin * k, end - begin, panel);
+    for (std::int64_t r = 0; r < m; ++r) {
+      std::memcpy(c + r * n + begin, panel + r * (end - begin), static_cast<std::size_t>(end - begin) * sizeof(float));
+    }
+  });
+}
+
+void LlamaModel::rms_norm(const float* x, std::int64_t rows, const std::vector<float>& weight, float* out) const {
+  const std::int64_t h = config_.hidden;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* in = x + r * h;
+    double sum = 0.0;  // double: the norm of a row never depends on the batch around it
+    for (std::int64_t i = 0; i < h; ++i) sum += double(in[i]) * in[i];
+    const auto scale = static_cast<float>(1.0 / std::sqrt(sum / double(h) + config_.rms_norm_eps));
+    for (std::int64_t i = 0; i < h; ++i) out[r * h + i] = in[i] * scale * weight[static_cast<std::size_t>(i)];
+  }
+}
+
+void LlamaModel::rope(float* x, std::int64_t rows, std::int32_t heads, std::span<const std::int32_t> positions) const {
+  const std::int32_t d = config_.head_dim, half = d / 2;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* cos = rope_cos_.data() + static_cast<std::size_t>(positions[static_cast<std::size_t>(r)]) * half;
+    const float* sin = rope_sin_.data() + static_cast<std::size_t>(positions[static_cast<std::size_t>(r)]) * half;
+    for (std::int32_t head = 0; head < heads; ++head) {
+      float* v = x + (r * heads + head) * d;
+      for (std::int32_t i = 0; i < half; ++i) {
+        const float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * cos[i] - x2 * sin[i];
+        v[i + half] = x2 * cos[i] + x1 * sin[i];
+      }
+    }
+  }
+}
+
+clm::Status LlamaModel::attention(std::int32_t layer, const ForwardBatch& b, const float* q, float* out) {
+  const clm::PagedKvView kv = clm::PagedKvView::of(engine_.pool());
+  clm::AttentionParams params;
+  params.layer = layer;
+  params.num_q_heads = config_.num_heads;
+  params.num_threads = threads_;
+  const std::int64_t q_dim = config_.q_dim();
+  const std::int32_t page_size = engine_.page_size();
+  // Decode rows (one new token) go to one batched call; prefill rows one sequence at a time.
+  clm::PagedBatch decode{{0}, {}, {}};
+  std::vector<std::int32_t> decode_rows;
+  for (std::size_t i = 0; i < b.ids.size(); ++i) {
+    const std::int32_t row = b.indptr[i], rows = b.indptr[i + 1] - row;
+    const std::int32_t kv_len = b.first_position[i] + rows;
+    const auto pages = std::span(b.page_indices)
+                           .subspan(static_cast<std::size_t>(b.page_indptr[i]),
+                                    static_cast<std::size_t>(b.page_indptr[i + 1] - b.page_indptr[i]));
+    if (rows == 1) {
+      decode.indices.insert(decode.indices.end(), pages.begin(), pages.end());
+      decode.indptr.push_back(static_cast<std::int32_t>(decode.indices.size()));
+      decode.last_page_len.push_back(kv_len - (static_cast<std::int32_t>(pages.size()) - 1) * page_size);
+      decode_rows.push_back(row);
+      continue;
+    }
+    CLM_RETURN_IF_ERROR(
+        clm::paged_prefill_attention(kv, params, q + row * q_dim, rows, pages, kv_len, out + row * q_dim));
+  }
+  if (decode_rows.empty()) return {};
+  std::vector<float> dq(decode_rows.size() * static_cast<std::size_t>(q_dim)), dout(dq.size());
+  for (std::size_t j = 0; j < decode_rows.size(); ++j) {
+    std::memcpy(dq.data() + j * q_dim, q + decode_rows[j] * q_dim, static_cast<std::size_t>(q_dim) * sizeof(float));
+  }
+  CLM_RETURN_IF_ERROR(clm::paged_decode_attention(kv, params, dq.data(), decode.indptr, decode.indices,
+                                                  decode.last_page_len, dout.data()));
+  for (std::size_t j = 0; j < decode_rows.size(); ++j) {
+    std::memcpy(out + decode_rows[j] * q_dim, dout.data() + j * q_dim, static_cast<std::size_t>(q_dim) * sizeof(float));
+  }
+  return {};
+}
+
+clm::Status LlamaModel::forward(const ForwardBatch& b, std::span<float> logits) {
+  CLM_RETURN_IF_ERROR(check(b, logits));
+  const LlamaConfig& c = config_;
+  const std::int64_t rows = b.rows(), h = c.hidden, q_dim = c.q_dim(), kv_dim = c.kv_dim(), inter = c.intermediate;
+  const auto n = static_cast<std::int64_t>(b.ids.size());
+  const auto size = [](std::int64_t a, std::int64_t d) { return static_cast<std::size_t>(a * d); };
+  x_.resize(size(rows, h));
+  h_.resize(size(rows, h));
+  q_.resize(size(rows, q_dim));
+  k_.resize(size(rows, kv_dim));
+  v_.resize(size(rows, kv_dim));
+  attn_.resize(size(rows, q_dim));
+  o_.resize(size(rows, h));
+  gate_.resize(size(rows, inter));
+  up_.resize(size(rows, inter));
+  positions_.resize(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int32_t r = b.indptr[static_cast<std::size_t>(i)]; r < b.indptr[static_cast<std::size_t>(i) + 1]; ++r) {
+      positions_[static_cast<std::size_t>(r)] =
+          b.first_position[static_cast<std::size_t>(i)] + (r - b.indptr[static_cast<std::size_t>(i)]);
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(x_.data() + r * h, weights_.embed.data() + std::int64_t{b.tokens[static_cast<std::size_t>(r)]} * h,
+                static_cast<std::size_t>(h) * sizeof(float));
+  }
+  const clm::PagedKvView kv = clm::PagedKvView::of(engine_.pool());
+  for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
+    const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
+    rms_norm(x_.data(), rows, w.attn_norm, h_.data());
+    matmul(h_.data(), rows, h, w.wq, q_dim, q_.data());
+    matmul(h_.data(), rows, h, w.wk, kv_dim, k_.data());
+    matmul(h_.data(), rows, h, w.wv, kv_dim, v_.data());
+    rope(q_.data(), rows, c.num_heads, positions_);
+    rope(k_.data(), rows, c.num_kv_heads, positions_);
+    CLM_RETURN_IF_ERROR(clm::write_kv(kv, layer, k_.data(), v_.data(), b.slots));
+    CLM_RETURN_IF_ERROR(attention(layer, b, q_.data(), attn_.data()));
+    matmul(attn_.data(), rows, q_dim, w.wo, h, o_.data());
+    if (observer_) CLM_RETURN_IF_ERROR(observer_->on_attention_output(layer, b, o_.data()));
+    for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += o_[i];
+    rms_norm(x_.data(), rows, w.mlp_norm, h_.data());
+    matmul(h_.data(), rows, h, w.w_gate, inter, gate_.data());
+    matmul(h_.data(), rows, h, w.w_up, inter, up_.data());
+    for (std::size_t i = 0; i < gate_.size(); ++i) {
+      const float g = gate_[i];
+      gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];  // SiLU(gate) * up
+    }
+    matmul(gate_.data(), rows, inter, w.w_down, h, o_.data());
+    for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += o_[i];
+    if (observer_) CLM_RETURN_IF_ERROR(observer_->after_layer(layer, b, x_.data()));
+  }
+  last_.resize(size(n, h));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t last_row = b.indptr[static_cast<std::size_t>(i) + 1] - 1;
+    std::memcpy(last_.data() + i * h, x_.data() + last_row * h, static_cast<std::size_t>(h) * sizeof(float));
+  }
+  rms_norm(last_.data(), n, weights_.final_norm, last_.data());
+  if (observer_) CLM_RETURN_IF_ERROR(observer_->on_final_hidden(b, last_.data()));
+  matmul(last_.data(), n, h, weights_.output_matrix(), c.vocab_size, logits.data());
+  return {};
+}
+
+}  // namespace tiny_llama

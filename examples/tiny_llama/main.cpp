@@ -1,0 +1,112 @@
+// examples/tiny_llama/main.cpp: the `tiny_llama` command. Generates from a
+// prompt (byte tokens, chat template) with a model from a .safetensors file +
+// config.json, or the deterministic random init; or writes that random model.
+//
+//   tiny_llama [--weights model.safetensors --config config.json] [--prompt TEXT] [--system TEXT]
+//              [--max-new-tokens N] [--temperature T] [--seed S] [--page-size P] [--threads N]
+//   tiny_llama --save-random DIR   (DIR/model.safetensors + DIR/config.json)
+//
+// Prints the answer, then one JSON line with the token counts and timings.
+// Exit status 0, or 2 with a message on stderr.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "byte_tokenizer.hpp"
+#include "generator.hpp"
+
+namespace {
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "tiny_llama: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string weights_path, config_path, save_dir, prompt = "What is Debian?", system = "You are a helpful assistant.";
+  tiny_llama::GenerateOptions options;
+  options.max_new_tokens = 32;
+  std::int32_t page_size = 16;
+  int threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (i + 1 >= argc) return fail(fmt::format("{} needs a value (or is unknown)", flag));
+    const std::string value = argv[++i];
+    try {
+      if (flag == "--weights")
+        weights_path = value;
+      else if (flag == "--config")
+        config_path = value;
+      else if (flag == "--save-random")
+        save_dir = value;
+      else if (flag == "--prompt")
+        prompt = value;
+      else if (flag == "--system")
+        system = value;
+      else if (flag == "--max-new-tokens")
+        options.max_new_tokens = std::stoi(value);
+      else if (flag == "--temperature")
+        options.temperature = std::stof(value);
+      else if (flag == "--seed")
+        options.seed = std::stoull(value);
+      else if (flag == "--page-size")
+        page_size = std::stoi(value);
+      else if (flag == "--threads")
+        threads = std::stoi(value);
+      else
+        return fail(fmt::format("unknown flag {}", flag));
+    } catch (const std::exception&) {
+      return fail(fmt::format("{}: not a number: {}", flag, value));
+    }
+  }
+  tiny_llama::LlamaConfig config;
+  tiny_llama::LlamaWeights weights;
+  if (!config_path.empty()) {
+    if (clm::Status s = tiny_llama::load_llama_config(config_path, config); !s.ok()) return fail(s.message());
+  }
+  if (!weights_path.empty()) {
+    if (clm::Status s = tiny_llama::load_llama_weights(weights_path, config, weights); !s.ok())
+      return fail(s.message());
+  } else {
+    tiny_llama::random_llama_weights(config, 1, weights);
+  }
+  if (!save_dir.empty()) {
+    clm::Status s =
+        tiny_llama::save_llama_weights(save_dir + "/model.safetensors", config, weights, save_dir + "/config.json");
+    if (!s.ok()) return fail(s.message());
+    std::printf("wrote %s/model.safetensors and %s/config.json\n", save_dir.c_str(), save_dir.c_str());
+    return 0;
+  }
+  clm::EngineConfig engine_config;
+  engine_config.pool.page_size = page_size;
+  engine_config.pool.num_pages = std::max(64, (config.max_position + page_size - 1) / std::max(1, page_size) * 2);
+  engine_config.pool.num_layers = config.num_layers;
+  engine_config.pool.kv_heads = config.num_kv_heads;
+  engine_config.pool.head_dim = config.head_dim;
+  engine_config.pool.dtype = clm::KvDType::f32;
+  std::unique_ptr<clm::Engine> engine;
+  if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
+  std::unique_ptr<tiny_llama::LlamaModel> model;
+  if (clm::Status s = tiny_llama::LlamaModel::create(config, std::move(weights), *engine, {.threads = threads}, model);
+      !s.ok()) {
+    return fail(s.message());
+  }
+  tiny_llama::Generator generator(*model, {});
+  options.stop_tokens = {tiny_llama::ByteTokenizer::kEndOfTurn};
+  const auto tokens = tiny_llama::ByteTokenizer::apply_chat_template({{"system", system}, {"user", prompt}});
+  tiny_llama::GenerationResult result;
+  generator.submit(tokens, options, nullptr, [&](const tiny_llama::GenerationResult& r) { result = r; });
+  if (clm::Status s = generator.run_until_idle(); !s.ok()) return fail(s.message());
+  if (!result.status.ok()) return fail(result.status.message());
+  std::printf("%s\n", tiny_llama::ByteTokenizer::decode(result.tokens).c_str());
+  std::printf(
+      "{\"prompt_tokens\":%d,\"generated_tokens\":%zu,\"finish_reason\":\"%s\",\"ttft_s\":%.6f,\"total_s\":%.6f}\n",
+      result.prompt_tokens, result.tokens.size(), result.finish_reason.c_str(), result.ttft_seconds,
+      result.total_seconds);
+  return 0;
+}

@@ -1,0 +1,531 @@
+// examples/tiny_llama/test_tiny_llama.cpp: the decoder against an independent
+// float64 reference, and the equality proof users rely on: with prefix reuse
+// (device tier, host tier, a storage directory shared by two engines; page
+// sizes 1 and 16; several tenants; a pool small enough to evict), every
+// step's logits equal those of a full recompute with no cache (relative error
+// <= 1e-5 in f32). Plus the bad input the decoder must refuse.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include "byte_tokenizer.hpp"
+#include "generator.hpp"
+#include "store/store_test_support.hpp"  // TempDir
+#include "test_support.hpp"              // fresh_seed
+
+namespace {
+
+using tiny_llama::ByteTokenizer;
+using tiny_llama::GenerateOptions;
+using tiny_llama::GenerationResult;
+using tiny_llama::LlamaConfig;
+using tiny_llama::LlamaWeights;
+
+LlamaConfig small_config() {
+  LlamaConfig c;
+  c.vocab_size = 300;
+  c.hidden = 64;
+  c.intermediate = 160;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.max_position = 2048;
+  return c;
+}
+
+clm::EngineConfig engine_config(const LlamaConfig& c, std::int32_t page_size, std::int32_t pool_tokens) {
+  clm::EngineConfig e;
+  e.pool.page_size = page_size;
+  e.pool.num_pages = pool_tokens / page_size;
+  e.pool.num_layers = c.num_layers;
+  e.pool.kv_heads = c.num_kv_heads;
+  e.pool.head_dim = c.head_dim;
+  e.pool.dtype = clm::KvDType::f32;
+  return e;
+}
+
+struct Stack {  // an engine, a model over it and a generator
+  std::unique_ptr<clm::Engine> engine;
+  std::unique_ptr<tiny_llama::LlamaModel> model;
+  std::unique_ptr<tiny_llama::Generator> generator;
+};
+
+Stack make_stack(const LlamaConfig& c, const LlamaWeights& w, const clm::EngineConfig& e, int threads = 2) {
+  Stack s;
+  const clm::Status created = clm::Engine::create(e, s.engine);
+  REQUIRE(created.ok());
+  const clm::Status made = tiny_llama::LlamaModel::create(c, w, *s.engine, {.threads = threads}, s.model);
+  REQUIRE(made.ok());
+  s.generator = std::make_unique<tiny_llama::Generator>(*s.model, tiny_llama::GeneratorOptions{});
+  return s;
+}
+
+// Runs requests to completion together (continuous batching), in order of submission.
+std::vector<GenerationResult> generate(Stack& s, const std::vector<std::vector<std::int32_t>>& prompts,
+                                       const std::vector<GenerateOptions>& options) {
+  std::vector<GenerationResult> results(prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    s.generator->submit(prompts[i], options[i], nullptr, [&results, i](const GenerationResult& r) { results[i] = r; });
+  }
+  const clm::Status ran = s.generator->run_until_idle();
+  REQUIRE(ran.ok());
+  for (const GenerationResult& r : results) {
+    INFO(r.status.message());
+    REQUIRE(r.status.ok());
+  }
+  const clm::Status invariants = s.engine->check_invariants();
+  INFO(invariants.message());
+  REQUIRE(invariants.ok());
+  return results;
+}
+
+double relative_error(std::span<const float> a, std::span<const float> b) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+// ---- the independent reference: a dense float64 forward, no pages, no cache --
+std::vector<double> reference_logits(const LlamaConfig& c, const LlamaWeights& w,
+                                     const std::vector<std::int32_t>& tokens) {
+  const std::size_t n = tokens.size(), h = c.hidden, hd = c.head_dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  const std::size_t inter = c.intermediate;
+  std::vector<double> x(n * h);
+  for (std::size_t t = 0; t < n; ++t) {
+    for (std::size_t i = 0; i < h; ++i) x[t * h + i] = w.embed[static_cast<std::size_t>(tokens[t]) * h + i];
+  }
+  const auto norm = [&](const std::vector<double>& in, std::size_t t, const std::vector<float>& weight, double* out) {
+    double sum = 0;
+    for (std::size_t i = 0; i < h; ++i) sum += in[t * h + i] * in[t * h + i];
+    const double scale = 1.0 / std::sqrt(sum / double(h) + c.rms_norm_eps);
+    for (std::size_t i = 0; i < h; ++i) out[i] = in[t * h + i] * scale * weight[i];
+  };
+  const auto linear = [](const double* in, std::size_t k, const std::vector<float>& weight, std::size_t out_dim,
+                         double* out) {
+    for (std::size_t o = 0; o < out_dim; ++o) {
+      double sum = 0;
+      for (std::size_t i = 0; i < k; ++i) sum += in[i] * weight[o * k + i];
+      out[o] = sum;
+    }
+  };
+  const auto rotate = [&](double* v, std::size_t heads, std::size_t pos) {
+    for (std::size_t head = 0; head < heads; ++head) {
+      for (std::size_t i = 0; i < hd / 2; ++i) {
+        const double angle = double(pos) * std::pow(c.rope_theta, -2.0 * double(i) / double(hd));
+        const double x1 = v[head * hd + i], x2 = v[head * hd + i + hd / 2];
+        v[head * hd + i] = x1 * std::cos(angle) - x2 * std::sin(angle);
+        v[head * hd + i + hd / 2] = x2 * std::cos(angle) + x1 * std::sin(angle);
+      }
+    }
+  };
+  std::vector<double> hn(h), q(n * q_dim), k(n * kv_dim), v(n * kv_dim), attn(q_dim), o(h), g(inter), u(inter);
+  for (const tiny_llama::LlamaLayerWeights& layer : w.layers) {
+    for (std::size_t t = 0; t < n; ++t) {
+      norm(x, t, layer.attn_norm, hn.data());
+      linear(hn.data(), h, layer.wq, q_dim, &q[t * q_dim]);
+      linear(hn.data(), h, layer.wk, kv_dim, &k[t * kv_dim]);
+      linear(hn.data(), h, layer.wv, kv_dim, &v[t * kv_dim]);
+      rotate(&q[t * q_dim], static_cast<std::size_t>(c.num_heads), t);
+      rotate(&k[t * kv_dim], static_cast<std::size_t>(c.num_kv_heads), t);
+    }
+    std::vector<double> next = x;
+    for (std::size_t t = 0; t < n; ++t) {
+      for (std::size_t head = 0; head < static_cast<std::size_t>(c.num_heads); ++head) {
+        const std::size_t kv_head = head / static_cast<std::size_t>(c.num_heads / c.num_kv_heads);
+        std::vector<double> scores(t + 1);
+        double top = -1e300;
+        for (std::size_t s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (std::size_t i = 0; i < hd; ++i) dot += q[t * q_dim + head * hd + i] * k[s * kv_dim + kv_head * hd + i];
+          scores[s] = dot / std::sqrt(double(hd));
+          top = std::max(top, scores[s]);
+        }
+        double total = 0;
+        for (double& s : scores) total += (s = std::exp(s - top));
+        for (std::size_t i = 0; i < hd; ++i) {
+          double sum = 0;
+          for (std::size_t s = 0; s <= t; ++s) sum += scores[s] * v[s * kv_dim + kv_head * hd + i];
+          attn[head * hd + i] = sum / total;
+        }
+      }
+      linear(attn.data(), q_dim, layer.wo, h, o.data());
+      for (std::size_t i = 0; i < h; ++i) next[t * h + i] += o[i];
+    }
+    x = next;
+    for (std::size_t t = 0; t < n; ++t) {
+      norm(x, t, layer.mlp_norm, hn.data());
+      linear(hn.data(), h, layer.w_gate, inter, g.data());
+      linear(hn.data(), h, layer.w_up, inter, u.data());
+      for (std::size_t i = 0; i < inter; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      linear(g.data(), inter, layer.w_down, h, o.data());
+      for (std::size_t i = 0; i < h; ++i) x[t * h + i] += o[i];
+    }
+  }
+  norm(x, n - 1, w.final_norm, hn.data());
+  std::vector<double> logits(static_cast<std::size_t>(c.vocab_size));
+  linear(hn.data(), h, w.output_matrix(), logits.size(), logits.data());
+  return logits;
+}
+
+// ---- conversations ----------------------------------------------------------
+struct Conversation {
+  std::string salt;
+  std::vector<std::int32_t> history;  // every token so far, answers included
+};
+
+std::vector<std::int32_t> random_text(std::mt19937& rng, int min_len, int max_len) {
+  std::uniform_int_distribution<int> len(min_len, max_len), byte(0, 255);
+  std::vector<std::int32_t> out(static_cast<std::size_t>(len(rng)));
+  for (auto& t : out) t = byte(rng);
+  return out;
+}
+
+// Turn after turn over interleaved conversations: the cached run answers, then a
+// full recompute (no cache, a fresh engine) answers the same prompts; every
+// step's logits must agree. Returns the cached run's results.
+struct EqualityRun {
+  std::int64_t cached_tokens = 0, host_tokens = 0, storage_tokens = 0, prompt_tokens = 0;
+  double worst_error = 0;
+};
+
+void expect_same(const GenerationResult& cached, const GenerationResult& recomputed, std::int32_t vocab,
+                 EqualityRun& run) {
+  REQUIRE(cached.tokens == recomputed.tokens);
+  REQUIRE(cached.logits.size() == recomputed.logits.size());
+  for (std::size_t step = 0; step < cached.tokens.size(); ++step) {
+    const std::size_t at = step * static_cast<std::size_t>(vocab);
+    const double error = relative_error(std::span(cached.logits).subspan(at, static_cast<std::size_t>(vocab)),
+                                        std::span(recomputed.logits).subspan(at, static_cast<std::size_t>(vocab)));
+    run.worst_error = std::max(run.worst_error, error);
+    INFO("step " << step << " relative error " << error);
+    REQUIRE(error <= 1e-5);
+  }
+}
+
+EqualityRun run_conversations(Stack& cached, Stack& baseline, std::uint32_t seed, int tenants, int conversations,
+                              int turns, const std::vector<std::int32_t>& system_prompt) {
+  std::mt19937 rng(seed);
+  const std::int32_t vocab = cached.model->config().vocab_size;
+  std::vector<Conversation> convs;
+  for (int i = 0; i < conversations; ++i) {
+    Conversation conv{fmt::format("tenant-{}", i % tenants), {ByteTokenizer::kBeginOfText}};
+    conv.history.insert(conv.history.end(), system_prompt.begin(), system_prompt.end());
+    convs.push_back(std::move(conv));
+  }
+  EqualityRun run;
+  for (int turn = 0; turn < turns; ++turn) {
+    // A few conversations at once, so that prefill and decode rows share batches.
+    std::vector<std::vector<std::int32_t>> prompts;
+    std::vector<GenerateOptions> cached_options, baseline_options;
+    for (Conversation& conv : convs) {
+      ByteTokenizer::append_header("user", conv.history);
+      const auto question = random_text(rng, 5, 40);
+      conv.history.insert(conv.history.end(), question.begin(), question.end());
+      conv.history.push_back(ByteTokenizer::kEndOfTurn);
+      ByteTokenizer::append_header("assistant", conv.history);
+      prompts.push_back(conv.history);
+      GenerateOptions o;
+      o.max_new_tokens = std::uniform_int_distribution<int>(1, 12)(rng);
+      o.temperature = turn % 2 == 0 ? 0.0f : 0.8f;
+      o.seed = rng();
+      o.cache_salt = conv.salt;
+      o.keep_logits = true;
+      cached_options.push_back(o);
+      o.use_cache = false;
+      baseline_options.push_back(o);
+    }
+    const auto with_cache = generate(cached, prompts, cached_options);
+    const auto recomputed = generate(baseline, prompts, baseline_options);
+    for (std::size_t i = 0; i < convs.size(); ++i) {
+      INFO("turn " << turn << " conversation " << i);
+      REQUIRE(recomputed[i].cached_tokens == 0);
+      expect_same(with_cache[i], recomputed[i], vocab, run);
+      run.cached_tokens += with_cache[i].cached_tokens;
+      run.host_tokens += with_cache[i].host_tokens;
+      run.storage_tokens += with_cache[i].storage_tokens;
+      run.prompt_tokens += with_cache[i].prompt_tokens;
+      // The answer (minus the last token, whose K/V were never computed) ends the turn.
+      auto& h = convs[i].history;
+      h.insert(h.end(), with_cache[i].tokens.begin(), with_cache[i].tokens.end());
+      h.push_back(ByteTokenizer::kEndOfTurn);
+    }
+  }
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("the decoder's logits equal a dense float64 reference", "[tiny_llama]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  const LlamaConfig c = small_config();
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, seed, w);
+  for (const std::int32_t page_size : {1, 16}) {
+    Stack s = make_stack(c, w, engine_config(c, page_size, 4096));
+    std::mt19937 rng(seed);
+    const auto prompt = random_text(rng, 30, 90);
+    GenerateOptions o;
+    o.max_new_tokens = 6;
+    o.keep_logits = true;
+    const auto result = generate(s, {prompt}, {o});
+    std::vector<std::int32_t> seen = prompt;
+    for (std::size_t step = 0; step < result[0].tokens.size(); ++step) {
+      const std::vector<double> expected = reference_logits(c, w, seen);
+      std::vector<float> expected_f(expected.begin(), expected.end());
+      const double error = relative_error(
+          std::span(result[0].logits).subspan(step * static_cast<std::size_t>(c.vocab_size), expected.size()),
+          expected_f);
+      INFO("page " << page_size << " step " << step << " relative error " << error);
+      REQUIRE(error <= 1e-4);  // f32 against f64, through 3 layers
+      seen.push_back(result[0].tokens[step]);
+    }
+  }
+}
+
+TEST_CASE("prefix reuse never changes the logits: device tier, page sizes 1 and 16, tenants, evictions",
+          "[tiny_llama][equality]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  const LlamaConfig c = small_config();
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, seed, w);
+  std::mt19937 rng(seed ^ 0x5eed);
+  const auto system_prompt = random_text(rng, 100, 160);
+  for (const std::int32_t page_size : {1, 16}) {
+    INFO("page size " << page_size);
+    // 6 conversations of up to ~700 tokens each over 3 tenants in a pool of
+    // 2048 tokens: later turns evict earlier ones' pages.
+    Stack cached = make_stack(c, w, engine_config(c, page_size, 1024));
+    Stack baseline = make_stack(c, w, engine_config(c, page_size, 8192));
+    const EqualityRun run = run_conversations(cached, baseline, seed + page_size, 3, 8, 4, system_prompt);
+    const clm::EngineMetrics m = cached.engine->metrics();
+    CHECK(run.cached_tokens > run.prompt_tokens / 3);  // reuse happened
+    CHECK(m.cache.evicted_tokens > 0);                 // and so did evictions
+    // A tenant that never ran gets nothing of the others' identical system prompt.
+    std::vector<std::int32_t> probe{ByteTokenizer::kBeginOfText};
+    probe.insert(probe.end(), system_prompt.begin(), system_prompt.end());
+    GenerateOptions stranger;
+    stranger.max_new_tokens = 1;
+    stranger.cache_salt = "tenant-never-seen";
+    CHECK(generate(cached, {probe}, {stranger})[0].cached_tokens == 0);
+    const clm::Status invariants = cached.engine->check_invariants();
+    REQUIRE(invariants.ok());
+  }
+}
+
+TEST_CASE("prefix reuse never changes the logits: host tier and a storage directory shared by two engines",
+          "[tiny_llama][equality][tiers]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  const LlamaConfig c = small_config();
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, seed, w);
+  std::mt19937 rng(seed ^ 0x7135);
+  const auto system_prompt = random_text(rng, 100, 160);
+  clm_test::TempDir storage;
+  const std::int32_t page_size = 16;
+  clm::EngineConfig tiered = engine_config(c, page_size, 512);  // a small device tier: evicts to the host
+  tiered.tiers.host_pages = 8192 / page_size;
+  tiered.tiers.storage_url = "file://" + storage.str();
+  tiered.tiers.write_policy = clm::WritePolicy::write_back;  // every evicted page goes to the host
+  Stack baseline = make_stack(c, w, engine_config(c, page_size, 8192));
+  EqualityRun first;
+  {
+    Stack cached = make_stack(c, w, tiered);
+    first = run_conversations(cached, baseline, seed, 2, 6, 3, system_prompt);
+    cached.engine->wait_for_tiers();
+    CHECK(first.host_tokens > 0);  // pages came back from the host tier
+  }
+  // A second engine over the same directory starts empty on device and host:
+  // what it finds of the same conversations' prefixes, storage gave it.
+  Stack second = make_stack(c, w, tiered);
+  const EqualityRun again = run_conversations(second, baseline, seed, 2, 6, 2, system_prompt);
+  CHECK(again.storage_tokens > 0);
+  CHECK(again.cached_tokens > 0);
+  const clm::Status invariants = second.engine->check_invariants();
+  REQUIRE(invariants.ok());
+}
+
+TEST_CASE("the equality check can fail: a corrupted cached K/V row changes the logits", "[tiny_llama][equality]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  const LlamaConfig c = small_config();
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, seed, w);
+  Stack cached = make_stack(c, w, engine_config(c, 16, 4096));
+  Stack baseline = make_stack(c, w, engine_config(c, 16, 4096));
+  std::mt19937 rng(seed);
+  const auto prompt = random_text(rng, 64, 64);
+  GenerateOptions o;
+  o.max_new_tokens = 2;
+  o.keep_logits = true;
+  generate(cached, {prompt}, {o});
+  // The prompt's first page is cached now; add 1.0 to one K value of layer 0 in every page.
+  const clm::PagedKvPool& pool = cached.engine->pool();
+  for (std::int32_t page = 0; page < pool.num_pages(); ++page) static_cast<float*>(pool.k_data(page, 0))[5] += 1.0f;
+  auto longer = prompt;
+  longer.push_back(7);
+  const auto reused = generate(cached, {longer}, {o});
+  REQUIRE(reused[0].cached_tokens > 0);
+  GenerateOptions off = o;
+  off.use_cache = false;
+  const auto recomputed = generate(baseline, {longer}, {off});
+  CHECK(relative_error(std::span(reused[0].logits).first(static_cast<std::size_t>(c.vocab_size)),
+                       std::span(recomputed[0].logits).first(static_cast<std::size_t>(c.vocab_size))) > 1e-3);
+}
+
+TEST_CASE("continuous batching: requests joining and leaving give the answers they give alone", "[tiny_llama]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  const LlamaConfig c = small_config();
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, seed, w);
+  std::mt19937 rng(seed);
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<GenerateOptions> options;
+  for (int i = 0; i < 10; ++i) {
+    prompts.push_back(random_text(rng, 1, 120));
+    GenerateOptions o;
+    o.max_new_tokens = std::uniform_int_distribution<int>(1, 20)(rng);  // they leave at different steps
+    o.keep_logits = true;
+    o.use_cache = false;
+    options.push_back(o);
+  }
+  Stack together = make_stack(c, w, engine_config(c, 16, 8192));
+  const auto batched = generate(together, prompts, options);
+  EqualityRun run;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    Stack alone = make_stack(c, w, engine_config(c, 16, 8192), 1);
+    const auto single = generate(alone, {prompts[i]}, {options[i]});
+    expect_same(batched[i], single[0], c.vocab_size, run);
+  }
+}
+
+TEST_CASE("bad input: weights, config, prompts and batches are refused with a clear status", "[tiny_llama]") {
+  const LlamaConfig c = small_config();
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, 3, w);
+  clm_test::TempDir dir;
+  const std::string weights_path = dir.str() + "/model.safetensors", config_path = dir.str() + "/config.json";
+  REQUIRE(tiny_llama::save_llama_weights(weights_path, c, w, config_path).ok());
+  SECTION("a saved model loads back bit for bit") {
+    LlamaConfig loaded_config;
+    REQUIRE(tiny_llama::load_llama_config(config_path, loaded_config).ok());
+    LlamaWeights loaded;
+    REQUIRE(tiny_llama::load_llama_weights(weights_path, loaded_config, loaded).ok());
+    CHECK(loaded.embed == w.embed);
+    CHECK(loaded.layers[2].w_down == w.layers[2].w_down);
+    CHECK(loaded.lm_head == w.lm_head);
+  }
+  SECTION("a config.json that disagrees with the weights") {
+    LlamaConfig wrong = c;
+    wrong.intermediate = 128;
+    LlamaWeights loaded;
+    const clm::Status s = tiny_llama::load_llama_weights(weights_path, wrong, loaded);
+    CHECK(s.code() == clm::StatusCode::invalid_argument);
+    CHECK_THAT(s.message(), Catch::Contains("gate_proj"));
+    wrong = c;
+    wrong.num_layers = 2;
+    CHECK(tiny_llama::load_llama_weights(weights_path, wrong, loaded).code() == clm::StatusCode::invalid_argument);
+  }
+  SECTION("a missing or mis-shaped tensor") {
+    LlamaWeights broken = w;
+    broken.layers[1].wk.resize(broken.layers[1].wk.size() / 2);
+    // Written by hand: the library's writer checks sizes against shapes, so the shape goes in wrong too.
+    std::vector<clm::TensorToWrite> tensors;
+    tensors.push_back({"model.embed_tokens.weight",
+                       clm::TensorDType::f32,
+                       {c.vocab_size, c.hidden},
+                       std::as_bytes(std::span(w.embed))});
+    REQUIRE(clm::write_safetensors(dir.str() + "/partial.safetensors", tensors).ok());
+    LlamaWeights loaded;
+    CHECK(tiny_llama::load_llama_weights(dir.str() + "/partial.safetensors", c, loaded).code() ==
+          clm::StatusCode::not_found);
+    tensors.clear();
+    const std::int64_t half_rows = c.kv_dim() / 2;
+    tensors.push_back({"model.layers.0.self_attn.k_proj.weight",
+                       clm::TensorDType::f32,
+                       {half_rows, c.hidden},
+                       std::as_bytes(std::span(broken.layers[1].wk))});
+    REQUIRE(clm::write_safetensors(dir.str() + "/misshaped.safetensors", tensors).ok());
+    CHECK(tiny_llama::load_llama_weights(dir.str() + "/misshaped.safetensors", c, loaded).code() !=
+          clm::StatusCode::ok);
+    CHECK(loaded.embed.empty());  // nothing half-loaded
+  }
+  SECTION("config.json errors") {
+    LlamaConfig parsed;
+    CHECK(tiny_llama::parse_llama_config("{", parsed).code() == clm::StatusCode::invalid_argument);
+    CHECK(tiny_llama::parse_llama_config(R"({"hidden_size": 64})", parsed).code() == clm::StatusCode::invalid_argument);
+    CHECK(
+        tiny_llama::parse_llama_config(
+            R"({"vocab_size":10,"hidden_size":64,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":3})",
+            parsed)
+            .code() == clm::StatusCode::invalid_argument);  // 64 / 3 heads: odd head_dim
+    CHECK(
+        tiny_llama::parse_llama_config(
+            R"({"vocab_size":-1,"hidden_size":64,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":4})",
+            parsed)
+            .code() == clm::StatusCode::invalid_argument);
+  }
+  SECTION("an engine whose pool does not fit the model") {
+    clm::EngineConfig e = engine_config(c, 16, 1024);
+    e.pool.kv_heads = 4;
+    std::unique_ptr<clm::Engine> engine;
+    REQUIRE(clm::Engine::create(e, engine).ok());
+    std::unique_ptr<tiny_llama::LlamaModel> model;
+    CHECK(tiny_llama::LlamaModel::create(c, w, *engine, {}, model).code() == clm::StatusCode::invalid_argument);
+    CHECK(model == nullptr);
+  }
+  SECTION("prompts: too long for the context, empty, outside the vocabulary; the generator keeps serving") {
+    Stack s = make_stack(c, w, engine_config(c, 16, 8192));
+    std::vector<clm::Status> statuses;
+    const auto record = [&](const GenerationResult& r) { statuses.push_back(r.status); };
+    s.generator->submit(std::vector<std::int32_t>(static_cast<std::size_t>(c.max_position), 1), {}, nullptr, record);
+    s.generator->submit({}, {}, nullptr, record);
+    s.generator->submit({1, 2, c.vocab_size}, {}, nullptr, record);
+    s.generator->submit({1, 2, -1}, {}, nullptr, record);
+    GenerateOptions hot;
+    hot.temperature = -1.0f;
+    s.generator->submit({1, 2}, hot, nullptr, record);
+    REQUIRE(statuses.size() == 5);
+    for (const clm::Status& st : statuses) CHECK(st.code() == clm::StatusCode::invalid_argument);
+    const auto fine = generate(s, {{1, 2, 3}}, {GenerateOptions{}});
+    CHECK(fine[0].tokens.size() == 32);
+    CHECK(s.engine->metrics().active_sequences == 0);
+  }
+  SECTION("a malformed batch writes nothing") {
+    Stack s = make_stack(c, w, engine_config(c, 16, 1024));
+    clm::Admission a;
+    const std::vector<std::int32_t> prompt{1, 2, 3, 4};
+    REQUIRE(s.engine->admit(prompt, {}, a).ok());
+    std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+    tiny_llama::ForwardBatch b;
+    b.add(a.seq, prompt, 0, a.slots, a.page_table);
+    b.tokens[1] = c.vocab_size;  // outside the vocabulary
+    CHECK(s.model->forward(b, logits).code() == clm::StatusCode::invalid_argument);
+    b = {};
+    b.add(a.seq, prompt, c.max_position - 2, a.slots, a.page_table);  // past the context
+    CHECK(s.model->forward(b, logits).code() == clm::StatusCode::invalid_argument);
+    b = {};
+    b.add(a.seq, prompt, 0, a.slots, std::span(a.page_table).first(0));  // no pages for its tokens
+    CHECK(s.model->forward(b, logits).code() == clm::StatusCode::invalid_argument);
+    b = {};
+    b.add(a.seq, prompt, 0, a.slots, a.page_table);
+    std::vector<float> short_logits(3);
+    CHECK(s.model->forward(b, short_logits).code() == clm::StatusCode::invalid_argument);
+    CHECK(std::all_of(logits.begin(), logits.end(), [](float v) { return v == 0.0f; }));
+    REQUIRE(s.engine->abort(a.seq).ok());
+    REQUIRE(s.engine->check_invariants().ok());
+  }
+}
