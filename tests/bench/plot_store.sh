@@ -15,6 +15,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # One line per dataset and ef: ef, store p99, raw p99, store recall, raw recall.
+# A dataset the run skipped (GloVe without npm) gets no panel.
+datasets=()
 for dataset in clustered glove; do
   awk -v ds="$dataset" '
     function field(name,   m) { if (match($0, "\"" name "\": *\"?[^,\"}]*")) { m = substr($0, RSTART, RLENGTH); sub(/^"[^"]*": *"?/, "", m); return m } return "" }
@@ -27,12 +29,14 @@ for dataset in clustered glove; do
     }
     END { for (ef in p99) if (ef in rec) print ef, p99[ef], raw_p99[ef], rec[ef], raw_rec[ef] }
   ' "$in" | sort -n >"$work/$dataset.dat"
+  [[ -s $work/$dataset.dat ]] && datasets+=("$dataset")
 done
+[[ ${#datasets[@]} -gt 0 ]] || { echo "plot_store.sh: no ANN sweep in $in" >&2; exit 1; }
 
 gnuplot <<EOF
-set terminal pngcairo size 1100,460 font ",10" noenhanced
+set terminal pngcairo size $((250 + 425 * ${#datasets[@]})),460 font ",10" noenhanced
 set output "$out"
-set multiplot layout 1,2 title "Snapshot store level 2 (hnswlib, 100k rows): recall@3 against p99 latency, one point per ef_search"
+set multiplot layout 1,${#datasets[@]} title "Snapshot store level 2 (hnswlib): recall@3 against p99 latency, one point per ef_search"
 set xlabel "p99 latency (µs)"
 set ylabel "recall@3 (against brute force)"
 set key bottom right
@@ -40,7 +44,7 @@ set grid
 set logscale x
 set arrow from 1000, graph 0 to 1000, graph 1 nohead dt 2 lc rgb "gray40"
 set arrow from graph 0, first 0.95 to graph 1, first 0.95 nohead dt 2 lc rgb "gray40"
-do for [ds in "clustered glove"] {
+do for [ds in "${datasets[*]}"] {
   set title ds
   plot "$work/".ds.".dat" using 2:4:(sprintf("ef %d", \$1)) with labels offset 0,0.8 notitle, \
        "" using 2:4 with linespoints pt 7 lw 2 title "store", \
