@@ -1,7 +1,7 @@
 # clmcache: the two commands of the README, and the helpers behind them.
 #   make demo   build, then replay the prefix cache over both workloads
 #   make test   build, run every test, then again under ASan + UBSan
-#   make bench  run every tests/bench/bench_* program (JSON lines)
+#   make bench  run every benchmark and write docs/benchmarks.md (tests/bench/report.sh)
 SHELL := /bin/bash
 BUILD ?= build
 ASAN_BUILD ?= build-asan
@@ -11,7 +11,7 @@ CMAKE_FLAGS ?=
 
 # Debian packages the build and the tests need (installed by `make deps`).
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
-  libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server
+  libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox
 
 # nvcc lives outside PATH on a stock CUDA install; CMake finds it when told.
 NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -60,8 +60,12 @@ test: test-release test-asan
 demo: build
 	@examples/replay/replay_demo.sh $(BUILD)/examples/replay/replay $(SHARED)
 
+# Every bench program and the replay's hit-rate sweeps, then docs/benchmarks.md
+# and docs/bench-*.png (JSON lines kept in $(BUILD)/bench-results). Run it on a
+# quiet machine. CLM_BENCH_SMOKE=1 make bench: a minute or two, into a
+# temporary folder, figures that mean nothing.
 bench: build
-	cmake --build $(BUILD) --target bench
+	CLM_SHARED_DIR=$(SHARED) cmake --build $(BUILD) --target bench
 
 # Regenerate tests/abi/libclmcache.abi after an intended ABI change; commit it with the change.
 abi-baseline: deps
