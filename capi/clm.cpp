@@ -464,4 +464,23 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
   });
 }
 
+clm_status clm_engine_metrics_text(const clm_engine* engine, char* buf, size_t capacity, size_t* length) {
+  return guarded([&]() -> clm_status {
+    if (!engine) return null_argument("clm_engine_metrics_text", "engine");
+    if (!length) return null_argument("clm_engine_metrics_text", "length");
+    if (!buf && capacity > 0) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_metrics_text: buf is NULL but capacity is {}", capacity));
+    }
+    const std::string text = engine->state->engine->metrics_text();
+    *length = text.size();
+    if (capacity > 0) {
+      const std::size_t n = std::min(text.size(), capacity - 1);
+      std::memcpy(buf, text.data(), n);
+      buf[n] = '\0';
+    }
+    return CLM_OK;
+  });
+}
+
 }  // extern "C"

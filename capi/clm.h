@@ -311,6 +311,15 @@ typedef struct clm_metrics {
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */
 CLM_API clm_status clm_engine_metrics(clm_metrics *out, const clm_engine *engine);
+/* The same counters, and a histogram of eviction times, as Prometheus text
+ * (exposition format 0.0.4; the names are in docs/metrics.md), for a host's
+ * GET /metrics (Content-Type: text/plain; version=0.0.4; charset=utf-8).
+ * Like snprintf: writes at most `capacity` bytes of it into buf, the NUL
+ * included (a text cut short still ends in one), and sets *length to the
+ * whole text's length without the NUL, even when it does not fit. So buf =
+ * NULL, capacity = 0 asks for the size; the text fits when *length <
+ * capacity. buf is the caller's: the library keeps no pointer to it. */
+CLM_API clm_status clm_engine_metrics_text(const clm_engine *engine, char *buf, size_t capacity, size_t *length);
 
 /* ---- CLM suffix reuse: the SRC head (docs/clm.md) ------------------------
  * A tiny head on one layer's attention output scores, per running sequence

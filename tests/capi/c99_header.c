@@ -300,6 +300,8 @@ static const int64_t *(*const p_seq_slots)(const clm_seq *, size_t *) = clm_seq_
 static clm_status (*const p_engine_batch_page_table)(int32_t *, int32_t *, size_t, size_t *, int32_t *, clm_engine *,
                                                      clm_seq *const *, size_t) = clm_engine_batch_page_table;
 static clm_status (*const p_engine_metrics)(clm_metrics *, const clm_engine *) = clm_engine_metrics;
+static clm_status (*const p_engine_metrics_text)(const clm_engine *, char *, size_t, size_t *) =
+    clm_engine_metrics_text;
 
 /* CLM suffix reuse: the SRC head. */
 static clm_status (*const p_engine_load_src_head)(clm_engine *, const char *, int32_t) = clm_engine_load_src_head;
@@ -385,6 +387,8 @@ int main(void) {
   const int32_t decoded[1] = {6};
   int32_t indptr[2], indices[4], last_page_len[1];
   size_t n_indices = 0, n_pages = 0, n_slots = 0;
+  size_t text_len = 0, cut_len = 0;
+  char text[16];
   const int32_t *pages;
   const int64_t *slots;
   clm_status s;
@@ -533,6 +537,14 @@ int main(void) {
   if (metrics.admitted != 1 || metrics.finished != 1 || metrics.cached_tokens != 4 || metrics.src_steps != 1 ||
       metrics.src_retrievals_found + metrics.src_retrievals_failed > 1 || metrics.src_injections != 1) {
     return fail("metrics contents", CLM_ERR_INTERNAL);
+  }
+  /* The metrics as Prometheus text: a sizing call, then a prefix cut to the buffer. */
+  if ((s = p_engine_metrics_text(engine, NULL, 0, &text_len)) != CLM_OK) return fail("engine_metrics_text", s);
+  if ((s = p_engine_metrics_text(engine, text, sizeof text, &cut_len)) != CLM_OK) {
+    return fail("engine_metrics_text", s);
+  }
+  if (text_len < sizeof text || cut_len != text_len || strcmp(text, "# HELP clm_comp") != 0) {
+    return fail("metrics text contents", CLM_ERR_INTERNAL);
   }
   p_engine_free(engine);
 
