@@ -97,7 +97,8 @@ clm::Status Generator::admit_waiting(ForwardBatch& batch, std::vector<Request*>&
     // The baseline matches against nothing: a salt no other request has.
     const std::string salt = r.options.use_cache ? r.options.cache_salt : fmt::format("\x01nocache/{}", r.id);
     clm::Admission a;
-    clm::Status admitted = engine_.admit(r.prompt, {.cache_salt = salt}, a);
+    const std::int32_t adapter_id = r.options.use_clm ? kClmAdapterId : 0;
+    clm::Status admitted = engine_.admit(r.prompt, {.cache_salt = salt, .adapter_id = adapter_id}, a);
     if (admitted.code() == clm::StatusCode::out_of_memory && !(running_.empty() && batch.ids.empty())) {
       std::lock_guard lock(queue_mutex_);  // the pool is busy: wait for running requests to leave
       waiting_.push_front(std::move(request));
@@ -120,6 +121,7 @@ clm::Status Generator::admit_waiting(ForwardBatch& batch, std::vector<Request*>&
       break;
     }
     r.seq = a.seq;
+    if (listener_) listener_->on_admitted(r.seq, r.prompt, r.options);
     r.result.cached_tokens = a.cached_tokens;
     r.result.host_tokens = a.host_tokens;
     r.result.storage_tokens = a.storage_tokens;
@@ -216,6 +218,7 @@ clm::Status Generator::step() {
 void Generator::retire(Request& r, const char* reason, clm::Status status) {
   r.result.finish_reason = reason;
   r.result.status = std::move(status);
+  if (listener_) listener_->on_retired(r.seq, r.result);
   // Only a cached request that ended well is published; the rest release their pages.
   const bool publish = r.options.use_cache && r.result.status.ok() && r.result.finish_reason != "cancelled";
   const clm::Status ended = publish ? engine_.finish(r.seq) : engine_.abort(r.seq);

@@ -15,6 +15,8 @@
 // as examples/server does. Callbacks run on the thread that calls step().
 // use_cache = false is the baseline: the request's prompt is matched against
 // nothing (a salt of its own) and its pages are released, never published.
+// A RequestListener (set_request_listener) hears each request start and end:
+// how CLM in the loop (clm_loop.hpp) learns each sequence's request.
 #pragma once
 
 #include <atomic>
@@ -41,6 +43,26 @@ struct GenerateOptions {
   std::string cache_salt;  // tenants with different salts never share pages
   bool use_cache = true;
   bool keep_logits = false;  // GenerationResult::logits gets every step's logits (tests)
+  // CLM in the loop (clm_loop.hpp): whether an installed ClmLoop acts on this
+  // request, and its suffix text (empty: the prompt's last user message).
+  // Requests with use_clm cache their pages apart (adapter id kClmAdapterId):
+  // an injected snapshot changes the K/V of the rows it touches, which a
+  // request without CLM must never reuse.
+  bool use_clm = false;
+  std::string clm_suffix;
+};
+
+inline constexpr std::int32_t kClmAdapterId = 1;
+
+// What a ClmLoop did for one request; all zero without one.
+struct ClmRequestCounts {
+  std::int32_t src_steps = 0;        // forwards whose SRC head scored the request
+  std::int32_t reuse_decisions = 0;  // ... whose score passed the gate (each one a lookup)
+  std::int32_t hits_exact = 0, hits_ann = 0, hits_fallback = 0, misses = 0;
+  std::int32_t injected_steps = 0;        // forwards whose last row got a snapshot
+  std::int32_t first_injected_step = -1;  // index into tokens / logits of the first of them
+  float max_src_score = 0.0f;
+  bool recorded = false;  // its snapshot went to the store when it ended
 };
 
 struct GenerationResult {
@@ -57,11 +79,24 @@ struct GenerationResult {
   double prefill_seconds = 0;  // the forward that prefilled the prompt (shared with its batch)
   double total_seconds = 0;
   std::vector<float> logits;  // [steps][vocab] when keep_logits
+  ClmRequestCounts clm;
 };
 
 // Returns false to cancel the request (a client that went away).
 using TokenCallback = std::function<bool(std::int32_t token)>;
 using DoneCallback = std::function<void(const GenerationResult&)>;
+
+// Hears requests start and end, on the stepping thread: on_admitted once the
+// request has its sequence (before its prefill), on_retired when it ends,
+// before the engine finishes or aborts the sequence (the listener may still
+// use it, and may fill result.clm).
+class RequestListener {
+ public:
+  virtual ~RequestListener() = default;
+  virtual void on_admitted(clm::SequenceId seq, std::span<const std::int32_t> prompt,
+                           const GenerateOptions& options) = 0;
+  virtual void on_retired(clm::SequenceId seq, GenerationResult& result) = 0;
+};
 
 struct GeneratorOptions {
   std::int32_t max_batch = 32;               // running sequences at once
@@ -91,6 +126,9 @@ class Generator {
   // A loop thread that steps while there is work and sleeps otherwise.
   void start();
   void stop();  // ends the loop; requests still queued or running are cancelled
+
+  // nullptr removes it; set it while nothing runs. It must outlive its use.
+  void set_request_listener(RequestListener* listener) { listener_ = listener; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -125,6 +163,7 @@ class Generator {
   std::vector<std::unique_ptr<Request>> running_;  // the stepping thread's only
   std::atomic<std::size_t> running_count_{0};
   std::vector<float> logits_;
+  RequestListener* listener_ = nullptr;
   std::thread loop_;
 };
 
