@@ -1,9 +1,10 @@
 // examples/clm_fit/main.cpp: the `clm_fit` command. Fits the CLM parts from
 // the host's own data in .safetensors files (docs/clm.md, "Fitting"):
 //
-//   clm_fit src-head --data train.safetensors --out head.safetensors [options]
-//   clm_fit adapter  --data pairs.safetensors --out adapter.safetensors [options]
-//   clm_fit labels   --tokens conv.safetensors --n 4 --out labels.safetensors
+//   clm_fit src-head   --data train.safetensors --out head.safetensors [options]
+//   clm_fit adapter    --data pairs.safetensors --out adapter.safetensors [options]
+//   clm_fit labels     --tokens conv.safetensors --n 4 --out labels.safetensors
+//   clm_fit projection --data samples.safetensors --dim 256 --out projection.safetensors
 //
 // Prints one JSON line on stdout. Exit status: 0 ok, 2 any error (bad flags,
 // unreadable or malformed files, data the fit refuses), with a message on
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +30,7 @@
 #include "clm/adapter_fit.hpp"
 #include "clm/safetensors.hpp"
 #include "clm/snapshot_adapter.hpp"
+#include "clm/snapshot_projection.hpp"
 #include "clm/src_head.hpp"
 #include "clm/src_head_training.hpp"
 #include "clm/src_labels.hpp"
@@ -37,17 +40,24 @@ namespace {
 constexpr int kExitError = 2;
 
 constexpr std::string_view kUsage =
-    "usage: clm_fit src-head --data FILE --out FILE [--epochs N] [--lr X] [--batch B] [--seed S]\n"
-    "                        [--gelu tanh|erf] [--holdout F] [--patience P] [--weight-decay W]\n"
-    "       clm_fit adapter --data FILE --out FILE [--lambda L] [--residual-scale S]\n"
+    "usage: clm_fit src-head --data FILE --out FILE [--labels FILE] [--epochs N] [--lr X] [--batch B]\n"
+    "                        [--seed S] [--gelu tanh|erf] [--holdout F] [--patience P] [--weight-decay W]\n"
+    "       clm_fit adapter --data FILE --out FILE [--projection FILE] [--lambda L] [--residual-scale S]\n"
     "       clm_fit labels --tokens FILE --n N --out FILE\n"
+    "       clm_fit projection --data FILE --dim D --out FILE\n"
     "\n"
     "  src-head  --data holds features [n, hidden] (F32/F16/BF16) and labels [n] (U8/BOOL/I32/I64/F32,\n"
     "            0 or 1); writes src_head.w1/b1/w2/b2 (F32, metadata gelu). Defaults: 20 epochs, lr 1e-3,\n"
-    "            batch 64, seed 0, gelu tanh, holdout 0, patience 0 (no early stopping), weight decay 0\n"
+    "            batch 64, seed 0, gelu tanh, holdout 0, patience 0 (no early stopping), weight decay 0.\n"
+    "            With --labels (the output of clm_fit labels), --data holds positions [n] (I32/I64)\n"
+    "            instead of labels: row i gets the label at positions[i]; rows labelled 255 are left out\n"
     "  adapter   --data holds snapshots [n, dim] and deltas [n, hidden] (F32/F16/BF16); ridge fit of\n"
     "            residual_scale * (W s + b) ~ delta; writes adapter.weight/bias (F32).\n"
+    "            With --projection (snapshot.* tensors), --data holds hidden [n, hidden] instead of\n"
+    "            snapshots: hidden states that are projected into snapshots first.\n"
     "            Defaults: lambda 1e-3, residual scale 0.3\n"
+    "  projection --data holds samples [n, hidden] (F32/F16/BF16): hidden states; PCA to D dimensions\n"
+    "            (1 <= D <= min(hidden, n - 1)); writes snapshot.mean/components/explained_variance (F32)\n"
     "  labels    --tokens holds tokens [L] (I32/I64), generated [L] (0/1) and optionally indptr\n"
     "            [conversations + 1] (I32/I64; absent = one conversation); writes labels [L] U8:\n"
     "            1 repeated suffix, 0 not, 255 prompt position (not scored)\n";
@@ -228,6 +238,44 @@ Matrix read_matrix(const clm::SafetensorsFile& file, const std::string& path, st
   return m;
 }
 
+// labels[i] = the label at positions[i] of clm_fit labels' output; rows at an
+// unscored position (255: a prompt token) are dropped from `features`.
+void pick_labels(const clm::SafetensorsFile& data_file, const std::string& data_path, const std::string& labels_path,
+                 Matrix& features, std::vector<std::uint8_t>& labels, std::int64_t& not_scored) {
+  const std::vector<std::int64_t> positions = read_ints<std::int64_t>(data_file, data_path, "positions");
+  if (positions.size() != static_cast<std::size_t>(features.rows)) {
+    throw Failure{fmt::format("{}: {} positions for {} feature rows", data_path, positions.size(), features.rows)};
+  }
+  const clm::SafetensorsFile labels_file = open_file(labels_path);
+  const clm::TensorView& all = tensor(labels_file, labels_path, "labels");
+  if (all.dtype != clm::TensorDType::u8) {
+    throw Failure{fmt::format("{}: 'labels' is {}, expected U8 (clm_fit labels writes it)", labels_path,
+                              clm::tensor_dtype_name(all.dtype))};
+  }
+  const std::size_t length = vector_length(all, labels_path);
+  const auto cols = static_cast<std::size_t>(features.cols);
+  std::vector<float> kept;
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    if (positions[i] < 0 || static_cast<std::size_t>(positions[i]) >= length) {
+      throw Failure{fmt::format("{}: positions[{}] = {} is outside the {} labels of {}", data_path, i, positions[i],
+                                length, labels_path)};
+    }
+    const auto label = static_cast<std::uint8_t>(all.bytes[static_cast<std::size_t>(positions[i])]);
+    if (label == clm::kLabelNotScored) {
+      ++not_scored;
+      continue;
+    }
+    if (label > 1) {
+      throw Failure{fmt::format("{}: labels[{}] is {}, must be 0, 1 or 255", labels_path, positions[i], label)};
+    }
+    labels.push_back(label);
+    kept.insert(kept.end(), features.values.begin() + static_cast<std::ptrdiff_t>(i * cols),
+                features.values.begin() + static_cast<std::ptrdiff_t>((i + 1) * cols));
+  }
+  features.values = std::move(kept);
+  features.rows = static_cast<std::int64_t>(labels.size());
+}
+
 int fit_src_head(Flags& flags) {
   const std::string data = flags.text("--data");
   const std::string out = flags.text("--out");
@@ -242,22 +290,29 @@ int fit_src_head(Flags& flags) {
   const std::string gelu = flags.text("--gelu", "tanh");
   if (gelu != "tanh" && gelu != "erf") throw Failure{"--gelu must be tanh or erf"};
   options.gelu = gelu == "erf" ? clm::Gelu::erf : clm::Gelu::tanh;
+  const std::string labels_path = flags.text("--labels", "");
   flags.check_all_used();
 
   const clm::SafetensorsFile file = open_file(data);
-  const Matrix features = read_matrix(file, data, "features");
-  const std::vector<std::uint8_t> labels = read_binary(file, data, "labels");
+  Matrix features = read_matrix(file, data, "features");
+  std::vector<std::uint8_t> labels;
+  std::int64_t not_scored = 0;
+  if (labels_path.empty()) {
+    labels = read_binary(file, data, "labels");
+  } else {
+    pick_labels(file, data, labels_path, features, labels, not_scored);
+  }
   clm::SrcHeadWeights weights;
   clm::SrcHeadTrainReport report;
   check(clm::train_src_head(features.view(), labels, options, weights, &report));
   check(clm::write_src_head(out, weights, options.gelu, {{"written_by", "clm_fit"}}), out);
   fmt::print(
-      "{{\"command\":\"src-head\",\"rows\":{},\"hidden\":{},\"train_rows\":{},\"validation_rows\":{},"
-      "\"epochs_run\":{},\"best_epoch\":{},\"train_loss\":{},\"train_auc\":{},\"validation_loss\":{},"
-      "\"validation_auc\":{},\"gelu\":\"{}\",\"out\":{}}}\n",
-      features.rows, features.cols, report.train_rows, report.validation_rows, report.epochs_run, report.best_epoch,
-      json_number(report.train_loss), json_number(report.train_auc), json_number(report.validation_loss),
-      json_number(report.validation_auc), gelu, json_string(out));
+      "{{\"command\":\"src-head\",\"rows\":{},\"not_scored\":{},\"hidden\":{},\"train_rows\":{},"
+      "\"validation_rows\":{},\"epochs_run\":{},\"best_epoch\":{},\"train_loss\":{},\"train_auc\":{},"
+      "\"validation_loss\":{},\"validation_auc\":{},\"gelu\":\"{}\",\"out\":{}}}\n",
+      features.rows, not_scored, features.cols, report.train_rows, report.validation_rows, report.epochs_run,
+      report.best_epoch, json_number(report.train_loss), json_number(report.train_auc),
+      json_number(report.validation_loss), json_number(report.validation_auc), gelu, json_string(out));
   return 0;
 }
 
@@ -266,10 +321,29 @@ int fit_adapter(Flags& flags) {
   const std::string out = flags.text("--out");
   const double lambda = flags.number("--lambda", 1e-3);
   const float scale = flags.number("--residual-scale", clm::kDefaultResidualScale);
+  const std::string projection_path = flags.text("--projection", "");
   flags.check_all_used();
 
   const clm::SafetensorsFile file = open_file(data);
-  const Matrix snapshots = read_matrix(file, data, "snapshots");
+  Matrix snapshots;
+  if (projection_path.empty()) {
+    snapshots = read_matrix(file, data, "snapshots");
+  } else {
+    // Hidden states, made into snapshots exactly as the host makes them.
+    clm::SnapshotProjectionWeights projection_weights;
+    check(clm::read_snapshot_projection(projection_path, projection_weights), projection_path);
+    std::unique_ptr<clm::SnapshotProjection> projection;
+    check(clm::SnapshotProjection::create(std::move(projection_weights), projection), projection_path);
+    const Matrix hidden = read_matrix(file, data, "hidden");
+    if (hidden.cols != projection->hidden()) {
+      throw Failure{
+          fmt::format("{}: 'hidden' has {} columns, the projection takes {}", data, hidden.cols, projection->hidden())};
+    }
+    snapshots.rows = hidden.rows;
+    snapshots.cols = projection->snapshot_dim();
+    snapshots.values.resize(static_cast<std::size_t>(snapshots.rows) * static_cast<std::size_t>(snapshots.cols));
+    check(projection->project(hidden.view(), snapshots.values), data);
+  }
   const Matrix deltas = read_matrix(file, data, "deltas");
   clm::SnapshotAdapterWeights weights;
   clm::AdapterFitReport report;
@@ -277,9 +351,40 @@ int fit_adapter(Flags& flags) {
   check(clm::write_snapshot_adapter(out, weights), out);
   fmt::print(
       "{{\"command\":\"adapter\",\"rows\":{},\"snapshot_dim\":{},\"hidden\":{},\"lambda\":{},"
-      "\"residual_scale\":{},\"r2\":{},\"out\":{}}}\n",
+      "\"residual_scale\":{},\"r2\":{},\"projected\":{},\"out\":{}}}\n",
       report.rows, weights.snapshot_dim, weights.hidden, json_number(lambda), json_number(scale),
-      json_number(report.r2), json_string(out));
+      json_number(report.r2), projection_path.empty() ? "false" : "true", json_string(out));
+  return 0;
+}
+
+int fit_projection(Flags& flags) {
+  const std::string data = flags.text("--data");
+  const std::string out = flags.text("--out");
+  const auto dim = flags.number<std::int32_t>("--dim", 0);
+  if (dim < 1) throw Failure{"--dim is required and must be >= 1"};
+  flags.check_all_used();
+
+  const clm::SafetensorsFile file = open_file(data);
+  const Matrix samples = read_matrix(file, data, "samples");
+  clm::SnapshotProjectionWeights weights;
+  check(clm::fit_pca(samples.view(), dim, weights), data);
+  check(clm::write_snapshot_projection(out, weights), out);
+  // The share of the samples' variance the components keep.
+  const auto cols = static_cast<std::size_t>(samples.cols);
+  std::vector<double> mean(cols, 0.0);
+  for (std::size_t i = 0; i < samples.values.size(); ++i) mean[i % cols] += samples.values[i];
+  for (double& m : mean) m /= static_cast<double>(samples.rows);
+  double total = 0.0, kept = 0.0;
+  for (std::size_t i = 0; i < samples.values.size(); ++i) {
+    const double d = samples.values[i] - mean[i % cols];
+    total += d * d;
+  }
+  total /= static_cast<double>(samples.rows - 1);
+  for (float v : weights.explained_variance) kept += v;
+  fmt::print(
+      "{{\"command\":\"projection\",\"rows\":{},\"hidden\":{},\"snapshot_dim\":{},"
+      "\"explained_fraction\":{},\"out\":{}}}\n",
+      samples.rows, samples.cols, dim, json_number(total > 0.0 ? kept / total : std::nan("")), json_string(out));
   return 0;
 }
 
@@ -329,6 +434,7 @@ int main(int argc, char** argv) {
     if (command == "src-head") return fit_src_head(flags);
     if (command == "adapter") return fit_adapter(flags);
     if (command == "labels") return make_labels(flags);
+    if (command == "projection") return fit_projection(flags);
     throw Failure{fmt::format("unknown command '{}'", command)};
   } catch (const Failure& f) {
     fmt::print(stderr, "clm_fit: {}\n(clm_fit --help for usage)\n", f.message);

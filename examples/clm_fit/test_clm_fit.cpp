@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "clm/detail/half.hpp"
 #include "clm/safetensors.hpp"
 #include "clm/snapshot_adapter.hpp"
+#include "clm/snapshot_projection.hpp"
 #include "clm/src_head.hpp"
 #include "clm/src_labels.hpp"
 
@@ -209,6 +211,134 @@ TEST_CASE("clm_fit labels writes the repeated-suffix labels of a token file") {
   CHECK(json_field(run.out, "repeated") == static_cast<double>(repeated));
 }
 
+TEST_CASE("clm_fit projection fits the PCA of a file's samples and writes a projection that loads") {
+  const TempDir dir;
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const int hidden = 24, rows = 400, dim = 4;
+  // Four strong directions plus a little noise: four components keep almost all of the variance.
+  std::vector<float> basis(static_cast<std::size_t>(dim * hidden)), samples(static_cast<std::size_t>(rows * hidden));
+  for (float& v : basis) v = n(rng);
+  for (int r = 0; r < rows; ++r) {
+    for (int k = 0; k < dim; ++k) {
+      const float a = 3.0f * n(rng);
+      for (int c = 0; c < hidden; ++c) {
+        samples[static_cast<std::size_t>(r * hidden + c)] += a * basis[static_cast<std::size_t>(k * hidden + c)];
+      }
+    }
+    for (int c = 0; c < hidden; ++c) samples[static_cast<std::size_t>(r * hidden + c)] += 0.01f * n(rng) + 2.0f;
+  }
+  const std::string data = dir.file("samples.safetensors"), out = dir.file("projection.safetensors");
+  write(data, {tensor("samples", clm::TensorDType::f32, {rows, hidden}, samples)});
+
+  const Run run = run_clm_fit(dir, "projection --data " + data + " --dim " + std::to_string(dim) + " --out " + out);
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  CHECK(json_field(run.out, "rows") == rows);
+  CHECK(json_field(run.out, "snapshot_dim") == dim);
+  CHECK(json_field(run.out, "explained_fraction") > 0.99);
+
+  clm::SnapshotProjectionWeights fitted, expected;
+  const clm::Status read = clm::read_snapshot_projection(out, fitted);
+  INFO(read.message());
+  REQUIRE(read.ok());
+  REQUIRE(clm::fit_pca(clm::ConstActivationView::f32(samples, rows, hidden), dim, expected).ok());
+  CHECK(fitted.snapshot_dim == dim);
+  REQUIRE(fitted.components.size() == expected.components.size());
+  for (std::size_t i = 0; i < expected.components.size(); ++i) {
+    CHECK(fitted.components[i] == Approx(expected.components[i]).margin(1e-6));
+  }
+  for (std::size_t i = 0; i < expected.mean.size(); ++i) CHECK(fitted.mean[i] == Approx(expected.mean[i]));
+}
+
+TEST_CASE("clm_fit src-head --labels takes each row's label at its position and leaves out the unscored") {
+  const TempDir dir;
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const int hidden = 16, length = 900;
+  // labels as clm_fit labels writes them: 255 for prompt positions, else x0 > 0 of the row that points there.
+  std::vector<std::uint8_t> labels(length, clm::kLabelNotScored);
+  std::vector<float> features;
+  std::vector<std::int64_t> positions;
+  std::int64_t scored = 0;
+  for (int p = 0; p < length; ++p) {
+    std::vector<float> x(hidden);
+    for (float& v : x) v = n(rng);
+    if (p % 3 != 0) {
+      labels[static_cast<std::size_t>(p)] = x[0] > 0.0f ? 1 : 0;
+      ++scored;
+    }
+    features.insert(features.end(), x.begin(), x.end());
+    positions.push_back(p);
+  }
+  std::shuffle(positions.begin(), positions.end(), rng);  // rows point anywhere: reorder the features with them
+  std::vector<float> shuffled;
+  for (std::int64_t p : positions) {
+    shuffled.insert(shuffled.end(), features.begin() + p * hidden, features.begin() + (p + 1) * hidden);
+  }
+  const std::string data = dir.file("features.safetensors"), labels_path = dir.file("labels.safetensors");
+  const std::string out = dir.file("head.safetensors");
+  write(data, {tensor("features", clm::TensorDType::f32, {length, hidden}, shuffled),
+               tensor("positions", clm::TensorDType::i64, {length}, positions)});
+  write(labels_path, {tensor("labels", clm::TensorDType::u8, {length}, labels)});
+
+  const Run run = run_clm_fit(dir, "src-head --data " + data + " --labels " + labels_path + " --out " + out +
+                                       " --epochs 40 --lr 1e-2 --seed 3");
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  CHECK(json_field(run.out, "rows") == static_cast<double>(scored));
+  CHECK(json_field(run.out, "not_scored") == static_cast<double>(length - scored));
+  CHECK(json_field(run.out, "train_auc") > 0.95);  // only right if each row got its own label
+  clm::SrcHeadWeights weights;
+  REQUIRE(clm::read_src_head(out, weights).ok());
+  CHECK(weights.hidden == hidden);
+}
+
+TEST_CASE("clm_fit adapter --projection projects hidden states into snapshots first") {
+  const TempDir dir;
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const int hidden = 12, dim = 5, rows = 300;
+  const float scale = 0.3f;
+  std::vector<float> samples(static_cast<std::size_t>(rows * hidden));
+  for (float& v : samples) v = n(rng);
+  clm::SnapshotProjectionWeights projection_weights;
+  REQUIRE(clm::fit_pca(clm::ConstActivationView::f32(samples, rows, hidden), dim, projection_weights).ok());
+  const std::string projection_path = dir.file("projection.safetensors");
+  REQUIRE(clm::write_snapshot_projection(projection_path, projection_weights).ok());
+  std::unique_ptr<clm::SnapshotProjection> projection;
+  REQUIRE(clm::SnapshotProjection::create(projection_weights, projection).ok());
+  std::vector<float> snapshots(static_cast<std::size_t>(rows * dim));
+  REQUIRE(projection->project(clm::ConstActivationView::f32(samples, rows, hidden), snapshots).ok());
+  std::vector<float> w(static_cast<std::size_t>(hidden * dim)), b(hidden),
+      deltas(static_cast<std::size_t>(rows * hidden));
+  for (float& v : w) v = n(rng);
+  for (float& v : b) v = n(rng);
+  for (int r = 0; r < rows; ++r) {
+    for (int o = 0; o < hidden; ++o) {
+      double y = b[static_cast<std::size_t>(o)];
+      for (int k = 0; k < dim; ++k) {
+        y += double{w[static_cast<std::size_t>(o * dim + k)]} * snapshots[static_cast<std::size_t>(r * dim + k)];
+      }
+      deltas[static_cast<std::size_t>(r * hidden + o)] = static_cast<float>(scale * y);
+    }
+  }
+  const std::string data = dir.file("pairs.safetensors"), out = dir.file("adapter.safetensors");
+  write(data, {tensor("hidden", clm::TensorDType::f32, {rows, hidden}, samples),
+               tensor("deltas", clm::TensorDType::f32, {rows, hidden}, deltas)});
+
+  const Run run =
+      run_clm_fit(dir, "adapter --data " + data + " --projection " + projection_path + " --out " + out + " --lambda 0");
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.out.find("\"projected\":true") != std::string::npos);
+  CHECK(json_field(run.out, "r2") > 1.0 - 1e-6);
+  CHECK(json_field(run.out, "snapshot_dim") == dim);
+  clm::SnapshotAdapterWeights fitted;
+  REQUIRE(clm::read_snapshot_adapter(out, fitted).ok());
+  for (std::size_t i = 0; i < w.size(); ++i) CHECK(fitted.weight[i] == Approx(w[i]).margin(1e-3));
+}
+
 TEST_CASE("clm_fit: bad flags and bad files exit 2 and write nothing") {
   const TempDir dir;
   const std::string out = dir.file("out.safetensors");
@@ -222,6 +352,13 @@ TEST_CASE("clm_fit: bad flags and bad files exit 2 and write nothing") {
   const std::string bad_labels = dir.file("bad_labels.safetensors");
   write(bad_labels, {tensor("features", clm::TensorDType::f32, {8, 4}, features),
                      tensor("labels", clm::TensorDType::u8, {8}, twos)});
+  const std::string samples = dir.file("samples.safetensors");
+  write(samples, {tensor("samples", clm::TensorDType::f32, {8, 4}, features)});
+  const std::string positioned = dir.file("positioned.safetensors"), short_labels = dir.file("short.safetensors");
+  const std::vector<std::int64_t> positions = {0, 1, 2, 3, 4, 5, 6, 7};
+  write(positioned, {tensor("features", clm::TensorDType::f32, {8, 4}, features),
+                     tensor("positions", clm::TensorDType::i64, {8}, positions)});
+  write(short_labels, {tensor("labels", clm::TensorDType::u8, {4}, std::vector<std::uint8_t>{0, 1, 0, 1})});
 
   const std::vector<std::string> bad_args = {
       "",
@@ -235,9 +372,16 @@ TEST_CASE("clm_fit: bad flags and bad files exit 2 and write nothing") {
       "src-head --data " + one_class + " --out " + out + " --gelu relu",
       "src-head --data " + one_class + " --out " + out + " --colour blue",
       "src-head --data " + one_class + " --out " + out + " --epochs",
-      "adapter --data " + one_class + " --out " + out,         // no snapshots / deltas tensors
-      "labels --tokens " + one_class + " --out " + out,        // no --n
-      "labels --tokens " + one_class + " --n 2 --out " + out,  // no tokens tensor
+      "adapter --data " + one_class + " --out " + out,             // no snapshots / deltas tensors
+      "labels --tokens " + one_class + " --out " + out,            // no --n
+      "labels --tokens " + one_class + " --n 2 --out " + out,      // no tokens tensor
+      "projection --data " + one_class + " --out " + out,          // no --dim
+      "projection --data " + one_class + " --dim 2 --out " + out,  // no samples tensor
+      "projection --data " + samples + " --dim 9 --out " + out,    // more dimensions than samples allow
+      "src-head --data " + one_class + " --labels " + garbage + " --out " + out,
+      "src-head --data " + positioned + " --labels " + dir.file("missing.safetensors") + " --out " + out,
+      "src-head --data " + positioned + " --labels " + short_labels + " --out " + out,  // positions past the end
+      "adapter --data " + one_class + " --projection " + garbage + " --out " + out,
   };
   for (const std::string& args : bad_args) {
     INFO("clm_fit " << args);
