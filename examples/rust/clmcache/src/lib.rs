@@ -957,6 +957,34 @@ impl Engine {
         Ok(raw.into())
     }
 
+    /// The metrics as Prometheus text, exposition format 0.0.4
+    /// (`clm_engine_metrics_text`; the names are in `docs/metrics.md`), for
+    /// a host's `GET /metrics`.
+    pub fn metrics_text(&self) -> Result<String> {
+        let mut buffer = vec![0u8; 16 * 1024]; // the text is about 12 KiB
+        loop {
+            let mut length = 0usize;
+            // SAFETY: buffer is writable for its length; the engine is live.
+            let status = unsafe {
+                sys::clm_engine_metrics_text(
+                    self.raw.as_ptr(),
+                    buffer.as_mut_ptr() as *mut c_char,
+                    buffer.len(),
+                    &mut length,
+                )
+            };
+            check(status)?;
+            if length < buffer.len() {
+                buffer.truncate(length);
+                return String::from_utf8(buffer).map_err(|_| {
+                    Error::new(ErrorCode::Internal, "clm_engine_metrics_text returned text that is not UTF-8")
+                });
+            }
+            // Too small (the numbers may also have grown since): retry with room to spare.
+            buffer.resize(length + 256, 0);
+        }
+    }
+
     /// The page tables of running sequences of this engine in FlashInfer's
     /// CSR form (`clm_engine_batch_page_table`).
     pub fn batch_page_table(&self, seqs: &[&Sequence]) -> Result<PagedBatch> {

@@ -352,6 +352,27 @@ fn metrics_count_what_happened() {
 }
 
 #[test]
+fn metrics_text_shows_the_metrics_in_prometheus_text() {
+    let engine = engine(16);
+    let shared = tokens(1, 32);
+    engine.admit(&shared).unwrap().finish().unwrap();
+    engine.admit(&shared).unwrap().finish().unwrap(); // hits 16
+    let text = engine.metrics_text().unwrap();
+    let m = engine.metrics().unwrap();
+    assert!(text.starts_with("# HELP clm_"), "{}", text);
+    assert!(text.ends_with('\n'));
+    let value = |series: &str| -> f64 {
+        let line = text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')).expect(series);
+        line.parse().expect(series)
+    };
+    assert_eq!(value("clm_prefix_cache_queries_total"), m.tokens_queried as f64);
+    assert_eq!(value("clm_prefix_cache_hits_total"), 16.0);
+    assert_eq!(value("clm_cached_tokens_total{source=\"device\"}"), m.tokens_hit as f64);
+    assert_eq!(value("clm_sequences_finished_total"), 2.0);
+    assert_eq!(value("clm_evictable_tokens"), m.evictable_tokens as f64);
+}
+
+#[test]
 fn kv_layout_describes_the_pool() {
     let engine = Engine::new(&EngineOptions {
         num_layers: 2,
