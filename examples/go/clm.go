@@ -653,6 +653,33 @@ func (e *Engine) Metrics() (Metrics, error) {
 	}, nil
 }
 
+// MetricsText gives the engine's metrics as Prometheus text, exposition format
+// 0.0.4 (clm_engine_metrics_text; the names are in docs/metrics.md), for a
+// host's GET /metrics.
+func (e *Engine) MetricsText() (string, error) {
+	const op = "clm_engine_metrics_text"
+	ep, err := e.acquire(op)
+	if err != nil {
+		return "", err
+	}
+	defer e.release()
+	buf := make([]byte, 16*1024) // the text is about 12 KiB
+	for {
+		var length C.size_t
+		err := call(op, func() C.clm_status {
+			return C.clm_engine_metrics_text(ep, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &length)
+		})
+		if err != nil {
+			return "", err
+		}
+		if int(length) < len(buf) {
+			return string(buf[:length]), nil
+		}
+		// Too small (the numbers may also have grown since): retry with room to spare.
+		buf = make([]byte, int(length)+256)
+	}
+}
+
 // BatchPageTable gives the page tables of running sequences of this engine in
 // FlashInfer's CSR form (clm_engine_batch_page_table).
 func (e *Engine) BatchPageTable(seqs []*Seq) (PagedBatch, error) {

@@ -474,6 +474,42 @@ func TestFinishAbortStates(t *testing.T) {
 	must(t, s.Close())
 }
 
+func TestMetricsText(t *testing.T) {
+	e := newEngine(t, 16, 16)
+	prompt := span(1, 32)
+	for i := 0; i < 2; i++ { // the second hits 16 tokens
+		s := admit(t, e, prompt, nil)
+		must(t, s.Finish())
+	}
+	text, err := e.MetricsText()
+	must(t, err)
+	m, err := e.Metrics()
+	must(t, err)
+	if !strings.HasPrefix(text, "# HELP clm_") || !strings.HasSuffix(text, "\n") {
+		t.Fatalf("not Prometheus text:\n%s", text)
+	}
+	for series, want := range map[string]float64{
+		"clm_prefix_cache_queries_total":           float64(m.TokensQueried),
+		"clm_prefix_cache_hits_total":              16,
+		`clm_cached_tokens_total{source="device"}`: float64(m.TokensHit),
+		"clm_sequences_finished_total":             2,
+		"clm_evictable_tokens":                     float64(m.EvictableTokens),
+	} {
+		var got float64
+		found := false
+		for _, line := range strings.Split(text, "\n") {
+			if strings.HasPrefix(line, series+" ") {
+				_, err := fmt.Sscan(strings.TrimPrefix(line, series+" "), &got)
+				must(t, err)
+				found = true
+			}
+		}
+		if !found || got != want {
+			t.Errorf("%s: %v (found %v), want %v", series, got, found, want)
+		}
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	const pageSize, numPages = 16, 64
 	e := newEngine(t, numPages, pageSize)
