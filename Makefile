@@ -1,5 +1,6 @@
 # clmcache: the two commands of the README, and the helpers behind them.
-#   make demo   build, then replay the prefix cache over both workloads
+#   make demo   build, then a Debian support bot on the tiny_llama decoder, cache off and on
+#   make replay build, then replay the prefix cache over both workloads (hit-rate tables)
 #   make test   build, run every test, then again under ASan + UBSan
 #   make bench  run every benchmark and write docs/benchmarks.md (tests/bench/report.sh)
 SHELL := /bin/bash
@@ -11,7 +12,8 @@ CMAKE_FLAGS ?=
 
 # Debian packages the build and the tests need (installed by `make deps`).
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
-  libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox
+  libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox \
+  debian-faq debian-faq-zh-cn
 
 # nvcc lives outside PATH on a stock CUDA install; CMake finds it when told.
 NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -19,7 +21,7 @@ ifneq ($(NVCC),)
   CUDA_FLAGS := -DCMAKE_CUDA_COMPILER=$(NVCC)
 endif
 
-.PHONY: all deps build build-asan test test-release test-asan demo bench abi-baseline gpu-deps format clean
+.PHONY: all deps build build-asan test test-release test-asan demo replay bench abi-baseline gpu-deps format clean
 
 all: build
 
@@ -57,7 +59,11 @@ test-asan: build-asan
 
 test: test-release test-asan
 
+# The main job: examples/demo/demo.sh (CLM parts trained on first use, into $(BUILD)/clm-demo).
 demo: build
+	@examples/demo/demo.sh $(BUILD)
+
+replay: build
 	@examples/replay/replay_demo.sh $(BUILD)/examples/replay/replay $(SHARED)
 
 # Every bench program and the replay's hit-rate sweeps, then docs/benchmarks.md

@@ -1,0 +1,238 @@
+// examples/demo/main.cpp: `clm_demo`, the main job of `make demo`. A Debian
+// support bot (scenario.hpp) served by the tiny_llama decoder over the
+// engine, run twice in one process on identical work: the cache off (every
+// prompt computed in full), then the cache on (device tier + host tier).
+// While it runs, a progress bar; at the end, tables: prompt tokens and where
+// the cached ones came from, TTFT p50/p99 and decode tokens/s for both runs,
+// per turn, and the engine's metrics in the Prometheus text format.
+//
+//   clm_demo [--users 16] [--turns 3] [--system-bytes 1536] [--max-new-tokens 24] [--threads 0]
+//            [--device-tokens 8192] [--host-tokens 32768] [--weights F --config F] [--seed 1]
+//
+// Exit status 0, or 2 with a message on stderr.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "byte_tokenizer.hpp"
+#include "demo_run.hpp"
+
+namespace {
+
+using tiny_llama_demo::RunReport;
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "clm_demo: %s\n", message.c_str());
+  return 2;
+}
+
+struct DemoFlags {
+  tiny_llama_demo::ScenarioOptions scenario;
+  std::int32_t max_new_tokens = 24;
+  std::int32_t max_batch = 32;
+  int threads = 0;
+  std::int32_t page_size = 16;
+  std::int32_t device_tokens = 8192;
+  std::int32_t host_tokens = 32768;
+  std::string weights, config;
+  std::uint64_t seed = 1;
+};
+
+struct Stack {
+  std::unique_ptr<clm::Engine> engine;
+  std::unique_ptr<tiny_llama::LlamaModel> model;
+  std::unique_ptr<tiny_llama::Generator> generator;
+};
+
+clm::Status make_stack(const DemoFlags& flags, const tiny_llama::LlamaConfig& config,
+                       const tiny_llama::LlamaWeights& weights, bool cached, Stack& out) {
+  clm::EngineConfig e;
+  e.pool.page_size = flags.page_size;
+  e.pool.num_layers = config.num_layers;
+  e.pool.kv_heads = config.num_kv_heads;
+  e.pool.head_dim = config.head_dim;
+  e.pool.dtype = clm::KvDType::bf16;
+  // Without the cache, the pool holds only the running requests' pages: room for a full batch of long prompts.
+  const std::int32_t tokens = cached ? flags.device_tokens : flags.max_batch * 4096;
+  e.pool.num_pages = tokens / flags.page_size;
+  if (cached && flags.host_tokens > 0) e.tiers.host_pages = flags.host_tokens / flags.page_size;
+  CLM_RETURN_IF_ERROR(clm::Engine::create(e, out.engine));
+  CLM_RETURN_IF_ERROR(
+      tiny_llama::LlamaModel::create(config, weights, *out.engine, {.threads = flags.threads}, out.model));
+  out.generator = std::make_unique<tiny_llama::Generator>(
+      *out.model, tiny_llama::GeneratorOptions{.max_batch = flags.max_batch, .prefill_token_budget = 4096});
+  return {};
+}
+
+struct Summary {
+  std::int64_t requests = 0, prompt = 0, cached = 0, host = 0, storage = 0, generated = 0;
+  std::vector<double> ttft_ms;
+  double wall = 0;
+};
+
+Summary summarize(const RunReport& report) {
+  Summary s;
+  for (const auto& r : report.requests) {
+    ++s.requests;
+    s.prompt += r.result.prompt_tokens;
+    s.cached += r.result.cached_tokens;
+    s.host += r.result.host_tokens;
+    s.storage += r.result.storage_tokens;
+    s.generated += static_cast<std::int64_t>(r.result.tokens.size());
+    s.ttft_ms.push_back(1e3 * r.result.ttft_seconds);
+  }
+  s.wall = report.wall_seconds;
+  return s;
+}
+
+std::string thousands(std::int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+void print_tables(const DemoFlags& flags, const tiny_llama::LlamaConfig& config, const tiny_llama_demo::Scenario& sc,
+                  const RunReport& off_report, const RunReport& on_report, const clm::Engine& engine) {
+  const Summary off = summarize(off_report), on = summarize(on_report);
+  std::printf(
+      "\nDebian support bot: %zu users x %d turns = %lld requests; system prompt of %zu bytes of the Debian "
+      "FAQ (English + Chinese), byte tokens\n",
+      sc.users.size(), flags.scenario.turns, static_cast<long long>(off.requests), sc.system_prompt.size());
+  std::printf(
+      "model: Llama, %d layers, hidden %d, %d heads, %d KV heads, random weights; KV bf16 in pages of %d; "
+      "cache on: device %d tokens + host %d tokens\n\n",
+      config.num_layers, config.hidden, config.num_heads, config.num_kv_heads, flags.page_size, flags.device_tokens,
+      flags.host_tokens);
+  const auto row = [](const char* name, const std::string& a, const std::string& b) {
+    std::printf("  %-34s %14s %14s\n", name, a.c_str(), b.c_str());
+  };
+  row("", "cache off", "cache on");
+  row("prompt tokens", thousands(off.prompt), thousands(on.prompt));
+  row("cached tokens, from the device", thousands(off.cached - off.host), thousands(on.cached - on.host));
+  row("cached tokens, from the host tier", thousands(off.host - off.storage), thousands(on.host - on.storage));
+  row("cached tokens, from storage", thousands(off.storage), thousands(on.storage));
+  row("prompt tokens computed", thousands(off.prompt - off.cached), thousands(on.prompt - on.cached));
+  row("TTFT p50 (ms)", fmt::format("{:.1f}", tiny_llama_demo::quantile(off.ttft_ms, 0.5)),
+      fmt::format("{:.1f}", tiny_llama_demo::quantile(on.ttft_ms, 0.5)));
+  row("TTFT p99 (ms)", fmt::format("{:.1f}", tiny_llama_demo::quantile(off.ttft_ms, 0.99)),
+      fmt::format("{:.1f}", tiny_llama_demo::quantile(on.ttft_ms, 0.99)));
+  row("generated tokens", thousands(off.generated), thousands(on.generated));
+  row("tokens/s (generated / wall time)", fmt::format("{:.1f}", double(off.generated) / off.wall),
+      fmt::format("{:.1f}", double(on.generated) / on.wall));
+  row("wall time (s)", fmt::format("{:.2f}", off.wall), fmt::format("{:.2f}", on.wall));
+  const double ideal = double(on.prompt) / double(std::max<std::int64_t>(1, on.prompt - on.cached));
+  std::printf("\n  ideal prefill speedup (prompt tokens / computed): %.2fx; TTFT p50 speedup: %.2fx; wall: %.2fx\n",
+              ideal, tiny_llama_demo::quantile(off.ttft_ms, 0.5) / tiny_llama_demo::quantile(on.ttft_ms, 0.5),
+              off.wall / on.wall);
+
+  std::printf("\nTTFT by turn (ms, p50)        cache off       cache on   cached share\n");
+  for (std::int32_t turn = 0; turn < flags.scenario.turns; ++turn) {
+    std::vector<double> a, b;
+    std::int64_t prompt = 0, cached = 0;
+    for (const auto& r : off_report.requests) {
+      if (r.turn == turn) a.push_back(1e3 * r.result.ttft_seconds);
+    }
+    for (const auto& r : on_report.requests) {
+      if (r.turn != turn) continue;
+      b.push_back(1e3 * r.result.ttft_seconds);
+      prompt += r.result.prompt_tokens;
+      cached += r.result.cached_tokens;
+    }
+    std::printf("  turn %d                     %10.1f     %10.1f         %5.1f%%\n", turn + 1,
+                tiny_llama_demo::quantile(a, 0.5), tiny_llama_demo::quantile(b, 0.5),
+                prompt ? 100.0 * double(cached) / double(prompt) : 0.0);
+  }
+  std::printf(
+      "\nThe engine's metrics after the cached run (GET /metrics of examples/server serves the same text):\n\n");
+  std::printf("%s", engine.metrics_text().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  DemoFlags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (i + 1 >= argc) return fail(fmt::format("{} needs a value (or is unknown)", flag));
+    const std::string value = argv[++i];
+    try {
+      if (flag == "--users")
+        flags.scenario.users = std::stoi(value);
+      else if (flag == "--turns")
+        flags.scenario.turns = std::stoi(value);
+      else if (flag == "--system-bytes")
+        flags.scenario.system_bytes = std::stoi(value);
+      else if (flag == "--faq-en")
+        flags.scenario.faq_en = value;
+      else if (flag == "--faq-zh")
+        flags.scenario.faq_zh = value;
+      else if (flag == "--max-new-tokens")
+        flags.max_new_tokens = std::stoi(value);
+      else if (flag == "--max-batch")
+        flags.max_batch = std::stoi(value);
+      else if (flag == "--threads")
+        flags.threads = std::stoi(value);
+      else if (flag == "--page-size")
+        flags.page_size = std::stoi(value);
+      else if (flag == "--device-tokens")
+        flags.device_tokens = std::stoi(value);
+      else if (flag == "--host-tokens")
+        flags.host_tokens = std::stoi(value);
+      else if (flag == "--weights")
+        flags.weights = value;
+      else if (flag == "--config")
+        flags.config = value;
+      else if (flag == "--seed")
+        flags.seed = std::stoull(value);
+      else
+        return fail(fmt::format("unknown flag {}", flag));
+    } catch (const std::exception&) {
+      return fail(fmt::format("{}: not a number: {}", flag, value));
+    }
+  }
+  if (flags.page_size < 1 || flags.device_tokens < flags.page_size || flags.max_batch < 1) {
+    return fail("--page-size, --device-tokens and --max-batch must be positive (device tokens >= a page)");
+  }
+  tiny_llama_demo::Scenario scenario;
+  if (clm::Status s = tiny_llama_demo::make_scenario(flags.scenario, scenario); !s.ok()) return fail(s.message());
+  tiny_llama::LlamaConfig config;
+  tiny_llama::LlamaWeights weights;
+  if (!flags.config.empty()) {
+    if (clm::Status s = tiny_llama::load_llama_config(flags.config, config); !s.ok()) return fail(s.message());
+  }
+  if (!flags.weights.empty()) {
+    if (clm::Status s = tiny_llama::load_llama_weights(flags.weights, config, weights); !s.ok())
+      return fail(s.message());
+  } else {
+    tiny_llama::random_llama_weights(config, flags.seed, weights);
+  }
+  tiny_llama_demo::RunOptions run;
+  run.max_new_tokens = flags.max_new_tokens;
+  RunReport off_report, on_report;
+  {
+    Stack off;
+    if (clm::Status s = make_stack(flags, config, weights, false, off); !s.ok()) return fail(s.message());
+    run.use_cache = false;
+    run.label = "cache off (baseline)";
+    if (clm::Status s = tiny_llama_demo::run_scenario(*off.generator, scenario, run, off_report); !s.ok()) {
+      return fail(s.message());
+    }
+  }
+  Stack on;
+  if (clm::Status s = make_stack(flags, config, weights, true, on); !s.ok()) return fail(s.message());
+  run.use_cache = true;
+  run.label = "cache on";
+  if (clm::Status s = tiny_llama_demo::run_scenario(*on.generator, scenario, run, on_report); !s.ok()) {
+    return fail(s.message());
+  }
+  on.engine->wait_for_tiers();
+  if (clm::Status s = on.engine->check_invariants(); !s.ok()) return fail(s.message());
+  print_tables(flags, config, scenario, off_report, on_report, *on.engine);
+  return 0;
+}

@@ -1,0 +1,175 @@
+// tests/bench/bench_e2e.cpp: what prefix reuse buys a chatbot backend, end to
+// end through the tiny_llama decoder on the CPU (examples/demo's Debian
+// support scenario), each figure against the same work with the cache off in
+// the same run (medians of 3 runs, on and off interleaved):
+//   - prefill time with reuse against the ideal speedup (total prompt tokens
+//     / tokens computed): requests one at a time (max batch 1), so each
+//     request's first forward is its prefill alone;
+//   - TTFT p50 and p99 per turn, with continuous batching (cases turn_<n>);
+//   - decode tokens/s with batching (32 sequences) against one at a time.
+// CLM_BENCH_SMOKE=1: a small model and scenario, one run (seconds).
+#include <cstdlib>
+#include <map>
+
+#include "bench_common.hpp"
+#include "demo_run.hpp"
+
+namespace {
+
+using namespace clm_bench;
+
+struct Setup {
+  tiny_llama::LlamaConfig config;
+  tiny_llama::LlamaWeights weights;
+  tiny_llama_demo::Scenario scenario;
+  std::int32_t max_new_tokens = 16;
+  int runs = 3;
+};
+
+struct Stack {
+  std::unique_ptr<clm::Engine> engine;
+  std::unique_ptr<tiny_llama::LlamaModel> model;
+  std::unique_ptr<tiny_llama::Generator> generator;
+};
+
+Stack make_stack(const Setup& setup, std::int32_t max_batch) {
+  clm::EngineConfig e;
+  e.pool.page_size = 16;
+  e.pool.num_pages = 65536 / 16;
+  e.pool.num_layers = setup.config.num_layers;
+  e.pool.kv_heads = setup.config.num_kv_heads;
+  e.pool.head_dim = setup.config.head_dim;
+  e.pool.dtype = clm::KvDType::bf16;
+  Stack s;
+  check(clm::Engine::create(e, s.engine), "Engine::create");
+  check(tiny_llama::LlamaModel::create(setup.config, setup.weights, *s.engine, {}, s.model), "LlamaModel::create");
+  s.generator = std::make_unique<tiny_llama::Generator>(
+      *s.model, tiny_llama::GeneratorOptions{.max_batch = max_batch, .prefill_token_budget = 4096});
+  return s;
+}
+
+tiny_llama_demo::RunReport run(const Setup& setup, bool use_cache, std::int32_t max_batch) {
+  Stack s = make_stack(setup, max_batch);
+  tiny_llama_demo::RunOptions options;
+  options.use_cache = use_cache;
+  options.max_new_tokens = setup.max_new_tokens;
+  options.progress = false;
+  tiny_llama_demo::RunReport report;
+  check(tiny_llama_demo::run_scenario(*s.generator, setup.scenario, options, report), "run_scenario");
+  return report;
+}
+
+// Decode only: `batch` short prompts, `tokens` new tokens each; generated tokens per second.
+double decode_tokens_per_second(const Setup& setup, std::int32_t sequences, std::int32_t max_batch,
+                                std::int32_t tokens) {
+  Stack s = make_stack(setup, max_batch);
+  std::vector<std::int32_t> prompt(32);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(i * 7 % 256);
+  std::int64_t generated = 0;
+  double prefill_sum = 0, prefill_max = 0;
+  for (std::int32_t i = 0; i < sequences; ++i) {
+    tiny_llama::GenerateOptions o;
+    o.max_new_tokens = tokens;
+    o.use_cache = false;
+    s.generator->submit(prompt, o, nullptr, [&](const tiny_llama::GenerationResult& r) {
+      generated += static_cast<std::int64_t>(r.tokens.size()) - 1;  // the first token is the prefill's
+      prefill_sum += r.prefill_seconds;
+      prefill_max = std::max(prefill_max, r.prefill_seconds);
+    });
+  }
+  const auto start = Clock::now();
+  check(s.generator->run_until_idle(), "run_until_idle");
+  const double seconds = seconds_since(start);
+  // Prefill forwards are not decode. One at a time, each request's prefill
+  // is a step of its own; batched, all are admitted in the first step (the
+  // prompts fit the prefill budget), which is one forward.
+  const double prefill = max_batch == 1 ? prefill_sum : prefill_max;
+  return double(generated) / std::max(1e-9, seconds - prefill);
+}
+
+}  // namespace
+
+int main() {
+  const bool smoke = std::getenv("CLM_BENCH_SMOKE") != nullptr;
+  Setup setup;
+  tiny_llama_demo::ScenarioOptions scenario;
+  scenario.users = smoke ? 3 : 8;
+  scenario.turns = smoke ? 2 : 3;
+  scenario.system_bytes = smoke ? 256 : 1536;
+  if (smoke) {
+    setup.config.num_layers = 2;
+    setup.config.hidden = 128;
+    setup.config.intermediate = 256;
+    setup.config.num_heads = 4;
+    setup.config.num_kv_heads = 2;
+    setup.config.head_dim = 32;
+    setup.max_new_tokens = 4;
+    setup.runs = 1;
+  }
+  check(tiny_llama_demo::make_scenario(scenario, setup.scenario), "make_scenario");
+  tiny_llama::random_llama_weights(setup.config, 1, setup.weights);
+  const std::string model = fmt::format("l{}_h{}", setup.config.num_layers, setup.config.hidden);
+
+  // ---- prefill speedup against the ideal, one request at a time -------------
+  std::vector<double> speedups, ideals, on_seconds, off_seconds;
+  for (int r = 0; r < setup.runs; ++r) {
+    const auto off = run(setup, false, 1), on = run(setup, true, 1);
+    double off_prefill = 0, on_prefill = 0;
+    std::int64_t prompt = 0, cached = 0;
+    for (const auto& q : off.requests) off_prefill += q.result.prefill_seconds;
+    for (const auto& q : on.requests) {
+      on_prefill += q.result.prefill_seconds;
+      prompt += q.result.prompt_tokens;
+      cached += q.result.cached_tokens;
+    }
+    speedups.push_back(off_prefill / on_prefill);
+    ideals.push_back(double(prompt) / double(std::max<std::int64_t>(1, prompt - cached)));
+    on_seconds.push_back(on_prefill);
+    off_seconds.push_back(off_prefill);
+    std::fprintf(stderr, "bench_e2e: sequential run %d: prefill %.2f s cached, %.2f s off; ideal %.2fx\n", r + 1,
+                 on_prefill, off_prefill, ideals.back());
+  }
+  print_figure("e2e", fmt::format("prefill_sequential_{}", model), "prefill_speedup", median(speedups), "x",
+               "ideal_speedup", median(ideals));
+  print_figure("e2e", fmt::format("prefill_sequential_{}", model), "prefill_s_cache", median(on_seconds), "s",
+               "prefill_s_nocache", median(off_seconds));
+
+  // ---- TTFT per turn, continuous batching -----------------------------------
+  std::map<std::int32_t, std::vector<double>> p50_on, p50_off, p99_on, p99_off;
+  for (int r = 0; r < setup.runs; ++r) {
+    const auto off = run(setup, false, 32), on = run(setup, true, 32);
+    for (std::int32_t turn = 0; turn < scenario.turns; ++turn) {
+      std::vector<double> a, b;
+      for (const auto& q : off.requests) {
+        if (q.turn == turn) a.push_back(1e3 * q.result.ttft_seconds);
+      }
+      for (const auto& q : on.requests) {
+        if (q.turn == turn) b.push_back(1e3 * q.result.ttft_seconds);
+      }
+      p50_off[turn].push_back(tiny_llama_demo::quantile(a, 0.5));
+      p50_on[turn].push_back(tiny_llama_demo::quantile(b, 0.5));
+      p99_off[turn].push_back(tiny_llama_demo::quantile(a, 0.99));
+      p99_on[turn].push_back(tiny_llama_demo::quantile(b, 0.99));
+    }
+    std::fprintf(stderr, "bench_e2e: batched run %d: wall %.2f s cached, %.2f s off\n", r + 1, on.wall_seconds,
+                 off.wall_seconds);
+  }
+  for (std::int32_t turn = 0; turn < scenario.turns; ++turn) {
+    const std::string name = fmt::format("turn_{}", turn + 1);
+    print_figure("e2e", name, "ttft_p50_ms_cache", median(p50_on[turn]), "ms", "ttft_p50_ms_nocache",
+                 median(p50_off[turn]));
+    print_figure("e2e", name, "ttft_p99_ms_cache", median(p99_on[turn]), "ms", "ttft_p99_ms_nocache",
+                 median(p99_off[turn]));
+  }
+
+  // ---- decode: batched against one sequence at a time -----------------------
+  std::vector<double> batched, single;
+  const std::int32_t sequences = smoke ? 4 : 32, tokens = smoke ? 8 : 64;
+  for (int r = 0; r < setup.runs; ++r) {
+    batched.push_back(decode_tokens_per_second(setup, sequences, 32, tokens));
+    single.push_back(decode_tokens_per_second(setup, smoke ? 2 : 4, 1, tokens));
+  }
+  print_figure("e2e", fmt::format("decode_{}x{}_{}", sequences, tokens, model), "decode_tokens_per_s_batched",
+               median(batched), "tokens/s", "decode_tokens_per_s_one_at_a_time", median(single));
+  return 0;
+}
