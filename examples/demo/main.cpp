@@ -6,8 +6,8 @@
 // the cached ones came from, TTFT p50/p99 and decode tokens/s for both runs,
 // per turn, and the engine's metrics in the Prometheus text format.
 //
-//   clm_demo [--users 16] [--turns 3] [--system-bytes 1536] [--max-new-tokens 24] [--threads 0]
-//            [--device-tokens 8192] [--host-tokens 32768] [--weights F --config F] [--seed 1]
+//   clm_demo [--users 12] [--turns 3] [--system-bytes 1536] [--max-new-tokens 16] [--threads 0]
+//            [--device-tokens 4096] [--host-tokens 32768] [--weights F --config F] [--seed 1]
 //
 // Exit status 0, or 2 with a message on stderr.
 #include <cstdio>
@@ -31,11 +31,11 @@ int fail(const std::string& message) {
 
 struct DemoFlags {
   tiny_llama_demo::ScenarioOptions scenario;
-  std::int32_t max_new_tokens = 24;
+  std::int32_t max_new_tokens = 16;
   std::int32_t max_batch = 32;
   int threads = 0;
   std::int32_t page_size = 16;
-  std::int32_t device_tokens = 8192;
+  std::int32_t device_tokens = 4096;
   std::int32_t host_tokens = 32768;
   std::string weights, config;
   std::uint64_t seed = 1;

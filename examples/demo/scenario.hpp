@@ -4,7 +4,7 @@
 // packages), and users who arrive one after another and ask multi-turn
 // questions, in English or Chinese, repeated and paraphrased.
 //
-//   tiny_llama_demo::ScenarioOptions options;   // 16 users x 3 turns
+//   tiny_llama_demo::ScenarioOptions options;   // 12 users x 3 turns
 //   tiny_llama_demo::Scenario scenario;
 //   CLM_RETURN_IF_ERROR(tiny_llama_demo::make_scenario(options, scenario));
 //   for (const auto& user : scenario.users) ...  // user.questions[turn], user.arrival_step
@@ -27,7 +27,7 @@ struct ScenarioOptions {
   std::string faq_en = "/usr/share/doc/debian/FAQ/debian-faq.en.txt.gz";
   std::string faq_zh = "/usr/share/doc/debian/FAQ/debian-faq.zh-cn.txt.gz";
   std::int32_t system_bytes = 1536;  // of FAQ text: two thirds English, one third Chinese
-  std::int32_t users = 16;
+  std::int32_t users = 12;
   std::int32_t turns = 3;
   std::int32_t arrival_gap_steps = 6;  // decode steps between two users' arrivals
   double repeat_probability = 0.35;    // a question the user (or another) asked before, verbatim
