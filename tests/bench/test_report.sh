@@ -9,13 +9,13 @@
 #       the TTFT section from a made-up bench_e2e.jsonl (--render-only): a
 #       table per turn and its plot, which a run without bench_e2e never shows
 #
-# Exit status 0 passed, 1 failed, 77 skipped (no gnuplot).
+# Exit status 0 passed, 1 failed (also without gnuplot: `make deps` installs gnuplot-nox).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mode=${1:?usage: test_report.sh smoke|ttft BENCH_REPORT ...}
 bench_report=${2:?usage: test_report.sh smoke|ttft BENCH_REPORT ...}
 shift 2
-command -v gnuplot >/dev/null || { echo "test_report.sh: SKIPPED: no gnuplot" >&2; exit 77; }
+command -v gnuplot >/dev/null || { echo "test_report.sh: no gnuplot (Debian gnuplot-nox: make deps)" >&2; exit 1; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/clm-test-report.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 results=$work/results docs=$work/docs
