@@ -3,8 +3,10 @@
 // support scenario), each figure against the same work with the cache off in
 // the same run (medians of 3 runs, on and off interleaved):
 //   - prefill time with reuse against the ideal speedup (total prompt tokens
-//     / tokens computed): requests one at a time (max batch 1), so each
-//     request's first forward is its prefill alone;
+//     / tokens computed), and against the FLOP bound (the same ratio in
+//     multiply-adds, attention over the cached prefix included): requests one
+//     at a time (max batch 1), so each request's first forward is its prefill
+//     alone;
 //   - TTFT p50 and p99 per turn, with continuous batching (cases turn_<n>);
 //   - decode tokens/s with batching (32 sequences) against one at a time.
 // CLM_BENCH_SMOKE=1: a small model and scenario, one run (seconds).
@@ -59,6 +61,22 @@ tiny_llama_demo::RunReport run(const Setup& setup, bool use_cache, std::int32_t 
   return report;
 }
 
+// Multiply-adds x 2 of computing prompt tokens [cached, prompt) of one
+// request: the per-token GEMMs (every weight once) and attention over every
+// earlier position (QK and PV, every query head, every layer). Attention over
+// a long cached prefix costs as much per token as over the whole prompt, so
+// the speedup reuse can reach is this ratio, below the token-count ideal.
+double prefill_flops(const tiny_llama::LlamaConfig& c, std::int64_t prompt, std::int64_t cached) {
+  const double per_layer = 2.0 * c.hidden * (2.0 * c.q_dim() + 2.0 * c.kv_dim() + 3.0 * c.intermediate);
+  const double gemm =
+      c.num_layers * per_layer + 2.0 * c.hidden * c.vocab_size / double(std::max<std::int64_t>(1, prompt - cached));
+  const double attention_per_key = 4.0 * c.num_layers * c.q_dim();
+  const double n = double(prompt - cached);
+  // sum over positions p in [cached, prompt) of (p + 1) keys
+  const double keys = n * (double(cached) + 1.0) + n * (n - 1.0) / 2.0;
+  return n * gemm + attention_per_key * keys;
+}
+
 // Decode only: `batch` short prompts, `tokens` new tokens each; generated tokens per second.
 double decode_tokens_per_second(const Setup& setup, std::int32_t sequences, std::int32_t max_batch,
                                 std::int32_t tokens) {
@@ -111,26 +129,34 @@ int main() {
   const std::string model = fmt::format("l{}_h{}", setup.config.num_layers, setup.config.hidden);
 
   // ---- prefill speedup against the ideal, one request at a time -------------
-  std::vector<double> speedups, ideals, on_seconds, off_seconds;
+  std::vector<double> speedups, ideals, flop_bounds, on_seconds, off_seconds;
   for (int r = 0; r < setup.runs; ++r) {
     const auto off = run(setup, false, 1), on = run(setup, true, 1);
     double off_prefill = 0, on_prefill = 0;
     std::int64_t prompt = 0, cached = 0;
+    double on_flops = 0, off_flops = 0;
     for (const auto& q : off.requests) off_prefill += q.result.prefill_seconds;
     for (const auto& q : on.requests) {
       on_prefill += q.result.prefill_seconds;
       prompt += q.result.prompt_tokens;
       cached += q.result.cached_tokens;
+      on_flops += prefill_flops(setup.config, q.result.prompt_tokens, q.result.cached_tokens);
+      off_flops += prefill_flops(setup.config, q.result.prompt_tokens, 0);
     }
+    flop_bounds.push_back(off_flops / on_flops);
     speedups.push_back(off_prefill / on_prefill);
     ideals.push_back(double(prompt) / double(std::max<std::int64_t>(1, prompt - cached)));
     on_seconds.push_back(on_prefill);
     off_seconds.push_back(off_prefill);
-    std::fprintf(stderr, "bench_e2e: sequential run %d: prefill %.2f s cached, %.2f s off; ideal %.2fx\n", r + 1,
-                 on_prefill, off_prefill, ideals.back());
+    std::fprintf(
+        stderr,
+        "bench_e2e: sequential run %d: prefill %.2f s cached, %.2f s off: %.2fx; ideal %.2fx, FLOP bound %.2fx\n",
+        r + 1, on_prefill, off_prefill, speedups.back(), ideals.back(), flop_bounds.back());
   }
   print_figure("e2e", fmt::format("prefill_sequential_{}", model), "prefill_speedup", median(speedups), "x",
                "ideal_speedup", median(ideals));
+  print_figure("e2e", fmt::format("prefill_sequential_{}", model), "prefill_speedup", median(speedups), "x",
+               "flop_bound_speedup", median(flop_bounds));
   print_figure("e2e", fmt::format("prefill_sequential_{}", model), "prefill_s_cache", median(on_seconds), "s",
                "prefill_s_nocache", median(off_seconds));
 
