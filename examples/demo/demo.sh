@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
-# examples/demo/demo.sh BUILD_DIR: the main job of `make demo`. A Debian
-# support bot (examples/demo/scenario.hpp) on the tiny_llama decoder over the
-# engine, with the cache off and then on, in one process; tables at the end.
+# examples/demo/demo.sh BUILD_DIR [clm_demo flags...]: the main job of `make
+# demo`. A Debian support bot (examples/demo/scenario.hpp) on the tiny_llama
+# decoder over the engine, with the cache off and then on (and CLM in the
+# loop), in one process; tables at the end.
+#
+# The CLM parts (SRC head, snapshot projection, adapter) are trained on the
+# demo's own conversations the first time: clm_demo --collect records them
+# with CLM off, examples/tiny_llama/train_clm.sh fits the parts with clm_fit
+# into BUILD_DIR/clm-demo/trained, which later runs reuse (delete it to
+# retrain).
+#
+# The SRC gate's threshold is 0 here: the decoder has random weights, so its
+# answers never repeat and a head trained on them cannot tell a repeated
+# question from a new one (train_clm prints its AUC). With the gate open,
+# every step looks its suffix up, and the table shows what the store finds,
+# level by level. A host with real weights keeps the traffic-based threshold.
 set -euo pipefail
 export LC_ALL=C
 if [[ $# -lt 1 ]]; then
@@ -10,9 +23,23 @@ if [[ $# -lt 1 ]]; then
 fi
 build=$1
 shift
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 demo=$build/examples/demo/clm_demo
-if [[ ! -x $demo ]]; then
-  echo "$0: $demo is not built (make build)" >&2
-  exit 2
+clm_fit=$build/examples/clm_fit/clm_fit
+for tool in "$demo" "$clm_fit"; do
+  if [[ ! -x $tool ]]; then
+    echo "$0: $tool is not built (make build)" >&2
+    exit 2
+  fi
+done
+trained=$build/clm-demo/trained
+if [[ ! -f $trained/head.safetensors || ! -f $trained/projection.safetensors || ! -f $trained/adapter.safetensors ]]; then
+  echo "Training the CLM parts on the demo's own conversations (once; kept in $trained)"
+  collect=$(mktemp -d "${TMPDIR:-/tmp}/clm-demo-collect.XXXXXX")
+  trap 'rm -rf "$collect"' EXIT
+  "$demo" --collect "$collect" "$@"
+  mkdir -p "$trained"
+  "$here/../tiny_llama/train_clm.sh" "$clm_fit" "$collect" "$trained"
+  echo
 fi
-exec "$demo" "$@"
+"$demo" --clm-dir "$trained" --src-threshold 0 "$@"

@@ -8,9 +8,16 @@
 //
 //   clm_demo [--users 12] [--turns 3] [--system-bytes 1536] [--max-new-tokens 16] [--threads 0]
 //            [--device-tokens 4096] [--host-tokens 32768] [--weights F --config F] [--seed 1]
+//            [--clm-dir DIR]       CLM in the loop in the cached run, with DIR's trained parts
+//            [--collect DIR]       only the cached run, CLM off, collecting CLM training data into DIR
+//            [--src-threshold X]   the SRC gate's threshold in [0, 1] (default: the library's, from traffic)
 //
+// examples/demo/demo.sh runs --collect and train_clm.sh the first time, then
+// the demo with --clm-dir (the trained parts are kept in the build folder).
 // Exit status 0, or 2 with a message on stderr.
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <string_view>
@@ -18,6 +25,8 @@
 #include <fmt/format.h>
 
 #include "byte_tokenizer.hpp"
+#include "clm_collect.hpp"
+#include "clm_loop.hpp"
 #include "demo_run.hpp"
 
 namespace {
@@ -39,6 +48,30 @@ struct DemoFlags {
   std::int32_t host_tokens = 32768;
   std::string weights, config;
   std::uint64_t seed = 1;
+  std::string clm_dir, collect_dir;
+  float src_threshold = -1.0f;  // < 0: the library's, from traffic
+};
+
+// The store's default snapshot size, or half the hidden size of a smaller model.
+std::int32_t snapshot_dim_for(const tiny_llama::LlamaConfig& config) {
+  return std::min(clm::SnapshotStoreConfig{}.snapshot_dim, config.hidden / 2);
+}
+
+// A temporary folder for the run's snapshot store, removed at the end.
+class TempStoreDir {
+ public:
+  TempStoreDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "clm-demo-store.XXXXXX").string();
+    if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
+  }
+  ~TempStoreDir() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
 };
 
 struct Stack {
@@ -48,8 +81,15 @@ struct Stack {
 };
 
 clm::Status make_stack(const DemoFlags& flags, const tiny_llama::LlamaConfig& config,
-                       const tiny_llama::LlamaWeights& weights, bool cached, Stack& out) {
+                       const tiny_llama::LlamaWeights& weights, bool cached, const std::string& store_dir, Stack& out) {
   clm::EngineConfig e;
+  e.special_token_ids = {tiny_llama::ByteTokenizer::kBeginOfText, tiny_llama::ByteTokenizer::kStartHeader,
+                         tiny_llama::ByteTokenizer::kEndHeader, tiny_llama::ByteTokenizer::kEndOfTurn};
+  e.snapshot_store.path = store_dir;  // empty: no store
+  e.snapshot_store.snapshot_dim = snapshot_dim_for(config);
+  // The demo runs for a minute, not a day: a suffix is stored at its first sighting.
+  e.snapshot_store.min_usage_threshold = 1;
+  e.src_gate.threshold_override = flags.src_threshold;
   e.pool.page_size = flags.page_size;
   e.pool.num_layers = config.num_layers;
   e.pool.kv_heads = config.num_kv_heads;
@@ -98,7 +138,8 @@ std::string thousands(std::int64_t v) {
 }
 
 void print_tables(const DemoFlags& flags, const tiny_llama::LlamaConfig& config, const tiny_llama_demo::Scenario& sc,
-                  const RunReport& off_report, const RunReport& on_report, const clm::Engine& engine) {
+                  const RunReport& off_report, const RunReport& on_report, const clm::Engine& engine,
+                  const tiny_llama::ClmLoop* clm_loop) {
   const Summary off = summarize(off_report), on = summarize(on_report);
   std::printf(
       "\nDebian support bot: %zu users x %d turns = %lld requests; system prompt of %zu bytes of the Debian "
@@ -148,9 +189,55 @@ void print_tables(const DemoFlags& flags, const tiny_llama::LlamaConfig& config,
                 tiny_llama_demo::quantile(a, 0.5), tiny_llama_demo::quantile(b, 0.5),
                 prompt ? 100.0 * double(cached) / double(prompt) : 0.0);
   }
+  if (clm_loop != nullptr) {
+    std::printf("\nCLM in the loop (cached run; the cache-off run is the baseline, CLM off):\n%s",
+                tiny_llama::format_clm_stats(clm_loop->stats()).c_str());
+    std::int64_t repeated = 0, repeated_hits = 0, other = 0, other_hits = 0;
+    for (const auto& r : on_report.requests) {
+      const bool hit = r.result.clm.hits_exact + r.result.clm.hits_ann + r.result.clm.hits_fallback > 0;
+      (r.question.repeated ? repeated : other) += 1;
+      (r.question.repeated ? repeated_hits : other_hits) += hit ? 1 : 0;
+    }
+    std::printf("  requests with a snapshot hit: %lld of %lld repeated questions, %lld of %lld others\n",
+                static_cast<long long>(repeated_hits), static_cast<long long>(repeated),
+                static_cast<long long>(other_hits), static_cast<long long>(other));
+  } else {
+    std::printf("\nCLM in the loop: off (no trained parts given: --clm-dir)\n");
+  }
   std::printf(
       "\nThe engine's metrics after the cached run (GET /metrics of examples/server serves the same text):\n\n");
   std::printf("%s", engine.metrics_text().c_str());
+}
+
+// The scenario once, cache on and CLM off, with a ClmCollector recording what
+// clm_fit needs (train_clm.sh) into flags.collect_dir.
+int collect(const DemoFlags& flags, const tiny_llama::LlamaConfig& config, const tiny_llama::LlamaWeights& weights,
+            const tiny_llama_demo::Scenario& scenario, tiny_llama_demo::RunOptions run) {
+  Stack stack;
+  if (clm::Status s = make_stack(flags, config, weights, true, "", stack); !s.ok()) return fail(s.message());
+  std::unique_ptr<tiny_llama::ClmCollector> collector;
+  tiny_llama::ClmCollectConfig collect_config;
+  collect_config.snapshot_dim = snapshot_dim_for(config);
+  if (clm::Status s =
+          tiny_llama::ClmCollector::create(config, stack.engine->config().special_token_ids, collect_config, collector);
+      !s.ok()) {
+    return fail(s.message());
+  }
+  collector->install(*stack.model, *stack.generator);
+  run.use_cache = true;
+  run.label = "collecting CLM data";
+  tiny_llama_demo::RunReport report;
+  if (clm::Status s = tiny_llama_demo::run_scenario(*stack.generator, scenario, run, report); !s.ok()) {
+    return fail(s.message());
+  }
+  collector->uninstall(*stack.model, *stack.generator);
+  if (clm::Status s = collector->write(flags.collect_dir); !s.ok()) return fail(s.message());
+  const tiny_llama::ClmCollectStats st = collector->stats();
+  std::printf("collected %lld conversations, %lld feature rows, %lld hidden samples, %lld adapter pairs into %s\n",
+              static_cast<long long>(st.conversations), static_cast<long long>(st.feature_rows),
+              static_cast<long long>(st.hidden_samples), static_cast<long long>(st.adapter_pairs),
+              flags.collect_dir.c_str());
+  return 0;
 }
 
 }  // namespace
@@ -188,6 +275,12 @@ int main(int argc, char** argv) {
         flags.weights = value;
       else if (flag == "--config")
         flags.config = value;
+      else if (flag == "--clm-dir")
+        flags.clm_dir = value;
+      else if (flag == "--src-threshold")
+        flags.src_threshold = std::stof(value);
+      else if (flag == "--collect")
+        flags.collect_dir = value;
       else if (flag == "--seed")
         flags.seed = std::stoull(value);
       else
@@ -214,25 +307,45 @@ int main(int argc, char** argv) {
   }
   tiny_llama_demo::RunOptions run;
   run.max_new_tokens = flags.max_new_tokens;
+  if (!flags.collect_dir.empty()) return collect(flags, config, weights, scenario, run);
+
   RunReport off_report, on_report;
   {
     Stack off;
-    if (clm::Status s = make_stack(flags, config, weights, false, off); !s.ok()) return fail(s.message());
+    if (clm::Status s = make_stack(flags, config, weights, false, "", off); !s.ok()) return fail(s.message());
     run.use_cache = false;
     run.label = "cache off (baseline)";
     if (clm::Status s = tiny_llama_demo::run_scenario(*off.generator, scenario, run, off_report); !s.ok()) {
       return fail(s.message());
     }
   }
+  TempStoreDir store;
+  const bool with_clm = !flags.clm_dir.empty();
+  if (with_clm && store.path().empty()) return fail("cannot make a temporary folder for the snapshot store");
   Stack on;
-  if (clm::Status s = make_stack(flags, config, weights, true, on); !s.ok()) return fail(s.message());
+  if (clm::Status s = make_stack(flags, config, weights, true, with_clm ? store.path() : "", on); !s.ok()) {
+    return fail(s.message());
+  }
+  std::unique_ptr<tiny_llama::ClmLoop> clm_loop;
+  if (with_clm) {
+    const tiny_llama::ClmFiles files = tiny_llama::ClmFiles::in(flags.clm_dir);
+    if (clm::Status s = tiny_llama::ClmLoop::create(*on.engine, config, files, {}, clm_loop); !s.ok()) {
+      return fail(fmt::format("CLM parts in {}: {} (demo.sh trains them: delete the folder to retrain)", flags.clm_dir,
+                              s.message()));
+    }
+    clm_loop->install(*on.model, *on.generator);
+    run.prepare = [](std::int32_t, std::int32_t, const tiny_llama_demo::Question&, tiny_llama::GenerateOptions& o) {
+      o.use_clm = true;  // the suffix: the question (the prompt's last user message)
+    };
+  }
   run.use_cache = true;
-  run.label = "cache on";
+  run.label = with_clm ? "cache on, CLM on" : "cache on";
   if (clm::Status s = tiny_llama_demo::run_scenario(*on.generator, scenario, run, on_report); !s.ok()) {
     return fail(s.message());
   }
   on.engine->wait_for_tiers();
   if (clm::Status s = on.engine->check_invariants(); !s.ok()) return fail(s.message());
-  print_tables(flags, config, scenario, off_report, on_report, *on.engine);
+  print_tables(flags, config, scenario, off_report, on_report, *on.engine, clm_loop.get());
+  if (clm_loop) clm_loop->uninstall(*on.model, *on.generator);
   return 0;
 }
