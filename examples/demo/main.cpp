@@ -10,6 +10,7 @@
 //            [--device-tokens 4096] [--host-tokens 32768] [--weights F --config F] [--seed 1]
 //            [--clm-dir DIR]       CLM in the loop in the cached run, with DIR's trained parts
 //            [--collect DIR]       only the cached run, CLM off, collecting CLM training data into DIR
+//            [--temperature 0]     sampling (0: greedy)
 //            [--src-threshold X]   the SRC gate's threshold in [0, 1] (default: the library's, from traffic)
 //
 // examples/demo/demo.sh runs --collect and train_clm.sh the first time, then
@@ -50,6 +51,7 @@ struct DemoFlags {
   std::uint64_t seed = 1;
   std::string clm_dir, collect_dir;
   float src_threshold = -1.0f;  // < 0: the library's, from traffic
+  float temperature = 0.0f;     // greedy: a random-weight model then falls into loops, the repeats CLM learns
 };
 
 // The store's default snapshot size, or half the hidden size of a smaller model.
@@ -277,6 +279,8 @@ int main(int argc, char** argv) {
         flags.config = value;
       else if (flag == "--clm-dir")
         flags.clm_dir = value;
+      else if (flag == "--temperature")
+        flags.temperature = std::stof(value);
       else if (flag == "--src-threshold")
         flags.src_threshold = std::stof(value);
       else if (flag == "--collect")
@@ -307,6 +311,7 @@ int main(int argc, char** argv) {
   }
   tiny_llama_demo::RunOptions run;
   run.max_new_tokens = flags.max_new_tokens;
+  run.temperature = flags.temperature;
   if (!flags.collect_dir.empty()) return collect(flags, config, weights, scenario, run);
 
   RunReport off_report, on_report;
