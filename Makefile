@@ -13,7 +13,7 @@ CMAKE_FLAGS ?=
 # Debian packages the build and the tests need (installed by `make deps`).
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
   libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox \
-  debian-faq debian-faq-zh-cn
+  debian-faq debian-faq-zh-cn curl libcpp-httplib-dev
 
 # nvcc lives outside PATH on a stock CUDA install; CMake finds it when told.
 NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))

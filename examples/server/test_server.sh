@@ -1,0 +1,336 @@
+#!/usr/bin/env bash
+# examples/server/test_server.sh: clm_server over HTTP with curl (ctest runs it
+# as clm_server_http):
+#
+#   test_server.sh PATH/TO/clm_server PATH/TO/json_probe
+#
+# Starts the server on a free port (--port 0) with a small random model (a
+# config.json written here), then checks, each against numbers worked out
+# here from the byte tokenizer's chat template: a 3-turn conversation of one
+# tenant (turns 2 and 3 find the earlier turns cached), a second tenant and
+# the default tenant sending turn 1 again (nothing cached: tenants never
+# share pages), a stream (every chunk JSON, the text the same as the same
+# request answered in one piece, [DONE] last), concurrent requests, bad
+# requests (each the right status and OpenAI's error shape, and the server
+# keeps serving), a client that disconnects mid-stream (its request
+# cancelled, its pages released), /metrics against the requests made, and
+# SIGTERM: exit status 0, which the server gives only when the engine's
+# invariants hold and no sequence is left. curl and bash only (json_probe
+# reads the JSON); everything lives in one mktemp -d directory, removed at
+# the end.
+# shellcheck disable=SC2015  # `[ A ] && [ B ] || fail ...` fails when either test does: meant
+set -euo pipefail
+
+server=${1:?usage: test_server.sh PATH/TO/clm_server PATH/TO/json_probe}
+probe=${2:?usage: test_server.sh PATH/TO/clm_server PATH/TO/json_probe}
+export LC_ALL=C # ${#s} counts bytes
+command -v curl >/dev/null 2>&1 || {
+  echo "FAIL: curl is missing (make deps installs it)" >&2
+  exit 1
+}
+work=$(mktemp -d "${TMPDIR:-/tmp}/clm_server_test.XXXXXX")
+pid=
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+checks=0
+page=8
+
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- last response:" >&2
+  head -c 2000 "$work/out" >&2 2>/dev/null || true
+  echo >&2
+  echo "--- server stderr:" >&2
+  tail -c 2000 "$work/server.err" >&2 2>/dev/null || true
+  exit 1
+}
+ok() {
+  checks=$((checks + 1))
+  echo "ok $checks - $*"
+}
+expect_eq() { [ "$1" = "$2" ] || fail "$3: got '$1', expected '$2'"; }
+
+# post TENANT JSON [CURL ARGS...]: POST /v1/chat/completions; the body in
+# $work/out, the status in $code. TENANT "-" sends no X-Tenant header.
+post() {
+  local tenant=$1 body=$2
+  shift 2
+  local headers=(-H 'Content-Type: application/json')
+  [ "$tenant" = - ] || headers+=(-H "X-Tenant: $tenant")
+  printf '%s' "$body" >"$work/request"
+  code=$(curl -s -o "$work/out" -w '%{http_code}' "${headers[@]}" --data-binary @"$work/request" "$@" \
+    "$base/v1/chat/completions") || fail "curl failed on $body"
+}
+field() { "$probe" get "$@" <"$work/out" || fail "reading $* of the response"; }
+# The prompt's tokens: <|begin_of_text|>, per message a header (start, role,
+# end, "\n\n"), the content's bytes and <|eot_id|>, then the assistant's header.
+message_tokens() { echo $((1 + ${#1} + 1 + 2 + $2 + 1)); }
+assistant_header=$((1 + 9 + 1 + 2))
+
+# Everything admitted so far, for the metrics at the end.
+queried=0 hits=0 generated=0 chats_ok=0 bad=0
+# answered PROMPT_TOKENS CACHED: one more request the engine admitted.
+answered() {
+  queried=$((queried + $1))
+  hits=$((hits + $2))
+  generated=$((generated + 1))
+  chats_ok=$((chats_ok + 1))
+}
+
+# ---- start ------------------------------------------------------------------
+cat >"$work/config.json" <<'EOF'
+{"vocab_size": 272, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096}
+EOF
+"$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 \
+  --default-max-tokens 24 --max-body-bytes 65536 >"$work/server.out" 2>"$work/server.err" &
+pid=$!
+port=
+for _ in $(seq 600); do
+  kill -0 "$pid" 2>/dev/null || fail "the server exited at start-up"
+  port=$(sed -n '1s/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$work/server.out")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+[ -n "$port" ] || fail "no 'listening on 127.0.0.1:PORT' line within 60 s"
+base=http://127.0.0.1:$port
+ok "listening on 127.0.0.1:$port"
+
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/health")
+expect_eq "$code" 200 "GET /health"
+ok "GET /health is 200"
+
+# ---- one tenant, three turns ------------------------------------------------
+system='You are a helpful assistant for Debian users.'
+user1='How do I install Debian?'
+user2='And how do I upgrade it to the next release?'
+user3='Thanks! What is apt?'
+m_system="{\"role\":\"system\",\"content\":\"$system\"}"
+m_user1="{\"role\":\"user\",\"content\":\"$user1\"}"
+m_user2="{\"role\":\"user\",\"content\":\"$user2\"}"
+m_user3="{\"role\":\"user\",\"content\":\"$user3\"}"
+turn1="[$m_system,$m_user1]"
+prompt1=$((1 + $(message_tokens system ${#system}) + $(message_tokens user ${#user1}) + assistant_header))
+
+post acme "{\"model\":\"tiny\",\"messages\":$turn1,\"max_tokens\":24,\"temperature\":0}"
+expect_eq "$code" 200 "turn 1"
+expect_eq "$(field object)" chat.completion "turn 1: object"
+expect_eq "$(field model)" tiny "turn 1: the model is echoed"
+expect_eq "$(field choices.0.message.role)" assistant "turn 1: role"
+expect_eq "$(field usage.prompt_tokens)" $prompt1 "turn 1: prompt_tokens"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" 0 "turn 1: cached_tokens on a fresh server"
+completion=$(field usage.completion_tokens)
+[ "$completion" -ge 1 ] && [ "$completion" -le 24 ] || fail "turn 1: completion_tokens $completion"
+expect_eq "$(field usage.total_tokens)" $((prompt1 + completion)) "turn 1: total_tokens"
+case $(field choices.0.finish_reason) in stop | length) ;; *) fail "turn 1: finish_reason" ;; esac
+field id | grep -q '^chatcmpl-' || fail "turn 1: id"
+field timings.ttft_seconds >/dev/null
+answer1=$("$probe" json choices.0.message.content <"$work/out")
+answer1_bytes=$("$probe" bytes choices.0.message.content <"$work/out")
+answered $prompt1 0
+ok "turn 1: $prompt1 prompt tokens, none cached"
+
+m_answer1="{\"role\":\"assistant\",\"content\":$answer1}"
+turn2="[$m_system,$m_user1,$m_answer1,$m_user2]"
+prompt2=$((prompt1 + answer1_bytes + 1 + $(message_tokens user ${#user2}) + assistant_header))
+post acme "{\"messages\":$turn2,\"max_completion_tokens\":24,\"temperature\":0}"
+expect_eq "$code" 200 "turn 2"
+expect_eq "$(field usage.prompt_tokens)" $prompt2 "turn 2: prompt_tokens"
+cached2=$(field usage.prompt_tokens_details.cached_tokens)
+# Turn 1's whole prompt was cached when it finished, in whole pages.
+[ "$cached2" -ge $((prompt1 / page * page)) ] && [ "$cached2" -lt $prompt2 ] && [ $((cached2 % page)) = 0 ] ||
+  fail "turn 2: cached_tokens $cached2 (turn 1's prompt: $prompt1)"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens_by_source.device)" "$cached2" \
+  "turn 2: cached on the device"
+answer2=$("$probe" json choices.0.message.content <"$work/out")
+answer2_bytes=$("$probe" bytes choices.0.message.content <"$work/out")
+answered $prompt2 "$cached2"
+ok "turn 2: $cached2 of $prompt2 prompt tokens cached"
+
+turn3="[$m_system,$m_user1,$m_answer1,$m_user2,{\"role\":\"assistant\",\"content\":$answer2},$m_user3]"
+prompt3=$((prompt2 + answer2_bytes + 1 + $(message_tokens user ${#user3}) + assistant_header))
+post acme "{\"messages\":$turn3,\"max_tokens\":24,\"temperature\":0}"
+expect_eq "$code" 200 "turn 3"
+expect_eq "$(field usage.prompt_tokens)" $prompt3 "turn 3: prompt_tokens"
+cached3=$(field usage.prompt_tokens_details.cached_tokens)
+[ "$cached3" -ge $((prompt2 / page * page)) ] && [ "$cached3" -lt $prompt3 ] ||
+  fail "turn 3: cached_tokens $cached3 (turn 2's prompt: $prompt2)"
+answered $prompt3 "$cached3"
+ok "turn 3: $cached3 of $prompt3 prompt tokens cached"
+
+# ---- other tenants get nothing of acme's ------------------------------------
+post globex "{\"messages\":$turn1,\"max_tokens\":24,\"temperature\":0}"
+expect_eq "$code" 200 "tenant globex"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" 0 "tenant globex: cached_tokens"
+expect_eq "$("$probe" json choices.0.message.content <"$work/out")" "$answer1" "tenant globex: the same greedy answer"
+answered $prompt1 0
+post - "{\"messages\":$turn1,\"max_tokens\":24,\"temperature\":0}"
+expect_eq "$code" 200 "the default tenant"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" 0 "the default tenant: cached_tokens"
+answered $prompt1 0
+ok "tenant globex and the default tenant find nothing cached of acme's turn 1"
+
+# ---- a stream ---------------------------------------------------------------
+question='你好！Debian 是什么？'
+prompt_zh=$((1 + $(message_tokens user ${#question}) + assistant_header))
+ask_zh="\"messages\":[{\"role\":\"user\",\"content\":\"$question\"}],\"max_tokens\":40,\"temperature\":1.0,\"seed\":11"
+post stream-a "{$ask_zh,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" -N
+expect_eq "$code" 200 "stream"
+"$probe" sse <"$work/out" >"$work/summary" || fail "the stream breaks the rules"
+cp "$work/summary" "$work/out"
+expect_eq "$(field role)" assistant "stream: role"
+expect_eq "$(field usage.prompt_tokens)" $prompt_zh "stream: prompt_tokens"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" 0 "stream: cached_tokens"
+streamed=$("$probe" json content <"$work/out")
+stream_reason=$(field finish_reason)
+stream_tokens=$(field usage.completion_tokens)
+chunks=$(field chunks)
+answered $prompt_zh 0
+# The same request in one piece (another tenant: computed afresh, as the stream was).
+post stream-b "{$ask_zh}"
+expect_eq "$code" 200 "the stream's request in one piece"
+expect_eq "$("$probe" json choices.0.message.content <"$work/out")" "$streamed" "stream: text against one piece"
+expect_eq "$(field choices.0.finish_reason)" "$stream_reason" "stream: finish_reason against one piece"
+expect_eq "$(field usage.completion_tokens)" "$stream_tokens" "stream: completion_tokens against one piece"
+answered $prompt_zh 0
+ok "stream: $chunks chunks of JSON, [DONE] last, the same text and usage as in one piece"
+
+# ---- concurrent requests ----------------------------------------------------
+clients=()
+for i in 1 2 3 4; do
+  curl -s -o "$work/par$i" -w '%{http_code}' -H "X-Tenant: par$i" \
+    --data-binary "{\"messages\":[{\"role\":\"user\",\"content\":\"Question $i\"}],\"max_tokens\":16}" \
+    "$base/v1/chat/completions" >"$work/par$i.code" &
+  clients+=($!)
+done
+wait "${clients[@]}" # (a plain wait would wait for the server too)
+prompt_par=$((1 + $(message_tokens user 10) + assistant_header))
+for i in 1 2 3 4; do
+  expect_eq "$(cat "$work/par$i.code")" 200 "concurrent request $i"
+  expect_eq "$("$probe" get usage.prompt_tokens <"$work/par$i")" $prompt_par "concurrent request $i: prompt_tokens"
+  answered $prompt_par 0
+done
+ok "4 concurrent requests of 4 tenants answered"
+
+# ---- bad requests -----------------------------------------------------------
+user='"messages":[{"role":"user","content":"Hi"}]'
+# refused STATUS PARAM CODE BODY: POST BODY, expect STATUS and OpenAI's error shape.
+refused() {
+  post bad "$4"
+  expect_eq "$code" "$1" "status of $4"
+  expect_eq "$(field error.type)" invalid_request_error "error.type of $4"
+  expect_eq "$(field error.param)" "$2" "error.param of $4"
+  expect_eq "$(field error.code)" "$3" "error.code of $4"
+  [ -n "$(field error.message)" ] || fail "no error.message for $4"
+  [ "$1" = 400 ] && bad=$((bad + 1))
+  return 0
+}
+refused 400 null invalid_json '{"messages": [{"role": "user", "content": "Hi"}'
+refused 400 null invalid_json 'not json at all'
+refused 400 body invalid_type '["messages"]'
+refused 400 messages missing_required_parameter '{"model": "tiny"}'
+refused 400 messages invalid_value '{"messages": []}'
+refused 400 'messages[0].role' invalid_value '{"messages": [{"role": "wizard", "content": "Hi"}]}'
+refused 400 'messages[0].content' invalid_type '{"messages": [{"role": "user", "content": 42}]}'
+refused 400 'messages[0].content' invalid_type '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}'
+refused 400 max_tokens invalid_value "{$user, \"max_tokens\": 0}"
+refused 400 max_tokens invalid_value "{$user, \"max_tokens\": 1000000000}"
+refused 400 max_tokens invalid_type "{$user, \"max_tokens\": \"lots\"}"
+refused 400 temperature invalid_value "{$user, \"temperature\": -1}"
+refused 400 temperature invalid_type "{$user, \"temperature\": \"hot\"}"
+refused 400 stream invalid_type "{$user, \"stream\": \"yes\"}"
+long=$(printf 'a%.0s' $(seq 4200))
+refused 400 messages context_length_exceeded "{\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}"
+grep -q "maximum context length is 4096 tokens" "$work/out" || fail "the context error does not say the context length"
+ok "$bad malformed requests refused with 400 and OpenAI's error shape"
+
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/v1/chat/completions")
+expect_eq "$code" 405 "GET /v1/chat/completions"
+expect_eq "$(field error.code)" method_not_allowed "GET /v1/chat/completions: error.code"
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/v2/nothing")
+expect_eq "$code" 404 "GET /v2/nothing"
+expect_eq "$(field error.type)" invalid_request_error "GET /v2/nothing: error.type"
+head -c 70000 /dev/zero | tr '\0' x >"$work/big"
+code=$(curl -s -o "$work/out" -w '%{http_code}' --data-binary @"$work/big" "$base/v1/chat/completions")
+expect_eq "$code" 413 "a body over --max-body-bytes"
+expect_eq "$(field error.code)" payload_too_large "a body over --max-body-bytes: error.code"
+ok "wrong method 405, unknown path 404, oversize body 413"
+
+post acme "{\"messages\":$turn1,\"max_tokens\":8}"
+expect_eq "$code" 200 "a good request after the bad ones"
+answered $prompt1 "$(field usage.prompt_tokens_details.cached_tokens)"
+ok "the server still serves after bad requests"
+
+# ---- a client that goes away mid-stream --------------------------------------
+# A long answer (past <|eot_id|>); the client reads a few chunks and leaves.
+story='Tell me a very long story.'
+prompt_story=$((1 + $(message_tokens user ${#story}) + assistant_header))
+long_story="{\"messages\":[{\"role\":\"user\",\"content\":\"$story\"}],\"max_tokens\":3000,\"ignore_eos\":true"
+set +o pipefail
+curl -sN -H "X-Tenant: gone" --data-binary "$long_story,\"stream\":true}" "$base/v1/chat/completions" |
+  head -c 1200 >"$work/partial"
+set -o pipefail
+grep -q '^data: {' "$work/partial" || fail "the long stream sent no chunk before the client left"
+answered $prompt_story 0
+# The server notices at its next write; the generator then cancels the
+# request, releases its pages, and reports it done (its time to first token).
+for _ in $(seq 300); do
+  curl -s "$base/metrics" >"$work/metrics"
+  grep -qx 'clm_server_client_disconnects_total 1' "$work/metrics" &&
+    grep -qx 'clm_active_sequences 0' "$work/metrics" &&
+    grep -qx "clm_server_time_to_first_token_seconds_count $generated" "$work/metrics" && break
+  sleep 0.1
+done
+grep -qx 'clm_server_client_disconnects_total 1' "$work/metrics" || fail "the disconnect was not noticed in 30 s"
+grep -qx 'clm_active_sequences 0' "$work/metrics" || fail "the cancelled request still runs after 30 s"
+grep -qx 'clm_sequences_aborted_total 1' "$work/metrics" || fail "the cancelled request was not aborted"
+post acme "{\"messages\":$turn1,\"max_tokens\":8}"
+expect_eq "$code" 200 "a good request after the disconnect"
+answered $prompt1 "$(field usage.prompt_tokens_details.cached_tokens)"
+ok "a client gone mid-stream: its request cancelled and released, the server still serves"
+
+# ---- metrics ----------------------------------------------------------------
+metrics_headers=$(curl -s -D - -o "$work/metrics" "$base/metrics")
+grep -qi '^content-type: text/plain; version=0.0.4' <<<"$metrics_headers" ||
+  fail "/metrics Content-Type: $metrics_headers"
+metric() { awk -v name="$1" '$1 == name { print $2 }' "$work/metrics"; }
+expect_eq "$(metric clm_prefix_cache_queries_total)" $queried "clm_prefix_cache_queries_total (prompt tokens admitted)"
+expect_eq "$(metric clm_prefix_cache_hits_total)" $hits "clm_prefix_cache_hits_total (cached tokens reported)"
+expect_eq "$(metric 'clm_cached_tokens_total{source="device"}')" $hits "clm_cached_tokens_total{source=device}"
+expect_eq "$(metric clm_sequences_admitted_total)" $generated "clm_sequences_admitted_total"
+expect_eq "$(metric clm_sequences_finished_total)" $((generated - 1)) "clm_sequences_finished_total"
+expect_eq "$(metric clm_active_sequences)" 0 "clm_active_sequences"
+expect_eq "$(metric 'clm_server_requests_total{path="/v1/chat/completions",code="200"}')" $chats_ok "chat 200s"
+expect_eq "$(metric 'clm_server_requests_total{path="/v1/chat/completions",code="400"}')" $bad "chat 400s"
+expect_eq "$(metric 'clm_server_requests_total{path="/v1/chat/completions",code="405"}')" 1 "chat 405s"
+expect_eq "$(metric 'clm_server_requests_total{path="/v1/chat/completions",code="413"}')" 1 "chat 413s"
+expect_eq "$(metric 'clm_server_requests_total{path="other",code="404"}')" 1 "404s"
+expect_eq "$(metric 'clm_server_requests_total{path="/health",code="200"}')" 1 "health 200s"
+expect_eq "$(metric clm_server_streaming_requests_total)" 2 "clm_server_streaming_requests_total"
+expect_eq "$(metric clm_server_client_disconnects_total)" 1 "clm_server_client_disconnects_total"
+expect_eq "$(metric clm_server_time_to_first_token_seconds_count)" $generated "time to first token: count"
+expect_eq "$(metric 'clm_server_time_to_first_token_seconds_bucket{le="+Inf"}')" $generated "time to first token: +Inf"
+for family in clm_prefix_cache_queries_total clm_evictable_tokens clm_protected_tokens clm_evicted_tokens_total \
+  clm_eviction_duration_seconds clm_server_time_to_first_token_seconds; do
+  grep -q "^# TYPE $family " "$work/metrics" || fail "/metrics lacks $family"
+done
+ok "/metrics: $queried prompt tokens queried, $hits hit, $generated requests, agreeing with the answers"
+
+# ---- SIGTERM ----------------------------------------------------------------
+kill -TERM "$pid"
+set +e
+wait "$pid"
+rc=$?
+set -e
+pid=
+expect_eq "$rc" 0 "the exit status after SIGTERM (3: invariants broken or a sequence left)"
+tail -n 1 "$work/server.out" >"$work/out"
+expect_eq "$(field event)" shutdown "the final line"
+expect_eq "$(field invariants)" ok "the final line: invariants"
+expect_eq "$(field active_sequences)" 0 "the final line: active_sequences"
+expect_eq "$(field admitted)" $generated "the final line: admitted"
+ok "SIGTERM: exit 0, invariants hold, no sequence left"
+echo "all $checks checks passed"
