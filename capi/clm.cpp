@@ -464,21 +464,19 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
   });
 }
 
-clm_status clm_engine_metrics_text(const clm_engine* engine, char* buf, size_t capacity, size_t* length) {
+clm_status clm_engine_metrics_text(char* text, size_t text_capacity, size_t* text_len, const clm_engine* engine) {
   return guarded([&]() -> clm_status {
-    if (!engine) return null_argument("clm_engine_metrics_text", "engine");
-    if (!length) return null_argument("clm_engine_metrics_text", "length");
-    if (!buf && capacity > 0) {
-      return fail(CLM_ERR_INVALID_ARGUMENT,
-                  fmt::format("clm_engine_metrics_text: buf is NULL but capacity is {}", capacity));
+    const char* fn = "clm_engine_metrics_text";
+    if (!text_len) return null_argument(fn, "text_len");
+    if (!engine) return null_argument(fn, "engine");
+    const std::string made = engine->state->engine->metrics_text();
+    *text_len = made.size();
+    if (!text || made.size() >= text_capacity) {
+      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: the text needs {} bytes with its NUL, text holds {}", fn,
+                                                        made.size() + 1, text ? text_capacity : 0));
     }
-    const std::string text = engine->state->engine->metrics_text();
-    *length = text.size();
-    if (capacity > 0) {
-      const std::size_t n = std::min(text.size(), capacity - 1);
-      std::memcpy(buf, text.data(), n);
-      buf[n] = '\0';
-    }
+    std::memcpy(text, made.data(), made.size());
+    text[made.size()] = '\0';
     return CLM_OK;
   });
 }

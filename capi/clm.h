@@ -314,12 +314,22 @@ CLM_API clm_status clm_engine_metrics(clm_metrics *out, const clm_engine *engine
 /* The same counters, and a histogram of eviction times, as Prometheus text
  * (exposition format 0.0.4; the names are in docs/metrics.md), for a host's
  * GET /metrics (Content-Type: text/plain; version=0.0.4; charset=utf-8).
- * Like snprintf: writes at most `capacity` bytes of it into buf, the NUL
- * included (a text cut short still ends in one), and sets *length to the
- * whole text's length without the NUL, even when it does not fit. So buf =
- * NULL, capacity = 0 asks for the size; the text fits when *length <
- * capacity. buf is the caller's: the library keeps no pointer to it. */
-CLM_API clm_status clm_engine_metrics_text(const clm_engine *engine, char *buf, size_t capacity, size_t *length);
+ * *text_len always receives the text's length in bytes (without the NUL);
+ * when text_len + 1 exceeds text_capacity nothing is written to text and
+ * CLM_ERR_INVALID_ARGUMENT is returned (clm_last_error() gives the size
+ * needed), so text = NULL, text_capacity = 0 is a sizing call. The counters
+ * move between two calls, so size with some headroom and retry while the
+ * second call reports a longer text:
+ *   size_t len = 0, cap = 0; char *text = NULL; clm_status s;
+ *   while ((s = clm_engine_metrics_text(text, cap, &len, engine)) == CLM_ERR_INVALID_ARGUMENT && len >= cap) {
+ *     cap = len + 1 + 256;       (the NUL, and headroom for counters that grow)
+ *     text = realloc(text, cap); (check for NULL)
+ *   }
+ *   (s == CLM_OK: text holds len bytes and a NUL)
+ * text is the caller's: the library keeps no pointer to it. A NULL engine or
+ * text_len is CLM_ERR_INVALID_ARGUMENT. */
+CLM_API clm_status clm_engine_metrics_text(char *text, size_t text_capacity, size_t *text_len,
+                                           const clm_engine *engine);
 
 /* ---- CLM suffix reuse: the SRC head (docs/clm.md) ------------------------
  * A tiny head on one layer's attention output scores, per running sequence

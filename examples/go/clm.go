@@ -663,20 +663,27 @@ func (e *Engine) MetricsText() (string, error) {
 		return "", err
 	}
 	defer e.release()
-	buf := make([]byte, 16*1024) // the text is about 12 KiB
+	// A sizing call first (capacity 0), then the text; the counters may grow
+	// in between, so leave headroom and retry while it is longer.
+	var buf []byte
 	for {
 		var length C.size_t
 		err := call(op, func() C.clm_status {
-			return C.clm_engine_metrics_text(ep, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &length)
+			var text *C.char
+			if len(buf) > 0 {
+				text = (*C.char)(unsafe.Pointer(&buf[0]))
+			}
+			return C.clm_engine_metrics_text(text, C.size_t(len(buf)), &length, ep)
 		})
-		if err != nil {
-			return "", err
-		}
-		if int(length) < len(buf) {
+		if err == nil {
 			return string(buf[:length]), nil
 		}
-		// Too small (the numbers may also have grown since): retry with room to spare.
-		buf = make([]byte, int(length)+256)
+		// Too small a buffer (nothing written) is InvalidArgument with the length.
+		if CodeOf(err) == InvalidArgument && int(length) >= len(buf) {
+			buf = make([]byte, int(length)+1+256) // the NUL, and room to spare
+			continue
+		}
+		return "", err
 	}
 }
 

@@ -510,6 +510,64 @@ func TestMetricsText(t *testing.T) {
 	}
 }
 
+// MetricsText sizes its buffer with one call and fills it with the next; a
+// goroutine serving meanwhile makes the text grow in between, and the retry
+// loop must still return whole texts.
+func TestMetricsTextWhileServing(t *testing.T) {
+	e := newEngine(t, 64, 16)
+	const requests = 400
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < requests; i++ {
+			s, err := e.Admit(span(1+1000*(i%7), 1+i%50), nil)
+			if err == nil {
+				err = s.Finish()
+				s.Close()
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	last := -1.0
+	check := func() {
+		text, err := e.MetricsText()
+		must(t, err)
+		if !strings.HasPrefix(text, "# HELP clm_") || !strings.HasSuffix(text, "\n") {
+			t.Fatalf("not Prometheus text:\n%s", text)
+		}
+		queried := -1.0
+		for _, line := range strings.Split(text, "\n") {
+			const series = "clm_prefix_cache_queries_total "
+			if strings.HasPrefix(line, series) {
+				_, err := fmt.Sscan(strings.TrimPrefix(line, series), &queried)
+				must(t, err)
+			}
+		}
+		if queried < 0 || queried < last {
+			t.Fatalf("clm_prefix_cache_queries_total went from %v to %v", last, queried)
+		}
+		last = queried
+	}
+	for serving := true; serving; {
+		select {
+		case err := <-done:
+			must(t, err)
+			serving = false
+		default:
+		}
+		check()
+	}
+	m, err := e.Metrics()
+	must(t, err)
+	if m.Finished != requests || last != float64(m.TokensQueried) {
+		t.Fatalf("finished %d, want %d; last text counted %v queried tokens, want %d", m.Finished, requests, last,
+			m.TokensQueried)
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	const pageSize, numPages = 16, 64
 	e := newEngine(t, numPages, pageSize)

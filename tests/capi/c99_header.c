@@ -300,7 +300,7 @@ static const int64_t *(*const p_seq_slots)(const clm_seq *, size_t *) = clm_seq_
 static clm_status (*const p_engine_batch_page_table)(int32_t *, int32_t *, size_t, size_t *, int32_t *, clm_engine *,
                                                      clm_seq *const *, size_t) = clm_engine_batch_page_table;
 static clm_status (*const p_engine_metrics)(clm_metrics *, const clm_engine *) = clm_engine_metrics;
-static clm_status (*const p_engine_metrics_text)(const clm_engine *, char *, size_t, size_t *) =
+static clm_status (*const p_engine_metrics_text)(char *, size_t, size_t *, const clm_engine *) =
     clm_engine_metrics_text;
 
 /* CLM suffix reuse: the SRC head. */
@@ -387,8 +387,9 @@ int main(void) {
   const int32_t decoded[1] = {6};
   int32_t indptr[2], indices[4], last_page_len[1];
   size_t n_indices = 0, n_pages = 0, n_slots = 0;
-  size_t text_len = 0, cut_len = 0;
+  size_t text_len = 0, again_len = 0;
   char text[16];
+  static char whole_text[65536];
   const int32_t *pages;
   const int64_t *slots;
   clm_status s;
@@ -538,12 +539,19 @@ int main(void) {
       metrics.src_retrievals_found + metrics.src_retrievals_failed > 1 || metrics.src_injections != 1) {
     return fail("metrics contents", CLM_ERR_INTERNAL);
   }
-  /* The metrics as Prometheus text: a sizing call, then a prefix cut to the buffer. */
-  if ((s = p_engine_metrics_text(engine, NULL, 0, &text_len)) != CLM_OK) return fail("engine_metrics_text", s);
-  if ((s = p_engine_metrics_text(engine, text, sizeof text, &cut_len)) != CLM_OK) {
+  /* The metrics as Prometheus text: a sizing call, a buffer too small (left untouched), then room enough. */
+  s = p_engine_metrics_text(NULL, 0, &text_len, engine);
+  if (s != CLM_ERR_INVALID_ARGUMENT || text_len == 0) return fail("engine_metrics_text sizing call", s);
+  memset(text, 'x', sizeof text);
+  s = p_engine_metrics_text(text, sizeof text, &again_len, engine);
+  if (s != CLM_ERR_INVALID_ARGUMENT || again_len != text_len || text[0] != 'x' || text[sizeof text - 1] != 'x') {
+    return fail("engine_metrics_text into a buffer too small", s);
+  }
+  if (text_len >= sizeof whole_text) return fail("metrics text size", CLM_ERR_INTERNAL);
+  if ((s = p_engine_metrics_text(whole_text, sizeof whole_text, &again_len, engine)) != CLM_OK) {
     return fail("engine_metrics_text", s);
   }
-  if (text_len < sizeof text || cut_len != text_len || strcmp(text, "# HELP clm_comp") != 0) {
+  if (again_len != text_len || strlen(whole_text) != text_len || strncmp(whole_text, "# HELP clm_", 11) != 0) {
     return fail("metrics text contents", CLM_ERR_INTERNAL);
   }
   p_engine_free(engine);

@@ -420,10 +420,10 @@ extern "C" {
 
     pub fn clm_engine_metrics(out: *mut clm_metrics, engine: *const clm_engine) -> clm_status;
     pub fn clm_engine_metrics_text(
+        text: *mut c_char,
+        text_capacity: usize,
+        text_len: *mut usize,
         engine: *const clm_engine,
-        buf: *mut c_char,
-        capacity: usize,
-        length: *mut usize,
     ) -> clm_status;
 
     pub fn clm_engine_load_src_head(engine: *mut clm_engine, path: *const c_char, gelu: i32) -> clm_status;

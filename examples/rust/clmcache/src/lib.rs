@@ -961,27 +961,25 @@ impl Engine {
     /// (`clm_engine_metrics_text`; the names are in `docs/metrics.md`), for
     /// a host's `GET /metrics`.
     pub fn metrics_text(&self) -> Result<String> {
-        let mut buffer = vec![0u8; 16 * 1024]; // the text is about 12 KiB
+        // A sizing call first (capacity 0), then the text; the counters may
+        // grow in between, so leave headroom and retry while it is longer.
+        let mut buffer: Vec<u8> = Vec::new();
         loop {
             let mut length = 0usize;
-            // SAFETY: buffer is writable for its length; the engine is live.
-            let status = unsafe {
-                sys::clm_engine_metrics_text(
-                    self.raw.as_ptr(),
-                    buffer.as_mut_ptr() as *mut c_char,
-                    buffer.len(),
-                    &mut length,
-                )
-            };
-            check(status)?;
-            if length < buffer.len() {
-                buffer.truncate(length);
-                return String::from_utf8(buffer).map_err(|_| {
-                    Error::new(ErrorCode::Internal, "clm_engine_metrics_text returned text that is not UTF-8")
-                });
+            let text = if buffer.is_empty() { std::ptr::null_mut() } else { buffer.as_mut_ptr() as *mut c_char };
+            // SAFETY: text is NULL with capacity 0, or writable for
+            // buffer.len() bytes; the engine is live.
+            let status = unsafe { sys::clm_engine_metrics_text(text, buffer.len(), &mut length, self.raw.as_ptr()) };
+            if status == sys::CLM_ERR_INVALID_ARGUMENT && length >= buffer.len() {
+                // Too small (nothing was written): the size needed, the NUL and room to spare.
+                buffer.resize(length + 1 + 256, 0);
+                continue;
             }
-            // Too small (the numbers may also have grown since): retry with room to spare.
-            buffer.resize(length + 256, 0);
+            check(status)?;
+            buffer.truncate(length);
+            return String::from_utf8(buffer).map_err(|_| {
+                Error::new(ErrorCode::Internal, "clm_engine_metrics_text returned text that is not UTF-8")
+            });
         }
     }
 

@@ -373,6 +373,73 @@ fn metrics_text_shows_the_metrics_in_prometheus_text() {
 }
 
 #[test]
+fn metrics_text_sizing_call_exact_fit_and_one_byte_short() {
+    let engine = engine(16);
+    engine.admit(&tokens(1, 20)).unwrap().finish().unwrap();
+    let whole = engine.metrics_text().unwrap();
+    // The sizing call: an error that gives the length.
+    let mut length = 0usize;
+    // SAFETY: NULL with capacity 0; the engine is live.
+    let status = unsafe { sys::clm_engine_metrics_text(std::ptr::null_mut(), 0, &mut length, engine.as_raw()) };
+    assert_eq!(status, sys::CLM_ERR_INVALID_ARGUMENT);
+    assert_eq!(length, whole.len());
+    // One byte short (no room for the NUL): an error, and nothing written.
+    let mut buffer = vec![0x7fu8; whole.len() + 1];
+    length = 0;
+    // SAFETY: buffer is writable for whole.len() bytes; the engine is live.
+    let status = unsafe {
+        sys::clm_engine_metrics_text(buffer.as_mut_ptr() as *mut _, whole.len(), &mut length, engine.as_raw())
+    };
+    assert_eq!(status, sys::CLM_ERR_INVALID_ARGUMENT);
+    assert_eq!(length, whole.len());
+    assert!(buffer.iter().all(|&b| b == 0x7f));
+    // Exactly enough: the text and its NUL.
+    // SAFETY: buffer is writable for its length; the engine is live.
+    let status = unsafe {
+        sys::clm_engine_metrics_text(buffer.as_mut_ptr() as *mut _, buffer.len(), &mut length, engine.as_raw())
+    };
+    assert_eq!(status, sys::CLM_OK);
+    assert_eq!(&buffer[..length], whole.as_bytes());
+    assert_eq!(buffer[length], 0);
+}
+
+#[test]
+fn metrics_text_while_another_thread_serves() {
+    // The counters grow between metrics_text's sizing call and the next: its
+    // retry loop must still return whole texts.
+    let engine = Arc::new(engine(64));
+    let server = {
+        let engine = Arc::clone(&engine);
+        thread::spawn(move || {
+            for i in 0..400 {
+                engine.admit(&tokens(1 + 1000 * (i % 7), 1 + i as usize % 50)).unwrap().finish().unwrap();
+            }
+        })
+    };
+    let mut last = 0.0f64;
+    loop {
+        let served = server.is_finished(); // then this text is the last one
+        let text = engine.metrics_text().unwrap();
+        assert!(text.starts_with("# HELP clm_") && text.ends_with('\n'), "{}", text);
+        let queried: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("clm_prefix_cache_queries_total "))
+            .expect("clm_prefix_cache_queries_total")
+            .parse()
+            .unwrap();
+        assert!(queried >= last);
+        last = queried;
+        if served {
+            break;
+        }
+    }
+    server.join().unwrap();
+    let m = engine.metrics().unwrap();
+    assert_eq!(m.finished, 400);
+    assert_eq!(last, m.tokens_queried as f64);
+}
+
+#[test]
 fn kv_layout_describes_the_pool() {
     let engine = Engine::new(&EngineOptions {
         num_layers: 2,
