@@ -16,7 +16,7 @@
 // One forward() runs a ragged batch: sequence i brings rows indptr[i] ..
 // indptr[i+1]-1 (new tokens at positions first_position[i] ...), whose K/V
 // go to `slots`, and whose page tables (covering first_position + rows
-// tokens) are `pages` in FlashInfer's CSR form (Engine::batch_page_table).
+// tokens) are page_indptr / page_indices, FlashInfer's CSR form.
 // Sequences with one new row (decode) share one paged_decode_attention call;
 // the others run paged_prefill_attention each. Logits come out for the last
 // row of each sequence. Sequences may join and leave between calls:
