@@ -92,14 +92,9 @@ clm::Status make_stack(const DemoFlags& flags, const tiny_llama::LlamaConfig& co
   // The demo runs for a minute, not a day: a suffix is stored at its first sighting.
   e.snapshot_store.min_usage_threshold = 1;
   e.src_gate.threshold_override = flags.src_threshold;
-  e.pool.page_size = flags.page_size;
-  e.pool.num_layers = config.num_layers;
-  e.pool.kv_heads = config.num_kv_heads;
-  e.pool.head_dim = config.head_dim;
-  e.pool.dtype = clm::KvDType::bf16;
   // Without the cache, the pool holds only the running requests' pages: room for a full batch of long prompts.
-  const std::int32_t tokens = cached ? flags.device_tokens : flags.max_batch * 4096;
-  e.pool.num_pages = tokens / flags.page_size;
+  const std::int64_t tokens = cached ? flags.device_tokens : std::int64_t{flags.max_batch} * 4096;
+  e.pool = tiny_llama::kv_pool_for(config, flags.page_size, tokens, clm::KvDType::bf16);
   if (cached && flags.host_tokens > 0) e.tiers.host_pages = flags.host_tokens / flags.page_size;
   CLM_RETURN_IF_ERROR(clm::Engine::create(e, out.engine));
   CLM_RETURN_IF_ERROR(
@@ -300,14 +295,9 @@ int main(int argc, char** argv) {
   if (clm::Status s = tiny_llama_demo::make_scenario(flags.scenario, scenario); !s.ok()) return fail(s.message());
   tiny_llama::LlamaConfig config;
   tiny_llama::LlamaWeights weights;
-  if (!flags.config.empty()) {
-    if (clm::Status s = tiny_llama::load_llama_config(flags.config, config); !s.ok()) return fail(s.message());
-  }
-  if (!flags.weights.empty()) {
-    if (clm::Status s = tiny_llama::load_llama_weights(flags.weights, config, weights); !s.ok())
-      return fail(s.message());
-  } else {
-    tiny_llama::random_llama_weights(config, flags.seed, weights);
+  if (clm::Status s = tiny_llama::load_or_init_llama(flags.config, flags.weights, flags.seed, config, weights);
+      !s.ok()) {
+    return fail(s.message());
   }
   tiny_llama_demo::RunOptions run;
   run.max_new_tokens = flags.max_new_tokens;

@@ -115,23 +115,12 @@ int main(int argc, char** argv) {
 
   tiny_llama::LlamaConfig config;
   tiny_llama::LlamaWeights weights;
-  if (!flags.config.empty()) {
-    if (clm::Status s = tiny_llama::load_llama_config(flags.config, config); !s.ok()) return fail(s.message());
-  }
-  if (!flags.weights.empty()) {
-    if (clm::Status s = tiny_llama::load_llama_weights(flags.weights, config, weights); !s.ok()) {
-      return fail(s.message());
-    }
-  } else {
-    tiny_llama::random_llama_weights(config, 1, weights);
+  if (clm::Status s = tiny_llama::load_or_init_llama(flags.config, flags.weights, 1, config, weights); !s.ok()) {
+    return fail(s.message());
   }
   clm::EngineConfig engine_config;
-  engine_config.pool.page_size = flags.page_size;
-  engine_config.pool.num_pages = static_cast<std::int32_t>(flags.pool_tokens / flags.page_size);
-  engine_config.pool.num_layers = config.num_layers;
-  engine_config.pool.kv_heads = config.num_kv_heads;
-  engine_config.pool.head_dim = config.head_dim;
-  engine_config.pool.dtype = clm::KvDType::f32;
+  engine_config.pool = tiny_llama::kv_pool_for(
+      config, flags.page_size, flags.pool_tokens / flags.page_size * flags.page_size, clm::KvDType::f32);
   std::unique_ptr<clm::Engine> engine;
   if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
   std::unique_ptr<tiny_llama::LlamaModel> model;

@@ -26,6 +26,7 @@
 // hidden states after each layer (the CLM hooks: SRC head, snapshot injection).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -66,6 +67,20 @@ class LayerObserver {
   // The final hidden state (after the final norm) of each sequence's last row, [B][hidden].
   virtual clm::Status on_final_hidden(const ForwardBatch& batch, const float* last_rows) = 0;
 };
+
+// A KV pool laid out for `config` (its layers, KV heads and head_dim), of
+// `tokens` rounded up to whole pages, on the host.
+inline clm::PagedKvPoolConfig kv_pool_for(const LlamaConfig& config, std::int32_t page_size, std::int64_t tokens,
+                                          clm::KvDType dtype) {
+  clm::PagedKvPoolConfig pool;
+  pool.page_size = page_size;
+  pool.num_pages = static_cast<std::int32_t>((tokens + page_size - 1) / std::max(1, page_size));
+  pool.num_layers = config.num_layers;
+  pool.kv_heads = config.num_kv_heads;
+  pool.head_dim = config.head_dim;
+  pool.dtype = dtype;
+  return pool;
+}
 
 struct ModelOptions {
   int threads = 0;  // GEMM and attention threads; 0 = the hardware's

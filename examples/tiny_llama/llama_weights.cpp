@@ -106,6 +106,21 @@ clm::Status load_llama_weights(const std::string& path, const LlamaConfig& c, Ll
   return {};
 }
 
+clm::Status load_or_init_llama(const std::string& config_path, const std::string& weights_path, std::uint64_t seed,
+                               LlamaConfig& config, LlamaWeights& weights) {
+  LlamaConfig c;
+  if (!config_path.empty()) CLM_RETURN_IF_ERROR(load_llama_config(config_path, c));
+  LlamaWeights w;
+  if (weights_path.empty()) {
+    random_llama_weights(c, seed, w);
+  } else {
+    CLM_RETURN_IF_ERROR(load_llama_weights(weights_path, c, w));
+  }
+  config = c;
+  weights = std::move(w);
+  return {};
+}
+
 clm::Status save_llama_weights(const std::string& path, const LlamaConfig& c, const LlamaWeights& w,
                                const std::string& config_path) {
   CLM_RETURN_IF_ERROR(c.check());

@@ -58,6 +58,12 @@ void random_llama_weights(const LlamaConfig& config, std::uint64_t seed, LlamaWe
 // Reads and checks every tensor against `config`; on error `out` is unchanged.
 clm::Status load_llama_weights(const std::string& path, const LlamaConfig& config, LlamaWeights& out);
 
+// A host's model: the config.json at config_path (empty: LlamaConfig's
+// defaults), then the weights at weights_path (empty: random_llama_weights
+// with `seed`). On error the outputs are unchanged.
+clm::Status load_or_init_llama(const std::string& config_path, const std::string& weights_path, std::uint64_t seed,
+                               LlamaConfig& config, LlamaWeights& weights);
+
 // Writes `weights` as F32 under the names above (and config.json beside it
 // when config_path is not empty).
 clm::Status save_llama_weights(const std::string& path, const LlamaConfig& config, const LlamaWeights& weights,

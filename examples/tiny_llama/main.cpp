@@ -66,14 +66,8 @@ int main(int argc, char** argv) {
   }
   tiny_llama::LlamaConfig config;
   tiny_llama::LlamaWeights weights;
-  if (!config_path.empty()) {
-    if (clm::Status s = tiny_llama::load_llama_config(config_path, config); !s.ok()) return fail(s.message());
-  }
-  if (!weights_path.empty()) {
-    if (clm::Status s = tiny_llama::load_llama_weights(weights_path, config, weights); !s.ok())
-      return fail(s.message());
-  } else {
-    tiny_llama::random_llama_weights(config, 1, weights);
+  if (clm::Status s = tiny_llama::load_or_init_llama(config_path, weights_path, 1, config, weights); !s.ok()) {
+    return fail(s.message());
   }
   if (!save_dir.empty()) {
     clm::Status s =
@@ -83,12 +77,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   clm::EngineConfig engine_config;
-  engine_config.pool.page_size = page_size;
-  engine_config.pool.num_pages = std::max(64, (config.max_position + page_size - 1) / std::max(1, page_size) * 2);
-  engine_config.pool.num_layers = config.num_layers;
-  engine_config.pool.kv_heads = config.num_kv_heads;
-  engine_config.pool.head_dim = config.head_dim;
-  engine_config.pool.dtype = clm::KvDType::f32;
+  engine_config.pool =
+      tiny_llama::kv_pool_for(config, page_size, std::int64_t{config.max_position} * 2, clm::KvDType::f32);
   std::unique_ptr<clm::Engine> engine;
   if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
   std::unique_ptr<tiny_llama::LlamaModel> model;

@@ -66,12 +66,7 @@ LlamaConfig small_config() {  // test_tiny_llama's, with a fourth layer: SRC at 
 // An engine for the model; with a snapshot store in `store_dir` unless it is empty.
 clm::EngineConfig engine_config(const LlamaConfig& c, const std::string& store_dir) {
   clm::EngineConfig e;
-  e.pool.page_size = 16;
-  e.pool.num_pages = 1024;
-  e.pool.num_layers = c.num_layers;
-  e.pool.kv_heads = c.num_kv_heads;
-  e.pool.head_dim = c.head_dim;
-  e.pool.dtype = clm::KvDType::f32;
+  e.pool = tiny_llama::kv_pool_for(c, 16, 1024 * 16, clm::KvDType::f32);
   e.special_token_ids = {ByteTokenizer::kBeginOfText, ByteTokenizer::kStartHeader, ByteTokenizer::kEndHeader,
                          ByteTokenizer::kEndOfTurn};
   e.src_gate.threshold_override = 0.0f;  // every scored step looks up: the loop's mechanics, not the head's skill

@@ -42,12 +42,7 @@ LlamaConfig small_config() {
 
 clm::EngineConfig engine_config(const LlamaConfig& c, std::int32_t page_size, std::int32_t pool_tokens) {
   clm::EngineConfig e;
-  e.pool.page_size = page_size;
-  e.pool.num_pages = pool_tokens / page_size;
-  e.pool.num_layers = c.num_layers;
-  e.pool.kv_heads = c.num_kv_heads;
-  e.pool.head_dim = c.head_dim;
-  e.pool.dtype = clm::KvDType::f32;
+  e.pool = tiny_llama::kv_pool_for(c, page_size, pool_tokens, clm::KvDType::f32);
   return e;
 }
 

@@ -36,12 +36,7 @@ struct Stack {
 
 Stack make_stack(const Setup& setup, std::int32_t max_batch) {
   clm::EngineConfig e;
-  e.pool.page_size = 16;
-  e.pool.num_pages = 65536 / 16;
-  e.pool.num_layers = setup.config.num_layers;
-  e.pool.kv_heads = setup.config.num_kv_heads;
-  e.pool.head_dim = setup.config.head_dim;
-  e.pool.dtype = clm::KvDType::bf16;
+  e.pool = tiny_llama::kv_pool_for(setup.config, 16, 65536, clm::KvDType::bf16);
   Stack s;
   check(clm::Engine::create(e, s.engine), "Engine::create");
   check(tiny_llama::LlamaModel::create(setup.config, setup.weights, *s.engine, {}, s.model), "LlamaModel::create");
