@@ -85,6 +85,9 @@ cat >"$work/config.json" <<'EOF'
 {"vocab_size": 272, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096}
 EOF
+# Made before the server starts: reading it must not race the background
+# job's redirection (a missing file would end the script under set -e).
+: >"$work/server.out"
 "$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 \
   --default-max-tokens 24 --max-body-bytes 65536 >"$work/server.out" 2>"$work/server.err" &
 pid=$!

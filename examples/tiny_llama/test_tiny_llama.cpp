@@ -352,7 +352,7 @@ TEST_CASE("prefix reuse never changes the logits: host tier and a storage direct
   REQUIRE(invariants.ok());
 }
 
-TEST_CASE("the equality check can fail: a corrupted cached K/V row changes the logits", "[tiny_llama][equality]") {
+TEST_CASE("the equality check can fail: corrupted cached K/V pages change the logits", "[tiny_llama][equality]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   const LlamaConfig c = small_config();
@@ -366,9 +366,15 @@ TEST_CASE("the equality check can fail: a corrupted cached K/V row changes the l
   o.max_new_tokens = 2;
   o.keep_logits = true;
   generate(cached, {prompt}, {o});
-  // The prompt's first page is cached now; add 1.0 to one K value of layer 0 in every page.
+  // The prompt's pages are cached now; negate layer 0's K and V in every page
+  // (a shift of one value can happen to move the logits by little).
   const clm::PagedKvPool& pool = cached.engine->pool();
-  for (std::int32_t page = 0; page < pool.num_pages(); ++page) static_cast<float*>(pool.k_data(page, 0))[5] += 1.0f;
+  const std::size_t layer_values = 2 * static_cast<std::size_t>(pool.config().page_size) *
+                                   static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim);
+  for (std::int32_t page = 0; page < pool.num_pages(); ++page) {
+    float* kv = static_cast<float*>(pool.k_data(page, 0));  // K, then V, of layer 0
+    for (std::size_t i = 0; i < layer_values; ++i) kv[i] = -kv[i];
+  }
   auto longer = prompt;
   longer.push_back(7);
   const auto reused = generate(cached, {longer}, {o});
