@@ -476,8 +476,10 @@ TEST_CASE("durability: indexes reload, a missing or corrupt index is rebuilt whi
   std::filesystem::remove(index_files[0]);
   {
     std::fstream f(index_files[1], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(200);
+    const int byte = f.get();  // flipped, not overwritten: a fixed value may be the one already there
     f.seekp(200);
-    f.put('\x5a');
+    f.put(static_cast<char>(byte ^ 0xFF));
   }
   {
     auto store = open_store(c);
