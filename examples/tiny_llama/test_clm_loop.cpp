@@ -31,6 +31,7 @@
 #include "generator.hpp"
 #include "store/store_test_support.hpp"  // TempDir
 #include "test_support.hpp"              // fresh_seed
+#include "tiny_llama_test_support.hpp"
 
 namespace {
 
@@ -43,24 +44,16 @@ using tiny_llama::LlamaConfig;
 using tiny_llama::LlamaWeights;
 
 constexpr std::int32_t kSnapshotDim = 16;
+// test_tiny_llama's shape with a fourth layer: SRC at 0, injection at 1, 2 and 3.
+constexpr std::int32_t kLayers = 4;
+using tiny_llama_test::make_stack;
+using tiny_llama_test::small_config;
+using tiny_llama_test::Stack;
 
 tiny_llama::ClmCollectConfig collect_config(std::int32_t snapshot_dim = kSnapshotDim) {
   tiny_llama::ClmCollectConfig config;
   config.snapshot_dim = snapshot_dim;
   return config;
-}
-
-LlamaConfig small_config() {  // test_tiny_llama's, with a fourth layer: SRC at 0, injection at 1, 2 and 3
-  LlamaConfig c;
-  c.vocab_size = 300;
-  c.hidden = 64;
-  c.intermediate = 160;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.max_position = 2048;
-  return c;
 }
 
 // An engine for the model; with a snapshot store in `store_dir` unless it is empty.
@@ -78,22 +71,6 @@ clm::EngineConfig engine_config(const LlamaConfig& c, const std::string& store_d
     e.snapshot_store.rebuild_in_background = false;
   }
   return e;
-}
-
-struct Stack {
-  std::unique_ptr<clm::Engine> engine;
-  std::unique_ptr<tiny_llama::LlamaModel> model;
-  std::unique_ptr<tiny_llama::Generator> generator;
-};
-
-Stack make_stack(const LlamaConfig& c, const LlamaWeights& w, const clm::EngineConfig& e) {
-  Stack s;
-  const clm::Status created = clm::Engine::create(e, s.engine);
-  INFO(created.message());
-  REQUIRE(created.ok());
-  REQUIRE(tiny_llama::LlamaModel::create(c, w, *s.engine, {.threads = 2}, s.model).ok());
-  s.generator = std::make_unique<tiny_llama::Generator>(*s.model, tiny_llama::GeneratorOptions{});
-  return s;
 }
 
 std::vector<GenerationResult> generate(Stack& s, const std::vector<std::vector<std::int32_t>>& prompts,
@@ -313,7 +290,7 @@ TEST_CASE("CLM in the loop: collect, train through train_clm.sh, then repeated s
           "[clm_loop]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = small_config(kLayers);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
   clm_test::TempDir dir;
@@ -390,7 +367,7 @@ TEST_CASE("CLM in the loop: injections change only the adapter's layers of the s
           "[clm_loop]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = small_config(kLayers);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
   clm_test::TempDir dir;
@@ -442,7 +419,7 @@ TEST_CASE("CLM in the loop: injections change only the adapter's layers of the s
 TEST_CASE("CLM in the loop: baseline mode computes exactly the CLM-off logits", "[clm_loop]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = small_config(kLayers);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
   clm_test::TempDir dir;
@@ -481,7 +458,7 @@ TEST_CASE("CLM in the loop: baseline mode computes exactly the CLM-off logits", 
 }
 
 TEST_CASE("CLM in the loop: missing or corrupt trained files and bad settings give a clear status", "[clm_loop]") {
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = small_config(kLayers);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, 11, w);
   clm_test::TempDir dir;

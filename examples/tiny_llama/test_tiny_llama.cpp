@@ -18,6 +18,7 @@
 #include "generator.hpp"
 #include "store/store_test_support.hpp"  // TempDir
 #include "test_support.hpp"              // fresh_seed
+#include "tiny_llama_test_support.hpp"
 
 namespace {
 
@@ -26,40 +27,13 @@ using tiny_llama::GenerateOptions;
 using tiny_llama::GenerationResult;
 using tiny_llama::LlamaConfig;
 using tiny_llama::LlamaWeights;
-
-LlamaConfig small_config() {
-  LlamaConfig c;
-  c.vocab_size = 300;
-  c.hidden = 64;
-  c.intermediate = 160;
-  c.num_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.max_position = 2048;
-  return c;
-}
+using tiny_llama_test::make_stack;
+using tiny_llama_test::Stack;
 
 clm::EngineConfig engine_config(const LlamaConfig& c, std::int32_t page_size, std::int32_t pool_tokens) {
   clm::EngineConfig e;
   e.pool = tiny_llama::kv_pool_for(c, page_size, pool_tokens, clm::KvDType::f32);
   return e;
-}
-
-struct Stack {  // an engine, a model over it and a generator
-  std::unique_ptr<clm::Engine> engine;
-  std::unique_ptr<tiny_llama::LlamaModel> model;
-  std::unique_ptr<tiny_llama::Generator> generator;
-};
-
-Stack make_stack(const LlamaConfig& c, const LlamaWeights& w, const clm::EngineConfig& e, int threads = 2) {
-  Stack s;
-  const clm::Status created = clm::Engine::create(e, s.engine);
-  REQUIRE(created.ok());
-  const clm::Status made = tiny_llama::LlamaModel::create(c, w, *s.engine, {.threads = threads}, s.model);
-  REQUIRE(made.ok());
-  s.generator = std::make_unique<tiny_llama::Generator>(*s.model, tiny_llama::GeneratorOptions{});
-  return s;
 }
 
 // Runs requests to completion together (continuous batching), in order of submission.
@@ -263,7 +237,7 @@ EqualityRun run_conversations(Stack& cached, Stack& baseline, std::uint32_t seed
 TEST_CASE("the decoder's logits equal a dense float64 reference", "[tiny_llama]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama_test::small_config(3);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
   for (const std::int32_t page_size : {1, 16}) {
@@ -292,7 +266,7 @@ TEST_CASE("prefix reuse never changes the logits: device tier, page sizes 1 and 
           "[tiny_llama][equality]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama_test::small_config(3);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
   std::mt19937 rng(seed ^ 0x5eed);
@@ -323,7 +297,7 @@ TEST_CASE("prefix reuse never changes the logits: host tier and a storage direct
           "[tiny_llama][equality][tiers]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama_test::small_config(3);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
   std::mt19937 rng(seed ^ 0x7135);
@@ -355,7 +329,7 @@ TEST_CASE("prefix reuse never changes the logits: host tier and a storage direct
 TEST_CASE("the equality check can fail: corrupted cached K/V pages change the logits", "[tiny_llama][equality]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama_test::small_config(3);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
   Stack cached = make_stack(c, w, engine_config(c, 16, 4096));
@@ -389,7 +363,7 @@ TEST_CASE("the equality check can fail: corrupted cached K/V pages change the lo
 TEST_CASE("continuous batching: requests joining and leaving give the answers they give alone", "[tiny_llama]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama_test::small_config(3);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
   std::mt19937 rng(seed);
@@ -414,7 +388,7 @@ TEST_CASE("continuous batching: requests joining and leaving give the answers th
 }
 
 TEST_CASE("bad input: weights, config, prompts and batches are refused with a clear status", "[tiny_llama]") {
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama_test::small_config(3);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, 3, w);
   clm_test::TempDir dir;
