@@ -51,13 +51,13 @@ clm::Status ClmCollector::create(const LlamaConfig& model, std::span<const std::
   return {};
 }
 
-void ClmCollector::install(LlamaModel& model, Generator& generator) {
+void ClmCollector::install(Decoder& model, Generator& generator) {
   requests_.clear();
   model.set_observer(this);
   generator.set_request_listener(this);
 }
 
-void ClmCollector::uninstall(LlamaModel& model, Generator& generator) {
+void ClmCollector::uninstall(Decoder& model, Generator& generator) {
   model.set_observer(nullptr);
   generator.set_request_listener(nullptr);
   requests_.clear();

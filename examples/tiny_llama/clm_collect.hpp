@@ -83,8 +83,8 @@ class ClmCollector final : public LayerObserver, public RequestListener {
   static clm::Status create(const LlamaConfig& model, std::span<const std::int32_t> special_ids,
                             const ClmCollectConfig& config, std::unique_ptr<ClmCollector>& out);
 
-  void install(LlamaModel& model, Generator& generator);
-  void uninstall(LlamaModel& model, Generator& generator);
+  void install(Decoder& model, Generator& generator);
+  void uninstall(Decoder& model, Generator& generator);
 
   // Writes the files above into `dir` (created if missing). failed_precondition
   // when there is not enough to train on (no conversation, no generated token

@@ -225,14 +225,14 @@ clm::Status ClmLoop::create(clm::Engine& engine, const LlamaConfig& model, const
   return {};
 }
 
-void ClmLoop::install(LlamaModel& model, Generator& generator) {
+void ClmLoop::install(Decoder& model, Generator& generator) {
   requests_.clear();
   hit_ids_.clear();
   model.set_observer(this);
   generator.set_request_listener(this);
 }
 
-void ClmLoop::uninstall(LlamaModel& model, Generator& generator) {
+void ClmLoop::uninstall(Decoder& model, Generator& generator) {
   model.set_observer(nullptr);
   generator.set_request_listener(nullptr);
   requests_.clear();

@@ -54,9 +54,9 @@
 #include <vector>
 
 #include "clm/engine.hpp"
+#include "decoder.hpp"
 #include "generator.hpp"
 #include "llama_config.hpp"
-#include "llama_model.hpp"
 
 namespace tiny_llama {
 
@@ -155,8 +155,8 @@ class ClmLoop final : public LayerObserver, public RequestListener {
 
   // Becomes the model's observer and the generator's request listener (or
   // stops being them); while nothing runs.
-  void install(LlamaModel& model, Generator& generator);
-  void uninstall(LlamaModel& model, Generator& generator);
+  void install(Decoder& model, Generator& generator);
+  void uninstall(Decoder& model, Generator& generator);
 
   const ClmLayers& layers() const { return config_.layers; }
   ClmLoopStats stats() const;

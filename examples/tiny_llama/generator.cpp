@@ -23,7 +23,7 @@ std::uint64_t mix(std::uint64_t x) {
 
 }  // namespace
 
-Generator::Generator(LlamaModel& model, const GeneratorOptions& options)
+Generator::Generator(Decoder& model, const GeneratorOptions& options)
     : model_(model), engine_(model.engine()), options_(options) {
   options_.max_batch = std::max(1, options_.max_batch);
   options_.prefill_token_budget = std::max(1, options_.prefill_token_budget);

@@ -1,11 +1,12 @@
-// examples/tiny_llama/generator.hpp: continuous batching over a LlamaModel
-// and its Engine. Requests wait in a queue; each step admits what fits (the
-// engine matches each prompt's cached prefix, so only the rest is prefilled),
-// runs one forward over every admitted request's new rows and every running
-// request's last token, samples, and retires what is done (finish publishes
-// prompt + answer into the cache). Sequences join and leave between steps.
+// examples/tiny_llama/generator.hpp: continuous batching over a Decoder (the
+// CPU LlamaModel or the CUDA one, decoder.hpp) and its Engine. Requests wait
+// in a queue; each step admits what fits (the engine matches each prompt's
+// cached prefix, so only the rest is prefilled), runs one forward over every
+// admitted request's new rows and every running request's last token,
+// samples, and retires what is done (finish publishes prompt + answer into
+// the cache). Sequences join and leave between steps.
 //
-//   tiny_llama::Generator gen(*model, {});
+//   tiny_llama::Generator gen(*decoder, {});
 //   tiny_llama::GenerateOptions opts;
 //   opts.max_new_tokens = 32; opts.cache_salt = "tenant-7";
 //   gen.submit(prompt, opts, /*on_token=*/nullptr, [](const tiny_llama::GenerationResult& r) { ... });
@@ -31,7 +32,8 @@
 #include <thread>
 #include <vector>
 
-#include "llama_model.hpp"
+#include "decoder.hpp"
+#include "llama_model.hpp"  // LlamaModel, for the hosts that include only this header
 
 namespace tiny_llama {
 
@@ -105,7 +107,7 @@ struct GeneratorOptions {
 
 class Generator {
  public:
-  Generator(LlamaModel& model, const GeneratorOptions& options);
+  Generator(Decoder& model, const GeneratorOptions& options);
   ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
@@ -152,7 +154,7 @@ class Generator {
   std::int32_t sample(const Request& request, std::span<const float> logits) const;
   void loop();
 
-  LlamaModel& model_;
+  Decoder& model_;
   clm::Engine& engine_;
   GeneratorOptions options_;
   mutable std::mutex queue_mutex_;  // guards waiting_, next_id_, stop_

@@ -12,56 +12,13 @@
 
 namespace tiny_llama {
 
-void ForwardBatch::add(clm::SequenceId id, std::span<const std::int32_t> new_tokens, std::int32_t first,
-                       std::span<const std::int64_t> new_slots, std::span<const std::int32_t> page_table) {
-  ids.push_back(id);
-  tokens.insert(tokens.end(), new_tokens.begin(), new_tokens.end());
-  indptr.push_back(static_cast<std::int32_t>(tokens.size()));
-  first_position.push_back(first);
-  slots.insert(slots.end(), new_slots.begin(), new_slots.end());
-  page_indices.insert(page_indices.end(), page_table.begin(), page_table.end());
-  page_indptr.push_back(static_cast<std::int32_t>(page_indices.size()));
-}
-
 clm::Status LlamaModel::create(const LlamaConfig& config, LlamaWeights weights, clm::Engine& engine,
                                const ModelOptions& options, std::unique_ptr<LlamaModel>& out) {
-  CLM_RETURN_IF_ERROR(config.check());
   const clm::PagedKvPoolConfig& pool = engine.pool().config();
-  if (pool.num_layers != config.num_layers || pool.kv_heads != config.num_kv_heads ||
-      pool.head_dim != config.head_dim) {
-    return clm::invalid_argument(fmt::format(
-        "tiny_llama: the engine's pool has {} layers, {} KV heads, head_dim {}; the model needs {}, {}, {}",
-        pool.num_layers, pool.kv_heads, pool.head_dim, config.num_layers, config.num_kv_heads, config.head_dim));
-  }
+  CLM_RETURN_IF_ERROR(check_decoder_setup(config, weights, pool));
   if (pool.memory != clm::MemoryKind::host) {
     return clm::unsupported("tiny_llama: the CPU decoder needs a host pool (MemoryKind::host)");
   }
-  const auto h = static_cast<std::size_t>(config.hidden);
-  const auto inter = static_cast<std::size_t>(config.intermediate);
-  const auto expect = [](const std::vector<float>& w, std::size_t n, const char* name) -> clm::Status {
-    if (w.size() != n)
-      return clm::invalid_argument(fmt::format("tiny_llama: {} has {} values, not {}", name, w.size(), n));
-    return {};
-  };
-  CLM_RETURN_IF_ERROR(expect(weights.embed, static_cast<std::size_t>(config.vocab_size) * h, "embed"));
-  if (weights.layers.size() != static_cast<std::size_t>(config.num_layers)) {
-    return clm::invalid_argument(
-        fmt::format("tiny_llama: {} layers of weights, config says {}", weights.layers.size(), config.num_layers));
-  }
-  for (const LlamaLayerWeights& l : weights.layers) {
-    const auto q = static_cast<std::size_t>(config.q_dim()), kv = static_cast<std::size_t>(config.kv_dim());
-    CLM_RETURN_IF_ERROR(expect(l.attn_norm, h, "input_layernorm"));
-    CLM_RETURN_IF_ERROR(expect(l.wq, q * h, "q_proj"));
-    CLM_RETURN_IF_ERROR(expect(l.wk, kv * h, "k_proj"));
-    CLM_RETURN_IF_ERROR(expect(l.wv, kv * h, "v_proj"));
-    CLM_RETURN_IF_ERROR(expect(l.wo, h * q, "o_proj"));
-    CLM_RETURN_IF_ERROR(expect(l.mlp_norm, h, "post_attention_layernorm"));
-    CLM_RETURN_IF_ERROR(expect(l.w_gate, inter * h, "gate_proj"));
-    CLM_RETURN_IF_ERROR(expect(l.w_up, inter * h, "up_proj"));
-    CLM_RETURN_IF_ERROR(expect(l.w_down, h * inter, "down_proj"));
-  }
-  CLM_RETURN_IF_ERROR(expect(weights.final_norm, h, "norm"));
-  CLM_RETURN_IF_ERROR(expect(weights.output_matrix(), static_cast<std::size_t>(config.vocab_size) * h, "lm_head"));
   out.reset(new LlamaModel(config, std::move(weights), engine, options));
   return {};
 }
@@ -74,62 +31,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Eng
       threads_(options.threads > 0 ? options.threads
                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
       workers_(threads_) {
-  // cos/sin in double, rounded once: a position's rotation is the same in
-  // every batch it appears in, which the equality of reuse rests on.
-  const std::int32_t half = config.head_dim / 2;
-  rope_cos_.resize(static_cast<std::size_t>(config.max_position) * static_cast<std::size_t>(half));
-  rope_sin_.resize(rope_cos_.size());
-  for (std::int32_t p = 0; p < config.max_position; ++p) {
-    for (std::int32_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(config.rope_theta, -2.0 * i / config.head_dim);
-      const double angle = p * inv_freq;
-      rope_cos_[static_cast<std::size_t>(p) * half + i] = static_cast<float>(std::cos(angle));
-      rope_sin_[static_cast<std::size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
-    }
-  }
-}
-
-clm::Status LlamaModel::check(const ForwardBatch& b, std::span<float> logits) const {
-  const std::size_t n = b.ids.size();
-  if (n == 0) return clm::invalid_argument("forward: an empty batch");
-  if (b.indptr.size() != n + 1 || b.first_position.size() != n || b.page_indptr.size() != n + 1) {
-    return clm::invalid_argument(
-        fmt::format("forward: {} sequences need {} row offsets, {} positions and {} page "
-                    "table offsets; got {}, {} and {}",
-                    n, n + 1, n, n + 1, b.indptr.size(), b.first_position.size(), b.page_indptr.size()));
-  }
-  if (b.indptr[0] != 0 || b.page_indptr[0] != 0) return clm::invalid_argument("forward: offsets must start at 0");
-  const std::int64_t page_size = engine_.page_size();
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t rows = std::int64_t{b.indptr[i + 1]} - b.indptr[i];
-    if (rows < 1) return clm::invalid_argument(fmt::format("forward: sequence {} brings no rows", i));
-    const std::int64_t end = std::int64_t{b.first_position[i]} + rows;
-    if (b.first_position[i] < 0 || end > config_.max_position) {
-      return clm::invalid_argument(fmt::format(
-          "forward: sequence {} reaches position {}, past the context of {} tokens", i, end, config_.max_position));
-    }
-    const std::int64_t pages = std::int64_t{b.page_indptr[i + 1]} - b.page_indptr[i];
-    if (pages != (end + page_size - 1) / page_size) {
-      return clm::invalid_argument(
-          fmt::format("forward: sequence {} has {} tokens but {} pages of {}", i, end, pages, page_size));
-    }
-  }
-  const auto rows = static_cast<std::size_t>(b.indptr[n]);
-  if (b.tokens.size() != rows || b.slots.size() != rows) {
-    return clm::invalid_argument(fmt::format("forward: {} rows need as many tokens and slots; got {} and {}", rows,
-                                             b.tokens.size(), b.slots.size()));
-  }
-  for (std::size_t r = 0; r < rows; ++r) {
-    if (b.tokens[r] < 0 || b.tokens[r] >= config_.vocab_size) {
-      return clm::invalid_argument(fmt::format("forward: token {} at row {} is outside the vocabulary [0, {})",
-                                               b.tokens[r], r, config_.vocab_size));
-    }
-  }
-  if (logits.size() != n * static_cast<std::size_t>(config_.vocab_size)) {
-    return clm::invalid_argument(
-        fmt::format("forward: logits hold {} values, {} sequences need {}", logits.size(), n, n * config_.vocab_size));
-  }
-  return {};
+  rope_table(config, rope_cos_, rope_sin_);
 }
 
 void LlamaModel::matmul(const float* a, std::int64_t m, std::int64_t k, const std::vector<float>& w, std::int64_t n,
@@ -229,7 +131,7 @@ clm::Status LlamaModel::attention(std::int32_t layer, const ForwardBatch& b, con
 }
 
 clm::Status LlamaModel::forward(const ForwardBatch& b, std::span<float> logits) {
-  CLM_RETURN_IF_ERROR(check(b, logits));
+  CLM_RETURN_IF_ERROR(check_forward_batch(config_, engine_.pool().config(), b, logits));
   const LlamaConfig& c = config_;
   const std::int64_t rows = b.rows(), h = c.hidden, q_dim = c.q_dim(), kv_dim = c.kv_dim(), inter = c.intermediate;
   const auto n = static_cast<std::int64_t>(b.ids.size());

@@ -33,81 +33,34 @@
 #include <vector>
 
 #include "clm/engine.hpp"
+#include "decoder.hpp"
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
 #include "parallel_for.hpp"
 
 namespace tiny_llama {
 
-struct ForwardBatch {
-  std::vector<clm::SequenceId> ids;
-  std::vector<std::int32_t> indptr{0};       // [B + 1] row offsets
-  std::vector<std::int32_t> tokens;          // [rows]
-  std::vector<std::int32_t> first_position;  // [B]
-  std::vector<std::int64_t> slots;           // [rows]
-  std::vector<std::int32_t> page_indptr{0};  // [B + 1]: sequence i's pages are
-  std::vector<std::int32_t> page_indices;    // page_indices[page_indptr[i] .. page_indptr[i+1])
-
-  std::size_t size() const { return ids.size(); }
-  std::int32_t rows() const { return indptr.back(); }
-  // Appends sequence `id` with new tokens at [first, first + tokens.size()).
-  void add(clm::SequenceId id, std::span<const std::int32_t> new_tokens, std::int32_t first,
-           std::span<const std::int64_t> new_slots, std::span<const std::int32_t> page_table);
-};
-
-// Hooks into the forward pass. Rows are those of the batch (sequence i owns
-// indptr[i] .. indptr[i+1]-1); returning an error stops the forward.
-class LayerObserver {
- public:
-  virtual ~LayerObserver() = default;
-  // The attention block's output (after o_proj) of `layer`, [rows][hidden].
-  virtual clm::Status on_attention_output(std::int32_t layer, const ForwardBatch& batch, const float* rows) = 0;
-  // The residual stream after `layer`, [rows][hidden]; may be changed in place.
-  virtual clm::Status after_layer(std::int32_t layer, const ForwardBatch& batch, float* hidden) = 0;
-  // The final hidden state (after the final norm) of each sequence's last row, [B][hidden].
-  virtual clm::Status on_final_hidden(const ForwardBatch& batch, const float* last_rows) = 0;
-};
-
-// A KV pool laid out for `config` (its layers, KV heads and head_dim), of
-// `tokens` rounded up to whole pages, on the host.
-inline clm::PagedKvPoolConfig kv_pool_for(const LlamaConfig& config, std::int32_t page_size, std::int64_t tokens,
-                                          clm::KvDType dtype) {
-  clm::PagedKvPoolConfig pool;
-  pool.page_size = page_size;
-  pool.num_pages = static_cast<std::int32_t>((tokens + page_size - 1) / std::max(1, page_size));
-  pool.num_layers = config.num_layers;
-  pool.kv_heads = config.num_kv_heads;
-  pool.head_dim = config.head_dim;
-  pool.dtype = dtype;
-  return pool;
-}
-
-struct ModelOptions {
-  int threads = 0;  // GEMM and attention threads; 0 = the hardware's
-};
-
-class LlamaModel {
+class LlamaModel final : public Decoder {
  public:
   // The engine's pool must have the model's layers, KV heads and head_dim, and
   // hold f32, f16 or bf16 KV on the host. The engine must outlive the model.
   static clm::Status create(const LlamaConfig& config, LlamaWeights weights, clm::Engine& engine,
                             const ModelOptions& options, std::unique_ptr<LlamaModel>& out);
 
-  const LlamaConfig& config() const { return config_; }
-  clm::Engine& engine() const { return engine_; }
+  const LlamaConfig& config() const override { return config_; }
+  clm::Engine& engine() const override { return engine_; }
 
   // Runs the batch; logits [B][vocab] of each sequence's last row. Checks
   // every shape, position and token first: on such an error nothing is
   // written. An observer's error stops the pass with the new rows' K/V
   // partly written (they are the sequences' own slots: rerun or abort them).
-  clm::Status forward(const ForwardBatch& batch, std::span<float> logits);
+  clm::Status forward(const ForwardBatch& batch, std::span<float> logits) override;
 
   // Installs hooks (nullptr removes them); the observer must outlive its use.
-  void set_observer(LayerObserver* observer) { observer_ = observer; }
+  void set_observer(LayerObserver* observer) override { observer_ = observer; }
 
  private:
   LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Engine& engine, const ModelOptions& options);
-  clm::Status check(const ForwardBatch& batch, std::span<float> logits) const;
   // c [m][n] = a [m][k] * w [n][k]^T, split between the pool's threads.
   void matmul(const float* a, std::int64_t m, std::int64_t k, const std::vector<float>& w, std::int64_t n, float* c);
   void rms_norm(const float* x, std::int64_t rows, const std::vector<float>& weight, float* out) const;

@@ -27,42 +27,15 @@ using tiny_llama::GenerateOptions;
 using tiny_llama::GenerationResult;
 using tiny_llama::LlamaConfig;
 using tiny_llama::LlamaWeights;
+using tiny_llama_test::engine_config;
+using tiny_llama_test::EqualityRun;
+using tiny_llama_test::expect_same;
+using tiny_llama_test::generate;
 using tiny_llama_test::make_stack;
+using tiny_llama_test::random_text;
+using tiny_llama_test::relative_error;
+using tiny_llama_test::run_conversations;
 using tiny_llama_test::Stack;
-
-clm::EngineConfig engine_config(const LlamaConfig& c, std::int32_t page_size, std::int32_t pool_tokens) {
-  clm::EngineConfig e;
-  e.pool = tiny_llama::kv_pool_for(c, page_size, pool_tokens, clm::KvDType::f32);
-  return e;
-}
-
-// Runs requests to completion together (continuous batching), in order of submission.
-std::vector<GenerationResult> generate(Stack& s, const std::vector<std::vector<std::int32_t>>& prompts,
-                                       const std::vector<GenerateOptions>& options) {
-  std::vector<GenerationResult> results(prompts.size());
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    s.generator->submit(prompts[i], options[i], nullptr, [&results, i](const GenerationResult& r) { results[i] = r; });
-  }
-  const clm::Status ran = s.generator->run_until_idle();
-  REQUIRE(ran.ok());
-  for (const GenerationResult& r : results) {
-    INFO(r.status.message());
-    REQUIRE(r.status.ok());
-  }
-  const clm::Status invariants = s.engine->check_invariants();
-  INFO(invariants.message());
-  REQUIRE(invariants.ok());
-  return results;
-}
-
-double relative_error(std::span<const float> a, std::span<const float> b) {
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 // ---- the independent reference: a dense float64 forward, no pages, no cache --
 std::vector<double> reference_logits(const LlamaConfig& c, const LlamaWeights& w,
@@ -144,92 +117,6 @@ std::vector<double> reference_logits(const LlamaConfig& c, const LlamaWeights& w
   std::vector<double> logits(static_cast<std::size_t>(c.vocab_size));
   linear(hn.data(), h, w.output_matrix(), logits.size(), logits.data());
   return logits;
-}
-
-// ---- conversations ----------------------------------------------------------
-struct Conversation {
-  std::string salt;
-  std::vector<std::int32_t> history;  // every token so far, answers included
-};
-
-std::vector<std::int32_t> random_text(std::mt19937& rng, int min_len, int max_len) {
-  std::uniform_int_distribution<int> len(min_len, max_len), byte(0, 255);
-  std::vector<std::int32_t> out(static_cast<std::size_t>(len(rng)));
-  for (auto& t : out) t = byte(rng);
-  return out;
-}
-
-// Turn after turn over interleaved conversations: the cached run answers, then a
-// full recompute (no cache, a fresh engine) answers the same prompts; every
-// step's logits must agree. Returns the cached run's results.
-struct EqualityRun {
-  std::int64_t cached_tokens = 0, host_tokens = 0, storage_tokens = 0, prompt_tokens = 0;
-  double worst_error = 0;
-};
-
-void expect_same(const GenerationResult& cached, const GenerationResult& recomputed, std::int32_t vocab,
-                 EqualityRun& run) {
-  REQUIRE(cached.tokens == recomputed.tokens);
-  REQUIRE(cached.logits.size() == recomputed.logits.size());
-  for (std::size_t step = 0; step < cached.tokens.size(); ++step) {
-    const std::size_t at = step * static_cast<std::size_t>(vocab);
-    const double error = relative_error(std::span(cached.logits).subspan(at, static_cast<std::size_t>(vocab)),
-                                        std::span(recomputed.logits).subspan(at, static_cast<std::size_t>(vocab)));
-    run.worst_error = std::max(run.worst_error, error);
-    INFO("step " << step << " relative error " << error);
-    REQUIRE(error <= 1e-5);
-  }
-}
-
-EqualityRun run_conversations(Stack& cached, Stack& baseline, std::uint32_t seed, int tenants, int conversations,
-                              int turns, const std::vector<std::int32_t>& system_prompt) {
-  std::mt19937 rng(seed);
-  const std::int32_t vocab = cached.model->config().vocab_size;
-  std::vector<Conversation> convs;
-  for (int i = 0; i < conversations; ++i) {
-    Conversation conv{fmt::format("tenant-{}", i % tenants), {ByteTokenizer::kBeginOfText}};
-    conv.history.insert(conv.history.end(), system_prompt.begin(), system_prompt.end());
-    convs.push_back(std::move(conv));
-  }
-  EqualityRun run;
-  for (int turn = 0; turn < turns; ++turn) {
-    // A few conversations at once, so that prefill and decode rows share batches.
-    std::vector<std::vector<std::int32_t>> prompts;
-    std::vector<GenerateOptions> cached_options, baseline_options;
-    for (Conversation& conv : convs) {
-      ByteTokenizer::append_header("user", conv.history);
-      const auto question = random_text(rng, 5, 40);
-      conv.history.insert(conv.history.end(), question.begin(), question.end());
-      conv.history.push_back(ByteTokenizer::kEndOfTurn);
-      ByteTokenizer::append_header("assistant", conv.history);
-      prompts.push_back(conv.history);
-      GenerateOptions o;
-      o.max_new_tokens = std::uniform_int_distribution<int>(1, 12)(rng);
-      o.temperature = turn % 2 == 0 ? 0.0f : 0.8f;
-      o.seed = rng();
-      o.cache_salt = conv.salt;
-      o.keep_logits = true;
-      cached_options.push_back(o);
-      o.use_cache = false;
-      baseline_options.push_back(o);
-    }
-    const auto with_cache = generate(cached, prompts, cached_options);
-    const auto recomputed = generate(baseline, prompts, baseline_options);
-    for (std::size_t i = 0; i < convs.size(); ++i) {
-      INFO("turn " << turn << " conversation " << i);
-      REQUIRE(recomputed[i].cached_tokens == 0);
-      expect_same(with_cache[i], recomputed[i], vocab, run);
-      run.cached_tokens += with_cache[i].cached_tokens;
-      run.host_tokens += with_cache[i].host_tokens;
-      run.storage_tokens += with_cache[i].storage_tokens;
-      run.prompt_tokens += with_cache[i].prompt_tokens;
-      // The answer (minus the last token, whose K/V were never computed) ends the turn.
-      auto& h = convs[i].history;
-      h.insert(h.end(), with_cache[i].tokens.begin(), with_cache[i].tokens.end());
-      h.push_back(ByteTokenizer::kEndOfTurn);
-    }
-  }
-  return run;
 }
 
 }  // namespace
@@ -462,6 +349,22 @@ TEST_CASE("bad input: weights, config, prompts and batches are refused with a cl
     CHECK(tiny_llama::LlamaModel::create(c, w, *engine, {}, model).code() == clm::StatusCode::invalid_argument);
     CHECK(model == nullptr);
   }
+  SECTION("make_decoder: the CPU decoder for a host pool, nothing for a pool without bytes") {
+    std::unique_ptr<clm::Engine> engine;
+    REQUIRE(clm::Engine::create(engine_config(c, 16, 1024), engine).ok());
+    std::unique_ptr<tiny_llama::Decoder> decoder;
+    REQUIRE(tiny_llama::make_decoder(c, w, *engine, {.threads = 1}, decoder).ok());
+    CHECK(dynamic_cast<tiny_llama::LlamaModel*>(decoder.get()) != nullptr);
+    clm::EngineConfig no_bytes = engine_config(c, 16, 1024);
+    no_bytes.pool.memory = clm::MemoryKind::none;
+    std::unique_ptr<clm::Engine> none_engine;
+    REQUIRE(clm::Engine::create(no_bytes, none_engine).ok());
+    decoder.reset();
+    const clm::Status refused = tiny_llama::make_decoder(c, w, *none_engine, {}, decoder);
+    CHECK(refused.code() == clm::StatusCode::unsupported);
+    CHECK_THAT(refused.message(), Catch::Contains("MemoryKind::none"));
+    CHECK(decoder == nullptr);
+  }
   SECTION("prompts: too long for the context, empty, outside the vocabulary; the generator keeps serving") {
     Stack s = make_stack(c, w, engine_config(c, 16, 8192));
     std::vector<clm::Status> statuses;
@@ -494,6 +397,14 @@ TEST_CASE("bad input: weights, config, prompts and batches are refused with a cl
     CHECK(s.model->forward(b, logits).code() == clm::StatusCode::invalid_argument);
     b = {};
     b.add(a.seq, prompt, 0, a.slots, std::span(a.page_table).first(0));  // no pages for its tokens
+    CHECK(s.model->forward(b, logits).code() == clm::StatusCode::invalid_argument);
+    b = {};
+    b.add(a.seq, prompt, 0, a.slots, a.page_table);
+    b.page_indices[0] = s.engine->pool().num_pages();  // a page outside the pool
+    CHECK(s.model->forward(b, logits).code() == clm::StatusCode::invalid_argument);
+    b = {};
+    b.add(a.seq, prompt, 0, a.slots, a.page_table);
+    b.slots[2] = -1;  // a slot outside the pool
     CHECK(s.model->forward(b, logits).code() == clm::StatusCode::invalid_argument);
     b = {};
     b.add(a.seq, prompt, 0, a.slots, a.page_table);
