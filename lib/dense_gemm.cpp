@@ -7,12 +7,17 @@
 
 namespace clm {
 
-void gemm_nt(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c) {
+void gemm_nt(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c,
+             std::int64_t ldc) {
   if (detail::eigen_avx2_usable()) {
-    detail::gemm_nt_avx2(a, m, k, b, n, c);
+    detail::gemm_nt_avx2(a, m, k, b, n, c, ldc);
     return;
   }
-  detail::gemm_nt_eigen(a, m, k, b, n, c);
+  detail::gemm_nt_eigen(a, m, k, b, n, c, ldc);
+}
+
+void gemm_nt(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c) {
+  gemm_nt(a, m, k, b, n, c, n);
 }
 
 }  // namespace clm

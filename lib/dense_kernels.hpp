@@ -17,7 +17,8 @@ namespace {
 // c [m][n] = a [m][k] * b [n][k]^T, all row-major; m == 1 is a GEMV over b's
 // rows (a decode step: bound by reading b).
 template <int Unused = 0>
-void gemm_nt_eigen(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c) {
+void gemm_nt_eigen(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c,
+                   std::int64_t ldc) {
   using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const Eigen::Map<const RowMatrix> bm(b, n, k);
   if (m == 1) {
@@ -27,7 +28,7 @@ void gemm_nt_eigen(const float* a, std::int64_t m, std::int64_t k, const float* 
     return;
   }
   const Eigen::Map<const RowMatrix> am(a, m, k);
-  Eigen::Map<RowMatrix> out(c, m, n);
+  Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> out(c, m, n, Eigen::OuterStride<>(ldc));
   out.noalias() = am * bm.transpose();
 }
 
@@ -43,7 +44,7 @@ void src_head_pooled_logits(const float* means, std::int64_t batch, std::int32_t
   const Eigen::Map<const Eigen::RowVectorXf> bias(b1, inner);
   const Eigen::Map<const Eigen::VectorXf> out_w(w2, inner);
   RowMatrix z(batch, inner);
-  gemm_nt_eigen(means, batch, hidden, w1, inner, z.data());
+  gemm_nt_eigen(means, batch, hidden, w1, inner, z.data(), inner);
   z.rowwise() += bias;
   RowArray g(batch, inner);
   if (tanh_gelu) {

@@ -69,8 +69,9 @@ namespace clm::detail {
 
 static_assert(ClmEigenAvx2::internal::packet_traits<float>::size == 8, "Eigen did not take the AVX path");
 
-void gemm_nt_avx2(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c) {
-  gemm_nt_eigen(a, m, k, b, n, c);
+void gemm_nt_avx2(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c,
+                  std::int64_t ldc) {
+  gemm_nt_eigen(a, m, k, b, n, c, ldc);
 }
 
 void src_head_pooled_logits_avx2(const float* means, std::int64_t batch, std::int32_t hidden, const float* w1,

@@ -12,7 +12,8 @@ namespace clm::detail {
 bool eigen_avx2_usable();
 
 // c [m][n] = a [m][k] * b [n][k]^T, all row-major (m == 1: a GEMV over b's rows).
-void gemm_nt_avx2(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c);
+void gemm_nt_avx2(const float* a, std::int64_t m, std::int64_t k, const float* b, std::int64_t n, float* c,
+                  std::int64_t ldc);
 
 // src_head_pooled_logits (dense_kernels.hpp) built for AVX2 + FMA.
 void src_head_pooled_logits_avx2(const float* means, std::int64_t batch, std::int32_t hidden, const float* w1,
