@@ -40,6 +40,22 @@
 
 namespace tiny_llama {
 
+// Seconds the forward passes spent in each part, summed since creation or the
+// last reset (wall clock of the calling thread, which waits for the workers),
+// apart for forwards with a prefill row (a sequence bringing more than one
+// token) and forwards of decode rows only.
+struct ForwardSeconds {
+  double gemm = 0;       // the projections, the MLP and lm_head (clm::gemm_nt)
+  double attention = 0;  // write_kv and the paged attention kernels
+  double other = 0;      // norms, RoPE, activations, residual adds, embedding
+  std::int64_t forwards = 0;
+  std::int64_t rows = 0;
+  double total() const { return gemm + attention + other; }
+};
+struct ForwardProfile {
+  ForwardSeconds prefill, decode;
+};
+
 class LlamaModel final : public Decoder {
  public:
   // The engine's pool must have the model's layers, KV heads and head_dim, and
@@ -59,6 +75,9 @@ class LlamaModel final : public Decoder {
   // Installs hooks (nullptr removes them); the observer must outlive its use.
   void set_observer(LayerObserver* observer) override { observer_ = observer; }
 
+  const ForwardProfile& profile() const { return profile_; }
+  void reset_profile() { profile_ = {}; }
+
  private:
   LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Engine& engine, const ModelOptions& options);
   // c [m][n] = a [m][k] * w [n][k]^T, split between the pool's threads.
@@ -73,9 +92,14 @@ class LlamaModel final : public Decoder {
   int threads_;
   WorkerPool workers_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_position][head_dim / 2]
+  // Per layer: q_proj, k_proj and v_proj stacked [q_dim + 2 kv_dim][hidden];
+  // gate_proj and up_proj stacked [2 intermediate][hidden].
+  std::vector<std::vector<float>> fused_qkv_, fused_gate_up_;
   LayerObserver* observer_ = nullptr;
+  ForwardProfile profile_;
+  double gemm_seconds_ = 0;  // of the forward in progress
   // Scratch, reused across calls.
-  std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, last_, panel_;
+  std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, wide_, last_;
   std::vector<std::int32_t> positions_;
 };
 

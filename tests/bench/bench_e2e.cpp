@@ -6,7 +6,8 @@
 //     / tokens computed), and against the FLOP bound (the same ratio in
 //     multiply-adds, attention over the cached prefix included): requests one
 //     at a time (max batch 1), so each request's first forward is its prefill
-//     alone;
+//     alone; with where the prefill time goes (GEMMs, attention, the rest),
+//     on the default model and on a wider one with Llama's proportions;
 //   - TTFT p50 and p99 per turn, with continuous batching (cases turn_<n>);
 //   - decode tokens/s with batching (32 sequences) against one at a time.
 // CLM_BENCH_SMOKE=1: a small model and scenario, one run (seconds).
@@ -45,7 +46,8 @@ Stack make_stack(const Setup& setup, std::int32_t max_batch) {
   return s;
 }
 
-tiny_llama_demo::RunReport run(const Setup& setup, bool use_cache, std::int32_t max_batch) {
+tiny_llama_demo::RunReport run(const Setup& setup, bool use_cache, std::int32_t max_batch,
+                               tiny_llama::ForwardProfile* profile = nullptr) {
   Stack s = make_stack(setup, max_batch);
   tiny_llama_demo::RunOptions options;
   options.use_cache = use_cache;
@@ -53,6 +55,7 @@ tiny_llama_demo::RunReport run(const Setup& setup, bool use_cache, std::int32_t 
   options.progress = false;
   tiny_llama_demo::RunReport report;
   check(tiny_llama_demo::run_scenario(*s.generator, setup.scenario, options, report), "run_scenario");
+  if (profile) *profile = s.model->profile();
   return report;
 }
 
@@ -70,6 +73,55 @@ double prefill_flops(const tiny_llama::LlamaConfig& c, std::int64_t prompt, std:
   // sum over positions p in [cached, prompt) of (p + 1) keys
   const double keys = n * (double(cached) + 1.0) + n * (n - 1.0) / 2.0;
   return n * gemm + attention_per_key * keys;
+}
+
+std::string model_name(const tiny_llama::LlamaConfig& c) { return fmt::format("l{}_h{}", c.num_layers, c.hidden); }
+
+// Requests one at a time (max batch 1), cache off then on, `runs` times:
+// the prefill speedup against the ideal and the FLOP bound, and where the
+// prefill time goes (GEMMs, attention, the rest) with the cache and without.
+void prefill_figures(const Setup& setup) {
+  const std::string name = fmt::format("prefill_sequential_{}", model_name(setup.config));
+  std::vector<double> speedups, ideals, flop_bounds, on_seconds, off_seconds;
+  std::map<std::string, std::vector<double>> on_parts, off_parts;
+  for (int r = 0; r < setup.runs; ++r) {
+    tiny_llama::ForwardProfile off_profile, on_profile;
+    const auto off = run(setup, false, 1, &off_profile), on = run(setup, true, 1, &on_profile);
+    double off_prefill = 0, on_prefill = 0;
+    std::int64_t prompt = 0, cached = 0;
+    double on_flops = 0, off_flops = 0;
+    for (const auto& q : off.requests) off_prefill += q.result.prefill_seconds;
+    for (const auto& q : on.requests) {
+      on_prefill += q.result.prefill_seconds;
+      prompt += q.result.prompt_tokens;
+      cached += q.result.cached_tokens;
+      on_flops += prefill_flops(setup.config, q.result.prompt_tokens, q.result.cached_tokens);
+      off_flops += prefill_flops(setup.config, q.result.prompt_tokens, 0);
+    }
+    flop_bounds.push_back(off_flops / on_flops);
+    speedups.push_back(off_prefill / on_prefill);
+    ideals.push_back(double(prompt) / double(std::max<std::int64_t>(1, prompt - cached)));
+    on_seconds.push_back(on_prefill);
+    off_seconds.push_back(off_prefill);
+    for (const auto& [parts, p] : {std::pair{&on_parts, on_profile.prefill}, std::pair{&off_parts, off_profile.prefill}}) {
+      (*parts)["gemm"].push_back(p.gemm);
+      (*parts)["attention"].push_back(p.attention);
+      (*parts)["other"].push_back(p.other);
+    }
+    std::fprintf(stderr,
+                 "bench_e2e: %s run %d: prefill %.2f s cached (GEMM %.2f, attention %.2f, other %.2f), %.2f s off "
+                 "(%.2f, %.2f, %.2f): %.2fx; ideal %.2fx, FLOP bound %.2fx\n",
+                 name.c_str(), r + 1, on_prefill, on_profile.prefill.gemm, on_profile.prefill.attention,
+                 on_profile.prefill.other, off_prefill, off_profile.prefill.gemm, off_profile.prefill.attention,
+                 off_profile.prefill.other, speedups.back(), ideals.back(), flop_bounds.back());
+  }
+  print_figure("e2e", name, "prefill_speedup", median(speedups), "x", "ideal_speedup", median(ideals));
+  print_figure("e2e", name, "prefill_speedup", median(speedups), "x", "flop_bound_speedup", median(flop_bounds));
+  print_figure("e2e", name, "prefill_s_cache", median(on_seconds), "s", "prefill_s_nocache", median(off_seconds));
+  for (const char* part : {"gemm", "attention", "other"}) {
+    print_figure("e2e", name, fmt::format("prefill_{}_s_cache", part), median(on_parts[part]), "s",
+                 fmt::format("prefill_{}_s_nocache", part), median(off_parts[part]));
+  }
 }
 
 // Decode only: `batch` short prompts, `tokens` new tokens each; generated tokens per second.
@@ -121,39 +173,24 @@ int main() {
   }
   check(tiny_llama_demo::make_scenario(scenario, setup.scenario), "make_scenario");
   tiny_llama::random_llama_weights(setup.config, 1, setup.weights);
-  const std::string model = fmt::format("l{}_h{}", setup.config.num_layers, setup.config.hidden);
+  const std::string model = model_name(setup.config);
 
   // ---- prefill speedup against the ideal, one request at a time -------------
-  std::vector<double> speedups, ideals, flop_bounds, on_seconds, off_seconds;
-  for (int r = 0; r < setup.runs; ++r) {
-    const auto off = run(setup, false, 1), on = run(setup, true, 1);
-    double off_prefill = 0, on_prefill = 0;
-    std::int64_t prompt = 0, cached = 0;
-    double on_flops = 0, off_flops = 0;
-    for (const auto& q : off.requests) off_prefill += q.result.prefill_seconds;
-    for (const auto& q : on.requests) {
-      on_prefill += q.result.prefill_seconds;
-      prompt += q.result.prompt_tokens;
-      cached += q.result.cached_tokens;
-      on_flops += prefill_flops(setup.config, q.result.prompt_tokens, q.result.cached_tokens);
-      off_flops += prefill_flops(setup.config, q.result.prompt_tokens, 0);
-    }
-    flop_bounds.push_back(off_flops / on_flops);
-    speedups.push_back(off_prefill / on_prefill);
-    ideals.push_back(double(prompt) / double(std::max<std::int64_t>(1, prompt - cached)));
-    on_seconds.push_back(on_prefill);
-    off_seconds.push_back(off_prefill);
-    std::fprintf(
-        stderr,
-        "bench_e2e: sequential run %d: prefill %.2f s cached, %.2f s off: %.2fx; ideal %.2fx, FLOP bound %.2fx\n",
-        r + 1, on_prefill, off_prefill, speedups.back(), ideals.back(), flop_bounds.back());
+  prefill_figures(setup);
+  if (!smoke) {
+    // The same scenario on a wider model with Llama's proportions (MLP 3.5x
+    // the hidden size, head_dim 128): attention over the cached prefix is a
+    // smaller share of a token's work, so the FLOP bound is nearer the ideal.
+    Setup wide = setup;
+    wide.config.hidden = 1024;
+    wide.config.intermediate = 3584;
+    wide.config.num_layers = 4;
+    wide.config.num_heads = 8;
+    wide.config.num_kv_heads = 2;
+    wide.config.head_dim = 128;
+    tiny_llama::random_llama_weights(wide.config, 1, wide.weights);
+    prefill_figures(wide);
   }
-  print_figure("e2e", fmt::format("prefill_sequential_{}", model), "prefill_speedup", median(speedups), "x",
-               "ideal_speedup", median(ideals));
-  print_figure("e2e", fmt::format("prefill_sequential_{}", model), "prefill_speedup", median(speedups), "x",
-               "flop_bound_speedup", median(flop_bounds));
-  print_figure("e2e", fmt::format("prefill_sequential_{}", model), "prefill_s_cache", median(on_seconds), "s",
-               "prefill_s_nocache", median(off_seconds));
 
   // ---- TTFT per turn, continuous batching -----------------------------------
   std::map<std::int32_t, std::vector<double>> p50_on, p50_off, p99_on, p99_off;
