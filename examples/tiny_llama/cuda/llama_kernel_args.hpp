@@ -1,0 +1,79 @@
+// examples/tiny_llama/cuda/llama_kernel_args.hpp: the plain arguments of the
+// CUDA decoder's own kernels (llama_kernels.cuh) and their launch constants,
+// shared by the device code, the host side (cuda_llama_model.cpp) and the
+// CPU emulator's launches (tests/gpu/emulated_llama_launch.cpp). No CUDA
+// includes.
+//
+//   tiny_llama::cuda_detail::RmsNormArgs args{x, weight, h, hidden, eps};
+//   launch_rms_norm(Dims{rows, 1, 1}, args, stream);   // llama_launch.hpp
+#pragma once
+
+#include <cstdint>
+
+#include "kernel_args.hpp"  // cuda/: Dims
+
+namespace tiny_llama::cuda_detail {
+
+using clm::cuda::detail::Dims;
+
+inline constexpr int kRowThreads = 128;          // one block per row: embedding, RMSNorm, RoPE, row copies
+inline constexpr int kElementwiseThreads = 256;  // SiLU * up, residual add
+inline constexpr std::int64_t kElementsPerBlock = 8192;
+
+// out[r] = table[tokens[r]], rows of `cols`.
+struct EmbedArgs {
+  const float* table;
+  const std::int32_t* tokens;
+  float* out;
+  std::int32_t cols;
+};
+
+// out[r] = in[r] / sqrt(mean(in[r]^2) + eps) * weight, the mean in double
+// over a fixed tree: a row's result never depends on the batch. out may be in.
+struct RmsNormArgs {
+  const float* in;
+  const float* weight;
+  float* out;
+  std::int32_t cols;
+  float eps;
+};
+
+// Rotate-half RoPE in place on x [rows][heads][head_dim] at positions[r],
+// with the cos/sin table [max_position][head_dim / 2].
+struct RopeArgs {
+  float* x;
+  const std::int32_t* positions;
+  const float* cos;
+  const float* sin;
+  std::int32_t heads;
+  std::int32_t head_dim;
+};
+
+// dst[dst_rows ? dst_rows[j] : j] = src[src_rows ? src_rows[j] : j], rows of
+// `cols`, for j in [0, grid.x).
+struct CopyRowsArgs {
+  const float* src;
+  const std::int32_t* src_rows;
+  float* dst;
+  const std::int32_t* dst_rows;
+  std::int32_t cols;
+};
+
+// Elementwise over n values, block b taking [b * kElementsPerBlock, ...):
+// silu_mul: gate = SiLU(gate) * up; add: x += y.
+struct SiluMulArgs {
+  float* gate;
+  const float* up;
+  std::int64_t n;
+};
+struct AddArgs {
+  float* x;
+  const float* y;
+  std::int64_t n;
+};
+
+inline unsigned elementwise_blocks(std::int64_t n) {
+  return static_cast<unsigned>((n + kElementsPerBlock - 1) / kElementsPerBlock);
+}
+
+}  // namespace tiny_llama::cuda_detail
