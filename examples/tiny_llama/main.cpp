@@ -4,9 +4,13 @@
 //
 //   tiny_llama [--weights model.safetensors --config config.json] [--prompt TEXT] [--system TEXT]
 //              [--max-new-tokens N] [--temperature T] [--seed S] [--page-size P] [--threads N]
+//              [--device cpu|cuda]
 //   tiny_llama --save-random DIR   (DIR/model.safetensors + DIR/config.json)
 //
-// Prints the answer, then one JSON line with the token counts and timings.
+// --device cuda puts the engine's KV pool in GPU memory and runs the CUDA
+// decoder (built when clmcache was configured with CUDA); cpu (the default)
+// keeps both on the host. Prints the answer, then one JSON line with the
+// token counts and timings.
 // Exit status 0, or 2 with a message on stderr.
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +37,7 @@ int main(int argc, char** argv) {
   options.max_new_tokens = 32;
   std::int32_t page_size = 16;
   int threads = 0;
+  std::string device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
     if (i + 1 >= argc) return fail(fmt::format("{} needs a value (or is unknown)", flag));
@@ -58,12 +63,15 @@ int main(int argc, char** argv) {
         page_size = std::stoi(value);
       else if (flag == "--threads")
         threads = std::stoi(value);
+      else if (flag == "--device")
+        device = value;
       else
         return fail(fmt::format("unknown flag {}", flag));
     } catch (const std::exception&) {
       return fail(fmt::format("{}: not a number: {}", flag, value));
     }
   }
+  if (device != "cpu" && device != "cuda") return fail(fmt::format("--device: cpu or cuda, not {}", device));
   tiny_llama::LlamaConfig config;
   tiny_llama::LlamaWeights weights;
   if (clm::Status s = tiny_llama::load_or_init_llama(config_path, weights_path, 1, config, weights); !s.ok()) {
@@ -79,10 +87,11 @@ int main(int argc, char** argv) {
   clm::EngineConfig engine_config;
   engine_config.pool =
       tiny_llama::kv_pool_for(config, page_size, std::int64_t{config.max_position} * 2, clm::KvDType::f32);
+  if (device == "cuda") engine_config.pool.memory = clm::MemoryKind::device;
   std::unique_ptr<clm::Engine> engine;
   if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
-  std::unique_ptr<tiny_llama::LlamaModel> model;
-  if (clm::Status s = tiny_llama::LlamaModel::create(config, std::move(weights), *engine, {.threads = threads}, model);
+  std::unique_ptr<tiny_llama::Decoder> model;  // make_decoder: by where the pool lives
+  if (clm::Status s = tiny_llama::make_decoder(config, std::move(weights), *engine, {.threads = threads}, model);
       !s.ok()) {
     return fail(s.message());
   }
