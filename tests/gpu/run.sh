@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh: build clmcache with CUDA, run the CUDA tests and the CUDA
-# kernel benchmarks on this machine's GPU, and write the results under $OUT
-# (or ./gpu-results), four files in all:
+# tests/gpu/run.sh: build clmcache with CUDA, run the CUDA tests (the
+# library's kernels, the CLM model side, the tiny_llama CUDA decoder and its
+# CLI) and the CUDA kernel benchmarks on this machine's GPU, and write the
+# results under $OUT (or ./gpu-results), four files in all:
 #
-#   summary.md                 tests (pass/fail per binary) + both benchmark tables
+#   summary.md                 steps, tests (pass/fail per binary) + both benchmark tables
 #   bench_cuda_kernels.jsonl   the paged-attention benchmark's JSON lines
 #   bench_cuda_clm.jsonl       the CLM model side's (SRC head, adapter)
 #   logs.tar.gz                configure, build, each test's and each benchmark's log
 #
+# One shot: every step runs under `timeout` and appends its line to
+# summary.md as it ends, so a run cut short still says how far it got.
 # Exits non-zero when the build or a test fails. Installs nothing. Without a
 # usable GPU the GPU tests and the benchmark report SKIPPED and the run passes
 # (set CLM_REQUIRE_GPU=1 to make that a failure).
@@ -21,7 +24,9 @@
 # Environment: OUT (results folder), CLM_GPU_BUILD (build folder, default
 # build-gpu in the source tree), CLM_GPU_DEPS (the archive, default
 # .gpu-deps/deps.tar.gz), CLM_CUDA_ARCH (default 90: H100/H200; 80 for A100),
-# CLM_BENCH_SMOKE=1 (tiny benchmark shapes), JOBS.
+# CLM_BENCH_SMOKE=1 (tiny benchmark shapes), JOBS, CLM_GPU_STEP_TIMEOUT
+# (seconds for configure, each test and each benchmark; default 300) and
+# CLM_GPU_BUILD_TIMEOUT (default 420).
 set -uo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -29,10 +34,15 @@ out=${OUT:-$PWD/gpu-results}
 build=${CLM_GPU_BUILD:-$src/build-gpu}
 arch=${CLM_CUDA_ARCH:-90}
 jobs=${JOBS:-$(nproc)}
+step_timeout=${CLM_GPU_STEP_TIMEOUT:-300}
+build_timeout=${CLM_GPU_BUILD_TIMEOUT:-420}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+summary=$out/summary.md
 start=$(date +%s)
 say() { printf '[gpu/run.sh %4ss] %s\n' "$(( $(date +%s) - start ))" "$*"; }
+note() { echo "- $* ($(( $(date +%s) - start )) s)" >>"$summary"; }  # one step's line in summary.md
+timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
 
 nvcc=$(command -v nvcc || true)
 [ -n "$nvcc" ] || nvcc=/usr/local/cuda/bin/nvcc
@@ -47,6 +57,17 @@ else
   say "nvidia-smi not found"
 fi
 
+{
+  echo "# clmcache CUDA kernels: tests/gpu/run.sh"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)"
+  echo "- nvcc: $("$nvcc" --version | tail -1), sm_$arch"
+  echo
+  echo "## Steps"
+  echo
+} >"$summary"
+
 # ---- dependencies: the archive of pack_deps.sh when it is there, else the system's ----
 mkdir -p "$build"
 logs=$build/gpu-logs
@@ -60,6 +81,7 @@ if [ -f "$deps_archive" ]; then
   mkdir -p "$deps"
   if ! tar -xzf "$deps_archive" -C "$deps"; then
     say "FAILED: cannot unpack $deps_archive"
+    note "**FAILED**: cannot unpack $deps_archive"
     exit 1
   fi
   say "dependencies from $deps_archive: $(sed 's/Package: //; s/ Version: / /' "$deps/clm-gpu-deps.txt" | paste -sd, -)"
@@ -83,7 +105,7 @@ say "host compiler: $(c++ --version 2>/dev/null | head -1 || echo 'c++ not found
 # Warnings stay warnings here: this run measures, and another machine's compiler
 # (newer, with new warnings) must not stop it; CI keeps them errors.
 configure() {
-  cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
+  timeout "$step_timeout" cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCLM_CUDA=ON -DCLM_WARNINGS_AS_ERRORS=OFF "${dep_flags[@]}" \
     >"$logs/configure.log" 2>&1
 }
@@ -96,100 +118,127 @@ if ! configure; then
   if ! configure; then
     tail -30 "$logs/configure.log"
     say "FAILED: configure (see configure.log in logs.tar.gz; without a package registry, run tests/gpu/pack_deps.sh where there is one and carry .gpu-deps)"
+    note "configure: **FAILED** (configure.log)"
     tar -czf "$out/logs.tar.gz" -C "$logs" .
     exit 1
   fi
 fi
+note "configure: done"
 if [ ! -d "$build/cuda" ]; then  # cuda/ is configured only when CMake enabled CUDA
   tail -30 "$logs/configure.log"
   say "FAILED: CMake did not enable CUDA (see configure.log in logs.tar.gz)"
+  note "configure: **FAILED**: CMake did not enable CUDA"
   tar -czf "$out/logs.tar.gz" -C "$logs" .
   exit 1
 fi
 targets=(test_cuda_kernels test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_device_pool bench_cuda_kernels
-         test_cuda_clm test_cuda_clm_emulated bench_cuda_clm)
+         test_cuda_clm test_cuda_clm_emulated bench_cuda_clm test_cuda_llama test_cuda_llama_emulated tiny_llama)
 say "building ${targets[*]} with $jobs jobs"
-if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
+timeout "$build_timeout" cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1
+code=$?
+if [ $code != 0 ]; then
   grep -E "error|Error" "$logs/build.log" | head -40
-  say "FAILED: build (see build.log in logs.tar.gz)"
+  if timed_out $code; then
+    say "FAILED: build: timed out after ${build_timeout}s (see build.log in logs.tar.gz)"
+    note "build: **FAILED**: timed out after ${build_timeout}s (build.log)"
+  else
+    say "FAILED: build (see build.log in logs.tar.gz)"
+    note "build: **FAILED** (build.log)"
+  fi
   tar -czf "$out/logs.tar.gz" -C "$logs" .
   exit 1
 fi
 say "build done"
+note "build: done"
 
 # ---- tests ------------------------------------------------------------------------
 # The CPU-only ones (host checks, emulated kernels) run in the background
-# while the GPU ones run.
-declare -A rc
-run_test() {  # name
+# while the GPU ones run; each test's row goes into summary.md as it ends.
+run_test() {  # name command...
   local t=$1
-  "$build/tests/$t" >"$logs/$t.log" 2>&1
+  shift
+  timeout "$step_timeout" "$@" >"$logs/$t.log" 2>&1
   echo $? >"$logs/$t.rc"
 }
-cpu_tests=(test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_cuda_clm_emulated)
-gpu_tests=(test_device_pool test_cuda_kernels test_cuda_clm)
-pids=()
-for t in "${cpu_tests[@]}"; do
-  run_test "$t" &
-  pids+=($!)
-done
-for t in "${gpu_tests[@]}"; do
-  say "running $t"
-  run_test "$t"
-done
-for p in "${pids[@]}"; do wait "$p"; done
-
+# The tiny_llama CLI on the CUDA decoder (--device cuda): a few tokens from
+# the default model, end to end. Without a device it cannot make its pool.
+run_cli() {
+  run_test tiny_llama_cuda "$build/examples/tiny_llama/tiny_llama" --device cuda --max-new-tokens 8
+  if [ "$(cat "$logs/tiny_llama_cuda.rc")" != 0 ] && grep -q "no CUDA device" "$logs/tiny_llama_cuda.log"; then
+    echo "SKIPPED (no usable CUDA device: $(tail -1 "$logs/tiny_llama_cuda.log"))" >>"$logs/tiny_llama_cuda.log"
+    echo 0 >"$logs/tiny_llama_cuda.rc"
+  fi
+}
 failed=0
 skipped=0
-{
-  echo "# clmcache CUDA kernels: tests/gpu/run.sh"
-  echo
-  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)"
-  echo "- nvcc: $("$nvcc" --version | tail -1), sm_$arch"
-  echo
-  echo "## Tests"
-  echo
-  echo "| test | result | summary |"
-  echo "|---|---|---|"
-} >"$out/summary.md"
-for t in "${gpu_tests[@]}" "${cpu_tests[@]}"; do
+report() {  # name
+  local t=$1 code line result
   code=$(cat "$logs/$t.rc" 2>/dev/null || echo 1)
-  rc[$t]=$code
-  line=$(grep -E "^(All tests passed|test cases:)" "$logs/$t.log" | tail -1)
+  line=$(grep -E "^(All tests passed|test cases:|\{\"prompt_tokens\")" "$logs/$t.log" | tail -1)
   result=passed
-  if [ "$code" != 0 ]; then
+  if timed_out "$code"; then
+    result="**FAILED** (timed out after ${step_timeout}s)"
+    failed=1
+  elif [ "$code" != 0 ]; then
     result="**FAILED** (exit $code)"
     failed=1
   elif grep -q "^SKIPPED" "$logs/$t.log"; then
     result="skipped: $(grep -m1 '^SKIPPED' "$logs/$t.log")"
     skipped=1
   fi
-  echo "| $t | $result | $(printf "%s" "${line:-no summary line}" | tr "|" "/") |" >>"$out/summary.md"
+  echo "| $t | $result | $(printf "%s" "${line:-no summary line}" | tr "|" "/") |" >>"$summary"
   say "$t: $result ${line}"
   if [ "$code" != 0 ]; then tail -40 "$logs/$t.log"; fi
+}
+cpu_tests=(test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_cuda_clm_emulated test_cuda_llama_emulated)
+gpu_tests=(test_device_pool test_cuda_kernels test_cuda_clm test_cuda_llama)
+{
+  echo
+  echo "## Tests"
+  echo
+  echo "| test | result | summary |"
+  echo "|---|---|---|"
+} >>"$summary"
+pids=()
+for t in "${cpu_tests[@]}"; do
+  run_test "$t" "$build/tests/$t" &
+  pids+=($!)
 done
+for t in "${gpu_tests[@]}"; do
+  say "running $t"
+  run_test "$t" "$build/tests/$t"
+  report "$t"
+done
+say "running tiny_llama --device cuda"
+run_cli
+report tiny_llama_cuda
+for p in "${pids[@]}"; do wait "$p"; done
+for t in "${cpu_tests[@]}"; do report "$t"; done
+tar -czf "$out/logs.tar.gz" -C "$logs" .
 
 # ---- benchmarks: JSON lines to $OUT, their markdown tables into summary.md -------------
 run_bench() {  # name heading
   local name=$1 heading=$2
   say "running $name"
   : >"$logs/$name.md"
-  CLM_BENCH_MARKDOWN="$logs/$name.md" "$build/tests/bench/$name" >"$out/$name.jsonl" 2>"$logs/$name.log"
+  CLM_BENCH_MARKDOWN="$logs/$name.md" timeout "$step_timeout" "$build/tests/bench/$name" >"$out/$name.jsonl" \
+    2>"$logs/$name.log"
   local code=$?
   cat "$logs/$name.log"
   {
     echo
     echo "## $heading ($name)"
     echo
-    if [ $code != 0 ]; then
+    if timed_out $code; then
+      echo "**FAILED** (timed out after ${step_timeout}s): $(tail -3 "$logs/$name.log")"
+    elif [ $code != 0 ]; then
       echo "**FAILED** (exit $code): $(tail -3 "$logs/$name.log")"
     elif [ -s "$logs/$name.md" ]; then
       cat "$logs/$name.md"
     else
       cat "$logs/$name.log"
     fi
-  } >>"$out/summary.md"
+  } >>"$summary"
   if [ $code != 0 ]; then
     say "FAILED: $name (exit $code)"
     failed=1
@@ -202,7 +251,7 @@ run_bench bench_cuda_clm "Benchmark: CLM model side (SRC head, snapshot adapter)
 
 tar -czf "$out/logs.tar.gz" -C "$logs" .
 echo
-cat "$out/summary.md"
+cat "$summary"
 echo
 say "results in $out: summary.md, bench_cuda_kernels.jsonl, bench_cuda_clm.jsonl, logs.tar.gz"
 if [ $failed != 0 ]; then
