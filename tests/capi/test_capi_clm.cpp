@@ -12,9 +12,12 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -82,10 +85,34 @@ void append_bytes(std::vector<unsigned char>& out, const void* p, std::size_t n)
   out.insert(out.end(), b, b + n);
 }
 
+// A fresh folder in the system's temporary directory, removed with everything
+// in it when the guard goes: also when a REQUIRE fails midway (Catch throws),
+// so a test never leaves files behind, in the temporary directory or the
+// working one.
+class TempDir {
+ public:
+  TempDir() {
+    std::string name = (std::filesystem::temp_directory_path() / "clm-capi-clm-XXXXXX").string();
+    REQUIRE(::mkdtemp(name.data()) != nullptr);
+    path_ = name;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
 // Writes the head as a safetensors file built byte by byte (F32 tensors, the
 // header's keys sorted as the format asks, `metadata` the inside of a
-// "__metadata__" object or empty) and returns its path.
-std::string write_head_file(const Head& h, const std::string& metadata, const std::string& name) {
+// "__metadata__" object or empty) at `path` (in a TempDir) and returns it.
+std::string write_head_file(const Head& h, const std::string& metadata, const std::string& path) {
   char tensors[512];
   std::snprintf(tensors, sizeof tensors,
                 "\"src_head.b1\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[0,%d]},"
@@ -106,9 +133,6 @@ std::string write_head_file(const Head& h, const std::string& metadata, const st
   append_bytes(file, &h.b2, 4);
   append_bytes(file, h.w1.data(), 4 * h.w1.size());
   append_bytes(file, h.w2.data(), 4 * h.w2.size());
-  // In the temporary folder: tests never write into the source tree or the build's working directory.
-  const std::string path =
-      (std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".safetensors")).string();
   FILE* f = std::fopen(path.c_str(), "wb");
   REQUIRE(f);
   REQUIRE(std::fwrite(file.data(), 1, file.size(), f) == file.size());
@@ -181,13 +205,13 @@ TEST_CASE("SRC head from a safetensors file built byte by byte; the breaker; v1 
   std::mt19937 rng(std::random_device{}());
   // b2 = 40: every score is 1, above the breaker's 0.95.
   const Head h = random_head(rng, 40.0f);
-  const std::string path = write_head_file(h, "", "capi_src_head");
+  const TempDir dir;
+  const std::string path = write_head_file(h, "", dir.file("capi_src_head.safetensors"));
 
   EnginePtr engine = make_engine(nullptr, 0, 1e6);  // threshold 0.9
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_load_src_head(engine.get(), path.c_str(), 7));
   REQUIRE_OK(clm_engine_load_src_head(engine.get(), path.c_str(), CLM_GELU_TANH));
   CHECK_STATUS(CLM_ERR_IO, clm_engine_load_src_head(engine.get(), "/nonexistent/x.safetensors", CLM_GELU_TANH));
-  std::remove(path.c_str());
 
   SeqPtr s = admit(engine.get(), 1);
   clm_seq* seqs[] = {s.get()};
@@ -521,8 +545,8 @@ TEST_CASE("snapshot adapter from a safetensors file built byte by byte", "[capi]
   append_bytes(file, header, n);
   append_bytes(file, bias, sizeof bias);
   append_bytes(file, weight, sizeof weight);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("capi_adapter_" + std::to_string(::getpid()) + ".safetensors")).string();
+  const TempDir dir;
+  const std::string path = dir.file("capi_adapter.safetensors");
   FILE* f = std::fopen(path.c_str(), "wb");
   REQUIRE(f);
   REQUIRE(std::fwrite(file.data(), 1, file.size(), f) == file.size());
@@ -536,7 +560,6 @@ TEST_CASE("snapshot adapter from a safetensors file built byte by byte", "[capi]
   ao.n_layers = 1;
   ao.residual_scale = 0.5f;
   const clm_status s = clm_engine_load_snapshot_adapter(engine.get(), path.c_str(), &ao);
-  std::remove(path.c_str());
   INFO(clm_last_error());
   REQUIRE(s == CLM_OK);
   SeqPtr seq = admit(engine.get(), 1);
@@ -592,9 +615,11 @@ TEST_CASE("SRC head file's gelu metadata: CLM_GELU_FROM_FILE follows it, a contr
   const double ref_erf = reference(second, mean, true), ref_tanh = reference(second, mean, false);
   INFO("GELU forms differ most at z = " << widest << "; scores erf " << ref_erf << ", tanh " << ref_tanh);
   REQUIRE(std::abs(ref_erf - ref_tanh) > 5e-4 * ref_erf);  // 50 times the scores' tolerance
-  const std::string erf_file = write_head_file(second, "\"gelu\":\"erf\",\"written_by\":\"test\"", "capi_head_erf");
-  const std::string silent_file = write_head_file(second, "", "capi_head_silent");
-  const std::string odd_file = write_head_file(second, "\"gelu\":\"relu\"", "capi_head_odd");
+  const TempDir dir;
+  const std::string erf_file =
+      write_head_file(second, "\"gelu\":\"erf\",\"written_by\":\"test\"", dir.file("capi_head_erf.safetensors"));
+  const std::string silent_file = write_head_file(second, "", dir.file("capi_head_silent.safetensors"));
+  const std::string odd_file = write_head_file(second, "\"gelu\":\"relu\"", dir.file("capi_head_odd.safetensors"));
 
   EnginePtr engine = make_engine(nullptr, 0);
   REQUIRE_OK(clm_engine_set_src_head(engine.get(), kHidden, first.w1.data(), first.b1.data(), first.w2.data(), first.b2,
@@ -616,5 +641,24 @@ TEST_CASE("SRC head file's gelu metadata: CLM_GELU_FROM_FILE follows it, a contr
   CHECK(std::abs(score_one_row(engine.get(), 4, row) - ref_erf) <= 1e-5 * ref_erf);
   REQUIRE_OK(clm_engine_load_src_head(engine.get(), silent_file.c_str(), CLM_GELU_TANH));
   CHECK(std::abs(score_one_row(engine.get(), 5, row) - ref_tanh) <= 1e-5 * ref_tanh);
-  for (const std::string& p : {erf_file, silent_file, odd_file}) std::remove(p.c_str());
+}
+
+TEST_CASE("the files a test writes go with their temporary folder, also when the test fails midway", "[capi][clm]") {
+  std::mt19937 rng(std::random_device{}());
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::path folder, file;
+  try {
+    const TempDir dir;
+    folder = dir.path();
+    file = write_head_file(random_head(rng, 0.0f), "", dir.file("capi_fails_midway.safetensors"));
+    REQUIRE(std::filesystem::is_regular_file(file));
+    throw std::runtime_error("fails midway");  // as a failed REQUIRE does (Catch throws)
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(folder.parent_path() == std::filesystem::temp_directory_path());
+  CHECK(file.parent_path() == folder);
+  CHECK_FALSE(std::filesystem::exists(file));
+  CHECK_FALSE(std::filesystem::exists(folder));
+  // Nothing in the working directory either.
+  CHECK_FALSE(std::filesystem::exists(cwd / file.filename()));
 }
