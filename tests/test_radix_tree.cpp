@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -207,6 +208,41 @@ TEST_CASE("LFU evicts the least hit leaf, ties by recency", "[tree][policy]") {
   REQUIRE(f.tree->evict(1).ok());
   CHECK(f.hit(iota(6, 0)) == 5);
   CHECK(f.hit(iota(6, 200)) == 0);
+}
+
+namespace clm {
+// Tests only (a friend of RadixTree): a node's hit count, set without 2^32 real matches.
+struct RadixTreeTestAccess {
+  static std::uint32_t hits(const RadixTree& tree, NodeRef node) {
+    return tree.nodes_[static_cast<std::size_t>(node.index)].hits;
+  }
+  static void set_hits(RadixTree& tree, NodeRef node, std::uint32_t hits) {
+    tree.nodes_[static_cast<std::size_t>(node.index)].hits = hits;
+    tree.refresh_heap_key(node.index);
+  }
+};
+}  // namespace clm
+
+TEST_CASE("LFU: the hottest prefix stays the hottest past 2^32 hits", "[tree][policy]") {
+  using Access = clm::RadixTreeTestAccess;
+  Fixture f(1, 64, EvictionPolicy::lfu);
+  f.cache(iota(5, 0));    // hot
+  f.cache(iota(5, 100));  // cold: three hits
+  for (int i = 0; i < 3; ++i) f.hit(iota(6, 100));
+  PrefixMatch hot;
+  REQUIRE(f.tree->match_prefix(iota(6, 0), {}, hot).ok());
+  REQUIRE(hot.cached_tokens == 5);
+  const std::uint32_t max = std::numeric_limits<std::uint32_t>::max();
+  Access::set_hits(*f.tree, hot.node, max - 2);
+  for (int i = 0; i < 5; ++i) f.hit(iota(6, 0));  // 2^32 + 2 hits in all: the count stays at its top
+  CHECK(Access::hits(*f.tree, hot.node) == max);
+  REQUIRE(f.tree->check_invariants().ok());
+  // The cold prefix goes first, not the hot one.
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.tree->cached_tokens() == 5);
+  CHECK(f.hit(iota(6, 100)) == 0);
+  CHECK(f.hit(iota(6, 0)) == 5);
+  CHECK(Access::hits(*f.tree, hot.node) == max);
 }
 
 TEST_CASE("SLRU keeps reused prefixes over a scan of one-off ones", "[tree][policy]") {

@@ -185,7 +185,8 @@ class RadixTree {
     for (std::int32_t n : path_) {
       Node& node = nodes_[n];
       node.last_access = tick_;
-      ++node.hits;
+      // Saturates: a wrap to 0 would turn the hottest prefix into the coldest under LFU.
+      if (node.hits < std::numeric_limits<std::uint32_t>::max()) ++node.hits;
       if (node.on_device) {
         out.pages.insert(out.pages.end(), pages_of(node), pages_of(node) + page_count(node));
         device_end = n;
@@ -586,6 +587,8 @@ class RadixTree {
   Status check_invariants() const;
 
  private:
+  friend struct RadixTreeTestAccess;  // tests only: reach a node's state (tests/test_radix_tree.cpp)
+
   struct Node {
     std::int32_t* data = nullptr;  // [len token ids][len / page_size page ids]
     std::int32_t len = 0;          // tokens, a multiple of page_size
@@ -596,7 +599,7 @@ class RadixTree {
     std::int32_t heap_pos = detail::EvictionHeap::kAbsent;
     std::int32_t protected_pos = detail::EvictionHeap::kAbsent;  // SLRU's protected segment
     std::uint32_t generation = 1;
-    std::uint32_t hits = 0;
+    std::uint32_t hits = 0;  // matches that reached it, saturating at 2^32 - 1
     std::uint64_t last_access = 0;
     std::int32_t device_children = 0;  // children on the device
     std::int32_t host_children = 0;    // children with a host copy
