@@ -7,7 +7,9 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 
+#include "alloc_fault.hpp"
 #include "clm/radix_tree.hpp"
 
 using clm::CacheNamespace;
@@ -362,6 +364,91 @@ TEST_CASE("bad input gives a status and changes nothing", "[tree][errors]") {
   CHECK(after.cached_tokens == before.cached_tokens);
   CHECK(after.pages_used == before.pages_used);
   CHECK(after.nodes == before.nodes);
+}
+
+TEST_CASE("an insert that runs out of host memory changes nothing", "[tree][errors]") {
+  // Every allocation of the insert fails in turn (operator new, and the nodes' blocks through the tree's hook).
+  clm::detail::tree_block_allocation_fault = &clm_test::allocation_fails;
+  struct Unhook {
+    ~Unhook() { clm::detail::tree_block_allocation_fault = nullptr; }
+  } unhook;
+  const std::string salt(40, 's');  // longer than the small-string buffer: its copy allocates
+  for (EvictionPolicy policy : {EvictionPolicy::lru, EvictionPolicy::slru}) {
+    INFO(clm::eviction_policy_name(policy));
+    Fixture f(2, 64, policy);
+    f.cache(iota(20));  // one node of 10 pages
+    f.hit(iota(21));    // SLRU: now in the protected segment
+    struct Case {
+      const char* what;
+      Tokens tokens;
+      CacheNamespace ns;
+      bool tree_pages;  // the caller passes the tree's ids for the cached part (else its own: duplicates)
+      std::int64_t new_tokens;
+    };
+    const Case cases[] = {
+        {"a split of the cached node and a new leaf, duplicates released",
+         concat(iota(10), iota(6, 900)),
+         {},
+         false,
+         6},
+        {"a new namespace", iota(8, 500), {salt, 7}, false, 8},
+        {"a leaf below the cached node", concat(iota(20), iota(6, 300)), {}, true, 6},
+    };
+    for (const Case& c : cases) {
+      INFO(c.what);
+      const std::size_t n_pages = c.tokens.size() / 2;
+      Tokens pages;
+      if (c.tree_pages) {
+        PrefixMatch hit;
+        REQUIRE(f.tree->match_prefix(c.tokens, c.ns, hit).ok());
+        pages = hit.pages;
+      }
+      Tokens fresh(n_pages - pages.size());
+      REQUIRE(f.tree->allocate_pages(fresh).ok());
+      pages.insert(pages.end(), fresh.begin(), fresh.end());
+      const auto before = f.tree->metrics();
+      long failures = 0;
+      for (long n = 0;; ++n) {
+        INFO("allocation " << n << " fails");
+        InsertOutcome out;
+        Tokens attempt = pages;
+        clm::Status status;
+        bool threw = false, fired = false;
+        {  // no Catch macro while armed: its own allocations would count
+          clm_test::FailAllocation fail(n);
+          try {
+            status = f.tree->insert(c.tokens, attempt, c.ns, out);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          }
+          fired = fail.fired();
+        }
+        REQUIRE(threw == fired);
+        if (!threw) {
+          REQUIRE(status.ok());
+          break;
+        }
+        ++failures;
+        // Nothing changed: the tree's own accounting, its sizes, and the caller's pages.
+        REQUIRE(f.tree->check_invariants().ok());
+        const auto after = f.tree->metrics();
+        CHECK(after.cached_tokens == before.cached_tokens);
+        CHECK(after.evictable_tokens == before.evictable_tokens);
+        CHECK(after.nodes == before.nodes);
+        CHECK(after.namespaces == before.namespaces);
+        CHECK(after.inserted_tokens == before.inserted_tokens);
+        CHECK(after.pages_used == before.pages_used);
+        CHECK(attempt == pages);
+        for (std::int32_t p : pages) CHECK(f.pool->is_allocated(p));
+      }
+      CHECK(failures > 0);
+      REQUIRE(f.tree->check_invariants().ok());
+      CHECK(f.tree->metrics().cached_tokens == before.cached_tokens + c.new_tokens);
+      CHECK(f.hit(concat(c.tokens, {1}), c.ns) == static_cast<std::int32_t>(c.tokens.size()));
+    }
+    // Every page is the tree's or free: the duplicates went back to the pool.
+    CHECK(f.tree->metrics().pages_used * 2 == f.tree->metrics().cached_tokens);
+  }
 }
 
 TEST_CASE("metrics count queries, hits and evictions exactly", "[tree][metrics]") {

@@ -39,6 +39,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -50,6 +51,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -62,6 +64,12 @@
 #include "clm/status.hpp"
 
 namespace clm {
+
+namespace detail {
+// Tests only: when set, asked before each node block is allocated; true makes
+// that allocation fail as a failed malloc does (std::bad_alloc).
+inline bool (*tree_block_allocation_fault)() = nullptr;
+}  // namespace detail
 
 // Requests that must never share cached pages: a tenant's cache salt, and the
 // LoRA adapter the KV was computed with.
@@ -230,17 +238,33 @@ class RadixTree {
     CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "insert"));
     // Matched nodes that are only on the host take the caller's pages (a load-back, or a recompute).
     const std::int32_t device_matched = matched_on(walk, &Node::on_device);
-    CLM_RETURN_IF_ERROR(take_pages(walk, device_matched, pages.first(store_pages)));
 
-    // From here on nothing can fail but the host's allocator.
+    // All or nothing: the memory the insert needs (node slots, edge and heap
+    // room, the blocks of a split and of the new leaf) is taken before
+    // anything changes, so a std::bad_alloc leaves the tree and the caller's
+    // pages as they were.
     reserve_for_new_nodes(2);
-    std::int32_t end = walk.node >= 0 ? walk.node : create_namespace(ns);
+    const bool splits = store_len > 0 && walk.node >= 0 && walk.offset < nodes_[walk.node].len;
+    PendingBlock split_block(*this, splits ? walk.offset : 0);
+    PendingBlock leaf_block(*this, walk.matched < store_len ? store_len - walk.matched : 0);
+    CLM_RETURN_IF_ERROR(take_pages(walk, device_matched, pages.first(store_pages)));
+    std::int32_t end = walk.node;
+    if (end < 0) {
+      try {
+        end = create_namespace(ns);
+      } catch (...) {  // a new namespace: take_pages only marked the pages as the tree's
+        for (std::size_t k = 0; k < store_pages; ++k) set_owned(pages[k], false);
+        throw;
+      }
+    }
+
+    // From here on nothing can fail.
     if (store_len == 0) {
       out = InsertOutcome{0, 0, ref(end)};
       return {};
     }
-    if (walk.offset < nodes_[end].len) {
-      end = split(end, walk.offset);
+    if (splits) {
+      end = split(end, walk.offset, split_block.take());
       path_.back() = end;
     }
     ++tick_;
@@ -260,7 +284,7 @@ class RadixTree {
     }
     if (walk.matched < store_len) {
       end = add_leaf(end, tokens.data() + walk.matched, pages.data() + walk.matched / page_size_,
-                     store_len - walk.matched, prio);
+                     store_len - walk.matched, prio, leaf_block.take());
     }
     out = InsertOutcome{device_matched, store_len, ref(end)};
     return {};
@@ -747,11 +771,27 @@ class RadixTree {
   // Roots appear with the first valid call in a namespace and go when its
   // last node is evicted and no lock holds the root, so per-request salts do
   // not pile up.
+  // Strong guarantee: a std::bad_alloc leaves every index as it was.
   std::int32_t create_namespace(const CacheNamespace& ns) {
-    SaltIndex& salts = namespaces_[ns.adapter_id];
-    const std::int32_t root = new_node();
-    auto [it, inserted] = salts.emplace(std::string(ns.salt), root);
-    root_names_.emplace(root, RootName{ns.adapter_id, &it->first});
+    reserve_for_new_nodes(1);
+    // The slot new_node() will take (room reserved: it cannot throw).
+    const std::int32_t root = free_nodes_.empty() ? static_cast<std::int32_t>(nodes_.size()) : free_nodes_.back();
+    auto [salts, new_adapter] = namespaces_.try_emplace(ns.adapter_id);
+    try {
+      auto [it, inserted] = salts->second.emplace(std::string(ns.salt), root);
+      try {
+        root_names_.emplace(root, RootName{ns.adapter_id, &it->first});
+      } catch (...) {
+        salts->second.erase(it);
+        throw;
+      }
+    } catch (...) {
+      if (new_adapter) namespaces_.erase(salts);
+      throw;
+    }
+    const std::int32_t made = new_node();
+    assert(made == root);
+    (void)made;
     ++namespace_count_;
     return root;
   }
@@ -947,7 +987,8 @@ class RadixTree {
   std::int32_t* allocate_block(std::int32_t tokens) {
     const std::size_t words =
         static_cast<std::size_t>(tokens) + page_words_ * static_cast<std::size_t>(tokens / page_size_);
-    auto* block = static_cast<std::int32_t*>(std::malloc(words * sizeof(std::int32_t)));
+    const bool fault = detail::tree_block_allocation_fault && detail::tree_block_allocation_fault();
+    auto* block = fault ? nullptr : static_cast<std::int32_t*>(std::malloc(words * sizeof(std::int32_t)));
     if (!block) throw std::bad_alloc();
     block_bytes_ += block_size(block);
     return block;
@@ -956,11 +997,33 @@ class RadixTree {
     return block ? malloc_usable_size(block) + sizeof(std::size_t) : 0;  // + the allocator's chunk header
   }
 
+  // A node block taken ahead of a change, so that the change cannot fail
+  // halfway: freed unless a node adopts it (take()).
+  class PendingBlock {
+   public:
+    PendingBlock(RadixTree& tree, std::int32_t tokens)
+        : tree_(tree), block_(tokens > 0 ? tree.allocate_block(tokens) : nullptr) {}
+    ~PendingBlock() {
+      if (!block_) return;
+      tree_.block_bytes_ -= block_size(block_);
+      std::free(block_);
+    }
+    PendingBlock(const PendingBlock&) = delete;
+    PendingBlock& operator=(const PendingBlock&) = delete;
+    std::int32_t* take() { return std::exchange(block_, nullptr); }
+
+   private:
+    RadixTree& tree_;
+    std::int32_t* block_;
+  };
+
   // Splits node n so that its first `offset` tokens become a new parent node,
   // which is returned. Locks, access time, hits and priority are inherited.
-  std::int32_t split(std::int32_t n, std::int32_t offset) {
+  // `prefix`: the new node's block when the caller took it ahead (else null).
+  // Strong guarantee: a std::bad_alloc changes nothing.
+  std::int32_t split(std::int32_t n, std::int32_t offset, std::int32_t* prefix = nullptr) {
     reserve_for_new_nodes(1);
-    std::int32_t* prefix = allocate_block(offset);
+    if (!prefix) prefix = allocate_block(offset);
     const std::int32_t m = new_node();
     Node& node = nodes_[n];
     Node& mid = nodes_[m];
@@ -1008,9 +1071,10 @@ class RadixTree {
     return m;
   }
 
+  // `block`: the leaf's block when the caller took it ahead (else null).
   std::int32_t add_leaf(std::int32_t parent, const std::int32_t* tokens, const std::int32_t* pages, std::int32_t len,
-                        std::uint8_t priority) {
-    std::int32_t* block = allocate_block(len);
+                        std::uint8_t priority, std::int32_t* block = nullptr) {
+    if (!block) block = allocate_block(len);
     const std::int32_t n = new_node();
     Node& leaf = nodes_[n];
     std::memcpy(block, tokens, static_cast<std::size_t>(len) * sizeof(std::int32_t));

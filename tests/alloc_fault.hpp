@@ -1,0 +1,72 @@
+// tests/alloc_fault.hpp: a test program's global operator new that fails on
+// demand, so a test can run out of host memory at every allocation of a call
+// in turn. Include it in exactly one source file of the program (it defines
+// the replacement operators).
+//
+//   for (long n = 0;; ++n) {
+//     clm_test::FailAllocation fail(n);  // this thread's n-th allocation from now throws std::bad_alloc
+//     ... the call under test ...
+//     if (!fail.fired()) break;          // the call allocated fewer than n + 1 times: done
+//   }
+//
+// Only the arming thread's allocations count; others are never failed.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+
+namespace clm_test {
+
+// The allocations this thread lets through before failing one (-1: none fails).
+inline thread_local long t_alloc_countdown = -1;
+inline thread_local bool t_alloc_fired = false;
+
+// Counts one allocation; true when it is the one to fail (only one fails).
+inline bool allocation_fails() {
+  if (t_alloc_countdown < 0) return false;
+  if (t_alloc_countdown-- > 0) return false;
+  t_alloc_fired = true;
+  return true;
+}
+
+class FailAllocation {
+ public:
+  explicit FailAllocation(long n) {
+    t_alloc_countdown = n;
+    t_alloc_fired = false;
+  }
+  ~FailAllocation() { t_alloc_countdown = -1; }
+  FailAllocation(const FailAllocation&) = delete;
+  FailAllocation& operator=(const FailAllocation&) = delete;
+  bool fired() const { return t_alloc_fired; }
+};
+
+}  // namespace clm_test
+
+// GCC sees free() of what operator new returned once it inlines these
+// replacements: they are that pair here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t bytes) {
+  if (clm_test::allocation_fails()) throw std::bad_alloc();
+  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t bytes) { return ::operator new(bytes); }
+void* operator new(std::size_t bytes, std::align_val_t align) {
+  if (clm_test::allocation_fails()) throw std::bad_alloc();
+  const auto a = static_cast<std::size_t>(align);
+  if (void* p = std::aligned_alloc(a, (bytes + a - 1) / a * a + (bytes == 0 ? a : 0))) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t bytes, std::align_val_t align) { return ::operator new(bytes, align); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
