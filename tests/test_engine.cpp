@@ -8,6 +8,8 @@
 #include <set>
 #include <thread>
 
+#include <sys/mman.h>
+
 #include "clm/engine.hpp"
 
 using clm::Admission;
@@ -210,6 +212,58 @@ TEST_CASE("engine: batch page table in FlashInfer's CSR form", "[engine]") {
   std::vector<clm::SequenceId> with_bad = ids;
   with_bad.push_back(424242);
   CHECK(engine->batch_page_table(with_bad, batch).code() == StatusCode::not_found);
+}
+
+TEST_CASE("engine: a batch names each sequence once; refusals leave the table as it was", "[engine][errors]") {
+  std::mt19937 rng(std::random_device{}());
+  auto engine = make_engine(64, 4);
+  std::vector<clm::SequenceId> ids;
+  for (int i = 0; i < 3; ++i) {
+    Admission a;
+    REQUIRE(engine->admit(random_tokens(rng, 1 + rng() % 20), {}, a).ok());
+    ids.push_back(a.seq);
+  }
+  clm::PagedBatch batch;
+  batch.indptr = {7, 7};
+  batch.indices = {-3};
+  batch.last_page_len = {9};
+  const clm::PagedBatch untouched = batch;
+  for (const std::vector<clm::SequenceId>& bad : std::vector<std::vector<clm::SequenceId>>{
+           {ids[0], ids[0]}, {ids[1], ids[2], ids[0], ids[2]}, {ids[0], 424242}}) {
+    const clm::Status s = engine->batch_page_table(bad, batch);
+    CHECK(s.code() == (bad.back() == 424242 ? StatusCode::not_found : StatusCode::invalid_argument));
+    CHECK(!s.message().empty());
+    CHECK(batch.indptr == untouched.indptr);
+    CHECK(batch.indices == untouched.indices);
+    CHECK(batch.last_page_len == untouched.last_page_len);
+  }
+  REQUIRE(engine->batch_page_table(ids, batch).ok());
+  CHECK(batch.indptr.size() == 4);
+}
+
+TEST_CASE("engine: a prompt longer than kMaxTokens is refused before it is read", "[engine][errors]") {
+  // kMaxTokens + 1 token ids that cannot be read (PROT_NONE, nothing committed):
+  // reading one would crash the test.
+  const std::size_t n = Engine::kMaxTokens + 1;
+  const std::size_t bytes = n * sizeof(std::int32_t);
+  void* region = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  REQUIRE(region != MAP_FAILED);
+  struct Unmap {
+    void* p;
+    std::size_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } unmap{region, bytes};
+  auto engine = make_engine(64, 4);
+  const std::span<const std::int32_t> prompt(static_cast<const std::int32_t*>(region), n);
+  Admission a;
+  const clm::Status s = engine->admit(prompt, {}, a);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().find("longer") != std::string::npos);
+  const clm::EngineMetrics m = engine->metrics();
+  CHECK(m.admitted == 0);
+  CHECK(m.active_sequences == 0);
+  CHECK(m.cache.pages_used == 0);
+  CHECK(m.cache.tokens_queried == 0);
 }
 
 TEST_CASE("engine: many threads admit, extend, finish and abort at once", "[engine][threads]") {

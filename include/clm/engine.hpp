@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>  // std::lock_guard
 #include <span>
@@ -179,6 +180,11 @@ class Engine {
   const PagedKvPool& pool() const { return *pool_; }
 
   Status admit(std::span<const std::int32_t> prompt, const AdmitOptions& options, Admission& out) {
+    // Before anything reads the prompt; extend() counts on every sequence holding at most kMaxTokens.
+    if (prompt.size() > kMaxTokens) {
+      return invalid_argument(
+          fmt::format("admit: a prompt of {} tokens is longer than a sequence may be ({})", prompt.size(), kMaxTokens));
+    }
     if (options.priority < 0 || options.priority > kMaxPriority) {
       return invalid_argument(
           fmt::format("admit: priority must be in [0, {}], got {}", kMaxPriority, options.priority));
@@ -359,23 +365,40 @@ class Engine {
     return {};
   }
 
-  // The page tables of `ids` in FlashInfer's CSR form, for attention kernels.
+  // The page tables of `ids` (each running, each once) in FlashInfer's CSR
+  // form, for attention kernels. `out` is left as it was on error.
   Status batch_page_table(std::span<const SequenceId> ids, PagedBatch& out) {
+    std::vector<SequenceId> sorted(ids.begin(), ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    if (auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end()) {
+      return invalid_argument(fmt::format("batch_page_table: sequence {} is in the batch more than once", *twice));
+    }
+    PagedBatch batch;
     std::lock_guard lock(mutex_);
+    std::size_t total = 0;
     for (SequenceId id : ids) {
       Sequence* seq = nullptr;
       CLM_RETURN_IF_ERROR(find(id, "batch_page_table", seq));
+      total += seq->pages.size();
     }
-    out.indptr.assign(1, 0);
-    out.indices.clear();
-    out.last_page_len.clear();
+    // indptr holds int32 offsets into indices.
+    if (total > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+      return invalid_argument(fmt::format(
+          "batch_page_table: {} sequences hold {} pages in all, more than int32 offsets reach", ids.size(), total));
+    }
+    batch.indptr.reserve(ids.size() + 1);
+    batch.indices.reserve(total);
+    batch.last_page_len.reserve(ids.size());
+    batch.indptr.push_back(0);
     for (SequenceId id : ids) {
       const Sequence& seq = *sequences_.find(id)->second;
-      out.indices.insert(out.indices.end(), seq.pages.begin(), seq.pages.end());
-      out.indptr.push_back(static_cast<std::int32_t>(out.indices.size()));
+      batch.indices.insert(batch.indices.end(), seq.pages.begin(), seq.pages.end());
+      batch.indptr.push_back(static_cast<std::int32_t>(batch.indices.size()));
+      // A sequence holds at most kMaxTokens (2^30) tokens: its length fits.
       const auto len = static_cast<std::int32_t>(seq.tokens.size());
-      out.last_page_len.push_back(len - (static_cast<std::int32_t>(seq.pages.size()) - 1) * page_size_);
+      batch.last_page_len.push_back(len - (static_cast<std::int32_t>(seq.pages.size()) - 1) * page_size_);
     }
+    out = std::move(batch);
     return {};
   }
 
