@@ -119,9 +119,10 @@ class ThreadPool {
 
   // True in a child forked after the workers started (they exist only in the
   // parent; its locks may be held). The child runs every loop on its own thread.
+  // Reads no workers_: another thread may be adding workers (under run_mutex_).
   bool forked() const {
 #if defined(__unix__)
-    return !workers_.empty() && getpid() != owner_;
+    return started_.load(std::memory_order_acquire) && getpid() != owner_;
 #else
     return false;
 #endif
@@ -151,6 +152,7 @@ class ThreadPool {
       try {
         const int index = static_cast<int>(workers_.size());
         workers_.emplace_back([this, index] { worker_loop(index); });
+        started_.store(true, std::memory_order_release);
       } catch (...) {
         break;
       }
@@ -183,7 +185,8 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  std::vector<std::thread> workers_;
+  std::vector<std::thread> workers_;  // grown under run_mutex_
+  std::atomic<bool> started_{false};  // workers_ is not empty
   std::uint64_t generation_ = 0;
   bool stop_ = false;
   int helpers_ = 0;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -902,6 +903,60 @@ TEST_CASE("kernels called from several host threads at once", "[attention][threa
     });
   }
   for (auto& t : threads) t.join();
+  for (double e : errors) {
+    INFO("relative error " << e);
+    CHECK(e >= 0.0);
+    CHECK(e <= 1e-5);
+  }
+}
+
+TEST_CASE("the first kernel calls of a process come from several host threads at once", "[attention][threads]") {
+  // Every caller asks the pool whether it runs in a forked child while the
+  // first one starts the workers: the check must not read the workers' list
+  // (a data race; TSan runs this too). Each test case is its own process, so
+  // these are the process's first calls.
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  constexpr int kCallers = 6;
+  const int kv_heads = 2, q_heads = 4, dim = 128, page_size = 16, len = 1024;  // 1 MiB of K/V: worth threads
+  Rng rng(seed);
+  TestPool p = make_pool(len / page_size, page_size, 1, kv_heads, dim, KvDType::f32);
+  Seq s = random_seq(rng, len, kv_heads, dim);
+  s.pages.resize(static_cast<std::size_t>(len / page_size));
+  std::iota(s.pages.begin(), s.pages.end(), 0);
+  write_seq(p.view, 0, s, 0, len);
+  const std::vector<std::int32_t> indptr = {0, len / page_size}, last = {page_size};
+  std::vector<std::vector<float>> queries;
+  std::vector<std::vector<double>> refs;
+  for (int c = 0; c < kCallers; ++c) {
+    queries.push_back(rng.vec(static_cast<std::size_t>(q_heads) * dim, 3.0f));
+    refs.push_back(reference(queries.back(), 1, s, kv_heads, q_heads, dim, 1.0f / std::sqrt(static_cast<float>(dim)), 0,
+                             KvDType::f32));
+  }
+  std::atomic<int> ready{0};
+  std::vector<double> errors(kCallers, -1.0);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      ready.fetch_add(1);
+      while (ready.load() < kCallers) std::this_thread::yield();
+      clm::AttentionParams params;
+      params.num_q_heads = q_heads;  // num_threads 0: every hardware thread
+      std::vector<float> out(queries[static_cast<std::size_t>(c)].size(), kNaN);
+      double worst = 0;
+      for (int rep = 0; rep < 3; ++rep) {
+        if (!clm::paged_decode_attention(p.view, params, queries[static_cast<std::size_t>(c)].data(), indptr, s.pages,
+                                         last, out.data())
+                 .ok()) {
+          return;
+        }
+        const double e = rel_error(out.data(), refs[static_cast<std::size_t>(c)]);
+        worst = std::isnan(e) ? e : std::max(worst, e);
+      }
+      errors[static_cast<std::size_t>(c)] = worst;
+    });
+  }
+  for (auto& t : callers) t.join();
   for (double e : errors) {
     INFO("relative error " << e);
     CHECK(e >= 0.0);
