@@ -467,38 +467,39 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
                          : std::max<std::int64_t>(kMinChunk, (tokens + 4 * threads - 1) / (4 * threads));
   }
 
+  // Each task is one chunk of one sequence, with a state (acc, m, l) of its own.
   struct Task {
     std::int32_t seq;
     std::int64_t begin, end;
-    std::int64_t part;  // index into partials, or -1: the only chunk of its sequence
   };
   std::vector<Task> tasks;
-  std::vector<std::int64_t> first_part(seqs.size() + 1, 0);
-  std::int64_t parts = 0;
+  std::vector<std::int64_t> first_task(seqs.size() + 1, 0);
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     const std::int64_t len = seqs[i].end - seqs[i].begin;
     const std::int64_t n = len > 0 ? 1 + (len - 1) / chunk : 0;
-    first_part[i] = parts;
+    first_task[i] = static_cast<std::int64_t>(tasks.size());
     for (std::int64_t c = 0; c < n; ++c) {
       const std::int64_t b = seqs[i].begin + c * chunk;
-      tasks.push_back({static_cast<std::int32_t>(i), b, b + std::min(chunk, seqs[i].end - b), n > 1 ? parts + c : -1});
+      tasks.push_back({static_cast<std::int32_t>(i), b, b + std::min(chunk, seqs[i].end - b)});
     }
-    if (n > 1) parts += n;
   }
-  first_part[seqs.size()] = parts;
-  // The kernels want 32-byte aligned state: aligned_alloc, not std::vector.
-  std::unique_ptr<float, decltype(&std::free)> partial_storage(nullptr, &std::free);
-  if (parts > 0) {
-    partial_storage.reset(static_cast<float*>(std::aligned_alloc(64, static_cast<std::size_t>(parts) * state * sizeof(float))));
-    if (!partial_storage) return out_of_memory(fmt::format("{}: no memory for {} partial results", what, parts));
-  }
-  float* const partials = partial_storage.get();
+  first_task[seqs.size()] = static_cast<std::int64_t>(tasks.size());
+  // Nothing is written to `out` until nothing can fail: the chunks' states are
+  // taken here, the first pass (which may take the kernels' thread scratch)
+  // writes only them, and the second, which allocates nothing, writes `out`.
+  // The kernels want 32-byte aligned state: aligned new, not std::vector.
+  struct AlignedDelete {
+    void operator()(float* p) const { ::operator delete (p, std::align_val_t{64}); }
+  };
+  const std::size_t state_bytes = std::max<std::size_t>(tasks.size(), 1) * state * sizeof(float);
+  const std::unique_ptr<float, AlignedDelete> state_storage(
+      static_cast<float*>(::operator new (state_bytes, std::align_val_t{64})));
+  float* const states = state_storage.get();
 
   const CpuIsa isa = simd_for(kv);
   auto run_chunk = [&](std::int64_t t) {
     const Task& task = tasks[static_cast<std::size_t>(t)];
-    float* st = task.part >= 0 ? partials + static_cast<std::size_t>(task.part) * state
-                               : scratch_floats(7, state);
+    float* st = states + static_cast<std::size_t>(t) * state;
     DecodeChunk c;
     c.q = q + static_cast<std::size_t>(task.seq) * hq * dim;
     c.pages = seqs[static_cast<std::size_t>(task.seq)].pages;
@@ -515,40 +516,28 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
     } else {
       decode_chunk_scalar(kv, shape, c);
     }
-    if (task.part < 0) {
-      float* o = out + static_cast<std::size_t>(task.seq) * hq * dim;
-      for (std::size_t h = 0; h < hq; ++h) {
-        const float inv = 1.0f / c.l[h];
-        for (std::size_t d = 0; d < dim; ++d) o[h * dim + d] = c.acc[h * dim + d] * inv;
-      }
-    }
   };
   if (!parallel_for(static_cast<std::int64_t>(tasks.size()), threads, run_chunk)) {
     return out_of_memory(fmt::format("{}: no memory for kernel scratch", what));
   }
-  if (parts == 0) return {};
 
-  // Merge the chunks of each split sequence by log-sum-exp:
+  // Merge the chunks of each sequence by log-sum-exp (one chunk: acc / l):
   //   M = max_c m_c,  out = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c.
-  std::vector<std::int32_t> split;
-  for (std::size_t i = 0; i < seqs.size(); ++i) {
-    if (first_part[i + 1] > first_part[i]) split.push_back(static_cast<std::int32_t>(i));
-  }
   auto merge = [&](std::int64_t t) {
-    const std::size_t i = static_cast<std::size_t>(split[static_cast<std::size_t>(t)]);
-    const std::int64_t p0 = first_part[i];
-    const std::int64_t p1 = first_part[i + 1];
+    const std::size_t i = static_cast<std::size_t>(t);
+    const std::int64_t p0 = first_task[i];
+    const std::int64_t p1 = first_task[i + 1];
     float* o = out + i * hq * dim;
     for (std::size_t h = 0; h < hq; ++h) {
       float mx = kNegInf;
       for (std::int64_t p = p0; p < p1; ++p) {
-        mx = std::max(mx, partials[static_cast<std::size_t>(p) * state + hq * dim + h]);
+        mx = std::max(mx, states[static_cast<std::size_t>(p) * state + hq * dim + h]);
       }
       float denom = 0.0f;
       float* oh = o + h * dim;
       std::fill(oh, oh + dim, 0.0f);
       for (std::int64_t p = p0; p < p1; ++p) {
-        const float* st = partials + static_cast<std::size_t>(p) * state;
+        const float* st = states + static_cast<std::size_t>(p) * state;
         const float w = std::exp(st[hq * dim + h] - mx);
         denom += w * st[hq * dim + hq + h];
         const float* acc = st + h * dim;
@@ -558,9 +547,9 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
       for (std::size_t d = 0; d < dim; ++d) oh[d] *= inv;
     }
   };
-  const int merge_threads = static_cast<std::size_t>(parts) * state * sizeof(float) < kParallelBytes ? 1 : threads;
-  if (!parallel_for(static_cast<std::int64_t>(split.size()), merge_threads, merge)) {
-    return out_of_memory(fmt::format("{}: no memory for kernel scratch", what));
+  const int merge_threads = tasks.size() * state * sizeof(float) < kParallelBytes ? 1 : threads;
+  if (!parallel_for(static_cast<std::int64_t>(seqs.size()), merge_threads, merge)) {
+    return Status(StatusCode::internal, fmt::format("{}: the merge failed", what));  // it allocates nothing
   }
   return {};
 }
@@ -716,7 +705,12 @@ Status paged_decode_attention(const PagedKvView& kv, const AttentionParams& para
     return invalid_argument(
         fmt::format("{}: indptr[{}] = {} is past the {} indices", what, batch, indptr[batch], indices.size()));
   }
-  std::vector<detail::Sequence> seqs(batch);
+  std::vector<detail::Sequence> seqs;
+  try {
+    seqs.resize(batch);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(fmt::format("{}: out of host memory", what));
+  }
   for (std::size_t i = 0; i < batch; ++i) {
     if (last_page_len[i] < 1 || last_page_len[i] > kv.page_size) {
       return invalid_argument(fmt::format("{}: last_page_len[{}] = {} is outside [1, page_size {}]", what, i,

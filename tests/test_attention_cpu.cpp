@@ -30,6 +30,7 @@
 #include <unistd.h>
 #endif
 
+#include "alloc_fault.hpp"
 #include "clm/attention.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
@@ -471,6 +472,72 @@ TEST_CASE("decode: long sequences split into chunks and merged by log-sum-exp", 
         check_close(out, ref, ref_orig, dtype);
       }
     }
+  }
+}
+
+TEST_CASE("decode: out of host memory at any allocation, nothing is written to out", "[attention][decode][errors]") {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  Rng rng(seed);
+  KernelSettings settings;
+  clm::detail::set_decode_chunk_tokens(64);  // the long sequences split into chunks, the short one does not
+  const int kv_heads = 2, q_heads = 4, dim = 64, page_size = 16;
+  std::vector<Seq> seqs;
+  for (int len : {300, 10, 200}) seqs.push_back(random_seq(rng, len + rng.range(0, 20), kv_heads, dim));
+  std::int32_t pages = 0;
+  for (const Seq& s : seqs) pages += (s.len + page_size - 1) / page_size;
+  TestPool p = make_pool(pages, page_size, 1, kv_heads, dim, KvDType::f32);
+  PageDealer dealer(pages, rng);
+  clm::PagedBatch pb;
+  pb.indptr.push_back(0);
+  for (Seq& s : seqs) {
+    s.pages = dealer.take(static_cast<std::size_t>((s.len + page_size - 1) / page_size));
+    write_seq(p.view, 0, s, 0, s.len);
+    pb.indices.insert(pb.indices.end(), s.pages.begin(), s.pages.end());
+    pb.indptr.push_back(static_cast<std::int32_t>(pb.indices.size()));
+    pb.last_page_len.push_back(s.len - (static_cast<std::int32_t>(s.pages.size()) - 1) * page_size);
+  }
+  const std::size_t row = static_cast<std::size_t>(q_heads) * dim;
+  const auto q = rng.vec(seqs.size() * row, 3.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  std::vector<double> ref;
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    const std::vector<float> qb(q.begin() + static_cast<std::ptrdiff_t>(b * row),
+                                q.begin() + static_cast<std::ptrdiff_t>((b + 1) * row));
+    const auto r = reference(qb, 1, seqs[b], kv_heads, q_heads, dim, scale, 0, KvDType::f32);
+    ref.insert(ref.end(), r.begin(), r.end());
+  }
+  clm::AttentionParams params;
+  params.num_q_heads = q_heads;
+  params.num_threads = 1;  // every allocation on this thread, so each can be made to fail
+  constexpr float kUntouched = 12345.0f;
+  for (auto isa : isas()) {
+    settings.isa(isa);
+    INFO(clm::detail::cpu_isa_name(isa));
+    long failures = 0;
+    for (long n = 0;; ++n) {
+      INFO("allocation " << n << " fails");
+      std::vector<float> out(q.size(), kUntouched);
+      clm::Status status;
+      bool fired = false;
+      {  // no Catch macro while armed: its own allocations would count
+        clm_test::FailAllocation fail(n);
+        status =
+            clm::paged_decode_attention(p.view, params, q.data(), pb.indptr, pb.indices, pb.last_page_len, out.data());
+        fired = fail.fired();
+      }
+      if (!fired) {
+        REQUIRE(status.ok());
+        const double e = rel_error(out.data(), ref);
+        INFO("relative error " << e);
+        CHECK(e <= 1e-5);
+        break;
+      }
+      ++failures;
+      CHECK(status.code() == clm::StatusCode::out_of_memory);
+      CHECK(std::all_of(out.begin(), out.end(), [&](float x) { return x == kUntouched; }));
+    }
+    CHECK(failures > 0);
   }
 }
 
