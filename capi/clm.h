@@ -48,7 +48,12 @@
 extern "C" {
 #endif
 
-#if defined(_WIN32) && defined(CLM_BUILDING_LIBRARY)
+/* Windows: the shared library's build defines CLM_BUILDING_LIBRARY (exports);
+ * its users import. Users of the static library define CLM_STATIC (CMake's
+ * clmcache::clmcache_static target does it for them), as for sqlite3/libgit2. */
+#if defined(_WIN32) && defined(CLM_STATIC)
+#define CLM_API
+#elif defined(_WIN32) && defined(CLM_BUILDING_LIBRARY)
 #define CLM_API __declspec(dllexport)
 #elif defined(_WIN32)
 #define CLM_API __declspec(dllimport)
