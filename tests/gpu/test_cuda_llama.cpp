@@ -4,7 +4,8 @@
 // mixed, decode rows not first); the equality proof on the device (multi-turn
 // conversations through the Generator with prefix reuse against a full
 // recompute with no cache, relative error <= 1e-5 per step's logits, page
-// sizes 1 and 16, two tenants, evictions); the observer's slow path (hooks
+// sizes 1 and 16, two tenants, evictions; and that it can fail: corrupted
+// cached pages change the logits); the observer's slow path (hooks
 // see and change the same rows as on the CPU); and bad input (bad batches
 // refused with nothing written to the pool, pools in the wrong memory, head
 // sizes the CUDA attention lacks, make_decoder's choice). The engine's
@@ -282,6 +283,42 @@ TEST_CASE("prefix reuse on the device never changes the logits: page size 16, tw
           "[cuda_llama][equality]") {
   if (skip_without_gpu()) return;
   device_equality(16);
+}
+
+TEST_CASE("the device equality check can fail: corrupted cached K/V pages change the logits",
+          "[cuda_llama][equality]") {
+  if (skip_without_gpu()) return;
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  const LlamaConfig c = cuda_config();
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, seed, w);
+  Stack cached = make_stack(c, w, device_engine(c, 16, 1024));
+  Stack baseline = make_stack(c, w, device_engine(c, 16, 1024));
+  std::mt19937 rng(seed);
+  const auto prompt = random_text(rng, 64, 64);
+  GenerateOptions o;
+  o.max_new_tokens = 2;
+  o.keep_logits = true;
+  tiny_llama_test::generate(cached, {prompt}, {o});
+  // The prompt's pages are cached on the device now: negate layer 0's K and V
+  // in every page (K, then V, at the start of each page).
+  const clm::PagedKvPool& pool = cached.engine->pool();
+  std::vector<unsigned char> bytes = pool_bytes(*cached.engine);
+  for (std::int32_t page = 0; page < pool.num_pages(); ++page) {
+    auto* kv = reinterpret_cast<float*>(bytes.data() + static_cast<std::size_t>(page) * pool.page_bytes());
+    for (std::size_t i = 0; i < pool.layer_bytes() / sizeof(float); ++i) kv[i] = -kv[i];
+  }
+  CLM_CUDA_OK(cudaMemcpy(pool.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  auto longer = prompt;
+  longer.push_back(7);
+  const auto reused = tiny_llama_test::generate(cached, {longer}, {o});
+  REQUIRE(reused[0].cached_tokens > 0);
+  GenerateOptions off = o;
+  off.use_cache = false;
+  const auto recomputed = tiny_llama_test::generate(baseline, {longer}, {off});
+  const auto vocab = static_cast<std::size_t>(c.vocab_size);
+  CHECK(relative_error(std::span(reused[0].logits).first(vocab), std::span(recomputed[0].logits).first(vocab)) > 1e-3);
 }
 
 TEST_CASE("the observer's slow path: hooks see and change the same rows as on the CPU", "[cuda_llama]") {
