@@ -61,6 +61,25 @@ void* operator new(std::size_t bytes, std::align_val_t align) {
   throw std::bad_alloc();
 }
 void* operator new[](std::size_t bytes, std::align_val_t align) { return ::operator new(bytes, align); }
+// The nothrow forms too: every allocation of the program is this file's, so
+// that each delete below frees what one of these allocated.
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  if (clm_test::allocation_fails()) return nullptr;
+  return std::malloc(bytes ? bytes : 1);
+}
+void* operator new[](std::size_t bytes, const std::nothrow_t& tag) noexcept { return ::operator new(bytes, tag); }
+void* operator new(std::size_t bytes, std::align_val_t align, const std::nothrow_t&) noexcept {
+  if (clm_test::allocation_fails()) return nullptr;
+  const auto a = static_cast<std::size_t>(align);
+  return std::aligned_alloc(a, (bytes + a - 1) / a * a + (bytes == 0 ? a : 0));
+}
+void* operator new[](std::size_t bytes, std::align_val_t align, const std::nothrow_t& tag) noexcept {
+  return ::operator new(bytes, align, tag);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
