@@ -231,7 +231,8 @@ CLM_API const int32_t *clm_seq_page_table(const clm_seq *seq, size_t *n_pages);
  * extend: where the host writes their K/V. NULL and 0 as above. */
 CLM_API const int64_t *clm_seq_slots(const clm_seq *seq, size_t *n_slots);
 
-/* FlashInfer's paged-KV CSR arrays for a batch of sequences, written to
+/* FlashInfer's paged-KV CSR arrays for a batch of sequences (each listed
+ * once: one listed twice is CLM_ERR_INVALID_ARGUMENT), written to
  * caller buffers: indptr[n_seqs + 1], last_page_len[n_seqs], and at most
  * indices_capacity page ids in indices. *n_indices receives the number needed;
  * when it exceeds indices_capacity nothing is written to indices and

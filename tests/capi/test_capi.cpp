@@ -778,14 +778,16 @@ TEST_CASE("batch_page_table gives FlashInfer CSR arrays", "[capi][batch]") {
   CHECK(last == std::vector<int32_t>{1, 4, 4, 1, 3});
   for (size_t k = n_indices; k < indices.size(); ++k) CHECK(indices[k] == -7);  // nothing past n_indices
 
-  SECTION("a sequence may appear twice") {
-    std::vector<clm_seq*> twice = {seqs[4], seqs[4]};
-    std::vector<int32_t> ip(3), lp(2), ix(16);
-    size_t ni = 0;
-    REQUIRE_OK(clm_engine_batch_page_table(ip.data(), ix.data(), ix.size(), &ni, lp.data(), engine.get(),
-                                           twice.data(), twice.size()));
-    CHECK(ni == 8);
-    CHECK(ip == std::vector<int32_t>{0, 4, 8});
+  SECTION("a sequence named twice is refused, and nothing is written") {
+    std::vector<clm_seq*> twice = {seqs[4], seqs[1], seqs[4]};
+    std::vector<int32_t> ip(4, -7), lp(3, -7), ix(16, -7);
+    size_t ni = 999;
+    CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_batch_page_table(ip.data(), ix.data(), ix.size(), &ni, lp.data(),
+                                                                       engine.get(), twice.data(), twice.size()));
+    CHECK(std::string(clm_last_error()).find("more than once") != std::string::npos);
+    CHECK(ip == std::vector<int32_t>(4, -7));
+    CHECK(lp == std::vector<int32_t>(3, -7));
+    CHECK(ix == std::vector<int32_t>(16, -7));
   }
   SECTION("an empty batch") {
     int32_t ip[1] = {-7};
