@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <string>
@@ -48,18 +49,25 @@ clm_status guarded(Body&& body) noexcept {
   }
 }
 
-// Versioned structs: accept any size from the first version's up to ours, and
-// read only the fields the caller's size covers.
+// Versioned structs: a caller's struct_size must be the size of a version
+// this library published (its last field's end, or that rounded up to the
+// struct's alignment, as the caller's sizeof has it); any other size would cut
+// a field in two. Only the fields the caller's size covers are read or written.
 template <class Struct>
-clm_status check_struct_size(std::size_t size, std::size_t first_version_size, const char* what) {
-  if (size < first_version_size || size > sizeof(Struct)) {
-    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: struct_size {} is not a size this library knows ({}..{})",
-                                                      what, size, first_version_size, sizeof(Struct)));
+clm_status check_struct_size(std::size_t size, std::initializer_list<std::size_t> versions, const char* what) {
+  constexpr std::size_t align = alignof(Struct);
+  for (std::size_t v : versions) {
+    if (size == v || size == (v + align - 1) / align * align) return CLM_OK;
   }
-  return CLM_OK;
+  if (size == sizeof(Struct)) return CLM_OK;
+  std::string known;
+  for (std::size_t v : versions) known += fmt::format("{}, ", v);
+  return fail(CLM_ERR_INVALID_ARGUMENT,
+              fmt::format("{}: struct_size {} is not the size of a version this library knows ({}{})", what, size,
+                          known, sizeof(Struct)));
 }
 // The sizes of the first version of each struct: frozen. A later version
-// appends fields and accepts callers compiled with any size from these on.
+// appends fields and accepts callers compiled with any published version.
 constexpr std::size_t kMaxTokens = clm::Engine::kMaxTokens;  // per call
 constexpr std::size_t kMaxSaltBytes = std::size_t{1} << 16;  // a salt names a tenant, not a document
 constexpr std::size_t kEngineOptionsV1 = offsetof(clm_engine_options, slru_protected_fraction) + sizeof(double);
@@ -83,6 +91,12 @@ static_assert(kEngineOptionsV2 < kEngineOptionsV3 && kEngineOptionsV3 < sizeof(c
 static_assert(kMetricsV2 < kMetricsV3 && kMetricsV3 < sizeof(clm_metrics));
 static_assert(offsetof(clm_engine_options, host_pages) >= kEngineOptionsV3, "version 4 appends");
 static_assert(offsetof(clm_metrics, has_tiers) >= kMetricsV3, "version 4 appends");
+// widen() copies a caller's struct whole, padding included: the older
+// versions of the structs a caller passes in end on their alignment, so that
+// no padding lands on a later field.
+static_assert(kEngineOptionsV1 % alignof(clm_engine_options) == 0 &&
+              kEngineOptionsV2 % alignof(clm_engine_options) == 0 &&
+              kEngineOptionsV3 % alignof(clm_engine_options) == 0);
 
 // A caller's struct of `size` bytes as this library's full struct: the
 // caller's fields, and the defaults for fields its version did not have.

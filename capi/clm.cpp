@@ -86,7 +86,8 @@ constexpr std::size_t kMaxStorageUrlBytes = 8192;  // a path and a few options
 
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_engine_options_init", "options");
-  if (clm_status s = check_struct_size<clm_engine_options>(struct_size, kEngineOptionsV1, "clm_engine_options_init")) {
+  if (clm_status s = check_struct_size<clm_engine_options>(
+          struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3}, "clm_engine_options_init")) {
     return s;
   }
   clm_engine_options defaults = default_engine_options();
@@ -100,8 +101,8 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     if (!out) return null_argument("clm_engine_create", "out");
     *out = nullptr;
     if (!options) return null_argument("clm_engine_create", "options (num_pages has no default)");
-    if (clm_status s =
-            check_struct_size<clm_engine_options>(options->struct_size, kEngineOptionsV1, "clm_engine_create")) {
+    if (clm_status s = check_struct_size<clm_engine_options>(
+            options->struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3}, "clm_engine_create")) {
       return s;
     }
     const clm_engine_options widened = widen(options, options->struct_size, default_engine_options());
@@ -197,7 +198,8 @@ void clm_engine_free(clm_engine* engine) {
 clm_status clm_engine_kv_layout(clm_kv_layout* out, const clm_engine* engine) {
   if (!out) return null_argument("clm_engine_kv_layout", "out");
   if (!engine) return null_argument("clm_engine_kv_layout", "engine");
-  if (clm_status s = check_struct_size<clm_kv_layout>(out->struct_size, kKvLayoutV1, "clm_engine_kv_layout")) return s;
+  if (clm_status s = check_struct_size<clm_kv_layout>(out->struct_size, {kKvLayoutV1}, "clm_engine_kv_layout"))
+    return s;
   const clm::PagedKvPool& pool = engine->state->engine->pool();
   const clm::PagedKvPoolConfig& c = pool.config();
   const clm_kv_layout full{out->struct_size,
@@ -217,7 +219,7 @@ clm_status clm_engine_kv_layout(clm_kv_layout* out, const clm_engine* engine) {
 
 clm_status clm_admit_options_init(clm_admit_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_admit_options_init", "options");
-  if (clm_status s = check_struct_size<clm_admit_options>(struct_size, kAdmitOptionsV1, "clm_admit_options_init")) {
+  if (clm_status s = check_struct_size<clm_admit_options>(struct_size, {kAdmitOptionsV1}, "clm_admit_options_init")) {
     return s;
   }
   std::memset(options, 0, struct_size);  // every default is zero
@@ -229,7 +231,7 @@ namespace {
 // The caller's admit options (NULL: the defaults) as the Engine's; the salt stays the caller's bytes.
 clm_status admit_options_of(const clm_admit_options* options, const char* fn, clm::AdmitOptions& admit) {
   if (!options) return CLM_OK;
-  if (clm_status s = check_struct_size<clm_admit_options>(options->struct_size, kAdmitOptionsV1, fn)) return s;
+  if (clm_status s = check_struct_size<clm_admit_options>(options->struct_size, {kAdmitOptionsV1}, fn)) return s;
   const clm_admit_options widened = widen(options, options->struct_size, clm_admit_options{});
   if (!widened.cache_salt && widened.cache_salt_len > 0) {
     return null_argument(fn, "options->cache_salt (with cache_salt_len > 0)");
@@ -387,7 +389,9 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
   return guarded([&]() -> clm_status {
     if (!out) return null_argument("clm_engine_metrics", "out");
     if (!engine) return null_argument("clm_engine_metrics", "engine");
-    if (clm_status s = check_struct_size<clm_metrics>(out->struct_size, kMetricsV1, "clm_engine_metrics")) return s;
+    if (clm_status s = check_struct_size<clm_metrics>(out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3},
+                                                      "clm_engine_metrics"))
+      return s;
     const clm::EngineMetrics m = engine->state->engine->metrics();
     clm_metrics full{};
     full.struct_size = out->struct_size;

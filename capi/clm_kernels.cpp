@@ -97,7 +97,7 @@ clm_attention_params default_params() {
 // The caller's params (any known version) as clm::AttentionParams + stream.
 clm_status read_params(const clm_attention_params* params, const char* fn, clm::AttentionParams& out, void*& stream) {
   if (!params) return null_argument(fn, "params (num_q_heads has no default)");
-  if (clm_status s = check_struct_size<clm_attention_params>(params->struct_size, kAttentionParamsV1, fn)) return s;
+  if (clm_status s = check_struct_size<clm_attention_params>(params->struct_size, {kAttentionParamsV1}, fn)) return s;
   const clm_attention_params full = widen(params, params->struct_size, default_params());
   if (full.num_q_heads <= 0) {
     return fail(
@@ -201,7 +201,7 @@ clm_status clm_attention_params_init(clm_attention_params* params, size_t struct
   return guarded([&]() -> clm_status {
     const char* fn = "clm_attention_params_init";
     if (!params) return null_argument(fn, "params");
-    if (clm_status s = check_struct_size<clm_attention_params>(struct_size, kAttentionParamsV1, fn)) return s;
+    if (clm_status s = check_struct_size<clm_attention_params>(struct_size, {kAttentionParamsV1}, fn)) return s;
     clm_attention_params defaults = default_params();
     defaults.struct_size = static_cast<uint32_t>(struct_size);
     std::memcpy(static_cast<void*>(params), &defaults, struct_size);  // only the fields the caller's version has

@@ -30,7 +30,7 @@ clm_adapter_options default_adapter_options() {
 
 clm_status adapter_config(const clm_adapter_options* options, const char* fn, clm::SnapshotAdapterConfig& out) {
   if (!options) return null_argument(fn, "options (num_layers has no default)");
-  if (clm_status s = check_struct_size<clm_adapter_options>(options->struct_size, kAdapterOptionsV1, fn)) return s;
+  if (clm_status s = check_struct_size<clm_adapter_options>(options->struct_size, {kAdapterOptionsV1}, fn)) return s;
   const clm_adapter_options o = widen(options, options->struct_size, default_adapter_options());
   if (!o.layers && o.n_layers > 0) return null_argument(fn, "options->layers (with n_layers > 0)");
   if (o.n_layers > kMaxLayers) {
@@ -125,7 +125,7 @@ clm_status clm_engine_make_snapshots(float* snapshots, size_t snapshots_len, clm
 clm_status clm_adapter_options_init(clm_adapter_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_adapter_options_init", "options");
   if (clm_status s =
-          check_struct_size<clm_adapter_options>(struct_size, kAdapterOptionsV1, "clm_adapter_options_init")) {
+          check_struct_size<clm_adapter_options>(struct_size, {kAdapterOptionsV1}, "clm_adapter_options_init")) {
     return s;
   }
   clm_adapter_options defaults = default_adapter_options();

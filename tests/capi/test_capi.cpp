@@ -1079,6 +1079,98 @@ TEST_CASE("unknown struct_size: engine_kv_layout", "[capi][bad][struct_size]") {
   CHECK(l.get()->num_pages == 4);
 }
 
+namespace {
+// The sizes a caller of a published version passes: each version's last
+// field's end, and that rounded up to the struct's alignment (its sizeof).
+template <class Struct>
+std::set<size_t> published_sizes(std::initializer_list<size_t> ends) {
+  std::set<size_t> sizes;
+  for (size_t end : ends) {
+    sizes.insert(end);
+    sizes.insert((end + alignof(Struct) - 1) / alignof(Struct) * alignof(Struct));
+  }
+  sizes.insert(sizeof(Struct));
+  return sizes;
+}
+}  // namespace
+
+TEST_CASE("struct_size: only the sizes of published versions, never one that cuts a field",
+          "[capi][bad][struct_size]") {
+  const std::set<size_t> options_sizes =
+      published_sizes<clm_engine_options>({offsetof(clm_engine_options, slru_protected_fraction) + sizeof(double),
+                                           offsetof(clm_engine_options, n_special_token_ids) + sizeof(size_t),
+                                           offsetof(clm_engine_options, snapshot_lookup_timeout_us) + sizeof(int32_t)});
+  const std::set<size_t> metrics_sizes =
+      published_sizes<clm_metrics>({offsetof(clm_metrics, metadata_bytes) + sizeof(uint64_t),
+                                    offsetof(clm_metrics, src_injections) + sizeof(uint64_t),
+                                    offsetof(clm_metrics, has_snapshot_store) + sizeof(int32_t)});
+  const std::set<size_t> layout_sizes =
+      published_sizes<clm_kv_layout>({offsetof(clm_kv_layout, memory) + sizeof(int32_t)});
+  const std::set<size_t> admit_sizes =
+      published_sizes<clm_admit_options>({offsetof(clm_admit_options, priority) + sizeof(int32_t)});
+  const std::set<size_t> adapter_sizes =
+      published_sizes<clm_adapter_options>({offsetof(clm_adapter_options, residual_scale) + sizeof(float)});
+  const std::set<size_t> params_sizes =
+      published_sizes<clm_attention_params>({offsetof(clm_attention_params, stream) + sizeof(void*)});
+  CHECK(options_sizes.count(sizeof(clm_engine_options) - 4) == 0);  // odd sizes exist between versions
+
+  EnginePtr engine = make_engine(4, 4);
+  for (size_t size = 0; size <= sizeof(clm_engine_options) + 8; ++size) {
+    INFO("clm_engine_options of " << size << " bytes");
+    const bool known = options_sizes.count(size) == 1;
+    Oversized<clm_engine_options> o;
+    CHECK(clm_engine_options_init(o.get(), size) == (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
+    if (!known) CHECK(o.untouched());
+    clm_engine_options full = engine_options(4, 4);
+    full.struct_size = static_cast<uint32_t>(size);
+    clm_engine* e = nullptr;
+    CHECK(clm_engine_create(&e, &full) == (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
+    CHECK((e != nullptr) == known);
+    clm_engine_free(e);
+  }
+  for (size_t size = 0; size <= sizeof(clm_metrics) + 8; ++size) {
+    INFO("clm_metrics of " << size << " bytes");
+    const bool known = metrics_sizes.count(size) == 1;
+    Oversized<clm_metrics> m;
+    const auto struct_size = static_cast<uint32_t>(size);
+    std::memcpy(m.bytes, &struct_size, sizeof struct_size);
+    CHECK(clm_engine_metrics(m.get(), engine.get()) == (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
+    const size_t written = known ? size : sizeof struct_size;
+    CHECK(std::all_of(m.bytes + written, m.bytes + sizeof m.bytes, [](unsigned char b) { return b == 0xAB; }));
+  }
+  for (size_t size = 0; size <= sizeof(clm_kv_layout) + 8; ++size) {
+    INFO("clm_kv_layout of " << size << " bytes");
+    const bool known = layout_sizes.count(size) == 1;
+    Oversized<clm_kv_layout> l;
+    const auto struct_size = static_cast<uint32_t>(size);
+    std::memcpy(l.bytes, &struct_size, sizeof struct_size);
+    CHECK(clm_engine_kv_layout(l.get(), engine.get()) == (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
+    const size_t written = known ? size : sizeof struct_size;
+    CHECK(std::all_of(l.bytes + written, l.bytes + sizeof l.bytes, [](unsigned char b) { return b == 0xAB; }));
+  }
+  for (size_t size = 0; size <= sizeof(clm_admit_options) + 8; ++size) {
+    INFO("clm_admit_options of " << size << " bytes");
+    Oversized<clm_admit_options> o;
+    const bool known = admit_sizes.count(size) == 1;
+    CHECK(clm_admit_options_init(o.get(), size) == (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
+    if (!known) CHECK(o.untouched());
+  }
+  for (size_t size = 0; size <= sizeof(clm_adapter_options) + 8; ++size) {
+    INFO("clm_adapter_options of " << size << " bytes");
+    Oversized<clm_adapter_options> o;
+    const bool known = adapter_sizes.count(size) == 1;
+    CHECK(clm_adapter_options_init(o.get(), size) == (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
+    if (!known) CHECK(o.untouched());
+  }
+  for (size_t size = 0; size <= sizeof(clm_attention_params) + 8; ++size) {
+    INFO("clm_attention_params of " << size << " bytes");
+    Oversized<clm_attention_params> o;
+    const bool known = params_sizes.count(size) == 1;
+    CHECK(clm_attention_params_init(o.get(), size) == (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
+    if (!known) CHECK(o.untouched());
+  }
+}
+
 // =============================================================================
 // Bad input: tokens and lengths
 // =============================================================================
