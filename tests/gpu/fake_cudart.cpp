@@ -1,7 +1,8 @@
 // A fake CUDA runtime over host memory, for test_cuda_kernels_emulated: the
 // functions clmcache (lib/device_memory.cpp, cuda/cuda_kernels.cpp) and the
 // GPU test call, defined in the test executable so that they take precedence
-// over libcudart. One "device" (0, 4 SMs). Device memory is malloc'd host
+// over libcudart. One "device" (0, 4 SMs; a test may ask for more with
+// clm_fake_cuda_set_device_count, for the current device's bookkeeping). Device memory is malloc'd host
 // memory (the emulated kernels read it); copies and launches complete at once,
 // events and streams are tokens. It is strict where the real runtime is:
 // device-to-device or host-to-device copies must stay inside one allocation,
@@ -30,7 +31,7 @@ struct Fake {
   std::map<std::uintptr_t, Range> pinned;        // cudaMallocHost / cudaHostRegister
   std::set<std::uintptr_t> malloc_host;          // which pinned ranges cudaMallocHost made
   std::set<void*> events, streams;
-  int current = 0;
+  int devices = 1;
   cudaError_t last = cudaSuccess;
 };
 
@@ -38,6 +39,7 @@ Fake& fake() {
   static Fake f;
   return f;
 }
+thread_local int t_current_device = 0;  // as in CUDA, each host thread has its own
 
 cudaError_t fail(cudaError_t err) {
   fake().last = err;
@@ -83,17 +85,21 @@ bool copy_allowed(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind
 
 extern "C" {
 
+// Test hook: how many devices the fake reports (1 unless asked).
+void clm_fake_cuda_set_device_count(int count);
+void clm_fake_cuda_set_device_count(int count) { fake().devices = count; }
+
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = fake().devices;
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
-  *device = fake().current;
+  *device = t_current_device;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
-  fake().current = device;
+  if (device < 0 || device >= fake().devices) return fail(cudaErrorInvalidDevice);
+  t_current_device = device;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
