@@ -769,13 +769,17 @@ Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& par
   }
 
   // Tasks: (kv head, tile of queries); a tile has ~128 rows (queries x group).
+  // Every task converts and packs each block of keys it reads, so tiles are
+  // split only until there are two tasks a thread: a few new rows over a
+  // long cached prefix (equal work per tile) then pack the prefix once per
+  // kv head and tile, not four times as often.
   int threads = detail::cpu_kernel_threads(params.num_threads);
   const std::int64_t span = params.sliding_window > 0 ? std::min(params.sliding_window, kv_len) : kv_len;
   const double flops = 4.0 * n_new * static_cast<double>(span) * params.num_q_heads * kv.head_dim;
   if (flops < 4e6) threads = 1;
   const std::int32_t heads = kv.kv_heads;
   std::int32_t tile = std::clamp(128 / shape.group, 1, 128);
-  while (tile > 8 && static_cast<std::int64_t>(heads) * ((n_new + tile - 1) / tile) < 4 * threads) tile /= 2;
+  while (tile > 8 && static_cast<std::int64_t>(heads) * ((n_new + tile - 1) / tile) < 2 * threads) tile /= 2;
   const std::int32_t tiles = (n_new + tile - 1) / tile;
   const bool avx2 = detail::simd_for(layer) == detail::CpuIsa::avx2;
   auto run_tile = [&](std::int64_t t) {
