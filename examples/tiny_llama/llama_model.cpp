@@ -38,54 +38,49 @@ LlamaModel::LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Eng
                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
       workers_(threads_) {
   rope_table(config, rope_cos_, rope_sin_);
-  // q, k and v (and gate and up) read the same normalised rows: one GEMM over
-  // the stacked weights instead of three (two) reads a's rows once and gives
-  // the threads wider shares. The stacked copies replace the originals.
+  // Every weight packed once for clm::gemm_nt (clm/dense_gemm.hpp), whose
+  // rows then do not depend on the batch around them. q, k and v (and gate
+  // and up) read the same normalised rows: one product over the stacked
+  // weights instead of three (two). The packed copies replace the originals.
+  const auto pack = [](std::initializer_list<std::vector<float>*> parts, std::int64_t k) {
+    std::vector<float> stacked;
+    for (std::vector<float>* w : parts) {
+      stacked.insert(stacked.end(), w->begin(), w->end());
+      std::vector<float>().swap(*w);
+    }
+    return clm::PackedWeight(stacked.data(), static_cast<std::int64_t>(stacked.size()) / k, k);
+  };
+  const std::int64_t h = config.hidden, inter = config.intermediate;
   for (LlamaLayerWeights& l : weights_.layers) {
-    std::vector<float>& qkv = fused_qkv_.emplace_back();
-    for (std::vector<float>* w : {&l.wq, &l.wk, &l.wv}) {
-      qkv.insert(qkv.end(), w->begin(), w->end());
-      std::vector<float>().swap(*w);
-    }
-    std::vector<float>& gate_up = fused_gate_up_.emplace_back();
-    for (std::vector<float>* w : {&l.w_gate, &l.w_up}) {
-      gate_up.insert(gate_up.end(), w->begin(), w->end());
-      std::vector<float>().swap(*w);
-    }
+    packed_.push_back({pack({&l.wq, &l.wk, &l.wv}, h), pack({&l.wo}, config.q_dim()), pack({&l.w_gate, &l.w_up}, h),
+                       pack({&l.w_down}, inter)});
   }
+  const std::vector<float>& output = weights_.output_matrix();
+  lm_head_ = clm::PackedWeight(output.data(), config.vocab_size, h);
+  std::vector<float>().swap(weights_.lm_head);  // empty when tied to embed, which stays
 }
 
-void LlamaModel::matmul(const float* a, std::int64_t m, std::int64_t k, const std::vector<float>& w, std::int64_t n,
-                        float* c) {
+void LlamaModel::matmul(const float* a, std::int64_t m, const clm::PackedWeight& w, float* c) {
   const auto start = Clock::now();
   struct Account {
     double& seconds;
     Clock::time_point start;
     ~Account() { seconds += seconds_since(start); }
   } account{gemm_seconds_, start};
+  const std::int64_t n = w.n();
   const int threads = workers_.threads();
-  if (threads == 1 || m * n * k < (1 << 18)) {
-    clm::gemm_nt(a, m, k, w.data(), n, c);
+  if (threads == 1 || m * n * w.k() < (1 << 18)) {
+    clm::gemm_nt(a, m, w, c, n);
     return;
   }
-  // Each thread takes a share of the weight's rows (columns of c) and all of
-  // a's rows: Eigen packs the weight on every call, so a thread that takes
-  // part of the rows instead repacks the whole weight for fewer rows (a
-  // quarter slower at 32 rows a thread). Only with many rows, where packing
-  // is amortised either way, are a's rows split.
-  if (m >= 256 * threads) {
-    const std::int64_t chunk = (m + threads - 1) / threads;
-    workers_.run(threads, [&](std::int64_t t) {
-      const std::int64_t begin = t * chunk, end = std::min(m, begin + chunk);
-      if (begin < end) clm::gemm_nt(a + begin * k, end - begin, k, w.data(), n, c + begin * n);
-    });
-    return;
-  }
-  // Column shares rounded to Eigen's 8-float vectors keep every store aligned.
-  const std::int64_t chunk = ((n + threads - 1) / threads + 7) / 8 * 8;
+  // Each thread takes whole panels of the weight (columns of c) and all of
+  // a's rows: the weight is read once in all, and a's rows, the smaller
+  // operand here, by every thread.
+  const std::int64_t panels = (w.panels() + threads - 1) / threads;
   workers_.run(threads, [&](std::int64_t t) {
-    const std::int64_t begin = t * chunk, end = std::min(n, begin + chunk);
-    if (begin < end) clm::gemm_nt(a, m, k, w.data() + begin * k, end - begin, c + begin, n);
+    const std::int64_t begin = t * panels * clm::PackedWeight::kPanel;
+    const std::int64_t end = std::min(n, begin + panels * clm::PackedWeight::kPanel);
+    if (begin < end) clm::gemm_nt(a, m, w, c, n, begin, end);
   });
 }
 
@@ -190,7 +185,8 @@ clm::Status LlamaModel::forward(const ForwardBatch& b, std::span<float> logits) 
     const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
     rms_norm(x_.data(), rows, w.attn_norm, h_.data());
     const std::int64_t qkv_dim = q_dim + 2 * kv_dim;
-    matmul(h_.data(), rows, h, fused_qkv_[static_cast<std::size_t>(layer)], qkv_dim, wide_.data());
+    const LayerWeights& packed = packed_[static_cast<std::size_t>(layer)];
+    matmul(h_.data(), rows, packed.qkv, wide_.data());
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* row = wide_.data() + r * qkv_dim;
       std::memcpy(q_.data() + r * q_dim, row, static_cast<std::size_t>(q_dim) * sizeof(float));
@@ -203,18 +199,19 @@ clm::Status LlamaModel::forward(const ForwardBatch& b, std::span<float> logits) 
     CLM_RETURN_IF_ERROR(clm::write_kv(kv, layer, k_.data(), v_.data(), b.slots));
     CLM_RETURN_IF_ERROR(attention(layer, b, q_.data(), attn_.data()));
     attention_seconds += seconds_since(attention_start);
-    matmul(attn_.data(), rows, q_dim, w.wo, h, o_.data());
+    matmul(attn_.data(), rows, packed.o, o_.data());
     if (observer_) CLM_RETURN_IF_ERROR(observer_->on_attention_output(layer, b, o_.data()));
     for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += o_[i];
     rms_norm(x_.data(), rows, w.mlp_norm, h_.data());
-    matmul(h_.data(), rows, h, fused_gate_up_[static_cast<std::size_t>(layer)], 2 * inter, wide_.data());
+    matmul(h_.data(), rows, packed.gate_up, wide_.data());
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* gate = wide_.data() + r * 2 * inter;
       const float* up = gate + inter;
       float* out = gate_.data() + r * inter;
-      for (std::int64_t i = 0; i < inter; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SiLU(gate) * up
+      for (std::int64_t i = 0; i < inter; ++i)
+        out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SiLU(gate) * up
     }
-    matmul(gate_.data(), rows, inter, w.w_down, h, o_.data());
+    matmul(gate_.data(), rows, packed.down, o_.data());
     for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += o_[i];
     if (observer_) CLM_RETURN_IF_ERROR(observer_->after_layer(layer, b, x_.data()));
   }
@@ -225,7 +222,7 @@ clm::Status LlamaModel::forward(const ForwardBatch& b, std::span<float> logits) 
   }
   rms_norm(last_.data(), n, weights_.final_norm, last_.data());
   if (observer_) CLM_RETURN_IF_ERROR(observer_->on_final_hidden(b, last_.data()));
-  matmul(last_.data(), n, h, weights_.output_matrix(), c.vocab_size, logits.data());
+  matmul(last_.data(), n, lm_head_, logits.data());
   ForwardSeconds& account = rows > n ? profile_.prefill : profile_.decode;
   account.gemm += gemm_seconds_;
   account.attention += attention_seconds;

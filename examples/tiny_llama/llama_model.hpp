@@ -32,6 +32,7 @@
 #include <span>
 #include <vector>
 
+#include "clm/dense_gemm.hpp"
 #include "clm/engine.hpp"
 #include "decoder.hpp"
 #include "llama_config.hpp"
@@ -81,7 +82,7 @@ class LlamaModel final : public Decoder {
  private:
   LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Engine& engine, const ModelOptions& options);
   // c [m][n] = a [m][k] * w [n][k]^T, split between the pool's threads.
-  void matmul(const float* a, std::int64_t m, std::int64_t k, const std::vector<float>& w, std::int64_t n, float* c);
+  void matmul(const float* a, std::int64_t m, const clm::PackedWeight& w, float* c);
   void rms_norm(const float* x, std::int64_t rows, const std::vector<float>& weight, float* out) const;
   void rope(float* x, std::int64_t rows, std::int32_t heads, std::span<const std::int32_t> positions) const;
   clm::Status attention(std::int32_t layer, const ForwardBatch& batch, const float* q, float* out);
@@ -92,9 +93,14 @@ class LlamaModel final : public Decoder {
   int threads_;
   WorkerPool workers_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_position][head_dim / 2]
-  // Per layer: q_proj, k_proj and v_proj stacked [q_dim + 2 kv_dim][hidden];
-  // gate_proj and up_proj stacked [2 intermediate][hidden].
-  std::vector<std::vector<float>> fused_qkv_, fused_gate_up_;
+  struct LayerWeights {
+    clm::PackedWeight qkv;      // q_proj, k_proj, v_proj stacked: [q_dim + 2 kv_dim][hidden]
+    clm::PackedWeight o;        // o_proj [hidden][q_dim]
+    clm::PackedWeight gate_up;  // gate_proj, up_proj stacked: [2 intermediate][hidden]
+    clm::PackedWeight down;     // down_proj [hidden][intermediate]
+  };
+  std::vector<LayerWeights> packed_;
+  clm::PackedWeight lm_head_;
   LayerObserver* observer_ = nullptr;
   ForwardProfile profile_;
   double gemm_seconds_ = 0;  // of the forward in progress

@@ -103,7 +103,8 @@ void prefill_figures(const Setup& setup) {
     ideals.push_back(double(prompt) / double(std::max<std::int64_t>(1, prompt - cached)));
     on_seconds.push_back(on_prefill);
     off_seconds.push_back(off_prefill);
-    for (const auto& [parts, p] : {std::pair{&on_parts, on_profile.prefill}, std::pair{&off_parts, off_profile.prefill}}) {
+    for (const auto& [parts, p] :
+         {std::pair{&on_parts, on_profile.prefill}, std::pair{&off_parts, off_profile.prefill}}) {
       (*parts)["gemm"].push_back(p.gemm);
       (*parts)["attention"].push_back(p.attention);
       (*parts)["other"].push_back(p.other);
