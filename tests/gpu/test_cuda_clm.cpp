@@ -6,7 +6,7 @@
 // sequences, overflowing logits) turned into invalid_argument with the output
 // left untouched, and the host-side validation. Outputs are poisoned before
 // every run. Without a usable CUDA device the GPU tests print
-// "SKIPPED (no usable CUDA device: ...)" and pass.
+// "SKIPPED (no usable CUDA device: ...)", which ctest reports as skipped.
 //
 // The same file is built as test_cuda_clm_emulated over a fake CUDA runtime
 // (fake_cudart.cpp), a test-only fake cuBLAS (fake_cublas.cpp: a CPU GEMM) and

@@ -2,7 +2,8 @@
 // references on fresh random inputs: decode (split-K + merge), prefill,
 // write_kv, page copies, and the host-side validation of the public API.
 // Outputs are poisoned with NaN before every run. Without a usable CUDA device
-// every test prints "SKIPPED (no usable CUDA device: ...)" and passes.
+// every test prints "SKIPPED (no usable CUDA device: ...)", which ctest
+// reports as skipped.
 //
 // The same file is also built as test_cuda_kernels_emulated, over a fake CUDA
 // runtime (fake_cudart.cpp) and the CPU kernel emulator (emulated_launch.cpp),
