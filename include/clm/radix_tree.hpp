@@ -238,6 +238,10 @@ class RadixTree {
     CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "insert"));
     // Matched nodes that are only on the host take the caller's pages (a load-back, or a recompute).
     const std::int32_t device_matched = matched_on(walk, &Node::on_device);
+    // Refused pages are refused before any room is reserved below, so that a
+    // refused insert leaves no trace (not even a grown index).
+    CLM_RETURN_IF_ERROR(
+        check_new_pages(pages.first(store_pages), static_cast<std::size_t>(device_matched / page_size_)));
 
     // All or nothing: the memory the insert needs (node slots, edge and heap
     // room, the blocks of a split and of the new leaf) is taken before
@@ -838,6 +842,23 @@ class RadixTree {
   // pages of the already-cached part that are not the tree's own are
   // duplicates, released (and replaced by the tree's ids in `pages`); the rest
   // become the tree's. Changes nothing when it fails.
+  // The pages from `from` on must be allocated, not the tree's, and each
+  // passed once: checked by marking them and unmarking them all again.
+  Status check_new_pages(std::span<const std::int32_t> pages, std::size_t from) {
+    for (std::size_t k = from; k < pages.size(); ++k) {
+      const std::int32_t p = pages[k];
+      if (!pool_.is_allocated(p) || owns_page(p)) {
+        for (std::size_t u = from; u < k; ++u) set_owned(pages[u], false);
+        return invalid_argument(
+            fmt::format("insert: page {} at position {} is {}", p, k,
+                        !pool_.is_allocated(p) ? "not allocated" : "already cached (or passed twice)"));
+      }
+      set_owned(p, true);
+    }
+    for (std::size_t k = from; k < pages.size(); ++k) set_owned(pages[k], false);
+    return {};
+  }
+
   Status take_pages(const Walk& walk, std::int32_t device_matched, std::span<std::int32_t> pages) {
     const std::size_t cached_pages = static_cast<std::size_t>(device_matched / page_size_);
     // Usually the caller passes back the pages its match returned: one memcmp
