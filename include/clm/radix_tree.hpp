@@ -838,10 +838,6 @@ class RadixTree {
     return Walk{node, nodes_[node].len, pos};
   }
 
-  // Validates the caller's pages for an insert and settles their ownership:
-  // pages of the already-cached part that are not the tree's own are
-  // duplicates, released (and replaced by the tree's ids in `pages`); the rest
-  // become the tree's. Changes nothing when it fails.
   // The pages from `from` on must be allocated, not the tree's, and each
   // passed once: checked by marking them and unmarking them all again.
   Status check_new_pages(std::span<const std::int32_t> pages, std::size_t from) {
@@ -859,6 +855,11 @@ class RadixTree {
     return {};
   }
 
+  // Validates the caller's pages for an insert and settles their ownership
+  // (the new ones, from the cached part's end on, passed check_new_pages):
+  // pages of the already-cached part that are not the tree's own are
+  // duplicates, released (and replaced by the tree's ids in `pages`); the rest
+  // become the tree's. Changes nothing when it fails.
   Status take_pages(const Walk& walk, std::int32_t device_matched, std::span<std::int32_t> pages) {
     const std::size_t cached_pages = static_cast<std::size_t>(device_matched / page_size_);
     // Usually the caller passes back the pages its match returned: one memcmp
@@ -883,16 +884,8 @@ class RadixTree {
       });
       CLM_RETURN_IF_ERROR(bad);
     }
-    for (std::size_t k = cached_pages; k < pages.size(); ++k) {
-      const std::int32_t p = pages[k];
-      if (!pool_.is_allocated(p) || owns_page(p)) {
-        for (std::size_t u = cached_pages; u < k; ++u) set_owned(pages[u], false);
-        return invalid_argument(
-            fmt::format("insert: page {} at position {} is {}", p, k,
-                        !pool_.is_allocated(p) ? "not allocated" : "already cached (or passed twice)"));
-      }
-      set_owned(p, true);
-    }
+    // The new pages passed check_new_pages: allocated, not the tree's, distinct.
+    for (std::size_t k = cached_pages; k < pages.size(); ++k) set_owned(pages[k], true);
     if (!has_duplicates) return {};
     // Duplicates are released only now, once the new pages are known good.
     bool clash = false;
