@@ -67,26 +67,10 @@ void micro_kernel(const float* a, std::int64_t lda, const float* panel, std::int
 
 void packed_gemm_nt_avx2(const float* a, std::int64_t lda, int rows, const float* panel, std::int64_t k, float* c,
                          std::int64_t ldc, int from, int to) {
-  switch (rows) {
-    case 6:
-      micro_kernel<6>(a, lda, panel, k, c, ldc, from, to);
-      break;
-    case 5:
-      micro_kernel<5>(a, lda, panel, k, c, ldc, from, to);
-      break;
-    case 4:
-      micro_kernel<4>(a, lda, panel, k, c, ldc, from, to);
-      break;
-    case 3:
-      micro_kernel<3>(a, lda, panel, k, c, ldc, from, to);
-      break;
-    case 2:
-      micro_kernel<2>(a, lda, panel, k, c, ldc, from, to);
-      break;
-    default:
-      micro_kernel<1>(a, lda, panel, k, c, ldc, from, to);
-      break;
-  }
+  using Kernel = void (*)(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t, int, int);
+  static constexpr Kernel kByRows[kPackedRowBlock] = {&micro_kernel<1>, &micro_kernel<2>, &micro_kernel<3>,
+                                                      &micro_kernel<4>, &micro_kernel<5>, &micro_kernel<6>};
+  kByRows[rows - 1](a, lda, panel, k, c, ldc, from, to);
 }
 
 }  // namespace clm::detail
