@@ -35,6 +35,7 @@
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
 #include "clm/engine.hpp"
+#include "test_support.hpp"
 
 using clm::KvDType;
 using clm::PagedKvView;
@@ -73,14 +74,6 @@ struct Rng {
     return v;
   }
 };
-
-std::vector<clm::detail::CpuIsa> isas() {
-  std::vector<clm::detail::CpuIsa> out;
-  for (auto isa : {clm::detail::CpuIsa::scalar, clm::detail::CpuIsa::avx2}) {
-    if (static_cast<int>(isa) <= static_cast<int>(clm::detail::cpu_isa_best())) out.push_back(isa);
-  }
-  return out;
-}
 
 // Restores the automatic ISA and chunking when a test ends.
 struct KernelSettings {
@@ -237,6 +230,22 @@ struct PageDealer {
   }
 };
 
+// Deals each sequence its pages, writes its K/V there (layer `layer`), and
+// returns the batch's page table in FlashInfer's CSR form.
+clm::PagedBatch place_seqs(const TestPool& p, std::int32_t layer, std::vector<Seq>& seqs, PageDealer& dealer,
+                           std::int32_t page_size) {
+  clm::PagedBatch pb;
+  pb.indptr.push_back(0);
+  for (Seq& s : seqs) {
+    s.pages = dealer.take(static_cast<std::size_t>((s.len + page_size - 1) / page_size));
+    write_seq(p.view, layer, s, 0, s.len);
+    pb.indices.insert(pb.indices.end(), s.pages.begin(), s.pages.end());
+    pb.indptr.push_back(static_cast<std::int32_t>(pb.indices.size()));
+    pb.last_page_len.push_back(s.len - (static_cast<std::int32_t>(s.pages.size()) - 1) * page_size);
+  }
+  return pb;
+}
+
 const KvDType kDtypes[] = {KvDType::f32, KvDType::f16, KvDType::bf16};
 
 }  // namespace
@@ -351,7 +360,7 @@ TEST_CASE("decode: a ragged batch matches dense float64 attention", "[attention]
   INFO("seed " << seed);
   Rng rng(seed);
   KernelSettings settings;
-  for (auto isa : isas()) {
+  for (auto isa : clm_test::cpu_isas()) {
     settings.isa(isa);
     for (KvDType dtype : kDtypes) {
       for (std::int32_t page_size : {1, 16, 64}) {
@@ -376,15 +385,7 @@ TEST_CASE("decode: a ragged batch matches dense float64 attention", "[attention]
               }
               TestPool p = make_pool(total_pages + rng.range(0, 3), page_size, 2, kv_heads, dim, dtype);
               PageDealer dealer(p.view.num_pages, rng);
-              clm::PagedBatch pb;
-              pb.indptr.push_back(0);
-              for (Seq& s : seqs) {
-                s.pages = dealer.take(static_cast<std::size_t>((s.len + page_size - 1) / page_size));
-                write_seq(p.view, 1, s, 0, s.len);
-                pb.indices.insert(pb.indices.end(), s.pages.begin(), s.pages.end());
-                pb.indptr.push_back(static_cast<std::int32_t>(pb.indices.size()));
-                pb.last_page_len.push_back(s.len - (static_cast<std::int32_t>(s.pages.size()) - 1) * page_size);
-              }
+              const clm::PagedBatch pb = place_seqs(p, 1, seqs, dealer, page_size);
               const std::size_t row = static_cast<std::size_t>(q_heads) * dim;
               const auto q = rng.vec(static_cast<std::size_t>(batch) * row, 3.0f);
               std::vector<float> out(q.size(), kNaN);
@@ -425,7 +426,7 @@ TEST_CASE("decode: long sequences split into chunks and merged by log-sum-exp", 
   INFO("seed " << seed);
   Rng rng(seed);
   KernelSettings settings;
-  for (auto isa : isas()) {
+  for (auto isa : clm_test::cpu_isas()) {
     settings.isa(isa);
     for (KvDType dtype : {KvDType::f32, KvDType::bf16}) {
       // 0: automatic (splits only with > 1 thread); odd sizes cross block and page edges.
@@ -442,15 +443,7 @@ TEST_CASE("decode: long sequences split into chunks and merged by log-sum-exp", 
         for (const Seq& s : seqs) pages += (s.len + page_size - 1) / page_size;
         TestPool p = make_pool(pages, page_size, 1, kv_heads, dim, dtype);
         PageDealer dealer(pages, rng);
-        clm::PagedBatch pb;
-        pb.indptr.push_back(0);
-        for (Seq& s : seqs) {
-          s.pages = dealer.take(static_cast<std::size_t>((s.len + page_size - 1) / page_size));
-          write_seq(p.view, 0, s, 0, s.len);
-          pb.indices.insert(pb.indices.end(), s.pages.begin(), s.pages.end());
-          pb.indptr.push_back(static_cast<std::int32_t>(pb.indices.size()));
-          pb.last_page_len.push_back(s.len - (static_cast<std::int32_t>(s.pages.size()) - 1) * page_size);
-        }
+        const clm::PagedBatch pb = place_seqs(p, 0, seqs, dealer, page_size);
         const std::size_t row = static_cast<std::size_t>(q_heads) * dim;
         const auto q = rng.vec(2 * row, 3.0f);
         std::vector<float> out(q.size(), kNaN);
@@ -488,15 +481,7 @@ TEST_CASE("decode: out of host memory at any allocation, nothing is written to o
   for (const Seq& s : seqs) pages += (s.len + page_size - 1) / page_size;
   TestPool p = make_pool(pages, page_size, 1, kv_heads, dim, KvDType::f32);
   PageDealer dealer(pages, rng);
-  clm::PagedBatch pb;
-  pb.indptr.push_back(0);
-  for (Seq& s : seqs) {
-    s.pages = dealer.take(static_cast<std::size_t>((s.len + page_size - 1) / page_size));
-    write_seq(p.view, 0, s, 0, s.len);
-    pb.indices.insert(pb.indices.end(), s.pages.begin(), s.pages.end());
-    pb.indptr.push_back(static_cast<std::int32_t>(pb.indices.size()));
-    pb.last_page_len.push_back(s.len - (static_cast<std::int32_t>(s.pages.size()) - 1) * page_size);
-  }
+  const clm::PagedBatch pb = place_seqs(p, 0, seqs, dealer, page_size);
   const std::size_t row = static_cast<std::size_t>(q_heads) * dim;
   const auto q = rng.vec(seqs.size() * row, 3.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
@@ -511,7 +496,7 @@ TEST_CASE("decode: out of host memory at any allocation, nothing is written to o
   params.num_q_heads = q_heads;
   params.num_threads = 1;  // every allocation on this thread, so each can be made to fail
   constexpr float kUntouched = 12345.0f;
-  for (auto isa : isas()) {
+  for (auto isa : clm_test::cpu_isas()) {
     settings.isa(isa);
     INFO(clm::detail::cpu_isa_name(isa));
     long failures = 0;
@@ -546,7 +531,7 @@ TEST_CASE("prefill: new tokens over a cached prefix match dense float64 attentio
   INFO("seed " << seed);
   Rng rng(seed);
   KernelSettings settings;
-  for (auto isa : isas()) {
+  for (auto isa : clm_test::cpu_isas()) {
     settings.isa(isa);
     for (KvDType dtype : kDtypes) {
       for (std::int32_t page_size : {1, 16, 64}) {
@@ -623,7 +608,7 @@ TEST_CASE("prefix reuse: attention over pages another sequence wrote equals dens
   INFO("seed " << seed);
   Rng rng(seed);
   KernelSettings settings;
-  for (auto isa : isas()) {
+  for (auto isa : clm_test::cpu_isas()) {
     settings.isa(isa);
     for (KvDType dtype : kDtypes) {
       for (std::int32_t page_size : {1, 16, 64}) {
@@ -1105,7 +1090,7 @@ TEST_CASE("kernels read and write nothing outside the pool and the caller's buff
   INFO("seed " << seed);
   Rng rng(seed);
   KernelSettings settings;
-  for (auto isa : isas()) {
+  for (auto isa : clm_test::cpu_isas()) {
     settings.isa(isa);
     for (KvDType dtype : kDtypes) {
       for (std::int32_t page_size : {1, 16, 64}) {

@@ -31,12 +31,6 @@ struct Rng {
   }
 };
 
-std::vector<CpuIsa> isas() {
-  std::vector<CpuIsa> out{CpuIsa::scalar};
-  if (clm::detail::cpu_isa_best() == CpuIsa::avx2) out.push_back(CpuIsa::avx2);
-  return out;
-}
-
 struct IsaGuard {
   ~IsaGuard() { (void)clm::detail::set_cpu_isa(clm::detail::cpu_isa_best()); }
 };
@@ -91,7 +85,7 @@ TEST_CASE("gemm_nt: packed weights, every ISA, column ranges and ldc, against fl
   INFO("seed " << seed);
   Rng rng(seed);
   IsaGuard guard;
-  for (CpuIsa isa : isas()) {
+  for (CpuIsa isa : clm_test::cpu_isas()) {
     REQUIRE(clm::detail::set_cpu_isa(isa).ok());
     INFO("isa " << clm::detail::cpu_isa_name(isa));
     for (int trial = 0; trial < 60; ++trial) {
@@ -134,7 +128,7 @@ TEST_CASE("gemm_nt: packed, a row of c is the same bit for bit alone, in any bat
   INFO("seed " << seed);
   Rng rng(seed);
   IsaGuard guard;
-  for (CpuIsa isa : isas()) {
+  for (CpuIsa isa : clm_test::cpu_isas()) {
     REQUIRE(clm::detail::set_cpu_isa(isa).ok());
     for (int trial = 0; trial < 10; ++trial) {
       const std::int64_t m = rng.range(2, 50), k = rng.range(16, 600), n = rng.range(17, 300);

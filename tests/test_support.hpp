@@ -16,11 +16,22 @@
 #include <vector>
 
 #include "clm/activations.hpp"
+#include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
 
 namespace clm_test {
 
 inline std::uint32_t fresh_seed() { return std::random_device{}(); }
+
+// The CPU kernel ISAs this machine runs (scalar, then AVX2 where present),
+// for tests that run every kernel on each (clm::detail::set_cpu_isa).
+inline std::vector<clm::detail::CpuIsa> cpu_isas() {
+  std::vector<clm::detail::CpuIsa> out;
+  for (auto isa : {clm::detail::CpuIsa::scalar, clm::detail::CpuIsa::avx2}) {
+    if (static_cast<int>(isa) <= static_cast<int>(clm::detail::cpu_isa_best())) out.push_back(isa);
+  }
+  return out;
+}
 
 // Each value rounded to nearest even in `dtype` (f16 or bf16), as bits.
 inline std::vector<std::uint16_t> to_half(const std::vector<float>& values, clm::ActDType dtype) {

@@ -1,9 +1,11 @@
 // tests/gpu/gpu_test_support.hpp: what the GPU test programs share
-// (test_cuda_kernels.cpp, test_cuda_clm.cpp, and their *_emulated builds):
+// (test_cuda_kernels.cpp, test_cuda_clm.cpp, test_cuda_llama.cpp and their
+// *_emulated builds):
 //
 //   if (skip_without_gpu()) return;   // prints "SKIPPED (no usable CUDA device: ...)"
 //   CLM_CUDA_OK(cudaMemcpy(...));      // a CUDA runtime call that must succeed
 //   kFull                              // full shapes on a GPU; small ones on the emulator
+//   REQUIRE_OK(status); REQUIRE_ERROR(status, StatusCode::invalid_argument, "part of the message");
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -14,6 +16,7 @@
 #include <string>
 
 #include "clm/device_memory.hpp"
+#include "clm/status.hpp"
 
 namespace clm_test {
 
@@ -34,3 +37,20 @@ inline bool skip_without_gpu() {
 }  // namespace clm_test
 
 #define CLM_CUDA_OK(call) REQUIRE((call) == cudaSuccess)
+
+// A clm::Status that must be ok (its code and message shown if not).
+#define REQUIRE_OK(expr)                            \
+  do {                                              \
+    const clm::Status st_ = (expr);                 \
+    INFO(st_.code_name() << ": " << st_.message()); \
+    REQUIRE(st_.ok());                              \
+  } while (0)
+
+// Expects `code` and a message containing `part`.
+#define REQUIRE_ERROR(expr, want_code, part)              \
+  do {                                                    \
+    const clm::Status st_ = (expr);                       \
+    INFO(st_.code_name() << ": " << st_.message());       \
+    REQUIRE(st_.code() == (want_code));                   \
+    CHECK(st_.message().find(part) != std::string::npos); \
+  } while (0)

@@ -39,22 +39,6 @@ using clm::ActDType;
 using clm::Gelu;
 using clm::StatusCode;
 
-#define REQUIRE_OK(expr)                            \
-  do {                                              \
-    const clm::Status st_ = (expr);                 \
-    INFO(st_.code_name() << ": " << st_.message()); \
-    REQUIRE(st_.ok());                              \
-  } while (0)
-
-// Expects `code` and a message containing `part`.
-#define REQUIRE_ERROR(expr, want_code, part)              \
-  do {                                                    \
-    const clm::Status st_ = (expr);                       \
-    INFO(st_.code_name() << ": " << st_.message());       \
-    REQUIRE(st_.code() == (want_code));                   \
-    CHECK(st_.message().find(part) != std::string::npos); \
-  } while (0)
-
 // Device bytes (cudaMalloc), with host copies in and out.
 class DeviceBytes {
  public:

@@ -102,13 +102,6 @@ struct Gpu {
   }
 };
 
-#define REQUIRE_OK(expr)                            \
-  do {                                              \
-    const clm::Status st_ = (expr);                 \
-    INFO(st_.code_name() << ": " << st_.message()); \
-    REQUIRE(st_.ok());                              \
-  } while (0)
-
 bool all_nan(const std::vector<float>& x) {
   for (float f : x) {
     if (!std::isnan(f)) return false;

@@ -46,22 +46,6 @@ using tiny_llama_test::random_text;
 using tiny_llama_test::relative_error;
 using tiny_llama_test::Stack;
 
-#define REQUIRE_OK(expr)                            \
-  do {                                              \
-    const clm::Status st_ = (expr);                 \
-    INFO(st_.code_name() << ": " << st_.message()); \
-    REQUIRE(st_.ok());                              \
-  } while (0)
-
-// Expects `code` and a message containing `part`.
-#define REQUIRE_ERROR(expr, want_code, part)              \
-  do {                                                    \
-    const clm::Status st_ = (expr);                       \
-    INFO(st_.code_name() << ": " << st_.message());       \
-    REQUIRE(st_.code() == (want_code));                   \
-    CHECK(st_.message().find(part) != std::string::npos); \
-  } while (0)
-
 // head_dim 64 (the smallest the CUDA attention has) with GQA 2; on the
 // emulator 2 layers of hidden 128, on a GPU 4 layers of hidden 512.
 LlamaConfig cuda_config() {
