@@ -160,14 +160,16 @@ TEST_CASE("prefix reuse never changes the logits: device tier, page sizes 1 and 
   const auto system_prompt = random_text(rng, 100, 160);
   for (const std::int32_t page_size : {1, 16}) {
     INFO("page size " << page_size);
-    // 6 conversations of up to ~700 tokens each over 3 tenants in a pool of
-    // 2048 tokens: later turns evict earlier ones' pages.
+    // 8 conversations of up to ~450 tokens each over 3 tenants in a pool of
+    // 1024 tokens: later turns evict earlier ones' pages.
     Stack cached = make_stack(c, w, engine_config(c, page_size, 1024));
     Stack baseline = make_stack(c, w, engine_config(c, page_size, 8192));
     const EqualityRun run = run_conversations(cached, baseline, seed + page_size, 3, 8, 4, system_prompt);
     const clm::EngineMetrics m = cached.engine->metrics();
-    CHECK(run.cached_tokens > run.prompt_tokens / 3);  // reuse happened
-    CHECK(m.cache.evicted_tokens > 0);                 // and so did evictions
+    // Reuse happened: over 50 seeds 31-52% of prompt tokens came from the
+    // cache (which pages survive depends on the random lengths), so a fifth.
+    CHECK(run.cached_tokens > run.prompt_tokens / 5);
+    CHECK(m.cache.evicted_tokens > 0);  // and so did evictions
     // A tenant that never ran gets nothing of the others' identical system prompt.
     std::vector<std::int32_t> probe{ByteTokenizer::kBeginOfText};
     probe.insert(probe.end(), system_prompt.begin(), system_prompt.end());
