@@ -58,11 +58,7 @@ bool SrcTracker::in_baseline(SeqId id) const {
 Status SrcTracker::baseline_flags(std::span<const SeqId> ids, std::vector<std::uint8_t>& baseline_out) const {
   std::vector<std::uint8_t> flags(ids.size());
   std::lock_guard lock(mutex_);
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    const auto it = states_.find(ids[i]);
-    if (it == states_.end()) return not_found("sequence " + std::to_string(ids[i]) + " is not running");
-    flags[i] = it->second.gate.baseline ? 1 : 0;
-  }
+  CLM_RETURN_IF_ERROR(baseline_flags_locked(ids, flags));
   baseline_out = std::move(flags);
   return Status::success();
 }

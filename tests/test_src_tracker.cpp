@@ -4,9 +4,13 @@
 // the breaker against a naive model, and all-or-nothing errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "clm/engine.hpp"
+#include "clm/snapshot_adapter.hpp"
 #include "clm/src_gate.hpp"
 #include "clm/src_tracker.hpp"
 #include "test_support.hpp"
@@ -428,5 +433,74 @@ TEST_CASE("Engine: admit racing abort_all never leaves a dead sequence tracked")
   const clm::EngineMetrics m = engine->metrics();
   CHECK(m.active_sequences == 0);
   CHECK(m.src.tracked_sequences == 0);
+  REQUIRE(engine->check_invariants().ok());
+}
+
+TEST_CASE("Engine: a breaker trip never lands between reading the baseline flags and injecting") {
+  const uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm::EngineConfig config;
+  config.pool.num_pages = 64;
+  config.pool.page_size = 4;
+  config.pool.memory = clm::MemoryKind::none;
+  config.src_gate.breaker_steps = 1;  // one failed retrieval trips
+  config.special_token_ids = {kEot};
+  std::unique_ptr<clm::Engine> engine;
+  REQUIRE(clm::Engine::create(config, engine).ok());
+  const int32_t hidden = 16, dim = 4;
+  engine->set_src_head(make_head(random_weights(hidden, rng, 30.0f)));  // every score ~1: reuse, above 0.95
+  clm::SnapshotAdapterWeights w;
+  w.hidden = hidden;
+  w.snapshot_dim = dim;
+  w.weight.assign(static_cast<std::size_t>(hidden * dim), 0.5f);
+  w.bias.assign(static_cast<std::size_t>(hidden), 1.0f);
+  std::unique_ptr<clm::SnapshotAdapter> adapter;
+  REQUIRE(clm::SnapshotAdapter::create(std::move(w), clm::SnapshotAdapterConfig{1, {0}, 1.0f}, adapter).ok());
+  engine->set_snapshot_adapter(std::shared_ptr<const clm::SnapshotAdapter>(std::move(adapter)));
+
+  clm::Admission a;
+  REQUIRE(engine->admit(std::vector<int32_t>{1, 2, 3}, {}, a).ok());
+  const clm::SequenceId ids[] = {a.seq};
+  Step st = random_step(hidden, 1, rng, 1);
+  std::vector<clm::SrcDecision> d(1);
+  REQUIRE(engine->src_step(ids, view_of(st, hidden), st.ids, st.indptr, d).ok());
+  REQUIRE(d[0].reuse == 1);  // the next failed report trips the breaker
+
+  // Another thread reports the lookup failed while inject_snapshots sits
+  // between reading the flags and injecting; wait up to 200 ms for the trip.
+  static std::function<void()> on_read;
+  std::thread tripper;
+  bool trip_done_before_inject = false;
+  on_read = [&] {
+    std::promise<void> done;
+    std::future<void> finished = done.get_future();
+    tripper = std::thread([&, p = std::move(done)]() mutable {
+      CHECK(engine->report_snapshot_retrieval(ids, std::vector<std::uint8_t>{0}).ok());
+      p.set_value();
+    });
+    trip_done_before_inject = finished.wait_for(std::chrono::milliseconds(200)) == std::future_status::ready;
+  };
+  clm::detail::inject_after_baseline_read = [] { on_read(); };
+  std::vector<float> rows(static_cast<std::size_t>(2 * hidden), 0.0f);
+  const std::vector<float> snapshot(static_cast<std::size_t>(dim), 1.0f);
+  const int32_t indptr[] = {0, 2};
+  const std::uint8_t apply[] = {1};
+  const clm::Status injected =
+      engine->inject_snapshots(ids, clm::ActivationView::f32(rows, 2, hidden), indptr, snapshot, apply, 0);
+  clm::detail::inject_after_baseline_read = nullptr;
+  tripper.join();
+  REQUIRE(injected.ok());
+  REQUIRE(engine->src_baseline(a.seq));  // the trip happened, before or after
+  const bool delta_added = std::any_of(rows.begin(), rows.end(), [](float x) { return x != 0.0f; });
+  INFO("trip finished before the injection: " << trip_done_before_inject << ", delta added: " << delta_added);
+  CHECK_FALSE((trip_done_before_inject && delta_added));  // a tripped sequence got a snapshot
+  CHECK(engine->metrics().src.injections == (delta_added ? 1u : 0u));
+
+  // Once tripped, nothing more is injected.
+  std::fill(rows.begin(), rows.end(), 0.0f);
+  REQUIRE(engine->inject_snapshots(ids, clm::ActivationView::f32(rows, 2, hidden), indptr, snapshot, apply, 0).ok());
+  CHECK(std::all_of(rows.begin(), rows.end(), [](float x) { return x == 0.0f; }));
+  REQUIRE(engine->finish(a.seq).ok());
   REQUIRE(engine->check_invariants().ok());
 }

@@ -464,16 +464,17 @@ class Engine {
       return invalid_argument(
           fmt::format("inject_snapshots: {} sequences but {} apply flags", ids.size(), apply.size()));
     }
-    std::vector<std::uint8_t> effective;
-    CLM_RETURN_IF_ERROR(src_.baseline_flags(ids, effective));
-    std::uint64_t injected = 0;  // sequences that get the delta on at least one row
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      effective[i] = apply[i] != 0 && effective[i] == 0 ? 1 : 0;
-      if (effective[i] != 0 && i + 1 < indptr.size() && indptr[i + 1] > indptr[i]) ++injected;
-    }
-    CLM_RETURN_IF_ERROR(adapter->inject_batch(hidden_states, indptr, snapshots, effective, layer));
-    if (adapter->injects_at(layer)) src_.count_injections(injected);
-    return {};
+    return src_.with_baseline_flags(ids, [&](std::span<const std::uint8_t> baseline, std::uint64_t& injected) {
+      std::vector<std::uint8_t> effective(ids.size());
+      std::uint64_t sequences = 0;  // that get the delta on at least one row
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        effective[i] = apply[i] != 0 && baseline[i] == 0 ? 1 : 0;
+        if (effective[i] != 0 && i + 1 < indptr.size() && indptr[i + 1] > indptr[i]) ++sequences;
+      }
+      CLM_RETURN_IF_ERROR(adapter->inject_batch(hidden_states, indptr, snapshots, effective, layer));
+      injected = adapter->injects_at(layer) ? sequences : 0;
+      return Status{};
+    });
   }
 
   // ---- CLM: the snapshot store (store/snapshot_store.hpp) -------------------

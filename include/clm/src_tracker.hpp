@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -35,6 +36,12 @@
 #include "clm/status.hpp"
 
 namespace clm {
+
+namespace detail {
+// Tests only: when set, called by SrcTracker::with_baseline_flags right after
+// it has read the flags, before it acts on them (under the tracker's lock).
+inline void (*inject_after_baseline_read)() = nullptr;
+}  // namespace detail
 
 // What one step says about one sequence.
 struct SrcDecision {
@@ -94,11 +101,37 @@ class SrcTracker {
   Status baseline_flags(std::span<const SeqId> ids, std::vector<std::uint8_t>& baseline_out) const;
   // Counts snapshot injections into the metrics.
   void count_injections(std::uint64_t n);
+  // Runs act(baseline) with baseline[i] = in_baseline(ids[i]) under the
+  // tracker's lock, so that no breaker trip lands between reading the flags
+  // and acting on them (Engine::inject_snapshots). act returns a Status and
+  // sets its std::uint64_t& argument to the injections to count (counted
+  // only on success); it must not call back into the tracker.
+  template <class Act>
+  Status with_baseline_flags(std::span<const SeqId> ids, Act&& act) {
+    std::vector<std::uint8_t> flags(ids.size());
+    std::lock_guard lock(mutex_);
+    CLM_RETURN_IF_ERROR(baseline_flags_locked(ids, flags));
+    if (detail::inject_after_baseline_read) detail::inject_after_baseline_read();
+    std::uint64_t injections = 0;
+    Status done = act(std::span<const std::uint8_t>(flags), injections);
+    if (done.ok()) metrics_.injections += injections;
+    return done;
+  }
 
   SrcMetrics metrics() const;
   const SrcGateConfig& config() const { return config_; }
 
  private:
+  // flags[i] = the baseline flag of ids[i]; mutex_ held.
+  Status baseline_flags_locked(std::span<const SeqId> ids, std::span<std::uint8_t> flags) const {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto it = states_.find(ids[i]);
+      if (it == states_.end()) return not_found("sequence " + std::to_string(ids[i]) + " is not running");
+      flags[i] = it->second.gate.baseline ? 1 : 0;
+    }
+    return Status::success();
+  }
+
   struct SequenceState {
     std::vector<double> sum;  // [hidden] over non-special rows so far; empty until the first step
     std::int64_t count = 0;
