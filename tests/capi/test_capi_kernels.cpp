@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -30,6 +31,10 @@
 #endif
 
 #include "capi_checks.hpp"
+
+#if CLM_TEST_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace {
 
@@ -209,6 +214,36 @@ std::vector<float> random_q(std::mt19937& rng, size_t rows) {
   for (float& x : q) x = n(rng);
   return q;
 }
+
+#if CLM_TEST_CUDA
+// Device buffers the test uploads host vectors into (each upload its own
+// allocation, freed with the object) and reads the last one back from.
+class DeviceFloats {
+ public:
+  DeviceFloats() = default;
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  ~DeviceFloats() {
+    for (void* p : buffers_) cudaFree(p);
+  }
+  float* upload(const std::vector<float>& host) {
+    void* p = nullptr;
+    REQUIRE(cudaMalloc(&p, host.size() * sizeof(float)) == cudaSuccess);
+    buffers_.push_back(p);
+    REQUIRE(cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+    last_ = static_cast<float*>(p);
+    return last_;
+  }
+  void download(std::vector<float>& host) const {
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(cudaMemcpy(host.data(), last_, host.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  }
+
+ private:
+  std::vector<void*> buffers_;
+  float* last_ = nullptr;
+};
+#endif
 
 bool all_nan(const std::vector<float>& x) {
   return std::all_of(x.begin(), x.end(), [](float f) { return std::isnan(f); });
@@ -710,25 +745,95 @@ TEST_CASE("kernels: an engine without KV bytes (CLM_MEMORY_NONE) is a failed pre
   CHECK(all_nan(out));
 }
 
-TEST_CASE("kernels: a device pool runs the CUDA kernels or is unsupported", "[capi][kernels]") {
+TEST_CASE("kernels: a device pool is unsupported where CUDA or a GPU is missing", "[capi][kernels]") {
   clm_engine* e = nullptr;
   const clm_engine_options o = engine_options(CLM_KV_F32, CLM_MEMORY_DEVICE);
   const clm_status created = clm_engine_create(&e, &o);
-  if (created != CLM_OK) {
-    // No CUDA in this build or no GPU here: the engine itself is refused.
-    CHECK(created == CLM_ERR_UNSUPPORTED);
-    CHECK(e == nullptr);
+  if (created == CLM_OK) {
+    clm_engine_free(e);
+    std::cout << "SKIPPED (a usable CUDA device is here: the next case runs the kernels on it)\n";
     return;
   }
-  EnginePtr engine(e);
-  // Host activations are refused for a device pool (the CUDA kernels want
-  // device memory), or the build has no CUDA kernels: either way an error,
-  // never a host read of device memory.
-  const std::vector<int32_t> t = tokens_from(1, 20);
-  SeqPtr s = admit(e, t);
-  const std::vector<int64_t> sl = slots(s.get());
-  std::vector<float> k, v;
-  model_kv(t, 0, 0, t.size(), k, v);
-  const clm_status st = clm_engine_write_kv(e, 0, sl.data(), sl.size(), k.data(), v.data(), k.size(), nullptr);
-  CHECK((st == CLM_ERR_INVALID_ARGUMENT || st == CLM_ERR_UNSUPPORTED));
+  CHECK(created == CLM_ERR_UNSUPPORTED);
+  CHECK(e == nullptr);
+}
+
+// The same host flow as the first case, on a device pool: K/V and queries in
+// device memory (copied there with the CUDA runtime, as a host with its own
+// weights on the GPU has them), page tables and slots on the host.
+TEST_CASE("kernels: a device pool runs the CUDA kernels: write_kv, prefill over reused pages, decode",
+          "[capi][kernels][cuda]") {
+#if !CLM_TEST_CUDA
+  std::cout << "SKIPPED (no usable CUDA device: this build has no CUDA)\n";
+#else
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::cout << "SKIPPED (no usable CUDA device: cudaGetDeviceCount found none)\n";
+    return;
+  }
+  const int32_t dtype = GENERATE(CLM_KV_F32, CLM_KV_BF16);
+  const bool bf16 = dtype == CLM_KV_BF16;
+  INFO("kv_dtype " << dtype);
+  std::mt19937 rng(4321);
+  EnginePtr e = make_engine(engine_options(dtype, CLM_MEMORY_DEVICE));
+  const int32_t layer = 1;
+  const clm_attention_params p = params(layer);
+  DeviceFloats dk, dv, dq, dout;
+
+  // Request A: 40 tokens, written and prefilled, then finished (cached).
+  const std::vector<int32_t> a = tokens_from(2000, 40);
+  SeqPtr sa = admit(e.get(), a);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    std::vector<float> k, v;
+    model_kv(a, l, 0, a.size(), k, v);
+    const std::vector<int64_t> sl = slots(sa.get());
+    REQUIRE_OK(clm_engine_write_kv(e.get(), l, sl.data(), sl.size(), dk.upload(k), dv.upload(v), k.size(), nullptr));
+  }
+  REQUIRE_OK(clm_seq_finish(sa.get()));
+
+  // Request B reuses A's two full pages and adds 30 tokens.
+  std::vector<int32_t> b = a;
+  const std::vector<int32_t> more = tokens_from(6000, 30);
+  b.insert(b.end(), more.begin(), more.end());
+  SeqPtr sb = admit(e.get(), b);
+  const int32_t cached = clm_seq_cached_tokens(sb.get());
+  REQUIRE(cached == 32);
+  const std::vector<int64_t> sl = slots(sb.get());
+  for (int32_t l = 0; l < kLayers; ++l) {
+    std::vector<float> k, v;
+    model_kv(b, l, static_cast<size_t>(cached), b.size(), k, v);
+    REQUIRE_OK(clm_engine_write_kv(e.get(), l, sl.data(), sl.size(), dk.upload(k), dv.upload(v), k.size(), nullptr));
+  }
+  std::vector<float> kb, vb;
+  model_kv(b, layer, 0, b.size(), kb, vb);
+  const std::vector<int32_t> table = page_table(sb.get());
+  const size_t n_new = b.size() - static_cast<size_t>(cached);
+  const std::vector<float> q = random_q(rng, n_new);
+  std::vector<float> out(q.size(), kNaN);
+  float* d_out = dout.upload(out);
+  REQUIRE_OK(clm_engine_paged_prefill_attention(d_out, out.size(), e.get(), &p, dq.upload(q), q.size(),
+                                                static_cast<int32_t>(n_new), table.data(), table.size(),
+                                                static_cast<int32_t>(b.size())));
+  dout.download(out);
+  check_attention(out, 0, q, n_new, kb, vb, b.size(), bf16);
+
+  // Decode: one query at the last position, through the batched entry point.
+  const std::vector<float> q1(q.end() - static_cast<std::ptrdiff_t>(kQRow), q.end());
+  const int32_t indptr[] = {0, static_cast<int32_t>(table.size())};
+  const int32_t last_page_len[] = {static_cast<int32_t>(b.size()) -
+                                   (static_cast<int32_t>(table.size()) - 1) * kPageSize};
+  std::vector<float> out1(kQRow, kNaN);
+  float* d_out1 = dout.upload(out1);
+  REQUIRE_OK(clm_engine_paged_decode_attention(d_out1, out1.size(), e.get(), &p, dq.upload(q1), q1.size(), indptr,
+                                               table.data(), table.size(), last_page_len, 1));
+  dout.download(out1);
+  check_attention(out1, 0, q1, 1, kb, vb, b.size(), bf16);
+
+  // Host activations for a device pool are refused (never read as device memory).
+  std::vector<float> k_host, v_host;
+  model_kv(b, 0, static_cast<size_t>(cached), b.size(), k_host, v_host);
+  const clm_status refused =
+      clm_engine_write_kv(e.get(), 0, sl.data(), sl.size(), k_host.data(), v_host.data(), k_host.size(), nullptr);
+  CHECK((refused == CLM_ERR_INVALID_ARGUMENT || refused == CLM_ERR_UNSUPPORTED));
+#endif
 }

@@ -132,7 +132,8 @@ if [ ! -d "$build/cuda" ]; then  # cuda/ is configured only when CMake enabled C
   exit 1
 fi
 targets=(test_cuda_kernels test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_device_pool bench_cuda_kernels
-         test_cuda_clm test_cuda_clm_emulated bench_cuda_clm test_cuda_llama test_cuda_llama_emulated tiny_llama)
+         test_cuda_clm test_cuda_clm_emulated bench_cuda_clm test_cuda_llama test_cuda_llama_emulated tiny_llama
+         test_capi_kernels)
 say "building ${targets[*]} with $jobs jobs"
 timeout "$build_timeout" cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1
 code=$?
@@ -182,8 +183,8 @@ report() {  # name
   elif [ "$code" != 0 ]; then
     result="**FAILED** (exit $code)"
     failed=1
-  elif grep -q "^SKIPPED" "$logs/$t.log"; then
-    result="skipped: $(grep -m1 '^SKIPPED' "$logs/$t.log")"
+  elif grep -q "^SKIPPED (no usable CUDA device" "$logs/$t.log"; then
+    result="skipped: $(grep -m1 '^SKIPPED (no usable CUDA device' "$logs/$t.log")"
     skipped=1
   fi
   echo "| $t | $result | $(printf "%s" "${line:-no summary line}" | tr "|" "/") |" >>"$summary"
@@ -191,7 +192,7 @@ report() {  # name
   if [ "$code" != 0 ]; then tail -40 "$logs/$t.log"; fi
 }
 cpu_tests=(test_cuda_plan test_cuda_emulated test_cuda_kernels_emulated test_cuda_clm_emulated test_cuda_llama_emulated)
-gpu_tests=(test_device_pool test_cuda_kernels test_cuda_clm test_cuda_llama)
+gpu_tests=(test_device_pool test_cuda_kernels test_cuda_clm test_cuda_llama capi/test_capi_kernels)  # under tests/
 {
   echo
   echo "## Tests"
@@ -206,8 +207,8 @@ for t in "${cpu_tests[@]}"; do
 done
 for t in "${gpu_tests[@]}"; do
   say "running $t"
-  run_test "$t" "$build/tests/$t"
-  report "$t"
+  run_test "$(basename "$t")" "$build/tests/$t"
+  report "$(basename "$t")"
 done
 say "running tiny_llama --device cuda"
 run_cli
