@@ -1,11 +1,13 @@
 # clmcache: the two commands of the README, and the helpers behind them.
 #   make demo   build, then a Debian support bot on the tiny_llama decoder, cache off and on
 #   make replay build, then replay the prefix cache over both workloads (hit-rate tables)
-#   make test   build, run every test, then again under ASan + UBSan
+#   make test   build, run every test, then again under ASan + UBSan, then the
+#               concurrency tests under TSan
 #   make bench  run every benchmark and write docs/benchmarks.md (tests/bench/report.sh)
 SHELL := /bin/bash
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 SHARED ?= $(abspath $(CURDIR)/../shared)
 CMAKE_FLAGS ?=
@@ -21,7 +23,7 @@ ifneq ($(NVCC),)
   CUDA_FLAGS := -DCMAKE_CUDA_COMPILER=$(NVCC)
 endif
 
-.PHONY: all deps build build-asan test test-release test-asan demo replay bench abi-baseline gpu-deps format clean
+.PHONY: all deps build build-asan build-tsan test test-release test-asan test-tsan demo replay bench abi-baseline gpu-deps format clean
 
 all: build
 
@@ -51,13 +53,31 @@ build-asan: deps
 test-release: build
 	cd $(BUILD) && CLM_SHARED_DIR=$(SHARED) ctest --output-on-failure -j$(JOBS)
 
-# The sanitizer pass runs the same suite, with property tests scaled down
-# where a test says so (CLM_PROPERTY_OPS).
+# The sanitizer pass runs the same suite; the 8-thread lifecycle test runs
+# 30,000 operations a thread instead of 100,000 (CLM_CONCURRENCY_OPS).
 test-asan: build-asan
-	cd $(ASAN_BUILD) && CLM_SHARED_DIR=$(SHARED) ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	cd $(ASAN_BUILD) && CLM_SHARED_DIR=$(SHARED) CLM_CONCURRENCY_OPS=30000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS)
 
-test: test-release test-asan
+# ThreadSanitizer over the test cases tagged [threads] (many host threads on
+# one Engine, tracker, store, tier or kernel pool), in a third build folder
+# holding only their programs; the 8-thread lifecycle test runs fewer operations.
+TSAN_TESTS := test_engine_concurrency test_engine test_src_tracker test_attention_cpu test_snapshot_store \
+  test_engine_tiers test_file_backend test_suffix_key
+build-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_TSAN=ON -DCLM_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TESTS)
+
+test-tsan: build-tsan
+	@set -e; for t in $(TSAN_TESTS); do \
+	  bin=$$(find $(TSAN_BUILD)/tests -name $$t -type f -perm -u+x | head -1); \
+	  [ -n "$$bin" ] || { echo "test-tsan: $$t was not built"; exit 1; }; \
+	  echo "== TSan: $$t [threads]"; \
+	  (cd $$(dirname $$bin) && CLM_SHARED_DIR=$(SHARED) CLM_CONCURRENCY_OPS=4000 \
+	    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp ./$$t "[threads]"); \
+	done
+
+test: test-release test-asan test-tsan
 
 # The main job: examples/demo/demo.sh (CLM parts trained on first use, into $(BUILD)/clm-demo).
 demo: build
@@ -88,4 +108,4 @@ format:
 	clang-format -i $$(git ls-files '*.hpp' '*.cpp' '*.h' '*.c' '*.cu')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

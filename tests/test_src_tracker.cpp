@@ -300,7 +300,7 @@ TEST_CASE("SrcTracker: a failed step changes nothing; bad input is refused") {
   }
 }
 
-TEST_CASE("Engine: src_step, the breaker and the metrics, with concurrent sequences") {
+TEST_CASE("Engine: src_step, the breaker and the metrics, with concurrent sequences", "[threads]") {
   const uint32_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -402,7 +402,7 @@ TEST_CASE("Engine: src_step, the breaker and the metrics, with concurrent sequen
   CHECK(refused == nullptr);
 }
 
-TEST_CASE("Engine: admit racing abort_all never leaves a dead sequence tracked") {
+TEST_CASE("Engine: admit racing abort_all never leaves a dead sequence tracked", "[threads]") {
   clm::EngineConfig config;
   config.pool.num_pages = 4096;
   config.pool.page_size = 4;
@@ -436,7 +436,7 @@ TEST_CASE("Engine: admit racing abort_all never leaves a dead sequence tracked")
   REQUIRE(engine->check_invariants().ok());
 }
 
-TEST_CASE("Engine: a breaker trip never lands between reading the baseline flags and injecting") {
+TEST_CASE("Engine: a breaker trip never lands between reading the baseline flags and injecting", "[threads]") {
   const uint32_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -462,7 +462,11 @@ TEST_CASE("Engine: a breaker trip never lands between reading the baseline flags
   clm::Admission a;
   REQUIRE(engine->admit(std::vector<int32_t>{1, 2, 3}, {}, a).ok());
   const clm::SequenceId ids[] = {a.seq};
-  Step st = random_step(hidden, 1, rng, 1);
+  Step st;  // one non-special row: scored, ~1, above the threshold and the breaker's 0.95
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int32_t c = 0; c < hidden; ++c) st.rows.push_back(n(rng));
+  st.ids.push_back(50);
+  st.indptr.push_back(1);
   std::vector<clm::SrcDecision> d(1);
   REQUIRE(engine->src_step(ids, view_of(st, hidden), st.ids, st.indptr, d).ok());
   REQUIRE(d[0].reuse == 1);  // the next failed report trips the breaker

@@ -581,7 +581,7 @@ TEST_CASE("suffix key: entity patterns are configurable") {
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
 
-TEST_CASE("suffix key: one keyer, many threads, the same keys") {
+TEST_CASE("suffix key: one keyer, many threads, the same keys", "[threads]") {
   const std::vector<std::string> texts = {"帮我查下订单#ORD-789的状态",
                                           "Please check the status of order 789",
                                           "Don't cancel order 789",

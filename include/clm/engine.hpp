@@ -622,7 +622,7 @@ class Engine {
   Status check_invariants() const {
     std::lock_guard lock(mutex_);
     CLM_RETURN_IF_ERROR(tree_->check_invariants());
-    std::int64_t held = 0;
+    std::int64_t held = admitting_pages_;
     for (const auto& [id, seq] : sequences_) held += static_cast<std::int64_t>(seq->pages.size() - seq->tree_pages);
     const std::int64_t tree_pages = tree_->cached_tokens() / page_size_;
     if (pool_->free_pages() + tree_pages + held != pool_->num_pages()) {
@@ -707,9 +707,14 @@ class Engine {
                       Admission& out) {
     const std::size_t device = seq.tree_pages;
     const std::size_t head = device + host_pages.size();
+    // The sequence is not registered yet: its fresh pages are counted here
+    // while the lock is down, so that check_invariants finds every page.
+    const auto unregistered = static_cast<std::int64_t>(seq.pages.size() - seq.tree_pages);
+    admitting_pages_ += unregistered;
     lock.unlock();
     const Status loaded = tiers_->load(host_pages, std::span(seq.pages).subspan(device, host_pages.size()));
     lock.lock();
+    admitting_pages_ -= unregistered;
     InsertOutcome done;
     if (loaded.ok() &&
         tree_
@@ -783,6 +788,7 @@ class Engine {
   std::unique_ptr<RadixTree> tree_;
   std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   SequenceId next_id_ = 1;
+  std::int64_t admitting_pages_ = 0;  // pages of admissions loading from the host, lock down (under the mutex)
   PrefixMatch match_;  // scratch, under the mutex
   EngineMetrics metrics_;
   SrcTracker src_;                      // its own lock: SRC steps never hold up the prefix cache

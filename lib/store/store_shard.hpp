@@ -20,6 +20,7 @@
 #include "clm/status.hpp"
 #include "clm/store/suffix_key.hpp"
 #include "hnsw_index.hpp"
+#include "shard_mutex.hpp"
 #include "sqlite_db.hpp"
 
 namespace clm::store_detail {
@@ -62,7 +63,7 @@ class StoreShard {
  public:
   static Status open(const ShardSettings& settings, std::unique_ptr<StoreShard>& out);
 
-  std::timed_mutex mutex;  // the shard lock: SQLite connection, indexes, labels
+  ShardMutex mutex;  // the shard lock: SQLite connection, indexes, labels
 
   const ShardSettings& settings() const { return settings_; }
   std::string index_path(std::string_view tenant) const;

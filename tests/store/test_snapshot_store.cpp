@@ -662,7 +662,7 @@ TEST_CASE("bad input: clear statuses, nothing committed changes", "[store][error
   CHECK(hit.level == SnapshotLevel::exact);
 }
 
-TEST_CASE("concurrent records and lookups from many threads keep every row", "[store][concurrency]") {
+TEST_CASE("concurrent records and lookups from many threads keep every row", "[store][concurrency][threads]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   clm::SnapshotStoreConfig c = memory_config(4);

@@ -211,7 +211,7 @@ TEST_CASE("host tier: every policy serves exact pages and beats the device tier 
   }
 }
 
-TEST_CASE("host tier: concurrent requests keep every page exact", "[tiers]") {
+TEST_CASE("host tier: concurrent requests keep every page exact", "[tiers][threads]") {
   const std::uint64_t seed = std::random_device{}();
   INFO("seed " << seed);
   EngineConfig c = small_config(96, 192);

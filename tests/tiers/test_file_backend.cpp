@@ -278,7 +278,7 @@ TEST_CASE("file: reopening rebuilds the index from the files, oldest use first",
   for (std::uint8_t f : fetch(*b, {keys[9]})) CHECK(f == 1);
 }
 
-TEST_CASE("file: four threads share one backend, every byte checked", "[tiers][file][concurrency]") {
+TEST_CASE("file: four threads share one backend, every byte checked", "[tiers][file][concurrency][threads]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   for (const bool capped : {false, true}) {

@@ -1,0 +1,221 @@
+// One Engine, many host threads, random request lifecycles: 8 threads x
+// CLM_CONCURRENCY_OPS operations each (default 100,000; the sanitizer passes
+// run fewer). Each thread keeps up to four requests of its own in flight and
+// picks at random: admit (shared system prompts plus a random question, three
+// tenants, two adapters), extend, finish, abort, page_table, batch_page_table
+// over its requests, and calls that must be refused (an unknown id, a bad
+// token, a duplicate in a batch); one thread also reads metrics,
+// metrics_text and check_invariants while the others run. Every thread counts
+// what it did; at the end, with every request ended:
+//   - check_invariants: the tree is sound and every pool page is free or the
+//     tree's, none leaked or freed twice;
+//   - no lock is left: every cached token is evictable again;
+//   - the metrics equal the threads' own counts (admitted, finished, aborted,
+//     rejected, prefix queries and queried tokens), and pages used + free =
+//     the pool.
+// Run on a device-only engine (SLRU, evicting) and on one with a host tier
+// over a storage directory (whose copies run on the tiers' own threads).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clm/engine.hpp"
+#include "store/store_test_support.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using Tokens = std::vector<std::int32_t>;
+constexpr int kThreads = 8;
+constexpr std::int32_t kPageSize = 16;
+
+std::int64_t ops_per_thread(std::int64_t fallback) {
+  const char* env = std::getenv("CLM_CONCURRENCY_OPS");
+  return env ? std::max<std::int64_t>(1, std::atoll(env)) : fallback;
+}
+
+Tokens random_tokens(std::mt19937& rng, std::size_t n) {
+  Tokens t(n);
+  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 5000);
+  return t;
+}
+
+// What one thread did, to compare with the engine's metrics at the end.
+struct Counts {
+  std::uint64_t admitted = 0, rejected = 0, finished = 0, aborted = 0;
+  std::uint64_t queries = 0, queried_tokens = 0;  // admissions that reached the prefix match
+  std::uint64_t refused_as_expected = 0;
+  std::vector<std::string> failures;  // unexpected statuses (REQUIRE is not thread-safe in Catch2)
+};
+
+void fail(Counts& c, const std::string& what, const clm::Status& s) {
+  if (c.failures.size() < 10) c.failures.push_back(what + ": " + s.message());
+}
+
+void run_thread(clm::Engine& engine, const std::vector<Tokens>& system_prompts, std::uint32_t seed, std::int64_t ops,
+                bool observer, Counts& c) {
+  std::mt19937 rng(seed);
+  std::vector<clm::SequenceId> live;
+  std::vector<std::int64_t> slots;
+  std::vector<std::int32_t> table;
+  clm::PagedBatch batch;
+  const char* salts[] = {"", "tenant-b", "tenant-c"};
+  auto end_one = [&](std::size_t i, bool finish) {
+    const clm::Status s = finish ? engine.finish(live[i]) : engine.abort(live[i]);
+    if (s.ok()) {
+      ++(finish ? c.finished : c.aborted);
+    } else {
+      fail(c, finish ? "finish" : "abort", s);
+    }
+    live[i] = live.back();
+    live.pop_back();
+  };
+  for (std::int64_t op = 0; op < ops; ++op) {
+    const auto pick = static_cast<std::uint32_t>(rng() % 100);
+    if (live.empty() || (pick < 30 && live.size() < 4)) {
+      Tokens prompt = system_prompts[rng() % system_prompts.size()];
+      const Tokens question = random_tokens(rng, 1 + rng() % 60);
+      prompt.insert(prompt.end(), question.begin(), question.end());
+      clm::AdmitOptions options;
+      options.cache_salt = salts[rng() % 3];
+      options.adapter_id = static_cast<std::int32_t>(rng() % 2);
+      options.priority = static_cast<int>(rng() % 3);
+      clm::Admission a;
+      const clm::Status s = engine.admit(prompt, options, a);
+      ++c.queries;
+      c.queried_tokens += prompt.size();
+      if (s.ok()) {
+        ++c.admitted;
+        live.push_back(a.seq);
+      } else if (s.code() == clm::StatusCode::out_of_memory) {
+        ++c.rejected;
+      } else {
+        fail(c, "admit", s);
+      }
+    } else if (pick < 55) {
+      const clm::Status s = engine.extend(live[rng() % live.size()], random_tokens(rng, 1 + rng() % 24), slots);
+      if (!s.ok() && s.code() != clm::StatusCode::out_of_memory) fail(c, "extend", s);
+    } else if (pick < 70) {
+      end_one(rng() % live.size(), true);
+    } else if (pick < 77) {
+      end_one(rng() % live.size(), false);
+    } else if (pick < 85) {
+      const clm::Status s = engine.page_table(live[rng() % live.size()], table);
+      if (!s.ok()) fail(c, "page_table", s);
+    } else if (pick < 92) {
+      const clm::Status s = engine.batch_page_table(live, batch);
+      if (!s.ok()) fail(c, "batch_page_table", s);
+    } else {
+      // Refusals: an id no one holds, a negative token, a sequence named twice.
+      const clm::SequenceId unknown = ~clm::SequenceId{0} - rng() % 1000;
+      const Tokens bad = {1, -5, 2};
+      std::vector<clm::SequenceId> twice = {live[0], live[0]};
+      const bool refused = engine.finish(unknown).code() == clm::StatusCode::not_found &&
+                           engine.extend(live[0], bad, slots).code() == clm::StatusCode::invalid_argument &&
+                           engine.batch_page_table(twice, batch).code() == clm::StatusCode::invalid_argument;
+      if (refused) {
+        ++c.refused_as_expected;
+      } else {
+        fail(c, "refusals", clm::Status(clm::StatusCode::internal, "a bad call was not refused as it should be"));
+      }
+    }
+    if (observer && op % 512 == 0) {
+      const clm::EngineMetrics m = engine.metrics();
+      if (m.cache.pages_used + m.cache.pages_free != engine.pool().num_pages()) {
+        fail(c, "metrics", clm::Status(clm::StatusCode::internal, "pages used + free != the pool"));
+      }
+      if (engine.metrics_text().find("prefix_cache_queries_total") == std::string::npos) {
+        fail(c, "metrics_text", clm::Status(clm::StatusCode::internal, "no prefix_cache_queries_total"));
+      }
+      const clm::Status inv = engine.check_invariants();
+      if (!inv.ok()) fail(c, "check_invariants during the run", inv);
+    }
+  }
+  while (!live.empty()) end_one(live.size() - 1, rng() % 2 == 0);
+}
+
+void run_concurrent(const clm::EngineConfig& config, std::int64_t ops) {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed << ", " << kThreads << " threads x " << ops << " operations");
+  std::unique_ptr<clm::Engine> engine;
+  REQUIRE(clm::Engine::create(config, engine).ok());
+  std::mt19937 rng(seed);
+  std::vector<Tokens> system_prompts;
+  for (int i = 0; i < 6; ++i) system_prompts.push_back(random_tokens(rng, 32 + rng() % 200));
+
+  std::vector<Counts> counts(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back(run_thread, std::ref(*engine), std::cref(system_prompts),
+                         seed + 1 + static_cast<std::uint32_t>(t), ops, t == 0,
+                         std::ref(counts[static_cast<std::size_t>(t)]));
+  }
+  for (auto& t : threads) t.join();
+  engine->wait_for_tiers();
+
+  Counts total;
+  for (const Counts& c : counts) {
+    for (const std::string& f : c.failures) FAIL_CHECK(f);
+    total.admitted += c.admitted;
+    total.rejected += c.rejected;
+    total.finished += c.finished;
+    total.aborted += c.aborted;
+    total.queries += c.queries;
+    total.queried_tokens += c.queried_tokens;
+    total.refused_as_expected += c.refused_as_expected;
+  }
+  const clm::Status invariants = engine->check_invariants();
+  INFO(invariants.message());
+  REQUIRE(invariants.ok());
+  const clm::EngineMetrics m = engine->metrics();
+  CHECK(m.active_sequences == 0);
+  CHECK(m.admitted == total.admitted);
+  CHECK(m.rejected == total.rejected);
+  CHECK(m.finished == total.finished);
+  CHECK(m.aborted == total.aborted);
+  CHECK(total.admitted == total.finished + total.aborted);
+  CHECK(m.cache.match_calls == total.queries);
+  CHECK(m.cache.tokens_queried == total.queried_tokens);
+  CHECK(m.cache.evictable_tokens == m.cache.cached_tokens);  // no lock left
+  CHECK(m.cache.pages_used + m.cache.pages_free == engine->pool().num_pages());
+  CHECK(m.cache.pages_used * kPageSize == m.cache.cached_tokens);  // no request holds a page
+  // The run did what it is meant to exercise.
+  CHECK(total.finished > 0);
+  CHECK(total.aborted > 0);
+  CHECK(total.refused_as_expected > 0);
+  CHECK(m.cache.tokens_hit > 0);
+  CHECK(m.cache.evicted_tokens > 0);
+}
+
+}  // namespace
+
+TEST_CASE("concurrency: 8 threads of random lifecycles on one engine (SLRU, evicting)", "[threads]") {
+  clm::EngineConfig config;
+  config.pool.num_pages = 160;  // 2,560 tokens: eight threads' requests evict each other
+  config.pool.page_size = kPageSize;
+  config.pool.memory = clm::MemoryKind::none;
+  config.eviction_policy = clm::EvictionPolicy::slru;
+  run_concurrent(config, ops_per_thread(100000));
+}
+
+TEST_CASE("concurrency: 8 threads of random lifecycles on one engine with a host tier and a storage directory",
+          "[threads][tiers]") {
+  clm_test::TempDir storage;
+  clm::EngineConfig config;
+  config.pool.num_pages = 160;
+  config.pool.page_size = kPageSize;
+  config.pool.num_layers = 1;
+  config.pool.kv_heads = 1;
+  config.pool.head_dim = 8;
+  config.pool.dtype = clm::KvDType::f32;
+  config.tiers.host_pages = 320;
+  config.tiers.write_policy = clm::WritePolicy::write_back;
+  config.tiers.storage_url = "file://" + storage.str();
+  run_concurrent(config, ops_per_thread(100000) / 5);  // storage writes are files: fewer operations
+}
