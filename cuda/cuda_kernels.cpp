@@ -113,21 +113,29 @@ Status check_pool_memory(const PagedKvView& kv, int device, const char* what, Pl
 // ============================================================================
 // Workspace
 // ============================================================================
+// A planned decode batch and the device buffers it runs from.
+struct DecodeSlot {
+  DeviceBuffer meta;      // items, merge_indptr, indices
+  DeviceBuffer partials;  // partial outputs + lse
+  detail::DecodePlan plan;
+  bool planned = false;
+  const std::int32_t* indices = nullptr;  // device
+  const detail::DecodeItem* items = nullptr;
+  const std::int32_t* merge_indptr = nullptr;
+};
+
 struct Workspace::Impl {
   int device = 0;
   int sm_count = 1;
   detail::StagingRing<8> staging{std::size_t{1} << 16};
-  DeviceBuffer plan_meta;  // decode plan: items, merge_indptr, indices
   DeviceBuffer call_meta;  // per call: prefill pages, write_kv slots, copy pairs
-  DeviceBuffer partials;   // decode partial outputs + lse
   cudaEvent_t last_call = nullptr;
   bool has_last_call = false;
 
-  detail::DecodePlan plan;
-  bool planned = false;
-  const std::int32_t* plan_indices = nullptr;  // device
-  const detail::DecodeItem* plan_items = nullptr;
-  const std::int32_t* plan_merge_indptr = nullptr;
+  DecodeSlot decode;  // the host's decode_plan, for its decode_run calls
+  // Prefill with few new tokens runs as a decode batch (one row per new
+  // token); its own slot, so that it never replaces the host's plan.
+  DecodeSlot small_prefill;
   std::map<std::tuple<int, int, int>, int> blocks_per_sm;  // (dtype, head_dim, G) -> occupancy
 
   ~Impl() {
@@ -137,7 +145,7 @@ struct Workspace::Impl {
     // all work that may still use these buffers.
     if (has_last_call) cudaEventSynchronize(last_call);
     staging.release();
-    for (DeviceBuffer* b : {&plan_meta, &call_meta, &partials}) {
+    for (DeviceBuffer* b : {&decode.meta, &decode.partials, &small_prefill.meta, &small_prefill.partials, &call_meta}) {
       if (b->pointer) cudaFree(b->pointer);
     }
     if (last_call) cudaEventDestroy(last_call);
@@ -187,7 +195,9 @@ Workspace::~Workspace() = default;
 int Workspace::device() const { return impl_->device; }
 int Workspace::sm_count() const { return impl_->sm_count; }
 std::size_t Workspace::device_bytes() const {
-  return impl_->plan_meta.capacity + impl_->call_meta.capacity + impl_->partials.capacity;
+  const Impl& w = *impl_;
+  return w.decode.meta.capacity + w.decode.partials.capacity + w.small_prefill.meta.capacity +
+         w.small_prefill.partials.capacity + w.call_meta.capacity;
 }
 
 Status Workspace::create(int device, std::unique_ptr<Workspace>& out) {
@@ -232,11 +242,12 @@ Status enter(Workspace::Impl& w, DeviceGuard& guard, void* stream) {
 // ============================================================================
 // decode
 // ============================================================================
-Status decode_plan(Workspace& ws, const PagedKvView& kv, const AttentionParams& params,
-                   std::span<const std::int32_t> indptr, std::span<const std::int32_t> indices,
-                   std::span<const std::int32_t> last_page_len, void* stream, const DecodeOptions& options) {
-  Workspace::Impl& w = ws.impl();
-  w.planned = false;
+namespace {
+
+Status plan_into(Workspace::Impl& w, DecodeSlot& slot, const PagedKvView& kv, const AttentionParams& params,
+                 std::span<const std::int32_t> indptr, std::span<const std::int32_t> indices,
+                 std::span<const std::int32_t> last_page_len, void* stream, const DecodeOptions& options) {
+  slot.planned = false;
   // Host checks first: nothing touches the device for a malformed batch.
   CLM_RETURN_IF_ERROR(detail::validate_kernel_view(kv, 0));
   CLM_RETURN_IF_ERROR(detail::validate_heads(kv, params));
@@ -260,21 +271,22 @@ Status decode_plan(Workspace& ws, const PagedKvView& kv, const AttentionParams& 
   CLM_RETURN_IF_ERROR(w.upload({{plan.items.data(), plan.items.size() * sizeof(detail::DecodeItem)},
                                 {plan.merge_indptr.data(), plan.merge_indptr.size() * sizeof(std::int32_t)},
                                 {indices.data(), upload_indices ? static_cast<std::size_t>(plan.nnz) * 4 : 0}},
-                               w.plan_meta, s, at));
-  CLM_RETURN_IF_ERROR(w.reserve(w.partials, detail::decode_partial_floats(plan) * sizeof(float), s));
-  w.plan_items = static_cast<const detail::DecodeItem*>(at[0]);
-  w.plan_merge_indptr = static_cast<const std::int32_t*>(at[1]);
-  w.plan_indices = upload_indices ? static_cast<const std::int32_t*>(at[2]) : options.device_indices;
-  w.plan = std::move(plan);
-  w.planned = true;
+                               slot.meta, s, at));
+  CLM_RETURN_IF_ERROR(w.reserve(slot.partials, detail::decode_partial_floats(plan) * sizeof(float), s));
+  slot.items = static_cast<const detail::DecodeItem*>(at[0]);
+  slot.merge_indptr = static_cast<const std::int32_t*>(at[1]);
+  slot.indices = upload_indices ? static_cast<const std::int32_t*>(at[2]) : options.device_indices;
+  slot.plan = std::move(plan);
+  slot.planned = true;
   return w.end(s);
 }
 
-Status decode_run(Workspace& ws, const PagedKvView& kv, const AttentionParams& params, const float* q, float* out,
-                  void* stream) {
-  Workspace::Impl& w = ws.impl();
-  if (!w.planned) return failed_precondition("decode_run: no decode_plan on this workspace (or the last one failed)");
-  const detail::DecodePlan& plan = w.plan;
+Status run_slot(Workspace::Impl& w, const DecodeSlot& slot, const PagedKvView& kv, const AttentionParams& params,
+                const float* q, float* out, void* stream) {
+  if (!slot.planned) {
+    return failed_precondition("decode_run: no decode_plan on this workspace (or the last one failed)");
+  }
+  const detail::DecodePlan& plan = slot.plan;
   CLM_RETURN_IF_ERROR(detail::check_decode_run(plan, kv, params));
   DeviceGuard guard;
   CLM_RETURN_IF_ERROR(guard.enter(w.device));
@@ -288,17 +300,32 @@ Status decode_run(Workspace& ws, const PagedKvView& kv, const AttentionParams& p
   CLM_RETURN_IF_ERROR(check_device_buffer(out, act_bytes, w.device, "decode: out"));
   CLM_RETURN_IF_ERROR(enter(w, guard, stream));
   const cudaStream_t s = as_stream(stream);
-  float* partial_out = static_cast<float*>(w.partials.pointer);
+  float* partial_out = static_cast<float*>(slot.partials.pointer);
   float* partial_lse = partial_out + plan.items.size() * static_cast<std::size_t>(plan.num_q_heads) * plan.head_dim;
   const detail::DecodeArgs args =
-      detail::make_decode_args(plan, kv, params, w.plan_indices, w.plan_items, q, partial_out, partial_lse);
+      detail::make_decode_args(plan, kv, params, slot.indices, slot.items, q, partial_out, partial_lse);
   CLM_RETURN_IF_ERROR(launch_status(detail::launch_decode(static_cast<int>(kv.dtype), kv.head_dim,
                                                           plan.heads.heads_per_block, plan.decode_grid, args, stream),
                                     "decode kernel launch"));
-  const detail::MergeArgs merge = detail::make_merge_args(plan, w.plan_merge_indptr, partial_out, partial_lse, out);
+  const detail::MergeArgs merge = detail::make_merge_args(plan, slot.merge_indptr, partial_out, partial_lse, out);
   CLM_RETURN_IF_ERROR(
       launch_status(detail::launch_merge(kv.head_dim, plan.merge_grid, merge, stream), "decode merge kernel launch"));
   return w.end(s);
+}
+
+}  // namespace
+
+Status decode_plan(Workspace& ws, const PagedKvView& kv, const AttentionParams& params,
+                   std::span<const std::int32_t> indptr, std::span<const std::int32_t> indices,
+                   std::span<const std::int32_t> last_page_len, void* stream, const DecodeOptions& options) {
+  Workspace::Impl& w = ws.impl();
+  return plan_into(w, w.decode, kv, params, indptr, indices, last_page_len, stream, options);
+}
+
+Status decode_run(Workspace& ws, const PagedKvView& kv, const AttentionParams& params, const float* q, float* out,
+                  void* stream) {
+  Workspace::Impl& w = ws.impl();
+  return run_slot(w, w.decode, kv, params, q, out, stream);
 }
 
 Status paged_decode_attention(Workspace& ws, const PagedKvView& kv, const AttentionParams& params, const float* q,
@@ -327,9 +354,26 @@ Status paged_prefill_attention(Workspace& ws, const PagedKvView& kv, const Atten
   CLM_RETURN_IF_ERROR(detail::check_no_overlap(q, out, act_bytes, "prefill"));
   CLM_RETURN_IF_ERROR(check_device_buffer(q, act_bytes, w.device, "prefill: q"));
   CLM_RETURN_IF_ERROR(check_device_buffer(out, act_bytes, w.device, "prefill: out"));
+  const std::size_t used = static_cast<std::size_t>(detail::prefill_pages_used(kv, kv_len));
+  if (n_new <= detail::kSmallPrefillRows) {
+    // A few new tokens over a prefix: the prefill kernel would give each
+    // (kv head, query tile) one block walking the whole prefix alone (8
+    // blocks for n_new = 1); as a decode batch, one row per new token (row i
+    // sees the first kv_len - n_new + i + 1 tokens, over the same pages),
+    // split-K spreads the prefix over every SM.
+    std::vector<std::int32_t> indptr{0}, indices, last_page_len;
+    for (std::int32_t i = 0; i < n_new; ++i) {
+      const std::int32_t len = kv_len - n_new + i + 1;
+      const std::int32_t row_pages = (len + kv.page_size - 1) / kv.page_size;
+      indices.insert(indices.end(), pages.begin(), pages.begin() + row_pages);
+      indptr.push_back(static_cast<std::int32_t>(indices.size()));
+      last_page_len.push_back(len - (row_pages - 1) * kv.page_size);
+    }
+    CLM_RETURN_IF_ERROR(plan_into(w, w.small_prefill, kv, params, indptr, indices, last_page_len, stream, {}));
+    return run_slot(w, w.small_prefill, kv, params, q, out, stream);
+  }
   CLM_RETURN_IF_ERROR(enter(w, guard, stream));
   const cudaStream_t s = as_stream(stream);
-  const std::size_t used = static_cast<std::size_t>(detail::prefill_pages_used(kv, kv_len));
   std::vector<void*> at;
   CLM_RETURN_IF_ERROR(w.upload({{pages.data(), used * sizeof(std::int32_t)}}, w.call_meta, s, at));
   const detail::PrefillArgs args =

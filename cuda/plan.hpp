@@ -17,6 +17,9 @@ namespace clm::cuda::detail {
 // Largest sequence the kernels accept (keeps every token index, plus a tile,
 // inside int32).
 inline constexpr std::int64_t kMaxKvLen = std::int64_t{1} << 30;
+// Prefill calls with at most this many new tokens run as a decode batch (one
+// row per new token), whose split-K spreads a long prefix over the GPU.
+inline constexpr std::int32_t kSmallPrefillRows = 8;
 
 // The geometry of a view: > 0 sizes, a known dtype, byte sizes consistent with
 // paged_kv_pool.hpp, and base + num_pages * page_bytes representable. `what`

@@ -186,8 +186,9 @@ TEST_CASE("CUDA prefill matches the float64 reference", "[cuda][gpu]") {
   struct Shape {
     std::int32_t kv_len, n_new;
   };
-  const std::vector<Shape> shapes = kFull ? std::vector<Shape>{{1, 1}, {37, 37}, {300, 45}, {700, 1}}
-                                          : std::vector<Shape>{{1, 1}, {37, 37}, {90, 21}, {70, 1}};
+  // n_new up to clm::cuda::detail::kSmallPrefillRows (8) runs as a decode batch.
+  const std::vector<Shape> shapes = kFull ? std::vector<Shape>{{1, 1}, {37, 37}, {300, 45}, {700, 1}, {700, 5}, {9, 8}}
+                                          : std::vector<Shape>{{1, 1}, {37, 37}, {90, 21}, {70, 1}, {70, 5}, {9, 8}};
   const std::int32_t groups[] = {1, 4, 8};
   const std::int32_t pages[] = {16, 64, 1};
   std::uint64_t seed = 200;
@@ -235,6 +236,46 @@ TEST_CASE("CUDA prefill matches the float64 reference", "[cuda][gpu]") {
       }
     }
   }
+}
+
+TEST_CASE("CUDA prefill of a few tokens between decode_plan and decode_run leaves the host's plan alone",
+          "[cuda][gpu]") {
+  if (skip_without_gpu()) return;
+  Gpu gpu;
+  std::mt19937_64 rng(321);
+  Geometry g;
+  g.dtype = KvDType::bf16;
+  g.head_dim = 64;
+  g.kv_heads = 2;
+  g.page_size = 16;
+  g.num_layers = 2;
+  const std::vector<std::int32_t> lens = {40, 75, 3};
+  g.num_pages = clm_test::pages_needed(lens, g.page_size) + clm_test::pages_for(60, g.page_size) + 5;
+  HostPool host(g);
+  host.fill_random(rng);
+  DevicePool pool(host);
+  const Batch b = clm_test::make_batch(lens, g.page_size, g.num_pages, rng);
+  AttentionParams params;
+  params.layer = 1;
+  params.num_q_heads = 8;
+  REQUIRE_OK(clm::cuda::decode_plan(*gpu.ws, pool.view(), params, b.indptr, b.indices, b.last_page_len, gpu.stream));
+  // The prefill: 3 new tokens over 60, on pages of their own.
+  const std::vector<std::int32_t> prefill_lens = {60};
+  const Batch p = clm_test::make_batch(prefill_lens, g.page_size, g.num_pages, rng);
+  const std::vector<float> pq = clm_test::random_floats(std::size_t{3} * 8 * 64, rng);
+  DeviceArray<float> dpq(pq), dpout(pq.size());
+  REQUIRE_OK(clm::cuda::paged_prefill_attention(*gpu.ws, pool.view(), params, dpq.get(), 3, p.indices, 60, dpout.get(),
+                                                gpu.stream));
+  // The host's plan runs as planned.
+  const std::vector<float> q = clm_test::random_floats(lens.size() * 8 * 64, rng);
+  DeviceArray<float> dq(q), dout(q.size());
+  dout.poison();
+  REQUIRE_OK(clm::cuda::decode_run(*gpu.ws, pool.view(), params, dq.get(), dout.get(), gpu.stream));
+  gpu.sync();
+  CHECK(clm_test::relative_error(dout.download(), clm_test::reference_decode(host, params, q, b)) <=
+        clm_test::tolerance(g.dtype));
+  CHECK(clm_test::relative_error(dpout.download(), clm_test::reference_prefill(host, params, pq, 3, p.indices, 60)) <=
+        clm_test::tolerance(g.dtype));
 }
 
 TEST_CASE("CUDA write_kv stores rounded rows in their slots only", "[cuda][gpu]") {
