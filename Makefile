@@ -21,6 +21,8 @@ DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsql
 NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
 ifneq ($(NVCC),)
   CUDA_FLAGS := -DCMAKE_CUDA_COMPILER=$(NVCC)
+  # The ASan pass compiles no CUDA, but the emulated CUDA tests, with the Toolkit's headers.
+  ASAN_CUDA_FLAGS := -DCLM_CUDA_EMULATION=ON -DCUDAToolkit_ROOT=$(abspath $(dir $(NVCC))/..)
 endif
 
 .PHONY: all deps build build-asan build-tsan test test-release test-asan test-tsan demo replay bench abi-baseline gpu-deps format clean
@@ -47,7 +49,8 @@ build: deps
 	cmake --build $(BUILD) -j$(JOBS)
 
 build-asan: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_SANITIZE=ON -DCLM_CUDA=OFF $(CMAKE_FLAGS)
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_SANITIZE=ON -DCLM_CUDA=OFF $(ASAN_CUDA_FLAGS) \
+	  $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
 test-release: build

@@ -144,6 +144,9 @@ cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
   *p = q;
   return cudaSuccess;
 }
+// Pinned host memory with flags (lib/device_memory.cpp): the flags change
+// nothing here, where host and "device" share one address space.
+cudaError_t cudaHostAlloc(void** p, std::size_t bytes, unsigned int) { return cudaMallocHost(p, bytes); }
 cudaError_t cudaFreeHost(void* p) {
   std::lock_guard lock(fake().mutex);
   const auto a = reinterpret_cast<std::uintptr_t>(p);
