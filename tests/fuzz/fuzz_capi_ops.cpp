@@ -8,6 +8,7 @@
 //
 //   make build-fuzz && build-fuzz/tests/fuzz/fuzz_capi_ops tests/fuzz/corpus/capi_ops
 //   tests/fuzz/run.sh build-fuzz 30     (every target, on a copy of its corpus)
+//   CLM_FUZZ_TRACE=1 build-fuzz/tests/fuzz/fuzz_capi_ops crash-<sha1>   (the calls of one input)
 //
 // Invariants, checked after every call while the engine lives:
 //  - every status is CLM_OK or one of the documented codes; a failure has a
@@ -30,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -46,7 +48,16 @@ using Tokens = std::vector<std::int32_t>;
 
 bool known_status(clm_status s) { return s <= CLM_OK && s >= CLM_ERR_IO; }
 
+// CLM_FUZZ_TRACE=1: every checked call (but the metrics after each) and its
+// status on stderr, to read a reproducer.
+bool tracing() {
+  static const bool on = std::getenv("CLM_FUZZ_TRACE") != nullptr;
+  return on;
+}
+
 void check_status(clm_status s, const char* call) {
+  if (tracing() && std::strcmp(call, "clm_engine_metrics") != 0)
+    fmt::print(stderr, "{} -> {} {}\n", call, clm_status_name(s), s == CLM_OK ? "" : clm_last_error());
   FUZZ_CHECK(known_status(s), "{} returned {}", call, s);
   if (s != CLM_OK) {
     const char* msg = clm_last_error();
