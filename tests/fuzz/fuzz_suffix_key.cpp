@@ -10,7 +10,8 @@
 // untouched; invalid UTF-8 is always refused; normalising is idempotent
 // (normalise(normalise(x)) == normalise(x)); an accepted key is printable
 // ASCII, its fingerprint is key_fingerprint(key), and making it twice gives
-// the same key (make_key is a function of the text alone). from_host_key
+// the same key (make_key is a function of the text alone), as does making it
+// from the normalised text (a function of that alone). from_host_key
 // (the input split at its first NUL) accepts exactly 1..256 printable ASCII
 // bytes with a group of at most 256.
 #include <cstddef>
@@ -110,6 +111,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     clm::SuffixKey again;
     const clm::Status m2 = k.make_key(text, again);
     FUZZ_CHECK(m2.ok() && again.key == key.key && again.group == key.group, "make_key is not deterministic");
+    // The key is a function of the normalised text (every later step reads only that).
+    clm::SuffixKey of_normalised;
+    const clm::Status m3 = k.make_key(normalised, of_normalised);
+    FUZZ_CHECK(m3.ok() && of_normalised.key == key.key && of_normalised.group == key.group,
+               "the key of '{}' is '{}', of its normal form '{}' it is '{}' ({})", text, key.key, normalised,
+               of_normalised.key, m3.message());
   }
 
   const std::size_t split = text.find('\0');
