@@ -1,13 +1,17 @@
 # clmcache: the two commands of the README, and the helpers behind them.
 #   make demo   build, then a Debian support bot on the tiny_llama decoder, cache off and on
 #   make replay build, then replay the prefix cache over both workloads (hit-rate tables)
-#   make test   build, run every test, then again under ASan + UBSan, then the
-#               concurrency tests under TSan
+#   make test   build, run every test, then again under ASan + UBSan, the [threads]
+#               cases under TSan, and every fuzzer for 30 s
+#   make soak   the long runs: 1,000 kills per crash test, the lifecycle test at
+#               1,000,000 operations a thread, every fuzzer for 10 minutes
+#               (docs/reliability.md)
 #   make bench  run every benchmark and write docs/benchmarks.md (tests/bench/report.sh)
 SHELL := /bin/bash
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
 JOBS ?= $(shell nproc)
 SHARED ?= $(abspath $(CURDIR)/../shared)
 CMAKE_FLAGS ?=
@@ -15,7 +19,7 @@ CMAKE_FLAGS ?=
 # Debian packages the build and the tests need (installed by `make deps`).
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
   libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox \
-  debian-faq debian-faq-zh-cn curl libcpp-httplib-dev
+  debian-faq debian-faq-zh-cn curl libcpp-httplib-dev clang libclang-rt-14-dev
 
 # nvcc lives outside PATH on a stock CUDA install; CMake finds it when told.
 NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -25,7 +29,8 @@ ifneq ($(NVCC),)
   ASAN_CUDA_FLAGS := -DCLM_CUDA_EMULATION=ON -DCUDAToolkit_ROOT=$(abspath $(dir $(NVCC))/..)
 endif
 
-.PHONY: all deps build build-asan build-tsan test test-release test-asan test-tsan demo replay bench abi-baseline gpu-deps format clean
+.PHONY: all deps build build-asan build-tsan build-fuzz test test-release test-asan test-tsan test-fuzz soak \
+  soak-fuzz soak-crash soak-threads demo replay bench abi-baseline gpu-deps format clean
 
 all: build
 
@@ -80,7 +85,38 @@ test-tsan: build-tsan
 	    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp ./$$t "[threads]"); \
 	done
 
-test: test-release test-asan test-tsan
+# The fuzzers (tests/fuzz, docs/reliability.md): clang + libFuzzer, every
+# target and the library under ASan + UBSan. Only the fuzzers and what they
+# link are built (no tests, no examples): CI builds this from scratch too.
+# Debug: the library's assert()s are on.
+build-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DCLM_FUZZ=ON -DCLM_CUDA=OFF -DCLM_BUILD_TESTS=OFF -DCLM_BUILD_EXAMPLES=OFF -DCLM_INSTALL=OFF $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target clm_fuzzers
+
+# Each fuzzer for 30 s on a copy of its corpus, two at a time.
+test-fuzz: build-fuzz
+	bash tests/fuzz/run.sh $(FUZZ_BUILD) 30
+
+test: test-release test-asan test-tsan test-fuzz
+
+# Long runs, not part of `make test` (docs/reliability.md).
+soak: soak-crash soak-threads soak-fuzz
+
+# 1,000 SIGKILLs for each crash test (make test: 60).
+soak-crash: build
+	cd $(BUILD)/tests && CLM_CRASH_KILLS=1000 ./test_snapshot_store_crash
+	cd $(BUILD)/tests/tiers && CLM_CRASH_KILLS=1000 ./test_file_backend "[crash]"
+
+# The 8-thread lifecycle test at 1,000,000 operations a thread, and at 100,000 under TSan.
+soak-threads: build build-tsan
+	cd $(BUILD)/tests && CLM_CONCURRENCY_OPS=1000000 ./test_engine_concurrency
+	cd $(TSAN_BUILD)/tests && CLM_CONCURRENCY_OPS=100000 \
+	  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
+	  ./test_engine_concurrency "[threads]"
+
+soak-fuzz: build-fuzz
+	bash tests/fuzz/run.sh $(FUZZ_BUILD) 600
 
 # The main job: examples/demo/demo.sh (CLM parts trained on first use, into $(BUILD)/clm-demo).
 demo: build
@@ -111,4 +147,4 @@ format:
 	clang-format -i $$(git ls-files '*.hpp' '*.cpp' '*.h' '*.c' '*.cu')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -158,11 +158,6 @@ Status check_layout(const std::string& bytes, std::size_t dim, const std::string
   return {};
 }
 
-struct Meta {
-  std::size_t dim = 0, size = 0;
-  std::uint64_t checksum = 0;
-};
-
 std::string meta_path(const std::string& path) { return path + ".meta"; }
 
 }  // namespace
@@ -211,7 +206,6 @@ Status HnswIndex::load(const std::string& path, const HnswParams& params, std::u
   CLM_RETURN_IF_ERROR(check_params(params));
   std::string meta_text;
   CLM_RETURN_IF_ERROR(read_file(meta_path(path), meta_text));
-  Meta meta;
   unsigned long long dim = 0, size = 0, checksum = 0;
   if (std::sscanf(meta_text.c_str(), "CLMHNSW1 dim=%llu size=%llu checksum=%llx", &dim, &size, &checksum) != 3) {
     return invalid_argument(fmt::format("hnsw index {}: its .meta file is malformed", path));
