@@ -60,7 +60,7 @@ build: deps
 
 build-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_SANITIZE=ON -DCLM_CUDA=OFF \
-	  -DCLM_BUILD_BENCH=OFF $(CMAKE_FLAGS)
+	  -DCLM_CUDA_EMULATION=OFF -DCLM_BUILD_BENCH=OFF $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
 test-release: build
