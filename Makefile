@@ -66,11 +66,13 @@ build-asan: deps
 test-release: build
 	cd $(BUILD) && CLM_SHARED_DIR=$(SHARED) ctest --output-on-failure -j$(JOBS)
 
-# The sanitizer pass runs the same suite; the 8-thread lifecycle test runs
-# 30,000 operations a thread instead of 100,000 (CLM_CONCURRENCY_OPS).
+# The sanitizer pass runs the same suite, but the 8-thread lifecycle test runs
+# 30,000 operations a thread instead of 100,000 (CLM_CONCURRENCY_OPS), and the
+# 4096-wide PCA fit (two minutes under ASan; the Krylov path is checked at 1100)
+# is left to the release pass.
 test-asan: build-asan
 	cd $(ASAN_BUILD) && CLM_SHARED_DIR=$(SHARED) CLM_CONCURRENCY_OPS=30000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS)
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -E "hidden 4096, Krylov"
 
 # ThreadSanitizer over the test cases tagged [threads] (many host threads on
 # one Engine, the SRC tracker, the snapshot store, the tiers), in a third build
