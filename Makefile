@@ -16,7 +16,8 @@ JOBS ?= $(shell nproc)
 SHARED ?= $(abspath $(CURDIR)/../shared)
 CMAKE_FLAGS ?=
 
-# Debian packages the build and the tests need (installed by `make deps`).
+# Debian packages the build and the tests need (installed by `make deps`; nothing
+# else is fetched: curl is the Debian package the server test uses as its HTTP client).
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
   libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox \
   debian-faq debian-faq-zh-cn curl libcpp-httplib-dev clang libclang-rt-14-dev
