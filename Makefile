@@ -35,7 +35,7 @@ ifneq ($(NVCC),)
   CUDA_EMULATION_FLAGS := -DCLM_CUDA_EMULATION=ON -DCUDAToolkit_ROOT=$(abspath $(dir $(NVCC))/..)
 endif
 
-.PHONY: all deps build build-asan build-tsan build-fuzz test test-release test-asan test-tsan test-fuzz soak \
+.PHONY: all deps build build-asan build-tsan build-fuzz test test-release test-asan test-tsan test-fuzz soak soak-memory \
   soak-fuzz soak-crash soak-threads soak-asan-cuda demo replay bench abi-baseline gpu-deps format clean
 
 all: build
@@ -112,7 +112,7 @@ test-fuzz: build-fuzz
 test: test-release test-asan test-tsan test-fuzz
 
 # Long runs, not part of `make test` (docs/reliability.md).
-soak: soak-crash soak-threads soak-asan-cuda soak-fuzz
+soak: soak-crash soak-memory soak-threads soak-asan-cuda soak-fuzz
 
 # The emulated CUDA programs (the kernel source on the CPU emulator over the
 # fake runtime: the tests, and the CUDA benches' smoke runs) under ASan +
@@ -131,6 +131,16 @@ soak-asan-cuda: deps
 soak-crash: build
 	cd $(BUILD)/tests && CLM_CRASH_KILLS=1000 ./test_snapshot_store_crash
 	cd $(BUILD)/tests/tiers && CLM_CRASH_KILLS=1000 ./test_file_backend "[crash]"
+
+# A million requests of gsp and of the Mooncake trace through one Engine (pool,
+# host tier, snapshot store), RSS sampled: bounded after the warm-up
+# (tests/soak/soak_memory.cpp). The samples and their plot go to $(BUILD)/soak.
+soak-memory: build
+	@mkdir -p $(BUILD)/soak
+	$(BUILD)/tests/soak/soak_memory --workload gsp --requests 1000000 --csv $(BUILD)/soak/gsp.csv
+	$(BUILD)/tests/soak/soak_memory --workload mooncake:$(SHARED)/traces/mooncake/conversation_trace.jsonl \
+	  --requests 1000000 --csv $(BUILD)/soak/mooncake.csv
+	bash tests/soak/plot_memory.sh $(BUILD)/soak/gsp.csv $(BUILD)/soak/mooncake.csv $(BUILD)/soak/soak-memory.png
 
 # The 8-thread lifecycle test at 1,000,000 operations a thread, and at 100,000
 # under TSan, with the [threads] cases of the programs make test leaves out.

@@ -23,7 +23,12 @@
 
 namespace clm::cuda::detail {
 
+// `err`, which a call just returned, as a Status. The runtime also keeps it as
+// the thread's last error: cleared here, since it is reported now, or the next
+// cudaGetLastError (synchronize's check for asynchronous errors) would report
+// a failed allocation again as a broken device. Sticky errors stay.
 inline Status cuda_error(cudaError_t err, const char* what) {
+  (void)cudaGetLastError();
   std::string text = fmt::format("{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
   switch (err) {
     case cudaErrorMemoryAllocation:

@@ -67,6 +67,7 @@ Status device_allocate(std::size_t bytes, int device, void** out) {
   }
   if (cudaError_t err = cudaMalloc(out, bytes); err != cudaSuccess) {
     *out = nullptr;
+    (void)cudaGetLastError();  // reported here: not again by the host's next cudaGetLastError
     return out_of_memory(fmt::format("cudaMalloc({} bytes): {}", bytes, cudaGetErrorString(err)));
   }
   return {};
@@ -84,6 +85,7 @@ Status pinned_host_allocate(std::size_t bytes, void** out) {
   if (cuda_device_count(&reason) <= 0) return unsupported(fmt::format("pinned host memory: {}", reason));
   if (cudaError_t err = cudaHostAlloc(out, bytes, cudaHostAllocPortable | cudaHostAllocMapped); err != cudaSuccess) {
     *out = nullptr;
+    (void)cudaGetLastError();  // reported here: not again by the host's next cudaGetLastError
     return out_of_memory(fmt::format("cudaHostAlloc({} bytes): {}", bytes, cudaGetErrorString(err)));
   }
   return {};

@@ -486,6 +486,51 @@ TEST_CASE("a refused call leaves no new namespace behind", "[bad_input]") {
   });
 }
 
+// A miss in a namespace never seen before creates its root (the node a caller
+// locks). Probes on fresh salts that never lock or insert (a scanner, a
+// per-request salt) must not pile them up: the tree keeps the last kMissRoots.
+TEST_CASE("misses in unseen namespaces leave a bounded number of roots", "[namespaces]") {
+  Fixture f(4, 64);
+  std::mt19937_64 rng(base_seed());
+  const Tokens cached = seq(100 + static_cast<std::int32_t>(rng() % 1000), 16);
+  f.insert(cached, {.salt = "owner"});
+  auto probe = [&](std::int64_t i) {
+    return f.match(plus(cached, {0}),
+                   {.salt = fmt::format("probe-{}", i), .adapter_id = static_cast<std::int32_t>(i % 3)});
+  };
+  constexpr auto kCap = static_cast<std::int64_t>(clm::RadixTree::kMissRoots);
+  // A root locked right after its miss, and one inserted under, outlive the window.
+  const clm::PrefixMatch locked_miss = f.match(plus(cached, {0}), {.salt = "locked"});
+  REQUIRE(locked_miss.cached_tokens == 0);
+  REQUIRE(f.tree->lock(locked_miss.node).ok());
+  (void)f.match(plus(cached, {0}), {.salt = "inserted"});
+  f.insert(cached, {.salt = "inserted"});
+  // A root kept only by its handle: valid until the window passes it.
+  const clm::PrefixMatch idle_miss = probe(-1);
+  std::size_t bytes_at_window = 0;
+  const std::int64_t probes = 20 * kCap + static_cast<std::int64_t>(rng() % 1000);
+  for (std::int64_t i = 0; i < probes; ++i) {
+    const clm::PrefixMatch m = probe(i);
+    REQUIRE(m.cached_tokens == 0);
+    // owner, locked, inserted, and at most the window of probe roots.
+    REQUIRE(f.tree->metrics().namespaces <= 3 + kCap);
+    if (i == 2 * kCap) bytes_at_window = f.tree->metrics().metadata_bytes;
+    if (i > 2 * kCap) REQUIRE(f.tree->metrics().metadata_bytes <= bytes_at_window);
+    if (i % 97 == 0) REQUIRE(f.tree->check_invariants().ok());
+  }
+  REQUIRE(f.tree->check_invariants().ok());
+  CHECK(f.tree->metrics().namespaces == 3 + kCap);
+  // The idle root's handle is now stale: a clear status, not a crash.
+  CHECK(f.tree->lock(idle_miss.node).code() == StatusCode::not_found);
+  // The others kept their cache and their lock.
+  CHECK(f.match(plus(cached, {0}), {.salt = "owner"}).cached_tokens == 16);
+  CHECK(f.match(plus(cached, {0}), {.salt = "inserted"}).cached_tokens == 16);
+  const std::int64_t before_unlock = f.tree->metrics().namespaces;
+  REQUIRE(f.tree->unlock(locked_miss.node).ok());
+  CHECK(f.tree->metrics().namespaces == before_unlock - 1);  // unlocked with nothing under it: gone
+  REQUIRE(f.tree->check_invariants().ok());
+}
+
 // An insert shorter than one page stores nothing, but its ids are still checked.
 TEST_CASE("insert validates token ids when shorter than a page", "[bad_input]") {
   Fixture f;

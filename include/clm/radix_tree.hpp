@@ -39,6 +39,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cmath>
 #include <cstdint>
@@ -87,7 +88,10 @@ struct NodeRef {
 
 struct PrefixMatch {
   std::int32_t cached_tokens = 0;   // page-aligned, <= len-1: the part on the device (L1)
-  NodeRef node;                     // deepest matched node on the device (the namespace root on a miss)
+  // Deepest matched node on the device: the namespace root on a miss. A miss
+  // in a namespace never seen before creates that root; lock it (or insert)
+  // before RadixTree::kMissRoots more such misses, or it may be gone.
+  NodeRef node;
   std::vector<std::int32_t> pages;  // cached_tokens / page_size page ids
   // With a host tier: the tokens after cached_tokens whose pages are only in
   // host memory (L2), their host page ids, and the deepest such node.
@@ -132,6 +136,10 @@ struct RadixTreeMetrics {
 
 class RadixTree {
  public:
+  // A root made by a miss in a namespace never seen before stays until this
+  // many later such misses, unless locked or inserted under first.
+  static constexpr std::size_t kMissRoots = 64;
+
   // The pool must outlive the tree; the tree's page size is the pool's.
   // `slru_protected_fraction` caps SLRU's protected segment (a fraction of the
   // pool's tokens, clamped to [0, 1]); other policies ignore it.
@@ -176,7 +184,11 @@ class RadixTree {
     const Walk walk = walk_down(find_namespace(ns), tokens.data(), length - 1);
     // The matched part equals cached ids, which are valid: check only the rest.
     CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "match_prefix"));
-    std::int32_t end = walk.node >= 0 ? walk.node : create_namespace(ns);
+    std::int32_t end = walk.node;
+    if (end < 0) {
+      end = create_namespace(ns);
+      remember_miss_root(end);
+    }
     if (walk.offset < nodes_[end].len) {
       end = split(end, walk.offset);
       path_.back() = end;
@@ -799,6 +811,19 @@ class RadixTree {
     ++namespace_count_;
     return root;
   }
+  // A miss in a namespace never seen before creates its root, so that the
+  // caller can lock it; a caller that never does (a probe, an abandoned
+  // lookup) would leave it behind for good, one per unseen salt. So the last
+  // kMissRoots such roots are remembered, and the oldest goes when another
+  // comes unless something was inserted under it or locked it meanwhile.
+  void remember_miss_root(std::int32_t root) noexcept {
+    NodeRef& slot = miss_roots_[next_miss_root_];
+    next_miss_root_ = (next_miss_root_ + 1) % miss_roots_.size();
+    const bool still_that_root = slot.index >= 0 && nodes_[slot.index].live &&
+                                 nodes_[slot.index].generation == slot.generation && nodes_[slot.index].parent < 0;
+    if (still_that_root && slot.index != root) drop_namespace_if_unused(slot.index);
+    slot = ref(root);
+  }
   void drop_namespace_if_unused(std::int32_t root) {
     const Node& node = nodes_[root];
     if (node.num_children > 0 || node.own_locks > 0) return;
@@ -1260,6 +1285,8 @@ class RadixTree {
     const std::string* salt;  // the key in namespaces_ (map nodes do not move)
   };
   std::unordered_map<std::int32_t, RootName> root_names_;
+  std::array<NodeRef, kMissRoots> miss_roots_{};  // roots made by misses (remember_miss_root)
+  std::size_t next_miss_root_ = 0;
   std::vector<std::int32_t> path_;     // scratch: nodes of the last walk
   std::vector<std::int32_t> scratch_;  // scratch: duplicate pages of an insert
   std::uint64_t tick_ = 0;

@@ -2,14 +2,22 @@
 // and from two threads at once. One JSON object per figure:
 //   engine/capi_vs_cpp   gsp replay via clm_* calls; baseline: the same via the C++ Engine
 //   engine/threads       requests/s with 2 threads on one Engine; baseline: 1 thread
+//   engine/spin          requests/s and CPU time a request with 2 and 4 threads on one
+//                        Engine, for each count of PAUSEs the lock spins before it
+//                        sleeps (detail/spin_mutex.hpp); baseline: the default count
 // Each request: admit(prompt), extend(its 256 output tokens), finish.
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "bench_common.hpp"
 #include "clm.h"
+#include "clm/detail/spin_mutex.hpp"
 #include "clm/engine.hpp"
 #include "workload.hpp"
 
@@ -93,6 +101,38 @@ double run_threads(const clm::replay::Workload& w, int threads) {
   return seconds_since(start);
 }
 
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+struct SpinRun {
+  double wall_s, cpu_s;
+};
+
+// `passes` passes of the workload from `threads` threads on one Engine whose
+// lock spins `spins` PAUSEs before sleeping.
+SpinRun run_spins(const clm::replay::Workload& w, int threads, int spins, int passes) {
+  clm::detail::spins_before_sleep.store(spins);
+  auto engine = make_engine();
+  const double cpu_start = cpu_seconds();
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int pass = 0; pass < passes; ++pass) {
+        replay_cpp(*engine, w, static_cast<std::size_t>(t), static_cast<std::size_t>(threads));
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  const SpinRun run{seconds_since(start), cpu_seconds() - cpu_start};
+  clm::detail::spins_before_sleep.store(clm::detail::kDefaultSpinsBeforeSleep);
+  return run;
+}
+
 }  // namespace
 
 int main() {
@@ -114,5 +154,31 @@ int main() {
   }
   print_figure(kBench, "threads/gsp/page=16", "requests_per_s_2_threads", requests / median(two), "requests/s",
                "requests_per_s_1_thread", requests / median(one));
+
+  // The lock's spin count: the rounds interleave every count, so that the
+  // shared machine's drift hits each alike. 4 threads on 2 cores is where a
+  // spinning waiter can take the core its lock's holder needs.
+  constexpr int kSpinRounds = 9, kPasses = 16;
+  const std::vector<int> spin_counts = {0, 64, clm::detail::kDefaultSpinsBeforeSleep, 4000, 16000};
+  for (int threads : {2, 4}) {
+    std::vector<std::vector<double>> wall(spin_counts.size()), cpu(spin_counts.size());
+    for (int round = 0; round < kSpinRounds; ++round) {
+      for (std::size_t k = 0; k < spin_counts.size(); ++k) {
+        const SpinRun r = run_spins(gsp, threads, spin_counts[k], kPasses);
+        wall[k].push_back(r.wall_s);
+        cpu[k].push_back(r.cpu_s);
+      }
+    }
+    const auto base = static_cast<std::size_t>(
+        std::find(spin_counts.begin(), spin_counts.end(), clm::detail::kDefaultSpinsBeforeSleep) - spin_counts.begin());
+    const double total = requests * kPasses;
+    for (std::size_t k = 0; k < spin_counts.size(); ++k) {
+      const std::string name = fmt::format("spin/{}_threads/spins={}", threads, spin_counts[k]);
+      print_figure(kBench, name, "requests_per_s", total / median(wall[k]), "requests/s",
+                   fmt::format("requests_per_s_spins={}", spin_counts[base]), total / median(wall[base]));
+      print_figure(kBench, name, "cpu_us_per_request", 1e6 * median(cpu[k]) / total, "us",
+                   fmt::format("cpu_us_per_request_spins={}", spin_counts[base]), 1e6 * median(cpu[base]) / total);
+    }
+  }
   return 0;
 }

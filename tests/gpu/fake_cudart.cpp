@@ -33,6 +33,10 @@ struct Fake {
   std::set<void*> events, streams;
   int devices = 1;
   cudaError_t last = cudaSuccess;
+  // Fault injection (clm_fake_cuda_fail_allocation): allocations to let
+  // through before one fails; -1: none fails.
+  long allocations_before_failure = -1;
+  bool allocation_failed = false;
 };
 
 Fake& fake() {
@@ -44,6 +48,16 @@ thread_local int t_current_device = 0;  // as in CUDA, each host thread has its 
 cudaError_t fail(cudaError_t err) {
   fake().last = err;
   return err;
+}
+
+// One device or pinned allocation (the caller holds the mutex): whether it is
+// the one to fail.
+bool allocation_fails() {
+  Fake& f = fake();
+  if (f.allocations_before_failure < 0) return false;
+  if (f.allocations_before_failure-- > 0) return false;
+  f.allocation_failed = true;
+  return true;
 }
 
 // The range [p, p + n) inside one entry of `m` (base -> size or Range)?
@@ -89,6 +103,26 @@ extern "C" {
 void clm_fake_cuda_set_device_count(int count);
 void clm_fake_cuda_set_device_count(int count) { fake().devices = count; }
 
+// Test hooks: the device or pinned allocation (cudaMalloc, cudaMallocHost,
+// cudaHostAlloc) after `skip` more fails with cudaErrorMemoryAllocation, once
+// (skip -1: none); whether it did; how many such allocations are live.
+void clm_fake_cuda_fail_allocation(long skip);
+int clm_fake_cuda_allocation_failed();
+long clm_fake_cuda_live_allocations();
+void clm_fake_cuda_fail_allocation(long skip) {
+  std::lock_guard lock(fake().mutex);
+  fake().allocations_before_failure = skip;
+  fake().allocation_failed = false;
+}
+int clm_fake_cuda_allocation_failed() {
+  std::lock_guard lock(fake().mutex);
+  return fake().allocation_failed ? 1 : 0;
+}
+long clm_fake_cuda_live_allocations() {
+  std::lock_guard lock(fake().mutex);
+  return static_cast<long>(fake().device.size() + fake().malloc_host.size());
+}
+
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = fake().devices;
   return cudaSuccess;
@@ -122,6 +156,7 @@ const char* cudaGetErrorName(cudaError_t error) { return error == cudaSuccess ? 
 
 cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   std::lock_guard lock(fake().mutex);
+  if (allocation_fails()) return fail(cudaErrorMemoryAllocation);
   void* q = nullptr;
   if (posix_memalign(&q, 256, std::max<std::size_t>(bytes, 1)) != 0) return fail(cudaErrorMemoryAllocation);
   fake().device[reinterpret_cast<std::uintptr_t>(q)] = std::max<std::size_t>(bytes, 1);
@@ -137,6 +172,7 @@ cudaError_t cudaFree(void* p) {
 }
 cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
   std::lock_guard lock(fake().mutex);
+  if (allocation_fails()) return fail(cudaErrorMemoryAllocation);
   void* q = nullptr;
   if (posix_memalign(&q, 256, std::max<std::size_t>(bytes, 1)) != 0) return fail(cudaErrorMemoryAllocation);
   fake().pinned[reinterpret_cast<std::uintptr_t>(q)] = Range{std::max<std::size_t>(bytes, 1), true};

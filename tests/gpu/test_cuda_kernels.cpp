@@ -165,6 +165,70 @@ TEST_CASE("CUDA decode matches the float64 reference", "[cuda][gpu]") {
   }
 }
 
+#if CLM_TEST_EMULATED_GPU
+extern "C" void clm_fake_cuda_fail_allocation(long skip);
+extern "C" int clm_fake_cuda_allocation_failed();
+
+// The fake runtime fails each device or pinned allocation of a decode_plan
+// that must grow the workspace, in turn: the plan is refused with
+// out_of_memory, decode_run then refuses to run the half-made plan (it never
+// reads a freed buffer), and once the faults stop the same batch plans, runs
+// and matches the reference.
+TEST_CASE("CUDA decode_plan whose workspace cannot grow: a clear status, no half plan, the retry works",
+          "[cuda][gpu][faults]") {
+  Gpu gpu;
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  Geometry g;
+  g.dtype = KvDType::f16;
+  g.head_dim = 64;
+  g.kv_heads = 2;
+  g.page_size = 16;
+  g.num_layers = 1;
+  const std::vector<std::int32_t> small = {3, 17}, large(24, 200);
+  g.num_pages = clm_test::pages_needed(large, g.page_size) + 2;
+  HostPool host(g);
+  host.fill_random(rng);
+  DevicePool pool(host);
+  AttentionParams params;
+  params.num_q_heads = g.kv_heads * 4;
+  const Batch first = clm_test::make_batch(small, g.page_size, g.num_pages, rng);
+  REQUIRE_OK(clm::cuda::decode_plan(*gpu.ws, pool.view(), params, first.indptr, first.indices, first.last_page_len,
+                                    gpu.stream));
+  const Batch b = clm_test::make_batch(large, g.page_size, g.num_pages, rng);
+  const std::size_t n = large.size() * static_cast<std::size_t>(params.num_q_heads) * g.head_dim;
+  const std::vector<float> q = clm_test::random_floats(n, rng);
+  DeviceArray<float> dq(q), dout(n);
+  long failures = 0;
+  for (long skip = 0;; ++skip) {
+    INFO("the allocation after " << skip << " fails");
+    clm_fake_cuda_fail_allocation(skip);
+    const clm::Status planned =
+        clm::cuda::decode_plan(*gpu.ws, pool.view(), params, b.indptr, b.indices, b.last_page_len, gpu.stream);
+    const bool fired = clm_fake_cuda_allocation_failed() != 0;
+    clm_fake_cuda_fail_allocation(-1);
+    if (!fired) {
+      REQUIRE_OK(planned);
+      break;
+    }
+    ++failures;
+    CHECK(planned.code() == StatusCode::out_of_memory);
+    dout.poison();
+    CHECK(clm::cuda::decode_run(*gpu.ws, pool.view(), params, dq.get(), dout.get(), gpu.stream).code() ==
+          StatusCode::failed_precondition);
+    CHECK(all_nan(dout.download()));  // nothing written
+  }
+  CHECK(failures >= 1);
+  dout.poison();
+  REQUIRE_OK(clm::cuda::decode_run(*gpu.ws, pool.view(), params, dq.get(), dout.get(), gpu.stream));
+  gpu.sync();
+  const double err = clm_test::relative_error(dout.download(), clm_test::reference_decode(host, params, q, b));
+  INFO("rel err " << err);
+  CHECK(err <= clm_test::tolerance(KvDType::f16));
+}
+#endif
+
 TEST_CASE("CUDA decode with sliding windows, odd groups, long and batched sequences", "[cuda][gpu]") {
   if (skip_without_gpu()) return;
   Gpu gpu;

@@ -1,7 +1,9 @@
 // device_allocate / device_free (lib/device_memory.cpp) over the fake CUDA
 // runtime (tests/gpu/fake_cudart.cpp) with two devices: they work on the
 // device they are given and leave the calling thread's current device as they
-// found it, also when they fail.
+// found it, also when they fail. And device or pinned allocations that fail
+// (the fake's fault hook): a clear status, nothing left allocated, and the
+// next try works.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -10,9 +12,13 @@
 #include <thread>
 
 #include "clm/device_memory.hpp"
+#include "clm/engine.hpp"
 #include "clm/paged_kv_pool.hpp"
 
 extern "C" void clm_fake_cuda_set_device_count(int count);
+extern "C" void clm_fake_cuda_fail_allocation(long skip);
+extern "C" int clm_fake_cuda_allocation_failed();
+extern "C" long clm_fake_cuda_live_allocations();
 
 namespace {
 
@@ -70,4 +76,54 @@ TEST_CASE("device_allocate and device_free leave the thread's current device as 
   other.join();
   CHECK(current_device() == 0);
   clm_fake_cuda_set_device_count(1);
+}
+
+// Every device or pinned allocation of an Engine with a device pool and a
+// pinned host tier fails in turn: each attempt is refused with out_of_memory
+// naming the CUDA call, leaves nothing allocated and the thread's device as it
+// was, and the attempt after the fault hook is spent makes a working engine.
+TEST_CASE("a failed device or pinned allocation: a clear status, nothing left, and the retry works",
+          "[gpu][device][faults]") {
+  clm::EngineConfig config;
+  config.pool.num_pages = 16;
+  config.pool.page_size = 4;
+  config.pool.kv_heads = 1;
+  config.pool.head_dim = 8;
+  config.pool.memory = clm::MemoryKind::device;
+  config.tiers.host_pages = 32;  // under a device pool: pinned host memory
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  const long live_before = clm_fake_cuda_live_allocations();
+  long failures = 0;
+  std::unique_ptr<clm::Engine> engine;
+  for (long skip = 0;; ++skip) {
+    INFO("the allocation after " << skip << " fails");
+    clm_fake_cuda_fail_allocation(skip);
+    const clm::Status created = clm::Engine::create(config, engine);
+    const bool fired = clm_fake_cuda_allocation_failed() != 0;
+    clm_fake_cuda_fail_allocation(-1);
+    if (!fired) {
+      INFO(created.message());
+      REQUIRE(created.ok());
+      break;
+    }
+    ++failures;
+    CHECK(created.code() == clm::StatusCode::out_of_memory);
+    CHECK_THAT(created.message(), Catch::Contains("cuda"));
+    CHECK(engine == nullptr);
+    CHECK(clm_fake_cuda_live_allocations() == live_before);
+    CHECK(current_device() == 0);
+    CHECK(cudaGetLastError() == cudaSuccess);  // reported once, by the status: not left for the host's next check
+  }
+  CHECK(failures >= 2);  // the device pool and the pinned host tier at least
+  // The engine made after the faults works: a prompt is admitted, cached and found again.
+  const std::vector<std::int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  clm::Admission first, second;
+  REQUIRE(engine->admit(prompt, {}, first).ok());
+  REQUIRE(engine->finish(first.seq).ok());
+  REQUIRE(engine->admit(prompt, {}, second).ok());
+  CHECK(second.cached_tokens == 8);
+  REQUIRE(engine->finish(second.seq).ok());
+  REQUIRE(engine->check_invariants().ok());
+  engine.reset();
+  CHECK(clm_fake_cuda_live_allocations() == live_before);
 }
