@@ -4,7 +4,7 @@
 //
 //   if (skip_without_gpu()) return;   // prints "SKIPPED (no usable CUDA device: ...)"
 //   CLM_CUDA_OK(cudaMemcpy(...));      // a CUDA runtime call that must succeed
-//   kFull                              // full shapes on a GPU; small ones on the emulator
+//   kFull                              // full shapes on a GPU; small on the emulator or with CLM_GPU_TEST_SMALL=1
 //   REQUIRE_OK(status); REQUIRE_ERROR(status, StatusCode::invalid_argument, "part of the message");
 #pragma once
 
@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -20,10 +21,12 @@
 
 namespace clm_test {
 
+// Small shapes on the emulator, and on a GPU under CLM_GPU_TEST_SMALL=1
+// (tests/gpu/run.sh's compute-sanitizer runs, 10-100x slower).
 #ifdef CLM_TEST_EMULATED_GPU
-inline constexpr bool kFull = false;
+inline const bool kFull = false;
 #else
-inline constexpr bool kFull = true;
+inline const bool kFull = std::getenv("CLM_GPU_TEST_SMALL") == nullptr;
 #endif
 
 // True (after saying why) where no usable CUDA device is present.

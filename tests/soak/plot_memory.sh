@@ -21,10 +21,10 @@ set multiplot layout 1,2 title "soak_memory: one Engine (pool, host tier, snapsh
 set xlabel "requests (thousands)"
 set ylabel "MiB"
 set grid
-set key top left
+set key center right
 set yrange [0:*]
 do for [f in "$gsp $mooncake"] {
-  set title f
+  set title sprintf("%s (RSS includes the workload's token ids)", f)
   plot f using (\$1/1000):(\$2/1048576) with lines lw 2 lc rgb "black" title "process RSS", \
        f using (\$1/1000):(\$3/1048576) with lines lw 2 lc rgb "#1b9e77" title "tree metadata", \
        f using (\$1/1000):(\$6/1048576) with lines lw 2 lc rgb "#d95f02" title "snapshot store files"

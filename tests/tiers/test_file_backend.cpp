@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -346,6 +347,7 @@ TEST_CASE("file: four threads share one backend, every byte checked", "[tiers][f
       if (::write(fd, record, sizeof record) != static_cast<ssize_t>(sizeof record)) _exit(4);
     }
   };
+  say('R', {clm::PageKey{}});  // open: the parent may time the kill from here
   for (;;) {
     std::vector<clm::PageKey> keys = random_keys(rng, 1 + rng() % 4);
     if (!written_before.empty() && rng() % 3 == 0) keys.push_back(written_before[rng() % written_before.size()]);
@@ -383,17 +385,43 @@ TEST_CASE("file: SIGKILL while writing loses no stored page and never serves a t
       write_pages_until_killed(url, seed * 1000003ull + static_cast<std::uint64_t>(generation), fds[1]);
     }
     close(fds[1]);
+    // Where the kill is timed from: opening indexes every page file, which
+    // takes longer as the directory fills (and on a loaded machine), and a
+    // write ends with an fsync, so a kill timed from the fork alone often
+    // lands before any write has ended. One kill in four is timed from the
+    // fork (it may cut the open and its clean-up of a killed writer's
+    // temporary files), one from the end of the open, two from the end of
+    // the child's first write, so that the children surely store pages.
+    using Record = std::array<char, 1 + 32>;
+    std::vector<Record> records;  // in the order the child sent them
+    auto read_record = [&] {
+      Record r;
+      if (read(fds[0], r.data(), r.size()) != static_cast<ssize_t>(r.size())) return '\0';
+      records.push_back(r);
+      return r[0];
+    };
+    const std::uint64_t timed_from = rng() % 4;
+    if (timed_from == 1) REQUIRE(read_record() == 'R');
+    if (timed_from >= 2) {
+      char what;
+      do {
+        what = read_record();
+        REQUIRE(what != '\0');  // the child died by itself
+      } while (what != 'D');
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
     REQUIRE(kill(child, SIGKILL) == 0);
     int status = 0;
     REQUIRE(waitpid(child, &status, 0) == child);
     if (!WIFSIGNALED(status)) FAIL("the child exited by itself with status " << WEXITSTATUS(status));
     // Whole records only: the kill may cut the last one.
+    while (read_record() != '\0') {
+    }
     std::vector<clm::PageKey> intended;
-    char record[1 + 32];
-    while (read(fds[0], record, sizeof record) == static_cast<ssize_t>(sizeof record)) {
+    for (const Record& record : records) {
       clm::PageKey key;
-      std::memcpy(key.bytes.data(), record + 1, key.bytes.size());
+      std::memcpy(key.bytes.data(), record.data() + 1, key.bytes.size());
+      if (record[0] == 'R') continue;
       if (record[0] == 'I') {
         intended.push_back(key);
       } else {
@@ -428,7 +456,7 @@ TEST_CASE("file: SIGKILL while writing loses no stored page and never serves a t
   for (std::uint8_t f : fetch(*b, on_disk)) CHECK(f == 1);
   CHECK(b->stats().corrupt_pages == 0);
   INFO("pages stored " << stored.size() << ", in flight at a kill " << checked_in_flight);
-  CHECK(stored.size() > static_cast<std::size_t>(kills));  // the children did write before they died
+  CHECK(stored.size() >= static_cast<std::size_t>(kills) / 3);  // half the kills wait for a stored page
 }
 
 TEST_CASE("file: a full disk drops writes (written = 0) while reads go on", "[tiers][file][faults]") {
