@@ -113,7 +113,7 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     if (options->memory < CLM_MEMORY_NONE || options->memory > CLM_MEMORY_DEVICE) {
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_create: unknown memory {}", options->memory));
     }
-    if (options->eviction_policy < CLM_EVICT_LRU || options->eviction_policy > CLM_EVICT_PRIORITY) {
+    if (options->eviction_policy < CLM_EVICT_LRU || options->eviction_policy > CLM_EVICT_GHOST_SLRU) {
       return fail(CLM_ERR_INVALID_ARGUMENT,
                   fmt::format("clm_engine_create: unknown eviction_policy {}", options->eviction_policy));
     }
