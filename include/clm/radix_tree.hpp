@@ -618,6 +618,14 @@ class RadixTree {
   std::int64_t cached_tokens() const { return cached_; }
   std::int64_t evictable_tokens() const { return evictable_; }
   std::int64_t protected_tokens() const { return protected_; }
+  // ghost_slru: tokens of the evicted prefixes the ghost remembers, and its cap.
+  std::int64_t ghost_tokens() const { return ghost_.tokens(); }
+  std::int64_t ghost_capacity() const { return ghost_.capacity(); }
+  // slru, ghost_slru: tokens in the protected segment, and whether `ref`'s node is there.
+  std::int64_t protected_segment_tokens() const { return protected_segment_tokens_; }
+  bool in_protected_segment(NodeRef ref) const {
+    return check_ref(ref, "in_protected_segment").ok() && in_protected_segment(nodes_[ref.index]);
+  }
   bool owns_page(std::int32_t page) const {
     return pool_.valid_id(page) && (owned_pages_[static_cast<std::size_t>(page) >> 6] >> (page & 63) & 1);
   }
@@ -787,12 +795,25 @@ class RadixTree {
   std::uint64_t key_of(const Node& node) const {
     return eviction_key(policy_, node.last_access, node.hits, node.priority, in_protected_segment(node), node.next_use);
   }
-  // ghost_slru: names an evicted leaf by its parent (index and generation, so
-  // a recycled slot does not match) and its first page, which is how the same
-  // prefix will hang when it is inserted again below the same parent.
+  // ghost_slru: names an evicted leaf by its parent and its first page, which
+  // is how the same prefix will hang when it is inserted again below the same
+  // parent. A parent node is its index and generation (a recycled slot does
+  // not match). A namespace root is its name instead: the tree drops a root
+  // once everything below it is evicted, and a tenant that comes back after
+  // that is exactly the one whose prefixes the ghost should recognise.
   std::uint64_t ghost_key_of(const Node& node) const {
-    const std::uint64_t generation = nodes_[node.parent].generation;
-    return edge_key_of(node) ^ (generation * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull);
+    const std::uint64_t page_hash = detail::hash_page(node.data, static_cast<std::size_t>(page_size_));
+    const Node& up = nodes_[node.parent];
+    std::uint64_t parent_id;
+    if (up.parent >= 0) {
+      parent_id = (std::uint64_t{up.generation} << 32) | static_cast<std::uint32_t>(node.parent);
+    } else {
+      const RootName& name = root_names_.at(node.parent);
+      parent_id = std::hash<std::string_view>{}(*name.salt) ^
+                  (static_cast<std::uint64_t>(static_cast<std::uint32_t>(name.adapter_id)) * 0x9e3779b97f4a7c15ull) ^
+                  0x632be59bd9b4e019ull;  // a root's name never equals a node's (index, generation) by design
+    }
+    return detail::mix64(parent_id) ^ page_hash;
   }
   // Best effort: an eviction must not fail, and a forgotten ghost only costs
   // the prefix its shortcut into the protected segment.

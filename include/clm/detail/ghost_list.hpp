@@ -5,9 +5,13 @@
 // A prefix that is inserted again while its key is remembered came back soon
 // after the cache gave it up: the tree admits it to the protected segment.
 // Keys that are forgotten early (a hit) leave a dead FIFO entry behind, dropped
-// when it reaches the front, so remember and forget are O(1) amortised.
+// when it reaches the front, so remember and forget are O(1) amortised. When
+// every prefix keeps coming back the front may never move: once dead entries
+// outnumber the live ones the FIFO is compacted, so it never holds more than
+// about twice the live entries.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <unordered_map>
@@ -45,6 +49,7 @@ class GhostList {
         live_.erase(it);
       }
     }
+    compact_if_mostly_dead();
   }
 
   // True when `key` was remembered; it is forgotten (a prefix comes back once).
@@ -53,6 +58,7 @@ class GhostList {
     if (it == live_.end()) return false;
     tokens_ -= it->second.tokens;
     live_.erase(it);
+    compact_if_mostly_dead();
     return true;
   }
 
@@ -65,7 +71,8 @@ class GhostList {
   bool well_formed() const {
     std::int64_t sum = 0;
     for (const auto& [key, live] : live_) sum += live.tokens;
-    return sum == tokens_ && (tokens_ <= capacity_ || capacity_ <= 0) && live_.size() <= fifo_.size();
+    return sum == tokens_ && (tokens_ <= capacity_ || capacity_ <= 0) && live_.size() <= fifo_.size() &&
+           fifo_.size() <= 2 * live_.size() + kCompactSlack;
   }
 
  private:
@@ -77,6 +84,14 @@ class GhostList {
     std::uint64_t serial;
     std::int64_t tokens;
   };
+  static constexpr std::size_t kCompactSlack = 64;  // below this many dead entries compacting is not worth it
+  // Amortised O(1): it runs after at least half the FIFO died. Allocates
+  // nothing (deque's shrink_to_fit is noexcept), so forget() cannot throw.
+  void compact_if_mostly_dead() noexcept {
+    if (fifo_.size() <= 2 * live_.size() + kCompactSlack) return;
+    std::erase_if(fifo_, [&](const Entry& e) { return !is_live(e); });
+    fifo_.shrink_to_fit();
+  }
   bool is_live(const Entry& e) const {
     auto it = live_.find(e.key);
     return it != live_.end() && it->second.serial == e.serial;
