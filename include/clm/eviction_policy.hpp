@@ -16,14 +16,15 @@
 //             prefixes that are really shared, and stale ones still age out.
 //   priority  the insert's priority (0-100), lowest first; ties by LRU.
 //   ghost_slru  SLRU with a large protected segment (default 0.9) and a ghost:
-//             leaves evicted from probation are remembered (their parent and
-//             first page, not their KV) until evictions worth `ghost_memory`
-//             pool capacities (default 4) have followed; a prefix that comes
-//             back while remembered is admitted straight into the protected
-//             segment. New prefixes stay probationary, so they never displace
-//             prefixes that proved they return; on the Mooncake trace this
-//             keeps the conversations whose next turn comes minutes later,
-//             which LRU has flushed by then (docs/eviction.md).
+//             leaves evicted from probation are remembered (their parent
+//             node, or namespace at the top, and first page; not their KV)
+//             until evictions worth `ghost_memory` pool capacities (default
+//             4) have followed; a prefix that comes back while remembered is
+//             admitted straight into the protected segment. New prefixes stay
+//             probationary, so they never displace prefixes that proved they
+//             return; on the Mooncake trace this keeps the conversations whose
+//             next turn comes minutes later, which LRU has flushed by then
+//             (docs/eviction.md).
 //   belady    offline reference, replay tool only: the leaf whose next use is
 //             farthest goes first (the caller supplies next uses, see
 //             RadixTree::set_next_use). Engine and the C ABI refuse it.
