@@ -113,7 +113,14 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     if (options->memory < CLM_MEMORY_NONE || options->memory > CLM_MEMORY_DEVICE) {
       return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_create: unknown memory {}", options->memory));
     }
-    if (options->eviction_policy < CLM_EVICT_LRU || options->eviction_policy > CLM_EVICT_PRIORITY) {
+    // 5 is clm::EvictionPolicy::belady, which has no CLM_EVICT_* name: it needs
+    // every future request, so only the replay tool can run it.
+    if (options->eviction_policy == static_cast<int32_t>(clm::EvictionPolicy::belady)) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  "clm_engine_create: eviction_policy 5 (belady) is an offline reference that needs every future "
+                  "request: only the replay tool (examples/replay, --policy belady) can run it");
+    }
+    if (options->eviction_policy < CLM_EVICT_LRU || options->eviction_policy > CLM_EVICT_GHOST_SLRU) {
       return fail(CLM_ERR_INVALID_ARGUMENT,
                   fmt::format("clm_engine_create: unknown eviction_policy {}", options->eviction_policy));
     }

@@ -106,6 +106,9 @@ typedef struct clm_seq clm_seq;
 #define CLM_EVICT_LFU 1
 #define CLM_EVICT_SLRU 2
 #define CLM_EVICT_PRIORITY 3
+/* SLRU with a ghost of recently evicted prefixes (docs/eviction.md), with its
+ * defaults: protected segment 0.9 of the pool, ghost 4 pool capacities. */
+#define CLM_EVICT_GHOST_SLRU 4
 
 typedef struct clm_engine_options {
   uint32_t struct_size; /* sizeof(clm_engine_options) as the caller compiled it */
@@ -118,7 +121,7 @@ typedef struct clm_engine_options {
   int32_t memory;       /* CLM_MEMORY_* (default CLM_MEMORY_HOST) */
   int32_t device;       /* CUDA device for CLM_MEMORY_DEVICE (default 0) */
   int32_t eviction_policy;        /* CLM_EVICT_* (default CLM_EVICT_LRU) */
-  double slru_protected_fraction; /* [0, 1], default 0.2 */
+  double slru_protected_fraction; /* [0, 1], default 0.2 (CLM_EVICT_SLRU only) */
   /* -- version 2: CLM suffix reuse (docs/clm.md) -- */
   double src_daily_requests;          /* expected requests/day; sets the SRC threshold (default 10000) */
   float src_threshold;                /* in [0, 1] fixes the threshold; < 0 = from src_daily_requests (default -1) */

@@ -24,6 +24,18 @@
 // probationary and the range of its access tick, and checks the eviction order
 // on key bounds.
 //
+// ghost_slru is SLRU (a larger segment, the same uncertainty) plus the ghost:
+// the model knows where the tree's nodes end (a match or insert ends a node
+// where its path ends, a new leaf is one node), so it groups what an eviction
+// gave up into the leaves the tree evicted and remembers each probationary one
+// by (parent entry, first page), as the tree does. The tree's ghost is a FIFO
+// trimmed from the front to its token cap, and the order of the leaves within
+// one eviction is the heap's: a leaf is "certainly" remembered while even the
+// worst order keeps it, forgotten once even the best order drops it, "maybe"
+// in between (and when its segment was unsure). An insert whose new leaf's key
+// is certainly remembered must land in the protected segment, a maybe leaves
+// its segment unsure; the tree's ghost_tokens() is checked against the bounds.
+//
 // Every step is followed by the full check: tree.check_invariants(); cached,
 // evictable and protected tokens against the model; every pool page's owner
 // and reference count (tree xor test xor free: nothing leaked or freed twice);
@@ -130,15 +142,29 @@ struct Entry {
   std::uint64_t probation_lo = 0, probation_hi = 0;
   std::map<Tokens, std::int64_t> children;
   std::optional<NodeRef> ref;  // the tree's handle for the node that ends here, once seen
+  bool ends_node = false;      // the tree's node holding this page ends here
 };
+
+// ghost_slru: an evicted leaf the tree's ghost may remember.
+struct GhostEntry {
+  std::int64_t tokens = 0;
+  std::int64_t batch = 0;  // the eviction call that remembered it (order within a call unknown)
+  bool certain = true;     // certainly remembered (else maybe)
+};
+using GhostKey = std::pair<std::int64_t, Tokens>;  // parent entry, first page
 
 class Model {
  public:
-  Model(std::int32_t page_size, EvictionPolicy policy, std::int32_t num_pages, double protected_fraction)
+  Model(std::int32_t page_size, EvictionPolicy policy, std::int32_t num_pages, double protected_fraction,
+        double ghost_memory = clm::kDefaultGhostMemory)
       : ps_(page_size),
         policy_(policy),
-        // The same expression as the tree's.
+        // The same expressions as the tree's.
         protected_cap_(static_cast<std::int64_t>(std::clamp(protected_fraction, 0.0, 1.0) * num_pages * page_size)),
+        ghost_cap_(
+            policy == EvictionPolicy::ghost_slru
+                ? static_cast<std::int64_t>(std::clamp(ghost_memory, 0.0, clm::kMaxGhostMemory) * num_pages * page_size)
+                : 0),
         owner_(static_cast<std::size_t>(num_pages), -1) {
     for (int ns = 0; ns < kNamespaces; ++ns) {
       Entry root;
@@ -175,7 +201,23 @@ class Model {
     return e.may_protected ? clm::eviction_key(policy_, e.last_access, e.hits, e.priority, true)
                            : clm::eviction_key(policy_, e.probation_hi, e.hits, e.priority, false);
   }
-  bool slru() const { return policy_ == EvictionPolicy::slru; }
+  // A protected segment: slru and ghost_slru.
+  bool slru() const { return clm::is_segmented(policy_); }
+  bool ghost() const { return policy_ == EvictionPolicy::ghost_slru; }
+  std::int64_t ghost_capacity() const { return ghost_cap_; }
+  // Bounds on the tokens the tree's ghost remembers.
+  std::int64_t ghost_tokens_lo() const {
+    std::int64_t sum = 0;
+    for (const auto& [key, g] : ghost_) sum += g.certain ? g.tokens : 0;
+    return sum;
+  }
+  std::int64_t ghost_tokens_hi() const {
+    std::int64_t sum = 0;
+    for (const auto& [key, g] : ghost_) sum += g.tokens;
+    return sum;
+  }
+  std::int64_t ghost_admissions() const { return ghost_admissions_; }
+  std::int64_t ghost_unsure_admissions() const { return ghost_unsure_admissions_; }
   std::int64_t demotions() const { return demotions_; }  // entries demoted (or maybe demoted)
   bool segment_unsure(std::int64_t id) const { return at(id).may_protected && at(id).may_probation; }
 
@@ -229,6 +271,7 @@ class Model {
         e.may_probation = false;
       }
     }
+    if (!path.empty()) at(path.back()).ends_node = true;  // the tree splits the node there
     if (slru()) enforce_protected_cap();
     return path;
   }
@@ -317,7 +360,9 @@ class Model {
       e.probation_lo = e.probation_hi = tick_;  // whichever segment it is in
       e.priority = std::max(e.priority, prio);
     }
+    if (!path.empty()) at(path.back()).ends_node = true;  // the tree splits the node there
     std::int64_t parent = path.empty() ? root(ns) : path.back();
+    const std::size_t first_new = path.size();
     for (std::size_t i = path.size(); i < store_pages; ++i) {
       Entry e;
       e.parent = parent;
@@ -335,7 +380,82 @@ class Model {
       path.push_back(id);
       parent = id;
     }
+    if (first_new < path.size()) {  // the new pages are one leaf
+      at(path.back()).ends_node = true;
+      if (ghost()) admit_by_ghost(std::span<const std::int64_t>(path).subspan(first_new));
+    }
+    if (ghost()) enforce_protected_cap();
     return path;
+  }
+
+  // ghost_slru: a new leaf whose key the ghost remembers starts protected.
+  void admit_by_ghost(std::span<const std::int64_t> leaf) {
+    const Entry& first = at(leaf.front());
+    auto it = ghost_.find(GhostKey{first.parent, first.tokens});
+    if (it == ghost_.end()) return;
+    const bool certain = it->second.certain;
+    ghost_.erase(it);  // the tree forgets the key either way
+    ++(certain ? ghost_admissions_ : ghost_unsure_admissions_);
+    for (std::int64_t id : leaf) {
+      Entry& e = at(id);
+      e.may_protected = true;
+      e.may_probation = !certain;
+    }
+  }
+
+  // ghost_slru: the tree evicted the entries `gone` (whole leaves, in an order
+  // the heap chose); remembers the probationary leaves among them, then trims.
+  void remember_evicted(const std::vector<std::int64_t>& gone) {
+    if (!ghost() || ghost_cap_ <= 0) return;
+    const std::set<std::int64_t> set(gone.begin(), gone.end());
+    ++batch_;
+    for (std::int64_t id : gone) {
+      const Entry& start = at(id);
+      if (!is_root(start.parent) && !at(start.parent).ends_node) continue;  // not the first page of a node
+      std::int64_t tokens = 0;
+      bool may_protected = false, may_probation = false;
+      for (std::int64_t e = id;;) {
+        const Entry& entry = at(e);
+        tokens += ps_;
+        may_protected = may_protected || entry.may_protected;
+        may_probation = may_probation || entry.may_probation;
+        if (entry.ends_node) break;
+        e = entry.children.begin()->second;  // inside a node: exactly one child
+      }
+      if (!may_probation) continue;  // protected leaves are not remembered
+      ghost_[GhostKey{start.parent, start.tokens}] = GhostEntry{tokens, batch_, !may_protected};
+    }
+    trim_ghost();
+  }
+
+  // The tree drops the oldest remembered leaves while it holds more than its
+  // cap. A leaf is dropped for sure when even as the last of its batch what
+  // is certainly remembered from there on exceeds the cap; it is kept for sure
+  // when even as the first of its batch all that may be remembered from there
+  // on fits.
+  void trim_ghost() {
+    std::map<std::int64_t, std::int64_t> batch_lo, batch_hi;  // tokens per batch
+    for (const auto& [key, g] : ghost_) {
+      batch_lo[g.batch] += g.certain ? g.tokens : 0;
+      batch_hi[g.batch] += g.tokens;
+    }
+    std::map<std::int64_t, std::int64_t> newer_lo, newer_hi;  // tokens in strictly newer batches
+    std::int64_t lo = 0, hi = 0;
+    for (auto it = batch_hi.rbegin(); it != batch_hi.rend(); ++it) {
+      newer_lo[it->first] = lo;
+      newer_hi[it->first] = hi;
+      lo += batch_lo[it->first];
+      hi += it->second;
+    }
+    for (auto it = ghost_.begin(); it != ghost_.end();) {
+      GhostEntry& g = it->second;
+      if (g.tokens + newer_lo[g.batch] > ghost_cap_) {
+        it = ghost_.erase(it);
+        continue;
+      }
+      if (newer_hi[g.batch] + batch_hi[g.batch] > ghost_cap_) g.certain = false;
+      ++it;
+    }
   }
 
   void lock(std::int64_t id, int delta) {
@@ -372,6 +492,11 @@ class Model {
   std::int32_t ps_;
   EvictionPolicy policy_;
   std::int64_t protected_cap_;
+  std::int64_t ghost_cap_;
+  std::map<GhostKey, GhostEntry> ghost_;
+  std::int64_t batch_ = 0;
+  std::int64_t ghost_admissions_ = 0;
+  std::int64_t ghost_unsure_admissions_ = 0;
   std::int64_t demotions_ = 0;
   std::unordered_map<std::int64_t, Entry> entries_;
   std::vector<std::int64_t> roots_;
@@ -387,7 +512,8 @@ struct Config {
   EvictionPolicy policy;
   std::int32_t num_pages;
   std::int32_t max_pages;  // pages per generated sequence
-  double protected_fraction = clm::kDefaultSlruProtectedFraction;  // SLRU's cap
+  double protected_fraction = clm::kDefaultSlruProtectedFraction;  // SLRU's and ghost_slru's cap
+  double ghost_memory = clm::kDefaultGhostMemory;                  // ghost_slru's ghost, in pool capacities
 };
 
 using FailureHandler = std::function<void(const std::string&)>;
@@ -418,7 +544,7 @@ class PropertyRun {
         cfg_(config),
         ps_(config.page_size),
         rng_(seed, choices),
-        model_(config.page_size, config.policy, config.num_pages, config.protected_fraction),
+        model_(config.page_size, config.policy, config.num_pages, config.protected_fraction, config.ghost_memory),
         held_(static_cast<std::size_t>(config.num_pages), 0) {
     clm::PagedKvPoolConfig pc;
     pc.num_pages = cfg_.num_pages;
@@ -426,7 +552,7 @@ class PropertyRun {
     pc.memory = clm::MemoryKind::none;
     const clm::Status created = clm::PagedKvPool::create(pc, pool_);
     if (!created.ok()) fail(__LINE__, "created.ok()", "PagedKvPool::create: {}", created.message());
-    tree_ = std::make_unique<clm::RadixTree>(*pool_, cfg_.policy, cfg_.protected_fraction);
+    tree_ = std::make_unique<clm::RadixTree>(*pool_, cfg_.policy, cfg_.protected_fraction, nullptr, cfg_.ghost_memory);
     make_templates();
     make_prompts();
   }
@@ -465,10 +591,11 @@ class PropertyRun {
     return fmt::format(
         "page_size {} {}: {} steps, {} inserts ok, {} refused, {} evicted tokens, {} hit tokens, {} OOM, "
         "{} lock ok, {} stale, peak cached {} tokens, tick {}, hit rate {:.2f}; SLRU: {} demotions, "
-        "{:.2f} unsure entries on average",
-        ps_, clm::eviction_policy_name(cfg_.policy), step_, inserts_ok_, inserts_refused_, evicted_total_,
-        hit_tokens_, ooms_, locks_ok_, locks_stale_, peak_cached_, model_.tick(), hit_rate_, demoted_total_,
-        static_cast<double>(unsure_total_) / static_cast<double>(std::max<std::int64_t>(step_, 1)));
+        "{:.2f} unsure entries on average; ghost: {} admissions, {} unsure",
+        ps_, clm::eviction_policy_name(cfg_.policy), step_, inserts_ok_, inserts_refused_, evicted_total_, hit_tokens_,
+        ooms_, locks_ok_, locks_stale_, peak_cached_, model_.tick(), hit_rate_, demoted_total_,
+        static_cast<double>(unsure_total_) / static_cast<double>(std::max<std::int64_t>(step_, 1)),
+        model_.ghost_admissions(), model_.ghost_unsure_admissions());
   }
   std::int64_t inserts_ok() const { return inserts_ok_; }
   std::int64_t inserts_refused() const { return inserts_refused_; }
@@ -734,6 +861,7 @@ class PropertyRun {
     for (const auto& [id, e] : model_.entries()) {
       if (e.parent >= 0 && e.children.empty() && e.locks == 0 && set.count(id) == 0) leaves_before.push_back(id);
     }
+    model_.remember_evicted(gone);
     model_.remove(gone);
     auto check_stays = [&](std::int64_t id) {
       PCHECK(model_.key_hi(id) >= max_gone,
@@ -1228,6 +1356,14 @@ class PropertyRun {
     }
     const std::int64_t locked = model_.locked_pages() * ps_;
     PCHECK(tree_->cached_tokens() == cached, "cached_tokens {} model {}", tree_->cached_tokens(), cached);
+    if (model_.ghost()) {
+      PCHECK(tree_->ghost_tokens() >= model_.ghost_tokens_lo() && tree_->ghost_tokens() <= model_.ghost_tokens_hi(),
+             "ghost holds {} tokens, model [{}, {}]", tree_->ghost_tokens(), model_.ghost_tokens_lo(),
+             model_.ghost_tokens_hi());
+      PCHECK(tree_->ghost_tokens() <= model_.ghost_capacity(), "ghost holds {} tokens, cap {}", tree_->ghost_tokens(),
+             model_.ghost_capacity());
+      check_protected_segment();
+    }
     PCHECK(tree_->protected_tokens() == locked, "protected_tokens {} model {}", tree_->protected_tokens(), locked);
     PCHECK(tree_->evictable_tokens() == cached - locked, "evictable_tokens {} model {}", tree_->evictable_tokens(),
            cached - locked);
@@ -1253,6 +1389,23 @@ class PropertyRun {
     const clm::RadixTreeMetrics metrics = tree_->metrics();
     PCHECK(metrics.cached_tokens == cached && metrics.pages_free == pool_->free_pages(), "metrics out of step");
   }
+  // ghost_slru: the segment of every node the model knows a handle for, and
+  // the protected segment's size, against what the model is sure of.
+  void check_protected_segment() {
+    std::int64_t lo = 0, hi = 0;
+    for (const auto& [id, e] : model_.entries()) {
+      if (e.parent < 0) continue;
+      lo += e.may_probation ? 0 : ps_;
+      hi += e.may_protected ? ps_ : 0;
+      if (!e.ref || model_.segment_unsure(id)) continue;
+      PCHECK(tree_->in_protected_segment(*e.ref) == e.may_protected,
+             "node ending at entry {} (page {}) is {}protected, model says {}", id, e.page,
+             tree_->in_protected_segment(*e.ref) ? "" : "not ", e.may_protected);
+    }
+    PCHECK(tree_->protected_segment_tokens() >= lo && tree_->protected_segment_tokens() <= hi,
+           "protected segment holds {} tokens, model [{}, {}]", tree_->protected_segment_tokens(), lo, hi);
+  }
+
 #undef PCHECK
 
   FailureHandler on_failure_;

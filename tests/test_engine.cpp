@@ -3,10 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include <sys/mman.h>
 
@@ -161,6 +164,46 @@ TEST_CASE("engine: lifecycle errors are statuses", "[engine][errors]") {
   config.slru_protected_fraction = std::nan("");
   CHECK(Engine::create(config, none).code() == StatusCode::invalid_argument);
   CHECK(engine->check_invariants().ok());
+}
+
+TEST_CASE("engine: ghost_slru parameters out of range and belady are refused with a clear message",
+          "[engine][errors][eviction]") {
+  std::unique_ptr<Engine> engine;
+  auto refused = [&](const clm::EngineConfig& config, const std::string& names) {
+    const clm::Status s = Engine::create(config, engine);
+    INFO(s.message());
+    CHECK(s.code() == StatusCode::invalid_argument);
+    CHECK(s.message().find(names) != std::string::npos);
+    CHECK(engine == nullptr);
+  };
+  clm::EngineConfig config;
+  config.pool.num_pages = 16;
+  config.pool.page_size = 4;
+  config.pool.memory = clm::MemoryKind::none;
+  config.eviction_policy = clm::EvictionPolicy::ghost_slru;
+  for (const double bad : {-0.1, 1.5, std::nan("")}) {
+    clm::EngineConfig c = config;
+    c.ghost_slru_protected_fraction = bad;
+    refused(c, "ghost_slru_protected_fraction must be in [0, 1]");
+  }
+  for (const double bad : {-1.0, clm::kMaxGhostMemory + 1, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    clm::EngineConfig c = config;
+    c.ghost_slru_memory = bad;
+    refused(c, "ghost_slru_memory must be in [0, 64]");
+  }
+  clm::EngineConfig belady = config;
+  belady.eviction_policy = clm::EvictionPolicy::belady;
+  refused(belady, "only the replay tool");
+  // The edges of the ranges are fine, and so are the defaults.
+  for (const auto& [fraction, memory] :
+       {std::pair{0.0, 0.0}, std::pair{1.0, clm::kMaxGhostMemory},
+        std::pair{clm::kDefaultGhostSlruProtectedFraction, clm::kDefaultGhostMemory}}) {
+    clm::EngineConfig c = config;
+    c.ghost_slru_protected_fraction = fraction;
+    c.ghost_slru_memory = memory;
+    REQUIRE(Engine::create(c, engine).ok());
+    CHECK(engine->check_invariants().ok());
+  }
 }
 
 TEST_CASE("engine: exhaustion while everything is locked fails whole", "[engine][errors]") {

@@ -257,6 +257,152 @@ TEST_CASE("SLRU keeps reused prefixes over a scan of one-off ones", "[tree][poli
   CHECK(f.tree->cached_tokens() == 5);
 }
 
+TEST_CASE("ghost_slru keeps a reused prefix over a scan of one-off prompts, LRU loses it", "[tree][policy][ghost]") {
+  for (const EvictionPolicy policy : {EvictionPolicy::lru, EvictionPolicy::ghost_slru}) {
+    INFO(clm::eviction_policy_name(policy));
+    Fixture f(1, 64, policy);
+    f.cache(iota(5, 0));
+    f.hit(iota(6, 0));                                                  // reused once
+    for (std::int32_t i = 1; i <= 40; ++i) f.cache(iota(5, 1000 * i));  // 200 tokens of one-off prompts
+    CHECK(f.tree->metrics().evicted_tokens >= 140);
+    CHECK(f.hit(iota(6, 0)) == (policy == EvictionPolicy::lru ? 0 : 5));
+  }
+}
+
+TEST_CASE("ghost_slru: a prefix evicted from probation that comes back enters protected, a new one does not",
+          "[tree][policy][ghost]") {
+  Fixture f(1, 64, EvictionPolicy::ghost_slru);
+  f.cache(iota(5, 0));
+  REQUIRE(f.tree->evict(5).ok());  // evicted from probation: remembered
+  CHECK(f.tree->ghost_tokens() == 5);
+  const InsertOutcome back = f.cache(iota(5, 0));
+  CHECK(f.tree->in_protected_segment(back.node));
+  CHECK(f.tree->ghost_tokens() == 0);  // a prefix comes back once
+  CHECK(f.tree->protected_segment_tokens() == 5);
+  const InsertOutcome fresh = f.cache(iota(5, 100));
+  CHECK_FALSE(f.tree->in_protected_segment(fresh.node));
+  // Below a cached parent: keyed by the parent node and the first page.
+  f.cache(concat(iota(5, 100), iota(3, 500)));
+  REQUIRE(f.tree->evict(3).ok());  // the 3-token leaf below 100..104 (the LRU probationary leaf)
+  CHECK(f.hit(iota(6, 100)) == 5);
+  const InsertOutcome child = f.cache(concat(iota(5, 100), iota(3, 500)));
+  CHECK(f.tree->in_protected_segment(child.node));
+  // A prefix evicted from the protected segment is not remembered: it had its chance there.
+  Fixture g(1, 64, EvictionPolicy::ghost_slru);
+  g.cache(iota(5, 0));
+  g.hit(iota(6, 0));
+  REQUIRE(g.tree->evict(5).ok());
+  CHECK(g.tree->ghost_tokens() == 0);
+  CHECK_FALSE(g.tree->in_protected_segment(g.cache(iota(5, 0)).node));
+}
+
+TEST_CASE("ghost_slru: a namespace emptied by eviction still recognises its returning prefix",
+          "[tree][policy][ghost]") {
+  // The tree drops a namespace's root when its last prefix is evicted; the
+  // ghost names top-level prefixes by the namespace, not by that root.
+  Fixture f(1, 64, EvictionPolicy::ghost_slru);
+  const CacheNamespace tenant{"tenant-a", 3};
+  f.cache(iota(5, 0), tenant);
+  REQUIRE(f.tree->evict(5).ok());
+  REQUIRE(f.tree->metrics().namespaces == 0);
+  CHECK_FALSE(f.tree->in_protected_segment(f.cache(iota(5, 0)).node));  // another namespace: new
+  CHECK(f.tree->in_protected_segment(f.cache(iota(5, 0), tenant).node));
+}
+
+TEST_CASE("ghost_slru: the ghost stays within its cap over many evictions", "[tree][policy][ghost]") {
+  clm::PagedKvPoolConfig config;
+  config.num_pages = 64;
+  config.page_size = 4;
+  config.memory = clm::MemoryKind::none;
+  std::unique_ptr<clm::PagedKvPool> pool;
+  REQUIRE(clm::PagedKvPool::create(config, pool).ok());
+  RadixTree tree(*pool, EvictionPolicy::ghost_slru, std::numeric_limits<double>::quiet_NaN(), nullptr, 2.0);
+  REQUIRE(tree.ghost_capacity() == 2 * 64 * 4);
+  std::size_t bytes_after_warmup = 0;
+  for (std::int32_t i = 0; i < 20000; ++i) {
+    // One-off prompts, and every third one a prompt evicted earlier coming back
+    // (a ghost hit: its FIFO entry dies where it stands).
+    const Tokens prompt = iota(4 * (1 + i % 3), 16 * (i % 3 == 2 ? i / 2 : i));
+    PrefixMatch hit;
+    REQUIRE(tree.match_prefix(prompt, {}, hit).ok());
+    std::vector<std::int32_t> pages = hit.pages;
+    std::vector<std::int32_t> fresh(prompt.size() / 4 - pages.size());
+    REQUIRE(tree.allocate_pages(fresh).ok());
+    pages.insert(pages.end(), fresh.begin(), fresh.end());
+    InsertOutcome out;
+    REQUIRE(tree.insert(prompt, pages, {}, out).ok());
+    REQUIRE(tree.ghost_tokens() <= tree.ghost_capacity());
+    if (i == 2000) bytes_after_warmup = tree.metadata_bytes();
+  }
+  REQUIRE(tree.check_invariants().ok());
+  CHECK(tree.metrics().evicted_tokens > 100 * static_cast<std::uint64_t>(tree.ghost_capacity()));
+  CHECK(tree.metadata_bytes() <= bytes_after_warmup * 2);
+}
+
+TEST_CASE("GhostList: bounded by tokens, a key comes back once, dead entries do not pile up", "[ghost]") {
+  clm::detail::GhostList ghost;
+  ghost.set_capacity(100);
+  for (std::uint64_t k = 0; k < 50; ++k) ghost.remember(k, 10);
+  CHECK(ghost.tokens() == 100);
+  CHECK(ghost.size() == 10);
+  CHECK_FALSE(ghost.forget(39));  // the oldest went first
+  CHECK(ghost.forget(40));
+  CHECK_FALSE(ghost.forget(40));  // once
+  CHECK(ghost.tokens() == 90);
+  ghost.remember(41, 25);  // refreshed: now the newest, with its new size; 42, the oldest, makes room
+  CHECK(ghost.tokens() == 95);
+  CHECK_FALSE(ghost.forget(42));
+  CHECK(ghost.well_formed());
+  // The oldest entry stays live while every newer one is remembered and then
+  // forgotten (a prefix that keeps coming back): the FIFO must not keep one
+  // dead entry per round.
+  const std::size_t bytes = ghost.memory_bytes();
+  for (std::uint64_t k = 1000; k < 200000; ++k) {
+    ghost.remember(k, 1);
+    REQUIRE(ghost.forget(k));
+  }
+  CHECK(ghost.well_formed());
+  CHECK(ghost.forget(43));  // still remembered: nothing pushed it out
+  CHECK(ghost.memory_bytes() <= bytes + 4096);
+  // No capacity: remembers nothing.
+  clm::detail::GhostList none;
+  none.remember(1, 1);
+  CHECK(none.size() == 0);
+  CHECK_FALSE(none.forget(1));
+}
+
+TEST_CASE("belady evicts the leaf whose next use is farthest", "[tree][policy][belady]") {
+  Fixture f(1, 64, EvictionPolicy::belady);
+  f.cache(iota(5, 0));
+  f.cache(iota(5, 100));
+  f.cache(iota(5, 200));
+  f.cache(iota(5, 300));
+  const auto set = [&](std::int32_t first, std::uint32_t next_use) {
+    const std::vector<std::uint32_t> uses(5, next_use);
+    REQUIRE(f.tree->set_next_use(iota(5, first), {}, uses).ok());
+  };
+  set(0, 10);
+  set(100, 30);
+  set(200, 20);
+  set(300, 40);
+  f.cache(iota(5, 400));  // no next use given: never used again
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.tree->cached_tokens() == 20);
+  CHECK(f.hit(iota(6, 400)) == 0);
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.hit(iota(6, 300)) == 0);  // next use 40: the farthest
+  REQUIRE(f.tree->evict(1).ok());
+  CHECK(f.hit(iota(6, 100)) == 0);  // 30
+  CHECK(f.tree->cached_tokens() == 10);
+  // Only a belady tree takes next uses.
+  Fixture lru(1, 64, EvictionPolicy::lru);
+  lru.cache(iota(5, 0));
+  const std::vector<std::uint32_t> uses(5, 1);
+  CHECK(lru.tree->set_next_use(iota(5, 0), {}, uses).code() == clm::StatusCode::failed_precondition);
+  CHECK(f.tree->set_next_use(iota(5, 0), {}, std::vector<std::uint32_t>(2, 1)).code() ==
+        clm::StatusCode::invalid_argument);
+}
+
 TEST_CASE("priority evicts the lowest priority first, ties by LRU", "[tree][policy]") {
   Fixture f(1, 64, EvictionPolicy::priority);
   f.cache(iota(5, 0), {}, 90);

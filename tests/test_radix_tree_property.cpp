@@ -2,12 +2,13 @@
 // checked step by step against a naive reference model (tests/radix_tree_model.hpp,
 // which says what is checked), plus bad-input tests.
 //
-// Configurations: page size 1, 16, 64 x lru, lfu, slru, priority; pools of
-// 192, 128, 64 pages.
+// Configurations: page size 1, 16, 64 x lru, lfu, slru, priority, ghost_slru;
+// pools of 192, 128, 64 pages. ghost_slru's ghost remembers one pool's worth
+// of evictions (default 4), so that it overflows and trims often.
 //
 // Seeds: fresh from std::random_device each run, printed on failure; set
 // CLM_TEST_SEED=<n> to replay one. CLM_PROPERTY_OPS=<n> sets the number of
-// operations per configuration (default 100000: ~6 s for all twelve in a
+// operations per configuration (default 100000: ~8 s for all fifteen in a
 // release build, ~20 s under ASan+UBSan). CLM_PROPERTY_STATS=1 prints what
 // each run exercised.
 #include <catch2/catch.hpp>
@@ -65,6 +66,7 @@ void run_config(std::int32_t page_size, EvictionPolicy policy) {
     case 16: config.num_pages = 128, config.max_pages = 8, config.protected_fraction = 0.2; break;
     default: config.num_pages = 64, config.max_pages = 6, config.protected_fraction = 0.3; break;
   }
+  config.ghost_memory = 1.0;
   const std::uint64_t seed = base_seed();
   const std::uint64_t run_seed = mix(seed ^ (static_cast<std::uint64_t>(page_size) << 8) ^
                                      static_cast<std::uint64_t>(policy));
@@ -95,6 +97,9 @@ TEST_CASE("property: page_size 64 lru", "[property]") { run_config(64, EvictionP
 TEST_CASE("property: page_size 64 lfu", "[property]") { run_config(64, EvictionPolicy::lfu); }
 TEST_CASE("property: page_size 64 slru", "[property]") { run_config(64, EvictionPolicy::slru); }
 TEST_CASE("property: page_size 64 priority", "[property]") { run_config(64, EvictionPolicy::priority); }
+TEST_CASE("property: page_size 1 ghost_slru", "[property]") { run_config(1, EvictionPolicy::ghost_slru); }
+TEST_CASE("property: page_size 16 ghost_slru", "[property]") { run_config(16, EvictionPolicy::ghost_slru); }
+TEST_CASE("property: page_size 64 ghost_slru", "[property]") { run_config(64, EvictionPolicy::ghost_slru); }
 
 // ---- bad input ---------------------------------------------------------------------
 // Each refused call must return the right code with a message, keep the tree's

@@ -99,6 +99,9 @@ const (
 	EvictLFU      EvictionPolicy = C.CLM_EVICT_LFU
 	EvictSLRU     EvictionPolicy = C.CLM_EVICT_SLRU
 	EvictPriority EvictionPolicy = C.CLM_EVICT_PRIORITY
+	// EvictGhostSLRU: SLRU whose ghost of evicted prefixes admits a returning
+	// one to the protected segment (docs/eviction.md), with its defaults.
+	EvictGhostSLRU EvictionPolicy = C.CLM_EVICT_GHOST_SLRU
 )
 
 // EngineOptions mirrors clm_engine_options. Start from DefaultEngineOptions;

@@ -34,7 +34,7 @@ constexpr int kExitBadInput = 2;
 
 constexpr std::string_view kUsage =
     "usage: replay --workload gsp|FILE.jsonl|mooncake:FILE --page-size N --capacity TOKENS\n"
-    "              [--policy lru|lfu|slru|priority] [--json] [--repeat K] [--seed S]\n"
+    "              [--policy lru|lfu|slru|priority|ghost_slru|belady] [--json] [--repeat K] [--seed S]\n"
     "              [--l2-capacity TOKENS [--storage URL]\n"
     "               [--write-policy write_through|write_through_selective|write_back]\n"
     "               [--prefetch best_effort|wait_complete|timeout]]\n"
@@ -46,7 +46,9 @@ constexpr std::string_view kUsage =
     "               mooncake:FILE: a Mooncake trace (512-token hash blocks)\n"
     "  --page-size  tokens per KV page\n"
     "  --capacity   pool size in tokens (num_pages = capacity / page size)\n"
-    "  --policy     eviction policy (default lru)\n"
+    "  --policy     eviction policy (default lru); belady is the offline optimum (MIN): the leaf\n"
+    "               whose next use is farthest goes first, from the whole workload known ahead\n"
+    "               (replay only, not with tiers)\n"
     "  --json       one JSON object on stdout instead of text\n"
     "  --repeat     replays on a fresh pool and tree; times are their median (default 1)\n"
     "  --seed       gsp generator seed (default 42)\n"
@@ -128,7 +130,10 @@ Options parse_flags(int argc, char** argv) {
     } else if (arg == "--policy") {
       const std::string_view name = value();
       const auto policy = clm::parse_eviction_policy(name);
-      if (!policy) throw UsageError{fmt::format("--policy: unknown policy '{}' (lru, lfu, slru, priority)", name)};
+      if (!policy) {
+        throw UsageError{
+            fmt::format("--policy: unknown policy '{}' (lru, lfu, slru, priority, ghost_slru, belady)", name)};
+      }
       options.policy = *policy;
     } else if (arg == "--json") {
       no_value();
@@ -169,6 +174,9 @@ Options parse_flags(int argc, char** argv) {
   }
   if (!options.storage_url.empty() && !options.tiered()) {
     throw UsageError{"--storage needs a host tier: --l2-capacity TOKENS (> 0)"};
+  }
+  if (options.policy == clm::EvictionPolicy::belady && options.tiered()) {
+    throw UsageError{"--policy belady runs on the plain replay only (no --l2-capacity): the Engine refuses it"};
   }
   if ((options.write_policy || options.prefetch_policy) && !options.l2_capacity) {
     throw UsageError{"--write-policy and --prefetch need --l2-capacity"};

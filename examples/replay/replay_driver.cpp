@@ -6,15 +6,20 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "clm/detail/token_ops.hpp"
 #include "clm/engine.hpp"
 #include "clm/paged_kv_pool.hpp"
 #include "clm/radix_tree.hpp"
@@ -28,18 +33,75 @@ Status with_context(std::size_t request, const Status& status) {
   return {status.code(), fmt::format("request {}: {}", request, status.message())};
 }
 
+// Belady's next uses: for each request, for each whole page of what it
+// inserts (the prompt, plus the output for gsp/JSONL), the index of the next
+// request whose match can reach that page (the same salt and the same tokens
+// up to the page's end, within its first len-1 prompt tokens); kNeverUsedAgain
+// when none does. Worked out backwards over the whole workload with one
+// 64-bit hash per page prefix, before the timed loop.
+class NextUses {
+ public:
+  NextUses(const Workload& workload, std::int32_t page_size) {
+    const auto page = static_cast<std::size_t>(page_size);
+    offsets_.resize(workload.requests.size() + 1, 0);
+    for (std::size_t i = 0; i < workload.requests.size(); ++i) {
+      offsets_[i + 1] = offsets_[i] + stored_tokens(workload, workload.requests[i]) / page;
+    }
+    uses_.resize(offsets_.back(), kNeverUsedAgain);
+    std::unordered_map<std::uint64_t, std::uint32_t> next_request;  // page prefix hash -> next request reaching it
+    std::vector<std::uint64_t> prefix_hashes;
+    for (std::size_t i = workload.requests.size(); i-- > 0;) {
+      const Request& request = workload.requests[i];
+      const std::span<const std::int32_t> tokens =
+          workload.output_cached ? workload.prompt_and_output(request) : workload.prompt(request);
+      const std::size_t pages = offsets_[i + 1] - offsets_[i];
+      std::uint64_t h = std::hash<std::string_view>{}(workload.salt(request));
+      prefix_hashes.resize(pages);
+      for (std::size_t j = 0; j < pages; ++j) {
+        h = detail::mix64(h ^ detail::hash_page(tokens.data() + j * page, page));
+        prefix_hashes[j] = h;
+        if (auto it = next_request.find(h); it != next_request.end()) uses_[offsets_[i] + j] = it->second;
+      }
+      const std::size_t matchable = (static_cast<std::size_t>(request.prompt_tokens) - 1) / page;
+      for (std::size_t j = 0; j < std::min(matchable, pages); ++j) {
+        next_request[prefix_hashes[j]] = static_cast<std::uint32_t>(i);
+      }
+    }
+  }
+  std::span<const std::uint32_t> of(std::size_t request) const {
+    return std::span(uses_).subspan(offsets_[request], offsets_[request + 1] - offsets_[request]);
+  }
+
+ private:
+  static std::size_t stored_tokens(const Workload& workload, const Request& r) {
+    return static_cast<std::size_t>(r.prompt_tokens) +
+           (workload.output_cached ? static_cast<std::size_t>(r.output_tokens) : 0);
+  }
+  std::vector<std::size_t> offsets_;
+  std::vector<std::uint32_t> uses_;
+};
+
 // One request's walk through the protocol. Returns ok with `failed` set when
-// the pool cannot hold it even after evicting every unlocked prefix.
+// the pool cannot hold it even after evicting every unlocked prefix. With
+// `next_uses` (belady) it tells the tree the next use of every node it
+// touched, after the match and after each insert.
 class RequestReplayer {
  public:
-  RequestReplayer(const Workload& workload, RadixTree& tree, PagedKvPool& pool)
-      : workload_(workload), tree_(tree), pool_(pool), page_size_(static_cast<std::size_t>(tree.page_size())) {}
+  RequestReplayer(const Workload& workload, RadixTree& tree, PagedKvPool& pool, const NextUses* next_uses = nullptr)
+      : workload_(workload),
+        tree_(tree),
+        pool_(pool),
+        page_size_(static_cast<std::size_t>(tree.page_size())),
+        next_uses_(next_uses) {}
 
-  Status replay(const Request& request, std::uint64_t& hit_tokens, bool& failed) {
+  Status replay(std::size_t index, const Request& request, std::uint64_t& hit_tokens, bool& failed) {
     const std::span<const std::int32_t> prompt = workload_.prompt(request);
     const CacheNamespace ns{workload_.salt(request), 0};
     CLM_RETURN_IF_ERROR(tree_.match_prefix(prompt, ns, match_));
     CLM_RETURN_IF_ERROR(tree_.lock(match_.node));
+    const std::span<const std::uint32_t> next_uses =
+        next_uses_ ? next_uses_->of(index) : std::span<const std::uint32_t>();
+    if (next_uses_ && prompt.size() >= page_size_) CLM_RETURN_IF_ERROR(tree_.set_next_use(prompt, ns, next_uses));
     hit_tokens += static_cast<std::uint64_t>(match_.cached_tokens);
 
     // The request's pages, in token order: the cached prefix's (the tree's),
@@ -60,11 +122,14 @@ class RequestReplayer {
     // From here on the tree owns the first stored_tokens / page_size pages and
     // may have swapped duplicate ids in `pages` for its own.
     CLM_RETURN_IF_ERROR(tree_.insert(prompt, pages, ns, prompt_done_));
+    if (next_uses_ && prompt.size() >= page_size_) CLM_RETURN_IF_ERROR(tree_.set_next_use(prompt, ns, next_uses));
     CLM_RETURN_IF_ERROR(tree_.lock(prompt_done_.node));
     CLM_RETURN_IF_ERROR(tree_.unlock(match_.node));
     std::int32_t stored_tokens = prompt_done_.stored_tokens;
     if (workload_.output_cached) {  // the request finished: its output is reusable too
-      CLM_RETURN_IF_ERROR(tree_.insert(workload_.prompt_and_output(request), pages, ns, request_done_));
+      const std::span<const std::int32_t> all = workload_.prompt_and_output(request);
+      CLM_RETURN_IF_ERROR(tree_.insert(all, pages, ns, request_done_));
+      if (next_uses_ && all.size() >= page_size_) CLM_RETURN_IF_ERROR(tree_.set_next_use(all, ns, next_uses));
       stored_tokens = request_done_.stored_tokens;
     }
     CLM_RETURN_IF_ERROR(tree_.unlock(prompt_done_.node));
@@ -77,6 +142,7 @@ class RequestReplayer {
   RadixTree& tree_;
   PagedKvPool& pool_;
   const std::size_t page_size_;
+  const NextUses* next_uses_;
   PrefixMatch match_;  // kept across requests, so that its page vector keeps its capacity
   InsertOutcome prompt_done_;
   InsertOutcome request_done_;
@@ -109,6 +175,10 @@ Status validate(const ReplayConfig& config) {
   }
   if (config.write_policy > WritePolicy::write_back) return invalid_argument("unknown write policy");
   if (config.prefetch_policy > PrefetchPolicy::timeout) return invalid_argument("unknown prefetch policy");
+  if (config.policy > EvictionPolicy::belady) return invalid_argument("unknown eviction policy");
+  if (config.policy == EvictionPolicy::belady && config.tiered()) {
+    return invalid_argument("belady runs on the plain replay only: the tiered path's Engine refuses it");
+  }
   return {};
 }
 
@@ -461,9 +531,12 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
   ReplayResult result;
   result.page_size = config.page_size;
   result.num_pages = pool_config.num_pages;
+  // Belady knows the future: worked out before the clock starts.
+  std::unique_ptr<NextUses> next_uses;
+  if (config.policy == EvictionPolicy::belady) next_uses = std::make_unique<NextUses>(workload, config.page_size);
   {
     RadixTree tree(*pool, config.policy);
-    RequestReplayer replayer(workload, tree, *pool);
+    RequestReplayer replayer(workload, tree, *pool, next_uses.get());
     auto sample_metadata = [&] {
       const std::int64_t cached = tree.cached_tokens();
       if (cached > result.peak_cached_tokens) {
@@ -476,7 +549,7 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
     const Clock::time_point start = Clock::now();
     for (std::size_t i = 0; i < workload.requests.size(); ++i) {
       bool failed = false;
-      const Status status = replayer.replay(workload.requests[i], result.hit_tokens, failed);
+      const Status status = replayer.replay(i, workload.requests[i], result.hit_tokens, failed);
       if (!status.ok()) return with_context(i, status);
       result.failed_requests += failed;
       if ((i + 1) % interval == 0) sample_metadata();

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +19,10 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "replay_driver.hpp"
 #include "workload.hpp"
@@ -303,7 +307,8 @@ TEST_CASE("gsp with an unbounded cache reaches the optimum hit rate") {
 TEST_CASE("a bounded cache evicts and still leaks no page", "[leak]") {
   const Workload gsp = clm::replay::generate_gsp();
   for (const auto policy :
-       {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru, clm::EvictionPolicy::priority}) {
+       {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru, clm::EvictionPolicy::priority,
+        clm::EvictionPolicy::ghost_slru, clm::EvictionPolicy::belady}) {
     for (const std::int32_t page_size : {1, 16}) {
       INFO(clm::eviction_policy_name(policy) << ", page size " << page_size);
       const ReplayResult r = replay(gsp, page_size, 131072, policy);  // run_replay checks leaks + invariants
@@ -318,6 +323,72 @@ TEST_CASE("a bounded cache evicts and still leaks no page", "[leak]") {
       REQUIRE(r.final_cached_tokens <= 131072);
     }
   }
+}
+
+// Conversations in the shape of the Mooncake trace: each turn's prompt is the
+// previous turn's prompt and output plus a new message, and turns of many
+// conversations interleave, with one-off prompts in between.
+static Workload generate_conversations(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string jsonl;
+  auto tokens = [&](std::vector<std::int32_t>& out, int n) {
+    for (int i = 0; i < n; ++i) out.push_back(static_cast<std::int32_t>(rng() % 50000));
+  };
+  std::vector<std::vector<std::int32_t>> histories(24);
+  for (auto& h : histories) tokens(h, 200 + static_cast<int>(rng() % 400));
+  auto json = [](const std::vector<std::int32_t>& v) { return fmt::format("[{}]", fmt::join(v, ",")); };
+  for (int request = 0; request < 600; ++request) {
+    std::vector<std::int32_t> prompt, output;
+    if (rng() % 3 == 0) {  // a one-off prompt
+      tokens(prompt, 100 + static_cast<int>(rng() % 600));
+    } else {
+      // Conversations differ in how often they come back.
+      auto& h = histories[std::min<std::size_t>(rng() % histories.size(), rng() % histories.size())];
+      tokens(h, 30 + static_cast<int>(rng() % 100));
+      prompt = h;
+      tokens(output, 20 + static_cast<int>(rng() % 60));
+      h.insert(h.end(), output.begin(), output.end());
+      if (h.size() > 3000) h.resize(400);  // a new topic, the same system prompt
+    }
+    jsonl += fmt::format("{{\"prompt\":{},\"output\":{}}}\n", json(prompt), json(output));
+  }
+  return parse_jsonl(jsonl);
+}
+
+TEST_CASE("belady's hit rate is at least every online policy's", "[belady]") {
+  const std::vector<std::pair<std::string, Workload>> workloads = {{"gsp", clm::replay::generate_gsp()},
+                                                                   {"conversations", generate_conversations(7)}};
+  for (const auto& [name, workload] : workloads) {
+    for (const std::int64_t capacity : {16384, 65536, 131072}) {
+      const ReplayResult belady = replay(workload, 16, capacity, clm::EvictionPolicy::belady);
+      REQUIRE(belady.failed_requests == 0);
+      for (const auto policy : {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru,
+                                clm::EvictionPolicy::priority, clm::EvictionPolicy::ghost_slru}) {
+        INFO(name << " at " << capacity << " tokens: " << clm::eviction_policy_name(policy));
+        const ReplayResult online = replay(workload, 16, capacity, policy);
+        CHECK(belady.hit_tokens >= online.hit_tokens);
+      }
+    }
+  }
+}
+
+TEST_CASE("belady is refused with tiers, by the library and by the binary", "[belady][cli]") {
+  ReplayConfig config;
+  config.page_size = 16;
+  config.capacity_tokens = 32768;
+  config.host_capacity_tokens = 65536;
+  config.policy = clm::EvictionPolicy::belady;
+  ReplayResult result;
+  const clm::Status s = clm::replay::run_replay(clm::replay::generate_gsp(), config, result);
+  CHECK(s.code() == clm::StatusCode::invalid_argument);
+  CHECK(s.message().find("belady") != std::string::npos);
+  TempFile stderr_file("stderr.txt");
+  REQUIRE(run_replay_binary("--workload gsp --page-size 16 --capacity 32768 --l2-capacity 65536 --policy belady",
+                            "/dev/null", stderr_file.path()) == 2);
+  std::ifstream err(stderr_file.path());
+  const std::string message((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  CHECK(message.find("belady") != std::string::npos);
+  REQUIRE(run_replay_binary("--workload gsp --page-size 16 --capacity 32768 --policy belady", "/dev/null") == 0);
 }
 
 TEST_CASE("page sizes that do not divide the lengths leak nothing") {

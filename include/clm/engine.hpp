@@ -64,6 +64,11 @@ struct EngineConfig {
   PagedKvPoolConfig pool;
   EvictionPolicy eviction_policy = EvictionPolicy::lru;
   double slru_protected_fraction = kDefaultSlruProtectedFraction;
+  // ghost_slru (eviction_policy.hpp): its protected segment, a fraction of the
+  // pool in [0, 1], and how many pool capacities of evicted prefixes its ghost
+  // remembers, in [0, 64] (0: none, then it is SLRU with a large segment).
+  double ghost_slru_protected_fraction = kDefaultGhostSlruProtectedFraction;
+  double ghost_slru_memory = kDefaultGhostMemory;
   // CLM suffix reuse (docs/clm.md): when an SRC score means "inject", and the
   // token ids (e.g. <|eot_id|>) left out of the SRC head's mean.
   SrcGateConfig src_gate;
@@ -136,10 +141,23 @@ class Engine {
   static constexpr std::size_t kMaxTokens = std::size_t{1} << 30;
 
   static Status create(const EngineConfig& config, std::unique_ptr<Engine>& out) {
-    if (config.eviction_policy > EvictionPolicy::priority) return invalid_argument("unknown eviction policy");
+    if (config.eviction_policy == EvictionPolicy::belady) {
+      return invalid_argument(
+          "eviction policy belady is an offline reference that needs every future request: only the replay tool "
+          "(examples/replay, --policy belady) can run it");
+    }
+    if (config.eviction_policy > EvictionPolicy::ghost_slru) return invalid_argument("unknown eviction policy");
     if (!(config.slru_protected_fraction >= 0.0 && config.slru_protected_fraction <= 1.0)) {
       return invalid_argument(
           fmt::format("slru_protected_fraction must be in [0, 1], got {}", config.slru_protected_fraction));
+    }
+    if (!(config.ghost_slru_protected_fraction >= 0.0 && config.ghost_slru_protected_fraction <= 1.0)) {
+      return invalid_argument(
+          fmt::format("ghost_slru_protected_fraction must be in [0, 1], got {}", config.ghost_slru_protected_fraction));
+    }
+    if (!(config.ghost_slru_memory >= 0.0 && config.ghost_slru_memory <= kMaxGhostMemory)) {
+      return invalid_argument(fmt::format("ghost_slru_memory must be in [0, {}] pool capacities, got {}",
+                                          kMaxGhostMemory, config.ghost_slru_memory));
     }
     CLM_RETURN_IF_ERROR(check_src_gate_config(config.src_gate));
     for (std::int32_t id : config.special_token_ids) {
@@ -675,8 +693,11 @@ class Engine {
         page_size_(config.pool.page_size),
         pool_(std::move(pool)),
         tiers_(std::move(tiers)),
-        tree_(std::make_unique<RadixTree>(*pool_, config.eviction_policy, config.slru_protected_fraction,
-                                          tiers_ ? tiers_->host_pool() : nullptr)),
+        tree_(std::make_unique<RadixTree>(*pool_, config.eviction_policy,
+                                          config.eviction_policy == EvictionPolicy::ghost_slru
+                                              ? config.ghost_slru_protected_fraction
+                                              : config.slru_protected_fraction,
+                                          tiers_ ? tiers_->host_pool() : nullptr, config.ghost_slru_memory)),
         src_(config.src_gate, config.special_token_ids) {}
 
   // Storage (L3): fetches what no tier holds of the prompt's whole pages

@@ -15,6 +15,19 @@
 //             inside each segment: scans of one-off prompts cannot flush the
 //             prefixes that are really shared, and stale ones still age out.
 //   priority  the insert's priority (0-100), lowest first; ties by LRU.
+//   ghost_slru  SLRU with a large protected segment (default 0.9) and a ghost:
+//             leaves evicted from probation are remembered (their parent
+//             node, or namespace at the top, and first page; not their KV)
+//             until evictions worth `ghost_memory` pool capacities (default
+//             4) have followed; a prefix that comes back while remembered is
+//             admitted straight into the protected segment. New prefixes stay
+//             probationary, so they never displace prefixes that proved they
+//             return; on the Mooncake trace this keeps the conversations whose
+//             next turn comes minutes later, which LRU has flushed by then
+//             (docs/eviction.md).
+//   belady    offline reference, replay tool only: the leaf whose next use is
+//             farthest goes first (the caller supplies next uses, see
+//             RadixTree::set_next_use). Engine and the C ABI refuse it.
 #pragma once
 
 #include <algorithm>
@@ -24,7 +37,7 @@
 
 namespace clm {
 
-enum class EvictionPolicy : std::uint8_t { lru = 0, lfu = 1, slru = 2, priority = 3 };
+enum class EvictionPolicy : std::uint8_t { lru = 0, lfu = 1, slru = 2, priority = 3, ghost_slru = 4, belady = 5 };
 
 inline const char* eviction_policy_name(EvictionPolicy policy) {
   switch (policy) {
@@ -32,12 +45,17 @@ inline const char* eviction_policy_name(EvictionPolicy policy) {
     case EvictionPolicy::lfu: return "lfu";
     case EvictionPolicy::slru: return "slru";
     case EvictionPolicy::priority: return "priority";
+    case EvictionPolicy::ghost_slru:
+      return "ghost_slru";
+    case EvictionPolicy::belady:
+      return "belady";
   }
   return "unknown";
 }
 
 inline std::optional<EvictionPolicy> parse_eviction_policy(std::string_view name) {
-  for (EvictionPolicy p : {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::slru, EvictionPolicy::priority}) {
+  for (EvictionPolicy p : {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::slru, EvictionPolicy::priority,
+                           EvictionPolicy::ghost_slru, EvictionPolicy::belady}) {
     if (name == eviction_policy_name(p)) return p;
   }
   return std::nullopt;
@@ -45,18 +63,38 @@ inline std::optional<EvictionPolicy> parse_eviction_policy(std::string_view name
 
 inline constexpr int kMaxPriority = 100;
 inline constexpr double kDefaultSlruProtectedFraction = 0.2;
+// ghost_slru: a protected segment of 0.9 leaves probation a tenth of the pool,
+// room for the running requests' new prefixes to get their first hit; the
+// ghost remembers evictions worth 4 pool capacities, on the Mooncake trace
+// about the think time of a conversation at 1M-3M tokens (docs/eviction.md).
+inline constexpr double kDefaultGhostSlruProtectedFraction = 0.9;
+inline constexpr double kDefaultGhostMemory = 4.0;
+inline constexpr double kMaxGhostMemory = 64.0;
+
+// Segmented policies: a probationary and a protected segment.
+inline bool is_segmented(EvictionPolicy policy) {
+  return policy == EvictionPolicy::slru || policy == EvictionPolicy::ghost_slru;
+}
+// The next use a belady node has before the replay supplies one: never.
+inline constexpr std::uint32_t kNeverUsedAgain = 0xffffffffu;
 
 // The eviction order key: smaller goes first. `tick` counts tree operations and
 // stays far below 2^40 (a million operations a second for 12 days).
 inline std::uint64_t eviction_key(EvictionPolicy policy, std::uint64_t last_access, std::uint32_t hits,
-                                  std::uint8_t priority, bool in_protected_segment) {
+                                  std::uint8_t priority, bool in_protected_segment,
+                                  std::uint32_t next_use = kNeverUsedAgain) {
   constexpr std::uint64_t kTickMask = (std::uint64_t{1} << 40) - 1;
   const std::uint64_t tick = last_access & kTickMask;
   switch (policy) {
     case EvictionPolicy::lru: return last_access;
     case EvictionPolicy::lfu: return (std::uint64_t{std::min<std::uint32_t>(hits, (1u << 23) - 1)} << 40) | tick;
-    case EvictionPolicy::slru: return (std::uint64_t{in_protected_segment} << 63) | tick;
+    case EvictionPolicy::slru:
+    case EvictionPolicy::ghost_slru:
+      return (std::uint64_t{in_protected_segment} << 63) | tick;
     case EvictionPolicy::priority: return (std::uint64_t{priority} << 56) | tick;
+    // Farthest next use first; ties by LRU.
+    case EvictionPolicy::belady:
+      return (std::uint64_t{kNeverUsedAgain - next_use} << 32) | (tick & 0xffffffffu);
   }
   return last_access;
 }

@@ -59,6 +59,7 @@
 
 #include "clm/detail/child_edge_map.hpp"
 #include "clm/detail/eviction_heap.hpp"
+#include "clm/detail/ghost_list.hpp"
 #include "clm/detail/token_ops.hpp"
 #include "clm/eviction_policy.hpp"
 #include "clm/paged_kv_pool.hpp"
@@ -141,25 +142,39 @@ class RadixTree {
   static constexpr std::size_t kMissRoots = 64;
 
   // The pool must outlive the tree; the tree's page size is the pool's.
-  // `slru_protected_fraction` caps SLRU's protected segment (a fraction of the
-  // pool's tokens, clamped to [0, 1]); other policies ignore it.
+  // `protected_fraction` caps the protected segment of slru and ghost_slru (a
+  // fraction of the pool's tokens, clamped to [0, 1]; NaN: the policy's
+  // default); other policies ignore it. `ghost_memory`: ghost_slru remembers
+  // evicted prefixes worth this many pool capacities (clamped to [0, 64]).
+  // Engine::create refuses values out of range instead of clamping them.
   //
   // `host_pool`, when given, is the host tier (L2): a second pool of the same
   // page size whose pages hold copies of cached pages (tiers/tier_manager.hpp). A
   // node then lives on the device, on the host, or both; see "Tiers" below.
   explicit RadixTree(PagedKvPool& pool, EvictionPolicy policy = EvictionPolicy::lru,
-                     double slru_protected_fraction = kDefaultSlruProtectedFraction, PagedKvPool* host_pool = nullptr)
+                     double protected_fraction = std::numeric_limits<double>::quiet_NaN(),
+                     PagedKvPool* host_pool = nullptr, double ghost_memory = kDefaultGhostMemory)
       : pool_(pool),
         host_pool_(host_pool),
         page_words_(host_pool ? 2 : 1),
         page_size_(pool.page_size()),
         policy_(policy),
-        protected_segment_cap_(static_cast<std::int64_t>((std::isnan(slru_protected_fraction)
-                                                              ? kDefaultSlruProtectedFraction
-                                                              : std::clamp(slru_protected_fraction, 0.0, 1.0)) *
-                                                         pool.num_pages() * pool.page_size())),
+        segmented_(is_segmented(policy)),
+        protected_segment_cap_(
+            static_cast<std::int64_t>((std::isnan(protected_fraction) ? default_protected_fraction(policy)
+                                                                      : std::clamp(protected_fraction, 0.0, 1.0)) *
+                                      pool.num_pages() * pool.page_size())),
         owned_pages_((static_cast<std::size_t>(pool.num_pages()) + 63) / 64, 0),
-        host_owned_pages_(host_pool ? (static_cast<std::size_t>(host_pool->num_pages()) + 63) / 64 : 0, 0) {}
+        host_owned_pages_(host_pool ? (static_cast<std::size_t>(host_pool->num_pages()) + 63) / 64 : 0, 0) {
+    if (policy == EvictionPolicy::ghost_slru) {
+      const double memory =
+          std::isnan(ghost_memory) ? kDefaultGhostMemory : std::clamp(ghost_memory, 0.0, kMaxGhostMemory);
+      ghost_.set_capacity(static_cast<std::int64_t>(memory * pool.num_pages() * pool.page_size()));
+    }
+  }
+  static double default_protected_fraction(EvictionPolicy policy) {
+    return policy == EvictionPolicy::ghost_slru ? kDefaultGhostSlruProtectedFraction : kDefaultSlruProtectedFraction;
+  }
 
   ~RadixTree() {
     for (Node& node : nodes_) {
@@ -210,7 +225,7 @@ class RadixTree {
       if (node.on_device) {
         out.pages.insert(out.pages.end(), pages_of(node), pages_of(node) + page_count(node));
         device_end = n;
-        if (policy_ == EvictionPolicy::slru) promote_to_protected(n);
+        if (segmented_) promote_to_protected(n);
         refresh_heap_key(n);
       } else {
         out.host_pages.insert(out.host_pages.end(), host_pages_of(node), host_pages_of(node) + page_count(node));
@@ -220,7 +235,7 @@ class RadixTree {
       if (host_backed) out.host_backed_tokens += node.len;
       refresh_host_heap(n);
     }
-    if (policy_ == EvictionPolicy::slru) enforce_protected_cap();
+    if (segmented_) enforce_protected_cap();
     out.cached_tokens = static_cast<std::int32_t>(out.pages.size()) * page_size_;
     out.host_tokens = static_cast<std::int32_t>(out.host_pages.size()) * page_size_;
     out.node = ref(device_end);
@@ -302,6 +317,7 @@ class RadixTree {
       end = add_leaf(end, tokens.data() + walk.matched, pages.data() + walk.matched / page_size_,
                      store_len - walk.matched, prio, leaf_block.take());
     }
+    if (policy_ == EvictionPolicy::ghost_slru) enforce_protected_cap();  // a prefix the ghost admitted
     out = InsertOutcome{device_matched, store_len, ref(end)};
     return {};
   }
@@ -573,10 +589,43 @@ class RadixTree {
     }
   }
 
+  // ---- belady (the replay tool's offline reference) ---------------------------
+  // Sets the next use of every cached node on the path of `tokens` (whole
+  // pages) in `ns`: a node's is next_use[its first page], the index of the
+  // next request that will reach that page (kNeverUsedAgain: none). When a
+  // node is split, its second half's next use becomes kNeverUsedAgain until a
+  // request reaches it (an upper bound: the split was made by a request that
+  // does not reach it).
+  Status set_next_use(std::span<const std::int32_t> tokens, const CacheNamespace& ns,
+                      std::span<const std::uint32_t> next_use) {
+    if (policy_ != EvictionPolicy::belady) return failed_precondition("set_next_use: the policy is not belady");
+    CLM_RETURN_IF_ERROR(validate_length(tokens, "set_next_use"));
+    const auto pages = tokens.size() / static_cast<std::size_t>(page_size_);
+    if (next_use.size() < pages) {
+      return invalid_argument(fmt::format("set_next_use: {} pages of tokens, {} next uses", pages, next_use.size()));
+    }
+    (void)walk_down(find_namespace(ns), tokens.data(), static_cast<std::int32_t>(pages) * page_size_);
+    std::size_t page = 0;
+    for (std::int32_t n : path_) {
+      nodes_[n].next_use = next_use[page];
+      refresh_heap_key(n);
+      page += page_count(nodes_[n]);
+    }
+    return {};
+  }
+
   // ---- inspection -----------------------------------------------------------
   std::int64_t cached_tokens() const { return cached_; }
   std::int64_t evictable_tokens() const { return evictable_; }
   std::int64_t protected_tokens() const { return protected_; }
+  // ghost_slru: tokens of the evicted prefixes the ghost remembers, and its cap.
+  std::int64_t ghost_tokens() const { return ghost_.tokens(); }
+  std::int64_t ghost_capacity() const { return ghost_.capacity(); }
+  // slru, ghost_slru: tokens in the protected segment, and whether `ref`'s node is there.
+  std::int64_t protected_segment_tokens() const { return protected_segment_tokens_; }
+  bool in_protected_segment(NodeRef ref) const {
+    return check_ref(ref, "in_protected_segment").ok() && in_protected_segment(nodes_[ref.index]);
+  }
   bool owns_page(std::int32_t page) const {
     return pool_.valid_id(page) && (owned_pages_[static_cast<std::size_t>(page) >> 6] >> (page & 63) & 1);
   }
@@ -618,7 +667,7 @@ class RadixTree {
            owned_pages_.capacity() * sizeof(std::uint64_t) + host_heap_.memory_bytes() +
            host_owned_pages_.capacity() * sizeof(std::uint64_t) + backed_up_.capacity() * sizeof(NodeRef) +
            host_scratch_.capacity() * sizeof(std::int32_t) + path_.capacity() * sizeof(std::int32_t) +
-           scratch_.capacity() * sizeof(std::int32_t) + namespace_bytes;
+           scratch_.capacity() * sizeof(std::int32_t) + ghost_.memory_bytes() + namespace_bytes;
   }
 
   // Recomputes every derived quantity from scratch and compares (for tests):
@@ -649,6 +698,7 @@ class RadixTree {
     bool live = false;
     bool on_device = true;  // pages_of() are pool pages the tree holds
     bool on_host = false;   // host_pages_of() are host-pool pages the tree holds
+    std::uint32_t next_use = kNeverUsedAgain;  // belady only (in the padding: the record stays 80 bytes)
   };
   struct HeapPositions {
     std::vector<Node>* nodes;
@@ -743,7 +793,35 @@ class RadixTree {
   }
   std::size_t page_count(const Node& node) const { return static_cast<std::size_t>(node.len / page_size_); }
   std::uint64_t key_of(const Node& node) const {
-    return eviction_key(policy_, node.last_access, node.hits, node.priority, in_protected_segment(node));
+    return eviction_key(policy_, node.last_access, node.hits, node.priority, in_protected_segment(node), node.next_use);
+  }
+  // ghost_slru: names an evicted leaf by its parent and its first page, which
+  // is how the same prefix will hang when it is inserted again below the same
+  // parent. A parent node is its index and generation (a recycled slot does
+  // not match). A namespace root is its name instead: the tree drops a root
+  // once everything below it is evicted, and a tenant that comes back after
+  // that is exactly the one whose prefixes the ghost should recognise.
+  std::uint64_t ghost_key_of(const Node& node) const {
+    const std::uint64_t page_hash = detail::hash_page(node.data, static_cast<std::size_t>(page_size_));
+    const Node& up = nodes_[node.parent];
+    std::uint64_t parent_id;
+    if (up.parent >= 0) {
+      parent_id = (std::uint64_t{up.generation} << 32) | static_cast<std::uint32_t>(node.parent);
+    } else {
+      const RootName& name = root_names_.at(node.parent);
+      parent_id = std::hash<std::string_view>{}(*name.salt) ^
+                  (static_cast<std::uint64_t>(static_cast<std::uint32_t>(name.adapter_id)) * 0x9e3779b97f4a7c15ull) ^
+                  0x632be59bd9b4e019ull;  // a root's name never equals a node's (index, generation) by design
+    }
+    return detail::mix64(parent_id) ^ page_hash;
+  }
+  // Best effort: an eviction must not fail, and a forgotten ghost only costs
+  // the prefix its shortcut into the protected segment.
+  void remember_evicted(std::int32_t n) {
+    try {
+      ghost_.remember(ghost_key_of(nodes_[n]), nodes_[n].len);
+    } catch (const std::bad_alloc&) {
+    }
   }
   std::uint64_t edge_key_of(const Node& node) const {
     return detail::ChildEdgeMap::edge_key(node.parent,
@@ -989,7 +1067,7 @@ class RadixTree {
     }
     edges_.reserve(count);
     if (heap_.size() + count > heap_.capacity()) heap_.reserve(grow(heap_.size() + count, heap_.capacity()));
-    if (policy_ == EvictionPolicy::slru && protected_heap_.size() + count > protected_heap_.capacity()) {
+    if (segmented_ && protected_heap_.size() + count > protected_heap_.capacity()) {
       protected_heap_.reserve(grow(protected_heap_.size() + count, protected_heap_.capacity()));
     }
   }
@@ -1081,6 +1159,15 @@ class RadixTree {
     mid.hits = node.hits;
     mid.last_access = node.last_access;
     mid.priority = node.priority;
+    // belady: the request that splits the node reaches mid, not the rest, so the
+    // rest's next use is unknown here: taken as never until a request reaches it
+    // (set_next_use). Keeping the old value would keep it forever: it is a
+    // request already past.
+    mid.next_use = node.next_use;
+    if (policy_ == EvictionPolicy::belady) {
+      node.next_use = kNeverUsedAgain;
+      refresh_heap_key(n);
+    }
     // Both halves keep the node's tiers; its host pins stay below, where they protect mid too.
     mid.on_device = node.on_device;
     mid.on_host = node.on_host;
@@ -1128,6 +1215,8 @@ class RadixTree {
     ++up.num_children;
     ++up.device_children;
     edges_.insert(edge_key_of(leaf), n);
+    // ghost_slru: a prefix evicted not long ago comes back: it has proved it returns.
+    if (policy_ == EvictionPolicy::ghost_slru && ghost_.forget(ghost_key_of(leaf))) promote_to_protected(n);
     heap_.push(n, key_of(leaf), heap_positions());
     cached_ += len;
     evictable_ += len;
@@ -1215,11 +1304,13 @@ class RadixTree {
     const std::int32_t* pages = pages_of(node);
     for (std::size_t j = 0; j < page_count(node); ++j) set_owned(pages[j], false);
     (void)pool_.release({pages, page_count(node)});  // the tree's own references: always valid
+    const bool was_protected = in_protected_segment(node);
     leave_protected_segment(n);
     const std::int32_t parent = node.parent;
     if (node.on_host) {
       node.on_device = false;
     } else {  // a full leaf: host-only children need a host parent
+      if (policy_ == EvictionPolicy::ghost_slru && !was_protected) remember_evicted(n);
       edges_.erase(edge_key_of(node), n);
       free_node(n);
       --nodes_[parent].num_children;
@@ -1264,6 +1355,7 @@ class RadixTree {
   const std::size_t page_words_;  // page-id arrays per node block: device, and host with a host tier
   const std::int32_t page_size_;
   const EvictionPolicy policy_;
+  const bool segmented_;  // slru, ghost_slru: a protected segment
   std::vector<Node> nodes_;
   std::vector<std::int32_t> free_nodes_;
   detail::ChildEdgeMap edges_;
@@ -1271,6 +1363,7 @@ class RadixTree {
   detail::EvictionHeap protected_heap_;  // SLRU: protected nodes by last access
   const std::int64_t protected_segment_cap_;
   std::int64_t protected_segment_tokens_ = 0;
+  detail::GhostList ghost_;                      // ghost_slru: recently evicted probationary leaves
   std::vector<std::uint64_t> owned_pages_;       // bit per pool page: held by the tree
   std::vector<std::uint64_t> host_owned_pages_;  // bit per host-pool page: held by the tree
   detail::EvictionHeap host_heap_;               // host copies that may go, by last access
@@ -1414,6 +1507,7 @@ inline Status RadixTree::check_invariants() const {
     protected_keys_current = protected_keys_current && key == nodes_[n].last_access;
   });
   if (!protected_keys_current) return broken("stale SLRU key");
+  if (!ghost_.well_formed()) return broken("ghost size");
   if (!heap_.well_formed(HeapPositions{const_cast<std::vector<Node>*>(&nodes_)})) return broken("heap order");
   bool keys_current = true;
   heap_.for_each([&](std::int32_t n, std::uint64_t key) { keys_current = keys_current && key == key_of(nodes_[n]); });

@@ -34,7 +34,8 @@
 #if CLM_MEMORY_NONE != 0 || CLM_MEMORY_HOST != 1 || CLM_MEMORY_DEVICE != 2
 #error "memory kinds changed: they are ABI"
 #endif
-#if CLM_EVICT_LRU != 0 || CLM_EVICT_LFU != 1 || CLM_EVICT_SLRU != 2 || CLM_EVICT_PRIORITY != 3
+#if CLM_EVICT_LRU != 0 || CLM_EVICT_LFU != 1 || CLM_EVICT_SLRU != 2 || CLM_EVICT_PRIORITY != 3 || \
+    CLM_EVICT_GHOST_SLRU != 4
 #error "eviction policies changed: they are ABI"
 #endif
 #if CLM_GELU_TANH != 0 || CLM_GELU_ERF != 1
@@ -394,7 +395,7 @@ int main(void) {
   const int64_t *slots;
   clm_status s;
   const int kinds[] = {CLM_KV_F32, CLM_KV_F16, CLM_KV_BF16, CLM_MEMORY_NONE, CLM_MEMORY_HOST, CLM_MEMORY_DEVICE,
-                       CLM_EVICT_LRU, CLM_EVICT_LFU, CLM_EVICT_SLRU, CLM_EVICT_PRIORITY};
+                       CLM_EVICT_LRU, CLM_EVICT_LFU, CLM_EVICT_SLRU, CLM_EVICT_PRIORITY, CLM_EVICT_GHOST_SLRU};
   const clm_status codes[] = {CLM_OK, CLM_ERR_INVALID_ARGUMENT, CLM_ERR_OUT_OF_MEMORY, CLM_ERR_NOT_FOUND,
                               CLM_ERR_FAILED_PRECONDITION, CLM_ERR_UNSUPPORTED, CLM_ERR_INTERNAL, CLM_ERR_IO};
   const int modes[] = {CLM_GELU_TANH, CLM_GELU_ERF, CLM_DTYPE_F32, CLM_DTYPE_F16, CLM_DTYPE_BF16};

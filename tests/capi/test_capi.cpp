@@ -663,7 +663,7 @@ TEST_CASE("kv_layout describes the host pool and its pages can be written", "[ca
 }
 
 TEST_CASE("every eviction policy and every priority from 0 to 100 work", "[capi][lifecycle][eviction]") {
-  for (int32_t policy : {CLM_EVICT_LRU, CLM_EVICT_LFU, CLM_EVICT_SLRU, CLM_EVICT_PRIORITY}) {
+  for (int32_t policy : {CLM_EVICT_LRU, CLM_EVICT_LFU, CLM_EVICT_SLRU, CLM_EVICT_PRIORITY, CLM_EVICT_GHOST_SLRU}) {
     clm_engine_options o = engine_options(8, 2);
     o.eviction_policy = policy;
     o.slru_protected_fraction = 0.5;
@@ -1419,7 +1419,7 @@ TEST_CASE("unknown enum values in engine options", "[capi][bad][options]") {
   const Case cases[] = {
       {"kv_dtype", &clm_engine_options::kv_dtype, {-1, 3, lo, hi}},
       {"memory", &clm_engine_options::memory, {-1, 3, lo, hi}},
-      {"eviction_policy", &clm_engine_options::eviction_policy, {-1, 4, lo, hi}},
+      {"eviction_policy", &clm_engine_options::eviction_policy, {-1, 5, 6, lo, hi}},
   };
   for (const Case& c : cases) {
     for (int32_t v : c.values) {
@@ -1432,6 +1432,17 @@ TEST_CASE("unknown enum values in engine options", "[capi][bad][options]") {
       CHECK(std::string(clm_last_error()).find(c.field) != std::string::npos);
     }
   }
+}
+
+TEST_CASE("eviction_policy 5 (belady) is refused with a pointer to the replay tool", "[capi][bad][options]") {
+  clm_engine_options o = engine_options(4, 4, CLM_MEMORY_HOST);
+  o.eviction_policy = 5;
+  clm_engine* e = reinterpret_cast<clm_engine*>(uintptr_t{0x1});
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &o));
+  CHECK(e == nullptr);
+  const std::string message = clm_last_error();
+  CHECK(message.find("belady") != std::string::npos);
+  CHECK(message.find("replay") != std::string::npos);
 }
 
 TEST_CASE("out-of-range sizes in engine options", "[capi][bad][options]") {

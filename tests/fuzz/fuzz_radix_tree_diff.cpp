@@ -6,8 +6,9 @@
 //   tests/fuzz/run.sh build-fuzz 30     (every target, on a copy of its corpus)
 //
 // Input: bytes 0-3 pick the configuration (page size 1, 2, 4 or 16; policy
-// lru, lfu, slru or priority; a pool of 8 to 128 pages; sequences of up to 1
-// to 8 pages; SLRU's protected fraction); the rest feeds the driver's Rng, one
+// lru, lfu, slru or priority, or for byte 0 >= 192 ghost_slru with a ghost of
+// 0, 0.5, 1 or 4 pool capacities; a pool of 8 to 128 pages; sequences of up to
+// 1 to 8 pages; the protected fraction); the rest feeds the driver's Rng, one
 // or two bytes per decision (match, insert with hit / planned / corrupted
 // pages, lock, unlock, evict, allocate, release, bad calls, other namespaces),
 // then a stream seeded from the input. Operations: 16 + one per 4 input bytes,
@@ -43,6 +44,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   config.page_size = kPageSizes[data[0] % 4];
   config.policy = kPolicies[(data[0] / 4) % 4];
   config.protected_fraction = kProtected[(data[0] / 16) % 4];
+  // A quarter of the inputs run ghost_slru, bits 2-3 then pick its ghost's size.
+  constexpr std::array<double, 4> kGhostMemory = {0.0, 0.5, 1.0, 4.0};
+  if (data[0] >= 192) {
+    config.policy = clm::EvictionPolicy::ghost_slru;
+    config.ghost_memory = kGhostMemory[(data[0] / 4) % 4];
+  }
   config.num_pages = 8 + data[1] % 121;  // 8..128
   config.max_pages = 1 + data[2] % 8;
   const std::uint64_t seed = model::mix(data[3]);

@@ -60,6 +60,7 @@ pub const CLM_EVICT_LRU: i32 = 0;
 pub const CLM_EVICT_LFU: i32 = 1;
 pub const CLM_EVICT_SLRU: i32 = 2;
 pub const CLM_EVICT_PRIORITY: i32 = 3;
+pub const CLM_EVICT_GHOST_SLRU: i32 = 4;
 
 /// When a cached page gets its host-tier copy (then, with a storage tier, its
 /// stored copy): on its first hit.

@@ -221,6 +221,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         constant!(CLM_EVICT_LFU),
         constant!(CLM_EVICT_SLRU),
         constant!(CLM_EVICT_PRIORITY),
+        constant!(CLM_EVICT_GHOST_SLRU),
         constant!(CLM_WRITE_THROUGH),
         constant!(CLM_WRITE_THROUGH_SELECTIVE),
         constant!(CLM_WRITE_BACK),

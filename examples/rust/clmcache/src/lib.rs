@@ -259,6 +259,7 @@ raw_enum!(
         Lfu = sys::CLM_EVICT_LFU,
         Slru = sys::CLM_EVICT_SLRU,
         Priority = sys::CLM_EVICT_PRIORITY,
+        GhostSlru = sys::CLM_EVICT_GHOST_SLRU,
     }
 );
 
