@@ -166,7 +166,9 @@ void bench_mooncake(const fs::path& trace_path) {
   }
   for (const std::int64_t capacity : {std::int64_t{100000}, std::int64_t{1000000}, std::int64_t{3000000}}) {
     double lru_hit_rate = 0;
-    for (const auto policy : {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru}) {
+    // belady: the offline optimum, the replay computing every page's next use (docs/eviction.md).
+    for (const auto policy : {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru,
+                              clm::EvictionPolicy::ghost_slru, clm::EvictionPolicy::belady}) {
       ReplayConfig config;
       config.page_size = 16;
       config.capacity_tokens = capacity;

@@ -153,7 +153,7 @@ class Driver {
     opts.head_dim = in_.range<std::int32_t>(0, 8);
     opts.kv_dtype = in_.range<std::int32_t>(-1, 3);
     opts.memory = in_.range<std::int32_t>(0, 3) == 0 ? CLM_MEMORY_HOST : CLM_MEMORY_NONE;
-    opts.eviction_policy = in_.range<std::int32_t>(-1, 4);
+    opts.eviction_policy = in_.range<std::int32_t>(-1, 6);  // 5: belady, which only the replay tool may use
     constexpr double kFractions[] = {0.2, 0.0, 1.0, 0.5, -0.5, 1.5};
     opts.slru_protected_fraction = kFractions[in_.range<int>(0, 5)];
     if (in_.range<int>(0, 31) == 0) opts.struct_size = 5;  // a size no version has
@@ -164,8 +164,8 @@ class Driver {
       return false;
     }
     FUZZ_CHECK(opts.num_pages >= 1 && opts.page_size >= 1 && opts.num_layers >= 1 && opts.kv_heads >= 1 &&
-                   opts.head_dim >= 1 && opts.kv_dtype >= 0 && opts.kv_dtype <= 2 && opts.eviction_policy >= 0 &&
-                   opts.eviction_policy <= 3,
+                   opts.head_dim >= 1 && opts.kv_dtype >= 0 && opts.kv_dtype <= 2 &&
+                   opts.eviction_policy >= CLM_EVICT_LRU && opts.eviction_policy <= CLM_EVICT_GHOST_SLRU,
                "create accepted num_pages {} page_size {} layers {} heads {} dim {} dtype {} policy {}", opts.num_pages,
                opts.page_size, opts.num_layers, opts.kv_heads, opts.head_dim, opts.kv_dtype, opts.eviction_policy);
     num_pages_ = opts.num_pages;

@@ -91,6 +91,12 @@ if [ -f "$deps_archive" ]; then
   say "dependencies from $deps_archive: $(sed 's/Package: //; s/ Version: / /' "$deps/clm-gpu-deps.txt" | paste -sd, -)"
   usr=$deps/usr
   arch_lib=$usr/lib/x86_64-linux-gnu
+  # Debian keeps a few headers in the multiarch include folder (OpenSSL's
+  # opensslconf.h and configuration.h), which a compiler of another
+  # distribution does not search: merge them into the plain one.
+  if [ -d "$usr/include/x86_64-linux-gnu" ]; then
+    cp -rn "$usr/include/x86_64-linux-gnu/." "$usr/include/"
+  fi
   # Every package named outright: a system without Debian's multiarch layout would not search lib/x86_64-linux-gnu.
   dep_flags=(-DCMAKE_PREFIX_PATH="$usr" -DEigen3_DIR="$usr/share/eigen3/cmake" -Dfmt_DIR="$arch_lib/cmake/fmt"
              -DCatch2_DIR="$usr/lib/cmake/Catch2" -DSQLite3_INCLUDE_DIR="$usr/include"

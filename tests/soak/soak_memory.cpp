@@ -46,6 +46,7 @@
 #include <fmt/format.h>
 
 #include "clm/engine.hpp"
+#include "store/store_test_support.hpp"
 #include "workload.hpp"
 
 namespace {
@@ -87,25 +88,6 @@ std::int64_t directory_bytes(const std::filesystem::path& dir) {
   }
   return total;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() / fmt::format("clm-soak-{:08x}{:08x}", rd(), rd());
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 int usage(const std::string& why) {
   fmt::print(stderr,
@@ -314,7 +296,7 @@ int main(int argc, char** argv) {
   const bool mooncake = options.workload.rfind("mooncake:", 0) == 0;
   const std::int64_t capacity = options.capacity_tokens > 0 ? options.capacity_tokens : (mooncake ? 1 << 20 : 131072);
 
-  TempDir store_dir;
+  clm_test::TempDir store_dir;
   clm::EngineConfig config;
   config.pool.num_pages = static_cast<std::int32_t>(capacity / kPageSize);
   config.pool.page_size = kPageSize;
