@@ -10,8 +10,8 @@
 #   make gpu-deps                       # .gpu-deps/deps.tar.gz
 #   tests/gpu/rehearse.sh /work/gpu-chroot
 #
-# The chroot is made with debootstrap (Debian's mirror) when the folder is
-# empty, and reused after. Results: gpu-results/ in the chroot's copy, and
+# The chroot is made once beforehand with debootstrap (the command is printed
+# when it is missing); this script downloads nothing. Results: gpu-results/ in the chroot's copy, and
 # the summary on stdout. Needs root (chroot, mount, unshare). Environment:
 # CLM_CUDA (default /usr/local/cuda), and run.sh's (CLM_GPU_BUILD_TIMEOUT
 # etc.; on 2 cores the build needs far more than its default 420 s).
@@ -24,10 +24,12 @@ cuda=$(readlink -f "${CLM_CUDA:-/usr/local/cuda}")
 [ "$(id -u)" = 0 ] || { echo "rehearse.sh: needs root (chroot, mount, unshare)" >&2; exit 2; }
 
 if [ ! -x "$root/usr/bin/g++" ]; then
-  command -v debootstrap >/dev/null || { echo "rehearse.sh: apt-get install debootstrap" >&2; exit 2; }
-  echo "rehearse.sh: making a bare Debian 12 in $root"
-  debootstrap --variant=minbase --include=build-essential,cmake,ninja-build,make bookworm "$root" \
-    http://deb.debian.org/debian >"$root.debootstrap.log" 2>&1
+  # This script fetches nothing: the chroot is made once, by hand, from the
+  # Debian mirror apt already uses.
+  echo "rehearse.sh: no bare Debian 12 in $root; make one first (as root):" >&2
+  echo "  apt-get install debootstrap" >&2
+  echo "  debootstrap --variant=minbase --include=build-essential,cmake,ninja-build,make bookworm $root" >&2
+  exit 2
 fi
 
 # The working tree as a device run gets it: tracked and untracked files git
