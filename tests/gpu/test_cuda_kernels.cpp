@@ -180,14 +180,13 @@ TEST_CASE("CUDA decode_plan whose workspace cannot grow: a clear status, no half
   const std::uint64_t seed = std::random_device{}();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  Geometry g;
-  g.dtype = KvDType::f16;
-  g.head_dim = 64;
-  g.kv_heads = 2;
-  g.page_size = 16;
-  g.num_layers = 1;
   const std::vector<std::int32_t> small = {3, 17}, large(24, 200);
-  g.num_pages = clm_test::pages_needed(large, g.page_size) + 2;
+  const Geometry g{.num_pages = clm_test::pages_needed(large, 16) + 2,
+                   .page_size = 16,
+                   .num_layers = 1,
+                   .kv_heads = 2,
+                   .head_dim = 64,
+                   .dtype = KvDType::f16};
   HostPool host(g);
   host.fill_random(rng);
   DevicePool pool(host);
