@@ -97,8 +97,11 @@ bool eigen_avx2_usable() {
 
 #else  // no separate AVX2 build: the generic path is used (or the whole build is AVX2 already)
 
+// Never called (eigen_avx2_usable() is false), but referenced: a compiler
+// that does not fold the check away (clang at -O1) still links.
 namespace clm::detail {
 bool eigen_avx2_usable() { return false; }
+void gemm_nt_avx2(const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*, std::int64_t) {}
 void src_head_pooled_logits_avx2(const float*, std::int64_t, std::int32_t, const float*, const float*, const float*,
                                  float, bool, float*) {}
 }  // namespace clm::detail

@@ -43,11 +43,7 @@ using clm::StatusCode;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr int kShrink = 2;  // ASan: shorter sequences, same coverage
-#else
-constexpr int kShrink = 1;
-#endif
+constexpr int kShrink = clm_test::kUnderAsan ? 2 : 1;  // ASan: shorter sequences, same coverage
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // A fresh seed per test case; CLM_TEST_SEED=<n> replays a failure.

@@ -236,21 +236,22 @@ TEST_CASE("bad input: unlock without lock", "[bad_input]") {
   Fixture f;
   const Tokens a = seq(1, 8);
   const Tokens ab = plus(a, seq(100, 8));
-  const auto [out_a, pages_a] = f.insert(a);
-  const auto [out_ab, pages_ab] = f.insert(ab);
+  // The nodes by name: lambdas may not capture structured bindings before clang 16.
+  const auto node_a = f.insert(a).first.node;
+  const auto node_ab = f.insert(ab).first.node;
   const std::vector<std::pair<Tokens, clm::CacheNamespace>> probes = {{plus(ab, {0}), {}}};
 
   // Never locked.
-  expect_refused(f, probes, StatusCode::failed_precondition, [&] { return f.tree->unlock(out_a.node); });
+  expect_refused(f, probes, StatusCode::failed_precondition, [&] { return f.tree->unlock(node_a); });
   // Locked once, unlocked twice.
-  REQUIRE(f.tree->lock(out_ab.node).ok());
+  REQUIRE(f.tree->lock(node_ab).ok());
   CHECK(f.tree->protected_tokens() == 16);
-  REQUIRE(f.tree->unlock(out_ab.node).ok());
-  expect_refused(f, probes, StatusCode::failed_precondition, [&] { return f.tree->unlock(out_ab.node); });
+  REQUIRE(f.tree->unlock(node_ab).ok());
+  expect_refused(f, probes, StatusCode::failed_precondition, [&] { return f.tree->unlock(node_ab); });
   // An ancestor of a locked node is protected, but holds no lock of its own.
-  REQUIRE(f.tree->lock(out_ab.node).ok());
-  expect_refused(f, probes, StatusCode::failed_precondition, [&] { return f.tree->unlock(out_a.node); });
-  REQUIRE(f.tree->unlock(out_ab.node).ok());
+  REQUIRE(f.tree->lock(node_ab).ok());
+  expect_refused(f, probes, StatusCode::failed_precondition, [&] { return f.tree->unlock(node_a); });
+  REQUIRE(f.tree->unlock(node_ab).ok());
   // A namespace root (the node of a miss) is not locked either.
   const clm::PrefixMatch miss = f.match(seq(500, 9), {.salt = "x"});
   REQUIRE(miss.cached_tokens == 0);

@@ -19,7 +19,22 @@
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
 
+// Whether this program runs under AddressSanitizer (GCC defines the first
+// macro, clang answers __has_feature), for tests that shrink or skip there.
+#if defined(__SANITIZE_ADDRESS__)
+#define CLM_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CLM_TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef CLM_TEST_UNDER_ASAN
+#define CLM_TEST_UNDER_ASAN 0
+#endif
+
 namespace clm_test {
+
+inline constexpr bool kUnderAsan = CLM_TEST_UNDER_ASAN != 0;
 
 inline std::uint32_t fresh_seed() { return std::random_device{}(); }
 

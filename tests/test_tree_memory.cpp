@@ -35,19 +35,10 @@
 #include <fmt/format.h>
 
 #include "clm/radix_tree.hpp"
+#include "test_support.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define CLM_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define CLM_TEST_ASAN 1
-#endif
-#endif
-#ifndef CLM_TEST_ASAN
-#define CLM_TEST_ASAN 0
-#endif
 // Heap readings need glibc's own allocator (mallinfo2, glibc >= 2.33).
-#if defined(__GLIBC__) && !CLM_TEST_ASAN
+#if defined(__GLIBC__) && !CLM_TEST_UNDER_ASAN
 #define CLM_TEST_MALLINFO 1
 #else
 #define CLM_TEST_MALLINFO 0
@@ -285,10 +276,11 @@ void check_per_token(std::int32_t page_size, double target) {
   INFO("page_size " << page_size << ", seed " << seed);
   const GspData data = make_gsp(seed);
   const PerToken r = gsp_bytes_per_token(page_size, data);
-  fmt::print("gsp shape, page_size {}: {} nodes, {} cached tokens, metadata_bytes {} B = {:.3f} B/token "
-             "(target <= {}){}\n",
-             page_size, r.nodes, r.cached, r.metadata, r.bytes_per_token, target,
-             CLM_TEST_ASAN ? " [ASan allocator]" : "");
+  fmt::print(
+      "gsp shape, page_size {}: {} nodes, {} cached tokens, metadata_bytes {} B = {:.3f} B/token "
+      "(target <= {}){}\n",
+      page_size, r.nodes, r.cached, r.metadata, r.bytes_per_token, target,
+      CLM_TEST_UNDER_ASAN ? " [ASan allocator]" : "");
   REQUIRE(r.ok);
   CHECK(r.cached == kGspTokens / page_size * page_size);
   CHECK(r.bytes_per_token <= target);

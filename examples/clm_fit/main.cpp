@@ -77,14 +77,13 @@ void check(const clm::Status& s, std::string_view context = {}) {
 class Flags {
  public:
   Flags(int argc, char** argv, int first) {
-    for (int i = first; i < argc; ++i) {
+    for (int i = first; i < argc; i += 2) {
       const std::string_view flag = argv[i];
       if (flag.substr(0, 2) != "--") throw Failure{fmt::format("unexpected argument '{}'", flag)};
       if (i + 1 >= argc) throw Failure{fmt::format("{} needs a value", flag)};
       if (!values_.emplace(std::string(flag), argv[i + 1]).second) {
         throw Failure{fmt::format("{} given twice", flag)};
       }
-      ++i;
     }
   }
 

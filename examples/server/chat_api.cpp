@@ -162,7 +162,7 @@ std::optional<ApiError> parse_chat_request(std::string_view body, const RequestL
   }
   if (auto error = read_messages(doc, out.messages)) return error;
 
-  std::optional<std::int64_t> max_tokens, legacy_max_tokens, n, seed;
+  std::optional<std::int64_t> max_tokens, legacy_max_tokens, n;
   const std::int64_t most_tokens = std::max(1, limits.context_tokens - 1);
   if (auto error = read_integer(doc, "max_completion_tokens", 1, most_tokens, max_tokens)) return error;
   if (auto error = read_integer(doc, "max_tokens", 1, most_tokens, legacy_max_tokens)) return error;
