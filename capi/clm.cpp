@@ -16,6 +16,9 @@
 #include <fmt/format.h>
 
 #include "clm/engine.hpp"
+#if CLM_HAVE_CUDA
+#include "clm/cuda_clm.hpp"
+#endif
 
 #include "capi_internal.hpp"
 
@@ -190,6 +193,15 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     config.tiers.storage_batch_pages = options->storage_batch_pages;
     auto state = std::make_shared<EngineState>();
     if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
+#if CLM_HAVE_CUDA
+    // A pool in device memory: the SRC running sums live on its device too
+    // (clm_engine_src_step_device).
+    if (config.pool.memory == clm::MemoryKind::device) {
+      std::shared_ptr<clm::cuda::CudaSrcSums> sums;
+      if (clm_status s = report(clm::cuda::CudaSrcSums::create(config.pool.device, sums))) return s;
+      state->engine->set_device_src_sums(std::move(sums));
+    }
+#endif
     *out = new clm_engine{std::move(state)};
     return CLM_OK;
   });

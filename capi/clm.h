@@ -386,6 +386,18 @@ typedef struct clm_src_decision {
 CLM_API clm_status clm_engine_src_step(clm_src_decision *decisions, clm_engine *engine, clm_seq *const *seqs,
                                        size_t n_seqs, const void *attn_out, int32_t dtype, size_t n_rows,
                                        int32_t hidden, const int32_t *token_ids, const int32_t *indptr);
+/* The same step for a GPU host, the engine's pool in device memory: attn_out
+ * and token_ids are DEVICE memory of the pool's device, indptr and decisions
+ * host memory; the work is queued on `stream` (a cudaStream_t; NULL = the
+ * default stream) and the call waits for it. The running sums stay on the
+ * device (only the scores come back), and a sequence is stepped either here
+ * or with clm_engine_src_step, never both (CLM_ERR_FAILED_PRECONDITION).
+ * CLM_ERR_UNSUPPORTED in a library built without CUDA;
+ * CLM_ERR_FAILED_PRECONDITION for an engine whose pool is in host memory. */
+CLM_API clm_status clm_engine_src_step_device(clm_src_decision *decisions, clm_engine *engine,
+                                              clm_seq *const *seqs, size_t n_seqs, const void *attn_out,
+                                              int32_t dtype, size_t n_rows, int32_t hidden,
+                                              const int32_t *token_ids, const int32_t *indptr, void *stream);
 /* Whether each snapshot lookup the last step asked for found one (found[i]
  * != 0). After src_breaker_steps consecutive failed lookups at scores above
  * src_breaker_score a sequence falls back to baseline (reuse is 0 from then). */

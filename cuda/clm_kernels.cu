@@ -17,6 +17,13 @@ int launch_masked_mean(int dtype, bool vec, Dims grid, const MaskedMeanArgs& arg
   });
 }
 
+int launch_running_sum(int dtype, Dims grid, const RunningSumArgs& args, void* stream) {
+  return with_running_sum_kernel(dtype, [&](RunningSumKernel kernel) {
+    kernel<<<clm_dim3(grid), kMeanThreads, 0, clm_stream(stream)>>>(args);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
 int launch_head_finish(bool gelu_erf, Dims grid, const HeadFinishArgs& args, void* stream) {
   return with_head_finish_kernel(gelu_erf ? 1 : 0, [&](HeadFinishKernel kernel) {
     kernel<<<clm_dim3(grid), kHeadThreads, 0, clm_stream(stream)>>>(args);

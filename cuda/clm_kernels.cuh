@@ -232,6 +232,51 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kMeanThreads) masked_mean_kernel(const MaskedM
   }
 }
 
+// ============================================================================
+// Running sums: grid = (batch, col_tiles), block = kMeanThreads, thread `tid`
+// of tile y owns column y * kMeanThreads + tid. The sum of a column runs over
+// the sequence's rows in order, in f64, and the mean is sum * (1 / n) rounded
+// to f32: the operations of SrcTracker::step on the CPU, in the same order, so
+// the means match it bit for bit. Every row is checked for NaN/Inf, special
+// ones too. Decode steps bring one row per sequence, so a block walks few.
+// ============================================================================
+template <class K>
+CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kMeanThreads) running_sum_kernel(const RunningSumArgs a) {
+  const int tid = static_cast<int>(tid_x());
+  const int b = static_cast<int>(bid_x());
+  const int c = static_cast<int>(bid_y()) * kMeanThreads + tid;
+  const bool active = c < a.cols;
+  const int begin = a.indptr[b];
+  const int end = a.indptr[b + 1];
+  const std::int32_t read_row = a.read_rows[b];
+  double acc = 0.0;
+  if (active && read_row >= 0) acc = a.sums[static_cast<std::size_t>(read_row) * a.cols + c];
+  int count = 0;
+  int bad_token = -1;
+  const unsigned char* col = a.x + static_cast<std::size_t>(c) * K::kBytes;
+  for (int t = begin; t < end; ++t) {
+    const bool special = is_special_id(a.special, a.num_special, a.token_ids[t]);
+    count += special ? 0 : 1;
+    if (!active) continue;
+    float f[1];
+    load_chunk<K, 1>(col + static_cast<std::size_t>(t) * a.row_bytes, f);
+    if (!clm_finite(f[0]) && bad_token < 0) bad_token = t;
+    if (!special) acc += static_cast<double>(f[0]);
+  }
+  if (bad_token >= 0) {
+    clm_atomic_min(&a.rec->nonfinite_token, bad_token);
+    clm_atomic_min(&a.rec->nonfinite_seq, b);
+    clm_atomic_or(&a.rec->error, kErrNonFinite);
+  }
+  if (active) {
+    a.sums[static_cast<std::size_t>(a.write_rows[b]) * a.cols + c] = acc;
+    const std::int64_t n = a.counts[b] + count;
+    const double inv = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
+    a.means[static_cast<std::size_t>(b) * a.cols + c] = static_cast<float>(acc * inv);
+  }
+  if (tid == 0 && bid_y() == 0) a.added[b] = count;
+}
+
 // ---- GELU and sigmoid, as lib/src_head.cpp computes them ---------------------------
 CLM_DEVICE float gelu_tanh_f(float x) {
   constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -371,6 +416,7 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kAddThreads) adapter_add_kernel(const AdapterA
 // ---- dispatch: f receives the kernel instance; -1 when none matches -----------
 using MaskedMeanKernel = void (*)(MaskedMeanArgs);
 using HeadFinishKernel = void (*)(HeadFinishArgs);
+using RunningSumKernel = void (*)(RunningSumArgs);
 using AdapterAddKernel = void (*)(AdapterAddArgs);
 using AdapterCheckKernel = void (*)(AdapterCheckArgs);
 
@@ -388,6 +434,19 @@ int with_masked_mean_kernel(int dtype, bool vec, F&& f) {
       return masked_mean_by_vec<KvF16>(vec, f);
     case kBF16:
       return masked_mean_by_vec<KvBF16>(vec, f);
+    default:
+      return -1;
+  }
+}
+template <class F>
+int with_running_sum_kernel(int dtype, F&& f) {
+  switch (dtype) {
+    case kF32:
+      return f(static_cast<RunningSumKernel>(&running_sum_kernel<KvF32>));
+    case kF16:
+      return f(static_cast<RunningSumKernel>(&running_sum_kernel<KvF16>));
+    case kBF16:
+      return f(static_cast<RunningSumKernel>(&running_sum_kernel<KvBF16>));
     default:
       return -1;
   }

@@ -10,6 +10,7 @@
 namespace clm::cuda::detail {
 
 int launch_masked_mean(int dtype, bool vec, Dims grid, const MaskedMeanArgs& args, void* stream);
+int launch_running_sum(int dtype, Dims grid, const RunningSumArgs& args, void* stream);
 int launch_head_finish(bool gelu_erf, Dims grid, const HeadFinishArgs& args, void* stream);
 int launch_adapter_add(int dtype, bool vec, Dims grid, const AdapterAddArgs& args, void* stream);
 int launch_adapter_check(Dims grid, const AdapterCheckArgs& args, void* stream);

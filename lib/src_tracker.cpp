@@ -1,6 +1,7 @@
 // SrcTracker (include/clm/src_tracker.hpp): running sums per sequence, the
 // head on their means, and the gate; validate, compute outside the lock, then
-// commit all or nothing.
+// commit all or nothing. step keeps the sums on the host, step_device in a
+// DeviceSrcSums (two rows per sequence, so that committing is a flip).
 #include "clm/src_tracker.hpp"
 
 #include <algorithm>
@@ -28,8 +29,21 @@ void SrcTracker::set_head(std::shared_ptr<const SrcHead> head) {
     for (auto& [id, state] : states_) {
       state.sum.clear();
       state.count = 0;
+      state.sums_on = SumsOn::none;
       state.version = next_version_++;
     }
+  }
+}
+
+void SrcTracker::set_device_sums(std::shared_ptr<DeviceSrcSums> sums) {
+  std::lock_guard device_lock(device_step_mutex_);
+  std::lock_guard lock(mutex_);
+  device_sums_ = std::move(sums);
+  for (auto& [id, state] : states_) {
+    if (state.sums_on != SumsOn::device) continue;
+    state.count = 0;
+    state.sums_on = SumsOn::none;
+    state.version = next_version_++;
   }
 }
 
@@ -46,7 +60,10 @@ void SrcTracker::add(SeqId id) {
 
 void SrcTracker::remove(SeqId id) {
   std::lock_guard lock(mutex_);
-  states_.erase(id);
+  const auto it = states_.find(id);
+  if (it == states_.end()) return;
+  if (it->second.slot >= 0) free_slots_.push_back(it->second.slot);
+  states_.erase(it);
 }
 
 bool SrcTracker::in_baseline(SeqId id) const {
@@ -77,30 +94,52 @@ SrcMetrics SrcTracker::metrics() const {
   return m;
 }
 
+Status SrcTracker::check_step_call(std::span<const SeqId> ids, std::span<const std::int32_t> indptr,
+                                   std::span<SrcDecision> decisions_out, const char* what) {
+  const std::string fn = what;
+  const std::size_t batch = ids.size();
+  if (indptr.size() != batch + 1) {
+    return invalid_argument(fn + ": indptr has " + std::to_string(indptr.size()) + " entries, expected " +
+                            std::to_string(batch + 1) + " (one more than the sequences)");
+  }
+  if (decisions_out.size() != batch) {
+    return invalid_argument(fn + ": decisions_out has " + std::to_string(decisions_out.size()) + " entries, expected " +
+                            std::to_string(batch));
+  }
+  if (indptr[0] != 0) return invalid_argument(fn + ": indptr[0] must be 0");
+  for (std::size_t i = 0; i < batch; ++i) {
+    if (indptr[i + 1] < indptr[i]) return invalid_argument(fn + ": indptr decreases at " + std::to_string(i + 1));
+  }
+  std::unordered_set<SeqId> seen;
+  for (SeqId id : ids) {
+    if (!seen.insert(id).second) {
+      return invalid_argument(fn + ": sequence " + std::to_string(id) + " appears twice in one step");
+    }
+  }
+  return Status::success();
+}
+
+SrcDecision SrcTracker::decide_locked(SequenceState& state, bool scored, float score) {
+  SrcDecision d;
+  d.threshold = threshold_;
+  if (scored) {
+    d.score = score;
+    d.scored = 1;
+    d.reuse = src_gate_decide(config_, threshold_, d.score, state.gate) ? 1 : 0;
+    ++metrics_.steps;
+    metrics_.reuse_decisions += d.reuse;
+  } else {
+    ++metrics_.unscored_steps;
+  }
+  d.baseline = state.gate.baseline ? 1 : 0;
+  return d;
+}
+
 Status SrcTracker::step(std::span<const SeqId> ids, ConstActivationView attn_out,
                         std::span<const std::int32_t> token_ids, std::span<const std::int32_t> indptr,
                         std::span<SrcDecision> decisions_out) {
   const std::size_t batch = ids.size();
-  if (indptr.size() != batch + 1) {
-    return invalid_argument("src_step: indptr has " + std::to_string(indptr.size()) + " entries, expected " +
-                            std::to_string(batch + 1) + " (one more than the sequences)");
-  }
-  if (decisions_out.size() != batch) {
-    return invalid_argument("src_step: decisions_out has " + std::to_string(decisions_out.size()) +
-                            " entries, expected " + std::to_string(batch));
-  }
-  if (indptr[0] != 0) return invalid_argument("src_step: indptr[0] must be 0");
-  for (std::size_t i = 0; i < batch; ++i) {
-    if (indptr[i + 1] < indptr[i]) return invalid_argument("src_step: indptr decreases at " + std::to_string(i + 1));
-  }
-  {
-    std::unordered_set<SeqId> seen;
-    for (SeqId id : ids) {
-      if (!seen.insert(id).second) {
-        return invalid_argument("src_step: sequence " + std::to_string(id) + " appears twice in one step");
-      }
-    }
-  }
+  CLM_RETURN_IF_ERROR(check_step_call(ids, indptr, decisions_out, "src_step"));
 
   // ---- snapshot of the states we extend -----------------------------------
   std::shared_ptr<const SrcHead> head;
@@ -114,6 +153,10 @@ Status SrcTracker::step(std::span<const SeqId> ids, ConstActivationView attn_out
     for (std::size_t i = 0; i < batch; ++i) {
       const auto it = states_.find(ids[i]);
       if (it == states_.end()) return not_found("src_step: sequence " + std::to_string(ids[i]) + " is not running");
+      if (it->second.sums_on == SumsOn::device) {
+        return failed_precondition("src_step: sequence " + std::to_string(ids[i]) +
+                                   " keeps its running sum on the device (step it with step_device)");
+      }
       sums[i] = it->second.sum;
       counts[i] = it->second.count;
       versions[i] = it->second.version;
@@ -183,20 +226,99 @@ Status SrcTracker::step(std::span<const SeqId> ids, ConstActivationView attn_out
     SequenceState& state = *states[i];
     state.sum = std::move(sums[i]);
     state.count = counts[i];
+    if (state.count > 0) state.sums_on = SumsOn::host;
     state.version = next_version_++;
-    SrcDecision d;
-    d.threshold = threshold_;
-    if (k < scored.size() && scored[k] == i) {
-      d.score = scores[k++];
-      d.scored = 1;
-      d.reuse = src_gate_decide(config_, threshold_, d.score, state.gate) ? 1 : 0;
-      ++metrics_.steps;
-      metrics_.reuse_decisions += d.reuse;
-    } else {
-      ++metrics_.unscored_steps;
+    const bool is_scored = k < scored.size() && scored[k] == i;
+    decisions_out[i] = decide_locked(state, is_scored, is_scored ? scores[k++] : 0.0f);
+  }
+  return Status::success();
+}
+
+Status SrcTracker::step_device(std::span<const SeqId> ids, ConstActivationView attn_out, const std::int32_t* token_ids,
+                               std::span<const std::int32_t> indptr, std::span<SrcDecision> decisions_out,
+                               void* stream) {
+  const std::size_t batch = ids.size();
+  CLM_RETURN_IF_ERROR(check_step_call(ids, indptr, decisions_out, "src_step_device"));
+  // One device step at a time: the device rows a step writes are its own
+  // until it commits or fails.
+  std::lock_guard device_lock(device_step_mutex_);
+
+  // ---- snapshot: the head, the device, each sequence's rows and count ---------
+  std::shared_ptr<const SrcHead> head;
+  std::shared_ptr<DeviceSrcSums> device;
+  std::vector<SrcSumRows> rows(batch);
+  std::vector<std::int64_t> counts(batch);
+  std::vector<std::uint64_t> versions(batch);
+  {
+    std::lock_guard lock(mutex_);
+    if (!device_sums_) {
+      return failed_precondition(
+          "src_step_device: no device for the SRC running sums (set_device_sums; a C host gets one with a pool in "
+          "device memory)");
     }
-    d.baseline = state.gate.baseline ? 1 : 0;
-    decisions_out[i] = d;
+    if (!head_) return failed_precondition("src_step_device: no SRC head is installed");
+    head = head_;
+    device = device_sums_;
+    for (std::size_t i = 0; i < batch; ++i) {
+      const auto it = states_.find(ids[i]);
+      if (it == states_.end()) {
+        return not_found("src_step_device: sequence " + std::to_string(ids[i]) + " is not running");
+      }
+      if (it->second.sums_on == SumsOn::host) {
+        return failed_precondition("src_step_device: sequence " + std::to_string(ids[i]) +
+                                   " keeps its running sum on the host (step it with step)");
+      }
+    }
+    for (std::size_t i = 0; i < batch; ++i) {
+      SequenceState& state = states_.find(ids[i])->second;
+      if (state.slot < 0) {  // a slot for life: kept even when this step fails
+        if (free_slots_.empty()) {
+          state.slot = next_slot_++;
+        } else {
+          state.slot = free_slots_.back();
+          free_slots_.pop_back();
+        }
+      }
+      const std::int32_t base = 2 * state.slot;
+      rows[i] = {state.count > 0 ? base + state.parity : -1, base + (1 - state.parity)};
+      counts[i] = state.count;
+      versions[i] = state.version;
+    }
+  }
+  if (attn_out.cols != head->hidden()) {
+    return invalid_argument("src_step_device: attn_out has " + std::to_string(attn_out.cols) +
+                            " columns, the SRC head " + std::to_string(head->hidden()));
+  }
+
+  // ---- the device: new sums into the write rows, scores of the means ----------
+  std::vector<std::int32_t> added(batch);
+  std::vector<float> scores(batch);
+  CLM_RETURN_IF_ERROR(
+      device->step(head, rows, counts, attn_out, token_ids, indptr, special_ids_, added, scores, stream));
+
+  // ---- commit all or nothing: flip each sequence to the row just written -------
+  std::lock_guard lock(mutex_);
+  if (head_ != head) return failed_precondition("src_step_device: the SRC head was replaced during the step");
+  std::vector<SequenceState*> states(batch);
+  for (std::size_t i = 0; i < batch; ++i) {
+    const auto it = states_.find(ids[i]);
+    if (it == states_.end()) {
+      return not_found("src_step_device: sequence " + std::to_string(ids[i]) + " ended during the step");
+    }
+    if (it->second.version != versions[i]) {
+      return failed_precondition("src_step_device: sequence " + std::to_string(ids[i]) + " was stepped concurrently");
+    }
+    states[i] = &it->second;
+  }
+  for (std::size_t i = 0; i < batch; ++i) {
+    SequenceState& state = *states[i];
+    state.count += added[i];
+    if (state.count > 0) {
+      state.sums_on = SumsOn::device;
+      state.parity = static_cast<std::uint8_t>(1 - state.parity);
+    }
+    state.version = next_version_++;
+    decisions_out[i] = decide_locked(state, state.count > 0, scores[i]);
   }
   return Status::success();
 }

@@ -60,6 +60,7 @@
 #include "clm/activations.hpp"
 #include "clm/snapshot_adapter.hpp"
 #include "clm/src_head.hpp"
+#include "clm/src_tracker.hpp"
 #include "clm/status.hpp"
 
 namespace clm::cuda {
@@ -104,6 +105,13 @@ class DeviceSrcHead {
   // failing call's first bad token / sequence. Resets the record.
   Status check(void* stream);
 
+  // The head on means already pooled (SrcHead::score_pooled on the device):
+  //   means:  device, [batch][hidden] f32
+  //   scores: device, [batch] f32, written only when every logit is finite
+  // A non-finite logit is recorded on the device and reported by the next
+  // check(), like score_async's data errors. batch == 0 does nothing.
+  Status score_pooled_async(const float* means, std::int32_t batch, float* scores, void* stream);
+
   // Synchronous: score_async into the head's own buffer, then the verdict and
   // the scores are read back together (one wait). scores_out: HOST, [batch];
   // left untouched on any error. Also reports unchecked errors of earlier
@@ -120,7 +128,52 @@ class DeviceSrcHead {
   struct Impl;
 
  private:
+  friend class CudaSrcSums;  // runs its running sums in the head's call order and scratch
   explicit DeviceSrcHead(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- the SRC running sums of SrcTracker::step_device --------------------------------
+// The device half of src_tracker.hpp's running mean for GPU hosts: each
+// running sequence's sum of attention-output rows stays in device memory (f64,
+// two rows per sequence: the committed one and the one the next step writes),
+// so a decode step moves only the batch's scores to the host, never attn_out.
+// The means equal the CPU tracker's bit for bit (same f64 sums in the same
+// order); the head's GEMM is cuBLAS f32 (no TF32), so scores agree with the CPU
+// head to rounding. An Engine uses it for SrcTracker::step_device; a C host
+// gets one for every engine whose pool is in device memory.
+//
+//   std::shared_ptr<clm::cuda::CudaSrcSums> sums;
+//   CLM_RETURN_IF_ERROR(clm::cuda::CudaSrcSums::create(/*device=*/0, sums));
+//   engine.set_device_src_sums(sums);
+//   CLM_RETURN_IF_ERROR(engine.src_step_device(ids, attn, d_token_ids, indptr, decisions, stream));
+//
+// The head's weights are uploaded at the first step that sees a head (and
+// again when the tracker's head is replaced). Not thread-safe: the tracker
+// serialises its device steps.
+class CudaSrcSums final : public DeviceSrcSums {
+ public:
+  // unsupported without a usable device `device`. Allocates nothing on it yet.
+  static Status create(int device, std::shared_ptr<CudaSrcSums>& out);
+  ~CudaSrcSums() override;
+  CudaSrcSums(const CudaSrcSums&) = delete;
+  CudaSrcSums& operator=(const CudaSrcSums&) = delete;
+
+  // DeviceSrcSums::step (src_tracker.hpp): attn_out and token_ids are device
+  // memory of this object's device, the other arrays host memory. Waits for
+  // `stream`. On any error nothing committed changes (only rows[i].write).
+  Status step(const std::shared_ptr<const SrcHead>& head, std::span<const SrcSumRows> rows,
+              std::span<const std::int64_t> counts, const ConstActivationView& attn_out, const std::int32_t* token_ids,
+              std::span<const std::int32_t> indptr, std::span<const std::int32_t> special_ids,
+              std::span<std::int32_t> added_out, std::span<float> scores_out, void* stream) override;
+
+  int device() const;
+  std::size_t device_bytes() const;  // the sums, the head's weights and scratch
+
+  struct Impl;
+
+ private:
+  explicit CudaSrcSums(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -435,6 +435,17 @@ class Engine {
                   std::span<SrcDecision> decisions_out) {
     return src_.step(ids, attn_out, token_ids, indptr, decisions_out);
   }
+  // The same step for a GPU host: attn_out and token_ids in device memory,
+  // queued on `stream` (a cudaStream_t), the running sums kept on the device
+  // (clm::cuda::CudaSrcSums; only the batch's scores come back). Waits for
+  // the device. failed_precondition until set_device_src_sums.
+  Status src_step_device(std::span<const SequenceId> ids, ConstActivationView attn_out, const std::int32_t* token_ids,
+                         std::span<const std::int32_t> indptr, std::span<SrcDecision> decisions_out, void* stream) {
+    return src_.step_device(ids, attn_out, token_ids, indptr, decisions_out, stream);
+  }
+  // The device sums of src_step_device (one per engine: the rows are its
+  // tracker's); nullptr removes them.
+  void set_device_src_sums(std::shared_ptr<DeviceSrcSums> sums) { src_.set_device_sums(std::move(sums)); }
   // Whether each lookup the last step asked for found a snapshot (feeds the breaker).
   Status report_snapshot_retrieval(std::span<const SequenceId> ids, std::span<const std::uint8_t> found) {
     return src_.report_retrieval(ids, found);

@@ -20,6 +20,16 @@
 // gate states: a failed step changes nothing. Steps of different sequences may
 // run concurrently; the heavy part (the head's GEMM) runs outside the lock.
 // Two steps of the same sequence at once are refused (failed_precondition).
+//
+// On a GPU host, attn_out is in device memory: step_device keeps the sums
+// there too (a DeviceSrcSums, e.g. clm::cuda::CudaSrcSums of cuda_clm.hpp),
+// so that a step copies only the batch's scores to the host:
+//
+//   tracker.set_device_sums(sums);                    // once
+//   CLM_RETURN_IF_ERROR(tracker.step_device(seqs, d_attn_out, d_token_ids, indptr, d, stream));
+//
+// A sequence's sum lives where its first scored step put it: on the host
+// (step) or on the device (step_device); the other call refuses it.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +62,34 @@ struct SrcDecision {
   std::uint8_t baseline = 0;  // the breaker has switched this sequence off
 };
 
+// The rows of a sequence's sum in a DeviceSrcSums: the committed one (read;
+// -1 before its first row) and the one a step writes. A step that is not
+// committed leaves the read row as it was.
+struct SrcSumRows {
+  std::int32_t read = -1;
+  std::int32_t write = 0;
+};
+
+// Running sums kept in device memory, for SrcTracker::step_device (the
+// interface lets the core library drive CUDA code it does not link).
+class DeviceSrcSums {
+ public:
+  virtual ~DeviceSrcSums() = default;
+  // For each sequence b of the batch (rows indptr[b] .. indptr[b+1]-1 of
+  // attn_out and token_ids, both DEVICE memory; the rest host memory):
+  //   sums[rows[b].write] = (rows[b].read < 0 ? 0 : sums[rows[b].read])
+  //                         + the f64 sum of its rows whose id is not special,
+  //   added_out[b] = how many rows that was, and, for every b with
+  //   counts[b] + added_out[b] > 0, scores_out[b] = head.score_pooled(the mean).
+  // Returns after the device is done. invalid_argument for bad shapes, host
+  // memory where device memory is expected, or a NaN/Inf in any row.
+  virtual Status step(const std::shared_ptr<const SrcHead>& head, std::span<const SrcSumRows> rows,
+                      std::span<const std::int64_t> counts, const ConstActivationView& attn_out,
+                      const std::int32_t* token_ids, std::span<const std::int32_t> indptr,
+                      std::span<const std::int32_t> special_ids, std::span<std::int32_t> added_out,
+                      std::span<float> scores_out, void* stream) = 0;
+};
+
 struct SrcMetrics {
   float threshold = 0.0f;               // the threshold in force
   std::uint64_t steps = 0;              // sequence-steps scored
@@ -77,6 +115,11 @@ class SrcTracker {
   void set_head(std::shared_ptr<const SrcHead> head);
   std::shared_ptr<const SrcHead> head() const;
 
+  // Installs (or, with nullptr, removes) the device sums of step_device.
+  // Replacing them forgets every sum kept on the device (those sequences
+  // start again from their next step).
+  void set_device_sums(std::shared_ptr<DeviceSrcSums> sums);
+
   // Starts / ends tracking a sequence. add of a tracked id is a no-op.
   void add(SeqId id);
   void remove(SeqId id);
@@ -89,6 +132,14 @@ class SrcTracker {
   // invalid_argument for bad shapes, duplicate ids, NaN/Inf rows.
   Status step(std::span<const SeqId> ids, ConstActivationView attn_out, std::span<const std::int32_t> token_ids,
               std::span<const std::int32_t> indptr, std::span<SrcDecision> decisions_out);
+
+  // step with attn_out and token_ids in device memory (token_ids: [attn_out.rows]
+  // on the device; indptr and the decisions on the host), on `stream` (a
+  // cudaStream_t; null: the default stream), through the device sums. Waits
+  // for the device. Also failed_precondition without device sums, or for a
+  // sequence whose sum is on the host. Device steps run one at a time.
+  Status step_device(std::span<const SeqId> ids, ConstActivationView attn_out, const std::int32_t* token_ids,
+                     std::span<const std::int32_t> indptr, std::span<SrcDecision> decisions_out, void* stream);
 
   // found[i] != 0: the lookup for ids[i] (after a step with reuse) found a
   // snapshot. Feeds the breaker. not_found for an untracked id; nothing
@@ -132,12 +183,23 @@ class SrcTracker {
     return Status::success();
   }
 
+  enum class SumsOn : std::uint8_t { none, host, device };
   struct SequenceState {
     std::vector<double> sum;  // [hidden] over non-special rows so far; empty until the first step
     std::int64_t count = 0;
     std::uint64_t version = 0;  // from next_version_, renewed by each commit: detects concurrent steps
     SrcGateState gate;
+    SumsOn sums_on = SumsOn::none;  // where the running sum lives (count > 0)
+    std::int32_t slot = -1;         // device: rows 2 * slot and 2 * slot + 1 of the device sums
+    std::uint8_t parity = 0;        // device: which of the two rows is committed
   };
+
+  // The shape checks both steps make before looking at any state.
+  static Status check_step_call(std::span<const SeqId> ids, std::span<const std::int32_t> indptr,
+                                std::span<SrcDecision> decisions_out, const char* what);
+  // Counts a scored (or unscored) sequence-step and passes the score through
+  // the gate; mutex_ held.
+  SrcDecision decide_locked(SequenceState& state, bool scored, float score);
 
   const SrcGateConfig config_;
   const float threshold_;
@@ -146,6 +208,10 @@ class SrcTracker {
   mutable std::mutex mutex_;
   std::shared_ptr<const SrcHead> head_;
   std::unordered_map<SeqId, SequenceState> states_;
+  std::shared_ptr<DeviceSrcSums> device_sums_;
+  std::vector<std::int32_t> free_slots_;  // device slots of removed sequences
+  std::int32_t next_slot_ = 0;
+  std::mutex device_step_mutex_;  // taken before mutex_: device steps one at a time
   // Tracker-wide, so an id removed and added again never matches a version a
   // step in flight saw before.
   std::uint64_t next_version_ = 1;

@@ -272,6 +272,15 @@ TEST_CASE("SRC C ABI: bad input gets a status and a message", "[capi][clm][bad]"
   clm_src_decision d;
   CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION,
                clm_engine_src_step(&d, engine.get(), seqs, 1, row.data(), CLM_DTYPE_F32, 1, kHidden, ids, indptr));
+  {
+    // The device step on a host pool: no device sums (or no CUDA at all), and
+    // the host rows are never read.
+    const clm_status device_step = clm_engine_src_step_device(&d, engine.get(), seqs, 1, row.data(), CLM_DTYPE_F32, 1,
+                                                              kHidden, ids, indptr, nullptr);
+    CHECK((device_step == CLM_ERR_FAILED_PRECONDITION || device_step == CLM_ERR_UNSUPPORTED));
+    const std::string message = clm_last_error();
+    CHECK((message.find("device") != std::string::npos || message.find("CUDA") != std::string::npos));
+  }
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
                clm_engine_set_src_head(nullptr, kHidden, h.w1.data(), h.b1.data(), h.w2.data(), 0.0f, CLM_GELU_TANH));
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,

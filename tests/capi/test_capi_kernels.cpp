@@ -835,5 +835,52 @@ TEST_CASE("kernels: a device pool runs the CUDA kernels: write_kv, prefill over 
   const clm_status refused =
       clm_engine_write_kv(e.get(), 0, sl.data(), sl.size(), k_host.data(), v_host.data(), k_host.size(), nullptr);
   CHECK((refused == CLM_ERR_INVALID_ARGUMENT || refused == CLM_ERR_UNSUPPORTED));
+
+  // The SRC running mean on the device (clm_engine_src_step_device) equals
+  // the host step of an engine with a host pool, step after step: a prefill
+  // of 5 rows (one special), then single decode rows.
+  constexpr int32_t kSrcHidden = 64;
+  std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+  std::vector<float> w1(kSrcHidden / 4 * kSrcHidden), b1(kSrcHidden / 4), w2(kSrcHidden / 4);
+  for (std::vector<float>* w : {&w1, &b1, &w2}) {
+    for (float& x : *w) x = u(rng);
+  }
+  EnginePtr host = make_engine(engine_options(CLM_KV_F32, CLM_MEMORY_HOST));
+  for (clm_engine* en : {e.get(), host.get()}) {
+    REQUIRE_OK(clm_engine_set_src_head(en, kSrcHidden, w1.data(), b1.data(), w2.data(), 0.1f, CLM_GELU_TANH));
+  }
+  SeqPtr on_device = admit(e.get(), tokens_from(9000, 8));
+  SeqPtr on_host = admit(host.get(), tokens_from(9000, 8));
+  clm_seq* device_seqs[] = {on_device.get()};
+  clm_seq* host_seqs[] = {on_host.get()};
+  DeviceFloats d_attn;
+  int32_t* d_ids = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d_ids), 8 * sizeof(int32_t)) == cudaSuccess);
+  clm_src_decision got{}, want{};
+  for (int step = 0; step < 4; ++step) {
+    const int32_t rows = step == 0 ? 5 : 1;
+    std::vector<float> attn(static_cast<size_t>(rows) * kSrcHidden);
+    for (float& x : attn) x = u(rng);
+    std::vector<int32_t> ids(static_cast<size_t>(rows), 11);
+    REQUIRE(cudaMemcpy(d_ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess);
+    const int32_t step_indptr[] = {0, rows};
+    REQUIRE_OK(clm_engine_src_step_device(&got, e.get(), device_seqs, 1, d_attn.upload(attn), CLM_DTYPE_F32,
+                                          static_cast<size_t>(rows), kSrcHidden, d_ids, step_indptr, nullptr));
+    REQUIRE_OK(clm_engine_src_step(&want, host.get(), host_seqs, 1, attn.data(), CLM_DTYPE_F32,
+                                   static_cast<size_t>(rows), kSrcHidden, ids.data(), step_indptr));
+    CHECK(got.scored == 1);
+    CHECK(std::abs(got.score - want.score) <= 2e-5f);
+    CHECK(got.reuse == want.reuse);
+  }
+  // host rows for the device step, and the device sequence on the host step: refused
+  std::vector<float> one_row(kSrcHidden, 0.1f);
+  const int32_t one_indptr[] = {0, 1};
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_src_step_device(&got, e.get(), device_seqs, 1, one_row.data(), CLM_DTYPE_F32, 1, kSrcHidden,
+                                          d_ids, one_indptr, nullptr));
+  const int32_t host_id[] = {11};
+  CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION, clm_engine_src_step(&got, e.get(), device_seqs, 1, one_row.data(),
+                                                                CLM_DTYPE_F32, 1, kSrcHidden, host_id, one_indptr));
+  cudaFree(d_ids);
 #endif
 }

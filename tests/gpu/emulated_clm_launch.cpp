@@ -20,6 +20,13 @@ int launch_masked_mean(int dtype, bool vec, Dims grid, const MaskedMeanArgs& arg
   });
 }
 
+int launch_running_sum(int dtype, Dims grid, const RunningSumArgs& args, void*) {
+  return with_running_sum_kernel(dtype, [&](RunningSumKernel kernel) {
+    clm_emu::launch(emu(grid), kMeanThreads, kernel, args);
+    return 0;
+  });
+}
+
 int launch_head_finish(bool gelu_erf, Dims grid, const HeadFinishArgs& args, void*) {
   return with_head_finish_kernel(gelu_erf ? 1 : 0, [&](HeadFinishKernel kernel) {
     clm_emu::launch(emu(grid), kHeadThreads, kernel, args);
