@@ -83,9 +83,14 @@ struct MaskedMeanArgs {
 
 // ---- running sums (SrcTracker::step_device, CudaSrcSums) ------------------------------
 // grid = (batch, col_tiles), kMeanThreads threads, one column per thread.
-// Sequence b: sums[write_rows[b]] = (read_rows[b] < 0 ? 0 : sums[read_rows[b]])
+// Sequence b: sums[rows[b].write] = (rows[b].read < 0 ? 0 : sums[rows[b].read])
 // + its non-special rows of x in f64; means[b] = that / (counts[b] + added),
 // as f32 (0 when nothing was ever summed); added[b] = rows summed.
+struct SumRows {  // clm::SrcSumRows (src_tracker.hpp), the same layout
+  std::int32_t read;
+  std::int32_t write;
+};
+
 struct RunningSumArgs {
   const unsigned char* x;  // attn_out [tokens][cols] in the view's dtype
   std::uint64_t row_bytes;
@@ -94,8 +99,7 @@ struct RunningSumArgs {
   const std::int32_t* token_ids;   // [tokens]
   const std::int32_t* special;     // sorted, distinct
   const std::int32_t* indptr;      // [batch + 1]
-  const std::int32_t* read_rows;   // [batch]
-  const std::int32_t* write_rows;  // [batch]
+  const SumRows* rows;             // [batch]
   const std::int64_t* counts;      // [batch]: rows summed before this step
   double* sums;                    // [rows][cols]
   float* means;                    // [batch][cols]

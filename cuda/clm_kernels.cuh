@@ -248,7 +248,8 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kMeanThreads) running_sum_kernel(const Running
   const bool active = c < a.cols;
   const int begin = a.indptr[b];
   const int end = a.indptr[b + 1];
-  const std::int32_t read_row = a.read_rows[b];
+  const SumRows rows = a.rows[b];
+  const std::int32_t read_row = rows.read;
   double acc = 0.0;
   if (active && read_row >= 0) acc = a.sums[static_cast<std::size_t>(read_row) * a.cols + c];
   int count = 0;
@@ -269,7 +270,7 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kMeanThreads) running_sum_kernel(const Running
     clm_atomic_or(&a.rec->error, kErrNonFinite);
   }
   if (active) {
-    a.sums[static_cast<std::size_t>(a.write_rows[b]) * a.cols + c] = acc;
+    a.sums[static_cast<std::size_t>(rows.write) * a.cols + c] = acc;
     const std::int64_t n = a.counts[b] + count;
     const double inv = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
     a.means[static_cast<std::size_t>(b) * a.cols + c] = static_cast<float>(acc * inv);

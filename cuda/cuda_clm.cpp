@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -157,12 +159,7 @@ class DeviceContext {
   DeviceContext& operator=(const DeviceContext&) = delete;
 
   Status init(int dev) {
-    int count = 0;
-    if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
-      cudaGetLastError();  // clear
-      return unsupported(fmt::format("no usable CUDA device: cudaGetDeviceCount: {}", cudaGetErrorString(err)));
-    }
-    if (dev < 0 || dev >= count) return unsupported(fmt::format("no CUDA device {} ({} present)", dev, count));
+    CLM_RETURN_IF_ERROR(detail::check_usable_device(dev));
     device = dev;
     DeviceGuard guard;
     CLM_RETURN_IF_ERROR(guard.enter(device));
@@ -288,15 +285,13 @@ struct DeviceSrcHead::Impl {
   DeviceBuffer meta;         // per call: record, counters, special ids, indptr / items, splits
   DeviceBuffer scratch;      // per call: means, Z, logits, partial sums and counts, own scores
   DeviceBuffer pooled;       // score_pooled_async: record, Z, logits
-  void* readback = nullptr;  // pinned: ClmRecord, then scores (score())
-  std::size_t readback_capacity = 0;
+  detail::PinnedReadback readback;  // ClmRecord, then scores (score())
   void* zero_record = nullptr;  // pinned, a zero ClmRecord (resets `sticky`)
 
   Impl() { ctx.owned = {&weights, &sticky, &meta, &scratch, &pooled}; }
   ~Impl() {
     // ctx's destructor waits for the last call first; the pinned buffers are
     // only used by calls that have completed when they return (check, score).
-    if (readback) cudaFreeHost(readback);
     if (zero_record) cudaFreeHost(zero_record);
   }
 
@@ -309,20 +304,6 @@ struct DeviceSrcHead::Impl {
   Status enqueue_finish(const float* means, std::size_t batch, float* z, float* logits, float* scores, ClmRecord* rec,
                         bool accumulate, void* stream);
   Status read_verdict(void* stream, std::span<float> scores_out);
-
-  // Grows the pinned readback buffer to `bytes` (at least 4 KiB), after the
-  // stream's earlier copies into the old one have completed.
-  Status reserve_readback(std::size_t bytes, void* stream) {
-    if (readback_capacity >= bytes) return {};
-    CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
-    if (readback) CLM_CUDA_TRY(cudaFreeHost(readback), "cudaFreeHost");
-    readback = nullptr;
-    readback_capacity = 0;
-    const std::size_t capacity = std::max<std::size_t>(bytes, 4096);
-    CLM_CUDA_TRY(cudaMallocHost(&readback, capacity), "cudaMallocHost (readback)");
-    readback_capacity = capacity;
-    return {};
-  }
 };
 
 namespace {
@@ -520,8 +501,8 @@ Status DeviceSrcHead::Impl::enqueue(const ConstActivationView& attn_out, const s
   if (!user_scores) {
     // score(): this call's record and scores come back with the sticky one.
     const std::size_t need = sizeof(ClmRecord) * 2 + batch * sizeof(float);
-    CLM_RETURN_IF_ERROR(reserve_readback(need, stream));
-    auto* rb = static_cast<unsigned char*>(readback);
+    CLM_RETURN_IF_ERROR(readback.reserve(need, as_stream(stream), "cudaMallocHost (readback)"));
+    auto* rb = readback.data();
     CLM_CUDA_TRY(
         cudaMemcpyAsync(rb + sizeof(ClmRecord), rec, sizeof(ClmRecord), cudaMemcpyDeviceToHost, as_stream(stream)),
         "cudaMemcpyAsync (record)");
@@ -585,9 +566,10 @@ Status verdict_status(const ClmRecord& r, const char* what) {
 Status DeviceSrcHead::Impl::read_verdict(void* stream, std::span<float> scores_out) {
   DeviceGuard guard;
   CLM_RETURN_IF_ERROR(ctx.enter(guard, stream));
-  CLM_RETURN_IF_ERROR(reserve_readback(sizeof(ClmRecord), stream));
-  CLM_CUDA_TRY(cudaMemcpyAsync(readback, sticky.pointer, sizeof(ClmRecord), cudaMemcpyDeviceToHost, as_stream(stream)),
-               "cudaMemcpyAsync (status)");
+  CLM_RETURN_IF_ERROR(readback.reserve(sizeof(ClmRecord), as_stream(stream), "cudaMallocHost (readback)"));
+  CLM_CUDA_TRY(
+      cudaMemcpyAsync(readback.data(), sticky.pointer, sizeof(ClmRecord), cudaMemcpyDeviceToHost, as_stream(stream)),
+      "cudaMemcpyAsync (status)");
   CLM_CUDA_TRY(
       cudaMemcpyAsync(sticky.pointer, zero_record, sizeof(ClmRecord), cudaMemcpyHostToDevice, as_stream(stream)),
       "cudaMemcpyAsync (status reset)");
@@ -595,14 +577,13 @@ Status DeviceSrcHead::Impl::read_verdict(void* stream, std::span<float> scores_o
   CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
   CLM_CUDA_TRY(cudaGetLastError(), "asynchronous error");
   ClmRecord sticky_record{};
-  std::memcpy(&sticky_record, readback, sizeof(ClmRecord));
+  std::memcpy(&sticky_record, readback.data(), sizeof(ClmRecord));
   if (sticky_record.error != 0) return verdict_status(sticky_record, "DeviceSrcHead::score_async (checked)");
   if (scores_out.empty()) return {};
   ClmRecord call{};
-  std::memcpy(&call, static_cast<unsigned char*>(readback) + sizeof(ClmRecord), sizeof(ClmRecord));
+  std::memcpy(&call, readback.data() + sizeof(ClmRecord), sizeof(ClmRecord));
   if (call.error != 0) return verdict_status(call, "DeviceSrcHead::score");
-  std::memcpy(scores_out.data(), static_cast<unsigned char*>(readback) + 2 * sizeof(ClmRecord),
-              scores_out.size() * sizeof(float));
+  std::memcpy(scores_out.data(), readback.data() + 2 * sizeof(ClmRecord), scores_out.size() * sizeof(float));
   return {};
 }
 
@@ -656,6 +637,10 @@ Status DeviceSrcHead::score_pooled_async(const float* means, std::int32_t batch,
 // ============================================================================
 // CudaSrcSums
 // ============================================================================
+// The rows go to the kernel as the tracker wrote them.
+static_assert(sizeof(SrcSumRows) == sizeof(detail::SumRows) &&
+              offsetof(SrcSumRows, read) == offsetof(detail::SumRows, read) &&
+              offsetof(SrcSumRows, write) == offsetof(detail::SumRows, write));
 struct CudaSrcSums::Impl {
   int device = 0;
   std::shared_ptr<const SrcHead> seen_head;  // the head `head` was made from
@@ -665,8 +650,7 @@ struct CudaSrcSums::Impl {
   double* sums = nullptr;        // [sums_rows][sums_hidden]
   DeviceBuffer meta;             // per step: record, special ids, indptr, rows, counts
   DeviceBuffer scratch;          // per step: means, Z, logits, scores, added
-  void* readback = nullptr;      // pinned: record, added, scores
-  std::size_t readback_capacity = 0;
+  detail::PinnedReadback readback;  // record, added, scores
 
   ~Impl() {
     DeviceGuard guard;
@@ -676,7 +660,6 @@ struct CudaSrcSums::Impl {
     if (sums) cudaFree(sums);
     if (meta.pointer) cudaFree(meta.pointer);
     if (scratch.pointer) cudaFree(scratch.pointer);
-    if (readback) cudaFreeHost(readback);
   }
 
   // The device head of `h` (made again when the tracker's head changes); the
@@ -724,18 +707,6 @@ struct CudaSrcSums::Impl {
     sums_rows = grown;
     return {};
   }
-
-  Status reserve_readback(std::size_t bytes, void* stream) {
-    if (readback_capacity >= bytes) return {};
-    CLM_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
-    if (readback) CLM_CUDA_TRY(cudaFreeHost(readback), "cudaFreeHost");
-    readback = nullptr;
-    readback_capacity = 0;
-    const std::size_t capacity = std::max<std::size_t>(bytes, 4096);
-    CLM_CUDA_TRY(cudaMallocHost(&readback, capacity), "cudaMallocHost (SRC readback)");
-    readback_capacity = capacity;
-    return {};
-  }
 };
 
 CudaSrcSums::CudaSrcSums(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -748,14 +719,7 @@ std::size_t CudaSrcSums::device_bytes() const {
 }
 
 Status CudaSrcSums::create(int device, std::shared_ptr<CudaSrcSums>& out) {
-  int count = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
-    cudaGetLastError();  // clear
-    return unsupported(fmt::format("no usable CUDA device: cudaGetDeviceCount: {}", cudaGetErrorString(err)));
-  }
-  if (device < 0 || device >= count) {
-    return unsupported(fmt::format("no CUDA device {} ({} present)", device, count));
-  }
+  CLM_RETURN_IF_ERROR(detail::check_usable_device(device));
   auto impl = std::make_unique<Impl>();
   impl->device = device;
   out.reset(new CudaSrcSums(std::move(impl)));
@@ -790,6 +754,10 @@ Status CudaSrcSums::step(const std::shared_ptr<const SrcHead>& head, std::span<c
     rows_needed =
         std::max<std::size_t>(rows_needed, static_cast<std::size_t>(std::max(rows[b].read, rows[b].write)) + 1);
   }
+  // Sorted and distinct, as the tracker keeps them: uploaded as they are.
+  if (std::adjacent_find(special_ids.begin(), special_ids.end(), std::greater_equal<>()) != special_ids.end()) {
+    return invalid_argument(fmt::format("{}: special_ids must be sorted and distinct", kWhat));
+  }
   if (batch == 0) return {};
   const auto tokens = static_cast<std::size_t>(attn_out.rows);
   DeviceGuard guard;
@@ -799,14 +767,6 @@ Status CudaSrcSums::step(const std::shared_ptr<const SrcHead>& head, std::span<c
     CLM_RETURN_IF_ERROR(
         check_device_buffer(token_ids, tokens * sizeof(std::int32_t), m.device, "src_step_device: token_ids"));
   }
-  std::vector<std::int32_t> special(special_ids.begin(), special_ids.end());
-  std::sort(special.begin(), special.end());
-  special.erase(std::unique(special.begin(), special.end()), special.end());
-  std::vector<std::int32_t> read_rows(batch), write_rows(batch);
-  for (std::size_t b = 0; b < batch; ++b) {
-    read_rows[b] = rows[b].read;
-    write_rows[b] = rows[b].write;
-  }
 
   CLM_RETURN_IF_ERROR(m.use_head(head, rows));
   DeviceSrcHead::Impl& hd = *m.head->impl_;
@@ -814,10 +774,9 @@ Status CudaSrcSums::step(const std::shared_ptr<const SrcHead>& head, std::span<c
   CLM_RETURN_IF_ERROR(hd.ctx.enter(guard, stream));
   std::vector<void*> at;
   CLM_RETURN_IF_ERROR(hd.ctx.upload({{&kFreshRecord, sizeof(ClmRecord)},
-                                     {special.data(), special.size() * sizeof(std::int32_t)},
+                                     {special_ids.data(), special_ids.size() * sizeof(std::int32_t)},
                                      {indptr.data(), indptr.size() * sizeof(std::int32_t)},
-                                     {read_rows.data(), batch * sizeof(std::int32_t)},
-                                     {write_rows.data(), batch * sizeof(std::int32_t)},
+                                     {rows.data(), batch * sizeof(SrcSumRows)},
                                      {counts.data(), batch * sizeof(std::int64_t)}},
                                     m.meta, stream, at));
   auto* rec = static_cast<ClmRecord*>(at[0]);
@@ -838,13 +797,12 @@ Status CudaSrcSums::step(const std::shared_ptr<const SrcHead>& head, std::span<c
   sum.x = static_cast<const unsigned char*>(attn_out.data);
   sum.row_bytes = layout.row_bytes;
   sum.cols = head->hidden();
-  sum.num_special = static_cast<std::int32_t>(special.size());
+  sum.num_special = static_cast<std::int32_t>(special_ids.size());
   sum.token_ids = token_ids;
   sum.special = static_cast<const std::int32_t*>(at[1]);
   sum.indptr = static_cast<const std::int32_t*>(at[2]);
-  sum.read_rows = static_cast<const std::int32_t*>(at[3]);
-  sum.write_rows = static_cast<const std::int32_t*>(at[4]);
-  sum.counts = static_cast<const std::int64_t*>(at[5]);
+  sum.rows = static_cast<const detail::SumRows*>(at[3]);
+  sum.counts = static_cast<const std::int64_t*>(at[4]);
   sum.sums = m.sums;
   sum.means = means;
   sum.added = added;
@@ -859,8 +817,9 @@ Status CudaSrcSums::step(const std::shared_ptr<const SrcHead>& head, std::span<c
   // ---- the record, the counts and the scores come back together ---------------------------
   const std::size_t rb_added = sizeof(ClmRecord);
   const std::size_t rb_scores = rb_added + round16(batch * sizeof(std::int32_t));
-  CLM_RETURN_IF_ERROR(m.reserve_readback(rb_scores + batch * sizeof(float), stream));
-  auto* rb = static_cast<unsigned char*>(m.readback);
+  CLM_RETURN_IF_ERROR(
+      m.readback.reserve(rb_scores + batch * sizeof(float), as_stream(stream), "cudaMallocHost (SRC readback)"));
+  auto* rb = m.readback.data();
   CLM_CUDA_TRY(cudaMemcpyAsync(rb, rec, sizeof(ClmRecord), cudaMemcpyDeviceToHost, as_stream(stream)),
                "cudaMemcpyAsync (record)");
   CLM_CUDA_TRY(

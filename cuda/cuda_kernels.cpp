@@ -201,14 +201,7 @@ std::size_t Workspace::device_bytes() const {
 }
 
 Status Workspace::create(int device, std::unique_ptr<Workspace>& out) {
-  int count = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
-    cudaGetLastError();  // clear
-    return unsupported(fmt::format("no usable CUDA device: cudaGetDeviceCount: {}", cudaGetErrorString(err)));
-  }
-  if (device < 0 || device >= count) {
-    return unsupported(fmt::format("no CUDA device {} ({} present)", device, count));
-  }
+  CLM_RETURN_IF_ERROR(detail::check_usable_device(device));
   DeviceGuard guard;
   CLM_RETURN_IF_ERROR(guard.enter(device));
   auto impl = std::make_unique<Impl>();

@@ -1,8 +1,10 @@
 // Internal to cuda/: the host-side helpers that cuda_kernels.cpp and
 // cuda_clm.cpp share over the CUDA runtime API: CUDA errors as clm::Status
-// (cuda_error, CLM_CUDA_TRY, launch_status), DeviceGuard (set and restore the
-// current device), growable device buffers (reserve) and a ring of pinned
-// staging buffers that uploads host ranges with one copy (StagingRing).
+// (cuda_error, CLM_CUDA_TRY, launch_status), the device check of create calls
+// (check_usable_device), DeviceGuard (set and restore the current device),
+// growable device buffers (reserve), a pinned buffer for copies back to the
+// host (PinnedReadback) and a ring of pinned staging buffers that uploads
+// host ranges with one copy (StagingRing).
 // Host-only C++, no kernels; not installed.
 #pragma once
 
@@ -62,6 +64,46 @@ inline Status launch_status(int result, const char* what) {
 inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
 inline std::size_t round16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// unsupported unless `device` is a CUDA device this process can use.
+inline Status check_usable_device(int device) {
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    cudaGetLastError();  // clear
+    return unsupported(fmt::format("no usable CUDA device: cudaGetDeviceCount: {}", cudaGetErrorString(err)));
+  }
+  if (device < 0 || device >= count) return unsupported(fmt::format("no CUDA device {} ({} present)", device, count));
+  return {};
+}
+
+// A pinned host buffer that device-to-host copies land in; it only grows, and
+// only after the stream's earlier copies into it have completed.
+class PinnedReadback {
+ public:
+  PinnedReadback() = default;
+  PinnedReadback(const PinnedReadback&) = delete;
+  PinnedReadback& operator=(const PinnedReadback&) = delete;
+  ~PinnedReadback() {
+    if (data_) cudaFreeHost(data_);
+  }
+  // At least `bytes` (and 4 KiB); `what` names the allocation in errors.
+  Status reserve(std::size_t bytes, cudaStream_t stream, const char* what) {
+    if (capacity_ >= bytes) return {};
+    CLM_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (data_) CLM_CUDA_TRY(cudaFreeHost(data_), "cudaFreeHost");
+    data_ = nullptr;
+    capacity_ = 0;
+    const std::size_t capacity = std::max<std::size_t>(bytes, 4096);
+    CLM_CUDA_TRY(cudaMallocHost(&data_, capacity), what);
+    capacity_ = capacity;
+    return {};
+  }
+  unsigned char* data() const { return static_cast<unsigned char*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
 
 // Makes `device` current for the calling thread for the scope of a call.
 class DeviceGuard {

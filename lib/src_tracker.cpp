@@ -259,6 +259,7 @@ Status SrcTracker::step_device(std::span<const SeqId> ids, ConstActivationView a
     if (!head_) return failed_precondition("src_step_device: no SRC head is installed");
     head = head_;
     device = device_sums_;
+    std::vector<SequenceState*> states(batch);
     for (std::size_t i = 0; i < batch; ++i) {
       const auto it = states_.find(ids[i]);
       if (it == states_.end()) {
@@ -268,9 +269,11 @@ Status SrcTracker::step_device(std::span<const SeqId> ids, ConstActivationView a
         return failed_precondition("src_step_device: sequence " + std::to_string(ids[i]) +
                                    " keeps its running sum on the host (step it with step)");
       }
+      states[i] = &it->second;
     }
+    // Every sequence checked: only now are slots handed out.
     for (std::size_t i = 0; i < batch; ++i) {
-      SequenceState& state = states_.find(ids[i])->second;
+      SequenceState& state = *states[i];
       if (state.slot < 0) {  // a slot for life: kept even when this step fails
         if (free_slots_.empty()) {
           state.slot = next_slot_++;

@@ -81,6 +81,7 @@ class DeviceSrcSums {
   //                         + the f64 sum of its rows whose id is not special,
   //   added_out[b] = how many rows that was, and, for every b with
   //   counts[b] + added_out[b] > 0, scores_out[b] = head.score_pooled(the mean).
+  // special_ids: sorted and distinct (as the tracker keeps them).
   // Returns after the device is done. invalid_argument for bad shapes, host
   // memory where device memory is expected, or a NaN/Inf in any row.
   virtual Status step(const std::shared_ptr<const SrcHead>& head, std::span<const SrcSumRows> rows,

@@ -369,6 +369,19 @@ TEST_CASE("CUDA SRC running mean: a sequence's sum lives on one side, and bad in
   const SeqId twice[] = {1, 1};
   REQUIRE_ERROR(tracker.step_device(twice, dview, dtok, in.indptr, d, stream.s), StatusCode::invalid_argument, "twice");
   CHECK(tracker.metrics().steps == 0);
+  // the device sums directly: special ids must come sorted and distinct, as the tracker keeps them
+  {
+    const clm::SrcSumRows rows[] = {{-1, 0}, {-1, 2}};
+    const std::int64_t counts[] = {0, 0};
+    std::int32_t added[2];
+    float scores[2];
+    const std::int32_t unsorted[] = {7, 3};
+    REQUIRE_ERROR(sums->step(tracker.head(), rows, counts, dview, dtok, in.indptr, unsorted, added, scores, stream.s),
+                  StatusCode::invalid_argument, "sorted and distinct");
+    const std::int32_t repeated[] = {3, 3};
+    REQUIRE_ERROR(sums->step(tracker.head(), rows, counts, dview, dtok, in.indptr, repeated, added, scores, stream.s),
+                  StatusCode::invalid_argument, "sorted and distinct");
+  }
 
   // a good step; then the host step refuses sequence 1, whose sum is on the device
   REQUIRE_OK(tracker.step_device(ids, dview, dtok, in.indptr, d, stream.s));
