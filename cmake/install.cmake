@@ -2,7 +2,14 @@
 # Included from the top-level CMakeLists.txt once the targets exist.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS clmcache clmcache_static clmcache_core
+# The sanitizer builds leave the static library out of `all` (capi/CMakeLists.txt):
+# their stage, used by the Go and Rust tests, holds the shared one only.
+set(clm_installed_targets clmcache clmcache_core)
+get_target_property(clm_static_excluded clmcache_static EXCLUDE_FROM_ALL)
+if(NOT clm_static_excluded)
+  list(APPEND clm_installed_targets clmcache_static)
+endif()
+install(TARGETS ${clm_installed_targets}
   EXPORT clmcacheTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
