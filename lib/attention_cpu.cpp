@@ -229,7 +229,9 @@ CpuIsa detect_isa() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
   if (avx2_kernels_built() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
-    return CpuIsa::avx2;  // (__builtin_cpu_supports also checks that the OS saves the YMM state)
+    // (__builtin_cpu_supports also checks that the OS saves the YMM and ZMM state)
+    if (avx512_kernels_built() && __builtin_cpu_supports("avx512f")) return CpuIsa::avx512;
+    return CpuIsa::avx2;
   }
 #endif
   return CpuIsa::scalar;
@@ -511,7 +513,9 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
     std::fill(c.acc, c.acc + hq * dim, 0.0f);
     std::fill(c.m, c.m + hq, kNegInf);
     std::fill(c.l, c.l + hq, 0.0f);
-    if (isa == CpuIsa::avx2) {
+    if (isa == CpuIsa::avx512) {
+      decode_chunk_avx512(kv, shape, c);
+    } else if (isa == CpuIsa::avx2) {
       decode_chunk_avx2(kv, shape, c);
     } else {
       decode_chunk_scalar(kv, shape, c);
@@ -569,7 +573,15 @@ Status decode(const KvLayer& kv, const AttnShape& shape, const float* q, const s
 // ---- detail API -------------------------------------------------------------------------
 
 const char* cpu_isa_name(CpuIsa isa) {
-  return isa == CpuIsa::avx2 ? "avx2" : "scalar";
+  switch (isa) {
+    case CpuIsa::avx512:
+      return "avx512";
+    case CpuIsa::avx2:
+      return "avx2";
+    case CpuIsa::scalar:
+      break;
+  }
+  return "scalar";
 }
 
 CpuIsa cpu_isa_best() {
@@ -781,7 +793,7 @@ Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& par
   std::int32_t tile = std::clamp(128 / shape.group, 1, 128);
   while (tile > 8 && static_cast<std::int64_t>(heads) * ((n_new + tile - 1) / tile) < 2 * threads) tile /= 2;
   const std::int32_t tiles = (n_new + tile - 1) / tile;
-  const bool avx2 = detail::simd_for(layer) == detail::CpuIsa::avx2;
+  const bool avx2 = detail::simd_for(layer) != detail::CpuIsa::scalar;  // (avx512 runs the AVX2 tile)
   auto run_tile = [&](std::int64_t t) {
     // Later tiles see more keys: hand them out first.
     const std::int32_t index = tiles - 1 - static_cast<std::int32_t>(t / heads);

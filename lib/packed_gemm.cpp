@@ -50,7 +50,7 @@ void gemm_nt(const float* a, std::int64_t m, const PackedWeight& b, float* c, st
   const std::int64_t k = b.k(), panel_bytes = k * PackedWeight::kPanel * static_cast<std::int64_t>(sizeof(float));
   if (m <= 0 || begin >= end) return;
   const detail::PackedMicroKernel kernel =
-      detail::cpu_isa() == detail::CpuIsa::avx2 ? &detail::packed_gemm_nt_avx2 : &detail::packed_gemm_nt_portable;
+      detail::cpu_isa() != detail::CpuIsa::scalar ? &detail::packed_gemm_nt_avx2 : &detail::packed_gemm_nt_portable;
   const std::int64_t group = std::max<std::int64_t>(1, (256 << 10) / panel_bytes);
   const std::int64_t first_panel = begin / PackedWeight::kPanel, last_panel = (end - 1) / PackedWeight::kPanel;
   for (std::int64_t g = first_panel; g <= last_panel; g += group) {

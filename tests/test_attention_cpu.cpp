@@ -1155,9 +1155,24 @@ TEST_CASE("kernel dispatch reports what it runs", "[attention]") {
   const auto best = clm::detail::cpu_isa_best();
   INFO("best ISA: " << clm::detail::cpu_isa_name(best));
   CHECK(clm::detail::cpu_isa() == best);
-  if (best == clm::detail::CpuIsa::scalar) {
-    CHECK(clm::detail::set_cpu_isa(clm::detail::CpuIsa::avx2).code() == StatusCode::unsupported);
+  // Every ISA up to the best one can be chosen, none above it.
+  for (auto isa : {clm::detail::CpuIsa::scalar, clm::detail::CpuIsa::avx2, clm::detail::CpuIsa::avx512}) {
+    INFO(clm::detail::cpu_isa_name(isa));
+    const bool supported = static_cast<int>(isa) <= static_cast<int>(best);
+    CHECK(clm::detail::set_cpu_isa(isa).code() == (supported ? StatusCode::ok : StatusCode::unsupported));
+    CHECK(clm::detail::cpu_isa() == (supported ? isa : clm::detail::CpuIsa::scalar));
+    REQUIRE(clm::detail::set_cpu_isa(clm::detail::CpuIsa::scalar).ok());
   }
+  REQUIRE(clm::detail::set_cpu_isa(best).ok());
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // The dispatch follows the CPU's features (the kernels are built on x86-64).
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    CHECK(best == clm::detail::CpuIsa::avx512);
+  } else if (!__builtin_cpu_supports("avx2")) {
+    CHECK(best == clm::detail::CpuIsa::scalar);
+  }
+#endif
   CHECK(clm::detail::cpu_kernel_threads(0) >= 1);
   CHECK(clm::detail::cpu_kernel_threads(1) == 1);
 }

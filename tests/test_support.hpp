@@ -38,11 +38,11 @@ inline constexpr bool kUnderAsan = CLM_TEST_UNDER_ASAN != 0;
 
 inline std::uint32_t fresh_seed() { return std::random_device{}(); }
 
-// The CPU kernel ISAs this machine runs (scalar, then AVX2 where present),
-// for tests that run every kernel on each (clm::detail::set_cpu_isa).
+// The CPU kernel ISAs this machine runs (scalar, then AVX2 and AVX-512 where
+// present), for tests that run every kernel on each (clm::detail::set_cpu_isa).
 inline std::vector<clm::detail::CpuIsa> cpu_isas() {
   std::vector<clm::detail::CpuIsa> out;
-  for (auto isa : {clm::detail::CpuIsa::scalar, clm::detail::CpuIsa::avx2}) {
+  for (auto isa : {clm::detail::CpuIsa::scalar, clm::detail::CpuIsa::avx2, clm::detail::CpuIsa::avx512}) {
     if (static_cast<int>(isa) <= static_cast<int>(clm::detail::cpu_isa_best())) out.push_back(isa);
   }
   return out;

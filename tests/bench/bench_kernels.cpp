@@ -13,6 +13,7 @@
 //                                     matmuls (per kv head: [512 x 128] x [128 x 2176] and
 //                                     [512 x 2176] x [2176 x 128]), the 8 heads split over the
 //                                     same number of threads, each running Eigen single-threaded
+//   kernels/decode_*_avx2             where the AVX-512 decode runs: the same cases on the AVX2 one
 // Every figure is the median of kRuns runs, kernel and baseline interleaved so
 // that drift of a shared machine hits both alike. This file is compiled with
 // -mavx2 -mfma (tests/bench/CMakeLists.txt), so Eigen's baseline uses the same
@@ -266,11 +267,20 @@ int main() {
   std::mt19937 rng(12345);
   {
     ReadBandwidth stream(std::size_t{1} << 30, threads);
+    // Where the AVX-512 decode runs, the AVX2 one is measured too (cases
+    // suffixed _avx2), against the same baseline.
+    std::vector<clm::detail::CpuIsa> isas{clm::detail::cpu_isa()};
+    if (isas[0] == clm::detail::CpuIsa::avx512) isas.push_back(clm::detail::CpuIsa::avx2);
     for (clm::KvDType dtype : {clm::KvDType::f32, clm::KvDType::bf16}) {
       // 8 x 8192 tokens x 8 heads x 128 x 2 (K, V) x 4 B = 512 MiB for f32, one layer.
       const Pool p = make_pool(8 * 8192 / kPageSize, dtype);
-      bench_decode(p, fmt::format("decode_{}_b8_8k", clm::kv_dtype_name(dtype)), 8, 8192, stream, rng);
-      if (dtype == clm::KvDType::f32) bench_decode(p, "decode_f32_b1_64k", 1, 65536, stream, rng);
+      for (clm::detail::CpuIsa isa : isas) {
+        check(clm::detail::set_cpu_isa(isa));
+        const std::string suffix = isa == isas[0] ? "" : fmt::format("_{}", clm::detail::cpu_isa_name(isa));
+        bench_decode(p, fmt::format("decode_{}_b8_8k{}", clm::kv_dtype_name(dtype), suffix), 8, 8192, stream, rng);
+        if (dtype == clm::KvDType::f32) bench_decode(p, "decode_f32_b1_64k" + suffix, 1, 65536, stream, rng);
+      }
+      check(clm::detail::set_cpu_isa(isas[0]));
     }
   }
   EigenGemm gemm(4 * 128, 2048 + 128, kHeadDim, kKvHeads, threads);

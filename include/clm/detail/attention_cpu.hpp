@@ -1,12 +1,14 @@
 // clm/detail/attention_cpu.hpp: the inside of the CPU attention kernels
-// (lib/attention_cpu.cpp, lib/attention_cpu_avx2.cpp): the per-ISA work units
+// (lib/attention_cpu.cpp, lib/attention_cpu_avx2.cpp, lib/attention_cpu_avx512.cpp):
+// the per-ISA work units
 // the drivers of clm/attention.hpp hand to threads, and switches for tests and
 // benchmarks. Not part of the API.
 //
 // Dispatch: the first kernel call picks the best ISA this machine has
-// (avx2 + fma + f16c, else scalar). The AVX2 code is
-// compiled with a per-function target (not -mavx2 for the library), so the
-// library runs on any x86-64 and on other architectures (scalar only).
+// (avx512f on top of avx2 + fma + f16c, else avx2 + fma + f16c, else scalar).
+// The SIMD code is compiled with a per-function target (not -mavx2 or
+// -mavx512f for the library), so the library runs on any x86-64 and on other
+// architectures (scalar only).
 #pragma once
 
 #include <cstddef>
@@ -17,7 +19,9 @@
 
 namespace clm::detail {
 
-enum class CpuIsa : std::uint8_t { scalar = 0, avx2 = 1 };
+// avx512: the AVX2 kernels, with decode in AVX-512F (prefill and the packed
+// GEMM stay AVX2's). Each ISA includes the ones below it.
+enum class CpuIsa : std::uint8_t { scalar = 0, avx2 = 1, avx512 = 2 };
 
 const char* cpu_isa_name(CpuIsa isa);
 CpuIsa cpu_isa_best();  // the best this machine supports
@@ -91,6 +95,11 @@ bool avx2_kernels_built();
 void decode_chunk_avx2(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk);
 void prefill_tile_avx2(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile);
 inline constexpr std::int32_t kAvx2HeadDimMultiple = 64;
+
+// AVX-512F decode (on top of the AVX2 set), for the same head_dim; false
+// where it is not compiled in.
+bool avx512_kernels_built();
+void decode_chunk_avx512(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk);
 
 // Per-thread scratch: `slot` names a buffer (0..7), 64-byte aligned, grown as
 // needed and kept for the thread's life. Throws std::bad_alloc.

@@ -1,0 +1,413 @@
+// AVX-512F decode attention (see clm/detail/attention_cpu.hpp).
+//
+// The AVX2 decode of attention_cpu_avx2.cpp at twice the width: the same
+// three phases per block of 64 tokens (scores in address order, online
+// softmax, acc += P V), with 16 dot products in flight in QK and 16
+// accumulators in P V instead of 8, which AVX-512's 32 registers hold. Decode
+// over bf16 and f16 KV is bound by the core, not by memory (docs/kernels.md):
+// a 64-byte load here carries 32 bf16 elements, unpacked by one shift and one
+// and (even elements | odd elements), so each cache line costs a third of
+// the instructions of the AVX2 path. Prefill stays on the AVX2 tile.
+//
+// Compiled per function for AVX-512F (+ the AVX2 set) through a target pragma,
+// not with -mavx512f for the file, and called only after
+// __builtin_cpu_supports("avx512f") (lib/attention_cpu.cpp).
+#include "clm/detail/attention_cpu.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CLM_AVX512_KERNELS 1
+#else
+#define CLM_AVX512_KERNELS 0
+#endif
+
+#if CLM_AVX512_KERNELS
+
+// GCC 12's AVX-512 intrinsics initialise their unused operands from themselves
+// (_mm512_undefined_ps), which -Wmaybe-uninitialized reports wherever they are
+// inlined (GCC bug 105593, fixed in 13): silenced for this file only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
+#endif
+
+namespace clm::detail {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kDecodeBlock = 64;     // tokens per block
+constexpr int kPrefetchTokens = 32;  // rows are prefetched this many tokens ahead
+constexpr int kLanes = 16;           // floats per vector; also dot products in flight
+
+template <KvDType DT>
+constexpr std::size_t kBytes = DT == KvDType::f32 ? 4 : 2;
+
+// 32 consecutive elements of a KV row as two f32 vectors, in the "block
+// layout" of DT: elements 0-15 and 16-31 for f32 / f16; for bf16 the even
+// elements and the odd ones (one 64-byte load, one shift, one and). q and acc
+// are kept in the same layout (to_block_layout / from_block_layout).
+template <KvDType DT>
+inline void load32(const char* p, __m512& lo, __m512& hi) {
+  if constexpr (DT == KvDType::bf16) {
+    const __m512i x = _mm512_loadu_si512(p);
+    lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  } else if constexpr (DT == KvDType::f16) {
+    lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+  } else {
+    lo = _mm512_loadu_ps(p);
+    hi = _mm512_loadu_ps(p + 64);
+  }
+}
+
+// In place, n a multiple of 32: natural order -> block layout of DT, and back.
+template <KvDType DT>
+inline void to_block_layout(float* x, std::size_t n) {
+  if constexpr (DT == KvDType::bf16) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (std::size_t i = 0; i < n; i += 32) {
+      const __m512 a = _mm512_loadu_ps(x + i);       // 0..15
+      const __m512 b = _mm512_loadu_ps(x + i + 16);  // 16..31
+      _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(a, even, b));
+      _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(a, odd, b));
+    }
+  } else {
+    (void)x;
+    (void)n;
+  }
+}
+template <KvDType DT>
+inline void from_block_layout(float* x, std::size_t n) {
+  if constexpr (DT == KvDType::bf16) {
+    // Element 2j is even[j] (index j), element 2j + 1 is odd[j] (index 16 + j).
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (std::size_t i = 0; i < n; i += 32) {
+      const __m512 even = _mm512_loadu_ps(x + i);
+      const __m512 odd = _mm512_loadu_ps(x + i + 16);
+      _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(even, first, odd));
+      _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(even, second, odd));
+    }
+  } else {
+    (void)x;
+    (void)n;
+  }
+}
+
+// exp(x) for x <= 88 (Cephes' polynomial, ~1 ulp; the AVX2 path's, 16 wide);
+// exactly 0 below -87, so masked -inf scores give 0. NaN stays NaN.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);  // x second: a NaN x passes through
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+  const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i pow2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(pow2));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), y);
+}
+
+// The 16 horizontal sums of a[0..15], as one vector (lane i = sum of a[i]):
+// a tree of in-lane then cross-lane shuffles, 45 instructions for 16 sums.
+inline __m512 hsum16(const __m512* a) {
+  // (1) pairs: per 128-bit lane [x0+x2, y0+y2, x1+x3, y1+y3].
+  __m512 b[8];
+  for (int k = 0; k < 8; ++k) {
+    b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+  }
+  // (2) quads: per 128-bit lane, position j holds that lane's sum of a[4k + j].
+  __m512 e[4];
+  for (int k = 0; k < 4; ++k) {
+    e[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // (3) across 128-bit lanes: [e0.L0+L1, e0.L2+L3, e1.L0+L1, e1.L2+L3], then the last step.
+  __m512 f[2];
+  for (int k = 0; k < 2; ++k) {
+    f[k] = _mm512_add_ps(_mm512_shuffle_f32x4(e[2 * k], e[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e[2 * k], e[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Scores of SG q heads (q: [SG][dim], scaled, block layout) against ntok K
+// rows (a multiple of 16 / SG): s[t][g].
+template <KvDType DT, int SG>
+inline void qk_group(const float* q, const char* const* krow, int ntok, int dim, float* s) {
+  constexpr int TT = kLanes / SG;  // tokens per pass: TT * SG = 16 dot products in flight
+  constexpr std::size_t E = kBytes<DT>;
+  for (int t = 0; t < ntok; t += TT) {
+    __m512 a[kLanes];
+    for (int i = 0; i < kLanes; ++i) a[i] = _mm512_setzero_ps();
+    for (int d = 0; d < dim; d += 32) {
+      for (int tt = 0; tt < TT; ++tt) {
+        __m512 k0, k1;
+        load32<DT>(krow[t + tt] + static_cast<std::size_t>(d) * E, k0, k1);
+        for (int g = 0; g < SG; ++g) {
+          const float* qg = q + static_cast<std::ptrdiff_t>(g) * dim + d;
+          a[tt * SG + g] = _mm512_fmadd_ps(_mm512_load_ps(qg), k0, a[tt * SG + g]);
+          a[tt * SG + g] = _mm512_fmadd_ps(_mm512_load_ps(qg + 16), k1, a[tt * SG + g]);
+        }
+      }
+    }
+    _mm512_storeu_ps(s + t * SG, hsum16(a));
+  }
+}
+
+// Online softmax over one block's scores s[t][g] (nt valid tokens): updates
+// m and l, turns s into p, returns the rescale factors of acc in alpha.
+template <int SG>
+void softmax_update(float* s, int nt, float* m, float* l, float* alpha) {
+  const int n = nt * SG;
+  const int nv = (n + kLanes - 1) / kLanes;
+  for (int i = n; i < nv * kLanes; ++i) s[i] = kNegInf;
+  __m512 mx = _mm512_set1_ps(kNegInf);
+  for (int v = 0; v < nv; ++v) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + kLanes * v));
+  alignas(64) float lane[kLanes];
+  _mm512_store_ps(lane, mx);
+  for (int g = 0; g < SG; ++g) {
+    float bm = kNegInf;
+    for (int i = g; i < kLanes; i += SG) bm = std::max(bm, lane[i]);
+    const float m_new = std::max(m[g], bm);
+    alpha[g] = std::exp(m[g] - m_new);
+    m[g] = m_new;
+  }
+  alignas(64) float pattern[kLanes];
+  for (int i = 0; i < kLanes; ++i) pattern[i] = m[i % SG];
+  const __m512 mv = _mm512_load_ps(pattern);
+  __m512 sum = _mm512_setzero_ps();
+  for (int v = 0; v < nv; ++v) {
+    const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + kLanes * v), mv));
+    _mm512_storeu_ps(s + kLanes * v, p);
+    sum = _mm512_add_ps(sum, p);
+  }
+  _mm512_store_ps(lane, sum);
+  for (int g = 0; g < SG; ++g) {
+    float ls = 0.0f;
+    for (int i = g; i < kLanes; i += SG) ls += lane[i];
+    l[g] = l[g] * alpha[g] + ls;
+  }
+}
+
+// acc[g] = alpha[g] acc[g] + sum_t p[t * stride + g] v[t] for NG q heads (1, 2
+// or 4), 64 columns per pass (4 vectors a head). Fewer heads than 4 split the
+// tokens over 4 / NG sets of accumulators, so 16 chains are always in flight.
+template <KvDType DT, int NG>
+void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int dim, float* acc, const float* alpha) {
+  constexpr std::size_t E = kBytes<DT>;
+  constexpr int TS = 4 / NG;  // token sets
+  for (int d0 = 0; d0 < dim; d0 += 64) {
+    __m512 o[TS][NG][4];
+    for (int g = 0; g < NG; ++g) {
+      const __m512 al = _mm512_set1_ps(alpha[g]);
+      for (int c = 0; c < 4; ++c) {
+        o[0][g][c] = _mm512_mul_ps(_mm512_load_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 16 * c), al);
+        for (int ts = 1; ts < TS; ++ts) o[ts][g][c] = _mm512_setzero_ps();
+      }
+    }
+    auto add_row = [&](int t, __m512(&os)[NG][4]) {
+      const char* vr = vrow[t] + static_cast<std::size_t>(d0) * E;
+      for (int c = 0; c < 2; ++c) {
+        __m512 v0, v1;
+        load32<DT>(vr + static_cast<std::size_t>(32 * c) * E, v0, v1);
+        for (int g = 0; g < NG; ++g) {
+          const __m512 pb = _mm512_set1_ps(p[t * stride + g]);
+          os[g][2 * c] = _mm512_fmadd_ps(pb, v0, os[g][2 * c]);
+          os[g][2 * c + 1] = _mm512_fmadd_ps(pb, v1, os[g][2 * c + 1]);
+        }
+      }
+    };
+    int t = 0;
+    for (; t + TS <= nt; t += TS) {
+      for (int ts = 0; ts < TS; ++ts) add_row(t + ts, o[ts]);
+    }
+    for (; t < nt; ++t) add_row(t, o[0]);
+    for (int ts = 1; ts < TS; ++ts) {
+      for (int g = 0; g < NG; ++g) {
+        for (int c = 0; c < 4; ++c) o[0][g][c] = _mm512_add_ps(o[0][g][c], o[ts][g][c]);
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      for (int c = 0; c < 4; ++c) _mm512_store_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 16 * c, o[0][g][c]);
+    }
+  }
+}
+
+template <KvDType DT, int SG>
+void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l) {
+  float alpha[SG];
+  softmax_update<SG>(s, nt, m, l, alpha);
+  if constexpr (SG == 8) {  // two passes of 4: 32 accumulators would leave no register for V
+    pv_rows<DT, 4>(s, 8, nt, vrow, dim, acc, alpha);
+    pv_rows<DT, 4>(s + 4, 8, nt, vrow, dim, acc + 4 * dim, alpha + 4);
+  } else {
+    pv_rows<DT, SG>(s, SG, nt, vrow, dim, acc, alpha);
+  }
+}
+
+// The q heads of a kv head in sub-groups of 8, 4, 2, 1 (a group of 6 is 4 + 2).
+inline int subgroup(int left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+
+template <KvDType DT>
+void decode_chunk(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
+  const int dim = kv.head_dim;
+  const std::size_t d = static_cast<std::size_t>(dim);
+  const int heads = kv.kv_heads;
+  const int group = shape.group;
+  const std::size_t hq_d = static_cast<std::size_t>(shape.num_q_heads) * d;
+  float* qs = scratch_floats(0, hq_d);
+  // Scores: the sub-group of SG q heads from hq0 owns [hq0 * 64, (hq0 + SG) * 64), as [t][g].
+  float* s = scratch_floats(1, static_cast<std::size_t>(shape.num_q_heads) * kDecodeBlock + kLanes);
+  const __m512 scale = _mm512_set1_ps(shape.scale);
+  for (std::size_t i = 0; i < hq_d; i += kLanes) {
+    _mm512_store_ps(qs + i, _mm512_mul_ps(_mm512_loadu_ps(chunk.q + i), scale));
+  }
+  to_block_layout<DT>(qs, hq_d);
+  to_block_layout<DT>(chunk.acc, hq_d);  // (zeros, or the state of an earlier call)
+
+  // Tokens per step of phase A: 16 / (the smallest sub-group), so that every
+  // sub-group keeps 16 dot products in flight. 64 is a multiple of every step.
+  int min_sg = 8;
+  for (int g0 = 0; g0 < group; g0 += subgroup(group - g0)) min_sg = subgroup(group - g0);
+  const int step = kLanes / min_sg;
+
+  const char* rows[kDecodeBlock + kPrefetchTokens];
+  const char* krow[kLanes];
+  const char* vrow[kDecodeBlock];
+  for (std::int64_t b = chunk.begin; b < chunk.end; b += kDecodeBlock) {
+    const int nt = static_cast<int>(std::min<std::int64_t>(kDecodeBlock, chunk.end - b));
+    const int padded = (nt + step - 1) / step * step;
+    // Rows of this block, then of the kPrefetchTokens after it (to prefetch).
+    const int known = static_cast<int>(std::min<std::int64_t>(kDecodeBlock + kPrefetchTokens, chunk.end - b));
+    for (int i = 0; i < known; ++i) rows[i] = kv.token_row(chunk.pages, b + i);
+
+    // (A) in address order: `step` token rows (every head) at a time; rows
+    // past the end of the block stand in as its last row, their scores dropped.
+    for (int t = 0; t < padded; t += step) {
+      const int pf_end = std::min(known, t + kPrefetchTokens + step);
+      for (int h = 0; h < heads; ++h) {
+        const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes;
+        for (int i = t + kPrefetchTokens; i < pf_end; ++i) {
+          const char* k = rows[i] + off;
+          for (std::size_t line = 0; line < kv.head_bytes; line += 64) {
+            _mm_prefetch(k + line, _MM_HINT_T2);
+            _mm_prefetch(k + kv.v_offset + line, _MM_HINT_T2);
+          }
+        }
+        for (int i = 0; i < step; ++i) krow[i] = rows[std::min(t + i, nt - 1)] + off;
+        for (int g0 = 0; g0 < group;) {
+          const int sg = subgroup(group - g0);
+          const std::size_t hq0 =
+              static_cast<std::size_t>(h) * static_cast<std::size_t>(group) + static_cast<std::size_t>(g0);
+          const float* q = qs + hq0 * d;
+          float* sc = s + hq0 * kDecodeBlock + static_cast<std::size_t>(t * sg);
+          switch (sg) {
+            case 8:
+              qk_group<DT, 8>(q, krow, step, dim, sc);
+              break;
+            case 4:
+              qk_group<DT, 4>(q, krow, step, dim, sc);
+              break;
+            case 2:
+              qk_group<DT, 2>(q, krow, step, dim, sc);
+              break;
+            default:
+              qk_group<DT, 1>(q, krow, step, dim, sc);
+              break;
+          }
+          g0 += sg;
+        }
+      }
+    }
+
+    // (B, C) per kv head and sub-group: softmax update, then P V.
+    for (int h = 0; h < heads; ++h) {
+      const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes + kv.v_offset;
+      for (int i = 0; i < nt; ++i) vrow[i] = rows[i] + off;
+      for (int g0 = 0; g0 < group;) {
+        const int sg = subgroup(group - g0);
+        const std::size_t hq0 =
+            static_cast<std::size_t>(h) * static_cast<std::size_t>(group) + static_cast<std::size_t>(g0);
+        float* sc = s + hq0 * kDecodeBlock;
+        float* acc = chunk.acc + hq0 * d;
+        switch (sg) {
+          case 8:
+            softmax_pv<DT, 8>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0);
+            break;
+          case 4:
+            softmax_pv<DT, 4>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0);
+            break;
+          case 2:
+            softmax_pv<DT, 2>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0);
+            break;
+          default:
+            softmax_pv<DT, 1>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0);
+            break;
+        }
+        g0 += sg;
+      }
+    }
+  }
+  from_block_layout<DT>(chunk.acc, hq_d);
+}
+
+}  // namespace
+
+void decode_chunk_avx512(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
+  switch (kv.dtype) {
+    case KvDType::f32:
+      decode_chunk<KvDType::f32>(kv, shape, chunk);
+      break;
+    case KvDType::f16:
+      decode_chunk<KvDType::f16>(kv, shape, chunk);
+      break;
+    case KvDType::bf16:
+      decode_chunk<KvDType::bf16>(kv, shape, chunk);
+      break;
+  }
+}
+
+}  // namespace clm::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace clm::detail {
+bool avx512_kernels_built() { return true; }
+}  // namespace clm::detail
+
+#else  // !CLM_AVX512_KERNELS
+
+#include <cstdlib>
+
+namespace clm::detail {
+bool avx512_kernels_built() { return false; }
+void decode_chunk_avx512(const KvLayer&, const AttnShape&, const DecodeChunk&) { std::abort(); }
+}  // namespace clm::detail
+
+#endif
