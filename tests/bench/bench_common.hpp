@@ -1,7 +1,7 @@
 // tests/bench/bench_common.hpp: what the benchmark programs of tests/bench share
 // (header-only, no CUDA; bench_cuda_common.hpp adds the GPU side): timing with
 // a steady clock, the median of a sample, interleaved part/baseline medians,
-// die/check for fatal errors, and
+// die/check for fatal errors, smoke_run (CLM_BENCH_SMOKE=1), and
 // print_figure, the one JSON line each figure is printed as:
 //
 //   {"bench":"kernels","case":"decode_f32_b8_8k","metric":"kv_read_GB_per_s","value":41.2345,"unit":"GB/s",
@@ -29,6 +29,13 @@
 namespace clm_bench {
 
 using Clock = std::chrono::steady_clock;
+
+// CLM_BENCH_SMOKE=1: a quick run of the program itself (ctest, the report's
+// smoke test): small shapes, one run each; its figures mean little.
+inline bool smoke_run() {
+  const char* smoke = std::getenv("CLM_BENCH_SMOKE");
+  return smoke && std::string_view(smoke) == "1";
+}
 
 inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

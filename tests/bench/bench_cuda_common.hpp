@@ -3,8 +3,8 @@
 //
 //   skip_without_device()  "<program>: SKIPPED (no usable CUDA device: ...)" on
 //                          stderr where there is none; the bench then exits 0
-//   smoke_run()            CLM_BENCH_SMOKE=1: the bench shrinks every shape,
-//                          and each timing runs once (a check of the program)
+// (with smoke_run() of bench_common.hpp, CLM_BENCH_SMOKE=1, a CUDA bench
+// shrinks every shape and times each call once: a check of the program)
 //   check(cudaError_t)     die on a failed CUDA runtime call
 //   device_alloc           cudaMalloc of n T (at least 16 bytes)
 //   time_ms, gbps          the median of event-timed runs on a stream; GB/s
@@ -42,11 +42,6 @@ inline bool skip_without_device() {
   if (clm::cuda_device_count(&reason) > 0) return false;
   fmt::print(stderr, "{}: SKIPPED (no usable CUDA device: {})\n", program_name(), reason);
   return true;
-}
-
-inline bool smoke_run() {
-  const char* smoke = std::getenv("CLM_BENCH_SMOKE");
-  return smoke && std::string_view(smoke) == "1";
 }
 
 // Device memory for `count` T (at least 16 bytes), freed with cudaFree.

@@ -6,6 +6,7 @@
 //                        Engine, for each count of PAUSEs the lock spins before it
 //                        sleeps (detail/spin_mutex.hpp); baseline: the default count
 // Each request: admit(prompt), extend(its 256 output tokens), finish.
+// CLM_BENCH_SMOKE=1: one run of each, one spin round of 2 passes.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -136,19 +137,21 @@ SpinRun run_spins(const clm::replay::Workload& w, int threads, int spins, int pa
 }  // namespace
 
 int main() {
+  const bool smoke = clm_bench::smoke_run();
+  const int runs = smoke ? 1 : kRuns;
   const clm::replay::Workload gsp = clm::replay::generate_gsp();
   const double requests = static_cast<double>(gsp.requests.size());
 
   // Interleaved, so that drift of the shared machine hits both sides alike.
   std::vector<double> cpp, capi, one, two;
-  for (int run = 0; run < kRuns; ++run) {
+  for (int run = 0; run < runs; ++run) {
     cpp.push_back(run_cpp(gsp));
     capi.push_back(run_capi(gsp));
   }
   print_figure(kBench, "capi_vs_cpp/gsp/page=16", "requests_per_s", requests / median(capi), "requests/s",
                "cpp_engine_requests_per_s", requests / median(cpp));
 
-  for (int run = 0; run < kRuns; ++run) {
+  for (int run = 0; run < runs; ++run) {
     one.push_back(run_threads(gsp, 1));
     two.push_back(run_threads(gsp, 2));
   }
@@ -158,20 +161,20 @@ int main() {
   // The lock's spin count: the rounds interleave every count, so that the
   // shared machine's drift hits each alike. 4 threads on 2 cores is where a
   // spinning waiter can take the core its lock's holder needs.
-  constexpr int kSpinRounds = 9, kPasses = 16;
+  const int spin_rounds = smoke ? 1 : 9, passes = smoke ? 2 : 16;
   const std::vector<int> spin_counts = {0, 64, clm::detail::kDefaultSpinsBeforeSleep, 4000, 16000};
   for (int threads : {2, 4}) {
     std::vector<std::vector<double>> wall(spin_counts.size()), cpu(spin_counts.size());
-    for (int round = 0; round < kSpinRounds; ++round) {
+    for (int round = 0; round < spin_rounds; ++round) {
       for (std::size_t k = 0; k < spin_counts.size(); ++k) {
-        const SpinRun r = run_spins(gsp, threads, spin_counts[k], kPasses);
+        const SpinRun r = run_spins(gsp, threads, spin_counts[k], passes);
         wall[k].push_back(r.wall_s);
         cpu[k].push_back(r.cpu_s);
       }
     }
     const auto base = static_cast<std::size_t>(
         std::find(spin_counts.begin(), spin_counts.end(), clm::detail::kDefaultSpinsBeforeSleep) - spin_counts.begin());
-    const double total = requests * kPasses;
+    const double total = requests * passes;
     for (std::size_t k = 0; k < spin_counts.size(); ++k) {
       const std::string name = fmt::format("spin/{}_threads/spins={}", threads, spin_counts[k]);
       print_figure(kBench, name, "requests_per_s", total / median(wall[k]), "requests/s",

@@ -14,7 +14,8 @@
 //                                     [512 x 2176] x [2176 x 128]), the 8 heads split over the
 //                                     same number of threads, each running Eigen single-threaded
 //   kernels/decode_*_avx2             where the AVX-512 decode runs: the same cases on the AVX2 one
-// Every figure is the median of kRuns runs, kernel and baseline interleaved so
+// CLM_BENCH_SMOKE=1: the same cases at small sizes, one run each.
+// Every figure is the median of 15 runs, kernel and baseline interleaved so
 // that drift of a shared machine hits both alike. This file is compiled with
 // -mavx2 -mfma (tests/bench/CMakeLists.txt), so Eigen's baseline uses the same
 // ISA as the kernels' AVX2 dispatch; the library itself is not.
@@ -53,7 +54,7 @@ using clm_bench::print_figure;
 using clm_bench::seconds_since;
 
 constexpr std::string_view kBench = "kernels";
-constexpr int kRuns = 15;
+int g_runs = 15;  // 1 in a smoke run
 int g_threads = 0;
 constexpr std::int32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
 
@@ -217,7 +218,7 @@ void bench_decode(const Pool& p, const std::string& name, int batch, std::int32_
                        static_cast<double>(clm::kv_dtype_bytes(p.view.dtype));
   check(clm::paged_decode_attention(p.view, params, q.data(), indptr, indices, last, out.data()));  // warm-up
   std::vector<double> kernel, base;
-  for (int run = 0; run < kRuns; ++run) {
+  for (int run = 0; run < g_runs; ++run) {
     const auto start = Clock::now();
     check(clm::paged_decode_attention(p.view, params, q.data(), indptr, indices, last, out.data()));
     kernel.push_back(seconds_since(start));
@@ -227,25 +228,26 @@ void bench_decode(const Pool& p, const std::string& name, int batch, std::int32_
                static_cast<double>(stream.bytes()) / median(base) / 1e9);
 }
 
-void bench_prefill(clm::KvDType dtype, const std::string& name, EigenGemm& gemm, std::mt19937& rng) {
-  constexpr std::int32_t kNew = 128, kPrefix = 2048, kLen = kPrefix + kNew;
-  Pool p = make_pool(kLen / kPageSize, dtype);
-  std::vector<std::int32_t> pages(static_cast<std::size_t>(kLen / kPageSize));
+void bench_prefill(clm::KvDType dtype, const std::string& name, std::int32_t new_tokens, std::int32_t prefix,
+                   EigenGemm& gemm, std::mt19937& rng) {
+  const std::int32_t len = prefix + new_tokens;
+  Pool p = make_pool(len / kPageSize, dtype);
+  std::vector<std::int32_t> pages(static_cast<std::size_t>(len / kPageSize));
   std::iota(pages.begin(), pages.end(), 0);
   std::shuffle(pages.begin(), pages.end(), rng);
-  const auto q = random_floats(static_cast<std::size_t>(kNew) * kQHeads * kHeadDim, rng);
+  const auto q = random_floats(static_cast<std::size_t>(new_tokens) * kQHeads * kHeadDim, rng);
   std::vector<float> out(q.size());
   clm::AttentionParams params;
   params.num_q_heads = kQHeads;
   params.num_threads = g_threads;
   double pairs = 0;  // visible (query, key) pairs
-  for (int i = 0; i < kNew; ++i) pairs += kPrefix + i + 1;
+  for (int i = 0; i < new_tokens; ++i) pairs += prefix + i + 1;
   const double flops = pairs * kQHeads * 4.0 * kHeadDim;
-  check(clm::paged_prefill_attention(p.view, params, q.data(), kNew, pages, kLen, out.data()));  // warm-up
+  check(clm::paged_prefill_attention(p.view, params, q.data(), new_tokens, pages, len, out.data()));  // warm-up
   std::vector<double> kernel, base;
-  for (int run = 0; run < kRuns; ++run) {
+  for (int run = 0; run < g_runs; ++run) {
     const auto start = Clock::now();
-    check(clm::paged_prefill_attention(p.view, params, q.data(), kNew, pages, kLen, out.data()));
+    check(clm::paged_prefill_attention(p.view, params, q.data(), new_tokens, pages, len, out.data()));
     kernel.push_back(seconds_since(start));
     base.push_back(gemm.seconds());
   }
@@ -265,27 +267,35 @@ int main() {
   std::fprintf(stderr, "bench_kernels: %d threads, kernels %s, load average %s\n", threads,
                clm::detail::cpu_isa_name(clm::detail::cpu_isa()), load_average().c_str());
   std::mt19937 rng(12345);
+  // CLM_BENCH_SMOKE=1: one run of each case at small sizes (a check of the program).
+  const bool smoke = clm_bench::smoke_run();
+  if (smoke) g_runs = 1;
+  const int batch = smoke ? 2 : 8;
+  const std::int32_t context = smoke ? 1024 : 8192, long_context = smoke ? 2048 : 65536;
   {
-    ReadBandwidth stream(std::size_t{1} << 30, threads);
+    ReadBandwidth stream(std::size_t{1} << (smoke ? 26 : 30), threads);
     // Where the AVX-512 decode runs, the AVX2 one is measured too (cases
     // suffixed _avx2), against the same baseline.
     std::vector<clm::detail::CpuIsa> isas{clm::detail::cpu_isa()};
     if (isas[0] == clm::detail::CpuIsa::avx512) isas.push_back(clm::detail::CpuIsa::avx2);
     for (clm::KvDType dtype : {clm::KvDType::f32, clm::KvDType::bf16}) {
       // 8 x 8192 tokens x 8 heads x 128 x 2 (K, V) x 4 B = 512 MiB for f32, one layer.
-      const Pool p = make_pool(8 * 8192 / kPageSize, dtype);
+      const Pool p = make_pool(batch * context / kPageSize, dtype);
       for (clm::detail::CpuIsa isa : isas) {
         check(clm::detail::set_cpu_isa(isa));
         const std::string suffix = isa == isas[0] ? "" : fmt::format("_{}", clm::detail::cpu_isa_name(isa));
-        bench_decode(p, fmt::format("decode_{}_b8_8k{}", clm::kv_dtype_name(dtype), suffix), 8, 8192, stream, rng);
-        if (dtype == clm::KvDType::f32) bench_decode(p, "decode_f32_b1_64k" + suffix, 1, 65536, stream, rng);
+        bench_decode(p, fmt::format("decode_{}_b8_8k{}", clm::kv_dtype_name(dtype), suffix), batch, context, stream,
+                     rng);
+        if (dtype == clm::KvDType::f32) bench_decode(p, "decode_f32_b1_64k" + suffix, 1, long_context, stream, rng);
       }
       check(clm::detail::set_cpu_isa(isas[0]));
     }
   }
-  EigenGemm gemm(4 * 128, 2048 + 128, kHeadDim, kKvHeads, threads);
+  const std::int32_t prefill_new = smoke ? 32 : 128, prefill_prefix = smoke ? 256 : 2048;
+  EigenGemm gemm(4 * prefill_new, prefill_prefix + prefill_new, kHeadDim, kKvHeads, threads);
   for (clm::KvDType dtype : {clm::KvDType::f32, clm::KvDType::bf16}) {
-    bench_prefill(dtype, fmt::format("prefill_{}_128_over_2048", clm::kv_dtype_name(dtype)), gemm, rng);
+    bench_prefill(dtype, fmt::format("prefill_{}_128_over_2048", clm::kv_dtype_name(dtype)), prefill_new,
+                  prefill_prefix, gemm, rng);
   }
   std::fprintf(stderr, "bench_kernels: load average at the end %s\n", load_average().c_str());
   return 0;

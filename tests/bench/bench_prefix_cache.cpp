@@ -12,6 +12,8 @@
 //   mooncake_hit_rate hit rate per policy and capacity on the Mooncake trace,
 //                     against LRU's in the same run (skipped without the trace).
 //
+// CLM_BENCH_SMOKE=1: one run of each, the trace's first 500 requests.
+//
 // The trace is looked for at --shared DIR, $CLM_SHARED_DIR, or a shared/
 // folder beside any ancestor of the executable or of the working directory.
 #include <cstdint>
@@ -89,8 +91,8 @@ double time_alloc_free(std::size_t batch, std::size_t rounds, Allocate&& allocat
 
 void bench_pool_alloc_free() {
   constexpr std::int32_t kPoolPages = 65536;
-  constexpr std::size_t kPagesPerRun = std::size_t{1} << 22;
-  constexpr int kRuns = 7;
+  const std::size_t pages_per_run = std::size_t{1} << (clm_bench::smoke_run() ? 18 : 22);
+  const int runs = clm_bench::smoke_run() ? 1 : 7;
   clm::PagedKvPoolConfig config;
   config.num_pages = kPoolPages;
   config.page_size = 16;
@@ -99,9 +101,9 @@ void bench_pool_alloc_free() {
   if (!clm::PagedKvPool::create(config, pool).ok()) std::abort();
   VectorFreeList free_list(kPoolPages);
   for (const std::size_t batch : {std::size_t{1}, std::size_t{16}, std::size_t{256}}) {
-    const std::size_t rounds = kPagesPerRun / batch;
+    const std::size_t rounds = pages_per_run / batch;
     std::vector<double> pool_ns, list_ns;
-    for (int run = 0; run < kRuns; ++run) {
+    for (int run = 0; run < runs; ++run) {
       pool_ns.push_back(time_alloc_free(
           batch, rounds, [&](std::span<std::int32_t> out) { return pool->allocate(out).ok(); },
           [&](std::span<const std::int32_t> in) {
@@ -125,7 +127,7 @@ void bench_gsp(double memcmp_gbps) {
       config.page_size = page_size;
       config.capacity_tokens = capacity;
       ReplayResult r;
-      if (const clm::Status s = clm::replay::run_replays(gsp, config, 5, r); !s.ok()) {
+      if (const clm::Status s = clm::replay::run_replays(gsp, config, clm_bench::smoke_run() ? 1 : 5, r); !s.ok()) {
         die(fmt::format("gsp replay failed: {}", s.message()));
       }
       const std::string name = fmt::format("gsp/page={}/capacity={}", page_size, capacity);
@@ -164,7 +166,12 @@ void bench_mooncake(const fs::path& trace_path) {
   if (const clm::Status s = clm::replay::read_mooncake_trace(trace_path.string(), trace); !s.ok()) {
     die(s.message());
   }
-  for (const std::int64_t capacity : {std::int64_t{100000}, std::int64_t{1000000}, std::int64_t{3000000}}) {
+  std::vector<std::int64_t> capacities{100000, 1000000, 3000000};
+  if (clm_bench::smoke_run()) {  // the trace's first 500 requests (as the report's smoke sweep)
+    if (trace.requests.size() > 500) trace.requests.resize(500);
+    capacities.pop_back();
+  }
+  for (const std::int64_t capacity : capacities) {
     double lru_hit_rate = 0;
     // belady: the offline optimum, the replay computing every page's next use (docs/eviction.md).
     for (const auto policy : {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru,
