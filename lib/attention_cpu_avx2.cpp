@@ -3,15 +3,18 @@
 // Every function below is compiled for that target through a target pragma
 // (the same as __attribute__((target("avx2,fma,f16c"))) on each), not with
 // -mavx2 for the file: nothing outside this region, and no inline function of
-// a header, is built for AVX2, so the library still runs on any x86-64; the
-// drivers in attention_cpu.cpp call in here only after __builtin_cpu_supports.
+// a header shared with other files, is built for AVX2 (attention_cpu_decode.hpp's
+// are this file's own copies, in an anonymous namespace), so the library still
+// runs on any x86-64; the drivers in attention_cpu.cpp call in here only after
+// __builtin_cpu_supports.
 //
 // decode: memory-bound. Per block of 64 tokens: the K rows are read in address
 //   order and scored against the q heads of their kv head (up to 8 dot
 //   products in flight, summed horizontally together), an online softmax
 //   updates the running max / sum, and each V row is read once into the
 //   group's accumulators. Rows are software-prefetched 32 tokens ahead. KV is
-//   converted to f32 in registers as it is loaded.
+//   converted to f32 in registers as it is loaded. The block walk is
+//   attention_cpu_decode.hpp's, shared with the AVX-512 decode.
 // prefill: compute-bound. A tile of queries x the q heads of one kv head (M
 //   rows) runs over 32-key blocks: K is packed transposed into f32 [D][32] and
 //   V into f32 [32][D], S = Q K^T and O = diag(alpha) O + P V use 6x16
@@ -41,12 +44,12 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
+#include "attention_cpu_decode.hpp"  // the decode's block walk, compiled for AVX2 here
+
 namespace clm::detail {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int kDecodeBlock = 64;   // tokens per decode block
-constexpr int kPrefetchTokens = 32;  // decode: rows are prefetched this many tokens ahead
 constexpr int kKeyBlock = 32;      // keys per prefill block
 constexpr int kRowTile = 6;        // rows per prefill micro-kernel
 
@@ -115,12 +118,9 @@ inline float hsum(__m256 v) {
 
 // ---- decode -------------------------------------------------------------------
 //
-// Per block of 64 tokens: (A) in address order, `step` tokens at a time (every
-// kv head of a token is one contiguous row), the scores of every q head; (B)
-// per kv head, the online-softmax update; (C) per kv head, acc += P V. Rows
-// are prefetched (into L2) kPrefetchTokens ahead, one head's part per head
-// step: with ~2 FMAs per byte the core by itself keeps too few misses in
-// flight. C reads the V rows head-major from L2.
+// The arithmetic of the block walk in attention_cpu_decode.hpp (which reads
+// the rows, prefetches and hands out the sub-groups): scores, online
+// softmax, acc += P V, 8 dot products or accumulators in flight.
 
 // 16 consecutive elements of a KV row as two f32 vectors, in the "block
 // layout" of DT: elements 0-7 and 8-15 for f32/f16; for bf16 the even
@@ -280,92 +280,32 @@ void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, 
   }
 }
 
-// The q heads of a kv head in sub-groups of 8, 4, 2, 1 (a group of 6 is 4 + 2).
-inline int subgroup(int left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
-
-template <KvDType DT>
-void decode_chunk(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
-  const int dim = kv.head_dim;
-  const std::size_t d = static_cast<std::size_t>(dim);
-  const int heads = kv.kv_heads;
-  const int group = shape.group;
-  const std::size_t hq_d = static_cast<std::size_t>(shape.num_q_heads) * d;
-  float* qs = scratch_floats(0, hq_d);
-  // Scores: the sub-group of SG q heads from hq0 owns [hq0 * 64, (hq0 + SG) * 64), as [t][g].
-  float* s = scratch_floats(1, static_cast<std::size_t>(shape.num_q_heads) * kDecodeBlock + 8);
-  const __m256 scale = _mm256_set1_ps(shape.scale);
-  for (std::size_t i = 0; i < hq_d; i += 8) _mm256_store_ps(qs + i, _mm256_mul_ps(_mm256_loadu_ps(chunk.q + i), scale));
-  to_block_layout<DT>(qs, hq_d);
-  to_block_layout<DT>(chunk.acc, hq_d);  // (zeros, or the state of an earlier call)
-
-  // Tokens per step of phase A: 8 / (the smallest sub-group), so that every
-  // sub-group keeps 8 dot products in flight.
-  int min_sg = 8;
-  for (int g0 = 0; g0 < group; g0 += subgroup(group - g0)) min_sg = subgroup(group - g0);
-  const int step = 8 / min_sg;
-
-  const char* rows[kDecodeBlock + kPrefetchTokens + 8];
-  const char* krow[8];
-  const char* vrow[kDecodeBlock];
-  for (std::int64_t b = chunk.begin; b < chunk.end; b += kDecodeBlock) {
-    const int nt = static_cast<int>(std::min<std::int64_t>(kDecodeBlock, chunk.end - b));
-    const int padded = (nt + step - 1) / step * step;
-    // Rows of this block, then of the kPrefetchTokens after it (to prefetch).
-    const int known = static_cast<int>(std::min<std::int64_t>(kDecodeBlock + kPrefetchTokens, chunk.end - b));
-    for (int i = 0; i < known; ++i) rows[i] = kv.token_row(chunk.pages, b + i);
-    const char* pad[8];  // rows that stand in past the end of the block; their scores are dropped
-    for (int i = 0; i < 8; ++i) pad[i] = rows[nt - 1];
-
-    // (A) in address order: `step` token rows (every head) at a time.
-    for (int t = 0; t < padded; t += step) {
-      const int pf_end = std::min(known, t + kPrefetchTokens + step);
-      for (int h = 0; h < heads; ++h) {
-        const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes;
-        for (int i = t + kPrefetchTokens; i < pf_end; ++i) {
-          const char* k = rows[i] + off;
-          for (std::size_t line = 0; line < kv.head_bytes; line += 64) {
-            _mm_prefetch(k + line, _MM_HINT_T2);
-            _mm_prefetch(k + kv.v_offset + line, _MM_HINT_T2);
-          }
-        }
-        for (int i = 0; i < step; ++i) krow[i] = (t + i < nt ? rows[t + i] : pad[i]) + off;
-        for (int g0 = 0; g0 < group;) {
-          const int sg = subgroup(group - g0);
-          const std::size_t hq0 = static_cast<std::size_t>(h) * static_cast<std::size_t>(group) + static_cast<std::size_t>(g0);
-          const float* q = qs + hq0 * d;
-          float* sc = s + hq0 * kDecodeBlock + static_cast<std::size_t>(t * sg);
-          switch (sg) {
-            case 8: qk_group<DT, 8>(q, krow, step, dim, sc); break;
-            case 4: qk_group<DT, 4>(q, krow, step, dim, sc); break;
-            case 2: qk_group<DT, 2>(q, krow, step, dim, sc); break;
-            default: qk_group<DT, 1>(q, krow, step, dim, sc); break;
-          }
-          g0 += sg;
-        }
-      }
-    }
-
-    // (B, C) per kv head and sub-group: softmax update, then P V.
-    for (int h = 0; h < heads; ++h) {
-      const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes + kv.v_offset;
-      for (int i = 0; i < nt; ++i) vrow[i] = rows[i] + off;
-      for (int g0 = 0; g0 < group;) {
-        const int sg = subgroup(group - g0);
-        const std::size_t hq0 = static_cast<std::size_t>(h) * static_cast<std::size_t>(group) + static_cast<std::size_t>(g0);
-        float* sc = s + hq0 * kDecodeBlock;
-        float* acc = chunk.acc + hq0 * d;
-        switch (sg) {
-          case 8: softmax_pv<DT, 8>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0); break;
-          case 4: softmax_pv<DT, 4>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0); break;
-          case 2: softmax_pv<DT, 2>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0); break;
-          default: softmax_pv<DT, 1>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0); break;
-        }
-        g0 += sg;
-      }
-    }
+// The kernels above, as attention_cpu_decode.hpp's block walk calls them.
+struct Avx2Decode {
+  static constexpr int kDots = 8;
+  template <KvDType DT>
+  static void load_q(float* qs, const float* q, std::size_t n, float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (std::size_t i = 0; i < n; i += 8) _mm256_store_ps(qs + i, _mm256_mul_ps(_mm256_loadu_ps(q + i), sv));
+    clm::detail::to_block_layout<DT>(qs, n);
   }
-  from_block_layout<DT>(chunk.acc, hq_d);
-}
+  template <KvDType DT>
+  static void to_block_layout(float* x, std::size_t n) {
+    clm::detail::to_block_layout<DT>(x, n);
+  }
+  template <KvDType DT>
+  static void from_block_layout(float* x, std::size_t n) {
+    clm::detail::from_block_layout<DT>(x, n);
+  }
+  template <KvDType DT, int SG>
+  static void qk_group(const float* q, const char* const* krow, int ntok, int dim, float* s) {
+    clm::detail::qk_group<DT, SG>(q, krow, ntok, dim, s);
+  }
+  template <KvDType DT, int SG>
+  static void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l) {
+    clm::detail::softmax_pv<DT, SG>(s, nt, vrow, dim, acc, m, l);
+  }
+};
 
 // ---- prefill ------------------------------------------------------------------
 
@@ -613,11 +553,7 @@ void prefill_tile(const KvLayer& kv, const AttnShape& shape, const PrefillTile& 
 }  // namespace
 
 void decode_chunk_avx2(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
-  switch (kv.dtype) {
-    case KvDType::f32: decode_chunk<KvDType::f32>(kv, shape, chunk); break;
-    case KvDType::f16: decode_chunk<KvDType::f16>(kv, shape, chunk); break;
-    case KvDType::bf16: decode_chunk<KvDType::bf16>(kv, shape, chunk); break;
-  }
+  decode_blocks_for<Avx2Decode>(kv, shape, chunk);
 }
 
 void prefill_tile_avx2(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {

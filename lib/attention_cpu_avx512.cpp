@@ -1,7 +1,7 @@
 // AVX-512F decode attention (see clm/detail/attention_cpu.hpp).
 //
 // The AVX2 decode of attention_cpu_avx2.cpp at twice the width: the same
-// three phases per block of 64 tokens (scores in address order, online
+// block walk (attention_cpu_decode.hpp: scores in address order, online
 // softmax, acc += P V), with 16 dot products in flight in QK and 16
 // accumulators in P V instead of 8, which AVX-512's 32 registers hold. Decode
 // over bf16 and f16 KV is bound by the core, not by memory (docs/kernels.md):
@@ -41,13 +41,13 @@
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #endif
 
+#include "attention_cpu_decode.hpp"  // the decode's block walk, compiled for AVX-512 here
+
 namespace clm::detail {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int kDecodeBlock = 64;     // tokens per block
-constexpr int kPrefetchTokens = 32;  // rows are prefetched this many tokens ahead
-constexpr int kLanes = 16;           // floats per vector; also dot products in flight
+constexpr int kLanes = 16;  // floats per vector; also dot products in flight
 
 template <KvDType DT>
 constexpr std::size_t kBytes = DT == KvDType::f32 ? 4 : 2;
@@ -71,18 +71,24 @@ inline void load32(const char* p, __m512& lo, __m512& hi) {
   }
 }
 
-// In place, n a multiple of 32: natural order -> block layout of DT, and back.
+// In place, every 32 floats of x[0, n): out[i] = (first 16 | next 16)[index[i]]
+// for the 32 indices of lo (outputs 0-15) and hi (outputs 16-31).
+inline void permute32(float* x, std::size_t n, __m512i lo, __m512i hi) {
+  for (std::size_t i = 0; i < n; i += 32) {
+    const __m512 a = _mm512_loadu_ps(x + i);
+    const __m512 b = _mm512_loadu_ps(x + i + 16);
+    _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(a, lo, b));
+    _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(a, hi, b));
+  }
+}
+
+// In place, n a multiple of 32: natural order -> block layout of DT, and back
+// (for bf16: even elements | odd elements; element 2j + 1 is at 16 + j).
 template <KvDType DT>
 inline void to_block_layout(float* x, std::size_t n) {
   if constexpr (DT == KvDType::bf16) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    for (std::size_t i = 0; i < n; i += 32) {
-      const __m512 a = _mm512_loadu_ps(x + i);       // 0..15
-      const __m512 b = _mm512_loadu_ps(x + i + 16);  // 16..31
-      _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(a, even, b));
-      _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(a, odd, b));
-    }
+    permute32(x, n, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+              _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
   } else {
     (void)x;
     (void)n;
@@ -91,15 +97,8 @@ inline void to_block_layout(float* x, std::size_t n) {
 template <KvDType DT>
 inline void from_block_layout(float* x, std::size_t n) {
   if constexpr (DT == KvDType::bf16) {
-    // Element 2j is even[j] (index j), element 2j + 1 is odd[j] (index 16 + j).
-    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    for (std::size_t i = 0; i < n; i += 32) {
-      const __m512 even = _mm512_loadu_ps(x + i);
-      const __m512 odd = _mm512_loadu_ps(x + i + 16);
-      _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(even, first, odd));
-      _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(even, second, odd));
-    }
+    permute32(x, n, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+              _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
   } else {
     (void)x;
     (void)n;
@@ -229,13 +228,14 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
     }
     auto add_row = [&](int t, __m512(&os)[NG][4]) {
       const char* vr = vrow[t] + static_cast<std::size_t>(d0) * E;
+      __m512 pb[NG];
+      for (int g = 0; g < NG; ++g) pb[g] = _mm512_set1_ps(p[t * stride + g]);
       for (int c = 0; c < 2; ++c) {
         __m512 v0, v1;
         load32<DT>(vr + static_cast<std::size_t>(32 * c) * E, v0, v1);
         for (int g = 0; g < NG; ++g) {
-          const __m512 pb = _mm512_set1_ps(p[t * stride + g]);
-          os[g][2 * c] = _mm512_fmadd_ps(pb, v0, os[g][2 * c]);
-          os[g][2 * c + 1] = _mm512_fmadd_ps(pb, v1, os[g][2 * c + 1]);
+          os[g][2 * c] = _mm512_fmadd_ps(pb[g], v0, os[g][2 * c]);
+          os[g][2 * c + 1] = _mm512_fmadd_ps(pb[g], v1, os[g][2 * c + 1]);
         }
       }
     };
@@ -267,126 +267,37 @@ void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, 
   }
 }
 
-// The q heads of a kv head in sub-groups of 8, 4, 2, 1 (a group of 6 is 4 + 2).
-inline int subgroup(int left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
-
-template <KvDType DT>
-void decode_chunk(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
-  const int dim = kv.head_dim;
-  const std::size_t d = static_cast<std::size_t>(dim);
-  const int heads = kv.kv_heads;
-  const int group = shape.group;
-  const std::size_t hq_d = static_cast<std::size_t>(shape.num_q_heads) * d;
-  float* qs = scratch_floats(0, hq_d);
-  // Scores: the sub-group of SG q heads from hq0 owns [hq0 * 64, (hq0 + SG) * 64), as [t][g].
-  float* s = scratch_floats(1, static_cast<std::size_t>(shape.num_q_heads) * kDecodeBlock + kLanes);
-  const __m512 scale = _mm512_set1_ps(shape.scale);
-  for (std::size_t i = 0; i < hq_d; i += kLanes) {
-    _mm512_store_ps(qs + i, _mm512_mul_ps(_mm512_loadu_ps(chunk.q + i), scale));
+// The kernels above, as attention_cpu_decode.hpp's block walk calls them.
+struct Avx512Decode {
+  static constexpr int kDots = kLanes;
+  template <KvDType DT>
+  static void load_q(float* qs, const float* q, std::size_t n, float scale) {
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (std::size_t i = 0; i < n; i += kLanes) _mm512_store_ps(qs + i, _mm512_mul_ps(_mm512_loadu_ps(q + i), sv));
+    clm::detail::to_block_layout<DT>(qs, n);
   }
-  to_block_layout<DT>(qs, hq_d);
-  to_block_layout<DT>(chunk.acc, hq_d);  // (zeros, or the state of an earlier call)
-
-  // Tokens per step of phase A: 16 / (the smallest sub-group), so that every
-  // sub-group keeps 16 dot products in flight. 64 is a multiple of every step.
-  int min_sg = 8;
-  for (int g0 = 0; g0 < group; g0 += subgroup(group - g0)) min_sg = subgroup(group - g0);
-  const int step = kLanes / min_sg;
-
-  const char* rows[kDecodeBlock + kPrefetchTokens];
-  const char* krow[kLanes];
-  const char* vrow[kDecodeBlock];
-  for (std::int64_t b = chunk.begin; b < chunk.end; b += kDecodeBlock) {
-    const int nt = static_cast<int>(std::min<std::int64_t>(kDecodeBlock, chunk.end - b));
-    const int padded = (nt + step - 1) / step * step;
-    // Rows of this block, then of the kPrefetchTokens after it (to prefetch).
-    const int known = static_cast<int>(std::min<std::int64_t>(kDecodeBlock + kPrefetchTokens, chunk.end - b));
-    for (int i = 0; i < known; ++i) rows[i] = kv.token_row(chunk.pages, b + i);
-
-    // (A) in address order: `step` token rows (every head) at a time; rows
-    // past the end of the block stand in as its last row, their scores dropped.
-    for (int t = 0; t < padded; t += step) {
-      const int pf_end = std::min(known, t + kPrefetchTokens + step);
-      for (int h = 0; h < heads; ++h) {
-        const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes;
-        for (int i = t + kPrefetchTokens; i < pf_end; ++i) {
-          const char* k = rows[i] + off;
-          for (std::size_t line = 0; line < kv.head_bytes; line += 64) {
-            _mm_prefetch(k + line, _MM_HINT_T2);
-            _mm_prefetch(k + kv.v_offset + line, _MM_HINT_T2);
-          }
-        }
-        for (int i = 0; i < step; ++i) krow[i] = rows[std::min(t + i, nt - 1)] + off;
-        for (int g0 = 0; g0 < group;) {
-          const int sg = subgroup(group - g0);
-          const std::size_t hq0 =
-              static_cast<std::size_t>(h) * static_cast<std::size_t>(group) + static_cast<std::size_t>(g0);
-          const float* q = qs + hq0 * d;
-          float* sc = s + hq0 * kDecodeBlock + static_cast<std::size_t>(t * sg);
-          switch (sg) {
-            case 8:
-              qk_group<DT, 8>(q, krow, step, dim, sc);
-              break;
-            case 4:
-              qk_group<DT, 4>(q, krow, step, dim, sc);
-              break;
-            case 2:
-              qk_group<DT, 2>(q, krow, step, dim, sc);
-              break;
-            default:
-              qk_group<DT, 1>(q, krow, step, dim, sc);
-              break;
-          }
-          g0 += sg;
-        }
-      }
-    }
-
-    // (B, C) per kv head and sub-group: softmax update, then P V.
-    for (int h = 0; h < heads; ++h) {
-      const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes + kv.v_offset;
-      for (int i = 0; i < nt; ++i) vrow[i] = rows[i] + off;
-      for (int g0 = 0; g0 < group;) {
-        const int sg = subgroup(group - g0);
-        const std::size_t hq0 =
-            static_cast<std::size_t>(h) * static_cast<std::size_t>(group) + static_cast<std::size_t>(g0);
-        float* sc = s + hq0 * kDecodeBlock;
-        float* acc = chunk.acc + hq0 * d;
-        switch (sg) {
-          case 8:
-            softmax_pv<DT, 8>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0);
-            break;
-          case 4:
-            softmax_pv<DT, 4>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0);
-            break;
-          case 2:
-            softmax_pv<DT, 2>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0);
-            break;
-          default:
-            softmax_pv<DT, 1>(sc, nt, vrow, dim, acc, chunk.m + hq0, chunk.l + hq0);
-            break;
-        }
-        g0 += sg;
-      }
-    }
+  template <KvDType DT>
+  static void to_block_layout(float* x, std::size_t n) {
+    clm::detail::to_block_layout<DT>(x, n);
   }
-  from_block_layout<DT>(chunk.acc, hq_d);
-}
+  template <KvDType DT>
+  static void from_block_layout(float* x, std::size_t n) {
+    clm::detail::from_block_layout<DT>(x, n);
+  }
+  template <KvDType DT, int SG>
+  static void qk_group(const float* q, const char* const* krow, int ntok, int dim, float* s) {
+    clm::detail::qk_group<DT, SG>(q, krow, ntok, dim, s);
+  }
+  template <KvDType DT, int SG>
+  static void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l) {
+    clm::detail::softmax_pv<DT, SG>(s, nt, vrow, dim, acc, m, l);
+  }
+};
 
 }  // namespace
 
 void decode_chunk_avx512(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
-  switch (kv.dtype) {
-    case KvDType::f32:
-      decode_chunk<KvDType::f32>(kv, shape, chunk);
-      break;
-    case KvDType::f16:
-      decode_chunk<KvDType::f16>(kv, shape, chunk);
-      break;
-    case KvDType::bf16:
-      decode_chunk<KvDType::bf16>(kv, shape, chunk);
-      break;
-  }
+  decode_blocks_for<Avx512Decode>(kv, shape, chunk);
 }
 
 }  // namespace clm::detail
