@@ -131,17 +131,18 @@ test: test-release test-asan test-tsan test-fuzz
 # Long runs, not part of `make test` (docs/reliability.md).
 soak: soak-crash soak-memory soak-threads soak-asan-cuda soak-fuzz
 
-# The CUDA benches over the emulator (their smoke runs) under ASan + UBSan,
-# with the emulated tests again, in a build folder of their own. make test's
-# ASan pass runs the emulated tests but builds no bench (CI's 45 minutes).
+# The CUDA benches over the emulator (their smoke runs) under ASan + UBSan, in
+# a build folder of their own that builds only them: make test's ASan pass
+# runs the emulated tests but builds no bench (CI's 45 minutes).
 ASAN_CUDA_BUILD ?= build-asan-cuda
+EMULATED_BENCHES := bench_cuda_kernels_emulated bench_cuda_clm_emulated
 soak-asan-cuda: deps
 	@[ -n "$(NVCC)" ] || { echo "soak-asan-cuda: needs the CUDA Toolkit (nvcc and its headers)"; exit 1; }
-	cmake -S . -B $(ASAN_CUDA_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_SANITIZE=ON -DCLM_CUDA=OFF \
+	cmake -S . -B $(ASAN_CUDA_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_SANITIZE=ON -DCLM_CUDA=OFF $(SANITIZER_COMPILERS) \
 	  $(CUDA_EMULATION_FLAGS) -DCLM_BUILD_BENCH=ON -DCLM_BENCH_EMULATED=ON $(CMAKE_FLAGS)
-	cmake --build $(ASAN_CUDA_BUILD) -j$(JOBS)
+	cmake --build $(ASAN_CUDA_BUILD) -j$(JOBS) --target $(EMULATED_BENCHES)
 	cd $(ASAN_CUDA_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -R "emulated|cuda_plan"
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -R "_emulated_smoke$$"
 
 # 1,000 SIGKILLs for each crash test (make test: 60).
 soak-crash: build
