@@ -20,6 +20,7 @@
 
 #include <unistd.h>  // getpid
 
+#include "temp_dir.hpp"
 #include "test_support.hpp"
 
 #ifndef CLM_TEST_DATA_DIR
@@ -30,6 +31,8 @@
 #endif
 
 namespace {
+
+using clm_test::TempDir;
 
 using clm::StatusCode;
 using clm::SuffixKey;
@@ -75,29 +78,6 @@ void check_consistent(const SuffixKey& k) {
   CHECK(!k.key.empty());
   for (char c : k.key) CHECK((c > 0x20 && c < 0x7F));
 }
-
-// A fresh folder under the system's temporary directory, removed at scope end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("clm_test_suffix_key_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  void write(const std::string& name, const std::string& content) const {
-    std::ofstream f(path / name, std::ios::binary);
-    f << content;
-    REQUIRE(f.good());
-  }
-};
 
 }  // namespace
 
@@ -465,7 +445,7 @@ TEST_CASE("suffix key: a lexicon directory replaces the built-in lexicons") {
             "重开\taction\tREOPEN\n");
   dir.write("ignored.txt", "this\tis\tnot read\tat all\n");
   SuffixKeyerConfig config;
-  config.lexicon_dir = dir.path.string();
+  config.lexicon_dir = dir.str();
   const auto keyer = make_keyer(config);
   CHECK(key_of(*keyer, "Reopen ticket 4711").key == "TICKET-4711-REOPEN");
   CHECK(key_of(*keyer, "re-open ticket 4711!").key == "TICKET-4711-REOPEN");
@@ -504,7 +484,7 @@ TEST_CASE("suffix key: malformed lexicon lines name their file and line") {
     TempDir dir;
     dir.write("broken.tsv", b.content);
     SuffixKeyerConfig config;
-    config.lexicon_dir = dir.path.string();
+    config.lexicon_dir = dir.str();
     std::unique_ptr<SuffixKeyer> keyer;
     const clm::Status s = SuffixKeyer::create(config, keyer);
     INFO(b.content << " => " << s.message());
@@ -517,7 +497,7 @@ TEST_CASE("suffix key: malformed lexicon lines name their file and line") {
     TempDir dir;  // no *.tsv at all
     dir.write("readme.txt", "nothing here");
     SuffixKeyerConfig config;
-    config.lexicon_dir = dir.path.string();
+    config.lexicon_dir = dir.str();
     std::unique_ptr<SuffixKeyer> keyer;
     CHECK(SuffixKeyer::create(config, keyer).code() == StatusCode::invalid_argument);
   }

@@ -26,28 +26,11 @@
 #include "clm/snapshot_projection.hpp"
 #include "clm/src_head.hpp"
 #include "clm/src_labels.hpp"
+#include "temp_dir.hpp"
 
 namespace {
 
-// A fresh directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir()
-      : path_(std::filesystem::temp_directory_path() /
-              ("clm_test_clm_fit_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()))) {
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using clm_test::TempDir;
 
 struct Run {
   int exit_code = -1;

@@ -25,9 +25,12 @@
 #include <fmt/format.h>
 
 #include "replay_driver.hpp"
+#include "temp_dir.hpp"
 #include "workload.hpp"
 
 namespace {
+
+using clm_test::TempDir;
 
 using clm::replay::ReplayConfig;
 using clm::replay::ReplayResult;
@@ -46,26 +49,6 @@ class TempFile {
   }
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
-// A directory in the temp directory, removed with everything in it when the test ends.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() / ("clm_test_replay_" + std::to_string(::getpid()) + "_" +
-                                                        std::to_string(std::random_device{}()) + "_" + name)) {
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
   std::string path() const { return path_.string(); }
 
  private:
@@ -688,7 +671,7 @@ TEST_CASE("tiers: the tiered path is deterministic across repeats", "[tiers]") {
 TEST_CASE("tiers: storage in a directory gives a second replay in a fresh engine its hits", "[tiers][storage]") {
   const Workload gsp = small_gsp();
   TempDir dir("storage");
-  const std::string url = "file://" + dir.path();
+  const std::string url = "file://" + dir.str();
   // Every cached K/V row is checked against its prefix inside the replay (an internal error otherwise).
   const ReplayResult first = tiered_replay(gsp, 16, 1024, 4096, clm::WritePolicy::write_through_selective, url);
   check_tier_accounting(first);
@@ -708,7 +691,7 @@ TEST_CASE("tiers: the binary replays with storage twice, the second process hits
   TempFile first("first.json");
   TempFile second("second.json");
   const std::string args = "--workload " + workload.path() + " --page-size 16 --capacity 1024 --l2-capacity 4096 " +
-                           "--storage 'file://" + dir.path() + "?capacity_mb=64' --json";  // quoted: '?' is a glob
+                           "--storage 'file://" + dir.str() + "?capacity_mb=64' --json";  // quoted: '?' is a glob
   REQUIRE(run_replay_binary(args, first.path()) == 0);
   REQUIRE(run_replay_binary(args, second.path()) == 0);
   const std::string a = first_line(first.path());
@@ -750,8 +733,8 @@ TEST_CASE("tiers: bad tier flags exit 2 with a message, never a crash", "[tiers]
   TempFile stderr_file("stderr.txt");
   const std::string base = "--workload " + gsp_jsonl_path() + " --page-size 16 --capacity 32768 ";
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"--storage file://" + dir.path(), "--l2-capacity"},
-      {"--l2-capacity 0 --storage file://" + dir.path(), "--l2-capacity"},
+      {"--storage file://" + dir.str(), "--l2-capacity"},
+      {"--l2-capacity 0 --storage file://" + dir.str(), "--l2-capacity"},
       {"--l2-capacity -16", "--l2-capacity"},
       {"--l2-capacity x", "--l2-capacity"},
       {"--l2-capacity 8", "less than one page"},
@@ -762,9 +745,9 @@ TEST_CASE("tiers: bad tier flags exit 2 with a message, never a crash", "[tiers]
       {"--l2-capacity 65536 --storage", "--storage"},
       {"--l2-capacity 65536 --storage gopher://example.com/x", "gopher"},
       {"--l2-capacity 65536 --storage redis://127.0.0.1:99999/0", "99999"},
-      {"--l2-capacity 65536 --storage 'file://" + dir.path() + "?capacity_mb=lots'", "capacity_mb"},
+      {"--l2-capacity 65536 --storage 'file://" + dir.str() + "?capacity_mb=lots'", "capacity_mb"},
       {"--l2-capacity 65536 --storage file:///proc/clm-replay-cannot-create-this", "clm-replay-cannot-create-this"},
-      {"--l2-capacity 65536 --storage file://" + dir.path() + " --repeat 2", "--repeat"},
+      {"--l2-capacity 65536 --storage file://" + dir.str() + " --repeat 2", "--repeat"},
   };
   for (const auto& [flags, message] : bad) {
     INFO(flags);

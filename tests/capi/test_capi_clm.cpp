@@ -23,8 +23,11 @@
 #include <catch2/catch.hpp>
 
 #include "capi_checks.hpp"
+#include "temp_dir.hpp"
 
 namespace {
+
+using clm_test::TempDir;
 
 constexpr int32_t kHidden = 8;
 constexpr int32_t kInner = kHidden / 4;
@@ -84,30 +87,6 @@ void append_bytes(std::vector<unsigned char>& out, const void* p, std::size_t n)
   const auto* b = static_cast<const unsigned char*>(p);
   out.insert(out.end(), b, b + n);
 }
-
-// A fresh folder in the system's temporary directory, removed with everything
-// in it when the guard goes: also when a REQUIRE fails midway (Catch throws),
-// so a test never leaves files behind, in the temporary directory or the
-// working one.
-class TempDir {
- public:
-  TempDir() {
-    std::string name = (std::filesystem::temp_directory_path() / "clm-capi-clm-XXXXXX").string();
-    REQUIRE(::mkdtemp(name.data()) != nullptr);
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // Writes the head as a safetensors file built byte by byte (F32 tensors, the
 // header's keys sorted as the format asks, `metadata` the inside of a

@@ -19,24 +19,13 @@
 #include <catch2/catch.hpp>
 
 #include "capi_checks.hpp"
+#include "temp_dir.hpp"
 
 namespace {
 
-constexpr int32_t kPage = 4;
+using clm_test::TempDir;
 
-// A temporary directory for the storage tier, removed at the end.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::random_device rd;
-    path = std::filesystem::temp_directory_path() / ("clm-capi-tiers-" + std::to_string(rd()) + std::to_string(rd()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+constexpr int32_t kPage = 4;
 
 clm_engine_options tier_options(int32_t pages, int32_t host_pages, const char* storage_url) {
   clm_engine_options o;
@@ -170,7 +159,7 @@ TEST_CASE("tiers through the C ABI: host tier load-back, exact bytes, metrics", 
 TEST_CASE("tiers through the C ABI: a storage directory shared by two engines", "[capi][tiers]") {
   std::mt19937 rng(std::random_device{}());
   TempDir dir;
-  const std::string url = "file://" + dir.path.string();
+  const std::string url = "file://" + dir.str();
   const std::vector<int32_t> p = random_prompt(rng, 57);
   {
     EnginePtr first = make(tier_options(64, 64, url.c_str()));

@@ -1,6 +1,6 @@
 // tests/store/store_test_support.hpp: what the snapshot store's tests share:
-// a temporary directory removed at scope exit, random unit vectors, a clock
-// the test moves by hand, and a host key.
+// random unit vectors, a clock the test moves by hand, and a host key (and
+// clm_test::TempDir, from tests/temp_dir.hpp).
 #pragma once
 
 #include <atomic>
@@ -14,28 +14,9 @@
 #include <fmt/format.h>
 
 #include "clm/store/snapshot_store.hpp"
+#include "temp_dir.hpp"
 
 namespace clm_test {
-
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() / fmt::format("clm-store-test-{:08x}{:08x}", rd(), rd());
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string str() const { return path_.string(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline std::vector<float> random_unit(std::mt19937& rng, int dim) {
   std::normal_distribution<float> n(0.0f, 1.0f);
