@@ -18,7 +18,6 @@
 #include <vector>
 
 #include <stdlib.h>
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
