@@ -18,7 +18,6 @@
 #include <thread>
 #include <vector>
 
-
 #include "temp_dir.hpp"
 #include "test_support.hpp"
 

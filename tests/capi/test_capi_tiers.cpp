@@ -6,7 +6,6 @@
 // and bad input.
 #include "clm.h"
 
-
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
