@@ -15,7 +15,8 @@
 // not predicted exactly (ties and node boundaries are the tree's business):
 // after each call that may evict, the driver reads which pages the tree gave up
 // and checks that the set is legal (whole subtrees, unlocked, enough tokens,
-// and in policy order).
+// and in policy order; the last leaf may give up only its tail, which splits
+// it: at most one such split a call).
 //
 // SLRU's protected segment is capped: when a match overflows it, the least
 // recently used protected nodes fall back to probation (with a fresh access
@@ -403,8 +404,27 @@ class Model {
     }
   }
 
-  // ghost_slru: the tree evicted the entries `gone` (whole leaves, in an order
-  // the heap chose); remembers the probationary leaves among them, then trims.
+  // The tree's last leaf of an eviction may give up only its tail: it splits
+  // the leaf there, so the entry before the first page given up now ends a
+  // node (the head stays, a node of its own). Returns how many such splits
+  // `gone` shows.
+  int mark_split_tails(const std::vector<std::int64_t>& gone) {
+    const std::set<std::int64_t> set(gone.begin(), gone.end());
+    int splits = 0;
+    for (std::int64_t id : gone) {
+      const std::int64_t parent = at(id).parent;
+      if (is_root(parent) || set.count(parent) != 0) continue;
+      if (!at(parent).ends_node) {
+        at(parent).ends_node = true;
+        ++splits;
+      }
+    }
+    return splits;
+  }
+
+  // ghost_slru: the tree evicted the entries `gone` (whole leaves, or a leaf's
+  // tail after mark_split_tails, in an order the heap chose); remembers the
+  // probationary leaves among them, then trims.
   void remember_evicted(const std::vector<std::int64_t>& gone) {
     if (!ghost() || ghost_cap_ <= 0) return;
     const std::set<std::int64_t> set(gone.begin(), gone.end());
@@ -831,10 +851,12 @@ class PropertyRun {
       PCHECK(freed == evictable_before, "asked to free {} > {} evictable tokens, freed only {}", requested,
              evictable_before, freed);
     }
-    // Whole leaves until enough: no more than one node (<= a sequence) past it.
-    const auto longest = static_cast<std::int64_t>(max_tokens());
+    // Leaves until enough, the last one only as far as needed: less than a
+    // page past it (the driver injects no allocation failures, which would
+    // make the tree evict a whole leaf instead of splitting it).
     PCHECK(requested > 0 || freed == 0, "nothing to free, but {} tokens evicted", freed);
-    PCHECK(requested >= evictable_before || freed - requested < longest, "asked {} freed {}", requested, freed);
+    PCHECK(requested >= evictable_before || freed - requested < ps_, "asked {} freed {}: a page or more past it",
+           requested, freed);
     if (gone.empty()) return;
     const std::set<std::int64_t> set(gone.begin(), gone.end());
     std::uint64_t max_gone = 0;  // the largest key evicted (a lower bound on it)
@@ -861,6 +883,7 @@ class PropertyRun {
     for (const auto& [id, e] : model_.entries()) {
       if (e.parent >= 0 && e.children.empty() && e.locks == 0 && set.count(id) == 0) leaves_before.push_back(id);
     }
+    PCHECK(model_.mark_split_tails(gone) <= 1, "one eviction split more than one leaf");
     model_.remember_evicted(gone);
     model_.remove(gone);
     auto check_stays = [&](std::int64_t id) {

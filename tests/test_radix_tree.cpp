@@ -190,7 +190,7 @@ TEST_CASE("LRU evicts the least recently used leaf first", "[tree][policy]") {
   f.cache(iota(5, 100));
   f.cache(iota(5, 200));
   f.hit(iota(6, 0));  // touch the oldest: now 100 is the LRU
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());  // one leaf's worth
   CHECK(f.hit(iota(6, 100)) == 0);
   CHECK(f.hit(iota(6, 0)) == 5);
   CHECK(f.hit(iota(6, 200)) == 5);
@@ -204,10 +204,10 @@ TEST_CASE("LFU evicts the least hit leaf, ties by recency", "[tree][policy]") {
   for (int i = 0; i < 3; ++i) f.hit(iota(6, 0));
   f.hit(iota(6, 200));
   // 100 was never hit; then 200 (one hit) goes before 0 (three hits).
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());
   CHECK(f.tree->cached_tokens() == 10);
   CHECK(f.hit(iota(6, 100)) == 0);
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());
   CHECK(f.hit(iota(6, 0)) == 5);
   CHECK(f.hit(iota(6, 200)) == 0);
 }
@@ -240,11 +240,88 @@ TEST_CASE("LFU: the hottest prefix stays the hottest past 2^32 hits", "[tree][po
   CHECK(Access::hits(*f.tree, hot.node) == max);
   REQUIRE(f.tree->check_invariants().ok());
   // The cold prefix goes first, not the hot one.
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());
   CHECK(f.tree->cached_tokens() == 5);
   CHECK(f.hit(iota(6, 100)) == 0);
   CHECK(f.hit(iota(6, 0)) == 5);
   CHECK(Access::hits(*f.tree, hot.node) == max);
+}
+
+TEST_CASE("evict takes only the pages it needs from the last leaf's tail, and its head still serves",
+          "[tree][policy]") {
+  for (const EvictionPolicy policy : {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::slru,
+                                      EvictionPolicy::priority, EvictionPolicy::ghost_slru, EvictionPolicy::belady}) {
+    INFO(clm::eviction_policy_name(policy));
+    Fixture f(4, 64, policy);
+    f.cache(iota(20, 0));  // one leaf of 5 pages
+    std::int64_t evicted = 0;
+    REQUIRE(f.tree->evict(5, &evicted).ok());
+    CHECK(evicted == 8);  // 5 tokens need 2 pages: the last two
+    CHECK(f.tree->cached_tokens() == 12);
+    CHECK(f.tree->metrics().evicted_tokens == 8);
+    CHECK(f.pool->used_pages() == 3);
+    CHECK(f.hit(iota(21, 0)) == 12);
+    REQUIRE(f.tree->check_invariants().ok());
+    // The head is a leaf like any other: it goes when more is needed.
+    REQUIRE(f.tree->evict(100, &evicted).ok());
+    CHECK(evicted == 12);
+    CHECK(f.tree->cached_tokens() == 0);
+    CHECK(f.pool->used_pages() == 0);
+  }
+}
+
+TEST_CASE("ghost_slru: a leaf's evicted tail is remembered below its head and comes back protected",
+          "[tree][policy][ghost]") {
+  Fixture f(4, 64, EvictionPolicy::ghost_slru);
+  f.cache(iota(20, 0));
+  REQUIRE(f.tree->evict(8).ok());  // the tail's two pages, from probation
+  CHECK(f.tree->ghost_tokens() == 8);
+  CHECK(f.hit(iota(21, 0)) == 12);
+  const InsertOutcome back = f.cache(iota(20, 0));  // the head matches, the tail comes back
+  CHECK(f.tree->in_protected_segment(back.node));
+  CHECK(f.tree->ghost_tokens() == 0);
+}
+
+TEST_CASE("evict takes the whole last leaf when splitting it fails, or with a host tier", "[tree][errors]") {
+  {
+    clm::detail::tree_block_allocation_fault = &clm_test::allocation_fails;
+    struct Unhook {
+      ~Unhook() { clm::detail::tree_block_allocation_fault = nullptr; }
+    } unhook;
+    for (long n = 0;; ++n) {  // the split's allocations fail in turn
+      INFO("allocation " << n << " fails");
+      Fixture f(4, 64);
+      f.cache(iota(20, 0));
+      std::int64_t evicted = 0;
+      bool fired = false;
+      {
+        clm_test::FailAllocation fail(n);
+        REQUIRE(f.tree->evict(4, &evicted).ok());
+        fired = fail.fired();
+      }
+      REQUIRE(f.tree->check_invariants().ok());
+      CHECK(evicted == (fired ? 20 : 4));
+      CHECK(f.tree->cached_tokens() == 20 - evicted);
+      CHECK(f.pool->used_pages() == (20 - evicted) / 4);
+      if (!fired) break;
+    }
+  }
+  clm::PagedKvPoolConfig config;
+  config.num_pages = 64;
+  config.page_size = 4;
+  config.memory = clm::MemoryKind::none;
+  std::unique_ptr<clm::PagedKvPool> device, host;
+  REQUIRE(clm::PagedKvPool::create(config, device).ok());
+  REQUIRE(clm::PagedKvPool::create(config, host).ok());
+  RadixTree tree(*device, EvictionPolicy::lru, std::numeric_limits<double>::quiet_NaN(), host.get());
+  Tokens pages(5);
+  REQUIRE(tree.allocate_pages(pages).ok());
+  InsertOutcome out;
+  REQUIRE(tree.insert(iota(20, 0), pages, {}, out).ok());
+  std::int64_t evicted = 0;
+  REQUIRE(tree.evict(4, &evicted).ok());
+  CHECK(evicted == 20);  // a host copy is a node's: whole leaves move down
+  REQUIRE(tree.check_invariants().ok());
 }
 
 TEST_CASE("SLRU keeps reused prefixes over a scan of one-off ones", "[tree][policy]") {
@@ -386,12 +463,12 @@ TEST_CASE("belady evicts the leaf whose next use is farthest", "[tree][policy][b
   set(200, 20);
   set(300, 40);
   f.cache(iota(5, 400));  // no next use given: never used again
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());
   CHECK(f.tree->cached_tokens() == 20);
   CHECK(f.hit(iota(6, 400)) == 0);
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());
   CHECK(f.hit(iota(6, 300)) == 0);  // next use 40: the farthest
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());
   CHECK(f.hit(iota(6, 100)) == 0);  // 30
   CHECK(f.tree->cached_tokens() == 10);
   // Only a belady tree takes next uses.
@@ -409,9 +486,9 @@ TEST_CASE("priority evicts the lowest priority first, ties by LRU", "[tree][poli
   f.cache(iota(5, 100), {}, 10);
   f.cache(iota(5, 200), {}, 10);
   f.hit(iota(6, 100));
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());
   CHECK(f.hit(iota(6, 200)) == 0);  // priority 10, older than 100
-  REQUIRE(f.tree->evict(1).ok());
+  REQUIRE(f.tree->evict(5).ok());
   CHECK(f.hit(iota(6, 100)) == 0);
   CHECK(f.hit(iota(6, 0)) == 5);
 }
@@ -423,8 +500,9 @@ TEST_CASE("allocate_pages evicts when short and fails cleanly when all is locked
   CHECK(f.pool->free_pages() == 0);
   REQUIRE(f.tree->lock(a.node).ok());
   Tokens three(3);
-  REQUIRE(f.tree->allocate_pages(three).ok());  // evicts b
-  CHECK(f.tree->cached_tokens() == 16);
+  REQUIRE(f.tree->allocate_pages(three).ok());  // evicts the three pages it needs from b's tail
+  CHECK(f.tree->cached_tokens() == 20);
+  CHECK(f.hit(iota(17, 100)) == 4);  // b's first page still serves its prefix
   REQUIRE(f.pool->release(three).ok());
   REQUIRE(f.tree->lock(f.cache(iota(16, 200)).node).ok());  // everything cached is locked now
   Tokens one(1, -7);

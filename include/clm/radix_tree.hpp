@@ -24,8 +24,10 @@
 //   releases them and writes its own page ids into `pages` in their place.
 // - lock/unlock count along the path to the root; a locked node is never
 //   evicted. evictable + protected == cached tokens at every moment.
-// - evict frees whole unlocked leaves in the policy's order, incrementally (an
-//   indexed heap kept up to date, no rebuild) and without recursion.
+// - evict frees unlocked leaves in the policy's order, incrementally (an
+//   indexed heap kept up to date, no rebuild) and without recursion; the last
+//   leaf it needs gives up only the pages still needed, from its tail (without
+//   a host tier), so that its head still serves the prefix.
 // - Each (cache salt, adapter id) pair is a namespace with its own root: no
 //   match ever crosses namespaces.
 // - Every call validates all of its input before it changes anything, and
@@ -359,11 +361,16 @@ class RadixTree {
   }
 
   // ---- eviction -------------------------------------------------------------
-  // Frees at least `tokens` tokens (fewer only when fewer are evictable).
+  // Frees at least `tokens` tokens (fewer only when fewer are evictable), whole
+  // leaves in the policy's order, except that the last leaf it takes gives up
+  // only the pages still needed, from its tail, when a page or more would stay.
   Status evict(std::int64_t tokens, std::int64_t* evicted = nullptr) {
     if (tokens < 0) return invalid_argument(fmt::format("evict: token count must be >= 0, got {}", tokens));
     std::int64_t freed = 0;
-    while (freed < tokens && !heap_.empty()) freed += evict_leaf(heap_.pop(heap_positions()));
+    while (freed < tokens && !heap_.empty()) {
+      const std::int32_t leaf = heap_.pop(heap_positions());
+      freed += evict_leaf(split_off_tail(leaf, tokens - freed));
+    }
     if (evicted) *evicted = freed;
     return {};
   }
@@ -1065,6 +1072,9 @@ class RadixTree {
     if (free_nodes_.size() < count && nodes_.size() + count > nodes_.capacity()) {
       nodes_.reserve(grow(nodes_.size() + count, nodes_.capacity()));
     }
+    // A slot for every node on the free list, so that eviction (free_node)
+    // never allocates.
+    if (free_nodes_.capacity() < nodes_.capacity()) free_nodes_.reserve(nodes_.capacity());
     edges_.reserve(count);
     if (heap_.size() + count > heap_.capacity()) heap_.reserve(grow(heap_.size() + count, heap_.capacity()));
     if (segmented_ && protected_heap_.size() + count > protected_heap_.capacity()) {
@@ -1195,6 +1205,28 @@ class RadixTree {
     node.parent = m;
     edges_.insert(edge_key_of(node), n);
     return m;
+  }
+
+  // Eviction needs `tokens` more from `leaf` (popped from the heap): when the
+  // leaf is longer by a page or more, its head becomes a node of its own that
+  // stays cached and the tail (`leaf`, now holding only the pages needed) goes.
+  // Why: a prefix is worth the run of cached pages from its start, so the head
+  // of a conversation still gives its next turn a hit; evicting the whole leaf
+  // would throw that away for room nobody asked for (docs/eviction.md). With a
+  // host tier whole leaves move down (a leaf's host copy is written whole). A
+  // split that cannot allocate changes nothing (split's strong guarantee), and
+  // the whole leaf goes instead: eviction never fails for memory.
+  std::int32_t split_off_tail(std::int32_t leaf, std::int64_t tokens) {
+    const std::int32_t len = nodes_[leaf].len;
+    // A page or more stays when the pages needed, rounded up, leave one: lengths
+    // are whole pages, so when tokens <= len - page_size (which cannot overflow).
+    if (host_pool_ || tokens > len - page_size_) return leaf;
+    const auto tail = static_cast<std::int32_t>((tokens + page_size_ - 1) / page_size_ * page_size_);
+    try {
+      (void)split(leaf, len - tail);
+    } catch (const std::bad_alloc&) {  // nothing changed: the whole leaf goes
+    }
+    return leaf;  // after the split: the tail
   }
 
   // `block`: the leaf's block when the caller took it ahead (else null).

@@ -14,9 +14,9 @@ The model: a pool of capacity/512 blocks; a request hits the longest run of
 cached blocks from its first (min(run * 512, input_length) tokens), then
 inserts its other blocks, evicting leaves (a block none of whose children is
 cached) other than its own. The replay (`examples/replay`) works on 16-token
-pages and evicts whole radix-tree leaves; on the whole trace its LRU agrees
-with this model's within 0.003 and its Belady is 0.01-0.02 below (whole
-leaves; docs/eviction.md).
+pages and radix-tree leaves (the last one split); on the whole trace its LRU
+agrees with this model's within 0.003 and its Belady is 0.01-0.02 below (it
+ranks a leaf by its first page's next use; docs/eviction.md).
 
 Policies, each a key per block (the smallest leaf goes first):
   lru             last use
