@@ -100,6 +100,10 @@ case $mode in
       fail "clmcache.pc's libdir is $libdir, not the stage's $stage/lib (prefix not relocated?)"
     echo "pkg-config: clmcache $("$pkg_config" --modversion clmcache): $("$pkg_config" --cflags --libs clmcache)"
     exe=$work/chatbot
+    # Static users define CLM_STATIC (clm.h's CLM_API), shared ones must not.
+    static_cflags=$("$pkg_config" --static --cflags clmcache)
+    [[ " $static_cflags " == *" -DCLM_STATIC "* ]] || fail "pkg-config --static --cflags lacks -DCLM_STATIC: $static_cflags"
+    [[ " $("$pkg_config" --cflags clmcache) " != *" -DCLM_STATIC "* ]] || fail "pkg-config --cflags (shared) defines CLM_STATIC"
     if [[ $mode == pkg-config ]]; then
       # shellcheck disable=SC2046 # word splitting of the flags is wanted
       "$cc" -std=c99 -Wall -Wextra -Wpedantic -Werror "$example/chatbot.c" \
@@ -113,7 +117,7 @@ case $mode in
       libs=${libs//-lclmcache/-l:libclmcache.a}
       # shellcheck disable=SC2046,SC2086 # word splitting of the flags is wanted
       "$cc" -std=c99 -Wall -Wextra -Wpedantic -Werror "$example/chatbot.c" \
-        $("$pkg_config" --cflags clmcache) $libs -o "$exe" || fail "linking statically with pkg-config --static flags"
+        $static_cflags $libs -o "$exe" || fail "linking statically with pkg-config --static flags"
       if readelf -d "$exe" | grep -q 'NEEDED.*libclmcache'; then fail "static build still needs libclmcache.so"; fi
       run_chatbot "$exe" env -u LD_LIBRARY_PATH
     fi
