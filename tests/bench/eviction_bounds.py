@@ -22,7 +22,11 @@ Policies, each a key per block (the smallest leaf goes first):
   lru             last use
   ghost_slru      the library's policy (include/clm/eviction_policy.hpp):
                   probation / protected (0.9 of the pool) with a ghost of 4
-                  pool capacities
+                  pool capacities; a remembered block comes back protected
+  ghost_slru_whole_leaf
+                  the same, admitting as the tree does: when the first new
+                  block of a request is remembered, all its new blocks (the
+                  new turn too) come back protected
   lrfu            LRFU (combined recency and frequency, half-life 240 s),
                   history kept while cached and in a ghost of 4 capacities
   class_density   hit density by class and age (LHD-like, eviction by 64
@@ -202,6 +206,25 @@ class GhostSlru(Policy):
                 pool.push(b)
 
 
+class GhostSlruWholeLeaf(GhostSlru):
+    """The tree's admission: the new leaf's first page decides for the whole leaf."""
+
+    def __init__(self, capacity_tokens):
+        super().__init__(capacity_tokens)
+        self.request, self.decided, self.promote = None, False, False
+
+    def key(self, i, now, j, b, hit):
+        if self.request != i:
+            self.request, self.decided, self.promote = i, False, False
+        if not hit and not self.decided:
+            self.decided, self.promote = True, b in self.ghost
+        if self.promote and not hit:
+            self.ghost.add(b)  # so that GhostSlru protects it (and forgets it)
+        elif not hit and b in self.ghost and not self.promote:
+            self.ghost.discard(b)  # not the first page: the tree's key does not match it
+        return super().key(i, now, j, b, hit)
+
+
 class Lrfu(Policy):
     """key = log2(sum over uses of 2^(t_use / half_life)): the order of
     CRF(t) = sum 2^(-(t - t_use) / half_life) at any time t, as a static key."""
@@ -321,6 +344,7 @@ def main():
     policies = {
         "lru": lambda cap: Lru(),
         "ghost_slru": lambda cap: GhostSlru(cap),
+        "ghost_slru_whole_leaf": lambda cap: GhostSlruWholeLeaf(cap),
         "lrfu": lambda cap: Lrfu(cap),
         "class_density": lambda cap: ClassDensity(reqs, turn, nxt),
         "oracle_whether": lambda cap: OracleWhether(nu),
