@@ -44,8 +44,6 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
-#include "attention_cpu_decode.hpp"  // the decode's block walk, compiled for AVX2 here
-
 namespace clm::detail {
 namespace {
 
@@ -280,32 +278,14 @@ void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, 
   }
 }
 
-// The kernels above, as attention_cpu_decode.hpp's block walk calls them.
-struct Avx2Decode {
-  static constexpr int kDots = 8;
-  template <KvDType DT>
-  static void load_q(float* qs, const float* q, std::size_t n, float scale) {
-    const __m256 sv = _mm256_set1_ps(scale);
-    for (std::size_t i = 0; i < n; i += 8) _mm256_store_ps(qs + i, _mm256_mul_ps(_mm256_loadu_ps(q + i), sv));
-    clm::detail::to_block_layout<DT>(qs, n);
-  }
-  template <KvDType DT>
-  static void to_block_layout(float* x, std::size_t n) {
-    clm::detail::to_block_layout<DT>(x, n);
-  }
-  template <KvDType DT>
-  static void from_block_layout(float* x, std::size_t n) {
-    clm::detail::from_block_layout<DT>(x, n);
-  }
-  template <KvDType DT, int SG>
-  static void qk_group(const float* q, const char* const* krow, int ntok, int dim, float* s) {
-    clm::detail::qk_group<DT, SG>(q, krow, ntok, dim, s);
-  }
-  template <KvDType DT, int SG>
-  static void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l) {
-    clm::detail::softmax_pv<DT, SG>(s, nt, vrow, dim, acc, m, l);
-  }
-};
+// What attention_cpu_decode.hpp's block walk calls besides the kernels above.
+constexpr int kDecodeDots = 8;
+template <KvDType DT>
+void load_q(float* qs, const float* q, std::size_t n, float scale) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (std::size_t i = 0; i < n; i += 8) _mm256_store_ps(qs + i, _mm256_mul_ps(_mm256_loadu_ps(q + i), sv));
+  to_block_layout<DT>(qs, n);
+}
 
 // ---- prefill ------------------------------------------------------------------
 
@@ -551,9 +531,13 @@ void prefill_tile(const KvLayer& kv, const AttnShape& shape, const PrefillTile& 
 }
 
 }  // namespace
+}  // namespace clm::detail
 
+#include "attention_cpu_decode.hpp"  // the decode's block walk over the kernels above, compiled for AVX2 here
+
+namespace clm::detail {
 void decode_chunk_avx2(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
-  decode_blocks_for<Avx2Decode>(kv, shape, chunk);
+  decode_blocks_for(kv, shape, chunk);
 }
 
 void prefill_tile_avx2(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {

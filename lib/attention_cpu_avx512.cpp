@@ -41,8 +41,6 @@
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #endif
 
-#include "attention_cpu_decode.hpp"  // the decode's block walk, compiled for AVX-512 here
-
 namespace clm::detail {
 namespace {
 
@@ -267,37 +265,23 @@ void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, 
   }
 }
 
-// The kernels above, as attention_cpu_decode.hpp's block walk calls them.
-struct Avx512Decode {
-  static constexpr int kDots = kLanes;
-  template <KvDType DT>
-  static void load_q(float* qs, const float* q, std::size_t n, float scale) {
-    const __m512 sv = _mm512_set1_ps(scale);
-    for (std::size_t i = 0; i < n; i += kLanes) _mm512_store_ps(qs + i, _mm512_mul_ps(_mm512_loadu_ps(q + i), sv));
-    clm::detail::to_block_layout<DT>(qs, n);
-  }
-  template <KvDType DT>
-  static void to_block_layout(float* x, std::size_t n) {
-    clm::detail::to_block_layout<DT>(x, n);
-  }
-  template <KvDType DT>
-  static void from_block_layout(float* x, std::size_t n) {
-    clm::detail::from_block_layout<DT>(x, n);
-  }
-  template <KvDType DT, int SG>
-  static void qk_group(const float* q, const char* const* krow, int ntok, int dim, float* s) {
-    clm::detail::qk_group<DT, SG>(q, krow, ntok, dim, s);
-  }
-  template <KvDType DT, int SG>
-  static void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l) {
-    clm::detail::softmax_pv<DT, SG>(s, nt, vrow, dim, acc, m, l);
-  }
-};
+// What attention_cpu_decode.hpp's block walk calls besides the kernels above.
+constexpr int kDecodeDots = kLanes;
+template <KvDType DT>
+void load_q(float* qs, const float* q, std::size_t n, float scale) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (std::size_t i = 0; i < n; i += kLanes) _mm512_store_ps(qs + i, _mm512_mul_ps(_mm512_loadu_ps(q + i), sv));
+  to_block_layout<DT>(qs, n);
+}
 
 }  // namespace
+}  // namespace clm::detail
 
+#include "attention_cpu_decode.hpp"  // the decode's block walk over the kernels above, compiled for AVX-512 here
+
+namespace clm::detail {
 void decode_chunk_avx512(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
-  decode_blocks_for<Avx512Decode>(kv, shape, chunk);
+  decode_blocks_for(kv, shape, chunk);
 }
 
 }  // namespace clm::detail

@@ -6,23 +6,21 @@
 // the rows kPrefetchTokens ahead prefetched into L2 (with ~2 FMAs per byte the
 // core by itself keeps too few misses in flight); (B) per kv head, the online
 // softmax update; (C) per kv head, acc += P V, the V rows read head-major from
-// L2. The arithmetic is the ISA's, in a kernel set K:
+// L2. The arithmetic is the ISA's: each kernel file defines, in
+// clm::detail's anonymous namespace and before including this,
 //
-//   struct Avx2Decode {
-//     static constexpr int kDots = 8;  // dot products in flight in QK
-//     template <KvDType DT> static void load_q(float* qs, const float* q, std::size_t n, float scale);
-//     template <KvDType DT> static void to_block_layout(float* x, std::size_t n);
-//     template <KvDType DT> static void from_block_layout(float* x, std::size_t n);
-//     template <KvDType DT, int SG> static void qk_group(const float* q, const char* const* krow, int ntok,
-//                                                       int dim, float* s);
-//     template <KvDType DT, int SG> static void softmax_pv(float* s, int nt, const char* const* vrow, int dim,
-//                                                         float* acc, float* m, float* l);
-//   };
-//   decode_blocks<Avx2Decode, KvDType::bf16>(kv, shape, chunk);
+//   constexpr int kDecodeDots = 8;  // dot products in flight in QK
+//   template <KvDType DT> void load_q(float* qs, const float* q, std::size_t n, float scale);
+//   template <KvDType DT> void to_block_layout(float* x, std::size_t n);
+//   template <KvDType DT> void from_block_layout(float* x, std::size_t n);
+//   template <KvDType DT, int SG> void qk_group(const float* q, const char* const* krow, int ntok, int dim,
+//                                               float* s);
+//   template <KvDType DT, int SG> void softmax_pv(float* s, int nt, const char* const* vrow, int dim,
+//                                                 float* acc, float* m, float* l);
 //
-// Each kernel file includes this inside its target-pragma region, so that the
-// walk is compiled for its ISA and inlines its kernels; the anonymous
-// namespace gives each file a copy of its own.
+// then includes this inside its target-pragma region and calls
+// decode_blocks_for(kv, shape, chunk): the walk is compiled for its ISA and
+// inlines its kernels; the anonymous namespace gives each file its own copy.
 #pragma once
 
 #include <xmmintrin.h>  // _mm_prefetch
@@ -42,7 +40,7 @@ constexpr int kPrefetchTokens = 32;  // rows are prefetched this many tokens ahe
 // The q heads of a kv head in sub-groups of 8, 4, 2, 1 (a group of 6 is 4 + 2).
 inline int subgroup(int left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
 
-template <class K, KvDType DT>
+template <KvDType DT>
 void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
   const int dim = kv.head_dim;
   const std::size_t d = static_cast<std::size_t>(dim);
@@ -51,18 +49,18 @@ void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk&
   const std::size_t hq_d = static_cast<std::size_t>(shape.num_q_heads) * d;
   float* qs = scratch_floats(0, hq_d);
   // Scores: the sub-group of SG q heads from hq0 owns [hq0 * 64, (hq0 + SG) * 64), as [t][g].
-  float* s = scratch_floats(1, static_cast<std::size_t>(shape.num_q_heads) * kDecodeBlock + K::kDots);
-  K::template load_q<DT>(qs, chunk.q, hq_d, shape.scale);
-  K::template to_block_layout<DT>(chunk.acc, hq_d);  // (zeros, or the state of an earlier call)
+  float* s = scratch_floats(1, static_cast<std::size_t>(shape.num_q_heads) * kDecodeBlock + kDecodeDots);
+  load_q<DT>(qs, chunk.q, hq_d, shape.scale);
+  to_block_layout<DT>(chunk.acc, hq_d);  // (zeros, or the state of an earlier call)
 
-  // Tokens per step of phase A: kDots / (the smallest sub-group), so that
-  // every sub-group keeps kDots dot products in flight. 64 is a multiple of it.
+  // Tokens per step of phase A: kDecodeDots / (the smallest sub-group), so that
+  // every sub-group keeps kDecodeDots dot products in flight. 64 is a multiple of it.
   int min_sg = 8;
   for (int g0 = 0; g0 < group; g0 += subgroup(group - g0)) min_sg = subgroup(group - g0);
-  const int step = K::kDots / min_sg;
+  const int step = kDecodeDots / min_sg;
 
   const char* rows[kDecodeBlock + kPrefetchTokens];
-  const char* krow[K::kDots];
+  const char* krow[kDecodeDots];
   const char* vrow[kDecodeBlock];
   for (std::int64_t b = chunk.begin; b < chunk.end; b += kDecodeBlock) {
     const int nt = static_cast<int>(std::min<std::int64_t>(kDecodeBlock, chunk.end - b));
@@ -93,16 +91,16 @@ void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk&
           float* sc = s + hq0 * kDecodeBlock + static_cast<std::size_t>(t * sg);
           switch (sg) {
             case 8:
-              K::template qk_group<DT, 8>(q, krow, step, dim, sc);
+              qk_group<DT, 8>(q, krow, step, dim, sc);
               break;
             case 4:
-              K::template qk_group<DT, 4>(q, krow, step, dim, sc);
+              qk_group<DT, 4>(q, krow, step, dim, sc);
               break;
             case 2:
-              K::template qk_group<DT, 2>(q, krow, step, dim, sc);
+              qk_group<DT, 2>(q, krow, step, dim, sc);
               break;
             default:
-              K::template qk_group<DT, 1>(q, krow, step, dim, sc);
+              qk_group<DT, 1>(q, krow, step, dim, sc);
               break;
           }
           g0 += sg;
@@ -124,37 +122,36 @@ void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk&
         float* l = chunk.l + hq0;
         switch (sg) {
           case 8:
-            K::template softmax_pv<DT, 8>(sc, nt, vrow, dim, acc, m, l);
+            softmax_pv<DT, 8>(sc, nt, vrow, dim, acc, m, l);
             break;
           case 4:
-            K::template softmax_pv<DT, 4>(sc, nt, vrow, dim, acc, m, l);
+            softmax_pv<DT, 4>(sc, nt, vrow, dim, acc, m, l);
             break;
           case 2:
-            K::template softmax_pv<DT, 2>(sc, nt, vrow, dim, acc, m, l);
+            softmax_pv<DT, 2>(sc, nt, vrow, dim, acc, m, l);
             break;
           default:
-            K::template softmax_pv<DT, 1>(sc, nt, vrow, dim, acc, m, l);
+            softmax_pv<DT, 1>(sc, nt, vrow, dim, acc, m, l);
             break;
         }
         g0 += sg;
       }
     }
   }
-  K::template from_block_layout<DT>(chunk.acc, hq_d);
+  from_block_layout<DT>(chunk.acc, hq_d);
 }
 
-// The entry point of a kernel set: the walk for the pool's dtype.
-template <class K>
-void decode_blocks_for(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
+// The entry point: the walk for the pool's dtype.
+inline void decode_blocks_for(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
   switch (kv.dtype) {
     case KvDType::f32:
-      decode_blocks<K, KvDType::f32>(kv, shape, chunk);
+      decode_blocks<KvDType::f32>(kv, shape, chunk);
       break;
     case KvDType::f16:
-      decode_blocks<K, KvDType::f16>(kv, shape, chunk);
+      decode_blocks<KvDType::f16>(kv, shape, chunk);
       break;
     case KvDType::bf16:
-      decode_blocks<K, KvDType::bf16>(kv, shape, chunk);
+      decode_blocks<KvDType::bf16>(kv, shape, chunk);
       break;
   }
 }
