@@ -211,18 +211,21 @@ class GhostSlruWholeLeaf(GhostSlru):
 
     def __init__(self, capacity_tokens):
         super().__init__(capacity_tokens)
-        self.request, self.decided, self.promote = None, False, False
+        self.request, self.promote = None, None
 
     def key(self, i, now, j, b, hit):
         if self.request != i:
-            self.request, self.decided, self.promote = i, False, False
-        if not hit and not self.decided:
-            self.decided, self.promote = True, b in self.ghost
-        if self.promote and not hit:
-            self.ghost.add(b)  # so that GhostSlru protects it (and forgets it)
-        elif not hit and b in self.ghost and not self.promote:
-            self.ghost.discard(b)  # not the first page: the tree's key does not match it
-        return super().key(i, now, j, b, hit)
+            self.request, self.promote = i, None
+        if not hit:
+            if self.promote is None:  # the first new block decides
+                self.promote = b in self.ghost
+            self.ghost.discard(b)  # a returning leaf's key is forgotten
+        recency = (i, -j)
+        if hit or b in self.protected or (not hit and self.promote):
+            self.protected[b] = recency
+            self.protected.move_to_end(b)
+            return (1,) + recency
+        return (0,) + recency
 
 
 class Lrfu(Policy):
