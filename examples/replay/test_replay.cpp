@@ -460,8 +460,10 @@ TEST_CASE("JSONL salts are namespaces; other keys are ignored") {
       "\n"
       "  {\"extra\":{\"x\":[1,2.5e3,true,null]},\"salt\":\"b\",\"prompt\":[5,6,7,8]}\r\n"
       "{\"prompt\":[5,6,7,8],\"salt\":\"a\"}\n"
-      "{\"prompt\":[5,6,7,8],\"salt\":\"\\u00e9\\\"\\ud83d\\ude00\"}\n");
-  REQUIRE(w.requests.size() == 4);
+      "{\"prompt\":[5,6,7,8],\"salt\":\"\\u00e9\\\"\\ud83d\\ude00\"}\n"
+      "{\"prompt\":[5,6,7,8],\"salt\":null,\"nested\":[[[[1]]]]}\n");
+  REQUIRE(w.requests.size() == 5);
+  REQUIRE(w.salt(w.requests[4]).empty());
   REQUIRE(w.salt(w.requests[0]) == "a");
   REQUIRE(w.salt(w.requests[1]) == "b");
   REQUIRE(w.requests[0].salt == w.requests[2].salt);
@@ -561,6 +563,9 @@ TEST_CASE("bad workload files are reported, not crashed on") {
         "[1,2,3]",
         "{\"prompt\":[1] \"output\":[2]}",
         "{\"prompt\":[1],\"x\":tru}",
+        "{\"prompt\":[1],\"x\":" + std::string(100, '[') + std::string(100, ']') + "}",
+        "{\"prompt\":[1],\"x\":{\"a\":1,\"a\":2}}",
+        "{\"prompt\":[1],\"output\":{\"0\":1}}",
     };
     for (const std::string& line : bad) {
       INFO(line);
@@ -585,6 +590,9 @@ TEST_CASE("bad workload files are reported, not crashed on") {
         "{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [4194304]}",
         "{\"input_length\": 10.5, \"output_length\": 1, \"hash_ids\": [1]}",
         "{\"input_length\": 10, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}",
+        "{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": \"1\"}",
+        "{\"input_length\": null, \"output_length\": 1, \"hash_ids\": [1]}",
+        "{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]} {}",
     };
     for (const std::string& line : bad) {
       INFO(line);

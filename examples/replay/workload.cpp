@@ -1,5 +1,5 @@
 // examples/replay/workload.cpp: gsp generation, the JSONL and Mooncake
-// readers (a small strict JSON scanner, one object per line), and the JSONL
+// readers (one JSON object per line, parsed by nlohmann-json), and the JSONL
 // writer.
 #include "workload.hpp"
 
@@ -17,301 +17,141 @@
 #include <sys/stat.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace clm::replay {
 namespace {
 
 constexpr std::int64_t kMaxTokenId = std::numeric_limits<std::int32_t>::max();
 
-// ---- a strict JSON scanner for one line -------------------------------------
-// Only what the two line formats need: objects, strings, integer arrays, and
-// skipping any other value. The first error wins and records its column.
-class JsonScanner {
- public:
-  explicit JsonScanner(std::string_view text) : text_(text) {}
+// ---- one JSON object per line, parsed by nlohmann-json -----------------------
+// nlohmann-json (Debian nlohmann-json3-dev) parses each line; on top of it the
+// two formats ask for what it does not check: a duplicate key is an error (it
+// would keep the last one silently), nesting stays shallow, and integers are
+// integers in range (it reads 2.5, 2e3 and 10^20 as floats).
+using Json = nlohmann::json;
 
-  const std::string& error() const { return error_; }
-  std::size_t error_column() const { return error_pos_ + 1; }
+constexpr int kMaxNesting = 64;
 
-  bool fail(std::string message) {
-    if (error_.empty()) {
-      error_ = std::move(message);
-      error_pos_ = pos_;
-    }
-    return false;
-  }
-
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\r')) ++pos_;
-  }
-  bool at_end() {
-    skip_space();
-    return pos_ == text_.size();
-  }
-  char peek() {
-    skip_space();
-    return pos_ < text_.size() ? text_[pos_] : '\0';
-  }
-  bool expect(char c) {
-    if (peek() != c) {
-      return pos_ < text_.size() ? fail(fmt::format("expected '{}', found '{}'", c, text_[pos_]))
-                                 : fail(fmt::format("expected '{}', found the end of the line", c));
-    }
-    ++pos_;
-    return true;
-  }
-
-  // Calls on_key(key) for each key of an object; on_key must consume the value.
-  template <class OnKey>
-  bool parse_object(OnKey&& on_key) {
-    if (!expect('{')) return false;
-    if (peek() == '}') {
-      ++pos_;
-      return true;
-    }
-    std::string key;
-    for (;;) {
-      if (peek() != '"') return fail("expected a key string");
-      if (!parse_string(key) || !expect(':')) return false;
-      if (!on_key(key)) return false;
-      const char next = peek();
-      ++pos_;
-      if (next == '}') return true;
-      if (next != ',') {
-        --pos_;
-        return fail("expected ',' or '}' after a value");
-      }
-    }
-  }
-
-  bool parse_string(std::string& out) {
-    out.clear();
-    if (!expect('"')) return false;
-    while (pos_ < text_.size()) {
-      const char c = text_[pos_++];
-      if (c == '"') return true;
-      if (static_cast<unsigned char>(c) < 0x20) {
-        --pos_;
-        return fail("control character inside a string");
-      }
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      if (pos_ == text_.size()) break;
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': {
-          std::uint32_t code = 0;
-          if (!parse_hex4(code)) return false;
-          if (code >= 0xD800 && code < 0xDC00) {  // a surrogate pair names one code point
-            std::uint32_t low = 0;
-            if (text_.substr(pos_, 2) != "\\u") return fail("unpaired UTF-16 surrogate in \\u escape");
-            pos_ += 2;
-            if (!parse_hex4(low)) return false;
-            if (low < 0xDC00 || low >= 0xE000) return fail("unpaired UTF-16 surrogate in \\u escape");
-            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-          } else if (code >= 0xDC00 && code < 0xE000) {
-            return fail("unpaired UTF-16 surrogate in \\u escape");
-          }
-          append_utf8(code, out);
-          break;
-        }
-        default: --pos_; return fail(fmt::format("invalid escape '\\{}'", e));
-      }
-    }
-    return fail("unterminated string");
-  }
-
-  // An integer in [min_value, max_value]; fractions and exponents are refused.
-  bool parse_integer(std::int64_t min_value, std::int64_t max_value, std::string_view what, std::int64_t& out) {
-    skip_space();
-    const std::size_t start = pos_;
-    const bool negative = pos_ < text_.size() && text_[pos_] == '-';
-    if (negative) ++pos_;
-    std::uint64_t magnitude = 0;
-    const std::size_t digits_start = pos_;
-    constexpr std::uint64_t kMagnitudeLimit = 100'000'000'000'000'000;  // far past any range asked for
-    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
-      if (magnitude > kMagnitudeLimit) {
-        pos_ = start;
-        return fail(fmt::format("{} is out of range", what));
-      }
-      magnitude = magnitude * 10 + static_cast<std::uint64_t>(text_[pos_] - '0');
-      ++pos_;
-    }
-    if (pos_ == digits_start) {
-      pos_ = start;
-      return fail(fmt::format("expected an integer for {}", what));
-    }
-    if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      pos_ = start;
-      return fail(fmt::format("{} must be an integer", what));
-    }
-    const std::int64_t value = negative ? -static_cast<std::int64_t>(magnitude) : static_cast<std::int64_t>(magnitude);
-    if (value < min_value || value > max_value) {
-      pos_ = start;
-      return fail(fmt::format("{} {} is outside [{}, {}]", what, value, min_value, max_value));
-    }
-    out = value;
-    return true;
-  }
-
-  // Appends the elements of an integer array in [0, max_value] to `out`.
-  bool parse_int32_array(std::int64_t max_value, std::string_view what, std::vector<std::int32_t>& out) {
-    if (!expect('[')) return false;
-    if (peek() == ']') {
-      ++pos_;
-      return true;
-    }
-    for (;;) {
-      std::int64_t value = 0;
-      if (!parse_integer(0, max_value, what, value)) return false;
-      out.push_back(static_cast<std::int32_t>(value));
-      const char next = peek();
-      ++pos_;
-      if (next == ']') return true;
-      if (next != ',') {
-        --pos_;
-        return fail(fmt::format("expected ',' or ']' in the {} array", what));
-      }
-    }
-  }
-
-  // Any JSON value, not kept (for keys the formats do not define).
-  bool skip_value(int depth = 0) {
-    if (depth > 64) return fail("values nested too deeply");
-    const char c = peek();
-    if (c == '"') {
-      std::string ignored;
-      return parse_string(ignored);
-    }
-    if (c == '{') {
-      return parse_object([&](const std::string&) { return skip_value(depth + 1); });
-    }
-    if (c == '[') {
-      ++pos_;
-      if (peek() == ']') {
-        ++pos_;
-        return true;
-      }
-      for (;;) {
-        if (!skip_value(depth + 1)) return false;
-        const char next = peek();
-        ++pos_;
-        if (next == ']') return true;
-        if (next != ',') {
-          --pos_;
-          return fail("expected ',' or ']' in an array");
-        }
-      }
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) return skip_number();
-    for (std::string_view word : {"true", "false", "null"}) {
-      if (text_.substr(pos_, word.size()) == word) {
-        pos_ += word.size();
-        return true;
-      }
-    }
-    return fail("expected a JSON value");
-  }
-
- private:
-  bool parse_hex4(std::uint32_t& code) {
-    if (text_.size() - pos_ < 4) return fail("truncated \\u escape");
-    code = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char h = text_[pos_++];
-      std::uint32_t digit;
-      if (h >= '0' && h <= '9') digit = static_cast<std::uint32_t>(h - '0');
-      else if (h >= 'a' && h <= 'f') digit = static_cast<std::uint32_t>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') digit = static_cast<std::uint32_t>(h - 'A' + 10);
-      else {
-        --pos_;
-        return fail("invalid hex digit in \\u escape");
-      }
-      code = code << 4 | digit;
-    }
-    return true;
-  }
-
-  static void append_utf8(std::uint32_t code, std::string& out) {
-    auto byte = [&](std::uint32_t b) { out.push_back(static_cast<char>(static_cast<unsigned char>(b))); };
-    if (code < 0x80) {
-      byte(code);
-    } else if (code < 0x800) {
-      byte(0xC0 | code >> 6);
-      byte(0x80 | (code & 0x3F));
-    } else if (code < 0x10000) {
-      byte(0xE0 | code >> 12);
-      byte(0x80 | (code >> 6 & 0x3F));
-      byte(0x80 | (code & 0x3F));
-    } else {
-      byte(0xF0 | code >> 18);
-      byte(0x80 | (code >> 12 & 0x3F));
-      byte(0x80 | (code >> 6 & 0x3F));
-      byte(0x80 | (code & 0x3F));
-    }
-  }
-
-  bool skip_number() {
-    const std::size_t start = pos_;
-    auto digits = [&] {
-      const std::size_t from = pos_;
-      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
-      return pos_ > from;
-    };
-    if (text_[pos_] == '-') ++pos_;
-    bool ok = digits();
-    if (ok && pos_ < text_.size() && text_[pos_] == '.') {
-      ++pos_;
-      ok = digits();
-    }
-    if (ok && pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      ++pos_;
-      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
-      ok = digits();
-    }
-    if (!ok) {
-      pos_ = start;
-      return fail("malformed number");
-    }
-    return true;
-  }
-
-  std::string_view text_;
-  std::size_t pos_ = 0;
-  std::string error_;
-  std::size_t error_pos_ = 0;
+// What went wrong on a line; column 0 when the error is about the whole object.
+struct LineError {
+  std::size_t column = 0;
+  std::string message;
 };
 
-// Calls parse_line(scanner) for every non-blank line; prefixes errors with
-// "source:line:column".
+// Parses `line` as one JSON object into `out`.
+bool parse_object_line(std::string_view line, Json& out, LineError& error) {
+  std::vector<std::vector<std::string>> keys;  // of each object open at this point
+  std::string problem;
+  const Json::parser_callback_t check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (!problem.empty()) return false;
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (depth >= kMaxNesting) problem = "values nested too deeply";
+        if (event == Json::parse_event_t::object_start) keys.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case Json::parse_event_t::key: {
+        std::vector<std::string>& seen = keys.back();  // few keys an object: a scan beats a hash set
+        std::string key = parsed.get<std::string>();
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+          problem = fmt::format("duplicate key \"{}\"", key);
+        } else {
+          seen.push_back(std::move(key));
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    return problem.empty();
+  };
+  try {
+    out = Json::parse(line.begin(), line.end(), check);
+  } catch (const Json::parse_error& e) {
+    error.column = e.byte;
+    // what(): "[json.exception.parse_error.101] parse error at line 1, column 2: <message>"
+    const std::string_view what = e.what();
+    const std::size_t colon = what.find(": ", what.find("column"));
+    error.message = std::string(colon == std::string_view::npos ? what : what.substr(colon + 2));
+    return false;
+  }
+  if (!problem.empty()) {
+    error.message = std::move(problem);
+    return false;
+  }
+  if (!out.is_object()) {
+    error.column = 1;
+    error.message = "expected a JSON object";
+    return false;
+  }
+  return true;
+}
+
+// `value` as an integer in [min_value, max_value].
+bool integer_in(const Json& value, std::int64_t min_value, std::int64_t max_value, std::string_view what,
+                std::int64_t& out, LineError& error) {
+  if (value.is_number_unsigned()) {
+    const auto v = value.get<std::uint64_t>();
+    if (max_value >= 0 && v <= static_cast<std::uint64_t>(max_value) && static_cast<std::int64_t>(v) >= min_value) {
+      out = static_cast<std::int64_t>(v);
+      return true;
+    }
+    error.message = fmt::format("{} {} is outside [{}, {}]", what, v, min_value, max_value);
+    return false;
+  }
+  if (value.is_number_integer()) {
+    const auto v = value.get<std::int64_t>();
+    if (v >= min_value && v <= max_value) {
+      out = v;
+      return true;
+    }
+    error.message = fmt::format("{} {} is outside [{}, {}]", what, v, min_value, max_value);
+    return false;
+  }
+  error.message = value.is_number() ? fmt::format("{} must be an integer (found {})", what, value.dump())
+                                    : fmt::format("expected an integer for {}, found {}", what, value.type_name());
+  return false;
+}
+
+// Appends the elements of an integer array in [0, max_value] to `out`.
+bool int32_array(const Json& value, std::int64_t max_value, std::string_view key, std::string_view what,
+                 std::vector<std::int32_t>& out, LineError& error) {
+  if (!value.is_array()) {
+    error.message = fmt::format("\"{}\" must be an array of integers, found {}", key, value.type_name());
+    return false;
+  }
+  // No reserve: `out` may grow over many lines, and an exact reserve would copy it every time.
+  for (const Json& element : value) {
+    std::int64_t v = 0;
+    if (!integer_in(element, 0, max_value, what, v, error)) return false;
+    out.push_back(static_cast<std::int32_t>(v));
+  }
+  return true;
+}
+
+// Calls parse_line(object, error) for every non-blank line; prefixes errors
+// with "source:line:" and, for syntax errors, the column.
 template <class ParseLine>
 Status for_each_json_line(std::string_view text, std::string_view source, ParseLine&& parse_line) {
   std::size_t line_number = 0;
   std::size_t start = 0;
+  Json object;
   while (start < text.size()) {
     const std::size_t newline = text.find('\n', start);
     const std::size_t end = newline == std::string_view::npos ? text.size() : newline;
     const std::string_view line = text.substr(start, end - start);
     start = end + 1;
     ++line_number;
-    JsonScanner scanner(line);
-    if (scanner.at_end()) continue;  // blank line
-    bool ok = parse_line(scanner);
-    if (ok && !scanner.at_end()) ok = scanner.fail("unexpected characters after the object");
-    if (!ok) {
-      return invalid_argument(
-          fmt::format("{}:{}:{}: {}", source, line_number, scanner.error_column(), scanner.error()));
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
+    LineError error;
+    if (!parse_object_line(line, object, error) || !parse_line(object, error)) {
+      return invalid_argument(error.column > 0
+                                  ? fmt::format("{}:{}:{}: {}", source, line_number, error.column, error.message)
+                                  : fmt::format("{}:{}: {}", source, line_number, error.message));
     }
   }
   return {};
@@ -437,33 +277,28 @@ Status parse_jsonl_workload(std::string_view text, std::string_view source, Work
   SaltIndex salts(workload.salts);
   std::vector<std::int32_t> prompt, output;
   std::string salt;
-  CLM_RETURN_IF_ERROR(for_each_json_line(text, source, [&](JsonScanner& scanner) {
+  CLM_RETURN_IF_ERROR(for_each_json_line(text, source, [&](const Json& line, LineError& error) {
     prompt.clear();
     output.clear();
     salt.clear();
-    bool seen_prompt = false, seen_output = false, seen_salt = false;
-    auto once = [&](bool& seen, const std::string& key) {
-      if (seen) return scanner.fail(fmt::format("duplicate key \"{}\"", key));
-      seen = true;
-      return true;
+    auto fail = [&](std::string message) {
+      error.message = std::move(message);
+      return false;
     };
-    const bool parsed = scanner.parse_object([&](const std::string& key) {
-      if (key == "prompt") return once(seen_prompt, key) && scanner.parse_int32_array(kMaxTokenId, "token id", prompt);
-      if (key == "output") return once(seen_output, key) && scanner.parse_int32_array(kMaxTokenId, "token id", output);
-      if (key == "salt") {
-        if (!once(seen_salt, key)) return false;
-        if (scanner.peek() == 'n') return scanner.skip_value();  // "salt": null is no salt
-        if (scanner.peek() != '"') return scanner.fail("\"salt\" must be a string");
-        return scanner.parse_string(salt);
-      }
-      return scanner.skip_value();
-    });
-    if (!parsed) return false;
-    if (!seen_prompt) return scanner.fail("missing \"prompt\"");
-    if (prompt.empty()) return scanner.fail("\"prompt\" is empty");
+    const auto p = line.find("prompt");
+    if (p == line.end()) return fail("missing \"prompt\"");
+    if (!int32_array(*p, kMaxTokenId, "prompt", "token id", prompt, error)) return false;
+    if (const auto o = line.find("output"); o != line.end()) {
+      if (!int32_array(*o, kMaxTokenId, "output", "token id", output, error)) return false;
+    }
+    if (const auto s = line.find("salt"); s != line.end() && !s->is_null()) {  // "salt": null is no salt
+      if (!s->is_string()) return fail("\"salt\" must be a string");
+      salt = s->get<std::string>();
+    }
+    if (prompt.empty()) return fail("\"prompt\" is empty");
     const std::size_t total = prompt.size() + output.size();
     if (total > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max() / 2)) {
-      return scanner.fail("request is too long");
+      return fail("request is too long");
     }
     Request r;
     r.offset = workload.tokens.size();
@@ -527,40 +362,27 @@ Status parse_mooncake_trace(std::string_view text, std::string_view source, Work
   std::vector<std::int32_t> hashes;
   constexpr std::int64_t kMaxHash = (kMaxTokenId - (kMooncakeBlockTokens - 1)) / kMooncakeBlockTokens;
   constexpr std::int64_t kMaxLength = std::numeric_limits<std::int32_t>::max() / 4;
-  CLM_RETURN_IF_ERROR(for_each_json_line(text, source, [&](JsonScanner& scanner) {
-    std::int64_t input_length = -1, output_length = -1;
-    const std::size_t first_hash = hashes.size();
-    bool seen_hashes = false, seen_timestamp = false;
-    auto once = [&](bool seen, const std::string& key) {
-      return seen ? scanner.fail(fmt::format("duplicate key \"{}\"", key)) : true;
+  CLM_RETURN_IF_ERROR(for_each_json_line(text, source, [&](const Json& line, LineError& error) {
+    auto fail = [&](std::string message) {
+      error.message = std::move(message);
+      return false;
     };
-    const bool parsed = scanner.parse_object([&](const std::string& key) {
-      if (key == "input_length") {
-        return once(input_length >= 0, key) && scanner.parse_integer(1, kMaxLength, "input_length", input_length);
-      }
-      if (key == "output_length") {
-        return once(output_length >= 0, key) && scanner.parse_integer(0, kMaxLength, "output_length", output_length);
-      }
-      if (key == "hash_ids") {
-        if (!once(seen_hashes, key)) return false;
-        seen_hashes = true;
-        return scanner.parse_int32_array(kMaxHash, "hash id", hashes);
-      }
-      if (key == "timestamp") {
-        if (!once(seen_timestamp, key)) return false;
-        seen_timestamp = true;
-      }
-      return scanner.skip_value();
-    });
-    if (!parsed) return false;
-    if (input_length < 0) return scanner.fail("missing \"input_length\"");
-    if (output_length < 0) return scanner.fail("missing \"output_length\"");
-    if (!seen_hashes) return scanner.fail("missing \"hash_ids\"");
+    const auto input = line.find("input_length"), output = line.find("output_length"), ids = line.find("hash_ids");
+    if (input == line.end()) return fail("missing \"input_length\"");
+    if (output == line.end()) return fail("missing \"output_length\"");
+    if (ids == line.end()) return fail("missing \"hash_ids\"");
+    std::int64_t input_length = 0, output_length = 0;
+    const std::size_t first_hash = hashes.size();
+    if (!integer_in(*input, 1, kMaxLength, "input_length", input_length, error) ||
+        !integer_in(*output, 0, kMaxLength, "output_length", output_length, error) ||
+        !int32_array(*ids, kMaxHash, "hash_ids", "hash id", hashes, error)) {
+      return false;
+    }
     const std::size_t count = hashes.size() - first_hash;
     const auto max_tokens = static_cast<std::int64_t>(count) * kMooncakeBlockTokens;
     if (input_length <= max_tokens - kMooncakeBlockTokens || input_length > max_tokens) {
-      return scanner.fail(fmt::format("input_length {} does not fit {} blocks of {} tokens", input_length, count,
-                                      kMooncakeBlockTokens));
+      return fail(fmt::format("input_length {} does not fit {} blocks of {} tokens", input_length, count,
+                              kMooncakeBlockTokens));
     }
     lines.push_back(Line{static_cast<std::int32_t>(input_length), static_cast<std::int32_t>(output_length),
                          first_hash, count});
