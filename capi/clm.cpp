@@ -308,7 +308,22 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
   });
 }
 
-namespace {}  // namespace
+namespace {
+
+// clm_seq_finish and clm_seq_abort: the same checks, the engine's call, and
+// the handle then counts as ended (`how`: "finished" or "aborted").
+clm_status end_seq(clm_seq* seq, const char* function, clm::Status (clm::Engine::*end)(clm::SequenceId),
+                   const char* how) {
+  return guarded([&]() -> clm_status {
+    if (clm_status s = check_running(seq, function)) return s;
+    if (clm_status s = report(((*seq->state->engine).*end)(seq->admission.seq))) return s;
+    seq->ended = true;
+    seq->ended_by = how;
+    return CLM_OK;
+  });
+}
+
+}  // namespace
 
 clm_status clm_seq_extend(clm_seq* seq, const int32_t* tokens, size_t n_tokens) {
   return guarded([&]() -> clm_status {
@@ -327,25 +342,9 @@ clm_status clm_seq_extend(clm_seq* seq, const int32_t* tokens, size_t n_tokens) 
   });
 }
 
-clm_status clm_seq_finish(clm_seq* seq) {
-  return guarded([&]() -> clm_status {
-    if (clm_status s = check_running(seq, "clm_seq_finish")) return s;
-    if (clm_status s = report(seq->state->engine->finish(seq->admission.seq))) return s;
-    seq->ended = true;
-    seq->ended_by = "finished";
-    return CLM_OK;
-  });
-}
+clm_status clm_seq_finish(clm_seq* seq) { return end_seq(seq, "clm_seq_finish", &clm::Engine::finish, "finished"); }
 
-clm_status clm_seq_abort(clm_seq* seq) {
-  return guarded([&]() -> clm_status {
-    if (clm_status s = check_running(seq, "clm_seq_abort")) return s;
-    if (clm_status s = report(seq->state->engine->abort(seq->admission.seq))) return s;
-    seq->ended = true;
-    seq->ended_by = "aborted";
-    return CLM_OK;
-  });
-}
+clm_status clm_seq_abort(clm_seq* seq) { return end_seq(seq, "clm_seq_abort", &clm::Engine::abort, "aborted"); }
 
 void clm_seq_free(clm_seq* seq) {
   if (!seq) return;
