@@ -26,8 +26,9 @@
 
 #if defined(__unix__)
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
+
+#include "child_process.hpp"
 #endif
 
 #include "alloc_fault.hpp"
@@ -1030,18 +1031,13 @@ TEST_CASE("a child forked after the workers started still runs the kernels", "[a
   std::vector<float> out(q.size(), kNaN);
   REQUIRE(clm::paged_prefill_attention(p.view, params, q.data(), 1, s.pages, len, out.data()).ok());  // workers start
   REQUIRE(rel_error(out.data(), ref) <= 1e-5);
-  const pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
+  clm_test::ChildProcess child([&](int) {
     std::fill(out.begin(), out.end(), kNaN);
     const bool ok = clm::paged_prefill_attention(p.view, params, q.data(), 1, s.pages, len, out.data()).ok() &&
                     rel_error(out.data(), ref) <= 1e-5;
-    std::_Exit(ok ? 0 : 1);
-  }
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+    return ok ? 0 : 1;
+  });
+  CHECK(child.exit_code() == 0);
 }
 #endif
 

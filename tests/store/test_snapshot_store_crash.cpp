@@ -7,7 +7,6 @@
 // (make test: 60; make soak: more).
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +16,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "child_process.hpp"
 #include "clm/store/snapshot_store.hpp"
 #include "store/store_test_support.hpp"
 #include "test_support.hpp"
@@ -88,29 +88,15 @@ TEST_CASE("SIGKILL while ingesting loses no committed snapshot and leaves every 
   std::uniform_int_distribution<int> delay_us(2'000, 60'000);
   int verified_rows = 0;
   for (int generation = 0; generation < kills; ++generation) {
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    const pid_t child = fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      close(fds[0]);
-      ingest_until_killed(dir.str(), generation, fds[1]);
-    }
-    close(fds[1]);
+    INFO("generation " << generation);
+    clm_test::ChildProcess child([&](int report_fd) { ingest_until_killed(dir.str(), generation, report_fd); });
     // Most kills land while the child ingests (after it says it has opened
     // the store); every fifth may land while it opens.
     std::int32_t value = 0, last = -1;
-    if (generation % 5 != 4) REQUIRE(read(fds[0], &value, sizeof value) == sizeof value);
+    if (generation % 5 != 4) REQUIRE(child.read(value));
     std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
-    REQUIRE(kill(child, SIGKILL) == 0);
-    int status = 0;
-    REQUIRE(waitpid(child, &status, 0) == child);
-    INFO("generation " << generation);
-    if (!WIFSIGNALED(status)) {
-      FAIL("the child exited by itself with status " << WEXITSTATUS(status));
-    }
-    while (read(fds[0], &value, sizeof value) == sizeof value) last = std::max(last, value);
-    close(fds[0]);
+    child.kill();
+    while (child.read(value)) last = std::max(last, value);
     committed.push_back(last);
 
     // Every few kills, and after the last: open, check, and look everything up.
@@ -164,45 +150,36 @@ TEST_CASE("a full disk: writes fail with a clear status and nothing committed is
   // The child writes until the file-size limit (RLIMIT_FSIZE: a disk that
   // is full for every file it grows) stops it; it exits 0 only if every
   // failure was a clean io_error and the store still served what it had.
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  const pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    close(fds[0]);
+  clm_test::ChildProcess child([&](int report_fd) {
     signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG instead of killing us
     std::unique_ptr<clm::SnapshotStore> store;
-    if (!clm::SnapshotStore::open(crash_config(dir.str()), store).ok()) _exit(3);
+    if (!clm::SnapshotStore::open(crash_config(dir.str()), store).ok()) return 3;
     std::uintmax_t largest = 0;
     for (const auto& e : std::filesystem::directory_iterator(dir.path())) largest = std::max(largest, e.file_size());
     const rlimit limit{static_cast<rlim_t>(largest + 64 * 1024), static_cast<rlim_t>(largest + 64 * 1024)};
-    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(4);
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 4;
     int failures = 0;
     for (int i = 0; i < 20000 && failures < 20; ++i) {
       clm::RecordOutcome o;
       const clm::Status s =
           store->record("tenant", clm_test::host_key(key_name(1, i), group_name(i)), vector_of(key_name(1, i)), o);
-      if (!s.ok() && s.code() != clm::StatusCode::io_error) _exit(6);
+      if (!s.ok() && s.code() != clm::StatusCode::io_error) return 6;
       failures += s.ok() ? 0 : 1;
       const std::int32_t report = s.ok() ? i : -1 - i;  // committed, or failed (and so must be absent)
-      if (write(fds[1], &report, sizeof report) != sizeof report) _exit(5);
+      if (write(report_fd, &report, sizeof report) != sizeof report) return 5;
       if (i % 50 == 49) {
         const clm::Status f = store->flush();  // index saves hit the limit too
-        if (!f.ok() && f.code() != clm::StatusCode::io_error) _exit(7);
+        if (!f.ok() && f.code() != clm::StatusCode::io_error) return 7;
       }
     }
-    if (failures == 0) _exit(8);  // the limit was never reached: the test tested nothing
-    _exit(0);
-  }
-  close(fds[1]);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
+    return failures == 0 ? 8 : 0;  // 8: the limit was never reached, so the test tested nothing
+  });
+  const int code = child.exit_code();
   std::vector<std::int32_t> ok_rows, failed_rows;
   std::int32_t value = 0;
-  while (read(fds[0], &value, sizeof value) == sizeof value) (value >= 0 ? ok_rows : failed_rows).push_back(value);
-  close(fds[0]);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
+  while (child.read(value)) (value >= 0 ? ok_rows : failed_rows).push_back(value);
+  INFO("child exit code " << code << " (see the codes the child returns)");
+  REQUIRE(code == 0);
   std::unique_ptr<clm::SnapshotStore> store;
   const clm::Status opened = clm::SnapshotStore::open(crash_config(dir.str()), store);
   INFO(opened.message());

@@ -9,7 +9,6 @@
 // another prefix, another tenant, a half-written or stale page fails here.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "child_process.hpp"
 #include "clm/engine.hpp"
 #include "store/store_test_support.hpp"  // TempDir
 #include "tiers/redis_server.hpp"
@@ -321,29 +321,19 @@ TEST_CASE("storage tier: two processes on one redis-server share a prefix, bit f
   c.tiers.write_policy = clm::WritePolicy::write_through;
   c.tiers.storage_url = redis.url("share:");
   c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {  // the first instance: computes the prefix, and it lands in redis
-    int code = 1;
-    {
-      std::unique_ptr<Engine> first;
-      if (Engine::create(c, first).ok()) {
-        Admission a;
-        for (int round = 0; round < 2; ++round) {
-          if (!first->admit(prompt, {.cache_salt = "acme"}, a).ok()) break;
-          write_rows(*first, "acme", prompt, a);
-          (void)first->finish(a.seq);
-        }
-        first->wait_for_tiers();
-        code = first->metrics().tiers.stored_pages > 0 ? 0 : 2;
-      }
+  clm_test::ChildProcess first_instance([&](int) {  // computes the prefix, and it lands in redis
+    std::unique_ptr<Engine> first;
+    if (!Engine::create(c, first).ok()) return 1;
+    Admission a;
+    for (int round = 0; round < 2; ++round) {
+      if (!first->admit(prompt, {.cache_salt = "acme"}, a).ok()) break;
+      write_rows(*first, "acme", prompt, a);
+      (void)first->finish(a.seq);
     }
-    ::_exit(code);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
+    first->wait_for_tiers();
+    return first->metrics().tiers.stored_pages > 0 ? 0 : 2;
+  });
+  REQUIRE(first_instance.exit_code() == 0);
   auto second = make_engine(c);
   const Admission a = serve(*second, "acme", prompt);  // checks every cached row against the reference
   CHECK(a.cached_tokens == static_cast<std::int32_t>((prompt.size() - 1) / kPage * kPage));

@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +26,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "child_process.hpp"
 #include "clm/tiers/page_file.hpp"
 #include "clm/tiers/storage_backend.hpp"
 #include "store/store_test_support.hpp"
@@ -376,15 +376,9 @@ TEST_CASE("file: SIGKILL while writing loses no stored page and never serves a t
   std::uint64_t checked_in_flight = 0;
   for (int generation = 0; generation < kills; ++generation) {
     INFO("kill " << generation);
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    const pid_t child = fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      close(fds[0]);
-      write_pages_until_killed(url, seed * 1000003ull + static_cast<std::uint64_t>(generation), fds[1]);
-    }
-    close(fds[1]);
+    clm_test::ChildProcess child([&](int report_fd) {
+      write_pages_until_killed(url, seed * 1000003ull + static_cast<std::uint64_t>(generation), report_fd);
+    });
     // Where the kill is timed from: opening indexes every page file, which
     // takes longer as the directory fills (and on a loaded machine), and a
     // write ends with an fsync, so a kill timed from the fork alone often
@@ -396,7 +390,7 @@ TEST_CASE("file: SIGKILL while writing loses no stored page and never serves a t
     std::vector<Record> records;  // in the order the child sent them
     auto read_record = [&] {
       Record r;
-      if (read(fds[0], r.data(), r.size()) != static_cast<ssize_t>(r.size())) return '\0';
+      if (!child.read(r)) return '\0';
       records.push_back(r);
       return r[0];
     };
@@ -410,10 +404,7 @@ TEST_CASE("file: SIGKILL while writing loses no stored page and never serves a t
       } while (what != 'D');
     }
     std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
-    REQUIRE(kill(child, SIGKILL) == 0);
-    int status = 0;
-    REQUIRE(waitpid(child, &status, 0) == child);
-    if (!WIFSIGNALED(status)) FAIL("the child exited by itself with status " << WEXITSTATUS(status));
+    child.kill();
     // Whole records only: the kill may cut the last one.
     while (read_record() != '\0') {
     }
@@ -429,7 +420,6 @@ TEST_CASE("file: SIGKILL while writing loses no stored page and never serves a t
         intended.erase(std::find(intended.begin(), intended.end(), key));
       }
     }
-    close(fds[0]);
     in_flight = intended;
 
     // Reopen as a restarted process would: every stored page reads back
@@ -474,40 +464,36 @@ TEST_CASE("file: a full disk drops writes (written = 0) while reads go on", "[ti
   // The child: a file-size limit below one page file (EFBIG on every page
   // write, as a full disk or quota would fail it); exit code 0 only if every
   // write was dropped cleanly and every old page still read back.
-  const pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
+  clm_test::ChildProcess child([&](int) {
     signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG instead of killing us
     std::unique_ptr<clm::StorageBackend> b;
-    if (!clm::open_storage_backend(url, kCapped, b).ok()) _exit(3);
+    if (!clm::open_storage_backend(url, kCapped, b).ok()) return 3;
     const rlimit limit{kCapped.page_bytes() / 2, kCapped.page_bytes() / 2};
-    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(4);
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 4;
     const std::vector<std::byte> pages = clm_test::pages_of(new_keys, kCapped);
     std::vector<std::uint8_t> written(new_keys.size(), 7);
-    if (!b->set(new_keys, pages, written).ok()) _exit(5);
+    if (!b->set(new_keys, pages, written).ok()) return 5;
     for (std::uint8_t w : written) {
-      if (w != 0) _exit(6);
+      if (w != 0) return 6;
     }
-    if (b->stats().dropped_writes != new_keys.size() || b->stats().pages_written != 0) _exit(7);
+    if (b->stats().dropped_writes != new_keys.size() || b->stats().pages_written != 0) return 7;
     std::vector<std::byte> buffer(old_keys.size() * kCapped.page_bytes());
     std::vector<std::uint8_t> found(old_keys.size());
-    if (!b->get(old_keys, buffer, found).ok()) _exit(8);
+    if (!b->get(old_keys, buffer, found).ok()) return 8;
     for (std::size_t i = 0; i < old_keys.size(); ++i) {
       const auto slot = std::span(buffer).subspan(i * kCapped.page_bytes(), kCapped.page_bytes());
-      if (found[i] != 1 || !clm_test::page_matches(old_keys[i], kCapped, slot)) _exit(9);
+      if (found[i] != 1 || !clm_test::page_matches(old_keys[i], kCapped, slot)) return 9;
     }
     std::vector<std::uint8_t> there(new_keys.size(), 7);
-    if (!b->exists(new_keys, there).ok()) _exit(10);
+    if (!b->exists(new_keys, there).ok()) return 10;
     for (std::uint8_t t : there) {
-      if (t != 0) _exit(11);
+      if (t != 0) return 11;
     }
-    _exit(0);
-  }
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
-  REQUIRE(WIFEXITED(status));
-  INFO("child exit code " << WEXITSTATUS(status) << " (see the _exit codes in the test)");
-  REQUIRE(WEXITSTATUS(status) == 0);
+    return 0;
+  });
+  const int code = child.exit_code();
+  INFO("child exit code " << code << " (see the codes the child returns)");
+  REQUIRE(code == 0);
   // No partial file anywhere: neither a temporary one nor a page.
   CHECK(files_under(dir.path(), ".tmp-").empty());
   auto b = open_backend(url, kCapped);
