@@ -24,8 +24,8 @@ int launch_rms_norm(Dims grid, const RmsNormArgs& args, void*) {
   return 0;
 }
 
-int launch_rope(Dims grid, const RopeArgs& args, void*) {
-  clm_emu::launch(emu(grid), kRowThreads, &rope_kernel, args);
+int launch_split_qkv(Dims grid, const SplitQkvArgs& args, void*) {
+  clm_emu::launch(emu(grid), kRowThreads, &split_qkv_kernel, args);
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,15 +55,14 @@ clm::Status cublas_error(cublasStatus_t err, const char* what) {
 // does not reallocate every step.
 constexpr GrowthPolicy kScratchGrowth{true, std::size_t{1} << 16, "cudaMalloc (tiny_llama scratch)"};
 
+// One GEMM for q, k and v and one for gate and up, as the CPU decoder does:
+// fewer launches, and each reads the normed rows once.
 struct DeviceLayer {
   const float* attn_norm;
-  const float* wq;
-  const float* wk;
-  const float* wv;
+  const float* w_qkv;  // [q_dim + 2 kv_dim][hidden]: wq's rows, then wk's, then wv's
   const float* wo;
   const float* mlp_norm;
-  const float* w_gate;
-  const float* w_up;
+  const float* w_gate_up;  // [2 intermediate][hidden]: w_gate's rows, then w_up's
   const float* w_down;
 };
 
@@ -88,7 +88,7 @@ struct CudaLlamaModel::Impl {
   // The forward's row metadata goes up through two pinned buffers, used in turn.
   clm::cuda::detail::StagingRing<2> staging{std::size_t{1} << 14};
   DeviceBuffer meta;
-  DeviceBuffer x, h, q, k, v, attn, o, gate, up, last, logits, decode_q, decode_out;
+  DeviceBuffer x, h, qkv, q, k, v, attn, o, gate_up, gate, last, logits, decode_q, decode_out;
   LayerObserver* observer = nullptr;
   // Host scratch, reused across calls.
   std::vector<std::int32_t> positions, last_rows, decode_rows;
@@ -106,8 +106,8 @@ struct CudaLlamaModel::Impl {
     if (stream) cudaStreamSynchronize(stream);
     workspace.reset();
     if (blas) cublasDestroy(blas);
-    for (DeviceBuffer* b : {&blas_workspace, &weights, &meta, &x, &h, &q, &k, &v, &attn, &o, &gate, &up, &last, &logits,
-                            &decode_q, &decode_out}) {
+    for (DeviceBuffer* b : {&blas_workspace, &weights, &meta, &x, &h, &qkv, &q, &k, &v, &attn, &o, &gate_up, &gate,
+                            &last, &logits, &decode_q, &decode_out}) {
       if (b->pointer) cudaFree(b->pointer);
     }
     staging.release();
@@ -152,14 +152,22 @@ struct CudaLlamaModel::Impl {
     rope_table(config, cos, sin);
     std::vector<std::pair<const std::vector<float>*, const float**>> tensors;
     layers.resize(w.layers.size());
+    // The fused projections' host copies live until the copies below are done.
+    std::vector<std::vector<float>> fused(2 * w.layers.size());
+    auto concat = [](std::vector<float>& out, std::initializer_list<const std::vector<float>*> parts) {
+      for (const std::vector<float>* part : parts) out.insert(out.end(), part->begin(), part->end());
+    };
     tensors.emplace_back(&w.embed, &embed);
     for (std::size_t l = 0; l < w.layers.size(); ++l) {
       const LlamaLayerWeights& src = w.layers[l];
       DeviceLayer& dst = layers[l];
+      concat(fused[2 * l], {&src.wq, &src.wk, &src.wv});
+      concat(fused[2 * l + 1], {&src.w_gate, &src.w_up});
+      const std::vector<float>& qkv_rows = fused[2 * l];
+      const std::vector<float>& gate_up_rows = fused[2 * l + 1];
       for (auto [host, device_pointer] :
-           {std::pair{&src.attn_norm, &dst.attn_norm}, std::pair{&src.wq, &dst.wq}, std::pair{&src.wk, &dst.wk},
-            std::pair{&src.wv, &dst.wv}, std::pair{&src.wo, &dst.wo}, std::pair{&src.mlp_norm, &dst.mlp_norm},
-            std::pair{&src.w_gate, &dst.w_gate}, std::pair{&src.w_up, &dst.w_up},
+           {std::pair{&src.attn_norm, &dst.attn_norm}, std::pair{&qkv_rows, &dst.w_qkv}, std::pair{&src.wo, &dst.wo},
+            std::pair{&src.mlp_norm, &dst.mlp_norm}, std::pair{&gate_up_rows, &dst.w_gate_up},
             std::pair{&src.w_down, &dst.w_down}}) {
         tensors.emplace_back(host, device_pointer);
       }
@@ -187,8 +195,8 @@ struct CudaLlamaModel::Impl {
 
   std::size_t device_bytes() const {
     std::size_t n = workspace ? workspace->device_bytes() : 0;
-    for (const DeviceBuffer* b : {&blas_workspace, &weights, &meta, &x, &h, &q, &k, &v, &attn, &o, &gate, &up, &last,
-                                  &logits, &decode_q, &decode_out}) {
+    for (const DeviceBuffer* b : {&blas_workspace, &weights, &meta, &x, &h, &qkv, &q, &k, &v, &attn, &o, &gate_up,
+                                  &gate, &last, &logits, &decode_q, &decode_out}) {
       n += b->capacity;
     }
     return n;
@@ -311,7 +319,9 @@ struct CudaLlamaModel::Impl {
     for (DeviceBuffer* buffer : {&x, &h, &o}) CLM_RETURN_IF_ERROR(reserve(*buffer, rows, hidden));
     for (DeviceBuffer* buffer : {&q, &attn}) CLM_RETURN_IF_ERROR(reserve(*buffer, rows, q_dim));
     for (DeviceBuffer* buffer : {&k, &v}) CLM_RETURN_IF_ERROR(reserve(*buffer, rows, kv_dim));
-    for (DeviceBuffer* buffer : {&gate, &up}) CLM_RETURN_IF_ERROR(reserve(*buffer, rows, inter));
+    CLM_RETURN_IF_ERROR(reserve(qkv, rows, q_dim + 2 * kv_dim));
+    CLM_RETURN_IF_ERROR(reserve(gate_up, rows, 2 * inter));
+    CLM_RETURN_IF_ERROR(reserve(gate, rows, inter));
     CLM_RETURN_IF_ERROR(reserve(last, n, hidden));
     CLM_RETURN_IF_ERROR(reserve(logits, n, c.vocab_size));
     const auto decode_count = static_cast<std::int64_t>(decode_rows.size());
@@ -336,17 +346,13 @@ struct CudaLlamaModel::Impl {
     for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
       const DeviceLayer& w = layers[static_cast<std::size_t>(layer)];
       CLM_RETURN_IF_ERROR(rms_norm(at(x), rows, w.attn_norm, at(h)));
-      CLM_RETURN_IF_ERROR(gemm(at(h), rows, hidden, w.wq, q_dim, at(q), "cublasGemmEx (q_proj)"));
-      CLM_RETURN_IF_ERROR(gemm(at(h), rows, hidden, w.wk, kv_dim, at(k), "cublasGemmEx (k_proj)"));
-      CLM_RETURN_IF_ERROR(gemm(at(h), rows, hidden, w.wv, kv_dim, at(v), "cublasGemmEx (v_proj)"));
+      CLM_RETURN_IF_ERROR(gemm(at(h), rows, hidden, w.w_qkv, q_dim + 2 * kv_dim, at(qkv), "cublasGemmEx (qkv_proj)"));
       CLM_RETURN_IF_ERROR(
-          launch_status(cuda_detail::launch_rope(
-                            per_row, {at(q), positions_on_device, rope_cos, rope_sin, c.num_heads, c.head_dim}, stream),
-                        "tiny_llama RoPE kernel launch"));
-      CLM_RETURN_IF_ERROR(launch_status(
-          cuda_detail::launch_rope(
-              per_row, {at(k), positions_on_device, rope_cos, rope_sin, c.num_kv_heads, c.head_dim}, stream),
-          "tiny_llama RoPE kernel launch"));
+          launch_status(cuda_detail::launch_split_qkv(per_row,
+                                                      {at(qkv), positions_on_device, rope_cos, rope_sin, at(q), at(k),
+                                                       at(v), c.num_heads, c.num_kv_heads, c.head_dim},
+                                                      stream),
+                        "tiny_llama q/k/v split (RoPE) kernel launch"));
       CLM_RETURN_IF_ERROR(clm::cuda::write_kv(*workspace, kv, layer, at(k), at(v), b.slots, stream));
       CLM_RETURN_IF_ERROR(attention(layer, b, kv));
       CLM_RETURN_IF_ERROR(gemm(at(attn), rows, q_dim, w.wo, hidden, at(o), "cublasGemmEx (o_proj)"));
@@ -356,12 +362,12 @@ struct CudaLlamaModel::Impl {
       }
       CLM_RETURN_IF_ERROR(add(at(x), at(o), rows * hidden));
       CLM_RETURN_IF_ERROR(rms_norm(at(x), rows, w.mlp_norm, at(h)));
-      CLM_RETURN_IF_ERROR(gemm(at(h), rows, hidden, w.w_gate, inter, at(gate), "cublasGemmEx (gate_proj)"));
-      CLM_RETURN_IF_ERROR(gemm(at(h), rows, hidden, w.w_up, inter, at(up), "cublasGemmEx (up_proj)"));
       CLM_RETURN_IF_ERROR(
-          launch_status(cuda_detail::launch_silu_mul(Dims{cuda_detail::elementwise_blocks(rows * inter), 1, 1},
-                                                     {at(gate), at(up), rows * inter}, stream),
-                        "tiny_llama SiLU kernel launch"));
+          gemm(at(h), rows, hidden, w.w_gate_up, 2 * inter, at(gate_up), "cublasGemmEx (gate_up_proj)"));
+      CLM_RETURN_IF_ERROR(launch_status(
+          cuda_detail::launch_silu_mul(Dims{cuda_detail::elementwise_blocks(rows * inter), 1, 1},
+                                       {at(gate_up), at(gate), rows * inter, static_cast<std::int32_t>(inter)}, stream),
+          "tiny_llama SiLU kernel launch"));
       CLM_RETURN_IF_ERROR(gemm(at(gate), rows, inter, w.w_down, hidden, at(o), "cublasGemmEx (down_proj)"));
       CLM_RETURN_IF_ERROR(add(at(x), at(o), rows * hidden));
       if (observer) {

@@ -16,8 +16,8 @@ namespace tiny_llama::cuda_detail {
 
 using clm::cuda::detail::Dims;
 
-inline constexpr int kRowThreads = 128;          // one block per row: embedding, RMSNorm, RoPE, row copies
-inline constexpr int kElementwiseThreads = 256;  // SiLU * up, residual add
+inline constexpr int kRowThreads = 128;          // one block per row: embedding, RMSNorm, q/k/v split, row copies
+inline constexpr int kElementwiseThreads = 256;  // SiLU(gate) * up, residual add
 inline constexpr std::int64_t kElementsPerBlock = 8192;
 
 // out[r] = table[tokens[r]], rows of `cols`.
@@ -38,14 +38,20 @@ struct RmsNormArgs {
   float eps;
 };
 
-// Rotate-half RoPE in place on x [rows][heads][head_dim] at positions[r],
-// with the cos/sin table [max_position][head_dim / 2].
-struct RopeArgs {
-  float* x;
+// One row of the fused q/k/v projection, qkv [rows][q_heads + 2 kv_heads][head_dim]
+// (q's heads, then k's, then v's), split into q [rows][q_heads][head_dim] and
+// k, v [rows][kv_heads][head_dim], with rotate-half RoPE applied to q and k at
+// positions[r] (cos/sin table [max_position][head_dim / 2]).
+struct SplitQkvArgs {
+  const float* qkv;
   const std::int32_t* positions;
   const float* cos;
   const float* sin;
-  std::int32_t heads;
+  float* q;
+  float* k;
+  float* v;
+  std::int32_t q_heads;
+  std::int32_t kv_heads;
   std::int32_t head_dim;
 };
 
@@ -59,12 +65,15 @@ struct CopyRowsArgs {
   std::int32_t cols;
 };
 
-// Elementwise over n values, block b taking [b * kElementsPerBlock, ...):
-// silu_mul: gate = SiLU(gate) * up; add: x += y.
+// Elementwise over n values, block b taking [b * kElementsPerBlock, ...).
+// silu_mul: out [rows][inter] = SiLU(gate) * up, from the fused projection
+// gate_up [rows][2 * inter] (gate's columns, then up's); n = rows * inter.
+// add: x += y.
 struct SiluMulArgs {
-  float* gate;
-  const float* up;
+  const float* gate_up;
+  float* out;
   std::int64_t n;
+  std::int32_t inter;
 };
 struct AddArgs {
   float* x;

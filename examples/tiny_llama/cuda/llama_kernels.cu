@@ -21,8 +21,8 @@ int launch_rms_norm(Dims grid, const RmsNormArgs& args, void* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-int launch_rope(Dims grid, const RopeArgs& args, void* stream) {
-  rope_kernel<<<as_dim3(grid), kRowThreads, 0, as_stream(stream)>>>(args);
+int launch_split_qkv(Dims grid, const SplitQkvArgs& args, void* stream) {
+  split_qkv_kernel<<<as_dim3(grid), kRowThreads, 0, as_stream(stream)>>>(args);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -1,6 +1,7 @@
 // examples/tiny_llama/cuda/llama_kernels.cuh: the device code of the CUDA
 // decoder besides cuBLAS's GEMMs and the library's attention: embedding
-// gather, RMSNorm, RoPE, row copies, SiLU(gate) * up, residual add. Compiled
+// gather, RMSNorm, the split of the fused q/k/v rows with RoPE, row copies,
+// SiLU(gate) * up, residual add. Compiled
 // by nvcc in llama_kernels.cu and by the host compiler over the CPU emulator
 // in tests/gpu/emulated_llama_launch.cpp, through cuda/kernel_common.cuh's
 // wrappers (threadIdx, blockIdx, __syncthreads, __shared__). Every index
@@ -45,19 +46,27 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kRowThreads) rms_norm_kernel(RmsNormArgs a) {
   for (int c = t; c < a.cols; c += kRowThreads) out[c] = in[c] * scale * a.weight[c];
 }
 
-CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kRowThreads) rope_kernel(RopeArgs a) {
+CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kRowThreads) split_qkv_kernel(SplitQkvArgs a) {
   const std::int64_t row = bid_x();
   const int half = a.head_dim / 2;
   const float* cos = a.cos + std::int64_t{a.positions[row]} * half;
   const float* sin = a.sin + std::int64_t{a.positions[row]} * half;
-  float* x = a.x + row * a.heads * a.head_dim;
-  for (int j = static_cast<int>(tid_x()); j < a.heads * half; j += kRowThreads) {
+  const float* in = a.qkv + row * (a.q_heads + 2 * a.kv_heads) * a.head_dim;
+  float* q = a.q + row * a.q_heads * a.head_dim;
+  float* k = a.k + row * a.kv_heads * a.head_dim;
+  // q's and k's heads, rotated pair by pair.
+  for (int j = static_cast<int>(tid_x()); j < (a.q_heads + a.kv_heads) * half; j += kRowThreads) {
     const int head = j / half, i = j % half;
-    float* v = x + head * a.head_dim;
-    const float x1 = v[i], x2 = v[i + half];
-    v[i] = x1 * cos[i] - x2 * sin[i];
-    v[i + half] = x2 * cos[i] + x1 * sin[i];
+    const float* x = in + head * a.head_dim;
+    float* y = head < a.q_heads ? q + head * a.head_dim : k + (head - a.q_heads) * a.head_dim;
+    const float x1 = x[i], x2 = x[i + half];
+    y[i] = x1 * cos[i] - x2 * sin[i];
+    y[i + half] = x2 * cos[i] + x1 * sin[i];
   }
+  // v's, as they are.
+  const float* v_in = in + (a.q_heads + a.kv_heads) * a.head_dim;
+  float* v = a.v + row * a.kv_heads * a.head_dim;
+  for (int c = static_cast<int>(tid_x()); c < a.kv_heads * a.head_dim; c += kRowThreads) v[c] = v_in[c];
 }
 
 CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kRowThreads) copy_rows_kernel(CopyRowsArgs a) {
@@ -73,8 +82,10 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kElementwiseThreads) silu_mul_kernel(SiluMulAr
   const std::int64_t begin = std::int64_t{bid_x()} * kElementsPerBlock;
   const std::int64_t end = begin + kElementsPerBlock < a.n ? begin + kElementsPerBlock : a.n;
   for (std::int64_t i = begin + tid_x(); i < end; i += kElementwiseThreads) {
-    const float g = a.gate[i];
-    a.gate[i] = g / (1.0f + expf(-g)) * a.up[i];
+    const std::int64_t row = i / a.inter, col = i - row * a.inter;
+    const float* gate_up = a.gate_up + row * 2 * a.inter;
+    const float g = gate_up[col];
+    a.out[i] = g / (1.0f + expf(-g)) * gate_up[a.inter + col];
   }
 }
 

@@ -13,7 +13,7 @@ namespace tiny_llama::cuda_detail {
 
 int launch_embed(Dims grid, const EmbedArgs& args, void* stream);
 int launch_rms_norm(Dims grid, const RmsNormArgs& args, void* stream);
-int launch_rope(Dims grid, const RopeArgs& args, void* stream);
+int launch_split_qkv(Dims grid, const SplitQkvArgs& args, void* stream);
 int launch_copy_rows(Dims grid, const CopyRowsArgs& args, void* stream);
 int launch_silu_mul(Dims grid, const SiluMulArgs& args, void* stream);
 int launch_add(Dims grid, const AddArgs& args, void* stream);
