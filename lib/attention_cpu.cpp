@@ -793,7 +793,7 @@ Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& par
   std::int32_t tile = std::clamp(128 / shape.group, 1, 128);
   while (tile > 8 && static_cast<std::int64_t>(heads) * ((n_new + tile - 1) / tile) < 2 * threads) tile /= 2;
   const std::int32_t tiles = (n_new + tile - 1) / tile;
-  const bool avx2 = detail::simd_for(layer) != detail::CpuIsa::scalar;  // (avx512 runs the AVX2 tile)
+  const detail::CpuIsa isa = detail::simd_for(layer);
   auto run_tile = [&](std::int64_t t) {
     // Later tiles see more keys: hand them out first.
     const std::int32_t index = tiles - 1 - static_cast<std::int32_t>(t / heads);
@@ -807,10 +807,16 @@ Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& par
     pt.kv_head = static_cast<std::int32_t>(t % heads);
     pt.q_begin = index * tile;
     pt.q_end = std::min(n_new, pt.q_begin + tile);
-    if (avx2) {
-      detail::prefill_tile_avx2(layer, shape, pt);
-    } else {
-      detail::prefill_tile_scalar(layer, shape, pt);
+    switch (isa) {
+      case detail::CpuIsa::avx512:
+        detail::prefill_tile_avx512(layer, shape, pt);
+        break;
+      case detail::CpuIsa::avx2:
+        detail::prefill_tile_avx2(layer, shape, pt);
+        break;
+      case detail::CpuIsa::scalar:
+        detail::prefill_tile_scalar(layer, shape, pt);
+        break;
     }
   };
   bool ok = false;

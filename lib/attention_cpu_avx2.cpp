@@ -44,28 +44,13 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
+#include "attention_cpu_prefill_pack.hpp"  // kKeyBlock, load8, the packing of a key block: this file's copies
+
 namespace clm::detail {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int kKeyBlock = 32;      // keys per prefill block
-constexpr int kRowTile = 6;        // rows per prefill micro-kernel
-
-template <KvDType DT>
-constexpr std::size_t kBytes = DT == KvDType::f32 ? 4 : 2;
-
-// 8 consecutive elements of a KV row, as f32.
-template <KvDType DT>
-inline __m256 load8(const char* p) {
-  if constexpr (DT == KvDType::f32) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  } else if constexpr (DT == KvDType::f16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-}
+constexpr int kRowTile = 6;  // rows per prefill micro-kernel (attention_cpu_prefill.hpp)
 
 // exp(x) for x <= 88 (Cephes' polynomial, ~1 ulp); exactly 0 below -87
 // (where f32 exp would be subnormal), so masked -inf scores give 0. NaN stays NaN.
@@ -289,62 +274,6 @@ void load_q(float* qs, const float* q, std::size_t n, float scale) {
 
 // ---- prefill ------------------------------------------------------------------
 
-inline void transpose8(__m256* r) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
-  const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
-  const __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
-  const __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
-  const __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
-// KT[d][j] = K row j, element d (f32), for kKeyBlock rows (all valid).
-template <KvDType DT>
-void pack_kt(const char* const* krow, int dim, float* kt) {
-  constexpr std::size_t E = kBytes<DT>;
-  for (int j0 = 0; j0 < kKeyBlock; j0 += 8) {
-    for (int d0 = 0; d0 < dim; d0 += 8) {
-      __m256 r[8];
-      for (int j = 0; j < 8; ++j) r[j] = load8<DT>(krow[j0 + j] + static_cast<std::size_t>(d0) * E);
-      transpose8(r);
-      for (int j = 0; j < 8; ++j) _mm256_store_ps(kt + static_cast<std::ptrdiff_t>(d0 + j) * kKeyBlock + j0, r[j]);
-    }
-  }
-}
-
-// Vp[j][:] = V row j (f32), for the nb valid rows.
-template <KvDType DT>
-void pack_v(const char* const* vrow, int nb, int dim, float* vp) {
-  constexpr std::size_t E = kBytes<DT>;
-  for (int j = 0; j < nb; ++j) {
-    if constexpr (DT == KvDType::f32) {
-      std::memcpy(vp + static_cast<std::ptrdiff_t>(j) * dim, vrow[j], static_cast<std::size_t>(dim) * 4);
-    } else {
-      for (int d = 0; d < dim; d += 8) {
-        _mm256_store_ps(vp + static_cast<std::ptrdiff_t>(j) * dim + d, load8<DT>(vrow[j] + static_cast<std::size_t>(d) * E));
-      }
-    }
-  }
-}
-
 // S[r][0..kKeyBlock) = Q[r] . KT, MR rows.
 template <int MR>
 void qk_kernel(const float* q, const float* kt, float* s, int dim) {
@@ -416,6 +345,10 @@ struct PvKernel {
     pv_kernel<MR>(p, vp, o, alpha, dim, nk);
   }
 };
+void qk_tile(int mr, const float* q, const float* kt, float* s, int dim) { by_rows<QkKernel>(mr, q, kt, s, dim); }
+void pv_tile(int mr, const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
+  by_rows<PvKernel>(mr, p, vp, o, alpha, dim, nk);
+}
 
 // Online softmax of one row of S (in place: S becomes P).
 inline void softmax_row(float* s, float& m, float& l, float& alpha) {
@@ -439,101 +372,11 @@ inline void softmax_row(float* s, float& m, float& l, float& alpha) {
   m = m_new;
 }
 
-template <KvDType DT>
-void prefill_tile(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
-  const int dim = kv.head_dim;
-  const int group = shape.group;
-  const int nq = tile.q_end - tile.q_begin;
-  const int rows = nq * group;
-  const std::size_t d = static_cast<std::size_t>(dim);
-  const std::size_t row_stride = static_cast<std::size_t>(shape.num_q_heads) * d;  // one token's q heads
-  const std::size_t group_floats = static_cast<std::size_t>(group) * d;
-
-  float* qs = scratch_floats(0, static_cast<std::size_t>(rows) * d);
-  float* o = scratch_floats(1, static_cast<std::size_t>(rows) * d);
-  float* s = scratch_floats(2, static_cast<std::size_t>(rows) * kKeyBlock);
-  float* kt = scratch_floats(3, d * kKeyBlock);
-  float* vp = scratch_floats(4, d * kKeyBlock);
-  float* ml = scratch_floats(5, 3 * static_cast<std::size_t>(rows));
-  float* m = ml;
-  float* l = ml + rows;
-  float* alpha = ml + 2 * rows;
-
-  // Rows r = i * group + g: query q_begin + i, q head kv_head * group + g.
-  const __m256 scale = _mm256_set1_ps(shape.scale);
-  for (int i = 0; i < nq; ++i) {
-    const float* src = tile.q + static_cast<std::size_t>(tile.q_begin + i) * row_stride +
-                       static_cast<std::size_t>(tile.kv_head) * group_floats;
-    float* dst = qs + static_cast<std::size_t>(i) * group_floats;
-    for (std::size_t j = 0; j < group_floats; j += 8) _mm256_store_ps(dst + j, _mm256_mul_ps(_mm256_loadu_ps(src + j), scale));
-  }
-  std::memset(o, 0, static_cast<std::size_t>(rows) * d * sizeof(float));
-  for (int r = 0; r < rows; ++r) {
-    m[r] = kNegInf;
-    l[r] = 0.0f;
-  }
-
-  const std::int64_t pos0 = tile.kv_len - tile.n_new;
-  const std::int64_t first_pos = pos0 + tile.q_begin;
-  const std::int64_t last_pos = pos0 + tile.q_end - 1;
-  const std::int64_t key_begin = tile.window > 0 ? std::max<std::int64_t>(0, first_pos - tile.window + 1) : 0;
-  const std::int64_t key_end = last_pos + 1;
-  const std::size_t head_off = static_cast<std::size_t>(tile.kv_head) * kv.head_bytes;
-  const char* krow[kKeyBlock];
-  const char* vrow[kKeyBlock];
-
-  for (std::int64_t kb = key_begin; kb < key_end; kb += kKeyBlock) {
-    const int nb = static_cast<int>(std::min<std::int64_t>(kKeyBlock, key_end - kb));
-    for (int j = 0; j < nb; ++j) krow[j] = kv.token_row(tile.pages, kb + j) + head_off;
-    for (int j = nb; j < kKeyBlock; ++j) krow[j] = krow[nb - 1];
-    for (int j = 0; j < nb; ++j) vrow[j] = krow[j] + kv.v_offset;
-    pack_kt<DT>(krow, dim, kt);
-    pack_v<DT>(vrow, nb, dim, vp);
-
-    for (int r0 = 0; r0 < rows; r0 += kRowTile) {
-      by_rows<QkKernel>(std::min(kRowTile, rows - r0), qs + static_cast<std::size_t>(r0) * d, kt,
-                        s + static_cast<std::size_t>(r0) * kKeyBlock, dim);
-    }
-    const bool unmasked = nb == kKeyBlock && kb + nb - 1 <= first_pos &&
-                          (tile.window <= 0 || kb >= last_pos - tile.window + 1);
-    if (!unmasked) {
-      for (int i = 0; i < nq; ++i) {
-        const std::int64_t pos = first_pos + i;
-        const std::int64_t lo = tile.window > 0 ? pos - tile.window + 1 : 0;
-        for (int g = 0; g < group; ++g) {
-          float* row = s + static_cast<std::size_t>(i * group + g) * kKeyBlock;
-          for (int j = 0; j < kKeyBlock; ++j) {
-            const std::int64_t key = kb + j;
-            if (j >= nb || key > pos || key < lo) row[j] = kNegInf;
-          }
-        }
-      }
-    }
-    for (int r = 0; r < rows; ++r) softmax_row(s + static_cast<std::size_t>(r) * kKeyBlock, m[r], l[r], alpha[r]);
-    for (int r0 = 0; r0 < rows; r0 += kRowTile) {
-      by_rows<PvKernel>(std::min(kRowTile, rows - r0), s + static_cast<std::size_t>(r0) * kKeyBlock, vp,
-                        o + static_cast<std::size_t>(r0) * d, alpha + r0, dim, nb);
-    }
-  }
-
-  for (int i = 0; i < nq; ++i) {
-    float* dst = tile.out + static_cast<std::size_t>(tile.q_begin + i) * row_stride +
-                 static_cast<std::size_t>(tile.kv_head) * group_floats;
-    for (int g = 0; g < group; ++g) {
-      const int r = i * group + g;
-      const __m256 inv = _mm256_set1_ps(1.0f / l[r]);
-      const float* src = o + static_cast<std::size_t>(r) * d;
-      for (int j = 0; j < dim; j += 8) {
-        _mm256_storeu_ps(dst + static_cast<std::size_t>(g) * d + j, _mm256_mul_ps(_mm256_load_ps(src + j), inv));
-      }
-    }
-  }
-}
-
 }  // namespace
 }  // namespace clm::detail
 
-#include "attention_cpu_decode.hpp"  // the decode's block walk over the kernels above, compiled for AVX2 here
+#include "attention_cpu_decode.hpp"   // the decode's block walk over the kernels above, compiled for AVX2 here
+#include "attention_cpu_prefill.hpp"  // the prefill's tile walk, likewise
 
 namespace clm::detail {
 void decode_chunk_avx2(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
@@ -541,11 +384,7 @@ void decode_chunk_avx2(const KvLayer& kv, const AttnShape& shape, const DecodeCh
 }
 
 void prefill_tile_avx2(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
-  switch (kv.dtype) {
-    case KvDType::f32: prefill_tile<KvDType::f32>(kv, shape, tile); break;
-    case KvDType::f16: prefill_tile<KvDType::f16>(kv, shape, tile); break;
-    case KvDType::bf16: prefill_tile<KvDType::bf16>(kv, shape, tile); break;
-  }
+  prefill_tile_for(kv, shape, tile);
 }
 
 }  // namespace clm::detail

@@ -1,13 +1,16 @@
-// AVX-512F decode attention (see clm/detail/attention_cpu.hpp).
+// AVX-512F attention kernels (see clm/detail/attention_cpu.hpp).
 //
-// The AVX2 decode of attention_cpu_avx2.cpp at twice the width: the same
-// block walk (attention_cpu_decode.hpp: scores in address order, online
-// softmax, acc += P V), with 16 dot products in flight in QK and 16
-// accumulators in P V instead of 8, which AVX-512's 32 registers hold. Decode
-// over bf16 and f16 KV is bound by the core, not by memory (docs/kernels.md):
-// a 64-byte load here carries 32 bf16 elements, unpacked by one shift and one
-// and (even elements | odd elements), so each cache line costs a third of
-// the instructions of the AVX2 path. Prefill stays on the AVX2 tile.
+// decode: the AVX2 decode of attention_cpu_avx2.cpp at twice the width: the
+//   same block walk (attention_cpu_decode.hpp: scores in address order,
+//   online softmax, acc += P V), with 16 dot products in flight in QK and 16
+//   accumulators in P V instead of 8, which AVX-512's 32 registers hold. A
+//   64-byte load carries 32 bf16 elements, unpacked by one shift and one and
+//   (even elements | odd elements), so each cache line costs a third of the
+//   instructions of the AVX2 path.
+// prefill: the AVX2 tile's walk and packing (attention_cpu_prefill.hpp,
+//   attention_cpu_prefill_pack.hpp) with micro-kernels twice as wide: a
+//   32-key block is two vectors, so up to 12 rows fit the registers (24
+//   accumulators) against AVX2's 6.
 //
 // Compiled per function for AVX-512F (+ the AVX2 set) through a target pragma,
 // not with -mavx512f for the file, and called only after
@@ -32,6 +35,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <limits>
 
 #if defined(__clang__)
@@ -41,14 +46,13 @@
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #endif
 
+#include "attention_cpu_prefill_pack.hpp"  // kKeyBlock, kBytes, the packing of a key block: this file's copies
+
 namespace clm::detail {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kLanes = 16;  // floats per vector; also dot products in flight
-
-template <KvDType DT>
-constexpr std::size_t kBytes = DT == KvDType::f32 ? 4 : 2;
 
 // 32 consecutive elements of a KV row as two f32 vectors, in the "block
 // layout" of DT: elements 0-15 and 16-31 for f32 / f16; for bf16 the even
@@ -265,6 +269,102 @@ void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, 
   }
 }
 
+// ---- prefill ------------------------------------------------------------------
+//
+// What attention_cpu_prefill.hpp's tile walk calls.
+
+constexpr int kRowTile = 12;  // rows per micro-kernel: 24 accumulators, 2 vectors of K or V, a broadcast
+
+// S[r][0..kKeyBlock) = Q[r] . KT, MR rows.
+template <int MR>
+void qk_kernel(const float* q, const float* kt, float* s, int dim) {
+  static_assert(kKeyBlock == 2 * kLanes);
+  __m512 c[MR][2];
+  for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  const float* k = kt;
+  for (int d = 0; d < dim; ++d, k += kKeyBlock) {
+    const __m512 k0 = _mm512_load_ps(k);
+    const __m512 k1 = _mm512_load_ps(k + kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 b = _mm512_set1_ps(q[static_cast<std::ptrdiff_t>(r) * dim + d]);
+      c[r][0] = _mm512_fmadd_ps(b, k0, c[r][0]);
+      c[r][1] = _mm512_fmadd_ps(b, k1, c[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm512_store_ps(s + r * kKeyBlock, c[r][0]);
+    _mm512_store_ps(s + r * kKeyBlock + kLanes, c[r][1]);
+  }
+}
+
+// O[r] = alpha[r] * O[r] + sum_{k < nk} P[r][k] * Vp[k], MR rows, 32 columns a pass.
+template <int MR>
+void pv_kernel(const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
+  for (int c0 = 0; c0 < dim; c0 += 2 * kLanes) {
+    __m512 c[MR][2];
+    for (int r = 0; r < MR; ++r) {
+      const __m512 al = _mm512_set1_ps(alpha[r]);
+      float* row = o + static_cast<std::ptrdiff_t>(r) * dim + c0;
+      c[r][0] = _mm512_mul_ps(_mm512_load_ps(row), al);
+      c[r][1] = _mm512_mul_ps(_mm512_load_ps(row + kLanes), al);
+    }
+    const float* v = vp + c0;
+    for (int k = 0; k < nk; ++k, v += dim) {
+      const __m512 v0 = _mm512_load_ps(v);
+      const __m512 v1 = _mm512_load_ps(v + kLanes);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 b = _mm512_set1_ps(p[r * kKeyBlock + k]);
+        c[r][0] = _mm512_fmadd_ps(b, v0, c[r][0]);
+        c[r][1] = _mm512_fmadd_ps(b, v1, c[r][1]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      float* row = o + static_cast<std::ptrdiff_t>(r) * dim + c0;
+      _mm512_store_ps(row, c[r][0]);
+      _mm512_store_ps(row + kLanes, c[r][1]);
+    }
+  }
+}
+
+// The micro-kernels for mr rows (1 <= mr <= MR), by a compile-time count.
+template <int MR = kRowTile>
+void qk_tile(int mr, const float* q, const float* kt, float* s, int dim) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return qk_tile<MR - 1>(mr, q, kt, s, dim);
+  }
+  qk_kernel<MR>(q, kt, s, dim);
+}
+template <int MR = kRowTile>
+void pv_tile(int mr, const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return pv_tile<MR - 1>(mr, p, vp, o, alpha, dim, nk);
+  }
+  pv_kernel<MR>(p, vp, o, alpha, dim, nk);
+}
+
+// Online softmax of one row of S (in place: S becomes P).
+inline void softmax_row(float* s, float& m, float& l, float& alpha) {
+  const __m512 s0 = _mm512_load_ps(s);
+  const __m512 s1 = _mm512_load_ps(s + kLanes);
+  const float m_new = std::max(m, _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+  if (m_new == kNegInf) {  // every key so far masked: nothing to add
+    alpha = 1.0f;
+    _mm512_store_ps(s, _mm512_setzero_ps());
+    _mm512_store_ps(s + kLanes, _mm512_setzero_ps());
+    return;
+  }
+  alpha = std::exp(m - m_new);
+  const __m512 mv = _mm512_set1_ps(m_new);
+  const __m512 p0 = exp16(_mm512_sub_ps(s0, mv));
+  const __m512 p1 = exp16(_mm512_sub_ps(s1, mv));
+  _mm512_store_ps(s, p0);
+  _mm512_store_ps(s + kLanes, p1);
+  l = l * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+  m = m_new;
+}
+
+// ---- decode ---------------------------------------------------------------------
+//
 // What attention_cpu_decode.hpp's block walk calls besides the kernels above.
 constexpr int kDecodeDots = kLanes;
 template <KvDType DT>
@@ -277,11 +377,15 @@ void load_q(float* qs, const float* q, std::size_t n, float scale) {
 }  // namespace
 }  // namespace clm::detail
 
-#include "attention_cpu_decode.hpp"  // the decode's block walk over the kernels above, compiled for AVX-512 here
+#include "attention_cpu_decode.hpp"   // the decode's block walk over the kernels above, compiled for AVX-512 here
+#include "attention_cpu_prefill.hpp"  // the prefill's tile walk, likewise
 
 namespace clm::detail {
 void decode_chunk_avx512(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
   decode_blocks_for(kv, shape, chunk);
+}
+void prefill_tile_avx512(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
+  prefill_tile_for(kv, shape, tile);
 }
 
 }  // namespace clm::detail
@@ -303,6 +407,7 @@ bool avx512_kernels_built() { return true; }
 namespace clm::detail {
 bool avx512_kernels_built() { return false; }
 void decode_chunk_avx512(const KvLayer&, const AttnShape&, const DecodeChunk&) { std::abort(); }
+void prefill_tile_avx512(const KvLayer&, const AttnShape&, const PrefillTile&) { std::abort(); }
 }  // namespace clm::detail
 
 #endif

@@ -13,7 +13,9 @@
 //                                     matmuls (per kv head: [512 x 128] x [128 x 2176] and
 //                                     [512 x 2176] x [2176 x 128]), the 8 heads split over the
 //                                     same number of threads, each running Eigen single-threaded
-//   kernels/decode_*_avx2             where the AVX-512 decode runs: the same cases on the AVX2 one
+//   kernels/{decode,prefill}_*_avx2   where the AVX-512 kernels run: the same cases on the AVX2 ones
+//                                     (the prefill's Eigen baseline is AVX2 for both: Eigen built for
+//                                     AVX-512 in the same program would break the one-definition rule)
 // CLM_BENCH_SMOKE=1: the same cases at small sizes, one run each.
 // Every figure is the median of 15 runs, kernel and baseline interleaved so
 // that drift of a shared machine hits both alike. This file is compiled with
@@ -272,12 +274,12 @@ int main() {
   if (smoke) g_runs = 1;
   const int batch = smoke ? 2 : 8;
   const std::int32_t context = smoke ? 1024 : 8192, long_context = smoke ? 2048 : 65536;
+  // Where the AVX-512 kernels run, the AVX2 ones are measured too (cases
+  // suffixed _avx2), against the same baseline.
+  std::vector<clm::detail::CpuIsa> isas{clm::detail::cpu_isa()};
+  if (isas[0] == clm::detail::CpuIsa::avx512) isas.push_back(clm::detail::CpuIsa::avx2);
   {
     ReadBandwidth stream(std::size_t{1} << (smoke ? 26 : 30), threads);
-    // Where the AVX-512 decode runs, the AVX2 one is measured too (cases
-    // suffixed _avx2), against the same baseline.
-    std::vector<clm::detail::CpuIsa> isas{clm::detail::cpu_isa()};
-    if (isas[0] == clm::detail::CpuIsa::avx512) isas.push_back(clm::detail::CpuIsa::avx2);
     for (clm::KvDType dtype : {clm::KvDType::f32, clm::KvDType::bf16}) {
       // 8 x 8192 tokens x 8 heads x 128 x 2 (K, V) x 4 B = 512 MiB for f32, one layer.
       const Pool p = make_pool(batch * context / kPageSize, dtype);
@@ -294,8 +296,13 @@ int main() {
   const std::int32_t prefill_new = smoke ? 32 : 128, prefill_prefix = smoke ? 256 : 2048;
   EigenGemm gemm(4 * prefill_new, prefill_prefix + prefill_new, kHeadDim, kKvHeads, threads);
   for (clm::KvDType dtype : {clm::KvDType::f32, clm::KvDType::bf16}) {
-    bench_prefill(dtype, fmt::format("prefill_{}_128_over_2048", clm::kv_dtype_name(dtype)), prefill_new,
-                  prefill_prefix, gemm, rng);
+    for (clm::detail::CpuIsa isa : isas) {
+      check(clm::detail::set_cpu_isa(isa));
+      const std::string suffix = isa == isas[0] ? "" : fmt::format("_{}", clm::detail::cpu_isa_name(isa));
+      bench_prefill(dtype, fmt::format("prefill_{}_128_over_2048{}", clm::kv_dtype_name(dtype), suffix), prefill_new,
+                    prefill_prefix, gemm, rng);
+    }
+    check(clm::detail::set_cpu_isa(isas[0]));
   }
   std::fprintf(stderr, "bench_kernels: load average at the end %s\n", load_average().c_str());
   return 0;

@@ -19,8 +19,8 @@
 
 namespace clm::detail {
 
-// avx512: the AVX2 kernels, with decode in AVX-512F (prefill and the packed
-// GEMM stay AVX2's). Each ISA includes the ones below it.
+// avx512: the attention kernels in AVX-512F (the packed GEMM stays AVX2's).
+// Each ISA includes the ones below it.
 enum class CpuIsa : std::uint8_t { scalar = 0, avx2 = 1, avx512 = 2 };
 
 const char* cpu_isa_name(CpuIsa isa);
@@ -96,10 +96,11 @@ void decode_chunk_avx2(const KvLayer& kv, const AttnShape& shape, const DecodeCh
 void prefill_tile_avx2(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile);
 inline constexpr std::int32_t kAvx2HeadDimMultiple = 64;
 
-// AVX-512F decode (on top of the AVX2 set), for the same head_dim; false
-// where it is not compiled in.
+// AVX-512F decode and prefill (on top of the AVX2 set), for the same
+// head_dim; false where they are not compiled in.
 bool avx512_kernels_built();
 void decode_chunk_avx512(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk);
+void prefill_tile_avx512(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile);
 
 // Per-thread scratch: `slot` names a buffer (0..7), 64-byte aligned, grown as
 // needed and kept for the thread's life. Throws std::bad_alloc.
