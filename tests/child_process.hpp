@@ -92,6 +92,7 @@ class ChildProcess {
 
   // SIGKILL, then REQUIREs that the signal, not the child itself, ended it.
   void kill() {
+    REQUIRE(pid_ > 0);  // once reaped, never signal: kill(-1) would reach every process we may signal
     REQUIRE(::kill(pid_, SIGKILL) == 0);
     const int status = reap();
     if (!WIFSIGNALED(status)) FAIL("the child exited by itself with status " << WEXITSTATUS(status));
@@ -108,6 +109,7 @@ class ChildProcess {
 
  private:
   int reap() {
+    REQUIRE(pid_ > 0);  // a child is reaped once
     int status = 0;
     REQUIRE(::waitpid(pid_, &status, 0) == pid_);
     pid_ = -1;
