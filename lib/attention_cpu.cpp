@@ -439,6 +439,26 @@ CpuIsa simd_for(const KvLayer& kv) {
   return kv.head_dim % kAvx2HeadDimMultiple == 0 ? cpu_isa() : CpuIsa::scalar;
 }
 
+// One ISA's kernels: the drivers below pick them here, and nowhere else.
+struct IsaKernels {
+  void (*decode_chunk)(const KvLayer&, const AttnShape&, const DecodeChunk&);
+  void (*prefill_tile)(const KvLayer&, const AttnShape&, const PrefillTile&);
+};
+const IsaKernels& kernels_for(CpuIsa isa) {
+  static constexpr IsaKernels kScalar{decode_chunk_scalar, prefill_tile_scalar};
+  static constexpr IsaKernels kAvx2{decode_chunk_avx2, prefill_tile_avx2};
+  static constexpr IsaKernels kAvx512{decode_chunk_avx512, prefill_tile_avx512};
+  switch (isa) {
+    case CpuIsa::avx512:
+      return kAvx512;
+    case CpuIsa::avx2:
+      return kAvx2;
+    case CpuIsa::scalar:
+      break;
+  }
+  return kScalar;
+}
+
 // ---- decode driver ------------------------------------------------------------------
 
 constexpr std::int64_t kMinChunk = 256;          // tokens: below this a split costs more than it gains
@@ -498,7 +518,7 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
       static_cast<float*>(::operator new (state_bytes, std::align_val_t{64})));
   float* const states = state_storage.get();
 
-  const CpuIsa isa = simd_for(kv);
+  const IsaKernels& kernels = kernels_for(simd_for(kv));
   auto run_chunk = [&](std::int64_t t) {
     const Task& task = tasks[static_cast<std::size_t>(t)];
     float* st = states + static_cast<std::size_t>(t) * state;
@@ -513,13 +533,7 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
     std::fill(c.acc, c.acc + hq * dim, 0.0f);
     std::fill(c.m, c.m + hq, kNegInf);
     std::fill(c.l, c.l + hq, 0.0f);
-    if (isa == CpuIsa::avx512) {
-      decode_chunk_avx512(kv, shape, c);
-    } else if (isa == CpuIsa::avx2) {
-      decode_chunk_avx2(kv, shape, c);
-    } else {
-      decode_chunk_scalar(kv, shape, c);
-    }
+    kernels.decode_chunk(kv, shape, c);
   };
   if (!parallel_for(static_cast<std::int64_t>(tasks.size()), threads, run_chunk)) {
     return out_of_memory(fmt::format("{}: no memory for kernel scratch", what));
@@ -630,19 +644,11 @@ float* scratch_floats(int slot, std::size_t count) {
 
 void decode_chunk_scalar(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
   // The scalar kernel scales the scores, not q.
-  switch (kv.dtype) {
-    case KvDType::f32: decode_chunk_scalar_t<KvDType::f32>(kv, shape, chunk); break;
-    case KvDType::f16: decode_chunk_scalar_t<KvDType::f16>(kv, shape, chunk); break;
-    case KvDType::bf16: decode_chunk_scalar_t<KvDType::bf16>(kv, shape, chunk); break;
-  }
+  with_kv_dtype(kv.dtype, [&]<KvDType DT> { decode_chunk_scalar_t<DT>(kv, shape, chunk); });
 }
 
 void prefill_tile_scalar(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
-  switch (kv.dtype) {
-    case KvDType::f32: prefill_tile_scalar_t<KvDType::f32>(kv, shape, tile); break;
-    case KvDType::f16: prefill_tile_scalar_t<KvDType::f16>(kv, shape, tile); break;
-    case KvDType::bf16: prefill_tile_scalar_t<KvDType::bf16>(kv, shape, tile); break;
-  }
+  with_kv_dtype(kv.dtype, [&]<KvDType DT> { prefill_tile_scalar_t<DT>(kv, shape, tile); });
 }
 
 }  // namespace detail
@@ -793,7 +799,7 @@ Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& par
   std::int32_t tile = std::clamp(128 / shape.group, 1, 128);
   while (tile > 8 && static_cast<std::int64_t>(heads) * ((n_new + tile - 1) / tile) < 2 * threads) tile /= 2;
   const std::int32_t tiles = (n_new + tile - 1) / tile;
-  const detail::CpuIsa isa = detail::simd_for(layer);
+  const detail::IsaKernels& kernels = detail::kernels_for(detail::simd_for(layer));
   auto run_tile = [&](std::int64_t t) {
     // Later tiles see more keys: hand them out first.
     const std::int32_t index = tiles - 1 - static_cast<std::int32_t>(t / heads);
@@ -807,17 +813,7 @@ Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& par
     pt.kv_head = static_cast<std::int32_t>(t % heads);
     pt.q_begin = index * tile;
     pt.q_end = std::min(n_new, pt.q_begin + tile);
-    switch (isa) {
-      case detail::CpuIsa::avx512:
-        detail::prefill_tile_avx512(layer, shape, pt);
-        break;
-      case detail::CpuIsa::avx2:
-        detail::prefill_tile_avx2(layer, shape, pt);
-        break;
-      case detail::CpuIsa::scalar:
-        detail::prefill_tile_scalar(layer, shape, pt);
-        break;
-    }
+    kernels.prefill_tile(layer, shape, pt);
   };
   bool ok = false;
   try {

@@ -324,32 +324,6 @@ void pv_kernel(const float* p, const float* vp, float* o, const float* alpha, in
   }
 }
 
-template <template <int> class Kernel, typename... Args>
-void by_rows(int mr, Args... args) {
-  switch (mr) {
-    case 6: Kernel<6>::run(args...); break;
-    case 5: Kernel<5>::run(args...); break;
-    case 4: Kernel<4>::run(args...); break;
-    case 3: Kernel<3>::run(args...); break;
-    case 2: Kernel<2>::run(args...); break;
-    default: Kernel<1>::run(args...); break;
-  }
-}
-template <int MR>
-struct QkKernel {
-  static void run(const float* q, const float* kt, float* s, int dim) { qk_kernel<MR>(q, kt, s, dim); }
-};
-template <int MR>
-struct PvKernel {
-  static void run(const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
-    pv_kernel<MR>(p, vp, o, alpha, dim, nk);
-  }
-};
-void qk_tile(int mr, const float* q, const float* kt, float* s, int dim) { by_rows<QkKernel>(mr, q, kt, s, dim); }
-void pv_tile(int mr, const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
-  by_rows<PvKernel>(mr, p, vp, o, alpha, dim, nk);
-}
-
 // Online softmax of one row of S (in place: S becomes P).
 inline void softmax_row(float* s, float& m, float& l, float& alpha) {
   __m256 mx = _mm256_load_ps(s);

@@ -326,22 +326,6 @@ void pv_kernel(const float* p, const float* vp, float* o, const float* alpha, in
   }
 }
 
-// The micro-kernels for mr rows (1 <= mr <= MR), by a compile-time count.
-template <int MR = kRowTile>
-void qk_tile(int mr, const float* q, const float* kt, float* s, int dim) {
-  if constexpr (MR > 1) {
-    if (mr < MR) return qk_tile<MR - 1>(mr, q, kt, s, dim);
-  }
-  qk_kernel<MR>(q, kt, s, dim);
-}
-template <int MR = kRowTile>
-void pv_tile(int mr, const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
-  if constexpr (MR > 1) {
-    if (mr < MR) return pv_tile<MR - 1>(mr, p, vp, o, alpha, dim, nk);
-  }
-  pv_kernel<MR>(p, vp, o, alpha, dim, nk);
-}
-
 // Online softmax of one row of S (in place: S becomes P).
 inline void softmax_row(float* s, float& m, float& l, float& alpha) {
   const __m512 s0 = _mm512_load_ps(s);

@@ -143,17 +143,7 @@ void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk&
 
 // The entry point: the walk for the pool's dtype.
 inline void decode_blocks_for(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk) {
-  switch (kv.dtype) {
-    case KvDType::f32:
-      decode_blocks<KvDType::f32>(kv, shape, chunk);
-      break;
-    case KvDType::f16:
-      decode_blocks<KvDType::f16>(kv, shape, chunk);
-      break;
-    case KvDType::bf16:
-      decode_blocks<KvDType::bf16>(kv, shape, chunk);
-      break;
-  }
+  with_kv_dtype(kv.dtype, [&]<KvDType DT> { decode_blocks<DT>(kv, shape, chunk); });
 }
 
 }  // namespace

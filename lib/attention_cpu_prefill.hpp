@@ -10,8 +10,9 @@
 // anonymous namespace and before including this,
 //
 //   constexpr int kRowTile = 6;  // rows per micro-kernel
-//   void qk_tile(int mr, const float* q, const float* kt, float* s, int dim);
-//   void pv_tile(int mr, const float* p, const float* vp, float* o, const float* alpha, int dim, int nk);
+//   template <int MR> void qk_kernel(const float* q, const float* kt, float* s, int dim);
+//   template <int MR> void pv_kernel(const float* p, const float* vp, float* o, const float* alpha, int dim,
+//                                    int nk);
 //   void softmax_row(float* s, float& m, float& l, float& alpha);
 //
 // then includes this inside its target-pragma region and calls
@@ -31,6 +32,22 @@
 
 namespace clm::detail {
 namespace {
+
+// The micro-kernels for mr rows (1 <= mr <= MR), by a compile-time count.
+template <int MR = kRowTile>
+void qk_tile(int mr, const float* q, const float* kt, float* s, int dim) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return qk_tile<MR - 1>(mr, q, kt, s, dim);
+  }
+  qk_kernel<MR>(q, kt, s, dim);
+}
+template <int MR = kRowTile>
+void pv_tile(int mr, const float* p, const float* vp, float* o, const float* alpha, int dim, int nk) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return pv_tile<MR - 1>(mr, p, vp, o, alpha, dim, nk);
+  }
+  pv_kernel<MR>(p, vp, o, alpha, dim, nk);
+}
 
 template <KvDType DT>
 void prefill_tile(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
@@ -126,17 +143,7 @@ void prefill_tile(const KvLayer& kv, const AttnShape& shape, const PrefillTile& 
 
 // The entry point: the walk for the pool's dtype.
 inline void prefill_tile_for(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile) {
-  switch (kv.dtype) {
-    case KvDType::f32:
-      prefill_tile<KvDType::f32>(kv, shape, tile);
-      break;
-    case KvDType::f16:
-      prefill_tile<KvDType::f16>(kv, shape, tile);
-      break;
-    case KvDType::bf16:
-      prefill_tile<KvDType::bf16>(kv, shape, tile);
-      break;
-  }
+  with_kv_dtype(kv.dtype, [&]<KvDType DT> { prefill_tile<DT>(kv, shape, tile); });
 }
 
 }  // namespace

@@ -86,6 +86,24 @@ struct PrefillTile {
   std::int32_t q_end = 0;
 };
 
+// Calls f.template operator()<DT>() with the pool's dtype as a compile-time
+// DT: the one switch from a dtype to the kernels' templates, e.g.
+//   with_kv_dtype(kv.dtype, [&]<KvDType DT> { decode_blocks<DT>(kv, shape, chunk); });
+template <class F>
+void with_kv_dtype(KvDType dtype, F&& f) {
+  switch (dtype) {
+    case KvDType::f32:
+      f.template operator()<KvDType::f32>();
+      break;
+    case KvDType::f16:
+      f.template operator()<KvDType::f16>();
+      break;
+    case KvDType::bf16:
+      f.template operator()<KvDType::bf16>();
+      break;
+  }
+}
+
 void decode_chunk_scalar(const KvLayer& kv, const AttnShape& shape, const DecodeChunk& chunk);
 void prefill_tile_scalar(const KvLayer& kv, const AttnShape& shape, const PrefillTile& tile);
 
