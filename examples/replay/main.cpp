@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "clm/eviction_policy.hpp"
 #include "replay_driver.hpp"
@@ -190,20 +191,9 @@ Options parse_flags(int argc, char** argv) {
 // JSON has no inf or nan.
 std::string json_number(double x) { return std::isfinite(x) ? fmt::format("{}", x) : "null"; }
 
+// A JSON string (nlohmann-json's escaping; bytes that are not UTF-8 become U+FFFD).
 std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-    } else {
-      out += c;
-    }
-  }
-  out.push_back('"');
-  return out;
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // The tiered path's fields (with a leading comma), or nothing.

@@ -473,6 +473,15 @@ TEST_CASE("JSONL salts are namespaces; other keys are ignored") {
   REQUIRE(r.hit_tokens == 3);  // only the third request, in namespace "a", hits (capped at len-1)
 }
 
+TEST_CASE("a salt that is not UTF-8 has no JSONL form: a clear error, no exception") {
+  Workload w = parse_jsonl("{\"prompt\":[5,6],\"output\":[7],\"salt\":\"a\"}\n");
+  w.salts[static_cast<std::size_t>(w.requests[0].salt)] = "\xff";
+  clm_test::TempDir dir("replay");
+  const clm::Status s = clm::replay::write_jsonl_workload(w, dir.file("w.jsonl"));
+  REQUIRE(s.code() == clm::StatusCode::invalid_argument);
+  REQUIRE_THAT(s.message(), Catch::Contains("UTF-8"));
+}
+
 TEST_CASE("Mooncake blocks expand to the expected token ids") {
   const Workload w = parse_mooncake(
       "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [3, 7]}\n"

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -94,27 +93,21 @@ bool parse_object_line(std::string_view line, Json& out, LineError& error) {
 // `value` as an integer in [min_value, max_value].
 bool integer_in(const Json& value, std::int64_t min_value, std::int64_t max_value, std::string_view what,
                 std::int64_t& out, LineError& error) {
-  if (value.is_number_unsigned()) {
-    const auto v = value.get<std::uint64_t>();
-    if (max_value >= 0 && v <= static_cast<std::uint64_t>(max_value) && static_cast<std::int64_t>(v) >= min_value) {
-      out = static_cast<std::int64_t>(v);
-      return true;
-    }
-    error.message = fmt::format("{} {} is outside [{}, {}]", what, v, min_value, max_value);
+  if (!value.is_number_integer()) {
+    error.message = value.is_number() ? fmt::format("{} must be an integer (found {})", what, value.dump())
+                                      : fmt::format("expected an integer for {}, found {}", what, value.type_name());
     return false;
   }
-  if (value.is_number_integer()) {
-    const auto v = value.get<std::int64_t>();
-    if (v >= min_value && v <= max_value) {
-      out = v;
-      return true;
-    }
-    error.message = fmt::format("{} {} is outside [{}, {}]", what, v, min_value, max_value);
+  // An unsigned value past int64 is past every range asked for.
+  const bool huge = value.is_number_unsigned() &&
+                    value.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  const std::int64_t v = huge ? 0 : value.get<std::int64_t>();
+  if (huge || v < min_value || v > max_value) {
+    error.message = fmt::format("{} {} is outside [{}, {}]", what, value.dump(), min_value, max_value);
     return false;
   }
-  error.message = value.is_number() ? fmt::format("{} must be an integer (found {})", what, value.dump())
-                                    : fmt::format("expected an integer for {}, found {}", what, value.type_name());
-  return false;
+  out = v;
+  return true;
 }
 
 // Appends the elements of an integer array in [0, max_value] to `out`.
@@ -185,35 +178,6 @@ class SaltIndex {
 Status require_requests(const Workload& workload, std::string_view source) {
   if (workload.requests.empty()) return invalid_argument(fmt::format("{}: no requests", source));
   return {};
-}
-
-void append_json_string(std::string_view s, fmt::memory_buffer& out) {
-  out.push_back('"');
-  for (const char c : s) {
-    switch (c) {
-      case '"': out.append(std::string_view("\\\"")); break;
-      case '\\': out.append(std::string_view("\\\\")); break;
-      case '\n': out.append(std::string_view("\\n")); break;
-      case '\r': out.append(std::string_view("\\r")); break;
-      case '\t': out.append(std::string_view("\\t")); break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          fmt::format_to(std::back_inserter(out), "\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  out.push_back('"');
-}
-
-void append_int_array(std::span<const std::int32_t> values, fmt::memory_buffer& out) {
-  out.push_back('[');
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (i) out.push_back(',');
-    fmt::format_to(std::back_inserter(out), "{}", values[i]);
-  }
-  out.push_back(']');
 }
 
 }  // namespace
@@ -327,18 +291,19 @@ Status write_jsonl_workload(const Workload& workload, const std::string& path) {
   }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "wb"), &std::fclose);
   if (!file) return {StatusCode::io_error, fmt::format("{}: cannot create: {}", path, std::strerror(errno))};
-  fmt::memory_buffer line;
   for (const Request& r : workload.requests) {
-    line.clear();
-    line.append(std::string_view("{\"prompt\":"));
-    append_int_array(workload.prompt(r), line);
-    line.append(std::string_view(",\"output\":"));
-    append_int_array(workload.prompt_and_output(r).subspan(static_cast<std::size_t>(r.prompt_tokens)), line);
-    if (!workload.salt(r).empty()) {
-      line.append(std::string_view(",\"salt\":"));
-      append_json_string(workload.salt(r), line);
+    nlohmann::ordered_json object;  // prompt, output, salt: in the order the format shows them
+    const auto tokens = workload.prompt_and_output(r);
+    object["prompt"] = workload.prompt(r);
+    object["output"] = tokens.subspan(static_cast<std::size_t>(r.prompt_tokens));
+    if (!workload.salt(r).empty()) object["salt"] = workload.salt(r);
+    std::string line;
+    try {
+      line = object.dump() + '\n';
+    } catch (const nlohmann::json::type_error&) {  // JSON strings are UTF-8
+      return invalid_argument(
+          fmt::format("{}: request {}'s salt is not valid UTF-8", path, &r - workload.requests.data()));
     }
-    line.append(std::string_view("}\n"));
     if (std::fwrite(line.data(), 1, line.size(), file.get()) != line.size()) {
       return {StatusCode::io_error, fmt::format("{}: write failed: {}", path, std::strerror(errno))};
     }
