@@ -28,7 +28,7 @@ namespace {
 // The same sum in the same order as the AVX2 kernel (one product added per
 // step of k), in plain C++.
 void packed_gemm_nt_portable(const float* a, std::int64_t lda, int rows, const float* panel, std::int64_t k, float* c,
-                             std::int64_t ldc, int from, int to) {
+                             std::int64_t ldc, int from, int to, const float* /*prefetch*/) {
   constexpr int kPanel = static_cast<int>(PackedWeight::kPanel);
   float acc[kPackedRowBlock][kPanel] = {};
   for (std::int64_t i = 0; i < k; ++i) {
@@ -61,7 +61,11 @@ void gemm_nt(const float* a, std::int64_t m, const PackedWeight& b, float* c, st
         const std::int64_t column = p * PackedWeight::kPanel;
         const int from = static_cast<int>(std::max<std::int64_t>(0, begin - column));
         const int to = static_cast<int>(std::min<std::int64_t>(PackedWeight::kPanel, end - column));
-        kernel(a + r * k, k, rows, b.panel(p), k, c + r * ldc + column, ldc, from, to);
+        // The first block of rows brings the next group's panels into L2 as
+        // it goes, so that with few rows (a cached prefix's new tokens) the
+        // weights' trip from memory overlaps arithmetic instead of preceding it.
+        const float* next = r == 0 && p + group <= last_panel ? b.panel(p + group) : nullptr;
+        kernel(a + r * k, k, rows, b.panel(p), k, c + r * ldc + column, ldc, from, to, next);
       }
     }
   }

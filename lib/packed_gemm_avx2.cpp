@@ -28,14 +28,15 @@
 namespace clm::detail {
 namespace {
 
-template <int R>
+template <int R, bool kPrefetch>
 void micro_kernel(const float* a, std::int64_t lda, const float* panel, std::int64_t k, float* c, std::int64_t ldc,
-                  int from, int to) {
-  static_assert(PackedWeight::kPanel == 16, "two ymm registers per row");
+                  int from, int to, const float* prefetch) {
+  static_assert(PackedWeight::kPanel == 16, "two ymm registers per row, one cache line per step of k");
   __m256 lo[R], hi[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < k; ++i) {
+    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(prefetch + i * 16), _MM_HINT_T1);
     const __m256 w_lo = _mm256_loadu_ps(panel + i * 16), w_hi = _mm256_loadu_ps(panel + i * 16 + 8);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -66,11 +67,15 @@ void micro_kernel(const float* a, std::int64_t lda, const float* panel, std::int
 }  // namespace
 
 void packed_gemm_nt_avx2(const float* a, std::int64_t lda, int rows, const float* panel, std::int64_t k, float* c,
-                         std::int64_t ldc, int from, int to) {
-  using Kernel = void (*)(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t, int, int);
-  static constexpr Kernel kByRows[kPackedRowBlock] = {&micro_kernel<1>, &micro_kernel<2>, &micro_kernel<3>,
-                                                      &micro_kernel<4>, &micro_kernel<5>, &micro_kernel<6>};
-  kByRows[rows - 1](a, lda, panel, k, c, ldc, from, to);
+                         std::int64_t ldc, int from, int to, const float* prefetch) {
+  using Kernel =
+      void (*)(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t, int, int, const float*);
+  static constexpr Kernel kByRows[2][kPackedRowBlock] = {
+      {&micro_kernel<1, false>, &micro_kernel<2, false>, &micro_kernel<3, false>, &micro_kernel<4, false>,
+       &micro_kernel<5, false>, &micro_kernel<6, false>},
+      {&micro_kernel<1, true>, &micro_kernel<2, true>, &micro_kernel<3, true>, &micro_kernel<4, true>,
+       &micro_kernel<5, true>, &micro_kernel<6, true>}};
+  kByRows[prefetch != nullptr][rows - 1](a, lda, panel, k, c, ldc, from, to, prefetch);
 }
 
 }  // namespace clm::detail
