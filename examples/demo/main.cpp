@@ -97,10 +97,11 @@ clm::Status make_stack(const DemoFlags& flags, const tiny_llama::LlamaConfig& co
   e.pool = tiny_llama::kv_pool_for(config, flags.page_size, tokens, clm::KvDType::bf16);
   if (cached && flags.host_tokens > 0) e.tiers.host_pages = flags.host_tokens / flags.page_size;
   CLM_RETURN_IF_ERROR(clm::Engine::create(e, out.engine));
-  CLM_RETURN_IF_ERROR(
-      tiny_llama::LlamaModel::create(config, weights, *out.engine, {.threads = flags.threads}, out.model));
-  out.generator = std::make_unique<tiny_llama::Generator>(
-      *out.model, tiny_llama::GeneratorOptions{.max_batch = flags.max_batch, .prefill_token_budget = 4096});
+  const tiny_llama::GeneratorOptions generator{.max_batch = flags.max_batch, .prefill_token_budget = 4096};
+  CLM_RETURN_IF_ERROR(tiny_llama::LlamaModel::create(
+      config, weights, *out.engine,
+      {.threads = flags.threads, .workspace_rows = generator.prefill_token_budget + generator.max_batch}, out.model));
+  out.generator = std::make_unique<tiny_llama::Generator>(*out.model, generator);
   return {};
 }
 

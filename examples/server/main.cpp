@@ -124,12 +124,16 @@ int main(int argc, char** argv) {
   std::unique_ptr<clm::Engine> engine;
   if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
   std::unique_ptr<tiny_llama::LlamaModel> model;
-  if (clm::Status s =
-          tiny_llama::LlamaModel::create(config, std::move(weights), *engine, {.threads = flags.threads}, model);
+  const tiny_llama::GeneratorOptions generator_options{.max_batch = flags.max_batch};
+  if (clm::Status s = tiny_llama::LlamaModel::create(
+          config, std::move(weights), *engine,
+          {.threads = flags.threads,
+           .workspace_rows = generator_options.prefill_token_budget + generator_options.max_batch},
+          model);
       !s.ok()) {
     return fail(s.message());
   }
-  tiny_llama::Generator generator(*model, {.max_batch = flags.max_batch});
+  tiny_llama::Generator generator(*model, generator_options);
   generator.start();
 
   // A prompt must fit the model's context and, with its answer, the pool.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -25,7 +26,17 @@ clm::Status LlamaModel::create(const LlamaConfig& config, LlamaWeights weights, 
   if (pool.memory != clm::MemoryKind::host) {
     return clm::unsupported("tiny_llama: the CPU decoder needs a host pool (MemoryKind::host)");
   }
-  out.reset(new LlamaModel(config, std::move(weights), engine, options));
+  // Rows past the context of every running sequence at once is a mistake, not a reservation.
+  const std::int64_t most_rows = std::int64_t{config.max_position} * 1024;
+  if (options.workspace_rows < 0 || options.workspace_rows > most_rows) {
+    return clm::invalid_argument(
+        fmt::format("tiny_llama: workspace_rows {} is outside [0, {}]", options.workspace_rows, most_rows));
+  }
+  try {
+    out.reset(new LlamaModel(config, std::move(weights), engine, options));
+  } catch (const std::bad_alloc&) {
+    return clm::out_of_memory("tiny_llama: no host memory for the packed weights and the workspace");
+  }
   return {};
 }
 
@@ -58,6 +69,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Eng
   const std::vector<float>& output = weights_.output_matrix();
   lm_head_ = clm::PackedWeight(output.data(), config.vocab_size, h);
   std::vector<float>().swap(weights_.lm_head);  // empty when tied to embed, which stays
+  reserve_rows(options.workspace_rows);
 }
 
 void LlamaModel::matmul(const float* a, std::int64_t m, const clm::PackedWeight& w, float* c) {
@@ -84,9 +96,40 @@ void LlamaModel::matmul(const float* a, std::int64_t m, const clm::PackedWeight&
   });
 }
 
-void LlamaModel::rms_norm(const float* x, std::int64_t rows, const std::vector<float>& weight, float* out) const {
+void LlamaModel::for_rows(std::int64_t rows, const std::function<void(std::int64_t, std::int64_t)>& body) {
+  // Below this many rows a row-wise pass takes about as long as waking a thread.
+  constexpr std::int64_t kMinRowsPerThread = 8;
+  const std::int64_t tasks = std::min<std::int64_t>(workers_.threads(), rows / kMinRowsPerThread);
+  if (tasks <= 1) {
+    body(0, rows);
+    return;
+  }
+  const std::int64_t per_task = (rows + tasks - 1) / tasks;
+  workers_.run(tasks, [&](std::int64_t t) {
+    const std::int64_t begin = t * per_task, end = std::min(rows, begin + per_task);
+    if (begin < end) body(begin, end);
+  });
+}
+
+void LlamaModel::reserve_rows(std::int64_t rows) {
+  if (rows <= reserved_rows_) return;
+  const LlamaConfig& c = config_;
+  const auto grow = [rows](std::vector<float>& v, std::int64_t width) {
+    v.resize(static_cast<std::size_t>(rows * width));
+  };
+  for (std::vector<float>* v : {&x_, &h_, &o_}) grow(*v, c.hidden);
+  for (std::vector<float>* v : {&q_, &attn_}) grow(*v, c.q_dim());
+  for (std::vector<float>* v : {&k_, &v_}) grow(*v, c.kv_dim());
+  grow(gate_, c.intermediate);
+  grow(wide_, std::max<std::int64_t>(c.q_dim() + 2 * c.kv_dim(), 2 * std::int64_t{c.intermediate}));
+  positions_.resize(static_cast<std::size_t>(rows));
+  reserved_rows_ = rows;
+}
+
+void LlamaModel::rms_norm(const float* x, std::int64_t begin, std::int64_t end, const std::vector<float>& weight,
+                          float* out) const {
   const std::int64_t h = config_.hidden;
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = begin; r < end; ++r) {
     const float* in = x + r * h;
     double sum = 0.0;  // double: the norm of a row never depends on the batch around it
     for (std::int64_t i = 0; i < h; ++i) sum += double(in[i]) * in[i];
@@ -95,18 +138,16 @@ void LlamaModel::rms_norm(const float* x, std::int64_t rows, const std::vector<f
   }
 }
 
-void LlamaModel::rope(float* x, std::int64_t rows, std::int32_t heads, std::span<const std::int32_t> positions) const {
+void LlamaModel::rope_row(float* x, std::int32_t heads, std::int32_t position) const {
   const std::int32_t d = config_.head_dim, half = d / 2;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* cos = rope_cos_.data() + static_cast<std::size_t>(positions[static_cast<std::size_t>(r)]) * half;
-    const float* sin = rope_sin_.data() + static_cast<std::size_t>(positions[static_cast<std::size_t>(r)]) * half;
-    for (std::int32_t head = 0; head < heads; ++head) {
-      float* v = x + (r * heads + head) * d;
-      for (std::int32_t i = 0; i < half; ++i) {
-        const float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * cos[i] - x2 * sin[i];
-        v[i + half] = x2 * cos[i] + x1 * sin[i];
-      }
+  const float* cos = rope_cos_.data() + static_cast<std::size_t>(position) * half;
+  const float* sin = rope_sin_.data() + static_cast<std::size_t>(position) * half;
+  for (std::int32_t head = 0; head < heads; ++head) {
+    float* v = x + head * d;
+    for (std::int32_t i = 0; i < half; ++i) {
+      const float x1 = v[i], x2 = v[i + half];
+      v[i] = x1 * cos[i] - x2 * sin[i];
+      v[i + half] = x2 * cos[i] + x1 * sin[i];
     }
   }
 }
@@ -159,17 +200,7 @@ clm::Status LlamaModel::forward(const ForwardBatch& b, std::span<float> logits) 
   const LlamaConfig& c = config_;
   const std::int64_t rows = b.rows(), h = c.hidden, q_dim = c.q_dim(), kv_dim = c.kv_dim(), inter = c.intermediate;
   const auto n = static_cast<std::int64_t>(b.ids.size());
-  const auto size = [](std::int64_t a, std::int64_t d) { return static_cast<std::size_t>(a * d); };
-  x_.resize(size(rows, h));
-  h_.resize(size(rows, h));
-  q_.resize(size(rows, q_dim));
-  k_.resize(size(rows, kv_dim));
-  v_.resize(size(rows, kv_dim));
-  attn_.resize(size(rows, q_dim));
-  o_.resize(size(rows, h));
-  gate_.resize(size(rows, inter));
-  wide_.resize(size(rows, std::max(q_dim + 2 * kv_dim, 2 * inter)));
-  positions_.resize(static_cast<std::size_t>(rows));
+  reserve_rows(rows);
   for (std::int64_t i = 0; i < n; ++i) {
     for (std::int32_t r = b.indptr[static_cast<std::size_t>(i)]; r < b.indptr[static_cast<std::size_t>(i) + 1]; ++r) {
       positions_[static_cast<std::size_t>(r)] =
@@ -181,46 +212,56 @@ clm::Status LlamaModel::forward(const ForwardBatch& b, std::span<float> logits) 
                 static_cast<std::size_t>(h) * sizeof(float));
   }
   const clm::PagedKvView kv = clm::PagedKvView::of(engine_.pool());
+  float *x = x_.data(), *o = o_.data();
   for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
-    rms_norm(x_.data(), rows, w.attn_norm, h_.data());
+    for_rows(rows, [&](std::int64_t begin, std::int64_t end) { rms_norm(x, begin, end, w.attn_norm, h_.data()); });
     const std::int64_t qkv_dim = q_dim + 2 * kv_dim;
     const LayerWeights& packed = packed_[static_cast<std::size_t>(layer)];
     matmul(h_.data(), rows, packed.qkv, wide_.data());
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float* row = wide_.data() + r * qkv_dim;
-      std::memcpy(q_.data() + r * q_dim, row, static_cast<std::size_t>(q_dim) * sizeof(float));
-      std::memcpy(k_.data() + r * kv_dim, row + q_dim, static_cast<std::size_t>(kv_dim) * sizeof(float));
-      std::memcpy(v_.data() + r * kv_dim, row + q_dim + kv_dim, static_cast<std::size_t>(kv_dim) * sizeof(float));
-    }
-    rope(q_.data(), rows, c.num_heads, positions_);
-    rope(k_.data(), rows, c.num_kv_heads, positions_);
+    for_rows(rows, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t r = begin; r < end; ++r) {
+        const float* row = wide_.data() + r * qkv_dim;
+        float *q = q_.data() + r * q_dim, *k = k_.data() + r * kv_dim;
+        std::memcpy(q, row, static_cast<std::size_t>(q_dim) * sizeof(float));
+        std::memcpy(k, row + q_dim, static_cast<std::size_t>(kv_dim) * sizeof(float));
+        std::memcpy(v_.data() + r * kv_dim, row + q_dim + kv_dim, static_cast<std::size_t>(kv_dim) * sizeof(float));
+        rope_row(q, c.num_heads, positions_[static_cast<std::size_t>(r)]);
+        rope_row(k, c.num_kv_heads, positions_[static_cast<std::size_t>(r)]);
+      }
+    });
     const auto attention_start = Clock::now();
     CLM_RETURN_IF_ERROR(clm::write_kv(kv, layer, k_.data(), v_.data(), b.slots));
     CLM_RETURN_IF_ERROR(attention(layer, b, q_.data(), attn_.data()));
     attention_seconds += seconds_since(attention_start);
-    matmul(attn_.data(), rows, packed.o, o_.data());
-    if (observer_) CLM_RETURN_IF_ERROR(observer_->on_attention_output(layer, b, o_.data()));
-    for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += o_[i];
-    rms_norm(x_.data(), rows, w.mlp_norm, h_.data());
+    matmul(attn_.data(), rows, packed.o, o);
+    if (observer_) CLM_RETURN_IF_ERROR(observer_->on_attention_output(layer, b, o));
+    for_rows(rows, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin * h; i < end * h; ++i) x[i] += o[i];
+      rms_norm(x, begin, end, w.mlp_norm, h_.data());
+    });
     matmul(h_.data(), rows, packed.gate_up, wide_.data());
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float* gate = wide_.data() + r * 2 * inter;
-      const float* up = gate + inter;
-      float* out = gate_.data() + r * inter;
-      for (std::int64_t i = 0; i < inter; ++i)
-        out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SiLU(gate) * up
-    }
-    matmul(gate_.data(), rows, packed.down, o_.data());
-    for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += o_[i];
-    if (observer_) CLM_RETURN_IF_ERROR(observer_->after_layer(layer, b, x_.data()));
+    for_rows(rows, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t r = begin; r < end; ++r) {
+        const float* gate = wide_.data() + r * 2 * inter;
+        const float* up = gate + inter;
+        float* out = gate_.data() + r * inter;
+        for (std::int64_t i = 0; i < inter; ++i)
+          out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SiLU(gate) * up
+      }
+    });
+    matmul(gate_.data(), rows, packed.down, o);
+    for_rows(rows, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin * h; i < end * h; ++i) x[i] += o[i];
+    });
+    if (observer_) CLM_RETURN_IF_ERROR(observer_->after_layer(layer, b, x));
   }
-  last_.resize(size(n, h));
+  last_.resize(static_cast<std::size_t>(n * h));
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t last_row = b.indptr[static_cast<std::size_t>(i) + 1] - 1;
-    std::memcpy(last_.data() + i * h, x_.data() + last_row * h, static_cast<std::size_t>(h) * sizeof(float));
+    std::memcpy(last_.data() + i * h, x + last_row * h, static_cast<std::size_t>(h) * sizeof(float));
   }
-  rms_norm(last_.data(), n, weights_.final_norm, last_.data());
+  rms_norm(last_.data(), 0, n, weights_.final_norm, last_.data());
   if (observer_) CLM_RETURN_IF_ERROR(observer_->on_final_hidden(b, last_.data()));
   matmul(last_.data(), n, lm_head_, logits.data());
   ForwardSeconds& account = rows > n ? profile_.prefill : profile_.decode;

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -83,8 +84,15 @@ class LlamaModel final : public Decoder {
   LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Engine& engine, const ModelOptions& options);
   // c [m][n] = a [m][k] * w [n][k]^T, split between the pool's threads.
   void matmul(const float* a, std::int64_t m, const clm::PackedWeight& w, float* c);
-  void rms_norm(const float* x, std::int64_t rows, const std::vector<float>& weight, float* out) const;
-  void rope(float* x, std::int64_t rows, std::int32_t heads, std::span<const std::int32_t> positions) const;
+  // Runs body(begin, end) over row ranges covering [0, rows): split between
+  // the pool's threads when there are enough rows to pay for waking them.
+  void for_rows(std::int64_t rows, const std::function<void(std::int64_t, std::int64_t)>& body);
+  // Grows the scratch to hold `rows` rows; it never shrinks, so a long
+  // prompt after many decode steps does not clear its buffers again.
+  void reserve_rows(std::int64_t rows);
+  void rms_norm(const float* x, std::int64_t begin, std::int64_t end, const std::vector<float>& weight,
+                float* out) const;
+  void rope_row(float* x, std::int32_t heads, std::int32_t position) const;
   clm::Status attention(std::int32_t layer, const ForwardBatch& batch, const float* q, float* out);
 
   LlamaConfig config_;
@@ -104,7 +112,8 @@ class LlamaModel final : public Decoder {
   LayerObserver* observer_ = nullptr;
   ForwardProfile profile_;
   double gemm_seconds_ = 0;  // of the forward in progress
-  // Scratch, reused across calls.
+  // Scratch, reused across calls (reserve_rows).
+  std::int64_t reserved_rows_ = 0;
   std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, wide_, last_;
   std::vector<std::int32_t> positions_;
 };

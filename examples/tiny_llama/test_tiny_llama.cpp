@@ -127,8 +127,9 @@ TEST_CASE("the decoder's logits equal a dense float64 reference", "[tiny_llama]"
   const LlamaConfig c = tiny_llama_test::small_config(3);
   LlamaWeights w;
   tiny_llama::random_llama_weights(c, seed, w);
-  for (const std::int32_t page_size : {1, 16}) {
-    Stack s = make_stack(c, w, engine_config(c, page_size, 4096));
+  // A workspace reserved at creation (smaller than the prompt: it grows) changes nothing.
+  for (const auto& [page_size, workspace_rows] : {std::pair{1, 0}, std::pair{16, 0}, std::pair{16, 24}}) {
+    Stack s = make_stack(c, w, engine_config(c, page_size, 4096), 2, workspace_rows);
     std::mt19937 rng(seed);
     const auto prompt = random_text(rng, 30, 90);
     GenerateOptions o;
@@ -142,7 +143,7 @@ TEST_CASE("the decoder's logits equal a dense float64 reference", "[tiny_llama]"
       const double error = relative_error(
           std::span(result[0].logits).subspan(step * static_cast<std::size_t>(c.vocab_size), expected.size()),
           expected_f);
-      INFO("page " << page_size << " step " << step << " relative error " << error);
+      INFO("page " << page_size << " workspace " << workspace_rows << " step " << step << " relative error " << error);
       REQUIRE(error <= 1e-4);  // f32 against f64, through 3 layers
       seen.push_back(result[0].tokens[step]);
     }
@@ -350,6 +351,17 @@ TEST_CASE("bad input: weights, config, prompts and batches are refused with a cl
     std::unique_ptr<tiny_llama::LlamaModel> model;
     CHECK(tiny_llama::LlamaModel::create(c, w, *engine, {}, model).code() == clm::StatusCode::invalid_argument);
     CHECK(model == nullptr);
+  }
+  SECTION("a workspace of negative or absurd size") {
+    std::unique_ptr<clm::Engine> engine;
+    REQUIRE(clm::Engine::create(engine_config(c, 16, 1024), engine).ok());
+    std::unique_ptr<tiny_llama::LlamaModel> model;
+    for (const std::int64_t rows : {std::int64_t{-1}, std::int64_t{1} << 40}) {
+      const clm::Status s = tiny_llama::LlamaModel::create(c, w, *engine, {.workspace_rows = rows}, model);
+      CHECK(s.code() == clm::StatusCode::invalid_argument);
+      CHECK_THAT(s.message(), Catch::Contains("workspace_rows"));
+      CHECK(model == nullptr);
+    }
   }
   SECTION("make_decoder: the CPU decoder for a host pool, nothing for a pool without bytes") {
     std::unique_ptr<clm::Engine> engine;

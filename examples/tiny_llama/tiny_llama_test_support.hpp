@@ -59,12 +59,13 @@ struct Stack {  // an engine, a decoder over it (make_decoder: by where the pool
 };
 
 inline Stack make_stack(const tiny_llama::LlamaConfig& c, const tiny_llama::LlamaWeights& w, const clm::EngineConfig& e,
-                        int threads = 2) {
+                        int threads = 2, std::int64_t workspace_rows = 0) {
   Stack s;
   const clm::Status created = clm::Engine::create(e, s.engine);
   INFO(created.message());
   REQUIRE(created.ok());
-  const clm::Status made = tiny_llama::make_decoder(c, w, *s.engine, {.threads = threads}, s.model);
+  const clm::Status made =
+      tiny_llama::make_decoder(c, w, *s.engine, {.threads = threads, .workspace_rows = workspace_rows}, s.model);
   INFO(made.message());
   REQUIRE(made.ok());
   s.generator = std::make_unique<tiny_llama::Generator>(*s.model, tiny_llama::GeneratorOptions{});
