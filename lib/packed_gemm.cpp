@@ -53,10 +53,15 @@ void gemm_nt(const float* a, std::int64_t m, const PackedWeight& b, float* c, st
       detail::cpu_isa() != detail::CpuIsa::scalar ? &detail::packed_gemm_nt_avx2 : &detail::packed_gemm_nt_portable;
   const std::int64_t group = std::max<std::int64_t>(1, (256 << 10) / panel_bytes);
   const std::int64_t first_panel = begin / PackedWeight::kPanel, last_panel = (end - 1) / PackedWeight::kPanel;
+  // Blocks of rows as even as can be (13 rows: 5 + 4 + 4, not 6 + 6 + 1): a
+  // block of 1 to 3 rows has too few accumulators to hide the FMA latency and
+  // costs about what a full one does.
+  const std::int64_t blocks = (m + detail::kPackedRowBlock - 1) / detail::kPackedRowBlock;
+  const std::int64_t base_rows = m / blocks, longer_blocks = m % blocks;
   for (std::int64_t g = first_panel; g <= last_panel; g += group) {
     const std::int64_t g_end = std::min(last_panel + 1, g + group);
-    for (std::int64_t r = 0; r < m; r += detail::kPackedRowBlock) {
-      const int rows = static_cast<int>(std::min<std::int64_t>(detail::kPackedRowBlock, m - r));
+    for (std::int64_t block = 0, r = 0; block < blocks; ++block) {
+      const int rows = static_cast<int>(base_rows + (block < longer_blocks ? 1 : 0));
       for (std::int64_t p = g; p < g_end; ++p) {
         const std::int64_t column = p * PackedWeight::kPanel;
         const int from = static_cast<int>(std::max<std::int64_t>(0, begin - column));
@@ -67,6 +72,7 @@ void gemm_nt(const float* a, std::int64_t m, const PackedWeight& b, float* c, st
         const float* next = r == 0 && p + group <= last_panel ? b.panel(p + group) : nullptr;
         kernel(a + r * k, k, rows, b.panel(p), k, c + r * ldc + column, ldc, from, to, next);
       }
+      r += rows;
     }
   }
 }

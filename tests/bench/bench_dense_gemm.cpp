@@ -2,8 +2,9 @@
 // unpacked form, the library's Eigen GEMM built for AVX2 + FMA, in the same
 // run, one thread, on a decoder layer's shapes:
 //   dense_gemm/<m>x<k>x<n>   c [m][n] = a [m][k] * w [n][k]^T for m rows of a
-//                            (1: decode; 8: batched decode; 64: a cached
-//                            prefix's new tokens; 512, 2048: full prefills),
+//                            (1: decode; 8: batched decode; 13 and 64: a
+//                            cached prefix's new tokens, a short turn and a
+//                            typical one; 512, 2048: full prefills),
 //                            w cycling through 24 distinct weights (~69 MB for
 //                            512 x 1408), so that they come from memory as a
 //                            model's layers do, not from cache.
@@ -61,7 +62,7 @@ int main() {
   std::mt19937 rng(2024);
   const int runs = smoke ? 1 : 5, weights = smoke ? 2 : 24;
   const std::vector<std::int64_t> rows =
-      smoke ? std::vector<std::int64_t>{1, 7} : std::vector<std::int64_t>{1, 8, 64, 512, 2048};
+      smoke ? std::vector<std::int64_t>{1, 7} : std::vector<std::int64_t>{1, 8, 13, 64, 512, 2048};
   // The tiny_llama default layer: 512 -> 1408 (an MLP's up), 1408 -> 512 (its down).
   for (const auto& [k, n] : {std::pair<std::int64_t, std::int64_t>{512, 1408}, {1408, 512}}) {
     for (std::int64_t m : rows) bench_shape(m, smoke ? k / 8 : k, smoke ? n / 8 : n, weights, runs, rng);
