@@ -46,9 +46,11 @@ set arrow from 1000, graph 0 to 1000, graph 1 nohead dt 2 lc rgb "gray40"
 set arrow from graph 0, first 0.95 to graph 1, first 0.95 nohead dt 2 lc rgb "gray40"
 do for [ds in "${datasets[*]}"] {
   set title ds
-  plot "$work/".ds.".dat" using 2:4:(sprintf("ef %d", \$1)) with labels offset 0,0.8 notitle, \
-       "" using 2:4 with linespoints pt 7 lw 2 title "store", \
-       "" using 3:5 with linespoints pt 5 lw 2 dt 3 title "raw hnswlib (same run)"
+  # Labels above and below the points in turn: neighbouring ef values can sit close together.
+  plot "$work/".ds.".dat" using 2:4:(int(\$0) % 2 == 0 ? sprintf("ef %d", \$1) : "") with labels offset 0,0.9 notitle, \
+       "" using 2:4:(int(\$0) % 2 == 1 ? sprintf("ef %d", \$1) : "") with labels offset 0,-0.9 notitle, \
+       "" using 2:4 with linespoints lt 1 pt 7 lw 2 title "store", \
+       "" using 3:5 with linespoints lt 2 pt 5 lw 2 dt 3 title "raw hnswlib (same run)"
 }
 unset multiplot
 EOF
