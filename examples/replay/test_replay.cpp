@@ -480,6 +480,7 @@ TEST_CASE("a salt that is not UTF-8 has no JSONL form: a clear error, no excepti
   const clm::Status s = clm::replay::write_jsonl_workload(w, dir.file("w.jsonl"));
   REQUIRE(s.code() == clm::StatusCode::invalid_argument);
   REQUIRE_THAT(s.message(), Catch::Contains("UTF-8"));
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("w.jsonl")));  // nothing half-written
 }
 
 TEST_CASE("Mooncake blocks expand to the expected token ids") {

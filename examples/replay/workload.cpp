@@ -289,6 +289,15 @@ Status write_jsonl_workload(const Workload& workload, const std::string& path) {
   if (!workload.output_cached) {
     return invalid_argument(fmt::format("{}: its outputs have no token ids, so it has no JSONL form", workload.name));
   }
+  // JSON strings are UTF-8: each salt is checked once, before the file exists,
+  // so a salt without a JSONL form leaves no half-written file behind.
+  for (std::size_t i = 0; i < workload.salts.size(); ++i) {
+    try {
+      (void)nlohmann::json(workload.salts[i]).dump();
+    } catch (const nlohmann::json::type_error&) {
+      return invalid_argument(fmt::format("{}: salt {} is not valid UTF-8", path, i));
+    }
+  }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "wb"), &std::fclose);
   if (!file) return {StatusCode::io_error, fmt::format("{}: cannot create: {}", path, std::strerror(errno))};
   for (const Request& r : workload.requests) {
@@ -297,13 +306,7 @@ Status write_jsonl_workload(const Workload& workload, const std::string& path) {
     object["prompt"] = workload.prompt(r);
     object["output"] = tokens.subspan(static_cast<std::size_t>(r.prompt_tokens));
     if (!workload.salt(r).empty()) object["salt"] = workload.salt(r);
-    std::string line;
-    try {
-      line = object.dump() + '\n';
-    } catch (const nlohmann::json::type_error&) {  // JSON strings are UTF-8
-      return invalid_argument(
-          fmt::format("{}: request {}'s salt is not valid UTF-8", path, &r - workload.requests.data()));
-    }
+    const std::string line = object.dump() + '\n';
     if (std::fwrite(line.data(), 1, line.size(), file.get()) != line.size()) {
       return {StatusCode::io_error, fmt::format("{}: write failed: {}", path, std::strerror(errno))};
     }
@@ -349,8 +352,8 @@ Status parse_mooncake_trace(std::string_view text, std::string_view source, Work
       return fail(fmt::format("input_length {} does not fit {} blocks of {} tokens", input_length, count,
                               kMooncakeBlockTokens));
     }
-    lines.push_back(Line{static_cast<std::int32_t>(input_length), static_cast<std::int32_t>(output_length),
-                         first_hash, count});
+    lines.push_back(
+        Line{static_cast<std::int32_t>(input_length), static_cast<std::int32_t>(output_length), first_hash, count});
     return true;
   }));
 
