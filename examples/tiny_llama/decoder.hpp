@@ -81,7 +81,8 @@ inline clm::PagedKvPoolConfig kv_pool_for(const LlamaConfig& config, std::int32_
 struct ModelOptions {
   int threads = 0;  // CPU decoder: GEMM and attention threads; 0 = the hardware's
   // CPU decoder: rows of scratch allocated, and touched, at creation (a
-  // server passes its prefill token budget), so that the first long prompt
+  // server passes the most rows one step brings: its prefill token budget
+  // plus its batch), so that the first long prompt
   // does not pay the operating system's first touch of every page (a tenth
   // of a second at 2,000 rows of the default model). 0: grown on demand.
   std::int64_t workspace_rows = 0;

@@ -98,7 +98,7 @@ void prefill_figures(const Setup& setup) {
     return seconds;
   };
   for (int r = 0; r < setup.runs; ++r) {
-    tiny_llama::ForwardProfile off_profile, on_profile;
+    tiny_llama::ForwardProfile off_profile;
     const auto off = run(setup, false, 1, &off_profile);
     // The cached run is a tenth as long, so the machine's drift moves it most:
     // its median of three (each from an empty cache) stands against each
@@ -107,14 +107,11 @@ void prefill_figures(const Setup& setup) {
     for (auto& [report, profile] : ons) report = run(setup, true, 1, &profile);
     std::sort(ons.begin(), ons.end(),
               [&](const auto& a, const auto& b) { return prefill_seconds(a.first) < prefill_seconds(b.first); });
-    const auto& on = ons[1].first;
-    on_profile = ons[1].second;
-    double off_prefill = 0, on_prefill = 0;
+    const auto& [on, on_profile] = ons[1];
+    const double off_prefill = prefill_seconds(off), on_prefill = prefill_seconds(on);
     std::int64_t prompt = 0, cached = 0;
     double on_flops = 0, off_flops = 0;
-    for (const auto& q : off.requests) off_prefill += q.result.prefill_seconds;
     for (const auto& q : on.requests) {
-      on_prefill += q.result.prefill_seconds;
       prompt += q.result.prompt_tokens;
       cached += q.result.cached_tokens;
       on_flops += prefill_flops(setup.config, q.result.prompt_tokens, q.result.cached_tokens);
