@@ -12,9 +12,10 @@
 //   order and scored against the q heads of their kv head (up to 8 dot
 //   products in flight, summed horizontally together), an online softmax
 //   updates the running max / sum, and each V row is read once into the
-//   group's accumulators. Rows are software-prefetched 32 tokens ahead. KV is
-//   converted to f32 in registers as it is loaded. The block walk is
-//   attention_cpu_decode.hpp's, shared with the AVX-512 decode.
+//   group's accumulators. Rows are software-prefetched 128 KiB ahead, paced
+//   by the reads (attention_cpu_prefetch.hpp). KV is converted to f32 in
+//   registers as it is loaded. The block walk is attention_cpu_decode.hpp's,
+//   shared with the AVX-512 decode.
 // prefill: compute-bound. A tile of queries x the q heads of one kv head (M
 //   rows) runs over 32-key blocks: K is packed transposed into f32 [D][32] and
 //   V into f32 [32][D], S = Q K^T and O = diag(alpha) O + P V use 6x16
@@ -44,6 +45,7 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
+#include "attention_cpu_prefetch.hpp"      // PrefetchStream, which P V paces: this file's copy
 #include "attention_cpu_prefill_pack.hpp"  // kKeyBlock, load8, the packing of a key block: this file's copies
 
 namespace clm::detail {
@@ -221,7 +223,8 @@ void softmax_update(float* s, int nt, float* m, float* l, float* alpha) {
 // (NG in 1, 2, 4: 8 accumulators of NG x 16 / NG columns), V rows read in
 // place, acc in block layout.
 template <KvDType DT, int NG>
-void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int dim, float* acc, const float* alpha) {
+void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int dim, float* acc, const float* alpha,
+             PrefetchStream& pf) {
   constexpr std::size_t E = kBytes<DT>;
   constexpr int NB = 4 / NG;  // 16-column blocks per pass
   for (int d0 = 0; d0 < dim; d0 += 16 * NB) {
@@ -233,6 +236,7 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
       }
     }
     for (int t = 0; t < nt; ++t) {
+      if ((t & 3) == 0) pf.pace(4 * 16 * NB * static_cast<std::int64_t>(E));  // the lines of 4 rows, every 4 rows
       const char* vr = vrow[t] + static_cast<std::size_t>(d0) * E;
       __m256 pb[NG];
       for (int g = 0; g < NG; ++g) pb[g] = _mm256_set1_ps(p[t * stride + g]);
@@ -252,14 +256,15 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
 }
 
 template <KvDType DT, int SG>
-void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l) {
+void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l,
+                PrefetchStream& pf) {
   float alpha[SG];
   softmax_update<SG>(s, nt, m, l, alpha);
   if constexpr (SG == 8) {  // two passes of 4: 16 accumulators would not fit in registers
-    pv_rows<DT, 4>(s, 8, nt, vrow, dim, acc, alpha);
-    pv_rows<DT, 4>(s + 4, 8, nt, vrow, dim, acc + 4 * dim, alpha + 4);
+    pv_rows<DT, 4>(s, 8, nt, vrow, dim, acc, alpha, pf);
+    pv_rows<DT, 4>(s + 4, 8, nt, vrow, dim, acc + 4 * dim, alpha + 4, pf);
   } else {
-    pv_rows<DT, SG>(s, SG, nt, vrow, dim, acc, alpha);
+    pv_rows<DT, SG>(s, SG, nt, vrow, dim, acc, alpha, pf);
   }
 }
 

@@ -46,6 +46,7 @@
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #endif
 
+#include "attention_cpu_prefetch.hpp"      // PrefetchStream, which P V paces: this file's copy
 #include "attention_cpu_prefill_pack.hpp"  // kKeyBlock, kBytes, the packing of a key block: this file's copies
 
 namespace clm::detail {
@@ -216,7 +217,8 @@ void softmax_update(float* s, int nt, float* m, float* l, float* alpha) {
 // or 4), 64 columns per pass (4 vectors a head). Fewer heads than 4 split the
 // tokens over 4 / NG sets of accumulators, so 16 chains are always in flight.
 template <KvDType DT, int NG>
-void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int dim, float* acc, const float* alpha) {
+void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int dim, float* acc, const float* alpha,
+             PrefetchStream& pf) {
   constexpr std::size_t E = kBytes<DT>;
   constexpr int TS = 4 / NG;  // token sets
   for (int d0 = 0; d0 < dim; d0 += 64) {
@@ -243,6 +245,7 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
     };
     int t = 0;
     for (; t + TS <= nt; t += TS) {
+      if ((t & 3) == 0) pf.pace(4 * 64 * static_cast<std::int64_t>(E));  // the lines of 4 rows, every 4 rows
       for (int ts = 0; ts < TS; ++ts) add_row(t + ts, o[ts]);
     }
     for (; t < nt; ++t) add_row(t, o[0]);
@@ -258,14 +261,15 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
 }
 
 template <KvDType DT, int SG>
-void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l) {
+void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, float* m, float* l,
+                PrefetchStream& pf) {
   float alpha[SG];
   softmax_update<SG>(s, nt, m, l, alpha);
   if constexpr (SG == 8) {  // two passes of 4: 32 accumulators would leave no register for V
-    pv_rows<DT, 4>(s, 8, nt, vrow, dim, acc, alpha);
-    pv_rows<DT, 4>(s + 4, 8, nt, vrow, dim, acc + 4 * dim, alpha + 4);
+    pv_rows<DT, 4>(s, 8, nt, vrow, dim, acc, alpha, pf);
+    pv_rows<DT, 4>(s + 4, 8, nt, vrow, dim, acc + 4 * dim, alpha + 4, pf);
   } else {
-    pv_rows<DT, SG>(s, SG, nt, vrow, dim, acc, alpha);
+    pv_rows<DT, SG>(s, SG, nt, vrow, dim, acc, alpha, pf);
   }
 }
 

@@ -2,11 +2,12 @@
 // (attention_cpu_avx2.cpp, attention_cpu_avx512.cpp), written once for both.
 //
 // Per block of 64 tokens: (A) in address order, `step` tokens at a time (every
-// kv head of a token is one contiguous row), the scores of every q head, with
-// the rows kPrefetchTokens ahead prefetched into L2 (with ~2 FMAs per byte the
-// core by itself keeps too few misses in flight); (B) per kv head, the online
-// softmax update; (C) per kv head, acc += P V, the V rows read head-major from
-// L2. The arithmetic is the ISA's: each kernel file defines, in
+// kv head of a token is one contiguous row), the scores of every q head; (B)
+// per kv head, the online softmax update; (C) per kv head, acc += P V, the V
+// rows read head-major from L2. The chunk's rows reach L2 through one
+// prefetch stream (attention_cpu_prefetch.hpp) that the walk paces evenly
+// through both phases (with ~2 FMAs per byte the core by itself keeps too few
+// misses in flight). The arithmetic is the ISA's: each kernel file defines, in
 // clm::detail's anonymous namespace and before including this,
 //
 //   constexpr int kDecodeDots = 8;  // dot products in flight in QK
@@ -16,26 +17,25 @@
 //   template <KvDType DT, int SG> void qk_group(const float* q, const char* const* krow, int ntok, int dim,
 //                                               float* s);
 //   template <KvDType DT, int SG> void softmax_pv(float* s, int nt, const char* const* vrow, int dim,
-//                                                 float* acc, float* m, float* l);
+//                                                 float* acc, float* m, float* l, PrefetchStream& pf);
 //
-// then includes this inside its target-pragma region and calls
+// (softmax_pv calls pf.pace() with the bytes of V it reads, every 4 rows) then
+// includes this inside its target-pragma region and calls
 // decode_blocks_for(kv, shape, chunk): the walk is compiled for its ISA and
 // inlines its kernels; the anonymous namespace gives each file its own copy.
 #pragma once
-
-#include <xmmintrin.h>  // _mm_prefetch
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#include "attention_cpu_prefetch.hpp"
 #include "clm/detail/attention_cpu.hpp"
 
 namespace clm::detail {
 namespace {
 
-constexpr int kDecodeBlock = 64;     // tokens per block
-constexpr int kPrefetchTokens = 32;  // rows are prefetched this many tokens ahead
+constexpr int kDecodeBlock = 64;  // tokens per block
 
 // The q heads of a kv head in sub-groups of 8, 4, 2, 1 (a group of 6 is 4 + 2).
 inline int subgroup(int left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
@@ -59,29 +59,24 @@ void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk&
   for (int g0 = 0; g0 < group; g0 += subgroup(group - g0)) min_sg = subgroup(group - g0);
   const int step = kDecodeDots / min_sg;
 
-  const char* rows[kDecodeBlock + kPrefetchTokens];
+  const char* rows[kDecodeBlock];
   const char* krow[kDecodeDots];
   const char* vrow[kDecodeBlock];
+  PrefetchStream pf(kv, chunk.pages, chunk.begin, chunk.end, kDecodeBlock);
+  const auto head_bytes = static_cast<std::int64_t>(kv.head_bytes);
   for (std::int64_t b = chunk.begin; b < chunk.end; b += kDecodeBlock) {
     const int nt = static_cast<int>(std::min<std::int64_t>(kDecodeBlock, chunk.end - b));
     const int padded = (nt + step - 1) / step * step;
-    // Rows of this block, then of the kPrefetchTokens after it (to prefetch).
-    const int known = static_cast<int>(std::min<std::int64_t>(kDecodeBlock + kPrefetchTokens, chunk.end - b));
-    for (int i = 0; i < known; ++i) rows[i] = kv.token_row(chunk.pages, b + i);
+    for (int i = 0; i < nt; ++i) rows[i] = kv.token_row(chunk.pages, b + i);
 
     // (A) in address order: `step` token rows (every head) at a time; rows
     // past the end of the block stand in as its last row, their scores dropped.
     for (int t = 0; t < padded; t += step) {
-      const int pf_end = std::min(known, t + kPrefetchTokens + step);
+      const std::int64_t reading = std::min(step, nt - t) * head_bytes;
       for (int h = 0; h < heads; ++h) {
+        pf.consume(reading);  // this step's K of head h, with as many lines sent ahead
+        pf.catch_up();
         const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes;
-        for (int i = t + kPrefetchTokens; i < pf_end; ++i) {
-          const char* k = rows[i] + off;
-          for (std::size_t line = 0; line < kv.head_bytes; line += 64) {
-            _mm_prefetch(k + line, _MM_HINT_T2);
-            _mm_prefetch(k + kv.v_offset + line, _MM_HINT_T2);
-          }
-        }
         for (int i = 0; i < step; ++i) krow[i] = rows[std::min(t + i, nt - 1)] + off;
         for (int g0 = 0; g0 < group;) {
           const int sg = subgroup(group - g0);
@@ -108,10 +103,13 @@ void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk&
       }
     }
 
-    // (B, C) per kv head and sub-group: softmax update, then P V.
+    // (B, C) per kv head and sub-group: softmax update, then P V, which paces
+    // the stream by the V it reads, 4 rows at a time (a second sub-group's
+    // pass over the same rows finds the stream at its limit).
     for (int h = 0; h < heads; ++h) {
       const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes + kv.v_offset;
       for (int i = 0; i < nt; ++i) vrow[i] = rows[i] + off;
+      pf.consume(nt * head_bytes);
       for (int g0 = 0; g0 < group;) {
         const int sg = subgroup(group - g0);
         const std::size_t hq0 =
@@ -122,20 +120,21 @@ void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk&
         float* l = chunk.l + hq0;
         switch (sg) {
           case 8:
-            softmax_pv<DT, 8>(sc, nt, vrow, dim, acc, m, l);
+            softmax_pv<DT, 8>(sc, nt, vrow, dim, acc, m, l, pf);
             break;
           case 4:
-            softmax_pv<DT, 4>(sc, nt, vrow, dim, acc, m, l);
+            softmax_pv<DT, 4>(sc, nt, vrow, dim, acc, m, l, pf);
             break;
           case 2:
-            softmax_pv<DT, 2>(sc, nt, vrow, dim, acc, m, l);
+            softmax_pv<DT, 2>(sc, nt, vrow, dim, acc, m, l, pf);
             break;
           default:
-            softmax_pv<DT, 1>(sc, nt, vrow, dim, acc, m, l);
+            softmax_pv<DT, 1>(sc, nt, vrow, dim, acc, m, l, pf);
             break;
         }
         g0 += sg;
       }
+      pf.catch_up();
     }
   }
   from_block_layout<DT>(chunk.acc, hq_d);

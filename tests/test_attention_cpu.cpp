@@ -32,6 +32,10 @@
 #endif
 
 #include "alloc_fault.hpp"
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "../lib/attention_cpu_prefetch.hpp"  // the decode's prefetch stream (x86 kernels only)
+#define CLM_TEST_PREFETCH_STREAM 1
+#endif
 #include "clm/attention.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
@@ -464,6 +468,112 @@ TEST_CASE("decode: long sequences split into chunks and merged by log-sum-exp", 
     }
   }
 }
+
+#if defined(CLM_TEST_PREFETCH_STREAM)
+TEST_CASE("decode prefetch stream: every row the walk reads, in its order, a fixed lead ahead", "[attention][decode]") {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  Rng rng(seed);
+  for (int round = 0; round < 200; ++round) {
+    // A made-up pool layout over a plain buffer: two layers a page, the stream on layer 1.
+    const std::int32_t page_size = std::array<int, 4>{1, 3, 16, 64}[static_cast<std::size_t>(rng.range(0, 3))];
+    const int kv_heads = rng.range(1, 3);
+    const int dim = rng.range(0, 1) != 0 ? 64 : 8;
+    const std::size_t elem = rng.range(0, 1) != 0 ? 2 : 4;
+    clm::detail::KvLayer kv;
+    kv.page_size = page_size;
+    kv.kv_heads = kv_heads;
+    kv.head_dim = dim;
+    kv.head_bytes = static_cast<std::size_t>(dim) * elem;
+    kv.row_bytes = static_cast<std::size_t>(kv_heads) * kv.head_bytes;
+    kv.v_offset = static_cast<std::size_t>(page_size) * kv.row_bytes;
+    const std::size_t layer_bytes = 2 * kv.v_offset;
+    kv.page_stride = 2 * layer_bytes;
+    const int num_pages = rng.range(1, 12);
+    std::vector<char> memory(static_cast<std::size_t>(num_pages) * kv.page_stride);
+    kv.base = memory.data() + layer_bytes;
+    std::vector<std::int32_t> pages(static_cast<std::size_t>(num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng.gen);
+    const std::int64_t tokens = static_cast<std::int64_t>(num_pages) * page_size;
+    const std::int64_t begin = rng.range(0, static_cast<int>(tokens) - 1);
+    const std::int64_t end = rng.range(static_cast<int>(begin) + 1, static_cast<int>(tokens));
+    const int block = rng.range(0, 1) != 0 ? 64 : rng.range(1, 9);
+    INFO("page_size " << page_size << " kv_heads " << kv_heads << " dim " << dim << " elem " << elem << " pages "
+                      << num_pages << " tokens [" << begin << ", " << end << ") block " << block);
+
+    // What the walk reads, in its order: per block, each token's K row, then each token's V row;
+    // rows of one page that follow each other make one run, cut into 64-byte lines.
+    std::vector<std::pair<const char*, std::int64_t>> expected;
+    auto add_run = [&](const char* at, std::int64_t bytes) {
+      for (std::int64_t off = 0; off < bytes; off += 64)
+        expected.emplace_back(at + off, std::min<std::int64_t>(64, bytes - off));
+    };
+    std::int64_t total = 0;
+    for (std::int64_t b = begin; b < end; b += block) {
+      const std::int64_t block_end = std::min<std::int64_t>(end, b + block);
+      for (std::size_t half : {std::size_t{0}, kv.v_offset}) {
+        const char* run = nullptr;
+        std::int64_t run_bytes = 0;
+        for (std::int64_t t = b; t < block_end; ++t) {
+          const char* row = kv.token_row(pages.data(), t) + half;
+          if (run != nullptr && row == run + run_bytes) {
+            run_bytes += static_cast<std::int64_t>(kv.row_bytes);
+            continue;
+          }
+          if (run != nullptr) add_run(run, run_bytes);
+          run = row;
+          run_bytes = static_cast<std::int64_t>(kv.row_bytes);
+        }
+        add_run(run, run_bytes);
+        total += (block_end - b) * static_cast<std::int64_t>(kv.row_bytes);
+      }
+    }
+
+    // The lines, one by one: exactly the expected ones, each inside the pool, then nothing.
+    {
+      clm::detail::PrefetchStream lines(kv, pages.data(), begin, end, block);
+      std::int64_t bytes = 0;
+      for (const auto& [at, want] : expected) {
+        const char* got = lines.next_line(bytes);
+        REQUIRE(got == at);
+        REQUIRE(bytes == want);
+        REQUIRE(got >= kv.base);
+        REQUIRE(got + bytes <= memory.data() + memory.size());
+      }
+      REQUIRE(lines.next_line(bytes) == nullptr);
+    }
+
+    // Pacing: the first catch_up sends kLeadBytes; then never more than one line past what the
+    // walk allowed, and all of it once allowed.
+    constexpr std::int64_t lead = clm::detail::PrefetchStream::kLeadBytes;
+    clm::detail::PrefetchStream pf(kv, pages.data(), begin, end, block);
+    REQUIRE(pf.issued() == 0);
+    pf.catch_up();
+    std::int64_t allowed = lead;
+    auto check = [&](bool caught_up) {
+      INFO("allowed " << allowed << " issued " << pf.issued() << " total " << total);
+      REQUIRE(pf.issued() <= std::min(total, allowed + 63));
+      if (caught_up) REQUIRE(pf.issued() >= std::min(total, allowed));
+    };
+    check(true);
+    while (allowed < total + lead) {
+      const std::int64_t step = rng.range(1, 3000);
+      allowed += step;
+      pf.consume(step);
+      check(false);
+      pf.pace(rng.range(0, 2 * static_cast<int>(step)));  // P V may read more than was consumed
+      check(false);
+      if (rng.range(0, 3) == 0) {
+        pf.catch_up();
+        check(true);
+      }
+    }
+    pf.catch_up();
+    REQUIRE(pf.issued() == total);
+  }
+}
+#endif
 
 TEST_CASE("decode: out of host memory at any allocation, nothing is written to out", "[attention][decode][errors]") {
   const std::uint64_t seed = fresh_seed();
