@@ -236,7 +236,8 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
       }
     }
     for (int t = 0; t < nt; ++t) {
-      if ((t & 3) == 0) pf.pace(4 * 16 * NB * static_cast<std::int64_t>(E));  // the lines of 4 rows, every 4 rows
+      if (t % PrefetchStream::kPaceRows == 0)
+        pf.pace(PrefetchStream::kPaceRows * 16 * NB * static_cast<std::int64_t>(E));
       const char* vr = vrow[t] + static_cast<std::size_t>(d0) * E;
       __m256 pb[NG];
       for (int g = 0; g < NG; ++g) pb[g] = _mm256_set1_ps(p[t * stride + g]);

@@ -245,7 +245,7 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
     };
     int t = 0;
     for (; t + TS <= nt; t += TS) {
-      if ((t & 3) == 0) pf.pace(4 * 64 * static_cast<std::int64_t>(E));  // the lines of 4 rows, every 4 rows
+      if (t % PrefetchStream::kPaceRows == 0) pf.pace(PrefetchStream::kPaceRows * 64 * static_cast<std::int64_t>(E));
       for (int ts = 0; ts < TS; ++ts) add_row(t + ts, o[ts]);
     }
     for (; t < nt; ++t) add_row(t, o[0]);

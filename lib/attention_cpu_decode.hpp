@@ -19,7 +19,8 @@
 //   template <KvDType DT, int SG> void softmax_pv(float* s, int nt, const char* const* vrow, int dim,
 //                                                 float* acc, float* m, float* l, PrefetchStream& pf);
 //
-// (softmax_pv calls pf.pace() with the bytes of V it reads, every 4 rows) then
+// (softmax_pv calls pf.pace() with the bytes of V it reads, every
+// PrefetchStream::kPaceRows rows) then
 // includes this inside its target-pragma region and calls
 // decode_blocks_for(kv, shape, chunk): the walk is compiled for its ISA and
 // inlines its kernels; the anonymous namespace gives each file its own copy.
@@ -104,7 +105,7 @@ void decode_blocks(const KvLayer& kv, const AttnShape& shape, const DecodeChunk&
     }
 
     // (B, C) per kv head and sub-group: softmax update, then P V, which paces
-    // the stream by the V it reads, 4 rows at a time (a second sub-group's
+    // the stream by the V it reads, kPaceRows at a time (a second sub-group's
     // pass over the same rows finds the stream at its limit).
     for (int h = 0; h < heads; ++h) {
       const std::size_t off = static_cast<std::size_t>(h) * kv.head_bytes + kv.v_offset;

@@ -7,6 +7,7 @@
 //   PrefetchStream pf(kv, chunk.pages, chunk.begin, chunk.end, 64);  // may run kLeadBytes ahead
 //   pf.consume(bytes);   // the walk is about to read these: the stream may run that much further
 //   pf.pace(bytes);      // inside a loop that reads `bytes`: as many lines go out, up to that limit
+//                        // (P V: every kPaceRows rows)
 //   pf.catch_up();       // what is still allowed goes out
 //
 // Why paced, and in the walk's order: the walk used to prefetch each token's
@@ -38,6 +39,10 @@ class PrefetchStream {
   // cover the memory latency at one core's bandwidth, several times over
   // (64 KiB was slower, 192-384 KiB no faster).
   static constexpr std::int64_t kLeadBytes = 128 * 1024;
+
+  // P V paces the stream once every this many rows it reads: once a row, the
+  // bookkeeping cost as much as it gained with the KV in L3.
+  static constexpr int kPaceRows = 4;
 
   // The rows of tokens [begin, end) of a sequence whose pages are `pages`, in
   // the walk's order: per block of `block` tokens from `begin`, the K rows of
