@@ -1,8 +1,8 @@
 // lib/attention_cpu_prefetch.hpp: the decode's prefetch stream, one per chunk
 // of a sequence: the rows the chunk reads, in the order the walk reads them
 // (per block of tokens, the K rows of its pages, then their V rows; each
-// page's part a contiguous run), one 64-byte line at a time into L2, kept a
-// fixed number of bytes ahead of what the walk has read.
+// page's part a contiguous run), one 64-byte line at a time, kept a fixed
+// number of bytes ahead of what the walk has read.
 //
 //   PrefetchStream pf(kv, chunk.pages, chunk.begin, chunk.end, 64);  // may run kLeadBytes ahead
 //   pf.consume(bytes);   // the walk is about to read these: the stream may run that much further
@@ -16,6 +16,14 @@
 // block's last pages came late. Issued evenly through both phases, in the
 // order they are read, the same lines let one core read bf16 KV from memory
 // about 20 % faster, f32 KV 15-20 % (docs/kernels.md).
+//
+// Why a run at a time, and into L1: the lines of a run go out in one tight
+// loop (a prefetch and an add each), where a call per line cost the kernels a
+// quarter of their speed with the KV in cache; and prefetcht0 kept more of
+// this VM's reads in flight from memory than prefetcht2 (docs/kernels.md).
+//
+// BasicPrefetchStream<SendLine> sends each line through SendLine (the tests
+// record them); the kernels use PrefetchStream, which prefetches.
 //
 // Included by attention_cpu_avx2.cpp and attention_cpu_avx512.cpp inside their
 // target-pragma regions (their P V kernels pace it), and by the tests, each
@@ -33,11 +41,18 @@
 namespace clm::detail {
 namespace {
 
-class PrefetchStream {
+// The kernels' line: a prefetch into L1.
+struct PrefetchLine {
+  void operator()(const char* at) const { _mm_prefetch(at, _MM_HINT_T0); }
+};
+
+template <class SendLine = PrefetchLine>
+class BasicPrefetchStream {
  public:
   // How far ahead of the reads the stream runs: enough lines in flight to
   // cover the memory latency at one core's bandwidth, several times over
-  // (64 KiB was slower, 192-384 KiB no faster).
+  // (64 KiB was slower, 192-384 KiB no faster; with prefetcht0, 64 and 256
+  // KiB no faster).
   static constexpr std::int64_t kLeadBytes = 128 * 1024;
 
   // P V paces the stream once every this many rows it reads: once a row, the
@@ -48,50 +63,52 @@ class PrefetchStream {
   // the walk's order: per block of `block` tokens from `begin`, the K rows of
   // its pages, then their V rows. Nothing goes out yet: the first catch_up()
   // sends the first kLeadBytes with what was consumed.
-  PrefetchStream(const KvLayer& kv, const std::int32_t* pages, std::int64_t begin, std::int64_t end, int block)
-      : kv_(kv), pages_(pages), end_(end), block_(block), block_end_(begin), token_(begin), limit_(kLeadBytes) {}
+  BasicPrefetchStream(const KvLayer& kv, const std::int32_t* pages, std::int64_t begin, std::int64_t end, int block,
+                      SendLine send = SendLine())
+      : send_(send),
+        kv_(kv),
+        pages_(pages),
+        end_(end),
+        block_(block),
+        block_end_(begin),
+        token_(begin),
+        limit_(kLeadBytes) {}
 
   void consume(std::int64_t bytes) { limit_ += bytes; }
 
   void pace(std::int64_t bytes) {
     credit_ += bytes;
-    while (credit_ >= kLine && issued_ < limit_) {
-      line();
-      credit_ -= kLine;
-    }
+    if (credit_ < kLine || issued_ >= limit_) return;
+    const std::int64_t before = issued_;
+    send_until(std::min(limit_, issued_ + credit_ / kLine * kLine));
+    credit_ = std::max<std::int64_t>(0, credit_ - (issued_ - before));
   }
 
   void catch_up() {
-    while (issued_ < limit_) line();
+    send_until(limit_);
     credit_ = 0;
   }
 
   // Bytes of the chunk's rows whose lines have gone out.
   std::int64_t issued() const { return issued_; }
 
-  // The next line of the stream and how many of the rows' bytes it starts
-  // (64, or what is left of a run), or nullptr after the last.
-  const char* next_line(std::int64_t& bytes) {
-    if (left_ <= 0 && !next_run()) return nullptr;
-    const char* at = at_;
-    bytes = std::min(left_, kLine);
-    at_ += bytes;
-    left_ -= bytes;
-    return at;
-  }
-
  private:
   static constexpr std::int64_t kLine = 64;
 
-  void line() {
-    std::int64_t bytes = 0;
-    const char* at = next_line(bytes);
-    if (at == nullptr) {
-      limit_ = issued_;  // every row of the chunk is on its way
-      return;
+  // Sends the stream's lines until `target` bytes of rows have gone out (or
+  // all of them), a run at a time: one prefetch and one add a line.
+  void send_until(std::int64_t target) {
+    while (issued_ < target) {
+      if (left_ <= 0 && !next_run()) {
+        limit_ = issued_;  // every row of the chunk is on its way
+        return;
+      }
+      const std::int64_t n = std::min(left_, (target - issued_ + kLine - 1) / kLine * kLine);
+      for (const char *at = at_, *stop = at_ + n; at < stop; at += kLine) send_(at);
+      at_ += n;
+      left_ -= n;
+      issued_ += n;
     }
-    _mm_prefetch(at, _MM_HINT_T2);
-    issued_ += bytes;
   }
 
   // The next contiguous run: the rest of one page's K (or V) rows in the current block.
@@ -118,6 +135,7 @@ class PrefetchStream {
     return true;
   }
 
+  [[no_unique_address]] SendLine send_;
   const KvLayer& kv_;
   const std::int32_t* pages_;
   std::int64_t end_;
@@ -132,6 +150,8 @@ class PrefetchStream {
   const char* at_ = nullptr;
   std::int64_t left_ = 0;
 };
+
+using PrefetchStream = BasicPrefetchStream<>;
 
 }  // namespace
 }  // namespace clm::detail

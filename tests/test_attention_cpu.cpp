@@ -530,31 +530,34 @@ TEST_CASE("decode prefetch stream: every row the walk reads, in its order, a fix
       }
     }
 
-    // The lines, one by one: exactly the expected ones, each inside the pool, then nothing.
-    {
-      clm::detail::PrefetchStream lines(kv, pages.data(), begin, end, block);
-      std::int64_t bytes = 0;
-      for (const auto& [at, want] : expected) {
-        const char* got = lines.next_line(bytes);
-        REQUIRE(got == at);
-        REQUIRE(bytes == want);
-        REQUIRE(got >= kv.base);
-        REQUIRE(got + bytes <= memory.data() + memory.size());
-      }
-      REQUIRE(lines.next_line(bytes) == nullptr);
-    }
-
-    // Pacing: the first catch_up sends kLeadBytes; then never more than one line past what the
-    // walk allowed, and all of it once allowed.
+    // Pacing, with every line the stream sends recorded: the first catch_up sends kLeadBytes; then
+    // never more than one line past what the walk allowed, all of it once allowed, and the lines
+    // sent are the expected ones, in order, as many as the bytes it counts, each inside the pool.
     constexpr std::int64_t lead = clm::detail::PrefetchStream::kLeadBytes;
-    clm::detail::PrefetchStream pf(kv, pages.data(), begin, end, block);
+    std::vector<const char*> sent;
+    struct Record {
+      std::vector<const char*>* lines;
+      void operator()(const char* at) const { lines->push_back(at); }
+    };
+    clm::detail::BasicPrefetchStream<Record> pf(kv, pages.data(), begin, end, block, Record{&sent});
     REQUIRE(pf.issued() == 0);
+    REQUIRE(sent.empty());
     pf.catch_up();
     std::int64_t allowed = lead;
+    std::size_t checked = 0;  // lines of `sent` compared with `expected` so far
+    std::int64_t sent_bytes = 0;
     auto check = [&](bool caught_up) {
       INFO("allowed " << allowed << " issued " << pf.issued() << " total " << total);
       REQUIRE(pf.issued() <= std::min(total, allowed + 63));
       if (caught_up) REQUIRE(pf.issued() >= std::min(total, allowed));
+      REQUIRE(sent.size() <= expected.size());
+      for (; checked < sent.size(); ++checked) {
+        REQUIRE(sent[checked] == expected[checked].first);
+        REQUIRE(sent[checked] >= kv.base);
+        REQUIRE(sent[checked] + expected[checked].second <= memory.data() + memory.size());
+        sent_bytes += expected[checked].second;
+      }
+      REQUIRE(sent_bytes == pf.issued());
     };
     check(true);
     while (allowed < total + lead) {
@@ -570,7 +573,9 @@ TEST_CASE("decode prefetch stream: every row the walk reads, in its order, a fix
       }
     }
     pf.catch_up();
+    check(true);
     REQUIRE(pf.issued() == total);
+    REQUIRE(sent.size() == expected.size());
   }
 }
 #endif
