@@ -74,6 +74,7 @@ constexpr std::size_t kEngineOptionsV1 = offsetof(clm_engine_options, slru_prote
 constexpr std::size_t kAdmitOptionsV1 = offsetof(clm_admit_options, priority) + sizeof(int32_t);
 constexpr std::size_t kMetricsV1 = offsetof(clm_metrics, metadata_bytes) + sizeof(uint64_t);
 constexpr std::size_t kKvLayoutV1 = offsetof(clm_kv_layout, memory) + sizeof(int32_t);
+constexpr std::size_t kAdmissionPlanV1 = offsetof(clm_admission_plan, evictable_tokens) + sizeof(int64_t);
 constexpr std::size_t kAdapterOptionsV1 = offsetof(clm_adapter_options, residual_scale) + sizeof(float);
 constexpr std::size_t kAttentionParamsV1 = offsetof(clm_attention_params, stream) + sizeof(void*);
 // Version 2 (the SRC head), frozen too: version 3 (the snapshot store) appends

@@ -308,6 +308,31 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
   });
 }
 
+clm_status clm_engine_plan_admission(clm_admission_plan* out, const clm_engine* engine, const int32_t* tokens,
+                                     size_t n_tokens, const clm_admit_options* options) {
+  return guarded([&]() -> clm_status {
+    if (!out) return null_argument("clm_engine_plan_admission", "out");
+    if (clm_status s =
+            check_struct_size<clm_admission_plan>(out->struct_size, {kAdmissionPlanV1}, "clm_engine_plan_admission")) {
+      return s;
+    }
+    if (!engine) return null_argument("clm_engine_plan_admission", "engine");
+    if (!tokens && n_tokens > 0) return null_argument("clm_engine_plan_admission", "tokens (with n_tokens > 0)");
+    if (n_tokens > kMaxTokens) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_plan_admission: n_tokens {} is too large", n_tokens));
+    }
+    clm::AdmitOptions admit;
+    if (clm_status s = admit_options_of(options, "clm_engine_plan_admission", admit)) return s;
+    clm::AdmissionPlan plan;
+    if (clm_status s = report(engine->state->engine->plan_admission({tokens, n_tokens}, admit, plan))) return s;
+    const clm_admission_plan full{out->struct_size,    plan.cached_tokens, plan.new_pages,
+                                  plan.unlocked_pages, plan.pages_free,    plan.evictable_tokens};
+    std::memcpy(out, &full, out->struct_size);
+    return CLM_OK;
+  });
+}
+
 namespace {
 
 // clm_seq_finish and clm_seq_abort: the same checks, the engine's call, and

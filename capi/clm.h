@@ -200,6 +200,23 @@ CLM_API clm_status clm_admit_options_init(clm_admit_options *options, size_t str
  * Token ids must lie in [0, 2^31). options may be NULL. */
 CLM_API clm_status clm_engine_admit(clm_seq **out, clm_engine *engine, const int32_t *tokens, size_t n_tokens,
                                     const clm_admit_options *options);
+/* What clm_engine_admit(engine, tokens, n_tokens, options) would take from the
+ * pool now, found without admitting: nothing is counted, touched, locked,
+ * allocated or evicted. A scheduler that admits only what can run to the end
+ * asks this first, so that a request waiting for room leaves the cache alone.
+ * Admitting takes new_pages + unlocked_pages off pages_free plus the pages of
+ * evictable_tokens. Set out->struct_size to sizeof(clm_admission_plan) first;
+ * only that many bytes are written. The errors are clm_engine_admit's. */
+typedef struct clm_admission_plan {
+  uint32_t struct_size;
+  int32_t cached_tokens;  /* on the device now: admit reuses them (it may load more from the host tier) */
+  int32_t new_pages;      /* pages admit allocates: the prompt's, less the cached ones */
+  int32_t unlocked_pages; /* cached pages no sequence holds: admit locks them, so they stop being evictable */
+  int32_t pages_free;     /* the pool at the same instant */
+  int64_t evictable_tokens;
+} clm_admission_plan;
+CLM_API clm_status clm_engine_plan_admission(clm_admission_plan* out, const clm_engine* engine, const int32_t* tokens,
+                                             size_t n_tokens, const clm_admit_options* options);
 /* Appends decoded tokens whose K/V the host will write; afterwards
  * clm_seq_slots gives their slots. */
 CLM_API clm_status clm_seq_extend(clm_seq *seq, const int32_t *tokens, size_t n_tokens);

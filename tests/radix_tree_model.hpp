@@ -816,11 +816,32 @@ class PropertyRun {
 
   // ---- checked calls ------------------------------------------------------------
   std::pair<clm::PrefixMatch, std::int64_t> do_match(int ns, const Tokens& t) {
+    // peek_prefix first: what the match will find, touching nothing (the
+    // metrics, and every later step's comparison with the model, would show it).
+    const clm::RadixTreeMetrics metrics_before = tree_->metrics();
+    clm::PrefixPeek peek;
+    peek.cached_tokens = -5;
+    const clm::Status peeked = tree_->peek_prefix(t, namespace_of(ns), peek);
+    PCHECK(peeked.ok(), "peek_prefix failed: {}", peeked.message());
+    const clm::RadixTreeMetrics metrics_after = tree_->metrics();
+    PCHECK(metrics_after.match_calls == metrics_before.match_calls &&
+               metrics_after.tokens_queried == metrics_before.tokens_queried &&
+               metrics_after.tokens_hit == metrics_before.tokens_hit && metrics_after.nodes == metrics_before.nodes &&
+               metrics_after.namespaces == metrics_before.namespaces &&
+               metrics_after.protected_tokens == metrics_before.protected_tokens,
+           "peek_prefix changed the tree's metrics");
     clm::PrefixMatch m;
     m.cached_tokens = -5;
     const clm::Status s = tree_->match_prefix(t, namespace_of(ns), m);
     PCHECK(s.ok(), "match_prefix failed: {}", s.message());
     const std::vector<std::int64_t> path = model_.match(ns, t);
+    std::int64_t unlocked_pages = 0;
+    for (std::int64_t id : path) unlocked_pages += model_.at(id).locks == 0;
+    PCHECK(peek.cached_tokens == static_cast<std::int64_t>(path.size()) * ps_ && peek.host_tokens == 0,
+           "peek in ns {}: cached {} host {}, model {}", ns, peek.cached_tokens, peek.host_tokens,
+           path.size() * static_cast<std::size_t>(ps_));
+    PCHECK(peek.unlocked_tokens == unlocked_pages * ps_, "peek in ns {}: unlocked {}, model {}", ns,
+           peek.unlocked_tokens, unlocked_pages * ps_);
     const Pages expect = model_.pages_of(path);
     const auto len = static_cast<std::int64_t>(t.size());
     PCHECK(m.cached_tokens % ps_ == 0, "cached_tokens {} not page aligned", m.cached_tokens);

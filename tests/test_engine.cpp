@@ -227,6 +227,75 @@ TEST_CASE("engine: exhaustion while everything is locked fails whole", "[engine]
   CHECK(engine->check_invariants().ok());
 }
 
+TEST_CASE("engine: plan_admission says what admit takes from the pool, and changes nothing", "[engine]") {
+  const std::uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  for (const clm::EvictionPolicy policy : {clm::EvictionPolicy::lru, clm::EvictionPolicy::ghost_slru}) {
+    constexpr std::int32_t kPageSize = 4;
+    auto engine = make_engine(48, kPageSize, policy);
+    std::vector<Tokens> history;  // prompts seen, so that new ones share their prefixes
+    std::vector<clm::SequenceId> running;
+    for (int step = 0; step < 400; ++step) {
+      Tokens prompt;
+      if (!history.empty() && rng() % 4 != 0) {
+        const Tokens& earlier = history[rng() % history.size()];
+        prompt.assign(earlier.begin(), earlier.begin() + static_cast<std::ptrdiff_t>(rng() % earlier.size() + 1));
+      }
+      const Tokens tail = random_tokens(rng, 1 + rng() % 40, 60);
+      prompt.insert(prompt.end(), tail.begin(), tail.end());
+      const std::string salt = rng() % 3 == 0 ? "other tenant" : "";
+      const clm::AdmitOptions options{.cache_salt = salt};
+      const clm::EngineMetrics before = engine->metrics();
+      clm::AdmissionPlan plan;
+      REQUIRE(engine->plan_admission(prompt, options, plan).ok());
+      const clm::EngineMetrics planned = engine->metrics();
+      CHECK(planned.cache.match_calls == before.cache.match_calls);
+      CHECK(planned.cache.tokens_queried == before.cache.tokens_queried);
+      CHECK(planned.cache.evictable_tokens == before.cache.evictable_tokens);
+      CHECK(planned.cache.protected_tokens == before.cache.protected_tokens);
+      CHECK(planned.cache.namespaces == before.cache.namespaces);
+      CHECK(plan.pages_free == before.cache.pages_free);
+      CHECK(plan.evictable_tokens == before.cache.evictable_tokens);
+      const std::int64_t room = plan.pages_free + plan.evictable_tokens / kPageSize;
+      Admission a;
+      const clm::Status admitted = engine->admit(prompt, options, a);
+      if (plan.new_pages + plan.unlocked_pages > room) {
+        CHECK(admitted.code() == StatusCode::out_of_memory);
+      } else {
+        // What it found, what it allocated, and what it took off the pages free or evictable.
+        REQUIRE(admitted.ok());
+        check_admission(a, prompt.size(), kPageSize);
+        CHECK(a.cached_tokens == plan.cached_tokens);
+        CHECK(static_cast<std::int32_t>(a.page_table.size()) - a.cached_tokens / kPageSize == plan.new_pages);
+        const clm::EngineMetrics after = engine->metrics();
+        CHECK(room - (after.cache.pages_free + after.cache.evictable_tokens / kPageSize) ==
+              plan.new_pages + plan.unlocked_pages);
+        running.push_back(a.seq);
+        history.push_back(prompt);
+      }
+      // Some running sequences end: finished (cached) or aborted.
+      while (!running.empty() && rng() % 3 != 0) {
+        const std::size_t k = rng() % running.size();
+        REQUIRE((rng() % 4 == 0 ? engine->abort(running[k]) : engine->finish(running[k])).ok());
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+      REQUIRE(engine->check_invariants().ok());
+    }
+    // Bad input: the errors admit() gives, before anything is read or changed.
+    clm::AdmissionPlan plan;
+    const Tokens bad{1, 2, -7, 4, 5};
+    const clm::Status negative = engine->plan_admission(bad, {}, plan);
+    CHECK(negative.code() == StatusCode::invalid_argument);
+    CHECK(!negative.message().empty());
+    const clm::Status priority =
+        engine->plan_admission(Tokens{1, 2, 3}, {.cache_salt = "", .adapter_id = 0, .priority = 101}, plan);
+    CHECK(priority.code() == StatusCode::invalid_argument);
+    CHECK(priority.message().find("priority") != std::string::npos);
+    CHECK(engine->plan_admission(Tokens{}, {}, plan).code() == StatusCode::invalid_argument);
+  }
+}
+
 TEST_CASE("engine: batch page table in FlashInfer's CSR form", "[engine]") {
   std::mt19937 rng(std::random_device{}());
   auto engine = make_engine(512, 16);
@@ -302,6 +371,10 @@ TEST_CASE("engine: a prompt longer than kMaxTokens is refused before it is read"
   const clm::Status s = engine->admit(prompt, {}, a);
   CHECK(s.code() == StatusCode::invalid_argument);
   CHECK(s.message().find("longer") != std::string::npos);
+  clm::AdmissionPlan plan;
+  const clm::Status planned = engine->plan_admission(prompt, {}, plan);
+  CHECK(planned.code() == StatusCode::invalid_argument);
+  CHECK(planned.message().find("longer") != std::string::npos);
   const clm::EngineMetrics m = engine->metrics();
   CHECK(m.admitted == 0);
   CHECK(m.active_sequences == 0);

@@ -188,10 +188,18 @@ class Harness {
     const Tenant& t = tenant();
     const std::vector<std::int32_t> p = prompt();
     const auto page = static_cast<std::size_t>(config_.page_size);
+    // What admit() is planned by: peek_prefix, touching nothing, finds what the match finds,
+    // and locking takes exactly its unlocked tokens off the evictable ones.
+    clm::PrefixPeek peek;
+    REQUIRE(tree_.peek_prefix(p, t.ns(), peek).ok());
     PrefixMatch m;
     REQUIRE(tree_.match_prefix(p, t.ns(), m).ok());
     verify(t, p, m);
+    REQUIRE(peek.cached_tokens == m.cached_tokens);
+    REQUIRE(peek.host_tokens == m.host_tokens);
+    const std::int64_t evictable_before_lock = tree_.evictable_tokens();
     REQUIRE(tree_.lock(m.node).ok());
+    REQUIRE(evictable_before_lock - tree_.evictable_tokens() == peek.unlocked_tokens);
     const bool pinned = m.host_tokens > 0;
     if (pinned) REQUIRE(tree_.host_pin(m.host_node).ok());
     std::vector<std::int32_t> pages = m.pages;

@@ -44,6 +44,16 @@ static clm_status clmgo_admit(clm_seq **out, clm_engine *engine, const int32_t *
   return clm_engine_admit(out, engine, tokens, n_tokens, use_options ? &options : NULL);
 }
 
+// The same for clm_engine_plan_admission, which also gets its struct_size here.
+static clm_status clmgo_plan_admission(clm_admission_plan *out, const clm_engine *engine, const int32_t *tokens,
+                                       size_t n_tokens, int use_options, clm_admit_options options, const char *salt,
+                                       size_t salt_len) {
+  options.cache_salt = salt;
+  options.cache_salt_len = salt_len;
+  out->struct_size = sizeof *out;
+  return clm_engine_plan_admission(out, engine, tokens, n_tokens, use_options ? &options : NULL);
+}
+
 // The same for the special token ids of the engine options (version 2).
 static clm_status clmgo_create(clm_engine **out, clm_engine_options options, const int32_t *special, size_t n_special) {
   options.special_token_ids = special;
@@ -525,6 +535,52 @@ func (e *Engine) Admit(tokens []int32, opts *AdmitOptions) (*Seq, error) {
 	s := &Seq{ptr: ptr, engine: e}
 	runtime.SetFinalizer(s, (*Seq).free)
 	return s, nil
+}
+
+// AdmissionPlan is what Admit would take from the pool now, found without
+// admitting (clm_engine_plan_admission): nothing is counted, touched, locked,
+// allocated or evicted. Admitting takes NewPages + UnlockedPages off PagesFree
+// plus the pages of EvictableTokens.
+type AdmissionPlan struct {
+	CachedTokens    int32 // on the device now: Admit reuses them (it may load more from the host tier)
+	NewPages        int32 // pages Admit allocates: the prompt's, less the cached ones
+	UnlockedPages   int32 // cached pages no sequence holds: Admit locks them, so they stop being evictable
+	PagesFree       int32 // the pool at the same instant
+	EvictableTokens int64
+}
+
+// PlanAdmission says what Admit(tokens, opts) would take from the pool, with
+// Admit's errors for bad tokens or options. A scheduler that admits only what
+// can run to the end asks this first, so that a waiting request leaves the
+// cache alone.
+func (e *Engine) PlanAdmission(tokens []int32, opts *AdmitOptions) (AdmissionPlan, error) {
+	const op = "clm_engine_plan_admission"
+	ep, err := e.acquire(op)
+	if err != nil {
+		return AdmissionPlan{}, err
+	}
+	defer e.release()
+	copts, useOptions, salt, err := admitOptionsToC(opts)
+	if err != nil {
+		return AdmissionPlan{}, err
+	}
+	var c C.clm_admission_plan
+	err = call(op, func() C.clm_status {
+		return C.clmgo_plan_admission(&c, ep, tokensPtr(tokens), C.size_t(len(tokens)), useOptions, copts,
+			stringPtr(salt), C.size_t(len(salt)))
+	})
+	runtime.KeepAlive(tokens)
+	runtime.KeepAlive(salt)
+	if err != nil {
+		return AdmissionPlan{}, err
+	}
+	return AdmissionPlan{
+		CachedTokens:    int32(c.cached_tokens),
+		NewPages:        int32(c.new_pages),
+		UnlockedPages:   int32(c.unlocked_pages),
+		PagesFree:       int32(c.pages_free),
+		EvictableTokens: int64(c.evictable_tokens),
+	}, nil
 }
 
 // admitOptionsToC is what clmgo_admit and clmgo_prefetch take for opts: the

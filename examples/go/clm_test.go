@@ -355,6 +355,55 @@ func TestSaltsIsolateTenants(t *testing.T) {
 	check("same tenant, heap salt", &AdmitOptions{CacheSalt: salt}, 48)
 }
 
+func TestPlanAdmission(t *testing.T) {
+	const pageSize = 16
+	e := newEngine(t, 8, pageSize)
+	plan := func(tokens []int32, opts *AdmitOptions) AdmissionPlan {
+		t.Helper()
+		before, err := e.Metrics()
+		must(t, err)
+		p, err := e.PlanAdmission(tokens, opts)
+		must(t, err)
+		after, err := e.Metrics()
+		must(t, err)
+		if after.TokensQueried != before.TokensQueried || after.EvictableTokens != before.EvictableTokens ||
+			after.PagesFree != before.PagesFree {
+			t.Fatalf("PlanAdmission changed the metrics: %+v then %+v", before, after)
+		}
+		if int64(p.PagesFree) != int64(before.PagesFree) || p.EvictableTokens != before.EvictableTokens {
+			t.Fatalf("plan %+v, metrics %+v", p, before)
+		}
+		return p
+	}
+	first := admit(t, e, span(0, 64), nil) // 4 pages, cached at finish
+	must(t, first.Finish())
+	// 70 tokens starting with the cached 64: 3 of its 4 pages are reused
+	// (at most len-1 tokens, page-aligned: 48), 2 allocated.
+	p := plan(span(0, 70), nil)
+	want := expectedCached(64, 70, pageSize)
+	if int(p.CachedTokens) != want || p.NewPages != int32(5-want/pageSize) || p.UnlockedPages != int32(want/pageSize) {
+		t.Fatalf("plan %+v, want %d cached", p, want)
+	}
+	s := admit(t, e, span(0, 70), nil)
+	if got := cached(t, s); got != int(p.CachedTokens) {
+		t.Fatalf("admit cached %d, plan said %d", got, p.CachedTokens)
+	}
+	// Another tenant matches nothing; the same prompt again finds its pages locked.
+	if p := plan(span(0, 70), &AdmitOptions{CacheSalt: "other"}); p.CachedTokens != 0 || p.NewPages != 5 {
+		t.Fatalf("other tenant: %+v", p)
+	}
+	if p := plan(span(0, 70), nil); p.UnlockedPages != 0 {
+		t.Fatalf("locked prefix counted as unlocked: %+v", p)
+	}
+	must(t, s.Abort())
+	_, err := e.PlanAdmission(nil, nil)
+	wantCode(t, err, InvalidArgument)
+	_, err = e.PlanAdmission([]int32{1, 2, -3}, nil)
+	wantCode(t, err, InvalidArgument)
+	_, err = e.PlanAdmission(span(0, 4), &AdmitOptions{Priority: 101})
+	wantCode(t, err, InvalidArgument)
+}
+
 func TestExtendSlotsAndPageTables(t *testing.T) {
 	const pageSize = 16
 	e := newEngine(t, 256, pageSize)

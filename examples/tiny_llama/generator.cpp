@@ -96,10 +96,22 @@ clm::Status Generator::admit_waiting(ForwardBatch& batch, std::vector<Request*>&
     Request& r = *request;
     // The baseline matches against nothing: a salt no other request has.
     const std::string salt = r.options.use_cache ? r.options.cache_salt : fmt::format("\x01nocache/{}", r.id);
-    clm::Admission a;
     const std::int32_t adapter_id = r.options.use_clm ? kClmAdapterId : 0;
-    clm::Status admitted = engine_.admit(r.prompt, {.cache_salt = salt, .adapter_id = adapter_id}, a);
-    if (admitted.code() == clm::StatusCode::out_of_memory && !(running_.empty() && batch.ids.empty())) {
+    const clm::AdmitOptions admit_options{.cache_salt = salt, .adapter_id = adapter_id};
+    const bool first = running_.empty() && batch.ids.empty();
+    // Admit only what the pool can carry to the end: the pages every running
+    // request may still need must stay free or evictable, or a later extend()
+    // would find the pool dry with nothing to evict. Planned before admitting,
+    // so that a request that waits leaves the cache and its counts alone.
+    clm::AdmissionPlan plan;
+    if (!first && engine_.plan_admission(r.prompt, admit_options, plan).ok() && !fits_to_the_end(r, plan)) {
+      std::lock_guard lock(queue_mutex_);
+      waiting_.push_front(std::move(request));
+      break;
+    }
+    clm::Admission a;
+    clm::Status admitted = engine_.admit(r.prompt, admit_options, a);
+    if (admitted.code() == clm::StatusCode::out_of_memory && !first) {
       std::lock_guard lock(queue_mutex_);  // the pool is busy: wait for running requests to leave
       waiting_.push_front(std::move(request));
       break;
@@ -110,15 +122,6 @@ clm::Status Generator::admit_waiting(ForwardBatch& batch, std::vector<Request*>&
       r.result.total_seconds = seconds_between(r.submitted, Clock::now());
       if (r.on_done) r.on_done(r.result);
       continue;
-    }
-    // Admit only what the pool can carry to the end: the pages every running
-    // request may still need must stay free or evictable, or a later extend()
-    // would find the pool dry with nothing to evict.
-    if (!fits_to_the_end(r) && !(running_.empty() && batch.ids.empty())) {
-      (void)engine_.abort(a.seq);
-      std::lock_guard lock(queue_mutex_);
-      waiting_.push_front(std::move(request));
-      break;
     }
     r.seq = a.seq;
     if (listener_) listener_->on_admitted(r.seq, r.prompt, r.options);
@@ -137,7 +140,7 @@ clm::Status Generator::admit_waiting(ForwardBatch& batch, std::vector<Request*>&
   return {};
 }
 
-bool Generator::fits_to_the_end(const Request& candidate) const {
+bool Generator::fits_to_the_end(const Request& candidate, const clm::AdmissionPlan& plan) const {
   const std::int64_t page = engine_.page_size();
   const std::int64_t context = model_.config().max_position;
   const auto pages_to_grow = [&](std::int64_t now, std::int64_t final_length) {
@@ -145,13 +148,14 @@ bool Generator::fits_to_the_end(const Request& candidate) const {
     return std::max<std::int64_t>(0, (end + page - 1) / page - (now + page - 1) / page);
   };
   const auto prompt = static_cast<std::int64_t>(candidate.prompt.size());
-  std::int64_t needed = pages_to_grow(prompt, prompt + candidate.options.max_new_tokens);
+  // The admission itself: its new pages, and its cached pages that locking takes off the evictable ones.
+  std::int64_t needed = plan.new_pages + plan.unlocked_pages;
+  needed += pages_to_grow(prompt, prompt + candidate.options.max_new_tokens);
   for (const auto& running : running_) {
     const std::int64_t length = running->length + (running->result.tokens.empty() ? 0 : 1);
     needed += pages_to_grow(length, running->length + running->options.max_new_tokens);
   }
-  const clm::EngineMetrics m = engine_.metrics();
-  return needed <= m.cache.pages_free + m.cache.evictable_tokens / page;
+  return needed <= plan.pages_free + plan.evictable_tokens / page;
 }
 
 clm::Status Generator::step() {

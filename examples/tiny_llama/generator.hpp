@@ -148,9 +148,9 @@ class Generator {
 
   clm::Status admit_waiting(ForwardBatch& batch, std::vector<Request*>& rows_of);
   void retire(Request& request, const char* reason, clm::Status status = {});
-  // Whether the pool can carry `candidate` (just admitted) and every running
-  // request to their max_new_tokens.
-  bool fits_to_the_end(const Request& candidate) const;
+  // Whether the pool can carry `candidate`, admitted as `plan` says, and every
+  // running request to their max_new_tokens.
+  bool fits_to_the_end(const Request& candidate, const clm::AdmissionPlan& plan) const;
   std::int32_t sample(const Request& request, std::span<const float> logits) const;
   void loop();
 

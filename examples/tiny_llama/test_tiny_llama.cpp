@@ -250,6 +250,23 @@ TEST_CASE("the equality check can fail: corrupted cached K/V pages change the lo
                        std::span(recomputed[0].logits).first(static_cast<std::size_t>(c.vocab_size))) > 1e-3);
 }
 
+namespace {
+// Each request's answer, run together with the others, is the one it gets alone
+// (page 16, a pool with room to spare, one thread).
+void expect_answers_alone(const LlamaConfig& c, const LlamaWeights& w,
+                          const std::vector<std::vector<std::int32_t>>& prompts,
+                          const std::vector<GenerateOptions>& options, const std::vector<GenerationResult>& together) {
+  EqualityRun run;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    INFO("request " << i);
+    REQUIRE(together[i].status.ok());
+    Stack alone = make_stack(c, w, engine_config(c, 16, 8192), 1);
+    const auto single = generate(alone, {prompts[i]}, {options[i]});
+    expect_same(together[i], single[0], c.vocab_size, run);
+  }
+}
+}  // namespace
+
 TEST_CASE("continuous batching: requests joining and leaving give the answers they give alone", "[tiny_llama]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
@@ -268,13 +285,49 @@ TEST_CASE("continuous batching: requests joining and leaving give the answers th
     options.push_back(o);
   }
   Stack together = make_stack(c, w, engine_config(c, 16, 8192));
-  const auto batched = generate(together, prompts, options);
-  EqualityRun run;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    Stack alone = make_stack(c, w, engine_config(c, 16, 8192), 1);
-    const auto single = generate(alone, {prompts[i]}, {options[i]});
-    expect_same(batched[i], single[0], c.vocab_size, run);
+  expect_answers_alone(c, w, prompts, options, generate(together, prompts, options));
+}
+
+TEST_CASE("continuous batching in a pool too small for every request at once: waiting leaves the cache alone",
+          "[tiny_llama]") {
+  // A request that waits for room must not be matched, locked, counted or
+  // evicted for on every step it waits: the engine sees one admission per
+  // request, and the cache's counts are those of the requests themselves.
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  const LlamaConfig c = tiny_llama_test::small_config(3);
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, seed, w);
+  std::mt19937 rng(seed);
+  constexpr std::int32_t kPage = 16, kPoolTokens = 512;
+  const auto shared = random_text(rng, 40, 80);  // a system prompt every request starts with
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<GenerateOptions> options;
+  std::int64_t pages_at_once = 0;
+  std::uint64_t prompt_tokens = 0;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<std::int32_t> prompt = shared;
+    const auto tail = random_text(rng, 20, 120);
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    GenerateOptions o;
+    o.max_new_tokens = std::uniform_int_distribution<int>(1, 20)(rng);
+    o.keep_logits = true;
+    pages_at_once += (static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens + kPage - 1) / kPage;
+    prompt_tokens += prompt.size();
+    prompts.push_back(std::move(prompt));
+    options.push_back(o);
   }
+  REQUIRE(pages_at_once > kPoolTokens / kPage);  // so some requests must wait
+  Stack tight = make_stack(c, w, engine_config(c, kPage, kPoolTokens));
+  const auto batched = generate(tight, prompts, options);
+  const clm::EngineMetrics m = tight.engine->metrics();
+  CHECK(m.admitted == prompts.size());
+  CHECK(m.aborted == 0);
+  CHECK(m.rejected == 0);
+  CHECK(m.finished == prompts.size());
+  CHECK(m.cache.match_calls == prompts.size());
+  CHECK(m.cache.tokens_queried == prompt_tokens);
+  expect_answers_alone(c, w, prompts, options, batched);
 }
 
 TEST_CASE("bad input: weights, config, prompts and batches are refused with a clear status", "[tiny_llama]") {

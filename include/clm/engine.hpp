@@ -111,6 +111,19 @@ struct Admission {
   std::vector<std::int64_t> slots;       // for prompt[cached_tokens, len): page * page_size + row
 };
 
+// What admit() would take from the pool, found without admitting
+// (Engine::plan_admission). A scheduler that admits only what can run to the
+// end checks this first, so that a request waiting for room is not matched,
+// counted, made hotter or evicted for on every step it waits.
+struct AdmissionPlan {
+  std::int32_t cached_tokens = 0;   // on the device now: admit() reuses them (it may also load some from the host tier)
+  std::int32_t new_pages = 0;       // pages admit() allocates: the prompt's, less the cached ones
+  std::int32_t unlocked_pages = 0;  // cached pages no sequence holds: admit() locks them, so they stop being evictable
+  // The pool at the same instant: free pages, and the tokens eviction could free.
+  std::int32_t pages_free = 0;
+  std::int64_t evictable_tokens = 0;
+};
+
 // FlashInfer's paged-KV batch description: sequence i uses
 // indices[indptr[i], indptr[i+1]), and rows [0, last_page_len[i]) of its last page.
 struct PagedBatch {
@@ -267,6 +280,30 @@ class Engine {
       out.page_table.assign(admitted.pages.begin(), admitted.pages.end());
     }
     slots_for(out.page_table, static_cast<std::size_t>(out.cached_tokens), prompt.size(), out.slots);
+    return {};
+  }
+
+  // What admit(prompt, options) would take from the pool now, with nothing
+  // changed: no match counted, no recency, no lock, no page allocated or
+  // evicted. The same errors as admit() for a bad prompt or priority.
+  Status plan_admission(std::span<const std::int32_t> prompt, const AdmitOptions& options, AdmissionPlan& out) const {
+    if (prompt.size() > kMaxTokens) {
+      return invalid_argument(fmt::format("plan_admission: a prompt of {} tokens is longer than a sequence may be ({})",
+                                          prompt.size(), kMaxTokens));
+    }
+    if (options.priority < 0 || options.priority > kMaxPriority) {
+      return invalid_argument(
+          fmt::format("plan_admission: priority must be in [0, {}], got {}", kMaxPriority, options.priority));
+    }
+    PrefixPeek peek;
+    std::lock_guard lock(mutex_);
+    CLM_RETURN_IF_ERROR(tree_->peek_prefix(prompt, {options.cache_salt, options.adapter_id}, peek));
+    const RadixTreeMetrics cache = tree_->metrics();
+    out.cached_tokens = peek.cached_tokens;
+    out.new_pages = static_cast<std::int32_t>(pages_for(prompt.size())) - peek.cached_tokens / page_size_;
+    out.unlocked_pages = peek.unlocked_tokens / page_size_;
+    out.pages_free = cache.pages_free;
+    out.evictable_tokens = cache.evictable_tokens;
     return {};
   }
 

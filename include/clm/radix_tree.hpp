@@ -105,6 +105,14 @@ struct PrefixMatch {
   std::int32_t host_backed_tokens = 0;
 };
 
+// What RadixTree::peek_prefix finds: the tokens match_prefix would return,
+// without its side effects.
+struct PrefixPeek {
+  std::int32_t cached_tokens = 0;    // on the device, page-aligned: match_prefix's cached_tokens
+  std::int32_t unlocked_tokens = 0;  // of those, in nodes no sequence holds (evictable until locked)
+  std::int32_t host_tokens = 0;      // past them, on the host only: match_prefix's host_tokens
+};
+
 struct InsertOutcome {
   std::int32_t cached_tokens = 0;  // leading tokens that were cached (in the tier inserted into) before the call
   std::int32_t stored_tokens = 0;  // page-aligned length now cached (<= tokens.size())
@@ -245,6 +253,29 @@ class RadixTree {
     metrics_.tokens_queried += static_cast<std::uint64_t>(length);
     metrics_.tokens_hit += static_cast<std::uint64_t>(out.cached_tokens);
     metrics_.host_tokens_hit += static_cast<std::uint64_t>(out.host_tokens);
+    return {};
+  }
+
+  // What match_prefix would find, touching nothing: no recency, no hit
+  // counts, no split, no namespace created, no metrics. A scheduler asks this
+  // before it admits a request, to see whether it fits (Engine::plan_admission),
+  // so that a request waiting for room is not counted, or made hotter, on every
+  // step it waits.
+  Status peek_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns, PrefixPeek& out) const {
+    CLM_RETURN_IF_ERROR(validate_length(tokens, "peek_prefix"));
+    PrefixPeek peek;
+    const Walk walk = walk_path(find_namespace(ns), tokens.data(), static_cast<std::int32_t>(tokens.size()) - 1,
+                                [&](std::int32_t n, std::int32_t matched) {
+                                  const Node& node = nodes_[n];
+                                  if (!node.on_device) {
+                                    peek.host_tokens += matched;
+                                    return;
+                                  }
+                                  peek.cached_tokens += matched;
+                                  if (node.lock_ref == 0) peek.unlocked_tokens += matched;
+                                });
+    CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "peek_prefix"));
+    out = peek;
     return {};
   }
 
@@ -925,6 +956,13 @@ class RadixTree {
   // nodes visited below the root.
   Walk walk_down(std::int32_t root, const std::int32_t* tokens, std::int32_t limit) {
     path_.clear();
+    return walk_path(root, tokens, limit, [this](std::int32_t node, std::int32_t) { path_.push_back(node); });
+  }
+
+  // The walk itself, touching nothing: visit(node, tokens matched in it) for
+  // each node below the root, in order (the last may match only its head).
+  template <class Visit>
+  Walk walk_path(std::int32_t root, const std::int32_t* tokens, std::int32_t limit, Visit&& visit) const {
     if (root < 0) return Walk{-1, 0, 0};  // a namespace not seen yet
     const auto page = static_cast<std::size_t>(page_size_);
     std::int32_t node = root;
@@ -936,11 +974,11 @@ class RadixTree {
         return nodes_[c].parent == node && std::memcmp(nodes_[c].data, query, page * sizeof(std::int32_t)) == 0;
       });
       if (child < 0) break;
-      path_.push_back(child);
       const Node& c = nodes_[child];
       const auto comparable = static_cast<std::size_t>(std::min(c.len, limit - pos));
       const std::size_t common = page + detail::common_prefix(c.data + page, query + page, comparable - page);
       const auto matched = static_cast<std::int32_t>(common / page * page);
+      visit(child, matched);
       pos += matched;
       if (matched < c.len) return Walk{child, matched, pos};
       node = child;

@@ -609,6 +609,62 @@ TEST_CASE("a full pool evicts unlocked prefixes, never locked ones", "[capi][lif
   check_idle_accounting(engine.get(), kPages, kPs);
 }
 
+TEST_CASE("plan_admission says what admit takes from the pool, and changes nothing", "[capi][lifecycle][plan]") {
+  constexpr int32_t kPages = 4, kPs = 4;
+  EnginePtr engine = make_engine(kPages, kPs);
+  auto plan = [&](const std::vector<int32_t>& t) {
+    clm_admission_plan p;
+    p.struct_size = sizeof p;
+    p.cached_tokens = -1;
+    const clm_metrics before = metrics(engine.get());
+    REQUIRE_OK(clm_engine_plan_admission(&p, engine.get(), t.data(), t.size(), nullptr));
+    const clm_metrics after = metrics(engine.get());
+    CHECK(after.tokens_queried == before.tokens_queried);
+    CHECK(after.tokens_hit == before.tokens_hit);
+    CHECK(after.evictable_tokens == before.evictable_tokens);
+    CHECK(p.pages_free == before.pages_free);
+    CHECK(p.evictable_tokens == before.evictable_tokens);
+    return p;
+  };
+  {
+    SeqPtr a = admit(engine.get(), tokens_from(1, 8));  // 2 pages, cached at finish
+    REQUIRE_OK(clm_seq_finish(a.get()));
+  }
+  // 9 tokens that start with the cached 8: reuses 2 unlocked pages, allocates 1.
+  clm_admission_plan p = plan(tokens_from(1, 9));
+  CHECK(p.cached_tokens == 8);
+  CHECK(p.new_pages == 1);
+  CHECK(p.unlocked_pages == 2);
+  CHECK(p.pages_free == 2);
+  CHECK(p.evictable_tokens == 8);
+  SeqPtr d = admit(engine.get(), tokens_from(1, 9));
+  CHECK(clm_seq_cached_tokens(d.get()) == p.cached_tokens);
+  clm_metrics m = metrics(engine.get());
+  CHECK(m.pages_free == 1);
+  CHECK(m.evictable_tokens == 0);
+  // The same prefix again: its pages are locked by d now, so nothing comes off the evictable.
+  p = plan(tokens_from(1, 12));
+  CHECK(p.cached_tokens == 8);
+  CHECK(p.new_pages == 1);
+  CHECK(p.unlocked_pages == 0);
+  // 9 new tokens need 3 pages: 1 free, 0 evictable, so admit would fail, as it does.
+  p = plan(tokens_from(500, 9));
+  CHECK(p.cached_tokens == 0);
+  CHECK(p.new_pages + p.unlocked_pages > p.pages_free + p.evictable_tokens / kPs);
+  clm_seq* e = nullptr;
+  const std::vector<int32_t> big = tokens_from(500, 9);
+  CHECK_STATUS(CLM_ERR_OUT_OF_MEMORY, clm_engine_admit(&e, engine.get(), big.data(), big.size(), nullptr));
+  // A tenant of its own matches nothing.
+  clm_admit_options o = admit_options();
+  o.cache_salt = "tenant 2";
+  o.cache_salt_len = 8;
+  p.struct_size = sizeof p;
+  REQUIRE_OK(clm_engine_plan_admission(&p, engine.get(), big.data(), 9, &o));
+  CHECK(p.cached_tokens == 0);
+  REQUIRE_OK(clm_seq_abort(d.get()));
+  check_idle_accounting(engine.get(), kPages, kPs);
+}
+
 TEST_CASE("kv_layout describes the host pool and its pages can be written", "[capi][lifecycle][layout]") {
   struct Case {
     int32_t dtype;
@@ -907,6 +963,32 @@ TEST_CASE("NULL: engine_admit", "[capi][bad][null]") {
   CHECK(m.pages_used == 0);
 }
 
+TEST_CASE("NULL and bad input: engine_plan_admission", "[capi][bad][null]") {
+  EnginePtr engine = make_engine(4, 4);
+  const std::vector<int32_t> t = {1, 2, 3};
+  clm_admission_plan p;
+  p.struct_size = sizeof p;
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_plan_admission(nullptr, engine.get(), t.data(), t.size(), nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_plan_admission(&p, nullptr, t.data(), t.size(), nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_plan_admission(&p, engine.get(), nullptr, 3, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_plan_admission(&p, engine.get(), t.data(), 0, nullptr));
+  const std::vector<int32_t> negative = {1, -2, 3};
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_plan_admission(&p, engine.get(), negative.data(), negative.size(), nullptr));
+  clm_admit_options o = admit_options();
+  o.cache_salt = nullptr;
+  o.cache_salt_len = 5;
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_plan_admission(&p, engine.get(), t.data(), t.size(), &o));
+  o = admit_options();
+  o.priority = 101;
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_plan_admission(&p, engine.get(), t.data(), t.size(), &o));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_plan_admission(&p, engine.get(), t.data(), size_t{1} << 40, nullptr));
+  const clm_metrics m = metrics(engine.get());
+  CHECK(m.tokens_queried == 0);
+  CHECK(m.pages_used == 0);
+}
+
 TEST_CASE("NULL: seq_extend, seq_finish, seq_abort", "[capi][bad][null]") {
   const std::vector<int32_t> t = {1};
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_seq_extend(nullptr, t.data(), t.size()));
@@ -1108,6 +1190,8 @@ TEST_CASE("struct_size: only the sizes of published versions, never one that cut
       published_sizes<clm_kv_layout>({offsetof(clm_kv_layout, memory) + sizeof(int32_t)});
   const std::set<size_t> admit_sizes =
       published_sizes<clm_admit_options>({offsetof(clm_admit_options, priority) + sizeof(int32_t)});
+  const std::set<size_t> plan_sizes =
+      published_sizes<clm_admission_plan>({offsetof(clm_admission_plan, evictable_tokens) + sizeof(int64_t)});
   const std::set<size_t> adapter_sizes =
       published_sizes<clm_adapter_options>({offsetof(clm_adapter_options, residual_scale) + sizeof(float)});
   const std::set<size_t> params_sizes =
@@ -1147,6 +1231,18 @@ TEST_CASE("struct_size: only the sizes of published versions, never one that cut
     CHECK(clm_engine_kv_layout(l.get(), engine.get()) == (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
     const size_t written = known ? size : sizeof struct_size;
     CHECK(std::all_of(l.bytes + written, l.bytes + sizeof l.bytes, [](unsigned char b) { return b == 0xAB; }));
+  }
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+  for (size_t size = 0; size <= sizeof(clm_admission_plan) + 8; ++size) {
+    INFO("clm_admission_plan of " << size << " bytes");
+    const bool known = plan_sizes.count(size) == 1;
+    Oversized<clm_admission_plan> p;
+    const auto struct_size = static_cast<uint32_t>(size);
+    std::memcpy(p.bytes, &struct_size, sizeof struct_size);
+    CHECK(clm_engine_plan_admission(p.get(), engine.get(), prompt.data(), prompt.size(), nullptr) ==
+          (known ? CLM_OK : CLM_ERR_INVALID_ARGUMENT));
+    const size_t written = known ? size : sizeof struct_size;
+    CHECK(std::all_of(p.bytes + written, p.bytes + sizeof p.bytes, [](unsigned char b) { return b == 0xAB; }));
   }
   for (size_t size = 0; size <= sizeof(clm_admit_options) + 8; ++size) {
     INFO("clm_admit_options of " << size << " bytes");

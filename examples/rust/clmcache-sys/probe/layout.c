@@ -17,6 +17,7 @@ int main(void) {
   TYPE(clm_engine_options);
   TYPE(clm_kv_layout);
   TYPE(clm_admit_options);
+  TYPE(clm_admission_plan);
   TYPE(clm_metrics);
   TYPE(clm_src_decision);
   TYPE(clm_adapter_options);
@@ -76,6 +77,12 @@ int main(void) {
   FIELD(clm_admit_options, cache_salt_len);
   FIELD(clm_admit_options, adapter_id);
   FIELD(clm_admit_options, priority);
+  FIELD(clm_admission_plan, struct_size);
+  FIELD(clm_admission_plan, cached_tokens);
+  FIELD(clm_admission_plan, new_pages);
+  FIELD(clm_admission_plan, unlocked_pages);
+  FIELD(clm_admission_plan, pages_free);
+  FIELD(clm_admission_plan, evictable_tokens);
 
   FIELD(clm_metrics, struct_size);
   FIELD(clm_metrics, tokens_queried);

@@ -187,6 +187,18 @@ pub struct clm_kv_layout {
 // ---- requests -----------------------------------------------------------------
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+pub struct clm_admission_plan {
+    /// Set by the caller before `clm_engine_plan_admission`: sizeof as compiled.
+    pub struct_size: u32,
+    pub cached_tokens: i32,
+    pub new_pages: i32,
+    pub unlocked_pages: i32,
+    pub pages_free: i32,
+    pub evictable_tokens: i64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct clm_admit_options {
     pub struct_size: u32,
     pub cache_salt: *const c_char,
@@ -384,6 +396,13 @@ extern "C" {
     pub fn clm_engine_admit(
         out: *mut *mut clm_seq,
         engine: *mut clm_engine,
+        tokens: *const i32,
+        n_tokens: usize,
+        options: *const clm_admit_options,
+    ) -> clm_status;
+    pub fn clm_engine_plan_admission(
+        out: *mut clm_admission_plan,
+        engine: *const clm_engine,
         tokens: *const i32,
         n_tokens: usize,
         options: *const clm_admit_options,

@@ -623,6 +623,22 @@ fn raw_admit_options() -> Result<sys::clm_admit_options> {
 
 // ---- engine -------------------------------------------------------------------
 
+/// What [`Engine::admit`] would take from the pool ([`Engine::plan_admission`]).
+/// Admitting takes `new_pages + unlocked_pages` off `pages_free` plus the
+/// pages of `evictable_tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmissionPlan {
+    /// On the device now: `admit` reuses them (it may load more from the host tier).
+    pub cached_tokens: i32,
+    /// Pages `admit` allocates: the prompt's, less the cached ones.
+    pub new_pages: i32,
+    /// Cached pages no sequence holds: `admit` locks them, so they stop being evictable.
+    pub unlocked_pages: i32,
+    /// The pool at the same instant.
+    pub pages_free: i32,
+    pub evictable_tokens: i64,
+}
+
 /// The pool's memory and layout (`clm_kv_layout`): page `p`, layer `l` has K
 /// at `base + p * page_bytes + l * layer_bytes` and V `layer_bytes / 2`
 /// further, each `[page_size][kv_heads][head_dim]`.
@@ -927,6 +943,37 @@ impl Engine {
             Some(raw) => Ok(Sequence { raw }),
             None => Err(Error::new(ErrorCode::Internal, "clm_engine_admit returned OK and no sequence")),
         }
+    }
+
+    /// What [`Engine::admit`] would take from the pool now, found without
+    /// admitting (`clm_engine_plan_admission`): nothing is counted, touched,
+    /// locked, allocated or evicted. A scheduler that admits only what can run
+    /// to the end asks this first, so that a waiting request leaves the cache
+    /// alone. The errors are `admit`'s.
+    pub fn plan_admission(&self, tokens: &[i32], options: Option<&AdmitOptions<'_>>) -> Result<AdmissionPlan> {
+        let raw_options = options.map(AdmitOptions::to_raw).transpose()?;
+        let options_ptr = raw_options.as_ref().map_or(ptr::null(), |o| o as *const sys::clm_admit_options);
+        let mut raw = sys::clm_admission_plan {
+            struct_size: size_of::<sys::clm_admission_plan>() as u32,
+            cached_tokens: 0,
+            new_pages: 0,
+            unlocked_pages: 0,
+            pages_free: 0,
+            evictable_tokens: 0,
+        };
+        // SAFETY: raw is writable for struct_size bytes; tokens is a live slice
+        // of tokens.len() ids; options_ptr is NULL or a struct (and salt)
+        // borrowed for the call; the engine is live.
+        check(unsafe {
+            sys::clm_engine_plan_admission(&mut raw, self.raw.as_ptr(), tokens.as_ptr(), tokens.len(), options_ptr)
+        })?;
+        Ok(AdmissionPlan {
+            cached_tokens: raw.cached_tokens,
+            new_pages: raw.new_pages,
+            unlocked_pages: raw.unlocked_pages,
+            pages_free: raw.pages_free,
+            evictable_tokens: raw.evictable_tokens,
+        })
     }
 
     /// The pool's memory and layout (`clm_engine_kv_layout`).

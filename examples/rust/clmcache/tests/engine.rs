@@ -117,6 +117,41 @@ fn errors_are_read_on_the_failing_thread() {
 }
 
 #[test]
+fn plan_admission_says_what_admit_takes_and_changes_nothing() {
+    let e = engine(8);
+    let plan = |prompt: &[i32], options: Option<&AdmitOptions<'_>>| {
+        let before = e.metrics().unwrap();
+        let p = e.plan_admission(prompt, options).unwrap();
+        let after = e.metrics().unwrap();
+        assert_eq!(after.tokens_queried, before.tokens_queried);
+        assert_eq!(after.evictable_tokens, before.evictable_tokens);
+        assert_eq!(after.pages_free, before.pages_free);
+        assert_eq!((p.pages_free, p.evictable_tokens), (before.pages_free, before.evictable_tokens));
+        p
+    };
+    let mut first = e.admit(&tokens(0, 64)).unwrap(); // 4 pages, cached at finish
+    first.finish().unwrap();
+    let prompt = tokens(0, 70);
+    let want = expected_cached(64, prompt.len());
+    let p = plan(&prompt, None);
+    assert_eq!(p.cached_tokens as usize, want);
+    assert_eq!(p.new_pages as usize, pages_for(prompt.len()) - want / PAGE);
+    assert_eq!(p.unlocked_pages as usize, want / PAGE);
+    let mut s = e.admit(&prompt).unwrap();
+    assert_eq!(s.cached_tokens() as i32, p.cached_tokens);
+    // Locked by s now; another tenant matches nothing.
+    assert_eq!(plan(&prompt, None).unlocked_pages, 0);
+    let other = AdmitOptions::salted(b"other");
+    assert_eq!(plan(&prompt, Some(&other)).cached_tokens, 0);
+    s.abort().unwrap();
+    for bad in [&[][..], &[1, 2, -3][..]] {
+        let err = e.plan_admission(bad, None).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument);
+        assert!(!err.message().is_empty());
+    }
+}
+
+#[test]
 fn bad_tokens_are_errors() {
     let engine = engine(64);
     assert_eq!(engine.admit(&[]).unwrap_err().code(), ErrorCode::InvalidArgument);
