@@ -264,18 +264,24 @@ clm_status admit_options_of(const clm_admit_options* options, const char* fn, cl
   admit.priority = widened.priority;
   return CLM_OK;
 }
+
+// The prompt and options of clm_engine_admit, _prefetch and _plan_admission:
+// checked, and the options as the Engine's.
+clm_status prompt_args_of(const int32_t* tokens, size_t n_tokens, const clm_admit_options* options, const char* fn,
+                          clm::AdmitOptions& admit) {
+  if (!tokens && n_tokens > 0) return null_argument(fn, "tokens (with n_tokens > 0)");
+  if (n_tokens > kMaxTokens)
+    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: n_tokens {} is too large", fn, n_tokens));
+  return admit_options_of(options, fn, admit);
+}
 }  // namespace
 
 clm_status clm_engine_prefetch(clm_engine* engine, const int32_t* tokens, size_t n_tokens,
                                const clm_admit_options* options) {
   return guarded([&]() -> clm_status {
     if (!engine) return null_argument("clm_engine_prefetch", "engine");
-    if (!tokens && n_tokens > 0) return null_argument("clm_engine_prefetch", "tokens (with n_tokens > 0)");
-    if (n_tokens > kMaxTokens) {
-      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_prefetch: n_tokens {} is too large", n_tokens));
-    }
     clm::AdmitOptions admit;
-    if (clm_status s = admit_options_of(options, "clm_engine_prefetch", admit)) return s;
+    if (clm_status s = prompt_args_of(tokens, n_tokens, options, "clm_engine_prefetch", admit)) return s;
     return report(engine->state->engine->prefetch({tokens, n_tokens}, admit));
   });
 }
@@ -294,12 +300,8 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
     if (!out) return null_argument("clm_engine_admit", "out");
     *out = nullptr;
     if (!engine) return null_argument("clm_engine_admit", "engine");
-    if (!tokens && n_tokens > 0) return null_argument("clm_engine_admit", "tokens (with n_tokens > 0)");
-    if (n_tokens > kMaxTokens) {
-      return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("clm_engine_admit: n_tokens {} is too large", n_tokens));
-    }
     clm::AdmitOptions admit;
-    if (clm_status s = admit_options_of(options, "clm_engine_admit", admit)) return s;
+    if (clm_status s = prompt_args_of(tokens, n_tokens, options, "clm_engine_admit", admit)) return s;
     auto seq = std::make_unique<clm_seq>();
     seq->state = engine->state;
     if (clm_status s = report(engine->state->engine->admit({tokens, n_tokens}, admit, seq->admission))) return s;
@@ -317,13 +319,8 @@ clm_status clm_engine_plan_admission(clm_admission_plan* out, const clm_engine* 
       return s;
     }
     if (!engine) return null_argument("clm_engine_plan_admission", "engine");
-    if (!tokens && n_tokens > 0) return null_argument("clm_engine_plan_admission", "tokens (with n_tokens > 0)");
-    if (n_tokens > kMaxTokens) {
-      return fail(CLM_ERR_INVALID_ARGUMENT,
-                  fmt::format("clm_engine_plan_admission: n_tokens {} is too large", n_tokens));
-    }
     clm::AdmitOptions admit;
-    if (clm_status s = admit_options_of(options, "clm_engine_plan_admission", admit)) return s;
+    if (clm_status s = prompt_args_of(tokens, n_tokens, options, "clm_engine_plan_admission", admit)) return s;
     clm::AdmissionPlan plan;
     if (clm_status s = report(engine->state->engine->plan_admission({tokens, n_tokens}, admit, plan))) return s;
     const clm_admission_plan full{out->struct_size,    plan.cached_tokens, plan.new_pages,

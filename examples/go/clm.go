@@ -512,23 +512,11 @@ func stringPtr(s string) *C.char {
 // Admit matches the longest cached prefix of tokens, locks it, and allocates
 // pages for the rest of the prompt (clm_engine_admit). opts may be nil.
 func (e *Engine) Admit(tokens []int32, opts *AdmitOptions) (*Seq, error) {
-	const op = "clm_engine_admit"
-	ep, err := e.acquire(op)
-	if err != nil {
-		return nil, err
-	}
-	defer e.release()
-	copts, useOptions, salt, err := admitOptionsToC(opts)
-	if err != nil {
-		return nil, err
-	}
 	var ptr *C.clm_seq
-	err = call(op, func() C.clm_status {
-		return C.clmgo_admit(&ptr, ep, tokensPtr(tokens), C.size_t(len(tokens)), useOptions, copts,
-			stringPtr(salt), C.size_t(len(salt)))
+	err := e.callWithPrompt("clm_engine_admit", tokens, opts, func(ep *C.clm_engine, p *C.int32_t, n C.size_t,
+		use C.int, copts C.clm_admit_options, salt *C.char, saltLen C.size_t) C.clm_status {
+		return C.clmgo_admit(&ptr, ep, p, n, use, copts, salt, saltLen)
 	})
-	runtime.KeepAlive(tokens)
-	runtime.KeepAlive(salt)
 	if err != nil {
 		return nil, err
 	}
@@ -554,23 +542,11 @@ type AdmissionPlan struct {
 // can run to the end asks this first, so that a waiting request leaves the
 // cache alone.
 func (e *Engine) PlanAdmission(tokens []int32, opts *AdmitOptions) (AdmissionPlan, error) {
-	const op = "clm_engine_plan_admission"
-	ep, err := e.acquire(op)
-	if err != nil {
-		return AdmissionPlan{}, err
-	}
-	defer e.release()
-	copts, useOptions, salt, err := admitOptionsToC(opts)
-	if err != nil {
-		return AdmissionPlan{}, err
-	}
 	var c C.clm_admission_plan
-	err = call(op, func() C.clm_status {
-		return C.clmgo_plan_admission(&c, ep, tokensPtr(tokens), C.size_t(len(tokens)), useOptions, copts,
-			stringPtr(salt), C.size_t(len(salt)))
+	err := e.callWithPrompt("clm_engine_plan_admission", tokens, opts, func(ep *C.clm_engine, p *C.int32_t,
+		n C.size_t, use C.int, copts C.clm_admit_options, salt *C.char, saltLen C.size_t) C.clm_status {
+		return C.clmgo_plan_admission(&c, ep, p, n, use, copts, salt, saltLen)
 	})
-	runtime.KeepAlive(tokens)
-	runtime.KeepAlive(salt)
 	if err != nil {
 		return AdmissionPlan{}, err
 	}
@@ -583,7 +559,30 @@ func (e *Engine) PlanAdmission(tokens []int32, opts *AdmitOptions) (AdmissionPla
 	}, nil
 }
 
-// admitOptionsToC is what clmgo_admit and clmgo_prefetch take for opts: the
+// callWithPrompt runs op, a call of a clmgo_ helper that takes a prompt and
+// admit options (clmgo_admit, clmgo_plan_admission, clmgo_prefetch), on the live engine: the
+// tokens and the salt stay alive for the call.
+func (e *Engine) callWithPrompt(op string, tokens []int32, opts *AdmitOptions,
+	fn func(ep *C.clm_engine, p *C.int32_t, n C.size_t, use C.int, copts C.clm_admit_options, salt *C.char,
+		saltLen C.size_t) C.clm_status) error {
+	ep, err := e.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer e.release()
+	copts, useOptions, salt, err := admitOptionsToC(opts)
+	if err != nil {
+		return err
+	}
+	err = call(op, func() C.clm_status {
+		return fn(ep, tokensPtr(tokens), C.size_t(len(tokens)), useOptions, copts, stringPtr(salt), C.size_t(len(salt)))
+	})
+	runtime.KeepAlive(tokens)
+	runtime.KeepAlive(salt)
+	return err
+}
+
+// admitOptionsToC is what the clmgo_ helpers of callWithPrompt take for opts: the
 // struct, whether to pass it (0 for nil opts: the defaults), and the salt,
 // which travels as its own argument.
 func admitOptionsToC(opts *AdmitOptions) (C.clm_admit_options, C.int, string, error) {

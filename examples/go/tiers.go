@@ -14,8 +14,6 @@ static clm_status clmgo_prefetch(clm_engine *engine, const int32_t *tokens, size
 */
 import "C"
 
-import "runtime"
-
 // The tiered KV cache (clm.h "Tiered KV cache", docs/tiers.md): an engine
 // created with EngineOptions.HostPages keeps copies of cached pages in a
 // host-memory tier, and with EngineOptions.StorageURL in a storage tier below
@@ -59,23 +57,10 @@ const (
 // and AdapterID name the tenant, as in Admit; opts may be nil. Without a
 // storage tier it fails with FailedPrecondition.
 func (e *Engine) Prefetch(tokens []int32, opts *AdmitOptions) error {
-	const op = "clm_engine_prefetch"
-	ep, err := e.acquire(op)
-	if err != nil {
-		return err
-	}
-	defer e.release()
-	copts, useOptions, salt, err := admitOptionsToC(opts)
-	if err != nil {
-		return err
-	}
-	err = call(op, func() C.clm_status {
-		return C.clmgo_prefetch(ep, tokensPtr(tokens), C.size_t(len(tokens)), useOptions, copts, stringPtr(salt),
-			C.size_t(len(salt)))
+	return e.callWithPrompt("clm_engine_prefetch", tokens, opts, func(ep *C.clm_engine, p *C.int32_t, n C.size_t,
+		use C.int, copts C.clm_admit_options, salt *C.char, saltLen C.size_t) C.clm_status {
+		return C.clmgo_prefetch(ep, p, n, use, copts, salt, saltLen)
 	})
-	runtime.KeepAlive(tokens)
-	runtime.KeepAlive(salt)
-	return err
 }
 
 // WaitForTiers waits until the tiers' copies and the storage reads and writes

@@ -211,15 +211,7 @@ class Engine {
   const PagedKvPool& pool() const { return *pool_; }
 
   Status admit(std::span<const std::int32_t> prompt, const AdmitOptions& options, Admission& out) {
-    // Before anything reads the prompt; extend() counts on every sequence holding at most kMaxTokens.
-    if (prompt.size() > kMaxTokens) {
-      return invalid_argument(
-          fmt::format("admit: a prompt of {} tokens is longer than a sequence may be ({})", prompt.size(), kMaxTokens));
-    }
-    if (options.priority < 0 || options.priority > kMaxPriority) {
-      return invalid_argument(
-          fmt::format("admit: priority must be in [0, {}], got {}", kMaxPriority, options.priority));
-    }
+    CLM_RETURN_IF_ERROR(check_admission(prompt, options, "admit"));
     auto seq = std::make_unique<Sequence>();
     seq->salt.assign(options.cache_salt);
     seq->adapter_id = options.adapter_id;
@@ -287,23 +279,15 @@ class Engine {
   // changed: no match counted, no recency, no lock, no page allocated or
   // evicted. The same errors as admit() for a bad prompt or priority.
   Status plan_admission(std::span<const std::int32_t> prompt, const AdmitOptions& options, AdmissionPlan& out) const {
-    if (prompt.size() > kMaxTokens) {
-      return invalid_argument(fmt::format("plan_admission: a prompt of {} tokens is longer than a sequence may be ({})",
-                                          prompt.size(), kMaxTokens));
-    }
-    if (options.priority < 0 || options.priority > kMaxPriority) {
-      return invalid_argument(
-          fmt::format("plan_admission: priority must be in [0, {}], got {}", kMaxPriority, options.priority));
-    }
+    CLM_RETURN_IF_ERROR(check_admission(prompt, options, "plan_admission"));
     PrefixPeek peek;
     std::lock_guard lock(mutex_);
     CLM_RETURN_IF_ERROR(tree_->peek_prefix(prompt, {options.cache_salt, options.adapter_id}, peek));
-    const RadixTreeMetrics cache = tree_->metrics();
     out.cached_tokens = peek.cached_tokens;
     out.new_pages = static_cast<std::int32_t>(pages_for(prompt.size())) - peek.cached_tokens / page_size_;
     out.unlocked_pages = peek.unlocked_tokens / page_size_;
-    out.pages_free = cache.pages_free;
-    out.evictable_tokens = cache.evictable_tokens;
+    out.pages_free = pool_->free_pages();
+    out.evictable_tokens = tree_->evictable_tokens();
     return {};
   }
 
@@ -814,6 +798,20 @@ class Engine {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     return allocated;
+  }
+
+  // What admit() and plan_admission() refuse before anything reads the
+  // prompt; extend() counts on every sequence holding at most kMaxTokens.
+  static Status check_admission(std::span<const std::int32_t> prompt, const AdmitOptions& options, const char* what) {
+    if (prompt.size() > kMaxTokens) {
+      return invalid_argument(fmt::format("{}: a prompt of {} tokens is longer than a sequence may be ({})", what,
+                                          prompt.size(), kMaxTokens));
+    }
+    if (options.priority < 0 || options.priority > kMaxPriority) {
+      return invalid_argument(
+          fmt::format("{}: priority must be in [0, {}], got {}", what, kMaxPriority, options.priority));
+    }
+    return {};
   }
 
   std::size_t pages_for(std::size_t tokens) const {
