@@ -8,7 +8,8 @@
 # demo's own conversations the first time: clm_demo --collect records them
 # with CLM off, examples/tiny_llama/train_clm.sh fits the parts with clm_fit
 # into BUILD_DIR/clm-demo/trained, which later runs reuse (delete it to
-# retrain).
+# retrain). They are trained again when the model changes (its config.json
+# text or its weights: clm_demo --write-model-key, kept beside them).
 #
 # The SRC gate's threshold is 0 here: the decoder has random weights, so its
 # answers never repeat and a head trained on them cannot tell a repeated
@@ -33,13 +34,23 @@ for tool in "$demo" "$clm_fit"; do
   fi
 done
 trained=$build/clm-demo/trained
-if [[ ! -f $trained/head.safetensors || ! -f $trained/projection.safetensors || ! -f $trained/adapter.safetensors ]]; then
+# The parts fit the model they were trained on: retrain for another one.
+key=$(mktemp "${TMPDIR:-/tmp}/clm-demo-model.XXXXXX")
+collect=
+trap 'rm -rf "$key" ${collect:+"$collect"}' EXIT
+"$demo" --write-model-key "$key" "$@"
+if [[ -f $trained/model-key.txt ]] && ! cmp -s "$key" "$trained/model-key.txt"; then
+  echo "The CLM parts in $trained were trained for another model: training them again"
+  rm -f "$trained"/{head,projection,adapter}.safetensors "$trained/model-key.txt"
+fi
+if [[ ! -f $trained/head.safetensors || ! -f $trained/projection.safetensors || ! -f $trained/adapter.safetensors ||
+  ! -f $trained/model-key.txt ]]; then
   echo "Training the CLM parts on the demo's own conversations (once; kept in $trained)"
   collect=$(mktemp -d "${TMPDIR:-/tmp}/clm-demo-collect.XXXXXX")
-  trap 'rm -rf "$collect"' EXIT
   "$demo" --collect "$collect" "$@"
   mkdir -p "$trained"
   "$here/../tiny_llama/train_clm.sh" "$clm_fit" "$collect" "$trained"
+  cp "$key" "$trained/model-key.txt"
   echo
 fi
 "$demo" --clm-dir "$trained" --src-threshold 0 "$@"

@@ -12,6 +12,9 @@
 //            [--collect DIR]       only the cached run, CLM off, collecting CLM training data into DIR
 //            [--temperature 0]     sampling (0: greedy)
 //            [--src-threshold X]   the SRC gate's threshold in [0, 1] (default: the library's, from traffic)
+//            [--write-model-key F] only write what identifies the model (its config.json text and where
+//                                  its weights come from) into F: demo.sh retrains the CLM parts when
+//                                  it differs from the one they were trained for
 //
 // examples/demo/demo.sh runs --collect and train_clm.sh the first time, then
 // the demo with --clm-dir (the trained parts are kept in the build folder).
@@ -49,7 +52,7 @@ struct DemoFlags {
   std::int32_t host_tokens = 32768;
   std::string weights, config;
   std::uint64_t seed = 1;
-  std::string clm_dir, collect_dir;
+  std::string clm_dir, collect_dir, model_key_path;
   float src_threshold = -1.0f;  // < 0: the library's, from traffic
   float temperature = 0.0f;     // greedy: a random-weight model then falls into loops, the repeats CLM learns
 };
@@ -238,6 +241,24 @@ int collect(const DemoFlags& flags, const tiny_llama::LlamaConfig& config, const
   return 0;
 }
 
+// The trained CLM parts fit one model: its shape and its weights (a file, or
+// the random init of a seed).
+int write_model_key(const DemoFlags& flags) {
+  tiny_llama::LlamaConfig config;
+  if (!flags.config.empty()) {
+    if (clm::Status s = tiny_llama::load_llama_config(flags.config, config); !s.ok()) return fail(s.message());
+  }
+  const std::string weights = flags.weights.empty()
+                                  ? fmt::format("random init, seed {}", flags.seed)
+                                  : fmt::format("file {}", std::filesystem::absolute(flags.weights).string());
+  std::FILE* out = std::fopen(flags.model_key_path.c_str(), "w");
+  if (!out) return fail(fmt::format("cannot write '{}'", flags.model_key_path));
+  const std::string key = fmt::format("{}\nweights: {}\n", tiny_llama::llama_config_json(config), weights);
+  const bool written = std::fputs(key.c_str(), out) >= 0;
+  if (std::fclose(out) != 0 || !written) return fail(fmt::format("cannot write '{}'", flags.model_key_path));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -281,6 +302,8 @@ int main(int argc, char** argv) {
         flags.src_threshold = std::stof(value);
       else if (flag == "--collect")
         flags.collect_dir = value;
+      else if (flag == "--write-model-key")
+        flags.model_key_path = value;
       else if (flag == "--seed")
         flags.seed = std::stoull(value);
       else
@@ -292,6 +315,7 @@ int main(int argc, char** argv) {
   if (flags.page_size < 1 || flags.device_tokens < flags.page_size || flags.max_batch < 1) {
     return fail("--page-size, --device-tokens and --max-batch must be positive (device tokens >= a page)");
   }
+  if (!flags.model_key_path.empty()) return write_model_key(flags);
   tiny_llama_demo::Scenario scenario;
   if (clm::Status s = tiny_llama_demo::make_scenario(flags.scenario, scenario); !s.ok()) return fail(s.message());
   tiny_llama::LlamaConfig config;

@@ -24,4 +24,22 @@ read -r _ _ _ computed_off computed_on < <(grep -E '^ +prompt tokens computed' <
 hits=$(sed -nE 's/^clm_prefix_cache_hits_total ([0-9]+)$/\1/p' <<<"$out")
 # At least: an admission put back for lack of room was matched (and counted) once more.
 [[ -n $hits ]] && ((hits >= prompt_on - computed_on)) || fail "clm_prefix_cache_hits_total $hits < $((prompt_on - computed_on))"
+
+# The model key demo.sh compares before reusing trained CLM parts: the shape
+# from --config, the weights' source; another seed is another model.
+keys=$(mktemp -d "${TMPDIR:-/tmp}/test-demo-key.XXXXXX")
+trap 'rm -rf "$keys"' EXIT
+"$demo" --config "$config" --write-model-key "$keys/a"
+"$demo" --config "$config" --write-model-key "$keys/b"
+"$demo" --config "$config" --seed 2 --write-model-key "$keys/c"
+"$demo" --write-model-key "$keys/d"
+hidden=$(sed -nE 's/.*"hidden_size": *([0-9]+).*/\1/p' "$config")
+grep -qE "\"hidden_size\": $hidden," "$keys/a" || fail "the model key has no hidden_size $hidden: $(cat "$keys/a")"
+grep -qx "weights: random init, seed 1" "$keys/a" || fail "the model key does not name the weights: $(cat "$keys/a")"
+cmp -s "$keys/a" "$keys/b" || fail "the same model gave two keys"
+! cmp -s "$keys/a" "$keys/c" || fail "seeds 1 and 2 gave the same key"
+! cmp -s "$keys/a" "$keys/d" || fail "--config and the default shape gave the same key"
+if "$demo" --config "$keys/missing.json" --write-model-key "$keys/e" 2>/dev/null; then
+  fail "--write-model-key with a missing config succeeded"
+fi
 echo "test_demo: ok ($computed_on of $prompt_on prompt tokens computed with the cache)"
