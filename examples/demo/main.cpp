@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <string_view>
@@ -251,12 +252,10 @@ int write_model_key(const DemoFlags& flags) {
   const std::string weights = flags.weights.empty()
                                   ? fmt::format("random init, seed {}", flags.seed)
                                   : fmt::format("file {}", std::filesystem::absolute(flags.weights).string());
-  std::FILE* out = std::fopen(flags.model_key_path.c_str(), "w");
-  if (!out) return fail(fmt::format("cannot write '{}'", flags.model_key_path));
-  const std::string key = fmt::format("{}\nweights: {}\n", tiny_llama::llama_config_json(config), weights);
-  const bool written = std::fputs(key.c_str(), out) >= 0;
-  if (std::fclose(out) != 0 || !written) return fail(fmt::format("cannot write '{}'", flags.model_key_path));
-  return 0;
+  std::ofstream out(flags.model_key_path, std::ios::trunc);
+  out << tiny_llama::llama_config_json(config) << "\nweights: " << weights << "\n";
+  out.close();
+  return out ? 0 : fail(fmt::format("cannot write '{}'", flags.model_key_path));
 }
 
 }  // namespace

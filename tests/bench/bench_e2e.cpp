@@ -90,7 +90,7 @@ std::string model_name(const tiny_llama::LlamaConfig& c) { return fmt::format("l
 // Requests one at a time (max batch 1), cache off then on, `runs` times:
 // the prefill speedup against the ideal and the FLOP bound, and where the
 // prefill time goes (GEMMs, attention, the rest) with the cache and without.
-void prefill_figures(const Setup& setup) {
+void prefill_figures(const Setup& setup, int runs) {
   const std::string name = fmt::format("prefill_sequential_{}", model_name(setup.config));
   std::vector<double> speedups, ideals, flop_bounds, on_seconds, off_seconds;
   std::map<std::string, std::vector<double>> on_parts, off_parts;
@@ -99,7 +99,7 @@ void prefill_figures(const Setup& setup) {
     for (const auto& q : report.requests) seconds += q.result.prefill_seconds;
     return seconds;
   };
-  for (int r = 0; r < setup.runs; ++r) {
+  for (int r = 0; r < runs; ++r) {
     tiny_llama::ForwardProfile off_profile;
     const auto off = run(setup, false, 1, &off_profile);
     // The cached run is a tenth as long, so the machine's drift moves it most:
@@ -184,12 +184,8 @@ int main() {
   scenario.turns = smoke ? 2 : 3;
   scenario.system_bytes = smoke ? 256 : 1536;
   if (smoke) {
-    setup.config.num_layers = 2;
-    setup.config.hidden = 128;
-    setup.config.intermediate = 256;
-    setup.config.num_heads = 4;
-    setup.config.num_kv_heads = 2;
-    setup.config.head_dim = 32;
+    setup.config = {
+        .hidden = 128, .intermediate = 256, .num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .head_dim = 32};
     setup.max_new_tokens = 4;
     setup.runs = 1;
   }
@@ -200,23 +196,17 @@ int main() {
   // ---- prefill speedup against the ideal, one request at a time -------------
   // The default model (Llama's proportions) is the headline figure: five runs,
   // since a run's cache-off side drifts with the machine by up to a fifth.
-  if (!smoke) setup.runs = 5;
-  prefill_figures(setup);
-  setup.runs = smoke ? 1 : 3;
+  prefill_figures(setup, smoke ? setup.runs : 5);
   if (!smoke) {
     // The same scenario on a narrower, deeper model (hidden 512, head_dim 64,
     // MLP 2.75x): attention over the ~2,000-token cached prefix is a quarter
     // of a token's work there, so its FLOP bound (about 0.91 of the ideal)
     // is what caps what reuse can save, kernels aside.
     Setup narrow = setup;
-    narrow.config.hidden = 512;
-    narrow.config.intermediate = 1408;
-    narrow.config.num_layers = 8;
-    narrow.config.num_heads = 8;
-    narrow.config.num_kv_heads = 2;
-    narrow.config.head_dim = 64;
+    narrow.config = {
+        .hidden = 512, .intermediate = 1408, .num_layers = 8, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64};
     tiny_llama::random_llama_weights(narrow.config, 1, narrow.weights);
-    prefill_figures(narrow);
+    prefill_figures(narrow, narrow.runs);
   }
 
   // ---- TTFT per turn, continuous batching -----------------------------------
