@@ -302,27 +302,19 @@ class Engine {
     }
     std::vector<std::int32_t> pages;
     std::size_t first = 0;
-    {
-      std::lock_guard lock(mutex_);
-      Sequence* seq = nullptr;
-      CLM_RETURN_IF_ERROR(find(id, "extend", seq));
-      first = seq->tokens.size();
-      if (tokens.size() > kMaxTokens - first) return invalid_argument("extend: sequence would be too long");
-      const std::size_t old_pages = seq->pages.size();
-      const std::size_t new_pages = pages_for(first + tokens.size());
-      seq->pages.resize(new_pages);
-      Status allocated = allocate(std::span(seq->pages).subspan(old_pages));
-      if (tiers_) tiers_->on_evictions();
-      if (!allocated.ok()) {
-        seq->pages.resize(old_pages);
-        return allocated;
-      }
-      seq->tokens.insert(seq->tokens.end(), tokens.begin(), tokens.end());
-      const std::size_t first_page = first / static_cast<std::size_t>(page_size_);
-      pages.assign(seq->pages.begin() + static_cast<std::ptrdiff_t>(first_page), seq->pages.end());
-      first -= first_page * static_cast<std::size_t>(page_size_);
-      if (page_table) page_table->assign(seq->pages.begin(), seq->pages.end());
+    std::unique_lock lock(mutex_);
+    Status grown = grow(id, tokens, pages, first, page_table);
+    if (grown.code() == StatusCode::out_of_memory && tiers_ && tiers_->copies_in_flight()) {
+      // As in admit: copies to the host lock the device pages they read, so
+      // wait for them and try once more (the sequence is looked up again:
+      // another thread may have ended it meanwhile).
+      lock.unlock();
+      tiers_->wait_for_copies();
+      lock.lock();
+      grown = grow(id, tokens, pages, first, page_table);
     }
+    lock.unlock();
+    CLM_RETURN_IF_ERROR(grown);
     slots_for(pages, first, first + tokens.size(), slots);
     return {};
   }
@@ -785,6 +777,31 @@ class Engine {
           0, std::min(end, fetched.first_token + fetched.fetched_tokens) - std::max(begin, fetched.first_token));
     }
     (void)tree_->host_unpin(host_node);
+  }
+
+  // extend()'s part under the lock: the pages for `tokens` after sequence
+  // id's, and the tokens appended, or nothing changed. `pages` gets the pages
+  // the new tokens land in, `first` the first one's row in pages[0].
+  Status grow(SequenceId id, std::span<const std::int32_t> tokens, std::vector<std::int32_t>& pages, std::size_t& first,
+              std::vector<std::int32_t>* page_table) {
+    Sequence* seq = nullptr;
+    CLM_RETURN_IF_ERROR(find(id, "extend", seq));
+    first = seq->tokens.size();
+    if (tokens.size() > kMaxTokens - first) return invalid_argument("extend: sequence would be too long");
+    const std::size_t old_pages = seq->pages.size();
+    seq->pages.resize(pages_for(first + tokens.size()));
+    const Status allocated = allocate(std::span(seq->pages).subspan(old_pages));
+    if (tiers_) tiers_->on_evictions();
+    if (!allocated.ok()) {
+      seq->pages.resize(old_pages);
+      return allocated;
+    }
+    seq->tokens.insert(seq->tokens.end(), tokens.begin(), tokens.end());
+    const std::size_t first_page = first / static_cast<std::size_t>(page_size_);
+    pages.assign(seq->pages.begin() + static_cast<std::ptrdiff_t>(first_page), seq->pages.end());
+    first -= first_page * static_cast<std::size_t>(page_size_);
+    if (page_table) page_table->assign(seq->pages.begin(), seq->pages.end());
+    return {};
   }
 
   // tree_->allocate_pages, under the lock; a call that evicted (the only way

@@ -239,6 +239,53 @@ TEST_CASE("host tier: concurrent requests keep every page exact", "[tiers][threa
   CHECK(engine->metrics().tiers.host_hit_tokens > 0);
 }
 
+TEST_CASE("host tier: a decode step waits for the copies to the host that hold its pages, as admit does", "[tiers]") {
+  // 10 device pages. X (4 pages) is cached, B (4 pages) runs. A = X + 2 pages
+  // hits X, which starts a write-through copy of X: the copy locks X's pages
+  // while it reads them. A is aborted (2 pages free again) and B grows by 3
+  // pages: the third can only come from X, once its copy is done. Each trial
+  // races the copy worker, which has just been woken: without the wait the
+  // extend fails whenever it gets there first.
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 20; ++trial) {
+    INFO("trial " << trial);
+    EngineConfig c = small_config(10, 64);
+    c.tiers.write_policy = clm::WritePolicy::write_through;
+    auto engine = make_engine(c);
+    const std::vector<std::int32_t> x = random_tokens(rng, 4 * kPage);
+    serve(*engine, "", x);  // no hit, so no copy yet: X is on the device only
+    const std::vector<std::int32_t> b_prompt = random_tokens(rng, 4 * kPage);
+    Admission b;
+    REQUIRE(engine->admit(b_prompt, {}, b).ok());
+    write_rows(*engine, "", b_prompt, b);
+    std::vector<std::int32_t> a_prompt = x;
+    const std::vector<std::int32_t> a_turn = random_tokens(rng, 2 * kPage);
+    a_prompt.insert(a_prompt.end(), a_turn.begin(), a_turn.end());
+    Admission a;
+    REQUIRE(engine->admit(a_prompt, {}, a).ok());
+    REQUIRE(a.cached_tokens == 4 * kPage);
+    REQUIRE(engine->pool().free_pages() == 0);
+    REQUIRE(engine->abort(a.seq).ok());
+
+    const std::vector<std::int32_t> decoded = random_tokens(rng, 3 * kPage);
+    std::vector<std::int64_t> slots;
+    std::vector<std::int32_t> table;
+    const clm::Status grown = engine->extend(b.seq, decoded, slots, &table);
+    INFO(grown.message());
+    REQUIRE(grown.ok());
+    CHECK(slots.size() == decoded.size());
+    CHECK(table.size() == 7);
+    engine->wait_for_tiers();
+    REQUIRE(engine->check_invariants().ok());
+    const clm::EngineMetrics m = engine->metrics();
+    CHECK(m.tiers.backed_up_pages == 4);             // X's copy ran
+    CHECK(m.cache.host_cached_tokens == 4 * kPage);  // and X stays on the host
+    REQUIRE(engine->finish(b.seq).ok());
+  }
+}
+
 TEST_CASE("storage tier: a directory shared by two engines gives the second the first's pages", "[tiers]") {
   clm_test::TempDir dir;
   std::mt19937_64 rng(std::random_device{}());
