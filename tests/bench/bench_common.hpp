@@ -30,12 +30,16 @@ namespace clm_bench {
 
 using Clock = std::chrono::steady_clock;
 
+// A switch in the environment: set to anything but "" or "0" (as
+// tests/bench/report.sh reads CLM_BENCH_SMOKE).
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+}
+
 // CLM_BENCH_SMOKE=1: a quick run of the program itself (ctest, the report's
 // smoke test): small shapes, one run each; its figures mean little.
-inline bool smoke_run() {
-  const char* smoke = std::getenv("CLM_BENCH_SMOKE");
-  return smoke && std::string_view(smoke) == "1";
-}
+inline bool smoke_run() { return env_flag("CLM_BENCH_SMOKE"); }
 
 inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

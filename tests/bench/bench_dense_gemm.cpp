@@ -58,7 +58,7 @@ void bench_shape(std::int64_t m, std::int64_t k, std::int64_t n, int weights, in
 }  // namespace
 
 int main() {
-  const bool smoke = std::getenv("CLM_BENCH_SMOKE") != nullptr;
+  const bool smoke = clm_bench::smoke_run();
   std::mt19937 rng(2024);
   const int runs = smoke ? 1 : 5, weights = smoke ? 2 : 24;
   const std::vector<std::int64_t> rows =

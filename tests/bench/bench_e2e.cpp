@@ -177,7 +177,7 @@ double decode_tokens_per_second(const Setup& setup, std::int32_t sequences, std:
 }  // namespace
 
 int main() {
-  const bool smoke = std::getenv("CLM_BENCH_SMOKE") != nullptr;
+  const bool smoke = clm_bench::smoke_run();
   Setup setup;
   tiny_llama_demo::ScenarioOptions scenario;
   scenario.users = smoke ? 3 : 8;

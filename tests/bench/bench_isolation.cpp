@@ -154,7 +154,7 @@ void run(const std::string& tier, std::size_t length, int samples, const std::st
 }  // namespace
 
 int main() {
-  const bool smoke = std::getenv("CLM_BENCH_SMOKE") != nullptr;
+  const bool smoke = clm_bench::smoke_run();
   const char* env = std::getenv("CLM_ISOLATION_PROBES");
   const int samples = env ? std::max(1, std::atoi(env)) : smoke ? 40 : 3000;
   const std::filesystem::path dir =

@@ -97,9 +97,11 @@ namespace fs = std::filesystem;
 using clm_bench::check;
 using clm_bench::Clock;
 using clm_bench::die;
+using clm_bench::env_flag;
 using clm_bench::print_figure;
 using clm_bench::program_name;
 using clm_bench::seconds_since;
+using clm_bench::smoke_run;
 
 constexpr std::string_view kBench = "store";
 constexpr std::string_view kTenant = "bench";
@@ -115,11 +117,6 @@ constexpr std::string_view kGloveVersion = "1.1.0";
 
 // ---- scale -------------------------------------------------------------------
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-}
-
 struct Scale {
   bool smoke = false;
   std::size_t rows = 100'000;
@@ -133,7 +130,7 @@ struct Scale {
 
 Scale make_scale() {
   Scale s;
-  if (env_flag("CLM_BENCH_SMOKE")) {
+  if (smoke_run()) {
     s.smoke = true;
     s.rows = 3000;
     s.centres = 30;

@@ -72,6 +72,7 @@ using clm_bench::die;
 using clm_bench::print_figure;
 using clm_bench::program_name;
 using clm_bench::seconds_since;
+using clm_bench::smoke_run;
 
 constexpr std::string_view kBench = "tiers";
 constexpr std::int32_t kPageSize = 16;
@@ -79,11 +80,6 @@ constexpr std::int32_t kVocabulary = 128256;
 constexpr std::int32_t kQueryHeads = 32;  // over 8 KV heads: Llama-3-8B's grouping
 
 // ---- scale -------------------------------------------------------------------
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-}
 
 struct Scale {
   bool smoke = false;
@@ -98,7 +94,7 @@ struct Scale {
 
 Scale make_scale() {
   Scale s;
-  if (env_flag("CLM_BENCH_SMOKE")) {
+  if (smoke_run()) {
     s.smoke = true;
     s.num_layers = 2;
     s.copy_pages = 8;
