@@ -12,9 +12,10 @@
 //            [--collect DIR]       only the cached run, CLM off, collecting CLM training data into DIR
 //            [--temperature 0]     sampling (0: greedy)
 //            [--src-threshold X]   the SRC gate's threshold in [0, 1] (default: the library's, from traffic)
-//            [--write-model-key F] only write what identifies the model (its config.json text and where
-//                                  its weights come from) into F: demo.sh retrains the CLM parts when
-//                                  it differs from the one they were trained for
+//            [--write-model-key F] only write what identifies the model (its config.json text and its
+//                                  weights: the SHA-256 of the file, or the seed) into F: demo.sh
+//                                  retrains the CLM parts when it differs from the one they were
+//                                  trained for
 //
 // examples/demo/demo.sh runs --collect and train_clm.sh the first time, then
 // the demo with --clm-dir (the trained parts are kept in the build folder).
@@ -24,10 +25,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
 
 #include "byte_tokenizer.hpp"
 #include "clm_collect.hpp"
@@ -242,16 +246,40 @@ int collect(const DemoFlags& flags, const tiny_llama::LlamaConfig& config, const
   return 0;
 }
 
-// The trained CLM parts fit one model: its shape and its weights (a file, or
-// the random init of a seed).
+// The SHA-256 of a file's bytes, in hex, or "" when it cannot be read.
+std::string file_sha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) return {};
+  std::vector<char> chunk(std::size_t{1} << 20);
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    if (got > 0 && EVP_DigestUpdate(ctx.get(), chunk.data(), got) != 1) return {};
+  }
+  if (in.bad()) return {};
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_DigestFinal_ex(ctx.get(), digest, &size) != 1) return {};
+  std::string hex;
+  for (unsigned int i = 0; i < size; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return hex;
+}
+
+// The trained CLM parts fit one model: its shape and its weights (a file's
+// bytes, wherever it lies, or the random init of a seed).
 int write_model_key(const DemoFlags& flags) {
   tiny_llama::LlamaConfig config;
   if (!flags.config.empty()) {
     if (clm::Status s = tiny_llama::load_llama_config(flags.config, config); !s.ok()) return fail(s.message());
   }
-  const std::string weights = flags.weights.empty()
-                                  ? fmt::format("random init, seed {}", flags.seed)
-                                  : fmt::format("file {}", std::filesystem::absolute(flags.weights).string());
+  std::string weights = fmt::format("random init, seed {}", flags.seed);
+  if (!flags.weights.empty()) {
+    const std::string digest = file_sha256(flags.weights);
+    if (digest.empty()) return fail(fmt::format("cannot read the weights file '{}'", flags.weights));
+    weights = fmt::format("file with SHA-256 {}", digest);
+  }
   std::ofstream out(flags.model_key_path, std::ios::trunc);
   out << tiny_llama::llama_config_json(config) << "\nweights: " << weights << "\n";
   out.close();

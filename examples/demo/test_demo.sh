@@ -42,4 +42,18 @@ cmp -s "$keys/a" "$keys/b" || fail "the same model gave two keys"
 if "$demo" --config "$keys/missing.json" --write-model-key "$keys/e" 2>/dev/null; then
   fail "--write-model-key with a missing config succeeded"
 fi
+# A weights file is named by its bytes: moved, the same key; replaced in place, another.
+head -c 100000 /dev/urandom >"$keys/w1"
+cp "$keys/w1" "$keys/w2"
+"$demo" --weights "$keys/w1" --write-model-key "$keys/f"
+"$demo" --weights "$keys/w2" --write-model-key "$keys/g"
+cmp -s "$keys/f" "$keys/g" || fail "the same weights at two paths gave two keys"
+grep -qx "weights: file with SHA-256 $(sha256sum "$keys/w1" | cut -d' ' -f1)" "$keys/f" ||
+  fail "the model key does not hold the weights' SHA-256: $(cat "$keys/f")"
+printf 'x' >>"$keys/w1"  # the same path, one byte more
+"$demo" --weights "$keys/w1" --write-model-key "$keys/h"
+! cmp -s "$keys/f" "$keys/h" || fail "weights changed in place kept their key"
+if "$demo" --weights "$keys/missing.safetensors" --write-model-key "$keys/i" 2>/dev/null; then
+  fail "--write-model-key with a missing weights file succeeded"
+fi
 echo "test_demo: ok ($computed_on of $prompt_on prompt tokens computed with the cache)"
