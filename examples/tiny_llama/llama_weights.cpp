@@ -2,10 +2,13 @@
 // safetensors in and out (through the library's safetensors reader).
 #include "llama_weights.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <fstream>
 #include <span>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -31,10 +34,21 @@ float gaussian(std::uint64_t seed, std::uint64_t tensor, std::uint64_t i) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
 }
 
-void fill(std::vector<float>& w, std::size_t n, double std_dev, std::uint64_t seed, std::uint64_t& tensor) {
+// Element i is a function of (seed, tensor, i) alone, so the threads may take
+// contiguous shares of the tensor in any order.
+void fill(std::vector<float>& w, std::size_t n, double std_dev, std::uint64_t seed, std::uint64_t& tensor,
+          int threads) {
   w.resize(n);
-  for (std::size_t i = 0; i < n; ++i) w[i] = static_cast<float>(std_dev * gaussian(seed, tensor, i));
-  ++tensor;
+  const std::uint64_t id = tensor++;
+  const auto draw = [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) w[i] = static_cast<float>(std_dev * gaussian(seed, id, i));
+  };
+  constexpr std::size_t kMinShare = std::size_t{1} << 16;  // below this a thread costs more than it draws
+  const std::size_t shares = std::clamp<std::size_t>(n / kMinShare, 1, static_cast<std::size_t>(threads));
+  std::vector<std::thread> helpers;
+  for (std::size_t s = 1; s < shares; ++s) helpers.emplace_back(draw, n * s / shares, n * (s + 1) / shares);
+  draw(0, n / shares);
+  for (std::thread& t : helpers) t.join();
 }
 
 std::string layer_name(std::int32_t layer, const char* part) {
@@ -43,7 +57,8 @@ std::string layer_name(std::int32_t layer, const char* part) {
 
 }  // namespace
 
-void random_llama_weights(const LlamaConfig& c, std::uint64_t seed, LlamaWeights& out) {
+void random_llama_weights(const LlamaConfig& c, std::uint64_t seed, LlamaWeights& out, int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const auto h = static_cast<std::size_t>(c.hidden);
   const auto q = static_cast<std::size_t>(c.q_dim());
   const auto kv = static_cast<std::size_t>(c.kv_dim());
@@ -51,21 +66,21 @@ void random_llama_weights(const LlamaConfig& c, std::uint64_t seed, LlamaWeights
   const auto vocab = static_cast<std::size_t>(c.vocab_size);
   std::uint64_t tensor = 0;
   LlamaWeights w;
-  fill(w.embed, vocab * h, 1.0, seed, tensor);
+  fill(w.embed, vocab * h, 1.0, seed, tensor, threads);
   w.layers.resize(static_cast<std::size_t>(c.num_layers));
   for (LlamaLayerWeights& l : w.layers) {
     l.attn_norm.assign(h, 1.0f);
     l.mlp_norm.assign(h, 1.0f);
-    fill(l.wq, q * h, 1.0 / std::sqrt(double(h)), seed, tensor);
-    fill(l.wk, kv * h, 1.0 / std::sqrt(double(h)), seed, tensor);
-    fill(l.wv, kv * h, 1.0 / std::sqrt(double(h)), seed, tensor);
-    fill(l.wo, h * q, 1.0 / std::sqrt(double(q)), seed, tensor);
-    fill(l.w_gate, inter * h, 1.0 / std::sqrt(double(h)), seed, tensor);
-    fill(l.w_up, inter * h, 1.0 / std::sqrt(double(h)), seed, tensor);
-    fill(l.w_down, h * inter, 1.0 / std::sqrt(double(inter)), seed, tensor);
+    fill(l.wq, q * h, 1.0 / std::sqrt(double(h)), seed, tensor, threads);
+    fill(l.wk, kv * h, 1.0 / std::sqrt(double(h)), seed, tensor, threads);
+    fill(l.wv, kv * h, 1.0 / std::sqrt(double(h)), seed, tensor, threads);
+    fill(l.wo, h * q, 1.0 / std::sqrt(double(q)), seed, tensor, threads);
+    fill(l.w_gate, inter * h, 1.0 / std::sqrt(double(h)), seed, tensor, threads);
+    fill(l.w_up, inter * h, 1.0 / std::sqrt(double(h)), seed, tensor, threads);
+    fill(l.w_down, h * inter, 1.0 / std::sqrt(double(inter)), seed, tensor, threads);
   }
   w.final_norm.assign(h, 1.0f);
-  if (!c.tie_word_embeddings) fill(w.lm_head, vocab * h, 1.0 / std::sqrt(double(h)), seed, tensor);
+  if (!c.tie_word_embeddings) fill(w.lm_head, vocab * h, 1.0 / std::sqrt(double(h)), seed, tensor, threads);
   out = std::move(w);
 }
 

@@ -52,8 +52,9 @@ struct LlamaWeights {
 // Gaussian init scaled by fan-in (std 1/sqrt(in); embeddings std 1; norms 1),
 // so that activations and logits are O(1) and attention is far from uniform,
 // from a counter-based generator: the same (config, seed) gives the same
-// weights on every machine.
-void random_llama_weights(const LlamaConfig& config, std::uint64_t seed, LlamaWeights& out);
+// weights on every machine, whatever `threads` draws them (0: the
+// hardware's threads; the default model's 54M draws take seconds on one).
+void random_llama_weights(const LlamaConfig& config, std::uint64_t seed, LlamaWeights& out, int threads = 0);
 
 // Reads and checks every tensor against `config`; on error `out` is unchanged.
 clm::Status load_llama_weights(const std::string& path, const LlamaConfig& config, LlamaWeights& out);

@@ -121,6 +121,46 @@ std::vector<double> reference_logits(const LlamaConfig& c, const LlamaWeights& w
 
 }  // namespace
 
+TEST_CASE("random init: the same weights on 1, 3 or all threads, and every element drawn", "[tiny_llama]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  LlamaConfig c = tiny_llama_test::small_config(2);
+  c.hidden = 256;
+  c.intermediate = 811;  // gate, up and down: 207,616 draws each, three uneven shares of 3 threads
+  c.tie_word_embeddings = false;
+  LlamaWeights one, three, all;
+  tiny_llama::random_llama_weights(c, seed, one, 1);
+  tiny_llama::random_llama_weights(c, seed, three, 3);
+  tiny_llama::random_llama_weights(c, seed, all);
+  const auto tensors = [](const LlamaWeights& w) {
+    std::vector<const std::vector<float>*> t{&w.embed, &w.final_norm, &w.lm_head};
+    for (const auto& l : w.layers) {
+      for (const auto* x : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+        t.push_back(x);
+      }
+    }
+    return t;
+  };
+  const auto a = tensors(one), b = tensors(three), d = tensors(all);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(*a[i] == *b[i]);
+    CHECK(*a[i] == *d[i]);
+  }
+  // Every share drawn: no element left at 0, and the spread of the fan-in scaling.
+  for (const std::vector<float>* x : {&three.layers[0].w_gate, &three.layers[1].w_down}) {
+    const double fan_in = x == &three.layers[0].w_gate ? c.hidden : c.intermediate;
+    double sum2 = 0;
+    std::size_t zeros = 0;
+    for (float v : *x) {
+      zeros += v == 0.0f ? 1 : 0;
+      sum2 += double(v) * v;
+    }
+    CHECK(zeros == 0);
+    CHECK(std::sqrt(sum2 / static_cast<double>(x->size()) * fan_in) == Approx(1.0).epsilon(0.02));
+  }
+}
+
 TEST_CASE("the decoder's logits equal a dense float64 reference", "[tiny_llama]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
