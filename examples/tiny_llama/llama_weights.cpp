@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <fstream>
 #include <span>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -46,7 +47,13 @@ void fill(std::vector<float>& w, std::size_t n, double std_dev, std::uint64_t se
   constexpr std::size_t kMinShare = std::size_t{1} << 16;  // below this a thread costs more than it draws
   const std::size_t shares = std::clamp<std::size_t>(n / kMinShare, 1, static_cast<std::size_t>(threads));
   std::vector<std::thread> helpers;
-  for (std::size_t s = 1; s < shares; ++s) helpers.emplace_back(draw, n * s / shares, n * (s + 1) / shares);
+  helpers.reserve(shares);
+  std::size_t next = 1;
+  try {
+    for (; next < shares; ++next) helpers.emplace_back(draw, n * next / shares, n * (next + 1) / shares);
+  } catch (const std::system_error&) {  // no thread to be had: the shares left are this thread's
+  }
+  for (std::size_t s = next; s < shares; ++s) draw(n * s / shares, n * (s + 1) / shares);
   draw(0, n / shares);
   for (std::thread& t : helpers) t.join();
 }
