@@ -237,15 +237,9 @@ class Engine {
       seq->tree_pages = seq->pages.size();
       seq->locked = match_.node;
       seq->pages.resize(total_pages);
-      Status allocated = allocate(std::span(seq->pages).subspan(seq->tree_pages));
-      if (!allocated.ok() && tiers_ && tiers_->copies_in_flight()) {
-        // Copies to the host lock the device pages they read: wait for them
-        // (our own locks and pins hold meanwhile), then try once more.
-        lock.unlock();
-        tiers_->wait_for_copies();
-        lock.lock();
-        allocated = allocate(std::span(seq->pages).subspan(seq->tree_pages));
-      }
+      // (Our own locks and pins hold while retry_after_copies waits.)
+      const Status allocated =
+          retry_after_copies(lock, [&] { return allocate(std::span(seq->pages).subspan(seq->tree_pages)); });
       if (!allocated.ok()) {
         if (load_back) (void)tree_->host_unpin(host_node);
         (void)tree_->unlock(seq->locked);
@@ -303,16 +297,8 @@ class Engine {
     std::vector<std::int32_t> pages;
     std::size_t first = 0;
     std::unique_lock lock(mutex_);
-    Status grown = grow(id, tokens, pages, first, page_table);
-    if (grown.code() == StatusCode::out_of_memory && tiers_ && tiers_->copies_in_flight()) {
-      // As in admit: copies to the host lock the device pages they read, so
-      // wait for them and try once more (the sequence is looked up again:
-      // another thread may have ended it meanwhile).
-      lock.unlock();
-      tiers_->wait_for_copies();
-      lock.lock();
-      grown = grow(id, tokens, pages, first, page_table);
-    }
+    // grow() looks the sequence up on each try: another thread may end it while retry_after_copies waits.
+    const Status grown = retry_after_copies(lock, [&] { return grow(id, tokens, pages, first, page_table); });
     lock.unlock();
     CLM_RETURN_IF_ERROR(grown);
     slots_for(pages, first, first + tokens.size(), slots);
@@ -777,6 +763,20 @@ class Engine {
           0, std::min(end, fetched.first_token + fetched.fetched_tokens) - std::max(begin, fetched.first_token));
     }
     (void)tree_->host_unpin(host_node);
+  }
+
+  // Runs attempt() (an allocation, under `lock`); when the pool is short
+  // while copies to the host are in flight, which lock the device pages they
+  // read, waits for them without the lock and runs it once more. attempt()
+  // must find again anything another thread may change meanwhile.
+  template <class Attempt>
+  Status retry_after_copies(std::unique_lock<detail::SpinThenBlockMutex>& lock, Attempt&& attempt) {
+    Status result = attempt();
+    if (result.code() != StatusCode::out_of_memory || !tiers_ || !tiers_->copies_in_flight()) return result;
+    lock.unlock();
+    tiers_->wait_for_copies();
+    lock.lock();
+    return attempt();
   }
 
   // extend()'s part under the lock: the pages for `tokens` after sequence
