@@ -18,6 +18,7 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -220,6 +221,7 @@ thread_local Scratch t_scratch;
 
 std::atomic<int> g_isa{-1};
 std::atomic<std::int32_t> g_decode_chunk{0};
+std::atomic<int> g_prefill_route{0};  // a PrefillRoute
 
 CpuIsa detect_isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -470,11 +472,32 @@ struct Sequence {
   std::int64_t end;    // kv_len
 };
 
+// 64-byte aligned floats (the kernels load their state with aligned loads).
+struct AlignedDelete {
+  void operator()(float* p) const { ::operator delete (p, std::align_val_t{64}); }
+};
+using AlignedFloats = std::unique_ptr<float, AlignedDelete>;
+AlignedFloats aligned_floats(std::size_t count) {  // throws std::bad_alloc
+  return AlignedFloats(
+      static_cast<float*>(::operator new (std::max<std::size_t>(count, 16) * sizeof(float), std::align_val_t{64})));
+}
+
+// The floats of one query's running state (acc [Hq][D], m [Hq], l [Hq]),
+// rounded up to 64 bytes.
+std::size_t decode_state_floats(const KvLayer& kv, const AttnShape& shape) {
+  const std::size_t hq = static_cast<std::size_t>(shape.num_q_heads);
+  return (hq * static_cast<std::size_t>(kv.head_dim) + 2 * hq + 15) / 16 * 16;
+}
+
+// out [seq][Hq][D] = attention of each sequence's query over its keys
+// [begin, end) (begin < end); lse, when not null, [seq][Hq] = the log of the
+// softmax denominator, max + log(sum exp(score - max)), for a caller that
+// merges more keys in.
 Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, const std::vector<Sequence>& seqs,
-                   float* out, int requested_threads, const char* what) {
+                   float* out, float* lse, int requested_threads, const char* what) {
   const std::size_t dim = static_cast<std::size_t>(kv.head_dim);
   const std::size_t hq = static_cast<std::size_t>(shape.num_q_heads);
-  const std::size_t state = (hq * dim + 2 * hq + 15) / 16 * 16;  // acc, m, l; 64-byte aligned
+  const std::size_t state = decode_state_floats(kv, shape);
 
   std::int64_t tokens = 0;
   for (const Sequence& s : seqs) tokens += s.end - s.begin;
@@ -509,13 +532,7 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
   // Nothing is written to `out` until nothing can fail: the chunks' states are
   // taken here, the first pass (which may take the kernels' thread scratch)
   // writes only them, and the second, which allocates nothing, writes `out`.
-  // The kernels want 32-byte aligned state: aligned new, not std::vector.
-  struct AlignedDelete {
-    void operator()(float* p) const { ::operator delete (p, std::align_val_t{64}); }
-  };
-  const std::size_t state_bytes = std::max<std::size_t>(tasks.size(), 1) * state * sizeof(float);
-  const std::unique_ptr<float, AlignedDelete> state_storage(
-      static_cast<float*>(::operator new (state_bytes, std::align_val_t{64})));
+  const AlignedFloats state_storage = aligned_floats(tasks.size() * state);
   float* const states = state_storage.get();
 
   const IsaKernels& kernels = kernels_for(simd_for(kv));
@@ -563,6 +580,7 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
       }
       const float inv = 1.0f / denom;
       for (std::size_t d = 0; d < dim; ++d) oh[d] *= inv;
+      if (lse != nullptr) lse[i * hq + h] = mx + std::log(denom);
     }
   };
   const int merge_threads = tasks.size() * state * sizeof(float) < kParallelBytes ? 1 : threads;
@@ -576,7 +594,128 @@ Status decode_impl(const KvLayer& kv, const AttnShape& shape, const float* q, co
 Status decode(const KvLayer& kv, const AttnShape& shape, const float* q, const std::vector<Sequence>& seqs,
               float* out, int requested_threads, const char* what) {
   try {
-    return decode_impl(kv, shape, q, seqs, out, requested_threads, what);
+    return decode_impl(kv, shape, q, seqs, out, nullptr, requested_threads, what);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(fmt::format("{}: out of host memory", what));
+  }
+}
+
+// ---- prefill of a few new tokens ------------------------------------------------------------
+//
+// A few new tokens over a long cached prefix (a new turn's first tokens, a
+// speculative draft to verify): the tile path would convert and pack the
+// whole prefix for each tile of a handful of rows. Instead the keys every new
+// token sees go through the decode, once, with the n_new * group q rows of a
+// kv head as one group (each K/V row read once, split along the prefix over
+// the threads); then each token's own few keys (the causal tail, and with a
+// window the keys that only the earlier tokens still see) continue its
+// softmax from there, with the same kernel.
+
+// When that beats the tile path (docs/kernels.md, "Prefill of a few new
+// tokens"): up to 8 q rows per kv head (n_new * group) always; up to 32 when
+// the prefix's K/V is past a typical L3 (the tiles then wait on memory, the
+// decode's prefetched pass does not); more rows run faster in the tiles'
+// register blocks.
+constexpr std::int64_t kFewPrefillRows = 8;
+constexpr std::int64_t kFewPrefillRowsFromMemory = 32;
+constexpr std::size_t kFewPrefillMemoryBytes = std::size_t{32} << 20;
+
+// Whether paged_prefill_attention takes prefill_few: n_new >= 2, a window (if
+// any) that still leaves keys every new token sees, and the rows above (or
+// what set_prefill_route forces).
+bool prefill_few_applies(const KvLayer& kv, const AttnShape& shape, std::int32_t n_new, std::int64_t kv_len,
+                         std::int32_t window) {
+  if (n_new < 2 || (window > 0 && window < n_new)) return false;
+  switch (static_cast<PrefillRoute>(g_prefill_route.load(std::memory_order_relaxed))) {
+    case PrefillRoute::tiles:
+      return false;
+    case PrefillRoute::decode:
+      return true;
+    case PrefillRoute::automatic:
+      break;
+  }
+  const std::int64_t rows = static_cast<std::int64_t>(n_new) * shape.group;
+  const std::int64_t keys = window > 0 ? std::min<std::int64_t>(window, kv_len) : kv_len;
+  const std::size_t bytes = static_cast<std::size_t>(keys) * kv.row_bytes * 2;
+  return rows <= kFewPrefillRows || (rows <= kFewPrefillRowsFromMemory && bytes >= kFewPrefillMemoryBytes);
+}
+
+Status prefill_few_impl(const KvLayer& kv, const AttnShape& shape, const float* q, std::int32_t n_new,
+                        const std::int32_t* pages, std::int64_t kv_len, std::int32_t window, float* out, int threads,
+                        const char* what) {
+  const std::size_t dim = static_cast<std::size_t>(kv.head_dim);
+  const std::size_t hq = static_cast<std::size_t>(shape.num_q_heads);
+  const std::size_t group = static_cast<std::size_t>(shape.group);
+  const std::size_t n = static_cast<std::size_t>(n_new);
+  const std::int64_t first = kv_len - n_new;  // position of new token 0
+  // New token i (position first + i) sees keys [begin(i), first + i + 1).
+  auto begin_of = [&](std::int64_t i) {
+    return window > 0 ? std::max<std::int64_t>(0, first + i + 1 - window) : std::int64_t{0};
+  };
+  const std::int64_t common_begin = begin_of(n_new - 1);  // the keys all of them see
+  const std::int64_t common_end = first + 1;
+
+  // The wide decode: q head (h, i, g) = new token i's q head h * group + g, so
+  // that the decode's q head h' reads kv head h' / (n_new * group) = h.
+  const AttnShape wide{static_cast<std::int32_t>(n * hq), static_cast<std::int32_t>(n * group), shape.scale};
+  std::vector<float> q_wide(n * hq * dim), out_wide(n * hq * dim), lse(n * hq);
+  auto wide_row = [&](std::size_t i, std::size_t head) {  // head: a q head of new token i
+    return (head / group * n + i) * group + head % group;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t head = 0; head < hq; ++head) {
+      std::memcpy(&q_wide[wide_row(i, head) * dim], q + (i * hq + head) * dim, dim * sizeof(float));
+    }
+  }
+  const std::vector<Sequence> common{{pages, common_begin, common_end}};
+  CLM_RETURN_IF_ERROR(decode_impl(kv, wide, q_wide.data(), common, out_wide.data(), lse.data(), threads, what));
+
+  // Each token's state after the common keys, as the chunk kernels keep it:
+  // m = lse, l = 1, acc = the normalised output (acc / l at m = lse).
+  const std::size_t state = decode_state_floats(kv, shape);
+  const AlignedFloats states = aligned_floats(n * state);
+  const IsaKernels& kernels = kernels_for(simd_for(kv));
+  for (std::size_t i = 0; i < n; ++i) {
+    float* acc = states.get() + i * state;
+    float* m = acc + hq * dim;
+    float* l = m + hq;
+    for (std::size_t head = 0; head < hq; ++head) {
+      std::memcpy(acc + head * dim, &out_wide[wide_row(i, head) * dim], dim * sizeof(float));
+      m[head] = lse[wide_row(i, head)];
+      l[head] = 1.0f;
+    }
+    DecodeChunk c;
+    c.q = q + i * hq * dim;
+    c.pages = pages;
+    c.acc = acc;
+    c.m = m;
+    c.l = l;
+    const auto token = static_cast<std::int64_t>(i);
+    for (const auto& [b, e] : {std::pair{begin_of(token), common_begin}, std::pair{common_end, first + token + 1}}) {
+      if (b >= e) continue;
+      c.begin = b;
+      c.end = e;
+      kernels.decode_chunk(kv, shape, c);
+    }
+  }
+  // Nothing could fail past this point: only now is out written.
+  for (std::size_t i = 0; i < n; ++i) {
+    const float* acc = states.get() + i * state;
+    const float* l = acc + hq * dim + hq;
+    for (std::size_t head = 0; head < hq; ++head) {
+      const float inv = 1.0f / l[head];
+      float* o = out + (i * hq + head) * dim;
+      for (std::size_t d = 0; d < dim; ++d) o[d] = acc[head * dim + d] * inv;
+    }
+  }
+  return {};
+}
+
+Status prefill_few(const KvLayer& kv, const AttnShape& shape, const float* q, std::int32_t n_new,
+                   const std::int32_t* pages, std::int64_t kv_len, std::int32_t window, float* out, int threads,
+                   const char* what) {
+  try {
+    return prefill_few_impl(kv, shape, q, n_new, pages, kv_len, window, out, threads, what);
   } catch (const std::bad_alloc&) {
     return out_of_memory(fmt::format("{}: out of host memory", what));
   }
@@ -622,6 +761,8 @@ Status set_cpu_isa(CpuIsa isa) {
 }
 
 void set_decode_chunk_tokens(std::int32_t tokens) { g_decode_chunk.store(std::max(0, tokens)); }
+
+void set_prefill_route(PrefillRoute route) { g_prefill_route.store(static_cast<int>(route)); }
 
 int cpu_kernel_threads(int requested) {
   const int hw = hardware_threads();
@@ -784,6 +925,10 @@ Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& par
     seq[0].end = kv_len;
     seq[0].begin = params.sliding_window > 0 ? std::max<std::int64_t>(0, kv_len - params.sliding_window) : 0;
     return detail::decode(layer, shape, q, seq, out, params.num_threads, what);
+  }
+  if (detail::prefill_few_applies(layer, shape, n_new, kv_len, params.sliding_window)) {
+    return detail::prefill_few(layer, shape, q, n_new, pages.data(), kv_len, params.sliding_window, out,
+                               params.num_threads, what);
   }
 
   // Tasks: (kv head, tile of queries); a tile has ~128 rows (queries x group).

@@ -81,6 +81,7 @@ struct KernelSettings {
   ~KernelSettings() {
     (void)clm::detail::set_cpu_isa(clm::detail::cpu_isa_best());
     clm::detail::set_decode_chunk_tokens(0);
+    clm::detail::set_prefill_route(clm::detail::PrefillRoute::automatic);
   }
   void isa(clm::detail::CpuIsa isa) { REQUIRE(clm::detail::set_cpu_isa(isa).ok()); }
 };
@@ -248,6 +249,72 @@ clm::PagedBatch place_seqs(const TestPool& p, std::int32_t layer, std::vector<Se
 }
 
 const KvDType kDtypes[] = {KvDType::f32, KvDType::f16, KvDType::bf16};
+
+// One prefill of n_new new tokens over a cached prefix of random K/V, in a
+// pool of a page or two more than it needs, dealt at random, checked against
+// float64 attention (over the dtype-rounded K/V, and loosely the originals).
+void check_prefill(Rng& rng, KvDType dtype, int page_size, int kv_heads, int q_heads, int dim, int prefix, int n_new,
+                   int window, int threads) {
+  const int len = prefix + n_new;
+  Seq s = random_seq(rng, len, kv_heads, dim);
+  const auto npages = static_cast<std::size_t>((len + page_size - 1) / page_size);
+  TestPool p = make_pool(static_cast<std::int32_t>(npages) + rng.range(0, 2), page_size, 1, kv_heads, dim, dtype);
+  PageDealer dealer(p.view.num_pages, rng);
+  s.pages = dealer.take(npages);
+  write_seq(p.view, 0, s, 0, prefix);    // the cached prefix
+  write_seq(p.view, 0, s, prefix, len);  // the new tokens
+  const auto q = rng.vec(static_cast<std::size_t>(n_new) * q_heads * dim, 3.0f);
+  std::vector<float> out(q.size(), kNaN);
+  clm::AttentionParams params;
+  params.num_q_heads = q_heads;
+  params.sliding_window = window;
+  params.num_threads = threads;
+  const clm::Status st = clm::paged_prefill_attention(p.view, params, q.data(), n_new, s.pages, len, out.data());
+  INFO(st.message());
+  REQUIRE(st.ok());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  std::vector<double> ref_orig;
+  if (dtype != KvDType::f32) ref_orig = reference(q, n_new, s, kv_heads, q_heads, dim, scale, window, KvDType::f32);
+  check_close(out, reference(q, n_new, s, kv_heads, q_heads, dim, scale, window, dtype), ref_orig, dtype);
+}
+
+// On every ISA, runs call(out) with allocation n = 0, 1, ... failing, until a
+// run allocates nothing that fails: each failed run must give out_of_memory
+// and leave out untouched, the last must match ref (float64), and at least one
+// allocation must have been made to fail. Kernels on one thread, so that every
+// allocation is on this one.
+template <class Call>
+void check_every_allocation_failure(KernelSettings& settings, std::size_t out_size, const std::vector<double>& ref,
+                                    Call call) {
+  constexpr float kUntouched = 12345.0f;
+  for (auto isa : clm_test::cpu_isas()) {
+    settings.isa(isa);
+    INFO(clm::detail::cpu_isa_name(isa));
+    long failures = 0;
+    for (long n = 0;; ++n) {
+      INFO("allocation " << n << " fails");
+      std::vector<float> out(out_size, kUntouched);
+      clm::Status status;
+      bool fired = false;
+      {  // no Catch macro while armed: its own allocations would count
+        clm_test::FailAllocation fail(n);
+        status = call(out.data());
+        fired = fail.fired();
+      }
+      if (!fired) {
+        REQUIRE(status.ok());
+        const double e = rel_error(out.data(), ref);
+        INFO("relative error " << e);
+        CHECK(e <= 1e-5);
+        break;
+      }
+      ++failures;
+      CHECK(status.code() == clm::StatusCode::out_of_memory);
+      CHECK(std::all_of(out.begin(), out.end(), [&](float x) { return x == kUntouched; }));
+    }
+    CHECK(failures > 0);
+  }
+}
 
 }  // namespace
 
@@ -607,35 +674,9 @@ TEST_CASE("decode: out of host memory at any allocation, nothing is written to o
   clm::AttentionParams params;
   params.num_q_heads = q_heads;
   params.num_threads = 1;  // every allocation on this thread, so each can be made to fail
-  constexpr float kUntouched = 12345.0f;
-  for (auto isa : clm_test::cpu_isas()) {
-    settings.isa(isa);
-    INFO(clm::detail::cpu_isa_name(isa));
-    long failures = 0;
-    for (long n = 0;; ++n) {
-      INFO("allocation " << n << " fails");
-      std::vector<float> out(q.size(), kUntouched);
-      clm::Status status;
-      bool fired = false;
-      {  // no Catch macro while armed: its own allocations would count
-        clm_test::FailAllocation fail(n);
-        status =
-            clm::paged_decode_attention(p.view, params, q.data(), pb.indptr, pb.indices, pb.last_page_len, out.data());
-        fired = fail.fired();
-      }
-      if (!fired) {
-        REQUIRE(status.ok());
-        const double e = rel_error(out.data(), ref);
-        INFO("relative error " << e);
-        CHECK(e <= 1e-5);
-        break;
-      }
-      ++failures;
-      CHECK(status.code() == clm::StatusCode::out_of_memory);
-      CHECK(std::all_of(out.begin(), out.end(), [&](float x) { return x == kUntouched; }));
-    }
-    CHECK(failures > 0);
-  }
+  check_every_allocation_failure(settings, q.size(), ref, [&](float* out) {
+    return clm::paged_decode_attention(p.view, params, q.data(), pb.indptr, pb.indices, pb.last_page_len, out);
+  });
 }
 
 TEST_CASE("prefill: new tokens over a cached prefix match dense float64 attention", "[attention][prefill]") {
@@ -655,40 +696,88 @@ TEST_CASE("prefill: new tokens over a cached prefix match dense float64 attentio
               const int q_heads = kv_heads * ratio;
               const int n_new = rng.range(0, 3) == 0 ? rng.range(1, 3) : rng.range(1, 100 / kShrink);
               const int prefix = rng.range(0, 2) == 0 ? 0 : rng.range(1, 160 / kShrink);
-              const int len = prefix + n_new;
               const int window = windowed ? rng.range(1, 80) : 0;
               const int threads = rng.range(0, 2);
               INFO(clm::detail::cpu_isa_name(isa) << " " << clm::kv_dtype_name(dtype) << " page_size " << page_size
                    << " kv_heads " << kv_heads << " q_heads " << q_heads << " dim " << dim << " prefix " << prefix
                    << " n_new " << n_new << " window " << window << " threads " << threads);
-              Seq s = random_seq(rng, len, kv_heads, dim);
-              const auto npages = static_cast<std::size_t>((len + page_size - 1) / page_size);
-              TestPool p = make_pool(static_cast<std::int32_t>(npages) + rng.range(0, 2), page_size, 1, kv_heads, dim,
-                                     dtype);
-              PageDealer dealer(p.view.num_pages, rng);
-              s.pages = dealer.take(npages);
-              write_seq(p.view, 0, s, 0, prefix);    // the cached prefix
-              write_seq(p.view, 0, s, prefix, len);  // the new tokens
-              const auto q = rng.vec(static_cast<std::size_t>(n_new) * q_heads * dim, 3.0f);
-              std::vector<float> out(q.size(), kNaN);
-              clm::AttentionParams params;
-              params.num_q_heads = q_heads;
-              params.sliding_window = window;
-              params.num_threads = threads;
-              const clm::Status st = clm::paged_prefill_attention(p.view, params, q.data(), n_new, s.pages, len, out.data());
-              INFO(st.message());
-              REQUIRE(st.ok());
-              const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-              const auto ref = reference(q, n_new, s, kv_heads, q_heads, dim, scale, window, dtype);
-              std::vector<double> ref_orig;
-              if (dtype != KvDType::f32) ref_orig = reference(q, n_new, s, kv_heads, q_heads, dim, scale, window, KvDType::f32);
-              check_close(out, ref, ref_orig, dtype);
+              check_prefill(rng, dtype, page_size, kv_heads, q_heads, dim, prefix, n_new, window, threads);
             }
           }
         }
       }
     }
   }
+}
+
+TEST_CASE("prefill: a few new tokens, in tiles or as one decode over the shared prefix, match dense float64 attention",
+          "[attention][prefill]") {
+  // The decode route runs the keys every new token sees once, for all of
+  // them, then each token's own tail (and, with a window, the keys only the
+  // earlier tokens still see): every edge of those ranges is drawn here, with
+  // the shared part split into chunks or not.
+  using clm::detail::PrefillRoute;
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  Rng rng(seed);
+  KernelSettings settings;
+  for (auto isa : clm_test::cpu_isas()) {
+    settings.isa(isa);
+    for (KvDType dtype : kDtypes) {
+      for (PrefillRoute route : {PrefillRoute::automatic, PrefillRoute::tiles, PrefillRoute::decode}) {
+        for (int trial = 0; trial < 12; ++trial) {
+          clm::detail::set_prefill_route(route);
+          const int page_size = std::array<int, 3>{1, 16, 64}[static_cast<std::size_t>(rng.range(0, 2))];
+          const int kv_heads = rng.range(1, 3);
+          const int group = std::array<int, 5>{1, 2, 4, 6, 8}[static_cast<std::size_t>(rng.range(0, 4))];
+          const int q_heads = kv_heads * group;
+          const int dim = rng.range(0, 1) == 0 ? 64 : 128;
+          const int n_new = rng.range(2, 20);
+          const int prefix = rng.range(0, 3) == 0 ? rng.range(0, 2) : rng.range(3, 400 / kShrink);
+          const int len = prefix + n_new;
+          // No window, one shorter than n_new (the tiles then), exactly n_new, or any.
+          const int window = std::array<int, 4>{0, rng.range(1, n_new - 1), n_new,
+                                                rng.range(1, len + 8)}[static_cast<std::size_t>(rng.range(0, 3))];
+          const int chunk = rng.range(0, 1) == 0 ? 0 : rng.range(1, 96);
+          clm::detail::set_decode_chunk_tokens(chunk);
+          const int threads = rng.range(0, 2);
+          INFO(clm::detail::cpu_isa_name(isa)
+               << " " << clm::kv_dtype_name(dtype) << " route " << static_cast<int>(route) << " page_size " << page_size
+               << " kv_heads " << kv_heads << " q_heads " << q_heads << " dim " << dim << " prefix " << prefix
+               << " n_new " << n_new << " window " << window << " chunk " << chunk << " threads " << threads);
+          check_prefill(rng, dtype, page_size, kv_heads, q_heads, dim, prefix, n_new, window, threads);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("prefill as one decode: out of host memory at any allocation, nothing is written to out",
+          "[attention][prefill][errors]") {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  Rng rng(seed);
+  KernelSettings settings;
+  clm::detail::set_prefill_route(clm::detail::PrefillRoute::decode);
+  clm::detail::set_decode_chunk_tokens(64);  // the shared prefix in chunks: a state each
+  const int kv_heads = 2, q_heads = 8, dim = 64, page_size = 16, n_new = 5, window = 200;
+  const int len = 300 + rng.range(0, 40);
+  Seq s = random_seq(rng, len, kv_heads, dim);
+  const auto npages = static_cast<std::size_t>((len + page_size - 1) / page_size);
+  TestPool p = make_pool(static_cast<std::int32_t>(npages), page_size, 1, kv_heads, dim, KvDType::f32);
+  PageDealer dealer(p.view.num_pages, rng);
+  s.pages = dealer.take(npages);
+  write_seq(p.view, 0, s, 0, len);
+  const auto q = rng.vec(static_cast<std::size_t>(n_new) * q_heads * dim, 3.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  const auto ref = reference(q, n_new, s, kv_heads, q_heads, dim, scale, window, KvDType::f32);
+  clm::AttentionParams params;
+  params.num_q_heads = q_heads;
+  params.sliding_window = window;
+  params.num_threads = 1;  // every allocation on this thread, so each can be made to fail
+  check_every_allocation_failure(settings, q.size(), ref, [&](float* out) {
+    return clm::paged_prefill_attention(p.view, params, q.data(), n_new, s.pages, len, out);
+  });
 }
 
 TEST_CASE("prefill and decode: head_dim outside the AVX2 shapes uses the scalar kernels", "[attention]") {

@@ -13,6 +13,13 @@
 //                                     matmuls (per kv head: [512 x 128] x [128 x 2176] and
 //                                     [512 x 2176] x [2176 x 128]), the 8 heads split over the
 //                                     same number of threads, each running Eigen single-threaded
+//   kernels/prefill_{bf16,f32}_{2,8}_over_32k
+//                                     a few new tokens (a new turn's first ones, a draft to verify)
+//                                     over a 32768-token cached prefix, same heads: the automatic
+//                                     route (one decode over the shared prefix) against the tiles
+//                                     in the same run. value: prefix K+V bytes / time; baseline: the
+//                                     same for the tiles route (ratio: the speed-up); a second
+//                                     figure per case (_vs_read) against the STREAM-like read
 //   kernels/{decode,prefill}_*_avx2   where the AVX-512 kernels run: the same cases on the AVX2 ones
 //                                     (the prefill's Eigen baseline is AVX2 for both: Eigen built for
 //                                     AVX-512 in the same program would break the one-definition rule)
@@ -198,12 +205,25 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
   return v;
 }
 
+// Pages [0, n) in random order: a pool that has been in use, no two pages adjacent.
+std::vector<std::int32_t> shuffled_pages(std::int32_t n, std::mt19937& rng) {
+  std::vector<std::int32_t> pages(static_cast<std::size_t>(n));
+  std::iota(pages.begin(), pages.end(), 0);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  return pages;
+}
+
+clm::AttentionParams bench_params() {
+  clm::AttentionParams params;
+  params.num_q_heads = kQHeads;
+  params.num_threads = g_threads;
+  return params;
+}
+
 void bench_decode(const Pool& p, const std::string& name, int batch, std::int32_t tokens, ReadBandwidth& stream,
                   std::mt19937& rng) {
   const std::int32_t pages_per_seq = tokens / kPageSize;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(p.view.num_pages));
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);  // a pool that has been in use: no two pages adjacent
+  const std::vector<std::int32_t> ids = shuffled_pages(p.view.num_pages, rng);
   std::vector<std::int32_t> indptr{0}, indices, last;
   for (int b = 0; b < batch; ++b) {
     indices.insert(indices.end(), ids.begin() + static_cast<std::ptrdiff_t>(b) * pages_per_seq,
@@ -213,9 +233,7 @@ void bench_decode(const Pool& p, const std::string& name, int batch, std::int32_
   }
   const auto q = random_floats(static_cast<std::size_t>(batch) * kQHeads * kHeadDim, rng);
   std::vector<float> out(q.size());
-  clm::AttentionParams params;
-  params.num_q_heads = kQHeads;
-  params.num_threads = g_threads;
+  const clm::AttentionParams params = bench_params();
   const double bytes = static_cast<double>(batch) * tokens * kKvHeads * kHeadDim * 2.0 *
                        static_cast<double>(clm::kv_dtype_bytes(p.view.dtype));
   check(clm::paged_decode_attention(p.view, params, q.data(), indptr, indices, last, out.data()));  // warm-up
@@ -230,18 +248,48 @@ void bench_decode(const Pool& p, const std::string& name, int batch, std::int32_
                static_cast<double>(stream.bytes()) / median(base) / 1e9);
 }
 
+// A few new tokens over a long prefix: the automatic route (for these sizes
+// the decode over the shared prefix) and the tiles, interleaved.
+void bench_few_prefill(const Pool& p, const std::string& name, std::int32_t new_tokens, ReadBandwidth& stream,
+                       std::mt19937& rng) {
+  using clm::detail::PrefillRoute;
+  const std::int32_t len = p.view.num_pages * kPageSize;
+  const std::vector<std::int32_t> pages = shuffled_pages(p.view.num_pages, rng);
+  const auto q = random_floats(static_cast<std::size_t>(new_tokens) * kQHeads * kHeadDim, rng);
+  std::vector<float> out(q.size());
+  const clm::AttentionParams params = bench_params();
+  const double bytes = static_cast<double>(len - new_tokens + 1) * kKvHeads * kHeadDim * 2.0 *
+                       static_cast<double>(clm::kv_dtype_bytes(p.view.dtype));
+  auto run = [&](PrefillRoute route) {
+    clm::detail::set_prefill_route(route);
+    const auto start = Clock::now();
+    check(clm::paged_prefill_attention(p.view, params, q.data(), new_tokens, pages, len, out.data()));
+    return seconds_since(start);
+  };
+  run(PrefillRoute::automatic);  // warm-up
+  run(PrefillRoute::tiles);
+  std::vector<double> automatic, tiles, base;
+  for (int r = 0; r < g_runs; ++r) {
+    automatic.push_back(run(PrefillRoute::automatic));
+    tiles.push_back(run(PrefillRoute::tiles));
+    base.push_back(stream.seconds());
+  }
+  clm::detail::set_prefill_route(PrefillRoute::automatic);
+  const double value = bytes / median(automatic) / 1e9;
+  print_figure(kBench, name, "kv_read_GB_per_s", value, "GB/s", "tiles_route_kv_read_GB_per_s",
+               bytes / median(tiles) / 1e9);
+  print_figure(kBench, name + "_vs_read", "kv_read_GB_per_s", value, "GB/s", "stream_read_GB_per_s",
+               static_cast<double>(stream.bytes()) / median(base) / 1e9);
+}
+
 void bench_prefill(clm::KvDType dtype, const std::string& name, std::int32_t new_tokens, std::int32_t prefix,
                    EigenGemm& gemm, std::mt19937& rng) {
   const std::int32_t len = prefix + new_tokens;
   Pool p = make_pool(len / kPageSize, dtype);
-  std::vector<std::int32_t> pages(static_cast<std::size_t>(len / kPageSize));
-  std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), rng);
+  const std::vector<std::int32_t> pages = shuffled_pages(len / kPageSize, rng);
   const auto q = random_floats(static_cast<std::size_t>(new_tokens) * kQHeads * kHeadDim, rng);
   std::vector<float> out(q.size());
-  clm::AttentionParams params;
-  params.num_q_heads = kQHeads;
-  params.num_threads = g_threads;
+  const clm::AttentionParams params = bench_params();
   double pairs = 0;  // visible (query, key) pairs
   for (int i = 0; i < new_tokens; ++i) pairs += prefix + i + 1;
   const double flops = pairs * kQHeads * 4.0 * kHeadDim;
@@ -291,6 +339,15 @@ int main() {
         if (dtype == clm::KvDType::f32) bench_decode(p, "decode_f32_b1_64k" + suffix, 1, long_context, stream, rng);
       }
       check(clm::detail::set_cpu_isa(isas[0]));
+    }
+    // 32768 tokens x 8 heads x 128 x 2 (K, V) x 2 B = 128 MiB for bf16, past any L3.
+    const std::int32_t few_prefix = smoke ? 2048 : 32768;
+    for (clm::KvDType dtype : {clm::KvDType::bf16, clm::KvDType::f32}) {
+      const Pool p = make_pool(few_prefix / kPageSize, dtype);
+      for (std::int32_t n : {2, 8}) {
+        if (dtype == clm::KvDType::f32 && n == 2) continue;
+        bench_few_prefill(p, fmt::format("prefill_{}_{}_over_32k", clm::kv_dtype_name(dtype), n), n, stream, rng);
+      }
     }
   }
   const std::int32_t prefill_new = smoke ? 32 : 128, prefill_prefix = smoke ? 256 : 2048;

@@ -30,6 +30,11 @@ CpuIsa cpu_isa();       // the one in use
 Status set_cpu_isa(CpuIsa isa);
 // Tests: tokens per flash-decoding chunk; 0 restores the automatic choice.
 void set_decode_chunk_tokens(std::int32_t tokens);
+// Tests and benchmarks: how a prefill of n_new >= 2 tokens runs: as the
+// kernels choose, always in tiles, or (where a window leaves keys every new
+// token sees) as one decode over the shared prefix plus each token's tail.
+enum class PrefillRoute : std::uint8_t { automatic = 0, tiles = 1, decode = 2 };
+void set_prefill_route(PrefillRoute route);
 // The number of threads a kernel uses for `requested` (0 = all hardware threads).
 int cpu_kernel_threads(int requested);
 
