@@ -1319,10 +1319,17 @@ TEST_CASE("kernels read and write nothing outside the pool and the caller's buff
           params.num_q_heads = q_heads;
           params.sliding_window = rng.range(0, 1) ? 0 : rng.range(1, 50);
           const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-          std::fill(out, out + qn, kNaN);
-          REQUIRE(clm::paged_prefill_attention(kv, params, q, n_new, s.pages, len, out).ok());
           const auto ref = reference(qv, n_new, s, kv_heads, q_heads, dim, scale, params.sliding_window, dtype);
-          CHECK(rel_error(out, ref) <= 1e-5);
+          using clm::detail::PrefillRoute;
+          for (PrefillRoute route : {PrefillRoute::tiles, PrefillRoute::decode}) {  // both, whatever the sizes
+            INFO("prefill route " << static_cast<int>(route) << " n_new " << n_new << " window "
+                                  << params.sliding_window);
+            clm::detail::set_prefill_route(route);
+            std::fill(out, out + qn, kNaN);
+            REQUIRE(clm::paged_prefill_attention(kv, params, q, n_new, s.pages, len, out).ok());
+            CHECK(rel_error(out, ref) <= 1e-5);
+          }
+          clm::detail::set_prefill_route(PrefillRoute::automatic);
 
           // Decode: a batch of the same sequence twice; q and out of 2 rows.
           const std::size_t dn = 2 * static_cast<std::size_t>(q_heads) * dim;
