@@ -213,28 +213,32 @@ void softmax_update(float* s, int nt, float* m, float* l, float* alpha) {
   }
 }
 
-// acc[g] = alpha[g] acc[g] + sum_t p[t * stride + g] v[t] for NG q heads (1, 2
-// or 4), 64 columns per pass (4 vectors a head). Fewer heads than 4 split the
-// tokens over 4 / NG sets of accumulators, so 16 chains are always in flight.
+// acc[g] = alpha[g] acc[g] + sum_t p[t * stride + g] v[t] for NG q heads (1,
+// 2, 4 or 8), 16 accumulators a pass: 64 columns a pass (4 vectors a head)
+// for up to 4 heads, fewer heads than 4 splitting the tokens over 4 / NG sets
+// of accumulators; 32 columns (2 vectors a head) for 8 heads, so that each V
+// row is unpacked once for all 8.
 template <KvDType DT, int NG>
 void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int dim, float* acc, const float* alpha,
              PrefetchStream& pf) {
   constexpr std::size_t E = kBytes<DT>;
-  constexpr int TS = 4 / NG;  // token sets
-  for (int d0 = 0; d0 < dim; d0 += 64) {
-    __m512 o[TS][NG][4];
+  constexpr int VH = NG == 8 ? 2 : 4;       // vectors a head per pass
+  constexpr int TS = NG == 8 ? 1 : 4 / NG;  // token sets
+  constexpr int kCols = VH * kLanes;        // columns per pass
+  for (int d0 = 0; d0 < dim; d0 += kCols) {
+    __m512 o[TS][NG][VH];
     for (int g = 0; g < NG; ++g) {
       const __m512 al = _mm512_set1_ps(alpha[g]);
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < VH; ++c) {
         o[0][g][c] = _mm512_mul_ps(_mm512_load_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 16 * c), al);
         for (int ts = 1; ts < TS; ++ts) o[ts][g][c] = _mm512_setzero_ps();
       }
     }
-    auto add_row = [&](int t, __m512(&os)[NG][4]) {
+    auto add_row = [&](int t, __m512(&os)[NG][VH]) {
       const char* vr = vrow[t] + static_cast<std::size_t>(d0) * E;
       __m512 pb[NG];
       for (int g = 0; g < NG; ++g) pb[g] = _mm512_set1_ps(p[t * stride + g]);
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < VH / 2; ++c) {
         __m512 v0, v1;
         load32<DT>(vr + static_cast<std::size_t>(32 * c) * E, v0, v1);
         for (int g = 0; g < NG; ++g) {
@@ -245,17 +249,18 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
     };
     int t = 0;
     for (; t + TS <= nt; t += TS) {
-      if (t % PrefetchStream::kPaceRows == 0) pf.pace(PrefetchStream::kPaceRows * 64 * static_cast<std::int64_t>(E));
+      if (t % PrefetchStream::kPaceRows == 0) pf.pace(PrefetchStream::kPaceRows * kCols * static_cast<std::int64_t>(E));
       for (int ts = 0; ts < TS; ++ts) add_row(t + ts, o[ts]);
     }
     for (; t < nt; ++t) add_row(t, o[0]);
     for (int ts = 1; ts < TS; ++ts) {
       for (int g = 0; g < NG; ++g) {
-        for (int c = 0; c < 4; ++c) o[0][g][c] = _mm512_add_ps(o[0][g][c], o[ts][g][c]);
+        for (int c = 0; c < VH; ++c) o[0][g][c] = _mm512_add_ps(o[0][g][c], o[ts][g][c]);
       }
     }
     for (int g = 0; g < NG; ++g) {
-      for (int c = 0; c < 4; ++c) _mm512_store_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 16 * c, o[0][g][c]);
+      for (int c = 0; c < VH; ++c)
+        _mm512_store_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 16 * c, o[0][g][c]);
     }
   }
 }
@@ -265,12 +270,7 @@ void softmax_pv(float* s, int nt, const char* const* vrow, int dim, float* acc, 
                 PrefetchStream& pf) {
   float alpha[SG];
   softmax_update<SG>(s, nt, m, l, alpha);
-  if constexpr (SG == 8) {  // two passes of 4: 32 accumulators would leave no register for V
-    pv_rows<DT, 4>(s, 8, nt, vrow, dim, acc, alpha, pf);
-    pv_rows<DT, 4>(s + 4, 8, nt, vrow, dim, acc + 4 * dim, alpha + 4, pf);
-  } else {
-    pv_rows<DT, SG>(s, SG, nt, vrow, dim, acc, alpha, pf);
-  }
+  pv_rows<DT, SG>(s, SG, nt, vrow, dim, acc, alpha, pf);
 }
 
 // ---- prefill ------------------------------------------------------------------
