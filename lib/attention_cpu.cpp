@@ -620,12 +620,14 @@ constexpr std::int64_t kFewPrefillRows = 8;
 constexpr std::int64_t kFewPrefillRowsFromMemory = 32;
 constexpr std::size_t kFewPrefillMemoryBytes = std::size_t{32} << 20;
 
-// Whether paged_prefill_attention takes prefill_few: n_new >= 2, a window (if
-// any) that still leaves keys every new token sees, and the rows above (or
-// what set_prefill_route forces).
+// Whether paged_prefill_attention takes prefill_few: always for one new token
+// (then a plain decode step); for more, a window (if any) that still leaves
+// keys every new token sees, and the rows above (or what set_prefill_route
+// forces).
 bool prefill_few_applies(const KvLayer& kv, const AttnShape& shape, std::int32_t n_new, std::int64_t kv_len,
                          std::int32_t window) {
-  if (n_new < 2 || (window > 0 && window < n_new)) return false;
+  if (n_new == 1) return true;  // a decode step: a long prefix split over the threads, whatever the route
+  if (window > 0 && window < n_new) return false;
   switch (static_cast<PrefillRoute>(g_prefill_route.load(std::memory_order_relaxed))) {
     case PrefillRoute::tiles:
       return false;
@@ -914,18 +916,6 @@ Status paged_prefill_attention(const PagedKvView& kv, const AttentionParams& par
 
   const detail::KvLayer layer = detail::layer_of(kv, params.layer);
   const detail::AttnShape shape = detail::shape_of(kv, params);
-  if (n_new == 1) {  // one query: the decode path splits a long prefix across threads
-    std::vector<detail::Sequence> seq;
-    try {
-      seq.resize(1);
-    } catch (const std::bad_alloc&) {
-      return out_of_memory(fmt::format("{}: out of host memory", what));
-    }
-    seq[0].pages = pages.data();
-    seq[0].end = kv_len;
-    seq[0].begin = params.sliding_window > 0 ? std::max<std::int64_t>(0, kv_len - params.sliding_window) : 0;
-    return detail::decode(layer, shape, q, seq, out, params.num_threads, what);
-  }
   if (detail::prefill_few_applies(layer, shape, n_new, kv_len, params.sliding_window)) {
     return detail::prefill_few(layer, shape, q, n_new, pages.data(), kv_len, params.sliding_window, out,
                                params.num_threads, what);
