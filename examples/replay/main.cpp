@@ -35,7 +35,8 @@ constexpr int kExitBadInput = 2;
 
 constexpr std::string_view kUsage =
     "usage: replay --workload gsp|FILE.jsonl|mooncake:FILE --page-size N --capacity TOKENS\n"
-    "              [--policy lru|lfu|slru|priority|ghost_slru|belady] [--json] [--repeat K] [--seed S]\n"
+    "              [--policy lru|lfu|slru|priority|ghost_slru|belady] [--protected-fraction F]\n"
+    "              [--ghost-memory M] [--json] [--repeat K] [--seed S]\n"
     "              [--l2-capacity TOKENS [--storage URL]\n"
     "               [--write-policy write_through|write_through_selective|write_back]\n"
     "               [--prefetch best_effort|wait_complete|timeout]]\n"
@@ -50,6 +51,12 @@ constexpr std::string_view kUsage =
     "  --policy     eviction policy (default lru); belady is the offline optimum (MIN): the leaf\n"
     "               whose next use is farthest goes first, from the whole workload known ahead\n"
     "               (replay only, not with tiers)\n"
+    "  --protected-fraction\n"
+    "               slru and ghost_slru: the protected segment's cap, a fraction of the pool in\n"
+    "               [0, 1] (default 0.2 for slru, 0.9 for ghost_slru)\n"
+    "  --ghost-memory\n"
+    "               ghost_slru: how many pool capacities of evicted prefixes the ghost remembers,\n"
+    "               in [0, 64] (default 4)\n"
     "  --json       one JSON object on stdout instead of text\n"
     "  --repeat     replays on a fresh pool and tree; times are their median (default 1)\n"
     "  --seed       gsp generator seed (default 42)\n"
@@ -76,6 +83,8 @@ struct Options {
   std::optional<std::int64_t> page_size;
   std::optional<std::int64_t> capacity;
   clm::EvictionPolicy policy = clm::EvictionPolicy::lru;
+  std::optional<double> protected_fraction;
+  std::optional<double> ghost_memory;
   bool json = false;
   int repeat = 1;
   std::uint64_t seed = clm::replay::GspParams{}.seed;
@@ -100,6 +109,16 @@ Int parse_int(std::string_view flag, std::string_view text, Int min_value) {
     throw UsageError{fmt::format("{}: '{}' is not an integer (or is out of range)", flag, text)};
   }
   if (value < min_value) throw UsageError{fmt::format("{}: must be >= {}, got {}", flag, min_value, value)};
+  return value;
+}
+
+// A finite number; its range is the replay's to check (run_replay).
+double parse_number(std::string_view flag, std::string_view text) {
+  double value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) {
+    throw UsageError{fmt::format("{}: '{}' is not a number", flag, text)};
+  }
   return value;
 }
 
@@ -136,6 +155,10 @@ Options parse_flags(int argc, char** argv) {
             fmt::format("--policy: unknown policy '{}' (lru, lfu, slru, priority, ghost_slru, belady)", name)};
       }
       options.policy = *policy;
+    } else if (arg == "--protected-fraction") {
+      options.protected_fraction = parse_number(arg, value());
+    } else if (arg == "--ghost-memory") {
+      options.ghost_memory = parse_number(arg, value());
     } else if (arg == "--json") {
       no_value();
       options.json = true;
@@ -223,7 +246,8 @@ void print_json(const Options& options, const ReplayResult& r, double memcmp_gbp
     runs.append(json_number(w));
   }
   fmt::print(
-      "{{\"workload\":{},\"policy\":\"{}\",\"page_size\":{},\"capacity\":{},\"num_pages\":{},\"seed\":{},"
+      "{{\"workload\":{},\"policy\":\"{}\",\"protected_fraction\":{},\"ghost_memory\":{},"
+      "\"page_size\":{},\"capacity\":{},\"num_pages\":{},\"seed\":{},"
       "\"requests\":{},\"failed_requests\":{},\"prompt_tokens\":{},\"hit_tokens\":{},\"hit_rate\":{},"
       "\"inserted_tokens\":{},\"evicted_tokens\":{},\"evictions\":{},\"repeat\":{},\"wall_s\":{},"
       "\"wall_s_runs\":[{}],\"requests_per_s\":{},"
@@ -231,19 +255,23 @@ void print_json(const Options& options, const ReplayResult& r, double memcmp_gbp
       "\"peak_cached_tokens\":{},\"metadata_bytes_at_peak\":{},"
       "\"metadata_bytes_per_token_end\":{},\"cached_tokens_end\":{},\"metadata_bytes_end\":{},"
       "\"touched_bytes\":{},\"memcmp_gbps\":{},\"memory_bound_fraction\":{}{}}}\n",
-      json_string(options.workload), clm::eviction_policy_name(options.policy), r.page_size, *options.capacity,
-      r.num_pages, options.seed, r.requests, r.failed_requests, r.prompt_tokens, r.hit_tokens,
-      json_number(r.hit_rate()), r.inserted_tokens, r.evicted_tokens, r.evictions, options.repeat,
-      json_number(r.wall_s), runs, json_number(r.requests_per_s()), json_number(r.metadata_bytes_per_token()),
-      r.peak_cached_tokens, r.metadata_bytes_at_peak, json_number(r.final_metadata_bytes_per_token()),
-      r.final_cached_tokens, r.final_metadata_bytes, r.touched_bytes(), json_number(memcmp_gbps),
-      json_number(r.memory_bound_fraction(memcmp_gbps)), tier_json(options, r));
+      json_string(options.workload), clm::eviction_policy_name(options.policy), json_number(r.protected_fraction),
+      json_number(r.ghost_memory), r.page_size, *options.capacity, r.num_pages, options.seed, r.requests,
+      r.failed_requests, r.prompt_tokens, r.hit_tokens, json_number(r.hit_rate()), r.inserted_tokens, r.evicted_tokens,
+      r.evictions, options.repeat, json_number(r.wall_s), runs, json_number(r.requests_per_s()),
+      json_number(r.metadata_bytes_per_token()), r.peak_cached_tokens, r.metadata_bytes_at_peak,
+      json_number(r.final_metadata_bytes_per_token()), r.final_cached_tokens, r.final_metadata_bytes, r.touched_bytes(),
+      json_number(memcmp_gbps), json_number(r.memory_bound_fraction(memcmp_gbps)), tier_json(options, r));
 }
 
 void print_text(const Options& options, const ReplayResult& r, double memcmp_gbps) {
   fmt::print("workload          {} ({} requests, {} prompt tokens)\n", options.workload, r.requests, r.prompt_tokens);
-  fmt::print("cache             {}, page size {}, capacity {} tokens ({} pages)\n",
-             clm::eviction_policy_name(options.policy), r.page_size, *options.capacity, r.num_pages);
+  std::string parameters;
+  if (std::isfinite(r.protected_fraction)) parameters += fmt::format(" (protected {}", r.protected_fraction);
+  if (std::isfinite(r.ghost_memory)) parameters += fmt::format(", ghost {} pool capacities", r.ghost_memory);
+  if (!parameters.empty()) parameters += ")";
+  fmt::print("cache             {}{}, page size {}, capacity {} tokens ({} pages)\n",
+             clm::eviction_policy_name(options.policy), parameters, r.page_size, *options.capacity, r.num_pages);
   fmt::print("hit rate          {:.4f} ({} of {} prompt tokens), {} failed requests\n", r.hit_rate(), r.hit_tokens,
              r.prompt_tokens, r.failed_requests);
   fmt::print("stored / evicted  {} tokens stored, {} tokens evicted in {} leaves\n", r.inserted_tokens,
@@ -297,6 +325,8 @@ int run(const Options& options) {
   config.page_size = static_cast<std::int32_t>(*options.page_size);
   config.capacity_tokens = *options.capacity;
   config.policy = options.policy;
+  if (options.protected_fraction) config.protected_fraction = *options.protected_fraction;
+  if (options.ghost_memory) config.ghost_memory = *options.ghost_memory;
   if (options.tiered()) {
     config.host_capacity_tokens = *options.l2_capacity;
     config.storage_url = options.storage_url;

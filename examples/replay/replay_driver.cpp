@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -178,6 +179,25 @@ Status validate(const ReplayConfig& config) {
   if (config.policy > EvictionPolicy::belady) return invalid_argument("unknown eviction policy");
   if (config.policy == EvictionPolicy::belady && config.tiered()) {
     return invalid_argument("belady runs on the plain replay only: the tiered path's Engine refuses it");
+  }
+  if (!std::isnan(config.protected_fraction)) {
+    if (!is_segmented(config.policy)) {
+      return invalid_argument(fmt::format("a protected fraction is a parameter of slru and ghost_slru, not of {}",
+                                          eviction_policy_name(config.policy)));
+    }
+    if (!(config.protected_fraction >= 0.0 && config.protected_fraction <= 1.0)) {
+      return invalid_argument(fmt::format("protected fraction must be in [0, 1], got {}", config.protected_fraction));
+    }
+  }
+  if (!std::isnan(config.ghost_memory)) {
+    if (config.policy != EvictionPolicy::ghost_slru) {
+      return invalid_argument(
+          fmt::format("ghost memory is a parameter of ghost_slru, not of {}", eviction_policy_name(config.policy)));
+    }
+    if (!(config.ghost_memory >= 0.0 && config.ghost_memory <= kMaxGhostMemory)) {
+      return invalid_argument(
+          fmt::format("ghost memory must be in [0, {}] pool capacities, got {}", kMaxGhostMemory, config.ghost_memory));
+    }
   }
   return {};
 }
@@ -385,6 +405,12 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
     engine_config.pool.memory = MemoryKind::none;
   }
   engine_config.eviction_policy = config.policy;
+  if (config.policy == EvictionPolicy::ghost_slru) {
+    engine_config.ghost_slru_protected_fraction = config.effective_protected_fraction();
+    engine_config.ghost_slru_memory = config.effective_ghost_memory();
+  } else if (config.policy == EvictionPolicy::slru) {
+    engine_config.slru_protected_fraction = config.effective_protected_fraction();
+  }
   engine_config.tiers.host_pages = static_cast<std::int32_t>(config.host_capacity_tokens / config.page_size);
   engine_config.tiers.write_policy = config.write_policy;
   engine_config.tiers.storage_url = config.storage_url;
@@ -397,6 +423,8 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   result.has_kv_bytes = kv_bytes;
   result.page_size = config.page_size;
   result.num_pages = engine_config.pool.num_pages;
+  result.protected_fraction = config.effective_protected_fraction();
+  result.ghost_memory = config.effective_ghost_memory();
   result.host_pages = engine_config.tiers.host_pages;
   TieredRequestReplayer replayer(workload, *engine, kv_bytes);
   auto sample_metadata = [&] {
@@ -440,6 +468,18 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
 }
 
 }  // namespace
+
+double ReplayConfig::effective_protected_fraction() const {
+  if (!std::isnan(protected_fraction)) return protected_fraction;
+  if (policy == EvictionPolicy::ghost_slru) return kDefaultGhostSlruProtectedFraction;
+  if (policy == EvictionPolicy::slru) return kDefaultSlruProtectedFraction;
+  return std::numeric_limits<double>::quiet_NaN();  // the policy has none
+}
+
+double ReplayConfig::effective_ghost_memory() const {
+  if (policy != EvictionPolicy::ghost_slru) return std::numeric_limits<double>::quiet_NaN();
+  return std::isnan(ghost_memory) ? kDefaultGhostMemory : ghost_memory;
+}
 
 double ReplayResult::hit_rate() const {
   return prompt_tokens ? static_cast<double>(hit_tokens) / static_cast<double>(prompt_tokens) : 0.0;
@@ -531,11 +571,14 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
   ReplayResult result;
   result.page_size = config.page_size;
   result.num_pages = pool_config.num_pages;
+  result.protected_fraction = config.effective_protected_fraction();
+  result.ghost_memory = config.effective_ghost_memory();
   // Belady knows the future: worked out before the clock starts.
   std::unique_ptr<NextUses> next_uses;
   if (config.policy == EvictionPolicy::belady) next_uses = std::make_unique<NextUses>(workload, config.page_size);
   {
-    RadixTree tree(*pool, config.policy);
+    RadixTree tree(*pool, config.policy, config.effective_protected_fraction(), nullptr,
+                   config.effective_ghost_memory());
     RequestReplayer replayer(workload, tree, *pool, next_uses.get());
     auto sample_metadata = [&] {
       const std::int64_t cached = tree.cached_tokens();

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,6 +42,12 @@ struct ReplayConfig {
   std::int32_t page_size = 16;
   std::int64_t capacity_tokens = 1 << 20;  // pool size; num_pages = capacity / page_size
   EvictionPolicy policy = EvictionPolicy::lru;
+  // The policy's parameters (EngineConfig has their meaning); NaN: the
+  // policy's default. protected_fraction, in [0, 1], for slru and ghost_slru;
+  // ghost_memory, in [0, kMaxGhostMemory] pool capacities, for ghost_slru.
+  // Set for another policy, run_replay refuses them rather than ignore them.
+  double protected_fraction = std::numeric_limits<double>::quiet_NaN();
+  double ghost_memory = std::numeric_limits<double>::quiet_NaN();
   // Requests between samples of the tree's metadata size (taken inside the
   // timed loop: metadata_bytes() is O(namespaces), so this costs next to nothing).
   std::int32_t metadata_sample_interval = 64;
@@ -56,6 +63,9 @@ struct ReplayConfig {
   PrefetchPolicy prefetch_policy = PrefetchPolicy::wait_complete;
 
   bool tiered() const { return host_capacity_tokens > 0 || !storage_url.empty(); }
+  // The parameters the policy runs with (the defaults for NaN).
+  double effective_protected_fraction() const;
+  double effective_ghost_memory() const;
 };
 
 // The page layout of L1 on the tiered path when storage needs KV bytes: one
@@ -93,6 +103,8 @@ struct ReplayResult {
   std::size_t final_metadata_bytes = 0;
   std::int32_t page_size = 0;
   std::int32_t num_pages = 0;
+  double protected_fraction = std::numeric_limits<double>::quiet_NaN();  // as run; NaN: the policy has none
+  double ghost_memory = std::numeric_limits<double>::quiet_NaN();
   double wall_s = 0;                // the replay loop alone (the median with repeats)
   std::vector<double> wall_s_runs;  // every run's, in run order
 

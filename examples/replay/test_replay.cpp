@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -382,6 +383,119 @@ TEST_CASE("belady's hit rate is at least every online policy's", "[belady]") {
       }
     }
   }
+}
+
+// The segmented policies' parameters, checked where policies coincide: slru
+// with no protected segment is LRU, and ghost_slru with no ghost is slru with
+// the same protected fraction (a ghost of 0 tokens never remembers a prefix,
+// so nothing comes back protected without a hit). On the plain path (a
+// RadixTree) and the tiered one (an Engine, whose config carries them).
+TEST_CASE("policy parameters: slru at 0 is lru, ghost_slru without a ghost is slru", "[policy-parameters]") {
+  const std::uint64_t seed = std::random_device{}();
+  INFO("conversations seed " << seed);
+  const Workload workload = generate_conversations(seed);
+  auto run = [&](clm::EvictionPolicy policy, double protected_fraction, double ghost_memory, bool tiered) {
+    ReplayConfig config;
+    config.page_size = 16;
+    config.capacity_tokens = 16384;
+    config.policy = policy;
+    config.protected_fraction = protected_fraction;
+    config.ghost_memory = ghost_memory;
+    if (tiered) config.host_capacity_tokens = 16384;
+    ReplayResult result;
+    const clm::Status status = clm::replay::run_replay(workload, config, result);
+    INFO(status.message());
+    REQUIRE(status.ok());
+    REQUIRE(result.failed_requests == 0);
+    return result;
+  };
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  for (const bool tiered : {false, true}) {
+    INFO((tiered ? "tiered" : "plain") << " path");
+    const ReplayResult lru = run(clm::EvictionPolicy::lru, none, none, tiered);
+    const ReplayResult slru0 = run(clm::EvictionPolicy::slru, 0.0, none, tiered);
+    CHECK(slru0.protected_fraction == 0.0);
+    CHECK(slru0.hit_tokens == lru.hit_tokens);
+    CHECK(slru0.evicted_tokens == lru.evicted_tokens);
+    CHECK(slru0.final_cached_tokens == lru.final_cached_tokens);
+    for (const double fraction : {0.0, 0.3, 0.9}) {
+      INFO("protected fraction " << fraction);
+      const ReplayResult slru = run(clm::EvictionPolicy::slru, fraction, none, tiered);
+      const ReplayResult no_ghost = run(clm::EvictionPolicy::ghost_slru, fraction, 0.0, tiered);
+      CHECK(no_ghost.ghost_memory == 0.0);
+      CHECK(no_ghost.hit_tokens == slru.hit_tokens);
+      CHECK(no_ghost.evicted_tokens == slru.evicted_tokens);
+      CHECK(no_ghost.evictions == slru.evictions);
+    }
+  }
+  // The defaults, spelled out, are the defaults; and the parameters do reach
+  // the tree: without its protected segment and ghost, ghost_slru is LRU,
+  // which hits differently on gsp at this size (the pool holds 6 of its
+  // 64 system prompts).
+  const Workload gsp = clm::replay::generate_gsp();
+  ReplayConfig config;
+  config.page_size = 16;
+  config.capacity_tokens = 16384;
+  config.policy = clm::EvictionPolicy::ghost_slru;
+  ReplayResult defaults, explicit_defaults, lru_like;
+  REQUIRE(clm::replay::run_replay(gsp, config, defaults).ok());
+  CHECK(defaults.protected_fraction == clm::kDefaultGhostSlruProtectedFraction);
+  CHECK(defaults.ghost_memory == clm::kDefaultGhostMemory);
+  config.protected_fraction = clm::kDefaultGhostSlruProtectedFraction;
+  config.ghost_memory = clm::kDefaultGhostMemory;
+  REQUIRE(clm::replay::run_replay(gsp, config, explicit_defaults).ok());
+  CHECK(explicit_defaults.hit_tokens == defaults.hit_tokens);
+  CHECK(explicit_defaults.evicted_tokens == defaults.evicted_tokens);
+  config.protected_fraction = 0.0;
+  config.ghost_memory = 0.0;
+  REQUIRE(clm::replay::run_replay(gsp, config, lru_like).ok());
+  CHECK(lru_like.hit_tokens == replay(gsp, 16, 16384).hit_tokens);
+  CHECK(lru_like.hit_tokens != defaults.hit_tokens);
+}
+
+TEST_CASE("policy parameters out of range, or for a policy without them, are refused", "[policy-parameters][cli]") {
+  struct Case {
+    clm::EvictionPolicy policy;
+    double protected_fraction;
+    double ghost_memory;
+    const char* says;
+  };
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  for (const Case& c :
+       {Case{clm::EvictionPolicy::lru, 0.5, none, "not of lru"},
+        Case{clm::EvictionPolicy::belady, 0.5, none, "not of belady"},
+        Case{clm::EvictionPolicy::slru, none, 2.0, "not of slru"}, Case{clm::EvictionPolicy::slru, 1.5, none, "[0, 1]"},
+        Case{clm::EvictionPolicy::ghost_slru, -0.1, none, "[0, 1]"},
+        Case{clm::EvictionPolicy::ghost_slru, std::numeric_limits<double>::infinity(), none, "[0, 1]"},
+        Case{clm::EvictionPolicy::ghost_slru, none, 64.5, "[0, 64]"},
+        Case{clm::EvictionPolicy::ghost_slru, none, -1.0, "[0, 64]"}}) {
+    for (const bool tiered : {false, true}) {
+      if (tiered && c.policy == clm::EvictionPolicy::belady) continue;
+      ReplayConfig config;
+      config.page_size = 16;
+      config.capacity_tokens = 16384;
+      config.policy = c.policy;
+      config.protected_fraction = c.protected_fraction;
+      config.ghost_memory = c.ghost_memory;
+      if (tiered) config.host_capacity_tokens = 16384;
+      ReplayResult result;
+      result.hit_tokens = 12345;  // must stay: a refused replay writes no result
+      const clm::Status s = clm::replay::run_replay(clm::replay::generate_gsp(), config, result);
+      INFO(s.message());
+      CHECK(s.code() == clm::StatusCode::invalid_argument);
+      CHECK_THAT(s.message(), Catch::Contains(c.says));
+      CHECK(result.hit_tokens == 12345);
+    }
+  }
+  const std::string gsp = "--workload gsp --page-size 16 --capacity 16384 ";
+  for (const char* flags : {"--policy lru --protected-fraction 0.5", "--policy slru --ghost-memory 1",
+                            "--policy ghost_slru --protected-fraction 1.01", "--policy ghost_slru --ghost-memory 65",
+                            "--policy ghost_slru --protected-fraction nan", "--policy ghost_slru --ghost-memory 4x",
+                            "--policy ghost_slru --ghost-memory", "--policy ghost_slru --protected-fraction="}) {
+    INFO(flags);
+    CHECK(run_replay_binary(gsp + flags, "/dev/null") == 2);
+  }
+  CHECK(run_replay_binary(gsp + "--policy ghost_slru --protected-fraction 0.5 --ghost-memory 2", "/dev/null") == 0);
 }
 
 TEST_CASE("belady is refused with tiers, by the library and by the binary", "[belady][cli]") {
