@@ -191,7 +191,8 @@ typedef struct clm_admit_options {
   const char *cache_salt; /* tenant isolation: bytes [0, cache_salt_len); NULL = none */
   size_t cache_salt_len;
   int32_t adapter_id; /* LoRA adapter the KV is computed with (default 0) */
-  int32_t priority;   /* 0-100 for CLM_EVICT_PRIORITY (default 0) */
+  int32_t priority;   /* 0-100 (default 0), lowest evicted first under
+                         CLM_EVICT_PRIORITY and CLM_EVICT_GHOST_SLRU */
 } clm_admit_options;
 CLM_API clm_status clm_admit_options_init(clm_admit_options *options, size_t struct_size);
 

@@ -36,6 +36,8 @@
 // in between (and when its segment was unsure). An insert whose new leaf's key
 // is certainly remembered must land in the protected segment, a maybe leaves
 // its segment unsure; the tree's ghost_tokens() is checked against the bounds.
+// An insert with a priority above 0 protects its whole path, new leaf and all
+// (and priorities order ghost_slru's leaves first, through eviction_key).
 //
 // Every step is followed by the full check: tree.check_invariants(); cached,
 // evictable and protected tokens against the model; every pool page's owner
@@ -384,6 +386,13 @@ class Model {
     if (first_new < path.size()) {  // the new pages are one leaf
       at(path.back()).ends_node = true;
       if (ghost()) admit_by_ghost(std::span<const std::int64_t>(path).subspan(first_new));
+    }
+    if (ghost() && prio > 0) {  // the host vouches for it: the whole path is protected
+      for (std::int64_t id : path) {
+        Entry& e = at(id);
+        e.may_protected = true;
+        e.may_probation = false;
+      }
     }
     if (ghost()) enforce_protected_cap();
     return path;

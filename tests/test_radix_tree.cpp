@@ -480,6 +480,44 @@ TEST_CASE("belady evicts the leaf whose next use is farthest", "[tree][policy][b
         clm::StatusCode::invalid_argument);
 }
 
+// A host's priority under ghost_slru: an insert above 0 enters the protected
+// segment (as a prefix the ghost remembers does), and priorities order the
+// leaves before the segments do. Protected cap 10 tokens, so that it overflows.
+TEST_CASE("ghost_slru: a prefix inserted with a priority is protected and outlives those without",
+          "[tree][policy][ghost]") {
+  Fixture f(1, 64, EvictionPolicy::ghost_slru);
+  f.tree = std::make_unique<RadixTree>(*f.pool, EvictionPolicy::ghost_slru, 10.0 / 64);
+  auto cached = [&](const Tokens& tokens) {
+    clm::PrefixPeek peek;
+    REQUIRE(f.tree->peek_prefix(concat(tokens, {9999}), {}, peek).ok());  // looks without touching
+    return peek.cached_tokens;
+  };
+  const Tokens a = iota(5, 0), b = iota(5, 100), c = iota(5, 200), d = iota(5, 300), e = iota(5, 500);
+  const InsertOutcome in_a = f.cache(a, {}, 1);
+  CHECK(f.tree->in_protected_segment(in_a.node));
+  const InsertOutcome in_b = f.cache(b, {}, 1);
+  CHECK(f.tree->in_protected_segment(in_b.node));
+  const InsertOutcome in_e = f.cache(e);
+  CHECK_FALSE(f.tree->in_protected_segment(in_e.node));  // priority 0: probation, as before
+  const InsertOutcome in_c = f.cache(c, {}, 1);          // 15 protected tokens: a, the LRU, falls back
+  CHECK_FALSE(f.tree->in_protected_segment(in_a.node));
+  CHECK(f.tree->in_protected_segment(in_c.node));
+  const InsertOutcome in_d = f.cache(d);
+  CHECK(f.hit(concat(d, {9999})) == 5);  // a hit protects d; b falls back
+  CHECK(f.tree->in_protected_segment(in_d.node));
+  CHECK_FALSE(f.tree->in_protected_segment(in_b.node));
+  CHECK(f.tree->protected_segment_tokens() == 10);
+  // Priority 0 first (probation, then protected), then priority 1 (the same).
+  const std::vector<Tokens> order = {e, d, a, b, c};
+  for (std::size_t gone = 0; gone < order.size(); ++gone) {
+    INFO("after " << gone << " evictions");
+    for (std::size_t k = 0; k < order.size(); ++k) CHECK(cached(order[k]) == (k < gone ? 0 : 5));
+    REQUIRE(f.tree->evict(5).ok());
+  }
+  CHECK(f.tree->cached_tokens() == 0);
+  CHECK(f.tree->ghost_tokens() == 15);  // e, a and b left probation; d left the protected segment
+}
+
 TEST_CASE("priority evicts the lowest priority first, ties by LRU", "[tree][policy]") {
   Fixture f(1, 64, EvictionPolicy::priority);
   f.cache(iota(5, 0), {}, 90);

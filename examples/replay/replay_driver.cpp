@@ -82,7 +82,7 @@ class NextUses {
   std::vector<std::uint32_t> uses_;
 };
 
-// One request's walk through the protocol. Returns ok with `failed` set when
+// One request's walk through the protocol, cached with `priority`. Returns ok with `failed` set when
 // the pool cannot hold it even after evicting every unlocked prefix. With
 // `next_uses` (belady) it tells the tree the next use of every node it
 // touched, after the match and after each insert.
@@ -95,7 +95,7 @@ class RequestReplayer {
         page_size_(static_cast<std::size_t>(tree.page_size())),
         next_uses_(next_uses) {}
 
-  Status replay(std::size_t index, const Request& request, std::uint64_t& hit_tokens, bool& failed) {
+  Status replay(std::size_t index, const Request& request, int priority, std::uint64_t& hit_tokens, bool& failed) {
     const std::span<const std::int32_t> prompt = workload_.prompt(request);
     const CacheNamespace ns{workload_.salt(request), 0};
     CLM_RETURN_IF_ERROR(tree_.match_prefix(prompt, ns, match_));
@@ -122,14 +122,14 @@ class RequestReplayer {
 
     // From here on the tree owns the first stored_tokens / page_size pages and
     // may have swapped duplicate ids in `pages` for its own.
-    CLM_RETURN_IF_ERROR(tree_.insert(prompt, pages, ns, prompt_done_));
+    CLM_RETURN_IF_ERROR(tree_.insert(prompt, pages, ns, prompt_done_, priority));
     if (next_uses_ && prompt.size() >= page_size_) CLM_RETURN_IF_ERROR(tree_.set_next_use(prompt, ns, next_uses));
     CLM_RETURN_IF_ERROR(tree_.lock(prompt_done_.node));
     CLM_RETURN_IF_ERROR(tree_.unlock(match_.node));
     std::int32_t stored_tokens = prompt_done_.stored_tokens;
     if (workload_.output_cached) {  // the request finished: its output is reusable too
       const std::span<const std::int32_t> all = workload_.prompt_and_output(request);
-      CLM_RETURN_IF_ERROR(tree_.insert(all, pages, ns, request_done_));
+      CLM_RETURN_IF_ERROR(tree_.insert(all, pages, ns, request_done_, priority));
       if (next_uses_ && all.size() >= page_size_) CLM_RETURN_IF_ERROR(tree_.set_next_use(all, ns, next_uses));
       stored_tokens = request_done_.stored_tokens;
     }
@@ -202,10 +202,54 @@ Status validate(const ReplayConfig& config) {
   return {};
 }
 
+// The next-turn hint needs the trace's timing and a policy that reads priorities.
+Status validate_hint(const Workload& workload, const ReplayConfig& config) {
+  const double within = config.hint_next_turn_within_s;
+  if (std::isnan(within)) {
+    if (config.hint_recall == 1.0 && config.hint_false_rate == 0.0) return {};
+    return invalid_argument("a hint's recall and false rate need a next-turn hint");
+  }
+  for (const auto& [name, value] : {std::pair{"recall", config.hint_recall}, {"false rate", config.hint_false_rate}}) {
+    if (!(value >= 0.0 && value <= 1.0)) {
+      return invalid_argument(fmt::format("the next-turn hint's {} must be in [0, 1], got {}", name, value));
+    }
+  }
+  if (config.policy != EvictionPolicy::ghost_slru && config.policy != EvictionPolicy::priority) {
+    return invalid_argument(
+        fmt::format("a next-turn hint is an insert priority, which ghost_slru and priority read; "
+                    "{} ignores it",
+                    eviction_policy_name(config.policy)));
+  }
+  if (!(within >= 0.0 && std::isfinite(within))) {
+    return invalid_argument(fmt::format("the next-turn hint needs a finite number of seconds >= 0, got {}", within));
+  }
+  if (!workload.has_turn_timing) {
+    return invalid_argument(
+        fmt::format("{} has no turn timing for a next-turn hint (a Mooncake trace whose every line "
+                    "has a timestamp, in order, has)",
+                    workload.name));
+  }
+  return {};
+}
+
+// The priority `request` is cached with.
+// The priority request `index` is cached with: the hint, with its errors
+// drawn from a hash of the index (the same in every run).
+int hinted_priority(std::size_t index, const Request& request, const ReplayConfig& config) {
+  if (std::isnan(config.hint_next_turn_within_s)) return 0;
+  std::uint64_t z = static_cast<std::uint64_t>(index) + 0x9e3779b97f4a7c15ull;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const double draw = static_cast<double>(z >> 11) * 0x1.0p-53;  // uniform in [0, 1)
+  const bool comes_back = request.seconds_to_next_turn <= config.hint_next_turn_within_s;
+  return draw < (comes_back ? config.hint_recall : config.hint_false_rate) ? kNextTurnHintPriority : 0;
+}
+
 bool same_counts(const ReplayResult& a, const ReplayResult& b) {
   return a.requests == b.requests && a.failed_requests == b.failed_requests && a.prompt_tokens == b.prompt_tokens &&
          a.hit_tokens == b.hit_tokens && a.inserted_tokens == b.inserted_tokens &&
-         a.evicted_tokens == b.evicted_tokens && a.evictions == b.evictions &&
+         a.evicted_tokens == b.evicted_tokens && a.evictions == b.evictions && a.hinted_requests == b.hinted_requests &&
          a.final_cached_tokens == b.final_cached_tokens && a.device_hit_tokens == b.device_hit_tokens &&
          a.host_hit_tokens == b.host_hit_tokens && a.storage_hit_tokens == b.storage_hit_tokens &&
          a.tiers.loaded_pages == b.tiers.loaded_pages && a.tiers.backed_up_pages == b.tiers.backed_up_pages &&
@@ -313,11 +357,11 @@ class TieredRequestReplayer {
         page_size_(static_cast<std::size_t>(engine.page_size())),
         rows_(kv_bytes ? std::make_unique<PrefixRows>(engine.pool()) : nullptr) {}
 
-  Status replay(const Request& request, ReplayResult& result, bool& failed) {
+  Status replay(const Request& request, int priority, ReplayResult& result, bool& failed) {
     failed = false;
     const std::string_view salt = workload_.salt(request);
     const std::span<const std::int32_t> prompt = workload_.prompt(request);
-    const Status admitted = engine_.admit(prompt, {.cache_salt = salt}, admission_);
+    const Status admitted = engine_.admit(prompt, {.cache_salt = salt, .priority = priority}, admission_);
     if (admitted.code() == StatusCode::out_of_memory) {
       failed = true;
       return {};
@@ -425,6 +469,9 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   result.num_pages = engine_config.pool.num_pages;
   result.protected_fraction = config.effective_protected_fraction();
   result.ghost_memory = config.effective_ghost_memory();
+  result.hint_next_turn_within_s = config.hint_next_turn_within_s;
+  result.hint_recall = config.hint_recall;
+  result.hint_false_rate = config.hint_false_rate;
   result.host_pages = engine_config.tiers.host_pages;
   TieredRequestReplayer replayer(workload, *engine, kv_bytes);
   auto sample_metadata = [&] {
@@ -439,7 +486,9 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   const Clock::time_point start = Clock::now();
   for (std::size_t i = 0; i < workload.requests.size(); ++i) {
     bool failed = false;
-    const Status status = replayer.replay(workload.requests[i], result, failed);
+    const int priority = hinted_priority(i, workload.requests[i], config);
+    result.hinted_requests += priority > 0;
+    const Status status = replayer.replay(workload.requests[i], priority, result, failed);
     if (!status.ok()) return with_context(i, status);
     result.failed_requests += failed;
     if ((i + 1) % interval == 0) sample_metadata();
@@ -560,6 +609,7 @@ std::optional<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
 
 Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayResult& out) {
   CLM_RETURN_IF_ERROR(validate(config));
+  CLM_RETURN_IF_ERROR(validate_hint(workload, config));
   if (config.tiered()) return run_tiered_replay(workload, config, out);
   PagedKvPoolConfig pool_config;
   pool_config.page_size = config.page_size;
@@ -573,6 +623,9 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
   result.num_pages = pool_config.num_pages;
   result.protected_fraction = config.effective_protected_fraction();
   result.ghost_memory = config.effective_ghost_memory();
+  result.hint_next_turn_within_s = config.hint_next_turn_within_s;
+  result.hint_recall = config.hint_recall;
+  result.hint_false_rate = config.hint_false_rate;
   // Belady knows the future: worked out before the clock starts.
   std::unique_ptr<NextUses> next_uses;
   if (config.policy == EvictionPolicy::belady) next_uses = std::make_unique<NextUses>(workload, config.page_size);
@@ -592,7 +645,9 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
     const Clock::time_point start = Clock::now();
     for (std::size_t i = 0; i < workload.requests.size(); ++i) {
       bool failed = false;
-      const Status status = replayer.replay(i, workload.requests[i], result.hit_tokens, failed);
+      const int priority = hinted_priority(i, workload.requests[i], config);
+      result.hinted_requests += priority > 0;
+      const Status status = replayer.replay(i, workload.requests[i], priority, result.hit_tokens, failed);
       if (!status.ok()) return with_context(i, status);
       result.failed_requests += failed;
       if ((i + 1) % interval == 0) sample_metadata();

@@ -48,6 +48,19 @@ struct ReplayConfig {
   // Set for another policy, run_replay refuses them rather than ignore them.
   double protected_fraction = std::numeric_limits<double>::quiet_NaN();
   double ghost_memory = std::numeric_limits<double>::quiet_NaN();
+  // A host hint, known here from the trace (an oracle, like belady): a
+  // request whose conversation's next turn comes within this many seconds is
+  // cached with priority kNextTurnHintPriority instead of 0, which ghost_slru
+  // protects and the priority policy evicts last. NaN: no hint. Needs a
+  // workload with turn timing (Mooncake with timestamps) and one of those two
+  // policies; run_replay refuses it otherwise.
+  double hint_next_turn_within_s = std::numeric_limits<double>::quiet_NaN();
+  // A host's hint errs: a request whose next turn does come within the time
+  // is hinted with probability hint_recall, one whose next turn does not
+  // with hint_false_rate (both in [0, 1]; the draw is a hash of the request's
+  // index, the same in every run). Refused without the hint.
+  double hint_recall = 1.0;
+  double hint_false_rate = 0.0;
   // Requests between samples of the tree's metadata size (taken inside the
   // timed loop: metadata_bytes() is O(namespaces), so this costs next to nothing).
   std::int32_t metadata_sample_interval = 64;
@@ -79,6 +92,9 @@ struct TieredKvLayout {
 };
 inline constexpr TieredKvLayout kTieredKvLayout{};
 
+// The priority a hinted request is cached with (ReplayConfig::hint_next_turn_within_s).
+inline constexpr int kNextTurnHintPriority = 1;
+
 // Command-line names of the tier policies ("write_through", "best_effort", ...).
 const char* write_policy_name(WritePolicy policy);
 std::optional<WritePolicy> parse_write_policy(std::string_view name);
@@ -105,6 +121,10 @@ struct ReplayResult {
   std::int32_t num_pages = 0;
   double protected_fraction = std::numeric_limits<double>::quiet_NaN();  // as run; NaN: the policy has none
   double ghost_memory = std::numeric_limits<double>::quiet_NaN();
+  double hint_next_turn_within_s = std::numeric_limits<double>::quiet_NaN();  // as run; NaN: no hint
+  double hint_recall = 1.0;
+  double hint_false_rate = 0.0;
+  std::uint64_t hinted_requests = 0;  // cached with kNextTurnHintPriority
   double wall_s = 0;                // the replay loop alone (the median with repeats)
   std::vector<double> wall_s_runs;  // every run's, in run order
 

@@ -498,6 +498,227 @@ TEST_CASE("policy parameters out of range, or for a policy without them, are ref
   CHECK(run_replay_binary(gsp + "--policy ghost_slru --protected-fraction 0.5 --ghost-memory 2", "/dev/null") == 0);
 }
 
+// ---- the next-turn hint (ReplayConfig::hint_next_turn_within_s) ----------
+
+// A Mooncake trace of random conversations with what the parser must find:
+// block 0 is everyone's, the other blocks a conversation's own; turn k+1's
+// prompt is turn k's blocks and one to three new ones; requests are sorted by
+// arrival. `next_gap_s[i]`: seconds to request i's next turn (infinity: none).
+struct TimedConversations {
+  std::string jsonl;
+  std::vector<double> next_gap_s;
+};
+TimedConversations generate_timed_conversations(std::uint64_t seed, int conversations = 60) {
+  std::mt19937_64 rng(seed);
+  struct Turn {
+    std::int64_t at_ms;
+    std::vector<std::int32_t> blocks;
+    std::int32_t input_length;
+    double next_gap_s;
+  };
+  std::vector<Turn> turns;
+  std::int32_t next_block = 1;
+  for (int c = 0; c < conversations; ++c) {
+    std::vector<std::int32_t> blocks{0};
+    std::int64_t at = static_cast<std::int64_t>(rng() % 1000000);
+    const int count = 1 + static_cast<int>(rng() % 5);
+    for (int k = 0; k < count; ++k) {
+      for (int n = 1 + static_cast<int>(rng() % 3); n > 0; --n) blocks.push_back(next_block++);
+      const auto full = static_cast<std::int32_t>(blocks.size()) * clm::replay::kMooncakeBlockTokens;
+      const std::int64_t gap_ms = 1 + static_cast<std::int64_t>(rng() % 300000);
+      turns.push_back(
+          Turn{at, blocks, full - static_cast<std::int32_t>(rng() % 512),
+               k + 1 < count ? static_cast<double>(gap_ms) / 1000.0 : std::numeric_limits<double>::infinity()});
+      at += gap_ms;
+    }
+  }
+  std::stable_sort(turns.begin(), turns.end(), [](const Turn& a, const Turn& b) { return a.at_ms < b.at_ms; });
+  TimedConversations out;
+  for (const Turn& t : turns) {
+    out.jsonl += fmt::format("{{\"timestamp\": {}, \"input_length\": {}, \"output_length\": {}, \"hash_ids\": [{}]}}\n",
+                             t.at_ms, t.input_length, rng() % 200, fmt::join(t.blocks, ", "));
+    out.next_gap_s.push_back(t.next_gap_s);
+  }
+  return out;
+}
+
+TEST_CASE("Mooncake timestamps give each request the gap to its conversation's next turn", "[hint]") {
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  const TimedConversations trace = generate_timed_conversations(seed);
+  const Workload w = parse_mooncake(trace.jsonl);
+  REQUIRE(w.has_turn_timing);
+  REQUIRE(w.requests.size() == trace.next_gap_s.size());
+  for (std::size_t i = 0; i < w.requests.size(); ++i) {
+    INFO("request " << i);
+    CHECK(w.requests[i].seconds_to_next_turn == trace.next_gap_s[i]);
+  }
+  // Without every timestamp, or out of order, there is no timing (and no error).
+  const std::string a = "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [0, 1]}\n";
+  const std::string b = "{\"timestamp\": 9, \"input_length\": 1100, \"output_length\": 1, \"hash_ids\": [0, 1, 2]}\n";
+  CHECK(parse_mooncake(a + b).has_turn_timing);
+  CHECK(parse_mooncake(a + b).requests[0].seconds_to_next_turn == 0.004);
+  CHECK_FALSE(parse_mooncake(b + a).has_turn_timing);
+  CHECK_FALSE(
+      parse_mooncake(a + "{\"input_length\": 1100, \"output_length\": 1, \"hash_ids\": [0, 1, 2]}\n").has_turn_timing);
+  CHECK_FALSE(parse_jsonl("{\"prompt\":[1,2,3]}\n").has_turn_timing);
+}
+
+// Three 1024-token first turns, then the first conversation's second turn,
+// 100 s later, in a pool of 2048 tokens: the third request must evict one of
+// the first two. LRU's choice is the first, so the second turn misses; with
+// the hint the first outlives the second, and the second turn hits 1024 on
+// the device. (On the tiered path nothing reaches the host tier here: it
+// copies pages once they are hit.)
+constexpr std::string_view kHintScenario =
+    "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 0, \"hash_ids\": [10, 11]}\n"
+    "{\"timestamp\": 1000, \"input_length\": 1024, \"output_length\": 0, \"hash_ids\": [20, 21]}\n"
+    "{\"timestamp\": 2000, \"input_length\": 1024, \"output_length\": 0, \"hash_ids\": [30, 31]}\n"
+    "{\"timestamp\": 100000, \"input_length\": 1536, \"output_length\": 0, \"hash_ids\": [10, 11, 12]}\n";
+
+TEST_CASE("the next-turn hint keeps the conversation that comes back, on both paths", "[hint]") {
+  const Workload w = parse_mooncake(std::string(kHintScenario));
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  for (const auto policy : {clm::EvictionPolicy::ghost_slru, clm::EvictionPolicy::priority}) {
+    for (const bool tiered : {false, true}) {
+      for (const double within : {none, 99.999, 100.0}) {
+        INFO(clm::eviction_policy_name(policy) << (tiered ? " tiered" : " plain") << ", hint within " << within);
+        ReplayConfig config;
+        config.page_size = 16;
+        config.capacity_tokens = 2048;
+        config.policy = policy;
+        config.hint_next_turn_within_s = within;
+        if (tiered) config.host_capacity_tokens = 4096;
+        ReplayResult r;
+        const clm::Status status = clm::replay::run_replay(w, config, r);
+        INFO(status.message());
+        REQUIRE(status.ok());
+        const bool hinted = within >= 100.0;
+        CHECK(r.hinted_requests == (hinted ? 1u : 0u));
+        CHECK((tiered ? r.device_hit_tokens : r.hit_tokens) == (hinted ? 1024u : 0u));
+        if (!tiered) {  // one first turn, then room for the second turn: 512 tokens, or all 1536 after a miss
+          CHECK(r.evicted_tokens == (hinted ? 1024u + 512u : 1024u + 1536u));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the next-turn hint: its errors, and hints that change nothing", "[hint]") {
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  const TimedConversations trace = generate_timed_conversations(seed, 200);
+  const Workload w = parse_mooncake(trace.jsonl);
+  const double within = 60;
+  const auto truly = static_cast<std::uint64_t>(
+      std::count_if(trace.next_gap_s.begin(), trace.next_gap_s.end(), [&](double gap) { return gap <= within; }));
+  auto run = [&](clm::EvictionPolicy policy, double hint, double recall, double false_rate) {
+    ReplayConfig config;
+    config.page_size = 16;
+    config.capacity_tokens = 65536;
+    config.policy = policy;
+    config.hint_next_turn_within_s = hint;
+    config.hint_recall = recall;
+    config.hint_false_rate = false_rate;
+    ReplayResult r;
+    const clm::Status status = clm::replay::run_replay(w, config, r);
+    INFO(status.message());
+    REQUIRE(status.ok());
+    REQUIRE(r.evicted_tokens > 0);  // the pool is too small for the trace: eviction decides
+    return r;
+  };
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  for (const auto policy : {clm::EvictionPolicy::ghost_slru, clm::EvictionPolicy::priority}) {
+    INFO(clm::eviction_policy_name(policy));
+    const ReplayResult plain = run(policy, none, 1, 0);
+    CHECK(plain.hinted_requests == 0);
+    const ReplayResult exact = run(policy, within, 1, 0);
+    CHECK(exact.hinted_requests == truly);
+    CHECK(exact.hint_recall == 1.0);
+    // Errors drawn per request: recall drops true hints only, a false rate adds false ones only.
+    const ReplayResult half = run(policy, within, 0.5, 0);
+    CHECK(half.hinted_requests <= truly);
+    CHECK(run(policy, within, 0.5, 0).hinted_requests == half.hinted_requests);  // the same draws every run
+    CHECK(run(policy, within, 1, 0.5).hinted_requests >= truly);
+    // Nobody hinted is no hint.
+    const ReplayResult silent = run(policy, within, 0, 0);
+    CHECK(silent.hinted_requests == 0);
+    CHECK(silent.hit_tokens == plain.hit_tokens);
+    CHECK(silent.evicted_tokens == plain.evicted_tokens);
+  }
+  // Under priority everyone hinted is everyone equal: LRU.
+  const ReplayResult everyone = run(clm::EvictionPolicy::priority, within, 1, 1);
+  CHECK(everyone.hinted_requests == w.requests.size());
+  const ReplayResult lru = replay(w, 16, 65536);
+  CHECK(everyone.hit_tokens == lru.hit_tokens);
+  CHECK(everyone.evicted_tokens == lru.evicted_tokens);
+}
+
+TEST_CASE("a next-turn hint without timing, for a policy that ignores it, or out of range is refused", "[hint][cli]") {
+  const Workload timed = parse_mooncake(std::string(kHintScenario));
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    bool timed;
+    clm::EvictionPolicy policy;
+    double within, recall, false_rate;
+    const char* says;
+  };
+  for (const Case& c : {
+           Case{false, clm::EvictionPolicy::ghost_slru, 60, 1, 0, "no turn timing"},
+           Case{true, clm::EvictionPolicy::lru, 60, 1, 0, "lru ignores it"},
+           Case{true, clm::EvictionPolicy::slru, 60, 1, 0, "slru ignores it"},
+           Case{true, clm::EvictionPolicy::belady, 60, 1, 0, "belady ignores it"},
+           Case{true, clm::EvictionPolicy::ghost_slru, -1, 1, 0, ">= 0"},
+           Case{true, clm::EvictionPolicy::ghost_slru, std::numeric_limits<double>::infinity(), 1, 0, ">= 0"},
+           Case{true, clm::EvictionPolicy::ghost_slru, 60, 1.5, 0, "recall must be in [0, 1]"},
+           Case{true, clm::EvictionPolicy::ghost_slru, 60, 1, -0.1, "false rate must be in [0, 1]"},
+           Case{true, clm::EvictionPolicy::priority, 60, none, 0, "recall must be in [0, 1]"},
+           Case{true, clm::EvictionPolicy::ghost_slru, none, 0.5, 0, "need a next-turn hint"},
+           Case{true, clm::EvictionPolicy::ghost_slru, none, 1, 0.2, "need a next-turn hint"},
+       }) {
+    for (const bool tiered : {false, true}) {
+      if (tiered && c.policy == clm::EvictionPolicy::belady) continue;
+      INFO(c.says << (tiered ? ", tiered" : ", plain"));
+      ReplayConfig config;
+      config.page_size = 16;
+      config.capacity_tokens = 2048;
+      config.policy = c.policy;
+      config.hint_next_turn_within_s = c.within;
+      config.hint_recall = c.recall;
+      config.hint_false_rate = c.false_rate;
+      if (tiered) config.host_capacity_tokens = 4096;
+      ReplayResult result;
+      result.hit_tokens = 12345;  // must stay: a refused replay writes no result
+      const clm::Status s = clm::replay::run_replay(c.timed ? timed : clm::replay::generate_gsp(), config, result);
+      INFO(s.message());
+      CHECK(s.code() == clm::StatusCode::invalid_argument);
+      CHECK_THAT(s.message(), Catch::Contains(c.says));
+      CHECK(result.hit_tokens == 12345);
+    }
+  }
+  TempFile trace("hint_scenario.jsonl", std::string(kHintScenario));
+  const std::string base = "--workload mooncake:" + trace.path() + " --page-size 16 --capacity 2048 ";
+  for (const char* flags :
+       {"--policy lru --hint-next-turn-within 60", "--policy ghost_slru --hint-next-turn-within -5",
+        "--policy ghost_slru --hint-next-turn-within nan", "--policy ghost_slru --hint-next-turn-within",
+        "--policy ghost_slru --hint-recall 0.5", "--policy ghost_slru --hint-next-turn-within 60 --hint-recall 2",
+        "--policy ghost_slru --hint-next-turn-within 60 --hint-false-rate x"}) {
+    INFO(flags);
+    CHECK(run_replay_binary(base + flags) == 2);
+  }
+  CHECK(run_replay_binary("--workload gsp --page-size 16 --capacity 16384 --policy ghost_slru "
+                          "--hint-next-turn-within 60") == 2);
+  TempFile output("hint.json");
+  REQUIRE(run_replay_binary(base + "--policy ghost_slru --hint-next-turn-within 100 --hint-recall 1 --json",
+                            output.path()) == 0);
+  std::ifstream in(output.path());
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* key : {"\"hint_next_turn_within_s\":100", "\"hint_recall\":1", "\"hint_false_rate\":0",
+                          "\"hinted_requests\":1", "\"hit_tokens\":1024"}) {
+    CHECK_THAT(json, Catch::Contains(key));
+  }
+}
+
 TEST_CASE("belady is refused with tiers, by the library and by the binary", "[belady][cli]") {
   ReplayConfig config;
   config.page_size = 16;
@@ -717,6 +938,9 @@ TEST_CASE("bad workload files are reported, not crashed on") {
         "{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": \"1\"}",
         "{\"input_length\": null, \"output_length\": 1, \"hash_ids\": [1]}",
         "{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]} {}",
+        "{\"timestamp\": -1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}",
+        "{\"timestamp\": \"3\", \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}",
+        "{\"timestamp\": null, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}",
     };
     for (const std::string& line : bad) {
       INFO(line);

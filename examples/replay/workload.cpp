@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -325,6 +326,7 @@ Status parse_mooncake_trace(std::string_view text, std::string_view source, Work
     std::int32_t output_length;
     std::size_t first_hash;
     std::size_t hash_count;
+    double timestamp_ms;  // -1: none
   };
   std::vector<Line> lines;
   std::vector<std::int32_t> hashes;
@@ -340,7 +342,15 @@ Status parse_mooncake_trace(std::string_view text, std::string_view source, Work
     if (output == line.end()) return fail("missing \"output_length\"");
     if (ids == line.end()) return fail("missing \"hash_ids\"");
     std::int64_t input_length = 0, output_length = 0;
+    double timestamp_ms = -1;
     const std::size_t first_hash = hashes.size();
+    if (const auto timestamp = line.find("timestamp"); timestamp != line.end()) {
+      // Milliseconds; a missing one only costs the workload its turn timing.
+      if (!timestamp->is_number() || !(timestamp->get<double>() >= 0) || !std::isfinite(timestamp->get<double>())) {
+        return fail(fmt::format("timestamp must be a number of milliseconds >= 0, found {}", timestamp->dump()));
+      }
+      timestamp_ms = timestamp->get<double>();
+    }
     if (!integer_in(*input, 1, kMaxLength, "input_length", input_length, error) ||
         !integer_in(*output, 0, kMaxLength, "output_length", output_length, error) ||
         !int32_array(*ids, kMaxHash, "hash_ids", "hash id", hashes, error)) {
@@ -352,8 +362,8 @@ Status parse_mooncake_trace(std::string_view text, std::string_view source, Work
       return fail(fmt::format("input_length {} does not fit {} blocks of {} tokens", input_length, count,
                               kMooncakeBlockTokens));
     }
-    lines.push_back(
-        Line{static_cast<std::int32_t>(input_length), static_cast<std::int32_t>(output_length), first_hash, count});
+    lines.push_back(Line{static_cast<std::int32_t>(input_length), static_cast<std::int32_t>(output_length), first_hash,
+                         count, timestamp_ms});
     return true;
   }));
 
@@ -377,6 +387,28 @@ Status parse_mooncake_trace(std::string_view text, std::string_view source, Work
     workload.requests.push_back(Request{offset, line.input_length, line.output_length, 0});
     offset += static_cast<std::size_t>(line.input_length);
   }
+  // Turn timing needs every timestamp, in arrival order.
+  bool timed = true;
+  for (std::size_t i = 0; i < lines.size() && timed; ++i) {
+    timed = lines[i].timestamp_ms >= 0 && (i == 0 || lines[i].timestamp_ms >= lines[i - 1].timestamp_ms);
+  }
+  if (timed) {
+    std::unordered_map<std::int32_t, std::size_t> last_owner;  // hash id -> latest request holding it
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      const std::int32_t* ids = hashes.data() + lines[i].first_hash;
+      for (std::size_t b = lines[i].hash_count; b-- > 1;) {
+        const auto owner = last_owner.find(ids[b]);
+        if (owner == last_owner.end()) continue;
+        Request& previous = workload.requests[owner->second];
+        if (std::isinf(previous.seconds_to_next_turn)) {  // the first request to continue it
+          previous.seconds_to_next_turn = (lines[i].timestamp_ms - lines[owner->second].timestamp_ms) / 1000.0;
+        }
+        break;
+      }
+      for (std::size_t b = 0; b < lines[i].hash_count; ++b) last_owner[ids[b]] = i;
+    }
+  }
+  workload.has_turn_timing = timed;
   CLM_RETURN_IF_ERROR(require_requests(workload, source));
   out = std::move(workload);
   return {};

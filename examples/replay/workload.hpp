@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,6 +38,10 @@ struct Request {
   std::int32_t prompt_tokens = 0;  // > 0
   std::int32_t output_tokens = 0;  // decoded tokens; their ids follow the prompt only when output_cached
   std::int32_t salt = 0;           // index into Workload::salts; 0 is the default namespace ""
+  // Seconds from this request's arrival to the next request of its
+  // conversation; infinity when the conversation ends here. Known only when
+  // Workload::has_turn_timing; the replay's next-turn hint reads it.
+  double seconds_to_next_turn = std::numeric_limits<double>::infinity();
 };
 
 struct Workload {
@@ -46,6 +51,7 @@ struct Workload {
   std::vector<std::int32_t> tokens;
   std::vector<Request> requests;
   std::vector<std::string> salts{std::string()};
+  bool has_turn_timing = false;  // every request's seconds_to_next_turn is known
 
   std::span<const std::int32_t> prompt(const Request& r) const {
     return {tokens.data() + r.offset, static_cast<std::size_t>(r.prompt_tokens)};
@@ -74,7 +80,12 @@ Status write_jsonl_workload(const Workload& workload, const std::string& path);
 
 // Parses Mooncake trace text ({"timestamp","input_length","output_length",
 // "hash_ids"} per line) into token ids: block h becomes h*512 + 0..511, the
-// last block only input_length - 512*(blocks-1) of them.
+// last block only input_length - 512*(blocks-1) of them. When every line has a
+// timestamp (milliseconds, a number >= 0, never decreasing), the workload has
+// turn timing: a request continues the conversation of the latest earlier
+// request that shares one of its blocks past the first (block 0 is the system
+// prompt every request shares), and seconds_to_next_turn is the gap to the
+// first request that continues it.
 Status parse_mooncake_trace(std::string_view text, std::string_view source, Workload& out);
 Status read_mooncake_trace(const std::string& path, Workload& out);
 

@@ -93,7 +93,8 @@ struct SuffixRef {
 struct AdmitOptions {
   std::string_view cache_salt;  // requests with different salts never share pages
   std::int32_t adapter_id = 0;  // nor do requests computed with different adapters
-  int priority = 0;             // 0-100, for EvictionPolicy::priority
+  int priority = 0;             // 0-100, lowest evicted first: EvictionPolicy::priority
+                                // and ghost_slru (eviction_policy.hpp); others ignore it
 };
 
 using SequenceId = std::uint64_t;  // 0 is never a sequence

@@ -14,7 +14,8 @@
 //             probation when it overflows. Probationary leaves go first, LRU
 //             inside each segment: scans of one-off prompts cannot flush the
 //             prefixes that are really shared, and stale ones still age out.
-//   priority  the insert's priority (0-100), lowest first; ties by LRU.
+//   priority  the priority of the inserts (0-100; a node keeps the highest
+//             of those that covered it), lowest first; ties by LRU.
 //   ghost_slru  SLRU with a large protected segment (default 0.9) and a ghost:
 //             leaves evicted from probation are remembered (their parent
 //             node, or namespace at the top, and first page; not their KV)
@@ -24,7 +25,12 @@
 //             probationary, so they never displace prefixes that proved they
 //             return; on the Mooncake trace this keeps the conversations whose
 //             next turn comes minutes later, which LRU has flushed by then
-//             (docs/eviction.md).
+//             (docs/eviction.md). A host that knows a prefix will be asked
+//             for again soon (a conversation whose next turn is coming)
+//             inserts it with a priority above 0: it is protected at once,
+//             as if it had come back, and priorities order the leaves before
+//             the segments do, as in `priority`. All zero (the default),
+//             this is the order above.
 //   belady    offline reference, replay tool only: the leaf whose next use is
 //             farthest goes first (the caller supplies next uses, see
 //             RadixTree::set_next_use). Engine and the C ABI refuse it.
@@ -89,8 +95,10 @@ inline std::uint64_t eviction_key(EvictionPolicy policy, std::uint64_t last_acce
     case EvictionPolicy::lru: return last_access;
     case EvictionPolicy::lfu: return (std::uint64_t{std::min<std::uint32_t>(hits, (1u << 23) - 1)} << 40) | tick;
     case EvictionPolicy::slru:
-    case EvictionPolicy::ghost_slru:
       return (std::uint64_t{in_protected_segment} << 63) | tick;
+    // Priority (7 bits), then the segment, then LRU.
+    case EvictionPolicy::ghost_slru:
+      return (std::uint64_t{priority} << 56) | (std::uint64_t{in_protected_segment} << 55) | tick;
     case EvictionPolicy::priority: return (std::uint64_t{priority} << 56) | tick;
     // Farthest next use first; ties by LRU.
     case EvictionPolicy::belady:

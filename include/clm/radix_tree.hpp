@@ -346,11 +346,19 @@ class RadixTree {
       if (!nodes_[n].on_device) attach_device(n, pages.data() + at / page_size_);
       at += nodes_[n].len;
     }
+    // ghost_slru: a priority above 0 is the host saying the prefix will be
+    // asked for again; it is protected as if it had come back already.
+    if (policy_ == EvictionPolicy::ghost_slru && prio > 0) {
+      for (std::int32_t n : path_) {
+        promote_to_protected(n);
+        refresh_heap_key(n);
+      }
+    }
     if (walk.matched < store_len) {
       end = add_leaf(end, tokens.data() + walk.matched, pages.data() + walk.matched / page_size_,
                      store_len - walk.matched, prio, leaf_block.take());
     }
-    if (policy_ == EvictionPolicy::ghost_slru) enforce_protected_cap();  // a prefix the ghost admitted
+    if (policy_ == EvictionPolicy::ghost_slru) enforce_protected_cap();  // a prefix the ghost or the host admitted
     out = InsertOutcome{device_matched, store_len, ref(end)};
     return {};
   }
@@ -1285,8 +1293,12 @@ class RadixTree {
     ++up.num_children;
     ++up.device_children;
     edges_.insert(edge_key_of(leaf), n);
-    // ghost_slru: a prefix evicted not long ago comes back: it has proved it returns.
-    if (policy_ == EvictionPolicy::ghost_slru && ghost_.forget(ghost_key_of(leaf))) promote_to_protected(n);
+    // ghost_slru: a prefix evicted not long ago comes back: it has proved it
+    // returns (the ghost forgets it either way); or the host said it will.
+    if (policy_ == EvictionPolicy::ghost_slru) {
+      const bool remembered = ghost_.forget(ghost_key_of(leaf));
+      if (remembered || priority > 0) promote_to_protected(n);
+    }
     heap_.push(n, key_of(leaf), heap_positions());
     cached_ += len;
     evictable_ += len;
