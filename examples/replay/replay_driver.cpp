@@ -82,8 +82,9 @@ class NextUses {
   std::vector<std::uint32_t> uses_;
 };
 
-// One request's walk through the protocol, cached with `priority`. Returns ok with `failed` set when
-// the pool cannot hold it even after evicting every unlocked prefix. With
+// One request's walk through the protocol, cached with `priority`. Returns ok
+// with `failed` set when the pool cannot hold it even after evicting every
+// unlocked prefix. With
 // `next_uses` (belady) it tells the tree the next use of every node it
 // touched, after the match and after each insert.
 class RequestReplayer {
@@ -232,18 +233,25 @@ Status validate_hint(const Workload& workload, const ReplayConfig& config) {
   return {};
 }
 
-// The priority `request` is cached with.
-// The priority request `index` is cached with: the hint, with its errors
-// drawn from a hash of the index (the same in every run).
-int hinted_priority(std::size_t index, const Request& request, const ReplayConfig& config) {
-  if (std::isnan(config.hint_next_turn_within_s)) return 0;
-  std::uint64_t z = static_cast<std::uint64_t>(index) + 0x9e3779b97f4a7c15ull;  // splitmix64
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  const double draw = static_cast<double>(z >> 11) * 0x1.0p-53;  // uniform in [0, 1)
-  const bool comes_back = request.seconds_to_next_turn <= config.hint_next_turn_within_s;
-  return draw < (comes_back ? config.hint_recall : config.hint_false_rate) ? kNextTurnHintPriority : 0;
+// The priority each request is cached with, worked out before the clock
+// starts: the hint, with its errors drawn from a hash of the request's index
+// (the same in every run). Records the hint and how many it hinted in `result`.
+std::vector<std::uint8_t> plan_hints(const Workload& workload, const ReplayConfig& config, ReplayResult& result) {
+  result.hint_next_turn_within_s = config.hint_next_turn_within_s;
+  result.hint_recall = config.hint_recall;
+  result.hint_false_rate = config.hint_false_rate;
+  std::vector<std::uint8_t> priorities(workload.requests.size(), 0);
+  if (std::isnan(config.hint_next_turn_within_s)) return priorities;
+  for (std::size_t i = 0; i < priorities.size(); ++i) {
+    const std::uint64_t z = detail::mix64(static_cast<std::uint64_t>(i) + 0x9e3779b97f4a7c15ull);  // splitmix64
+    const double draw = static_cast<double>(z >> 11) * 0x1.0p-53;                                  // uniform in [0, 1)
+    const bool comes_back = workload.requests[i].seconds_to_next_turn <= config.hint_next_turn_within_s;
+    if (draw < (comes_back ? config.hint_recall : config.hint_false_rate)) {
+      priorities[i] = kNextTurnHintPriority;
+      ++result.hinted_requests;
+    }
+  }
+  return priorities;
 }
 
 bool same_counts(const ReplayResult& a, const ReplayResult& b) {
@@ -322,10 +330,7 @@ class PrefixRows {
     expected_.resize(2 * row_bytes_);
     for (std::size_t i = 0; i < expected_.size(); i += sizeof(std::uint64_t)) {
       h += 0x9e3779b97f4a7c15ull;
-      std::uint64_t z = h;
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      z ^= z >> 31;
+      const std::uint64_t z = detail::mix64(h);
       std::memcpy(expected_.data() + i, &z, std::min(sizeof z, expected_.size() - i));
     }
   }
@@ -469,10 +474,8 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   result.num_pages = engine_config.pool.num_pages;
   result.protected_fraction = config.effective_protected_fraction();
   result.ghost_memory = config.effective_ghost_memory();
-  result.hint_next_turn_within_s = config.hint_next_turn_within_s;
-  result.hint_recall = config.hint_recall;
-  result.hint_false_rate = config.hint_false_rate;
   result.host_pages = engine_config.tiers.host_pages;
+  const std::vector<std::uint8_t> priorities = plan_hints(workload, config, result);
   TieredRequestReplayer replayer(workload, *engine, kv_bytes);
   auto sample_metadata = [&] {
     const RadixTreeMetrics cache = engine->metrics().cache;
@@ -486,9 +489,7 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   const Clock::time_point start = Clock::now();
   for (std::size_t i = 0; i < workload.requests.size(); ++i) {
     bool failed = false;
-    const int priority = hinted_priority(i, workload.requests[i], config);
-    result.hinted_requests += priority > 0;
-    const Status status = replayer.replay(workload.requests[i], priority, result, failed);
+    const Status status = replayer.replay(workload.requests[i], priorities[i], result, failed);
     if (!status.ok()) return with_context(i, status);
     result.failed_requests += failed;
     if ((i + 1) % interval == 0) sample_metadata();
@@ -623,9 +624,7 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
   result.num_pages = pool_config.num_pages;
   result.protected_fraction = config.effective_protected_fraction();
   result.ghost_memory = config.effective_ghost_memory();
-  result.hint_next_turn_within_s = config.hint_next_turn_within_s;
-  result.hint_recall = config.hint_recall;
-  result.hint_false_rate = config.hint_false_rate;
+  const std::vector<std::uint8_t> priorities = plan_hints(workload, config, result);
   // Belady knows the future: worked out before the clock starts.
   std::unique_ptr<NextUses> next_uses;
   if (config.policy == EvictionPolicy::belady) next_uses = std::make_unique<NextUses>(workload, config.page_size);
@@ -645,9 +644,7 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
     const Clock::time_point start = Clock::now();
     for (std::size_t i = 0; i < workload.requests.size(); ++i) {
       bool failed = false;
-      const int priority = hinted_priority(i, workload.requests[i], config);
-      result.hinted_requests += priority > 0;
-      const Status status = replayer.replay(i, workload.requests[i], priority, result.hit_tokens, failed);
+      const Status status = replayer.replay(i, workload.requests[i], priorities[i], result.hit_tokens, failed);
       if (!status.ok()) return with_context(i, status);
       result.failed_requests += failed;
       if ((i + 1) % interval == 0) sample_metadata();

@@ -346,10 +346,10 @@ Status parse_mooncake_trace(std::string_view text, std::string_view source, Work
     const std::size_t first_hash = hashes.size();
     if (const auto timestamp = line.find("timestamp"); timestamp != line.end()) {
       // Milliseconds; a missing one only costs the workload its turn timing.
-      if (!timestamp->is_number() || !(timestamp->get<double>() >= 0) || !std::isfinite(timestamp->get<double>())) {
+      timestamp_ms = timestamp->is_number() ? timestamp->get<double>() : -1;
+      if (!(timestamp_ms >= 0) || !std::isfinite(timestamp_ms)) {
         return fail(fmt::format("timestamp must be a number of milliseconds >= 0, found {}", timestamp->dump()));
       }
-      timestamp_ms = timestamp->get<double>();
     }
     if (!integer_in(*input, 1, kMaxLength, "input_length", input_length, error) ||
         !integer_in(*output, 0, kMaxLength, "output_length", output_length, error) ||

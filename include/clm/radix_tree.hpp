@@ -333,11 +333,18 @@ class RadixTree {
     }
     ++tick_;
     const auto prio = static_cast<std::uint8_t>(priority);
+    // ghost_slru: a priority above 0 is the host saying the prefix will be
+    // asked for again; it is protected as if it had come back already.
+    const bool host_vouches = policy_ == EvictionPolicy::ghost_slru && prio > 0;
     for (std::int32_t n : path_) {
       Node& node = nodes_[n];
       node.last_access = tick_;
       node.priority = std::max(node.priority, prio);
-      refresh_protected_key(n);
+      if (host_vouches) {
+        promote_to_protected(n);  // a host-only node's key counts it once attach_device heaps it
+      } else {
+        refresh_protected_key(n);
+      }
       refresh_heap_key(n);
       refresh_host_heap(n);
     }
@@ -345,14 +352,6 @@ class RadixTree {
     for (std::int32_t n : path_) {
       if (!nodes_[n].on_device) attach_device(n, pages.data() + at / page_size_);
       at += nodes_[n].len;
-    }
-    // ghost_slru: a priority above 0 is the host saying the prefix will be
-    // asked for again; it is protected as if it had come back already.
-    if (policy_ == EvictionPolicy::ghost_slru && prio > 0) {
-      for (std::int32_t n : path_) {
-        promote_to_protected(n);
-        refresh_heap_key(n);
-      }
     }
     if (walk.matched < store_len) {
       end = add_leaf(end, tokens.data() + walk.matched, pages.data() + walk.matched / page_size_,
