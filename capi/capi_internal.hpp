@@ -92,9 +92,11 @@ static_assert(kEngineOptionsV2 < kEngineOptionsV3 && kEngineOptionsV3 < sizeof(c
 static_assert(kMetricsV2 < kMetricsV3 && kMetricsV3 < sizeof(clm_metrics));
 static_assert(offsetof(clm_engine_options, host_pages) >= kEngineOptionsV3, "version 4 appends");
 static_assert(offsetof(clm_metrics, has_tiers) >= kMetricsV3, "version 4 appends");
+static_assert(offsetof(clm_admit_options, priority_update) >= kAdmitOptionsV1, "version 2 appends");
 // widen() copies a caller's struct whole, padding included: the older
 // versions of the structs a caller passes in end on their alignment, so that
 // no padding lands on a later field.
+static_assert(kAdmitOptionsV1 % alignof(clm_admit_options) == 0);
 static_assert(kEngineOptionsV1 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV2 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV3 % alignof(clm_engine_options) == 0);

@@ -193,7 +193,18 @@ typedef struct clm_admit_options {
   int32_t adapter_id; /* LoRA adapter the KV is computed with (default 0) */
   int32_t priority;   /* 0-100 (default 0), lowest evicted first under
                          CLM_EVICT_PRIORITY and CLM_EVICT_GHOST_SLRU */
+  /* -- version 2 -- */
+  int32_t priority_update; /* how priority meets the priority already cached
+                              along the prompt: CLM_PRIORITY_RAISE (default)
+                              or CLM_PRIORITY_SET */
 } clm_admit_options;
+/* Each cached node keeps the highest priority any admission gave it: a shared
+ * system prompt admitted once at a high priority stays there. */
+#define CLM_PRIORITY_RAISE 0
+/* Every node along the prompt takes this admission's priority, the host's
+ * latest word: a conversation admitted at 1 while its next turn was expected
+ * drops to 0 along its whole prefix when admitted at 0 (docs/c-api.md, Hints). */
+#define CLM_PRIORITY_SET 1
 CLM_API clm_status clm_admit_options_init(clm_admit_options *options, size_t struct_size);
 
 /* Matches the longest cached prefix of tokens[0, n_tokens) (page-aligned, at

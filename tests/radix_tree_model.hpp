@@ -204,6 +204,18 @@ class Model {
     return e.may_protected ? clm::eviction_key(policy_, e.last_access, e.hits, e.priority, true)
                            : clm::eviction_key(policy_, e.probation_hi, e.hits, e.priority, false);
   }
+  // Whether every entry's key is at most its parent's, so that a leaf sorts
+  // before the entries above it. It holds for lru, lfu and priority while
+  // every insert raises priorities (an insert that covers an entry covers its
+  // parent); a PriorityUpdate::set insert of a short prefix can lower a parent
+  // below its children. SLRU's segments break it too (a demoted parent).
+  bool keys_monotone() const {
+    if (slru()) return false;
+    for (const auto& [id, e] : entries_) {
+      if (e.parent >= 0 && !is_root(e.parent) && key_hi(id) > key_lo(e.parent)) return false;
+    }
+    return true;
+  }
   // A protected segment: slru and ghost_slru.
   bool slru() const { return clm::is_segmented(policy_); }
   bool ghost() const { return policy_ == EvictionPolicy::ghost_slru; }
@@ -321,8 +333,10 @@ class Model {
   // Whether insert(tokens, pages) must succeed (StatusCode::ok) or be refused,
   // from the documented contract alone. `held(p)` says the test holds page p.
   template <class Held>
-  StatusCode predict_insert(int ns, const Tokens& tokens, const Pages& pages, int priority, Held held) const {
+  StatusCode predict_insert(int ns, const Tokens& tokens, const Pages& pages, int priority, int update,
+                            Held held) const {
     if (tokens.empty() || priority < 0 || priority > clm::kMaxPriority) return StatusCode::invalid_argument;
+    if (update != 0 && update != 1) return StatusCode::invalid_argument;  // raise or set
     for (std::int32_t t : tokens) {
       if (t < 0) return StatusCode::invalid_argument;
     }
@@ -351,7 +365,8 @@ class Model {
   }
 
   // Applies a successful insert; returns the path of all stored pages.
-  std::vector<std::int64_t> insert(int ns, const Tokens& tokens, const Pages& pages, int priority) {
+  // `set`: PriorityUpdate::set, the path takes `priority`; else each entry keeps its highest.
+  std::vector<std::int64_t> insert(int ns, const Tokens& tokens, const Pages& pages, int priority, bool set) {
     const std::size_t store_pages = tokens.size() / static_cast<std::size_t>(ps_);
     std::vector<std::int64_t> path = walk(ns, tokens, store_pages * static_cast<std::size_t>(ps_));
     if (store_pages == 0) return path;
@@ -361,7 +376,7 @@ class Model {
       Entry& e = at(id);
       e.last_access = tick_;
       e.probation_lo = e.probation_hi = tick_;  // whichever segment it is in
-      e.priority = std::max(e.priority, prio);
+      e.priority = set ? prio : std::max(e.priority, prio);
     }
     if (!path.empty()) at(path.back()).ends_node = true;  // the tree splits the node there
     std::int64_t parent = path.empty() ? root(ns) : path.back();
@@ -868,6 +883,7 @@ class PropertyRun {
   // Checks what one evict()/allocate_pages() call gave up, and drops it from the
   // model. `requested`: tokens the call had to free (0: none).
   void observe_eviction(std::int64_t requested, std::int64_t evictable_before, std::int64_t reported) {
+    const bool monotone = model_.keys_monotone();  // of the keys before the eviction: the model's are unchanged
     std::vector<std::int64_t> gone;
     for (const auto& [id, e] : model_.entries()) {
       if (e.parent >= 0 && !tree_->owns_page(e.page)) gone.push_back(id);
@@ -898,11 +914,12 @@ class PropertyRun {
       }
       max_gone = std::max(max_gone, model_.key_lo(id));
     }
-    // Keys grow from a leaf to the root, except under SLRU (a demoted parent
-    // may sort before its protected child), so the heap evicts in key order:
-    // it stops as soon as enough is free, and the last leaf it took (a subset
-    // of the entries with the largest key) was needed.
-    if (!model_.slru()) {
+    // Where keys grow from a leaf to the root (not under SLRU, where a demoted
+    // parent may sort before its protected child, nor after a set priority
+    // lowered a parent: keys_monotone), the heap evicts in key order: it
+    // stops as soon as enough is free, and the last leaf it took (a subset of
+    // the entries with the largest key) was needed.
+    if (monotone) {
       std::int64_t last_key_tokens = 0;
       for (std::int64_t id : gone) last_key_tokens += model_.key_lo(id) == max_gone ? ps_ : 0;
       PCHECK(freed - last_key_tokens < requested, "asked {} freed {}, {} of them before the last key", requested,
@@ -922,7 +939,7 @@ class PropertyRun {
              id, model_.at(id).page, model_.key_hi(id), clm::eviction_policy_name(cfg_.policy));
     };
     for (std::int64_t id : leaves_before) check_stays(id);
-    if (!model_.slru()) {  // and, keys being monotone, so were the leaves it uncovered
+    if (monotone) {  // and, keys being monotone, so were the leaves it uncovered
       for (const auto& [id, e] : model_.entries()) {
         if (e.parent >= 0 && e.children.empty() && e.locks == 0) check_stays(id);
       }
@@ -986,13 +1003,14 @@ class PropertyRun {
     for (std::int32_t p : pages) held_[static_cast<std::size_t>(p)] = 0;
   }
 
-  std::optional<Handle> do_insert(int ns, const Tokens& t, Pages& pages, int priority) {
-    const StatusCode expect = model_.predict_insert(
-        ns, t, pages, priority, [&](std::int32_t p) { return pool_->valid_id(p) && held_[static_cast<std::size_t>(p)]; });
+  std::optional<Handle> do_insert(int ns, const Tokens& t, Pages& pages, int priority, clm::PriorityUpdate update) {
+    const StatusCode expect =
+        model_.predict_insert(ns, t, pages, priority, static_cast<int>(update),
+                              [&](std::int32_t p) { return pool_->valid_id(p) && held_[static_cast<std::size_t>(p)]; });
     const Pages given = pages;
     const std::int64_t free_before = pool_->free_pages();
     clm::InsertOutcome out{-5, -5, NodeRef{}};
-    const clm::Status s = tree_->insert(t, pages, namespace_of(ns), out, priority);
+    const clm::Status s = tree_->insert(t, pages, namespace_of(ns), out, priority, update);
     if (expect != StatusCode::ok) {
       PCHECK(s.code() == expect && !s.message().empty(), "insert expected {}, got {} ({}); pages {}",
              clm::status_code_name(expect), s.code_name(), s.message(), given);
@@ -1005,7 +1023,7 @@ class PropertyRun {
     ++inserts_ok_;
     const std::size_t store_pages = t.size() / static_cast<std::size_t>(ps_);
     const std::size_t cached_before = model_.walk(ns, t, store_pages * static_cast<std::size_t>(ps_)).size();
-    const std::vector<std::int64_t> path = model_.insert(ns, t, given, priority);
+    const std::vector<std::int64_t> path = model_.insert(ns, t, given, priority, update == clm::PriorityUpdate::set);
     PCHECK(out.cached_tokens == static_cast<std::int64_t>(cached_before) * ps_, "insert cached_tokens {} model {}",
            out.cached_tokens, cached_before * static_cast<std::size_t>(ps_));
     PCHECK(out.stored_tokens == static_cast<std::int64_t>(store_pages) * ps_, "insert stored_tokens {}",
@@ -1133,6 +1151,7 @@ class PropertyRun {
     }
     const std::size_t store_pages = t.size() / static_cast<std::size_t>(ps_);
     const int priority = pick_priority();
+    const clm::PriorityUpdate update = rng_.percent(30) ? clm::PriorityUpdate::set : clm::PriorityUpdate::raise;
     const std::size_t extra = rng_.percent(10) ? static_cast<std::size_t>(rng_.range(1, 2)) : 0;
     Pages fresh;
     std::optional<Handle> hit_lock;
@@ -1179,7 +1198,7 @@ class PropertyRun {
       if (mode >= 93) corrupt(pages, store_pages);
     }
     const Pages given = pages;
-    std::optional<Handle> done = do_insert(ns, t, pages, priority);
+    std::optional<Handle> done = do_insert(ns, t, pages, priority, update);
     remember_sequence(t);
     // A corrupted insert may have consumed a stash page.
     stash_.erase(std::remove_if(stash_.begin(), stash_.end(),
@@ -1305,11 +1324,17 @@ class PropertyRun {
         break;
       }
       case 2: {
-        op_ = "bad call: insert with a bad priority";
         const Tokens t = pick_sequence();
         Pages pages(t.size() / static_cast<std::size_t>(ps_), 0);
         clm::InsertOutcome out;
-        s = tree_->insert(t, pages, namespace_of(ns), out, rng_.percent(50) ? -1 : clm::kMaxPriority + 1);
+        if (rng_.percent(50)) {
+          op_ = "bad call: insert with a bad priority";
+          s = tree_->insert(t, pages, namespace_of(ns), out, rng_.percent(50) ? -1 : clm::kMaxPriority + 1);
+        } else {
+          op_ = "bad call: insert with a bad priority update";
+          s = tree_->insert(t, pages, namespace_of(ns), out, pick_priority(),
+                            static_cast<clm::PriorityUpdate>(rng_.range32(2, 255)));
+        }
         break;
       }
       case 3: {

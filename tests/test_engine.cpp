@@ -145,6 +145,11 @@ TEST_CASE("engine: lifecycle errors are statuses", "[engine][errors]") {
   CHECK(engine->admit(Tokens{}, {}, a).code() == StatusCode::invalid_argument);
   CHECK(engine->admit(Tokens{1, -1}, {}, a).code() == StatusCode::invalid_argument);
   CHECK(engine->admit(prompt, {.cache_salt = "", .adapter_id = 0, .priority = 101}, a).code() == StatusCode::invalid_argument);
+  const clm::Status update = engine->admit(
+      prompt, {.cache_salt = "", .adapter_id = 0, .priority = 1, .priority_update = clm::PriorityUpdate{2}}, a);
+  CHECK(update.code() == StatusCode::invalid_argument);
+  CHECK(update.message().find("priority_update") != std::string::npos);
+  CHECK(engine->metrics().admitted == 0);
   REQUIRE(engine->admit(prompt, {}, a).ok());
   const Tokens bad = {7, -3};
   CHECK(engine->extend(a.seq, bad, slots).code() == StatusCode::invalid_argument);

@@ -33,7 +33,8 @@ struct Fixture {
   ~Fixture() { CHECK(tree->check_invariants().ok()); }
 
   // Caches `tokens` the way a request does: match, allocate the rest, insert.
-  InsertOutcome cache(const Tokens& tokens, const CacheNamespace& ns = {}, int priority = 0) {
+  InsertOutcome cache(const Tokens& tokens, const CacheNamespace& ns = {}, int priority = 0,
+                      clm::PriorityUpdate update = clm::PriorityUpdate::raise) {
     PrefixMatch hit;
     REQUIRE(tree->match_prefix(tokens, ns, hit).ok());
     Tokens pages = hit.pages;
@@ -42,7 +43,7 @@ struct Fixture {
     REQUIRE(tree->allocate_pages(fresh).ok());
     pages.insert(pages.end(), fresh.begin(), fresh.end());
     InsertOutcome out;
-    REQUIRE(tree->insert(tokens, pages, ns, out, priority).ok());
+    REQUIRE(tree->insert(tokens, pages, ns, out, priority, update).ok());
     REQUIRE(tree->check_invariants().ok());
     return out;
   }
@@ -529,6 +530,48 @@ TEST_CASE("priority evicts the lowest priority first, ties by LRU", "[tree][poli
   REQUIRE(f.tree->evict(5).ok());
   CHECK(f.hit(iota(6, 100)) == 0);
   CHECK(f.hit(iota(6, 0)) == 5);
+}
+
+// A conversation cached with priority 1 (its next turn is expected), then
+// again with 0 (that turn came; no other is expected). Under raise its first
+// turn keeps 1 and outlives a newer prefix; under set the second insert drops
+// the whole path to 0 and the first turn goes by LRU. Both policies that read
+// priorities. The newer prefix is hit once, so that under ghost_slru it is
+// protected like the first turn (which its second turn hit) and the two are
+// ordered by priority, then LRU, as under `priority`.
+TEST_CASE("an insert's priority update: raise keeps the highest, set takes the latest", "[tree][policy]") {
+  for (const EvictionPolicy policy : {EvictionPolicy::priority, EvictionPolicy::ghost_slru}) {
+    for (const clm::PriorityUpdate update : {clm::PriorityUpdate::raise, clm::PriorityUpdate::set}) {
+      INFO(clm::eviction_policy_name(policy) << ", " << clm::priority_update_name(update));
+      Fixture f(1, 64, policy);
+      auto cached = [&](const Tokens& tokens) {
+        clm::PrefixPeek peek;
+        REQUIRE(f.tree->peek_prefix(concat(tokens, {9999}), {}, peek).ok());
+        return peek.cached_tokens;
+      };
+      const Tokens first_turn = iota(5, 0), second_turn = concat(first_turn, iota(5, 50));
+      const Tokens older = iota(5, 100), newer = iota(5, 200);
+      f.cache(first_turn, {}, 1, update);
+      f.cache(older, {}, 0, update);
+      f.cache(second_turn, {}, 0, update);
+      f.cache(newer, {}, 0, update);
+      REQUIRE(f.hit(concat(newer, {9999})) == 5);
+      // The second turn's own tail is a new leaf at 0 either way; below it the
+      // first turn's node is at 1 (raise) or 0 (set).
+      std::vector<std::pair<Tokens, std::int32_t>> order;  // a prompt, and what stays cached of it
+      if (update == clm::PriorityUpdate::raise) {
+        order = {{older, 0}, {second_turn, 5}, {newer, 0}, {first_turn, 0}};
+      } else {
+        order = {{older, 0}, {second_turn, 5}, {first_turn, 0}, {newer, 0}};
+      }
+      for (const auto& [gone, left] : order) {
+        REQUIRE(f.tree->evict(5).ok());
+        REQUIRE(f.tree->check_invariants().ok());
+        CHECK(cached(gone) == left);
+      }
+      CHECK(f.tree->cached_tokens() == 0);
+    }
+  }
 }
 
 TEST_CASE("allocate_pages evicts when short and fails cleanly when all is locked", "[tree]") {

@@ -375,7 +375,7 @@ TEST_CASE("bad input: insert with pages that are not the caller's to give", "[ba
   CHECK(f.tree->check_invariants().ok());
 }
 
-TEST_CASE("bad input: priority outside [0, 100]", "[bad_input]") {
+TEST_CASE("bad input: priority outside [0, 100], or an unknown priority update", "[bad_input]") {
   Fixture f(4, 32, EvictionPolicy::priority);
   const Tokens a = seq(1, 8);
   f.insert(a);
@@ -388,6 +388,17 @@ TEST_CASE("bad input: priority outside [0, 100]", "[bad_input]") {
     clm::InsertOutcome out;
     expect_refused(f, probes, StatusCode::invalid_argument,
                    [&] { return f.tree->insert(t, pages, {.salt = "p"}, out, priority); });
+    CHECK(pages == given);
+    REQUIRE(f.pool->release(pages).ok());
+  }
+  for (int update : {2, 255}) {  // neither raise nor set
+    INFO("priority update " << update);
+    Pages pages = f.allocate(3);
+    const Pages given = pages;
+    clm::InsertOutcome out;
+    expect_refused(f, probes, StatusCode::invalid_argument, [&] {
+      return f.tree->insert(t, pages, {.salt = "p"}, out, 1, static_cast<clm::PriorityUpdate>(update));
+    });
     CHECK(pages == given);
     REQUIRE(f.pool->release(pages).ok());
   }

@@ -114,6 +114,21 @@ const (
 	EvictGhostSLRU EvictionPolicy = C.CLM_EVICT_GHOST_SLRU
 )
 
+// PriorityUpdate says how an admission's priority meets the priority already
+// cached along its prompt (CLM_PRIORITY_*).
+type PriorityUpdate int32
+
+const (
+	// PriorityRaise (the zero value, the default): each cached node keeps the
+	// highest priority it was given, so a shared system prompt stays at the
+	// priority it was admitted with once.
+	PriorityRaise PriorityUpdate = C.CLM_PRIORITY_RAISE
+	// PrioritySet: the whole prefix takes this admission's priority, so a hint
+	// that a conversation comes back soon ends when it is admitted again
+	// without one.
+	PrioritySet PriorityUpdate = C.CLM_PRIORITY_SET
+)
+
 // EngineOptions mirrors clm_engine_options. Start from DefaultEngineOptions;
 // NumPages has no default and must be set.
 type EngineOptions struct {
@@ -244,8 +259,10 @@ type AdmitOptions struct {
 	CacheSalt string
 	// AdapterID is the LoRA adapter the KV is computed with.
 	AdapterID int32
-	// Priority (0-100) is used by EvictPriority.
+	// Priority (0-100) is used by EvictPriority and EvictGhostSLRU.
 	Priority int32
+	// PriorityUpdate says how Priority meets the priority already cached.
+	PriorityUpdate PriorityUpdate
 }
 
 func admitOptionsInit(c *C.clm_admit_options) error {
@@ -260,7 +277,8 @@ func DefaultAdmitOptions() (AdmitOptions, error) {
 	if err := admitOptionsInit(&c); err != nil {
 		return AdmitOptions{}, err
 	}
-	return AdmitOptions{AdapterID: int32(c.adapter_id), Priority: int32(c.priority)}, nil
+	return AdmitOptions{AdapterID: int32(c.adapter_id), Priority: int32(c.priority),
+		PriorityUpdate: PriorityUpdate(c.priority_update)}, nil
 }
 
 // KVLayout mirrors clm_kv_layout: page p, layer l: K at Base + p*PageBytes +
@@ -595,6 +613,7 @@ func admitOptionsToC(opts *AdmitOptions) (C.clm_admit_options, C.int, string, er
 	}
 	c.adapter_id = C.int32_t(opts.AdapterID)
 	c.priority = C.int32_t(opts.Priority)
+	c.priority_update = C.int32_t(opts.PriorityUpdate)
 	return c, 1, opts.CacheSalt, nil
 }
 

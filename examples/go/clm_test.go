@@ -178,6 +178,48 @@ func TestBadOptions(t *testing.T) {
 	}
 }
 
+// A conversation admitted at priority 1, then at 0: raised, its first turn
+// outlives a newer prompt; set, it drops to 0 and goes first (as
+// tests/capi/test_capi.cpp's priority_update case, in pages of 16).
+func TestPriorityUpdate(t *testing.T) {
+	for _, update := range []PriorityUpdate{PriorityRaise, PrioritySet} {
+		opts, err := DefaultEngineOptions()
+		must(t, err)
+		opts.NumPages, opts.PageSize, opts.HeadDim = 8, 16, 8
+		opts.EvictionPolicy = EvictPriority
+		e, err := NewEngine(opts)
+		must(t, err)
+		run := func(prompt []int32, priority int32) {
+			s := admit(t, e, prompt, &AdmitOptions{Priority: priority, PriorityUpdate: update})
+			must(t, s.Finish())
+		}
+		cached := func(prompt []int32) int32 {
+			plan, err := e.PlanAdmission(append(append([]int32{}, prompt...), 9999), nil)
+			must(t, err)
+			return plan.CachedTokens
+		}
+		firstTurn := span(0, 32)
+		secondTurn := append(span(0, 32), span(500, 32)...)
+		older, newer := span(1000, 32), span(2000, 32)
+		run(firstTurn, 1)
+		run(older, 0)
+		run(secondTurn, 0)
+		run(newer, 0)
+		probe := admit(t, e, span(3000, 96), nil) // evicts three 2-page leaves
+		wantFirst, wantNewer := int32(32), int32(0)
+		if update == PrioritySet {
+			wantFirst, wantNewer = 0, 32
+		}
+		if got := [3]int32{cached(older), cached(firstTurn), cached(newer)}; got != [3]int32{0, wantFirst, wantNewer} {
+			t.Fatalf("update %d: cached older, first turn, newer = %v, want [0 %d %d]", update, got, wantFirst,
+				wantNewer)
+		}
+		must(t, probe.Abort())
+		must(t, probe.Close())
+		e.Close()
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	e := newEngine(t, 64, 16)
 	_, err := e.Admit(nil, nil)
@@ -185,6 +227,8 @@ func TestBadRequests(t *testing.T) {
 	_, err = e.Admit([]int32{1, 2, -3}, nil)
 	wantCode(t, err, InvalidArgument)
 	_, err = e.Admit(span(0, 4), &AdmitOptions{Priority: 101})
+	wantCode(t, err, InvalidArgument)
+	_, err = e.Admit(span(0, 4), &AdmitOptions{Priority: 1, PriorityUpdate: 2})
 	wantCode(t, err, InvalidArgument)
 
 	s := admit(t, e, span(0, 4), nil)

@@ -37,7 +37,7 @@ constexpr std::string_view kUsage =
     "usage: replay --workload gsp|FILE.jsonl|mooncake:FILE --page-size N --capacity TOKENS\n"
     "              [--policy lru|lfu|slru|priority|ghost_slru|belady] [--protected-fraction F]\n"
     "              [--ghost-memory M] [--hint-next-turn-within S [--hint-recall R]\n"
-    "               [--hint-false-rate Q]] [--json] [--repeat K] [--seed S]\n"
+    "               [--hint-false-rate Q] [--hint-update raise|set]] [--json] [--repeat K] [--seed S]\n"
     "              [--l2-capacity TOKENS [--storage URL]\n"
     "               [--write-policy write_through|write_through_selective|write_back]\n"
     "               [--prefetch best_effort|wait_complete|timeout]]\n"
@@ -66,6 +66,10 @@ constexpr std::string_view kUsage =
     "               the hint's errors: the share of requests whose next turn comes in time\n"
     "               that are hinted (default 1), and of the others (default 0); drawn from\n"
     "               a hash of the request's index, the same in every run\n"
+    "  --hint-update\n"
+    "               how a request's priority meets the priority cached along its prompt:\n"
+    "               raise (default) keeps the highest, so a conversation once hinted stays\n"
+    "               hinted; set replaces it, so a hint ends when the next turn comes unhinted\n"
     "  --json       one JSON object on stdout instead of text\n"
     "  --repeat     replays on a fresh pool and tree; times are their median (default 1)\n"
     "  --seed       gsp generator seed (default 42)\n"
@@ -97,6 +101,7 @@ struct Options {
   std::optional<double> hint_next_turn_within;
   std::optional<double> hint_recall;
   std::optional<double> hint_false_rate;
+  std::optional<clm::PriorityUpdate> hint_update;
   bool json = false;
   int repeat = 1;
   std::uint64_t seed = clm::replay::GspParams{}.seed;
@@ -177,6 +182,10 @@ Options parse_flags(int argc, char** argv) {
       options.hint_recall = parse_number(arg, value());
     } else if (arg == "--hint-false-rate") {
       options.hint_false_rate = parse_number(arg, value());
+    } else if (arg == "--hint-update") {
+      const std::string_view name = value();
+      options.hint_update = clm::parse_priority_update(name);
+      if (!options.hint_update) throw UsageError{fmt::format("--hint-update: unknown update '{}' (raise, set)", name)};
     } else if (arg == "--json") {
       no_value();
       options.json = true;
@@ -265,7 +274,8 @@ void print_json(const Options& options, const ReplayResult& r, double memcmp_gbp
   }
   fmt::print(
       "{{\"workload\":{},\"policy\":\"{}\",\"protected_fraction\":{},\"ghost_memory\":{},"
-      "\"hint_next_turn_within_s\":{},\"hint_recall\":{},\"hint_false_rate\":{},\"hinted_requests\":{},"
+      "\"hint_next_turn_within_s\":{},\"hint_recall\":{},\"hint_false_rate\":{},\"hint_update\":\"{}\","
+      "\"hinted_requests\":{},"
       "\"page_size\":{},\"capacity\":{},\"num_pages\":{},\"seed\":{},"
       "\"requests\":{},\"failed_requests\":{},\"prompt_tokens\":{},\"hit_tokens\":{},\"hit_rate\":{},"
       "\"inserted_tokens\":{},\"evicted_tokens\":{},\"evictions\":{},\"repeat\":{},\"wall_s\":{},"
@@ -276,12 +286,13 @@ void print_json(const Options& options, const ReplayResult& r, double memcmp_gbp
       "\"touched_bytes\":{},\"memcmp_gbps\":{},\"memory_bound_fraction\":{}{}}}\n",
       json_string(options.workload), clm::eviction_policy_name(options.policy), json_number(r.protected_fraction),
       json_number(r.ghost_memory), json_number(r.hint_next_turn_within_s), json_number(r.hint_recall),
-      json_number(r.hint_false_rate), r.hinted_requests, r.page_size, *options.capacity, r.num_pages, options.seed,
-      r.requests, r.failed_requests, r.prompt_tokens, r.hit_tokens, json_number(r.hit_rate()), r.inserted_tokens,
-      r.evicted_tokens, r.evictions, options.repeat, json_number(r.wall_s), runs, json_number(r.requests_per_s()),
-      json_number(r.metadata_bytes_per_token()), r.peak_cached_tokens, r.metadata_bytes_at_peak,
-      json_number(r.final_metadata_bytes_per_token()), r.final_cached_tokens, r.final_metadata_bytes, r.touched_bytes(),
-      json_number(memcmp_gbps), json_number(r.memory_bound_fraction(memcmp_gbps)), tier_json(options, r));
+      json_number(r.hint_false_rate), clm::priority_update_name(r.hint_update), r.hinted_requests, r.page_size,
+      *options.capacity, r.num_pages, options.seed, r.requests, r.failed_requests, r.prompt_tokens, r.hit_tokens,
+      json_number(r.hit_rate()), r.inserted_tokens, r.evicted_tokens, r.evictions, options.repeat,
+      json_number(r.wall_s), runs, json_number(r.requests_per_s()), json_number(r.metadata_bytes_per_token()),
+      r.peak_cached_tokens, r.metadata_bytes_at_peak, json_number(r.final_metadata_bytes_per_token()),
+      r.final_cached_tokens, r.final_metadata_bytes, r.touched_bytes(), json_number(memcmp_gbps),
+      json_number(r.memory_bound_fraction(memcmp_gbps)), tier_json(options, r));
 }
 
 void print_text(const Options& options, const ReplayResult& r, double memcmp_gbps) {
@@ -291,8 +302,9 @@ void print_text(const Options& options, const ReplayResult& r, double memcmp_gbp
   if (std::isfinite(r.ghost_memory)) parameters += fmt::format(", ghost {} pool capacities", r.ghost_memory);
   if (!parameters.empty()) parameters += ")";
   if (std::isfinite(r.hint_next_turn_within_s)) {
-    parameters += fmt::format(", {} requests hinted (next turn within {} s; recall {}, false rate {})",
-                              r.hinted_requests, r.hint_next_turn_within_s, r.hint_recall, r.hint_false_rate);
+    parameters += fmt::format(", {} requests hinted (next turn within {} s; recall {}, false rate {}; {})",
+                              r.hinted_requests, r.hint_next_turn_within_s, r.hint_recall, r.hint_false_rate,
+                              clm::priority_update_name(r.hint_update));
   }
   fmt::print("cache             {}{}, page size {}, capacity {} tokens ({} pages)\n",
              clm::eviction_policy_name(options.policy), parameters, r.page_size, *options.capacity, r.num_pages);
@@ -354,6 +366,7 @@ int run(const Options& options) {
   if (options.hint_next_turn_within) config.hint_next_turn_within_s = *options.hint_next_turn_within;
   if (options.hint_recall) config.hint_recall = *options.hint_recall;
   if (options.hint_false_rate) config.hint_false_rate = *options.hint_false_rate;
+  if (options.hint_update) config.hint_update = *options.hint_update;
   if (options.tiered()) {
     config.host_capacity_tokens = *options.l2_capacity;
     config.storage_url = options.storage_url;

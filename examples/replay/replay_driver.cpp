@@ -82,7 +82,8 @@ class NextUses {
   std::vector<std::uint32_t> uses_;
 };
 
-// One request's walk through the protocol, cached with `priority`. Returns ok
+// One request's walk through the protocol, cached with `priority` (meeting the
+// cached priorities as `update` says). Returns ok
 // with `failed` set when the pool cannot hold it even after evicting every
 // unlocked prefix. With
 // `next_uses` (belady) it tells the tree the next use of every node it
@@ -96,7 +97,8 @@ class RequestReplayer {
         page_size_(static_cast<std::size_t>(tree.page_size())),
         next_uses_(next_uses) {}
 
-  Status replay(std::size_t index, const Request& request, int priority, std::uint64_t& hit_tokens, bool& failed) {
+  Status replay(std::size_t index, const Request& request, int priority, PriorityUpdate update,
+                std::uint64_t& hit_tokens, bool& failed) {
     const std::span<const std::int32_t> prompt = workload_.prompt(request);
     const CacheNamespace ns{workload_.salt(request), 0};
     CLM_RETURN_IF_ERROR(tree_.match_prefix(prompt, ns, match_));
@@ -123,14 +125,14 @@ class RequestReplayer {
 
     // From here on the tree owns the first stored_tokens / page_size pages and
     // may have swapped duplicate ids in `pages` for its own.
-    CLM_RETURN_IF_ERROR(tree_.insert(prompt, pages, ns, prompt_done_, priority));
+    CLM_RETURN_IF_ERROR(tree_.insert(prompt, pages, ns, prompt_done_, priority, update));
     if (next_uses_ && prompt.size() >= page_size_) CLM_RETURN_IF_ERROR(tree_.set_next_use(prompt, ns, next_uses));
     CLM_RETURN_IF_ERROR(tree_.lock(prompt_done_.node));
     CLM_RETURN_IF_ERROR(tree_.unlock(match_.node));
     std::int32_t stored_tokens = prompt_done_.stored_tokens;
     if (workload_.output_cached) {  // the request finished: its output is reusable too
       const std::span<const std::int32_t> all = workload_.prompt_and_output(request);
-      CLM_RETURN_IF_ERROR(tree_.insert(all, pages, ns, request_done_, priority));
+      CLM_RETURN_IF_ERROR(tree_.insert(all, pages, ns, request_done_, priority, update));
       if (next_uses_ && all.size() >= page_size_) CLM_RETURN_IF_ERROR(tree_.set_next_use(all, ns, next_uses));
       stored_tokens = request_done_.stored_tokens;
     }
@@ -207,8 +209,14 @@ Status validate(const ReplayConfig& config) {
 Status validate_hint(const Workload& workload, const ReplayConfig& config) {
   const double within = config.hint_next_turn_within_s;
   if (std::isnan(within)) {
-    if (config.hint_recall == 1.0 && config.hint_false_rate == 0.0) return {};
-    return invalid_argument("a hint's recall and false rate need a next-turn hint");
+    if (config.hint_recall == 1.0 && config.hint_false_rate == 0.0 && config.hint_update == PriorityUpdate::raise) {
+      return {};
+    }
+    return invalid_argument("a hint's recall, false rate and priority update need a next-turn hint");
+  }
+  if (config.hint_update != PriorityUpdate::raise && config.hint_update != PriorityUpdate::set) {
+    return invalid_argument(fmt::format("the next-turn hint's priority update must be raise or set, got {}",
+                                        static_cast<int>(config.hint_update)));
   }
   for (const auto& [name, value] : {std::pair{"recall", config.hint_recall}, {"false rate", config.hint_false_rate}}) {
     if (!(value >= 0.0 && value <= 1.0)) {
@@ -240,6 +248,7 @@ std::vector<std::uint8_t> plan_hints(const Workload& workload, const ReplayConfi
   result.hint_next_turn_within_s = config.hint_next_turn_within_s;
   result.hint_recall = config.hint_recall;
   result.hint_false_rate = config.hint_false_rate;
+  result.hint_update = config.hint_update;
   std::vector<std::uint8_t> priorities(workload.requests.size(), 0);
   if (std::isnan(config.hint_next_turn_within_s)) return priorities;
   for (std::size_t i = 0; i < priorities.size(); ++i) {
@@ -362,11 +371,12 @@ class TieredRequestReplayer {
         page_size_(static_cast<std::size_t>(engine.page_size())),
         rows_(kv_bytes ? std::make_unique<PrefixRows>(engine.pool()) : nullptr) {}
 
-  Status replay(const Request& request, int priority, ReplayResult& result, bool& failed) {
+  Status replay(const Request& request, int priority, PriorityUpdate update, ReplayResult& result, bool& failed) {
     failed = false;
     const std::string_view salt = workload_.salt(request);
     const std::span<const std::int32_t> prompt = workload_.prompt(request);
-    const Status admitted = engine_.admit(prompt, {.cache_salt = salt, .priority = priority}, admission_);
+    const Status admitted =
+        engine_.admit(prompt, {.cache_salt = salt, .priority = priority, .priority_update = update}, admission_);
     if (admitted.code() == StatusCode::out_of_memory) {
       failed = true;
       return {};
@@ -489,7 +499,7 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   const Clock::time_point start = Clock::now();
   for (std::size_t i = 0; i < workload.requests.size(); ++i) {
     bool failed = false;
-    const Status status = replayer.replay(workload.requests[i], priorities[i], result, failed);
+    const Status status = replayer.replay(workload.requests[i], priorities[i], config.hint_update, result, failed);
     if (!status.ok()) return with_context(i, status);
     result.failed_requests += failed;
     if ((i + 1) % interval == 0) sample_metadata();
@@ -644,7 +654,8 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
     const Clock::time_point start = Clock::now();
     for (std::size_t i = 0; i < workload.requests.size(); ++i) {
       bool failed = false;
-      const Status status = replayer.replay(i, workload.requests[i], priorities[i], result.hit_tokens, failed);
+      const Status status =
+          replayer.replay(i, workload.requests[i], priorities[i], config.hint_update, result.hit_tokens, failed);
       if (!status.ok()) return with_context(i, status);
       result.failed_requests += failed;
       if ((i + 1) % interval == 0) sample_metadata();

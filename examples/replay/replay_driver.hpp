@@ -61,6 +61,11 @@ struct ReplayConfig {
   // index, the same in every run). Refused without the hint.
   double hint_recall = 1.0;
   double hint_false_rate = 0.0;
+  // How a request's priority meets its prefix's cached priority (a request
+  // not hinted is cached with 0): raise keeps the highest, so a conversation
+  // once hinted stays hinted; set replaces it, so the hint expires when the
+  // next turn comes without one (eviction_policy.hpp). Refused without the hint.
+  PriorityUpdate hint_update = PriorityUpdate::raise;
   // Requests between samples of the tree's metadata size (taken inside the
   // timed loop: metadata_bytes() is O(namespaces), so this costs next to nothing).
   std::int32_t metadata_sample_interval = 64;
@@ -124,6 +129,7 @@ struct ReplayResult {
   double hint_next_turn_within_s = std::numeric_limits<double>::quiet_NaN();  // as run; NaN: no hint
   double hint_recall = 1.0;
   double hint_false_rate = 0.0;
+  PriorityUpdate hint_update = PriorityUpdate::raise;
   std::uint64_t hinted_requests = 0;  // cached with kNextTurnHintPriority
   double wall_s = 0;                // the replay loop alone (the median with repeats)
   std::vector<double> wall_s_runs;  // every run's, in run order

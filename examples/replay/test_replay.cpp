@@ -606,6 +606,57 @@ TEST_CASE("the next-turn hint keeps the conversation that comes back, on both pa
   }
 }
 
+// Conversation A's first turn is hinted (its second turn comes 10 s later,
+// within the 15 s window); nothing after it is. B comes back twice, 20 s and
+// 160 s apart, unhinted. Pool: 5 blocks of 512 tokens. B's second turn
+// evicts A's tail; then C, a first turn of 2 blocks, must evict 2 more. Under
+// raise A's head keeps its priority 1 and B gives up its tail and one block of
+// its head; under set A's second turn dropped A to 0, and the oldest prefix
+// goes: A's head, wholly under `priority`, and under ghost_slru after B's
+// probationary tail. B's third turn then hits 512 tokens (raise) or 1536
+// (priority, set) or 1024 (ghost_slru, set), besides the 2048 that A's and
+// B's second turns hit every time. On the tiered path whole leaves go.
+constexpr std::string_view kExpiringHintScenario =
+    "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 0, \"hash_ids\": [10, 11]}\n"
+    "{\"timestamp\": 10000, \"input_length\": 1536, \"output_length\": 0, \"hash_ids\": [10, 11, 12]}\n"
+    "{\"timestamp\": 20000, \"input_length\": 1024, \"output_length\": 0, \"hash_ids\": [20, 21]}\n"
+    "{\"timestamp\": 40000, \"input_length\": 1536, \"output_length\": 0, \"hash_ids\": [20, 21, 22]}\n"
+    "{\"timestamp\": 50000, \"input_length\": 1024, \"output_length\": 0, \"hash_ids\": [30, 31]}\n"
+    "{\"timestamp\": 200000, \"input_length\": 2048, \"output_length\": 0, \"hash_ids\": [20, 21, 22, 23]}\n";
+
+TEST_CASE("a hint that expires: set drops a conversation's priority when its next turn comes unhinted", "[hint]") {
+  const Workload w = parse_mooncake(std::string(kExpiringHintScenario));
+  struct Case {
+    clm::EvictionPolicy policy;
+    clm::PriorityUpdate update;
+    std::uint64_t third_turn_hit, third_turn_device_hit_tiered;
+  };
+  for (const Case& c : {Case{clm::EvictionPolicy::priority, clm::PriorityUpdate::raise, 512, 0},
+                        Case{clm::EvictionPolicy::priority, clm::PriorityUpdate::set, 1536, 1536},
+                        Case{clm::EvictionPolicy::ghost_slru, clm::PriorityUpdate::raise, 512, 0},
+                        Case{clm::EvictionPolicy::ghost_slru, clm::PriorityUpdate::set, 1024, 1024}}) {
+    for (const bool tiered : {false, true}) {
+      INFO(clm::eviction_policy_name(c.policy)
+           << ", " << clm::priority_update_name(c.update) << (tiered ? ", tiered" : ", plain"));
+      ReplayConfig config;
+      config.page_size = 16;
+      config.capacity_tokens = 2560;
+      config.policy = c.policy;
+      config.hint_next_turn_within_s = 15;
+      config.hint_update = c.update;
+      if (tiered) config.host_capacity_tokens = 8192;
+      const ReplayResult r = replay(w, config);
+      CHECK(r.hinted_requests == 1);
+      CHECK(r.hint_update == c.update);
+      if (tiered) {
+        CHECK(r.device_hit_tokens == 2048 + c.third_turn_device_hit_tiered);
+      } else {
+        CHECK(r.hit_tokens == 2048 + c.third_turn_hit);
+      }
+    }
+  }
+}
+
 TEST_CASE("the next-turn hint: its errors, and hints that change nothing", "[hint]") {
   const std::uint64_t seed = std::random_device{}();
   INFO("seed " << seed);
@@ -614,7 +665,8 @@ TEST_CASE("the next-turn hint: its errors, and hints that change nothing", "[hin
   const double within = 60;
   const auto truly = static_cast<std::uint64_t>(
       std::count_if(trace.next_gap_s.begin(), trace.next_gap_s.end(), [&](double gap) { return gap <= within; }));
-  auto run = [&](clm::EvictionPolicy policy, double hint, double recall, double false_rate) {
+  auto run = [&](clm::EvictionPolicy policy, double hint, double recall, double false_rate,
+                 clm::PriorityUpdate update = clm::PriorityUpdate::raise) {
     ReplayConfig config;
     config.page_size = 16;
     config.capacity_tokens = 65536;
@@ -622,6 +674,7 @@ TEST_CASE("the next-turn hint: its errors, and hints that change nothing", "[hin
     config.hint_next_turn_within_s = hint;
     config.hint_recall = recall;
     config.hint_false_rate = false_rate;
+    config.hint_update = update;
     const ReplayResult r = replay(w, config);
     REQUIRE(r.evicted_tokens > 0);  // the pool is too small for the trace: eviction decides
     return r;
@@ -645,18 +698,22 @@ TEST_CASE("the next-turn hint: its errors, and hints that change nothing", "[hin
     const ReplayResult noisy = run(policy, within, 1, 0.5);
     CHECK(noisy.hinted_requests > truly);
     CHECK(noisy.hinted_requests < w.requests.size());
-    // Nobody hinted is no hint.
-    const ReplayResult silent = run(policy, within, 0, 0);
-    CHECK(silent.hinted_requests == 0);
-    CHECK(silent.hit_tokens == plain.hit_tokens);
-    CHECK(silent.evicted_tokens == plain.evicted_tokens);
+    // Nobody hinted is no hint, whether priorities are raised or set.
+    for (const auto update : {clm::PriorityUpdate::raise, clm::PriorityUpdate::set}) {
+      const ReplayResult silent = run(policy, within, 0, 0, update);
+      CHECK(silent.hinted_requests == 0);
+      CHECK(silent.hit_tokens == plain.hit_tokens);
+      CHECK(silent.evicted_tokens == plain.evicted_tokens);
+    }
   }
-  // Under priority everyone hinted is everyone equal: LRU.
-  const ReplayResult everyone = run(clm::EvictionPolicy::priority, within, 1, 1);
-  CHECK(everyone.hinted_requests == w.requests.size());
+  // Under priority everyone hinted is everyone equal: LRU, raised or set.
   const ReplayResult lru = replay(w, 16, 65536);
-  CHECK(everyone.hit_tokens == lru.hit_tokens);
-  CHECK(everyone.evicted_tokens == lru.evicted_tokens);
+  for (const auto update : {clm::PriorityUpdate::raise, clm::PriorityUpdate::set}) {
+    const ReplayResult everyone = run(clm::EvictionPolicy::priority, within, 1, 1, update);
+    CHECK(everyone.hinted_requests == w.requests.size());
+    CHECK(everyone.hit_tokens == lru.hit_tokens);
+    CHECK(everyone.evicted_tokens == lru.evicted_tokens);
+  }
 }
 
 TEST_CASE("a next-turn hint without timing, for a policy that ignores it, or out of range is refused", "[hint][cli]") {
@@ -667,6 +724,7 @@ TEST_CASE("a next-turn hint without timing, for a policy that ignores it, or out
     clm::EvictionPolicy policy;
     double within, recall, false_rate;
     const char* says;
+    clm::PriorityUpdate update = clm::PriorityUpdate::raise;
   };
   for (const Case& c : {
            Case{false, clm::EvictionPolicy::ghost_slru, 60, 1, 0, "no turn timing"},
@@ -680,6 +738,8 @@ TEST_CASE("a next-turn hint without timing, for a policy that ignores it, or out
            Case{true, clm::EvictionPolicy::priority, 60, none, 0, "recall must be in [0, 1]"},
            Case{true, clm::EvictionPolicy::ghost_slru, none, 0.5, 0, "need a next-turn hint"},
            Case{true, clm::EvictionPolicy::ghost_slru, none, 1, 0.2, "need a next-turn hint"},
+           Case{true, clm::EvictionPolicy::ghost_slru, none, 1, 0, "need a next-turn hint", clm::PriorityUpdate::set},
+           Case{true, clm::EvictionPolicy::priority, 60, 1, 0, "must be raise or set", clm::PriorityUpdate{2}},
        }) {
     for (const bool tiered : {false, true}) {
       if (tiered && c.policy == clm::EvictionPolicy::belady) continue;
@@ -691,6 +751,7 @@ TEST_CASE("a next-turn hint without timing, for a policy that ignores it, or out
       config.hint_next_turn_within_s = c.within;
       config.hint_recall = c.recall;
       config.hint_false_rate = c.false_rate;
+      config.hint_update = c.update;
       if (tiered) config.host_capacity_tokens = 4096;
       check_refused(c.timed ? timed : clm::replay::generate_gsp(), config, c.says);
     }
@@ -701,19 +762,22 @@ TEST_CASE("a next-turn hint without timing, for a policy that ignores it, or out
        {"--policy lru --hint-next-turn-within 60", "--policy ghost_slru --hint-next-turn-within -5",
         "--policy ghost_slru --hint-next-turn-within nan", "--policy ghost_slru --hint-next-turn-within",
         "--policy ghost_slru --hint-recall 0.5", "--policy ghost_slru --hint-next-turn-within 60 --hint-recall 2",
-        "--policy ghost_slru --hint-next-turn-within 60 --hint-false-rate x"}) {
+        "--policy ghost_slru --hint-next-turn-within 60 --hint-false-rate x", "--policy ghost_slru --hint-update set",
+        "--policy ghost_slru --hint-next-turn-within 60 --hint-update max",
+        "--policy ghost_slru --hint-next-turn-within 60 --hint-update"}) {
     INFO(flags);
     CHECK(run_replay_binary(base + flags) == 2);
   }
   CHECK(run_replay_binary("--workload gsp --page-size 16 --capacity 16384 --policy ghost_slru "
                           "--hint-next-turn-within 60") == 2);
   TempFile output("hint.json");
-  REQUIRE(run_replay_binary(base + "--policy ghost_slru --hint-next-turn-within 100 --hint-recall 1 --json",
-                            output.path()) == 0);
+  REQUIRE(run_replay_binary(
+              base + "--policy ghost_slru --hint-next-turn-within 100 --hint-recall 1 --hint-update set --json",
+              output.path()) == 0);
   std::ifstream in(output.path());
   const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const char* key : {"\"hint_next_turn_within_s\":100", "\"hint_recall\":1", "\"hint_false_rate\":0",
-                          "\"hinted_requests\":1", "\"hit_tokens\":1024"}) {
+                          "\"hint_update\":\"set\"", "\"hinted_requests\":1", "\"hit_tokens\":1024"}) {
     CHECK_THAT(json, Catch::Contains(key));
   }
 }

@@ -95,6 +95,10 @@ struct AdmitOptions {
   std::int32_t adapter_id = 0;  // nor do requests computed with different adapters
   int priority = 0;             // 0-100, lowest evicted first: EvictionPolicy::priority
                                 // and ghost_slru (eviction_policy.hpp); others ignore it
+  // How `priority` meets the priority already cached along the prompt: raise
+  // keeps the highest (a shared prefix stays at the highest any request gave
+  // it); set replaces it (a hint that expires: eviction_policy.hpp).
+  PriorityUpdate priority_update = PriorityUpdate::raise;
 };
 
 using SequenceId = std::uint64_t;  // 0 is never a sequence
@@ -217,6 +221,7 @@ class Engine {
     seq->salt.assign(options.cache_salt);
     seq->adapter_id = options.adapter_id;
     seq->priority = options.priority;
+    seq->priority_update = options.priority_update;
     seq->tokens.assign(prompt.begin(), prompt.end());
     const std::size_t total_pages = pages_for(prompt.size());
     out.host_tokens = out.storage_tokens = 0;
@@ -335,7 +340,8 @@ class Engine {
       Sequence* found = nullptr;
       CLM_RETURN_IF_ERROR(find(id, "finish", found));
       InsertOutcome done;
-      CLM_RETURN_IF_ERROR(tree_->insert(found->tokens, found->pages, found->cache_namespace(), done, found->priority));
+      CLM_RETURN_IF_ERROR(tree_->insert(found->tokens, found->pages, found->cache_namespace(), done, found->priority,
+                                        found->priority_update));
       // The tree took the pages of the stored part; the partial last page is ours.
       (void)pool_->release(std::span(found->pages).subspan(static_cast<std::size_t>(done.stored_tokens / page_size_)));
       (void)tree_->unlock(found->locked);
@@ -666,6 +672,7 @@ class Engine {
     std::string salt;
     std::int32_t adapter_id = 0;
     int priority = 0;
+    PriorityUpdate priority_update = PriorityUpdate::raise;
     std::vector<std::int32_t> tokens;
     std::vector<std::int32_t> pages;
     std::size_t tree_pages = 0;  // leading pages that are the tree's (protected by `locked`)
@@ -751,7 +758,7 @@ class Engine {
     if (loaded.ok() &&
         tree_
             ->insert(std::span(seq.tokens).first(head * static_cast<std::size_t>(page_size_)),
-                     std::span(seq.pages).first(head), seq.cache_namespace(), done, seq.priority)
+                     std::span(seq.pages).first(head), seq.cache_namespace(), done, seq.priority, seq.priority_update)
             .ok() &&
         tree_->lock(done.node).ok()) {
       (void)tree_->unlock(seq.locked);
@@ -828,6 +835,10 @@ class Engine {
     if (options.priority < 0 || options.priority > kMaxPriority) {
       return invalid_argument(
           fmt::format("{}: priority must be in [0, {}], got {}", what, kMaxPriority, options.priority));
+    }
+    if (options.priority_update != PriorityUpdate::raise && options.priority_update != PriorityUpdate::set) {
+      return invalid_argument(fmt::format("{}: priority_update must be raise (0) or set (1), got {}", what,
+                                          static_cast<int>(options.priority_update)));
     }
     return {};
   }

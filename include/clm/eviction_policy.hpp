@@ -15,7 +15,8 @@
 //             inside each segment: scans of one-off prompts cannot flush the
 //             prefixes that are really shared, and stale ones still age out.
 //   priority  the priority of the inserts (0-100; a node keeps the highest
-//             of those that covered it), lowest first; ties by LRU.
+//             of those that covered it, or with PriorityUpdate::set the
+//             latest), lowest first; ties by LRU.
 //   ghost_slru  SLRU with a large protected segment (default 0.9) and a ghost:
 //             leaves evicted from probation are remembered (their parent
 //             node, or namespace at the top, and first page; not their KV)
@@ -68,6 +69,28 @@ inline std::optional<EvictionPolicy> parse_eviction_policy(std::string_view name
 }
 
 inline constexpr int kMaxPriority = 100;
+
+// How an insert's priority meets the priority of the cached nodes on its path.
+//   raise  each node keeps the highest priority any insert gave it (the
+//          default): a shared system prompt inserted once at a high priority
+//          stays there whatever the conversations below it are inserted with.
+//   set    every node on the path takes this insert's priority: the host's
+//          latest word on the prefix, for a hint that expires. A conversation
+//          inserted with priority 1 because its next turn is expected, and
+//          then inserted again with 0 when that turn came and no other is
+//          expected, drops back to 0 along its whole prefix; under raise it
+//          would keep 1 and hold room nobody will ask for (docs/eviction.md).
+enum class PriorityUpdate : std::uint8_t { raise = 0, set = 1 };
+
+inline const char* priority_update_name(PriorityUpdate update) {
+  return update == PriorityUpdate::set ? "set" : "raise";
+}
+
+inline std::optional<PriorityUpdate> parse_priority_update(std::string_view name) {
+  if (name == "raise") return PriorityUpdate::raise;
+  if (name == "set") return PriorityUpdate::set;
+  return std::nullopt;
+}
 inline constexpr double kDefaultSlruProtectedFraction = 0.2;
 // ghost_slru: a protected segment of 0.9 leaves probation a tenth of the pool,
 // room for the running requests' new prefixes to get their first hit; the

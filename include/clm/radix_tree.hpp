@@ -281,12 +281,17 @@ class RadixTree {
 
   // ---- insert ---------------------------------------------------------------
   // `pages` must hold at least tokens.size() / page_size ids; the tree takes the
-  // first that many (pages past them stay the caller's).
+  // first that many (pages past them stay the caller's). `priority` meets the
+  // priorities already on the path as `update` says (eviction_policy.hpp).
   Status insert(std::span<const std::int32_t> tokens, std::span<std::int32_t> pages, const CacheNamespace& ns,
-                InsertOutcome& out, int priority = 0) {
+                InsertOutcome& out, int priority = 0, PriorityUpdate update = PriorityUpdate::raise) {
     CLM_RETURN_IF_ERROR(validate_length(tokens, "insert"));
     if (priority < 0 || priority > kMaxPriority) {
       return invalid_argument(fmt::format("insert: priority must be in [0, {}], got {}", kMaxPriority, priority));
+    }
+    if (update != PriorityUpdate::raise && update != PriorityUpdate::set) {
+      return invalid_argument(
+          fmt::format("insert: priority update must be raise (0) or set (1), got {}", static_cast<int>(update)));
     }
     const std::int32_t store_len = static_cast<std::int32_t>(tokens.size()) / page_size_ * page_size_;
     const std::size_t store_pages = static_cast<std::size_t>(store_len / page_size_);
@@ -339,7 +344,7 @@ class RadixTree {
     for (std::int32_t n : path_) {
       Node& node = nodes_[n];
       node.last_access = tick_;
-      node.priority = std::max(node.priority, prio);
+      node.priority = update == PriorityUpdate::set ? prio : std::max(node.priority, prio);
       if (host_vouches) {
         promote_to_protected(n);  // a host-only node's key counts it once attach_device heaps it
       } else {

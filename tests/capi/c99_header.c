@@ -38,6 +38,9 @@
     CLM_EVICT_GHOST_SLRU != 4
 #error "eviction policies changed: they are ABI"
 #endif
+#if CLM_PRIORITY_RAISE != 0 || CLM_PRIORITY_SET != 1
+#error "priority updates changed: they are ABI"
+#endif
 #if CLM_GELU_TANH != 0 || CLM_GELU_ERF != 1
 #error "gelu modes changed: they are ABI"
 #endif
@@ -157,6 +160,7 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   sz = &ao->cache_salt_len;
   i32 = &ao->adapter_id;
   i32 = &ao->priority;
+  i32 = &ao->priority_update;
 
   u32 = &kl->struct_size;
   ptr = &kl->base;
@@ -394,8 +398,9 @@ int main(void) {
   const int32_t *pages;
   const int64_t *slots;
   clm_status s;
-  const int kinds[] = {CLM_KV_F32, CLM_KV_F16, CLM_KV_BF16, CLM_MEMORY_NONE, CLM_MEMORY_HOST, CLM_MEMORY_DEVICE,
-                       CLM_EVICT_LRU, CLM_EVICT_LFU, CLM_EVICT_SLRU, CLM_EVICT_PRIORITY, CLM_EVICT_GHOST_SLRU};
+  const int kinds[] = {CLM_KV_F32,           CLM_KV_F16,         CLM_KV_BF16,     CLM_MEMORY_NONE, CLM_MEMORY_HOST,
+                       CLM_MEMORY_DEVICE,    CLM_EVICT_LRU,      CLM_EVICT_LFU,   CLM_EVICT_SLRU,  CLM_EVICT_PRIORITY,
+                       CLM_EVICT_GHOST_SLRU, CLM_PRIORITY_RAISE, CLM_PRIORITY_SET};
   const clm_status codes[] = {CLM_OK, CLM_ERR_INVALID_ARGUMENT, CLM_ERR_OUT_OF_MEMORY, CLM_ERR_NOT_FOUND,
                               CLM_ERR_FAILED_PRECONDITION, CLM_ERR_UNSUPPORTED, CLM_ERR_INTERNAL, CLM_ERR_IO};
   const int modes[] = {CLM_GELU_TANH, CLM_GELU_ERF, CLM_DTYPE_F32, CLM_DTYPE_F16, CLM_DTYPE_BF16};

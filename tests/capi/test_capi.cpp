@@ -378,6 +378,7 @@ TEST_CASE("options_init fills the documented defaults", "[capi][options]") {
   CHECK(a.cache_salt_len == 0);
   CHECK(a.adapter_id == 0);
   CHECK(a.priority == 0);
+  CHECK(a.priority_update == CLM_PRIORITY_RAISE);
 
   // num_pages has no default: the defaults alone do not make an engine.
   clm_engine* e = nullptr;
@@ -734,6 +735,54 @@ TEST_CASE("every eviction policy and every priority from 0 to 100 work", "[capi]
     INFO("policy " << policy);
     CHECK(metrics(engine.get()).finished == 4);
     check_idle_accounting(engine.get(), 8, 2);
+  }
+}
+
+// A conversation admitted at priority 1 (its next turn expected), then at 0
+// (that turn came). With CLM_PRIORITY_RAISE its first turn keeps 1 and
+// outlives a newer prompt; with CLM_PRIORITY_SET the second admission drops it
+// to 0, and it goes first. A V1-sized struct (no priority_update) raises.
+TEST_CASE("priority_update: raise keeps the highest priority, set the latest", "[capi][lifecycle][eviction]") {
+  constexpr size_t kV1 = offsetof(clm_admit_options, priority) + sizeof(int32_t);
+  for (const int32_t update : {CLM_PRIORITY_RAISE, CLM_PRIORITY_SET, -1}) {  // -1: a V1 caller
+    INFO("priority_update " << update);
+    clm_engine_options eo = engine_options(8, 4);
+    eo.eviction_policy = CLM_EVICT_PRIORITY;
+    EnginePtr engine = make_engine(eo);
+    auto run = [&](const std::vector<int32_t>& prompt, int32_t priority) {
+      clm_admit_options a = admit_options();
+      a.priority = priority;
+      if (update >= 0) {
+        a.priority_update = update;
+      } else {
+        a.struct_size = static_cast<uint32_t>(kV1);
+        a.priority_update = 0x7ead;  // past a V1 struct: never read
+      }
+      SeqPtr s = admit(engine.get(), prompt, &a);
+      REQUIRE_OK(clm_seq_finish(s.get()));
+    };
+    auto cached = [&](std::vector<int32_t> prompt) {
+      prompt.push_back(9999);
+      clm_admission_plan p;
+      p.struct_size = sizeof p;
+      REQUIRE_OK(clm_engine_plan_admission(&p, engine.get(), prompt.data(), prompt.size(), nullptr));
+      return p.cached_tokens;
+    };
+    const std::vector<int32_t> first_turn = tokens_from(0, 8), older = tokens_from(100, 8), newer = tokens_from(200, 8);
+    std::vector<int32_t> second_turn = first_turn;
+    for (int32_t t : tokens_from(50, 8)) second_turn.push_back(t);
+    run(first_turn, 1);
+    run(older, 0);
+    run(second_turn, 0);
+    run(newer, 0);
+    CHECK(metrics(engine.get()).pages_free == 0);
+    SeqPtr probe = admit(engine.get(), tokens_from(300, 24));  // 6 pages: evicts three 2-page leaves
+    const bool set = update == CLM_PRIORITY_SET;
+    CHECK(cached(older) == 0);
+    CHECK(cached(second_turn) == (set ? 0 : 8));  // its own tail went; set: its first turn too
+    CHECK(cached(first_turn) == (set ? 0 : 8));
+    CHECK(cached(newer) == (set ? 8 : 0));
+    REQUIRE_OK(clm_seq_abort(probe.get()));
   }
 }
 
@@ -1580,7 +1629,7 @@ TEST_CASE("out-of-range sizes in engine options", "[capi][bad][options]") {
   CHECK(e == nullptr);
 }
 
-TEST_CASE("priority outside 0 to 100", "[capi][bad][options]") {
+TEST_CASE("priority outside 0 to 100, or a priority_update that is neither raise nor set", "[capi][bad][options]") {
   clm_engine_options eo = engine_options(8, 4);
   eo.eviction_policy = CLM_EVICT_PRIORITY;
   EnginePtr engine = make_engine(eo);
@@ -1591,6 +1640,16 @@ TEST_CASE("priority outside 0 to 100", "[capi][bad][options]") {
     clm_seq* s = reinterpret_cast<clm_seq*>(uintptr_t{0x1});
     INFO("priority " << p);
     CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_admit(&s, engine.get(), t.data(), t.size(), &o));
+    CHECK(s == nullptr);
+  }
+  for (int32_t u : {-1, 2, std::numeric_limits<int32_t>::max()}) {
+    clm_admit_options o = admit_options();
+    o.priority = 1;
+    o.priority_update = u;
+    clm_seq* s = reinterpret_cast<clm_seq*>(uintptr_t{0x1});
+    INFO("priority_update " << u);
+    CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_admit(&s, engine.get(), t.data(), t.size(), &o));
+    CHECK(std::string(clm_last_error()).find("priority_update") != std::string::npos);
     CHECK(s == nullptr);
   }
   const clm_metrics m = metrics(engine.get());

@@ -238,6 +238,7 @@ class Driver {
     seq.adapter = in_.range<std::int32_t>(-1, 2);
     opts.adapter_id = seq.adapter;
     opts.priority = in_.range<std::int32_t>(-1, 101);
+    opts.priority_update = in_.range<std::int32_t>(-1, 2);  // raise, set, or neither: refused
     if (in_.range<int>(0, 31) == 0) opts.struct_size = 2;
     const bool use_opts = in_.range<int>(0, 7) != 0;
     if (!use_opts) seq.has_salt = false, seq.adapter = 0;

@@ -77,6 +77,7 @@ int main(void) {
   FIELD(clm_admit_options, cache_salt_len);
   FIELD(clm_admit_options, adapter_id);
   FIELD(clm_admit_options, priority);
+  FIELD(clm_admit_options, priority_update);
   FIELD(clm_admission_plan, struct_size);
   FIELD(clm_admission_plan, cached_tokens);
   FIELD(clm_admission_plan, new_pages);

@@ -62,6 +62,12 @@ pub const CLM_EVICT_SLRU: i32 = 2;
 pub const CLM_EVICT_PRIORITY: i32 = 3;
 pub const CLM_EVICT_GHOST_SLRU: i32 = 4;
 
+/// How an admission's priority meets the priority cached along its prompt:
+/// each node keeps the highest (the default) ...
+pub const CLM_PRIORITY_RAISE: i32 = 0;
+/// ... or takes this admission's, the host's latest word.
+pub const CLM_PRIORITY_SET: i32 = 1;
+
 /// When a cached page gets its host-tier copy (then, with a storage tier, its
 /// stored copy): on its first hit.
 pub const CLM_WRITE_THROUGH: i32 = 0;
@@ -205,6 +211,8 @@ pub struct clm_admit_options {
     pub cache_salt_len: usize,
     pub adapter_id: i32,
     pub priority: i32,
+    // version 2
+    pub priority_update: i32,
 }
 
 // ---- metrics ------------------------------------------------------------------

@@ -101,6 +101,7 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_admit_options, cache_salt_len),
         field!(clm_admit_options, adapter_id),
         field!(clm_admit_options, priority),
+        field!(clm_admit_options, priority_update),
         field!(clm_admission_plan, struct_size),
         field!(clm_admission_plan, cached_tokens),
         field!(clm_admission_plan, new_pages),
@@ -346,9 +347,10 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
-    assert_eq!(size_of::<clm_admit_options>(), 32);
+    assert_eq!(size_of::<clm_admit_options>(), 40);
     assert_eq!(field!(clm_admit_options, cache_salt).1, 8);
     assert_eq!(field!(clm_admit_options, priority).1, 28);
+    assert_eq!(field!(clm_admit_options, priority_update).1, 32);
     assert_eq!(size_of::<clm_metrics>(), 520);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);

@@ -264,6 +264,21 @@ raw_enum!(
 );
 
 raw_enum!(
+    /// How an admission's priority meets the priority already cached along
+    /// its prompt (`CLM_PRIORITY_*`).
+    PriorityUpdate {
+        /// Each cached node keeps the highest priority it was given
+        /// (`CLM_PRIORITY_RAISE`, the default): a shared system prompt stays
+        /// at the priority it was admitted with once.
+        Raise = sys::CLM_PRIORITY_RAISE,
+        /// The whole prefix takes this admission's priority
+        /// (`CLM_PRIORITY_SET`): a hint that a conversation comes back soon
+        /// ends when it is admitted again without one.
+        Set = sys::CLM_PRIORITY_SET,
+    }
+);
+
+raw_enum!(
     /// When a cached page gets its host-tier copy, and then, with a storage
     /// tier, its stored copy (`CLM_WRITE_*`).
     WritePolicy {
@@ -572,8 +587,10 @@ pub struct AdmitOptions<'a> {
     pub cache_salt: Option<&'a [u8]>,
     /// LoRA adapter the KV is computed with; different adapters never share.
     pub adapter_id: i32,
-    /// 0-100, for [`EvictionPolicy::Priority`].
+    /// 0-100, for [`EvictionPolicy::Priority`] and [`EvictionPolicy::GhostSlru`].
     pub priority: i32,
+    /// How `priority` meets the priority already cached along the prompt.
+    pub priority_update: PriorityUpdate,
 }
 
 impl<'a> AdmitOptions<'a> {
@@ -585,7 +602,16 @@ impl<'a> AdmitOptions<'a> {
     /// The library's defaults (`clm_admit_options_init`).
     pub fn library_defaults() -> Result<AdmitOptions<'static>> {
         let raw = raw_admit_options()?;
-        Ok(AdmitOptions { cache_salt: None, adapter_id: raw.adapter_id, priority: raw.priority })
+        Ok(AdmitOptions {
+            cache_salt: None,
+            adapter_id: raw.adapter_id,
+            priority: raw.priority,
+            priority_update: known(
+                PriorityUpdate::from_raw(raw.priority_update),
+                "priority update",
+                raw.priority_update,
+            )?,
+        })
     }
 
     /// The C struct; it borrows `cache_salt`, so it must not outlive `self`.
@@ -596,12 +622,13 @@ impl<'a> AdmitOptions<'a> {
         raw.cache_salt_len = salt.len();
         raw.adapter_id = self.adapter_id;
         raw.priority = self.priority;
+        raw.priority_update = self.priority_update.raw();
         Ok(raw)
     }
 }
 
 impl Default for AdmitOptions<'_> {
-    /// The library's defaults: no salt, adapter 0, priority 0.
+    /// The library's defaults: no salt, adapter 0, priority 0, raised.
     ///
     /// # Panics
     /// On a library/bindings version skew, as [`EngineOptions::default`].

@@ -4,7 +4,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::thread;
 
-use clmcache::{sys, AdmitOptions, Engine, EngineOptions, ErrorCode, EvictionPolicy, KvDtype, MemoryKind, Sequence};
+use clmcache::{
+    sys, AdmitOptions, Engine, EngineOptions, ErrorCode, EvictionPolicy, KvDtype, MemoryKind, PriorityUpdate, Sequence,
+};
 
 const PAGE: usize = 16;
 
@@ -83,7 +85,10 @@ fn defaults_come_from_the_library() {
     assert_eq!(EngineOptions::new(7).num_pages, 7);
 
     let admit = AdmitOptions::default();
-    assert_eq!(admit, AdmitOptions { cache_salt: None, adapter_id: 0, priority: 0 });
+    assert_eq!(
+        admit,
+        AdmitOptions { cache_salt: None, adapter_id: 0, priority: 0, priority_update: PriorityUpdate::Raise }
+    );
 }
 
 #[test]
@@ -637,6 +642,40 @@ fn admit_options_are_checked() {
     let err = engine.admit_with(&[1, 2, 3], &AdmitOptions { priority: 101, ..AdmitOptions::default() }).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
     assert!(err.message().contains("priority"), "{}", err);
-    let ok = AdmitOptions { priority: 100, adapter_id: 2, cache_salt: Some(b"t") };
+    let ok =
+        AdmitOptions { priority: 100, adapter_id: 2, cache_salt: Some(b"t"), priority_update: PriorityUpdate::Set };
     engine.admit_with(&[1, 2, 3], &ok).unwrap().finish().unwrap();
+    assert_eq!(ok.to_raw().unwrap().priority_update, sys::CLM_PRIORITY_SET);
+}
+
+/// A conversation admitted at priority 1, then at 0: raised, its first turn
+/// outlives a newer prompt; set, it drops to 0 and goes first (as
+/// tests/capi/test_capi.cpp's "priority_update" case, in pages of 16).
+#[test]
+fn priority_update_raise_keeps_the_highest_set_the_latest() {
+    for update in [PriorityUpdate::Raise, PriorityUpdate::Set] {
+        let engine = Engine::new(&EngineOptions { eviction_policy: EvictionPolicy::Priority, ..options(8) }).unwrap();
+        let run = |prompt: &[i32], priority: i32| {
+            let opts = AdmitOptions { priority, priority_update: update, ..AdmitOptions::default() };
+            engine.admit_with(prompt, &opts).unwrap().finish().unwrap();
+        };
+        let cached = |prompt: &[i32]| {
+            let mut probe = prompt.to_vec();
+            probe.push(9999);
+            engine.plan_admission(&probe, None).unwrap().cached_tokens
+        };
+        let first_turn = tokens(0, 2 * PAGE);
+        let second_turn = [first_turn.clone(), tokens(500, 2 * PAGE)].concat();
+        let (older, newer) = (tokens(1000, 2 * PAGE), tokens(2000, 2 * PAGE));
+        run(&first_turn, 1);
+        run(&older, 0);
+        run(&second_turn, 0);
+        run(&newer, 0);
+        let mut probe = engine.admit(&tokens(3000, 6 * PAGE)).unwrap(); // evicts three 2-page leaves
+        let set = update == PriorityUpdate::Set;
+        assert_eq!(cached(&older), 0, "{:?}", update);
+        assert_eq!(cached(&first_turn), if set { 0 } else { 2 * PAGE as i32 }, "{:?}", update);
+        assert_eq!(cached(&newer), if set { 2 * PAGE as i32 } else { 0 }, "{:?}", update);
+        probe.abort().unwrap();
+    }
 }
