@@ -91,6 +91,7 @@ inline std::optional<PriorityUpdate> parse_priority_update(std::string_view name
   if (name == "set") return PriorityUpdate::set;
   return std::nullopt;
 }
+
 inline constexpr double kDefaultSlruProtectedFraction = 0.2;
 // ghost_slru: a protected segment of 0.9 leaves probation a tenth of the pool,
 // room for the running requests' new prefixes to get their first hit; the
