@@ -93,6 +93,9 @@ static_assert(kMetricsV2 < kMetricsV3 && kMetricsV3 < sizeof(clm_metrics));
 static_assert(offsetof(clm_engine_options, host_pages) >= kEngineOptionsV3, "version 4 appends");
 static_assert(offsetof(clm_metrics, has_tiers) >= kMetricsV3, "version 4 appends");
 static_assert(offsetof(clm_admit_options, priority_update) >= kAdmitOptionsV1, "version 2 appends");
+static_assert(CLM_PRIORITY_RAISE == static_cast<int>(clm::PriorityUpdate::raise) &&
+                  CLM_PRIORITY_SET == static_cast<int>(clm::PriorityUpdate::set),
+              "clm_admit_options.priority_update is cast to clm::PriorityUpdate");
 // widen() copies a caller's struct whole, padding included: the older
 // versions of the structs a caller passes in end on their alignment, so that
 // no padding lands on a later field.

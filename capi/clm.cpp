@@ -262,7 +262,7 @@ clm_status admit_options_of(const clm_admit_options* options, const char* fn, cl
   if (widened.cache_salt) admit.cache_salt = std::string_view(widened.cache_salt, widened.cache_salt_len);
   admit.adapter_id = widened.adapter_id;
   admit.priority = widened.priority;
-  if (widened.priority_update != CLM_PRIORITY_RAISE && widened.priority_update != CLM_PRIORITY_SET) {
+  if (!clm::is_priority_update(widened.priority_update)) {
     return fail(
         CLM_ERR_INVALID_ARGUMENT,
         fmt::format("{}: options->priority_update must be CLM_PRIORITY_RAISE (0) or CLM_PRIORITY_SET (1), got {}", fn,

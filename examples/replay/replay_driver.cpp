@@ -214,7 +214,7 @@ Status validate_hint(const Workload& workload, const ReplayConfig& config) {
     }
     return invalid_argument("a hint's recall, false rate and priority update need a next-turn hint");
   }
-  if (config.hint_update != PriorityUpdate::raise && config.hint_update != PriorityUpdate::set) {
+  if (!is_priority_update(static_cast<int>(config.hint_update))) {
     return invalid_argument(fmt::format("the next-turn hint's priority update must be raise or set, got {}",
                                         static_cast<int>(config.hint_update)));
   }

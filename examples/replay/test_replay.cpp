@@ -74,6 +74,20 @@ ReplayResult replay(const Workload& workload, std::int32_t page_size, std::int64
   return replay(workload, config);
 }
 
+// A replay of `policy` on pages of 16 in a pool of `capacity` tokens, with the
+// next-turn hint `within` seconds (NaN: none), on the tiered path with a host
+// tier of `host_capacity` tokens when that is > 0.
+ReplayConfig hint_config(clm::EvictionPolicy policy, std::int64_t capacity, double within,
+                         std::int64_t host_capacity = 0) {
+  ReplayConfig config;
+  config.page_size = 16;
+  config.capacity_tokens = capacity;
+  config.policy = policy;
+  config.hint_next_turn_within_s = within;
+  config.host_capacity_tokens = host_capacity;
+  return config;
+}
+
 // One replay that must be refused as invalid_argument with a message that
 // says `says`, and leave its result untouched.
 void check_refused(const Workload& workload, const ReplayConfig& config, const std::string& says) {
@@ -588,13 +602,7 @@ TEST_CASE("the next-turn hint keeps the conversation that comes back, on both pa
     for (const bool tiered : {false, true}) {
       for (const double within : {none, 99.999, 100.0}) {
         INFO(clm::eviction_policy_name(policy) << (tiered ? " tiered" : " plain") << ", hint within " << within);
-        ReplayConfig config;
-        config.page_size = 16;
-        config.capacity_tokens = 2048;
-        config.policy = policy;
-        config.hint_next_turn_within_s = within;
-        if (tiered) config.host_capacity_tokens = 4096;
-        const ReplayResult r = replay(w, config);
+        const ReplayResult r = replay(w, hint_config(policy, 2048, within, tiered ? 4096 : 0));
         const bool hinted = within >= 100.0;
         CHECK(r.hinted_requests == (hinted ? 1u : 0u));
         CHECK((tiered ? r.device_hit_tokens : r.hit_tokens) == (hinted ? 1024u : 0u));
@@ -638,13 +646,8 @@ TEST_CASE("a hint that expires: set drops a conversation's priority when its nex
     for (const bool tiered : {false, true}) {
       INFO(clm::eviction_policy_name(c.policy)
            << ", " << clm::priority_update_name(c.update) << (tiered ? ", tiered" : ", plain"));
-      ReplayConfig config;
-      config.page_size = 16;
-      config.capacity_tokens = 2560;
-      config.policy = c.policy;
-      config.hint_next_turn_within_s = 15;
+      ReplayConfig config = hint_config(c.policy, 2560, 15, tiered ? 8192 : 0);
       config.hint_update = c.update;
-      if (tiered) config.host_capacity_tokens = 8192;
       const ReplayResult r = replay(w, config);
       CHECK(r.hinted_requests == 1);
       CHECK(r.hint_update == c.update);
@@ -667,11 +670,7 @@ TEST_CASE("the next-turn hint: its errors, and hints that change nothing", "[hin
       std::count_if(trace.next_gap_s.begin(), trace.next_gap_s.end(), [&](double gap) { return gap <= within; }));
   auto run = [&](clm::EvictionPolicy policy, double hint, double recall, double false_rate,
                  clm::PriorityUpdate update = clm::PriorityUpdate::raise) {
-    ReplayConfig config;
-    config.page_size = 16;
-    config.capacity_tokens = 65536;
-    config.policy = policy;
-    config.hint_next_turn_within_s = hint;
+    ReplayConfig config = hint_config(policy, 65536, hint);
     config.hint_recall = recall;
     config.hint_false_rate = false_rate;
     config.hint_update = update;
@@ -744,15 +743,10 @@ TEST_CASE("a next-turn hint without timing, for a policy that ignores it, or out
     for (const bool tiered : {false, true}) {
       if (tiered && c.policy == clm::EvictionPolicy::belady) continue;
       INFO(c.says << (tiered ? ", tiered" : ", plain"));
-      ReplayConfig config;
-      config.page_size = 16;
-      config.capacity_tokens = 2048;
-      config.policy = c.policy;
-      config.hint_next_turn_within_s = c.within;
+      ReplayConfig config = hint_config(c.policy, 2048, c.within, tiered ? 4096 : 0);
       config.hint_recall = c.recall;
       config.hint_false_rate = c.false_rate;
       config.hint_update = c.update;
-      if (tiered) config.host_capacity_tokens = 4096;
       check_refused(c.timed ? timed : clm::replay::generate_gsp(), config, c.says);
     }
   }

@@ -82,10 +82,10 @@ Status write_jsonl_workload(const Workload& workload, const std::string& path);
 // "hash_ids"} per line) into token ids: block h becomes h*512 + 0..511, the
 // last block only input_length - 512*(blocks-1) of them. When every line has a
 // timestamp (milliseconds, a number >= 0, never decreasing), the workload has
-// turn timing: a request continues the conversation of the latest earlier
-// request that shares one of its blocks past the first (block 0 is the system
-// prompt every request shares), and seconds_to_next_turn is the gap to the
-// first request that continues it.
+// turn timing: a request continues the conversation of the latest request
+// that held the deepest of its blocks an earlier request holds, past the first
+// (block 0 is the system prompt every request shares), and
+// seconds_to_next_turn is the gap to the first request that continues it.
 Status parse_mooncake_trace(std::string_view text, std::string_view source, Workload& out);
 Status read_mooncake_trace(const std::string& path, Workload& out);
 

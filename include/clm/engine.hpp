@@ -836,7 +836,7 @@ class Engine {
       return invalid_argument(
           fmt::format("{}: priority must be in [0, {}], got {}", what, kMaxPriority, options.priority));
     }
-    if (options.priority_update != PriorityUpdate::raise && options.priority_update != PriorityUpdate::set) {
+    if (!is_priority_update(static_cast<int>(options.priority_update))) {
       return invalid_argument(fmt::format("{}: priority_update must be raise (0) or set (1), got {}", what,
                                           static_cast<int>(options.priority_update)));
     }

@@ -82,6 +82,10 @@ inline constexpr int kMaxPriority = 100;
 //          would keep 1 and hold room nobody will ask for (docs/eviction.md).
 enum class PriorityUpdate : std::uint8_t { raise = 0, set = 1 };
 
+// Whether `value` names a PriorityUpdate: raw values come through the C ABI's
+// int32_t, and a cast to the enum alone would wrap 256 to raise.
+inline bool is_priority_update(std::int64_t value) { return value == 0 || value == 1; }
+
 inline const char* priority_update_name(PriorityUpdate update) {
   return update == PriorityUpdate::set ? "set" : "raise";
 }

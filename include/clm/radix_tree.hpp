@@ -289,7 +289,7 @@ class RadixTree {
     if (priority < 0 || priority > kMaxPriority) {
       return invalid_argument(fmt::format("insert: priority must be in [0, {}], got {}", kMaxPriority, priority));
     }
-    if (update != PriorityUpdate::raise && update != PriorityUpdate::set) {
+    if (!is_priority_update(static_cast<int>(update))) {
       return invalid_argument(
           fmt::format("insert: priority update must be raise (0) or set (1), got {}", static_cast<int>(update)));
     }

@@ -73,18 +73,30 @@ def load(path):
     return reqs
 
 
-def conversation_turns(reqs):
-    """Turn number of each request (0: first of its conversation) and the
-    request that continues it (None: the conversation ends there)."""
-    last_owner, turn, nxt = {}, [0] * len(reqs), [None] * len(reqs)
-    for i, (_, _, h) in enumerate(reqs):
-        for k in range(len(h) - 1, 0, -1):  # block 0 is everyone's
+def previous_turns(hash_lists):
+    """The request each request continues (None: a conversation's first), as
+    the replay links them (examples/replay/workload.cpp): the latest request
+    that held the deepest of its blocks an earlier request holds, past block
+    0 (everyone's system prompt)."""
+    last_owner, previous = {}, [None] * len(hash_lists)
+    for i, h in enumerate(hash_lists):
+        for k in range(len(h) - 1, 0, -1):
             if h[k] in last_owner:
-                p = last_owner[h[k]]
-                turn[i], nxt[p] = turn[p] + 1, i
+                previous[i] = last_owner[h[k]]
                 break
         for b in h:
             last_owner[b] = i
+    return previous
+
+
+def conversation_turns(reqs):
+    """Turn number of each request (0: first of its conversation) and the
+    request that continues it (None: the conversation ends there; the last
+    one when several do)."""
+    turn, nxt = [0] * len(reqs), [None] * len(reqs)
+    for i, p in enumerate(previous_turns([h for _, _, h in reqs])):
+        if p is not None:
+            turn[i], nxt[p] = turn[p] + 1, i
     return turn, nxt
 
 

@@ -13,8 +13,7 @@ What a host sees when a request arrives: the turn it is in (0 for a
 conversation's first request), its prompt's length, and for a later turn the
 time since the previous turn and the user's new message (this prompt less the
 previous prompt and its answer). Conversations are linked as the replay links
-them: a request continues the latest earlier request that shares one of its
-blocks past block 0. The predictor: the rate of "next turn within S" per class
+them (eviction_bounds.previous_turns). The predictor: the rate of "next turn within S" per class
 of those features (turn 0-4+, prompt size in doublings of 1,000 tokens, the
 gap in doublings of 15 s, the message under 100 / 500 / 2,000 tokens or over),
 learned on the first half of the trace (shrunk towards the overall rate with a
@@ -31,6 +30,8 @@ import bisect
 import json
 import math
 
+from eviction_bounds import previous_turns  # this script's folder is on sys.path
+
 
 def load(path):
     with open(path) as f:
@@ -39,24 +40,16 @@ def load(path):
 
 def link(requests):
     """For each request: its previous turn (index or None), its turn number,
-    and the seconds to its next turn (inf when there is none)."""
-    last_with_block = {}
-    previous = [None] * len(requests)
+    and the seconds to its next turn, the first request that continues it
+    (inf when there is none), as Request::seconds_to_next_turn."""
+    previous = previous_turns([r["hash_ids"] for r in requests])
     turn = [0] * len(requests)
     to_next = [math.inf] * len(requests)
-    for i, r in enumerate(requests):
-        best = None
-        for block in r["hash_ids"][1:]:
-            j = last_with_block.get(block)
-            if j is not None and (best is None or j > best):
-                best = j
-        if best is not None:
-            previous[i] = best
-            turn[i] = turn[best] + 1
-            if to_next[best] == math.inf:
-                to_next[best] = (r["timestamp"] - requests[best]["timestamp"]) / 1000
-        for block in r["hash_ids"]:
-            last_with_block[block] = i
+    for i, p in enumerate(previous):
+        if p is not None:
+            turn[i] = turn[p] + 1
+            if to_next[p] == math.inf:
+                to_next[p] = (requests[i]["timestamp"] - requests[p]["timestamp"]) / 1000
     return previous, turn, to_next
 
 

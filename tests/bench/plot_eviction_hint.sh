@@ -45,7 +45,6 @@ for within in 30 60 120 300; do
 done
 
 echo "| pool | $(printf '%s | ' "${lines[@]}")"
-rows=()
 for capacity in "${capacities[@]}"; do
   row="| $capacity |"
   for line in "${lines[@]}"; do
