@@ -70,7 +70,7 @@ build: deps
 # (test_snapshot_projection.cpp at -O1 with ASan + UBSan: 86 s against 55 s),
 # and the ASan build was a third of CI's time. The release build stays GCC's,
 # so both compilers build the whole project in every run. (With clang the
-# library's second, AVX2 build of Eigen (lib/eigen_avx2.cpp, a GCC pragma) is
+# library's second, AVX2 build of Eigen (lib/kernels/eigen_avx2.cpp, a GCC pragma) is
 # not made: the sanitizers run the generic Eigen path, release the AVX2 one.)
 SANITIZER_COMPILERS := -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
 

@@ -17,7 +17,7 @@
 
 #include "clm/engine.hpp"
 #if CLM_HAVE_CUDA
-#include "clm/cuda_clm.hpp"
+#include "clm/device/cuda_clm.hpp"
 #endif
 
 #include "capi_internal.hpp"

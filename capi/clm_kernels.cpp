@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "capi_internal.hpp"
-#include "clm/attention.hpp"
+#include "clm/kernels/attention.hpp"
 #if CLM_HAVE_CUDA
-#include "clm/cuda_kernels.hpp"
+#include "clm/device/cuda_kernels.hpp"
 #endif
 
 using namespace clm_capi;

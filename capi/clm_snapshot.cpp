@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "capi_internal.hpp"
-#include "clm/snapshot_adapter.hpp"
-#include "clm/snapshot_projection.hpp"
+#include "clm/model/snapshot_adapter.hpp"
+#include "clm/model/snapshot_projection.hpp"
 
 using namespace clm_capi;
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "capi_internal.hpp"
-#include "clm/src_head.hpp"
+#include "clm/model/src_head.hpp"
 
 using namespace clm_capi;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/check_eigen_avx2_isolation.sh OBJECTS: lib/eigen_avx2.cpp's object may
+# tests/check_eigen_avx2_isolation.sh OBJECTS: lib/kernels/eigen_avx2.cpp's object may
 # hold AVX instructions only in Eigen's renamed copy (ClmEigenAvx2), our two
 # entry points, and functions of an anonymous namespace (internal linkage:
 # never merged); any other function compiled for AVX there could be picked by

@@ -67,7 +67,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "clm/radix_tree.hpp"
+#include "clm/cache/radix_tree.hpp"
 
 namespace clm_test::radix_model {
 

@@ -1,4 +1,4 @@
-// Tests of the adapter's ridge fit (include/clm/adapter_fit.hpp): recovery of a
+// Tests of the adapter's ridge fit (include/clm/model/adapter_fit.hpp): recovery of a
 // known map, agreement with a float64 normal-equation reference written here
 // (the bias as an extra unpenalised column, plain Gaussian elimination),
 // singular systems and bad inputs. Fresh random data (seed printed on failure).
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "clm/adapter_fit.hpp"
+#include "clm/model/adapter_fit.hpp"
 #include "clm/detail/half.hpp"
 
 namespace {

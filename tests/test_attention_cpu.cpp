@@ -1,4 +1,4 @@
-// CPU attention and KV kernels (clm/attention.hpp) against a float64 dense
+// CPU attention and KV kernels (clm/kernels/attention.hpp) against a float64 dense
 // reference, on fresh random inputs each run (the seed is printed on failure).
 //
 // Reference: dense softmax attention in double over the K/V values *as stored*
@@ -33,10 +33,10 @@
 
 #include "alloc_fault.hpp"
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include "../lib/attention_cpu_prefetch.hpp"  // the decode's prefetch stream (x86 kernels only)
+#include "../lib/kernels/attention_cpu_prefetch.hpp"  // the decode's prefetch stream (x86 kernels only)
 #define CLM_TEST_PREFETCH_STREAM 1
 #endif
-#include "clm/attention.hpp"
+#include "clm/kernels/attention.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
 #include "clm/engine.hpp"

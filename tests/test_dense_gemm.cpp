@@ -1,4 +1,4 @@
-// clm::gemm_nt (clm/dense_gemm.hpp), unpacked and packed, against a float64
+// clm::gemm_nt (clm/kernels/dense_gemm.hpp), unpacked and packed, against a float64
 // reference on fresh random shapes and data, for every ISA this machine has;
 // the packed form's promise that a row of c never depends on the other rows
 // of a (bit for bit), and that no column outside the asked range is written.
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "clm/dense_gemm.hpp"
+#include "clm/kernels/dense_gemm.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "test_support.hpp"
 

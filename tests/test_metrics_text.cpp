@@ -1,4 +1,4 @@
-// The Prometheus text of Engine::metrics_text (clm/metrics_text.hpp), read
+// The Prometheus text of Engine::metrics_text (clm/metrics/metrics_text.hpp), read
 // back by a parser of the exposition format written here: the format's rules
 // (names, HELP and TYPE before samples, no family twice, float values,
 // cumulative histogram buckets), the naming rules (clm_ prefix, _total on
@@ -20,7 +20,7 @@
 #include <fmt/format.h>
 
 #include "clm/engine.hpp"
-#include "clm/metrics_text.hpp"
+#include "clm/metrics/metrics_text.hpp"
 #include "store/store_test_support.hpp"  // TempDir, random_unit
 
 using clm::Engine;

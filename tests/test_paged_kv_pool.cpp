@@ -6,7 +6,7 @@
 #include <random>
 #include <set>
 
-#include "clm/paged_kv_pool.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 
 using clm::PagedKvPool;
 using clm::PagedKvPoolConfig;

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "alloc_fault.hpp"
-#include "clm/radix_tree.hpp"
+#include "clm/cache/radix_tree.hpp"
 
 using clm::CacheNamespace;
 using clm::EvictionPolicy;

@@ -32,7 +32,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "clm/radix_tree.hpp"
+#include "clm/cache/radix_tree.hpp"
 #include "radix_tree_model.hpp"
 
 namespace {

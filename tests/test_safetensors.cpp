@@ -1,6 +1,6 @@
-// Tests of clm/safetensors.hpp: hand-built files, writer/reader round trips,
+// Tests of clm/io/safetensors.hpp: hand-built files, writer/reader round trips,
 // every malformed case, and a mutation loop that must never crash.
-#include "clm/safetensors.hpp"
+#include "clm/io/safetensors.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-// Tests of the snapshot adapter (include/clm/snapshot_adapter.hpp) against a
+// Tests of the snapshot adapter (include/clm/model/snapshot_adapter.hpp) against a
 // float64 reference written here with plain loops, on fresh random data (the
 // seed is printed on failure): delta, inject in f32/f16/bf16, layer gating,
 // inject_batch against per-sequence inject, safetensors files and bad input.
@@ -18,7 +18,7 @@
 #include <unistd.h>  // getpid
 
 #include "clm/detail/half.hpp"
-#include "clm/snapshot_adapter.hpp"
+#include "clm/model/snapshot_adapter.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// Tests of the snapshot projection (include/clm/snapshot_projection.hpp): PCA
+// Tests of the snapshot projection (include/clm/model/snapshot_projection.hpp): PCA
 // against a full Eigen decomposition of a float64 covariance on data from a
 // known low-rank subspace, projection against a float64 reference written here
 // with plain loops, f16 storage, safetensors files (round trip and hand-built
@@ -27,7 +27,7 @@
 #pragma GCC diagnostic pop
 
 #include "clm/detail/half.hpp"
-#include "clm/snapshot_projection.hpp"
+#include "clm/model/snapshot_projection.hpp"
 #include "test_support.hpp"
 
 namespace {

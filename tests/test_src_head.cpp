@@ -1,4 +1,4 @@
-// Tests of the CPU SRC head (include/clm/src_head.hpp) against a float64
+// Tests of the CPU SRC head (include/clm/model/src_head.hpp) against a float64
 // reference written here with plain loops, on fresh random data (the seed is
 // printed on failure).
 #include <catch2/catch.hpp>
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "clm/src_head.hpp"
+#include "clm/model/src_head.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// Tests of SRC head training (include/clm/src_head_training.hpp): the backward
+// Tests of SRC head training (include/clm/model/src_head_training.hpp): the backward
 // pass against finite differences, learning a known synthetic task, agreement
 // with clm::SrcHead, determinism, roc_auc against pair counting, bad inputs.
 // Fresh random data each run (the seed is printed on failure).
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "clm/detail/half.hpp"
-#include "clm/src_head.hpp"
-#include "clm/src_head_training.hpp"
+#include "clm/model/src_head.hpp"
+#include "clm/model/src_head_training.hpp"
 
 namespace {
 

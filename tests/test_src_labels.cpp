@@ -1,4 +1,4 @@
-// Tests of the repeated-suffix labels (include/clm/src_labels.hpp) against a
+// Tests of the repeated-suffix labels (include/clm/model/src_labels.hpp) against a
 // naive O(L^2 n) reference, on fresh random streams (seed printed on failure).
 #include <catch2/catch.hpp>
 
@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "clm/src_labels.hpp"
+#include "clm/model/src_labels.hpp"
 
 namespace {
 

@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "clm/engine.hpp"
-#include "clm/snapshot_adapter.hpp"
-#include "clm/src_gate.hpp"
-#include "clm/src_tracker.hpp"
+#include "clm/model/snapshot_adapter.hpp"
+#include "clm/model/src_gate.hpp"
+#include "clm/model/src_tracker.hpp"
 #include "test_support.hpp"
 
 namespace {

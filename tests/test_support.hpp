@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "clm/activations.hpp"
+#include "clm/kernels/activations.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
 

@@ -29,7 +29,7 @@
 
 #include <fmt/format.h>
 
-#include "clm/radix_tree.hpp"
+#include "clm/cache/radix_tree.hpp"
 
 namespace {
 

@@ -34,7 +34,7 @@
 
 #include <fmt/format.h>
 
-#include "clm/radix_tree.hpp"
+#include "clm/cache/radix_tree.hpp"
 #include "test_support.hpp"
 
 // Heap readings need glibc's own allocator (mallinfo2, glibc >= 2.33).

@@ -1,7 +1,7 @@
-// clm/cuda_kernels.hpp over the CUDA runtime: the workspace, host validation
+// clm/device/cuda_kernels.hpp over the CUDA runtime: the workspace, host validation
 // (plan.cpp), uploads through pinned staging buffers, and the launches of
 // kernels.cu. Plain C++: the CUDA runtime API is a C API.
-#include "clm/cuda_kernels.hpp"
+#include "clm/device/cuda_kernels.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "device_staging.hpp"
+#include "device/device_staging.hpp"
 #include "launch.hpp"
 #include "plan.hpp"
 

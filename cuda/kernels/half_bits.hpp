@@ -1,4 +1,4 @@
-// cuda/half_bits.hpp: f16 and bf16 <-> f32 conversions in plain C++ (round to
+// cuda/kernels/half_bits.hpp: f16 and bf16 <-> f32 conversions in plain C++ (round to
 // nearest even, as __float2half_rn / __float2bfloat16_rn). Used by the CPU
 // emulation of the kernels and by the tests' references; the device code uses
 // the CUDA intrinsics.

@@ -1,4 +1,4 @@
-// cuda/kernel_args.hpp: the plain arguments of the CUDA kernels (cuda/kernels.cuh)
+// cuda/kernels/kernel_args.hpp: the plain arguments of the CUDA kernels (cuda/kernels/kernels.cuh)
 // and their launch constants. No CUDA or clmcache includes: this is shared by
 // the device code, the host glue (cuda_kernels.cpp, plan.cpp) and the CPU
 // emulation test (tests/gpu/test_cuda_emulated.cpp).

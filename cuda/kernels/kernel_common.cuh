@@ -1,4 +1,4 @@
-// cuda/kernel_common.cuh: what the kernels use from CUDA, behind small
+// cuda/kernels/kernel_common.cuh: what the kernels use from CUDA, behind small
 // wrappers, so that the same kernel source compiles with nvcc (for the GPU)
 // and with a plain C++ compiler over tests/gpu/cuda_emu.hpp (a CPU emulator
 // that runs every thread of a block as a fiber, for the tests).
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernel_args.hpp"
+#include "kernels/kernel_args.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>

@@ -1,5 +1,5 @@
-// cuda/kernels.cuh: the device code of clmcache_cuda. Compiled by nvcc in
-// cuda/kernels.cu, and by the host compiler over the CPU emulator in
+// cuda/kernels/kernels.cuh: the device code of clmcache_cuda. Compiled by nvcc in
+// cuda/kernels/kernels.cu, and by the host compiler over the CPU emulator in
 // tests/gpu/test_cuda_emulated.cpp (see kernel_common.cuh). Host validation
 // and planning are in plan.cpp; every index used here was checked there.
 //
@@ -8,7 +8,7 @@
 // + (t*H + h)*D*E; V block at + v_offset.
 #pragma once
 
-#include "kernel_common.cuh"
+#include "kernels/kernel_common.cuh"
 
 namespace clm::cuda::detail {
 

@@ -1,9 +1,9 @@
-// cuda/launch.hpp: the kernel launches of kernels.cu, callable from plain C++
+// cuda/kernels/launch.hpp: the kernel launches of kernels.cu, callable from plain C++
 // (cuda_kernels.cpp). Each returns a cudaError_t as an int (0: launched), or
 // -1 when no kernel instance matches (the host checks prevent that).
 #pragma once
 
-#include "kernel_args.hpp"
+#include "kernels/kernel_args.hpp"
 
 namespace clm::cuda::detail {
 

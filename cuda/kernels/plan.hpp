@@ -1,4 +1,4 @@
-// cuda/plan.hpp: host-side validation and work planning for the CUDA kernels.
+// cuda/kernels/plan.hpp: host-side validation and work planning for the CUDA kernels.
 // Plain C++ (no CUDA): everything a kernel will index is checked here before
 // any launch, and the same code drives the CPU emulation tests.
 #pragma once
@@ -8,9 +8,9 @@
 #include <span>
 #include <vector>
 
-#include "clm/attention.hpp"
+#include "clm/kernels/attention.hpp"
 #include "clm/status.hpp"
-#include "kernel_args.hpp"
+#include "kernels/kernel_args.hpp"
 
 namespace clm::cuda::detail {
 

@@ -1,5 +1,5 @@
-// cuda/clm_args.hpp: the plain arguments and launch constants of the CLM
-// model-side kernels (cuda/clm_kernels.cuh): the SRC head's masked mean and
+// cuda/model/clm_args.hpp: the plain arguments and launch constants of the CLM
+// model-side kernels (cuda/model/clm_kernels.cuh): the SRC head's masked mean and
 // fused finish, and the snapshot adapter's add. No CUDA includes: shared by the
 // device code, the host glue (cuda_clm.cpp) and the CPU emulation
 // (tests/gpu/emulated_clm_launch.cpp).
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernel_args.hpp"
+#include "kernels/kernel_args.hpp"
 
 namespace clm::cuda::detail {
 

@@ -1,14 +1,14 @@
-// cuda/clm_kernels.cuh: the device code of the CLM model side (clm/cuda_clm.hpp):
+// cuda/model/clm_kernels.cuh: the device code of the CLM model side (clm/device/cuda_clm.hpp):
 // the SRC head's masked mean and its fused finish (bias + GELU + dot with w2 +
 // b2 + sigmoid), and the snapshot adapter's add. Compiled by nvcc in
-// cuda/clm_kernels.cu and by the host compiler over the CPU emulator in
+// cuda/model/clm_kernels.cu and by the host compiler over the CPU emulator in
 // tests/gpu/emulated_clm_launch.cpp (as kernels.cuh; see kernel_common.cuh).
 // The GEMMs between them are cuBLAS's. Every index used here was checked on the
 // host (cuda_clm.cpp).
 #pragma once
 
-#include "clm_args.hpp"
-#include "kernel_common.cuh"
+#include "model/clm_args.hpp"
+#include "kernels/kernel_common.cuh"
 
 // ---- what these kernels need beyond kernel_common.cuh -----------------------------
 #if defined(__CUDACC__)
@@ -278,7 +278,7 @@ CLM_GLOBAL void CLM_LAUNCH_BOUNDS(kMeanThreads) running_sum_kernel(const Running
   if (tid == 0 && bid_y() == 0) a.added[b] = count;
 }
 
-// ---- GELU and sigmoid, as lib/src_head.cpp computes them ---------------------------
+// ---- GELU and sigmoid, as lib/model/src_head.cpp computes them ---------------------------
 CLM_DEVICE float gelu_tanh_f(float x) {
   constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
   return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));

@@ -1,9 +1,9 @@
-// clm/cuda_clm.hpp over the CUDA runtime and cuBLAS: the device SRC head and
+// clm/device/cuda_clm.hpp over the CUDA runtime and cuBLAS: the device SRC head and
 // snapshot adapter. Host validation first, then uploads through pinned
 // staging buffers, cuBLAS GEMMs and the launches of clm_kernels.cu. Plain C++:
 // the CUDA runtime and cuBLAS APIs are C APIs. (test_cuda_clm_emulated
 // compiles this file over a fake runtime, a fake cuBLAS and the CPU emulator.)
-#include "clm/cuda_clm.hpp"
+#include "clm/device/cuda_clm.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -21,9 +21,9 @@
 
 #include <fmt/format.h>
 
-#include "clm_args.hpp"
+#include "model/clm_args.hpp"
 #include "clm_launch.hpp"
-#include "device_staging.hpp"
+#include "device/device_staging.hpp"
 
 namespace clm::cuda {
 

@@ -27,13 +27,13 @@
 
 #include <fmt/format.h>
 
-#include "clm/adapter_fit.hpp"
-#include "clm/safetensors.hpp"
-#include "clm/snapshot_adapter.hpp"
-#include "clm/snapshot_projection.hpp"
-#include "clm/src_head.hpp"
-#include "clm/src_head_training.hpp"
-#include "clm/src_labels.hpp"
+#include "clm/model/adapter_fit.hpp"
+#include "clm/io/safetensors.hpp"
+#include "clm/model/snapshot_adapter.hpp"
+#include "clm/model/snapshot_projection.hpp"
+#include "clm/model/src_head.hpp"
+#include "clm/model/src_head_training.hpp"
+#include "clm/model/src_labels.hpp"
 
 namespace {
 

@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "clm/detail/half.hpp"
-#include "clm/safetensors.hpp"
-#include "clm/snapshot_adapter.hpp"
-#include "clm/snapshot_projection.hpp"
-#include "clm/src_head.hpp"
-#include "clm/src_labels.hpp"
+#include "clm/io/safetensors.hpp"
+#include "clm/model/snapshot_adapter.hpp"
+#include "clm/model/snapshot_projection.hpp"
+#include "clm/model/src_head.hpp"
+#include "clm/model/src_labels.hpp"
 #include "temp_dir.hpp"
 
 namespace {

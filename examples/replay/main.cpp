@@ -20,7 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "clm/eviction_policy.hpp"
+#include "clm/cache/eviction_policy.hpp"
 #include "replay_driver.hpp"
 #include "workload.hpp"
 

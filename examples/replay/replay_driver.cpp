@@ -22,8 +22,8 @@
 
 #include "clm/detail/token_ops.hpp"
 #include "clm/engine.hpp"
-#include "clm/paged_kv_pool.hpp"
-#include "clm/radix_tree.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
+#include "clm/cache/radix_tree.hpp"
 
 namespace clm::replay {
 namespace {

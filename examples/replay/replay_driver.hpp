@@ -30,8 +30,8 @@
 #include <string_view>
 #include <vector>
 
-#include "clm/eviction_policy.hpp"
-#include "clm/kv_dtype.hpp"
+#include "clm/cache/eviction_policy.hpp"
+#include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
 #include "clm/tiers/tier_config.hpp"
 #include "workload.hpp"

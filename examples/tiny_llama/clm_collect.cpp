@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "clm/safetensors.hpp"
+#include "clm/io/safetensors.hpp"
 
 namespace tiny_llama {
 

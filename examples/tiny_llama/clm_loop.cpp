@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 
 #include "byte_tokenizer.hpp"
-#include "clm/snapshot_adapter.hpp"
-#include "clm/snapshot_projection.hpp"
-#include "clm/src_head.hpp"
+#include "clm/model/snapshot_adapter.hpp"
+#include "clm/model/snapshot_projection.hpp"
+#include "clm/model/src_head.hpp"
 
 namespace tiny_llama {
 

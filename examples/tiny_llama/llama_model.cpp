@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
-#include "clm/attention.hpp"
-#include "clm/dense_gemm.hpp"
+#include "clm/kernels/attention.hpp"
+#include "clm/kernels/dense_gemm.hpp"
 
 namespace tiny_llama {
 
@@ -49,7 +49,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, LlamaWeights weights, clm::Eng
                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
       workers_(threads_) {
   rope_table(config, rope_cos_, rope_sin_);
-  // Every weight packed once for clm::gemm_nt (clm/dense_gemm.hpp), whose
+  // Every weight packed once for clm::gemm_nt (clm/kernels/dense_gemm.hpp), whose
   // rows then do not depend on the batch around them. q, k and v (and gate
   // and up) read the same normalised rows: one product over the stacked
   // weights instead of three (two). The packed copies replace the originals.

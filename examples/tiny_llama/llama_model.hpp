@@ -1,7 +1,7 @@
 // examples/tiny_llama/llama_model.hpp: a Llama-architecture decoder whose KV
 // lives in a clm::Engine's paged pool: RMSNorm, RoPE (Hugging Face's
 // rotate-half), grouped-query attention through the library's own paged
-// kernels (clm/attention.hpp), SwiGLU MLP, lm_head. CPU, f32 activations.
+// kernels (clm/kernels/attention.hpp), SwiGLU MLP, lm_head. CPU, f32 activations.
 //
 //   std::unique_ptr<tiny_llama::LlamaModel> model;
 //   CLM_RETURN_IF_ERROR(tiny_llama::LlamaModel::create(config, std::move(weights), *engine, {}, model));
@@ -33,7 +33,7 @@
 #include <span>
 #include <vector>
 
-#include "clm/dense_gemm.hpp"
+#include "clm/kernels/dense_gemm.hpp"
 #include "clm/engine.hpp"
 #include "decoder.hpp"
 #include "llama_config.hpp"

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "clm/safetensors.hpp"
+#include "clm/io/safetensors.hpp"
 
 namespace tiny_llama {
 

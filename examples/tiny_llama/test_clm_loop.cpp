@@ -23,9 +23,9 @@
 #include <catch2/catch.hpp>
 
 #include "byte_tokenizer.hpp"
-#include "clm/snapshot_adapter.hpp"
-#include "clm/snapshot_projection.hpp"
-#include "clm/src_head.hpp"
+#include "clm/model/snapshot_adapter.hpp"
+#include "clm/model/snapshot_projection.hpp"
+#include "clm/model/src_head.hpp"
 #include "clm_collect.hpp"
 #include "clm_loop.hpp"
 #include "generator.hpp"

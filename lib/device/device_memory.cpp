@@ -1,5 +1,5 @@
 // Device allocation for PagedKvPool over the CUDA runtime (when built with it).
-#include "clm/device_memory.hpp"
+#include "clm/device/device_memory.hpp"
 
 #include <fmt/format.h>
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "clm/safetensors.hpp"
+#include "clm/io/safetensors.hpp"
 #include "clm/status.hpp"
 
 namespace clm::detail {

@@ -1,6 +1,6 @@
-// The safetensors reader and writer of clm/safetensors.hpp, with a strict
+// The safetensors reader and writer of clm/io/safetensors.hpp, with a strict
 // parser of the header's JSON subset (no JSON library).
-#include "clm/safetensors.hpp"
+#include "clm/io/safetensors.hpp"
 
 #include <fmt/format.h>
 

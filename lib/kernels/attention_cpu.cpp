@@ -1,11 +1,11 @@
-// CPU attention and KV kernels over the paged pool (clm/attention.hpp).
+// CPU attention and KV kernels over the paged pool (clm/kernels/attention.hpp).
 //
 // This file holds the entry points (validation first: nothing is read or
 // written until every shape, page id, slot and head count has been checked),
 // the drivers that split work into tasks, the thread pool that runs them, the
 // ISA dispatch and the scalar kernels. The AVX2 kernels are in
 // attention_cpu_avx2.cpp; see docs/kernels.md.
-#include "clm/attention.hpp"
+#include "clm/kernels/attention.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -14,7 +14,7 @@
 //
 // Compiled per function for AVX-512F (+ the AVX2 set) through a target pragma,
 // not with -mavx512f for the file, and called only after
-// __builtin_cpu_supports("avx512f") (lib/attention_cpu.cpp).
+// __builtin_cpu_supports("avx512f") (lib/kernels/attention_cpu.cpp).
 #include "clm/detail/attention_cpu.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -1,4 +1,4 @@
-// lib/attention_cpu_decode.hpp: the block walk of the SIMD decode kernels
+// lib/kernels/attention_cpu_decode.hpp: the block walk of the SIMD decode kernels
 // (attention_cpu_avx2.cpp, attention_cpu_avx512.cpp), written once for both.
 //
 // Per block of 64 tokens: (A) in address order, `step` tokens at a time (every

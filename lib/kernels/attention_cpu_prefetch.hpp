@@ -1,4 +1,4 @@
-// lib/attention_cpu_prefetch.hpp: the decode's prefetch stream, one per chunk
+// lib/kernels/attention_cpu_prefetch.hpp: the decode's prefetch stream, one per chunk
 // of a sequence: the rows the chunk reads, in the order the walk reads them
 // (per block of tokens, the K rows of its pages, then their V rows; each
 // page's part a contiguous run), one 64-byte line at a time, kept a fixed

@@ -1,4 +1,4 @@
-// lib/attention_cpu_prefill.hpp: the tile walk of the SIMD prefill kernels
+// lib/kernels/attention_cpu_prefill.hpp: the tile walk of the SIMD prefill kernels
 // (attention_cpu_avx2.cpp, attention_cpu_avx512.cpp), written once for both.
 //
 // A tile of queries x the q heads of one kv head (M rows) runs over blocks of

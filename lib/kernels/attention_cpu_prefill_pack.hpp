@@ -1,4 +1,4 @@
-// lib/attention_cpu_prefill_pack.hpp: what the prefill tiles of the SIMD
+// lib/kernels/attention_cpu_prefill_pack.hpp: what the prefill tiles of the SIMD
 // kernel files (attention_cpu_avx2.cpp, attention_cpu_avx512.cpp) share ahead
 // of their micro-kernels: the key block, a KV row read as f32 (load8), and the
 // packing of one block of keys, K transposed into f32 [D][kKeyBlock] and V

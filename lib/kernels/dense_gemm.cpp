@@ -1,4 +1,4 @@
-// C = A B^T (clm/dense_gemm.hpp): the AVX2 + FMA build when
+// C = A B^T (clm/kernels/dense_gemm.hpp): the AVX2 + FMA build when
 // the CPU runs it, else Eigen with the library's generic flags.
 #include "dense_gemm.hpp"
 

@@ -1,4 +1,4 @@
-// lib/dense_kernels.hpp (internal): the CLM parts' dense math, written once
+// lib/kernels/dense_kernels.hpp (internal): the CLM parts' dense math, written once
 // as Eigen templates and compiled twice: by dense_gemm.cpp and src_head.cpp
 // with the library's generic flags, and by eigen_avx2.cpp with Eigen renamed
 // and built for AVX2 + FMA. The anonymous namespace gives each translation unit

@@ -1,4 +1,4 @@
-// The CLM parts' dense math (lib/eigen_avx2.hpp) through Eigen built for
+// The CLM parts' dense math (lib/kernels/eigen_avx2.hpp) through Eigen built for
 // AVX2 + FMA, in a library that must still run on any x86-64.
 //
 // How, and why this way: the file is compiled with the library's generic flags,

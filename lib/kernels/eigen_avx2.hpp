@@ -1,4 +1,4 @@
-// lib/eigen_avx2.hpp (internal): the CLM parts' dense math built a second time,
+// lib/kernels/eigen_avx2.hpp (internal): the CLM parts' dense math built a second time,
 // with Eigen compiled for AVX2 + FMA (eigen_avx2.cpp), for callers to pick at
 // run time: the SRC head on pooled means (src_head.cpp), and C = A B^T for the
 // snapshot projection and adapter (dense_gemm.hpp).

@@ -1,4 +1,4 @@
-// clm::PackedWeight and clm::gemm_nt's packed form (clm/dense_gemm.hpp): the
+// clm::PackedWeight and clm::gemm_nt's packed form (clm/kernels/dense_gemm.hpp): the
 // packing, the portable micro-kernel, and the loop that walks the blocks.
 //
 // Blocking: the panels of b are taken in groups of about 256 KiB (they stay

@@ -1,4 +1,4 @@
-// The AVX2 + FMA micro-kernel of clm::gemm_nt's packed form (lib/packed_gemm.hpp).
+// The AVX2 + FMA micro-kernel of clm::gemm_nt's packed form (lib/kernels/packed_gemm.hpp).
 //
 // Compiled for that target through a target pragma, like attention_cpu_avx2.cpp:
 // nothing outside this region is built for AVX2, and the driver calls in only

@@ -1,6 +1,6 @@
-// The Prometheus text of EngineMetrics (clm/metrics_text.hpp). The families
+// The Prometheus text of EngineMetrics (clm/metrics/metrics_text.hpp). The families
 // here are the list docs/metrics.md documents: change both together.
-#include "clm/metrics_text.hpp"
+#include "clm/metrics/metrics_text.hpp"
 
 #include <cmath>
 #include <concepts>

@@ -1,6 +1,6 @@
-// The adapter's ridge fit (include/clm/adapter_fit.hpp): centred normal
+// The adapter's ridge fit (include/clm/model/adapter_fit.hpp): centred normal
 // equations accumulated a chunk of rows at a time in f64, solved by LDLT.
-#include "clm/adapter_fit.hpp"
+#include "clm/model/adapter_fit.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
-// The snapshot adapter (include/clm/snapshot_adapter.hpp): residual_scale *
+// The snapshot adapter (include/clm/model/snapshot_adapter.hpp): residual_scale *
 // (W s + b) added to the hidden states of the injecting layers; the deltas of
 // a batch as one Eigen GEMM; safetensors I/O.
-#include "clm/snapshot_adapter.hpp"
+#include "clm/model/snapshot_adapter.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,9 +11,9 @@
 
 #include <Eigen/Core>
 
-#include "clm/snapshot_projection.hpp"  // snapshot_from_f16
-#include "dense_gemm.hpp"
-#include "float_tensor.hpp"
+#include "clm/model/snapshot_projection.hpp"  // snapshot_from_f16
+#include "kernels/dense_gemm.hpp"
+#include "io/float_tensor.hpp"
 
 namespace clm {
 namespace {

@@ -1,8 +1,8 @@
-// The snapshot projection (include/clm/snapshot_projection.hpp): PCA on the
+// The snapshot projection (include/clm/model/snapshot_projection.hpp): PCA on the
 // smaller side of the data (Gram or covariance matrix; direct or block Krylov
 // eigensolver, in double), projection as one f32 GEMM per batch, f16 storage
 // and safetensors I/O.
-#include "clm/snapshot_projection.hpp"
+#include "clm/model/snapshot_projection.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,8 +16,8 @@
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
 
-#include "dense_gemm.hpp"
-#include "float_tensor.hpp"
+#include "kernels/dense_gemm.hpp"
+#include "io/float_tensor.hpp"
 
 namespace clm {
 namespace {

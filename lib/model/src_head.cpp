@@ -1,9 +1,9 @@
-// The CPU SRC head (include/clm/src_head.hpp): validation, masked means in
+// The CPU SRC head (include/clm/model/src_head.hpp): validation, masked means in
 // f64, then the head on the means (dense_kernels.hpp: Eigen GEMM or GEMV,
 // GELU, the output row; AVX2 + FMA when the CPU has them) and a sigmoid.
-#include "clm/src_head.hpp"
+#include "clm/model/src_head.hpp"
 
-#include "eigen_avx2.hpp"
+#include "kernels/eigen_avx2.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "dense_kernels.hpp"
+#include "kernels/dense_kernels.hpp"
 
 namespace clm {
 namespace {

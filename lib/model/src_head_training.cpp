@@ -1,8 +1,8 @@
-// Training the SRC head (include/clm/src_head_training.hpp): Adam on the mean
+// Training the SRC head (include/clm/model/src_head_training.hpp): Adam on the mean
 // BCE, minibatch forward/backward as Eigen GEMMs. The math is a template on
 // the scalar so that training runs in f32 and the gradient check in f64 go
 // through the same code.
-#include "clm/src_head_training.hpp"
+#include "clm/model/src_head_training.hpp"
 
 #include <algorithm>
 #include <cmath>

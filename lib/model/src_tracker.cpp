@@ -1,8 +1,8 @@
-// SrcTracker (include/clm/src_tracker.hpp): running sums per sequence, the
+// SrcTracker (include/clm/model/src_tracker.hpp): running sums per sequence, the
 // head on their means, and the gate; validate, compute outside the lock, then
 // commit all or nothing. step keeps the sums on the host, step_device in a
 // DeviceSrcSums (two rows per sequence, so that committing is a flip).
-#include "clm/src_tracker.hpp"
+#include "clm/model/src_tracker.hpp"
 
 #include <algorithm>
 #include <cmath>

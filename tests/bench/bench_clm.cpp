@@ -46,9 +46,9 @@
 
 #include "bench_common.hpp"
 #include "clm/engine.hpp"
-#include "clm/snapshot_adapter.hpp"
-#include "clm/snapshot_projection.hpp"
-#include "clm/src_head.hpp"
+#include "clm/model/snapshot_adapter.hpp"
+#include "clm/model/snapshot_projection.hpp"
+#include "clm/model/src_head.hpp"
 #include "read_pass.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// bench_cuda_clm: the CLM model side on this machine's GPU (clm/cuda_clm.hpp),
+// bench_cuda_clm: the CLM model side on this machine's GPU (clm/device/cuda_clm.hpp),
 // one JSON object per figure (as the other benches):
 //
 //   src_head/...  DeviceSrcHead::score_async at hidden 4096 (inner 1024) over M
@@ -35,9 +35,9 @@
 #include <fmt/format.h>
 
 #include "bench_cuda_common.hpp"
-#include "clm/cuda_clm.hpp"
+#include "clm/device/cuda_clm.hpp"
 #include "clm/detail/half.hpp"
-#include "clm/device_memory.hpp"
+#include "clm/device/device_memory.hpp"
 
 namespace {
 

@@ -29,7 +29,7 @@
 #include <fmt/format.h>
 
 #include "bench_common.hpp"
-#include "clm/device_memory.hpp"
+#include "clm/device/device_memory.hpp"
 
 namespace clm_bench {
 

@@ -1,4 +1,4 @@
-// bench_cuda_kernels: the CUDA kernels of clm/cuda_kernels.hpp on this
+// bench_cuda_kernels: the CUDA kernels of clm/device/cuda_kernels.hpp on this
 // machine's GPU, one JSON object per figure (as the other benches):
 //
 //   decode/...  achieved bandwidth (K/V bytes read / time of decode_run) vs the
@@ -25,9 +25,9 @@
 #include <fmt/format.h>
 
 #include "bench_cuda_common.hpp"
-#include "clm/cuda_kernels.hpp"
+#include "clm/device/cuda_kernels.hpp"
 #include "clm/detail/half.hpp"
-#include "clm/device_memory.hpp"
+#include "clm/device/device_memory.hpp"
 
 namespace {
 

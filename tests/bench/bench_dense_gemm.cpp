@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "clm/dense_gemm.hpp"
+#include "clm/kernels/dense_gemm.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// bench_kernels: the CPU attention kernels (clm/attention.hpp) against
+// bench_kernels: the CPU attention kernels (clm/kernels/attention.hpp) against
 // baselines measured in the same run, on all hardware threads. One JSON object
 // per figure:
 //   kernels/decode_{f32,bf16}_b8_8k   batch 8 x 8192-token contexts, 32 q / 8 kv heads, head_dim 128,
@@ -48,7 +48,7 @@
 #include <Eigen/Dense>
 
 #include "bench_common.hpp"
-#include "clm/attention.hpp"
+#include "clm/kernels/attention.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
 #include "read_pass.hpp"

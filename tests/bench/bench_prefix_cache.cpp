@@ -29,8 +29,8 @@
 #include <fmt/format.h>
 
 #include "bench_common.hpp"
-#include "clm/eviction_policy.hpp"
-#include "clm/paged_kv_pool.hpp"
+#include "clm/cache/eviction_policy.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 #include "replay_driver.hpp"
 #include "workload.hpp"
 

@@ -53,9 +53,9 @@
 #include <fmt/format.h>
 
 #include "bench_common.hpp"
-#include "clm/attention.hpp"
+#include "clm/kernels/attention.hpp"
 #include "clm/engine.hpp"
-#include "clm/paged_kv_pool.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 #include "clm/tiers/page_copier.hpp"
 #include "replay_driver.hpp"
 #include "tiers/redis_server.hpp"

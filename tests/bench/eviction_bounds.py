@@ -24,7 +24,7 @@ ranks a leaf by its first page's next use; docs/eviction.md).
 
 Policies, each a key per block (the smallest leaf goes first):
   lru             last use
-  ghost_slru      the library's policy (include/clm/eviction_policy.hpp):
+  ghost_slru      the library's policy (include/clm/cache/eviction_policy.hpp):
                   probation / protected (0.9 of the pool) with a ghost of 4
                   pool capacities; a remembered block comes back protected
   ghost_slru_whole_leaf

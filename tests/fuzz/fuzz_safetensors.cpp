@@ -1,5 +1,5 @@
 // tests/fuzz/fuzz_safetensors.cpp: libFuzzer target for our strict
-// .safetensors reader (clm::SafetensorsFile::parse, clm/safetensors.hpp) on
+// .safetensors reader (clm::SafetensorsFile::parse, clm/io/safetensors.hpp) on
 // arbitrary bytes: the 8-byte header length, the JSON header and the buffer.
 //
 //   make build-fuzz && build-fuzz/tests/fuzz/fuzz_safetensors tests/fuzz/corpus/safetensors
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "clm/safetensors.hpp"
+#include "clm/io/safetensors.hpp"
 #include "fuzz/fuzz_support.hpp"
 
 namespace {

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "clm/safetensors.hpp"
+#include "clm/io/safetensors.hpp"
 #include "clm/status.hpp"
 #include "clm/store/snapshot_blob.hpp"
 #include "clm/tiers/page_file.hpp"

@@ -1,5 +1,5 @@
 // tests/gpu/cuda_emu.hpp: a small CPU emulator for clmcache's CUDA kernels
-// (cuda/kernels.cuh), so that their indexing, bounds, shared-memory use and
+// (cuda/kernels/kernels.cuh), so that their indexing, bounds, shared-memory use and
 // synchronisation are tested on machines without a GPU.
 //
 // Each thread of a block is a fiber (ucontext) on the calling OS thread.

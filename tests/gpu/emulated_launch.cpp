@@ -1,11 +1,11 @@
-// cuda/launch.hpp implemented with the CPU emulator (cuda_emu.hpp) instead of
+// cuda/kernels/launch.hpp implemented with the CPU emulator (cuda_emu.hpp) instead of
 // CUDA launches: with fake_cudart.cpp, this runs clmcache_cuda's public API
-// (cuda/cuda_kernels.cpp) end to end on machines without a GPU, for
+// (cuda/kernels/cuda_kernels.cpp) end to end on machines without a GPU, for
 // test_cuda_kernels_emulated. Launches complete before they return.
 #include "cuda_emu.hpp"  // first: the kernels compile over it
 
-#include "kernels.cuh"
-#include "launch.hpp"
+#include "kernels/kernels.cuh"
+#include "kernels/launch.hpp"
 
 namespace clm::cuda::detail {
 

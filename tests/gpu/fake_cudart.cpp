@@ -1,5 +1,5 @@
 // A fake CUDA runtime over host memory, for test_cuda_kernels_emulated: the
-// functions clmcache (lib/device_memory.cpp, cuda/cuda_kernels.cpp) and the
+// functions clmcache (lib/device/device_memory.cpp, cuda/kernels/cuda_kernels.cpp) and the
 // GPU test call, defined in the test executable so that they take precedence
 // over libcudart. One "device" (0, 4 SMs; a test may ask for more with
 // clm_fake_cuda_set_device_count, for the current device's bookkeeping). Device memory is malloc'd host
@@ -180,7 +180,7 @@ cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
   *p = q;
   return cudaSuccess;
 }
-// Pinned host memory with flags (lib/device_memory.cpp): the flags change
+// Pinned host memory with flags (lib/device/device_memory.cpp): the flags change
 // nothing here, where host and "device" share one address space.
 cudaError_t cudaHostAlloc(void** p, std::size_t bytes, unsigned int) { return cudaMallocHost(p, bytes); }
 cudaError_t cudaFreeHost(void* p) {

@@ -16,7 +16,7 @@
 #include <iostream>
 #include <string>
 
-#include "clm/device_memory.hpp"
+#include "clm/device/device_memory.hpp"
 #include "clm/status.hpp"
 
 namespace clm_test {

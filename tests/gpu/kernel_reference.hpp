@@ -19,8 +19,8 @@
 
 #include <fmt/format.h>
 
-#include "clm/attention.hpp"
-#include "half_bits.hpp"
+#include "clm/kernels/attention.hpp"
+#include "kernels/half_bits.hpp"
 
 namespace clm_test {
 

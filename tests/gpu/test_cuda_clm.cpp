@@ -1,4 +1,4 @@
-// The CLM model side on a GPU (clm/cuda_clm.hpp): the device SRC head and the
+// The CLM model side on a GPU (clm/device/cuda_clm.hpp): the device SRC head and the
 // snapshot adapter against float64 references on fresh random inputs, f32 /
 // f16 / bf16 activations, vector and scalar (unaligned) access paths, ragged
 // batches with long sequences split across blocks, special tokens really left
@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "clm/cuda_clm.hpp"
-#include "clm/device_memory.hpp"
+#include "clm/device/cuda_clm.hpp"
+#include "clm/device/device_memory.hpp"
 #include "gpu_test_support.hpp"
 #include "kernel_reference.hpp"
 

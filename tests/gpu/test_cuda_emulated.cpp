@@ -1,7 +1,7 @@
-// The CUDA kernels of cuda/kernels.cuh, compiled for the CPU and run on the
+// The CUDA kernels of cuda/kernels/kernels.cuh, compiled for the CPU and run on the
 // fiber emulator (cuda_emu.hpp) against float64 references: this tests their
 // indexing, bounds, shared memory and barriers on machines without a GPU,
-// through the same host validation and planning (cuda/plan.cpp) as the real
+// through the same host validation and planning (cuda/kernels/plan.cpp) as the real
 // launches. What it cannot test: the CUDA intrinsics themselves, the memory
 // model beyond barriers, performance (tests/gpu/run.sh does, on a GPU).
 //
@@ -16,8 +16,8 @@
 #include <limits>
 
 #include "kernel_reference.hpp"
-#include "kernels.cuh"
-#include "plan.hpp"
+#include "kernels/kernels.cuh"
+#include "kernels/plan.hpp"
 
 namespace {
 

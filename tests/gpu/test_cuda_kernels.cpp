@@ -1,4 +1,4 @@
-// The CUDA kernels (clm/cuda_kernels.hpp) on a GPU, against float64
+// The CUDA kernels (clm/device/cuda_kernels.hpp) on a GPU, against float64
 // references on fresh random inputs: decode (split-K + merge), prefill,
 // write_kv, page copies, and the host-side validation of the public API.
 // Outputs are poisoned with NaN before every run. Without a usable CUDA device
@@ -17,9 +17,9 @@
 #include <limits>
 #include <string>
 
-#include "clm/cuda_kernels.hpp"
-#include "clm/device_memory.hpp"
-#include "clm/paged_kv_pool.hpp"
+#include "clm/device/cuda_kernels.hpp"
+#include "clm/device/device_memory.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 #include "gpu_test_support.hpp"
 #include "kernel_reference.hpp"
 

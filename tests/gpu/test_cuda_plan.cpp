@@ -1,13 +1,13 @@
-// Host-side checks and split-K planning of the CUDA kernels (cuda/plan.cpp):
-// every entry point of clm/cuda_kernels.hpp runs these before it launches
+// Host-side checks and split-K planning of the CUDA kernels (cuda/kernels/plan.cpp):
+// every entry point of clm/device/cuda_kernels.hpp runs these before it launches
 // anything, so they are tested here, without a GPU.
 #include <catch2/catch.hpp>
 
 #include <limits>
 
-#include "half_bits.hpp"
+#include "kernels/half_bits.hpp"
 #include "kernel_reference.hpp"
-#include "plan.hpp"
+#include "kernels/plan.hpp"
 
 namespace {
 

@@ -23,9 +23,9 @@
 #include <utility>
 #include <vector>
 
-#include "clm/cuda_clm.hpp"
+#include "clm/device/cuda_clm.hpp"
 #include "clm/engine.hpp"
-#include "clm/src_tracker.hpp"
+#include "clm/model/src_tracker.hpp"
 #include "gpu_test_support.hpp"
 #include "kernel_reference.hpp"
 

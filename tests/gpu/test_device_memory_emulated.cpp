@@ -1,4 +1,4 @@
-// device_allocate / device_free (lib/device_memory.cpp) over the fake CUDA
+// device_allocate / device_free (lib/device/device_memory.cpp) over the fake CUDA
 // runtime (tests/gpu/fake_cudart.cpp) with two devices: they work on the
 // device they are given and leave the calling thread's current device as they
 // found it, also when they fail. And device or pinned allocations that fail
@@ -11,9 +11,9 @@
 #include <memory>
 #include <thread>
 
-#include "clm/device_memory.hpp"
+#include "clm/device/device_memory.hpp"
 #include "clm/engine.hpp"
-#include "clm/paged_kv_pool.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 
 extern "C" void clm_fake_cuda_set_device_count(int count);
 extern "C" void clm_fake_cuda_fail_allocation(long skip);

@@ -4,7 +4,7 @@
 
 #include <iostream>
 
-#include "clm/paged_kv_pool.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 
 TEST_CASE("device-resident pool", "[gpu]") {
   clm::PagedKvPoolConfig config;

@@ -17,8 +17,8 @@
 
 #include <fmt/format.h>
 
-#include "clm/cuda_kernels.hpp"
-#include "device_staging.hpp"  // cuda/: CUDA errors as Status, device buffers, pinned staging
+#include "clm/device/cuda_kernels.hpp"
+#include "device/device_staging.hpp"  // cuda/: CUDA errors as Status, device buffers, pinned staging
 #include "llama_launch.hpp"
 
 namespace tiny_llama {

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "kernel_args.hpp"  // cuda/: Dims
+#include "kernels/kernel_args.hpp"  // cuda/: Dims
 
 namespace tiny_llama::cuda_detail {
 

@@ -3,14 +3,14 @@
 // gather, RMSNorm, the split of the fused q/k/v rows with RoPE, row copies,
 // SiLU(gate) * up, residual add. Compiled
 // by nvcc in llama_kernels.cu and by the host compiler over the CPU emulator
-// in tests/gpu/emulated_llama_launch.cpp, through cuda/kernel_common.cuh's
+// in tests/gpu/emulated_llama_launch.cpp, through cuda/kernels/kernel_common.cuh's
 // wrappers (threadIdx, blockIdx, __syncthreads, __shared__). Every index
 // used here was checked on the host (cuda_llama_model.cpp).
 //
 //   launch one block of kRowThreads per row: rms_norm_kernel<<<rows, kRowThreads>>>(args);
 #pragma once
 
-#include "kernel_common.cuh"
+#include "kernels/kernel_common.cuh"
 #include "llama_kernel_args.hpp"
 
 namespace tiny_llama::cuda_detail {

@@ -1,4 +1,4 @@
-// clm/eviction_policy.hpp: which cached prefix the radix tree gives up first.
+// clm/cache/eviction_policy.hpp: which cached prefix the radix tree gives up first.
 //
 // Every policy orders the unlocked leaves by one 64-bit key, smallest evicted
 // first; the key is computed from what the tree records per node: the tick of

@@ -1,4 +1,4 @@
-// clm/paged_kv_pool.hpp: a fixed budget of KV pages with O(1) alloc/free and
+// clm/cache/paged_kv_pool.hpp: a fixed budget of KV pages with O(1) alloc/free and
 // reference counts.
 //
 // A page holds the K and V of `page_size` consecutive tokens for every layer.
@@ -43,8 +43,8 @@
 
 #include <fmt/format.h>
 
-#include "clm/device_memory.hpp"
-#include "clm/kv_dtype.hpp"
+#include "clm/device/device_memory.hpp"
+#include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

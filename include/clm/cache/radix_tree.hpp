@@ -1,4 +1,4 @@
-// clm/radix_tree.hpp: the prefix cache. A radix tree over token ids that maps
+// clm/cache/radix_tree.hpp: the prefix cache. A radix tree over token ids that maps
 // every cached prefix to the pages of a PagedKvPool (RadixAttention, with the
 // semantics of SGLang's RadixCache for any page_size >= 1).
 //
@@ -63,8 +63,8 @@
 #include "clm/detail/eviction_heap.hpp"
 #include "clm/detail/ghost_list.hpp"
 #include "clm/detail/token_ops.hpp"
-#include "clm/eviction_policy.hpp"
-#include "clm/paged_kv_pool.hpp"
+#include "clm/cache/eviction_policy.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

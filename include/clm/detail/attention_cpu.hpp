@@ -1,7 +1,7 @@
 // clm/detail/attention_cpu.hpp: the inside of the CPU attention kernels
-// (lib/attention_cpu.cpp, lib/attention_cpu_avx2.cpp, lib/attention_cpu_avx512.cpp):
+// (lib/kernels/attention_cpu.cpp, lib/kernels/attention_cpu_avx2.cpp, lib/kernels/attention_cpu_avx512.cpp):
 // the per-ISA work units
-// the drivers of clm/attention.hpp hand to threads, and switches for tests and
+// the drivers of clm/kernels/attention.hpp hand to threads, and switches for tests and
 // benchmarks. Not part of the API.
 //
 // Dispatch: the first kernel call picks the best ISA this machine has
@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "clm/kv_dtype.hpp"
+#include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
 
 namespace clm::detail {

@@ -1,7 +1,7 @@
-// clm/cuda_clm.hpp: the CLM model side on an NVIDIA GPU (library clmcache_cuda,
+// clm/device/cuda_clm.hpp: the CLM model side on an NVIDIA GPU (library clmcache_cuda,
 // built from cuda/ when nvcc is found; sm_80 and sm_90): the SRC head
-// (clm/src_head.hpp) and the snapshot adapter's injection
-// (clm/snapshot_adapter.hpp), over cuBLAS plus small fused kernels.
+// (clm/model/src_head.hpp) and the snapshot adapter's injection
+// (clm/model/snapshot_adapter.hpp), over cuBLAS plus small fused kernels.
 // A plain C++ header (no CUDA headers): streams are void* (a cudaStream_t; null
 // is the default stream), device buffers are plain pointers, activations are
 // clm::ActivationView / ConstActivationView whose `data` is a DEVICE pointer.
@@ -57,10 +57,10 @@
 #include <span>
 #include <vector>
 
-#include "clm/activations.hpp"
-#include "clm/snapshot_adapter.hpp"
-#include "clm/src_head.hpp"
-#include "clm/src_tracker.hpp"
+#include "clm/kernels/activations.hpp"
+#include "clm/model/snapshot_adapter.hpp"
+#include "clm/model/src_head.hpp"
+#include "clm/model/src_tracker.hpp"
 #include "clm/status.hpp"
 
 namespace clm::cuda {

@@ -1,4 +1,4 @@
-// clm/cuda_kernels.hpp: the CUDA versions of the kernels of attention.hpp
+// clm/device/cuda_kernels.hpp: the CUDA versions of the kernels of attention.hpp
 // (library clmcache_cuda, built from cuda/ when nvcc is found; sm_80 and sm_90).
 // A plain C++ header: streams are passed as void* (a cudaStream_t; null is the
 // default stream) and device buffers as pointers.
@@ -45,7 +45,7 @@
 #include <memory>
 #include <span>
 
-#include "clm/attention.hpp"
+#include "clm/kernels/attention.hpp"
 #include "clm/status.hpp"
 
 namespace clm::cuda {

@@ -1,6 +1,6 @@
-// clm/device_memory.hpp: GPU memory for pools that live on the device.
+// clm/device/device_memory.hpp: GPU memory for pools that live on the device.
 //
-// Implemented in lib/device_memory.cpp over the CUDA runtime when clmcache is
+// Implemented in lib/device/device_memory.cpp over the CUDA runtime when clmcache is
 // built with CUDA; without it, or on a machine without a usable GPU, every
 // call returns StatusCode::unsupported with the reason.
 #pragma once

@@ -1,4 +1,4 @@
-// clm/safetensors.hpp: reading and writing .safetensors weight files.
+// clm/io/safetensors.hpp: reading and writing .safetensors weight files.
 //
 // The format: an 8-byte little-endian u64 N, then N bytes of UTF-8 JSON (may
 // end in padding spaces) mapping each tensor name to {"dtype", "shape",

@@ -1,4 +1,4 @@
-// clm/activations.hpp: typed views of a host's activations (hidden states,
+// clm/kernels/activations.hpp: typed views of a host's activations (hidden states,
 // attention outputs), row-major [rows][cols] in f32, f16 or bf16. The CLM parts
 // (SRC head, snapshot projection, adapter) read and write through these, so a
 // host hands over its own buffers without converting them first.
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "clm/detail/half.hpp"
-#include "clm/kv_dtype.hpp"
+#include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

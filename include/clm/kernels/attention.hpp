@@ -1,6 +1,6 @@
-// clm/attention.hpp: attention and KV kernels over the paged pool, on the CPU
-// (lib/attention_cpu.cpp). The CUDA versions have the same shapes
-// (include/clm/cuda_kernels.hpp). A host that brings its own weights calls
+// clm/kernels/attention.hpp: attention and KV kernels over the paged pool, on the CPU
+// (lib/kernels/attention_cpu.cpp). The CUDA versions have the same shapes
+// (include/clm/device/cuda_kernels.hpp). A host that brings its own weights calls
 // these instead of writing paged kernels:
 //
 //   clm::PagedKvView kv = clm::PagedKvView::of(engine->pool());
@@ -25,8 +25,8 @@
 #include <cstdint>
 #include <span>
 
-#include "clm/kv_dtype.hpp"
-#include "clm/paged_kv_pool.hpp"
+#include "clm/kernels/kv_dtype.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

@@ -1,4 +1,4 @@
-// clm/dense_gemm.hpp: C = A B^T in f32, the product of a layer's activations
+// clm/kernels/dense_gemm.hpp: C = A B^T in f32, the product of a layer's activations
 // and its weights stored [out][in] (Hugging Face's nn.Linear layout). It is
 // what the CLM parts run on, offered to hosts whose own layers are small
 // (examples/tiny_llama): Eigen built for AVX2 + FMA when the CPU has them,

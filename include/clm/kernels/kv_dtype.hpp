@@ -1,4 +1,4 @@
-// clm/kv_dtype.hpp: element types a KV page can hold, and where pages live.
+// clm/kernels/kv_dtype.hpp: element types a KV page can hold, and where pages live.
 #pragma once
 
 #include <cstddef>

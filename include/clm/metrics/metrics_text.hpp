@@ -1,4 +1,4 @@
-// clm/metrics_text.hpp: an Engine's metrics as Prometheus text (exposition
+// clm/metrics/metrics_text.hpp: an Engine's metrics as Prometheus text (exposition
 // format 0.0.4), what a host serves on GET /metrics, and the fixed-bucket
 // histogram EngineMetrics keeps of eviction times.
 //

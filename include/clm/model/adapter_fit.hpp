@@ -1,6 +1,6 @@
-// clm/adapter_fit.hpp: fitting the snapshot adapter (clm/snapshot_adapter.hpp)
+// clm/model/adapter_fit.hpp: fitting the snapshot adapter (clm/model/snapshot_adapter.hpp)
 // from the host's own (snapshot, residual delta) pairs, in closed form
-// (lib/adapter_fit.cpp, docs/clm.md).
+// (lib/model/adapter_fit.cpp, docs/clm.md).
 //
 //   // snapshots [n][snapshot_dim], deltas [n][hidden]: the change the adapter
 //   // should add to the residual stream for that snapshot.
@@ -30,8 +30,8 @@
 
 #include <cstdint>
 
-#include "clm/activations.hpp"
-#include "clm/snapshot_adapter.hpp"
+#include "clm/kernels/activations.hpp"
+#include "clm/model/snapshot_adapter.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

@@ -1,4 +1,4 @@
-// clm/snapshot_adapter.hpp: the CLM snapshot adapter (docs/clm.md). A linear
+// clm/model/snapshot_adapter.hpp: the CLM snapshot adapter (docs/clm.md). A linear
 // map snapshot_dim -> hidden (+ bias) whose output, times residual_scale, is
 // added to every position's hidden state at the layers the config allows.
 //
@@ -35,8 +35,8 @@
 #include <utility>
 #include <vector>
 
-#include "clm/activations.hpp"
-#include "clm/safetensors.hpp"
+#include "clm/kernels/activations.hpp"
+#include "clm/io/safetensors.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

@@ -1,7 +1,7 @@
-// clm/snapshot_projection.hpp: the snapshot projection of CLM (docs/clm.md). A
+// clm/model/snapshot_projection.hpp: the snapshot projection of CLM (docs/clm.md). A
 // semantic snapshot is a last-layer hidden vector compressed by PCA to
 // snapshot_dim values and normalised to unit length; it is stored (f32 or f16)
-// and later injected through the SnapshotAdapter (clm/snapshot_adapter.hpp).
+// and later injected through the SnapshotAdapter (clm/model/snapshot_adapter.hpp).
 //
 //   clm::SnapshotProjectionWeights w;
 //   CLM_RETURN_IF_ERROR(clm::fit_pca(samples /*[n][hidden]*/, clm::kDefaultSnapshotDim, w));
@@ -53,8 +53,8 @@
 #include <utility>
 #include <vector>
 
-#include "clm/activations.hpp"
-#include "clm/safetensors.hpp"
+#include "clm/kernels/activations.hpp"
+#include "clm/io/safetensors.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

@@ -1,4 +1,4 @@
-// clm/src_gate.hpp: when an SRC score turns into a snapshot injection, and the
+// clm/model/src_gate.hpp: when an SRC score turns into a snapshot injection, and the
 // breaker that stops a sequence from retrying a retrieval that keeps failing.
 // Pure logic with no locks; SrcTracker (src_tracker.hpp) holds one gate state
 // per running sequence.

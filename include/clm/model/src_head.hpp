@@ -1,5 +1,5 @@
-// clm/src_head.hpp: the SRC head (Suffix Reuse Confidence) of CLM, on the CPU
-// (lib/src_head.cpp, docs/clm.md). It turns one layer's attention output for a
+// clm/model/src_head.hpp: the SRC head (Suffix Reuse Confidence) of CLM, on the CPU
+// (lib/model/src_head.cpp, docs/clm.md). It turns one layer's attention output for a
 // ragged batch of sequences into one score per sequence: how confident the
 // model is that a cached suffix can be reused.
 //
@@ -52,8 +52,8 @@
 #include <utility>
 #include <vector>
 
-#include "clm/activations.hpp"
-#include "clm/safetensors.hpp"
+#include "clm/kernels/activations.hpp"
+#include "clm/io/safetensors.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

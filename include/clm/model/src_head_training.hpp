@@ -1,9 +1,9 @@
-// clm/src_head_training.hpp: fitting the SRC head (clm/src_head.hpp) on the
-// host's own data, without a Python stack (lib/src_head_training.cpp,
+// clm/model/src_head_training.hpp: fitting the SRC head (clm/model/src_head.hpp) on the
+// host's own data, without a Python stack (lib/model/src_head_training.cpp,
 // docs/clm.md).
 //
 //   // features [n][hidden]: the pooled means h the head sees; labels [n] 0/1
-//   // (e.g. repeated-suffix labels, clm/src_labels.hpp).
+//   // (e.g. repeated-suffix labels, clm/model/src_labels.hpp).
 //   clm::SrcHeadTrainOptions options;
 //   options.holdout_fraction = 0.1;
 //   clm::SrcHeadWeights weights;
@@ -39,8 +39,8 @@
 #include <span>
 #include <vector>
 
-#include "clm/activations.hpp"
-#include "clm/src_head.hpp"
+#include "clm/kernels/activations.hpp"
+#include "clm/model/src_head.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

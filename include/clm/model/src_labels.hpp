@@ -1,4 +1,4 @@
-// clm/src_labels.hpp: training labels for the SRC head (docs/clm.md), made from
+// clm/model/src_labels.hpp: training labels for the SRC head (docs/clm.md), made from
 // a conversation's own tokens: "repeated suffixes".
 //
 // Definition. Conversation tokens t[0 .. L), generated[i] = 1 where t[i] was

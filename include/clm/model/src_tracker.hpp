@@ -1,4 +1,4 @@
-// clm/src_tracker.hpp: the SRC head run step by step over running sequences.
+// clm/model/src_tracker.hpp: the SRC head run step by step over running sequences.
 // Keeps each sequence's running sum of its non-special attention-output rows,
 // so a decode step costs one row per sequence (not the whole history), scores
 // the means with the SrcHead, and passes each score through the gate and
@@ -40,9 +40,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "clm/activations.hpp"
-#include "clm/src_gate.hpp"
-#include "clm/src_head.hpp"
+#include "clm/kernels/activations.hpp"
+#include "clm/model/src_gate.hpp"
+#include "clm/model/src_head.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

@@ -19,7 +19,7 @@
 #include <memory>
 #include <span>
 
-#include "clm/paged_kv_pool.hpp"
+#include "clm/cache/paged_kv_pool.hpp"
 #include "clm/status.hpp"
 
 namespace clm {
