@@ -17,6 +17,11 @@ install(TARGETS ${clm_installed_targets}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/capi/clm.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/clm DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The old paths of the headers that moved into folders by concept: one-line
+# forwarding headers, marked deprecated (cmake/moved_headers.cmake).
+include(${PROJECT_SOURCE_DIR}/cmake/moved_headers.cmake)
+clm_write_forwarding_headers(${PROJECT_BINARY_DIR}/forwarding_headers clm_forwarding_headers)
+install(FILES ${clm_forwarding_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/clm)
 
 set(clm_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/clmcache)
 install(EXPORT clmcacheTargets NAMESPACE clmcache:: DESTINATION ${clm_cmake_dir})
