@@ -42,8 +42,8 @@ trap cleanup EXIT
 [[ -d "$stage/include/clm" ]] || fail "no include/clm under $stage: did install_stage run?"
 
 # The first ```cpp block, without its fences.
-block=$(awk '/^ {0,3}```cpp[ \t]*$/ && !found { found = 1; inside = 1; next }
-             inside && /^ {0,3}```/ { exit }
+block=$(awk '/^ ? ? ?```cpp[ \t]*$/ && !found { found = 1; inside = 1; next }
+             inside && /^ ? ? ?```/ { exit }
              inside { print }' "$readme")
 [[ -n "$block" ]] || fail "$readme has no \`\`\`cpp block"
 includes=$(grep -E '^#include ' <<<"$block" || true)
