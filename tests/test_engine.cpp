@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 
 #include "clm/engine.hpp"
+#include "temp_dir.hpp"
 
 using clm::Admission;
 using clm::Engine;
@@ -50,10 +51,31 @@ void check_admission(const Admission& a, std::size_t prompt_len, std::int32_t pa
   REQUIRE(a.slots.size() == prompt_len - static_cast<std::size_t>(a.cached_tokens));
   for (std::size_t i = 0; i < a.slots.size(); ++i) {
     const std::size_t t = static_cast<std::size_t>(a.cached_tokens) + i;
-    REQUIRE(a.slots[i] == static_cast<std::int64_t>(a.page_table[t / ps]) * page_size + static_cast<std::int64_t>(t % ps));
+    REQUIRE(a.slots[i] ==
+            static_cast<std::int64_t>(a.page_table[t / ps]) * page_size + static_cast<std::int64_t>(t % ps));
   }
   REQUIRE(std::set<std::int32_t>(a.page_table.begin(), a.page_table.end()).size() == a.page_table.size());
 }
+
+// kMaxTokens + 1 token ids that cannot be read (PROT_NONE, nothing
+// committed): a call that read one would crash the test.
+class UnreadableLongPrompt {
+ public:
+  UnreadableLongPrompt()
+      : region_(::mmap(nullptr, kBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)) {}
+  ~UnreadableLongPrompt() {
+    if (region_ != MAP_FAILED) ::munmap(region_, kBytes);
+  }
+  UnreadableLongPrompt(const UnreadableLongPrompt&) = delete;
+  UnreadableLongPrompt& operator=(const UnreadableLongPrompt&) = delete;
+  bool mapped() const { return region_ != MAP_FAILED; }
+  std::span<const std::int32_t> tokens() const { return {static_cast<const std::int32_t*>(region_), kTokens}; }
+
+ private:
+  static constexpr std::size_t kTokens = Engine::kMaxTokens + 1;
+  static constexpr std::size_t kBytes = kTokens * sizeof(std::int32_t);
+  void* region_;
+};
 
 }  // namespace
 
@@ -72,9 +94,9 @@ TEST_CASE("engine: a finished conversation turn is reused by the next", "[engine
       if (turn > 0) {
         // Everything the previous turn finished with is cached (page-aligned).
         const std::size_t previous = history.size() - user.size();
-        const auto expected = std::min(previous / static_cast<std::size_t>(page_size) * static_cast<std::size_t>(page_size),
-                                       (history.size() - 1) / static_cast<std::size_t>(page_size) *
-                                           static_cast<std::size_t>(page_size));
+        const auto expected =
+            std::min(previous / static_cast<std::size_t>(page_size) * static_cast<std::size_t>(page_size),
+                     (history.size() - 1) / static_cast<std::size_t>(page_size) * static_cast<std::size_t>(page_size));
         REQUIRE(static_cast<std::size_t>(a.cached_tokens) == expected);
       }
       // Decode one token at a time, as a host would.
@@ -86,8 +108,9 @@ TEST_CASE("engine: a finished conversation turn is reused by the next", "[engine
         std::vector<std::int32_t> table;
         std::int32_t length = 0;
         REQUIRE(engine->page_table(a.seq, table, &length).ok());
-        REQUIRE(slots[0] == static_cast<std::int64_t>(table[static_cast<std::size_t>((length - 1) / page_size)]) *
-                                    page_size + (length - 1) % page_size);
+        REQUIRE(slots[0] ==
+                static_cast<std::int64_t>(table[static_cast<std::size_t>((length - 1) / page_size)]) * page_size +
+                    (length - 1) % page_size);
       }
       REQUIRE(engine->finish(a.seq).ok());
       REQUIRE(engine->check_invariants().ok());
@@ -110,7 +133,7 @@ TEST_CASE("engine: salts and adapters isolate tenants", "[engine]") {
   REQUIRE(engine->admit(prompt, {.cache_salt = "alice"}, a).ok());
   REQUIRE(engine->finish(a.seq).ok());
   for (clm::AdmitOptions other : {clm::AdmitOptions{.cache_salt = "bob"}, clm::AdmitOptions{},
-                                   clm::AdmitOptions{.cache_salt = "alice", .adapter_id = 2}}) {
+                                  clm::AdmitOptions{.cache_salt = "alice", .adapter_id = 2}}) {
     REQUIRE(engine->admit(prompt, other, a).ok());
     CHECK(a.cached_tokens == 0);
     REQUIRE(engine->abort(a.seq).ok());
@@ -144,7 +167,8 @@ TEST_CASE("engine: lifecycle errors are statuses", "[engine][errors]") {
   const Tokens prompt = {1, 2, 3, 4, 5, 6};
   CHECK(engine->admit(Tokens{}, {}, a).code() == StatusCode::invalid_argument);
   CHECK(engine->admit(Tokens{1, -1}, {}, a).code() == StatusCode::invalid_argument);
-  CHECK(engine->admit(prompt, {.cache_salt = "", .adapter_id = 0, .priority = 101}, a).code() == StatusCode::invalid_argument);
+  CHECK(engine->admit(prompt, {.cache_salt = "", .adapter_id = 0, .priority = 101}, a).code() ==
+        StatusCode::invalid_argument);
   const clm::Status update = engine->admit(
       prompt, {.cache_salt = "", .adapter_id = 0, .priority = 1, .priority_update = clm::PriorityUpdate{2}}, a);
   CHECK(update.code() == StatusCode::invalid_argument);
@@ -359,19 +383,10 @@ TEST_CASE("engine: a batch names each sequence once; refusals leave the table as
 }
 
 TEST_CASE("engine: a prompt longer than kMaxTokens is refused before it is read", "[engine][errors]") {
-  // kMaxTokens + 1 token ids that cannot be read (PROT_NONE, nothing committed):
-  // reading one would crash the test.
-  const std::size_t n = Engine::kMaxTokens + 1;
-  const std::size_t bytes = n * sizeof(std::int32_t);
-  void* region = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  REQUIRE(region != MAP_FAILED);
-  struct Unmap {
-    void* p;
-    std::size_t n;
-    ~Unmap() { ::munmap(p, n); }
-  } unmap{region, bytes};
+  const UnreadableLongPrompt unreadable;
+  REQUIRE(unreadable.mapped());
   auto engine = make_engine(64, 4);
-  const std::span<const std::int32_t> prompt(static_cast<const std::int32_t*>(region), n);
+  const std::span<const std::int32_t> prompt = unreadable.tokens();
   Admission a;
   const clm::Status s = engine->admit(prompt, {}, a);
   CHECK(s.code() == StatusCode::invalid_argument);
@@ -385,6 +400,93 @@ TEST_CASE("engine: a prompt longer than kMaxTokens is refused before it is read"
   CHECK(m.active_sequences == 0);
   CHECK(m.cache.pages_used == 0);
   CHECK(m.cache.tokens_queried == 0);
+}
+
+// admit, plan_admission and prefetch share one check of the prompt and its
+// options (Engine::check_admission): each bad prompt is refused by all
+// three, with the same code and before anything is read, matched, counted
+// or fetched; each good one passes all three.
+TEST_CASE("engine: admit, plan_admission and prefetch refuse the same prompts", "[engine][errors][tiers]") {
+  clm_test::TempDir storage("engine-prompts");
+  clm::EngineConfig config;
+  config.pool.num_pages = 32;
+  config.pool.page_size = 4;
+  config.pool.num_layers = 1;
+  config.pool.kv_heads = 1;
+  config.pool.head_dim = 8;
+  config.pool.dtype = clm::KvDType::f32;
+  config.tiers.host_pages = 32;
+  config.tiers.storage_url = "file://" + storage.str();  // prefetch needs a storage tier to look at the prompt
+  std::unique_ptr<Engine> engine;
+  REQUIRE(Engine::create(config, engine).ok());
+  const UnreadableLongPrompt unreadable;
+  REQUIRE(unreadable.mapped());
+
+  const Tokens good{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  Tokens negative_last = good;
+  negative_last.back() = std::numeric_limits<std::int32_t>::min();
+  Tokens negative_in_page = good;
+  negative_in_page[5] = -1;
+  auto options = [](int priority, clm::PriorityUpdate update = clm::PriorityUpdate::raise) {
+    clm::AdmitOptions o;
+    o.priority = priority;
+    o.priority_update = update;
+    return o;
+  };
+  struct Bad {
+    const char* what;
+    std::span<const std::int32_t> prompt;
+    clm::AdmitOptions options;
+  };
+  const std::vector<Bad> bad{
+      {"an empty prompt", {}, options(0)},
+      {"a prompt longer than kMaxTokens", unreadable.tokens(), options(0)},
+      {"a negative id inside the whole pages", negative_in_page, options(0)},
+      {"a negative id as the last token", negative_last, options(0)},
+      {"a priority below 0", good, options(-1)},
+      {"a priority above kMaxPriority", good, options(clm::kMaxPriority + 1)},
+      {"an unknown priority update", good, options(0, static_cast<clm::PriorityUpdate>(2))},
+  };
+  for (const Bad& c : bad) {
+    INFO(c.what);
+    Admission a;
+    clm::AdmissionPlan plan;
+    const clm::Status admitted = engine->admit(c.prompt, c.options, a);
+    const clm::Status planned = engine->plan_admission(c.prompt, c.options, plan);
+    const clm::Status prefetched = engine->prefetch(c.prompt, c.options);
+    CHECK(admitted.code() == StatusCode::invalid_argument);
+    CHECK(planned.code() == admitted.code());
+    CHECK(prefetched.code() == admitted.code());
+    CHECK(admitted.message().starts_with("admit: "));
+    CHECK(planned.message().starts_with("plan_admission: "));
+    CHECK(prefetched.message().starts_with("prefetch: "));
+  }
+  engine->wait_for_tiers();
+  const clm::EngineMetrics m = engine->metrics();
+  CHECK(m.admitted == 0);
+  CHECK(m.rejected == 0);
+  CHECK(m.cache.match_calls == 0);
+  CHECK(m.cache.pages_used == 0);
+  CHECK(m.tiers.storage.pages_missing == 0);  // nothing asked storage for a bad prompt's pages
+  CHECK(m.tiers.storage_errors == 0);
+  REQUIRE(engine->check_invariants().ok());
+
+  // The edges of what is allowed pass all three.
+  for (const clm::AdmitOptions& allowed : {options(0), options(clm::kMaxPriority, clm::PriorityUpdate::set)}) {
+    for (const Tokens& prompt : {Tokens{0}, good}) {
+      clm::AdmissionPlan plan;
+      REQUIRE(engine->plan_admission(prompt, allowed, plan).ok());
+      REQUIRE(engine->prefetch(prompt, allowed).ok());
+      Admission a;
+      REQUIRE(engine->admit(prompt, allowed, a).ok());
+      REQUIRE(engine->abort(a.seq).ok());
+    }
+  }
+  engine->wait_for_tiers();
+  CHECK(engine->check_invariants().ok());
+  // Without a storage tier prefetch has nothing to check a prompt for.
+  auto plain = make_engine(16, 4);
+  CHECK(plain->prefetch(Tokens{}, {}).code() == StatusCode::failed_precondition);
 }
 
 TEST_CASE("engine: many threads admit, extend, finish and abort at once", "[engine][threads]") {

@@ -30,6 +30,12 @@
 // before it sleeps (detail/spin_mutex.hpp): critical sections are shorter than
 // a futex round trip, and with a plain std::mutex two threads on one Engine
 // ran at 0.64x the requests/s of one; with it, 1.4x (bench_engine).
+//
+// Files: the class is here; most structs its calls take and return are in
+// engine/ (engine_config.hpp: EngineConfig; admission.hpp: AdmitOptions,
+// Admission, AdmissionPlan, PagedBatch; engine_metrics.hpp: EngineMetrics),
+// and the code of the CLM snapshot calls is in engine/engine_snapshots.hpp.
+// Include this header only: it brings all of them.
 #pragma once
 
 #include <algorithm>
@@ -46,11 +52,14 @@
 
 #include <fmt/format.h>
 
-#include "clm/detail/spin_mutex.hpp"
 #include "clm/cache/eviction_policy.hpp"
-#include "clm/metrics/metrics_text.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
 #include "clm/cache/radix_tree.hpp"
+#include "clm/detail/spin_mutex.hpp"
+#include "clm/engine/admission.hpp"
+#include "clm/engine/engine_config.hpp"
+#include "clm/engine/engine_metrics.hpp"
+#include "clm/metrics/metrics_text.hpp"
 #include "clm/model/snapshot_adapter.hpp"
 #include "clm/model/snapshot_projection.hpp"
 #include "clm/model/src_tracker.hpp"
@@ -60,27 +69,6 @@
 
 namespace clm {
 
-struct EngineConfig {
-  PagedKvPoolConfig pool;
-  EvictionPolicy eviction_policy = EvictionPolicy::lru;
-  double slru_protected_fraction = kDefaultSlruProtectedFraction;
-  // ghost_slru (eviction_policy.hpp): its protected segment, a fraction of the
-  // pool in [0, 1], and how many pool capacities of evicted prefixes its ghost
-  // remembers, in [0, 64] (0: none, then it is SLRU with a large segment).
-  double ghost_slru_protected_fraction = kDefaultGhostSlruProtectedFraction;
-  double ghost_slru_memory = kDefaultGhostMemory;
-  // CLM suffix reuse (docs/clm.md): when an SRC score means "inject", and the
-  // token ids (e.g. <|eot_id|>) left out of the SRC head's mean.
-  SrcGateConfig src_gate;
-  std::vector<std::int32_t> special_token_ids;
-  // The semantic snapshot store (store/snapshot_store.hpp): the Engine opens
-  // and owns it when snapshot_store.path is set (":memory:" for tests).
-  SnapshotStoreConfig snapshot_store;
-  // The tiered KV cache (tiers/tier_config.hpp): a host tier when
-  // tiers.host_pages > 0, and a storage tier when tiers.storage_url is set.
-  TierConfig tiers;
-};
-
 // One suffix of a snapshot lookup or record: the user's text (the store's
 // SuffixKeyer makes the key), or the host's own key and the group level 2
 // must agree on (store/suffix_key.hpp, from_host_key).
@@ -88,69 +76,6 @@ struct SuffixRef {
   std::string_view text = {};
   bool is_key = false;
   std::string_view group = {};
-};
-
-struct AdmitOptions {
-  std::string_view cache_salt;  // requests with different salts never share pages
-  std::int32_t adapter_id = 0;  // nor do requests computed with different adapters
-  int priority = 0;             // 0-100, lowest evicted first: EvictionPolicy::priority
-                                // and ghost_slru (eviction_policy.hpp); others ignore it
-  // How `priority` meets the priority already cached along the prompt: raise
-  // keeps the highest (a shared prefix stays at the highest any request gave
-  // it); set replaces it (a hint that expires: eviction_policy.hpp).
-  PriorityUpdate priority_update = PriorityUpdate::raise;
-};
-
-using SequenceId = std::uint64_t;  // 0 is never a sequence
-
-struct Admission {
-  SequenceId seq = 0;
-  std::int32_t cached_tokens = 0;  // page-aligned, <= prompt length - 1
-  // Of cached_tokens, how many were copied in from the host tier and, of
-  // those, how many the host tier had just fetched from storage for this
-  // admission; the rest were on the device. All are in their pages when
-  // admit() returns.
-  std::int32_t host_tokens = 0;
-  std::int32_t storage_tokens = 0;
-  std::vector<std::int32_t> page_table;  // ceil(len / page_size) pages covering the prompt
-  std::vector<std::int64_t> slots;       // for prompt[cached_tokens, len): page * page_size + row
-};
-
-// What admit() would take from the pool, found without admitting
-// (Engine::plan_admission). A scheduler that admits only what can run to the
-// end checks this first, so that a request waiting for room is not matched,
-// counted, made hotter or evicted for on every step it waits.
-struct AdmissionPlan {
-  std::int32_t cached_tokens = 0;   // on the device now: admit() reuses them (it may also load some from the host tier)
-  std::int32_t new_pages = 0;       // pages admit() allocates: the prompt's, less the cached ones
-  std::int32_t unlocked_pages = 0;  // cached pages no sequence holds: admit() locks them, so they stop being evictable
-  // The pool at the same instant: free pages, and the tokens eviction could free.
-  std::int32_t pages_free = 0;
-  std::int64_t evictable_tokens = 0;
-};
-
-// FlashInfer's paged-KV batch description: sequence i uses
-// indices[indptr[i], indptr[i+1]), and rows [0, last_page_len[i]) of its last page.
-struct PagedBatch {
-  std::vector<std::int32_t> indptr;
-  std::vector<std::int32_t> indices;
-  std::vector<std::int32_t> last_page_len;
-};
-
-struct EngineMetrics {
-  RadixTreeMetrics cache;
-  std::uint64_t admitted = 0;
-  std::uint64_t finished = 0;
-  std::uint64_t aborted = 0;
-  std::uint64_t rejected = 0;  // admissions refused for lack of pages
-  std::int64_t active_sequences = 0;
-  // How long the allocations that evicted cached prefixes took, each timed whole.
-  DurationHistogram eviction_duration;
-  SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
-  bool has_snapshot_store = false;
-  SnapshotStoreMetrics store;  // all zero without a store
-  bool has_tiers = false;
-  TierMetrics tiers;  // all zero without tiers
 };
 
 class Engine {
@@ -315,14 +240,11 @@ class Engine {
   // Starts fetching the pages of `prompt` that only storage has into the host
   // tier, and returns: a host calls it when a request arrives, and admit()
   // later finds them there (best_effort admissions wait for nothing).
+  // failed_precondition without a storage tier; then the same errors as
+  // admit() for a bad prompt or options.
   Status prefetch(std::span<const std::int32_t> prompt, const AdmitOptions& options) {
     if (!tiers_ || !tiers_->has_storage()) return failed_precondition("prefetch: the engine has no storage tier");
-    if (prompt.empty() || prompt.size() > kMaxTokens) return invalid_argument("prefetch: empty or too long prompt");
-    const std::size_t bad = detail::first_invalid_token(prompt.data(), prompt.size());
-    if (bad != prompt.size()) {
-      return invalid_argument(
-          fmt::format("prefetch: token id {} at position {} is outside [0, 2^31)", prompt[bad], bad));
-    }
+    CLM_RETURN_IF_ERROR(check_admission(prompt, options, "prefetch"));
     FetchOutcome ignored;
     fetch_from_storage(prompt, {options.cache_salt, options.adapter_id}, false, ignored);
     return {};
@@ -492,36 +414,15 @@ class Engine {
   // the sequence is not in baseline mode, and the adapter injects at `layer`.
   Status inject_snapshots(std::span<const SequenceId> ids, ActivationView hidden_states,
                           std::span<const std::int32_t> indptr, std::span<const float> snapshots,
-                          std::span<const std::uint8_t> apply, std::int32_t layer) {
-    const std::shared_ptr<const SnapshotAdapter> adapter = snapshot_adapter();
-    if (!adapter) return failed_precondition("inject_snapshots: no snapshot adapter is installed");
-    if (apply.size() != ids.size()) {
-      return invalid_argument(
-          fmt::format("inject_snapshots: {} sequences but {} apply flags", ids.size(), apply.size()));
-    }
-    return src_.with_baseline_flags(ids, [&](std::span<const std::uint8_t> baseline, std::uint64_t& injected) {
-      std::vector<std::uint8_t> effective(ids.size());
-      std::uint64_t sequences = 0;  // that get the delta on at least one row
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        effective[i] = apply[i] != 0 && baseline[i] == 0 ? 1 : 0;
-        if (effective[i] != 0 && i + 1 < indptr.size() && indptr[i + 1] > indptr[i]) ++sequences;
-      }
-      CLM_RETURN_IF_ERROR(adapter->inject_batch(hidden_states, indptr, snapshots, effective, layer));
-      injected = adapter->injects_at(layer) ? sequences : 0;
-      return Status{};
-    });
-  }
+                          std::span<const std::uint8_t> apply, std::int32_t layer);
 
-  // ---- CLM: the snapshot store (store/snapshot_store.hpp) -------------------
+  // ---- CLM: the snapshot store (store/snapshot_store.hpp; the code of these
+  // calls is in engine/engine_snapshots.hpp) ------------------------------------
   // The store, or nullptr when EngineConfig::snapshot_store.path was empty.
   SnapshotStore* snapshot_store() const { return store_.get(); }
 
   // The key the store uses for `suffix`.
-  Status suffix_key(const SuffixRef& suffix, SuffixKey& out) const {
-    if (!store_) return failed_precondition("suffix_key: the engine has no snapshot store");
-    if (suffix.is_key) return SuffixKeyer::from_host_key(suffix.text, suffix.group, out);
-    return store_->keyer().make_key(suffix.text, out);
-  }
+  Status suffix_key(const SuffixRef& suffix, SuffixKey& out) const;
 
   // Looks up a snapshot for each sequence ids[i]: suffixes[i] names its
   // suffix, queries [n][snapshot_dim] (or empty: level 2 is skipped) its
@@ -533,102 +434,17 @@ class Engine {
   // error no output is meaningful and no breaker state changed.
   Status lookup_snapshots(std::span<const SequenceId> ids, std::span<const SuffixRef> suffixes,
                           std::span<const float> queries, std::span<SnapshotHit> hits, std::span<float> snapshots,
-                          std::span<std::uint8_t> apply) {
-    if (!store_) return failed_precondition("lookup_snapshots: the engine has no snapshot store");
-    const auto dim = static_cast<std::size_t>(store_->config().snapshot_dim);
-    const std::size_t n = ids.size();
-    if (suffixes.size() != n || hits.size() != n || apply.size() != n || snapshots.size() != n * dim ||
-        (!queries.empty() && queries.size() != n * dim)) {
-      return invalid_argument(fmt::format(
-          "lookup_snapshots: {} sequences need {} suffixes, hits and apply flags and {} snapshot values ({} queries, "
-          "or none); got {}, {}, {}, {} and {}",
-          n, n, n * dim, n * dim, suffixes.size(), hits.size(), apply.size(), snapshots.size(), queries.size()));
-    }
-    CLM_RETURN_IF_ERROR(check_distinct(ids, "lookup_snapshots"));
-    for (std::size_t i = 0; i < queries.size(); i += dim) {  // what the store would refuse, before any lookup
-      CLM_RETURN_IF_ERROR(check_snapshot_vector(queries.subspan(i, dim), static_cast<std::int32_t>(dim),
-                                                fmt::format("lookup_snapshots: query {}", i / dim)));
-    }
-    std::vector<SuffixKey> keys(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      Status made = suffix_key(suffixes[i], keys[i]);
-      if (!made.ok()) return Status(made.code(), fmt::format("lookup_snapshots: suffix {}: {}", i, made.message()));
-    }
-    std::vector<std::string> tenants;
-    CLM_RETURN_IF_ERROR(tenants_of(ids, "lookup_snapshots", tenants));
-    std::vector<std::uint8_t> found(n, 0);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::span<float> out = snapshots.subspan(i * dim, dim);
-      std::fill(out.begin(), out.end(), 0.0f);
-      CLM_RETURN_IF_ERROR(
-          store_->lookup(tenants[i], keys[i], queries.empty() ? queries : queries.subspan(i * dim, dim), hits[i], out));
-      found[i] = hits[i].level != SnapshotLevel::miss ? 1 : 0;
-      apply[i] = found[i];
-    }
-    {
-      std::lock_guard lock(mutex_);
-      for (std::size_t i = 0; i < n; ++i) {
-        auto it = sequences_.find(ids[i]);
-        if (it == sequences_.end()) continue;  // ended meanwhile
-        if (found[i]) {
-          it->second->served = keys[i];
-          it->second->served.key = hits[i].key;  // the served key (another at levels 2 and 3)
-          it->second->served.fingerprint = hits[i].fingerprint;
-        } else {
-          it->second->served = SuffixKey{};
-        }
-      }
-    }
-    return src_.report_retrieval(ids, found);
-  }
+                          std::span<std::uint8_t> apply);
 
   // Records a snapshot [snapshot_dim] of a sequence's suffix (store record():
   // admission, versions, drift), under the sequence's tenant.
   Status record_snapshot(SequenceId id, const SuffixRef& suffix, std::span<const float> snapshot,
-                         RecordOutcome& outcome) {
-    if (!store_) return failed_precondition("record_snapshot: the engine has no snapshot store");
-    SuffixKey key;
-    CLM_RETURN_IF_ERROR(suffix_key(suffix, key));
-    std::vector<std::string> tenants;
-    CLM_RETURN_IF_ERROR(tenants_of(std::span(&id, 1), "record_snapshot", tenants));
-    return store_->record(tenants[0], key, snapshot, outcome);
-  }
+                         RecordOutcome& outcome);
 
   // Whether the snapshot last served to each sequence was right (correct[i]
   // != 0): breaker (b) of the store blacklists keys whose accuracy falls.
   // failed_precondition for a sequence that was served nothing.
-  Status report_snapshot_outcome(std::span<const SequenceId> ids, std::span<const std::uint8_t> correct) {
-    if (!store_) return failed_precondition("report_snapshot_outcome: the engine has no snapshot store");
-    if (correct.size() != ids.size()) {
-      return invalid_argument(
-          fmt::format("report_snapshot_outcome: {} sequences but {} outcomes", ids.size(), correct.size()));
-    }
-    CLM_RETURN_IF_ERROR(check_distinct(ids, "report_snapshot_outcome"));
-    std::vector<std::string> tenants;
-    CLM_RETURN_IF_ERROR(tenants_of(ids, "report_snapshot_outcome", tenants));
-    std::vector<SuffixKey> served(ids.size());
-    {
-      std::lock_guard lock(mutex_);
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        Sequence* seq = nullptr;
-        CLM_RETURN_IF_ERROR(find(ids[i], "report_snapshot_outcome", seq));
-        if (seq->served.key.empty()) {
-          return failed_precondition(fmt::format(
-              "report_snapshot_outcome: sequence {} was served no snapshot by its last lookup, or it was reported",
-              ids[i]));
-        }
-      }
-      for (std::size_t i = 0; i < ids.size(); ++i) {  // one report per served snapshot
-        Sequence& seq = *sequences_.find(ids[i])->second;
-        served[i] = std::move(seq.served);
-        seq.served = SuffixKey{};
-      }
-    }
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      CLM_RETURN_IF_ERROR(store_->report_outcome(tenants[i], served[i], correct[i] != 0));
-    }
-    return {};
-  }
+  Status report_snapshot_outcome(std::span<const SequenceId> ids, std::span<const std::uint8_t> correct);
 
   EngineMetrics metrics() const {
     // The tracker's and the store's own locks, taken before ours: never nested.
@@ -687,24 +503,9 @@ class Engine {
     }
   };
 
-  static Status check_distinct(std::span<const SequenceId> ids, const char* what) {
-    std::vector<SequenceId> sorted(ids.begin(), ids.end());
-    std::sort(sorted.begin(), sorted.end());
-    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
-    if (twice != sorted.end()) return invalid_argument(fmt::format("{}: sequence {} is listed twice", what, *twice));
-    return {};
-  }
-
-  Status tenants_of(std::span<const SequenceId> ids, const char* what, std::vector<std::string>& out) {
-    std::lock_guard lock(mutex_);
-    out.resize(ids.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      Sequence* seq = nullptr;
-      CLM_RETURN_IF_ERROR(find(ids[i], what, seq));
-      out[i] = seq->tenant();
-    }
-    return {};
-  }
+  // The snapshot calls' helpers (engine/engine_snapshots.hpp).
+  static Status check_distinct(std::span<const SequenceId> ids, const char* what);
+  Status tenants_of(std::span<const SequenceId> ids, const char* what, std::vector<std::string>& out);
 
   Engine(const EngineConfig& config, std::unique_ptr<PagedKvPool> pool, std::unique_ptr<TierManager> tiers)
       : config_(config),
@@ -825,9 +626,15 @@ class Engine {
     return allocated;
   }
 
-  // What admit() and plan_admission() refuse before anything reads the
-  // prompt; extend() counts on every sequence holding at most kMaxTokens.
+  // What admit(), plan_admission() and prefetch() refuse, all three alike
+  // (invalid_argument), before anything else reads the prompt: an empty
+  // prompt, one longer than kMaxTokens (checked before any id is read;
+  // extend() counts on every sequence holding at most kMaxTokens), a
+  // priority or priority_update out of range, and a token id outside
+  // [0, 2^31). test_engine "admit, plan_admission and prefetch refuse the
+  // same prompts" holds them to it.
   static Status check_admission(std::span<const std::int32_t> prompt, const AdmitOptions& options, const char* what) {
+    if (prompt.empty()) return invalid_argument(fmt::format("{}: empty prompt", what));
     if (prompt.size() > kMaxTokens) {
       return invalid_argument(fmt::format("{}: a prompt of {} tokens is longer than a sequence may be ({})", what,
                                           prompt.size(), kMaxTokens));
@@ -839,6 +646,11 @@ class Engine {
     if (!is_priority_update(static_cast<int>(options.priority_update))) {
       return invalid_argument(fmt::format("{}: priority_update must be raise (0) or set (1), got {}", what,
                                           static_cast<int>(options.priority_update)));
+    }
+    const std::size_t bad = detail::first_invalid_token(prompt.data(), prompt.size());
+    if (bad != prompt.size()) {
+      return invalid_argument(
+          fmt::format("{}: token id {} at position {} is outside [0, 2^31)", what, prompt[bad], bad));
     }
     return {};
   }
@@ -885,7 +697,7 @@ class Engine {
   std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   SequenceId next_id_ = 1;
   std::int64_t admitting_pages_ = 0;  // pages of admissions loading from the host, lock down (under the mutex)
-  PrefixMatch match_;  // scratch, under the mutex
+  PrefixMatch match_;                 // scratch, under the mutex
   EngineMetrics metrics_;
   SrcTracker src_;                      // its own lock: SRC steps never hold up the prefix cache
   mutable std::mutex clm_parts_mutex_;  // guards the two pointers below
@@ -895,3 +707,6 @@ class Engine {
 };
 
 }  // namespace clm
+
+// The code of the snapshot calls, out of the class.
+#include "clm/engine/engine_snapshots.hpp"

@@ -31,7 +31,7 @@
 
 namespace clm {
 
-struct EngineMetrics;  // engine.hpp, which includes this header
+struct EngineMetrics;  // engine/engine_metrics.hpp, which includes this header
 
 // The Content-Type of format_metrics_text's output.
 inline constexpr std::string_view kMetricsContentType = "text/plain; version=0.0.4; charset=utf-8";

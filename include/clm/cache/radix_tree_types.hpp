@@ -1,0 +1,89 @@
+// clm/cache/radix_tree_types.hpp: the values RadixTree's calls take and give
+// back: the namespace a request's prefixes live in (CacheNamespace), a handle
+// to a node (NodeRef), what a match finds (PrefixMatch, PrefixPeek), what an
+// insert stored (InsertOutcome), and the tree's counters (RadixTreeMetrics).
+// radix_tree.hpp includes this header and shows them in use:
+//
+//   clm::PrefixMatch hit;
+//   CLM_RETURN_IF_ERROR(tree.match_prefix(prompt, {.salt = "tenant-42"}, hit));
+//   // hit.pages: the cached prefix's pages; hit.node: lock it while it runs
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace clm {
+
+// Requests that must never share cached pages: a tenant's cache salt, and the
+// LoRA adapter the KV was computed with.
+struct CacheNamespace {
+  std::string_view salt;
+  std::int32_t adapter_id = 0;
+};
+
+// A handle to a tree node. Stale handles (the node was evicted) are detected.
+struct NodeRef {
+  std::int32_t index = -1;
+  std::uint32_t generation = 0;
+  bool operator==(const NodeRef&) const = default;
+};
+
+struct PrefixMatch {
+  std::int32_t cached_tokens = 0;  // page-aligned, <= len-1: the part on the device (L1)
+  // Deepest matched node on the device: the namespace root on a miss. A miss
+  // in a namespace never seen before creates that root; lock it (or insert)
+  // before RadixTree::kMissRoots more such misses, or it may be gone.
+  NodeRef node;
+  std::vector<std::int32_t> pages;  // cached_tokens / page_size page ids
+  // With a host tier: the tokens after cached_tokens whose pages are only in
+  // host memory (L2), their host page ids, and the deepest such node.
+  std::int32_t host_tokens = 0;
+  std::vector<std::int32_t> host_pages;
+  NodeRef host_node;
+  // Leading tokens of the match that have a host copy (L2 or both).
+  std::int32_t host_backed_tokens = 0;
+};
+
+// What RadixTree::peek_prefix finds: the tokens match_prefix would return,
+// without its side effects.
+struct PrefixPeek {
+  std::int32_t cached_tokens = 0;    // on the device, page-aligned: match_prefix's cached_tokens
+  std::int32_t unlocked_tokens = 0;  // of those, in nodes no sequence holds (evictable until locked)
+  std::int32_t host_tokens = 0;      // past them, on the host only: match_prefix's host_tokens
+};
+
+struct InsertOutcome {
+  std::int32_t cached_tokens = 0;  // leading tokens that were cached (in the tier inserted into) before the call
+  std::int32_t stored_tokens = 0;  // page-aligned length now cached (<= tokens.size())
+  NodeRef node;                    // node that ends at stored_tokens
+};
+
+struct RadixTreeMetrics {
+  std::uint64_t match_calls = 0;
+  std::uint64_t tokens_queried = 0;   // sum of match_prefix lengths
+  std::uint64_t tokens_hit = 0;       // sum of cached_tokens returned
+  std::uint64_t inserted_tokens = 0;  // tokens newly stored by insert
+  std::uint64_t evicted_tokens = 0;
+  std::uint64_t evictions = 0;  // leaves evicted
+  std::int64_t cached_tokens = 0;
+  std::int64_t evictable_tokens = 0;
+  std::int64_t protected_tokens = 0;
+  std::int64_t nodes = 0;  // excluding namespace roots
+  std::int64_t namespaces = 0;
+  std::int32_t pages_used = 0;
+  std::int32_t pages_free = 0;
+  std::size_t metadata_bytes = 0;  // tree bookkeeping, not KV
+  // The host tier (L2), all zero without one.
+  std::uint64_t host_tokens_hit = 0;      // tokens matched past the device part, on the host only
+  std::uint64_t host_evicted_tokens = 0;  // host copies dropped for room
+  std::uint64_t backed_up_tokens = 0;     // tokens given a host copy (write policies, fetches)
+  std::uint64_t write_backs_dropped = 0;  // device evictions write-back could not copy (no host room, failed copy)
+  std::int64_t host_cached_tokens = 0;    // tokens with a host copy
+  std::int32_t host_pages_used = 0;
+  std::int32_t host_pages_free = 0;
+  double hit_rate() const { return tokens_queried ? double(tokens_hit) / double(tokens_queried) : 0.0; }
+};
+
+}  // namespace clm

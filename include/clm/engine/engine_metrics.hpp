@@ -1,0 +1,38 @@
+// clm/engine/engine_metrics.hpp: EngineMetrics, one consistent reading of an
+// Engine's counters: the prefix cache's, the request lifecycle's, the
+// eviction times, the SRC head's, and the snapshot store's and tiers' when
+// the Engine has them. Engine::metrics() takes it; metrics_text.hpp turns it
+// into Prometheus text:
+//
+//   const clm::EngineMetrics m = engine->metrics();
+//   double hit_rate = m.cache.hit_rate();
+//   std::string page = engine->metrics_text();  // the same, for /metrics
+#pragma once
+
+#include <cstdint>
+
+#include "clm/cache/radix_tree_types.hpp"
+#include "clm/metrics/metrics_text.hpp"
+#include "clm/model/src_tracker.hpp"
+#include "clm/store/snapshot_store.hpp"
+#include "clm/tiers/tier_config.hpp"
+
+namespace clm {
+
+struct EngineMetrics {
+  RadixTreeMetrics cache;
+  std::uint64_t admitted = 0;
+  std::uint64_t finished = 0;
+  std::uint64_t aborted = 0;
+  std::uint64_t rejected = 0;  // admissions refused for lack of pages
+  std::int64_t active_sequences = 0;
+  // How long the allocations that evicted cached prefixes took, each timed whole.
+  DurationHistogram eviction_duration;
+  SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
+  bool has_snapshot_store = false;
+  SnapshotStoreMetrics store;  // all zero without a store
+  bool has_tiers = false;
+  TierMetrics tiers;  // all zero without tiers
+};
+
+}  // namespace clm
