@@ -5,7 +5,7 @@
 // -mavx2 for the file: nothing outside this region, and no inline function of
 // a header shared with other files, is built for AVX2 (attention_cpu_decode.hpp's
 // are this file's own copies, in an anonymous namespace), so the library still
-// runs on any x86-64; the drivers in attention_cpu.cpp call in here only after
+// runs on any x86-64; the drivers in attention_cpu_drivers.cpp call in here only after
 // __builtin_cpu_supports.
 //
 // decode: memory-bound. Per block of 64 tokens: the K rows are read in address
@@ -36,7 +36,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
@@ -51,7 +50,6 @@
 namespace clm::detail {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kRowTile = 6;  // rows per prefill micro-kernel (attention_cpu_prefill.hpp)
 
 // exp(x) for x <= 88 (Cephes' polynomial, ~1 ulp); exactly 0 below -87
@@ -129,10 +127,10 @@ template <KvDType DT>
 inline void to_block_layout(float* x, std::size_t n) {
   if constexpr (DT == KvDType::bf16) {
     for (std::size_t i = 0; i < n; i += 16) {
-      const __m256 a = _mm256_load_ps(x + i);      // 0..7
-      const __m256 b = _mm256_load_ps(x + i + 8);  // 8..15
-      const __m256 lo = _mm256_permute2f128_ps(a, b, 0x20);  // 0..3 | 8..11
-      const __m256 hi = _mm256_permute2f128_ps(a, b, 0x31);  // 4..7 | 12..15
+      const __m256 a = _mm256_load_ps(x + i);                                          // 0..7
+      const __m256 b = _mm256_load_ps(x + i + 8);                                      // 8..15
+      const __m256 lo = _mm256_permute2f128_ps(a, b, 0x20);                            // 0..3 | 8..11
+      const __m256 hi = _mm256_permute2f128_ps(a, b, 0x31);                            // 4..7 | 12..15
       _mm256_store_ps(x + i, _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)));      // 0 2 4 6 | 8 10 12 14
       _mm256_store_ps(x + i + 8, _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));  // 1 3 5 7 | 9 11 13 15
     }
@@ -251,7 +249,8 @@ void pv_rows(const float* p, int stride, int nt, const char* const* vrow, int di
       }
     }
     for (int g = 0; g < NG; ++g) {
-      for (int c = 0; c < 2 * NB; ++c) _mm256_store_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 8 * c, o[g][c]);
+      for (int c = 0; c < 2 * NB; ++c)
+        _mm256_store_ps(acc + static_cast<std::ptrdiff_t>(g) * dim + d0 + 8 * c, o[g][c]);
     }
   }
 }

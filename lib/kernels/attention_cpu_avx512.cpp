@@ -14,7 +14,7 @@
 //
 // Compiled per function for AVX-512F (+ the AVX2 set) through a target pragma,
 // not with -mavx512f for the file, and called only after
-// __builtin_cpu_supports("avx512f") (lib/kernels/attention_cpu.cpp).
+// __builtin_cpu_supports("avx512f") (lib/kernels/attention_cpu_isa.cpp).
 #include "clm/detail/attention_cpu.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -37,7 +37,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <limits>
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), apply_to = function)
@@ -52,7 +51,6 @@
 namespace clm::detail {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kLanes = 16;  // floats per vector; also dot products in flight
 
 // 32 consecutive elements of a KV row as two f32 vectors, in the "block

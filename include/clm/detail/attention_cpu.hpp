@@ -1,5 +1,6 @@
 // clm/detail/attention_cpu.hpp: the inside of the CPU attention kernels
-// (lib/kernels/attention_cpu.cpp, lib/kernels/attention_cpu_avx2.cpp, lib/kernels/attention_cpu_avx512.cpp):
+// (lib/kernels/attention_cpu*.cpp: the drivers, the ISA dispatch, the thread
+// pool, the scalar, AVX2 and AVX-512 kernels):
 // the per-ISA work units
 // the drivers of clm/kernels/attention.hpp hand to threads, and switches for tests and
 // benchmarks. Not part of the API.
@@ -13,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
@@ -38,13 +40,16 @@ void set_prefill_route(PrefillRoute route);
 // The number of threads a kernel uses for `requested` (0 = all hardware threads).
 int cpu_kernel_threads(int requested);
 
+// The running max before any key, and the score of a masked key.
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
 // One layer of a host pool, as the kernels address it.
 struct KvLayer {
-  const char* base = nullptr;  // K block of page 0, this layer
-  std::size_t page_stride = 0; // page_bytes
-  std::size_t v_offset = 0;    // from a K row to the V row of the same token and head
-  std::size_t row_bytes = 0;   // one token, all kv heads: kv_heads * head_dim * E
-  std::size_t head_bytes = 0;  // head_dim * E
+  const char* base = nullptr;   // K block of page 0, this layer
+  std::size_t page_stride = 0;  // page_bytes
+  std::size_t v_offset = 0;     // from a K row to the V row of the same token and head
+  std::size_t row_bytes = 0;    // one token, all kv heads: kv_heads * head_dim * E
+  std::size_t head_bytes = 0;   // head_dim * E
   std::int32_t page_size = 0;
   std::int32_t kv_heads = 0;
   std::int32_t head_dim = 0;
