@@ -1,7 +1,9 @@
-// Internal to cuda/: the host-side helpers that cuda_kernels.cpp and
-// cuda_clm.cpp share over the CUDA runtime API: CUDA errors as clm::Status
+// Internal to cuda/: the host-side helpers that kernels/cuda_kernels.cpp and
+// the CLM objects of model/ share over the CUDA runtime API (so does
+// examples/tiny_llama's CUDA decoder): CUDA errors as clm::Status
 // (cuda_error, CLM_CUDA_TRY, launch_status), the device check of create calls
-// (check_usable_device), DeviceGuard (set and restore the current device),
+// (check_usable_device), DeviceGuard::enter (device_guard.hpp's guard, which
+// sets and restores the current device, with a Status),
 // growable device buffers (reserve), a pinned buffer for copies back to the
 // host (PinnedReadback) and a ring of pinned staging buffers that uploads
 // host ranges with one copy (StagingRing).
@@ -22,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "clm/status.hpp"
+#include "device/device_guard.hpp"
 
 namespace clm::cuda::detail {
 
@@ -105,31 +108,11 @@ class PinnedReadback {
   std::size_t capacity_ = 0;
 };
 
-// Makes `device` current for the calling thread for the scope of a call.
-class DeviceGuard {
- public:
-  DeviceGuard() = default;
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  Status enter(int device) {
-    if (entered_) return {};
-    CLM_CUDA_TRY(cudaGetDevice(&previous_), "cudaGetDevice");
-    entered_ = true;
-    if (previous_ != device) {
-      CLM_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
-      restore_ = true;
-    }
-    return {};
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool entered_ = false;
-  bool restore_ = false;
-};
+// DeviceGuard (device_guard.hpp) entered with its error as a Status.
+inline Status DeviceGuard::enter(int device) {
+  if (cudaError_t err = enter_device(device); err != cudaSuccess) return cuda_error(err, failed_call());
+  return {};
+}
 
 // A device allocation that only grows (its owner frees it).
 struct DeviceBuffer {

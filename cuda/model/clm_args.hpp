@@ -1,7 +1,8 @@
 // cuda/model/clm_args.hpp: the plain arguments and launch constants of the CLM
 // model-side kernels (cuda/model/clm_kernels.cuh): the SRC head's masked mean and
 // fused finish, and the snapshot adapter's add. No CUDA includes: shared by the
-// device code, the host glue (cuda_clm.cpp) and the CPU emulation
+// device code, the host glue (cuda_clm.cpp, cuda_src_sums.cpp,
+// cuda_snapshot_adapter.cpp) and the CPU emulation
 // (tests/gpu/emulated_clm_launch.cpp).
 #pragma once
 
@@ -96,14 +97,14 @@ struct RunningSumArgs {
   std::uint64_t row_bytes;
   std::int32_t cols;
   std::int32_t num_special;
-  const std::int32_t* token_ids;   // [tokens]
-  const std::int32_t* special;     // sorted, distinct
-  const std::int32_t* indptr;      // [batch + 1]
-  const SumRows* rows;             // [batch]
-  const std::int64_t* counts;      // [batch]: rows summed before this step
-  double* sums;                    // [rows][cols]
-  float* means;                    // [batch][cols]
-  std::int32_t* added;             // [batch]
+  const std::int32_t* token_ids;  // [tokens]
+  const std::int32_t* special;    // sorted, distinct
+  const std::int32_t* indptr;     // [batch + 1]
+  const SumRows* rows;            // [batch]
+  const std::int64_t* counts;     // [batch]: rows summed before this step
+  double* sums;                   // [rows][cols]
+  float* means;                   // [batch][cols]
+  std::int32_t* added;            // [batch]
   ClmRecord* rec;
 };
 

@@ -1,8 +1,9 @@
 // cuda/model/clm_launch.hpp: the launches of the CLM kernels (cuda/model/clm_kernels.cu),
-// callable from plain C++ (cuda_clm.cpp). Each returns a cudaError_t as an int
-// (0: launched), or -1 when no kernel instance matches (the host checks
-// prevent that). tests/gpu/emulated_clm_launch.cpp implements the same
-// functions over the CPU emulator.
+// callable from plain C++ (cuda_clm.cpp, cuda_src_sums.cpp, cuda_snapshot_adapter.cpp).
+// Each returns a cudaError_t as an int (0: launched), or -1 when no kernel
+// instance matches (the host checks prevent that).
+// tests/gpu/emulated_clm_launch.cpp implements the same functions over the CPU
+// emulator.
 #pragma once
 
 #include "model/clm_args.hpp"

@@ -5,6 +5,8 @@
 
 #if CLM_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "device/device_guard.hpp"  // cuda/: the device guard cuda/ uses too
 #endif
 
 namespace clm {
@@ -22,48 +24,17 @@ int cuda_device_count(std::string* reason) {
   return count;
 }
 
-namespace {
-
-// Makes `device` the calling thread's current device for the guard's life,
-// then restores the one the thread had: the host's CUDA state is its own.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      (void)cudaGetLastError();  // no current device to restore
-      previous_ = -1;
-    }
-    if (previous_ == device) {
-      error_ = cudaSuccess;
-      return;
-    }
-    error_ = cudaSetDevice(device);
-    switched_ = error_ == cudaSuccess;
-  }
-  ~CurrentDevice() {
-    if (switched_ && previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-  cudaError_t error() const { return error_; }
-
- private:
-  int previous_ = -1;
-  bool switched_ = false;
-  cudaError_t error_ = cudaSuccess;
-};
-
-}  // namespace
-
 Status device_allocate(std::size_t bytes, int device, void** out) {
   *out = nullptr;
   std::string reason;
   if (cuda_device_count(&reason) <= device || device < 0) {
     return unsupported(fmt::format("no CUDA device {}: {}", device, reason));
   }
-  const CurrentDevice current(device);
-  if (cudaError_t err = current.error(); err != cudaSuccess) {
-    return unsupported(fmt::format("cudaSetDevice({}): {}", device, cudaGetErrorString(err)));
+  // `device` is the calling thread's current device for the guard's life,
+  // then the one the thread had again: the host's CUDA state is its own.
+  cuda::detail::DeviceGuard current;
+  if (cudaError_t err = current.enter_device(device); err != cudaSuccess) {
+    return unsupported(fmt::format("{} for device {}: {}", current.failed_call(), device, cudaGetErrorString(err)));
   }
   if (cudaError_t err = cudaMalloc(out, bytes); err != cudaSuccess) {
     *out = nullptr;
@@ -75,7 +46,8 @@ Status device_allocate(std::size_t bytes, int device, void** out) {
 
 void device_free(void* pointer, int device) {
   if (!pointer) return;
-  const CurrentDevice current(device);
+  cuda::detail::DeviceGuard current;
+  (void)current.enter_device(device);  // if it fails, freed from the thread's current device
   cudaFree(pointer);
 }
 

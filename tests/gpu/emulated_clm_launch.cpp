@@ -1,6 +1,6 @@
 // cuda/model/clm_launch.hpp implemented with the CPU emulator (cuda_emu.hpp) instead
 // of CUDA launches: with fake_cudart.cpp and fake_cublas.cpp this runs the CLM
-// public API (cuda/model/cuda_clm.cpp) end to end without a GPU, for
+// public API (cuda/model/cuda_*.cpp) end to end without a GPU, for
 // test_cuda_clm_emulated. Launches complete before they return.
 #include "cuda_emu.hpp"  // first: the kernels compile over it
 

@@ -1,5 +1,5 @@
 // TEST-ONLY: a fake cuBLAS for test_cuda_clm_emulated. It defines the few
-// cuBLAS entry points cuda/model/cuda_clm.cpp calls, in the test executable (which
+// cuBLAS entry points cuda/model/cuda_*.cpp call, in the test executable (which
 // does not link libcublas), over fake_cudart.cpp's "device" memory (host
 // memory): cublasGemmEx is a plain CPU GEMM (f32 in, f64 accumulation, f32
 // out), column-major as cuBLAS, for CUDA_R_32F with CUBLAS_COMPUTE_32F only,

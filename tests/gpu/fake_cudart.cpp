@@ -37,6 +37,8 @@ struct Fake {
   // through before one fails; -1: none fails.
   long allocations_before_failure = -1;
   bool allocation_failed = false;
+  // clm_fake_cuda_fail_get_device: what cudaGetDevice returns (cudaSuccess: the thread's device).
+  cudaError_t get_device_error = cudaSuccess;
 };
 
 Fake& fake() {
@@ -77,17 +79,25 @@ typename Map::const_iterator containing(const Map& m, const void* p, std::size_t
   return m.end();
 }
 
-bool is_device(const void* p, std::size_t n) { return containing(fake().device, p, std::max<std::size_t>(n, 1)) != fake().device.end(); }
-bool is_pinned(const void* p, std::size_t n) { return containing(fake().pinned, p, std::max<std::size_t>(n, 1)) != fake().pinned.end(); }
+bool is_device(const void* p, std::size_t n) {
+  return containing(fake().device, p, std::max<std::size_t>(n, 1)) != fake().device.end();
+}
+bool is_pinned(const void* p, std::size_t n) {
+  return containing(fake().pinned, p, std::max<std::size_t>(n, 1)) != fake().pinned.end();
+}
 
 bool copy_allowed(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind) {
   if (n == 0) return true;
   const bool dd = is_device(dst, n), sd = is_device(src, n);
   switch (kind) {
-    case cudaMemcpyHostToDevice: return dd && !is_device(src, 1);
-    case cudaMemcpyDeviceToHost: return sd && !is_device(dst, 1);
-    case cudaMemcpyDeviceToDevice: return dd && sd;
-    case cudaMemcpyHostToHost: return !is_device(dst, 1) && !is_device(src, 1);
+    case cudaMemcpyHostToDevice:
+      return dd && !is_device(src, 1);
+    case cudaMemcpyDeviceToHost:
+      return sd && !is_device(dst, 1);
+    case cudaMemcpyDeviceToDevice:
+      return dd && sd;
+    case cudaMemcpyHostToHost:
+      return !is_device(dst, 1) && !is_device(src, 1);
     case cudaMemcpyDefault:
       // a pointer that starts in device memory must stay inside its allocation
       return (dd || !is_device(dst, 1)) && (sd || !is_device(src, 1));
@@ -123,11 +133,17 @@ long clm_fake_cuda_live_allocations() {
   return static_cast<long>(fake().device.size() + fake().malloc_host.size());
 }
 
+// Test hook: cudaGetDevice fails with `error` (a cudaError_t) until called
+// again with 0 (as without a driver, where the thread's device is unknown).
+void clm_fake_cuda_fail_get_device(int error);
+void clm_fake_cuda_fail_get_device(int error) { fake().get_device_error = static_cast<cudaError_t>(error); }
+
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = fake().devices;
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
+  if (fake().get_device_error != cudaSuccess) return fail(fake().get_device_error);
   *device = t_current_device;
   return cudaSuccess;
 }
@@ -194,7 +210,8 @@ cudaError_t cudaFreeHost(void* p) {
 cudaError_t cudaHostRegister(void* p, std::size_t bytes, unsigned int flags) {
   std::lock_guard lock(fake().mutex);
   if (p == nullptr || bytes == 0) return fail(cudaErrorInvalidValue);
-  if (is_pinned(p, 1) || is_pinned(static_cast<char*>(p) + bytes - 1, 1)) return fail(cudaErrorHostMemoryAlreadyRegistered);
+  if (is_pinned(p, 1) || is_pinned(static_cast<char*>(p) + bytes - 1, 1))
+    return fail(cudaErrorHostMemoryAlreadyRegistered);
   if (is_device(p, 1)) return fail(cudaErrorInvalidValue);
   fake().pinned[reinterpret_cast<std::uintptr_t>(p)] = Range{bytes, (flags & cudaHostRegisterMapped) != 0};
   return cudaSuccess;
@@ -260,14 +277,16 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  if (!fake().events.count(event) || (stream && !fake().streams.count(stream))) return fail(cudaErrorInvalidResourceHandle);
+  if (!fake().events.count(event) || (stream && !fake().streams.count(stream)))
+    return fail(cudaErrorInvalidResourceHandle);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return fake().events.count(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
-  if (!fake().events.count(event) || (stream && !fake().streams.count(stream))) return fail(cudaErrorInvalidResourceHandle);
+  if (!fake().events.count(event) || (stream && !fake().streams.count(stream)))
+    return fail(cudaErrorInvalidResourceHandle);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {

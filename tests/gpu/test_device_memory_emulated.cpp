@@ -1,9 +1,10 @@
 // device_allocate / device_free (lib/device/device_memory.cpp) over the fake CUDA
 // runtime (tests/gpu/fake_cudart.cpp) with two devices: they work on the
 // device they are given and leave the calling thread's current device as they
-// found it, also when they fail. And device or pinned allocations that fail
-// (the fake's fault hook): a clear status, nothing left allocated, and the
-// next try works.
+// found it, also when they fail, and when the runtime cannot tell them the
+// thread's device (then they switch nothing). And device or pinned allocations
+// that fail (the fake's fault hook): a clear status, nothing left allocated,
+// and the next try works.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -11,14 +12,15 @@
 #include <memory>
 #include <thread>
 
+#include "clm/cache/paged_kv_pool.hpp"
 #include "clm/device/device_memory.hpp"
 #include "clm/engine.hpp"
-#include "clm/cache/paged_kv_pool.hpp"
 
 extern "C" void clm_fake_cuda_set_device_count(int count);
 extern "C" void clm_fake_cuda_fail_allocation(long skip);
 extern "C" int clm_fake_cuda_allocation_failed();
 extern "C" long clm_fake_cuda_live_allocations();
+extern "C" void clm_fake_cuda_fail_get_device(int error);
 
 namespace {
 
@@ -75,6 +77,42 @@ TEST_CASE("device_allocate and device_free leave the thread's current device as 
   });
   other.join();
   CHECK(current_device() == 0);
+  clm_fake_cuda_set_device_count(1);
+}
+
+// A thread whose current device cudaGetDevice cannot tell: device_allocate
+// is refused, naming the call, rather than make the device current and leave
+// it so (the device guard could not restore the thread's own); nothing is
+// allocated and the error is not left for the host's next cudaGetLastError.
+// device_free still frees, from the thread's current device.
+TEST_CASE("a failing cudaGetDevice: device_allocate is refused and no device is switched", "[gpu][device][faults]") {
+  clm_fake_cuda_set_device_count(2);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  const long live_before = clm_fake_cuda_live_allocations();
+  void* kept = nullptr;
+  REQUIRE(clm::device_allocate(4096, 1, &kept).ok());
+
+  clm_fake_cuda_fail_get_device(cudaErrorNoDevice);
+  void* p = reinterpret_cast<void*>(0x1);
+  const clm::Status refused = clm::device_allocate(4096, 1, &p);
+  const cudaError_t left_by_allocate = cudaGetLastError();
+  clm::device_free(kept, 1);
+  const cudaError_t left_by_free = cudaGetLastError();
+  clm_fake_cuda_fail_get_device(cudaSuccess);
+
+  INFO(refused.message());
+  CHECK(refused.code() == clm::StatusCode::unsupported);
+  CHECK_THAT(refused.message(), Catch::Contains("cudaGetDevice"));
+  CHECK(p == nullptr);
+  CHECK(left_by_allocate == cudaSuccess);
+  CHECK(left_by_free == cudaSuccess);
+  CHECK(current_device() == 0);
+  CHECK(clm_fake_cuda_live_allocations() == live_before);
+  // The runtime working again, so does device_allocate.
+  REQUIRE(clm::device_allocate(4096, 1, &p).ok());
+  clm::device_free(p, 1);
+  CHECK(current_device() == 0);
+  CHECK(clm_fake_cuda_live_allocations() == live_before);
   clm_fake_cuda_set_device_count(1);
 }
 
