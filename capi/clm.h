@@ -27,9 +27,10 @@
  *   CLM_OK (0) or a negative code; clm_last_error() then describes the most
  *   recent failure on the calling thread.
  * - Out-parameters come first. Options structs carry their own size and are
- *   filled by an init function, so new fields can be appended without
- *   breaking compiled callers; admit takes NULL for defaults (engine options
- *   are required: num_pages has no default).
+ *   filled by an init function (or initialised with its static initialiser,
+ *   CLM_ENGINE_OPTIONS_INIT and the others, the same defaults), so new fields
+ *   can be appended without breaking compiled callers; admit takes NULL for
+ *   defaults (engine options are required: num_pages has no default).
  * - Ownership: the caller owns what a create/admit function returns and gives
  *   it back with the matching free function; free functions accept NULL.
  *   Arrays returned by clm_seq_* accessors belong to the sequence and stay
@@ -165,6 +166,16 @@ typedef struct clm_engine_options {
 /* Fills *options with defaults. struct_size: sizeof(*options) as compiled by
  * the caller; a size this library does not know is CLM_ERR_INVALID_ARGUMENT. */
 CLM_API clm_status clm_engine_options_init(clm_engine_options *options, size_t struct_size);
+/* The same defaults as a static initialiser (as libgit2's GIT_*_OPTIONS_INIT),
+ * struct_size included: clm_engine_options opts = CLM_ENGINE_OPTIONS_INIT;
+ * num_pages is 0 there too, so it must still be set. */
+/* clang-format off */
+#define CLM_ENGINE_OPTIONS_INIT                                                                        \
+  {sizeof(clm_engine_options), 0, 16, 1, 1, 128, CLM_KV_F16, CLM_MEMORY_HOST, 0, CLM_EVICT_LRU, 0.2,   \
+   10000.0, -1.0f, 0.95f, 3, NULL, 0,                                  /* version 2: SRC */            \
+   NULL, 16, 256, 50, 0.95f, 0.80f, 128, 2000,                         /* version 3: snapshot store */ \
+   0, CLM_WRITE_THROUGH, NULL, CLM_PREFETCH_TIMEOUT, 20.0, 10.0, 2, 32} /* version 4: tiers */
+/* clang-format on */
 
 CLM_API clm_status clm_engine_create(clm_engine **out, const clm_engine_options *options);
 /* Ends every running sequence (as abort) and frees the engine. Sequence
@@ -206,6 +217,10 @@ typedef struct clm_admit_options {
  * drops to 0 along its whole prefix when admitted at 0 (docs/c-api.md, Hints). */
 #define CLM_PRIORITY_SET 1
 CLM_API clm_status clm_admit_options_init(clm_admit_options *options, size_t struct_size);
+/* clm_admit_options_init's defaults as a static initialiser (no salt, adapter
+ * 0, priority 0, CLM_PRIORITY_RAISE). */
+#define CLM_ADMIT_OPTIONS_INIT \
+  { sizeof(clm_admit_options), NULL, 0, 0, 0, CLM_PRIORITY_RAISE }
 
 /* Matches the longest cached prefix of tokens[0, n_tokens) (page-aligned, at
  * most n_tokens-1), locks it, and allocates pages for the rest of the prompt.
@@ -249,8 +264,9 @@ CLM_API int32_t clm_seq_storage_tokens(const clm_seq *seq);
 
 /* Starts fetching the pages of tokens[0, n_tokens) that only storage has into
  * the host tier, and returns: call it when a request is queued; its admit
- * finds them there. CLM_ERR_FAILED_PRECONDITION without a storage tier.
- * options may be NULL. */
+ * finds them there. CLM_ERR_FAILED_PRECONDITION without a storage tier;
+ * CLM_ERR_INVALID_ARGUMENT for a prompt or options clm_engine_admit would
+ * refuse (the same checks). options may be NULL. */
 CLM_API clm_status clm_engine_prefetch(clm_engine *engine, const int32_t *tokens, size_t n_tokens,
                                        const clm_admit_options *options);
 /* Waits until the tiers' copies, storage reads and writes queued so far are done. */
@@ -459,6 +475,10 @@ typedef struct clm_adapter_options {
   float residual_scale;   /* default 0.3 */
 } clm_adapter_options;
 CLM_API clm_status clm_adapter_options_init(clm_adapter_options *options, size_t struct_size);
+/* clm_adapter_options_init's defaults as a static initialiser (num_layers 0:
+ * it must still be set). */
+#define CLM_ADAPTER_OPTIONS_INIT \
+  { sizeof(clm_adapter_options), 0, NULL, 0, 0.3f }
 
 /* Loads adapter.weight [hidden, snapshot_dim] and adapter.bias [hidden]
  * (f32/f16/bf16) and installs the adapter, replacing any earlier one. */
@@ -635,6 +655,10 @@ typedef struct clm_attention_params {
 /* Fills *params with defaults. struct_size: sizeof(*params) as compiled by
  * the caller; a size this library does not know is CLM_ERR_INVALID_ARGUMENT. */
 CLM_API clm_status clm_attention_params_init(clm_attention_params *params, size_t struct_size);
+/* clm_attention_params_init's defaults as a static initialiser (num_q_heads
+ * 0: it must still be set). */
+#define CLM_ATTENTION_PARAMS_INIT \
+  { sizeof(clm_attention_params), 0, 0, 0.0f, 0, 0, NULL }
 
 /* Scatters the K/V rows of one layer into the pool: row i of k and v (each
  * kv_len = n_slots * kv_heads * head_dim floats) goes to slots[i] (page *

@@ -3,7 +3,9 @@
  * -pedantic -Wall -Wextra -Werror (and clmcache's own warnings); it names every
  * type, macro and function of clm.h, checks each function's prototype by
  * assigning it to a pointer of the exact documented type, and its main()
- * creates and frees an engine against the shared library.
+ * checks that each static initialiser (CLM_ENGINE_OPTIONS_INIT, ...) equals
+ * what its init function writes, then creates and frees an engine against the
+ * shared library.
  */
 #include "clm.h"
 #include "clm.h" /* the include guard works */
@@ -376,6 +378,110 @@ static int fail(const char *what, clm_status status) {
   return 1;
 }
 
+/* ---- static initialisers: each equals its init function's result ---------- */
+/* The bytes of one field (a double or a pointer as much as an integer), named when they differ. */
+static int same_bytes(const char *macro, const char *field, const void *from_macro, const void *from_init, size_t n) {
+  if (memcmp(from_macro, from_init, n) == 0) return 1;
+  fprintf(stderr, "c99_header: %s: %s differs from what its init function writes\n", macro, field);
+  return 0;
+}
+#define SAME_FIELD(macro, m, i, field) same_bytes(macro, #field, &(m).field, &(i).field, sizeof(m).field)
+/* Then the whole struct, which catches a field the list misses: its padding is
+ * zero on both sides (a static object's; the init functions copy a
+ * zero-initialised struct, or zero it). */
+#define SAME_STRUCT(macro, m, i) same_bytes(macro, "the whole struct", &(m), &(i), sizeof(m))
+
+static int engine_options_init_macro(void) {
+  static const clm_engine_options m = CLM_ENGINE_OPTIONS_INIT;
+  clm_engine_options i;
+  const char *name = "CLM_ENGINE_OPTIONS_INIT";
+  int same = 1;
+  memset(&i, 0, sizeof i);
+  if (p_engine_options_init(&i, sizeof i) != CLM_OK) return 0;
+  same &= SAME_FIELD(name, m, i, struct_size);
+  same &= SAME_FIELD(name, m, i, num_pages);
+  same &= SAME_FIELD(name, m, i, page_size);
+  same &= SAME_FIELD(name, m, i, num_layers);
+  same &= SAME_FIELD(name, m, i, kv_heads);
+  same &= SAME_FIELD(name, m, i, head_dim);
+  same &= SAME_FIELD(name, m, i, kv_dtype);
+  same &= SAME_FIELD(name, m, i, memory);
+  same &= SAME_FIELD(name, m, i, device);
+  same &= SAME_FIELD(name, m, i, eviction_policy);
+  same &= SAME_FIELD(name, m, i, slru_protected_fraction);
+  same &= SAME_FIELD(name, m, i, src_daily_requests);
+  same &= SAME_FIELD(name, m, i, src_threshold);
+  same &= SAME_FIELD(name, m, i, src_breaker_score);
+  same &= SAME_FIELD(name, m, i, src_breaker_steps);
+  same &= SAME_FIELD(name, m, i, special_token_ids);
+  same &= SAME_FIELD(name, m, i, n_special_token_ids);
+  same &= SAME_FIELD(name, m, i, snapshot_store_path);
+  same &= SAME_FIELD(name, m, i, snapshot_store_shards);
+  same &= SAME_FIELD(name, m, i, snapshot_dim);
+  same &= SAME_FIELD(name, m, i, snapshot_min_usage);
+  same &= SAME_FIELD(name, m, i, snapshot_version_cosine);
+  same &= SAME_FIELD(name, m, i, snapshot_similarity_floor);
+  same &= SAME_FIELD(name, m, i, snapshot_ann_ef_search);
+  same &= SAME_FIELD(name, m, i, snapshot_lookup_timeout_us);
+  same &= SAME_FIELD(name, m, i, host_pages);
+  same &= SAME_FIELD(name, m, i, write_policy);
+  same &= SAME_FIELD(name, m, i, storage_url);
+  same &= SAME_FIELD(name, m, i, prefetch_policy);
+  same &= SAME_FIELD(name, m, i, prefetch_timeout_ms);
+  same &= SAME_FIELD(name, m, i, prefetch_timeout_per_1k_tokens_ms);
+  same &= SAME_FIELD(name, m, i, storage_workers);
+  same &= SAME_FIELD(name, m, i, storage_batch_pages);
+  return same & SAME_STRUCT(name, m, i);
+}
+
+static int admit_options_init_macro(void) {
+  static const clm_admit_options m = CLM_ADMIT_OPTIONS_INIT;
+  clm_admit_options i;
+  const char *name = "CLM_ADMIT_OPTIONS_INIT";
+  int same = 1;
+  memset(&i, 0, sizeof i);
+  if (p_admit_options_init(&i, sizeof i) != CLM_OK) return 0;
+  same &= SAME_FIELD(name, m, i, struct_size);
+  same &= SAME_FIELD(name, m, i, cache_salt);
+  same &= SAME_FIELD(name, m, i, cache_salt_len);
+  same &= SAME_FIELD(name, m, i, adapter_id);
+  same &= SAME_FIELD(name, m, i, priority);
+  same &= SAME_FIELD(name, m, i, priority_update);
+  return same & SAME_STRUCT(name, m, i);
+}
+
+static int adapter_options_init_macro(void) {
+  static const clm_adapter_options m = CLM_ADAPTER_OPTIONS_INIT;
+  clm_adapter_options i;
+  const char *name = "CLM_ADAPTER_OPTIONS_INIT";
+  int same = 1;
+  memset(&i, 0, sizeof i);
+  if (p_adapter_options_init(&i, sizeof i) != CLM_OK) return 0;
+  same &= SAME_FIELD(name, m, i, struct_size);
+  same &= SAME_FIELD(name, m, i, num_layers);
+  same &= SAME_FIELD(name, m, i, layers);
+  same &= SAME_FIELD(name, m, i, n_layers);
+  same &= SAME_FIELD(name, m, i, residual_scale);
+  return same & SAME_STRUCT(name, m, i);
+}
+
+static int attention_params_init_macro(void) {
+  static const clm_attention_params m = CLM_ATTENTION_PARAMS_INIT;
+  clm_attention_params i;
+  const char *name = "CLM_ATTENTION_PARAMS_INIT";
+  int same = 1;
+  memset(&i, 0, sizeof i);
+  if (p_attention_params_init(&i, sizeof i) != CLM_OK) return 0;
+  same &= SAME_FIELD(name, m, i, struct_size);
+  same &= SAME_FIELD(name, m, i, layer);
+  same &= SAME_FIELD(name, m, i, num_q_heads);
+  same &= SAME_FIELD(name, m, i, softmax_scale);
+  same &= SAME_FIELD(name, m, i, sliding_window);
+  same &= SAME_FIELD(name, m, i, num_threads);
+  same &= SAME_FIELD(name, m, i, stream);
+  return same & SAME_STRUCT(name, m, i);
+}
+
 /* Creates an engine, runs one request through every call, frees it. */
 int main(void) {
   clm_engine_options options;
@@ -415,8 +521,8 @@ int main(void) {
   const int32_t kv_pages[1] = {0}, kv_indptr[2] = {0, 1}, kv_last[1] = {1};
   unsigned char page_buffer[1];
   /* The snapshot store: a second engine, in memory, 2-float snapshots. */
-  clm_engine *store_engine = NULL;
-  clm_seq *store_seq = NULL;
+  clm_engine* store_engine = NULL;
+  clm_seq* store_seq = NULL;
   clm_snapshot_hit hit;
   const char *suffixes[1] = {"C99-KEY"};
   const size_t suffix_lens[1] = {7};
@@ -436,6 +542,15 @@ int main(void) {
   (void)modes;
   for (i = 0; i < sizeof codes / sizeof codes[0]; ++i) {
     if (strcmp(p_status_name(codes[i]), "unknown") == 0) return fail("status name", codes[i]);
+  }
+  {
+    /* each runs in full, so that a failure names every field that differs */
+    const int engine_ok = engine_options_init_macro(), admit_ok = admit_options_init_macro();
+    const int adapter_ok = adapter_options_init_macro(), params_ok = attention_params_init_macro();
+    if (!engine_ok || !admit_ok || !adapter_ok || !params_ok) {
+      fprintf(stderr, "c99_header: a static initialiser (CLM_*_INIT) is not its init function's defaults\n");
+      return 1;
+    }
   }
   if (p_version() != CLM_VERSION_NUMBER) {
     fprintf(stderr, "c99_header: library %d (%s), header %d\n", p_version(), p_version_string(), CLM_VERSION_NUMBER);
