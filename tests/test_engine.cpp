@@ -15,10 +15,12 @@
 
 #include "clm/engine.hpp"
 #include "temp_dir.hpp"
+#include "test_random.hpp"
 
 using clm::Admission;
 using clm::Engine;
 using clm::StatusCode;
+using clm_test::random_tokens;
 using Tokens = std::vector<std::int32_t>;
 
 namespace {
@@ -35,11 +37,7 @@ std::unique_ptr<Engine> make_engine(std::int32_t pages, std::int32_t page_size,
   return engine;
 }
 
-Tokens random_tokens(std::mt19937& rng, std::size_t n, std::int32_t vocab = 50000) {
-  Tokens t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(vocab));
-  return t;
-}
+constexpr std::int32_t kVocab = 50000;  // prompts' ids are in [0, kVocab) unless a test says otherwise
 
 // Checks what an admission promises: the page table covers the prompt, the
 // slots address the uncached tokens in order, and cached pages come first.
@@ -83,9 +81,9 @@ TEST_CASE("engine: a finished conversation turn is reused by the next", "[engine
   std::mt19937 rng(std::random_device{}());
   for (std::int32_t page_size : {1, 16, 64}) {
     auto engine = make_engine(4096, page_size);
-    const Tokens system = random_tokens(rng, 300);
+    const Tokens system = random_tokens(rng, 300, kVocab);
     Tokens history = system;
-    Tokens user = random_tokens(rng, 1 + rng() % 50);
+    Tokens user = random_tokens(rng, 1 + rng() % 50, kVocab);
     history.insert(history.end(), user.begin(), user.end());
     for (int turn = 0; turn < 4; ++turn) {
       Admission a;
@@ -100,7 +98,7 @@ TEST_CASE("engine: a finished conversation turn is reused by the next", "[engine
         REQUIRE(static_cast<std::size_t>(a.cached_tokens) == expected);
       }
       // Decode one token at a time, as a host would.
-      const Tokens output = random_tokens(rng, 1 + rng() % 40);
+      const Tokens output = random_tokens(rng, 1 + rng() % 40, kVocab);
       std::vector<std::int64_t> slots;
       for (std::int32_t token : output) {
         REQUIRE(engine->extend(a.seq, {&token, 1}, slots).ok());
@@ -115,7 +113,7 @@ TEST_CASE("engine: a finished conversation turn is reused by the next", "[engine
       REQUIRE(engine->finish(a.seq).ok());
       REQUIRE(engine->check_invariants().ok());
       history.insert(history.end(), output.begin(), output.end());
-      user = random_tokens(rng, 1 + rng() % 50);
+      user = random_tokens(rng, 1 + rng() % 50, kVocab);
       history.insert(history.end(), user.begin(), user.end());
     }
     const clm::EngineMetrics m = engine->metrics();
@@ -128,7 +126,7 @@ TEST_CASE("engine: a finished conversation turn is reused by the next", "[engine
 TEST_CASE("engine: salts and adapters isolate tenants", "[engine]") {
   std::mt19937 rng(std::random_device{}());
   auto engine = make_engine(1024, 16);
-  const Tokens prompt = random_tokens(rng, 200);
+  const Tokens prompt = random_tokens(rng, 200, kVocab);
   Admission a;
   REQUIRE(engine->admit(prompt, {.cache_salt = "alice"}, a).ok());
   REQUIRE(engine->finish(a.seq).ok());
@@ -147,7 +145,7 @@ TEST_CASE("engine: salts and adapters isolate tenants", "[engine]") {
 TEST_CASE("engine: abort caches nothing and returns the pages", "[engine]") {
   std::mt19937 rng(std::random_device{}());
   auto engine = make_engine(64, 4);
-  const Tokens prompt = random_tokens(rng, 41);
+  const Tokens prompt = random_tokens(rng, 41, kVocab);
   Admission a;
   REQUIRE(engine->admit(prompt, {}, a).ok());
   CHECK(engine->metrics().cache.pages_used == 11);
@@ -239,20 +237,20 @@ TEST_CASE("engine: exhaustion while everything is locked fails whole", "[engine]
   std::mt19937 rng(std::random_device{}());
   auto engine = make_engine(8, 4);
   Admission a, b;
-  REQUIRE(engine->admit(random_tokens(rng, 20), {}, a).ok());  // 5 pages, locked while running
+  REQUIRE(engine->admit(random_tokens(rng, 20, kVocab), {}, a).ok());  // 5 pages, locked while running
   const auto before = engine->metrics();
-  clm::Status s = engine->admit(random_tokens(rng, 16), {}, b);  // 4 more: only 3 left
+  clm::Status s = engine->admit(random_tokens(rng, 16, kVocab), {}, b);  // 4 more: only 3 left
   CHECK(s.code() == StatusCode::out_of_memory);
   CHECK(!s.message().empty());
   std::vector<std::int64_t> slots;
-  CHECK(engine->extend(a.seq, random_tokens(rng, 13), slots).code() == StatusCode::out_of_memory);
+  CHECK(engine->extend(a.seq, random_tokens(rng, 13, kVocab), slots).code() == StatusCode::out_of_memory);
   const auto after = engine->metrics();
   CHECK(after.cache.pages_used == before.cache.pages_used);
   CHECK(after.rejected == 1);
   CHECK(engine->check_invariants().ok());
-  REQUIRE(engine->extend(a.seq, random_tokens(rng, 12), slots).ok());  // exactly the 3 left
+  REQUIRE(engine->extend(a.seq, random_tokens(rng, 12, kVocab), slots).ok());  // exactly the 3 left
   REQUIRE(engine->finish(a.seq).ok());
-  REQUIRE(engine->admit(random_tokens(rng, 16), {}, b).ok());  // evicts the finished one
+  REQUIRE(engine->admit(random_tokens(rng, 16, kVocab), {}, b).ok());  // evicts the finished one
   CHECK(engine->check_invariants().ok());
 }
 
@@ -333,7 +331,7 @@ TEST_CASE("engine: batch page table in FlashInfer's CSR form", "[engine]") {
   for (int i = 0; i < 6; ++i) {
     Admission a;
     const std::size_t len = 1 + rng() % 100;
-    REQUIRE(engine->admit(random_tokens(rng, len), {}, a).ok());
+    REQUIRE(engine->admit(random_tokens(rng, len, kVocab), {}, a).ok());
     ids.push_back(a.seq);
     lengths.push_back(len);
   }
@@ -361,7 +359,7 @@ TEST_CASE("engine: a batch names each sequence once; refusals leave the table as
   std::vector<clm::SequenceId> ids;
   for (int i = 0; i < 3; ++i) {
     Admission a;
-    REQUIRE(engine->admit(random_tokens(rng, 1 + rng() % 20), {}, a).ok());
+    REQUIRE(engine->admit(random_tokens(rng, 1 + rng() % 20, kVocab), {}, a).ok());
     ids.push_back(a.seq);
   }
   clm::PagedBatch batch;

@@ -31,6 +31,7 @@
 
 namespace {
 
+using clm_test::random_tokens;
 using Tokens = std::vector<std::int32_t>;
 constexpr int kThreads = 8;
 constexpr std::int32_t kPageSize = 16;
@@ -40,11 +41,7 @@ std::int64_t ops_per_thread(std::int64_t fallback) {
   return env ? std::max<std::int64_t>(1, std::atoll(env)) : fallback;
 }
 
-Tokens random_tokens(std::mt19937& rng, std::size_t n) {
-  Tokens t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 5000);
-  return t;
-}
+constexpr std::int32_t kVocab = 5000;  // prompts' ids are in [0, kVocab)
 
 // What one thread did, to compare with the engine's metrics at the end.
 struct Counts {
@@ -80,7 +77,7 @@ void run_thread(clm::Engine& engine, const std::vector<Tokens>& system_prompts, 
     const auto pick = static_cast<std::uint32_t>(rng() % 100);
     if (live.empty() || (pick < 30 && live.size() < 4)) {
       Tokens prompt = system_prompts[rng() % system_prompts.size()];
-      const Tokens question = random_tokens(rng, 1 + rng() % 60);
+      const Tokens question = random_tokens(rng, 1 + rng() % 60, kVocab);
       prompt.insert(prompt.end(), question.begin(), question.end());
       clm::AdmitOptions options;
       options.cache_salt = salts[rng() % 3];
@@ -99,7 +96,7 @@ void run_thread(clm::Engine& engine, const std::vector<Tokens>& system_prompts, 
         fail(c, "admit", s);
       }
     } else if (pick < 55) {
-      const clm::Status s = engine.extend(live[rng() % live.size()], random_tokens(rng, 1 + rng() % 24), slots);
+      const clm::Status s = engine.extend(live[rng() % live.size()], random_tokens(rng, 1 + rng() % 24, kVocab), slots);
       if (!s.ok() && s.code() != clm::StatusCode::out_of_memory) fail(c, "extend", s);
     } else if (pick < 70) {
       end_one(rng() % live.size(), true);
@@ -147,7 +144,7 @@ void run_concurrent(const clm::EngineConfig& config, std::int64_t ops) {
   REQUIRE(clm::Engine::create(config, engine).ok());
   std::mt19937 rng(seed);
   std::vector<Tokens> system_prompts;
-  for (int i = 0; i < 6; ++i) system_prompts.push_back(random_tokens(rng, 32 + rng() % 200));
+  for (int i = 0; i < 6; ++i) system_prompts.push_back(random_tokens(rng, 32 + rng() % 200, kVocab));
 
   std::vector<Counts> counts(kThreads);
   std::vector<std::thread> threads;

@@ -22,9 +22,11 @@
 #include "clm/engine.hpp"
 #include "clm/metrics/metrics_text.hpp"
 #include "store/store_test_support.hpp"  // TempDir, random_unit
+#include "test_random.hpp"
 
 using clm::Engine;
 using clm::EngineMetrics;
+using clm_test::random_tokens;
 using Tokens = std::vector<std::int32_t>;
 
 namespace {
@@ -293,11 +295,7 @@ void check_monotonic(const Scrape& before, const Scrape& after) {
 
 // ---- traffic ------------------------------------------------------------------
 
-Tokens random_tokens(std::mt19937& rng, std::size_t n) {
-  Tokens t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 1000);
-  return t;
-}
+constexpr std::int32_t kVocab = 1000;  // few ids: conversations share prefixes
 
 // A host's random mix: conversations over two system prompts and two tenants
 // admitted, extended, finished (the next turn goes on from there) or aborted,
@@ -305,7 +303,7 @@ Tokens random_tokens(std::mt19937& rng, std::size_t n) {
 class Traffic {
  public:
   Traffic(Engine& engine, std::uint32_t seed) : engine_(engine), rng_(seed) {
-    const Tokens systems[2] = {random_tokens(rng_, 24), random_tokens(rng_, 24)};
+    const Tokens systems[2] = {random_tokens(rng_, 24, kVocab), random_tokens(rng_, 24, kVocab)};
     for (int c = 0; c < 8; ++c) histories_.push_back(systems[c % 2]);
   }
 
@@ -337,7 +335,7 @@ class Traffic {
     const std::size_t c = rng_() % histories_.size();
     if (histories_[c].size() > 80) histories_[c].resize(24);  // a new conversation on the same system prompt
     Tokens prompt = histories_[c];
-    const Tokens user = random_tokens(rng_, 1 + rng_() % 12);
+    const Tokens user = random_tokens(rng_, 1 + rng_() % 12, kVocab);
     prompt.insert(prompt.end(), user.begin(), user.end());
     clm::Admission a;
     const clm::Status s = engine_.admit(prompt, {.cache_salt = c % 4 < 2 ? "tenant-a" : "tenant-b"}, a);
@@ -348,7 +346,7 @@ class Traffic {
 
   void extend() {
     Running& r = running_[rng_() % running_.size()];
-    const Tokens more = random_tokens(rng_, 1 + rng_() % 8);
+    const Tokens more = random_tokens(rng_, 1 + rng_() % 8, kVocab);
     std::vector<std::int64_t> slots;
     const clm::Status s = engine_.extend(r.seq, more, slots);
     INFO(s.message());

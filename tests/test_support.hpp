@@ -1,7 +1,9 @@
 // tests/test_support.hpp: small helpers the core tests share: a fresh seed per
-// run (printed by each test on failure), f32 -> f16 / bf16 rounding, and
-// safetensors files built byte by byte (the JSON header written here, never by
-// the library's own writer, so the reader is tested against independent bytes).
+// run (printed by each test on failure) and random prompts (test_random.hpp,
+// which the C ABI's tests and the benches include on its own), f32 -> f16 /
+// bf16 rounding, and safetensors files built byte by byte (the JSON header
+// written here, never by the library's own writer, so the reader is tested
+// against independent bytes).
 //
 //   const uint32_t seed = clm_test::fresh_seed();
 //   INFO("seed " << seed);
@@ -11,13 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "clm/kernels/activations.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
+#include "clm/kernels/activations.hpp"
+#include "test_random.hpp"
 
 // Whether this program runs under AddressSanitizer (GCC defines the first
 // macro, clang answers __has_feature), for tests that shrink or skip there.
@@ -35,8 +37,6 @@
 namespace clm_test {
 
 inline constexpr bool kUnderAsan = CLM_TEST_UNDER_ASAN != 0;
-
-inline std::uint32_t fresh_seed() { return std::random_device{}(); }
 
 // The CPU kernel ISAs this machine runs (scalar, then AVX2 and AVX-512 where
 // present), for tests that run every kernel on each (clm::detail::set_cpu_isa).

@@ -180,7 +180,7 @@ func TestBadOptions(t *testing.T) {
 
 // A conversation admitted at priority 1, then at 0: raised, its first turn
 // outlives a newer prompt; set, it drops to 0 and goes first (as
-// tests/capi/test_capi.cpp's priority_update case, in pages of 16).
+// tests/capi/test_capi_engine.cpp's priority_update case, in pages of 16).
 func TestPriorityUpdate(t *testing.T) {
 	for _, update := range []PriorityUpdate{PriorityRaise, PrioritySet} {
 		opts, err := DefaultEngineOptions()

@@ -29,18 +29,16 @@
 
 #include "bench_common.hpp"
 #include "clm/engine.hpp"
+#include "test_random.hpp"
 
 namespace {
 
 using namespace clm_bench;
+using clm_test::random_tokens;
 using Tokens = std::vector<std::int32_t>;
 constexpr char kBench[] = "isolation";
 
-Tokens random_tokens(std::mt19937_64& rng, std::size_t n) {
-  Tokens t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 100000);
-  return t;
-}
+constexpr std::int32_t kVocab = 100000;  // prompts' ids are in [0, kVocab)
 
 // Area under the ROC curve of "a is slower than b": P(a > b) + P(a == b) / 2
 // over all pairs (Mann-Whitney U / (|a| |b|)), from ranks.
@@ -93,11 +91,11 @@ void run(const std::string& tier, std::size_t length, int samples, const std::st
   // repeated probes must not look like A's cache: both sets repeat alike).
   std::vector<Tokens> secrets, decoys, decoys2;
   for (int i = 0; i < 64; ++i) {
-    decoys.push_back(random_tokens(rng, length));
-    decoys2.push_back(random_tokens(rng, length));
+    decoys.push_back(random_tokens(rng, length, kVocab));
+    decoys2.push_back(random_tokens(rng, length, kVocab));
   }
   for (int i = 0; i < 64; ++i) {
-    secrets.push_back(random_tokens(rng, length));
+    secrets.push_back(random_tokens(rng, length, kVocab));
     clm::Admission a;
     check(engine->admit(secrets.back(), {.cache_salt = "tenant-a"}, a), "admit");
     check(engine->finish(a.seq), "finish");
@@ -110,7 +108,7 @@ void run(const std::string& tier, std::size_t length, int samples, const std::st
   // whichever comes second finds the prompt's tokens in the CPU's caches, and
   // the noise baseline must compare sets that get that alike. Without A's
   // probe of the second set, the noise AUC at 1024 tokens was 0.30.
-  for (int i = 0; i < 50; ++i) time_probe(*engine, "tenant-b", random_tokens(rng, length));
+  for (int i = 0; i < 50; ++i) time_probe(*engine, "tenant-b", random_tokens(rng, length, kVocab));
   std::vector<double> cross, fresh, fresh2, same, same_fresh;
   std::vector<int> order = {0, 1, 2, 3, 4, 5};
   for (int i = 0; i < samples; ++i) {

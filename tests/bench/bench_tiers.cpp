@@ -53,11 +53,12 @@
 #include <fmt/format.h>
 
 #include "bench_common.hpp"
-#include "clm/kernels/attention.hpp"
-#include "clm/engine.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
+#include "clm/engine.hpp"
+#include "clm/kernels/attention.hpp"
 #include "clm/tiers/page_copier.hpp"
 #include "replay_driver.hpp"
+#include "test_random.hpp"
 #include "tiers/redis_server.hpp"
 #include "workload.hpp"
 
@@ -73,6 +74,7 @@ using clm_bench::print_figure;
 using clm_bench::program_name;
 using clm_bench::seconds_since;
 using clm_bench::smoke_run;
+using clm_test::random_tokens;
 
 constexpr std::string_view kBench = "tiers";
 constexpr std::int32_t kPageSize = 16;
@@ -141,12 +143,6 @@ void progress(fmt::format_string<Args...> format, Args&&... args) {
 
 // ---- shared pieces -----------------------------------------------------------
 
-std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n) {
-  std::vector<std::int32_t> tokens(n);
-  for (std::int32_t& t : tokens) t = static_cast<std::int32_t>(rng() % kVocabulary);
-  return tokens;
-}
-
 // Writes every byte of a pool once: the timed copies must not pay for first-touch page faults.
 void prefault(const clm::PagedKvPool& pool, int byte) { std::memset(pool.data(), byte, pool.storage_bytes()); }
 
@@ -199,11 +195,12 @@ void bench_load_back(const Scale& scale, std::mt19937_64& rng) {
   progress("l2_to_l1_load: {} pages ({} MiB) of {}", pages, bytes >> 20, shape_name(config.pool));
 
   // One prompt of `pages` whole pages (+1 token: a hit covers at most len-1).
-  const std::vector<std::int32_t> prompt = random_tokens(rng, static_cast<std::size_t>(pages) * kPageSize + 1);
+  const std::vector<std::int32_t> prompt =
+      random_tokens(rng, static_cast<std::size_t>(pages) * kPageSize + 1, kVocabulary);
   // An admission of every device page evicts all that is cached on the
   // device; aborted, it gives them all back, and the prompt is on the host only.
   const std::vector<std::int32_t> filler =
-      random_tokens(rng, static_cast<std::size_t>(config.pool.num_pages) * kPageSize);
+      random_tokens(rng, static_cast<std::size_t>(config.pool.num_pages) * kPageSize, kVocabulary);
   auto evict_device = [&] {
     Admission a;
     check(engine->admit(filler, {}, a), "admit (filler)");
@@ -250,12 +247,12 @@ void bench_write_back(const Scale& scale, std::mt19937_64& rng) {
   const std::size_t bytes = static_cast<std::size_t>(pages) * page_bytes(config.pool);
   progress("l1_to_l2_write_back: {} pages ({} MiB) of {}", pages, bytes >> 20, shape_name(config.pool));
   const std::vector<std::int32_t> filler =
-      random_tokens(rng, static_cast<std::size_t>(config.pool.num_pages) * kPageSize);
+      random_tokens(rng, static_cast<std::size_t>(config.pool.num_pages) * kPageSize, kVocabulary);
 
   MemcpyBaseline memcpy_baseline(bytes);
   auto write_back = [&] {
     // A new prompt each round: cached on the device, with no host copy yet.
-    admit_and_finish(*engine, random_tokens(rng, static_cast<std::size_t>(pages) * kPageSize + 1));
+    admit_and_finish(*engine, random_tokens(rng, static_cast<std::size_t>(pages) * kPageSize + 1, kVocabulary));
     const std::uint64_t before = engine->metrics().tiers.backed_up_pages;
     Admission a;
     const Clock::time_point start = Clock::now();
@@ -423,8 +420,9 @@ void bench_redis_fetch(const Scale& scale, std::mt19937_64& rng) {
   // Two prompts: each fetch of one pushes the other out of both tiers (the
   // host tier holds one prefix, the device one prompt), so every timed admit
   // finds its prefix in storage alone.
-  const std::vector<std::vector<std::int32_t>> prompts = {random_tokens(rng, static_cast<std::size_t>(tokens) + 1),
-                                                          random_tokens(rng, static_cast<std::size_t>(tokens) + 1)};
+  const std::vector<std::vector<std::int32_t>> prompts = {
+      random_tokens(rng, static_cast<std::size_t>(tokens) + 1, kVocabulary),
+      random_tokens(rng, static_cast<std::size_t>(tokens) + 1, kVocabulary)};
   {
     auto writer = make_engine(config);
     for (const auto& prompt : prompts) {

@@ -17,13 +17,17 @@
 #include <catch2/catch.hpp>
 
 #include "capi_checks.hpp"
+#include "kv_reference.hpp"
 #include "temp_dir.hpp"
+#include "test_random.hpp"
 
 namespace {
 
+using clm_test::random_tokens;
 using clm_test::TempDir;
 
 constexpr int32_t kPage = 4;
+constexpr int32_t kVocab = 50000;  // prompts' ids are in [0, kVocab)
 
 clm_engine_options tier_options(int32_t pages, int32_t host_pages, const char* storage_url) {
   clm_engine_options o;
@@ -54,35 +58,21 @@ clm_metrics metrics_of(const clm_engine* e) {
   return m;
 }
 
-// The value every float of token t's K/V rows gets: a function of the salt and tokens [0, t].
-float reference(const std::string& salt, const std::vector<int32_t>& prompt, size_t t, size_t element) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : salt) h = (h ^ c) * 1099511628211ULL;
-  for (size_t i = 0; i <= t; ++i) h = (h ^ static_cast<uint32_t>(prompt[i])) * 1099511628211ULL;
-  h ^= element * 0x9E3779B97F4A7C15ULL;
-  h ^= h >> 31;
-  return static_cast<float>(h % 65536);
-}
-
+// The pool's K/V rows as the host sees them (clm_engine_kv_layout): the rows
+// of tests/kv_reference.hpp's reference.
 struct Layout {
   clm_kv_layout kv;
   explicit Layout(const clm_engine* e) {
     kv.struct_size = sizeof kv;
     REQUIRE_OK(clm_engine_kv_layout(&kv, e));
   }
-  // The floats of slot `slot` (K and V of every layer), as `visit(pointer, element index)`.
-  template <class Visit>
-  void each_float(int64_t slot, Visit&& visit) const {
-    const size_t row = static_cast<size_t>(kv.kv_heads * kv.head_dim);
+  int width() const { return kv.kv_heads * kv.head_dim; }
+  // The floats of the K (kv 0) or V (kv 1) row of slot `slot` in `layer`.
+  float* row(int64_t slot, int layer, int kv_half) const {
     auto* page = static_cast<char*>(kv.base) + static_cast<size_t>(slot / kv.page_size) * kv.page_bytes;
-    const size_t t = static_cast<size_t>(slot % kv.page_size);
-    for (int32_t l = 0; l < kv.num_layers; ++l) {
-      for (int half = 0; half < 2; ++half) {
-        auto* rows = reinterpret_cast<float*>(page + static_cast<size_t>(l) * kv.layer_bytes +
-                                              static_cast<size_t>(half) * kv.layer_bytes / 2);
-        for (size_t e = 0; e < row; ++e) visit(rows + t * row + e, (static_cast<size_t>(l) * 2 + half) * row + e);
-      }
-    }
+    auto* rows = reinterpret_cast<float*>(page + static_cast<size_t>(layer) * kv.layer_bytes +
+                                          static_cast<size_t>(kv_half) * kv.layer_bytes / 2);
+    return rows + static_cast<size_t>(slot % kv.page_size) * static_cast<size_t>(width());
   }
 };
 
@@ -96,45 +86,33 @@ std::vector<int32_t> serve(clm_engine* e, const std::string& salt, const std::ve
   REQUIRE_OK(clm_engine_admit(&s, e, prompt.data(), prompt.size(), &ao));
   SeqPtr seq(s);
   const Layout layout(e);
+  auto row = [&](int64_t slot, int layer, int kv) { return layout.row(slot, layer, kv); };
   size_t n_pages = 0;
   const int32_t* table = clm_seq_page_table(s, &n_pages);
   const int32_t cached = clm_seq_cached_tokens(s);
-  int wrong = 0;
-  for (int32_t t = 0; t < cached; ++t) {
-    const int64_t slot = static_cast<int64_t>(table[t / kPage]) * kPage + t % kPage;
-    layout.each_float(slot, [&](float* f, size_t element) {
-      wrong += *f == reference(salt, prompt, static_cast<size_t>(t), element) ? 0 : 1;
-    });
-  }
-  CHECK(wrong == 0);
+  CHECK(clm_test::wrong_reference_rows(row, layout.kv.num_layers, layout.width(), salt, prompt, {table, n_pages}, kPage,
+                                       cached) == 0);
   size_t n_slots = 0;
   const int64_t* slots = clm_seq_slots(s, &n_slots);
-  for (size_t i = 0; i < n_slots; ++i) {
-    layout.each_float(slots[i], [&](float* f, size_t element) {
-      *f = reference(salt, prompt, static_cast<size_t>(cached) + i, element);
-    });
-  }
+  clm_test::write_reference_rows(row, layout.kv.num_layers, layout.width(), salt, prompt, static_cast<size_t>(cached),
+                                 {slots, n_slots});
   const std::vector<int32_t> counts{cached, clm_seq_host_tokens(s), clm_seq_storage_tokens(s)};
   REQUIRE_OK(clm_seq_finish(s));
   return counts;
 }
 
-std::vector<int32_t> random_prompt(std::mt19937& rng, size_t n) {
-  std::vector<int32_t> p(n);
-  for (auto& t : p) t = static_cast<int32_t>(rng() % 50000);
-  return p;
-}
-
 }  // namespace
 
 TEST_CASE("tiers through the C ABI: host tier load-back, exact bytes, metrics", "[capi][tiers]") {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
   EnginePtr engine = make(tier_options(16, 64, nullptr));  // 64 tokens on the device
-  const std::vector<int32_t> a = random_prompt(rng, 41);
+  const std::vector<int32_t> a = random_tokens(rng, 41, kVocab);
   serve(engine.get(), "t", a);
   serve(engine.get(), "t", a);  // the hit: a host copy (write-through)
   REQUIRE_OK(clm_engine_wait_for_tiers(engine.get()));
-  for (int i = 0; i < 4; ++i) serve(engine.get(), "t", random_prompt(rng, 41));  // evict a from the device
+  for (int i = 0; i < 4; ++i) serve(engine.get(), "t", random_tokens(rng, 41, kVocab));  // evict a from the device
   const std::vector<int32_t> again = serve(engine.get(), "t", a);
   CHECK(again[0] == 40);
   CHECK(again[1] > 0);  // copied back from the host tier
@@ -155,10 +133,12 @@ TEST_CASE("tiers through the C ABI: host tier load-back, exact bytes, metrics", 
 }
 
 TEST_CASE("tiers through the C ABI: a storage directory shared by two engines", "[capi][tiers]") {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
   TempDir dir;
   const std::string url = "file://" + dir.str();
-  const std::vector<int32_t> p = random_prompt(rng, 57);
+  const std::vector<int32_t> p = random_tokens(rng, 57, kVocab);
   {
     EnginePtr first = make(tier_options(64, 64, url.c_str()));
     serve(first.get(), "acme", p);

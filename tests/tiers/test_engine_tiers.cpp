@@ -2,11 +2,12 @@
 // load-back, storage (L3) on a directory and on a real redis-server, sharing
 // across two processes, tenant isolation, and failures.
 //
-// The reference for every KV byte: the "model" the test plays writes, for
-// token t of a prompt under tenant T, rows that are a hash of (T, tokens
-// [0, t]) (every layer, K and V). Whatever tier a cached page comes back
-// from, its rows must be exactly those of the prompt admitting it: a page of
-// another prefix, another tenant, a half-written or stale page fails here.
+// The reference for every KV byte (tests/kv_reference.hpp): the "model" the
+// test plays writes, for token t of a prompt under tenant T, rows that are a
+// hash of (T, tokens [0, t]) (every layer, K and V). Whatever tier a cached
+// page comes back from, its rows must be exactly those of the prompt admitting
+// it: a page of another prefix, another tenant, a half-written or stale page
+// fails here.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -28,7 +29,9 @@
 
 #include "child_process.hpp"
 #include "clm/engine.hpp"
+#include "kv_reference.hpp"
 #include "store/store_test_support.hpp"  // TempDir
+#include "test_random.hpp"
 #include "tiers/redis_server.hpp"
 
 namespace {
@@ -36,8 +39,10 @@ namespace {
 using clm::Admission;
 using clm::Engine;
 using clm::EngineConfig;
+using clm_test::random_tokens;
 
 constexpr std::int32_t kPage = 4;
+constexpr std::int32_t kVocab = 30000;  // prompts' ids are in [0, kVocab)
 
 EngineConfig small_config(std::int32_t device_pages, std::int32_t host_pages) {
   EngineConfig c;
@@ -51,29 +56,6 @@ EngineConfig small_config(std::int32_t device_pages, std::int32_t host_pages) {
   return c;
 }
 
-std::uint64_t prefix_hash(std::string_view salt, std::span<const std::int32_t> tokens, std::size_t upto) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](std::uint64_t v) {
-    h ^= v;
-    h *= 0x100000001b3ull;
-    h ^= h >> 29;
-  };
-  for (char c : salt) mix(static_cast<unsigned char>(c));
-  mix(0x5a17);
-  for (std::size_t i = 0; i <= upto; ++i) mix(static_cast<std::uint32_t>(tokens[i]));
-  return h;
-}
-
-// The K/V row of token `t` (as the model would compute it), element e of the row.
-float kv_value(std::uint64_t h, int layer, int kv, int e) {
-  std::uint64_t x = h ^ (static_cast<std::uint64_t>(layer) << 40) ^ (static_cast<std::uint64_t>(kv) << 32) ^
-                    static_cast<std::uint64_t>(e);
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return static_cast<float>(x % 100000) / 1000.0f;
-}
-
 float* row(const clm::PagedKvPool& pool, std::int64_t slot, int layer, int kv) {
   const std::int32_t page = static_cast<std::int32_t>(slot / kPage);
   const auto t = static_cast<std::size_t>(slot % kPage);
@@ -81,41 +63,22 @@ float* row(const clm::PagedKvPool& pool, std::int64_t slot, int layer, int kv) {
   return base + t * static_cast<std::size_t>(pool.config().kv_heads * pool.config().head_dim);
 }
 
-// The host's side: writes the K/V of the new tokens, and checks the cached ones.
+// The host's side (tests/kv_reference.hpp over the Engine's pool): writes the
+// K/V of the new tokens, and counts the cached tokens whose rows differ from
+// the reference (0 is right).
 void write_rows(const Engine& engine, std::string_view salt, std::span<const std::int32_t> prompt, const Admission& a) {
   const clm::PagedKvPool& pool = engine.pool();
-  const int width = pool.config().kv_heads * pool.config().head_dim;
-  for (std::size_t i = 0; i < a.slots.size(); ++i) {
-    const std::uint64_t h = prefix_hash(salt, prompt, static_cast<std::size_t>(a.cached_tokens) + i);
-    for (int layer = 0; layer < pool.config().num_layers; ++layer) {
-      for (int kv = 0; kv < 2; ++kv) {
-        float* r = row(pool, a.slots[i], layer, kv);
-        for (int e = 0; e < width; ++e) r[e] = kv_value(h, layer, kv, e);
-      }
-    }
-  }
+  clm_test::write_reference_rows([&](std::int64_t slot, int layer, int kv) { return row(pool, slot, layer, kv); },
+                                 pool.config().num_layers, pool.config().kv_heads * pool.config().head_dim, salt,
+                                 prompt, static_cast<std::size_t>(a.cached_tokens), a.slots);
 }
 
-// Number of cached tokens whose rows differ from the reference (0 is right).
 int wrong_cached_rows(const Engine& engine, std::string_view salt, std::span<const std::int32_t> prompt,
                       const Admission& a) {
   const clm::PagedKvPool& pool = engine.pool();
-  const int width = pool.config().kv_heads * pool.config().head_dim;
-  int wrong = 0;
-  for (std::int32_t t = 0; t < a.cached_tokens; ++t) {
-    const std::int64_t slot =
-        static_cast<std::int64_t>(a.page_table[static_cast<std::size_t>(t / kPage)]) * kPage + t % kPage;
-    const std::uint64_t h = prefix_hash(salt, prompt, static_cast<std::size_t>(t));
-    bool same = true;
-    for (int layer = 0; layer < pool.config().num_layers; ++layer) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const float* r = row(pool, slot, layer, kv);
-        for (int e = 0; e < width; ++e) same = same && r[e] == kv_value(h, layer, kv, e);
-      }
-    }
-    wrong += same ? 0 : 1;
-  }
-  return wrong;
+  return clm_test::wrong_reference_rows(
+      [&](std::int64_t slot, int layer, int kv) { return row(pool, slot, layer, kv); }, pool.config().num_layers,
+      pool.config().kv_heads * pool.config().head_dim, salt, prompt, a.page_table, kPage, a.cached_tokens);
 }
 
 // One request: admit, check what was cached, compute the rest, finish.
@@ -137,12 +100,6 @@ Admission serve(Engine& engine, std::string_view salt, std::span<const std::int3
   return a;
 }
 
-std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n) {
-  std::vector<std::int32_t> t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 30000);
-  return t;
-}
-
 std::unique_ptr<Engine> make_engine(const EngineConfig& c) {
   std::unique_ptr<Engine> e;
   const clm::Status s = Engine::create(c, e);
@@ -157,7 +114,7 @@ struct Workload {
   explicit Workload(std::uint64_t seed, int systems = 6, int requests = 400) {
     std::mt19937_64 rng(seed);
     std::vector<std::vector<std::int32_t>> system;
-    for (int i = 0; i < systems; ++i) system.push_back(random_tokens(rng, 40 + rng() % 40));
+    for (int i = 0; i < systems; ++i) system.push_back(random_tokens(rng, 40 + rng() % 40, kVocab));
     std::vector<std::vector<std::int32_t>> chats;
     for (int r = 0; r < requests; ++r) {
       if (chats.empty() || rng() % 3 == 0) {
@@ -165,7 +122,7 @@ struct Workload {
       }
       std::vector<std::int32_t>& chat = chats[rng() % chats.size()];
       if (chat.size() > 150) chat = system[rng() % system.size()];  // a new conversation: a request fits the device
-      const std::vector<std::int32_t> turn = random_tokens(rng, 5 + rng() % 20);
+      const std::vector<std::int32_t> turn = random_tokens(rng, 5 + rng() % 20, kVocab);
       chat.insert(chat.end(), turn.begin(), turn.end());
       prompts.push_back(chat);
     }
@@ -254,14 +211,14 @@ TEST_CASE("host tier: a decode step waits for the copies to the host that hold i
     EngineConfig c = small_config(10, 64);
     c.tiers.write_policy = clm::WritePolicy::write_through;
     auto engine = make_engine(c);
-    const std::vector<std::int32_t> x = random_tokens(rng, 4 * kPage);
+    const std::vector<std::int32_t> x = random_tokens(rng, 4 * kPage, kVocab);
     serve(*engine, "", x);  // no hit, so no copy yet: X is on the device only
-    const std::vector<std::int32_t> b_prompt = random_tokens(rng, 4 * kPage);
+    const std::vector<std::int32_t> b_prompt = random_tokens(rng, 4 * kPage, kVocab);
     Admission b;
     REQUIRE(engine->admit(b_prompt, {}, b).ok());
     write_rows(*engine, "", b_prompt, b);
     std::vector<std::int32_t> a_prompt = x;
-    const std::vector<std::int32_t> a_turn = random_tokens(rng, 2 * kPage);
+    const std::vector<std::int32_t> a_turn = random_tokens(rng, 2 * kPage, kVocab);
     a_prompt.insert(a_prompt.end(), a_turn.begin(), a_turn.end());
     Admission a;
     REQUIRE(engine->admit(a_prompt, {}, a).ok());
@@ -269,7 +226,7 @@ TEST_CASE("host tier: a decode step waits for the copies to the host that hold i
     REQUIRE(engine->pool().free_pages() == 0);
     REQUIRE(engine->abort(a.seq).ok());
 
-    const std::vector<std::int32_t> decoded = random_tokens(rng, 3 * kPage);
+    const std::vector<std::int32_t> decoded = random_tokens(rng, 3 * kPage, kVocab);
     std::vector<std::int64_t> slots;
     std::vector<std::int32_t> table;
     const clm::Status grown = engine->extend(b.seq, decoded, slots, &table);
@@ -289,7 +246,7 @@ TEST_CASE("host tier: a decode step waits for the copies to the host that hold i
 TEST_CASE("storage tier: a directory shared by two engines gives the second the first's pages", "[tiers]") {
   clm_test::TempDir dir;
   std::mt19937_64 rng(std::random_device{}());
-  const std::vector<std::int32_t> prompt = random_tokens(rng, 203);
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 203, kVocab);
   EngineConfig c = small_config(128, 128);
   c.tiers.write_policy = clm::WritePolicy::write_through;
   c.tiers.storage_url = "file://" + dir.str();
@@ -321,7 +278,7 @@ TEST_CASE("storage tier: a directory shared by two engines gives the second the 
 TEST_CASE("storage tier: a damaged stored page is never loaded; the pages before it are", "[tiers]") {
   clm_test::TempDir dir;
   std::mt19937_64 rng(std::random_device{}());
-  const std::vector<std::int32_t> prompt = random_tokens(rng, 81);  // 20 whole pages
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 81, kVocab);  // 20 whole pages
   EngineConfig c = small_config(64, 64);
   c.tiers.write_policy = clm::WritePolicy::write_through;
   c.tiers.storage_url = "file://" + dir.str();
@@ -363,7 +320,7 @@ TEST_CASE("storage tier: two processes on one redis-server share a prefix, bit f
   clm_test::RedisServer redis;
   redis.start();
   std::mt19937_64 rng(std::random_device{}());
-  const std::vector<std::int32_t> prompt = random_tokens(rng, 2048 / 4 + 7);
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 2048 / 4 + 7, kVocab);
   EngineConfig c = small_config(256, 256);
   c.tiers.write_policy = clm::WritePolicy::write_through;
   c.tiers.storage_url = redis.url("share:");
@@ -403,7 +360,7 @@ TEST_CASE("storage tier: redis going away falls back to recompute, and is used a
   c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
   auto engine = make_engine(c);
   redis.stop();
-  const std::vector<std::int32_t> a_prompt = random_tokens(rng, 61);
+  const std::vector<std::int32_t> a_prompt = random_tokens(rng, 61, kVocab);
   const Admission first = serve(*engine, "x", a_prompt);  // storage down: no error, just no hit
   CHECK(first.cached_tokens == 0);
   serve(*engine, "x", a_prompt);
@@ -412,7 +369,7 @@ TEST_CASE("storage tier: redis going away falls back to recompute, and is used a
   redis.restart();
   // The backend waits ~100 ms after a failed connect before it tries again.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const std::vector<std::int32_t> b_prompt = random_tokens(rng, 61);
+  const std::vector<std::int32_t> b_prompt = random_tokens(rng, 61, kVocab);
   serve(*engine, "x", b_prompt);
   serve(*engine, "x", b_prompt);  // hit: stored now that redis is back
   engine->wait_for_tiers();
@@ -431,14 +388,14 @@ TEST_CASE("storage tier: a hung redis never holds the engine lock", "[tiers][red
   c.tiers.storage_url = redis.url("hung:", "timeout_ms=1500");
   c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
   auto engine = make_engine(c);
-  const std::vector<std::int32_t> cached = random_tokens(rng, 41);
+  const std::vector<std::int32_t> cached = random_tokens(rng, 41, kVocab);
   serve(*engine, "x", cached);  // on the device from now on: its admissions need no storage
   redis.pause();
   // An admission that asks storage waits for the hung server (up to the backend's timeout)...
   std::atomic<bool> waiting_done{false};
   std::thread waiting([&] {
     Admission a;
-    const std::vector<std::int32_t> fresh = random_tokens(rng, 41);
+    const std::vector<std::int32_t> fresh = random_tokens(rng, 41, kVocab);
     if (engine->admit(fresh, {.cache_salt = "x"}, a).ok()) (void)engine->abort(a.seq);
     waiting_done = true;
   });

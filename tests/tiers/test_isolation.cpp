@@ -19,12 +19,14 @@
 
 #include "clm/engine.hpp"
 #include "store/store_test_support.hpp"
+#include "test_random.hpp"
 #include "tiers/redis_server.hpp"
 
 namespace {
 
 using clm::Admission;
 using clm::Engine;
+using clm_test::random_tokens;
 using Tokens = std::vector<std::int32_t>;
 
 constexpr std::int32_t kPage = 4;
@@ -32,11 +34,7 @@ constexpr int kDim = 8;
 const char* const kTenantA = "tenant-a";
 const char* const kTenantB = "tenant-b";
 
-Tokens random_tokens(std::mt19937_64& rng, std::size_t n) {
-  Tokens t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 30000);
-  return t;
-}
+constexpr std::int32_t kVocab = 30000;  // prompts' ids are in [0, kVocab)
 
 clm::EngineConfig tiered_config(const std::string& storage_url, const std::string& store_dir) {
   clm::EngineConfig c;
@@ -127,7 +125,7 @@ void run_isolation(const std::string& storage_url) {
   std::mt19937_64 rng(seed);
   clm_test::TempDir store_dir;
   const clm::EngineConfig config = tiered_config(storage_url, store_dir.str());
-  const Tokens secret = random_tokens(rng, 10 * kPage + 3);
+  const Tokens secret = random_tokens(rng, 10 * kPage + 3, kVocab);
   const std::int32_t cacheable = 10 * kPage;  // whole pages before the last token
   {
     auto e = make_engine(config);
@@ -137,7 +135,7 @@ void run_isolation(const std::string& storage_url) {
     CHECK(request(*e, kTenantA, secret, true).cached_tokens == cacheable);
 
     // L2: other traffic evicts the secret from the device; its copy stays on the host.
-    for (int i = 0; i < 6; ++i) request(*e, "traffic", random_tokens(rng, 40), true);
+    for (int i = 0; i < 6; ++i) request(*e, "traffic", random_tokens(rng, 40, kVocab), true);
     probe_as_b(*e, secret, "L2 (the host tier)");
     const Admission again = request(*e, kTenantA, secret, true);
     CHECK(again.cached_tokens == cacheable);

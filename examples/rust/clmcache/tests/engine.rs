@@ -650,7 +650,7 @@ fn admit_options_are_checked() {
 
 /// A conversation admitted at priority 1, then at 0: raised, its first turn
 /// outlives a newer prompt; set, it drops to 0 and goes first (as
-/// tests/capi/test_capi.cpp's "priority_update" case, in pages of 16).
+/// tests/capi/test_capi_engine.cpp's "priority_update" case, in pages of 16).
 #[test]
 fn priority_update_raise_keeps_the_highest_set_the_latest() {
     for update in [PriorityUpdate::Raise, PriorityUpdate::Set] {
