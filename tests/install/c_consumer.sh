@@ -17,29 +17,14 @@
 # CLM_BUILD_TYPE (the consumer's build type), PKG_CONFIG (pkg-config to use).
 set -euo pipefail
 
-if [[ $# -ne 4 ]]; then
-  echo "usage: $0 cmake|cmake-static|pkg-config|pkg-config-static STAGE_DIR EXAMPLE_DIR WORK_DIR" >&2
-  exit 2
-fi
-mode=$1
-stage=$(cd "$2" && pwd -P)
+# shellcheck source=consumer_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/consumer_common.sh"
+consumer_begin c_consumer "cmake|cmake-static|pkg-config|pkg-config-static STAGE_DIR EXAMPLE_DIR WORK_DIR" "$@"
 example=$(cd "$3" && pwd -P)
-mkdir -p "$4"
-work=$(mktemp -d "$(cd "$4" && pwd -P)/${mode}.XXXXXX")
 cmake=${CMAKE:-cmake}
 cc=${CC:-cc}
 pkg_config=${PKG_CONFIG:-pkg-config}
 build_type=${CLM_BUILD_TYPE:-Release}
-
-fail() {
-  echo "c_consumer[$mode]: FAILED: $*" >&2
-  exit 1
-}
-cleanup() {
-  local rc=$?
-  if [[ $rc -eq 0 ]]; then rm -rf "$work"; else echo "c_consumer[$mode]: work directory kept: $work" >&2; fi
-}
-trap cleanup EXIT
 
 [[ -f "$stage/include/clm.h" ]] || fail "no clm.h under $stage/include: did install_stage run?"
 

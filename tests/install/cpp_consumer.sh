@@ -16,28 +16,13 @@
 # Environment: CMAKE, CXX, CMAKE_GENERATOR, CLM_BUILD_TYPE.
 set -euo pipefail
 
-if [[ $# -ne 4 ]]; then
-  echo "usage: $0 current|old-paths STAGE_DIR README WORK_DIR" >&2
-  exit 2
-fi
-mode=$1
-stage=$(cd "$2" && pwd -P)
+# shellcheck source=consumer_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/consumer_common.sh"
+consumer_begin cpp_consumer "current|old-paths STAGE_DIR README WORK_DIR" "$@"
 readme=$3
-here=$(cd "$(dirname "$0")" && pwd -P)
-mkdir -p "$4"
-work=$(mktemp -d "$(cd "$4" && pwd -P)/${mode}.XXXXXX")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cmake=${CMAKE:-cmake}
 build_type=${CLM_BUILD_TYPE:-Release}
-
-fail() {
-  echo "cpp_consumer[$mode]: FAILED: $*" >&2
-  exit 1
-}
-cleanup() {
-  local rc=$?
-  if [[ $rc -eq 0 ]]; then rm -rf "$work"; else echo "cpp_consumer[$mode]: work directory kept: $work" >&2; fi
-}
-trap cleanup EXIT
 
 [[ -d "$stage/include/clm" ]] || fail "no include/clm under $stage: did install_stage run?"
 
