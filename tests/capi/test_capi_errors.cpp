@@ -564,14 +564,7 @@ TEST_CASE("calls on a sequence after clm_engine_free", "[capi][bad][state]") {
     CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION, clm_seq_extend(s, more, 1));
     CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION, clm_seq_finish(s));
     CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION, clm_seq_abort(s));
-    CHECK(clm_seq_cached_tokens(s) == 0);
-    // An ended sequence has no pages: its accessors answer NULL and 0.
-    size_t n = 77;
-    CHECK(clm_seq_page_table(s, &n) == nullptr);
-    CHECK(n == 0);
-    n = 77;
-    CHECK(clm_seq_slots(s, &n) == nullptr);
-    CHECK(n == 0);
+    check_ended_accessors(s, 0);  // no pages or slots, and no cached tokens: the engine is gone
   }
   CHECK_FALSE(table.empty());
 
