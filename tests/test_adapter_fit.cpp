@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
-#include "clm/model/adapter_fit.hpp"
 #include "clm/detail/half.hpp"
+#include "clm/model/adapter_fit.hpp"
 
 namespace {
 

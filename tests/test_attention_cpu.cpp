@@ -36,10 +36,10 @@
 #include "../lib/kernels/attention_cpu_prefetch.hpp"  // the decode's prefetch stream (x86 kernels only)
 #define CLM_TEST_PREFETCH_STREAM 1
 #endif
-#include "clm/kernels/attention.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
 #include "clm/engine.hpp"
+#include "clm/kernels/attention.hpp"
 #include "test_support.hpp"
 
 using clm::KvDType;

@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "clm/kernels/dense_gemm.hpp"
 #include "clm/detail/attention_cpu.hpp"
+#include "clm/kernels/dense_gemm.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -7,8 +7,8 @@
 // host (cuda_clm.cpp).
 #pragma once
 
-#include "model/clm_args.hpp"
 #include "kernels/kernel_common.cuh"
+#include "model/clm_args.hpp"
 
 // ---- what these kernels need beyond kernel_common.cuh -----------------------------
 #if defined(__CUDACC__)

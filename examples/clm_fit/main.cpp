@@ -27,8 +27,8 @@
 
 #include <fmt/format.h>
 
-#include "clm/model/adapter_fit.hpp"
 #include "clm/io/safetensors.hpp"
+#include "clm/model/adapter_fit.hpp"
 #include "clm/model/snapshot_adapter.hpp"
 #include "clm/model/snapshot_projection.hpp"
 #include "clm/model/src_head.hpp"

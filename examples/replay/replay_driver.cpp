@@ -20,10 +20,10 @@
 
 #include <fmt/format.h>
 
-#include "clm/detail/token_ops.hpp"
-#include "clm/engine.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
 #include "clm/cache/radix_tree.hpp"
+#include "clm/detail/token_ops.hpp"
+#include "clm/engine.hpp"
 
 namespace clm::replay {
 namespace {

@@ -33,8 +33,8 @@
 #include <span>
 #include <vector>
 
-#include "clm/kernels/dense_gemm.hpp"
 #include "clm/engine.hpp"
+#include "clm/kernels/dense_gemm.hpp"
 #include "decoder.hpp"
 #include "llama_config.hpp"
 #include "llama_weights.hpp"

@@ -12,8 +12,8 @@
 #include <Eigen/Core>
 
 #include "clm/model/snapshot_projection.hpp"  // snapshot_from_f16
-#include "kernels/dense_gemm.hpp"
 #include "io/float_tensor.hpp"
+#include "kernels/dense_gemm.hpp"
 
 namespace clm {
 namespace {

@@ -16,8 +16,8 @@
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
 
-#include "kernels/dense_gemm.hpp"
 #include "io/float_tensor.hpp"
+#include "kernels/dense_gemm.hpp"
 
 namespace clm {
 namespace {

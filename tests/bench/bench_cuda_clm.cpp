@@ -35,8 +35,8 @@
 #include <fmt/format.h>
 
 #include "bench_cuda_common.hpp"
-#include "clm/device/cuda_clm.hpp"
 #include "clm/detail/half.hpp"
+#include "clm/device/cuda_clm.hpp"
 #include "clm/device/device_memory.hpp"
 
 namespace {

@@ -48,9 +48,9 @@
 #include <Eigen/Dense>
 
 #include "bench_common.hpp"
-#include "clm/kernels/attention.hpp"
 #include "clm/detail/attention_cpu.hpp"
 #include "clm/detail/half.hpp"
+#include "clm/kernels/attention.hpp"
 #include "read_pass.hpp"
 
 namespace {

@@ -17,9 +17,9 @@
 #include <limits>
 #include <string>
 
+#include "clm/cache/paged_kv_pool.hpp"
 #include "clm/device/cuda_kernels.hpp"
 #include "clm/device/device_memory.hpp"
-#include "clm/cache/paged_kv_pool.hpp"
 #include "gpu_test_support.hpp"
 #include "kernel_reference.hpp"
 

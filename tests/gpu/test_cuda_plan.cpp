@@ -5,8 +5,8 @@
 
 #include <limits>
 
-#include "kernels/half_bits.hpp"
 #include "kernel_reference.hpp"
+#include "kernels/half_bits.hpp"
 #include "kernels/plan.hpp"
 
 namespace {

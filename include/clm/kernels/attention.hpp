@@ -25,8 +25,8 @@
 #include <cstdint>
 #include <span>
 
-#include "clm/kernels/kv_dtype.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
+#include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

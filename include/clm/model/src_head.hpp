@@ -52,8 +52,8 @@
 #include <utility>
 #include <vector>
 
-#include "clm/kernels/activations.hpp"
 #include "clm/io/safetensors.hpp"
+#include "clm/kernels/activations.hpp"
 #include "clm/status.hpp"
 
 namespace clm {

@@ -38,8 +38,8 @@
 
 #include <fmt/format.h>
 
-#include "clm/kernels/kv_dtype.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
+#include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
 #include "clm/tiers/page_key.hpp"
 

@@ -30,9 +30,9 @@
 #include <thread>
 #include <vector>
 
-#include "clm/detail/spin_mutex.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
 #include "clm/cache/radix_tree.hpp"
+#include "clm/detail/spin_mutex.hpp"
 #include "clm/status.hpp"
 #include "clm/tiers/page_copier.hpp"
 #include "clm/tiers/storage_backend.hpp"
