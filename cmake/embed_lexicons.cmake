@@ -1,6 +1,6 @@
 # cmake/embed_lexicons.cmake: clm_embed_lexicons(OUTPUT <file.cpp> FILES <a.tsv>...)
 # writes the C++ source of the suffix keyer's built-in lexicons
-# (lib/store/suffix_key.cpp, namespace clm::suffix_key_lexicons): each file's
+# (lib/store/suffix_lexicon.cpp, namespace clm::suffix_key_lexicons): each file's
 # bytes as an unsigned char array, in the order given. Byte arrays rather than
 # string literals: no compiler limit on a literal's length, no dependence on
 # the source character set, and no delimiter that a lexicon could contain.

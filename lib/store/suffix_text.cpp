@@ -1,0 +1,134 @@
+// lib/store/suffix_text.cpp: the suffix keyer's text layer (suffix_text.hpp):
+// the UTF-8 decoder, the non-ASCII separators, the normaliser and the split
+// into units.
+#include "suffix_text.hpp"
+
+#include <fmt/format.h>
+
+#include "clm/detail/utf8.hpp"
+
+namespace clm::store_detail {
+
+bool decode_utf8(std::string_view s, std::size_t& i, char32_t& cp) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) {
+    cp = b0;
+    ++i;
+    return true;
+  }
+  std::size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    len = 2;
+    cp = b0 & 0x1Fu;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    len = 3;
+    cp = b0 & 0x0Fu;
+    if (b0 == 0xE0) lo = 0xA0;  // overlong
+    if (b0 == 0xED) hi = 0x9F;  // surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    len = 4;
+    cp = b0 & 0x07u;
+    if (b0 == 0xF0) lo = 0x90;  // overlong
+    if (b0 == 0xF4) hi = 0x8F;  // past U+10FFFF
+  } else {
+    return false;
+  }
+  if (s.size() - i < len) return false;
+  for (std::size_t k = 1; k < len; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return false;
+    cp = (cp << 6) | (b & 0x3Fu);
+  }
+  i += len;
+  return true;
+}
+
+namespace {
+
+// Non-ASCII whitespace, punctuation and invisible format characters: they
+// separate words like ASCII punctuation does. Letters, digits, ideographs and
+// symbols (currency, emoji) are content and stay.
+bool is_separator(char32_t cp) {
+  if (cp <= 0xA0) return true;  // C1 controls, NBSP (ASCII is decided by the caller)
+  switch (cp) {                 // ¡ § « soft hyphen ¶ · » ¿, Ogham space, Mongolian vowel separator, ・, BOM
+    case 0xA1:
+    case 0xA7:
+    case 0xAB:
+    case 0xAD:
+    case 0xB6:
+    case 0xB7:
+    case 0xBB:
+    case 0xBF:
+    case 0x1680:
+    case 0x180E:
+    case 0x30FB:
+    case 0xFEFF:
+      return true;
+    default:
+      break;
+  }
+  if (cp >= 0x2000 && cp <= 0x206F) return true;  // General Punctuation: spaces, dashes, quotes, ZW*
+  if (cp >= 0x2E00 && cp <= 0x2E7F) return true;  // Supplemental Punctuation
+  if (cp >= 0x3000 && cp <= 0x303F) {             // CJK Symbols and Punctuation, less its letters
+    return !(cp == 0x3005 || cp == 0x3006 || cp == 0x3007 || (cp >= 0x3021 && cp <= 0x3029) ||
+             (cp >= 0x3031 && cp <= 0x3035) || (cp >= 0x3038 && cp <= 0x303C));
+  }
+  if (cp >= 0xFE10 && cp <= 0xFE19) return true;  // vertical forms
+  if (cp >= 0xFE30 && cp <= 0xFE6F) return true;  // CJK compatibility and small form variants
+  if (cp >= 0xFF5F && cp <= 0xFF65) return true;  // half-width CJK punctuation
+  return false;
+}
+
+}  // namespace
+
+Status normalise_text(std::string_view text, std::string& out) {
+  out.clear();
+  out.reserve(text.size());
+  bool pending_separator = false;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const std::size_t at = i;
+    char32_t cp = 0;
+    if (!decode_utf8(text, i, cp)) return invalid_argument(fmt::format("invalid UTF-8 at byte {}", at));
+    if (cp >= 0xFF01 && cp <= 0xFF5E) cp -= 0xFEE0;  // full-width ASCII (NFKC)
+    bool separator = false;
+    if (cp < 0x80) {
+      if (cp >= 'A' && cp <= 'Z') cp += 'a' - 'A';
+      separator = !is_ascii_alnum(static_cast<char>(cp));
+    } else {
+      separator = is_separator(cp);  // U+3000 (ideographic space) included
+    }
+    if (separator) {
+      pending_separator = true;
+      continue;
+    }
+    if (pending_separator && !out.empty()) out.push_back(' ');
+    pending_separator = false;
+    detail::append_utf8(out, cp);
+  }
+  return Status::success();
+}
+
+void split_units(std::string_view norm, std::vector<std::string_view>& units) {
+  units.clear();
+  std::size_t i = 0;
+  while (i < norm.size()) {
+    const char c = norm[i];
+    if (c == ' ') {
+      ++i;
+    } else if (is_ascii_alnum(c)) {
+      std::size_t j = i;
+      while (j < norm.size() && is_ascii_alnum(norm[j])) ++j;
+      units.push_back(norm.substr(i, j - i));
+      i = j;
+    } else {
+      const auto b = static_cast<unsigned char>(c);
+      const std::size_t len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;  // valid UTF-8 by construction
+      units.push_back(norm.substr(i, len));
+      i += len;
+    }
+  }
+}
+
+}  // namespace clm::store_detail
