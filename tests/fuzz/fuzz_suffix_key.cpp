@@ -35,44 +35,6 @@ const clm::SuffixKeyer& keyer() {
   return *k;
 }
 
-// Well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
-bool valid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n;
-    std::uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      n = 1, cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 2, cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 3, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= n) return false;  // truncated
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3f);
-    }
-    const std::uint32_t min = n == 1 ? 0x80 : n == 2 ? 0x800 : 0x10000;
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
-  }
-  return true;
-}
-
-bool printable_ascii(std::string_view s) {
-  for (char c : s) {
-    if (c < 0x20 || c > 0x7e) return false;
-  }
-  return true;
-}
-
 void check_refusal(const clm::Status& s) {
   FUZZ_CHECK(s.code() == clm::StatusCode::invalid_argument && !s.message().empty(), "refused with {}: '{}'",
              s.code_name(), s.message());
@@ -90,8 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check_refusal(n);
     FUZZ_CHECK(normalised == "untouched", "a refused normalise wrote its output");
   } else {
-    FUZZ_CHECK(valid_utf8(text), "normalise accepted invalid UTF-8");
-    FUZZ_CHECK(valid_utf8(normalised), "normalise wrote invalid UTF-8");
+    FUZZ_CHECK(clm_fuzz::valid_utf8(text), "normalise accepted invalid UTF-8");
+    FUZZ_CHECK(clm_fuzz::valid_utf8(normalised), "normalise wrote invalid UTF-8");
     std::string twice;
     const clm::Status again = k.normalise(normalised, twice);
     FUZZ_CHECK(again.ok() && twice == normalised, "normalise is not idempotent: '{}' -> '{}' ({})", normalised, twice,
@@ -106,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(key.key == "untouched" && key.fingerprint == 0, "a refused make_key wrote its output");
   } else {
     FUZZ_CHECK(n.ok(), "make_key accepted text normalise refused");
-    FUZZ_CHECK(!key.key.empty() && printable_ascii(key.key), "key '{}' is not printable ASCII", key.key);
+    FUZZ_CHECK(!key.key.empty() && clm_fuzz::printable_ascii(key.key), "key '{}' is not printable ASCII", key.key);
     FUZZ_CHECK(key.fingerprint == clm::key_fingerprint(key.key), "fingerprint of '{}'", key.key);
     clm::SuffixKey again;
     const clm::Status m2 = k.make_key(text, again);
@@ -124,8 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view group = split == std::string_view::npos ? std::string_view() : text.substr(split + 1);
   clm::SuffixKey hk;
   const clm::Status h = clm::SuffixKeyer::from_host_key(host, group, hk);
-  const bool valid =
-      !host.empty() && host.size() <= 256 && printable_ascii(host) && group.size() <= 256 && printable_ascii(group);
+  const bool valid = !host.empty() && host.size() <= 256 && clm_fuzz::printable_ascii(host) && group.size() <= 256 &&
+                     clm_fuzz::printable_ascii(group);
   FUZZ_CHECK(h.ok() == valid, "from_host_key('{}', '{}'): {}", host, group, h.ok() ? "accepted" : h.message());
   if (!h.ok()) check_refusal(h);
   if (h.ok()) FUZZ_CHECK(hk.key == host && hk.fingerprint == clm::key_fingerprint(host), "host key changed");
