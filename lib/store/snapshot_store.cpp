@@ -200,9 +200,11 @@ struct DriftWindow {
   // Adds a row, evicting the oldest when full; returns the variance once full, else -1.
   double push(std::span<const float> v, std::int32_t window) {
     const std::size_t dim = v.size();
-    if (rows.empty()) {
-      rows.assign(static_cast<std::size_t>(window) * dim, 0);
-      sum.assign(dim, 0.0);
+    if (rows.empty()) {  // both or neither: a bad_alloc between them would leave `sum` short
+      std::vector<std::uint16_t> new_rows(static_cast<std::size_t>(window) * dim, 0);
+      std::vector<double> new_sum(dim, 0.0);
+      rows.swap(new_rows);
+      sum.swap(new_sum);
     }
     std::uint16_t* slot = rows.data() + static_cast<std::size_t>(next) * dim;
     if (count == window) {
@@ -227,6 +229,21 @@ struct DriftWindow {
     return std::max(0.0, sum_sq / count - mean_sq);
   }
 };
+
+// The Status of the exception in flight, for a catch (...) of a public call
+// that writes: the header promises Status, never exceptions, and a bad_alloc
+// between BEGIN and COMMIT was rolled back by ShardTransaction on its way.
+Status current_exception_status(const char* what) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(fmt::format("snapshot store: {}: out of host memory", what));
+  } catch (const std::exception& e) {
+    return {StatusCode::internal, fmt::format("snapshot store: {}: {}", what, e.what())};
+  } catch (...) {
+    return {StatusCode::internal, fmt::format("snapshot store: {}: an unknown exception", what)};
+  }
+}
 
 struct IndexAdd {
   std::string tenant;
@@ -296,6 +313,14 @@ struct SnapshotStore::Impl {
   std::atomic<bool> stopping{false};  // set under rebuild_mutex; read by a build in progress without it
   std::thread rebuild_thread;
 
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  // An open() that fails after queueing a rebuild destroys Impl without a
+  // SnapshotStore: the thread must not outlive the shards it reads.
+  ~Impl() { stop_rebuilds(); }
+  void stop_rebuilds();
+
   std::int64_t now_ms() const { return config.clock_ms ? config.clock_ms() : system_clock_ms(); }
 
   std::int32_t shard_of(std::string_view tenant, std::uint64_t group) const {
@@ -331,16 +356,20 @@ struct SnapshotStore::Impl {
   void install_adds(StoreShard& shard, std::vector<IndexAdd>& adds);
 };
 
+void SnapshotStore::Impl::stop_rebuilds() {
+  {
+    std::lock_guard lock(rebuild_mutex);
+    stopping = true;
+  }
+  rebuild_cv.notify_all();
+  if (rebuild_thread.joinable()) rebuild_thread.join();
+}
+
 SnapshotStore::SnapshotStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 SnapshotStore::~SnapshotStore() {
-  {
-    std::lock_guard lock(impl_->rebuild_mutex);
-    impl_->stopping = true;
-  }
-  impl_->rebuild_cv.notify_all();
-  if (impl_->rebuild_thread.joinable()) impl_->rebuild_thread.join();
-  (void)flush();  // a destructor cannot report: what failed to save is rebuilt at the next open
+  impl_->stop_rebuilds();  // before the flush, so that no rebuild changes an index while it is saved
+  (void)flush();           // a destructor cannot report: what failed to save is rebuilt at the next open
 }
 
 const SnapshotStoreConfig& SnapshotStore::config() const { return impl_->config; }
@@ -532,7 +561,7 @@ void SnapshotStore::wait_for_rebuilds() {
   impl_->rebuild_cv.wait(lock, [&] { return impl_->rebuild_queue.empty() && impl_->rebuilds_running == 0; });
 }
 
-Status SnapshotStore::rebuild_indexes() {
+Status SnapshotStore::rebuild_indexes() try {
   wait_for_rebuilds();
   for (std::int32_t s = 0; s < impl_->config.num_shards; ++s) {
     StoreShard& shard = *impl_->shards[static_cast<std::size_t>(s)];
@@ -547,12 +576,14 @@ Status SnapshotStore::rebuild_indexes() {
     }
   }
   return {};
+} catch (...) {
+  return current_exception_status("rebuild_indexes");
 }
 
 // ---- lookup -------------------------------------------------------------
 
 Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std::span<const float> query,
-                             SnapshotHit& hit, std::span<float> snapshot_out) {
+                             SnapshotHit& hit, std::span<float> snapshot_out) try {
   Impl& im = *impl_;
   const std::int32_t dim = im.config.snapshot_dim;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "snapshot lookup"));
@@ -690,6 +721,8 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
     }
   }
   return miss();
+} catch (...) {
+  return current_exception_status("lookup");
 }
 
 // ---- record -------------------------------------------------------------
@@ -699,7 +732,12 @@ double SnapshotStore::Impl::drift_push(const std::string& k, std::span<const flo
   auto it = drift.find(k);
   if (it == drift.end()) {
     drift_order.push_front(k);
-    it = drift.emplace(k, std::make_pair(DriftWindow{}, drift_order.begin())).first;
+    try {
+      it = drift.emplace(k, std::make_pair(DriftWindow{}, drift_order.begin())).first;
+    } catch (...) {
+      drift_order.pop_front();  // no list entry without its window
+      throw;
+    }
     while (drift.size() > static_cast<std::size_t>(config.drift_tracked_keys)) {
       drift.erase(drift_order.back());
       drift_order.pop_back();
@@ -767,15 +805,19 @@ Status SnapshotStore::Impl::record_in_shard(StoreShard& shard, std::string_view 
 
 void SnapshotStore::Impl::install_adds(StoreShard& shard, std::vector<IndexAdd>& adds) {
   for (IndexAdd& a : adds) {
-    TenantIndex& t = shard.tenant_index(a.tenant);
-    if (t.rebuilding) continue;  // the rebuild's catch-up adds it
-    if (!t.index && !HnswIndex::create(shard.settings().hnsw, t.index).ok()) continue;
-    if (t.index->add(a.vector, a.id).ok()) {
-      t.labels[a.id] = std::move(a.info);
-      t.dirty = true;
-    }
     // An add that fails (out of memory) leaves the row reachable by level 1
-    // only; the next rebuild indexes it.
+    // only; the next rebuild indexes it. Nothing may throw here: the rows
+    // are committed, and the caller must say so.
+    try {
+      TenantIndex& t = shard.tenant_index(a.tenant);
+      if (t.rebuilding) continue;  // the rebuild's catch-up adds it
+      if (!t.index && !HnswIndex::create(shard.settings().hnsw, t.index).ok()) continue;
+      if (t.index->add(a.vector, a.id).ok()) {
+        t.labels[a.id] = std::move(a.info);
+        t.dirty = true;
+      }
+    } catch (const std::bad_alloc&) {
+    }
   }
 }
 
@@ -785,7 +827,7 @@ Status SnapshotStore::record(std::string_view tenant, const SuffixKey& key, std:
   return record_batch(std::span(&one, 1), std::span(&outcome, 1));
 }
 
-Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std::span<RecordOutcome> outcomes) {
+Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std::span<RecordOutcome> outcomes) try {
   Impl& im = *impl_;
   if (outcomes.size() != records.size()) {
     return invalid_argument(fmt::format("record_batch: {} records but {} outcomes", records.size(), outcomes.size()));
@@ -808,7 +850,8 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
     std::lock_guard lock(shard.mutex);
     shard.set_write_deadline();
     CLM_RETURN_IF_ERROR(shard.flush_usage(im.now_ms() / 1000));
-    CLM_RETURN_IF_ERROR(shard.begin());
+    store_detail::ShardTransaction tx(shard);
+    CLM_RETURN_IF_ERROR(tx.begin());
     std::vector<IndexAdd> adds;
     std::vector<RecordOutcome> local(by_shard[s].size());
     Status failed;
@@ -816,11 +859,8 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
       const std::size_t i = by_shard[s][j];
       failed = im.record_in_shard(shard, records[i].tenant, *records[i].key, units[i], local[j], adds);
     }
-    if (failed.ok()) failed = shard.commit();
-    if (!failed.ok()) {
-      shard.rollback();
-      return failed;
-    }
+    if (failed.ok()) failed = tx.commit();
+    if (!failed.ok()) return failed;
     im.install_adds(shard, adds);
     SnapshotStoreMetrics delta;
     for (std::size_t j = 0; j < by_shard[s].size(); ++j) {
@@ -858,11 +898,13 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
     });
   }
   return {};
+} catch (...) {
+  return current_exception_status("record_batch");
 }
 
 // ---- breakers, fallbacks, eviction ---------------------------------------
 
-Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& key, bool correct) {
+Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& key, bool correct) try {
   Impl& im = *impl_;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "report_outcome"));
   const std::int64_t now = im.now_ms();
@@ -899,13 +941,16 @@ Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& k
   std::lock_guard lock(shard.mutex);
   shard.set_write_deadline();
   return shard.put_blacklist(tenant, key, now + im.config.blacklist_duration_ms);  // in force in memory either way
+} catch (...) {
+  return current_exception_status("report_outcome");
 }
 
 bool SnapshotStore::is_blacklisted(std::string_view tenant, const SuffixKey& key) {
   return impl_->blacklisted(tenant, key.fingerprint);
 }
 
-Status SnapshotStore::set_fallback(std::string_view tenant, std::string_view name, std::span<const float> snapshot) {
+Status SnapshotStore::set_fallback(std::string_view tenant, std::string_view name,
+                                   std::span<const float> snapshot) try {
   Impl& im = *impl_;
   if (name.empty() || name.size() > kMaxNameBytes) {
     return invalid_argument(fmt::format("set_fallback: the name must have 1..{} bytes", kMaxNameBytes));
@@ -923,9 +968,11 @@ Status SnapshotStore::set_fallback(std::string_view tenant, std::string_view nam
   std::lock_guard lock(im.fallback_mutex);
   im.fallbacks[fallback_key(tenant, name)] = std::move(unit);
   return {};
+} catch (...) {
+  return current_exception_status("set_fallback");
 }
 
-Status SnapshotStore::evict(EvictionReport& report) {
+Status SnapshotStore::evict(EvictionReport& report) try {
   Impl& im = *impl_;
   report = {};
   const std::int64_t now_ms = im.now_ms();
@@ -936,16 +983,14 @@ Status SnapshotStore::evict(EvictionReport& report) {
     std::unique_lock lock(shard.mutex);
     shard.set_write_deadline();
     CLM_RETURN_IF_ERROR(shard.flush_usage(now_ms / 1000));
-    CLM_RETURN_IF_ERROR(shard.begin());
+    store_detail::ShardTransaction tx(shard);
+    CLM_RETURN_IF_ERROR(tx.begin());
     std::vector<std::pair<std::int64_t, std::string>> victims;
     Status s = shard.eviction_candidates(cutoff_s, im.config.evict_min_usage, victims);
     for (std::size_t i = 0; i < victims.size() && s.ok(); ++i) s = shard.delete_row(victims[i].first);
     if (s.ok()) s = shard.prune(cutoff_s, now_ms);
-    if (s.ok()) s = shard.commit();
-    if (!s.ok()) {
-      shard.rollback();
-      return s;
-    }
+    if (s.ok()) s = tx.commit();
+    if (!s.ok()) return s;
     std::set<std::string> touched;
     for (const auto& [id, tenant] : victims) {
       TenantIndex& t = shard.tenant_index(tenant);
@@ -983,9 +1028,11 @@ Status SnapshotStore::evict(EvictionReport& report) {
     x.snapshots -= report.deleted;
   });
   return {};
+} catch (...) {
+  return current_exception_status("evict");
 }
 
-Status SnapshotStore::flush() {
+Status SnapshotStore::flush() try {
   for (auto& shard : impl_->shards) {
     std::vector<HnswIndex::PendingSave> saves;
     {
@@ -997,6 +1044,8 @@ Status SnapshotStore::flush() {
     CLM_RETURN_IF_ERROR(shard->finish_saves(saves));  // fsyncs without the shard lock
   }
   return {};
+} catch (...) {
+  return current_exception_status("flush");
 }
 
 Status SnapshotStore::check_integrity() {

@@ -74,6 +74,21 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
 };
 
+// Resets a statement when the scope ends, however it ends: an exception
+// (bad_alloc while a row is decoded or handed to a callback) must not leave
+// it in the middle of its rows and bound to bytes the caller has freed, where
+// its next use would fail to bind and step on through the old rows.
+class ResetOnExit {
+ public:
+  explicit ResetOnExit(Statement& stmt) : stmt_(stmt) {}
+  ~ResetOnExit() { stmt_.reset(); }
+  ResetOnExit(const ResetOnExit&) = delete;
+  ResetOnExit& operator=(const ResetOnExit&) = delete;
+
+ private:
+  Statement& stmt_;
+};
+
 class SqliteDb {
  public:
   SqliteDb() = default;

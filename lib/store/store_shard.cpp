@@ -182,6 +182,7 @@ void decode_into(std::span<const std::uint8_t> blob, std::int32_t dim, std::uint
 
 Status StoreShard::versions(std::string_view tenant, const SuffixKey& key,
                             const std::function<bool(SnapshotRow&)>& each) {
+  const ResetOnExit reset_on_exit(versions_);
   versions_.bind_int(1, as_signed(key.fingerprint));
   versions_.bind_blob(2, tenant);
   versions_.bind_text(3, key.key);
@@ -197,11 +198,11 @@ Status StoreShard::versions(std::string_view tenant, const SuffixKey& key,
       break;
     }
   }
-  versions_.reset();
   return done(rc, "reading a key's versions");
 }
 
 Status StoreShard::row(std::int64_t id, SnapshotRow& out, bool& found) {
+  const ResetOnExit reset_on_exit(row_);
   row_.bind_int(1, id);
   const int rc = row_.step();
   found = rc == SQLITE_ROW;
@@ -211,18 +212,17 @@ Status StoreShard::row(std::int64_t id, SnapshotRow& out, bool& found) {
     out.confirmations = row_.column_int(1);
     decode_into(row_.column_blob(2), settings_.dim, static_cast<std::uint64_t>(row_.column_int(3)), out.vector);
   }
-  row_.reset();
   return done(found ? SQLITE_DONE : rc, "reading a row");
 }
 
 Status StoreShard::tenants(std::vector<std::string>& out) {
+  const ResetOnExit reset_on_exit(tenants_);
   out.clear();
   int rc;
   while ((rc = tenants_.step()) == SQLITE_ROW) {
     const auto b = tenants_.column_blob(0);
     out.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
   }
-  tenants_.reset();
   return done(rc, "listing tenants");
 }
 
@@ -238,6 +238,7 @@ void read_label(const Statement& row, LabelInfo& info) {
 
 Status StoreShard::tenant_rows(std::string_view tenant, std::int64_t after_id,
                                const std::function<void(std::int64_t, const LabelInfo&, std::vector<float>&)>& each) {
+  const ResetOnExit reset_on_exit(tenant_rows_);
   tenant_rows_.bind_blob(1, tenant);
   tenant_rows_.bind_int(2, after_id);
   LabelInfo info;
@@ -248,12 +249,12 @@ Status StoreShard::tenant_rows(std::string_view tenant, std::int64_t after_id,
     decode_into(tenant_rows_.column_blob(5), settings_.dim, static_cast<std::uint64_t>(tenant_rows_.column_int(6)), v);
     each(tenant_rows_.column_int(0), info, v);
   }
-  tenant_rows_.reset();
   return done(rc, "reading a tenant's rows");
 }
 
 Status StoreShard::tenant_labels(std::string_view tenant, std::int64_t after_id,
                                  const std::function<void(std::int64_t, const LabelInfo&)>& each) {
+  const ResetOnExit reset_on_exit(tenant_labels_);
   tenant_labels_.bind_blob(1, tenant);
   tenant_labels_.bind_int(2, after_id);
   LabelInfo info;
@@ -262,7 +263,6 @@ Status StoreShard::tenant_labels(std::string_view tenant, std::int64_t after_id,
     read_label(tenant_labels_, info);
     each(tenant_labels_.column_int(0), info);
   }
-  tenant_labels_.reset();
   return done(rc, "reading a tenant's labels");
 }
 
@@ -381,6 +381,7 @@ Status StoreShard::put_fallback(std::string_view tenant, std::string_view name, 
 
 Status StoreShard::eviction_candidates(std::int64_t unused_before_s, std::int64_t min_usage,
                                        std::vector<std::pair<std::int64_t, std::string>>& out) {
+  const ResetOnExit reset_on_exit(evictable_);
   evictable_.bind_int(1, unused_before_s);
   evictable_.bind_int(2, min_usage);
   int rc;
@@ -388,7 +389,6 @@ Status StoreShard::eviction_candidates(std::int64_t unused_before_s, std::int64_
     const auto t = evictable_.column_blob(1);
     out.emplace_back(evictable_.column_int(0), std::string(reinterpret_cast<const char*>(t.data()), t.size()));
   }
-  evictable_.reset();
   return done(rc, "finding rows to evict");
 }
 
@@ -425,19 +425,20 @@ Status StoreShard::vacuum(std::int64_t& pages) {
 
 Status StoreShard::load_blacklist(
     const std::function<void(std::string_view tenant, std::uint64_t fp, std::int64_t until)>& each) {
+  const ResetOnExit reset_on_exit(blacklist_all_);
   int rc;
   while ((rc = blacklist_all_.step()) == SQLITE_ROW) {
     const auto t = blacklist_all_.column_blob(0);
     each(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()),
          static_cast<std::uint64_t>(blacklist_all_.column_int(1)), blacklist_all_.column_int(2));
   }
-  blacklist_all_.reset();
   return done(rc, "reading the blacklist");
 }
 
 Status StoreShard::load_fallbacks(
     const std::function<void(std::string_view tenant, std::string_view name, std::vector<float>&)>& each,
     std::uint64_t& corrupt) {
+  const ResetOnExit reset_on_exit(fallback_all_);
   std::vector<float> v;
   int rc;
   while ((rc = fallback_all_.step()) == SQLITE_ROW) {
@@ -450,30 +451,22 @@ Status StoreShard::load_fallbacks(
     }
     each(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()), fallback_all_.column_text(1), v);
   }
-  fallback_all_.reset();
   return done(rc, "reading fallback snapshots");
 }
 
 Status StoreShard::flush_usage(std::int64_t now_s) {
   if (pending_usage_.empty()) return {};
-  CLM_RETURN_IF_ERROR(begin());
+  ShardTransaction tx(*this);
+  CLM_RETURN_IF_ERROR(tx.begin());
   for (const auto& [id, n] : pending_usage_) {
     usage_.bind_int(1, id);
     usage_.bind_int(2, n);
     usage_.bind_int(3, now_s);
     const int rc = usage_.step();
     usage_.reset();
-    if (rc != SQLITE_DONE) {
-      Status s = done(rc, "writing usage counts");
-      rollback();
-      return s;
-    }
+    if (rc != SQLITE_DONE) return done(rc, "writing usage counts");
   }
-  Status s = commit();
-  if (!s.ok()) {
-    rollback();
-    return s;
-  }
+  CLM_RETURN_IF_ERROR(tx.commit());
   pending_usage_.clear();
   return {};
 }

@@ -150,4 +150,38 @@ class StoreShard {
   Statement evictable_, delete_, prune_seen_, prune_blacklist_;
 };
 
+// A write transaction of a shard that rolls back in its destructor unless it
+// committed: an exception (bad_alloc) between begin and commit would
+// otherwise leave the connection inside the transaction, where every later
+// BEGIN fails and the shard's reads see rows that were never committed.
+//
+//   ShardTransaction tx(shard);
+//   CLM_RETURN_IF_ERROR(tx.begin());
+//   CLM_RETURN_IF_ERROR(shard.insert(...));  // an early return rolls back
+//   CLM_RETURN_IF_ERROR(tx.commit());
+class ShardTransaction {
+ public:
+  explicit ShardTransaction(StoreShard& shard) : shard_(shard) {}
+  ~ShardTransaction() {
+    if (open_) shard_.rollback();
+  }
+  ShardTransaction(const ShardTransaction&) = delete;
+  ShardTransaction& operator=(const ShardTransaction&) = delete;
+
+  Status begin() {
+    CLM_RETURN_IF_ERROR(shard_.begin());
+    open_ = true;
+    return {};
+  }
+  Status commit() {
+    CLM_RETURN_IF_ERROR(shard_.commit());
+    open_ = false;
+    return {};
+  }
+
+ private:
+  StoreShard& shard_;
+  bool open_ = false;
+};
+
 }  // namespace clm::store_detail

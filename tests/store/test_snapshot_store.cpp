@@ -2,6 +2,7 @@
 // references: float64 cosines, a brute-force nearest-neighbour search, a
 // naive model of versions and admission, on fresh random vectors.
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +14,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "alloc_fault.hpp"
+#include "child_process.hpp"
 #include "clm/store/consistent_hash.hpp"
 #include "clm/store/snapshot_blob.hpp"
 #include "clm/store/snapshot_store.hpp"
@@ -66,6 +69,30 @@ clm::SnapshotHit lookup(clm::SnapshotStore& store, std::string_view tenant, cons
   INFO(s.message());
   REQUIRE(s.ok());
   return hit;
+}
+
+// Flips the page-type byte of the root page of a database's table of rows:
+// reads of rows fail (SQLITE_CORRUPT) while its indexes, which answer the
+// row count and the tenant list, still read.
+void tear_rows_table(const std::string& db_path) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(db_path.c_str(), &db) == SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  REQUIRE(sqlite3_prepare_v2(db,
+                             "SELECT (SELECT rootpage FROM sqlite_schema WHERE name = 'semantic_snapshots'),"
+                             " (SELECT page_size FROM pragma_page_size)",
+                             -1, &stmt, nullptr) == SQLITE_OK);
+  REQUIRE(sqlite3_step(stmt) == SQLITE_ROW);
+  const std::int64_t root = sqlite3_column_int64(stmt, 0), page_size = sqlite3_column_int64(stmt, 1);
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);  // the last connection: the WAL is checkpointed into the file
+  REQUIRE(root > 1);
+  std::fstream f(db_path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg((root - 1) * page_size);
+  const int type = f.get();
+  f.seekp((root - 1) * page_size);
+  f.put(static_cast<char>(type ^ 0xFF));  // 2, 5, 10 and 13 are the valid types; none flips to another
+  REQUIRE(f.good());
 }
 
 }  // namespace
@@ -495,6 +522,52 @@ TEST_CASE("durability: indexes reload, a missing or corrupt index is rebuilt whi
   }
 }
 
+TEST_CASE("an open that fails after queueing an index rebuild returns its error, with no thread left running",
+          "[store][durability]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm_test::TempDir dir;
+  clm::SnapshotStoreConfig c = memory_config(2);
+  c.path = dir.str();
+  REQUIRE(c.rebuild_in_background);
+  {
+    auto store = open_store(c);
+    for (int i = 0; i < 300; ++i) {
+      record(*store, "t", host_key(fmt::format("k{}", i), fmt::format("g{}", i % 16)), random_unit(rng, kDim));
+    }
+  }
+  // Shard 0's index file is lost: open() queues its rebuild on the thread.
+  // Shard 1's table of rows is torn, which open() finds only later, when it
+  // reads the labels of the rows shard 1's (intact) index file holds.
+  int removed = 0, kept = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    if (e.path().extension() != ".hnsw") continue;
+    if (e.path().filename().string().starts_with("shard-00.")) {
+      std::filesystem::remove(e.path());
+      ++removed;
+    } else {
+      ++kept;
+    }
+  }
+  REQUIRE(removed == 1);
+  REQUIRE(kept == 1);
+  tear_rows_table(dir.str() + "/shard-01.db");
+  // In a child: before the fix the failed open destroyed a joinable thread
+  // (std::terminate), which would end this test program too.
+  clm_test::ChildProcess child([&](int report_fd) {
+    std::unique_ptr<clm::SnapshotStore> store;
+    const clm::Status s = clm::SnapshotStore::open(c, store);
+    const auto code = static_cast<std::int32_t>(s.code());
+    if (::write(report_fd, &code, sizeof code) != sizeof code) return 2;
+    return store ? 1 : 0;
+  });
+  CHECK(child.exit_code() == 0);
+  std::int32_t code = 0;
+  REQUIRE(child.read(code));
+  CHECK(code == static_cast<std::int32_t>(clm::StatusCode::io_error));
+}
+
 TEST_CASE("a row whose BLOB fails its checksum is skipped and counted, never served", "[store][durability]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
@@ -660,6 +733,142 @@ TEST_CASE("bad input: clear statuses, nothing committed changes", "[store][error
   }
   REQUIRE(reopened->lookup("t", host_key("K"), {}, hit, out).ok());
   CHECK(hit.level == SnapshotLevel::exact);
+}
+
+namespace {
+// What the store committed, by key: sightings before admission and each
+// version's vector; with stable_confirmations 0 the newest version is served.
+struct CommittedModel {
+  std::int64_t min_usage = 1;
+  struct Key {
+    std::int64_t seen = 0;
+    std::vector<std::vector<float>> versions;
+  };
+  std::map<std::string, Key> keys;
+
+  // Records v for `name` as the store does, and says what the store must answer.
+  RecordResult record(const std::string& name, const std::vector<float>& v) {
+    Key& k = keys[name];
+    if (k.versions.empty()) {
+      if (++k.seen < min_usage) return RecordResult::counted;
+      k.versions.push_back(v);
+      return RecordResult::admitted;
+    }
+    if (clm_test::cosine64(v, k.versions.back()) < 0.95) {
+      k.versions.push_back(v);
+      return RecordResult::new_version;
+    }
+    return RecordResult::confirmed;
+  }
+};
+
+clm::SuffixKey model_key(const std::string& name) { return host_key(name, "group-" + name); }
+}  // namespace
+
+TEST_CASE("an allocation failure inside record or record_batch rolls back; the shard stays usable",
+          "[store][errors][faults]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm::SnapshotStoreConfig c = memory_config(4);
+  c.min_usage_threshold = 2;
+  c.stable_confirmations = 0;
+  auto store = open_store(c);
+  CommittedModel model;
+  model.min_usage = c.min_usage_threshold;
+
+  auto check_committed = [&] {
+    std::vector<float> out;
+    for (const auto& [name, k] : model.keys) {
+      INFO("key " << name);
+      const clm::SnapshotHit hit = lookup(*store, "t", model_key(name), {}, out);
+      if (k.versions.empty()) {
+        CHECK(hit.level == SnapshotLevel::miss);
+        continue;
+      }
+      CHECK(hit.level == SnapshotLevel::exact);
+      CHECK(hit.version == static_cast<std::int32_t>(k.versions.size()));
+      CHECK(clm_test::max_abs_diff(out, k.versions.back()) < kF16);
+    }
+  };
+  int normal_records = 0;
+  using Batch = std::vector<std::pair<std::string, std::vector<float>>>;
+  // Runs the batch (record() for one record) with the n-th allocation of the
+  // call failing, until a run allocates fewer than n + 1 times.
+  auto fail_each_allocation = [&](const Batch& batch) {
+    std::vector<clm::SuffixKey> keys;
+    for (const auto& [name, v] : batch) keys.push_back(model_key(name));
+    std::vector<clm::SnapshotRecord> records;
+    for (std::size_t i = 0; i < batch.size(); ++i) records.push_back({"t", &keys[i], batch[i].second});
+    std::vector<clm::RecordOutcome> outcomes(batch.size());
+    for (long n = 0;; ++n) {
+      INFO("allocation " << n << " fails, batch of " << batch.size());
+      for (auto& o : outcomes) o = clm::RecordOutcome{RecordResult::not_written, 0, 0};
+      clm::Status s;
+      bool threw = false, fired = false;
+      {
+        clm_test::FailAllocation fail(n);
+        try {
+          s = batch.size() == 1 ? store->record("t", keys[0], batch[0].second, outcomes[0])
+                                : store->record_batch(records, outcomes);
+        } catch (const std::bad_alloc&) {
+          threw = true;
+        }
+        fired = fail.fired();
+      }
+      CHECK_FALSE(threw);
+      INFO(s.message());
+      if (!s.ok()) CHECK(s.code() == clm::StatusCode::out_of_memory);
+      if (!fired) REQUIRE(s.ok());
+      // A failed batch keeps the shards it committed before the failing one;
+      // their records say so, and the model follows the outcomes.
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (outcomes[i].result == RecordResult::not_written) continue;
+        CHECK(outcomes[i].result == model.record(batch[i].first, batch[i].second));
+      }
+      if (s.ok() && !threw) {
+        for (const auto& o : outcomes) CHECK(o.result != RecordResult::not_written);
+      }
+      check_committed();
+      // Normal records afterwards commit in every shard (no transaction was
+      // left open).
+      for (std::int32_t shard = 0; shard < c.num_shards; ++shard) {
+        std::string after;
+        do {
+          after = fmt::format("after-{}", normal_records++);
+        } while (store->shard_of("t", model_key(after)) != shard);
+        const std::vector<float> v = random_unit(rng, kDim);
+        for (RecordResult expected : {RecordResult::counted, RecordResult::admitted}) {
+          clm::RecordOutcome o;
+          const clm::Status normal = store->record("t", model_key(after), v, o);
+          INFO("shard " << shard << ": " << normal.message());
+          REQUIRE(normal.ok());
+          CHECK(o.result == expected);
+          CHECK(model.record(after, v) == expected);
+        }
+      }
+      check_committed();
+      if (!fired) return;
+    }
+  };
+
+  const std::vector<float> a1 = random_unit(rng, kDim), a2 = random_unit(rng, kDim);
+  REQUIRE(std::abs(clm_test::cosine64(a1, a2)) < 0.9);
+  fail_each_allocation({{"A", a1}});  // counted
+  fail_each_allocation({{"A", a1}});  // admitted
+  fail_each_allocation({{"A", a1}});  // confirmed
+  fail_each_allocation({{"A", a2}});  // a new version
+  // Keys of several shards, each new, confirming or starting a version.
+  Batch batch{{"A", a2}, {"A-prime", a1}};
+  for (int i = 0; i < 6; ++i) batch.emplace_back(fmt::format("B{}", i), random_unit(rng, kDim));
+  std::set<std::int32_t> shards;
+  for (const auto& [name, v] : batch) shards.insert(store->shard_of("t", model_key(name)));
+  REQUIRE(shards.size() >= 2);
+  fail_each_allocation(batch);  // counts B*
+  batch[0].second = a1;         // A: back to a1, a new version
+  fail_each_allocation(batch);  // admits B*, A-prime
+  fail_each_allocation(batch);  // confirms all
+  REQUIRE(store->check_integrity().ok());
 }
 
 TEST_CASE("concurrent records and lookups from many threads keep every row", "[store][concurrency][threads]") {

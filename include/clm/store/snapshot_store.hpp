@@ -78,8 +78,10 @@
 // io_error for a database or file that cannot be opened, read or written
 // (a corrupt database, a full disk, a database locked past the write
 // timeout); failed_precondition for a store opened with another shard count
-// or snapshot_dim than it was created with. Nothing committed changes on
-// error, and a failed batch writes none of its rows.
+// or snapshot_dim than it was created with; out_of_memory when host memory
+// runs out (an allocation that fails inside a call is caught there, and its
+// transaction rolled back), internal for any other exception. Nothing
+// committed changes on error, and a failed batch writes none of its rows.
 #pragma once
 
 #include <cstdint>
