@@ -10,13 +10,32 @@
 //   }
 //
 // Only the arming thread's allocations count; others are never failed.
+//
+// Under ThreadSanitizer, whose runtime defines operator new itself, nothing
+// is replaced and kAllocationFaults is false: a fault test there would fail
+// nothing, so it REQUIREs kAllocationFaults (make test-tsan runs only the
+// [threads] cases, which never arm a fault).
 #pragma once
 
 #include <cstddef>
 #include <cstdlib>
 #include <new>
 
+#if defined(__SANITIZE_THREAD__)
+#define CLM_TEST_THREAD_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CLM_TEST_THREAD_SANITIZER 1
+#endif
+#endif
+#ifndef CLM_TEST_THREAD_SANITIZER
+#define CLM_TEST_THREAD_SANITIZER 0
+#endif
+
 namespace clm_test {
+
+// False where this header cannot replace operator new (ThreadSanitizer).
+inline constexpr bool kAllocationFaults = !CLM_TEST_THREAD_SANITIZER;
 
 // The allocations this thread lets through before failing one (-1: none fails).
 inline thread_local long t_alloc_countdown = -1;
@@ -44,6 +63,7 @@ class FailAllocation {
 
 }  // namespace clm_test
 
+#if !CLM_TEST_THREAD_SANITIZER
 // GCC sees free() of what operator new returned once it inlines these
 // replacements: they are that pair here.
 #pragma GCC diagnostic push
@@ -89,3 +109,4 @@ void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 #pragma GCC diagnostic pop
+#endif  // !CLM_TEST_THREAD_SANITIZER
