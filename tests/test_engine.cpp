@@ -485,6 +485,24 @@ TEST_CASE("engine: admit, plan_admission and prefetch refuse the same prompts", 
   // Without a storage tier prefetch has nothing to check a prompt for.
   auto plain = make_engine(16, 4);
   CHECK(plain->prefetch(Tokens{}, {}).code() == StatusCode::failed_precondition);
+  // There the tree checks the ids (only past what it matched), under the
+  // engine call's name: the same refusals, with a cached prefix in front too.
+  Admission cached;
+  REQUIRE(plain->admit(good, {}, cached).ok());
+  REQUIRE(plain->finish(cached.seq).ok());
+  for (const Bad& c : bad) {
+    INFO(c.what << ", no storage tier");
+    Admission a;
+    clm::AdmissionPlan plan;
+    const clm::Status admitted = plain->admit(c.prompt, c.options, a);
+    const clm::Status planned = plain->plan_admission(c.prompt, c.options, plan);
+    CHECK(admitted.code() == StatusCode::invalid_argument);
+    CHECK(planned.code() == admitted.code());
+    CHECK(admitted.message().starts_with("admit: "));
+    CHECK(planned.message().starts_with("plan_admission: "));
+  }
+  CHECK(plain->metrics().admitted == 1);
+  REQUIRE(plain->check_invariants().ok());
 }
 
 TEST_CASE("engine: many threads admit, extend, finish and abort at once", "[engine][threads]") {

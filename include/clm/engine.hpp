@@ -142,6 +142,11 @@ class Engine {
 
   Status admit(std::span<const std::int32_t> prompt, const AdmitOptions& options, Admission& out) {
     CLM_RETURN_IF_ERROR(check_admission(prompt, options, "admit"));
+    const bool from_storage = tiers_ && tiers_->has_storage();
+    // The ids are read first by the storage fetch when there is one (so check
+    // them all before it), else by the tree, which checks only what it did not
+    // match: a cached prefix is never scanned twice.
+    if (from_storage) CLM_RETURN_IF_ERROR(detail::check_token_ids(prompt, 0, "admit"));
     auto seq = std::make_unique<Sequence>();
     seq->salt.assign(options.cache_salt);
     seq->adapter_id = options.adapter_id;
@@ -151,10 +156,10 @@ class Engine {
     const std::size_t total_pages = pages_for(prompt.size());
     out.host_tokens = out.storage_tokens = 0;
     FetchOutcome fetched;
-    if (tiers_ && tiers_->has_storage()) fetch_from_storage(prompt, seq->cache_namespace(), true, fetched);
+    if (from_storage) fetch_from_storage(prompt, seq->cache_namespace(), true, fetched);
     {
       std::unique_lock lock(mutex_);
-      CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, seq->cache_namespace(), match_));
+      CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, seq->cache_namespace(), match_, "admit"));
       CLM_RETURN_IF_ERROR(tree_->lock(match_.node));
       // The host-only part (match_ is shared scratch: what a load-back needs is kept here).
       const bool load_back = match_.host_tokens > 0;
@@ -207,7 +212,7 @@ class Engine {
     CLM_RETURN_IF_ERROR(check_admission(prompt, options, "plan_admission"));
     PrefixPeek peek;
     std::lock_guard lock(mutex_);
-    CLM_RETURN_IF_ERROR(tree_->peek_prefix(prompt, {options.cache_salt, options.adapter_id}, peek));
+    CLM_RETURN_IF_ERROR(tree_->peek_prefix(prompt, {options.cache_salt, options.adapter_id}, peek, "plan_admission"));
     out.cached_tokens = peek.cached_tokens;
     out.new_pages = static_cast<std::int32_t>(pages_for(prompt.size())) - peek.cached_tokens / page_size_;
     out.unlocked_pages = peek.unlocked_tokens / page_size_;
@@ -221,10 +226,7 @@ class Engine {
   Status extend(SequenceId id, std::span<const std::int32_t> tokens, std::vector<std::int64_t>& slots,
                 std::vector<std::int32_t>* page_table = nullptr) {
     if (tokens.size() > kMaxTokens) return invalid_argument("extend: sequence would be too long");
-    const std::size_t bad = detail::first_invalid_token(tokens.data(), tokens.size());
-    if (bad != tokens.size()) {
-      return invalid_argument(fmt::format("extend: token id {} at position {} is outside [0, 2^31)", tokens[bad], bad));
-    }
+    CLM_RETURN_IF_ERROR(detail::check_token_ids(tokens, 0, "extend"));
     std::vector<std::int32_t> pages;
     std::size_t first = 0;
     std::unique_lock lock(mutex_);
@@ -245,6 +247,7 @@ class Engine {
   Status prefetch(std::span<const std::int32_t> prompt, const AdmitOptions& options) {
     if (!tiers_ || !tiers_->has_storage()) return failed_precondition("prefetch: the engine has no storage tier");
     CLM_RETURN_IF_ERROR(check_admission(prompt, options, "prefetch"));
+    CLM_RETURN_IF_ERROR(detail::check_token_ids(prompt, 0, "prefetch"));  // before the storage fetch reads them
     FetchOutcome ignored;
     fetch_from_storage(prompt, {options.cache_salt, options.adapter_id}, false, ignored);
     return {};
@@ -630,9 +633,12 @@ class Engine {
   // (invalid_argument), before anything else reads the prompt: an empty
   // prompt, one longer than kMaxTokens (checked before any id is read;
   // extend() counts on every sequence holding at most kMaxTokens), a
-  // priority or priority_update out of range, and a token id outside
-  // [0, 2^31). test_engine "admit, plan_admission and prefetch refuse the
-  // same prompts" holds them to it.
+  // priority or priority_update out of range. A token id outside [0, 2^31)
+  // is refused as well, with the call's name, by whichever reads the ids
+  // first: the storage fetch's check_token_ids, or the tree's match or peek
+  // (which skips the part it matched: cached ids are valid). test_engine
+  // "admit, plan_admission and prefetch refuse the same prompts" holds them
+  // to it.
   static Status check_admission(std::span<const std::int32_t> prompt, const AdmitOptions& options, const char* what) {
     if (prompt.empty()) return invalid_argument(fmt::format("{}: empty prompt", what));
     if (prompt.size() > kMaxTokens) {
@@ -646,11 +652,6 @@ class Engine {
     if (!is_priority_update(static_cast<int>(options.priority_update))) {
       return invalid_argument(fmt::format("{}: priority_update must be raise (0) or set (1), got {}", what,
                                           static_cast<int>(options.priority_update)));
-    }
-    const std::size_t bad = detail::first_invalid_token(prompt.data(), prompt.size());
-    if (bad != prompt.size()) {
-      return invalid_argument(
-          fmt::format("{}: token id {} at position {} is outside [0, 2^31)", what, prompt[bad], bad));
     }
     return {};
   }

@@ -146,12 +146,14 @@ class RadixTree {
   PagedKvPool* host_pool() const { return host_pool_; }
 
   // ---- match ----------------------------------------------------------------
-  Status match_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns, PrefixMatch& out) {
-    CLM_RETURN_IF_ERROR(validate_length(tokens, "match_prefix"));
+  // `what` names the call in errors (the Engine passes its own: "admit").
+  Status match_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns, PrefixMatch& out,
+                      const char* what = "match_prefix") {
+    CLM_RETURN_IF_ERROR(validate_length(tokens, what));
     const std::int32_t length = static_cast<std::int32_t>(tokens.size());
     const Walk walk = walk_down(find_namespace(ns), tokens.data(), length - 1);
     // The matched part equals cached ids, which are valid: check only the rest.
-    CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "match_prefix"));
+    CLM_RETURN_IF_ERROR(detail::check_token_ids(tokens, static_cast<std::size_t>(walk.matched), what));
     std::int32_t end = walk.node;
     if (end < 0) {
       end = create_namespace(ns);
@@ -204,8 +206,9 @@ class RadixTree {
   // before it admits a request, to see whether it fits (Engine::plan_admission),
   // so that a request waiting for room is not counted, or made hotter, on every
   // step it waits.
-  Status peek_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns, PrefixPeek& out) const {
-    CLM_RETURN_IF_ERROR(validate_length(tokens, "peek_prefix"));
+  Status peek_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns, PrefixPeek& out,
+                     const char* what = "peek_prefix") const {
+    CLM_RETURN_IF_ERROR(validate_length(tokens, what));
     PrefixPeek peek;
     const Walk walk = walk_path(find_namespace(ns), tokens.data(), static_cast<std::int32_t>(tokens.size()) - 1,
                                 [&](std::int32_t n, std::int32_t matched) {
@@ -217,7 +220,7 @@ class RadixTree {
                                   peek.cached_tokens += matched;
                                   if (node.lock_ref == 0) peek.unlocked_tokens += matched;
                                 });
-    CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "peek_prefix"));
+    CLM_RETURN_IF_ERROR(detail::check_token_ids(tokens, static_cast<std::size_t>(walk.matched), what));
     out = peek;
     return {};
   }
@@ -243,7 +246,7 @@ class RadixTree {
                                           store_pages, page_size_, pages.size()));
     }
     const Walk walk = walk_down(find_namespace(ns), tokens.data(), store_len);
-    CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "insert"));
+    CLM_RETURN_IF_ERROR(detail::check_token_ids(tokens, static_cast<std::size_t>(walk.matched), "insert"));
     // Matched nodes that are only on the host take the caller's pages (a load-back, or a recompute).
     const std::int32_t device_matched = matched_on(walk, &Node::on_device);
     // Refused pages are refused before any room is reserved below, so that a
@@ -614,15 +617,6 @@ class RadixTree {
     if (tokens.empty()) return invalid_argument(fmt::format("{}: empty token sequence", what));
     if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max() - page_size_)) {
       return invalid_argument(fmt::format("{}: {} tokens is too long", what, tokens.size()));
-    }
-    return {};
-  }
-  // Checks the ids from `from` on (those before it matched cached, valid ids).
-  static Status validate_ids(std::span<const std::int32_t> tokens, std::size_t from, const char* what) {
-    const std::size_t bad = from + detail::first_invalid_token(tokens.data() + from, tokens.size() - from);
-    if (bad != tokens.size()) {
-      return invalid_argument(
-          fmt::format("{}: token id {} at position {} is outside [0, 2^31)", what, tokens[bad], bad));
     }
     return {};
   }

@@ -65,7 +65,7 @@ inline Status RadixTree::insert_host(std::span<const std::int32_t> tokens, std::
     return failed_precondition(fmt::format("insert_host: only {} leading tokens have host copies, page {} starts at {}",
                                            host_matched, first_page, first_page * page_size_));
   }
-  CLM_RETURN_IF_ERROR(validate_ids(tokens, static_cast<std::size_t>(walk.matched), "insert_host"));
+  CLM_RETURN_IF_ERROR(detail::check_token_ids(tokens, static_cast<std::size_t>(walk.matched), "insert_host"));
   for (std::size_t k = 0; k < host_pages.size(); ++k) {
     const std::int32_t p = host_pages[k];
     if (!host_pool_->is_allocated(p) || host_owns_page(p)) {

@@ -5,6 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
+
+#include <fmt/format.h>
+
+#include "clm/status.hpp"
 
 namespace clm::detail {
 
@@ -28,6 +33,17 @@ inline std::size_t first_invalid_token(const std::int32_t* tokens, std::size_t n
     if (tokens[i] < 0) return i;
   }
   return n;
+}
+
+// invalid_argument naming `what` and the first id of tokens[from, end) outside
+// [0, 2^31). The radix tree passes the length of the part it matched as
+// `from`: that part equals cached ids, which are valid.
+inline Status check_token_ids(std::span<const std::int32_t> tokens, std::size_t from, const char* what) {
+  const std::size_t bad = from + first_invalid_token(tokens.data() + from, tokens.size() - from);
+  if (bad != tokens.size()) {
+    return invalid_argument(fmt::format("{}: token id {} at position {} is outside [0, 2^31)", what, tokens[bad], bad));
+  }
+  return {};
 }
 
 // Length of the common prefix of a[0, n) and b[0, n). Whole blocks go through
