@@ -5,6 +5,10 @@
 //   engine/spin          requests/s and CPU time a request with 2 and 4 threads on one
 //                        Engine, for each count of PAUSEs the lock spins before it
 //                        sleeps (detail/spin_mutex.hpp); baseline: the default count
+//   engine/admit_cached  microseconds an admit (then abort) of a prompt whose every
+//                        page is cached takes, 2k and 32k tokens; baseline: the
+//                        tree's match_prefix, lock and unlock of it alone (what
+//                        admit must do; the rest is the Engine's own cost)
 // Each request: admit(prompt), extend(its 256 output tokens), finish.
 // CLM_BENCH_SMOKE=1: one run of each, one spin round of 2 passes.
 #include <sys/resource.h>
@@ -136,6 +140,51 @@ SpinRun run_spins(const clm::replay::Workload& w, int threads, int spins, int pa
 
 }  // namespace
 
+// The medians, in microseconds, of admit + abort of a fully cached prompt of
+// `tokens` tokens on an Engine, and of match_prefix + lock + unlock of it on
+// a bare RadixTree, interleaved in blocks of `reps`.
+clm_bench::PairedMedians admit_cached_us(std::size_t tokens, int runs, int reps) {
+  std::vector<std::int32_t> prompt(tokens);
+  for (std::size_t i = 0; i < tokens; ++i) prompt[i] = static_cast<std::int32_t>((i * 7919 + tokens) % 150000);
+  auto engine = make_engine();
+  clm::Admission admission;
+  if (clm::Status s = engine->admit(prompt, {}, admission); !s.ok()) die(s.message());
+  if (clm::Status s = engine->finish(admission.seq); !s.ok()) die(s.message());
+
+  clm::PagedKvPoolConfig pool_config;
+  pool_config.num_pages = kPages;
+  pool_config.page_size = kPageSize;
+  pool_config.memory = clm::MemoryKind::none;
+  std::unique_ptr<clm::PagedKvPool> pool;
+  clm_bench::check(clm::PagedKvPool::create(pool_config, pool), "PagedKvPool::create");
+  clm::RadixTree tree(*pool, clm::EvictionPolicy::lru);
+  std::vector<std::int32_t> pages(tokens / kPageSize);
+  clm_bench::check(pool->allocate(pages), "allocate");
+  clm::InsertOutcome inserted;
+  clm_bench::check(tree.insert(prompt, pages, {}, inserted), "insert");
+  clm::PrefixMatch match;
+
+  return clm_bench::interleaved_medians(
+      runs,
+      [&] {
+        const auto start = Clock::now();
+        for (int r = 0; r < reps; ++r) {
+          if (!engine->admit(prompt, {}, admission).ok() || !engine->abort(admission.seq).ok()) die("admit");
+        }
+        return 1e6 * seconds_since(start) / reps;
+      },
+      [&] {
+        const auto start = Clock::now();
+        for (int r = 0; r < reps; ++r) {
+          if (!tree.match_prefix(prompt, {}, match).ok() || !tree.lock(match.node).ok() ||
+              !tree.unlock(match.node).ok()) {
+            die("match_prefix");
+          }
+        }
+        return 1e6 * seconds_since(start) / reps;
+      });
+}
+
 int main() {
   const bool smoke = clm_bench::smoke_run();
   const int runs = smoke ? 1 : kRuns;
@@ -182,6 +231,12 @@ int main() {
       print_figure(kBench, name, "cpu_us_per_request", 1e6 * median(cpu[k]) / total, "us",
                    fmt::format("cpu_us_per_request_spins={}", spin_counts[base]), 1e6 * median(cpu[base]) / total);
     }
+  }
+
+  for (const std::size_t tokens : {std::size_t{2048}, std::size_t{32768}}) {
+    const clm_bench::PairedMedians us = admit_cached_us(tokens, smoke ? 1 : 15, smoke ? 10 : 300);
+    print_figure(kBench, fmt::format("admit_cached/{}_tokens/page=16", tokens), "us_per_admit", us.part, "us",
+                 "tree_match_lock_unlock_us", us.baseline);
   }
   return 0;
 }
