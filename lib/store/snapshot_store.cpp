@@ -722,6 +722,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   }
   return miss();
 } catch (...) {
+  hit = SnapshotHit{};  // a lookup that failed part way serves nothing, whatever it had filled in
   return current_exception_status("lookup");
 }
 

@@ -874,6 +874,32 @@ TEST_CASE("an allocation failure inside record or record_batch rolls back; the s
   fail_each_allocation(batch);  // admits B*, A-prime
   fail_each_allocation(batch);  // confirms all
   REQUIRE(store->check_integrity().ok());
+
+  // A lookup that runs out of memory part way serves nothing: its status says
+  // so and its hit is a miss, whatever it had filled in before.
+  for (const std::string name : {"A", "B0"}) {
+    std::vector<float> out(kDim);
+    for (long n = 0;; ++n) {
+      INFO("lookup of " << name << ", allocation " << n << " fails");
+      clm::SnapshotHit hit;
+      clm::Status s;
+      bool fired = false;
+      {
+        clm_test::FailAllocation fail(n);
+        s = store->lookup("t", model_key(name), a1, hit, out);
+        fired = fail.fired();
+      }
+      if (!s.ok()) {
+        CHECK(s.code() == clm::StatusCode::out_of_memory);
+        CHECK(hit.level == SnapshotLevel::miss);
+      }
+      if (!fired) {
+        REQUIRE(s.ok());
+        CHECK(hit.level == SnapshotLevel::exact);
+        break;
+      }
+    }
+  }
 }
 
 TEST_CASE("concurrent records and lookups from many threads keep every row", "[store][concurrency][threads]") {
