@@ -21,7 +21,7 @@
 #include <string_view>
 
 #include "clm/store/suffix_key.hpp"
-#include "fuzz/fuzz_support.hpp"
+#include "fuzz/suffix_key_checks.hpp"
 
 namespace {
 
@@ -35,51 +35,15 @@ const clm::SuffixKeyer& keyer() {
   return *k;
 }
 
-void check_refusal(const clm::Status& s) {
-  FUZZ_CHECK(s.code() == clm::StatusCode::invalid_argument && !s.message().empty(), "refused with {}: '{}'",
-             s.code_name(), s.message());
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   const clm::SuffixKeyer& k = keyer();
 
-  std::string normalised = "untouched";
-  const clm::Status n = k.normalise(text, normalised);
-  if (!n.ok()) {
-    check_refusal(n);
-    FUZZ_CHECK(normalised == "untouched", "a refused normalise wrote its output");
-  } else {
-    FUZZ_CHECK(clm_fuzz::valid_utf8(text), "normalise accepted invalid UTF-8");
-    FUZZ_CHECK(clm_fuzz::valid_utf8(normalised), "normalise wrote invalid UTF-8");
-    std::string twice;
-    const clm::Status again = k.normalise(normalised, twice);
-    FUZZ_CHECK(again.ok() && twice == normalised, "normalise is not idempotent: '{}' -> '{}' ({})", normalised, twice,
-               again.message());
-  }
-
-  clm::SuffixKey key;
-  key.key = "untouched";
-  const clm::Status m = k.make_key(text, key);
-  if (!m.ok()) {
-    check_refusal(m);
-    FUZZ_CHECK(key.key == "untouched" && key.fingerprint == 0, "a refused make_key wrote its output");
-  } else {
-    FUZZ_CHECK(n.ok(), "make_key accepted text normalise refused");
-    FUZZ_CHECK(!key.key.empty() && clm_fuzz::printable_ascii(key.key), "key '{}' is not printable ASCII", key.key);
-    FUZZ_CHECK(key.fingerprint == clm::key_fingerprint(key.key), "fingerprint of '{}'", key.key);
-    clm::SuffixKey again;
-    const clm::Status m2 = k.make_key(text, again);
-    FUZZ_CHECK(m2.ok() && again.key == key.key && again.group == key.group, "make_key is not deterministic");
-    // The key is a function of the normalised text (every later step reads only that).
-    clm::SuffixKey of_normalised;
-    const clm::Status m3 = k.make_key(normalised, of_normalised);
-    FUZZ_CHECK(m3.ok() && of_normalised.key == key.key && of_normalised.group == key.group,
-               "the key of '{}' is '{}', of its normal form '{}' it is '{}' ({})", text, key.key, normalised,
-               of_normalised.key, m3.message());
-  }
+  std::string normalised;
+  (void)clm_fuzz::check_normalise(k, text, normalised);
+  clm_fuzz::check_make_key(k, text);
 
   const std::size_t split = text.find('\0');
   const std::string_view host = text.substr(0, split);
@@ -89,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool valid = !host.empty() && host.size() <= 256 && clm_fuzz::printable_ascii(host) && group.size() <= 256 &&
                      clm_fuzz::printable_ascii(group);
   FUZZ_CHECK(h.ok() == valid, "from_host_key('{}', '{}'): {}", host, group, h.ok() ? "accepted" : h.message());
-  if (!h.ok()) check_refusal(h);
+  if (!h.ok()) clm_fuzz::check_refusal(h);
   if (h.ok()) FUZZ_CHECK(hk.key == host && hk.fingerprint == clm::key_fingerprint(host), "host key changed");
   return 0;
 }

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "clm/store/suffix_key.hpp"
-#include "fuzz/fuzz_support.hpp"
+#include "fuzz/suffix_key_checks.hpp"
 
 namespace {
 
@@ -56,31 +56,6 @@ clm::Status make_keyer(const clm::SuffixKeyerConfig& config, std::unique_ptr<clm
     FUZZ_CHECK(out == nullptr, "a refused create set its output");
   }
   return s;
-}
-
-void check_key(const clm::SuffixKeyer& k, std::string_view text) {
-  clm::SuffixKey key;
-  key.key = "untouched";
-  const clm::Status m = k.make_key(text, key);
-  if (!m.ok()) {
-    FUZZ_CHECK(m.code() == clm::StatusCode::invalid_argument && !m.message().empty(), "make_key refused with {}: '{}'",
-               m.code_name(), m.message());
-    FUZZ_CHECK(key.key == "untouched" && key.fingerprint == 0, "a refused make_key wrote its output");
-    return;
-  }
-  FUZZ_CHECK(clm_fuzz::valid_utf8(text), "make_key accepted invalid UTF-8");
-  FUZZ_CHECK(!key.key.empty() && clm_fuzz::printable_ascii(key.key), "key '{}' is not printable ASCII", key.key);
-  FUZZ_CHECK(key.fingerprint == clm::key_fingerprint(key.key), "fingerprint of '{}'", key.key);
-  clm::SuffixKey again;
-  FUZZ_CHECK(k.make_key(text, again).ok() && again.key == key.key && again.group == key.group,
-             "make_key is not deterministic");
-  std::string normalised;
-  FUZZ_CHECK(k.normalise(text, normalised).ok(), "normalise refused text make_key keyed");
-  clm::SuffixKey of_normalised;
-  const clm::Status m3 = k.make_key(normalised, of_normalised);
-  FUZZ_CHECK(m3.ok() && of_normalised.key == key.key && of_normalised.group == key.group,
-             "the key of '{}' is '{}', of its normal form '{}' it is '{}' ({})", text, key.key, normalised,
-             of_normalised.key, m3.message());
 }
 
 }  // namespace
@@ -128,6 +103,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     return 0;
   }
-  check_key(*keyer, text);
+  clm_fuzz::check_make_key(*keyer, text);
   return 0;
 }

@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <span>
 #include <string>
-#include <string_view>
 
 #include <fmt/format.h>
 
@@ -58,45 +57,6 @@ class ByteReader {
   std::size_t size_;
   std::size_t at_ = 0;
 };
-
-// For the suffix-key fuzzers: what the keyer accepts and writes.
-// Well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
-inline bool valid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n;
-    std::uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      n = 1, cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 2, cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 3, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= n) return false;  // truncated
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3f);
-    }
-    const std::uint32_t min = n == 1 ? 0x80 : n == 2 ? 0x800 : 0x10000;
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
-  }
-  return true;
-}
-
-inline bool printable_ascii(std::string_view s) {
-  for (char c : s) {
-    if (c < 0x20 || c > 0x7e) return false;
-  }
-  return true;
-}
 
 }  // namespace clm_fuzz
 
