@@ -141,9 +141,16 @@ void print(const std::string& set_lang, const std::string& group, const Counts& 
                           "exact_text_abstention_rate", rate(c.text_abstained, c.utterances));
 }
 
-// The whole store: per pair, A recorded, B looked up with `query_at`'s vector.
+// The whole store's answers to one pair: was B served A's snapshot, with a
+// query at cosine 0.9 to A's vector ([0]) and with an independent one ([1]).
+using StoreServed = std::array<bool, 2>;
+
 struct StoreCounts {
   std::size_t differ = 0, same = 0, false_hits = 0, paraphrase_hits = 0;
+  void add(const Pair& p, bool served) {
+    (p.same ? same : differ) += 1;
+    (p.same ? paraphrase_hits : false_hits) += served;
+  }
 };
 
 std::vector<float> random_unit(std::mt19937_64& rng, int dim) {
@@ -173,7 +180,9 @@ std::vector<float> at_cosine(std::mt19937_64& rng, const std::vector<float>& a, 
   return u;
 }
 
-std::array<StoreCounts, 2> run_store(const std::vector<Pair>& pairs, std::uint64_t seed) {
+// Each pair its own tenant of one in-memory store: A recorded under its key
+// (admitted at the first record), B looked up under its key.
+std::vector<StoreServed> run_store(const std::vector<Pair>& pairs, std::uint64_t seed) {
   constexpr int kDim = 64;
   clm::SnapshotStoreConfig config;
   config.path = ":memory:";
@@ -184,7 +193,7 @@ std::array<StoreCounts, 2> run_store(const std::vector<Pair>& pairs, std::uint64
   std::unique_ptr<clm::SnapshotStore> store;
   clm_bench::check(clm::SnapshotStore::open(config, store), "SnapshotStore::open");
   std::mt19937_64 rng(seed);
-  std::array<StoreCounts, 2> counts;  // [0]: query at cosine 0.9, [1]: independent query
+  std::vector<StoreServed> served(pairs.size(), StoreServed{});
   std::vector<float> injected(kDim);
   for (std::size_t i = 0; i < pairs.size(); ++i) {
     const Pair& p = pairs[i];
@@ -196,20 +205,14 @@ std::array<StoreCounts, 2> run_store(const std::vector<Pair>& pairs, std::uint64
       clm::RecordOutcome outcome;
       return store->record(tenant, key_a, a, outcome).ok() && outcome.version > 0;
     }();
-    const bool asked = store->keyer().make_key(p.b, key_b).ok();
+    if (!stored || !store->keyer().make_key(p.b, key_b).ok()) continue;
     for (std::size_t q = 0; q < queries.size(); ++q) {
-      bool served = false;
-      if (stored && asked) {
-        clm::SnapshotHit hit;
-        clm_bench::check(store->lookup(tenant, key_b, queries[q], hit, injected), "lookup");
-        served = hit.level != clm::SnapshotLevel::miss;
-      }
-      StoreCounts& c = counts[q];
-      (p.same ? c.same : c.differ) += 1;
-      (p.same ? c.paraphrase_hits : c.false_hits) += served;
+      clm::SnapshotHit hit;
+      clm_bench::check(store->lookup(tenant, key_b, queries[q], hit, injected), "lookup");
+      served[i][q] = hit.level != clm::SnapshotLevel::miss;
     }
   }
-  return counts;
+  return served;
 }
 
 void print_store(const std::string& set_lang, const std::string& group, const std::array<StoreCounts, 2>& store,
@@ -248,27 +251,31 @@ int main(int argc, char** argv) {
       const fs::path file = dir / fmt::format("{}_{}.tsv", set, lang);
       const std::vector<Pair> pairs = read_pairs(file, limit);
       if (pairs.empty()) clm_bench::die(fmt::format("{}: no pairs", file.string()));
-      std::map<std::string, Counts> by_category;
-      Counts all, polar, service;
-      for (const Pair& p : pairs) {
+      // Both measures of every pair, then their tallies per group (fixed seed:
+      // the same vectors every run).
+      const std::vector<StoreServed> served = run_store(pairs, 1);
+      struct Tally {
+        Counts keys;
+        std::array<StoreCounts, 2> store;
+      };
+      std::map<std::string, Tally> tallies;  // all, polarity, customer_service and each category
+      for (std::size_t i = 0; i < pairs.size(); ++i) {
+        const Pair& p = pairs[i];
         const Keyed a = key_of(*keyer, p.a), b = key_of(*keyer, p.b);
-        by_category[p.category].add(p, a, b);
-        all.add(p, a, b);
-        if (polarity(p.category)) polar.add(p, a, b);
-        if (p.category != "open_domain") service.add(p, a, b);
+        std::vector<std::string> groups = {"all", p.category};
+        if (polarity(p.category)) groups.emplace_back("polarity");
+        if (p.category != "open_domain") groups.emplace_back("customer_service");
+        for (const std::string& group : groups) {
+          Tally& t = tallies[group];
+          t.keys.add(p, a, b);
+          for (std::size_t q = 0; q < served[i].size(); ++q) t.store[q].add(p, served[i][q]);
+        }
       }
       const std::string set_lang = fmt::format("{}/{}", set, lang);
-      print(set_lang, "all", all);
-      print(set_lang, "polarity", polar);
-      print(set_lang, "customer_service", service);
-      for (const auto& [category, counts] : by_category) print(set_lang, category, counts);
-
-      // The whole store, on all pairs and per category (fixed seed: the same vectors every run).
-      print_store(set_lang, "all", run_store(pairs, 1), all);
-      std::map<std::string, std::vector<Pair>> pairs_of;
-      for (const Pair& p : pairs) pairs_of[p.category].push_back(p);
-      for (const auto& [category, some] : pairs_of)
-        print_store(set_lang, category, run_store(some, 2), by_category[category]);
+      for (const auto& [group, t] : tallies) {
+        print(set_lang, group, t.keys);
+        print_store(set_lang, group, t.store, t.keys);
+      }
     }
   }
   return 0;
