@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/pack_deps.sh: packs the Debian packages the CUDA build needs
 # (Eigen, fmt, SQLite, hnswlib, Catch2, nlohmann-json, OpenSSL's libcrypto,
-# hiredis) into .gpu-deps/deps.tar.gz, for a GPU
+# hiredis, OpenCC with its dictionaries) into .gpu-deps/deps.tar.gz, for a GPU
 # machine that has CUDA and a compiler but no package registry (such a machine
 # is lent bare, and nothing can be installed on it). tests/gpu/run.sh unpacks
 # the archive into its build folder and builds against it when it is there.
@@ -11,8 +11,9 @@
 #   tests/gpu/run.sh
 #
 # The packages are Debian 12's (x86-64): headers, the CMake package files and
-# the shared libraries libfmt.so.9, libsqlite3.so.0, libcrypto.so.3 and
-# libhiredis.so.0.14 (found there through the build's RPATH). redis-server is
+# the shared libraries libfmt.so.9, libsqlite3.so.0, libcrypto.so.3,
+# libhiredis.so.0.14, libopencc.so.1.1 and its libmarisa.so.0 (found there
+# through the build's RPATH), and OpenCC's data (share/opencc). redis-server is
 # not packed: the GPU run builds and runs no Redis test. .gpu-deps/ is
 # git-ignored.
 set -euo pipefail
@@ -20,7 +21,7 @@ set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dest=$src/.gpu-deps
 packages=(libeigen3-dev libfmt-dev libfmt9 libsqlite3-dev libsqlite3-0 libhnswlib-dev catch2 nlohmann-json3-dev
-          libssl-dev libssl3 libhiredis-dev libhiredis0.14)
+          libssl-dev libssl3 libhiredis-dev libhiredis0.14 libopencc-dev libopencc1.1 libopencc-data libmarisa0)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

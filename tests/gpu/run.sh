@@ -103,7 +103,14 @@ if [ -f "$deps_archive" ]; then
              -DSQLite3_LIBRARY="$arch_lib/libsqlite3.so" -DHNSWLIB_INCLUDE_DIR="$usr/include"
              -DOPENSSL_ROOT_DIR="$usr" -DOPENSSL_INCLUDE_DIR="$usr/include"
              -DOPENSSL_CRYPTO_LIBRARY="$arch_lib/libcrypto.so" -DOPENSSL_SSL_LIBRARY="$arch_lib/libssl.so"
-             -DHIREDIS_INCLUDE_DIR="$usr/include" -DHIREDIS_LIBRARY="$arch_lib/libhiredis.so")
+             -DHIREDIS_INCLUDE_DIR="$usr/include" -DHIREDIS_LIBRARY="$arch_lib/libhiredis.so"
+             -DOPENCC_INCLUDE_DIR="$usr/include" -DOPENCC_LIBRARY="$arch_lib/libopencc.so"
+             -DOPENCC_T2S_CONFIG="$usr/share/opencc/t2s.json"
+             # libopencc.so.1.1 needs libmarisa.so.0, from the archive too: the loader
+             # looks an indirect dependency up in the DT_RPATH of the programs and
+             # libraries that loaded it, never in the DT_RUNPATH the linker writes by
+             # default (which serves only the object's own dependencies).
+             -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags)
 fi
 generator=()
 if ! command -v make >/dev/null 2>&1 && command -v ninja >/dev/null 2>&1; then
