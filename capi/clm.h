@@ -504,10 +504,14 @@ CLM_API clm_status clm_engine_inject_snapshots(clm_engine *engine, void *hidden_
  * and finds them again for a reuse decision. A suffix is named either by the
  * user's text, which the engine's keyer turns into a key ("Please check the
  * status of order 789" and "What's the status of order #789?" share
- * "ORDER-789-QUERY-STATUS"), or by a key of the host's own (1..256 printable
- * ASCII bytes) with the group level 2 must agree on. A sequence's tenant is
- * its cache salt and adapter id: no tenant ever sees another's snapshots,
- * fallbacks or blacklist at any level. Every call below is
+ * "QUERY-ORDER-789-STATUS"; "Don't check order 789" is "NOT-QUERY-ORDER-789"),
+ * or by a key of the host's own (1..256 printable ASCII bytes) with the group
+ * level 2 must agree on. Precision first: text the keyer cannot pin down (a
+ * greeting or thanks, an action with no object or entity, a word its lexicons
+ * lack) gets a low-information key ("GREETING", "CANCEL", ...) that is never
+ * stored and never served at levels 1 and 2, only at level 3. A sequence's
+ * tenant is its cache salt and adapter id: no tenant ever sees another's
+ * snapshots, fallbacks or blacklist at any level. Every call below is
  * CLM_ERR_FAILED_PRECONDITION on an engine without a store. */
 #define CLM_SUFFIX_TEXT 0 /* suffixes[i] is the user's text (UTF-8); groups must be NULL */
 #define CLM_SUFFIX_KEY 1  /* suffixes[i] is the host's key; groups[i] its group (NULL or "" = the key itself) */
@@ -516,7 +520,7 @@ CLM_API clm_status clm_engine_inject_snapshots(clm_engine *engine, void *hidden_
 #define CLM_SNAPSHOT_MISS 0     /* nothing: the snapshot is zeros and apply 0 */
 #define CLM_SNAPSHOT_EXACT 1    /* level 1: the key's newest stable version (else its newest, stable = 0) */
 #define CLM_SNAPSHOT_ANN 2      /* level 2: the nearest stored snapshot of the same group (needs a query) */
-#define CLM_SNAPSHOT_FALLBACK 3 /* level 3: the tenant's generic snapshot of a greeting or thanks */
+#define CLM_SNAPSHOT_FALLBACK 3 /* level 3: the tenant's generic snapshot for a low-information text */
 
 /* What recording a snapshot did (clm_engine_record_snapshot). */
 #define CLM_RECORD_COUNTED 0     /* seen fewer than snapshot_min_usage times: counted, not stored */
@@ -524,6 +528,7 @@ CLM_API clm_status clm_engine_inject_snapshots(clm_engine *engine, void *hidden_
 #define CLM_RECORD_CONFIRMED 2   /* agrees with the newest version (cosine >= snapshot_version_cosine) */
 #define CLM_RECORD_NEW_VERSION 3 /* cosine below snapshot_version_cosine: stored as a new version */
 #define CLM_RECORD_DRIFTED 4     /* the key's recent records drifted apart: stored as a new version */
+#define CLM_RECORD_ABSTAINED 6   /* the text's key abstained (low information): neither stored nor counted */
 
 #define CLM_SNAPSHOT_KEY_BYTES 264 /* room for a key of up to 263 bytes and its NUL */
 
@@ -549,6 +554,8 @@ typedef struct clm_snapshot_hit {
  * NUL); when key_len + 1 exceeds key_capacity nothing is written to key and
  * CLM_ERR_INVALID_ARGUMENT is returned, so key = NULL, key_capacity = 0 is a
  * sizing call. *fingerprint (NULL: not wanted) receives the key's FNV-1a 64.
+ * Low-information text (a greeting, an action with no object or entity, an
+ * unknown word) still has a key; this call does not say that it abstained.
  * Text with no content, invalid UTF-8 or too long is CLM_ERR_INVALID_ARGUMENT. */
 CLM_API clm_status clm_suffix_key(char *key, size_t key_capacity, size_t *key_len, uint64_t *fingerprint,
                                   const clm_engine *engine, const char *text, size_t text_len);
@@ -576,8 +583,10 @@ CLM_API clm_status clm_engine_lookup_snapshots(clm_snapshot_hit *hits, float *sn
  * once it has been seen snapshot_min_usage times, stores it, as a new
  * version when it disagrees with the newest one. *result receives a
  * CLM_RECORD_* value, *version the key's newest version afterwards (0 while
- * counted). group / group_len as in clm_engine_lookup_snapshots (NULL with
- * CLM_SUFFIX_TEXT). A NaN/Inf or zero snapshot is CLM_ERR_INVALID_ARGUMENT;
+ * counted). A low-information text (the keyer abstained) is neither counted
+ * nor stored: CLM_RECORD_ABSTAINED, *version 0. group / group_len as in
+ * clm_engine_lookup_snapshots (NULL with CLM_SUFFIX_TEXT). A NaN/Inf or zero
+ * snapshot is CLM_ERR_INVALID_ARGUMENT;
  * a database that cannot be written is CLM_ERR_IO. Nothing is stored on error. */
 CLM_API clm_status clm_engine_record_snapshot(int32_t *result, int32_t *version, clm_engine *engine, clm_seq *seq,
                                               const char *suffix, size_t suffix_len, const char *group,
@@ -594,9 +603,9 @@ CLM_API clm_status clm_engine_report_snapshot_outcome(clm_engine *engine, clm_se
 
 /* Sets level 3's generic snapshot [snapshot_len = snapshot_dim] for the
  * tenant of the sequences admitted with cache salt tenant_salt[0, salt_len)
- * (NULL, 0: no salt) and adapter_id: name is a greeting's key ("GREETING",
- * "THANKS", as clm_suffix_key gives them) or "*" for all of them, 1..256
- * bytes. Replaces an earlier one; persisted. */
+ * (NULL, 0: no salt) and adapter_id: name is a low-information key
+ * ("GREETING", "THANKS", as clm_suffix_key gives them) or "*" for all of them,
+ * 1..256 bytes. Replaces an earlier one; persisted. */
 CLM_API clm_status clm_engine_set_fallback_snapshot(clm_engine *engine, const char *tenant_salt, size_t salt_len,
                                                     int32_t adapter_id, const char *name, size_t name_len,
                                                     const float *snapshot, size_t snapshot_len);

@@ -207,6 +207,7 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_snapshot_ann_unavailable_total", st.ann_unavailable);
   put("clm_snapshot_records_total", st.records);
   put("clm_snapshot_counted_records_total", st.counted);
+  put("clm_snapshot_abstained_records_total", st.abstained);
   put("clm_snapshot_admissions_total", st.admissions);
   put("clm_snapshot_confirmations_total", st.confirmations);
   put("clm_snapshot_versions_total", st.versions);

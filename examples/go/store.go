@@ -64,6 +64,7 @@ const (
 	RecordConfirmed  RecordResult = C.CLM_RECORD_CONFIRMED   // agrees with the newest version
 	RecordNewVersion RecordResult = C.CLM_RECORD_NEW_VERSION // disagrees: stored as a new version
 	RecordDrifted    RecordResult = C.CLM_RECORD_DRIFTED     // the key's records drifted: a new version
+	RecordAbstained  RecordResult = C.CLM_RECORD_ABSTAINED   // the key abstained (low information): not stored
 )
 
 // SnapshotHit is one sequence's lookup result (clm_snapshot_hit).
@@ -151,7 +152,12 @@ func hitFromC(h *C.clm_snapshot_hit) SnapshotHit {
 // SuffixKey is the key the engine's keyer makes of text (clm_suffix_key) and
 // its FNV-1a 64 fingerprint: paraphrases share one ("Please check the status
 // of order 789" and "What's the status of order #789?" both give
-// "ORDER-789-QUERY-STATUS"). Text with no content is InvalidArgument.
+// "QUERY-ORDER-789-STATUS"; "Don't check order 789" gives another,
+// "NOT-QUERY-ORDER-789"). Text the keyer cannot pin down (a greeting, an
+// action with no object or entity, a word its lexicons lack) still gets a
+// key ("GREETING", ...), but it is low-information: never stored, never
+// served at levels 1 and 2, only by a fallback (SetFallbackSnapshot). Text
+// with no content or invalid UTF-8 is InvalidArgument.
 func (e *Engine) SuffixKey(text string) (string, uint64, error) {
 	const op = "clm_suffix_key"
 	ep, err := e.acquire(op)

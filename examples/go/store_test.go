@@ -159,7 +159,7 @@ func TestStoreLevelsTenantsAndMetrics(t *testing.T) {
 	must(t, err)
 	k2, fp2, err := e.SuffixKey("What's the status of order #789?")
 	must(t, err)
-	if k1 != "ORDER-789-QUERY-STATUS" || k2 != k1 || fp1 != fnv1a(k1) || fp2 != fp1 {
+	if k1 != "QUERY-ORDER-789-STATUS" || k2 != k1 || fp1 != fnv1a(k1) || fp2 != fp1 {
 		t.Fatalf("keys %q %q, fingerprints %x %x", k1, k2, fp1, fp2)
 	}
 	if k, _, err := e.SuffixKey("Don't check order 789"); err != nil || k == k1 {
@@ -171,6 +171,10 @@ func TestStoreLevelsTenantsAndMetrics(t *testing.T) {
 	got = lookupOne(t, e, a, TextSuffix("What's the status of order #789?"), nil)
 	if got.Hits[0].Level != SnapshotExact || got.Hits[0].Key != k1 || maxError(got.Snapshots, unit64(w)) > 1e-3 {
 		t.Fatalf("text lookup: %+v", got.Hits[0])
+	}
+	// A text whose key abstains ("cancel it": cancel what?) is neither stored nor counted.
+	if rec, err := e.RecordSnapshot(a, TextSuffix("cancel it"), w); err != nil || rec.Result != RecordAbstained || rec.Version != 0 {
+		t.Fatalf("an abstained text: %+v, %v", rec, err)
 	}
 
 	// Level 2: a neighbour of the same group.
@@ -255,11 +259,11 @@ func TestStoreLevelsTenantsAndMetrics(t *testing.T) {
 	// Level 1 x4 (ORDER-1 x2, the text, the batch's a), level 2 x1, level 3
 	// x2 (a's greeting, a7's "*"); misses: 3 of a's (another group, no query,
 	// the greeting before its fallback), 8 of the strangers, b's "thanks!",
-	// the batch's b.
+	// the batch's b. Records: 4 stored or confirmed, and the abstained "cancel it".
 	m, err := e.Metrics()
 	must(t, err)
 	if !m.HasSnapshotStore || m.StoreHitsExact != 4 || m.StoreHitsANN != 1 || m.StoreHitsFallback != 2 ||
-		m.StoreMisses != 13 || m.StoreLookups != 20 || m.StoreRecords != 4 || m.StoreAdmissions != 3 ||
+		m.StoreMisses != 13 || m.StoreLookups != 20 || m.StoreRecords != 5 || m.StoreAdmissions != 3 ||
 		m.StoreConfirmations != 1 || m.StoreCounted != 0 || m.StoreSnapshots != 3 || m.StoreOutcomeReports != 1 ||
 		m.SRCRetrievalsFound != 7 || m.SRCRetrievalsFailed != 13 {
 		t.Fatalf("metrics: %+v", m)
@@ -381,10 +385,10 @@ func TestStoreBadInput(t *testing.T) {
 func TestSuffixKeyGrowsItsBuffer(t *testing.T) {
 	// SuffixKey starts with 64 bytes and retries with the size the library asks for.
 	e := storeEngine(t, nil)
-	k, fp, err := e.SuffixKey("Check the status, delivery date, billing address, payment method, balance, fees, " +
-		"price, policy, reason, quantity and history of order 789")
+	k, fp, err := e.SuffixKey("Check the status and delivery date and billing address and payment method and " +
+		"balance and fees and price and policy and reason and quantity and history of order 789")
 	must(t, err)
-	if !strings.HasPrefix(k, "ORDER-789") || len(k) <= 64 || fp != fnv1a(k) {
+	if !strings.HasPrefix(k, "QUERY-ORDER-789-STATUS+") || len(k) <= 64 || fp != fnv1a(k) {
 		t.Fatalf("key %q (%d bytes), fingerprint %x", k, len(k), fp)
 	}
 }

@@ -7,9 +7,10 @@
 // count and snapshot_dim are read from it, so only `ingest` into a new
 // directory needs --dim. A session:
 //
-//   $ printf '%s\n' 'Please check the status of order 789' "Don't check order 789" | clm_store key
-//   ORDER-789-QUERY-STATUS	24c85ee0fb7c6e72
-//   ORDER-789-NOT-QUERY	b508aac2143455d5
+//   $ printf '%s\n' 'Please check the status of order 789' "Don't check order 789" "what's the weather" | clm_store key
+//   QUERY-ORDER-789-STATUS	386c341078d6679e
+//   NOT-QUERY-ORDER-789	241298e0efc7b771
+//   QUERY	3329356e41b93ca3	abstained: unknown word "weather"
 //   $ head -1 turns.jsonl
 //   {"text":"Please check the status of order 789","snapshot":[0.106,0.202,0.304,0.404,0.503,0.601,0.706,0.809]}
 //   $ clm_store ingest --store snaps --dim 8 --shards 4 --min-usage 2 --input turns.jsonl
@@ -21,10 +22,10 @@
 //     drifted              0
 //     rows                 3 (was 0)
 //   $ clm_store lookup --store snaps "What's the status of order #789?"
-//   query key     ORDER-789-QUERY-STATUS  (fingerprint 24c85ee0fb7c6e72, shard 1)
+//   query key     QUERY-ORDER-789-STATUS  (fingerprint 386c341078d6679e, shard 1)
 //   level         exact
 //   similarity    1.000000
-//   key           ORDER-789-QUERY-STATUS
+//   key           QUERY-ORDER-789-STATUS
 //   ...
 //   $ clm_store lookup --store snaps --key faq-99 --group orders --query '[0.12,0.2,0.29,0.41,0.5,0.6,0.68,0.8]'
 //   query key     faq-99  (fingerprint 6d5dc60faf62f8c8, shard 0)
@@ -40,6 +41,10 @@
 //   clm_store rebuild-index: rebuilt 4 indexes of 5 rows in 0.167 s (0.320 s with opening); 4 index files
 //   $ clm_store check --store snaps
 //   clm_store check: ok: 4 shards, 5 rows, 0 fallbacks
+//   $ clm_store lookup --store snaps --lexicons my-lexicons "order 789?"   # other key rules: refused
+//   clm_store lookup: cannot open the store at snaps: failed_precondition: ... Run `clm_store rekey snaps` ...
+//   $ clm_store rekey --lexicons my-lexicons snaps   # keys made again from their texts
+//   $ clm_store rekey --adopt old-store              # a store of before keys kept their text: keep its keys
 //
 // `clm_store COMMAND --help` tells each command's options. Exit status: 0 ok;
 // 1 a problem found (key: some lines failed; check: damage); 2 an error (bad
@@ -435,7 +440,20 @@ std::vector<ShardInfo> inspect_shards(const std::string& dir, std::int32_t shard
 
 // ---- opening a store --------------------------------------------------------
 
-const std::vector<std::string_view> kStoreFlags = {"--store", "--shards", "--dim"};
+// --lexicons DIR (added to the built-in lexicons) and --replace-lexicons (DIR's only).
+clm::SuffixKeyerConfig keyer_config(const Args& args) {
+  clm::SuffixKeyerConfig keyer;
+  if (const auto lexicons = args.get("--lexicons")) keyer.lexicon_dir = *lexicons;
+  keyer.replace_builtin_lexicons = args.has("--replace-lexicons");
+  if (keyer.replace_builtin_lexicons && keyer.lexicon_dir.empty()) {
+    throw UsageError{"--replace-lexicons needs --lexicons DIR (the lexicons that replace the built-in ones)"};
+  }
+  return keyer;
+}
+
+// Every command that opens a store takes --lexicons: a store records the key
+// rules (lexicons included) its keys were made under and opens under those only.
+const std::vector<std::string_view> kStoreFlags = {"--store", "--shards", "--dim", "--lexicons"};
 
 std::vector<std::string_view> flags(std::vector<std::string_view> a, const std::vector<std::string_view>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -470,13 +488,27 @@ clm::SnapshotStoreConfig store_config(const Args& args, bool may_create) {
     config.num_shards = shards.value_or(config.num_shards);
     config.snapshot_dim = *dim;
   }
-  if (const auto lexicons = args.get("--lexicons")) config.keyer.lexicon_dir = *lexicons;
+  config.keyer = keyer_config(args);
   return config;
+}
+
+// The hint for a store refused for its key rules: most often a --lexicons left out.
+std::string key_rules_hint(const clm::Status& s, const clm::SnapshotStoreConfig& config) {
+  if (s.code() != clm::StatusCode::failed_precondition || s.message().find("key rules") == std::string::npos) return {};
+  return config.keyer.lexicon_dir.empty()
+             ? "\n  (a store made with --lexicons DIR opens with the same --lexicons DIR (and --replace-lexicons) "
+               "only; rekey it only to change its rules)"
+             : fmt::format("\n  (opened with --lexicons {}: is it the directory the store was made with?)",
+                           config.keyer.lexicon_dir);
 }
 
 std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& config) {
   std::unique_ptr<clm::SnapshotStore> store;
-  check(clm::SnapshotStore::open(config, store), fmt::format("cannot open the store at {}", config.path));
+  const clm::Status s = clm::SnapshotStore::open(config, store);
+  if (!s.ok()) {
+    throw Failure{fmt::format("cannot open the store at {}: {}: {}{}", config.path, s.code_name(), s.message(),
+                              key_rules_hint(s, config))};
+  }
   return store;
 }
 
@@ -550,24 +582,25 @@ bool parse_json(std::string_view text, Json& out, std::string& error) {
 // ---- key ---------------------------------------------------------------------
 
 constexpr std::string_view kKeyUsage =
-    "usage: clm_store key [--json] [--lexicons DIR] < lines.txt\n"
+    "usage: clm_store key [--json] [--lexicons DIR [--replace-lexicons]] < lines.txt\n"
     "\n"
     "Prints, for each line of UTF-8 text on stdin, its suffix key and the key's fingerprint\n"
-    "(FNV-1a 64, hex), tab-separated. A line the keyer refuses (invalid UTF-8, no content,\n"
+    "(FNV-1a 64, hex), tab-separated, and for a key that abstained (low information: never\n"
+    "served at levels 1 and 2) a third column \"abstained: <why>\". A line the keyer refuses (invalid UTF-8, no content,\n"
     "over 16 KiB) gets its error on stderr and an empty line on stdout, so output lines match\n"
     "input lines; the other lines go on, and the exit status is 1 at the end.\n"
     "\n"
     "  --json          one JSON object per line: line, key, fingerprint, group, entity, action,\n"
-    "                  object, details, low_information (a failed line: line, error, code)\n"
-    "  --lexicons DIR  a directory of *.tsv lexicons replacing the built-in ones\n";
+    "                  object, details, low_information, abstain_reason (a failed line: line,\n"
+    "                  error, code)\n"
+    "  --lexicons DIR  a directory of *.tsv lexicons added to the built-in ones\n"
+    "  --replace-lexicons  DIR's lexicons instead of the built-in ones\n";
 
 int cmd_key(const Args& args) {
   args.no_positionals();
   const bool json = args.has("--json");
-  clm::SuffixKeyerConfig keyer_config;
-  if (const auto lexicons = args.get("--lexicons")) keyer_config.lexicon_dir = *lexicons;
   std::unique_ptr<clm::SuffixKeyer> keyer;
-  check(clm::SuffixKeyer::create(keyer_config, keyer), "cannot load the lexicons");
+  check(clm::SuffixKeyer::create(keyer_config(args), keyer), "cannot load the lexicons");
 
   std::string line;
   std::size_t n = 0, failed = 0;
@@ -598,9 +631,15 @@ int cmd_key(const Args& args) {
       j["object"] = k.object;
       j["details"] = k.details;
       j["low_information"] = k.low_information;
+      j["abstain_reason"] = k.abstain_reason;
       fmt::print("{}\n", dump(j));
     } else {
-      fmt::print("{}\t{}\n", k.key, hex(k.fingerprint));
+      // A third column for an abstained key: the store never serves it at levels 1 and 2.
+      if (k.low_information) {
+        fmt::print("{}\t{}\tabstained: {}\n", k.key, hex(k.fingerprint), k.abstain_reason);
+      } else {
+        fmt::print("{}\t{}\n", k.key, hex(k.fingerprint));
+      }
     }
   }
   if (std::cin.bad()) throw Failure{"reading stdin failed"};
@@ -629,7 +668,8 @@ constexpr std::string_view kIngestUsage =
     "a value that is not a finite float, an all-zero snapshot or text without content is\n"
     "reported with its line number, and the store is left as it was. Then the records go\n"
     "to the store in batches (record_batch: one transaction per shard touched), with\n"
-    "progress on stderr for long inputs, and a summary by outcome is printed.\n"
+    "progress on stderr for long inputs, and a summary by outcome is printed. A text the\n"
+    "keyer abstains on (low information: a greeting, ...) is not stored: `abstained`.\n"
     "\n"
     "  --input FILE        the JSON lines (default and \"-\": stdin)\n"
     "  --tenant T          the tenant of lines without \"tenant\" (default: empty)\n"
@@ -640,7 +680,8 @@ constexpr std::string_view kIngestUsage =
     "  --version-cosine C  below this cosine to the key's newest version, a new version\n"
     "                      (default 0.95)\n"
     "  --batch N           records per record_batch call (default 512)\n"
-    "  --lexicons DIR      lexicons for \"text\" lines: lookups must use the same ones\n"
+    "  --lexicons DIR      lexicons for \"text\" lines; a store records them (its key rules),\n"
+    "                      so every later command on it must give the same ones\n"
     "  --json              the summary as one JSON object\n"
     "  --quiet             no progress on stderr\n";
 
@@ -772,7 +813,7 @@ int cmd_ingest(const Args& args) {
   // 2. Write.
   std::unique_ptr<clm::SnapshotStore> store = open_store(config);
   const std::int64_t rows_before = store->metrics().snapshots;
-  std::uint64_t by_result[5] = {};
+  std::uint64_t by_result[7] = {};  // by clm::RecordResult
   std::vector<clm::SnapshotRecord> batch;
   std::vector<clm::RecordOutcome> outcomes;
   const auto t_write = Clock::now();
@@ -800,9 +841,9 @@ int cmd_ingest(const Args& args) {
   const std::int64_t rows_after = store->metrics().snapshots;
   const double seconds = seconds_since(t0);
 
-  const clm::RecordResult results[] = {clm::RecordResult::counted, clm::RecordResult::admitted,
+  const clm::RecordResult results[] = {clm::RecordResult::counted,   clm::RecordResult::admitted,
                                        clm::RecordResult::confirmed, clm::RecordResult::new_version,
-                                       clm::RecordResult::drifted};
+                                       clm::RecordResult::drifted,   clm::RecordResult::abstained};
   if (json) {
     Json j;
     j["store"] = config.path;
@@ -849,7 +890,7 @@ constexpr std::string_view kLookupUsage =
     "  --no-wait              answer at once, as a server just opened would: level 2 answers miss\n"
     "                         for a shard whose index is still being rebuilt. Without it, a\n"
     "                         missing or stale index is rebuilt before the lookup\n"
-    "  --lexicons DIR         lexicons for TEXT: the ones ingest used\n"
+    "  --lexicons DIR         the lexicons the store was made with (ingest's; default: built-in)\n"
     "\n"
     "A hit counts as a use of its row (usage_count, last_used), as a server's lookup does.\n"
     "Exit status 0 for a hit and for a miss alike.\n";
@@ -982,7 +1023,7 @@ int cmd_lookup(const Args& args) {
 // ---- stats ---------------------------------------------------------------------
 
 constexpr std::string_view kStatsUsage =
-    "usage: clm_store stats --store DIR [--json]\n"
+    "usage: clm_store stats --store DIR [--json] [--lexicons DIR]\n"
     "\n"
     "Per shard: rows (snapshots stored, all versions), keys (distinct tenant and key),\n"
     "tenants, the highest version, keys still counting toward admission, blacklisted keys,\n"
@@ -991,7 +1032,8 @@ constexpr std::string_view kStatsUsage =
     "when it opens). Then the store's metrics; its counters (lookups, records, ...) cover\n"
     "this process only, which has just opened the store.\n"
     "\n"
-    "  --json   one JSON object\n";
+    "  --json           one JSON object\n"
+    "  --lexicons DIR   the lexicons the store was made with (default: built-in)\n";
 
 Json metrics_json(const clm::SnapshotStoreMetrics& m) {
   return Json{{"lookups", m.lookups},
@@ -1004,6 +1046,7 @@ Json metrics_json(const clm::SnapshotStoreMetrics& m) {
               {"ann_unavailable", m.ann_unavailable},
               {"records", m.records},
               {"counted", m.counted},
+              {"abstained", m.abstained},
               {"admissions", m.admissions},
               {"confirmations", m.confirmations},
               {"versions", m.versions},
@@ -1097,6 +1140,7 @@ int cmd_stats(const Args& args) {
 
 constexpr std::string_view kEvictUsage =
     "usage: clm_store evict --store DIR [--older-than-days D] [--below-usage N] [--list] [--dry-run] [--json]\n"
+    "                       [--lexicons DIR]\n"
     "\n"
     "Deletes the rows unused (last_used) for more than D days whose usage_count is below N,\n"
     "with their index entries, and sightings not seen for D days and expired blacklist\n"
@@ -1107,7 +1151,8 @@ constexpr std::string_view kEvictUsage =
     "  --below-usage N       default 5\n"
     "  --list                list the rows to delete (tenant, key, version, usage, last used)\n"
     "  --dry-run             list them and delete nothing\n"
-    "  --json                one JSON object (with --list: the rows too)\n";
+    "  --json                one JSON object (with --list: the rows too)\n"
+    "  --lexicons DIR        the lexicons the store was made with (default: built-in)\n";
 
 struct EvictRow {
   std::int32_t shard = 0;
@@ -1234,14 +1279,15 @@ int cmd_evict(const Args& args) {
 // ---- rebuild-index ----------------------------------------------------------------
 
 constexpr std::string_view kRebuildUsage =
-    "usage: clm_store rebuild-index --store DIR [--json] [--quiet]\n"
+    "usage: clm_store rebuild-index --store DIR [--json] [--quiet] [--lexicons DIR]\n"
     "\n"
     "Rebuilds every HNSW index (one per shard and tenant) from the databases and saves it,\n"
     "as the store does in the background for a missing or corrupt index file. Progress (index\n"
     "files written) on stderr, then the time taken.\n"
     "\n"
-    "  --json    the summary as one JSON object\n"
-    "  --quiet   no progress on stderr\n";
+    "  --json           the summary as one JSON object\n"
+    "  --quiet          no progress on stderr\n"
+    "  --lexicons DIR   the lexicons the store was made with (default: built-in)\n";
 
 // Inode of each index file: a save writes a new file and renames it over the old one.
 std::map<std::string, std::uint64_t> index_inodes(const std::string& dir) {
@@ -1345,14 +1391,15 @@ int cmd_rebuild(const Args& args) {
 // ---- check ---------------------------------------------------------------------
 
 constexpr std::string_view kCheckUsage =
-    "usage: clm_store check --store DIR [--json]\n"
+    "usage: clm_store check --store DIR [--json] [--lexicons DIR]\n"
     "\n"
     "Runs SQLite's integrity_check on every shard and verifies every stored snapshot and\n"
     "fallback (its BLOB's header, dim and checksum, and its key's fingerprint), and counts\n"
     "index files missing or unreadable (a warning: the store rebuilds those). Exit status 1\n"
     "when a shard or a row is damaged.\n"
     "\n"
-    "  --json   one JSON object\n";
+    "  --json           one JSON object\n"
+    "  --lexicons DIR   the lexicons the store was made with (default: built-in)\n";
 
 int cmd_check(const Args& args) {
   args.no_positionals();
@@ -1364,7 +1411,8 @@ int cmd_check(const Args& args) {
   std::unique_ptr<clm::SnapshotStore> store;
   const clm::Status opened = clm::SnapshotStore::open(config, store);
   if (!opened.ok()) {
-    problems.push_back(fmt::format("the store does not open: {}: {}", opened.code_name(), opened.message()));
+    problems.push_back(fmt::format("the store does not open: {}: {}{}", opened.code_name(), opened.message(),
+                                   key_rules_hint(opened, config)));
   } else {
     index_rebuilds = store->metrics().index_rebuilds;
     const clm::Status integrity = store->check_integrity();
@@ -1436,6 +1484,111 @@ int cmd_check(const Args& args) {
   return problems.empty() ? 0 : kExitProblem;
 }
 
+// ---- rekey ---------------------------------------------------------------------
+
+constexpr std::string_view kRekeyUsage =
+    "usage: clm_store rekey [--adopt] [--lexicons DIR [--replace-lexicons]] [--json] (DIR | --store DIR)\n"
+    "\n"
+    "Brings a store under the key rules of this clmcache (and of --lexicons, the lexicons\n"
+    "its users key with). A store records the rules its keys were made under, and refuses to\n"
+    "open under others: the same text would get another key.\n"
+    "\n"
+    "Without --adopt: every row's key is made again from the text it was made of; a row whose\n"
+    "new key routes to another shard moves there; rows of a host's own key (no text) are\n"
+    "kept; a row whose text makes no key now (the keyer abstains, or refuses it) is deleted,\n"
+    "and listed by reason. Versions of keys that became one are numbered again by age;\n"
+    "blacklist entries of changed keys and every admission count are dropped; the index\n"
+    "files are rebuilt. Each shard changes in one transaction; a rekey that is interrupted\n"
+    "leaves the store refusing to open until it is run again, which finishes it.\n"
+    "\n"
+    "  --adopt          keep every key as it is and record the current rules: for a store made\n"
+    "                   before keys kept their text (format 1), or to keep the old keys on purpose\n"
+    "  --lexicons DIR   the lexicons the store's users key with (default: the built-in ones)\n"
+    "  --replace-lexicons  DIR's lexicons instead of the built-in ones (default: added to them)\n"
+    "  --json           the report as one JSON object\n"
+    "\n"
+    "Run it while no server has the store open (it takes the store's lock). A store refused\n"
+    "because --lexicons was left out needs the flag, not a rekey: a rekey to other lexicons\n"
+    "changes keys and deletes the rows whose texts those lexicons cannot key.\n";
+
+int cmd_rekey(const Args& args) {
+  if (args.positionals().size() > 1) throw UsageError{"give one store directory"};
+  if (args.has("--store") && !args.positionals().empty()) throw UsageError{"give the directory once"};
+  clm::SnapshotStoreConfig config;
+  if (args.positionals().empty()) {
+    config.path = args.required("--store");
+  } else {
+    config.path = args.positionals()[0];
+  }
+  if (config.path.empty()) throw UsageError{"the store directory is empty"};
+  if (config.path == ":memory:") throw UsageError{":memory: keeps nothing to rekey: give a directory"};
+  const std::optional<Layout> layout = read_layout(config.path);
+  if (!layout) {
+    throw Failure{fmt::format("no snapshot store at {} (no {})", config.path, shard_path(config.path, 0))};
+  }
+  config.num_shards = layout->shards;
+  config.snapshot_dim = layout->dim;
+  config.keyer = keyer_config(args);
+  const bool adopt = args.has("--adopt"), json = args.has("--json");
+
+  const auto t0 = Clock::now();
+  clm::RekeyReport r;
+  check(clm::SnapshotStore::rekey(config, adopt, r), fmt::format("rekey of {}", config.path));
+  const double seconds = seconds_since(t0);
+  constexpr std::size_t kReasonsShown = 20;
+
+  if (json) {
+    Json j;
+    j["store"] = config.path;
+    j["adopted"] = r.adopted;
+    j["resumed"] = r.resumed;
+    j["old_format"] = r.old_format;
+    j["old_rules"] = hex(r.old_rules);
+    j["new_rules"] = hex(r.new_rules);
+    j["rows_before"] = r.rows_before;
+    j["rows_after"] = r.rows_after;
+    j["rekeyed"] = r.rekeyed;
+    j["changed"] = r.changed;
+    j["moved"] = r.moved;
+    j["kept"] = r.kept;
+    j["dropped"] = r.dropped;
+    j["versions_renumbered"] = r.versions_renumbered;
+    j["sightings_dropped"] = r.sightings_dropped;
+    j["blacklist_dropped"] = r.blacklist_dropped;
+    j["indexes_rebuilt"] = r.indexes_rebuilt;
+    Json drops = Json::array();
+    for (const auto& d : r.drops) drops.push_back(Json{{"reason", d.reason}, {"rows", d.rows}, {"example", d.example}});
+    j["drops"] = drops;
+    j["seconds"] = seconds;
+    fmt::print("{}\n", dump(j));
+    return 0;
+  }
+  if (r.adopted) {
+    fmt::print(
+        "clm_store rekey --adopt: {} (format {}, key rules {}) now records key rules {}; its {} rows keep "
+        "their keys\n",
+        config.path, r.old_format, r.old_format < 2 ? std::string("none") : hex(r.old_rules), hex(r.new_rules),
+        r.rows_after);
+    return 0;
+  }
+  fmt::print("clm_store rekey: {} rekeyed from key rules {} to {}{} in {:.2f} s\n", config.path, hex(r.old_rules),
+             hex(r.new_rules), r.resumed ? " (an interrupted rekey, finished)" : "", seconds);
+  fmt::print("  {:<20} {} -> {}\n", "rows", r.rows_before, r.rows_after);
+  fmt::print("  {:<20} {} (key changed: {}, moved to another shard: {})\n", "rekeyed from text", r.rekeyed, r.changed,
+             r.moved);
+  fmt::print("  {:<20} {}\n", "kept (host keys)", r.kept);
+  fmt::print("  {:<20} {}\n", "dropped", r.dropped);
+  for (std::size_t i = 0; i < r.drops.size() && i < kReasonsShown; ++i) {
+    fmt::print("    {:>6}  {}  (e.g. \"{}\")\n", r.drops[i].rows, r.drops[i].reason, r.drops[i].example);
+  }
+  if (r.drops.size() > kReasonsShown) fmt::print("    ... and {} more reasons\n", r.drops.size() - kReasonsShown);
+  fmt::print("  {:<20} {}\n", "versions renumbered", r.versions_renumbered);
+  fmt::print("  {:<20} sightings {}, blacklist entries {}\n", "dropped state", r.sightings_dropped,
+             r.blacklist_dropped);
+  fmt::print("  {:<20} {}\n", "indexes rebuilt", r.indexes_rebuilt);
+  return 0;
+}
+
 // ---- main ------------------------------------------------------------------------
 
 constexpr std::string_view kUsage =
@@ -1448,10 +1601,15 @@ constexpr std::string_view kUsage =
     "  evict          delete rows unused for a while, then vacuum\n"
     "  rebuild-index  rebuild every HNSW index from the databases\n"
     "  check          integrity_check of every shard, and every snapshot's checksum\n"
+    "  rekey          rebuild a store's keys from their texts under the current key rules\n"
+    "                 (--adopt: keep the keys, record the rules)\n"
     "\n"
     "A store is a directory (--store DIR) of shard-NN.db files and their index files. Its\n"
     "shard count and snapshot_dim are read from it (--shards / --dim, if given, must agree),\n"
-    "so only `ingest` into a new directory needs --dim. A store serves one process at a time:\n"
+    "so only `ingest` into a new directory needs --dim. It records the key rules its keys were\n"
+    "made under (this clmcache's, and the lexicons of --lexicons DIR, default built-in), and\n"
+    "every command must open it with the same --lexicons (and --replace-lexicons, which uses\n"
+    "DIR's lexicons instead of the built-in ones), or rekey it. A store serves one process at a time:\n"
     "run ingest, evict and rebuild-index while no server has it open (the server's indexes in\n"
     "memory would not see the changes, and the index files it saves would drop them).\n"
     "Exit status: 0 ok; 1 a problem found (key: some lines failed; check: damage);\n"
@@ -1467,26 +1625,27 @@ struct Command {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> all = {
-      {"key", kKeyUsage, {"--lexicons"}, {"--json"}, cmd_key},
+      {"key", kKeyUsage, {"--lexicons"}, {"--json", "--replace-lexicons"}, cmd_key},
       {"ingest",
        kIngestUsage,
-       flags(kStoreFlags, {"--input", "--tenant", "--min-usage", "--version-cosine", "--batch", "--lexicons"}),
-       {"--json", "--quiet"},
+       flags(kStoreFlags, {"--input", "--tenant", "--min-usage", "--version-cosine", "--batch"}),
+       {"--json", "--quiet", "--replace-lexicons"},
        cmd_ingest},
       {"lookup",
        kLookupUsage,
-       flags(kStoreFlags, {"--text", "--key", "--group", "--query", "--query-file", "--tenant", "--similarity-floor",
-                           "--top-k", "--lexicons"}),
-       {"--print-snapshot", "--json", "--no-wait"},
+       flags(kStoreFlags,
+             {"--text", "--key", "--group", "--query", "--query-file", "--tenant", "--similarity-floor", "--top-k"}),
+       {"--print-snapshot", "--json", "--no-wait", "--replace-lexicons"},
        cmd_lookup},
-      {"stats", kStatsUsage, kStoreFlags, {"--json"}, cmd_stats},
+      {"stats", kStatsUsage, kStoreFlags, {"--json", "--replace-lexicons"}, cmd_stats},
       {"evict",
        kEvictUsage,
        flags(kStoreFlags, {"--older-than-days", "--below-usage"}),
-       {"--list", "--dry-run", "--json"},
+       {"--list", "--dry-run", "--json", "--replace-lexicons"},
        cmd_evict},
-      {"rebuild-index", kRebuildUsage, kStoreFlags, {"--json", "--quiet"}, cmd_rebuild},
-      {"check", kCheckUsage, kStoreFlags, {"--json"}, cmd_check},
+      {"rebuild-index", kRebuildUsage, kStoreFlags, {"--json", "--quiet", "--replace-lexicons"}, cmd_rebuild},
+      {"check", kCheckUsage, kStoreFlags, {"--json", "--replace-lexicons"}, cmd_check},
+      {"rekey", kRekeyUsage, {"--store", "--lexicons"}, {"--adopt", "--json", "--replace-lexicons"}, cmd_rekey},
   };
   return all;
 }

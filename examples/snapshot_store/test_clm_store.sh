@@ -9,10 +9,13 @@
 # run) into a temporary store; lookups at levels exact (the vector back within
 # f16 tolerance) and ann (a noisy copy under another key of the same group),
 # tenant isolation, stats, eviction, rebuild-index after deleting the index
-# files, check; and bad input (malformed JSON, a wrong dimension, numbers that
-# are no finite float, missing flags) refused with a non-zero exit and the
-# store's rows unchanged. Plain bash and awk; everything it writes lies in one
-# mktemp -d directory, removed at the end.
+# files, check; the key rules a store records (refused under others), rekey
+# and rekey --adopt; and bad input (malformed JSON, a wrong dimension, numbers
+# that are no finite float, missing flags) refused with a non-zero exit and the
+# store's rows unchanged. Texts are keyed with the test's own lexicons (the
+# built-in ones change with the key rules, and no key string of theirs is
+# checked here). Plain bash and awk; everything it writes lies in one mktemp -d
+# directory, removed at the end.
 # shellcheck disable=SC2015  # `[ A ] && [ B ] || fail ...` fails when either test does: meant
 set -euo pipefail
 
@@ -72,24 +75,38 @@ close() {
   }'
 }
 rows() {
-  run stats --store "$store" --json
+  run stats --store "$store" "${L1[@]}" --json
   expect_rc 0 "stats"
   field rows
 }
 
 echo "# clm_store test: seed $seed, work dir $work"
 
+# The test's lexicons (suffix_key.hpp: surface<TAB>category<TAB>CANONICAL); lex2
+# names the detail "status" STATE, so every key with it changes under lex2.
+lex=$work/lexicons
+lex2=$work/lexicons2
+mkdir -p "$lex" "$lex2"
+printf '%s\t%s\t%s\n' check action QUERY order object ORDER status detail STATUS please stopword PLEASE \
+  the stopword THE of stopword OF what question QUERY is stopword IS "don t" negation NOT_ \
+  hi greeting GREETING hello greeting GREETING there stopword THERE >"$lex/test.tsv"
+sed 's/\tSTATUS$/\tSTATE/' "$lex/test.tsv" >"$lex2/test.tsv"
+# They replace the built-in lexicons, which change with the key rules.
+L1=(--lexicons "$lex" --replace-lexicons)
+L2=(--lexicons "$lex2" --replace-lexicons)
+
 # ---- key -------------------------------------------------------------------
-printf '%s\n' 'Please check the status of order 789' '帮我查下订单#ORD-789的状态' "Don't check order 789" '' \
+printf '%s\n' 'Please check the status of order 789' 'What is the status of order #789?' "Don't check order 789" '' \
   >"$work/texts.txt"
 printf 'bad \xff\xfe utf-8\n' >>"$work/texts.txt"
 printf '%s\n' 'Hi there' 'Hello!' 'Please check the status of order 790' >>"$work/texts.txt"
-run_in "$work/texts.txt" key
+run_in "$work/texts.txt" key "${L1[@]}"
 expect_rc 1 "key with two bad lines"
 [ "$(wc -l <"$work/out")" = 8 ] || fail "key: one output line per input line"
 key_of() { sed -n "${1}p" "$work/out" | cut -f1; }
-[ "$(key_of 1)" = ORDER-789-QUERY-STATUS ] || fail "key: the header's example key"
-[ "$(key_of 1)" = "$(key_of 2)" ] || fail "key: an English and a Chinese paraphrase share a key"
+[ -n "$(key_of 1)" ] || fail "key: a key for the first line"
+text_key=$(key_of 1)
+[ "$(key_of 1)" = "$(key_of 2)" ] || fail "key: a paraphrase shares a key"
 [ "$(sed -n 1p "$work/out")" = "$(sed -n 2p "$work/out")" ] || fail "key: the same key, the same fingerprint"
 [ "$(key_of 3)" != "$(key_of 1)" ] || fail "key: a negation gets another key"
 [ "$(key_of 8)" != "$(key_of 1)" ] || fail "key: another order number, another key"
@@ -101,7 +118,7 @@ expect_err "line 5" "key: the invalid UTF-8 line's error"
 expect_err "2 of 8 lines failed" "key: the count of failed lines"
 ok "key: paraphrases share a key, a negation does not, bad lines are reported and skipped"
 
-run_in "$work/texts.txt" key --json
+run_in "$work/texts.txt" key --json "${L1[@]}"
 expect_rc 1 "key --json"
 sed -n 3p "$work/out" >"$work/line3"
 grep -q '"action":"NOT-QUERY"' "$work/line3" || fail "key --json: the negation is NOT-QUERY"
@@ -110,12 +127,22 @@ grep -q '"object":"ORDER"' "$work/line3" || fail "key --json: the object"
 sed -n 1p "$work/out" | grep -q '"details":\["STATUS"\]' || fail "key --json: the details"
 sed -n 1p "$work/out" | grep -q '"low_information":false' || fail "key --json: low_information false"
 sed -n 6p "$work/out" | grep -q '"low_information":true' || fail "key --json: a greeting is low_information"
+sed -n 6p "$work/out" | grep -q '"abstain_reason":"[^"]' || fail "key --json: why a key abstains"
 sed -n 4p "$work/out" | grep -q '"error":' || fail "key --json: the failed line's error"
-ok "key --json: entity, action, object, details, low_information, errors"
+ok "key --json: entity, action, object, details, low_information, abstain_reason, errors"
+
+printf '%s\n' 'Please check the status of order 789' '帮我查下订单789的状态' >"$work/builtin.txt"
+run_in "$work/builtin.txt" key
+expect_rc 0 "key with the built-in lexicons"
+[ "$(grep -c . "$work/out")" = 2 ] || fail "key: the built-in lexicons key English and Chinese"
+ok "key: the built-in lexicons key English and Chinese text"
 
 run key --lexicons "$work/no-such-dir"
 [ "$rc" = 2 ] || fail "key --lexicons with a missing directory: exit 2"
-ok "key: a missing lexicon directory is an error"
+run key --replace-lexicons
+[ "$rc" = 2 ] || fail "key --replace-lexicons without --lexicons: exit 2"
+expect_err "needs --lexicons" "--replace-lexicons without --lexicons"
+ok "key: a missing lexicon directory, or --replace-lexicons without one, is an error"
 
 # ---- ingest ------------------------------------------------------------------
 # n random unit vectors, keys k0..k(n-1) in 24 groups; every 8th in tenant acme.
@@ -135,22 +162,25 @@ awk -v seed="$seed" -v n="$n" -v dim="$dim" '
       for (d = 0; d < dim; d++) line = line sprintf("%s%.7f", d ? "," : "", v[d] / norm)
       print line "]}"
     }
-    # Two texts, one key: the second record confirms the first.
-    for (t = 0; t < 2; t++) {
-      line = "{\"text\":\"" (t ? "What is the status of order #789?" : "Please check the status of order 789") "\",\"snapshot\":["
+    # Two texts, one key: the second record confirms the first. Then a
+    # greeting, on which the keyer abstains: not stored.
+    for (t = 0; t < 3; t++) {
+      text = t == 0 ? "Please check the status of order 789" : t == 1 ? "What is the status of order #789?" : "Hello there"
+      line = "{\"text\":\"" text "\",\"snapshot\":["
       for (d = 0; d < dim; d++) line = line sprintf("%s%.7f", d ? "," : "", d == 0 ? 1 : 0)
       print line "]}"
     }
   }' >"$work/data.jsonl"
 total=$((n + 1))
 
-run_in "$work/data.jsonl" ingest --store "$store" --dim "$dim" --shards 4 --min-usage 1 --json
+run_in "$work/data.jsonl" ingest --store "$store" "${L1[@]}" --dim "$dim" --shards 4 --min-usage 1 --json
 expect_rc 0 "ingest"
-[ "$(field records)" = $((n + 2)) ] || fail "ingest: records"
+[ "$(field records)" = $((n + 3)) ] || fail "ingest: records"
 [ "$(field admitted)" = "$total" ] || fail "ingest: every key admitted at once (--min-usage 1)"
 [ "$(field confirmed)" = 1 ] || fail "ingest: the paraphrase confirms the text's key"
+[ "$(field abstained)" = 1 ] || fail "ingest: the greeting abstained"
 [ "$(field rows_before)" = 0 ] && [ "$(field rows_after)" = "$total" ] || fail "ingest: rows before and after"
-ok "ingest: $((n + 2)) records of a generated JSONL, $total rows"
+ok "ingest: $((n + 3)) records of a generated JSONL, $total rows (a greeting abstained)"
 
 run --help
 expect_rc 0 "--help"
@@ -160,21 +190,22 @@ expect_rc 0 "ingest --help"
 expect_out "--min-usage" "ingest --help"
 ok "--help, overall and per command"
 
-run_in "$work/data.jsonl" ingest --store "$store" --min-usage 1
+run_in "$work/data.jsonl" ingest --store "$store" "${L1[@]}" --min-usage 1
 expect_rc 0 "ingest again"
 grep -qE "confirmed +$((n + 2))$" "$work/out" || fail "ingest again: every record confirms its key"
+grep -qE "abstained +1$" "$work/out" || fail "ingest again: the greeting abstained again"
 grep -qE "rows +$total \(was $total\)" "$work/out" || fail "ingest again: no new rows"
 ok "ingest of the same records again: all confirmed, no new rows (the shape of the store is read from it)"
 
 # ---- lookup ------------------------------------------------------------------
-run lookup --store "$store" --key k5 --group g5 --json --print-snapshot
+run lookup --store "$store" "${L1[@]}" --key k5 --group g5 --json --print-snapshot
 expect_rc 0 "lookup k5"
 [ "$(field level)" = exact ] || fail "lookup k5: level exact"
 [ "$(field key)" = k5 ] && [ "$(field version)" = 1 ] && [ "$(field stable)" = true ] || fail "lookup k5: k5 v1, stable"
 close "$(array snapshot)" "$(snapshot_of "$work/data.jsonl" k5)" 0.002 || fail "lookup k5: the ingested vector (f16)"
 ok "lookup of an ingested key: level exact, the vector back within f16 tolerance"
 
-run lookup --store "$store" --key k5 --group g5
+run lookup --store "$store" "${L1[@]}" --key k5 --group g5
 expect_rc 0 "lookup k5 (text)"
 grep -qE '^level +exact$' "$work/out" || fail "lookup text output: the level"
 ok "lookup: the human output"
@@ -184,68 +215,152 @@ noisy=$(awk -v a="$(snapshot_of "$work/data.jsonl" k5)" -v seed="$((seed + 1))" 
   srand(seed); n = split(a, x, ",")
   for (i = 1; i <= n; i++) printf "%s%.7f", (i > 1 ? "," : ""), x[i] + 0.03 * (rand() - 0.5)
 }')
-run lookup --store "$store" --key probe --group g5 --query "[$noisy]" --json
+run lookup --store "$store" "${L1[@]}" --key probe --group g5 --query "[$noisy]" --json
 expect_rc 0 "lookup probe"
 [ "$(field level)" = ann ] || fail "lookup of a noisy copy in the same group: level ann"
 [ "$(field key)" = k5 ] || fail "lookup of a noisy copy: k5 served"
 awk -v s="$(field similarity)" 'BEGIN { exit !(s > 0.95) }' || fail "lookup of a noisy copy: similarity"
 ok "lookup of a noisy copy under another key of the same group: level ann, k5"
 
-run lookup --store "$store" --key probe --group g6 --query "[$noisy]" --json
+run lookup --store "$store" "${L1[@]}" --key probe --group g6 --query "[$noisy]" --json
 expect_rc 0 "lookup probe g6"
 [ "$(field level)" = miss ] || fail "lookup of a noisy copy in another group: miss"
 ok "lookup of the same vector in another group: miss"
 
 printf '{"snapshot":[%s]}\n' "$noisy" >"$work/query.json"
-run lookup --store "$store" --key probe --group g5 --query-file "$work/query.json" --json
+run lookup --store "$store" "${L1[@]}" --key probe --group g5 --query-file "$work/query.json" --json
 [ "$(field level)" = ann ] || fail "lookup --query-file"
 ok "lookup --query-file"
 
-run lookup --store "$store" --key k0 --group g0 --json
+run lookup --store "$store" "${L1[@]}" --key k0 --group g0 --json
 [ "$(field level)" = miss ] || fail "lookup of tenant acme's key by the default tenant: miss"
-run lookup --store "$store" --key k0 --group g0 --tenant acme --json
+run lookup --store "$store" "${L1[@]}" --key k0 --group g0 --tenant acme --json
 [ "$(field level)" = exact ] || fail "lookup of k0 by tenant acme: exact"
 ok "tenants see only their own rows"
 
-run lookup --store "$store" "What's the status of order #789?" --json
-[ "$(field query_key)" = ORDER-789-QUERY-STATUS ] && [ "$(field level)" = exact ] || fail "lookup by text"
-ok "lookup by text"
+run lookup --store "$store" "${L1[@]}" "What is the status of order #789?" --json
+[ "$(field query_key)" = "$text_key" ] && [ "$(field level)" = exact ] || fail "lookup by text"
+run lookup --store "$store" "${L1[@]}" "Hello there" --json
+[ "$(field low_information)" = true ] && [ "$(field level)" = miss ] || fail "lookup of a greeting: level 3 only"
+ok "lookup by text; a greeting is never served a stored row"
 
 # ---- stats, evict ------------------------------------------------------------
-run stats --store "$store" --json
+run stats --store "$store" "${L1[@]}" --json
 expect_rc 0 "stats"
 [ "$(field rows)" = "$total" ] || fail "stats: rows"
 [ "$(grep -o '"shard":' "$work/out" | wc -l)" = 4 ] || fail "stats: four shards"
 tenants=$(field shard_tenants)
 [ "$(field index_files)" = "$tenants" ] || fail "stats: an index file per shard and tenant"
-run stats --store "$store"
+run stats --store "$store" "${L1[@]}"
 expect_rc 0 "stats (table)"
 grep -qE "^ *total +$total " "$work/out" || fail "stats table: the total row"
 ok "stats: $total rows in 4 shards, $tenants index files"
 
-run evict --store "$store" --json
+run evict --store "$store" "${L1[@]}" --json
 expect_rc 0 "evict"
 [ "$(field deleted)" = 0 ] && [ "$(field rows_after)" = "$total" ] || fail "evict with nothing old deletes nothing"
 ok "evict: nothing old, nothing deleted"
 
 # ---- rebuild-index -----------------------------------------------------------
 rm -f "$store"/*.hnsw "$store"/*.hnsw.meta
-run stats --store "$store" --json
+run stats --store "$store" "${L1[@]}" --json
 [ "$(field index_files)" = 0 ] || fail "stats after deleting the index files"
-run rebuild-index --store "$store" --json
+run rebuild-index --store "$store" "${L1[@]}" --json
 expect_rc 0 "rebuild-index"
 [ "$(field indexes)" = "$tenants" ] || fail "rebuild-index: indexes"
-run stats --store "$store" --json
+run stats --store "$store" "${L1[@]}" --json
 [ "$(field index_files)" = "$tenants" ] || fail "rebuild-index: the index files are back"
-run lookup --store "$store" --key probe --group g5 --query "[$noisy]" --json --no-wait
+run lookup --store "$store" "${L1[@]}" --key probe --group g5 --query "[$noisy]" --json --no-wait
 [ "$(field level)" = ann ] && [ "$(field key)" = k5 ] || fail "level 2 after rebuild-index"
 ok "rebuild-index after deleting every index file: files back, level 2 answers (without waiting)"
 
 rm -f "$store"/*.hnsw "$store"/*.hnsw.meta
-run lookup --store "$store" --key probe --group g5 --query "[$noisy]" --json
+run lookup --store "$store" "${L1[@]}" --key probe --group g5 --query "[$noisy]" --json
 [ "$(field level)" = ann ] || fail "lookup rebuilds a missing index before it answers"
 expect_err "rebuilt first" "lookup: the note on the rebuilt indexes"
 ok "lookup with the index files gone: rebuilt first, level ann"
+
+# ---- key rules: refused under others, rekey, rekey --adopt -------------------------
+files_digest() { (cd "$store" && cksum shard-*.db | sort); }
+digest_before=$(files_digest)
+run stats --store "$store" --json
+[ "$rc" = 2 ] || fail "a store opened under other key rules (the built-in lexicons)"
+expect_err "failed_precondition" "other key rules: the status"
+expect_err "key rules" "other key rules: what differs"
+expect_err "clm_store rekey $store" "other key rules: what to run"
+expect_err "rekey --adopt" "other key rules: how to keep the keys"
+expect_err "same --lexicons" "other key rules: the hint about --lexicons"
+[ "$(files_digest)" = "$digest_before" ] || fail "a refused open wrote to the store"
+run lookup --store "$store" "${L2[@]}" --key k5 --group g5 --json
+[ "$rc" = 2 ] || fail "lookup under other lexicons"
+expect_err "is it the directory the store was made with" "other --lexicons: the hint"
+[ "$(files_digest)" = "$digest_before" ] || fail "a refused lookup wrote to the store"
+ok "a store opens only under the key rules it was made with; refused, it is left as it was"
+
+run_in "$work/texts.txt" key "${L2[@]}"
+text_key2=$(key_of 1)
+[ -n "$text_key2" ] && [ "$text_key2" != "$text_key" ] || fail "lex2 gives the text another key"
+run rekey "${L2[@]}" --json "$store"
+expect_rc 0 "rekey to lex2"
+[ "$(field adopted)" = false ] && [ "$(field resumed)" = false ] || fail "rekey: adopted, resumed"
+[ "$(field old_format)" = 2 ] || fail "rekey: the format found"
+[ "$(field rows_before)" = "$total" ] && [ "$(field rows_after)" = "$total" ] || fail "rekey: rows before and after"
+[ "$(field rekeyed)" = 1 ] && [ "$(field changed)" = 1 ] || fail "rekey: the text row's key made again, and changed"
+[ "$(field kept)" = "$n" ] || fail "rekey: the host keys kept"
+[ "$(field dropped)" = 0 ] || fail "rekey: nothing dropped"
+[ "$(field indexes_rebuilt)" -ge 1 ] || fail "rekey: the indexes rebuilt"
+[ "$(field old_rules)" != "$(field new_rules)" ] || fail "rekey: the rules change"
+run lookup --store "$store" "${L2[@]}" "Please check the status of order 789" --json
+[ "$(field query_key)" = "$text_key2" ] && [ "$(field level)" = exact ] || fail "lookup by text after rekey"
+run lookup --store "$store" "${L2[@]}" --key k5 --group g5 --json --print-snapshot
+[ "$(field level)" = exact ] || fail "a host key after rekey"
+close "$(array snapshot)" "$(snapshot_of "$work/data.jsonl" k5)" 0.002 || fail "a host key's vector after rekey"
+run lookup --store "$store" "${L2[@]}" --key probe --group g5 --query "[$noisy]" --json --no-wait
+[ "$(field level)" = ann ] && [ "$(field key)" = k5 ] || fail "level 2 after rekey (rebuilt indexes)"
+run stats --store "$store" "${L1[@]}" --json
+[ "$rc" = 2 ] || fail "the old lexicons after rekey"
+ok "rekey --lexicons: the text's key made again, host keys and their vectors kept, level 2 answers"
+
+run rekey --adopt "${L1[@]}" "$store"
+expect_rc 0 "rekey --adopt"
+expect_out "keep their keys" "rekey --adopt: the summary"
+run lookup --store "$store" "${L1[@]}" "Please check the status of order 789" --json
+[ "$(field level)" = miss ] || fail "after --adopt the keys are lex2's: the text's lex key misses"
+run lookup --store "$store" "${L1[@]}" --key k5 --group g5 --json
+[ "$(field level)" = exact ] || fail "a host key after --adopt"
+run rekey --store "$store" "${L1[@]}"
+expect_rc 0 "rekey back to lex"
+expect_out "rekeyed from key rules" "rekey: the summary"
+grep -qE "rows +$total -> $total$" "$work/out" || fail "rekey summary: rows"
+run lookup --store "$store" "${L1[@]}" "Please check the status of order 789" --json
+[ "$(field query_key)" = "$text_key" ] && [ "$(field level)" = exact ] || fail "lookup by text after rekey back"
+ok "rekey --adopt keeps the keys as they are; rekey back makes them from the text again"
+
+run rekey "$work/nowhere"
+[ "$rc" = 2 ] || fail "rekey of a missing directory"
+expect_err "no snapshot store" "rekey of a missing directory"
+[ ! -e "$work/nowhere" ] || fail "rekey created a directory"
+mkdir -p "$work/empty"
+run rekey --adopt "$work/empty"
+[ "$rc" = 2 ] || fail "rekey of a directory with no store"
+expect_err "no snapshot store" "rekey of a directory with no store"
+[ -z "$(ls -A "$work/empty")" ] || fail "rekey wrote into a directory with no store"
+run rekey
+[ "$rc" = 2 ] || fail "rekey without a directory"
+expect_err "--store is required" "rekey without a directory"
+run rekey "$store" "$work/empty"
+[ "$rc" = 2 ] || fail "rekey of two directories"
+run rekey --store "$store" "$store"
+[ "$rc" = 2 ] || fail "rekey with the directory twice"
+run rekey --frobnicate "$store"
+[ "$rc" = 2 ] || fail "rekey --frobnicate"
+run rekey --lexicons "$work/no-such-lexicons" "$store"
+[ "$rc" = 2 ] || fail "rekey with a missing lexicon directory"
+run rekey --help
+expect_rc 0 "rekey --help"
+expect_out "--adopt" "rekey --help"
+[ "$(rows)" = "$total" ] || fail "the refused rekeys changed the rows"
+ok "rekey: missing or empty directories, missing lexicons and bad flags are errors"
 
 # ---- bad input: refused, nothing written ----------------------------------------
 before=$(rows)
@@ -253,13 +368,13 @@ good() { printf '{"key":"%s","snapshot":[%s]}\n' "$1" "$(snapshot_of "$work/data
 vec23=$(snapshot_of "$work/data.jsonl" k7 | cut -d, -f1-23)
 bad_input() {  # bad_input NAME LINE EXPECTED-STDERR: three new keys, the bad line, one more
   { good new1; good new2; good new3; printf '%s\n' "$2"; good new4; } >"$work/bad.jsonl"
-  run_in "$work/bad.jsonl" ingest --store "$store" --min-usage 1
+  run_in "$work/bad.jsonl" ingest --store "$store" "${L1[@]}" --min-usage 1
   [ "$rc" = 2 ] || fail "$1: exit status $rc, expected 2"
   expect_err ":4: " "$1: the line number"
   expect_err "$3" "$1"
   expect_err "nothing was written" "$1"
   [ "$(rows)" = "$before" ] || fail "$1: rows changed"
-  run lookup --store "$store" --key new1 --json
+  run lookup --store "$store" "${L1[@]}" --key new1 --json
   [ "$(field level)" = miss ] || fail "$1: a good line before the bad one was written"
   ok "ingest refuses $1; nothing written"
 }
@@ -281,7 +396,7 @@ run_in "$work/data.jsonl" ingest --dim "$dim"
 expect_err "--store is required" "ingest without --store"
 ok "ingest without --store: an error"
 
-run_in "$work/data.jsonl" ingest --store "$store" --dim 32
+run_in "$work/data.jsonl" ingest --store "$store" "${L1[@]}" --dim 32
 [ "$rc" = 2 ] || fail "ingest --dim 32 into a store of dim 24"
 expect_err "snapshot_dim $dim" "--dim against the store's"
 run_in "$work/data.jsonl" ingest --store "$work/new-store"
@@ -292,14 +407,14 @@ run_in "$work/data.jsonl" ingest --store "$work/new-store" --dim 0
 [ "$rc" = 2 ] || fail "--dim 0"
 ok "ingest: --dim must agree with the store, a new store needs one"
 
-run lookup --store "$store" --key k5 --query "[0.5, 0.5]"
+run lookup --store "$store" "${L1[@]}" --key k5 --query "[0.5, 0.5]"
 [ "$rc" = 2 ] || fail "lookup with a query of the wrong length"
 expect_err "has 2 values" "lookup: the query's length"
-run lookup --store "$store" --key k5 --query "[$(printf '0,%.0s' $(seq 23))0]"
+run lookup --store "$store" "${L1[@]}" --key k5 --query "[$(printf '0,%.0s' $(seq 23))0]"
 [ "$rc" = 2 ] || fail "lookup with a zero query"
-run lookup --store "$store"
+run lookup --store "$store" "${L1[@]}"
 [ "$rc" = 2 ] || fail "lookup without a key"
-run lookup --store "$store" --key k5 --text hello
+run lookup --store "$store" "${L1[@]}" --key k5 --text hello
 [ "$rc" = 2 ] || fail "lookup with a key and a text"
 ok "lookup: a query of the wrong length or no direction, no key, two keys: errors"
 
@@ -310,12 +425,12 @@ expect_err "no snapshot store" "stats of a missing store"
 run stats
 [ "$rc" = 2 ] || fail "stats without --store"
 expect_err "--store is required" "stats without --store"
-run stats --store "$store" --frobnicate
+run stats --store "$store" "${L1[@]}" --frobnicate
 [ "$rc" = 2 ] || fail "an unknown flag"
 expect_err "unknown flag --frobnicate" "an unknown flag"
-run evict --store "$store" --older-than-days -1
+run evict --store "$store" "${L1[@]}" --older-than-days -1
 [ "$rc" = 2 ] || fail "evict --older-than-days -1"
-run evict --store "$store" --below-usage many
+run evict --store "$store" "${L1[@]}" --below-usage many
 [ "$rc" = 2 ] || fail "evict --below-usage many"
 run frobnicate
 [ "$rc" = 2 ] || fail "an unknown command"
@@ -324,23 +439,23 @@ run
 ok "missing or unknown stores, flags and commands: errors"
 
 [ "$(rows)" = "$before" ] || fail "the refused commands changed the rows"
-run check --store "$store"
+run check --store "$store" "${L1[@]}"
 expect_rc 0 "check"
 expect_out "ok: 4 shards, $total rows" "check"
 ok "check: ok, $total rows; the rows unchanged by every refused command"
 
 # ---- evict for real --------------------------------------------------------------
-run evict --store "$store" --older-than-days 0 --below-usage 1000000 --dry-run
+run evict --store "$store" "${L1[@]}" --older-than-days 0 --below-usage 1000000 --dry-run
 expect_rc 0 "evict --dry-run"
 [ "$(rows)" = "$total" ] || fail "evict --dry-run deleted rows"
 sleep 2  # every row's last_used is now at least a second ago
-run evict --store "$store" --older-than-days 0 --below-usage 1000000 --json --list
+run evict --store "$store" "${L1[@]}" --older-than-days 0 --below-usage 1000000 --json --list
 expect_rc 0 "evict all"
 [ "$(field deleted)" = "$total" ] && [ "$(field matched)" = "$total" ] && [ "$(field rows_after)" = 0 ] ||
   fail "evict of every row"
-run lookup --store "$store" --key k5 --group g5 --json
+run lookup --store "$store" "${L1[@]}" --key k5 --group g5 --json
 [ "$(field level)" = miss ] || fail "lookup after eviction"
-run check --store "$store"
+run check --store "$store" "${L1[@]}"
 expect_rc 0 "check after eviction"
 ok "evict --older-than-days 0: every row deleted, lookups miss, check ok"
 

@@ -143,10 +143,17 @@ std::string format_clm_stats(const ClmLoopStats& s) {
   out += fmt::format("injections   {} sequence-forwards\n", s.injected_steps);
   out += fmt::format("records      {}:", s.records);
   for (std::size_t r = 0; r < s.record_results.size(); ++r) {
-    if (static_cast<clm::RecordResult>(r) == clm::RecordResult::not_written) continue;
-    out += fmt::format(" {} {}", clm::record_result_name(static_cast<clm::RecordResult>(r)), s.record_results[r]);
+    const auto result = static_cast<clm::RecordResult>(r);
+    // not_written is record_batch's; the spare room of the array has no name.
+    if (result == clm::RecordResult::not_written ||
+        (s.record_results[r] == 0 && std::string_view(clm::record_result_name(result)) == "unknown")) {
+      continue;
+    }
+    out += fmt::format(" {} {}", clm::record_result_name(result), s.record_results[r]);
   }
-  out += fmt::format(", errors {}\n", s.record_errors);
+  out += fmt::format(", errors {}", s.record_errors);
+  if (s.record_errors > 0) out += fmt::format(" (the last: {})", s.last_record_error);
+  out += "\n";
   return out;
 }
 
@@ -254,6 +261,10 @@ void ClmLoop::on_admitted(clm::SequenceId seq, std::span<const std::int32_t> pro
   const clm::Status keyed =
       make_clm_suffix(engine_.snapshot_store()->keyer(), clm_suffix_text(prompt, options, config_.suffix),
                       config_.suffix, request.suffix);
+  // The key the store looks up and records under, for the request's result.
+  if (clm::SuffixKey key; keyed.ok() && engine_.suffix_key(request.suffix.ref(), key).ok()) {
+    request.counts.key = key.key;
+  }
   std::lock_guard lock(stats_mutex_);
   ++stats_.requests;
   if (!keyed.ok()) {  // nothing to look up or record under
@@ -273,10 +284,16 @@ void ClmLoop::on_retired(clm::SequenceId seq, GenerationResult& result) {
     clm::RecordOutcome outcome;
     const clm::Status recorded = engine_.record_snapshot(seq, r.suffix.ref(), r.record_snapshot, outcome);
     std::lock_guard lock(stats_mutex_);
-    if (recorded.ok()) {
+    const auto slot = static_cast<std::size_t>(outcome.result);
+    if (recorded.ok() && slot >= stats_.record_results.size()) {
+      ++stats_.record_errors;
+      stats_.last_record_error = fmt::format("record result {} is beyond ClmLoopStats::record_results", slot);
+    } else if (recorded.ok()) {
       ++stats_.records;
-      ++stats_.record_results[static_cast<std::size_t>(outcome.result)];
+      ++stats_.record_results[slot];
       r.counts.recorded = true;
+      r.counts.record_result = outcome.result;
+      r.counts.record_version = outcome.version;
     } else {  // the answer stands; the store just learns nothing from it
       ++stats_.record_errors;
       stats_.last_record_error = recorded.message();
@@ -376,6 +393,9 @@ clm::Status ClmLoop::look_up(std::span<const Lookup> who, bool with_query) {
         ++stats_.misses;
         ++r.counts.misses;
         break;
+    }
+    if (hits[k].level != clm::SnapshotLevel::miss) {
+      r.counts.served.push_back({hits[k].level, hits[k].key, hits[k].version, hits[k].similarity, r.forwards});
     }
     if (apply[k] == 0) continue;
     r.hit_now = true;

@@ -20,9 +20,11 @@
 // The suffix of a request is `clm_suffix`, else the content of the prompt's
 // last user message (ByteTokenizer's chat template), else its last
 // `recent_tokens` byte tokens. It is keyed by the store's SuffixKeyer; text
-// the keyer cannot key (invalid UTF-8, no lexicon word) gets a host key
-// "TEXT-<FNV-1a 64 of its bytes>" in the group `hashed_suffix_group`, so
-// exact repeats still match and level 2 may still find near ones.
+// the keyer refuses (invalid UTF-8, no content) gets a host key
+// "TEXT-<FNV-1a 64 of its bytes>" in the group `hashed_suffix_group` (empty:
+// its own), so exact repeats still match; level 2 looks across such keys
+// only when a host names a shared group, since the texts have nothing in
+// common but their vectors. Text the keyer abstains on is not stored.
 //
 // A forward, for the sequences of requests with use_clm:
 //  - at src_layer's attention output: Engine::src_step over their new rows;
@@ -36,6 +38,10 @@
 //  - at the final norm: that row's snapshot becomes the next query, and the
 //    prefill's is what the request records when it ends well (recorded at the
 //    end, so a request never finds its own snapshot).
+// GenerationResult::clm says what CLM did for the request: besides counts,
+// its suffix's key, what its record did (result, version), and each snapshot
+// it was served (level, key, version, similarity, forward), which is how
+// examples/demo names the question whose snapshot a request got.
 // Injected rows carry changed K/V, so requests with use_clm cache their pages
 // under their own adapter id (generator.hpp); requests without it, and a
 // model with no ClmLoop installed, compute exactly what they would without CLM.
@@ -88,8 +94,8 @@ struct ClmLayers {
 
 // How a request's suffix is found and keyed (shared by loop and collector).
 struct ClmSuffixOptions {
-  std::int32_t recent_tokens = 64;                // the suffix of a prompt with no user message
-  std::string hashed_suffix_group = "TEXT-HASH";  // level-2 group of the host keys of unkeyable text
+  std::int32_t recent_tokens = 64;  // the suffix of a prompt with no user message
+  std::string hashed_suffix_group;  // level-2 group of the host keys of unkeyable text (empty: each its own)
 };
 
 // A request's suffix, ready to be a SuffixRef (which only views it).
@@ -127,8 +133,10 @@ struct ClmLoopStats {
   std::uint64_t hits_exact = 0, hits_ann = 0, hits_fallback = 0, misses = 0;
   std::uint64_t injected_steps = 0;  // sequence-forwards whose last row got a snapshot (at every adapter layer)
   std::uint64_t records = 0;         // record_snapshot calls that succeeded
-  std::array<std::uint64_t, 6> record_results{};  // by clm::RecordResult
-  std::uint64_t record_errors = 0;                // failed records (the request itself is not failed)
+  // By clm::RecordResult, with room to spare for values added to it (the
+  // largest today: abstained = 6); one beyond the room counts as an error.
+  std::array<std::uint64_t, 8> record_results{};
+  std::uint64_t record_errors = 0;  // failed records (the request itself is not failed)
   std::string last_record_error;
   // SRC scores of scored steps: 100 bins of 0.01 over [0, 1].
   std::array<std::uint64_t, 100> score_histogram{};

@@ -56,6 +56,15 @@ struct GenerateOptions {
 
 inline constexpr std::int32_t kClmAdapterId = 1;
 
+// One snapshot the store served a request: a lookup that hit.
+struct ClmServed {
+  clm::SnapshotLevel level = clm::SnapshotLevel::miss;
+  std::string key;           // the served snapshot's key (SnapshotHit::key: the fallback's name at level 3)
+  std::int32_t version = 0;  // 0 at level 3
+  float similarity = 0.0f;   // cosine between the query and the snapshot (1 for exact without a query)
+  std::int32_t forward = 0;  // the request's forward that got it: 0 its prefill, k its k-th decode step
+};
+
 // What a ClmLoop did for one request; all zero without one.
 struct ClmRequestCounts {
   std::int32_t src_steps = 0;        // forwards whose SRC head scored the request
@@ -65,6 +74,10 @@ struct ClmRequestCounts {
   std::int32_t first_injected_step = -1;  // index into tokens / logits of the first of them
   float max_src_score = 0.0f;
   bool recorded = false;  // its snapshot went to the store when it ended
+  std::string key;        // the store's key of its suffix (what it looked up and recorded under); empty: none
+  clm::RecordResult record_result = clm::RecordResult::not_written;  // when recorded: what the store did
+  std::int32_t record_version = 0;  // when recorded: the key's newest version afterwards (0 while counted)
+  std::vector<ClmServed> served;    // every hit, in order (hits_exact + hits_ann + hits_fallback of them)
 };
 
 struct GenerationResult {

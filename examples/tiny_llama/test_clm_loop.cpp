@@ -310,6 +310,9 @@ TEST_CASE("CLM in the loop: collect, train through train_clm.sh, then repeated s
       CHECK(r.clm.hits_exact + r.clm.hits_ann + r.clm.hits_fallback == 0);
       CHECK(r.clm.first_injected_step == -1);
       CHECK(r.clm.recorded);
+      CHECK(r.clm.served.empty());
+      CHECK(r.clm.key.rfind("TEXT-", 0) == 0);  // random bytes: the hashed host key
+      CHECK(r.clm.record_result != clm::RecordResult::not_written);
     }
     for (const std::size_t round : {1u, 3u}) {  // questions round 0 asked: found by their key at the prefill
       for (const GenerationResult& r : rounds[round]) {
@@ -317,6 +320,13 @@ TEST_CASE("CLM in the loop: collect, train through train_clm.sh, then repeated s
         CHECK(r.clm.hits_exact >= 1);
         CHECK(r.clm.first_injected_step == 0);
         CHECK(r.clm.injected_steps >= 1);
+        // Every hit is listed; the first, at the prefill, is the request's own key, served by key.
+        CHECK(r.clm.served.size() == static_cast<std::size_t>(r.clm.hits_exact + r.clm.hits_ann + r.clm.hits_fallback));
+        REQUIRE_FALSE(r.clm.served.empty());
+        CHECK(r.clm.served[0].level == clm::SnapshotLevel::exact);
+        CHECK(r.clm.served[0].forward == 0);
+        CHECK(r.clm.served[0].key == r.clm.key);
+        CHECK(r.clm.served[0].version >= 1);
       }
     }
     const tiny_llama::ClmLoopStats stats = loop->stats();

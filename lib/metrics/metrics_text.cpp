@@ -136,6 +136,8 @@ void snapshot_store(Exposition& out, const SnapshotStoreMetrics& s) {
               s.ann_unavailable);
   out.counter("snapshot_records_total", "Snapshots recorded.", s.records);
   out.counter("snapshot_counted_records_total", "Records only counted: below the admission threshold.", s.counted);
+  out.counter("snapshot_abstained_records_total", "Records neither stored nor counted: the key abstained.",
+              s.abstained);
   out.counter("snapshot_admissions_total", "Suffixes stored for the first time.", s.admissions);
   out.counter("snapshot_confirmations_total", "Records that agreed with the newest version.", s.confirmations);
   out.counter("snapshot_versions_total", "New versions of stored suffixes (cosine or drift).", s.versions);

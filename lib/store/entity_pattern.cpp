@@ -77,7 +77,8 @@ Status parse_pattern(std::string_view src, Pattern& out) {
   return Status::success();
 }
 
-bool match_at(const Pattern& p, std::string_view norm, std::size_t start, Span& run, MatchScratch& m) {
+bool match_at(const Pattern& p, std::string_view norm, std::size_t start, Span& run, MatchScratch& m,
+              std::size_t* end) {
   auto& cur = m.cur;
   auto& next = m.next;
   const std::size_t n = norm.size();
@@ -104,7 +105,8 @@ bool match_at(const Pattern& p, std::string_view norm, std::size_t start, Span& 
           if (n - pos >= e.text.size() && norm.compare(pos, e.text.size(), e.text) == 0) add(pos + e.text.size(), span);
           break;
         case PatternElem::separator:
-          if (pos < n && norm[pos] == ' ') add(pos + 1, span);
+          if (pos < n && (norm[pos] == ' ' || norm[pos] == kClauseBreak || norm[pos] == kQuestionBreak))
+            add(pos + 1, span);
           if (pos == 0 || pos == n) add(pos, span);  // punctuation at either end was trimmed
           break;
         case PatternElem::digits:
@@ -128,6 +130,7 @@ bool match_at(const Pattern& p, std::string_view norm, std::size_t start, Span& 
     if (pos > start && pos < n && is_ascii_alnum(norm[pos - 1]) && is_ascii_alnum(norm[pos])) continue;
     if (span.end == span.begin) continue;
     run = span;
+    if (end != nullptr) *end = pos;
     return true;
   }
   return false;

@@ -58,6 +58,8 @@ struct MatchScratch {
 // Where `p` matches `norm` starting at `start`: the run's span, or false. The
 // states are the text positions reachable after each element, at most one
 // more per element, so a match attempt costs O(elements^2) whatever the text.
-bool match_at(const Pattern& p, std::string_view norm, std::size_t start, Span& run, MatchScratch& m);
+// `end`, when given, is where the whole match ends.
+bool match_at(const Pattern& p, std::string_view norm, std::size_t start, Span& run, MatchScratch& m,
+              std::size_t* end = nullptr);
 
 }  // namespace clm::store_detail

@@ -17,6 +17,7 @@
 #include <deque>
 #include <filesystem>
 #include <list>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -33,6 +34,7 @@
 namespace clm {
 
 using store_detail::HnswIndex;
+using store_detail::kStoreFormat;
 using store_detail::LabelInfo;
 using store_detail::SnapshotRow;
 using store_detail::StoreShard;
@@ -88,6 +90,8 @@ const char* record_result_name(RecordResult result) {
       return "drifted";
     case RecordResult::not_written:
       return "not_written";
+    case RecordResult::abstained:
+      return "abstained";
   }
   return "unknown";
 }
@@ -245,6 +249,23 @@ Status current_exception_status(const char* what) {
   }
 }
 
+// The shard of a key: consistent hashing of its group and tenant.
+std::int32_t route(const ConsistentHashRing& ring, std::string_view tenant, std::uint64_t group) {
+  return ring.shard_of(group ^ mix64(key_fingerprint(tenant)));
+}
+
+store_detail::ShardSettings shard_settings(const SnapshotStoreConfig& config, std::int32_t s, std::uint64_t rules) {
+  store_detail::ShardSettings settings;
+  settings.dir = config.path == ":memory:" ? std::string() : config.path;
+  settings.index = s;
+  settings.num_shards = config.num_shards;
+  settings.dim = config.snapshot_dim;
+  settings.hnsw = {config.snapshot_dim, config.ann_m, config.ann_ef_construction};
+  settings.write_busy_timeout_ms = config.write_busy_timeout_ms;
+  settings.key_rules = rules;
+  return settings;
+}
+
 struct IndexAdd {
   std::string tenant;
   std::int64_t id;
@@ -323,9 +344,7 @@ struct SnapshotStore::Impl {
 
   std::int64_t now_ms() const { return config.clock_ms ? config.clock_ms() : system_clock_ms(); }
 
-  std::int32_t shard_of(std::string_view tenant, std::uint64_t group) const {
-    return ring.shard_of(group ^ mix64(key_fingerprint(tenant)));
-  }
+  std::int32_t shard_of(std::string_view tenant, std::uint64_t group) const { return route(ring, tenant, group); }
 
   template <class F>
   void count(F&& f) {
@@ -394,18 +413,24 @@ Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<Sn
     }
     CLM_RETURN_IF_ERROR(impl->dir_lock.acquire(config.path));
   }
+  // Every shard is checked before any is written to: a store refused here
+  // (another shape, format or key rules) is left exactly as it was.
   for (std::int32_t s = 0; s < config.num_shards; ++s) {
-    store_detail::ShardSettings settings;
-    settings.dir = memory ? std::string() : config.path;
-    settings.index = s;
-    settings.num_shards = config.num_shards;
-    settings.dim = config.snapshot_dim;
-    settings.hnsw = {config.snapshot_dim, config.ann_m, config.ann_ef_construction};
-    settings.write_busy_timeout_ms = config.write_busy_timeout_ms;
     std::unique_ptr<StoreShard> shard;
-    CLM_RETURN_IF_ERROR(StoreShard::open(settings, shard));
+    CLM_RETURN_IF_ERROR(StoreShard::open(shard_settings(config, s, impl->keyer->rules_fingerprint()), shard));
+    CLM_RETURN_IF_ERROR(shard->check_shape());
     impl->shards.push_back(std::move(shard));
   }
+  // What to run about it: an old format first, then an unfinished rekey (its
+  // shards' rules differ from each other), then other rules.
+  for (const auto& shard : impl->shards) {
+    if (!shard->fresh() && shard->format() == 1) CLM_RETURN_IF_ERROR(shard->check_serving());
+  }
+  for (const auto& shard : impl->shards) {
+    if (shard->meta_value("rekey_to")) CLM_RETURN_IF_ERROR(shard->check_serving());
+  }
+  for (const auto& shard : impl->shards) CLM_RETURN_IF_ERROR(shard->check_serving());
+  for (auto& shard : impl->shards) CLM_RETURN_IF_ERROR(shard->start(true));
   Impl& im = *impl;
   const std::int64_t now = im.now_ms();
   for (auto& shard : im.shards) {
@@ -599,10 +624,35 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
     im.count([](SnapshotStoreMetrics& x) { ++x.misses; });
     return {};
   };
+  // Level 3: the generic snapshot of a low-information suffix.
+  auto fallback_or_miss = [&]() -> Status {
+    if (!key.low_information) return miss();
+    std::lock_guard fallback_lock(im.fallback_mutex);
+    for (std::string_view name : {std::string_view(key.key), std::string_view("*")}) {
+      const auto it = im.fallbacks.find(fallback_key(tenant, name));
+      if (it == im.fallbacks.end()) continue;
+      if (im.blacklisted(tenant, key_fingerprint(name))) {  // a fallback is refused like any key
+        im.count([](SnapshotStoreMetrics& x) { ++x.blacklisted_skips; });
+        continue;
+      }
+      std::copy(it->second.begin(), it->second.end(), snapshot_out.begin());
+      hit.level = SnapshotLevel::fallback;
+      hit.similarity = q.empty() ? 0.0f : clamp_cosine(dot(q, it->second));
+      hit.key.assign(name);
+      hit.fingerprint = key_fingerprint(name);
+      im.count([](SnapshotStoreMetrics& x) { ++x.hits_fallback; });
+      return {};
+    }
+    return miss();
+  };
   if (im.blacklisted(tenant, key.fingerprint)) {
     im.count([](SnapshotStoreMetrics& x) { ++x.blacklisted_skips; });
     return miss();
   }
+
+  // An abstained key says too little to pick one stored answer: only a
+  // fallback the host registered for it may serve.
+  if (key.low_information) return fallback_or_miss();
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(im.config.lookup_timeout_us);
   StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, key.group))];
@@ -660,11 +710,44 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
       std::unordered_set<std::uint64_t> keys_seen;
       std::vector<std::int64_t> ids;
       std::uint64_t refused = 0;
+      // Only a key's served version (its newest stable one, else its newest)
+      // is a candidate: an older version a key has moved on from is no
+      // answer, however near its vector lies.
+      std::unordered_map<std::uint64_t, std::int32_t> served_versions;
+      auto served_version = [&](const LabelInfo& label, std::int32_t& version) -> Status {
+        const auto known = served_versions.find(label.fingerprint);
+        if (known != served_versions.end()) {
+          version = known->second;
+          return {};
+        }
+        SuffixKey other;
+        other.key = label.key;
+        other.fingerprint = label.fingerprint;
+        std::int32_t stable_version = 0, newest_version = 0;
+        CLM_RETURN_IF_ERROR(shard.versions(tenant, other, [&](SnapshotRow& r) {
+          if (r.vector.empty()) {  // unreadable: skipped and counted, as at level 1
+            im.count([](SnapshotStoreMetrics& x) { ++x.corrupt_skipped; });
+            return true;
+          }
+          if (newest_version == 0) newest_version = r.version;
+          if (r.confirmations < im.config.stable_confirmations) return true;
+          stable_version = r.version;
+          return false;
+        }));
+        version = stable_version != 0 ? stable_version : newest_version;
+        served_versions.emplace(label.fingerprint, version);
+        return {};
+      };
       for (const auto& [similarity, id] : near) {
         if (similarity < im.config.similarity_floor) break;  // best first
         const auto info = t.labels.find(id);
         if (info == t.labels.end() || info->second.group != key.group) continue;
-        if (!keys_seen.insert(info->second.fingerprint).second) continue;  // one candidate per key
+        if (keys_seen.count(info->second.fingerprint) != 0) continue;  // one candidate per key
+        std::int32_t served = 0;
+        read = served_version(info->second, served);
+        if (!read.ok()) return shard.is_busy(read) ? busy() : read;
+        if (info->second.version != served) continue;
+        keys_seen.insert(info->second.fingerprint);
         if (im.blacklisted(tenant, info->second.fingerprint)) {
           ++refused;
           continue;
@@ -700,27 +783,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
     }
   }
   lock.unlock();
-
-  // Level 3: the generic snapshot of a low-information suffix.
-  if (key.low_information) {
-    std::lock_guard fallback_lock(im.fallback_mutex);
-    for (std::string_view name : {std::string_view(key.key), std::string_view("*")}) {
-      const auto it = im.fallbacks.find(fallback_key(tenant, name));
-      if (it == im.fallbacks.end()) continue;
-      if (im.blacklisted(tenant, key_fingerprint(name))) {  // a fallback is refused like any key
-        im.count([](SnapshotStoreMetrics& x) { ++x.blacklisted_skips; });
-        continue;
-      }
-      std::copy(it->second.begin(), it->second.end(), snapshot_out.begin());
-      hit.level = SnapshotLevel::fallback;
-      hit.similarity = q.empty() ? 0.0f : clamp_cosine(dot(q, it->second));
-      hit.key.assign(name);
-      hit.fingerprint = key_fingerprint(name);
-      im.count([](SnapshotStoreMetrics& x) { ++x.hits_fallback; });
-      return {};
-    }
-  }
-  return miss();
+  return fallback_or_miss();
 } catch (...) {
   hit = SnapshotHit{};  // a lookup that failed part way serves nothing, whatever it had filled in
   return current_exception_status("lookup");
@@ -842,9 +905,21 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
     CLM_RETURN_IF_ERROR(check_key(*r.key, r.tenant, "snapshot record"));
     CLM_RETURN_IF_ERROR(unit_copy(r.snapshot, im.config.snapshot_dim, "snapshot record", units[i]));
     round_f16(units[i]);
+    if (r.key->low_information) continue;  // abstained: never stored, never counted toward admission
     by_shard[static_cast<std::size_t>(im.shard_of(r.tenant, r.key->group))].push_back(i);
   }
-  for (RecordOutcome& o : outcomes) o = RecordOutcome{RecordResult::not_written, 0, 0};
+  std::uint64_t abstained = 0;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const bool abstain = records[i].key->low_information;
+    abstained += abstain ? 1 : 0;
+    outcomes[i] = RecordOutcome{abstain ? RecordResult::abstained : RecordResult::not_written, 0, 0};
+  }
+  if (abstained) {
+    im.count([&](SnapshotStoreMetrics& x) {
+      x.records += abstained;
+      x.abstained += abstained;
+    });
+  }
   for (std::size_t s = 0; s < im.shards.size(); ++s) {
     if (by_shard[s].empty()) continue;
     StoreShard& shard = *im.shards[s];
@@ -885,6 +960,7 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
           ++delta.drift_versions;
           break;
         case RecordResult::not_written:
+        case RecordResult::abstained:
           break;
       }
     }
@@ -1056,6 +1132,281 @@ Status SnapshotStore::check_integrity() {
     CLM_RETURN_IF_ERROR(shard->integrity_check());
   }
   return {};
+}
+
+// ---- rekey ------------------------------------------------------------------
+
+namespace {
+
+constexpr std::size_t kRekeyChunk = 1024;  // rows read at a time
+
+using Shards = std::vector<std::unique_ptr<StoreShard>>;
+
+// Deletes every index file of the store (shard-NN.<tenant>.hnsw, its .meta,
+// temporary files): their labels name the old keys, and moved rows left them.
+Status remove_index_files(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> doomed;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("shard-", 0) == 0 && name.find(".hnsw") != std::string::npos) doomed.push_back(entry.path());
+  }
+  if (ec) return io_error(fmt::format("rekey: cannot list {}: {}", dir, ec.message()));
+  for (const auto& path : doomed) {
+    if (!std::filesystem::remove(path, ec) && ec) {
+      return io_error(fmt::format("rekey: cannot delete the index file {}: {}", path.string(), ec.message()));
+    }
+  }
+  return {};
+}
+
+// The key a row's text makes now, or why it makes none that may be served.
+bool rekey_text(const SuffixKeyer& keyer, const std::string& text, SuffixKey& key, std::string& why) {
+  const Status made = keyer.make_key(text, key);
+  if (!made.ok()) {
+    why = fmt::format("{}: {}", made.code_name(), made.message());
+    return false;
+  }
+  if (key.low_information) {
+    why = key.abstain_reason.empty() ? fmt::format("abstained: low information ({})", key.key)
+                                     : fmt::format("abstained: {}", key.abstain_reason);
+    return false;
+  }
+  return true;
+}
+
+struct RekeyRun {
+  const SnapshotStoreConfig& config;
+  const SuffixKeyer& keyer;
+  Shards& shards;
+  RekeyReport& report;
+  ConsistentHashRing ring;
+  std::map<std::string, RekeyReport::Drop> drops;
+
+  void drop(const std::string& why, const std::string& text) {
+    RekeyReport::Drop& d = drops[why];
+    if (d.rows++ == 0) {
+      d.reason = why;
+      d.example = text;
+    }
+    ++report.dropped;
+  }
+
+  // Rows of shard s: new keys in place, rows of other shards to the outbox,
+  // rows without a servable key deleted; one transaction.
+  Status rows_of(std::int32_t s) {
+    StoreShard& shard = *shards[static_cast<std::size_t>(s)];
+    store_detail::ShardTransaction tx(shard);
+    CLM_RETURN_IF_ERROR(tx.begin());
+    std::vector<store_detail::RekeyRow> rows;
+    std::int64_t after = 0;
+    SuffixKey key;
+    std::string why;
+    do {
+      CLM_RETURN_IF_ERROR(shard.rekey_rows(after, kRekeyChunk, rows));
+      for (const store_detail::RekeyRow& row : rows) {
+        after = row.id;
+        if (!row.text) {
+          ++report.kept;
+          continue;
+        }
+        if (!rekey_text(keyer, *row.text, key, why)) {
+          CLM_RETURN_IF_ERROR(shard.rekey_delete(row.id));
+          CLM_RETURN_IF_ERROR(shard.drop_blacklisted(row.tenant, row.fingerprint, report.blacklist_dropped));
+          drop(why, *row.text);
+          continue;
+        }
+        ++report.rekeyed;
+        const bool changed = key.key != row.key || key.fingerprint != row.fingerprint;
+        if (changed) {
+          ++report.changed;
+          CLM_RETURN_IF_ERROR(shard.drop_blacklisted(row.tenant, row.fingerprint, report.blacklist_dropped));
+        }
+        if (route(ring, row.tenant, key.group) != s) {
+          ++report.moved;
+          CLM_RETURN_IF_ERROR(shard.rekey_to_outbox(row.id));  // its key is made again on delivery
+        } else if (changed || key.group != row.group) {
+          CLM_RETURN_IF_ERROR(shard.rekey_update(row.id, key));
+        }
+      }
+    } while (rows.size() == kRekeyChunk);
+    CLM_RETURN_IF_ERROR(shard.drop_sightings(report.sightings_dropped));
+    return tx.commit();
+  }
+
+  // Delivers shard s's outbox: each row into its new shard (with the
+  // (shard, id) it came from in that shard's inbox), then out of the outbox.
+  // Rows some shard's inbox already holds (delivered before a crash) are only
+  // taken out.
+  Status deliver(std::int32_t s, const std::set<std::pair<std::int32_t, std::int64_t>>& delivered) {
+    StoreShard& source = *shards[static_cast<std::size_t>(s)];
+    std::vector<store_detail::MovedRow> rows;
+    SuffixKey key;
+    std::string why;
+    do {
+      CLM_RETURN_IF_ERROR(source.outbox_rows(0, kRekeyChunk, rows));
+      std::map<std::int32_t, std::vector<std::pair<const store_detail::MovedRow*, SuffixKey>>> by_target;
+      for (const store_detail::MovedRow& row : rows) {
+        if (delivered.count({s, row.id})) continue;
+        if (!rekey_text(keyer, row.text, key, why)) {  // possible when a rerun has other rules than the first run
+          drop(why, row.text);
+          continue;
+        }
+        by_target[route(ring, row.tenant, key.group)].emplace_back(&row, key);
+      }
+      for (const auto& [t, batch] : by_target) {
+        StoreShard& target = *shards[static_cast<std::size_t>(t)];
+        store_detail::ShardTransaction tx(target);
+        CLM_RETURN_IF_ERROR(tx.begin());
+        for (const auto& [row, new_key] : batch) CLM_RETURN_IF_ERROR(target.receive(*row, s, new_key));
+        CLM_RETURN_IF_ERROR(tx.commit());
+      }
+      store_detail::ShardTransaction tx(source);
+      CLM_RETURN_IF_ERROR(tx.begin());
+      for (const store_detail::MovedRow& row : rows) CLM_RETURN_IF_ERROR(source.outbox_delete(row.id));
+      CLM_RETURN_IF_ERROR(tx.commit());
+    } while (!rows.empty());
+    return {};
+  }
+
+  Status run(std::uint64_t rules) {
+    // 1. Mark every shard (and create its outbox and inbox) before any row
+    // changes: from here until step 5, open() refuses the store.
+    for (auto& shard : shards) {
+      store_detail::ShardTransaction tx(*shard);
+      CLM_RETURN_IF_ERROR(tx.begin());
+      const auto from = static_cast<std::uint64_t>(shard->meta_value("key_rules").value_or(0));
+      CLM_RETURN_IF_ERROR(shard->begin_rekey(from, rules));
+      CLM_RETURN_IF_ERROR(tx.commit());
+    }
+    CLM_RETURN_IF_ERROR(remove_index_files(config.path));
+    // 2. New keys, shard by shard.
+    for (std::int32_t s = 0; s < config.num_shards; ++s) CLM_RETURN_IF_ERROR(rows_of(s));
+    // 3. Rows that change shards.
+    std::set<std::pair<std::int32_t, std::int64_t>> delivered;
+    for (auto& shard : shards) {
+      std::vector<std::pair<std::int32_t, std::int64_t>> inbox;
+      CLM_RETURN_IF_ERROR(shard->inbox(inbox));
+      delivered.insert(inbox.begin(), inbox.end());
+    }
+    for (std::int32_t s = 0; s < config.num_shards; ++s) CLM_RETURN_IF_ERROR(deliver(s, delivered));
+    // 4. Versions of keys that became one.
+    for (auto& shard : shards) {
+      store_detail::ShardTransaction tx(*shard);
+      CLM_RETURN_IF_ERROR(tx.begin());
+      CLM_RETURN_IF_ERROR(shard->renumber_versions(report.versions_renumbered));
+      CLM_RETURN_IF_ERROR(tx.commit());
+    }
+    // 5. The new rules, once every shard is done.
+    for (auto& shard : shards) {
+      store_detail::ShardTransaction tx(*shard);
+      CLM_RETURN_IF_ERROR(tx.begin());
+      CLM_RETURN_IF_ERROR(shard->finish_rekey(rules));
+      CLM_RETURN_IF_ERROR(tx.commit());
+    }
+    for (auto& [why, d] : drops) report.drops.push_back(std::move(d));
+    std::stable_sort(report.drops.begin(), report.drops.end(),
+                     [](const RekeyReport::Drop& a, const RekeyReport::Drop& b) { return a.rows > b.rows; });
+    return {};
+  }
+};
+
+}  // namespace
+
+Status SnapshotStore::rekey(const SnapshotStoreConfig& config, bool adopt, RekeyReport& report) try {
+  report = RekeyReport{};
+  CLM_RETURN_IF_ERROR(check_config(config));
+  const std::string& dir = config.path;
+  if (dir == ":memory:") return invalid_argument("rekey: a \":memory:\" store keeps nothing to rekey");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return not_found(fmt::format("rekey: no snapshot store at {} (no such directory)", dir));
+  }
+  if (!std::filesystem::exists(dir + "/shard-00.db", ec)) {
+    return not_found(fmt::format("rekey: no snapshot store at {} (no shard-00.db)", dir));
+  }
+  std::unique_ptr<SuffixKeyer> keyer;
+  CLM_RETURN_IF_ERROR(SuffixKeyer::create(config.keyer, keyer));
+  const std::uint64_t rules = keyer->rules_fingerprint();
+  report.new_rules = rules;
+  report.adopted = adopt;
+  {
+    DirectoryLock lock;  // declared first: released after the shards close
+    CLM_RETURN_IF_ERROR(lock.acquire(dir));
+    Shards shards;
+    // Read and check every shard before anything is written.
+    for (std::int32_t s = 0; s < config.num_shards; ++s) {
+      std::unique_ptr<StoreShard> shard;
+      CLM_RETURN_IF_ERROR(StoreShard::open(shard_settings(config, s, rules), shard));
+      if (s == 0 && shard->fresh()) {
+        return not_found(fmt::format("rekey: no snapshot store at {} (shard-00.db holds none)", dir));
+      }
+      CLM_RETURN_IF_ERROR(shard->check_shape());
+      shards.push_back(std::move(shard));
+    }
+    report.old_format = static_cast<std::int32_t>(kStoreFormat);
+    for (const auto& shard : shards) {
+      if (shard->fresh()) continue;
+      report.old_format = std::min(report.old_format, static_cast<std::int32_t>(shard->format()));
+      if (shard->meta_value("rekey_to")) report.resumed = true;
+    }
+    // The rules the keys had: those of the first shard an interrupted rekey
+    // marked (it recorded them), else shard 0's.
+    report.old_rules = static_cast<std::uint64_t>(shards[0]->meta_value("key_rules").value_or(0));
+    for (const auto& shard : shards) {
+      if (const auto from = shard->meta_value("rekey_from")) {
+        report.old_rules = static_cast<std::uint64_t>(*from);
+        break;
+      }
+    }
+    if (adopt && report.resumed) {
+      return failed_precondition(fmt::format(
+          "rekey --adopt: a rekey of {} was interrupted, and some of its keys are new already: run `clm_store rekey "
+          "{}` (without --adopt) to finish it",
+          dir, dir));
+    }
+    if (!adopt && report.old_format < 2) {
+      return failed_precondition(fmt::format(
+          "rekey: {} is a format-1 store: its rows keep no text to make keys from. Run `clm_store rekey --adopt "
+          "{}` to keep its keys under the current rules",
+          dir, dir));
+    }
+    for (auto& shard : shards) {
+      CLM_RETURN_IF_ERROR(shard->start(false));
+      std::int64_t rows = 0, in_transit = 0;
+      CLM_RETURN_IF_ERROR(shard->rekey_counts(rows, in_transit));
+      report.rows_before += rows + in_transit;
+    }
+    if (adopt) {
+      for (auto& shard : shards) {
+        store_detail::ShardTransaction tx(*shard);
+        CLM_RETURN_IF_ERROR(tx.begin());
+        CLM_RETURN_IF_ERROR(shard->adopt(rules));
+        CLM_RETURN_IF_ERROR(tx.commit());
+      }
+      report.kept = report.rows_before;
+    } else {
+      RekeyRun run{config, *keyer, shards, report, ConsistentHashRing(config.num_shards), {}};
+      CLM_RETURN_IF_ERROR(run.run(rules));
+    }
+  }  // the directory lock is released: the store may open
+  // Opening rebuilds the index files rekey deleted, and checks the result.
+  SnapshotStoreConfig reopen = config;
+  reopen.rebuild_in_background = false;
+  std::unique_ptr<SnapshotStore> store;
+  const Status opened = open(reopen, store);
+  if (!opened.ok()) {
+    return {opened.code(),
+            fmt::format("rekey: the keys are done, but the store does not open: {} (its index files are rebuilt at "
+                        "the next open)",
+                        opened.message())};
+  }
+  const SnapshotStoreMetrics m = store->metrics();
+  report.indexes_rebuilt = static_cast<std::int64_t>(m.index_rebuilds);
+  report.rows_after = m.snapshots;
+  return {};
+} catch (...) {
+  return current_exception_status("rekey");
 }
 
 SnapshotStoreMetrics SnapshotStore::metrics() const {

@@ -23,8 +23,10 @@ constexpr const char* kPragmas =
     "PRAGMA foreign_keys = OFF;";
 
 // The design's table (docs/snapshot-store.md) plus the tenant, the readable
-// key, the group level 2 filters on, the BLOB's dim, dtype and checksum, and
-// the confirmations that make a version stable. Times are Unix seconds.
+// key, the group level 2 filters on, the BLOB's dim, dtype and checksum, the
+// confirmations that make a version stable, and the text the key was made of
+// (NULL for a host's key: rekey keeps those as they are). Times are Unix
+// seconds. A fresh database gets it in one transaction with its store_meta.
 constexpr const char* kSchema =
     "CREATE TABLE IF NOT EXISTS semantic_snapshots ("
     "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
@@ -40,7 +42,8 @@ constexpr const char* kSchema =
     "  dim INTEGER NOT NULL,"
     "  dtype TEXT NOT NULL,"
     "  checksum INTEGER NOT NULL,"
-    "  confirmations INTEGER NOT NULL DEFAULT 0);"
+    "  confirmations INTEGER NOT NULL DEFAULT 0,"
+    "  source_text TEXT);"
     "CREATE INDEX IF NOT EXISTS idx_hash_version ON semantic_snapshots(suffix_hash, version);"
     "CREATE INDEX IF NOT EXISTS idx_tenant_id ON semantic_snapshots(tenant, id);"
     "CREATE TABLE IF NOT EXISTS suffix_sightings ("
@@ -55,11 +58,24 @@ constexpr const char* kSchema =
     "  checksum INTEGER NOT NULL, PRIMARY KEY (tenant, name)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS store_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;";
 
-constexpr std::int64_t kFormat = 1;
+// Rekey's tables, there only while a rekey runs (store_meta rekey_to marks
+// it): rows leaving this shard for another (their old id kept), and the
+// (shard, id) of rows received from another's outbox, so that a rekey run
+// again after a crash never delivers a row twice.
+constexpr const char* kRekeySchema =
+    "CREATE TABLE IF NOT EXISTS rekey_outbox ("
+    "  id INTEGER PRIMARY KEY, suffix_hash INTEGER NOT NULL, version INTEGER NOT NULL, snapshot BLOB NOT NULL,"
+    "  created_at INTEGER NOT NULL, last_used INTEGER NOT NULL, usage_count INTEGER NOT NULL, tenant BLOB NOT NULL,"
+    "  suffix_key TEXT NOT NULL, group_hash INTEGER NOT NULL, dim INTEGER NOT NULL, dtype TEXT NOT NULL,"
+    "  checksum INTEGER NOT NULL, confirmations INTEGER NOT NULL, source_text TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS rekey_inbox ("
+    "  shard INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY (shard, id)) WITHOUT ROWID;";
 
 std::int64_t as_signed(std::uint64_t v) { return static_cast<std::int64_t>(v); }  // SQLite stores i64
 
 std::string tenant_file_tag(std::string_view tenant) { return fmt::format("{:016x}", key_fingerprint(tenant)); }
+
+std::string hex(std::int64_t v) { return fmt::format("{:016x}", static_cast<std::uint64_t>(v)); }
 
 }  // namespace
 
@@ -70,22 +86,176 @@ int StoreShard::busy_handler(void* self, int /*count*/) {
   return 1;
 }
 
+std::string StoreShard::db_path() const {
+  return settings_.dir.empty() ? std::string(":memory:")
+                               : fmt::format("{}/shard-{:02}.db", settings_.dir, settings_.index);
+}
+
+Status StoreShard::connect() {
+  CLM_RETURN_IF_ERROR(db_.open(db_path()));
+  connected_ = true;
+  sqlite3_busy_handler(db_.handle(), &StoreShard::busy_handler, this);
+  set_write_deadline();
+  return {};
+}
+
 Status StoreShard::open(const ShardSettings& settings, std::unique_ptr<StoreShard>& out) {
   std::unique_ptr<StoreShard> shard(new StoreShard(settings));
-  const std::string path =
-      settings.dir.empty() ? std::string(":memory:") : fmt::format("{}/shard-{:02}.db", settings.dir, settings.index);
-  Status s = shard->db_.open(path);
-  if (s.ok()) {
-    sqlite3_busy_handler(shard->db_.handle(), &StoreShard::busy_handler, shard.get());
-    shard->set_write_deadline();
-    s = shard->db_.exec(kPragmas);
+  const std::string path = shard->db_path();
+  std::error_code ec;
+  if (settings.dir.empty() || !std::filesystem::exists(path, ec)) {  // made by start(), after every check
+    out = std::move(shard);
+    return {};
   }
-  if (s.ok()) s = shard->db_.exec(kSchema);
-  if (s.ok()) s = shard->prepare_all();
-  if (s.ok()) s = shard->check_meta();
-  if (!s.ok()) return {s.code(), fmt::format("snapshot store {}: {}", path, s.message())};
+  auto failed = [&](const Status& s) -> Status {
+    return {s.code(), fmt::format("snapshot store {}: {}", path, s.message())};
+  };
+  if (Status s = shard->connect(); !s.ok()) return failed(s);
+  // Reads only: a database with no table yet (a creation that did not
+  // commit) is fresh; one without store_meta is not a store's.
+  Statement tables;
+  if (Status s = shard->db_.prepare("SELECT count(*), coalesce(sum(name = 'store_meta' AND type = 'table'), 0)"
+                                    " FROM sqlite_master",
+                                    tables);
+      !s.ok()) {
+    return failed(s);
+  }
+  const int rc = tables.step();
+  if (rc != SQLITE_ROW) return failed(shard->db_.error(rc, "reading the schema"));
+  const std::int64_t n_tables = tables.column_int(0), has_meta = tables.column_int(1);
+  tables.reset();
+  shard->fresh_ = n_tables == 0;
+  if (!shard->fresh_) {
+    if (!has_meta) {
+      return failed_precondition(
+          fmt::format("snapshot store {}: not a snapshot store shard (no store_meta table)", path));
+    }
+    Statement meta;
+    if (Status s = shard->db_.prepare("SELECT name, value FROM store_meta", meta); !s.ok()) return failed(s);
+    int m;
+    while ((m = meta.step()) == SQLITE_ROW) shard->meta_[std::string(meta.column_text(0))] = meta.column_int(1);
+    if (m != SQLITE_DONE) return failed(shard->db_.error(m, "reading store_meta"));
+  }
   out = std::move(shard);
   return {};
+}
+
+std::optional<std::int64_t> StoreShard::meta_value(const std::string& name) const {
+  const auto it = meta_.find(name);
+  if (it == meta_.end()) return std::nullopt;
+  return it->second;
+}
+
+Status StoreShard::check_shape() const {
+  if (fresh_) return {};
+  const std::string path = db_path();
+  const std::int64_t format = this->format();
+  if (format < 1) return failed_precondition(fmt::format("snapshot store {}: store_meta has no valid format", path));
+  if (format > kStoreFormat) {
+    return failed_precondition(
+        fmt::format("snapshot store {}: store format {}, made by a newer clmcache (this one reads format {} at most)",
+                    path, format, kStoreFormat));
+  }
+  const std::pair<const char*, std::int64_t> expected[] = {
+      {"shard", settings_.index}, {"num_shards", settings_.num_shards}, {"snapshot_dim", settings_.dim}};
+  for (const auto& [name, value] : expected) {
+    const std::optional<std::int64_t> stored = meta_value(name);
+    if (!stored) return failed_precondition(fmt::format("snapshot store {}: store_meta lacks {}", path, name));
+    if (*stored != value) {
+      return failed_precondition(fmt::format("snapshot store shard {}: it was created with {} = {}, opened with {}",
+                                             settings_.index, name, *stored, value));
+    }
+  }
+  return {};
+}
+
+Status StoreShard::check_serving() const {
+  CLM_RETURN_IF_ERROR(check_shape());
+  if (fresh_) return {};
+  const std::string& dir = settings_.dir;
+  const std::string rules = hex(static_cast<std::int64_t>(settings_.key_rules));
+  if (format() == 1) {
+    return failed_precondition(fmt::format(
+        "snapshot store {}: made by an older clmcache (store format 1, shard {}): its keys carry neither their text "
+        "nor the key rules they were made under, so this keyer (rules {}) may not match them. Run `clm_store rekey "
+        "--adopt {}` to keep its keys under the current rules (check a few lookups afterwards)",
+        dir, settings_.index, rules, dir));
+  }
+  if (const auto to = meta_value("rekey_to")) {
+    return failed_precondition(fmt::format(
+        "snapshot store {}: a rekey (to key rules {}) was interrupted: shard {} is half done. Run `clm_store rekey "
+        "{}` again to finish it",
+        dir, hex(*to), settings_.index, dir));
+  }
+  const std::optional<std::int64_t> recorded = meta_value("key_rules");
+  if (!recorded) {
+    return failed_precondition(fmt::format(
+        "snapshot store {}: shard {} records no key rules. Run `clm_store rekey --adopt {}` to record the current "
+        "ones ({})",
+        dir, settings_.index, dir, rules));
+  }
+  if (static_cast<std::uint64_t>(*recorded) != settings_.key_rules) {
+    return failed_precondition(fmt::format(
+        "snapshot store {}: its keys were made under key rules {}, this keyer's are {} (other lexicons, entity "
+        "patterns or clmcache version): the same text would get another key. Run `clm_store rekey {}` to rebuild "
+        "the keys from their texts, or `clm_store rekey --adopt {}` to keep the old keys",
+        dir, hex(*recorded), rules, dir, dir));
+  }
+  return {};
+}
+
+Status StoreShard::start(bool serving) {
+  const std::string path = db_path();
+  auto failed = [&](const Status& s) -> Status {
+    return {s.code(), fmt::format("snapshot store {}: {}", path, s.message())};
+  };
+  if (!connected_) {
+    if (Status s = connect(); !s.ok()) return failed(s);
+  }
+  // auto_vacuum must be set before the first table exists (a no-op on an
+  // existing database); journal_mode cannot change inside a transaction.
+  if (Status s = db_.exec(kPragmas); !s.ok()) return failed(s);
+  if (Status s = db_.prepare("BEGIN IMMEDIATE", begin_); !s.ok()) return failed(s);
+  if (Status s = db_.prepare("COMMIT", commit_); !s.ok()) return failed(s);
+  if (Status s = db_.prepare("ROLLBACK", rollback_); !s.ok()) return failed(s);
+  if (fresh_) {
+    ShardTransaction tx(*this);
+    Status s = tx.begin();
+    if (s.ok()) s = db_.exec(kSchema);
+    const std::pair<const char*, std::int64_t> meta[] = {{"format", kStoreFormat},
+                                                         {"shard", settings_.index},
+                                                         {"num_shards", settings_.num_shards},
+                                                         {"snapshot_dim", settings_.dim},
+                                                         {"key_rules", as_signed(settings_.key_rules)}};
+    for (const auto& [name, value] : meta) {
+      if (s.ok()) s = put_meta(name, value);
+      if (s.ok()) meta_[name] = value;
+    }
+    if (s.ok()) s = tx.commit();
+    if (!s.ok()) return failed(s);
+    fresh_ = false;
+  }
+  if (serving) {
+    if (Status s = prepare_all(); !s.ok()) return failed(s);
+  }
+  return {};
+}
+
+Status StoreShard::put_meta(std::string_view name, std::int64_t value) {
+  Statement put;
+  CLM_RETURN_IF_ERROR(db_.prepare("INSERT OR REPLACE INTO store_meta (name, value) VALUES (?1, ?2)", put));
+  put.bind_text(1, name);
+  put.bind_int(2, value);
+  return done(put.step(), "writing store_meta");
+}
+
+Status StoreShard::run(const char* sql, std::string_view what) {
+  Statement stmt;
+  CLM_RETURN_IF_ERROR(db_.prepare(sql, stmt));
+  int rc;
+  while ((rc = stmt.step()) == SQLITE_ROW) {
+  }
+  return done(rc, what);
 }
 
 Status StoreShard::prepare_all() {
@@ -105,16 +275,13 @@ Status StoreShard::prepare_all() {
        " WHERE tenant = ?1 AND id > ?2 ORDER BY id",
        &tenant_labels_},
       {"SELECT count(*) FROM semantic_snapshots", &count_rows_},
-      {"BEGIN IMMEDIATE", &begin_},
-      {"COMMIT", &commit_},
-      {"ROLLBACK", &rollback_},
       {"INSERT INTO suffix_sightings (tenant, suffix_hash, suffix_key, seen, last_seen) VALUES (?1, ?2, ?3, 1, ?4)"
        " ON CONFLICT DO UPDATE SET seen = seen + 1, last_seen = excluded.last_seen RETURNING seen",
        &see_},
       {"DELETE FROM suffix_sightings WHERE tenant = ?1 AND suffix_hash = ?2 AND suffix_key = ?3", &forget_},
       {"INSERT INTO semantic_snapshots (suffix_hash, version, snapshot, created_at, last_used, usage_count, tenant,"
-       " suffix_key, group_hash, dim, dtype, checksum, confirmations)"
-       " VALUES (?1, ?2, ?3, ?4, ?4, 0, ?5, ?6, ?7, ?8, 'f16', ?9, 0)",
+       " suffix_key, group_hash, dim, dtype, checksum, confirmations, source_text)"
+       " VALUES (?1, ?2, ?3, ?4, ?4, 0, ?5, ?6, ?7, ?8, 'f16', ?9, 0, ?10)",
        &insert_},
       {"UPDATE semantic_snapshots SET confirmations = confirmations + 1 WHERE id = ?1", &confirm_},
       {"UPDATE semantic_snapshots SET usage_count = usage_count + ?2, last_used = max(last_used, ?3) WHERE id = ?1",
@@ -131,33 +298,6 @@ Status StoreShard::prepare_all() {
       {"DELETE FROM blacklist WHERE until_ms < ?1", &prune_blacklist_},
   };
   for (const auto& s : all) CLM_RETURN_IF_ERROR(db_.prepare(s.sql, *s.stmt));
-  return {};
-}
-
-Status StoreShard::check_meta() {
-  Statement get, put;
-  CLM_RETURN_IF_ERROR(db_.prepare("SELECT value FROM store_meta WHERE name = ?1", get));
-  CLM_RETURN_IF_ERROR(db_.prepare("INSERT OR IGNORE INTO store_meta (name, value) VALUES (?1, ?2)", put));
-  const std::pair<const char*, std::int64_t> expected[] = {{"format", kFormat},
-                                                           {"shard", settings_.index},
-                                                           {"num_shards", settings_.num_shards},
-                                                           {"snapshot_dim", settings_.dim}};
-  for (const auto& [name, value] : expected) {
-    put.bind_text(1, name);
-    put.bind_int(2, value);
-    const int rc = put.step();
-    put.reset();
-    if (rc != SQLITE_DONE) return db_.error(rc, "cannot write store_meta");
-    get.bind_text(1, name);
-    const int got = get.step();
-    const std::int64_t stored = got == SQLITE_ROW ? get.column_int(0) : -1;
-    get.reset();
-    if (got != SQLITE_ROW) return db_.error(got, "cannot read store_meta");
-    if (stored != value) {
-      return failed_precondition(fmt::format("snapshot store shard {}: it was created with {} = {}, opened with {}",
-                                             settings_.index, name, stored, value));
-    }
-  }
   return {};
 }
 
@@ -344,6 +484,7 @@ Status StoreShard::insert(std::string_view tenant, const SuffixKey& key, std::in
   insert_.bind_int(7, as_signed(key.group));
   insert_.bind_int(8, settings_.dim);
   insert_.bind_int(9, as_signed(snapshot_checksum(blob_)));
+  if (!key.source.empty()) insert_.bind_text(10, key.source);  // else NULL: a host's key
   const int rc = insert_.step();
   insert_.reset();
   id = sqlite3_last_insert_rowid(db_.handle());
@@ -468,6 +609,261 @@ Status StoreShard::flush_usage(std::int64_t now_s) {
   }
   CLM_RETURN_IF_ERROR(tx.commit());
   pending_usage_.clear();
+  return {};
+}
+
+// ---- maintenance: adopt and rekey ------------------------------------------
+
+Status StoreShard::adopt(std::uint64_t key_rules) {
+  if (format() == 1) {
+    CLM_RETURN_IF_ERROR(run("ALTER TABLE semantic_snapshots ADD COLUMN source_text TEXT", "adding source_text"));
+  }
+  CLM_RETURN_IF_ERROR(put_meta("format", kStoreFormat));
+  CLM_RETURN_IF_ERROR(put_meta("key_rules", as_signed(key_rules)));
+  meta_["format"] = kStoreFormat;
+  meta_["key_rules"] = as_signed(key_rules);
+  return {};
+}
+
+Status StoreShard::begin_rekey(std::uint64_t from, std::uint64_t to) {
+  if (!meta_value("rekey_from")) {
+    CLM_RETURN_IF_ERROR(put_meta("rekey_from", as_signed(from)));
+    meta_["rekey_from"] = as_signed(from);
+  }
+  CLM_RETURN_IF_ERROR(put_meta("rekey_to", as_signed(to)));
+  meta_["rekey_to"] = as_signed(to);
+  return db_.exec(kRekeySchema);
+}
+
+Status StoreShard::rekey_rows(std::int64_t after_id, std::size_t limit, std::vector<RekeyRow>& out) {
+  out.clear();
+  Statement q;
+  CLM_RETURN_IF_ERROR(
+      db_.prepare("SELECT id, tenant, suffix_key, suffix_hash, group_hash, source_text IS NULL, source_text"
+                  " FROM semantic_snapshots"
+                  " WHERE id > ?1 ORDER BY id LIMIT ?2",
+                  q));
+  q.bind_int(1, after_id);
+  q.bind_int(2, static_cast<std::int64_t>(limit));
+  int rc;
+  while ((rc = q.step()) == SQLITE_ROW) {
+    RekeyRow r;
+    r.id = q.column_int(0);
+    const auto t = q.column_blob(1);
+    r.tenant.assign(reinterpret_cast<const char*>(t.data()), t.size());
+    r.key.assign(q.column_text(2));
+    r.fingerprint = static_cast<std::uint64_t>(q.column_int(3));
+    r.group = static_cast<std::uint64_t>(q.column_int(4));
+    if (q.column_int(5) == 0) r.text = std::string(q.column_text(6));
+    out.push_back(std::move(r));
+  }
+  return done(rc, "reading rows to rekey");
+}
+
+Status StoreShard::rekey_update(std::int64_t id, const SuffixKey& key) {
+  Statement q;
+  CLM_RETURN_IF_ERROR(
+      db_.prepare("UPDATE semantic_snapshots SET suffix_key = ?2, suffix_hash = ?3, group_hash = ?4 WHERE id = ?1", q));
+  q.bind_int(1, id);
+  q.bind_text(2, key.key);
+  q.bind_int(3, as_signed(key.fingerprint));
+  q.bind_int(4, as_signed(key.group));
+  return done(q.step(), "updating a row's key");
+}
+
+Status StoreShard::rekey_to_outbox(std::int64_t id) {
+  Statement copy, remove;
+  CLM_RETURN_IF_ERROR(db_.prepare(
+      "INSERT OR REPLACE INTO rekey_outbox (id, suffix_hash, version, snapshot, created_at, last_used, usage_count,"
+      " tenant, suffix_key, group_hash, dim, dtype, checksum, confirmations, source_text)"
+      " SELECT id, suffix_hash, version, snapshot, created_at, last_used, usage_count, tenant, suffix_key,"
+      " group_hash, dim, dtype, checksum, confirmations, source_text FROM semantic_snapshots WHERE id = ?1",
+      copy));
+  copy.bind_int(1, id);
+  CLM_RETURN_IF_ERROR(done(copy.step(), "moving a row to the outbox"));
+  CLM_RETURN_IF_ERROR(db_.prepare("DELETE FROM semantic_snapshots WHERE id = ?1", remove));
+  remove.bind_int(1, id);
+  return done(remove.step(), "moving a row to the outbox");
+}
+
+Status StoreShard::rekey_delete(std::int64_t id) {
+  Statement q;
+  CLM_RETURN_IF_ERROR(db_.prepare("DELETE FROM semantic_snapshots WHERE id = ?1", q));
+  q.bind_int(1, id);
+  return done(q.step(), "deleting a row");
+}
+
+Status StoreShard::rekey_counts(std::int64_t& rows, std::int64_t& in_outbox) {
+  rows = in_outbox = 0;
+  if (fresh_) return {};
+  Statement q, outbox;
+  CLM_RETURN_IF_ERROR(db_.prepare("SELECT count(*) FROM semantic_snapshots", q));
+  int rc = q.step();
+  if (rc != SQLITE_ROW) return done(rc, "counting rows");
+  rows = q.column_int(0);
+  CLM_RETURN_IF_ERROR(
+      db_.prepare("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'rekey_outbox'", outbox));
+  rc = outbox.step();
+  if (rc != SQLITE_ROW) return done(rc, "reading the schema");
+  if (outbox.column_int(0) == 0) return {};
+  Statement n;
+  CLM_RETURN_IF_ERROR(db_.prepare("SELECT count(*) FROM rekey_outbox", n));
+  rc = n.step();
+  if (rc != SQLITE_ROW) return done(rc, "counting the outbox");
+  in_outbox = n.column_int(0);
+  return {};
+}
+
+Status StoreShard::drop_blacklisted(std::string_view tenant, std::uint64_t fingerprint, std::int64_t& dropped) {
+  Statement q;
+  CLM_RETURN_IF_ERROR(db_.prepare("DELETE FROM blacklist WHERE tenant = ?1 AND suffix_hash = ?2", q));
+  q.bind_blob(1, tenant);
+  q.bind_int(2, as_signed(fingerprint));
+  CLM_RETURN_IF_ERROR(done(q.step(), "dropping a blacklist entry"));
+  dropped += sqlite3_changes(db_.handle());
+  return {};
+}
+
+Status StoreShard::drop_sightings(std::int64_t& dropped) {
+  Statement q;
+  CLM_RETURN_IF_ERROR(db_.prepare("DELETE FROM suffix_sightings", q));
+  CLM_RETURN_IF_ERROR(done(q.step(), "dropping sightings"));
+  dropped += sqlite3_changes(db_.handle());
+  return {};
+}
+
+Status StoreShard::outbox_rows(std::int64_t after_id, std::size_t limit, std::vector<MovedRow>& out) {
+  out.clear();
+  Statement q;
+  CLM_RETURN_IF_ERROR(db_.prepare(
+      "SELECT id, version, created_at, last_used, usage_count, dim, checksum, confirmations, snapshot, tenant,"
+      " suffix_key, dtype, source_text FROM rekey_outbox WHERE id > ?1 ORDER BY id LIMIT ?2",
+      q));
+  q.bind_int(1, after_id);
+  q.bind_int(2, static_cast<std::int64_t>(limit));
+  int rc;
+  while ((rc = q.step()) == SQLITE_ROW) {
+    MovedRow r;
+    r.id = q.column_int(0);
+    r.version = q.column_int(1);
+    r.created_at = q.column_int(2);
+    r.last_used = q.column_int(3);
+    r.usage_count = q.column_int(4);
+    r.dim = q.column_int(5);
+    r.checksum = q.column_int(6);
+    r.confirmations = q.column_int(7);
+    const auto blob = q.column_blob(8);
+    r.snapshot.assign(blob.begin(), blob.end());
+    const auto t = q.column_blob(9);
+    r.tenant.assign(reinterpret_cast<const char*>(t.data()), t.size());
+    r.key.assign(q.column_text(10));
+    r.dtype.assign(q.column_text(11));
+    r.text.assign(q.column_text(12));
+    out.push_back(std::move(r));
+  }
+  return done(rc, "reading the outbox");
+}
+
+Status StoreShard::outbox_delete(std::int64_t id) {
+  Statement q;
+  CLM_RETURN_IF_ERROR(db_.prepare("DELETE FROM rekey_outbox WHERE id = ?1", q));
+  q.bind_int(1, id);
+  return done(q.step(), "emptying the outbox");
+}
+
+Status StoreShard::inbox(std::vector<std::pair<std::int32_t, std::int64_t>>& out) {
+  Statement q;
+  CLM_RETURN_IF_ERROR(db_.prepare("SELECT shard, id FROM rekey_inbox", q));
+  int rc;
+  while ((rc = q.step()) == SQLITE_ROW) out.emplace_back(static_cast<std::int32_t>(q.column_int(0)), q.column_int(1));
+  return done(rc, "reading the inbox");
+}
+
+Status StoreShard::receive(const MovedRow& row, std::int32_t from_shard, const SuffixKey& key) {
+  Statement insert, note;
+  CLM_RETURN_IF_ERROR(db_.prepare(
+      "INSERT INTO semantic_snapshots (suffix_hash, version, snapshot, created_at, last_used, usage_count, tenant,"
+      " suffix_key, group_hash, dim, dtype, checksum, confirmations, source_text)"
+      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+      insert));
+  insert.bind_int(1, as_signed(key.fingerprint));
+  insert.bind_int(2, row.version);
+  insert.bind_blob(3, std::span<const std::uint8_t>(row.snapshot));
+  insert.bind_int(4, row.created_at);
+  insert.bind_int(5, row.last_used);
+  insert.bind_int(6, row.usage_count);
+  insert.bind_blob(7, row.tenant);
+  insert.bind_text(8, key.key);
+  insert.bind_int(9, as_signed(key.group));
+  insert.bind_int(10, row.dim);
+  insert.bind_text(11, row.dtype);
+  insert.bind_int(12, row.checksum);
+  insert.bind_int(13, row.confirmations);
+  insert.bind_text(14, row.text);
+  CLM_RETURN_IF_ERROR(done(insert.step(), "receiving a row"));
+  CLM_RETURN_IF_ERROR(db_.prepare("INSERT OR IGNORE INTO rekey_inbox (shard, id) VALUES (?1, ?2)", note));
+  note.bind_int(1, from_shard);
+  note.bind_int(2, row.id);
+  return done(note.step(), "receiving a row");
+}
+
+Status StoreShard::renumber_versions(std::int64_t& renumbered) {
+  struct Version {
+    std::int64_t id, version;
+  };
+  Statement q, update;
+  CLM_RETURN_IF_ERROR(
+      db_.prepare("SELECT id, tenant, suffix_key, version FROM semantic_snapshots"
+                  " ORDER BY tenant, suffix_key, created_at, version, id",
+                  q));
+  CLM_RETURN_IF_ERROR(db_.prepare("UPDATE semantic_snapshots SET version = ?2 WHERE id = ?1", update));
+  std::vector<Version> key_rows, changes;
+  std::string tenant, key;
+  auto settle = [&] {  // key_rows: one key's versions in created order
+    bool increasing = true;
+    for (std::size_t i = 1; i < key_rows.size() && increasing; ++i)
+      increasing = key_rows[i].version > key_rows[i - 1].version;
+    if (increasing) return;
+    for (std::size_t i = 0; i < key_rows.size(); ++i) {
+      const auto v = static_cast<std::int64_t>(i + 1);
+      if (key_rows[i].version != v) changes.push_back({key_rows[i].id, v});
+    }
+  };
+  int rc;
+  while ((rc = q.step()) == SQLITE_ROW) {
+    const auto t = q.column_blob(1);
+    const std::string_view row_tenant(reinterpret_cast<const char*>(t.data()), t.size());
+    const std::string_view row_key = q.column_text(2);
+    if (key_rows.empty() || row_tenant != tenant || row_key != key) {
+      settle();
+      key_rows.clear();
+      tenant.assign(row_tenant);
+      key.assign(row_key);
+    }
+    key_rows.push_back({q.column_int(0), q.column_int(3)});
+  }
+  CLM_RETURN_IF_ERROR(done(rc, "reading versions"));
+  settle();
+  for (const Version& c : changes) {
+    update.bind_int(1, c.id);
+    update.bind_int(2, c.version);
+    const int u = update.step();
+    update.reset();
+    CLM_RETURN_IF_ERROR(done(u, "renumbering versions"));
+  }
+  renumbered += static_cast<std::int64_t>(changes.size());
+  return {};
+}
+
+Status StoreShard::finish_rekey(std::uint64_t key_rules) {
+  CLM_RETURN_IF_ERROR(run("DROP TABLE IF EXISTS rekey_outbox", "dropping the outbox"));
+  CLM_RETURN_IF_ERROR(run("DROP TABLE IF EXISTS rekey_inbox", "dropping the inbox"));
+  CLM_RETURN_IF_ERROR(put_meta("key_rules", as_signed(key_rules)));
+  CLM_RETURN_IF_ERROR(
+      run("DELETE FROM store_meta WHERE name IN ('rekey_from', 'rekey_to')", "clearing the rekey mark"));
+  meta_["key_rules"] = as_signed(key_rules);
+  meta_.erase("rekey_from");
+  meta_.erase("rekey_to");
   return {};
 }
 

@@ -4,13 +4,23 @@
 // Internal: SnapshotStore (snapshot_store.cpp) holds the policy (levels,
 // versions, breakers); a shard only stores, reads and indexes. Every member
 // but open() expects the caller to hold `mutex`.
+//
+// Opening is two steps, so that a store refused at open is left as it was:
+// open() connects to an existing database file and reads its store_meta
+// (creating nothing: a missing file is `fresh`), check_serving() says whether
+// it may serve under this keyer's rules, and only then start() creates a fresh
+// database (schema and store_meta in one transaction) and prepares the
+// statements. The maintenance members at the end (rekey, adopt) run on a shard
+// started with serving = false, in the store's rekey (snapshot_store.cpp).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,6 +42,30 @@ struct ShardSettings {
   std::int32_t dim = 0;
   HnswParams hnsw;
   std::int32_t write_busy_timeout_ms = 5000;
+  std::uint64_t key_rules = 0;  // the keyer's rules_fingerprint(): recorded in a new shard, checked in an old one
+};
+
+// The store format this library writes (store_meta `format`): 2 since the
+// keys carry their text (source_text) and the rules they were made under
+// (store_meta `key_rules`). A format-1 store is adopted with `clm_store rekey --adopt`.
+inline constexpr std::int64_t kStoreFormat = 2;
+
+// A row as rekey reads it: what decides its new key.
+struct RekeyRow {
+  std::int64_t id = 0;
+  std::string tenant;
+  std::string key;
+  std::uint64_t fingerprint = 0;
+  std::uint64_t group = 0;
+  std::optional<std::string> text;  // source_text; none for a host key
+};
+
+// A row in transit between shards (rekey's outbox): all of it.
+struct MovedRow {
+  std::int64_t id = 0;  // its id in the shard it left
+  std::int64_t version = 0, created_at = 0, last_used = 0, usage_count = 0, dim = 0, checksum = 0, confirmations = 0;
+  std::vector<std::uint8_t> snapshot;
+  std::string tenant, key, dtype, text;
 };
 
 // One stored row as the store reads it back.
@@ -61,7 +95,26 @@ struct TenantIndex {
 
 class StoreShard {
  public:
+  // Connects to shard settings.index's database if its file exists and reads
+  // its store_meta; writes and creates nothing. io_error for a file SQLite
+  // cannot read.
   static Status open(const ShardSettings& settings, std::unique_ptr<StoreShard>& out);
+  // Whether this shard may serve under settings().key_rules: ok, or
+  // failed_precondition saying why (another shape, another format, other key
+  // rules, an interrupted rekey) and what to run.
+  Status check_serving() const;
+  // What maintenance needs: a snapshot store shard of format 1 or 2 with this
+  // shard number, shard count and snapshot_dim.
+  Status check_shape() const;
+  // Creates a fresh database (schema and store_meta in one transaction) and
+  // sets the connection's pragmas; serving: prepares every statement (a
+  // format-2 shard only), else only those of transactions.
+  Status start(bool serving);
+
+  bool fresh() const { return fresh_; }  // no database yet (or one with no tables)
+  std::int64_t format() const { return meta_value("format").value_or(0); }
+  std::optional<std::int64_t> meta_value(const std::string& name) const;
+  std::string db_path() const;
 
   ShardMutex mutex;  // the shard lock: SQLite connection, indexes, labels
 
@@ -120,6 +173,32 @@ class StoreShard {
   std::size_t pending_usage() const { return pending_usage_.size(); }
   Status flush_usage(std::int64_t now_s);
 
+  // ---- maintenance (rekey, adopt; inside begin() .. commit()) --------------
+  // Records key_rules (and format 2, adding the source_text column to a
+  // format-1 shard): the keys are kept as they are.
+  Status adopt(std::uint64_t key_rules);
+  // Marks the shard as being rekeyed to `to` (rekey_to; rekey_from keeps the
+  // rules it had, when first marked) and creates the outbox and inbox tables.
+  Status begin_rekey(std::uint64_t from, std::uint64_t to);
+  Status rekey_rows(std::int64_t after_id, std::size_t limit, std::vector<RekeyRow>& out);
+  Status rekey_update(std::int64_t id, const SuffixKey& key);
+  Status rekey_to_outbox(std::int64_t id);  // moves the row to the outbox
+  Status rekey_delete(std::int64_t id);
+  // Rows stored, and rows in the outbox (in transit to another shard).
+  Status rekey_counts(std::int64_t& rows, std::int64_t& in_outbox);
+  Status drop_blacklisted(std::string_view tenant, std::uint64_t fingerprint, std::int64_t& dropped);
+  Status drop_sightings(std::int64_t& dropped);
+  Status outbox_rows(std::int64_t after_id, std::size_t limit, std::vector<MovedRow>& out);
+  Status outbox_delete(std::int64_t id);
+  // (shard, id) of every row this shard received from an outbox.
+  Status inbox(std::vector<std::pair<std::int32_t, std::int64_t>>& out);
+  Status receive(const MovedRow& row, std::int32_t from_shard, const SuffixKey& key);
+  // Numbers each (tenant, key)'s versions 1.. by created_at where they are
+  // not strictly increasing in that order (two old keys became one).
+  Status renumber_versions(std::int64_t& renumbered);
+  // Records key_rules and drops the marks and the outbox and inbox.
+  Status finish_rekey(std::uint64_t key_rules);
+
   // ---- indexes -----------------------------------------------------------
   std::unordered_map<std::string, TenantIndex> indexes;  // by tenant bytes
   TenantIndex& tenant_index(std::string_view tenant);    // created empty (no HNSW yet) when absent
@@ -131,13 +210,18 @@ class StoreShard {
 
  private:
   explicit StoreShard(const ShardSettings& settings) : settings_(settings) {}
+  Status connect();
   Status prepare_all();
-  Status check_meta();
-  Status done(int rc, std::string_view what);  // SQLITE_DONE -> ok, else the error
+  Status put_meta(std::string_view name, std::int64_t value);
+  Status run(const char* sql, std::string_view what);  // a constant statement, stepped to its end
+  Status done(int rc, std::string_view what);          // SQLITE_DONE -> ok, else the error
   static int busy_handler(void* self, int count);
 
   ShardSettings settings_;
   SqliteDb db_;
+  bool connected_ = false;
+  bool fresh_ = true;
+  std::map<std::string, std::int64_t, std::less<>> meta_;  // store_meta as read by open()
   std::chrono::steady_clock::time_point busy_deadline_{};
   bool last_rc_busy_ = false;
   std::unordered_map<std::int64_t, std::int64_t> pending_usage_;

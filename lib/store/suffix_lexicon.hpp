@@ -21,7 +21,19 @@
 
 namespace clm::store_detail {
 
-enum class Category : std::uint8_t { action, object, detail, negation, stopword, greeting, question };
+enum class Category : std::uint8_t {
+  action,
+  object,
+  detail,
+  negation,  // NOT_ governs what follows it in its clause; NOT_AFTER the action before it (登录不了)
+  stopword,
+  greeting,
+  question,  // a question word: QUERY, or the detail it asks for
+  aux,       // an auxiliary that opens a yes-no question (has, did, can i): its name is the question's kind
+  polite,    // a request's politeness (please, can you, 麻烦): a command even with a question mark
+  unit,      // a currency or unit (usd, $, pm, 元) that belongs to the number beside it
+  role,      // a preposition that says which way (from: FROM, to: TO), for the word right after it
+};
 
 struct Entry {
   Category category = Category::stopword;
@@ -31,9 +43,9 @@ struct Entry {
 // Names, entries and surfaces of every lexicon loaded, checked as a whole.
 struct Lexicon {
   std::vector<std::string> names;  // canonical names
-  // The category that owns each name (action, object, detail or greeting:
-  // one name, one meaning); none yet for names only negations, stopwords or
-  // question words use.
+  // The category that owns each name (action, object, detail, greeting, aux,
+  // unit or role: one name, one meaning); none yet for names only negations,
+  // stopwords, polite forms or question words use.
   std::vector<std::optional<Category>> owner;
   std::unordered_map<std::string, std::uint32_t> by_name;
   std::vector<Entry> entries;
@@ -45,6 +57,9 @@ struct Lexicon {
   // Question words' names other than QUERY, with "file:line": checked to be
   // details once every file is read.
   std::vector<std::pair<std::uint32_t, std::string>> question_names;
+  // Every file loaded, its name's last part and its text's fingerprint, in
+  // load order: what the keyer's rules_fingerprint covers.
+  std::string source_digest;
 
   // The id of a canonical name, added if new.
   std::uint32_t intern(std::string_view name) {

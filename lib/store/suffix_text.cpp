@@ -82,31 +82,44 @@ bool is_separator(char32_t cp) {
 
 }  // namespace
 
-Status normalise_text(std::string_view text, std::string& out) {
+Status normalise_text(std::string_view text, std::string& out, Clauses clauses) {
   out.clear();
   out.reserve(text.size());
-  bool pending_separator = false;
+  // The strongest break since the last content: a clause break outranks a
+  // space, a question mark outranks both.
+  char pending = 0;
+  auto rank = [](char c) { return c == kQuestionBreak ? 3 : c == kClauseBreak ? 2 : c == ' ' ? 1 : 0; };
+  auto note = [&](char c) {
+    if (clauses == Clauses::merge && c != 0) c = ' ';
+    if (rank(c) > rank(pending)) pending = c;
+  };
   std::size_t i = 0;
   while (i < text.size()) {
     const std::size_t at = i;
     char32_t cp = 0;
     if (!decode_utf8(text, i, cp)) return invalid_argument(fmt::format("invalid UTF-8 at byte {}", at));
     if (cp >= 0xFF01 && cp <= 0xFF5E) cp -= 0xFEE0;  // full-width ASCII (NFKC)
-    bool separator = false;
+    if (cp == 0xFFE5) cp = 0xA5;                     // full-width yen sign (NFKC)
     if (cp < 0x80) {
       if (cp >= 'A' && cp <= 'Z') cp += 'a' - 'A';
-      separator = !is_ascii_alnum(static_cast<char>(cp));
-    } else {
-      separator = is_separator(cp);  // U+3000 (ideographic space) included
-    }
-    if (separator) {
-      pending_separator = true;
+      const char c = static_cast<char>(cp);
+      if (!is_ascii_alnum(c) && !is_ascii_symbol_unit(c)) {
+        note(c == '?' ? kQuestionBreak : (c == ',' || c == ';' || c == '!') ? kClauseBreak : ' ');
+        continue;
+      }
+    } else if (cp == 0x3002 || cp == 0xFF61) {  // ideographic and half-width full stop: the end of a clause
+      note(kClauseBreak);
+      continue;
+    } else if (is_separator(cp)) {  // U+3000 (ideographic space) and U+3001 (、, a list's comma) included
+      note(' ');
       continue;
     }
-    if (pending_separator && !out.empty()) out.push_back(' ');
-    pending_separator = false;
+    if (pending != 0 && !out.empty()) out.push_back(pending);
+    pending = 0;
     detail::append_utf8(out, cp);
   }
+  // A question mark at the end says what the text is: it stays.
+  if (pending == kQuestionBreak && !out.empty()) out.push_back(kQuestionBreak);
   return Status::success();
 }
 
@@ -124,7 +137,8 @@ void split_units(std::string_view norm, std::vector<std::string_view>& units) {
       i = j;
     } else {
       const auto b = static_cast<unsigned char>(c);
-      const std::size_t len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;  // valid UTF-8 by construction
+      // ASCII here is a break or a symbol unit; the rest is valid UTF-8 by construction.
+      const std::size_t len = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
       units.push_back(norm.substr(i, len));
       i += len;
     }

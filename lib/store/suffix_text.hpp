@@ -25,11 +25,26 @@ constexpr bool is_ascii_alnum(char c) {
 }
 constexpr bool is_ascii_digit(char c) { return c >= '0' && c <= '9'; }
 
-// Step 1 of make_key (see clm/store/suffix_key.hpp). The output is words of [a-z0-9] and
-// other content code points, runs of separators as one ' ', none at either end.
-Status normalise_text(std::string_view text, std::string& out);
+// What normalisation does with the punctuation that ends a clause.
+enum class Clauses {
+  keep,   // make_key's text: ',' for , ; ! and 。, '?' for a question mark (':' is in times: 18:45)
+  merge,  // lexicon surfaces and entity patterns: every break is one ' '
+};
+constexpr char kClauseBreak = ',';
+constexpr char kQuestionBreak = '?';
 
-// The words of normalised text: ASCII alnum runs and single other code points.
+// ASCII symbols that are content of their own (a unit each): '$' and '%'
+// tell amounts apart ("$20" is not "20%"), like the non-ASCII currency signs.
+constexpr bool is_ascii_symbol_unit(char c) { return c == '$' || c == '%'; }
+
+// Step 1 of make_key (see clm/store/suffix_key.hpp). The output is words of
+// [a-z0-9], '$', '%' and other content code points, separated by one break
+// each: ' ', or with Clauses::keep kClauseBreak or kQuestionBreak (the
+// strongest of a run); none at the start, and at the end only a '?'.
+Status normalise_text(std::string_view text, std::string& out, Clauses clauses = Clauses::merge);
+
+// The words of normalised text: ASCII alnum runs, single other code points,
+// and each clause or question break as a unit of its own.
 void split_units(std::string_view norm, std::vector<std::string_view>& units);
 
 }  // namespace clm::store_detail

@@ -214,7 +214,7 @@ TEST_CASE("snapshot store through the C ABI: record, the three levels, tenants, 
   const std::string text1 = "Please check the status of order 789";
   const std::string text2 = "What's the status of order #789?";
   const std::string key1 = key_of(e, text1, &fp1);
-  CHECK(key1 == "ORDER-789-QUERY-STATUS");
+  CHECK(key1 == "QUERY-ORDER-789-STATUS");
   CHECK(key_of(e, text2, &fp2) == key1);
   CHECK(fp1 == fnv1a(key1));
   CHECK(fp2 == fp1);
@@ -250,6 +250,12 @@ TEST_CASE("snapshot store through the C ABI: record, the three levels, tenants, 
   CHECK(r.hit.similarity == Approx(cosine64(near_query, near_v)).margin(2e-3));
 
   // ---- level 3: a greeting's fallback, set for tenant A only --------------------
+  // Text the keyer abstains on (here an action with no object or entity) still has a key, but it is
+  // neither counted nor stored and never served at level 1 or 2.
+  CHECK(key_of(e, "cancel it") == "CANCEL");
+  CHECK(record(e, a.get(), "cancel it", CLM_SUFFIX_TEXT, nullptr, w, &version) == CLM_RECORD_ABSTAINED);
+  CHECK(version == 0);
+  check_miss(lookup(e, a.get(), "cancel it", CLM_SUFFIX_TEXT, nullptr, &query));
   const std::string hello = "Hi there";
   CHECK(key_of(e, hello) == "GREETING");
   check_miss(lookup(e, a.get(), hello, CLM_SUFFIX_TEXT));
@@ -340,19 +346,20 @@ TEST_CASE("snapshot store through the C ABI: record, the three levels, tenants, 
 
   // ---- the version-3 metrics: what this test did ---------------------------------
   // Lookups: level 1 x6 (ORDER-1 x3, the text, K-NEAR, the batch's a), level 2
-  // x1, level 3 x2 (a's greeting, a7's "*"); misses: 3 of a's (another group,
-  // no query, the greeting before its fallback), 8 of the strangers, 2
-  // "thanks!" (b, a), the batch's b = 14.
+  // x1, level 3 x2 (a's greeting, a7's "*"); misses: 4 of a's (another group,
+  // no query, "cancel it", the greeting before its fallback), 8 of the
+  // strangers, 2 "thanks!" (b, a), the batch's b = 15. Records: 5 and the
+  // abstained "cancel it", which is neither counted nor stored.
   const clm_metrics m = metrics(e);
   CHECK(m.has_snapshot_store == 1);
   CHECK(m.store_hits_exact == 6);
   CHECK(m.store_hits_ann == 1);
   CHECK(m.store_hits_fallback == 2);
-  CHECK(m.store_misses == 14);
-  CHECK(m.store_lookups == 6 + 1 + 2 + 14);
+  CHECK(m.store_misses == 15);
+  CHECK(m.store_lookups == 6 + 1 + 2 + 15);
   CHECK(m.store_busy_misses == 0);
   CHECK(m.store_blacklisted_skips == 0);
-  CHECK(m.store_records == 5);
+  CHECK(m.store_records == 6);
   CHECK(m.store_counted == 0);
   CHECK(m.store_admissions == 3);
   CHECK(m.store_confirmations == 1);
@@ -365,7 +372,7 @@ TEST_CASE("snapshot store through the C ABI: record, the three levels, tenants, 
   CHECK(m.store_blacklisted_keys == 0);
   // Every lookup was reported to the SRC breaker as a retrieval.
   CHECK(m.src_retrievals_found == 9);
-  CHECK(m.src_retrievals_failed == 14);
+  CHECK(m.src_retrievals_failed == 15);
 }
 
 TEST_CASE("snapshot store C ABI: admission below snapshot_min_usage; a directory store persists", "[capi][store]") {
@@ -499,7 +506,7 @@ TEST_CASE("snapshot store C ABI: bad input gets a status and a message, and chan
   uint64_t fp = 0;
   std::memset(key, 'x', sizeof key);
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_suffix_key(key, 4, &key_len, &fp, e, text.data(), text.size()));
-  CHECK(key_len == std::strlen("ORDER-789-QUERY-STATUS"));  // the size needed, without the NUL
+  CHECK(key_len == std::strlen("QUERY-ORDER-789-STATUS"));  // the size needed, without the NUL
   CHECK(std::string(clm_last_error()).find(std::to_string(key_len + 1)) != std::string::npos);
   CHECK(key[0] == 'x');  // nothing written
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_suffix_key(key, key_len, &key_len, &fp, e, text.data(), text.size()));
@@ -507,7 +514,7 @@ TEST_CASE("snapshot store C ABI: bad input gets a status and a message, and chan
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_suffix_key(nullptr, 0, &key_len, nullptr, e, text.data(), text.size()));
   CHECK(key_len == 22);                                                                          // a sizing call
   REQUIRE_OK(clm_suffix_key(key, key_len + 1, &key_len, nullptr, e, text.data(), text.size()));  // exactly enough
-  CHECK(std::string(key) == "ORDER-789-QUERY-STATUS");
+  CHECK(std::string(key) == "QUERY-ORDER-789-STATUS");
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_suffix_key(key, sizeof key, nullptr, &fp, e, text.data(), text.size()));
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
                clm_suffix_key(key, sizeof key, &key_len, &fp, nullptr, text.data(), text.size()));

@@ -80,6 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     out.close();
     FUZZ_CHECK(out.good(), "writing {}", file.string());
     config.lexicon_dir = lexicon_dir().string();
+    config.replace_builtin_lexicons = true;
   }
   for (std::size_t at = 0; at < patterns.size();) {
     const std::size_t end = std::min(patterns.find('\n', at), patterns.size());

@@ -293,6 +293,43 @@ TEST_CASE("drift: a window whose variance passes the threshold starts a version"
   CHECK(store->metrics().drift_versions == 1);
 }
 
+TEST_CASE("level 2: only a key's served version is a candidate, never a version it moved on from", "[store][ann]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm::SnapshotStoreConfig c = memory_config(1);
+  c.stable_confirmations = 0;  // the newest version is served at once
+  c.similarity_floor = 0.5f;
+  const auto store = open_store(c);
+  // Two versions of A, far apart: v1, then v2 orthogonal to it (a new version).
+  const std::vector<float> v1 = random_unit(rng, kDim);
+  std::vector<float> v2 = random_unit(rng, kDim);
+  double along = 0;
+  for (int i = 0; i < kDim; ++i) along += double(v1[i]) * v2[i];
+  double norm = 0;
+  for (int i = 0; i < kDim; ++i) {
+    v2[i] = static_cast<float>(v2[i] - along * v1[i]);
+    norm += double(v2[i]) * v2[i];
+  }
+  for (float& x : v2) x = static_cast<float>(x / std::sqrt(norm));
+  const clm::SuffixKey a = host_key("A", "g"), b = host_key("B", "g");
+  CHECK(record(*store, "t", a, v1).result == RecordResult::admitted);
+  const clm::RecordOutcome second = record(*store, "t", a, v2);
+  REQUIRE(second.result == RecordResult::new_version);
+  std::vector<float> out;
+  // B (no rows) asks near v1: A's version 1 lies there, but A serves version 2.
+  const clm::SnapshotHit near_old = lookup(*store, "t", b, v1, out);
+  CHECK(near_old.level == SnapshotLevel::miss);
+  // Near v2: A's served version, at level 2.
+  const clm::SnapshotHit near_new = lookup(*store, "t", b, v2, out);
+  REQUIRE(near_new.level == SnapshotLevel::ann);
+  CHECK(near_new.key == "A");
+  CHECK(near_new.version == second.version);
+  double err = 0;
+  for (int i = 0; i < kDim; ++i) err = std::max(err, std::abs(double(out[i]) - v2[i]));
+  CHECK(err < kF16);
+}
+
 TEST_CASE("level 2: nearest neighbours equal brute force, within the group, above the floor", "[store][ann]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
@@ -424,7 +461,7 @@ TEST_CASE("breaker (b): a key whose accuracy falls is blacklisted, persisted, an
   }
 }
 
-TEST_CASE("eviction: old, little-used rows go with their index entries; vacuum runs", "[store][evict]") {
+TEST_CASE("eviction: old, little-used rows go with their index entries, then vacuum runs", "[store][evict]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -609,7 +646,8 @@ TEST_CASE("a row whose BLOB fails its checksum is skipped and counted, never ser
   CHECK(store->metrics().corrupt_skipped == corrupt_before + 1);
 }
 
-TEST_CASE("breaker (a): a busy shard answers miss in bounded time; a locked write fails cleanly", "[store][breaker]") {
+TEST_CASE("breaker (a): a busy shard answers miss in bounded time, and a locked write fails cleanly",
+          "[store][breaker]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -941,4 +979,725 @@ TEST_CASE("concurrent records and lookups from many threads keep every row", "[s
       CHECK(clm_test::max_abs_diff(out, vs[static_cast<std::size_t>(t)][static_cast<std::size_t>(i)]) < kF16);
     }
   }
+}
+
+// ---- low-information keys ------------------------------------------------------
+
+TEST_CASE("a low-information key is never stored and never served at levels 1 and 2", "[store][abstain]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  auto store = open_store(memory_config());
+  const std::vector<float> v = random_unit(rng, kDim);
+  // A row stored under a host key that a low-information key shares, key and group.
+  const clm::SuffixKey served = host_key("GREETING", "greeting");
+  REQUIRE(record(*store, "t", served, v).result == RecordResult::admitted);
+  clm::SuffixKey greeting = served;
+  greeting.low_information = true;
+  greeting.abstain_reason = "a greeting";
+  std::vector<float> out;
+  CHECK(lookup(*store, "t", served, v, out).level == SnapshotLevel::exact);
+  CHECK(lookup(*store, "t", greeting, {}, out).level == SnapshotLevel::miss);  // not level 1
+  CHECK(lookup(*store, "t", greeting, v, out).level == SnapshotLevel::miss);   // nor level 2
+  clm::SuffixKey neighbour = host_key("GREETING-2", "greeting");
+  neighbour.low_information = true;
+  CHECK(lookup(*store, "t", neighbour, v, out).level == SnapshotLevel::miss);
+  REQUIRE(store->set_fallback("t", "GREETING", v).ok());
+  const clm::SnapshotHit hit = lookup(*store, "t", greeting, v, out);
+  CHECK(hit.level == SnapshotLevel::fallback);  // level 3 only
+  CHECK(hit.key == "GREETING");
+
+  // record() stores and counts nothing, and says so; a batch keeps its other records.
+  const clm::SnapshotStoreMetrics before = store->metrics();
+  const clm::RecordOutcome o = record(*store, "t", neighbour, v);
+  CHECK(o.result == RecordResult::abstained);
+  CHECK(o.version == 0);
+  CHECK(std::string(clm::record_result_name(o.result)) == "abstained");
+  const clm::SuffixKey other = host_key("OTHER", "g");
+  const clm::SnapshotRecord batch[] = {{"t", &neighbour, v}, {"t", &other, v}, {"u", &greeting, v}};
+  clm::RecordOutcome outs[3];
+  REQUIRE(store->record_batch(batch, outs).ok());
+  CHECK(outs[0].result == RecordResult::abstained);
+  CHECK(outs[1].result == RecordResult::admitted);
+  CHECK(outs[2].result == RecordResult::abstained);
+  const clm::SnapshotStoreMetrics after = store->metrics();
+  CHECK(after.abstained == before.abstained + 3);
+  CHECK(after.records == before.records + 4);
+  CHECK(after.snapshots == before.snapshots + 1);                               // OTHER only
+  CHECK(lookup(*store, "t", neighbour, {}, out).level == SnapshotLevel::miss);  // no fallback of its name
+  CHECK(lookup(*store, "u", greeting, {}, out).level == SnapshotLevel::miss);
+  // Bad input is still refused, low information or not.
+  std::vector<float> bad = v;
+  bad[0] = std::nanf("");
+  clm::RecordOutcome refused;
+  CHECK(store->record("t", neighbour, bad, refused).code() == clm::StatusCode::invalid_argument);
+}
+
+// ---- key rules: versioned keys, rekey ----------------------------------------------
+
+namespace {
+
+// Two rule sets for the keyer: under B "parcel" is an ORDER (keys that were
+// two become one) and "package" is unknown (its texts make no servable key).
+struct Lexicons {
+  clm_test::TempDir dir{"lexicons"};
+  std::string a = dir.file("a"), b = dir.file("b");
+  Lexicons() {
+    std::filesystem::create_directories(a);
+    std::filesystem::create_directories(b);
+    write(a + "/test.tsv",
+          "check\taction\tQUERY\ncancel\taction\tCANCEL\norder\tobject\tORDER\nparcel\tobject\tPARCEL\n"
+          "package\tobject\tPACKAGE\nmy\tstopword\tMY\nhi\tgreeting\tGREETING\n");
+    write(b + "/test.tsv",
+          "check\taction\tQUERY\ncancel\taction\tCANCEL\norder\tobject\tORDER\nparcel\tobject\tORDER\n"
+          "my\tstopword\tMY\nhi\tgreeting\tGREETING\n");
+  }
+  static void write(const std::string& path, const std::string& text) {
+    std::ofstream f(path, std::ios::binary);
+    f << text;
+    REQUIRE(f.good());
+  }
+};
+
+// The test's lexicons replace the built-in ones, so that its keys do not
+// change with the built-in key rules (empty: the built-in ones).
+std::unique_ptr<clm::SuffixKeyer> make_keyer(const std::string& lexicon_dir) {
+  clm::SuffixKeyerConfig kc;
+  kc.lexicon_dir = lexicon_dir;
+  kc.replace_builtin_lexicons = !lexicon_dir.empty();
+  std::unique_ptr<clm::SuffixKeyer> keyer;
+  const clm::Status s = clm::SuffixKeyer::create(kc, keyer);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  return keyer;
+}
+
+// Every file of a directory and its bytes (what "nothing was written" compares).
+std::map<std::string, std::string> files_of(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    out[e.path().filename().string()] = std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  return out;
+}
+
+void exec_sql(const std::string& db_path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) == SQLITE_OK);
+  char* error = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
+  const std::string why = error ? error : "";
+  sqlite3_free(error);
+  sqlite3_close(db);
+  INFO(sql << ": " << why);
+  REQUIRE(rc == SQLITE_OK);
+}
+
+// The rows of a one-column query (integers or text, as text).
+std::vector<std::string> query_sql(const std::string& db_path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  // Read-write (no file is created): the last connection to close removes the -wal and -shm files,
+  // as the store's own does, so that a directory's files compare equal before and after.
+  REQUIRE(sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  REQUIRE(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK);
+  std::vector<std::string> out;
+  while (sqlite3_step(stmt) == SQLITE_ROW) {
+    const unsigned char* t = sqlite3_column_text(stmt, 0);
+    out.emplace_back(t ? reinterpret_cast<const char*>(t) : "NULL");
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return out;
+}
+
+std::string shard_db(const std::string& dir, int shard) { return fmt::format("{}/shard-{:02}.db", dir, shard); }
+
+// One record the rekey tests made: a text or a host key, and its vector.
+struct Recorded {
+  std::string tenant;
+  std::string text;  // empty: a host key
+  std::string host, group;
+  std::vector<float> v;
+};
+
+clm::SnapshotStoreConfig rekey_config(const std::string& dir, const std::string& lexicons,
+                                      const clm_test::ManualClock& clock) {
+  clm::SnapshotStoreConfig c = memory_config(4);
+  c.path = dir;
+  c.keyer.lexicon_dir = lexicons;
+  c.keyer.replace_builtin_lexicons = true;  // as make_keyer
+  c.stable_confirmations = 0;               // every version stable: a lookup serves the newest
+  c.rebuild_in_background = false;
+  c.clock_ms = clock.fn();
+  return c;
+}
+
+// Records, under c's rules, `entities` order numbers' texts in two tenants
+// (each a second apart, so that created_at orders them) and some host keys.
+std::vector<Recorded> fill_rekey_store(const clm::SnapshotStoreConfig& c, clm_test::ManualClock& clock,
+                                       std::mt19937& rng, int entities) {
+  std::vector<Recorded> records;
+  for (int n = 0; n < entities; ++n) {
+    const std::string tenant = n % 2 ? "t1" : "t2";
+    const int number = 100 + n;
+    for (const char* form : {"check order {}", "check parcel {}", "check package {}", "cancel my order {}"}) {
+      records.push_back({tenant, fmt::format(fmt::runtime(form), number), "", "", random_unit(rng, kDim)});
+    }
+    if (n % 3 == 0) records.push_back({tenant, fmt::format("check order {}", number), "", "", random_unit(rng, kDim)});
+    if (n % 4 == 0)
+      records.push_back({tenant, "", fmt::format("host-{}", n), fmt::format("hg{}", n % 3), random_unit(rng, kDim)});
+  }
+  auto store = open_store(c);
+  for (const Recorded& r : records) {
+    clm::SuffixKey key;
+    if (r.text.empty()) {
+      key = host_key(r.host, r.group);
+    } else {
+      REQUIRE(store->keyer().make_key(r.text, key).ok());
+      REQUIRE_FALSE(key.low_information);
+    }
+    clock.advance_ms(1000);
+    const clm::RecordOutcome o = record(*store, r.tenant, key, r.v);
+    REQUIRE((o.result == RecordResult::admitted || o.result == RecordResult::new_version));
+  }
+  return records;
+}
+
+// What a store under c's rules must serve for `records`: each (tenant, key)
+// its newest record's vector, with as many versions as records, by key
+// (level 1); texts that make no servable key now nothing; and no other row.
+void check_served(const clm::SnapshotStoreConfig& c, const std::vector<Recorded>& records,
+                  std::int64_t* dropped_out = nullptr) {
+  auto store = open_store(c);
+  std::map<std::pair<std::string, std::string>, std::vector<std::size_t>> by_key;
+  std::map<std::pair<std::string, std::string>, clm::SuffixKey> keys;
+  std::int64_t dropped = 0;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const Recorded& r = records[i];
+    clm::SuffixKey key;
+    if (r.text.empty()) {
+      key = host_key(r.host, r.group);
+    } else if (!store->keyer().make_key(r.text, key).ok() || key.low_information) {
+      ++dropped;
+      continue;
+    }
+    by_key[{r.tenant, key.key}].push_back(i);
+    keys[{r.tenant, key.key}] = key;
+  }
+  std::vector<float> out;
+  std::int64_t rows = 0;
+  for (const auto& [tk, indexes] : by_key) {
+    INFO("tenant " << tk.first << " key " << tk.second);
+    rows += static_cast<std::int64_t>(indexes.size());
+    if (store->is_blacklisted(tk.first, keys[tk])) continue;  // kept, not served
+    const clm::SnapshotHit hit = lookup(*store, tk.first, keys[tk], {}, out);
+    REQUIRE(hit.level == SnapshotLevel::exact);
+    CHECK(hit.version == static_cast<std::int32_t>(indexes.size()));
+    CHECK(clm_test::max_abs_diff(out, records[indexes.back()].v) < kF16);
+  }
+  CHECK(store->metrics().snapshots == rows);
+  if (dropped_out) *dropped_out = dropped;
+}
+
+}  // namespace
+
+TEST_CASE("key rules: a store opens only under the rules it was made with, and a refused open writes nothing",
+          "[store][rekey]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  Lexicons lex;
+  clm_test::TempDir dir;
+  clm_test::ManualClock clock;
+  const clm::SnapshotStoreConfig a = rekey_config(dir.str(), lex.a, clock);
+  clm::SnapshotStoreConfig b = a;
+  b.keyer.lexicon_dir = lex.b;
+  const auto records = fill_rekey_store(a, clock, rng, 6);
+  const std::uint64_t rules_a = make_keyer(lex.a)->rules_fingerprint();
+  const std::uint64_t rules_b = make_keyer(lex.b)->rules_fingerprint();
+  REQUIRE(rules_a != rules_b);
+  CHECK(rules_a != make_keyer("")->rules_fingerprint());  // the built-in lexicons are other rules too
+  for (int s = 0; s < 4; ++s) {
+    CHECK(query_sql(shard_db(dir.str(), s), "SELECT value FROM store_meta WHERE name = 'key_rules'") ==
+          std::vector<std::string>{std::to_string(static_cast<std::int64_t>(rules_a))});
+    CHECK(query_sql(shard_db(dir.str(), s), "SELECT value FROM store_meta WHERE name = 'format'") ==
+          std::vector<std::string>{"2"});
+  }
+  // Texts are kept; host keys have none.
+  std::vector<std::string> texts, host_texts;
+  for (int s = 0; s < 4; ++s) {
+    for (auto& t : query_sql(shard_db(dir.str(), s),
+                             "SELECT source_text FROM semantic_snapshots WHERE suffix_key NOT LIKE 'host-%'")) {
+      texts.push_back(t);
+    }
+    for (auto& t : query_sql(shard_db(dir.str(), s),
+                             "SELECT source_text FROM semantic_snapshots WHERE suffix_key LIKE 'host-%'")) {
+      host_texts.push_back(t);
+    }
+  }
+  std::vector<std::string> expected_texts;
+  for (const Recorded& r : records) {
+    if (!r.text.empty()) expected_texts.push_back(r.text);
+  }
+  std::sort(texts.begin(), texts.end());
+  std::sort(expected_texts.begin(), expected_texts.end());
+  CHECK(texts == expected_texts);
+  CHECK(host_texts == std::vector<std::string>(host_texts.size(), "NULL"));
+  CHECK_FALSE(host_texts.empty());
+
+  const auto before = files_of(dir.str());
+  std::unique_ptr<clm::SnapshotStore> store;
+  const clm::Status refused = clm::SnapshotStore::open(b, store);
+  INFO(refused.message());
+  CHECK(refused.code() == clm::StatusCode::failed_precondition);
+  CHECK(refused.message().find(fmt::format("{:016x}", rules_a)) != std::string::npos);
+  CHECK(refused.message().find(fmt::format("{:016x}", rules_b)) != std::string::npos);
+  CHECK(refused.message().find(fmt::format("clm_store rekey {}", dir.str())) != std::string::npos);
+  CHECK(refused.message().find("rekey --adopt") != std::string::npos);
+  CHECK(store == nullptr);
+  CHECK(files_of(dir.str()) == before);  // not a byte written
+  // The same with a shard file missing: it is not created.
+  std::filesystem::rename(shard_db(dir.str(), 3), dir.file("aside"));
+  CHECK(clm::SnapshotStore::open(b, store).code() == clm::StatusCode::failed_precondition);
+  CHECK_FALSE(std::filesystem::exists(shard_db(dir.str(), 3)));
+  std::filesystem::rename(dir.file("aside"), shard_db(dir.str(), 3));
+  // Under its own rules it opens and serves as before.
+  check_served(a, records);
+}
+
+TEST_CASE("rekey: keys made again from their texts, rows moved, host keys kept, served as recorded", "[store][rekey]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  Lexicons lex;
+  clm_test::TempDir dir;
+  clm_test::ManualClock clock;
+  const clm::SnapshotStoreConfig a = rekey_config(dir.str(), lex.a, clock);
+  clm::SnapshotStoreConfig b = a;
+  b.keyer.lexicon_dir = lex.b;
+  const auto records = fill_rekey_store(a, clock, rng, 24);
+  const auto keyer_a = make_keyer(lex.a), keyer_b = make_keyer(lex.b);
+  // State about old keys: a blacklisted text key, a blacklisted host key, a sighting.
+  clm::SuffixKey parcel;
+  REQUIRE(keyer_a->make_key("check parcel 100", parcel).ok());
+  const clm::SuffixKey host0 = host_key("host-0", "hg0");
+  {
+    auto store = open_store(a);
+    for (int i = 0; i < 20; ++i) {
+      REQUIRE(store->report_outcome("t2", parcel, false).ok());
+      REQUIRE(store->report_outcome("t2", host0, false).ok());
+    }
+    CHECK(store->is_blacklisted("t2", parcel));
+  }
+  {
+    clm::SnapshotStoreConfig counting = a;
+    counting.min_usage_threshold = 5;
+    auto store = open_store(counting);
+    clm::SuffixKey fresh;
+    REQUIRE(store->keyer().make_key("cancel my order 999", fresh).ok());
+    CHECK(record(*store, "t1", fresh, random_unit(rng, kDim)).result == RecordResult::counted);
+  }
+  // What B makes of the texts: which keys change, move, merge or go.
+  const clm::ConsistentHashRing ring(4);
+  auto route = [&](const std::string& tenant, std::uint64_t group) {
+    return ring.shard_of(group ^ clm::mix64(clm::key_fingerprint(tenant)));
+  };
+  std::int64_t text_rows = 0, host_rows = 0, changed = 0, moved = 0, dropped = 0;
+  for (const Recorded& r : records) {
+    if (r.text.empty()) {
+      ++host_rows;
+      continue;
+    }
+    ++text_rows;
+    clm::SuffixKey ka, kb;
+    REQUIRE(keyer_a->make_key(r.text, ka).ok());
+    if (!keyer_b->make_key(r.text, kb).ok() || kb.low_information) {
+      ++dropped;
+      continue;
+    }
+    changed += ka.key != kb.key ? 1 : 0;
+    moved += route(r.tenant, ka.group) != route(r.tenant, kb.group) ? 1 : 0;
+  }
+  REQUIRE(dropped > 0);  // "check package N": package is no word of B
+  REQUIRE(changed > 0);  // "check parcel N" is an ORDER's
+  REQUIRE(moved > 0);
+
+  const auto rows_before = static_cast<std::int64_t>(records.size());
+  clm::RekeyReport report;
+  const clm::Status s = clm::SnapshotStore::rekey(b, false, report);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  CHECK(report.old_rules == keyer_a->rules_fingerprint());
+  CHECK(report.new_rules == keyer_b->rules_fingerprint());
+  CHECK(report.old_format == 2);
+  CHECK_FALSE(report.adopted);
+  CHECK_FALSE(report.resumed);
+  CHECK(report.rows_before == rows_before);
+  CHECK(report.rows_after == rows_before - dropped);
+  CHECK(report.kept == host_rows);
+  CHECK(report.rekeyed == text_rows - dropped);
+  CHECK(report.changed == changed);
+  CHECK(report.moved == moved);
+  CHECK(report.dropped == dropped);
+  REQUIRE_FALSE(report.drops.empty());
+  std::int64_t listed = 0;
+  for (const auto& d : report.drops) {
+    listed += d.rows;
+    CHECK_FALSE(d.reason.empty());
+    CHECK(d.example.find("package") != std::string::npos);
+  }
+  CHECK(listed == dropped);
+  CHECK(report.versions_renumbered > 0);  // "check order N" and "check parcel N" became one key
+  CHECK(report.sightings_dropped == 1);
+  CHECK(report.blacklist_dropped == 1);  // the parcel key's; the host key's stays
+  CHECK(report.indexes_rebuilt > 0);
+
+  // Under B: every key served by its newest record, versions numbered in created order.
+  std::int64_t served_dropped = 0;
+  check_served(b, records, &served_dropped);
+  CHECK(served_dropped == dropped);
+  {
+    auto store = open_store(b);
+    CHECK(store->is_blacklisted("t2", host0));
+    clm::SuffixKey merged;
+    REQUIRE(store->keyer().make_key("check parcel 100", merged).ok());
+    CHECK_FALSE(store->is_blacklisted("t2", merged));
+    // Level 2 through the rebuilt indexes: a host key's vector under another key of its group.
+    const Recorded& h =
+        *std::find_if(records.begin(), records.end(), [](const Recorded& r) { return r.host == "host-4"; });
+    std::vector<float> out;
+    const clm::SnapshotHit near = lookup(*store, h.tenant, host_key("probe", h.group), h.v, out);
+    CHECK(near.level == SnapshotLevel::ann);
+    CHECK(near.key == "host-4");
+    // A record after the rekey keeps its text too.
+    clm::SuffixKey k;
+    REQUIRE(store->keyer().make_key("check parcel 500", k).ok());
+    record(*store, "t1", k, random_unit(rng, kDim));
+  }
+  CHECK(query_sql(shard_db(dir.str(), 0), "SELECT value FROM store_meta WHERE name = 'key_rules'") ==
+        std::vector<std::string>{std::to_string(static_cast<std::int64_t>(keyer_b->rules_fingerprint()))});
+  std::vector<std::string> kept_text;
+  for (int s2 = 0; s2 < 4; ++s2) {
+    for (auto& t : query_sql(shard_db(dir.str(), s2),
+                             "SELECT source_text FROM semantic_snapshots WHERE source_text LIKE '%500'")) {
+      kept_text.push_back(t);
+    }
+    CHECK(query_sql(shard_db(dir.str(), s2), "SELECT name FROM sqlite_master WHERE name LIKE 'rekey%'").empty());
+    CHECK(query_sql(shard_db(dir.str(), s2), "SELECT name FROM store_meta WHERE name LIKE 'rekey%'").empty());
+  }
+  CHECK(kept_text == std::vector<std::string>{"check parcel 500"});
+
+  // Again under the same rules: nothing changes. Back under A: parcel's keys come back.
+  clm::RekeyReport again;
+  REQUIRE(clm::SnapshotStore::rekey(b, false, again).ok());
+  CHECK(again.changed == 0);
+  CHECK(again.moved == 0);
+  CHECK(again.dropped == 0);
+  CHECK(again.versions_renumbered == 0);
+  clm::RekeyReport back;
+  REQUIRE(clm::SnapshotStore::rekey(a, false, back).ok());
+  CHECK(back.changed > 0);
+  CHECK(back.dropped == 0);
+}
+
+TEST_CASE("rekey: an interrupted rekey is detected, refused at open, and finished by running it again",
+          "[store][rekey]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  Lexicons lex;
+  clm_test::ManualClock clock;
+
+  SECTION("a mark left in one shard") {
+    clm_test::TempDir dir;
+    const clm::SnapshotStoreConfig a = rekey_config(dir.str(), lex.a, clock);
+    clm::SnapshotStoreConfig b = a;
+    b.keyer.lexicon_dir = lex.b;
+    const auto records = fill_rekey_store(a, clock, rng, 8);
+    exec_sql(shard_db(dir.str(), 2), "INSERT INTO store_meta (name, value) VALUES ('rekey_to', 12345)");
+    const auto before = files_of(dir.str());
+    for (const clm::SnapshotStoreConfig* c : std::initializer_list<const clm::SnapshotStoreConfig*>{&a, &b}) {
+      std::unique_ptr<clm::SnapshotStore> store;
+      const clm::Status s = clm::SnapshotStore::open(*c, store);
+      INFO(s.message());
+      CHECK(s.code() == clm::StatusCode::failed_precondition);
+      CHECK(s.message().find("interrupted") != std::string::npos);
+      CHECK(s.message().find(fmt::format("clm_store rekey {}", dir.str())) != std::string::npos);
+    }
+    CHECK(files_of(dir.str()) == before);
+    clm::RekeyReport report;
+    const clm::Status adopt = clm::SnapshotStore::rekey(b, true, report);
+    CHECK(adopt.code() == clm::StatusCode::failed_precondition);  // keys half new: adopting would keep them so
+    CHECK(files_of(dir.str()) == before);
+    REQUIRE(clm::SnapshotStore::rekey(b, false, report).ok());
+    CHECK(report.resumed);
+    check_served(b, records);
+  }
+
+  SECTION("SIGKILL at random moments of a rekey") {
+    // How long a whole rekey takes, on a store like those killed below (the
+    // shorter of two: the first runs on cold caches).
+    constexpr int kEntities = 250, kKills = 8;
+    double full_s = 1e9;
+    for (int run = 0; run < 2; ++run) {
+      clm_test::TempDir dir;
+      const clm::SnapshotStoreConfig a = rekey_config(dir.str(), lex.a, clock);
+      clm::SnapshotStoreConfig b = a;
+      b.keyer.lexicon_dir = lex.b;
+      const auto records = fill_rekey_store(a, clock, rng, kEntities);
+      const auto t0 = std::chrono::steady_clock::now();
+      clm::RekeyReport report;
+      REQUIRE(clm::SnapshotStore::rekey(b, false, report).ok());
+      full_s = std::min(full_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (run == 0) check_served(b, records);
+    }
+    int finished = 0, untouched = 0, interrupted = 0;
+    for (int kill = 0; kill < kKills; ++kill) {
+      clm_test::TempDir dir;
+      const clm::SnapshotStoreConfig a = rekey_config(dir.str(), lex.a, clock);
+      clm::SnapshotStoreConfig b = a;
+      b.keyer.lexicon_dir = lex.b;
+      const auto records = fill_rekey_store(a, clock, rng, kEntities);
+      std::uniform_real_distribution<double> when(0.0, full_s * 0.7);  // the end is the index rebuild
+      const double delay_s = when(rng);
+      INFO("kill " << kill << " after " << delay_s << " s of a " << full_s << " s rekey");
+      {
+        clm_test::ChildProcess child([&](int fd) {
+          const std::int32_t ready = 1;
+          if (write(fd, &ready, sizeof ready) != sizeof ready) return 5;
+          clm::RekeyReport report;
+          return clm::SnapshotStore::rekey(b, false, report).ok() ? 0 : 3;
+        });
+        std::int32_t ready = 0;
+        REQUIRE(child.read(ready));
+        std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+      }  // SIGKILL (a child that finished already is only reaped)
+      // Whatever the moment: under B the store is whole or refused; under A
+      // it opens only if nothing had changed yet.
+      std::unique_ptr<clm::SnapshotStore> store;
+      const clm::Status under_b = clm::SnapshotStore::open(b, store);
+      store.reset();
+      if (under_b.ok()) {
+        ++finished;
+        check_served(b, records);
+      } else {
+        INFO(under_b.message());
+        CHECK(under_b.code() == clm::StatusCode::failed_precondition);
+        const clm::Status under_a = clm::SnapshotStore::open(a, store);
+        store.reset();
+        if (under_a.ok()) {
+          ++untouched;
+          check_served(a, records);
+        } else {
+          ++interrupted;
+          CHECK(under_a.code() == clm::StatusCode::failed_precondition);
+        }
+      }
+      clm::RekeyReport report;
+      const clm::Status rerun = clm::SnapshotStore::rekey(b, false, report);
+      INFO(rerun.message());
+      REQUIRE(rerun.ok());
+      check_served(b, records);
+      for (int s = 0; s < 4; ++s) {
+        CHECK(query_sql(shard_db(dir.str(), s), "PRAGMA integrity_check") == std::vector<std::string>{"ok"});
+      }
+    }
+    INFO("finished " << finished << ", untouched " << untouched << ", interrupted " << interrupted);
+    CHECK(finished + untouched + interrupted == kKills);
+  }
+}
+
+TEST_CASE("a format-1 store is refused naming rekey --adopt, and adopt keeps its keys", "[store][rekey]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  Lexicons lex;
+  clm_test::TempDir dir;
+  clm_test::ManualClock clock;
+  clm::SnapshotStoreConfig c = rekey_config(dir.str(), lex.a, clock);
+  c.num_shards = 2;
+  // The store as clmcache made it before keys kept their text: format 1, no
+  // source_text column, no key_rules.
+  constexpr const char* kOldSchema =
+      "PRAGMA journal_mode = WAL;"
+      "CREATE TABLE semantic_snapshots (id INTEGER PRIMARY KEY AUTOINCREMENT, suffix_hash INTEGER NOT NULL,"
+      " version INTEGER NOT NULL DEFAULT 1, snapshot BLOB NOT NULL, created_at INTEGER NOT NULL,"
+      " last_used INTEGER NOT NULL, usage_count INTEGER NOT NULL DEFAULT 0, tenant BLOB NOT NULL,"
+      " suffix_key TEXT NOT NULL, group_hash INTEGER NOT NULL, dim INTEGER NOT NULL, dtype TEXT NOT NULL,"
+      " checksum INTEGER NOT NULL, confirmations INTEGER NOT NULL DEFAULT 0);"
+      "CREATE INDEX idx_hash_version ON semantic_snapshots(suffix_hash, version);"
+      "CREATE INDEX idx_tenant_id ON semantic_snapshots(tenant, id);"
+      "CREATE TABLE suffix_sightings (tenant BLOB NOT NULL, suffix_hash INTEGER NOT NULL, suffix_key TEXT NOT NULL,"
+      " seen INTEGER NOT NULL, last_seen INTEGER NOT NULL, PRIMARY KEY (tenant, suffix_hash, suffix_key))"
+      " WITHOUT ROWID;"
+      "CREATE TABLE blacklist (tenant BLOB NOT NULL, suffix_hash INTEGER NOT NULL, suffix_key TEXT NOT NULL,"
+      " until_ms INTEGER NOT NULL, PRIMARY KEY (tenant, suffix_hash)) WITHOUT ROWID;"
+      "CREATE TABLE fallback_snapshots (tenant BLOB NOT NULL, name TEXT NOT NULL, snapshot BLOB NOT NULL,"
+      " dim INTEGER NOT NULL, checksum INTEGER NOT NULL, PRIMARY KEY (tenant, name)) WITHOUT ROWID;"
+      "CREATE TABLE store_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;";
+  const clm::ConsistentHashRing ring(2);
+  struct Old {
+    clm::SuffixKey key;
+    std::vector<float> v;
+  };
+  std::vector<Old> rows;
+  for (int i = 0; i < 12; ++i) rows.push_back({host_key(fmt::format("old-{}", i), fmt::format("og{}", i % 3)), {}});
+  clm::SuffixKey text_key;  // a key once made from text, whose text the store never kept
+  REQUIRE(make_keyer(lex.a)->make_key("check order 123", text_key).ok());
+  rows.push_back({text_key, {}});
+  for (int s = 0; s < 2; ++s) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(shard_db(dir.str(), s).c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, kOldSchema, nullptr, nullptr, nullptr) == SQLITE_OK);
+    const std::string meta = fmt::format(
+        "INSERT INTO store_meta VALUES ('format', 1), ('shard', {}), ('num_shards', 2), ('snapshot_dim', {})", s, kDim);
+    REQUIRE(sqlite3_exec(db, meta.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_stmt* insert = nullptr;
+    REQUIRE(sqlite3_prepare_v2(db,
+                               "INSERT INTO semantic_snapshots (suffix_hash, version, snapshot, created_at, last_used,"
+                               " tenant, suffix_key, group_hash, dim, dtype, checksum)"
+                               " VALUES (?1, 1, ?2, 1700000000, 1700000000, CAST('t' AS BLOB), ?3, ?4, ?5, 'f16', ?6)",
+                               -1, &insert, nullptr) == SQLITE_OK);
+    for (Old& r : rows) {
+      if (ring.shard_of(r.key.group ^ clm::mix64(clm::key_fingerprint("t"))) != s) continue;
+      r.v = random_unit(rng, kDim);
+      std::vector<std::uint8_t> blob;
+      clm::encode_snapshot_blob(r.v, blob);
+      sqlite3_bind_int64(insert, 1, static_cast<std::int64_t>(r.key.fingerprint));
+      sqlite3_bind_blob(insert, 2, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+      sqlite3_bind_text(insert, 3, r.key.key.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_bind_int64(insert, 4, static_cast<std::int64_t>(r.key.group));
+      sqlite3_bind_int64(insert, 5, kDim);
+      sqlite3_bind_int64(insert, 6, static_cast<std::int64_t>(clm::snapshot_checksum(blob)));
+      REQUIRE(sqlite3_step(insert) == SQLITE_DONE);
+      sqlite3_reset(insert);
+    }
+    sqlite3_finalize(insert);
+    sqlite3_close(db);
+  }
+  for (const Old& r : rows) REQUIRE_FALSE(r.v.empty());
+
+  const auto before = files_of(dir.str());
+  std::unique_ptr<clm::SnapshotStore> store;
+  const clm::Status refused = clm::SnapshotStore::open(c, store);
+  INFO(refused.message());
+  CHECK(refused.code() == clm::StatusCode::failed_precondition);
+  CHECK(refused.message().find(fmt::format("clm_store rekey --adopt {}", dir.str())) != std::string::npos);
+  CHECK(refused.message().find("format 1") != std::string::npos);
+  clm::RekeyReport report;
+  const clm::Status no_text = clm::SnapshotStore::rekey(c, false, report);
+  CHECK(no_text.code() == clm::StatusCode::failed_precondition);  // no text to make keys from
+  CHECK(no_text.message().find("--adopt") != std::string::npos);
+  auto after = files_of(dir.str());
+  after.erase("LOCK");  // the rekey's lock file: no part of the store
+  CHECK(after == before);
+
+  const clm::Status adopted = clm::SnapshotStore::rekey(c, true, report);
+  INFO(adopted.message());
+  REQUIRE(adopted.ok());
+  CHECK(report.adopted);
+  CHECK(report.old_format == 1);
+  CHECK(report.old_rules == 0);
+  CHECK(report.new_rules == make_keyer(lex.a)->rules_fingerprint());
+  CHECK(report.kept == static_cast<std::int64_t>(rows.size()));
+  CHECK(report.rows_after == static_cast<std::int64_t>(rows.size()));
+  CHECK(report.rekeyed == 0);
+  for (int s = 0; s < 2; ++s) {
+    CHECK(query_sql(shard_db(dir.str(), s), "SELECT value FROM store_meta WHERE name = 'format'") ==
+          std::vector<std::string>{"2"});
+    CHECK(query_sql(shard_db(dir.str(), s),
+                    "SELECT count(*) FROM pragma_table_info('semantic_snapshots')"
+                    " WHERE name = 'source_text'") == std::vector<std::string>{"1"});
+  }
+  {
+    store = open_store(c);
+    std::vector<float> out;
+    for (const Old& r : rows) {
+      INFO(r.key.key);
+      CHECK(store->shard_of("t", r.key) == ring.shard_of(r.key.group ^ clm::mix64(clm::key_fingerprint("t"))));
+      const clm::SnapshotHit hit = lookup(*store, "t", r.key, {}, out);
+      CHECK(hit.level == SnapshotLevel::exact);
+      CHECK(clm_test::max_abs_diff(out, r.v) < kF16);
+    }
+    store.reset();
+  }
+  // Adopting again, or under other rules (the user's explicit choice), records those rules.
+  clm::SnapshotStoreConfig b = c;
+  b.keyer.lexicon_dir = lex.b;
+  REQUIRE(clm::SnapshotStore::rekey(b, true, report).ok());
+  CHECK(report.old_format == 2);
+  CHECK(report.old_rules == make_keyer(lex.a)->rules_fingerprint());
+  store = open_store(b);
+  std::vector<float> out;
+  CHECK(lookup(*store, "t", rows[0].key, {}, out).level == SnapshotLevel::exact);
+}
+
+TEST_CASE("rekey and open: bad directories and stores are refused with clear statuses", "[store][rekey][errors]") {
+  Lexicons lex;
+  clm_test::TempDir dir;
+  clm_test::ManualClock clock;
+  clm::SnapshotStoreConfig c = rekey_config(dir.file("store"), lex.a, clock);
+  clm::RekeyReport report;
+  // A missing directory, and one with no store: not_found, nothing created.
+  clm::Status s = clm::SnapshotStore::rekey(c, false, report);
+  INFO(s.message());
+  CHECK(s.code() == clm::StatusCode::not_found);
+  CHECK_FALSE(std::filesystem::exists(c.path));
+  std::filesystem::create_directories(c.path);
+  Lexicons::write(c.path + "/notes.txt", "not a store");
+  for (const bool adopt : {false, true}) {
+    s = clm::SnapshotStore::rekey(c, adopt, report);
+    CHECK(s.code() == clm::StatusCode::not_found);
+    CHECK(s.message().find("no snapshot store") != std::string::npos);
+  }
+  CHECK(files_of(c.path).size() == 1);
+  // A shard-00.db that is some other program's database: refused by open and rekey, left alone.
+  exec_sql(shard_db(c.path, 0), "CREATE TABLE mine (x INTEGER); INSERT INTO mine VALUES (7);");
+  const auto before = files_of(c.path);
+  std::unique_ptr<clm::SnapshotStore> store;
+  s = clm::SnapshotStore::open(c, store);
+  CHECK(s.code() == clm::StatusCode::failed_precondition);
+  CHECK(s.message().find("not a snapshot store") != std::string::npos);
+  s = clm::SnapshotStore::rekey(c, false, report);
+  CHECK(s.code() == clm::StatusCode::failed_precondition);
+  auto after = files_of(c.path);
+  after.erase("LOCK");
+  CHECK(after == before);
+  // A file that is no database at all.
+  std::filesystem::remove(shard_db(c.path, 0));
+  Lexicons::write(shard_db(c.path, 0), std::string(4096, 'x'));
+  CHECK(clm::SnapshotStore::rekey(c, false, report).code() == clm::StatusCode::io_error);
+  CHECK(clm::SnapshotStore::open(c, store).code() == clm::StatusCode::io_error);
+  // ":memory:", a path that is a file.
+  clm::SnapshotStoreConfig memory = c;
+  memory.path = ":memory:";
+  CHECK(clm::SnapshotStore::rekey(memory, false, report).code() == clm::StatusCode::invalid_argument);
+  clm::SnapshotStoreConfig file = c;
+  file.path = c.path + "/notes.txt";
+  CHECK(clm::SnapshotStore::rekey(file, false, report).code() == clm::StatusCode::not_found);
+
+  // A real store: another shape, or open elsewhere, is refused.
+  clm::SnapshotStoreConfig real = rekey_config(dir.file("real"), lex.a, clock);
+  std::mt19937 rng(7);
+  fill_rekey_store(real, clock, rng, 2);
+  clm::SnapshotStoreConfig shape = real;
+  shape.num_shards = 8;
+  CHECK(clm::SnapshotStore::rekey(shape, false, report).code() == clm::StatusCode::failed_precondition);
+  shape = real;
+  shape.snapshot_dim = kDim * 2;
+  CHECK(clm::SnapshotStore::rekey(shape, true, report).code() == clm::StatusCode::failed_precondition);
+  {
+    auto open = open_store(real);
+    s = clm::SnapshotStore::rekey(real, false, report);
+    CHECK(s.code() == clm::StatusCode::failed_precondition);
+    CHECK(s.message().find("already open") != std::string::npos);
+  }
+  clm::SnapshotStoreConfig bad_lexicons = real;
+  bad_lexicons.keyer.lexicon_dir = dir.file("no-such-lexicons");
+  CHECK_FALSE(clm::SnapshotStore::rekey(bad_lexicons, false, report).ok());
+  REQUIRE(clm::SnapshotStore::rekey(real, false, report).ok());  // under its own rules: nothing to do
+  CHECK(report.changed == 0);
+  CHECK(report.dropped == 0);
 }

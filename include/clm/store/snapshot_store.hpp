@@ -24,21 +24,39 @@
 //     the newest version, flagged unstable);
 //  2. ann: the query vector's nearest stored snapshots (hnswlib, inner product
 //     over unit vectors = cosine), the top `ann_top_k` above
-//     `similarity_floor` whose key's group (entity + polarised action) equals
-//     the query's; the best one is returned, all are listed;
-//  3. fallback: for a low-information suffix (greetings, thanks), the generic
-//     snapshot set for its key (or for "*") with set_fallback.
-// A tenant (the cache salt) sees only its own rows, fallbacks and index at
-// every level. A blacklisted key is never served at any level.
+//     `similarity_floor` whose key's group (the key without its details:
+//     polarised actions, objects and entities) equals the query's, each
+//     key's served version only (its newest stable one, else its newest);
+//     the best one is returned, all are listed;
+//  3. fallback: for a low-information suffix (greetings, thanks, any key the
+//     keyer abstained on), the generic snapshot set for its key (or for "*")
+//     with set_fallback.
+// A low-information key never reaches levels 1 and 2: it says too little to
+// pick one stored answer. A tenant (the cache salt) sees only its own rows,
+// fallbacks and index at every level. A blacklisted key is never served at
+// any level.
 //
-// Writing: record() counts a key's sightings and stores nothing until it has
-// been seen min_usage_threshold times (admission). After that, a snapshot
+// Writing: record() of a low-information key stores and counts nothing
+// (RecordResult::abstained, metrics().abstained). Otherwise it counts a key's
+// sightings and stores nothing until it has been seen min_usage_threshold
+// times (admission). After that, a snapshot
 // whose cosine to the newest version is below version_cosine becomes a new
 // version; one at or above confirms it. Over the last drift_window records of
 // a key, a total variance (mean squared distance from the window's mean)
 // above drift_variance starts a new version too (drift). Snapshots are
 // stored f16 in a self-describing, checksummed BLOB (snapshot_blob.hpp); a
 // row whose checksum fails is skipped and counted, never returned.
+//
+// Keys are versioned with their rules. A row keeps the text its key was made
+// of (source_text; none for a host's key), and every shard's store_meta
+// records the keyer's rules_fingerprint() (key_rules) the keys were made
+// under. open() refuses (failed_precondition, naming both fingerprints) a
+// store made under other rules, since the same text would now get another
+// key and silently miss, or hit another text's snapshot; it refuses a store
+// of format 1 (made before keys kept their text) and one whose rekey was
+// interrupted. A refused open writes nothing. rekey() (`clm_store rekey DIR`)
+// rebuilds every key from its text under the current rules, or with adopt
+// (`clm_store rekey --adopt DIR`) records the current rules and keeps the keys.
 //
 // Shards: num_shards SQLite databases (shard-NN.db in `path`), each with one
 // HNSW index per tenant beside it (shard-NN.<tenant>.hnsw). A key lives in
@@ -78,7 +96,8 @@
 // io_error for a database or file that cannot be opened, read or written
 // (a corrupt database, a full disk, a database locked past the write
 // timeout); failed_precondition for a store opened with another shard count
-// or snapshot_dim than it was created with; out_of_memory when host memory
+// or snapshot_dim than it was created with, under other key rules, of an
+// older format, or with a rekey left unfinished; out_of_memory when host memory
 // runs out (an allocation that fails inside a call is caught there, and its
 // transaction rolled back), internal for any other exception. Nothing
 // committed changes on error, and a failed batch writes none of its rows.
@@ -167,6 +186,7 @@ enum class RecordResult : std::uint8_t {
   new_version = 3,  // cosine below version_cosine: stored as a new version
   drifted = 4,      // the drift window's variance passed drift_variance: a new version
   not_written = 5,  // record_batch failed before this record's shard committed
+  abstained = 6,    // a low-information key: neither stored nor counted
 };
 const char* record_result_name(RecordResult result);
 
@@ -194,6 +214,7 @@ struct SnapshotStoreMetrics {
   std::uint64_t ann_unavailable = 0;    // level-2 lookups while the index was rebuilt (c)
   std::uint64_t records = 0;
   std::uint64_t counted = 0;     // records below the admission threshold
+  std::uint64_t abstained = 0;   // records of low-information keys: not stored
   std::uint64_t admissions = 0;  // keys stored for the first time
   std::uint64_t confirmations = 0;
   std::uint64_t versions = 0;         // new versions of existing keys (cosine or drift)
@@ -211,9 +232,66 @@ struct EvictionReport {
   std::int64_t pages_vacuumed = 0;
 };
 
+// What SnapshotStore::rekey did. Row counts are of this run (a rekey run
+// again after an interruption counts what it still had to do).
+struct RekeyReport {
+  std::uint64_t old_rules = 0;  // the key rules the store recorded (0: none, a format-1 store)
+  std::uint64_t new_rules = 0;  // the keyer's (config.keyer), recorded now
+  std::int32_t old_format = 0;  // the store format found: 1 or 2
+  bool adopted = false;         // adopt: the keys were kept as they were
+  bool resumed = false;         // an interrupted rekey was found and finished
+  std::int64_t rows_before = 0;
+  std::int64_t rows_after = 0;
+  std::int64_t rekeyed = 0;              // rows with text whose key was made again under the new rules
+  std::int64_t changed = 0;              // ... of them with a key other than before
+  std::int64_t moved = 0;                // ... of them moved to another shard (their new group routes there)
+  std::int64_t kept = 0;                 // rows kept with their key: host keys (no text); every row with adopt
+  std::int64_t dropped = 0;              // rows whose text makes no servable key now: deleted (see drops)
+  std::int64_t versions_renumbered = 0;  // rows whose version changed (keys that became one)
+  std::int64_t sightings_dropped = 0;    // admission counts of old keys (all: they have no text)
+  std::int64_t blacklist_dropped = 0;    // blacklist entries of keys that changed
+  std::int64_t indexes_rebuilt = 0;      // tenant indexes rebuilt afterwards
+  struct Drop {
+    std::string reason;  // "abstained: ..." (low_information) or the keyer's error
+    std::int64_t rows = 0;
+    std::string example;  // one text dropped for this reason
+  };
+  std::vector<Drop> drops;  // by reason, most rows first
+};
+
 class SnapshotStore {
  public:
   static Status open(const SnapshotStoreConfig& config, std::unique_ptr<SnapshotStore>& out);
+
+  // Brings the closed store at config.path under the rules of config.keyer
+  // (config.num_shards and snapshot_dim must be the store's).
+  //
+  // Without adopt: every row with text gets its key made again (a row whose
+  // new group routes to another shard moves there, in its tenant); host keys
+  // (rows without text) are kept; a row whose text makes no servable key now
+  // (low_information, or refused) is deleted and counted by reason. Where
+  // keys became one, that key's versions are numbered again 1.. in created_at
+  // order. Blacklist entries of keys that changed and every admission count
+  // (sightings: they keep no text) are dropped. The index files are deleted
+  // first and rebuilt at the end. Each shard's rows change in one
+  // transaction; rows move through an outbox, so none is lost or doubled by
+  // a crash. The store is marked (store_meta rekey_to) before anything
+  // changes and key_rules is recorded only once every shard is done: an
+  // interrupted rekey makes open() refuse the store until rekey runs again
+  // (with any keyer), and finishes it. A format-1 store is refused (its rows
+  // have no text): adopt it.
+  //
+  // With adopt: records the keyer's rules and keeps every key; a format-1
+  // store gets the source_text column (empty for its rows) and format 2.
+  // Refused for a store with an interrupted rekey: finish that first.
+  //
+  // Errors: invalid_argument for a bad config or ":memory:"; not_found for a
+  // missing directory or one with no store; failed_precondition for another
+  // shape, a format this library does not know, a store open elsewhere;
+  // io_error for a database that cannot be read or written (that shard's
+  // transaction rolled back: run rekey again).
+  static Status rekey(const SnapshotStoreConfig& config, bool adopt, RekeyReport& report);
+
   ~SnapshotStore();  // saves the index files and waits for a rebuild in progress
   SnapshotStore(const SnapshotStore&) = delete;
   SnapshotStore& operator=(const SnapshotStore&) = delete;

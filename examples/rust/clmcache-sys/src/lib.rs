@@ -337,6 +337,7 @@ pub const CLM_RECORD_ADMITTED: i32 = 1;
 pub const CLM_RECORD_CONFIRMED: i32 = 2;
 pub const CLM_RECORD_NEW_VERSION: i32 = 3;
 pub const CLM_RECORD_DRIFTED: i32 = 4;
+pub const CLM_RECORD_ABSTAINED: i32 = 6;
 
 pub const CLM_SNAPSHOT_KEY_BYTES: usize = 264;
 

@@ -252,6 +252,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         constant!(CLM_RECORD_CONFIRMED),
         constant!(CLM_RECORD_NEW_VERSION),
         constant!(CLM_RECORD_DRIFTED),
+        constant!(CLM_RECORD_ABSTAINED),
         constant!(CLM_SNAPSHOT_KEY_BYTES),
     ]
 }

@@ -81,6 +81,8 @@ raw_enum!(
         NewVersion = sys::CLM_RECORD_NEW_VERSION,
         /// The key's recent records drifted apart: stored as a new version.
         Drifted = sys::CLM_RECORD_DRIFTED,
+        /// The text's key abstained (low information): neither stored nor counted.
+        Abstained = sys::CLM_RECORD_ABSTAINED,
     }
 );
 
@@ -143,7 +145,7 @@ pub struct RecordOutcome {
 /// A suffix key as the engine's keyer makes it ([`Engine::suffix_key`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SuffixKey {
-    /// "ORDER-789-QUERY-STATUS", ...
+    /// "QUERY-ORDER-789-STATUS", "NOT-QUERY-ORDER-789", "GREETING", ...
     pub key: String,
     /// FNV-1a 64 of `key`.
     pub fingerprint: u64,
@@ -175,7 +177,13 @@ impl Engine {
     /// The key the engine's keyer makes of `text` (`clm_suffix_key`):
     /// paraphrases share one ("Please check the status of order 789" and
     /// "What's the status of order #789?" both give
-    /// "ORDER-789-QUERY-STATUS"). Text with no content is `InvalidArgument`.
+    /// "QUERY-ORDER-789-STATUS"; "Don't check order 789" gives another,
+    /// "NOT-QUERY-ORDER-789"). Text the keyer cannot pin down (a greeting, an
+    /// action with no object or entity, a word its lexicons lack) still gets
+    /// a key ("GREETING", ...), but it is low-information: never stored, never
+    /// served at levels 1 and 2, only by a fallback
+    /// ([`Engine::set_fallback_snapshot`]). Text with no content or invalid
+    /// UTF-8 is `InvalidArgument`.
     pub fn suffix_key(&self, text: &str) -> Result<SuffixKey> {
         let mut buffer = vec![0 as c_char; 64];
         loop {

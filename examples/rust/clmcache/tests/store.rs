@@ -116,7 +116,7 @@ fn record_then_lookup_at_every_level_with_tenants_and_metrics() {
     // Text: paraphrases share a key; record one, find it by the other.
     let k1 = engine.suffix_key("Please check the status of order 789").unwrap();
     let k2 = engine.suffix_key("What's the status of order #789?").unwrap();
-    assert_eq!(k1.key, "ORDER-789-QUERY-STATUS");
+    assert_eq!(k1.key, "QUERY-ORDER-789-STATUS");
     assert_eq!(k1, k2);
     assert_eq!(k1.fingerprint, fnv1a(&k1.key));
     assert_ne!(engine.suffix_key("Don't check order 789").unwrap().key, k1.key);
@@ -124,8 +124,11 @@ fn record_then_lookup_at_every_level_with_tenants_and_metrics() {
     let rec = engine.record_snapshot(&a, Suffix::Text("Please check the status of order 789"), &w).unwrap();
     assert_eq!(rec.result, RecordResult::Admitted);
     let r = one(&engine, &a, Suffix::Text("What's the status of order #789?"), None);
-    assert_eq!((r.hits[0].level, r.hits[0].key.as_str()), (SnapshotLevel::Exact, "ORDER-789-QUERY-STATUS"));
+    assert_eq!((r.hits[0].level, r.hits[0].key.as_str()), (SnapshotLevel::Exact, "QUERY-ORDER-789-STATUS"));
     assert!(max_error(&r.snapshots, &unit64(&w)) <= 1e-3);
+    // A text whose key abstains ("cancel it": cancel what?) is neither stored nor counted.
+    let abstained = engine.record_snapshot(&a, Suffix::Text("cancel it"), &w).unwrap();
+    assert_eq!((abstained.result, abstained.version), (RecordResult::Abstained, 0));
 
     // Level 2: a neighbour of the same group.
     let near = rng.vec(DIM, 1.0);
@@ -205,7 +208,7 @@ fn record_then_lookup_at_every_level_with_tenants_and_metrics() {
     assert_eq!((m.store_hits_exact, m.store_hits_ann, m.store_hits_fallback), (4, 1, 2));
     assert_eq!(m.store_misses, 3 + 8 + 1 + 1);
     assert_eq!(m.store_lookups, 4 + 1 + 2 + 13);
-    assert_eq!((m.store_records, m.store_admissions, m.store_confirmations, m.store_counted), (4, 3, 1, 0));
+    assert_eq!((m.store_records, m.store_admissions, m.store_confirmations, m.store_counted), (5, 3, 1, 0)); // and the abstained "cancel it"
     assert_eq!((m.store_snapshots, m.store_outcome_reports, m.store_versions), (3, 1, 0));
     assert_eq!((m.src_retrievals_found, m.src_retrievals_failed), (7, 13));
 }
@@ -297,10 +300,10 @@ fn a_long_key_is_sized_by_the_library() {
     // suffix_key starts with a 64-byte buffer and grows it to the size the
     // library asks for: a text with many details gives a long key.
     let engine = Engine::new(&options()).unwrap();
-    let text = "Check the status, delivery date, billing address, payment method, balance, fees, price, \
-                policy, reason, quantity and history of order 789";
+    let text = "Check the status and delivery date and billing address and payment method and balance and \
+                fees and price and policy and reason and quantity and history of order 789";
     let k = engine.suffix_key(text).unwrap();
-    assert!(k.key.starts_with("ORDER-789"), "{}", k.key);
+    assert!(k.key.starts_with("QUERY-ORDER-789-STATUS+"), "{}", k.key);
     assert!(k.key.len() > 64, "{}", k.key);
     assert_eq!(k.fingerprint, fnv1a(&k.key));
 }

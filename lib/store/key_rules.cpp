@@ -1,0 +1,538 @@
+// lib/store/key_rules.cpp: the suffix keyer's key rules (key_rules.hpp):
+// tokens from normalised text, then clauses, then the key. One pass per step,
+// bounded work per unit: time is linear in the text whatever it holds.
+#include "key_rules.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "suffix_text.hpp"
+
+namespace clm::store_detail {
+
+namespace {
+
+constexpr std::size_t kMaxKeyBytes = 256;
+
+struct Token {
+  enum Kind : std::uint8_t {
+    action,
+    object,
+    detail,
+    entity,
+    negation,
+    negation_after,
+    question,
+    aux,
+    polite,
+    greeting,
+    role,
+    subject,  // a stopword named SUBJECT (i, we, 我): an auxiliary after it does not ask
+    unknown,
+    clause_end,
+  } kind = unknown;
+  std::uint32_t name = 0;
+  std::string text;            // an entity's canonical text, an unknown word
+  bool question_mark = false;  // clause_end: a question mark
+  bool past = false;           // an action in a past form ("cancelled", "sent")
+};
+
+// Where an entity pattern matched: [begin, end) of the normalised text, and
+// the run that names the entity.
+struct PatternMatch {
+  std::size_t begin = 0, end = 0;
+  Span run;
+};
+
+// A number word the lexicon does not claim ("one" and 一 are mostly "a";
+// words with 一 in them are lexicon entries): its digits, or nullptr. Compound
+// numerals stay apart as entities side by side (二十三: 2-10-3), which tells
+// them apart from each other if not from "23".
+const char* numeral_value(std::string_view unit) {
+  static constexpr std::pair<std::string_view, const char*> kNumerals[] = {
+      {"two", "2"},     {"three", "3"},   {"four", "4"},   {"five", "5"},    {"six", "6"},       {"seven", "7"},
+      {"eight", "8"},   {"nine", "9"},    {"ten", "10"},   {"eleven", "11"}, {"twelve", "12"},   {"fifteen", "15"},
+      {"twenty", "20"}, {"thirty", "30"}, {"forty", "40"}, {"fifty", "50"},  {"hundred", "100"}, {"thousand", "1000"},
+      {"〇", "0"},      {"零", "0"},      {"一", "1"},     {"二", "2"},      {"两", "2"},        {"三", "3"},
+      {"四", "4"},      {"五", "5"},      {"六", "6"},     {"七", "7"},      {"八", "8"},        {"九", "9"},
+      {"十", "10"},     {"百", "100"},    {"千", "1000"},  {"万", "10000"},
+  };
+  for (const auto& [word, value] : kNumerals) {
+    if (unit == word) return value;
+  }
+  return nullptr;
+}
+
+// Whether an English surface is a verb's past form: a word in -ed or an
+// irregular past. "My flight was cancelled" and "I cancelled my order" report
+// what happened; "cancel my flight" asks for it.
+bool is_past_form(const std::vector<std::string_view>& units, std::size_t first, std::size_t count) {
+  static constexpr std::string_view kIrregular[] = {
+      "sent",  "paid",  "bought", "made",   "done",   "gone",  "came",    "went",  "lost",    "broke",
+      "taken", "took",  "given",  "gave",   "forgot", "chose", "chosen",  "held",  "kept",    "sold",
+      "spent", "told",  "found",  "frozen", "stolen", "stole", "written", "wrote", "brought", "left",
+      "won",   "begun", "began",  "shut",   "put",    "set",   "hit",     "quit",  "split",   "upset",
+  };
+  for (std::size_t k = first; k < first + count; ++k) {
+    const std::string_view w = units[k];
+    if (w.size() > 3 && w.substr(w.size() - 2) == "ed" && std::all_of(w.begin(), w.end(), is_ascii_alnum)) {
+      return true;
+    }
+    for (std::string_view irregular : kIrregular) {
+      // "put", "set", "hit", "quit", "split", "shut" are their present forms too: only with -ed would they tell.
+      if (w == irregular && irregular != "put" && irregular != "set" && irregular != "hit" && irregular != "quit" &&
+          irregular != "split" && irregular != "shut" && irregular != "upset") {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool has_ascii_digit(std::string_view unit) { return std::any_of(unit.begin(), unit.end(), is_ascii_digit); }
+
+std::size_t offset_of(std::string_view norm, std::string_view unit) {
+  return static_cast<std::size_t>(unit.data() - norm.data());
+}
+
+// Leftmost, non-overlapping matches of the patterns, tried in order at each
+// unit's start.
+void find_pattern_matches(const std::vector<Pattern>& patterns, std::string_view norm,
+                          const std::vector<std::string_view>& units, std::vector<PatternMatch>& out) {
+  out.clear();
+  if (patterns.empty()) return;
+  MatchScratch scratch;
+  std::size_t covered = 0;
+  for (std::string_view unit : units) {
+    const std::size_t start = offset_of(norm, unit);
+    if (start < covered) continue;
+    for (const Pattern& p : patterns) {
+      if (p.first_byte >= 0 && static_cast<unsigned char>(norm[start]) != p.first_byte) continue;
+      PatternMatch m;
+      m.begin = start;
+      if (match_at(p, norm, start, m.run, scratch, &m.end)) {
+        covered = m.end;
+        out.push_back(m);
+        break;
+      }
+    }
+  }
+}
+
+class Tokenizer {
+ public:
+  Tokenizer(const Lexicon& lex, std::string_view norm) : lex_(lex), norm_(norm) {}
+
+  void run(const std::vector<std::string_view>& units, const std::vector<PatternMatch>& matches,
+           std::vector<Token>& out) {
+    out_ = &out;
+    std::size_t next_match = 0;
+    std::string probe;
+    for (std::size_t i = 0; i < units.size();) {
+      const std::size_t at = offset_of(norm_, units[i]);
+      if (next_match < matches.size() && at >= matches[next_match].begin) {
+        const PatternMatch& m = matches[next_match++];
+        add_entity(std::string(norm_.substr(m.run.begin, m.run.end - m.run.begin)));
+        while (i < units.size() && offset_of(norm_, units[i]) < m.end) ++i;
+        continue;
+      }
+      const std::string_view unit = units[i];
+      if (unit.size() == 1 && (unit[0] == kClauseBreak || unit[0] == kQuestionBreak)) {
+        flush_unit_as_detail();
+        out.push_back({Token::clause_end, 0, {}, unit[0] == kQuestionBreak});
+        last_entity_ = false;
+        ++i;
+        continue;
+      }
+      // The longest lexicon entry here, never reaching into a pattern's match.
+      const std::size_t limit = next_match < matches.size() ? matches[next_match].begin : norm_.size();
+      probe.clear();
+      std::int32_t best = -1;
+      std::size_t best_len = 0;
+      for (std::size_t k = 0; k < lex_.max_units && i + k < units.size(); ++k) {
+        if (offset_of(norm_, units[i + k]) >= limit) break;
+        if (k) probe.push_back(' ');
+        probe.append(units[i + k]);
+        const auto it = lex_.surfaces.find(probe);
+        if (it == lex_.surfaces.end()) break;
+        if (it->second >= 0) {
+          best = it->second;
+          best_len = k + 1;
+        }
+      }
+      if (best < 0) {
+        if (has_ascii_digit(unit)) {
+          add_entity(std::string(unit));
+        } else if (const char* value = numeral_value(unit)) {
+          add_entity(value);  // "two rooms", 两件: numbers written out are numbers
+        } else {
+          flush_unit_as_detail();
+          out.push_back({Token::unknown, 0, std::string(unit), false});
+          last_entity_ = false;
+        }
+        ++i;
+        continue;
+      }
+      const bool past = is_past_form(units, i, best_len);
+      i += best_len;
+      add_entry(lex_.entries[static_cast<std::size_t>(best)]);
+      if (past && !out.empty() && out.back().kind == Token::action) out.back().past = true;
+    }
+    flush_unit_as_detail();
+  }
+
+ private:
+  // Numbers side by side are one entity; a unit just before a number waits for it.
+  void add_entity(std::string text) {
+    if (last_entity_ && !out_->empty() && out_->back().kind == Token::entity && !pending_unit_) {
+      out_->back().text += '-';
+      out_->back().text += text;
+      return;
+    }
+    if (pending_unit_) {
+      text += unit_suffix(pending_unit_name_);
+      pending_unit_ = false;
+    }
+    out_->push_back({Token::entity, 0, std::move(text), false});
+    last_entity_ = true;
+  }
+
+  std::string unit_suffix(std::uint32_t name) const {
+    std::string s = lex_.names[name];
+    std::transform(s.begin(), s.end(), s.begin(), [](char c) { return c >= 'A' && c <= 'Z' ? char(c + 32) : c; });
+    return s;
+  }
+
+  // A unit with no number after it says which unit is meant ("in dollars"): a detail.
+  void flush_unit_as_detail() {
+    if (!pending_unit_) return;
+    out_->push_back({Token::detail, pending_unit_name_, {}, false});
+    pending_unit_ = false;
+  }
+
+  void add_entry(const Entry& e) {
+    if (e.category == Category::unit) {
+      if (last_entity_ && !out_->empty() && out_->back().kind == Token::entity) {
+        out_->back().text += unit_suffix(e.name);  // "20 dollars": 20usd
+        last_entity_ = false;
+        return;
+      }
+      flush_unit_as_detail();
+      pending_unit_ = true;  // "$20": waits for its number
+      pending_unit_name_ = e.name;
+      return;
+    }
+    flush_unit_as_detail();
+    last_entity_ = false;
+    switch (e.category) {
+      case Category::action:
+        out_->push_back({Token::action, e.name, {}, false});
+        break;
+      case Category::object:
+        out_->push_back({Token::object, e.name, {}, false});
+        break;
+      case Category::detail:
+        // "退房后再退押金": what comes after AFTER or BEFORE is another clause,
+        // so the two sides keep their places ("退押金后再退房" differs).
+        if (lex_.names[e.name] == "AFTER" || lex_.names[e.name] == "BEFORE") {
+          out_->push_back({Token::clause_end, 0, {}, false});
+        }
+        out_->push_back({Token::detail, e.name, {}, false});
+        break;
+      case Category::negation:
+        out_->push_back({lex_.names[e.name] == "NOT_AFTER" ? Token::negation_after : Token::negation, 0, {}, false});
+        out_->back().past = lex_.names[e.name] == "NOT_PAST";
+        break;
+      case Category::question:
+        out_->push_back({Token::question, e.name, {}, false});
+        break;
+      case Category::aux:
+        out_->push_back({Token::aux, e.name, {}, false});
+        break;
+      case Category::polite:
+        out_->push_back({Token::polite, 0, {}, false});
+        break;
+      case Category::greeting:
+        out_->push_back({Token::greeting, e.name, {}, false});
+        break;
+      case Category::role:
+        out_->push_back({Token::role, e.name, {}, false});
+        break;
+      case Category::stopword:
+        if (lex_.names[e.name] == "SUBJECT") out_->push_back({Token::subject, 0, {}, false});
+        break;
+      case Category::unit:
+        break;
+    }
+  }
+
+  const Lexicon& lex_;
+  std::string_view norm_;
+  std::vector<Token>* out_ = nullptr;
+  bool last_entity_ = false;
+  bool pending_unit_ = false;
+  std::uint32_t pending_unit_name_ = 0;
+};
+
+struct Element {
+  std::string text;  // a name, or an entity's text, after its role: "FROM.MONTHLY"
+  bool negated = false;
+  bool past = false;  // an action reported, not asked for
+  std::string shown() const { return negated ? "NOT-" + text : text; }
+};
+
+struct Clause {
+  std::string mood;      // "", "ASK", or an aux's name ("ASK_ABLE")
+  bool negated = false;  // a negation that governs nothing in it: "no, ..."
+  std::vector<Element> actions, objects, entities, details;
+
+  bool empty() const { return mood.empty() && says_nothing(); }
+  // Nothing but a mood ("你好，在吗？"): no request in it.
+  bool says_nothing() const {
+    return !negated && actions.empty() && objects.empty() && entities.empty() && details.empty();
+  }
+  // An action with what it acts on, or things that name the request without
+  // a verb (退押金: RETURN+DEPOSIT, "order 789 refund"); never an action or a
+  // detail alone ("cancel it" needs the conversation to say what "it" is).
+  bool says_enough() const {
+    const std::size_t things = objects.size() + entities.size();
+    return (!actions.empty() && things >= 1) || things >= 2;
+  }
+
+  void render(std::string& out, bool with_details) const {
+    auto section = [&out](auto&& parts, auto&& text_of) {
+      if (parts.empty()) return;
+      if (!out.empty() && out.back() != '|') out.push_back('-');
+      bool first = true;
+      for (const auto& p : parts) {
+        if (!first) out.push_back('+');
+        first = false;
+        out += text_of(p);
+      }
+    };
+    auto element = [](const Element& e) { return e.shown(); };
+    if (negated) section(std::vector<std::string>{"NOT"}, [](const std::string& s) { return s; });
+    if (!mood.empty()) section(std::vector<std::string>{mood}, [](const std::string& s) { return s; });
+    section(actions, element);
+    section(objects, element);
+    section(entities, element);
+    if (with_details) section(details, element);
+  }
+};
+
+// The clause between two breaks, from its tokens.
+Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, const Token* end, bool question_mark) {
+  Clause c;
+  bool pending_not = false;
+  bool pending_past = false;  // the negation was of what happened: "didn't", 没
+  std::string role;           // the role of the very next token ("FROM.")
+  bool polite = false, question_word = false;
+  bool first = true;  // no token of the clause seen yet but greetings and polite forms
+  std::string aux, aux_after_subject;
+  bool after_subject = false;  // the token before this one was the clause's first, a subject
+  for (const Token* t = begin; t != end; ++t) {
+    std::string this_role;
+    this_role.swap(role);  // a role governs the next token only ("want to cancel": no role for CANCEL)
+    switch (t->kind) {
+      case Token::action:
+        c.actions.push_back({lex.names[t->name], pending_not, t->past || (pending_not && pending_past)});
+        pending_not = false;
+        break;
+      case Token::object:
+      case Token::entity: {
+        auto& list = t->kind == Token::object ? c.objects : c.entities;
+        list.push_back({this_role + (t->kind == Token::entity ? t->text : lex.names[t->name]), pending_not});
+        pending_not = false;
+        break;
+      }
+      case Token::detail:
+        c.details.push_back({this_role + lex.names[t->name], false});
+        break;
+      case Token::role:
+        role = lex.names[t->name] + ".";
+        break;
+      case Token::negation:
+        pending_not = true;
+        pending_past = t->past;
+        break;
+      case Token::negation_after:
+        if (!c.actions.empty()) {
+          c.actions.back().negated = true;
+        } else {
+          pending_not = true;
+        }
+        break;
+      case Token::question:
+        if (lex.names[t->name] == "QMARK") {
+          question_mark = true;  // 吗, 呢: a spoken question mark, which a polite form outranks
+        } else {
+          question_word = true;
+          if (t->name != query) c.details.push_back({lex.names[t->name], false});
+        }
+        break;
+      case Token::aux:
+        // Opening the clause, an auxiliary asks ("can I cancel"); after a
+        // subject it states ("I can cancel"), unless the clause asks anyway
+        // ("我可以取消吗", "I can cancel it?").
+        if (first) aux = lex.names[t->name];
+        if (after_subject && aux.empty()) aux_after_subject = lex.names[t->name];
+        break;
+      case Token::polite:
+        polite = true;
+        break;
+      case Token::greeting:
+      case Token::subject:
+      case Token::unknown:
+      case Token::clause_end:
+        break;
+    }
+    if (t->kind == Token::negation && !this_role.empty()) role = this_role;  // "from not X" keeps FROM
+    after_subject = first && t->kind == Token::subject;
+    if (t->kind != Token::greeting && t->kind != Token::polite) first = false;
+  }
+  if (pending_not) {
+    if (question_mark && !question_word && aux.empty() && !c.actions.empty()) {
+      question_word = true;  // 支付成功没有？: the negation asks, it does not negate
+    } else if (!c.actions.empty()) {
+      c.actions.back().negated = true;  // 登录不了
+    } else {
+      c.negated = true;
+    }
+  }
+  const bool asks = !aux.empty() || question_word || (question_mark && !polite);
+  if (aux.empty() && asks) aux = aux_after_subject;
+  const auto is_plain_query = [query, &lex](const Element& e) { return !e.negated && e.text == lex.names[query]; };
+  const bool other_action =
+      std::any_of(c.actions.begin(), c.actions.end(), [&](const Element& e) { return e.text != lex.names[query]; });
+  if (!aux.empty() && aux != "ASK") {
+    c.mood = aux;  // can i ...: ASK_ABLE, its own question
+  } else if (asks && !other_action) {
+    // A question about the state of something is the action QUERY.
+    if (c.actions.empty() && (!c.objects.empty() || !c.entities.empty() || !c.details.empty())) {
+      c.actions.push_back({lex.names[query], false});
+    } else if (c.actions.empty()) {
+      c.mood = "ASK";
+    }
+  } else if (asks || (other_action && std::any_of(c.actions.begin(), c.actions.end(), is_plain_query))) {
+    // A question about an action ("has 789 shipped", "check whether 789
+    // shipped"): ASK and the action; the QUERY is the question's form.
+    c.mood = "ASK";
+    c.actions.erase(std::remove_if(c.actions.begin(), c.actions.end(), is_plain_query), c.actions.end());
+  } else if (c.actions.empty() && !c.details.empty()) {
+    c.actions.push_back({lex.names[query], false});  // "refund status of order 7" asks
+  }
+  if (c.mood.empty() && !asks) {
+    // A statement of what happened: not the request to do it.
+    for (Element& a : c.actions) {
+      if (a.past) a.text += "_DONE";
+    }
+  }
+  // Objects, entities and details keep their order, as actions do: sorted,
+  // "退机票" would meet "机票退了" (a paraphrase), but "swap my aisle seat for
+  // a window seat" would meet its reverse, and on the tuning pairs the second
+  // kind outnumbers the first. A repeated one counts once.
+  for (auto* list : {&c.objects, &c.entities, &c.details}) {
+    std::vector<Element> unique;
+    for (Element& e : *list) {
+      const std::string shown = e.shown();
+      if (std::none_of(unique.begin(), unique.end(), [&](const Element& u) { return u.shown() == shown; })) {
+        unique.push_back(std::move(e));
+      }
+    }
+    *list = std::move(unique);
+  }
+  return c;
+}
+
+}  // namespace
+
+Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
+  std::vector<std::string_view> units;
+  split_units(norm, units);
+  std::vector<PatternMatch> matches;
+  find_pattern_matches(patterns, norm, units, matches);
+  std::vector<Token> tokens;
+  Tokenizer(lexicon, norm).run(units, matches, tokens);
+
+  const Token* unknown = nullptr;
+  bool any_greeting = false;
+  std::uint32_t greeting = 0;  // the last one
+  for (const Token& t : tokens) {
+    if (t.kind == Token::unknown && unknown == nullptr) unknown = &t;
+    if (t.kind == Token::greeting) {
+      any_greeting = true;
+      greeting = t.name;
+    }
+  }
+  std::vector<Clause> clauses;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= tokens.size(); ++i) {
+    if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
+    const bool question_mark = i < tokens.size() && tokens[i].question_mark;
+    Clause c = make_clause(lexicon, query, tokens.data() + start, tokens.data() + i, question_mark);
+    if (!c.empty()) clauses.push_back(std::move(c));
+    start = i + 1;
+  }
+
+  SuffixKey k;
+  for (const Clause& c : clauses) {
+    if (!k.key.empty()) k.key.push_back('|');
+    c.render(k.key, true);
+  }
+  std::string group;
+  for (const Clause& c : clauses) {
+    if (!group.empty()) group.push_back('|');
+    c.render(group, false);
+  }
+  for (const Clause& c : clauses) {
+    for (const Element& a : c.actions) {
+      if (!k.action.empty()) k.action.push_back('+');
+      k.action += a.negated ? "NOT-" + a.text : a.text;
+    }
+    for (const Element& e : c.entities) {
+      if (!k.entity.empty()) k.entity.push_back('+');
+      k.entity += e.negated ? "NOT-" + e.text : e.text;
+    }
+    for (const Element& o : c.objects) {
+      if (k.object.empty() && !o.negated) k.object = o.text;
+    }
+    for (const Element& d : c.details) k.details.push_back(d.shown());
+  }
+  std::sort(k.details.begin(), k.details.end());
+  k.details.erase(std::unique(k.details.begin(), k.details.end()), k.details.end());
+
+  if (unknown != nullptr) {
+    k.low_information = true;
+    k.abstain_reason = fmt::format("unknown word \"{}\"", unknown->text);
+  } else if (clauses.empty() || (any_greeting && std::all_of(clauses.begin(), clauses.end(),
+                                                             [](const Clause& c) { return c.says_nothing(); }))) {
+    if (!any_greeting) return invalid_argument("no content");
+    k.key = lexicon.names[greeting];
+    group = k.key;
+    k.low_information = true;
+    k.abstain_reason = "a greeting or thanks only";
+  } else if (std::none_of(clauses.begin(), clauses.end(), [](const Clause& c) { return c.says_enough(); })) {
+    k.low_information = true;
+    k.abstain_reason = "no clause has an action with an object or an entity";
+  }
+  if (k.key.size() > kMaxKeyBytes) {
+    // As long as a host key may be, at most: a longer one names no request people repeat.
+    k.low_information = true;
+    k.abstain_reason = fmt::format("a key longer than {} bytes", kMaxKeyBytes);
+    k.key.clear();
+    group.clear();
+    k.entity.clear();
+  }
+  if (k.key.empty()) k.key = "LOW_INFO";
+  if (group.empty()) group = k.key;
+  k.fingerprint = key_fingerprint(k.key);
+  k.group = key_fingerprint(group);
+  key = std::move(k);
+  return Status::success();
+}
+
+}  // namespace clm::store_detail
