@@ -16,6 +16,12 @@
 # question from a new one (train_clm prints its AUC). With the gate open,
 # every step looks its suffix up, and the table shows what the store finds,
 # level by level. A host with real weights keeps the traffic-based threshold.
+#
+# Then what was reused: one line per snapshot the store served a request, the
+# question asked <- the question whose snapshot it was, with their intents
+# (examples/demo/questions.tsv), marked OTHER when they differ, and the
+# counts; the same pairs go to BUILD_DIR/clm-demo/reuse.tsv (columns in
+# examples/demo/reuse_report.hpp).
 set -euo pipefail
 export LC_ALL=C
 if [[ $# -lt 1 ]]; then
@@ -53,4 +59,4 @@ if [[ ! -f $trained/head.safetensors || ! -f $trained/projection.safetensors || 
   cp "$key" "$trained/model-key.txt"
   echo
 fi
-"$demo" --clm-dir "$trained" --src-threshold 0 "$@"
+"$demo" --clm-dir "$trained" --src-threshold 0 --reuse-tsv "$build/clm-demo/reuse.tsv" "$@"

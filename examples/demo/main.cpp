@@ -4,11 +4,20 @@
 // prompt computed in full), then the cache on (device tier + host tier).
 // While it runs, a progress bar; at the end, tables: prompt tokens and where
 // the cached ones came from, TTFT p50/p99 and decode tokens/s for both runs,
-// per turn, and the engine's metrics in the Prometheus text format.
+// per turn, and the engine's metrics in the Prometheus text format. With CLM
+// in the loop, what it reused (reuse_report.hpp): one line per snapshot the
+// store served a request, the question asked <- the question whose snapshot
+// it was, with their intents, the level, key and similarity, marked OTHER
+// when the intents differ; then how many hits, and how many from another
+// intent.
 //
 //   clm_demo [--users 12] [--turns 3] [--system-bytes 1536] [--max-new-tokens 16] [--threads 0]
 //            [--device-tokens 4096] [--host-tokens 32768] [--weights F --config F] [--seed 1]
+//            [--questions F]       the questions file (default: examples/demo/questions.tsv)
+//            [--lexicons DIR]      words of the demo's domain added to the suffix keyer's built-in ones
+//                                  (default: examples/demo/lexicon; "" for the built-ins alone)
 //            [--clm-dir DIR]       CLM in the loop in the cached run, with DIR's trained parts
+//            [--reuse-tsv F]       with --clm-dir: also write the reuse pairs (below) into F, as TSV
 //            [--collect DIR]       only the cached run, CLM off, collecting CLM training data into DIR
 //            [--temperature 0]     sampling (0: greedy)
 //            [--src-threshold X]   the SRC gate's threshold in [0, 1] (default: the library's, from traffic)
@@ -37,6 +46,7 @@
 #include "clm_collect.hpp"
 #include "clm_loop.hpp"
 #include "demo_run.hpp"
+#include "reuse_report.hpp"
 
 namespace {
 
@@ -57,9 +67,10 @@ struct DemoFlags {
   std::int32_t host_tokens = 32768;
   std::string weights, config;
   std::uint64_t seed = 1;
-  std::string clm_dir, collect_dir, model_key_path;
-  float src_threshold = -1.0f;  // < 0: the library's, from traffic
-  float temperature = 0.0f;     // greedy: a random-weight model then falls into loops, the repeats CLM learns
+  std::string clm_dir, collect_dir, model_key_path, reuse_tsv;
+  std::string lexicons = CLM_DEMO_LEXICONS;  // Debian's words: without them the keyer abstains on every question
+  float src_threshold = -1.0f;               // < 0: the library's, from traffic
+  float temperature = 0.0f;  // greedy: a random-weight model then falls into loops, the repeats CLM learns
 };
 
 // The store's default snapshot size, or half the hidden size of a smaller model.
@@ -99,6 +110,7 @@ clm::Status make_stack(const DemoFlags& flags, const tiny_llama::LlamaConfig& co
   e.snapshot_store.snapshot_dim = snapshot_dim_for(config);
   // The demo runs for a minute, not a day: a suffix is stored at its first sighting.
   e.snapshot_store.min_usage_threshold = 1;
+  e.snapshot_store.keyer.lexicon_dir = flags.lexicons;
   e.src_gate.threshold_override = flags.src_threshold;
   // Without the cache, the pool holds only the running requests' pages: room for a full batch of long prompts.
   const std::int64_t tokens = cached ? flags.device_tokens : std::int64_t{flags.max_batch} * 4096;
@@ -145,7 +157,7 @@ std::string thousands(std::int64_t v) {
 
 void print_tables(const DemoFlags& flags, const tiny_llama::LlamaConfig& config, const tiny_llama_demo::Scenario& sc,
                   const RunReport& off_report, const RunReport& on_report, const clm::Engine& engine,
-                  const tiny_llama::ClmLoop* clm_loop) {
+                  const tiny_llama::ClmLoop* clm_loop, const tiny_llama_demo::ReuseReport& reuse) {
   const Summary off = summarize(off_report), on = summarize(on_report);
   std::printf(
       "\nDebian support bot: %zu users x %d turns = %lld requests; system prompt of %zu bytes of the Debian "
@@ -207,6 +219,10 @@ void print_tables(const DemoFlags& flags, const tiny_llama::LlamaConfig& config,
     std::printf("  requests with a snapshot hit: %lld of %lld repeated questions, %lld of %lld others\n",
                 static_cast<long long>(repeated_hits), static_cast<long long>(repeated),
                 static_cast<long long>(other_hits), static_cast<long long>(other));
+    std::printf(
+        "\nCLM reuse, per snapshot the store served: the question asked <- the question whose snapshot it was "
+        "[intents]\n(level, key and version, best similarity, hits: forwards that got it)\n%s",
+        tiny_llama_demo::format_reuse(reuse, flags.reuse_tsv).c_str());
   } else {
     std::printf("\nCLM in the loop: off (no trained parts given: --clm-dir)\n");
   }
@@ -305,6 +321,12 @@ int main(int argc, char** argv) {
         flags.scenario.faq_en = value;
       else if (flag == "--faq-zh")
         flags.scenario.faq_zh = value;
+      else if (flag == "--questions")
+        flags.scenario.questions = value;
+      else if (flag == "--reuse-tsv")
+        flags.reuse_tsv = value;
+      else if (flag == "--lexicons")
+        flags.lexicons = value;
       else if (flag == "--max-new-tokens")
         flags.max_new_tokens = std::stoi(value);
       else if (flag == "--max-batch")
@@ -392,7 +414,11 @@ int main(int argc, char** argv) {
   }
   on.engine->wait_for_tiers();
   if (clm::Status s = on.engine->check_invariants(); !s.ok()) return fail(s.message());
-  print_tables(flags, config, scenario, off_report, on_report, *on.engine, clm_loop.get());
+  const tiny_llama_demo::ReuseReport reuse = tiny_llama_demo::reuse_report(on_report);
+  if (clm_loop && !flags.reuse_tsv.empty()) {
+    if (clm::Status s = tiny_llama_demo::write_reuse_tsv(reuse, flags.reuse_tsv); !s.ok()) return fail(s.message());
+  }
+  print_tables(flags, config, scenario, off_report, on_report, *on.engine, clm_loop.get(), reuse);
   if (clm_loop) clm_loop->uninstall(*on.model, *on.generator);
   return 0;
 }

@@ -1,8 +1,11 @@
-// examples/demo/scenario.cpp: the FAQ excerpt and the users' questions.
+// examples/demo/scenario.cpp: the FAQ excerpt, the questions file and the
+// users' questions.
 #include "scenario.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 
@@ -12,36 +15,25 @@ namespace tiny_llama_demo {
 
 namespace {
 
-// Topics of a Debian support desk; each with paraphrases, in both languages.
-struct Topic {
-  std::vector<std::string> english;
-  std::vector<std::string> chinese;
-};
+#ifndef CLM_DEMO_QUESTIONS
+#error "CLM_DEMO_QUESTIONS: the path of examples/demo/questions.tsv (examples/demo/CMakeLists.txt defines it)"
+#endif
 
-const std::vector<Topic>& topics() {
-  static const std::vector<Topic> kTopics = {
-      {{"How do I upgrade from Debian 11 to Debian 12?", "What is the right way to upgrade Debian 11 to 12?",
-        "Can you walk me through upgrading bullseye to bookworm?"},
-       {"如何从 Debian 11 升级到 Debian 12？", "怎样把 Debian 11 升级到 12？"}},
-      {{"What is the difference between stable, testing and unstable?", "Should I run stable, testing or unstable?",
-        "How do stable, testing and unstable differ?"},
-       {"stable、testing 和 unstable 有什么区别？", "我应该用 stable 还是 testing？"}},
-      {{"How do I install a package with apt?", "What command installs a package?",
-        "How can I install software from the Debian archive?"},
-       {"如何用 apt 安装软件包？", "怎样从 Debian 仓库安装软件？"}},
-      {{"Is Debian free software?", "Can I use Debian at no cost?", "Do I have to pay for Debian?"},
-       {"Debian 是自由软件吗？", "使用 Debian 需要付费吗？"}},
-      {{"Where do I report a bug?", "How can I file a bug report against a package?"},
-       {"如何报告软件包的缺陷？", "在哪里提交错误报告？"}},
-      {{"What are the contrib and non-free areas?", "Why are some packages in non-free?"},
-       {"contrib 和 non-free 区是什么？", "为什么有些软件包在 non-free 里？"}},
-      {{"How do I find out which version of Debian I am running?", "How can I check my Debian release?"},
-       {"如何查看我正在运行的 Debian 版本？", "怎么知道自己的 Debian 是哪个版本？"}},
-      {{"What hardware architectures does Debian support?", "Does Debian run on ARM computers?"},
-       {"Debian 支持哪些硬件架构？", "Debian 能在 ARM 电脑上运行吗？"}},
-  };
-  return kTopics;
+bool is_intent(std::string_view s) {
+  if (s.empty() || s[0] < 'a' || s[0] > 'z') return false;
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
 }
+
+bool is_language(std::string_view s) {
+  return s.size() >= 2 && s.size() <= 3 && std::all_of(s.begin(), s.end(), [](char c) { return c >= 'a' && c <= 'z'; });
+}
+
+// The questions of one intent in one language, in file order.
+struct IntentQuestions {
+  std::string intent;
+  std::vector<const Question*> questions;
+};
 
 void collapse_whitespace(const std::string& in, std::string& out) {
   bool space = false;
@@ -62,6 +54,61 @@ std::int64_t Scenario::questions() const {
   std::int64_t n = 0;
   for (const ScenarioUser& u : users) n += static_cast<std::int64_t>(u.questions.size());
   return n;
+}
+
+std::string default_questions_path() { return CLM_DEMO_QUESTIONS; }
+
+clm::Status parse_questions(std::string_view text, std::string_view name, std::vector<Question>& out) {
+  std::vector<Question> questions;
+  std::map<std::string, std::int64_t, std::less<>> line_of;  // question text -> its line
+  std::int64_t number = 0;
+  for (std::size_t pos = 0; pos < text.size();) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || line[0] == '#') continue;
+    const auto error = [&](const std::string& what) {
+      return clm::invalid_argument(fmt::format("{}:{}: {}", name, number, what));
+    };
+    std::vector<std::string_view> fields;
+    for (std::size_t at = 0;;) {
+      const std::size_t tab = line.find('\t', at);
+      fields.push_back(line.substr(at, tab == std::string_view::npos ? std::string_view::npos : tab - at));
+      if (tab == std::string_view::npos) break;
+      at = tab + 1;
+    }
+    if (fields.size() != 3) {
+      return error(
+          fmt::format("expected intent<TAB>language<TAB>question, found {} tab-separated field(s)", fields.size()));
+    }
+    if (!is_intent(fields[0])) return error(fmt::format("intent '{}' is not a name of [a-z][a-z0-9_]*", fields[0]));
+    if (!is_language(fields[1])) {
+      return error(fmt::format("language '{}' is not a code of 2 or 3 letters a-z", fields[1]));
+    }
+    std::string_view question = fields[2];
+    while (!question.empty() && question.front() == ' ') question.remove_prefix(1);
+    while (!question.empty() && question.back() == ' ') question.remove_suffix(1);
+    if (question.empty()) return error("the question is empty");
+    const auto [seen, added] = line_of.emplace(std::string(question), number);
+    if (!added) return error(fmt::format("the question \"{}\" is already on line {}", question, seen->second));
+    Question q;
+    q.text = std::string(question);
+    q.intent = std::string(fields[0]);
+    q.language = std::string(fields[1]);
+    questions.push_back(std::move(q));
+  }
+  if (questions.empty()) return clm::invalid_argument(fmt::format("{}: no questions", name));
+  out = std::move(questions);
+  return {};
+}
+
+clm::Status read_questions(const std::string& path, std::vector<Question>& out) {
+  std::string text;
+  CLM_RETURN_IF_ERROR(read_text(path, text));
+  return parse_questions(text, path, out);
 }
 
 clm::Status read_text(const std::string& path, std::string& out) {
@@ -112,6 +159,8 @@ clm::Status make_scenario(const ScenarioOptions& options, Scenario& out) {
   if (options.users < 1 || options.turns < 1 || options.system_bytes < 0 || options.arrival_gap_steps < 0) {
     return clm::invalid_argument("scenario: users and turns must be >= 1, system_bytes and the gap >= 0");
   }
+  std::vector<Question> all;
+  CLM_RETURN_IF_ERROR(read_questions(options.questions.empty() ? default_questions_path() : options.questions, all));
   std::string en, zh;
   clm::Status read = read_text(options.faq_en, en);
   if (!read.ok()) return clm::not_found(fmt::format("{} (install Debian's debian-faq: make deps)", read.message()));
@@ -125,24 +174,34 @@ clm::Status make_scenario(const ScenarioOptions& options, Scenario& out) {
       "FAQ below, briefly, in the user's language.\n\n" +
       faq_excerpt(en, "1.2. ", english_bytes) + "\n\n" +
       faq_excerpt(zh, "1.2. ", static_cast<std::size_t>(options.system_bytes) - english_bytes);
+  // The file's languages and intents in order of first appearance; the
+  // questions of each intent by language.
+  std::vector<std::string> languages;
+  std::map<std::string, std::vector<IntentQuestions>> by_language;
+  for (const Question& q : all) {
+    if (std::find(languages.begin(), languages.end(), q.language) == languages.end()) languages.push_back(q.language);
+    std::vector<IntentQuestions>& intents = by_language[q.language];
+    auto it =
+        std::find_if(intents.begin(), intents.end(), [&](const IntentQuestions& i) { return i.intent == q.intent; });
+    if (it == intents.end()) it = intents.insert(intents.end(), IntentQuestions{q.intent, {}});
+    it->questions.push_back(&q);
+  }
   std::mt19937_64 rng(options.seed);
   std::vector<Question> asked;
-  const auto& all = topics();
   for (std::int32_t u = 0; u < options.users; ++u) {
     ScenarioUser user;
     user.arrival_step = u * options.arrival_gap_steps;
-    const bool chinese = u % 3 == 2;
+    // Two users in three speak the file's first language, every third its second.
+    const std::string& language = languages[u % 3 == 2 && languages.size() > 1 ? 1 : 0];
+    const std::vector<IntentQuestions>& intents = by_language[language];
     for (std::int32_t t = 0; t < options.turns; ++t) {
       Question q;
       if (!asked.empty() && std::uniform_real_distribution<double>(0, 1)(rng) < options.repeat_probability) {
         q = asked[std::uniform_int_distribution<std::size_t>(0, asked.size() - 1)(rng)];
         q.repeated = true;
       } else {
-        q.topic = static_cast<std::int32_t>(std::uniform_int_distribution<std::size_t>(0, all.size() - 1)(rng));
-        const auto& variants =
-            chinese ? all[static_cast<std::size_t>(q.topic)].chinese : all[static_cast<std::size_t>(q.topic)].english;
-        q.text = variants[std::uniform_int_distribution<std::size_t>(0, variants.size() - 1)(rng)];
-        q.chinese = chinese;
+        const IntentQuestions& intent = intents[std::uniform_int_distribution<std::size_t>(0, intents.size() - 1)(rng)];
+        q = *intent.questions[std::uniform_int_distribution<std::size_t>(0, intent.questions.size() - 1)(rng)];
         for (const Question& before : asked) q.repeated = q.repeated || before.text == q.text;
         asked.push_back(q);
       }

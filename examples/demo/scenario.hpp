@@ -2,9 +2,11 @@
 // and bench_e2e. A support bot's long system prompt of real text (the Debian
 // FAQ, English and Chinese, from Debian's debian-faq and debian-faq-zh-cn
 // packages), and users who arrive one after another and ask multi-turn
-// questions, in English or Chinese, repeated and paraphrased.
+// questions, in English or Chinese, repeated and paraphrased. The questions
+// come from a file (examples/demo/questions.tsv), each with its intent:
+// questions of one intent are paraphrases of each other.
 //
-//   tiny_llama_demo::ScenarioOptions options;   // 12 users x 3 turns
+//   tiny_llama_demo::ScenarioOptions options;   // 12 users x 3 turns, questions.tsv
 //   tiny_llama_demo::Scenario scenario;
 //   CLM_RETURN_IF_ERROR(tiny_llama_demo::make_scenario(options, scenario));
 //   for (const auto& user : scenario.users) ...  // user.questions[turn], user.arrival_step
@@ -17,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "clm/status.hpp"
@@ -24,6 +27,9 @@
 namespace tiny_llama_demo {
 
 struct ScenarioOptions {
+  // intent<TAB>language<TAB>question per line (questions.tsv's header says
+  // more); empty: examples/demo/questions.tsv of the source tree built from.
+  std::string questions;
   std::string faq_en = "/usr/share/doc/debian/FAQ/debian-faq.en.txt.gz";
   std::string faq_zh = "/usr/share/doc/debian/FAQ/debian-faq.zh-cn.txt.gz";
   std::int32_t system_bytes = 1536;  // of FAQ text: two thirds English, one third Chinese
@@ -36,9 +42,9 @@ struct ScenarioOptions {
 
 struct Question {
   std::string text;
-  std::int32_t topic = 0;  // questions of one topic are paraphrases of each other
-  bool repeated = false;   // asked verbatim before, by anyone
-  bool chinese = false;
+  std::string intent;     // "install_package": questions of one intent are paraphrases of each other
+  std::string language;   // "en", "zh": as in the questions file
+  bool repeated = false;  // asked verbatim before, by anyone
 };
 
 struct ScenarioUser {
@@ -52,9 +58,25 @@ struct Scenario {
   std::int64_t questions() const;
 };
 
-// Reads the FAQ files (gzip, through `gzip -dc`) and draws the users.
-// not_found naming the package when a file is missing.
+// Reads the questions and the FAQ files (gzip, through `gzip -dc`) and draws
+// the users: each turn, with repeat_probability a question asked before (by
+// anyone), else an intent drawn uniformly among those with a question in the
+// user's language, then one of its questions in that language. not_found
+// naming the package when a FAQ file is missing; a malformed questions file
+// as read_questions says.
 clm::Status make_scenario(const ScenarioOptions& options, Scenario& out);
+
+// The questions of a questions file's text, in file order. An error is
+// invalid_argument starting "NAME:LINE: " (`name`: the file's path): a line
+// that is not three tab-separated fields, an intent not of [a-z][a-z0-9_]*, a
+// language not of 2 or 3 letters a-z, an empty question, a question already
+// on an earlier line (repeats are found by their text); or "NAME: " and no
+// question at all.
+clm::Status parse_questions(std::string_view text, std::string_view name, std::vector<Question>& out);
+// The same, from the file at `path` (not_found when it does not exist).
+clm::Status read_questions(const std::string& path, std::vector<Question>& out);
+// examples/demo/questions.tsv of the source tree this program was built from.
+std::string default_questions_path();
 
 // Text of `path` (gzip-compressed when it ends in .gz).
 clm::Status read_text(const std::string& path, std::string& out);

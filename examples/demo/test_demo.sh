@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# examples/demo/test_demo.sh CLM_DEMO TINY_CONFIG: the demo on a 2-layer
-# model and 3 users. It must exit 0, print every table, and its cached run
-# must find cached tokens (in the table and in the metrics text).
+# examples/demo/test_demo.sh CLM_DEMO TINY_CONFIG [CLM_FIT]: the demo on a
+# 2-layer model and 3 users. It must exit 0, print every table, and its cached
+# run must find cached tokens (in the table and in the metrics text). With
+# CLM_FIT: CLM parts trained on the demo's own conversations (as demo.sh
+# does, into a temporary folder), then the demo with CLM in the loop, whose
+# reuse lines must each name the question asked and the question served, and
+# agree with the pairs file (--reuse-tsv) it names: the same pairs, and the
+# same counts of hits and of hits from another intent, counted here with awk;
+# the hits also agree with the loop's lookups. No hit at all passes too (the
+# keyer may abstain on every question), with its "no lookup" line.
 set -euo pipefail
 demo=$1
 config=$2
+clm_fit=${3:-}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=$("$demo" --config "$config" --users 3 --turns 2 --system-bytes 300 --max-new-tokens 4 --device-tokens 1024 \
   --host-tokens 4096 2>/dev/null)
 fail() {
@@ -56,4 +65,54 @@ printf 'x' >>"$keys/w1"  # the same path, one byte more
 if "$demo" --weights "$keys/missing.safetensors" --write-model-key "$keys/i" 2>/dev/null; then
   fail "--write-model-key with a missing weights file succeeded"
 fi
-echo "test_demo: ok ($computed_on of $prompt_on prompt tokens computed with the cache)"
+
+if [[ -z $clm_fit ]]; then
+  echo "test_demo: ok ($computed_on of $prompt_on prompt tokens computed with the cache; CLM not run: no CLM_FIT)"
+  exit 0
+fi
+# CLM in the loop: collect, train, run (6 users: some repeats to find).
+small=(--config "$config" --users 6 --turns 2 --system-bytes 300 --max-new-tokens 4 --device-tokens 1024
+  --host-tokens 4096)
+"$demo" "${small[@]}" --collect "$keys/collect" >/dev/null 2>&1 || fail "clm_demo --collect failed"
+"$here/../tiny_llama/train_clm.sh" "$clm_fit" "$keys/collect" "$keys/trained" >/dev/null || fail "train_clm.sh failed"
+pairs=$keys/reuse.tsv
+out=$("$demo" "${small[@]}" --clm-dir "$keys/trained" --src-threshold 0 --reuse-tsv "$pairs" 2>/dev/null)
+grep -qF "CLM reuse, per snapshot the store served" <<<"$out" || fail "no CLM reuse section"
+grep -qxF "  the pairs, as TSV: $pairs" <<<"$out" || fail "the pairs file is not named"
+[[ -f $pairs ]] || fail "no pairs file $pairs"
+header=$'asked_user\tasked_turn\tasked_intent\tasked\tserved_user\tserved_turn\tserved_intent\tserved\tlevel\tkey\tversion\tsimilarity\thits\tother_intent'
+[[ $(head -n 1 "$pairs") == "$header" ]] || fail "the pairs file's header is $(head -n 1 "$pairs")"
+# Each reuse line: a mark, the question asked [intent] <- the question served [intent] (level, key vN, ...).
+lines=$(grep -E '^  (same |OTHER|\?    )  asked "' <<<"$out" || true)
+if [[ -n $lines ]]; then
+  bad=$(grep -vE '^  (same |OTHER)  asked ".+" \[[a-z][a-z0-9_]*\] <- served ".+" \[[a-z][a-z0-9_]*\] \((exact|ann), .+ v[0-9]+, similarity -?[0-9.]+, [0-9]+ hits?\)$|^  \?      asked ".+" \[[a-z][a-z0-9_]*\] <- served \(no question: .*\) \((exact|ann|fallback), .+\)$' \
+    <<<"$lines" || true)
+  [[ -z $bad ]] || fail "reuse lines without both questions: $bad"
+fi
+printed=$(grep -cE '^  (same |OTHER|\?    )  asked "' <<<"$out" || true)
+read -r reuse_hits reuse_pairs other_hits other_pairs < <(sed -nE \
+  's/^  reuse: ([0-9]+) hits in ([0-9]+) pairs, of which from another intent: ([0-9]+) hits in ([0-9]+) pairs.*/\1 \2 \3 \4/p' \
+  <<<"$out") || fail "no reuse totals line"
+# The file, counted independently: rows, hits, and the rows whose intents differ (a known served question).
+read -r f_pairs f_hits f_other_pairs f_other_hits f_marked < <(awk -F'\t' 'NR > 1 {
+    pairs++; hits += $13
+    if ($7 != "-" && $7 != $3) { other_pairs++; other_hits += $13 }
+    marked += $14
+  } END { printf "%d %d %d %d %d\n", pairs, hits, other_pairs, other_hits, marked }' "$pairs")
+[[ $printed == "$reuse_pairs" && $f_pairs == "$reuse_pairs" ]] || fail "pairs: $printed lines, $reuse_pairs in the totals, $f_pairs in the file"
+[[ $f_hits == "$reuse_hits" ]] || fail "hits: $reuse_hits printed, $f_hits in the file"
+[[ $f_other_pairs == "$other_pairs" && $f_marked == "$other_pairs" && $f_other_hits == "$other_hits" ]] ||
+  fail "other intent: $other_hits hits in $other_pairs pairs printed; the file: $f_other_hits in $f_other_pairs (marked $f_marked)"
+(($(grep -c '^  OTHER  ' <<<"$out" || true) == other_pairs)) || fail "OTHER lines differ from $other_pairs"
+# The loop's own count of hits (its lookups line).
+read -r exact ann fallback < <(sed -nE 's/^lookups +[0-9]+: exact ([0-9]+) +ann ([0-9]+) +fallback ([0-9]+) .*/\1 \2 \3/p' <<<"$out")
+((exact + ann + fallback == reuse_hits)) || fail "the loop counted $((exact + ann + fallback)) hits, the reuse lines $reuse_hits"
+# Every question of the file is one of questions.tsv, under its intent.
+unknown=$(awk -F'\t' 'FNR == NR { if ($0 !~ /^#/ && NF == 3) intent[$3] = $1; next }
+  FNR > 1 && (intent[$4] != $3 || ($8 != "-" && intent[$8] != $7)) { print }' "$here/questions.tsv" "$pairs")
+[[ -z $unknown ]] || fail "pairs whose questions are not in questions.tsv under their intent: $unknown"
+if ((reuse_hits == 0)); then
+  grep -qF "(no lookup was served a snapshot)" <<<"$out" || fail "no hits, and no line that says so"
+fi
+echo "test_demo: ok ($computed_on of $prompt_on prompt tokens computed with the cache; CLM: $reuse_hits hits in $reuse_pairs pairs," \
+  "$other_hits hits in $other_pairs pairs from another intent)"
