@@ -224,11 +224,14 @@ TEST_CASE("suffix key: normalise") {
     REQUIRE(s.ok());
     return out;
   };
-  CHECK(norm("  Hello,\t  World!! ") == "hello,world");
+  CHECK(norm("  Hello,\t  World!! ") == "hello|world");
   CHECK(norm("帮我查下订单#ORD-789的状态") == "帮我查下订单 ord 789的状态");
   CHECK(norm("订单789现在啥情况？") == "订单789现在啥情况?");
   CHECK(norm("「取消」、订单。。。") == "取消 订单");
-  CHECK(norm("no. cancel it; now?") == "no cancel it,now?");
+  CHECK(norm("No. Cancel it; now?") == "no|cancel it|now?");
+  CHECK(norm("pay 7.25, not 72.5 or 1,000; 7,25 e.g.") == "pay 7.25|not 72.5 or 1000|7.25 e g");
+  CHECK(norm("5, 6") == "5|6");  // a clause break, and normal text normalises to itself
+  CHECK(norm(norm("5, 6")) == "5|6");
   CHECK(norm("don't") == "don t");
   CHECK(norm("a\u00a0b\u2014c\u3000d\ufeffe") == "a b c d e");          // NBSP, em dash, ideographic space, BOM
   CHECK(norm("Café ¥100 $5 20% 🙂") == "café ¥100 $5 20% 🙂");  // letters and symbols stay
@@ -583,7 +586,10 @@ TEST_CASE("suffix key: entity patterns are configurable") {
   CHECK(key_of(builtin(), "cancel order 789").entity == "789");
   CHECK(key_of(builtin(), "cancel order 789, not 456").entity == "789+NOT-456");
   CHECK(key_of(builtin(), "refund 200 dollars for order 789").entity == "200usd+789");
-  CHECK(key_of(builtin(), "cancel ORD-2024-0001").entity == "2024-0001");
+  CHECK(key_of(builtin(), "cancel ORD-2024-0001").entity == "20240001");
+  CHECK(key_of(builtin(), "call 0161 496 0732").entity == key_of(builtin(), "call 01614960732").entity);
+  CHECK(key_of(builtin(), "pay 7.25 dollars").entity == "7.25usd");
+  CHECK(key_of(builtin(), "pay 72.5 dollars").entity == "72.5usd");
   CHECK(key_of(builtin(), "cancel order 1Z999AA10123456784").entity == "1z999aa10123456784");
 
   // An optional literal equal to the next one: a match that needs the

@@ -168,7 +168,7 @@ class Tokenizer {
         if (has_ascii_digit(unit)) {
           add_entity(std::string(unit));
         } else if (const char* value = numeral_value(unit)) {
-          add_entity(value);  // "two rooms", 两件: numbers written out are numbers
+          add_entity(value, true);  // "two rooms", 两件: numbers written out are numbers
         } else {
           flush_unit_as_detail();
           out.push_back({Token::unknown, 0, std::string(unit), false});
@@ -186,13 +186,18 @@ class Tokenizer {
   }
 
  private:
-  // Numbers side by side are one entity; a unit just before a number waits for it.
-  void add_entity(std::string text) {
+  // Numbers side by side are one entity, written without what separated them
+  // ("0161 496 0732", "0161-496-0732" and "01614960732" are one phone
+  // number; "SW1A 1AA" is "sw1a1aa"); number words keep a '-' between them
+  // (二十三: 2-10-3, never 2103). A unit just before a number waits for it.
+  void add_entity(std::string text, bool spelled = false) {
     if (last_entity_ && !out_->empty() && out_->back().kind == Token::entity && !pending_unit_) {
-      out_->back().text += '-';
+      if (spelled || last_spelled_) out_->back().text += '-';
       out_->back().text += text;
+      last_spelled_ = spelled;
       return;
     }
+    last_spelled_ = spelled;
     if (pending_unit_) {
       text += unit_suffix(pending_unit_name_);
       pending_unit_ = false;
@@ -274,6 +279,7 @@ class Tokenizer {
   std::string_view norm_;
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
+  bool last_spelled_ = false;  // the last entity part was a number word
   bool pending_unit_ = false;
   std::uint32_t pending_unit_name_ = 0;
 };

@@ -4,14 +4,15 @@
 //
 //   store_detail::KeyRules rules{lexicon, patterns, query_name};
 //   SuffixKey key;
-//   CLM_RETURN_IF_ERROR(rules.build("don t cancel order 789,refund it", key));
+//   CLM_RETURN_IF_ERROR(rules.build("don t cancel order 789|refund it", key));  // normalised text
 //   // key.key == "NOT-CANCEL-ORDER-789|REFUND"
 //
-// The text is read clause by clause (a clause ends at , ; : ! 。 or ?), and
-// every unit must be known: a lexicon entry, a number or an entity pattern's
-// match. One unknown word and the key abstains: the keyer cannot say what the
-// text asks, so it must not claim to (precision first: a miss costs one
-// prefill, a wrong hit a wrong answer). Per clause, in order of appearance:
+// The text is read clause by clause (a clause ends at , ; ! 。 ? or a full
+// stop before a space), and every unit must be known: a lexicon entry, a
+// number or an entity pattern's match. One unknown word and the key
+// abstains: the keyer cannot say what the text asks, so it must not claim
+// to (precision first: a miss costs one prefill, a wrong hit a wrong
+// answer). Per clause, in order of appearance:
 //  - mood: a yes-no question opened by an aux (has, did: ASK; can i: ASK_ABLE),
 //    a question word, or a question mark without a polite form (can you,
 //    please) is ASK; a question about state alone is the action QUERY;
@@ -23,7 +24,8 @@
 //    then confirm is not confirm then cancel; 789 not 456 is not 456 not
 //    789; from a twin room to a king room is not the reverse);
 //  - a number is an entity, and numbers next to each other one entity
-//    ("555 1234": 555-1234); a unit beside a number joins it ($20: 20usd).
+//    ("555 1234", "555-1234": 5551234); a unit beside a number joins it
+//    ($20: 20usd).
 // The key is the clauses joined by '|'; a clause is its mood, actions,
 // objects, entities and details, each section's parts joined by '+' and the
 // sections by '-'. The group (what level 2 must agree on) is the same without

@@ -103,8 +103,22 @@ Status normalise_text(std::string_view text, std::string& out, Clauses clauses) 
     if (cp < 0x80) {
       if (cp >= 'A' && cp <= 'Z') cp += 'a' - 'A';
       const char c = static_cast<char>(cp);
+      // A point or comma between digits belongs to the number: "7.25" is not
+      // "72.5", "1,000" is 1000, "7,25" (a decimal comma) is 7.25.
+      if ((c == '.' || c == ',') && pending == 0 && !out.empty() && is_ascii_digit(out.back()) && i < text.size() &&
+          is_ascii_digit(text[i])) {
+        std::size_t digits = 0;
+        while (i + digits < text.size() && is_ascii_digit(text[i + digits])) ++digits;
+        if (c == '.' || digits != 3) out.push_back('.');  // a comma before exactly three digits groups thousands
+        continue;
+      }
       if (!is_ascii_alnum(c) && !is_ascii_symbol_unit(c)) {
-        note(c == '?' ? kQuestionBreak : (c == ',' || c == ';' || c == '!') ? kClauseBreak : ' ');
+        // A full stop before a space ends a sentence ("No. Cancel it."); one
+        // inside a word does not ("e.g", "no.789").
+        const bool full_stop = c == '.' && (i >= text.size() || text[i] == ' ' || text[i] == '\n' || text[i] == '\t');
+        note(c == '?'                                                               ? kQuestionBreak
+             : (c == ',' || c == ';' || c == '!' || c == kClauseBreak || full_stop) ? kClauseBreak
+                                                                                    : ' ');
         continue;
       }
     } else if (cp == 0x3002 || cp == 0xFF61) {  // ideographic and half-width full stop: the end of a clause
@@ -132,7 +146,12 @@ void split_units(std::string_view norm, std::vector<std::string_view>& units) {
       ++i;
     } else if (is_ascii_alnum(c)) {
       std::size_t j = i;
-      while (j < norm.size() && is_ascii_alnum(norm[j])) ++j;
+      // A decimal point stays inside its number ("7.25": one unit).
+      while (j < norm.size() &&
+             (is_ascii_alnum(norm[j]) ||
+              (norm[j] == '.' && j + 1 < norm.size() && is_ascii_digit(norm[j + 1]) && is_ascii_digit(norm[j - 1])))) {
+        ++j;
+      }
       units.push_back(norm.substr(i, j - i));
       i = j;
     } else {

@@ -27,10 +27,11 @@ constexpr bool is_ascii_digit(char c) { return c >= '0' && c <= '9'; }
 
 // What normalisation does with the punctuation that ends a clause.
 enum class Clauses {
-  keep,   // make_key's text: ',' for , ; ! and 。, '?' for a question mark (':' is in times: 18:45)
+  keep,   // make_key's text: '|' for , ; ! | 。 and a full stop before a space, '?' for a question mark
+          // (':' is in times: 18:45)
   merge,  // lexicon surfaces and entity patterns: every break is one ' '
 };
-constexpr char kClauseBreak = ',';
+constexpr char kClauseBreak = '|';  // not ',': "5,6" must read back as it was written (a decimal comma)
 constexpr char kQuestionBreak = '?';
 
 // ASCII symbols that are content of their own (a unit each): '$' and '%'
@@ -38,12 +39,15 @@ constexpr char kQuestionBreak = '?';
 constexpr bool is_ascii_symbol_unit(char c) { return c == '$' || c == '%'; }
 
 // Step 1 of make_key (see clm/store/suffix_key.hpp). The output is words of
-// [a-z0-9], '$', '%' and other content code points, separated by one break
+// [a-z0-9] (a number may hold a decimal point: "7.25"; a comma grouping
+// thousands is dropped: "1,000" is "1000"), '$', '%' and other content code
+// points, separated by one break
 // each: ' ', or with Clauses::keep kClauseBreak or kQuestionBreak (the
 // strongest of a run); none at the start, and at the end only a '?'.
 Status normalise_text(std::string_view text, std::string& out, Clauses clauses = Clauses::merge);
 
-// The words of normalised text: ASCII alnum runs, single other code points,
+// The words of normalised text: ASCII alnum runs (with a number's decimal
+// point), single other code points,
 // and each clause or question break as a unit of its own.
 void split_units(std::string_view norm, std::vector<std::string_view>& units);
 

@@ -23,13 +23,16 @@
 //     full-width forms to half-width (NFKC for U+FF01..U+FF5E, U+3000,
 //     U+FFE5), Traditional Chinese to Simplified (OpenCC), ASCII case to
 //     lower, every run of whitespace and punctuation (ASCII and CJK) to one
-//     break: a clause break for , ; : ! and 。, a question break for ?, else a
-//     space. '$', '%' and other currency signs are words of their own.
+//     break: a clause break for , ; ! 。 and a full stop before a space, a
+//     question break for ?, else a space. A point or comma between digits
+//     stays in the number ("7.25", "1,000" is 1000). '$', '%' and other
+//     currency signs are words of their own.
 //  2. Tokens: ASCII words split on breaks; CJK text matched greedily (longest
 //     lexicon entry first) against the lexicons; the configured entity
 //     patterns' matches; a word with a digit is a number, numbers side by
-//     side are one entity ("ORD-2024-0001": ORDER, 2024-0001; "555 1234":
-//     555-1234) and a unit beside a number joins it ("$20", "20 dollars":
+//     side are one entity, written without their separators ("ORD-2024-0001":
+//     ORDER, 20240001; "0161 496 0732" and "01614960732" alike) and a unit
+//     beside a number joins it ("$20", "20 dollars":
 //     20usd). A word in no lexicon that is not a number makes the key abstain.
 //  3. Lexicons (data/suffix_keys/*.tsv, shipped and compiled in; a host may
 //     load its own directory): each entry maps a surface form to a category
