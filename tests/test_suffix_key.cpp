@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -23,6 +24,9 @@
 
 #ifndef CLM_TEST_DATA_DIR
 #error "CLM_TEST_DATA_DIR must name tests/data (tests/CMakeLists.txt)"
+#endif
+#ifndef CLM_ENGLISH_WORDS
+#error "CLM_ENGLISH_WORDS must name the English word list the library was built with (tests/CMakeLists.txt)"
 #endif
 #ifndef CLM_SUFFIX_LEXICON_DIR
 #error "CLM_SUFFIX_LEXICON_DIR must name data/suffix_keys (tests/CMakeLists.txt)"
@@ -576,10 +580,12 @@ TEST_CASE("suffix key: entity patterns are configurable") {
   const auto keyer = make_keyer(config);
   CHECK(key_of(*keyer, "Cancel ticket AB123").entity == "ab123");  // the pattern's run, its literals used up
   CHECK(key_of(*keyer, "Cancel ticket#AB123").entity == "ab123");
-  CHECK(key_of(*keyer, "Cancel ticket AB-123").entity == "123");  // "ab" then a separator: no run of 3
+  // "ab" then a separator: no run of 3 for the pattern, but short letters
+  // before a number are the id's own.
+  CHECK(key_of(*keyer, "Cancel ticket AB-123").entity == "ab123");
   CHECK(key_of(*keyer, "cancel tk42").entity == "42");
-  CHECK(key_of(*keyer, "cancel TK-42").entity == "42");  // no pattern: the number alone, and "tk" unknown
-  CHECK(key_of(*keyer, "cancel TK-42").low_information);
+  CHECK(key_of(*keyer, "cancel TK-42").entity == "tk42");  // no pattern: "tk" is the number's letters
+  CHECK(!key_of(*keyer, "cancel TK-42").low_information);
   CHECK(key_of(*keyer, "cancel tk12345").entity == "tk12345");  // runs are whole: 5 digits is no 2..4
   CHECK(key_of(*keyer, "cancel atk42").entity == "atk42");      // never inside a word
   // Built in: every number, whole, in order, with its unit.
@@ -712,6 +718,149 @@ TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
     }
   }
   CHECK(checked > 500);
+}
+
+namespace {
+
+// At most one letter dropped, added, changed, or two neighbours swapped
+// (optimal string alignment distance <= 1), by full dynamic programming: the
+// reference the keyer's bounded edit search is checked against.
+bool within_one_slip(const std::string& a, const std::string& b) {
+  std::vector<std::vector<int>> d(a.size() + 1, std::vector<int>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = static_cast<int>(i);
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = static_cast<int>(j);
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()] <= 1;
+}
+
+struct LexiconLine {
+  std::string surface, category, name;
+};
+
+std::vector<LexiconLine> builtin_lexicon_lines() {
+  std::vector<LexiconLine> lines;
+  for (const auto& file : fs::directory_iterator(CLM_SUFFIX_LEXICON_DIR)) {
+    if (file.path().extension() != ".tsv") continue;
+    std::ifstream in(file.path(), std::ios::binary);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      LexiconLine l;
+      std::istringstream fields(line);
+      std::getline(fields, l.surface, '\t');
+      std::getline(fields, l.category, '\t');
+      std::getline(fields, l.name, '\t');
+      l.name = l.name.substr(0, l.name.find_first_of(" \t#"));
+      lines.push_back(std::move(l));
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("suffix key: a misspelt word is the one word it is a slip away from, or unknown") {
+  const std::vector<LexiconLine> lines = builtin_lexicon_lines();
+  REQUIRE(lines.size() > 1000);
+  std::set<std::string> surfaces;
+  for (const LexiconLine& l : lines) surfaces.insert(l.surface);
+  const auto letters_only = [](const std::string& w) {
+    return !w.empty() && std::all_of(w.begin(), w.end(), [](char c) { return c >= 'a' && c <= 'z'; });
+  };
+  std::vector<const LexiconLine*> targets;  // what a slip may be read as
+  for (const LexiconLine& l : lines) {
+    if (letters_only(l.surface) && l.surface.size() >= 4 &&
+        (l.category == "action" || l.category == "object" || l.category == "detail")) {
+      targets.push_back(&l);
+    }
+  }
+  std::set<std::string> english;  // words never mended, read from the list itself
+  {
+    std::ifstream in(CLM_ENGLISH_WORDS);
+    REQUIRE(in);
+    for (std::string w; std::getline(in, w);) english.insert(w);
+  }
+  REQUIRE(english.count("older"));
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  int corrected = 0, left_unknown = 0, left_a_word = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    // A slip of a random target word.
+    std::string word = targets[rng() % targets.size()]->surface;
+    const std::size_t at = rng() % (word.size() + 1);
+    const char letter = static_cast<char>('a' + rng() % 26);
+    switch (rng() % 4) {
+      case 0:
+        if (at < word.size()) word.erase(at, 1);
+        break;
+      case 1:
+        word.insert(at, 1, letter);
+        break;
+      case 2:
+        if (at < word.size()) word[at] = letter;
+        break;
+      default:
+        if (at + 1 < word.size()) std::swap(word[at], word[at + 1]);
+    }
+    if (surfaces.count(word) || word.size() < 5) continue;  // a word the keyer knows, or too short to mend
+    std::set<std::string> names;
+    std::string category;
+    for (const LexiconLine* t : targets) {
+      if (within_one_slip(word, t->surface)) {
+        names.insert(t->name);
+        category = t->category;
+      }
+    }
+    const SuffixKey k = key_of(builtin(), word);
+    INFO(word << " => " << k.key << " (" << k.abstain_reason << "), " << names.size() << " names a slip away");
+    CHECK(k.low_information);  // one word alone never says enough
+    if (english.count(word)) {
+      CHECK(k.abstain_reason == "unknown word \"" + word + "\"");  // a word, not a slip
+      ++left_a_word;
+      continue;
+    }
+    if (names.size() != 1) {
+      CHECK(k.abstain_reason == "unknown word \"" + word + "\"");
+      ++left_unknown;
+      continue;
+    }
+    const std::string& name = *names.begin();
+    if (category == "action") {
+      CHECK((k.action == name || k.action == name + "_DONE"));
+    } else if (category == "object") {
+      CHECK(k.object == name);
+    } else {
+      CHECK(k.details == std::vector<std::string>{name});
+    }
+    ++corrected;
+  }
+  CHECK(corrected > 50);
+  CHECK(left_unknown > 0);
+  CHECK(left_a_word > 0);
+  CHECK(key_of(builtin(), "cancer my booking").abstain_reason == "unknown word \"cancer\"");  // not "cancel"
+  CHECK(served("chaneg my bookng").key == served("change my booking").key);
+  // Short words are left alone: one slip turns a short word into another.
+  CHECK(key_of(builtin(), "cancel my ordr").abstain_reason == "unknown word \"ordr\"");
+}
+
+TEST_CASE("suffix key: a short word of letters before a number is part of the id") {
+  CHECK(key("refund ticket TKT-88120") == key("refund ticket tkt 88120"));
+  CHECK(key("refund ticket TKT-88120") == key("refund ticket tkt88120"));
+  CHECK(key("退票TKT-88120") == key("退票tkt 88120"));
+  CHECK(key("flight MU 5137 status") == key("flight mu5137 status"));
+  CHECK(key("refund ticket tkt 88120") != key("refund ticket 88120"));
+  CHECK(key("refund ticket tkt 88120") != key("refund ticket tkx 88120"));
+  CHECK(served("refund ticket tkt 88120").entity == "tkt88120");
+  // A word of five letters or more is no id's letters: unknown.
+  CHECK(key_of(builtin(), "refund ticket zqxvw 88120").abstain_reason == "unknown word \"zqxvw\"");
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

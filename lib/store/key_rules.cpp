@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "english_words.hpp"
 #include "suffix_text.hpp"
 
 namespace clm::store_detail {
@@ -159,9 +160,15 @@ class Tokenizer {
           best_len = k + 1;
         }
       }
+      if (best < 0 && (best = corrected_spelling(unit)) >= 0) best_len = 1;
       if (best < 0) {
         if (has_ascii_digit(unit)) {
           add_entity(std::string(unit));
+        } else if (names_next_number(units, i,
+                                     next_match < matches.size() ? matches[next_match].begin : norm_.size())) {
+          flush_unit_as_detail();
+          last_entity_ = false;
+          id_prefix_ = unit;  // "MU 5137", "TKT-88120": the letters are part of the id
         } else if (const char* value = numeral_value(unit)) {
           add_entity(value, true);  // "two rooms", 两件: numbers written out are numbers
         } else {
@@ -181,11 +188,76 @@ class Tokenizer {
   }
 
  private:
+  // The action, object or detail an English word not in the lexicon is one
+  // slip away from ("resnd", "chaneg", "bookng", "rooom"), or -1: one letter
+  // dropped, added, changed or two swapped, when every word that close means
+  // the same thing. A word of the English word list is never mended, nor a
+  // word under five letters, where one slip turns one word into another; the tries per word are bounded (about
+  // 54 per letter, up to 24 letters), so the keyer stays linear.
+  std::int32_t corrected_spelling(std::string_view unit) const {
+    constexpr std::size_t kMinLetters = 5, kMaxLetters = 24;
+    if (unit.size() < kMinLetters || unit.size() > kMaxLetters) return -1;
+    if (!std::all_of(unit.begin(), unit.end(), [](char c) { return c >= 'a' && c <= 'z'; })) return -1;
+    if (is_english_word(unit)) return -1;  // "older" is a word, not a slip of "order"
+    std::int32_t found = -1;
+    bool ambiguous = false;
+    std::string probe;
+    const auto consider = [&](const std::string& word) {
+      if (word.size() < kMinLetters - 1 || ambiguous) return;
+      const auto it = lex_.surfaces.find(word);
+      if (it == lex_.surfaces.end() || it->second < 0) return;
+      const Entry& e = lex_.entries[static_cast<std::size_t>(it->second)];
+      if (e.category != Category::action && e.category != Category::object && e.category != Category::detail) return;
+      if (found >= 0 && lex_.entries[static_cast<std::size_t>(found)].name != e.name) ambiguous = true;
+      found = it->second;
+    };
+    const std::string word(unit);
+    for (std::size_t k = 0; k < word.size(); ++k) {  // a letter too many
+      probe = word;
+      probe.erase(k, 1);
+      consider(probe);
+    }
+    for (std::size_t k = 0; k + 1 < word.size(); ++k) {  // two letters swapped
+      probe = word;
+      std::swap(probe[k], probe[k + 1]);
+      if (probe != word) consider(probe);
+    }
+    for (std::size_t k = 0; k <= word.size(); ++k) {  // a letter missing, a letter wrong
+      for (char c = 'a'; c <= 'z'; ++c) {
+        probe = word;
+        probe.insert(k, 1, c);
+        consider(probe);
+        if (k < word.size() && word[k] != c) {
+          probe = word;
+          probe[k] = c;
+          consider(probe);
+        }
+      }
+    }
+    return ambiguous ? -1 : found;
+  }
+
+  // Whether units[i], a word of at most four letters the lexicon does not
+  // know, is the letters of the id right after it ("tkt 88120", "MU 5137"):
+  // the next unit has a digit and no pattern's match starts there.
+  bool names_next_number(const std::vector<std::string_view>& units, std::size_t i, std::size_t next_match) const {
+    const std::string_view unit = units[i];
+    if (unit.size() > 4 || !std::all_of(unit.begin(), unit.end(), [](char c) { return c >= 'a' && c <= 'z'; })) {
+      return false;
+    }
+    return i + 1 < units.size() && has_ascii_digit(units[i + 1]) && offset_of(norm_, units[i + 1]) < next_match;
+  }
+
   // Numbers side by side are one entity, written without what separated them
   // ("0161 496 0732", "0161-496-0732" and "01614960732" are one phone
   // number; "SW1A 1AA" is "sw1a1aa"); number words keep a '-' between them
   // (二十三: 2-10-3, never 2103). A unit just before a number waits for it.
   void add_entity(std::string text, bool spelled = false) {
+    if (!id_prefix_.empty()) {
+      text.insert(0, id_prefix_);
+      id_prefix_ = {};
+      last_entity_ = false;
+    }
     if (last_entity_ && !out_->empty() && out_->back().kind == Token::entity && !pending_unit_) {
       if (spelled || last_spelled_) out_->back().text += '-';
       out_->back().text += text;
@@ -277,6 +349,7 @@ class Tokenizer {
   bool last_spelled_ = false;  // the last entity part was a number word
   bool pending_unit_ = false;
   std::uint32_t pending_unit_name_ = 0;
+  std::string_view id_prefix_;  // letters waiting for the number they name
 };
 
 struct Element {

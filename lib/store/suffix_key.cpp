@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "chinese_fold.hpp"
+#include "english_words.hpp"
 #include "entity_pattern.hpp"
 #include "key_rules.hpp"
 #include "suffix_lexicon.hpp"
@@ -82,6 +83,7 @@ Status SuffixKeyer::create(const SuffixKeyerConfig& config, std::unique_ptr<Suff
     rules += impl->lexicon.source_digest;
     for (const std::string& p : config.entity_patterns) rules += fmt::format("pattern {}\n", p);
     rules += fmt::format("fold {}\n", impl->folder->config_name());
+    rules += fmt::format("english words {:016x}\n", store_detail::english_words_fingerprint());
     impl->rules_fingerprint = key_fingerprint(rules);
     out.reset(new SuffixKeyer(std::move(impl)));
     return Status::success();

@@ -174,12 +174,14 @@ class SuffixKeyer {
   static Status from_host_key(std::string_view key, std::string_view group, SuffixKey& out);
 
   // A fingerprint of the rules this keyer applies: kRulesVersion, every
-  // lexicon line loaded (built-in and added) and every entity pattern. Keys
+  // lexicon line loaded (built-in and added), every entity pattern, the
+  // Chinese folding and the English word list misspellings are checked
+  // against. Keys
   // made under one fingerprint are only comparable with keys made under the
   // same one: the store records it and refuses to open under another.
   std::uint64_t rules_fingerprint() const;
   // The version of the key rules in this library; part of rules_fingerprint().
-  static constexpr std::uint32_t kRulesVersion = 2;
+  static constexpr std::uint32_t kRulesVersion = 3;
 
  private:
   struct Impl;
