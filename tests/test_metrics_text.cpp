@@ -212,6 +212,7 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_snapshot_confirmations_total", st.confirmations);
   put("clm_snapshot_versions_total", st.versions);
   put("clm_snapshot_drift_versions_total", st.drift_versions);
+  put("clm_snapshot_versions_dropped_total", st.versions_dropped);
   put("clm_snapshot_evictions_total", st.evictions);
   put("clm_snapshot_corrupt_skipped_total", st.corrupt_skipped);
   put("clm_snapshot_index_rebuilds_total", st.index_rebuilds);

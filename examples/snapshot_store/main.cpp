@@ -2,7 +2,9 @@
 // CLM's semantic snapshot store (clm/store/snapshot_store.hpp). With it a
 // person sees which key a text gets, loads snapshots into a store, asks a
 // store what it would serve for a suffix, and looks after a store on disk:
-// row counts and file sizes, eviction, index rebuilds, integrity checks. A
+// row counts and file sizes, eviction, index rebuilds, integrity checks, and
+// corrects it by hand (admin.cpp: versions, pins, rollback, deletion, the
+// blacklist). A
 // store is a directory of shard-NN.db files and their index files; its shard
 // count and snapshot_dim are read from it, so only `ingest` into a new
 // directory needs --dim. A session:
@@ -52,532 +54,12 @@
 // on stderr. The tool reads the shard databases directly (read-only queries)
 // only for what the store's API does not report: per-shard counts for stats,
 // evict's list and check's checksums.
-#include <sqlite3.h>
-#include <sys/stat.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cctype>
-#include <cerrno>
-#include <charconv>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <ctime>
-#include <exception>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <limits>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <thread>
-#include <utility>
-#include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
-#include "clm/status.hpp"
-#include "clm/store/snapshot_blob.hpp"
-#include "clm/store/snapshot_store.hpp"
-#include "clm/store/suffix_key.hpp"
+#include "admin.hpp"
+#include "cli.hpp"
 
 namespace {
 
-namespace fs = std::filesystem;
-using Json = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
-
-constexpr int kExitProblem = 1;  // key: some lines failed; check: the store is damaged
-constexpr int kExitError = 2;    // bad flags or input, a store that cannot be opened or written
-
-// A bad command line: the message, then a pointer to --help.
-struct UsageError {
-  std::string message;
-};
-// Anything else that stops a command: the message alone.
-struct Failure {
-  std::string message;
-};
-
-void check(const clm::Status& s, std::string_view context) {
-  if (s.ok()) return;
-  throw Failure{fmt::format("{}: {}: {}", context, s.code_name(), s.message())};
-}
-
-std::string hex(std::uint64_t v) { return fmt::format("{:016x}", v); }
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// The shortest decimal that reads back as `f`, as a double: JSON output then
-// shows 0.1 for 0.1f, not 0.10000000149011612.
-double tidy(float f) { return std::strtod(fmt::format("{}", f).c_str(), nullptr); }
-
-std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-// Tenants are bytes: printable ASCII as it is, anything else as \xNN.
-std::string printable(std::string_view bytes) {
-  std::string out;
-  for (const char c : bytes) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f && c != '\\') {
-      out += c;
-    } else {
-      out += fmt::format("\\x{:02x}", u);
-    }
-  }
-  return out;
-}
-
-std::string human_bytes(std::uint64_t bytes) {
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = -1;
-  while (v >= 1024.0 && u < 3) {
-    v /= 1024.0;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", v, units[u]);
-}
-
-// nlohmann's messages start with "[json.exception.parse_error.101] ": keep what follows.
-std::string json_message(const std::exception& e) {
-  std::string_view m = e.what();
-  if (m.substr(0, 1) == "[") {
-    const auto close = m.find("] ");
-    if (close != std::string_view::npos) m.remove_prefix(close + 2);
-  }
-  return std::string(m);
-}
-
-// ---- command lines ---------------------------------------------------------
-
-// The flags after the command: `--flag VALUE` or `--flag=VALUE` for the
-// command's value flags, bare `--switch`es, and positional arguments (all
-// that follows `--` is positional). Anything else is refused at once.
-class Args {
- public:
-  Args(int argc, char** argv, int first, const std::vector<std::string_view>& value_flags,
-       const std::vector<std::string_view>& switches, std::string_view command)
-      : command_(command) {
-    bool positional_only = false;
-    for (int i = first; i < argc; ++i) {
-      const std::string_view arg = argv[i];
-      if (positional_only || arg.size() < 3 || arg.substr(0, 2) != "--") {
-        if (!positional_only && arg == "--") {
-          positional_only = true;
-          continue;
-        }
-        positionals_.emplace_back(arg);
-        continue;
-      }
-      std::string name(arg);
-      std::optional<std::string> value;
-      if (const auto eq = arg.find('='); eq != std::string_view::npos) {
-        name = std::string(arg.substr(0, eq));
-        value = std::string(arg.substr(eq + 1));
-      }
-      const bool is_value = std::find(value_flags.begin(), value_flags.end(), name) != value_flags.end();
-      const bool is_switch = std::find(switches.begin(), switches.end(), name) != switches.end();
-      if (!is_value && !is_switch) throw UsageError{fmt::format("unknown flag {} for `clm_store {}`", name, command)};
-      if (is_switch) {
-        if (value) throw UsageError{fmt::format("{} takes no value", name)};
-        value = "";
-      } else if (!value) {
-        if (i + 1 >= argc) throw UsageError{fmt::format("{} needs a value", name)};
-        value = argv[++i];
-      }
-      if (!values_.emplace(name, *value).second) throw UsageError{fmt::format("{} given twice", name)};
-    }
-  }
-
-  const std::string& command() const { return command_; }
-  const std::vector<std::string>& positionals() const { return positionals_; }
-  void no_positionals() const {
-    if (!positionals_.empty()) {
-      throw UsageError{fmt::format("unexpected argument '{}' for `clm_store {}`", positionals_[0], command_)};
-    }
-  }
-
-  bool has(const std::string& flag) const { return values_.count(flag) != 0; }
-  std::optional<std::string> get(const std::string& flag) const {
-    const auto it = values_.find(flag);
-    if (it == values_.end()) return std::nullopt;
-    return it->second;
-  }
-  std::string required(const std::string& flag) const {
-    const auto v = get(flag);
-    if (!v) throw UsageError{fmt::format("{} is required", flag)};
-    if (v->empty()) throw UsageError{fmt::format("{}: empty", flag)};
-    return *v;
-  }
-  template <class Int>
-  std::optional<Int> integer(const std::string& flag, Int min_value, Int max_value) const {
-    const auto v = get(flag);
-    if (!v) return std::nullopt;
-    Int value{};
-    const auto [end, error] = std::from_chars(v->data(), v->data() + v->size(), value);
-    if (error != std::errc() || end != v->data() + v->size() || v->empty()) {
-      throw UsageError{fmt::format("{}: '{}' is not an integer (or is out of range)", flag, *v)};
-    }
-    if (value < min_value || value > max_value) {
-      throw UsageError{fmt::format("{}: {} is not in [{}, {}]", flag, value, min_value, max_value)};
-    }
-    return value;
-  }
-  std::optional<double> real(const std::string& flag, double min_value, double max_value) const {
-    const auto v = get(flag);
-    if (!v) return std::nullopt;
-    double value = 0;
-    const auto [end, error] = std::from_chars(v->data(), v->data() + v->size(), value);
-    if (error != std::errc() || end != v->data() + v->size() || v->empty() || !std::isfinite(value)) {
-      throw UsageError{fmt::format("{}: '{}' is not a finite number", flag, *v)};
-    }
-    if (value < min_value || value > max_value) {
-      throw UsageError{fmt::format("{}: {} is not in [{}, {}]", flag, value, min_value, max_value)};
-    }
-    return value;
-  }
-
- private:
-  std::string command_;
-  std::map<std::string, std::string> values_;
-  std::vector<std::string> positionals_;
-};
-
-// ---- the shard databases, read directly -------------------------------------
-
-std::string shard_path(const std::string& dir, std::int32_t shard) {
-  return fmt::format("{}/shard-{:02}.db", dir, shard);
-}
-
-// A SQLite connection for the tool's own queries: opens an existing file only,
-// and refuses to write (query_only).
-class Db {
- public:
-  explicit Db(const std::string& path) : path_(path) {
-    const int rc = sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr);
-    if (rc != SQLITE_OK) {
-      const std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
-      sqlite3_close_v2(db_);
-      db_ = nullptr;
-      throw Failure{fmt::format("cannot open {}: {}", path, why)};
-    }
-    sqlite3_busy_timeout(db_, 5000);
-    char* error = nullptr;
-    if (sqlite3_exec(db_, "PRAGMA query_only = 1", nullptr, nullptr, &error) != SQLITE_OK) {
-      const std::string why = error ? error : "?";
-      sqlite3_free(error);
-      sqlite3_close_v2(db_);
-      db_ = nullptr;
-      throw Failure{fmt::format("{}: {}", path, why)};
-    }
-  }
-  ~Db() { sqlite3_close_v2(db_); }
-  Db(const Db&) = delete;
-  Db& operator=(const Db&) = delete;
-
-  class Query {
-   public:
-    Query(Db& db, const char* sql) : db_(db) {
-      if (sqlite3_prepare_v2(db.db_, sql, -1, &stmt_, nullptr) != SQLITE_OK) {
-        throw Failure{fmt::format("{}: is this a snapshot store shard? ({})", db.path_, sqlite3_errmsg(db.db_))};
-      }
-    }
-    ~Query() { sqlite3_finalize(stmt_); }
-    Query(const Query&) = delete;
-    Query& operator=(const Query&) = delete;
-
-    void bind(int i, std::int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
-    bool next() {
-      const int rc = sqlite3_step(stmt_);
-      if (rc == SQLITE_ROW) return true;
-      if (rc == SQLITE_DONE) return false;
-      throw Failure{fmt::format("{}: {}", db_.path_, sqlite3_errmsg(db_.db_))};
-    }
-    std::int64_t integer(int i) const { return sqlite3_column_int64(stmt_, i); }
-    std::string_view text(int i) const {
-      const unsigned char* p = sqlite3_column_text(stmt_, i);
-      const int n = sqlite3_column_bytes(stmt_, i);
-      return p ? std::string_view(reinterpret_cast<const char*>(p), static_cast<std::size_t>(n)) : std::string_view();
-    }
-    std::span<const std::uint8_t> blob(int i) const {
-      const void* p = sqlite3_column_blob(stmt_, i);
-      const int n = sqlite3_column_bytes(stmt_, i);
-      return {static_cast<const std::uint8_t*>(p), p ? static_cast<std::size_t>(n) : 0};
-    }
-    std::string_view bytes(int i) const {
-      const auto b = blob(i);
-      return {reinterpret_cast<const char*>(b.data()), b.size()};
-    }
-
-   private:
-    Db& db_;
-    sqlite3_stmt* stmt_ = nullptr;
-  };
-
-  // The first column of the first row of a one-value query.
-  std::int64_t value(const char* sql, std::optional<std::int64_t> param = std::nullopt) {
-    Query q(*this, sql);
-    if (param) q.bind(1, *param);
-    return q.next() ? q.integer(0) : 0;
-  }
-
- private:
-  std::string path_;
-  sqlite3* db_ = nullptr;
-};
-
-struct Layout {
-  std::int32_t shards = 0;
-  std::int32_t dim = 0;
-};
-
-// The shard count and snapshot_dim a store was created with (store_meta of
-// shard 0); nullopt when the directory holds no store.
-std::optional<Layout> read_layout(const std::string& dir) {
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) throw Failure{fmt::format("{} is not a directory", dir)};
-  const std::string path = shard_path(dir, 0);
-  if (!fs::exists(path, ec)) return std::nullopt;
-  Db db(path);
-  Db::Query q(db, "SELECT name, value FROM store_meta");
-  std::map<std::string, std::int64_t, std::less<>> meta;
-  while (q.next()) meta[std::string(q.text(0))] = q.integer(1);
-  const auto shards = meta.find("num_shards"), dim = meta.find("snapshot_dim");
-  if (shards == meta.end() || dim == meta.end() || shards->second < 1 || shards->second > 256 || dim->second < 1 ||
-      dim->second > 4096) {
-    throw Failure{fmt::format("{}: store_meta lacks a valid num_shards / snapshot_dim", path)};
-  }
-  return Layout{static_cast<std::int32_t>(shards->second), static_cast<std::int32_t>(dim->second)};
-}
-
-std::uint64_t file_bytes(const std::string& path) {
-  std::error_code ec;
-  const std::uintmax_t n = fs::file_size(path, ec);
-  return ec ? 0 : static_cast<std::uint64_t>(n);
-}
-
-// The index files of each shard: shard-NN.<tenant tag>.hnsw -> its bytes and
-// those of the .meta beside it (temporary files are left out).
-std::map<std::int32_t, std::map<std::string, std::uint64_t>> index_files(const std::string& dir) {
-  std::map<std::int32_t, std::map<std::string, std::uint64_t>> out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("shard-", 0) != 0 || !name.ends_with(".hnsw")) continue;
-    std::int32_t shard = 0;
-    const auto [end, error] = std::from_chars(name.data() + 6, name.data() + name.size(), shard);
-    if (error != std::errc() || *end != '.') continue;
-    const std::string path = entry.path().string();
-    out[shard][path] = file_bytes(path) + file_bytes(path + ".meta");
-  }
-  if (ec) throw Failure{fmt::format("cannot list {}: {}", dir, ec.message())};
-  return out;
-}
-
-struct ShardInfo {
-  std::int32_t shard = 0;
-  std::int64_t rows = 0;
-  std::int64_t keys = 0;  // distinct (tenant, key)
-  std::int64_t tenants = 0;
-  std::int64_t max_version = 0;
-  std::int64_t counting = 0;     // keys seen but not admitted yet
-  std::int64_t blacklisted = 0;  // in force now
-  std::int64_t fallbacks = 0;
-  std::uint64_t db_bytes = 0;
-  std::uint64_t wal_bytes = 0;
-  std::int64_t index_files = 0;
-  std::uint64_t index_bytes = 0;
-};
-
-std::vector<ShardInfo> inspect_shards(const std::string& dir, std::int32_t shards) {
-  const auto indexes = index_files(dir);
-  std::vector<ShardInfo> out;
-  const std::int64_t now = now_ms();
-  for (std::int32_t s = 0; s < shards; ++s) {
-    ShardInfo info;
-    info.shard = s;
-    const std::string path = shard_path(dir, s);
-    {
-      Db db(path);
-      info.rows = db.value("SELECT count(*) FROM semantic_snapshots");
-      info.keys = db.value("SELECT count(*) FROM (SELECT DISTINCT tenant, suffix_key FROM semantic_snapshots)");
-      info.tenants = db.value("SELECT count(DISTINCT tenant) FROM semantic_snapshots");
-      info.max_version = db.value("SELECT coalesce(max(version), 0) FROM semantic_snapshots");
-      info.counting = db.value("SELECT count(*) FROM suffix_sightings");
-      info.blacklisted = db.value("SELECT count(*) FROM blacklist WHERE until_ms >= ?1", now);
-      info.fallbacks = db.value("SELECT count(*) FROM fallback_snapshots");
-    }
-    info.db_bytes = file_bytes(path);
-    info.wal_bytes = file_bytes(path + "-wal");
-    if (const auto it = indexes.find(s); it != indexes.end()) {
-      info.index_files = static_cast<std::int64_t>(it->second.size());
-      for (const auto& [file, bytes] : it->second) info.index_bytes += bytes;
-    }
-    out.push_back(info);
-  }
-  return out;
-}
-
-// ---- opening a store --------------------------------------------------------
-
-// --lexicons DIR (added to the built-in lexicons) and --replace-lexicons (DIR's only).
-clm::SuffixKeyerConfig keyer_config(const Args& args) {
-  clm::SuffixKeyerConfig keyer;
-  if (const auto lexicons = args.get("--lexicons")) keyer.lexicon_dir = *lexicons;
-  keyer.replace_builtin_lexicons = args.has("--replace-lexicons");
-  if (keyer.replace_builtin_lexicons && keyer.lexicon_dir.empty()) {
-    throw UsageError{"--replace-lexicons needs --lexicons DIR (the lexicons that replace the built-in ones)"};
-  }
-  return keyer;
-}
-
-// Every command that opens a store takes --lexicons: a store records the key
-// rules (lexicons included) its keys were made under and opens under those only.
-const std::vector<std::string_view> kStoreFlags = {"--store", "--shards", "--dim", "--lexicons"};
-
-std::vector<std::string_view> flags(std::vector<std::string_view> a, const std::vector<std::string_view>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// The config of the store at --store: shard count and snapshot_dim as it was
-// created (--shards / --dim must agree), or from the flags for a new store
-// when `may_create`.
-clm::SnapshotStoreConfig store_config(const Args& args, bool may_create) {
-  clm::SnapshotStoreConfig config;
-  config.path = args.required("--store");
-  if (config.path == ":memory:") throw UsageError{"--store :memory: would keep nothing: give a directory"};
-  const auto shards = args.integer<std::int32_t>("--shards", 1, 256);
-  const auto dim = args.integer<std::int32_t>("--dim", 1, 4096);
-  if (const auto layout = read_layout(config.path)) {
-    if (shards && *shards != layout->shards) {
-      throw Failure{fmt::format("--shards {}: the store at {} has {} shards (fixed when it was created)", *shards,
-                                config.path, layout->shards)};
-    }
-    if (dim && *dim != layout->dim) {
-      throw Failure{fmt::format("--dim {}: the store at {} has snapshot_dim {} (fixed when it was created)", *dim,
-                                config.path, layout->dim)};
-    }
-    config.num_shards = layout->shards;
-    config.snapshot_dim = layout->dim;
-  } else if (!may_create) {
-    throw Failure{fmt::format("no snapshot store at {} (no {}); `clm_store ingest --dim N` creates one", config.path,
-                              shard_path(config.path, 0))};
-  } else {
-    if (!dim) throw UsageError{fmt::format("{} holds no store yet: --dim is required to create one", config.path)};
-    config.num_shards = shards.value_or(config.num_shards);
-    config.snapshot_dim = *dim;
-  }
-  config.keyer = keyer_config(args);
-  return config;
-}
-
-// The hint for a store refused for its key rules: most often a --lexicons left out.
-std::string key_rules_hint(const clm::Status& s, const clm::SnapshotStoreConfig& config) {
-  if (s.code() != clm::StatusCode::failed_precondition || s.message().find("key rules") == std::string::npos) return {};
-  return config.keyer.lexicon_dir.empty()
-             ? "\n  (a store made with --lexicons DIR opens with the same --lexicons DIR (and --replace-lexicons) "
-               "only; rekey it only to change its rules)"
-             : fmt::format("\n  (opened with --lexicons {}: is it the directory the store was made with?)",
-                           config.keyer.lexicon_dir);
-}
-
-std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& config) {
-  std::unique_ptr<clm::SnapshotStore> store;
-  const clm::Status s = clm::SnapshotStore::open(config, store);
-  if (!s.ok()) {
-    throw Failure{fmt::format("cannot open the store at {}: {}: {}{}", config.path, s.code_name(), s.message(),
-                              key_rules_hint(s, config))};
-  }
-  return store;
-}
-
-// ---- snapshots in JSON -------------------------------------------------------
-
-// A JSON array of `dim` numbers as floats; the reason in `error` when it is not one.
-bool json_vector(const Json& j, std::int32_t dim, std::string_view what, std::vector<float>& out, std::string& error) {
-  if (!j.is_array()) {
-    error = fmt::format("{} must be an array of {} numbers, not {}", what, dim, j.type_name());
-    return false;
-  }
-  if (j.size() != static_cast<std::size_t>(dim)) {
-    error = fmt::format("{} has {} values, the store's snapshot_dim is {}", what, j.size(), dim);
-    return false;
-  }
-  out.resize(j.size());
-  double norm = 0;
-  for (std::size_t i = 0; i < j.size(); ++i) {
-    const Json& v = j[i];
-    if (!v.is_number()) {
-      error = fmt::format("{}[{}] is {}, not a number", what, i, v.type_name());
-      return false;
-    }
-    const double d = v.get<double>();
-    if (!std::isfinite(d) || std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max())) {
-      error = fmt::format("{}[{}] = {} is not a finite float", what, i, d);
-      return false;
-    }
-    out[i] = static_cast<float>(d);
-    norm += static_cast<double>(out[i]) * out[i];
-  }
-  if (!(norm > 0)) {
-    error = fmt::format("{} is all zeros: it has no direction", what);
-    return false;
-  }
-  return true;
-}
-
-Json json_floats(std::span<const float> v) {
-  Json a = Json::array();
-  for (const float f : v) a.push_back(tidy(f));
-  return a;
-}
-
-// Parses one JSON value; duplicate object keys are refused (nlohmann keeps the last).
-bool parse_json(std::string_view text, Json& out, std::string& error) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  std::string duplicate;
-  const Json::parser_callback_t callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) keys.emplace_back();
-    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-        duplicate.empty()) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  try {
-    out = Json::parse(text.begin(), text.end(), callback);
-  } catch (const Json::exception& e) {
-    error = json_message(e);
-    return false;
-  }
-  if (!duplicate.empty()) {
-    error = fmt::format("field \"{}\" given twice", duplicate);
-    return false;
-  }
-  return true;
-}
+using namespace clm_store_cli;  // NOLINT(google-build-using-namespace): the tool's own helpers
 
 // ---- key ---------------------------------------------------------------------
 
@@ -586,7 +68,8 @@ constexpr std::string_view kKeyUsage =
     "\n"
     "Prints, for each line of UTF-8 text on stdin, its suffix key and the key's fingerprint\n"
     "(FNV-1a 64, hex), tab-separated, and for a key that abstained (low information: never\n"
-    "served at levels 1 and 2) a third column \"abstained: <why>\". A line the keyer refuses (invalid UTF-8, no content,\n"
+    "served at levels 1 and 2) a third column \"abstained: <why>\". A line the keyer refuses (invalid UTF-8, no "
+    "content,\n"
     "over 16 KiB) gets its error on stderr and an empty line on stdout, so output lines match\n"
     "input lines; the other lines go on, and the exit status is 1 at the end.\n"
     "\n"
@@ -1051,6 +534,7 @@ Json metrics_json(const clm::SnapshotStoreMetrics& m) {
               {"confirmations", m.confirmations},
               {"versions", m.versions},
               {"drift_versions", m.drift_versions},
+              {"versions_dropped", m.versions_dropped},
               {"evictions", m.evictions},
               {"corrupt_skipped", m.corrupt_skipped},
               {"index_rebuilds", m.index_rebuilds},
@@ -1604,6 +1088,14 @@ constexpr std::string_view kUsage =
     "  rekey          rebuild a store's keys from their texts under the current key rules\n"
     "                 (--adopt: keep the keys, record the rules)\n"
     "\n"
+    "  versions       a key's versions: usage, confirmations, which one is served\n"
+    "  pin, unpin     serve one version of a key whatever is recorded later; lift that\n"
+    "  rollback       delete a key's versions newer than one\n"
+    "  delete-key     delete every version of a key\n"
+    "  delete-tenant  delete everything of a tenant\n"
+    "  blacklist      refuse a key at every level for a while, with a reason (--list: the entries)\n"
+    "  unblacklist    lift a key's blacklist entry\n"
+    "\n"
     "A store is a directory (--store DIR) of shard-NN.db files and their index files. Its\n"
     "shard count and snapshot_dim are read from it (--shards / --dim, if given, must agree),\n"
     "so only `ingest` into a new directory needs --dim. It records the key rules its keys were\n"
@@ -1646,6 +1138,22 @@ const std::vector<Command>& commands() {
       {"rebuild-index", kRebuildUsage, kStoreFlags, {"--json", "--quiet", "--replace-lexicons"}, cmd_rebuild},
       {"check", kCheckUsage, kStoreFlags, {"--json", "--replace-lexicons"}, cmd_check},
       {"rekey", kRekeyUsage, {"--store", "--lexicons"}, {"--adopt", "--json", "--replace-lexicons"}, cmd_rekey},
+      {"versions", kVersionsUsage, kKeyFlags, {"--json", "--replace-lexicons"}, cmd_versions},
+      {"pin", kPinUsage, flags(kKeyFlags, {"--version"}), {"--replace-lexicons"}, cmd_pin},
+      {"unpin", kUnpinUsage, kKeyFlags, {"--replace-lexicons"}, cmd_unpin},
+      {"rollback", kRollbackUsage, flags(kKeyFlags, {"--to"}), {"--json", "--replace-lexicons"}, cmd_rollback},
+      {"delete-key", kDeleteKeyUsage, kKeyFlags, {"--json", "--replace-lexicons"}, cmd_delete_key},
+      {"delete-tenant",
+       kDeleteTenantUsage,
+       flags(kStoreFlags, {"--tenant"}),
+       {"--json", "--replace-lexicons"},
+       cmd_delete_tenant},
+      {"blacklist",
+       kBlacklistUsage,
+       flags(kKeyFlags, {"--reason", "--hours"}),
+       {"--list", "--json", "--replace-lexicons"},
+       cmd_blacklist},
+      {"unblacklist", kUnblacklistUsage, kKeyFlags, {"--replace-lexicons"}, cmd_unblacklist},
   };
   return all;
 }

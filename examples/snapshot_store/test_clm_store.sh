@@ -12,7 +12,8 @@
 # files, check; the key rules a store records (refused under others), rekey
 # and rekey --adopt; and bad input (malformed JSON, a wrong dimension, numbers
 # that are no finite float, missing flags) refused with a non-zero exit and the
-# store's rows unchanged. Texts are keyed with the test's own lexicons (the
+# store's rows unchanged; administration by hand (versions, pin, unpin,
+# rollback, blacklist, delete-key, delete-tenant) in a store of its own. Texts are keyed with the test's own lexicons (the
 # built-in ones change with the key rules, and no key string of theirs is
 # checked here). Plain bash and awk; everything it writes lies in one mktemp -d
 # directory, removed at the end.
@@ -303,7 +304,7 @@ text_key2=$(key_of 1)
 run rekey "${L2[@]}" --json "$store"
 expect_rc 0 "rekey to lex2"
 [ "$(field adopted)" = false ] && [ "$(field resumed)" = false ] || fail "rekey: adopted, resumed"
-[ "$(field old_format)" = 2 ] || fail "rekey: the format found"
+[ "$(field old_format)" = 3 ] || fail "rekey: the format found"
 [ "$(field rows_before)" = "$total" ] && [ "$(field rows_after)" = "$total" ] || fail "rekey: rows before and after"
 [ "$(field rekeyed)" = 1 ] && [ "$(field changed)" = 1 ] || fail "rekey: the text row's key made again, and changed"
 [ "$(field kept)" = "$n" ] || fail "rekey: the host keys kept"
@@ -443,6 +444,79 @@ run check --store "$store" "${L1[@]}"
 expect_rc 0 "check"
 expect_out "ok: 4 shards, $total rows" "check"
 ok "check: ok, $total rows; the rows unchanged by every refused command"
+
+# ---- administration by hand (a store of its own) -----------------------------------
+astore=$work/admin-store
+run_in "$work/data.jsonl" ingest --store "$astore" "${L1[@]}" --dim "$dim" --shards 4 --min-usage 1 --quiet
+expect_rc 0 "ingest into the admin store"
+run_in "$work/data.jsonl" ingest --store "$astore" "${L1[@]}" --min-usage 1 --quiet
+expect_rc 0 "ingest into the admin store again: every version 1 stable"
+awk -v dim="$dim" 'BEGIN { line = "{\"key\":\"k7\",\"group\":\"g7\",\"snapshot\":["
+  for (d = 0; d < dim; d++) line = line (d ? "," : "") (d == 1 ? 1 : 0); print line "]}" }' >"$work/k7v2.jsonl"
+run_in "$work/k7v2.jsonl" ingest --store "$astore" "${L1[@]}" --min-usage 1 --json
+[ "$(field new_version)" = 1 ] || fail "a dissimilar snapshot of k7: a new version"
+run versions --store "$astore" "${L1[@]}" --key k7 --group g7 --json
+expect_rc 0 "versions k7"
+[ "$(grep -o '"version":' "$work/out" | wc -l)" = 2 ] || fail "versions k7: two versions"
+grep -q '"version":1,[^}]*"stable":true,"pinned":false,"served":true' "$work/out" ||
+  fail "versions k7: version 1 stable and served"
+grep -q '"version":2,[^}]*"stable":false,"pinned":false,"served":false' "$work/out" ||
+  fail "versions k7: version 2 not stable, not served"
+ok "versions: a key's two versions, the stable one served"
+
+run pin --store "$astore" "${L1[@]}" --key k7 --group g7 --version 2
+expect_rc 0 "pin k7 v2"
+run lookup --store "$astore" "${L1[@]}" --key k7 --group g7 --json
+[ "$(field version)" = 2 ] || fail "lookup after pin: version 2"
+run unpin --store "$astore" "${L1[@]}" --key k7 --group g7
+expect_rc 0 "unpin k7"
+run lookup --store "$astore" "${L1[@]}" --key k7 --group g7 --json
+[ "$(field version)" = 1 ] || fail "lookup after unpin: version 1"
+run rollback --store "$astore" "${L1[@]}" --key k7 --group g7 --to 1 --json
+expect_rc 0 "rollback k7"
+[ "$(field deleted)" = 1 ] || fail "rollback k7 to 1: one version deleted"
+run versions --store "$astore" "${L1[@]}" --key k7 --group g7 --json
+[ "$(grep -o '"version":' "$work/out" | wc -l)" = 1 ] || fail "versions after rollback: one"
+ok "pin serves version 2, unpin version 1 again, rollback deletes version 2"
+
+run blacklist --store "$astore" "${L1[@]}" --key k9 --group g9 --reason "served a wrong answer" --hours 1
+expect_rc 0 "blacklist k9"
+run lookup --store "$astore" "${L1[@]}" --key k9 --group g9 --json
+[ "$(field level)" = miss ] || fail "lookup of a blacklisted key: miss"
+run blacklist --store "$astore" "${L1[@]}" --list --json
+expect_rc 0 "blacklist --list"
+[ "$(field key)" = k9 ] && [ "$(field by_hand)" = true ] && [ "$(field reason)" = "served a wrong answer" ] ||
+  fail "blacklist --list: k9 by hand, with its reason"
+run unblacklist --store "$astore" "${L1[@]}" --key k9 --group g9
+expect_rc 0 "unblacklist k9"
+run lookup --store "$astore" "${L1[@]}" --key k9 --group g9 --json
+[ "$(field level)" = exact ] || fail "lookup after unblacklist: exact"
+ok "blacklist by hand: refused, listed with its reason, lifted"
+
+run delete-key --store "$astore" "${L1[@]}" --key k10 --group g10 --json
+expect_rc 0 "delete-key k10"
+[ "$(field deleted)" = 1 ] || fail "delete-key k10: one version"
+run lookup --store "$astore" "${L1[@]}" --key k10 --group g10 --json
+[ "$(field level)" = miss ] || fail "lookup after delete-key: miss"
+run delete-tenant --store "$astore" "${L1[@]}" --tenant acme --json
+expect_rc 0 "delete-tenant acme"
+[ "$(field rows)" = $((n / 8)) ] || fail "delete-tenant acme: its $((n / 8)) rows"
+run lookup --store "$astore" "${L1[@]}" --key k0 --group g0 --tenant acme --json
+[ "$(field level)" = miss ] || fail "lookup of acme's key after delete-tenant: miss"
+ok "delete-key and delete-tenant: rows gone, lookups miss"
+
+run stats --store "$astore" "${L1[@]}" --json
+arows=$(field rows)
+for bad in "delete-key --key k10 --group g10" "unpin --key k7 --group g7" "pin --key k7 --group g7 --version 9" \
+  "rollback --key k7 --group g7 --to 5" "unblacklist --key k9 --group g9" "versions --key nope" \
+  "delete-tenant --tenant nobody" "blacklist --key k9 --group g9" "pin --key k7 --group g7" "blacklist --list --key k9"; do
+  # shellcheck disable=SC2086  # word splitting of the flags is meant
+  run $bad --store "$astore" "${L1[@]}"
+  [ "$rc" = 2 ] || fail "clm_store $bad: exit status $rc, expected 2"
+done
+run stats --store "$astore" "${L1[@]}" --json
+[ "$(field rows)" = "$arows" ] || fail "the refused administration changed the rows"
+ok "administration on what is not there: exit status 2, nothing changed"
 
 # ---- evict for real --------------------------------------------------------------
 run evict --store "$store" "${L1[@]}" --older-than-days 0 --below-usage 1000000 --dry-run

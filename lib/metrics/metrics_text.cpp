@@ -142,6 +142,8 @@ void snapshot_store(Exposition& out, const SnapshotStoreMetrics& s) {
   out.counter("snapshot_confirmations_total", "Records that agreed with the newest version.", s.confirmations);
   out.counter("snapshot_versions_total", "New versions of stored suffixes (cosine or drift).", s.versions);
   out.counter("snapshot_drift_versions_total", "New versions started by drift.", s.drift_versions);
+  out.counter("snapshot_versions_dropped_total", "Oldest versions deleted: a key past its version cap.",
+              s.versions_dropped);
   out.counter("snapshot_evictions_total", "Snapshot rows deleted by eviction.", s.evictions);
   out.counter("snapshot_corrupt_skipped_total", "Snapshot rows skipped: checksum or header failed.", s.corrupt_skipped);
   out.counter("snapshot_index_rebuilds_total", "Similarity indexes rebuilt from the database.", s.index_rebuilds);

@@ -1,7 +1,9 @@
 // lib/store/snapshot_store.cpp: the snapshot store's policy
 // (clm/store/snapshot_store.hpp): routing to shards, the three retrieval
 // levels, admission, versions and drift, the breakers, eviction, and the
-// background index rebuild. Storage itself is StoreShard's (store_shard.cpp).
+// background index rebuild. Storage itself is StoreShard's (store_shard.cpp);
+// the state they share is SnapshotStore::Impl (snapshot_store_impl.hpp);
+// administration by hand is snapshot_store_admin.cpp.
 #include "clm/store/snapshot_store.hpp"
 
 #include <fcntl.h>
@@ -26,36 +28,12 @@
 
 #include <fmt/format.h>
 
-#include "clm/detail/half.hpp"
-#include "clm/store/consistent_hash.hpp"
-#include "hnsw_index.hpp"
-#include "store_shard.hpp"
+#include "snapshot_store_impl.hpp"
 
 namespace clm {
 
-using store_detail::HnswIndex;
 using store_detail::kStoreFormat;
-using store_detail::LabelInfo;
-using store_detail::SnapshotRow;
-using store_detail::StoreShard;
-using store_detail::TenantIndex;
-
-namespace {
-// The squared norm of a vector the store accepts (check_snapshot_vector).
-Status checked_squared_norm(std::span<const float> v, std::int32_t dim, std::string_view what, double& norm) {
-  if (v.size() != static_cast<std::size_t>(dim)) {
-    return invalid_argument(fmt::format("{}: {} values where the store's snapshot_dim is {}", what, v.size(), dim));
-  }
-  norm = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) return invalid_argument(fmt::format("{}: value {} is not finite", what, i));
-    norm += static_cast<double>(v[i]) * v[i];
-  }
-  if (!(norm > 0) || !std::isfinite(norm))
-    return invalid_argument(fmt::format("{}: the vector has no direction", what));
-  return {};
-}
-}  // namespace
+using namespace store_impl;  // NOLINT(google-build-using-namespace): the store's own helpers
 
 Status check_snapshot_vector(std::span<const float> v, std::int32_t dim, std::string_view what) {
   double norm = 0;
@@ -95,285 +73,6 @@ const char* record_result_name(RecordResult result) {
   }
   return "unknown";
 }
-
-namespace {
-
-// A salt names a tenant (the C ABI takes up to 64 KiB), plus what Engine appends (the adapter id).
-constexpr std::size_t kMaxTenantBytes = (std::size_t{1} << 16) + 64;
-constexpr std::size_t kMaxNameBytes = 256;
-constexpr std::size_t kUsageFlushRows = 4096;     // pending usage rows that trigger a write
-constexpr std::size_t kMaxOutcomeKeys = 1 << 16;  // keys whose recent outcomes are kept
-constexpr std::size_t kMaxOutcomesPerKey = 1 << 12;
-
-std::int64_t system_clock_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// tenant bytes, NUL, then the fallback's name: one map key per (tenant, name).
-std::string fallback_key(std::string_view tenant, std::string_view name) {
-  std::string k(tenant);
-  k.push_back('\0');
-  k.append(name);
-  return k;
-}
-
-// tenant bytes, NUL, then the key's fingerprint: one map key per (tenant, key).
-std::string tenant_key(std::string_view tenant, std::uint64_t fp) {
-  std::string k(tenant);
-  k.push_back('\0');
-  for (int b = 0; b < 8; ++b) k.push_back(static_cast<char>(fp >> (8 * b)));
-  return k;
-}
-
-// Copies v normalised to unit length into out; invalid_argument for the wrong
-// size, NaN/Inf or a zero vector.
-Status unit_copy(std::span<const float> v, std::int32_t dim, const char* what, std::vector<float>& out) {
-  double norm = 0;
-  CLM_RETURN_IF_ERROR(checked_squared_norm(v, dim, what, norm));
-  const double inv = 1.0 / std::sqrt(norm);
-  out.resize(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i] * inv);
-  return {};
-}
-
-// As the store keeps it: rounded through f16, so what is indexed and compared
-// is exactly what a lookup serves.
-void round_f16(std::vector<float>& v) {
-  for (float& x : v) x = detail::f16_to_f32(detail::f32_to_f16(x));
-}
-
-float dot(std::span<const float> a, std::span<const float> b) {
-  return store_detail::dot_product(a.data(), b.data(), a.size());
-}
-// A cosine of unit vectors stored in f16 can pass 1 by a rounding error.
-float clamp_cosine(float c) { return std::clamp(c, -1.0f, 1.0f); }
-
-Status check_key(const SuffixKey& key, std::string_view tenant, const char* what) {
-  if (key.key.empty()) return invalid_argument(fmt::format("{}: the key is empty", what));
-  if (tenant.size() > kMaxTenantBytes) {
-    return invalid_argument(fmt::format("{}: tenant of {} bytes (at most {})", what, tenant.size(), kMaxTenantBytes));
-  }
-  if (key.fingerprint != key_fingerprint(key.key)) {
-    return invalid_argument(fmt::format("{}: the key's fingerprint does not match \"{}\"", what, key.key));
-  }
-  return {};
-}
-
-Status check_config(const SnapshotStoreConfig& c) {
-  auto bad = [](std::string m) { return invalid_argument("snapshot store config: " + std::move(m)); };
-  if (c.path.empty()) return bad("path is empty (a directory, or \":memory:\")");
-  if (c.num_shards < 1 || c.num_shards > 256) return bad(fmt::format("num_shards {} is not in [1, 256]", c.num_shards));
-  if (c.snapshot_dim < 1 || c.snapshot_dim > 4096)
-    return bad(fmt::format("snapshot_dim {} is not in [1, 4096]", c.snapshot_dim));
-  if (c.min_usage_threshold < 1) return bad("min_usage_threshold must be >= 1");
-  if (!(c.version_cosine > 0.0f && c.version_cosine <= 1.0f)) return bad("version_cosine must be in (0, 1]");
-  if (c.stable_confirmations < 0) return bad("stable_confirmations must be >= 0");
-  if (c.drift_window < 2) return bad("drift_window must be >= 2");
-  if (!(c.drift_variance > 0.0f) || !std::isfinite(c.drift_variance)) return bad("drift_variance must be > 0");
-  if (c.drift_tracked_keys < 1) return bad("drift_tracked_keys must be >= 1");
-  if (c.ann_top_k < 1 || c.ann_top_k > 64) return bad("ann_top_k must be in [1, 64]");
-  if (!(c.similarity_floor >= -1.0f && c.similarity_floor <= 1.0f)) return bad("similarity_floor must be in [-1, 1]");
-  if (c.ann_ef_search < c.ann_top_k || c.ann_ef_search > 100000)
-    return bad("ann_ef_search must be in [ann_top_k, 1e5]");
-  if (c.ann_m < 2 || c.ann_m > 100) return bad("ann_m must be in [2, 100]");
-  if (c.ann_ef_construction < 1 || c.ann_ef_construction > 100000)
-    return bad("ann_ef_construction must be in [1, 1e5]");
-  if (!(c.evict_after_days >= 0) || !std::isfinite(c.evict_after_days)) return bad("evict_after_days must be >= 0");
-  if (c.lookup_timeout_us < 0 || c.write_busy_timeout_ms < 0) return bad("timeouts must be >= 0");
-  if (!(c.blacklist_accuracy >= 0 && c.blacklist_accuracy <= 1)) return bad("blacklist_accuracy must be in [0, 1]");
-  if (c.blacklist_window_ms < 1 || c.blacklist_duration_ms < 0 || c.blacklist_min_reports < 1) {
-    return bad("blacklist_window_ms >= 1, blacklist_duration_ms >= 0 and blacklist_min_reports >= 1 are required");
-  }
-  return {};
-}
-
-// The last drift_window snapshots of a key (f16), with running sums for the
-// total variance: mean |x|^2 - |mean x|^2.
-struct DriftWindow {
-  std::vector<std::uint16_t> rows;  // [window][dim]
-  std::vector<double> sum;          // [dim]
-  double sum_sq = 0;
-  std::int32_t count = 0, next = 0;
-
-  void clear() {
-    std::fill(sum.begin(), sum.end(), 0.0);
-    sum_sq = 0;
-    count = next = 0;
-  }
-  // Adds a row, evicting the oldest when full; returns the variance once full, else -1.
-  double push(std::span<const float> v, std::int32_t window) {
-    const std::size_t dim = v.size();
-    if (rows.empty()) {  // both or neither: a bad_alloc between them would leave `sum` short
-      std::vector<std::uint16_t> new_rows(static_cast<std::size_t>(window) * dim, 0);
-      std::vector<double> new_sum(dim, 0.0);
-      rows.swap(new_rows);
-      sum.swap(new_sum);
-    }
-    std::uint16_t* slot = rows.data() + static_cast<std::size_t>(next) * dim;
-    if (count == window) {
-      for (std::size_t i = 0; i < dim; ++i) {
-        const double old = detail::f16_to_f32(slot[i]);
-        sum[i] -= old;
-        sum_sq -= old * old;
-      }
-    } else {
-      ++count;
-    }
-    for (std::size_t i = 0; i < dim; ++i) {
-      slot[i] = detail::f32_to_f16(v[i]);
-      const double x = detail::f16_to_f32(slot[i]);
-      sum[i] += x;
-      sum_sq += x * x;
-    }
-    next = (next + 1) % window;
-    if (count < window) return -1;
-    double mean_sq = 0;
-    for (double s : sum) mean_sq += (s / count) * (s / count);
-    return std::max(0.0, sum_sq / count - mean_sq);
-  }
-};
-
-// The Status of the exception in flight, for a catch (...) of a public call
-// that writes: the header promises Status, never exceptions, and a bad_alloc
-// between BEGIN and COMMIT was rolled back by ShardTransaction on its way.
-Status current_exception_status(const char* what) {
-  try {
-    throw;
-  } catch (const std::bad_alloc&) {
-    return out_of_memory(fmt::format("snapshot store: {}: out of host memory", what));
-  } catch (const std::exception& e) {
-    return {StatusCode::internal, fmt::format("snapshot store: {}: {}", what, e.what())};
-  } catch (...) {
-    return {StatusCode::internal, fmt::format("snapshot store: {}: an unknown exception", what)};
-  }
-}
-
-// The shard of a key: consistent hashing of its group and tenant.
-std::int32_t route(const ConsistentHashRing& ring, std::string_view tenant, std::uint64_t group) {
-  return ring.shard_of(group ^ mix64(key_fingerprint(tenant)));
-}
-
-store_detail::ShardSettings shard_settings(const SnapshotStoreConfig& config, std::int32_t s, std::uint64_t rules) {
-  store_detail::ShardSettings settings;
-  settings.dir = config.path == ":memory:" ? std::string() : config.path;
-  settings.index = s;
-  settings.num_shards = config.num_shards;
-  settings.dim = config.snapshot_dim;
-  settings.hnsw = {config.snapshot_dim, config.ann_m, config.ann_ef_construction};
-  settings.write_busy_timeout_ms = config.write_busy_timeout_ms;
-  settings.key_rules = rules;
-  return settings;
-}
-
-struct IndexAdd {
-  std::string tenant;
-  std::int64_t id;
-  LabelInfo info;
-  std::vector<float> vector;
-};
-
-}  // namespace
-
-// The store directory's LOCK file, held (flock) while the store is open.
-// First member of Impl, so it is released last, after the databases close.
-struct DirectoryLock {
-  int fd = -1;
-  DirectoryLock() = default;
-  DirectoryLock(const DirectoryLock&) = delete;
-  DirectoryLock& operator=(const DirectoryLock&) = delete;
-  ~DirectoryLock() {
-    if (fd >= 0) ::close(fd);
-  }
-  Status acquire(const std::string& dir) {
-    const std::string path = dir + "/LOCK";
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-      return {StatusCode::io_error, fmt::format("snapshot store: cannot open {}: {}", path, std::strerror(errno))};
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      return failed_precondition(fmt::format(
-          "snapshot store {}: already open (in another process, or another SnapshotStore of this one)", dir));
-    }
-    return {};
-  }
-};
-
-struct SnapshotStore::Impl {
-  DirectoryLock dir_lock;
-  SnapshotStoreConfig config;
-  std::unique_ptr<SuffixKeyer> keyer;
-  ConsistentHashRing ring{1};
-  std::vector<std::unique_ptr<StoreShard>> shards;
-
-  std::mutex drift_mutex;
-  std::list<std::string> drift_order;  // most recent first
-  std::unordered_map<std::string, std::pair<DriftWindow, std::list<std::string>::iterator>> drift;
-
-  std::mutex breaker_mutex;
-  std::unordered_map<std::string, std::int64_t> blacklist;  // tenant_key -> until (ms)
-  // blacklist.size(), kept under breaker_mutex: a lookup (and each level-2
-  // candidate) skips the lock and the key's string when nothing is blacklisted.
-  std::atomic<std::size_t> blacklist_size{0};
-  std::unordered_map<std::string, std::deque<std::pair<std::int64_t, bool>>> outcomes;
-
-  std::mutex fallback_mutex;
-  std::unordered_map<std::string, std::vector<float>> fallbacks;  // tenant NUL name -> unit vector
-
-  mutable std::mutex metrics_mutex;
-  SnapshotStoreMetrics m;
-
-  std::mutex rebuild_mutex;
-  std::condition_variable rebuild_cv;
-  struct RebuildJob {
-    std::int32_t shard;
-    std::string tenant;
-    bool keep_serving;  // compaction: the old index serves until the new one is in
-  };
-  std::deque<RebuildJob> rebuild_queue;
-  std::int32_t rebuilds_running = 0;
-  std::atomic<bool> stopping{false};  // set under rebuild_mutex; read by a build in progress without it
-  std::thread rebuild_thread;
-
-  Impl() = default;
-  Impl(const Impl&) = delete;
-  Impl& operator=(const Impl&) = delete;
-  // An open() that fails after queueing a rebuild destroys Impl without a
-  // SnapshotStore: the thread must not outlive the shards it reads.
-  ~Impl() { stop_rebuilds(); }
-  void stop_rebuilds();
-
-  std::int64_t now_ms() const { return config.clock_ms ? config.clock_ms() : system_clock_ms(); }
-
-  std::int32_t shard_of(std::string_view tenant, std::uint64_t group) const { return route(ring, tenant, group); }
-
-  template <class F>
-  void count(F&& f) {
-    std::lock_guard lock(metrics_mutex);
-    f(m);
-  }
-
-  bool blacklisted(std::string_view tenant, std::uint64_t fp) {
-    if (blacklist_size.load(std::memory_order_relaxed) == 0) return false;
-    std::lock_guard lock(breaker_mutex);
-    const auto it = blacklist.find(tenant_key(tenant, fp));
-    if (it == blacklist.end()) return false;
-    if (it->second < now_ms()) {
-      blacklist.erase(it);
-      blacklist_size = blacklist.size();
-      return false;
-    }
-    return true;
-  }
-
-  Status open_indexes(std::int32_t s);
-  Status build_index(std::int32_t s, const std::string& tenant, bool keep_serving = false);
-  void queue_rebuild(std::int32_t s, const std::string& tenant, bool keep_serving = false);
-  void rebuild_loop();
-  Status record_in_shard(StoreShard& shard, std::string_view tenant, const SuffixKey& key, std::vector<float>& unit,
-                         RecordOutcome& outcome, std::vector<IndexAdd>& adds);
-  double drift_push(const std::string& k, std::span<const float> v, bool reset);
-  void install_adds(StoreShard& shard, std::vector<IndexAdd>& adds);
-};
 
 void SnapshotStore::Impl::stop_rebuilds() {
   {
@@ -438,6 +137,10 @@ Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<Sn
     CLM_RETURN_IF_ERROR(shard->load_blacklist([&](std::string_view tenant, std::uint64_t fp, std::int64_t until) {
       if (until >= now) im.blacklist[tenant_key(tenant, fp)] = until;
       im.blacklist_size = im.blacklist.size();
+    }));
+    CLM_RETURN_IF_ERROR(shard->load_pins([&](std::string_view tenant, std::uint64_t fp, std::int32_t version) {
+      im.pins[tenant_key(tenant, fp)] = version;
+      im.pins_size = im.pins.size();
     }));
     std::uint64_t corrupt = 0;
     CLM_RETURN_IF_ERROR(
@@ -605,6 +308,29 @@ Status SnapshotStore::rebuild_indexes() try {
   return current_exception_status("rebuild_indexes");
 }
 
+void SnapshotStore::Impl::unindex(std::int32_t s, const std::string& tenant, const std::vector<std::int64_t>& ids) {
+  StoreShard& shard = *shards[static_cast<std::size_t>(s)];
+  const auto found = shard.indexes.find(tenant);
+  if (found == shard.indexes.end()) return;
+  TenantIndex& t = found->second;
+  for (std::int64_t id : ids) {
+    t.labels.erase(id);
+    if (t.index) t.index->remove(id);
+  }
+  t.dirty = true;
+  if (t.rebuilding) return;  // the rebuild reads the database: deleted rows stay out
+  if (t.labels.empty()) {    // the tenant has no rows left here: no index, no files
+    if (!shard.settings().dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove(shard.index_path(tenant), ec);
+      std::filesystem::remove(shard.index_path(tenant) + ".meta", ec);
+    }
+    shard.indexes.erase(found);
+  } else if (t.index && t.index->deleted() > t.index->size()) {
+    queue_rebuild(s, tenant, true);  // more dead entries than live ones: a fresh graph is smaller and faster
+  }
+}
+
 // ---- lookup -------------------------------------------------------------
 
 Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std::span<const float> query,
@@ -664,13 +390,20 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   if (!lock.try_lock_until(deadline)) return busy();
   shard.set_busy_deadline(deadline);
 
-  // Level 1: the newest stable version, else the newest readable one.
+  // Level 1: the pinned version, else the newest stable one, else the newest
+  // readable one.
+  const std::int32_t pinned = im.pinned_version(tenant, key.fingerprint);
   SnapshotRow chosen, newest;
   std::uint64_t corrupt = 0;
   Status read = shard.versions(tenant, key, [&](SnapshotRow& r) {
     if (r.vector.empty()) {
       ++corrupt;
       return true;
+    }
+    if (pinned != 0) {
+      if (r.version != pinned) return true;
+      chosen = std::move(r);
+      return false;
     }
     if (newest.vector.empty()) newest = r;
     if (r.confirmations >= im.config.stable_confirmations) {
@@ -681,8 +414,8 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   });
   if (corrupt) im.count([&](SnapshotStoreMetrics& x) { x.corrupt_skipped += corrupt; });
   if (!read.ok()) return shard.is_busy(read) ? busy() : read;
-  const bool stable = !chosen.vector.empty();
-  if (!stable && !newest.vector.empty()) chosen = std::move(newest);
+  const bool stable = !chosen.vector.empty() && chosen.confirmations >= im.config.stable_confirmations;
+  if (pinned == 0 && chosen.vector.empty() && !newest.vector.empty()) chosen = std::move(newest);
   if (!chosen.vector.empty()) {
     std::copy(chosen.vector.begin(), chosen.vector.end(), snapshot_out.begin());
     hit.level = SnapshotLevel::exact;
@@ -691,6 +424,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
     hit.fingerprint = key.fingerprint;
     hit.version = chosen.version;
     hit.stable = stable;
+    hit.pinned = pinned != 0;
     shard.note_usage(chosen.id);
     if (shard.pending_usage() >= kUsageFlushRows) (void)shard.flush_usage(im.now_ms() / 1000);  // retried later if busy
     im.count([](SnapshotStoreMetrics& x) { ++x.hits_exact; });
@@ -710,14 +444,19 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
       std::unordered_set<std::uint64_t> keys_seen;
       std::vector<std::int64_t> ids;
       std::uint64_t refused = 0;
-      // Only a key's served version (its newest stable one, else its newest)
-      // is a candidate: an older version a key has moved on from is no
-      // answer, however near its vector lies.
+      // Only a key's served version (the pinned one, else its newest stable
+      // one, else its newest) is a candidate: an older version a key has
+      // moved on from is no answer, however near its vector lies.
       std::unordered_map<std::uint64_t, std::int32_t> served_versions;
       auto served_version = [&](const LabelInfo& label, std::int32_t& version) -> Status {
         const auto known = served_versions.find(label.fingerprint);
         if (known != served_versions.end()) {
           version = known->second;
+          return {};
+        }
+        if (const std::int32_t pin = im.pinned_version(tenant, label.fingerprint); pin != 0) {
+          version = pin;
+          served_versions.emplace(label.fingerprint, version);
           return {};
         }
         SuffixKey other;
@@ -774,6 +513,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
         hit.key = hit.candidates[c].key;
         hit.fingerprint = hit.candidates[c].fingerprint;
         hit.version = hit.candidates[c].version;
+        hit.pinned = im.pinned_version(tenant, hit.fingerprint) == hit.version;
         hit.candidates.erase(hit.candidates.begin(), hit.candidates.begin() + static_cast<std::ptrdiff_t>(c));
         shard.note_usage(r.id);
         im.count([](SnapshotStoreMetrics& x) { ++x.hits_ann; });
@@ -816,21 +556,33 @@ double SnapshotStore::Impl::drift_push(const std::string& k, std::span<const flo
 
 Status SnapshotStore::Impl::record_in_shard(StoreShard& shard, std::string_view tenant, const SuffixKey& key,
                                             std::vector<float>& unit, RecordOutcome& outcome,
-                                            std::vector<IndexAdd>& adds) {
+                                            std::vector<IndexAdd>& adds, std::vector<IndexRemoval>& removals) {
   const std::int64_t now_s = now_ms() / 1000;
   SnapshotRow current;
   std::int32_t top_version = 0;
+  std::vector<std::pair<std::int32_t, std::int64_t>> all;  // (version, id), newest first
   CLM_RETURN_IF_ERROR(shard.versions(tenant, key, [&](SnapshotRow& r) {
     top_version = std::max(top_version, r.version);
-    if (r.vector.empty()) return true;  // corrupt: look at older versions
+    all.emplace_back(r.version, r.id);
+    if (r.vector.empty() || !current.vector.empty()) return true;  // corrupt: look at older versions
     current = std::move(r);
-    return false;
+    return true;
   }));
   auto store_version = [&](std::int32_t version) -> Status {
     std::int64_t id = 0;
     CLM_RETURN_IF_ERROR(shard.insert(tenant, key, version, unit, now_s, id));
     adds.push_back({std::string(tenant), id, LabelInfo{key.group, key.fingerprint, version, key.key}, unit});
     outcome.version = version;
+    // At most max_versions_per_key versions: the oldest unpinned ones go.
+    const std::int32_t pinned = pinned_version(tenant, key.fingerprint);
+    std::size_t kept = all.size() + 1;
+    for (auto it = all.rbegin(); it != all.rend() && kept > static_cast<std::size_t>(config.max_versions_per_key);
+         ++it) {
+      if (it->first == pinned) continue;
+      CLM_RETURN_IF_ERROR(shard.delete_row(it->second));
+      removals.push_back({std::string(tenant), it->second});
+      --kept;
+    }
     return {};
   };
   const std::string k = tenant_key(tenant, key.fingerprint);
@@ -929,15 +681,17 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
     store_detail::ShardTransaction tx(shard);
     CLM_RETURN_IF_ERROR(tx.begin());
     std::vector<IndexAdd> adds;
+    std::vector<IndexRemoval> removals;
     std::vector<RecordOutcome> local(by_shard[s].size());
     Status failed;
     for (std::size_t j = 0; j < by_shard[s].size() && failed.ok(); ++j) {
       const std::size_t i = by_shard[s][j];
-      failed = im.record_in_shard(shard, records[i].tenant, *records[i].key, units[i], local[j], adds);
+      failed = im.record_in_shard(shard, records[i].tenant, *records[i].key, units[i], local[j], adds, removals);
     }
     if (failed.ok()) failed = tx.commit();
     if (!failed.ok()) return failed;
     im.install_adds(shard, adds);
+    for (const IndexRemoval& r : removals) im.unindex(static_cast<std::int32_t>(s), r.tenant, {r.id});
     SnapshotStoreMetrics delta;
     for (std::size_t j = 0; j < by_shard[s].size(); ++j) {
       outcomes[by_shard[s][j]] = local[j];
@@ -971,7 +725,8 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
       x.confirmations += delta.confirmations;
       x.versions += delta.versions;
       x.drift_versions += delta.drift_versions;
-      x.snapshots += static_cast<std::int64_t>(adds.size());
+      x.snapshots += static_cast<std::int64_t>(adds.size()) - static_cast<std::int64_t>(removals.size());
+      x.versions_dropped += removals.size();
     });
   }
   return {};
@@ -987,6 +742,7 @@ Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& k
   const std::int64_t now = im.now_ms();
   const std::string k = tenant_key(tenant, key.fingerprint);
   bool trip = false;
+  std::string reason;
   {
     std::lock_guard lock(im.breaker_mutex);
     if (im.outcomes.size() >= kMaxOutcomeKeys && !im.outcomes.count(k)) {
@@ -1007,6 +763,8 @@ Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& k
     if (window.size() >= static_cast<std::size_t>(im.config.blacklist_min_reports) &&
         accuracy < im.config.blacklist_accuracy && !im.blacklist.count(k)) {
       trip = true;
+      reason = fmt::format("breaker: {} of {} outcomes right ({:.3f} < {:.3f}) within {} ms", right, window.size(),
+                           accuracy, im.config.blacklist_accuracy, im.config.blacklist_window_ms);
       im.blacklist[k] = now + im.config.blacklist_duration_ms;
       im.blacklist_size = im.blacklist.size();
       im.outcomes.erase(k);
@@ -1017,7 +775,8 @@ Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& k
   StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, key.group))];
   std::lock_guard lock(shard.mutex);
   shard.set_write_deadline();
-  return shard.put_blacklist(tenant, key, now + im.config.blacklist_duration_ms);  // in force in memory either way
+  // In force in memory either way.
+  return shard.put_blacklist(tenant, key, now + im.config.blacklist_duration_ms, reason, false);
 } catch (...) {
   return current_exception_status("report_outcome");
 }
@@ -1068,29 +827,10 @@ Status SnapshotStore::evict(EvictionReport& report) try {
     if (s.ok()) s = shard.prune(cutoff_s, now_ms);
     if (s.ok()) s = tx.commit();
     if (!s.ok()) return s;
-    std::set<std::string> touched;
-    for (const auto& [id, tenant] : victims) {
-      TenantIndex& t = shard.tenant_index(tenant);
-      t.labels.erase(id);
-      if (t.index) t.index->remove(id);
-      t.dirty = true;
-      touched.insert(tenant);
-    }
-    for (const std::string& tenant : touched) {
-      TenantIndex& t = shard.tenant_index(tenant);
-      if (t.rebuilding) continue;
-      if (t.labels.empty()) {  // the tenant has no rows left here: no index, no files
-        if (!shard.settings().dir.empty()) {
-          std::error_code ec;
-          std::filesystem::remove(shard.index_path(tenant), ec);
-          std::filesystem::remove(shard.index_path(tenant) + ".meta", ec);
-        }
-        shard.indexes.erase(tenant);
-      } else if (t.index && t.index->deleted() > t.index->size()) {
-        // More dead entries than live ones: a fresh graph is smaller and faster.
-        im.queue_rebuild(static_cast<std::int32_t>(&shard_ptr - im.shards.data()), tenant, true);
-      }
-    }
+    std::map<std::string, std::vector<std::int64_t>> by_tenant;
+    for (const auto& [id, tenant] : victims) by_tenant[tenant].push_back(id);
+    for (const auto& [tenant, ids] : by_tenant)
+      im.unindex(static_cast<std::int32_t>(&shard_ptr - im.shards.data()), tenant, ids);
     report.deleted += static_cast<std::int64_t>(victims.size());
     std::int64_t pages = 0;
     CLM_RETURN_IF_ERROR(shard.vacuum(pages));

@@ -52,7 +52,11 @@ constexpr const char* kSchema =
     "  PRIMARY KEY (tenant, suffix_hash, suffix_key)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS blacklist ("
     "  tenant BLOB NOT NULL, suffix_hash INTEGER NOT NULL, suffix_key TEXT NOT NULL, until_ms INTEGER NOT NULL,"
+    "  reason TEXT NOT NULL DEFAULT '', by_hand INTEGER NOT NULL DEFAULT 0,"
     "  PRIMARY KEY (tenant, suffix_hash)) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS pinned_versions ("
+    "  tenant BLOB NOT NULL, suffix_hash INTEGER NOT NULL, suffix_key TEXT NOT NULL, version INTEGER NOT NULL,"
+    "  pinned_at INTEGER NOT NULL, PRIMARY KEY (tenant, suffix_hash)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS fallback_snapshots ("
     "  tenant BLOB NOT NULL, name TEXT NOT NULL, snapshot BLOB NOT NULL, dim INTEGER NOT NULL,"
     "  checksum INTEGER NOT NULL, PRIMARY KEY (tenant, name)) WITHOUT ROWID;"
@@ -234,6 +238,12 @@ Status StoreShard::start(bool serving) {
     if (s.ok()) s = tx.commit();
     if (!s.ok()) return failed(s);
     fresh_ = false;
+  } else if (format() == 2) {
+    ShardTransaction tx(*this);
+    Status s = tx.begin();
+    if (s.ok()) s = migrate();
+    if (s.ok()) s = tx.commit();
+    if (!s.ok()) return failed(s);
   }
   if (serving) {
     if (Status s = prepare_all(); !s.ok()) return failed(s);
@@ -286,8 +296,10 @@ Status StoreShard::prepare_all() {
       {"UPDATE semantic_snapshots SET confirmations = confirmations + 1 WHERE id = ?1", &confirm_},
       {"UPDATE semantic_snapshots SET usage_count = usage_count + ?2, last_used = max(last_used, ?3) WHERE id = ?1",
        &usage_},
-      {"INSERT OR REPLACE INTO blacklist (tenant, suffix_hash, suffix_key, until_ms) VALUES (?1, ?2, ?3, ?4)",
+      {"INSERT OR REPLACE INTO blacklist (tenant, suffix_hash, suffix_key, until_ms, reason, by_hand)"
+       " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
        &blacklist_put_},
+      {"SELECT tenant, suffix_hash, version FROM pinned_versions", &pins_all_},
       {"SELECT tenant, suffix_hash, until_ms FROM blacklist", &blacklist_all_},
       {"INSERT OR REPLACE INTO fallback_snapshots (tenant, name, snapshot, dim, checksum) VALUES (?1, ?2, ?3, ?4, ?5)",
        &fallback_put_},
@@ -498,11 +510,14 @@ Status StoreShard::confirm(std::int64_t id) {
   return done(rc, "confirming a version");
 }
 
-Status StoreShard::put_blacklist(std::string_view tenant, const SuffixKey& key, std::int64_t until_ms) {
+Status StoreShard::put_blacklist(std::string_view tenant, const SuffixKey& key, std::int64_t until_ms,
+                                 std::string_view reason, bool by_hand) {
   blacklist_put_.bind_blob(1, tenant);
   blacklist_put_.bind_int(2, as_signed(key.fingerprint));
   blacklist_put_.bind_text(3, key.key);
   blacklist_put_.bind_int(4, until_ms);
+  blacklist_put_.bind_text(5, reason);
+  blacklist_put_.bind_int(6, by_hand ? 1 : 0);
   const int rc = blacklist_put_.step();
   blacklist_put_.reset();
   return done(rc, "writing the blacklist");
@@ -576,6 +591,18 @@ Status StoreShard::load_blacklist(
   return done(rc, "reading the blacklist");
 }
 
+Status StoreShard::load_pins(
+    const std::function<void(std::string_view tenant, std::uint64_t fp, std::int32_t version)>& each) {
+  const ResetOnExit reset_on_exit(pins_all_);
+  int rc;
+  while ((rc = pins_all_.step()) == SQLITE_ROW) {
+    const auto t = pins_all_.column_blob(0);
+    each(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()),
+         static_cast<std::uint64_t>(pins_all_.column_int(1)), static_cast<std::int32_t>(pins_all_.column_int(2)));
+  }
+  return done(rc, "reading the pinned versions");
+}
+
 Status StoreShard::load_fallbacks(
     const std::function<void(std::string_view tenant, std::string_view name, std::vector<float>&)>& each,
     std::uint64_t& corrupt) {
@@ -617,11 +644,27 @@ Status StoreShard::flush_usage(std::int64_t now_s) {
 Status StoreShard::adopt(std::uint64_t key_rules) {
   if (format() == 1) {
     CLM_RETURN_IF_ERROR(run("ALTER TABLE semantic_snapshots ADD COLUMN source_text TEXT", "adding source_text"));
+    CLM_RETURN_IF_ERROR(put_meta("format", 2));
+    meta_["format"] = 2;
   }
-  CLM_RETURN_IF_ERROR(put_meta("format", kStoreFormat));
+  CLM_RETURN_IF_ERROR(migrate());
   CLM_RETURN_IF_ERROR(put_meta("key_rules", as_signed(key_rules)));
-  meta_["format"] = kStoreFormat;
   meta_["key_rules"] = as_signed(key_rules);
+  return {};
+}
+
+Status StoreShard::migrate() {
+  if (format() >= kStoreFormat) return {};
+  CLM_RETURN_IF_ERROR(run("ALTER TABLE blacklist ADD COLUMN reason TEXT NOT NULL DEFAULT ''", "migrating: reason"));
+  CLM_RETURN_IF_ERROR(run("ALTER TABLE blacklist ADD COLUMN by_hand INTEGER NOT NULL DEFAULT 0", "migrating: by_hand"));
+  CLM_RETURN_IF_ERROR(
+      run("CREATE TABLE IF NOT EXISTS pinned_versions ("
+          "  tenant BLOB NOT NULL, suffix_hash INTEGER NOT NULL, suffix_key TEXT NOT NULL,"
+          "  version INTEGER NOT NULL, pinned_at INTEGER NOT NULL,"
+          "  PRIMARY KEY (tenant, suffix_hash)) WITHOUT ROWID",
+          "migrating: pinned_versions"));
+  CLM_RETURN_IF_ERROR(put_meta("format", kStoreFormat));
+  meta_["format"] = kStoreFormat;
   return {};
 }
 
@@ -721,7 +764,9 @@ Status StoreShard::drop_blacklisted(std::string_view tenant, std::uint64_t finge
   q.bind_int(2, as_signed(fingerprint));
   CLM_RETURN_IF_ERROR(done(q.step(), "dropping a blacklist entry"));
   dropped += sqlite3_changes(db_.handle());
-  return {};
+  if (format() < 3) return {};  // no pins before format 3
+  bool unpinned = false;
+  return remove_pin(tenant, fingerprint, unpinned);
 }
 
 Status StoreShard::drop_sightings(std::int64_t& dropped) {

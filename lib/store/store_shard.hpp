@@ -47,8 +47,34 @@ struct ShardSettings {
 
 // The store format this library writes (store_meta `format`): 2 since the
 // keys carry their text (source_text) and the rules they were made under
-// (store_meta `key_rules`). A format-1 store is adopted with `clm_store rekey --adopt`.
-inline constexpr std::int64_t kStoreFormat = 2;
+// (store_meta `key_rules`); 3 since a blacklist entry says why and who put it
+// there (reason, by_hand) and an administrator may pin a key's version
+// (pinned_versions). A format-2 shard is migrated in place when it starts; a
+// format-1 store is adopted with `clm_store rekey --adopt`.
+inline constexpr std::int64_t kStoreFormat = 3;
+
+// One version of a key as an administrator sees it (list_versions).
+struct VersionRow {
+  std::int64_t id = 0;
+  std::int32_t version = 0;
+  std::int64_t created_at_s = 0, last_used_s = 0, usage_count = 0, confirmations = 0;
+  bool readable = false;  // the BLOB passes its checks
+};
+
+// One blacklist entry as stored.
+struct BlacklistRow {
+  std::string tenant, key;
+  std::uint64_t fingerprint = 0;
+  std::int64_t until_ms = 0;
+  std::string reason;
+  bool by_hand = false;
+};
+
+// What deleting a tenant removed from one shard.
+struct TenantDeletion {
+  std::vector<std::int64_t> row_ids;
+  std::int64_t sightings = 0, blacklist = 0, pins = 0, fallbacks = 0;
+};
 
 // A row as rekey reads it: what decides its new key.
 struct RekeyRow {
@@ -154,7 +180,8 @@ class StoreShard {
   Status insert(std::string_view tenant, const SuffixKey& key, std::int32_t version, std::span<const float> unit,
                 std::int64_t now_s, std::int64_t& id);
   Status confirm(std::int64_t id);
-  Status put_blacklist(std::string_view tenant, const SuffixKey& key, std::int64_t until_ms);
+  Status put_blacklist(std::string_view tenant, const SuffixKey& key, std::int64_t until_ms, std::string_view reason,
+                       bool by_hand);
   Status put_fallback(std::string_view tenant, std::string_view name, std::span<const float> unit);
   // Rows to evict; then delete_rows in the same transaction.
   Status eviction_candidates(std::int64_t unused_before_s, std::int64_t min_usage,
@@ -164,6 +191,7 @@ class StoreShard {
   Status vacuum(std::int64_t& pages);
 
   Status load_blacklist(const std::function<void(std::string_view tenant, std::uint64_t fp, std::int64_t until)>& each);
+  Status load_pins(const std::function<void(std::string_view tenant, std::uint64_t fp, std::int32_t version)>& each);
   Status load_fallbacks(
       const std::function<void(std::string_view tenant, std::string_view name, std::vector<float>&)>& each,
       std::uint64_t& corrupt);
@@ -173,10 +201,31 @@ class StoreShard {
   std::size_t pending_usage() const { return pending_usage_.size(); }
   Status flush_usage(std::int64_t now_s);
 
+  // ---- administration (store_shard_admin.cpp; writes inside begin() .. commit())
+  // A key's versions with their usage (pending usage included), newest first.
+  Status version_rows(std::string_view tenant, const SuffixKey& key, std::vector<VersionRow>& out);
+  // Deletes the key's rows with a version above `above` (0: all of them) and
+  // returns their ids; with above == 0 also its sightings, blacklist entry and pin.
+  Status delete_key_rows(std::string_view tenant, const SuffixKey& key, std::int32_t above,
+                         std::vector<std::int64_t>& ids);
+  Status delete_tenant(std::string_view tenant, TenantDeletion& out);
+  Status remove_blacklist(std::string_view tenant, std::uint64_t fingerprint, bool& removed);
+  Status blacklist_rows(const std::function<void(BlacklistRow&)>& each);
+  Status put_pin(std::string_view tenant, const SuffixKey& key, std::int32_t version, std::int64_t now_s);
+  Status remove_pin(std::string_view tenant, std::uint64_t fingerprint, bool& removed);
+  std::int64_t pending_usage_of(std::int64_t id) const {
+    const auto it = pending_usage_.find(id);
+    return it == pending_usage_.end() ? 0 : it->second;
+  }
+  void forget_pending_usage(std::int64_t id) { pending_usage_.erase(id); }
+
   // ---- maintenance (rekey, adopt; inside begin() .. commit()) --------------
-  // Records key_rules (and format 2, adding the source_text column to a
-  // format-1 shard): the keys are kept as they are.
+  // Records key_rules (and kStoreFormat, adding the source_text column to a
+  // format-1 shard and migrating): the keys are kept as they are.
   Status adopt(std::uint64_t key_rules);
+  // Brings a format-2 shard to kStoreFormat: the blacklist's reason and
+  // by_hand columns and the pinned_versions table.
+  Status migrate();
   // Marks the shard as being rekeyed to `to` (rekey_to; rekey_from keeps the
   // rules it had, when first marked) and creates the outbox and inbox tables.
   Status begin_rekey(std::uint64_t from, std::uint64_t to);
@@ -186,6 +235,7 @@ class StoreShard {
   Status rekey_delete(std::int64_t id);
   // Rows stored, and rows in the outbox (in transit to another shard).
   Status rekey_counts(std::int64_t& rows, std::int64_t& in_outbox);
+  // Drops the blacklist entry and the pin of a key whose rows changed key.
   Status drop_blacklisted(std::string_view tenant, std::uint64_t fingerprint, std::int64_t& dropped);
   Status drop_sightings(std::int64_t& dropped);
   Status outbox_rows(std::int64_t after_id, std::size_t limit, std::vector<MovedRow>& out);
@@ -230,7 +280,7 @@ class StoreShard {
   Statement versions_, row_, tenants_, tenant_rows_, tenant_labels_, count_rows_;
   Statement begin_, commit_, rollback_;
   Statement see_, forget_, insert_, confirm_, usage_;
-  Statement blacklist_put_, blacklist_all_, fallback_put_, fallback_all_;
+  Statement blacklist_put_, blacklist_all_, pins_all_, fallback_put_, fallback_all_;
   Statement evictable_, delete_, prune_seen_, prune_blacklist_;
 };
 

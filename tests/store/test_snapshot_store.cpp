@@ -1223,7 +1223,7 @@ TEST_CASE("key rules: a store opens only under the rules it was made with, and a
     CHECK(query_sql(shard_db(dir.str(), s), "SELECT value FROM store_meta WHERE name = 'key_rules'") ==
           std::vector<std::string>{std::to_string(static_cast<std::int64_t>(rules_a))});
     CHECK(query_sql(shard_db(dir.str(), s), "SELECT value FROM store_meta WHERE name = 'format'") ==
-          std::vector<std::string>{"2"});
+          std::vector<std::string>{"3"});
   }
   // Texts are kept; host keys have none.
   std::vector<std::string> texts, host_texts;
@@ -1331,7 +1331,7 @@ TEST_CASE("rekey: keys made again from their texts, rows moved, host keys kept, 
   REQUIRE(s.ok());
   CHECK(report.old_rules == keyer_a->rules_fingerprint());
   CHECK(report.new_rules == keyer_b->rules_fingerprint());
-  CHECK(report.old_format == 2);
+  CHECK(report.old_format == 3);  // made by this library
   CHECK_FALSE(report.adopted);
   CHECK_FALSE(report.resumed);
   CHECK(report.rows_before == rows_before);
@@ -1606,7 +1606,7 @@ TEST_CASE("a format-1 store is refused naming rekey --adopt, and adopt keeps its
   CHECK(report.rekeyed == 0);
   for (int s = 0; s < 2; ++s) {
     CHECK(query_sql(shard_db(dir.str(), s), "SELECT value FROM store_meta WHERE name = 'format'") ==
-          std::vector<std::string>{"2"});
+          std::vector<std::string>{"3"});
     CHECK(query_sql(shard_db(dir.str(), s),
                     "SELECT count(*) FROM pragma_table_info('semantic_snapshots')"
                     " WHERE name = 'source_text'") == std::vector<std::string>{"1"});
@@ -1627,7 +1627,7 @@ TEST_CASE("a format-1 store is refused naming rekey --adopt, and adopt keeps its
   clm::SnapshotStoreConfig b = c;
   b.keyer.lexicon_dir = lex.b;
   REQUIRE(clm::SnapshotStore::rekey(b, true, report).ok());
-  CHECK(report.old_format == 2);
+  CHECK(report.old_format == 3);  // adopted: the current format
   CHECK(report.old_rules == make_keyer(lex.a)->rules_fingerprint());
   store = open_store(b);
   std::vector<float> out;

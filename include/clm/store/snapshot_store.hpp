@@ -34,14 +34,17 @@
 // A low-information key never reaches levels 1 and 2: it says too little to
 // pick one stored answer. A tenant (the cache salt) sees only its own rows,
 // fallbacks and index at every level. A blacklisted key is never served at
-// any level.
+// any level. A key whose version an administrator pinned (pin_version) is
+// served that version at levels 1 and 2, and nothing while it is unreadable.
 //
 // Writing: record() of a low-information key stores and counts nothing
 // (RecordResult::abstained, metrics().abstained). Otherwise it counts a key's
 // sightings and stores nothing until it has been seen min_usage_threshold
 // times (admission). After that, a snapshot
 // whose cosine to the newest version is below version_cosine becomes a new
-// version; one at or above confirms it. Over the last drift_window records of
+// version; one at or above confirms it (a key keeps at most
+// max_versions_per_key versions: a new one past that deletes the oldest one
+// not pinned). Over the last drift_window records of
 // a key, a total variance (mean squared distance from the window's mean)
 // above drift_variance starts a new version too (drift). Snapshots are
 // stored f16 in a self-describing, checksummed BLOB (snapshot_blob.hpp); a
@@ -123,12 +126,13 @@ struct SnapshotStoreConfig {
   SuffixKeyerConfig keyer;          // how text becomes keys (suffix_key.hpp)
 
   // Admission and versions.
-  std::int64_t min_usage_threshold = 50;  // sightings before a key is stored (>= 1)
-  float version_cosine = 0.95f;           // below: a new version (0, 1]
-  std::int32_t stable_confirmations = 1;  // confirmations that make a version stable (>= 0)
-  std::int32_t drift_window = 100;        // records per key in the drift window (>= 2)
-  float drift_variance = 0.08f;           // window variance above which a new version starts (> 0)
-  std::int32_t drift_tracked_keys = 256;  // keys whose windows are kept in memory (LRU; >= 1)
+  std::int64_t min_usage_threshold = 50;   // sightings before a key is stored (>= 1)
+  float version_cosine = 0.95f;            // below: a new version (0, 1]
+  std::int32_t stable_confirmations = 1;   // confirmations that make a version stable (>= 0)
+  std::int32_t drift_window = 100;         // records per key in the drift window (>= 2)
+  float drift_variance = 0.08f;            // window variance above which a new version starts (> 0)
+  std::int32_t drift_tracked_keys = 256;   // keys whose windows are kept in memory (LRU; >= 1)
+  std::int32_t max_versions_per_key = 16;  // 1..1024: a new version past it deletes the oldest unpinned one
 
   // Level 2 (hnswlib).
   std::int32_t ann_top_k = 3;        // 1..64
@@ -176,6 +180,7 @@ struct SnapshotHit {
   std::uint64_t fingerprint = 0;
   std::int32_t version = 0;                   // 0 at levels 0 and 3
   bool stable = false;                        // level 1: the version is stable
+  bool pinned = false;                        // levels 1 and 2: the version an administrator pinned
   std::vector<SnapshotCandidate> candidates;  // level 2: up to ann_top_k, best first
 };
 
@@ -217,11 +222,12 @@ struct SnapshotStoreMetrics {
   std::uint64_t abstained = 0;   // records of low-information keys: not stored
   std::uint64_t admissions = 0;  // keys stored for the first time
   std::uint64_t confirmations = 0;
-  std::uint64_t versions = 0;         // new versions of existing keys (cosine or drift)
-  std::uint64_t drift_versions = 0;   // ... of them by drift
-  std::uint64_t evictions = 0;        // rows deleted by evict()
-  std::uint64_t corrupt_skipped = 0;  // rows whose checksum or header failed
-  std::uint64_t index_rebuilds = 0;   // index files rebuilt from the database
+  std::uint64_t versions = 0;          // new versions of existing keys (cosine or drift)
+  std::uint64_t drift_versions = 0;    // ... of them by drift
+  std::uint64_t versions_dropped = 0;  // oldest versions deleted past max_versions_per_key
+  std::uint64_t evictions = 0;         // rows deleted by evict()
+  std::uint64_t corrupt_skipped = 0;   // rows whose checksum or header failed
+  std::uint64_t index_rebuilds = 0;    // index files rebuilt from the database
   std::uint64_t outcome_reports = 0;
   std::int64_t snapshots = 0;         // rows stored now
   std::int64_t blacklisted_keys = 0;  // keys blacklisted now
@@ -237,7 +243,7 @@ struct EvictionReport {
 struct RekeyReport {
   std::uint64_t old_rules = 0;  // the key rules the store recorded (0: none, a format-1 store)
   std::uint64_t new_rules = 0;  // the keyer's (config.keyer), recorded now
-  std::int32_t old_format = 0;  // the store format found: 1 or 2
+  std::int32_t old_format = 0;  // the store format found: 1, 2 or 3
   bool adopted = false;         // adopt: the keys were kept as they were
   bool resumed = false;         // an interrupted rekey was found and finished
   std::int64_t rows_before = 0;
@@ -249,7 +255,7 @@ struct RekeyReport {
   std::int64_t dropped = 0;              // rows whose text makes no servable key now: deleted (see drops)
   std::int64_t versions_renumbered = 0;  // rows whose version changed (keys that became one)
   std::int64_t sightings_dropped = 0;    // admission counts of old keys (all: they have no text)
-  std::int64_t blacklist_dropped = 0;    // blacklist entries of keys that changed
+  std::int64_t blacklist_dropped = 0;    // blacklist entries of keys that changed (their pins go too)
   std::int64_t indexes_rebuilt = 0;      // tenant indexes rebuilt afterwards
   struct Drop {
     std::string reason;  // "abstained: ..." (low_information) or the keyer's error
@@ -257,6 +263,38 @@ struct RekeyReport {
     std::string example;  // one text dropped for this reason
   };
   std::vector<Drop> drops;  // by reason, most rows first
+};
+
+// One version of a key, as list_versions reports it.
+struct SnapshotVersionInfo {
+  std::int32_t version = 0;
+  std::int64_t created_at_s = 0;   // Unix seconds
+  std::int64_t last_used_s = 0;    // Unix seconds (written with the usage counts)
+  std::int64_t usage_count = 0;    // lookups that served it, those not yet written included
+  std::int64_t confirmations = 0;  // records that agreed with it
+  bool readable = false;           // its BLOB passes its checks (an unreadable one is never served)
+  bool stable = false;             // confirmations >= stable_confirmations
+  bool pinned = false;             // pinned by pin_version
+  bool served = false;             // the version level 1 serves now (none while a pinned version is unreadable)
+};
+
+// One key refused at every level, by hand or by breaker (b).
+struct BlacklistEntry {
+  std::string tenant;
+  std::string key;
+  std::uint64_t fingerprint = 0;
+  std::int64_t until_ms = 0;  // in force until (ms since the Unix epoch)
+  std::string reason;         // what blacklist_key was told, or what the breaker saw
+  bool by_hand = false;       // blacklist_key; false: breaker (b)
+};
+
+// What delete_tenant removed, summed over the shards.
+struct TenantDeletionReport {
+  std::int64_t rows = 0;       // snapshots, all versions
+  std::int64_t sightings = 0;  // admission counts of keys not stored yet
+  std::int64_t blacklist = 0;
+  std::int64_t pins = 0;
+  std::int64_t fallbacks = 0;
 };
 
 class SnapshotStore {
@@ -271,7 +309,7 @@ class SnapshotStore {
   // (rows without text) are kept; a row whose text makes no servable key now
   // (low_information, or refused) is deleted and counted by reason. Where
   // keys became one, that key's versions are numbered again 1.. in created_at
-  // order. Blacklist entries of keys that changed and every admission count
+  // order. Blacklist entries and pins of keys that changed and every admission count
   // (sightings: they keep no text) are dropped. The index files are deleted
   // first and rebuilt at the end. Each shard's rows change in one
   // transaction; rows move through an outbox, so none is lost or doubled by
@@ -282,7 +320,8 @@ class SnapshotStore {
   // have no text): adopt it.
   //
   // With adopt: records the keyer's rules and keeps every key; a format-1
-  // store gets the source_text column (empty for its rows) and format 2.
+  // store gets the source_text column (empty for its rows), and any older
+  // store the current format (3).
   // Refused for a store with an interrupted rekey: finish that first.
   //
   // Errors: invalid_argument for a bad config or ":memory:"; not_found for a
@@ -337,6 +376,40 @@ class SnapshotStore {
   Status check_integrity();
 
   SnapshotStoreMetrics metrics() const;
+
+  // ---- administration (by hand; every call is one transaction of one shard,
+  // but delete_tenant, one per shard) ----------------------------------------
+  // A key's versions, newest first. not_found when the key has no row.
+  Status list_versions(std::string_view tenant, const SuffixKey& key, std::vector<SnapshotVersionInfo>& out);
+  // Deletes every version of a key, with its index entries, admission count,
+  // blacklist entry and pin. not_found (nothing changed) when it has no row.
+  Status delete_key(std::string_view tenant, const SuffixKey& key, std::int64_t& rows_deleted);
+  // Deletes everything of a tenant in every shard: rows, index files,
+  // admission counts, blacklist entries, pins, fallbacks. not_found when the
+  // store holds nothing of it. A shard that fails keeps its part (io_error):
+  // run it again.
+  Status delete_tenant(std::string_view tenant, TenantDeletionReport& report);
+  // Refuses a key at every level until until_ms (ms since the epoch, after
+  // now), persisted with the reason (1..1024 bytes); replaces an entry the
+  // key already has. The key need not be stored yet.
+  Status blacklist_key(std::string_view tenant, const SuffixKey& key, std::string_view reason, std::int64_t until_ms);
+  // Lifts a key's blacklist entry (by hand or breaker) and forgets the
+  // outcomes reported for it. not_found when it has none in force.
+  Status unblacklist_key(std::string_view tenant, const SuffixKey& key);
+  // The entries in force, by tenant and key.
+  Status list_blacklist(std::vector<BlacklistEntry>& out);
+  // Serves `version` of the key at levels 1 and 2 from now on, stable or
+  // not, whatever newer versions record() adds (they wait until
+  // unpin_version). not_found when the key has no such version,
+  // failed_precondition when that version's BLOB is unreadable.
+  Status pin_version(std::string_view tenant, const SuffixKey& key, std::int32_t version);
+  // Lifts the pin: the newest stable version is served again. not_found when
+  // the key has no pin.
+  Status unpin_version(std::string_view tenant, const SuffixKey& key);
+  // Deletes the key's versions newer than `version` (their rows and index
+  // entries) and its drift window; a pin on a deleted version is lifted.
+  // not_found when the key has no such version.
+  Status roll_back(std::string_view tenant, const SuffixKey& key, std::int32_t version, std::int64_t& rows_deleted);
 
   // The shard a key lives in (for tools and tests).
   std::int32_t shard_of(std::string_view tenant, const SuffixKey& key) const;
