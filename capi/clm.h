@@ -79,7 +79,7 @@ typedef int32_t clm_status;
 #define CLM_OK 0
 #define CLM_ERR_INVALID_ARGUMENT (-1)    /* malformed input: NULL, bad lengths, bad ids */
 #define CLM_ERR_OUT_OF_MEMORY (-2)       /* no free KV pages, even after eviction */
-#define CLM_ERR_NOT_FOUND (-3)           /* no such handle or sequence */
+#define CLM_ERR_NOT_FOUND (-3)           /* no such handle or sequence; a store entry that is not there */
 #define CLM_ERR_FAILED_PRECONDITION (-4) /* valid call, wrong state (e.g. finish after abort) */
 #define CLM_ERR_UNSUPPORTED (-5)         /* not in this build or on this machine (e.g. no GPU) */
 #define CLM_ERR_INTERNAL (-6)            /* a bug in clmcache */
@@ -615,6 +615,85 @@ CLM_API clm_status clm_engine_flush_snapshot_store(clm_engine *engine);
 /* Deletes the snapshots unused for 30 days and used fewer than 5 times, with
  * their index entries, then vacuums; *deleted receives how many. */
 CLM_API clm_status clm_engine_evict_snapshots(int64_t *deleted, clm_engine *engine);
+
+/* ---- the snapshot store by hand: versions, pins, rollback, deletion, the
+ * blacklist (docs/c-api.md, "Snapshot store administration") ----------------
+ * What an administrator corrects in a running engine's store. A tenant is
+ * named as in clm_engine_set_fallback_snapshot (cache salt and adapter id), a
+ * key as in clm_engine_record_snapshot (suffix, group, suffix_kind; a text
+ * whose key abstained names nothing stored: CLM_ERR_NOT_FOUND). Each call
+ * checks everything first and changes nothing on error: CLM_ERR_NOT_FOUND
+ * for a key, version, pin, blacklist entry or tenant that is not there,
+ * CLM_ERR_INVALID_ARGUMENT for a bad argument, CLM_ERR_FAILED_PRECONDITION
+ * on an engine without a store. */
+
+/* One version of a key (clm_engine_snapshot_versions). An element of an
+ * output array: fixed size, no struct_size; later fields take the place of
+ * `reserved`, written as zeros. */
+typedef struct clm_snapshot_version {
+  int32_t version;
+  uint8_t readable;      /* its BLOB passes its checks (an unreadable one is never served) */
+  uint8_t stable;        /* confirmed by enough later records */
+  uint8_t pinned;        /* pinned by clm_engine_pin_snapshot_version */
+  uint8_t served;        /* the version level 1 serves now */
+  int64_t created_at;    /* Unix seconds */
+  int64_t last_used;     /* Unix seconds of its latest use, once written */
+  int64_t usage_count;   /* lookups that served it */
+  int64_t confirmations; /* records that agreed with it */
+  uint8_t reserved[24];
+} clm_snapshot_version;
+
+/* A key's versions, newest first. *count always receives how many there are;
+ * when they exceed capacity nothing is written and CLM_ERR_INVALID_ARGUMENT is
+ * returned (versions = NULL, capacity = 0 is a sizing call). A key with no
+ * stored version is CLM_ERR_NOT_FOUND. */
+CLM_API clm_status clm_engine_snapshot_versions(clm_snapshot_version* versions, size_t capacity, size_t* count,
+                                                clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                                int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                                const char* group, size_t group_len, int32_t suffix_kind);
+
+/* Serves `version` of the key at levels 1 and 2 from now on, whatever newer
+ * versions are recorded, until clm_engine_unpin_snapshot_version. Persisted.
+ * CLM_ERR_NOT_FOUND: no such version; CLM_ERR_FAILED_PRECONDITION: its
+ * snapshot fails its checksum. */
+CLM_API clm_status clm_engine_pin_snapshot_version(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                                   int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                                   const char* group, size_t group_len, int32_t suffix_kind,
+                                                   int32_t version);
+/* Lifts a key's pin. CLM_ERR_NOT_FOUND: it has none. */
+CLM_API clm_status clm_engine_unpin_snapshot_version(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                                     int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                                     const char* group, size_t group_len, int32_t suffix_kind);
+/* Deletes the key's versions newer than `version`; *deleted receives how
+ * many. A pin on one of them is lifted. CLM_ERR_NOT_FOUND: no such version. */
+CLM_API clm_status clm_engine_roll_back_snapshot_key(int64_t* deleted, clm_engine* engine, const char* tenant_salt,
+                                                     size_t salt_len, int32_t adapter_id, const char* suffix,
+                                                     size_t suffix_len, const char* group, size_t group_len,
+                                                     int32_t suffix_kind, int32_t version);
+/* Deletes every version of the key, with its index entries, admission count,
+ * blacklist entry and pin; *deleted receives how many versions. */
+CLM_API clm_status clm_engine_delete_snapshot_key(int64_t* deleted, clm_engine* engine, const char* tenant_salt,
+                                                  size_t salt_len, int32_t adapter_id, const char* suffix,
+                                                  size_t suffix_len, const char* group, size_t group_len,
+                                                  int32_t suffix_kind);
+/* Deletes everything of the tenant in every shard (rows, index files,
+ * admission counts, blacklist entries, pins, fallbacks); *deleted_rows
+ * receives how many snapshot rows. CLM_ERR_NOT_FOUND: the store holds nothing
+ * of it. */
+CLM_API clm_status clm_engine_delete_snapshot_tenant(int64_t* deleted_rows, clm_engine* engine, const char* tenant_salt,
+                                                     size_t salt_len, int32_t adapter_id);
+/* Refuses the key at every level until until_ms (milliseconds since the Unix
+ * epoch, after now), with reason[0, reason_len) (1..1024 bytes), persisted;
+ * replaces an entry it has. The key need not be stored yet. */
+CLM_API clm_status clm_engine_blacklist_snapshot_key(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                                     int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                                     const char* group, size_t group_len, int32_t suffix_kind,
+                                                     const char* reason, size_t reason_len, int64_t until_ms);
+/* Lifts the key's blacklist entry (set by hand or by the accuracy breaker)
+ * and forgets its reported outcomes. CLM_ERR_NOT_FOUND: none in force. */
+CLM_API clm_status clm_engine_unblacklist_snapshot_key(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                                       int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                                       const char* group, size_t group_len, int32_t suffix_kind);
 
 /* ---- attention and KV kernels over the engine's pool (docs/kernels.md) ----
  * For a host that brings its own weights: write the K/V of new tokens into

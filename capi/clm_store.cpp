@@ -1,6 +1,7 @@
 // capi/clm_store.cpp: the C ABI of CLM's semantic snapshot store (clm.h,
-// "the snapshot store"): suffix keys, lookups, records, outcome reports,
-// fallbacks, flush and eviction. Conversion only; the logic is in
+// "the snapshot store" and "the snapshot store by hand"): suffix keys,
+// lookups, records, outcome reports, fallbacks, flush and eviction; versions,
+// pins, rollback, deletion and the blacklist. Conversion only; the logic is in
 // clm::Engine (lookup_snapshots, record_snapshot, report_snapshot_outcome,
 // suffix_key) and clm::SnapshotStore.
 #include <algorithm>
@@ -66,6 +67,32 @@ clm_snapshot_hit to_c(const clm::SnapshotHit& hit) {
   out.key_truncated = copied < hit.key.size() ? 1 : 0;
   std::memcpy(out.key, hit.key.data(), copied);
   return out;
+}
+
+// The tenant and key an administrative call names, checked: the key made
+// by the engine's keyer (or the host's own), never a low-information one.
+clm_status admin_target(const char* fn, const clm_engine* engine, const char* tenant_salt, std::size_t salt_len,
+                        int32_t adapter_id, const char* suffix, std::size_t suffix_len, const char* group,
+                        std::size_t group_len, int32_t suffix_kind, clm::SnapshotStore*& store, std::string& tenant,
+                        clm::SuffixKey& key) {
+  if (!engine) return null_argument(fn, "engine");
+  if (!tenant_salt && salt_len > 0) return null_argument(fn, "tenant_salt (with salt_len > 0)");
+  if (salt_len > kMaxSaltBytes) {
+    return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: salt_len {} exceeds {} bytes", fn, salt_len, kMaxSaltBytes));
+  }
+  if (clm_status s = check_kind(suffix_kind, fn)) return s;
+  clm::SuffixRef ref;
+  if (clm_status s = suffix_ref(fn, "the suffix", suffix, suffix_len, group, group_len, suffix_kind, ref)) return s;
+  store = store_of(engine);
+  if (!store) return no_store(fn);
+  if (clm_status s = report(engine->state->engine->suffix_key(ref, key))) return s;
+  if (key.low_information) {
+    return fail(CLM_ERR_NOT_FOUND, fmt::format("{}: the text's key {} abstained ({}): nothing is stored under it", fn,
+                                               key.key, key.abstain_reason));
+  }
+  tenant = clm::Engine::snapshot_tenant(tenant_salt ? std::string_view(tenant_salt, salt_len) : std::string_view(),
+                                        adapter_id);
+  return CLM_OK;
 }
 
 }  // namespace
@@ -213,12 +240,8 @@ clm_status clm_engine_set_fallback_snapshot(clm_engine* engine, const char* tena
     if (!snapshot && snapshot_len > 0) return null_argument(fn, "snapshot (with snapshot_len > 0)");
     clm::SnapshotStore* store = store_of(engine);
     if (!store) return no_store(fn);
-    // The tenant the Engine gives a sequence (Sequence::tenant in engine.hpp):
-    // its salt, then its adapter id as 4 little-endian bytes.
-    std::string tenant = tenant_salt ? std::string(tenant_salt, salt_len) : std::string();
-    for (int b = 0; b < 4; ++b) {
-      tenant.push_back(static_cast<char>((static_cast<uint32_t>(adapter_id) >> (8 * b)) & 0xFFu));
-    }
+    const std::string tenant = clm::Engine::snapshot_tenant(
+        tenant_salt ? std::string_view(tenant_salt, salt_len) : std::string_view(), adapter_id);
     return report(store->set_fallback(tenant, name ? std::string_view(name, name_len) : std::string_view(),
                                       {snapshot, snapshot_len}));
   });
@@ -245,6 +268,178 @@ clm_status clm_engine_evict_snapshots(int64_t* deleted, clm_engine* engine) {
     if (clm_status s = report(store->evict(evicted))) return s;
     *deleted = evicted.deleted;
     return CLM_OK;
+  });
+}
+
+// ---- administration ----------------------------------------------------------
+
+clm_status clm_engine_snapshot_versions(clm_snapshot_version* versions, size_t capacity, size_t* count,
+                                        clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                        int32_t adapter_id, const char* suffix, size_t suffix_len, const char* group,
+                                        size_t group_len, int32_t suffix_kind) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_snapshot_versions";
+    if (!count) return null_argument(fn, "count");
+    if (!versions && capacity > 0) return null_argument(fn, "versions (with capacity > 0)");
+    clm::SnapshotStore* store = nullptr;
+    std::string tenant;
+    clm::SuffixKey key;
+    if (clm_status s = admin_target(fn, engine, tenant_salt, salt_len, adapter_id, suffix, suffix_len, group, group_len,
+                                    suffix_kind, store, tenant, key)) {
+      return s;
+    }
+    std::vector<clm::SnapshotVersionInfo> list;
+    if (clm_status s = report(store->list_versions(tenant, key, list))) return s;
+    *count = list.size();
+    if (list.size() > capacity) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: the key has {} versions, capacity is {}", fn, list.size(), capacity));
+    }
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      clm_snapshot_version v;
+      std::memset(&v, 0, sizeof v);
+      v.version = list[i].version;
+      v.readable = list[i].readable ? 1 : 0;
+      v.stable = list[i].stable ? 1 : 0;
+      v.pinned = list[i].pinned ? 1 : 0;
+      v.served = list[i].served ? 1 : 0;
+      v.created_at = list[i].created_at_s;
+      v.last_used = list[i].last_used_s;
+      v.usage_count = list[i].usage_count;
+      v.confirmations = list[i].confirmations;
+      versions[i] = v;
+    }
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_pin_snapshot_version(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                           int32_t adapter_id, const char* suffix, size_t suffix_len, const char* group,
+                                           size_t group_len, int32_t suffix_kind, int32_t version) {
+  return guarded([&]() -> clm_status {
+    clm::SnapshotStore* store = nullptr;
+    std::string tenant;
+    clm::SuffixKey key;
+    if (clm_status s = admin_target("clm_engine_pin_snapshot_version", engine, tenant_salt, salt_len, adapter_id,
+                                    suffix, suffix_len, group, group_len, suffix_kind, store, tenant, key)) {
+      return s;
+    }
+    return report(store->pin_version(tenant, key, version));
+  });
+}
+
+clm_status clm_engine_unpin_snapshot_version(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                             int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                             const char* group, size_t group_len, int32_t suffix_kind) {
+  return guarded([&]() -> clm_status {
+    clm::SnapshotStore* store = nullptr;
+    std::string tenant;
+    clm::SuffixKey key;
+    if (clm_status s = admin_target("clm_engine_unpin_snapshot_version", engine, tenant_salt, salt_len, adapter_id,
+                                    suffix, suffix_len, group, group_len, suffix_kind, store, tenant, key)) {
+      return s;
+    }
+    return report(store->unpin_version(tenant, key));
+  });
+}
+
+clm_status clm_engine_roll_back_snapshot_key(int64_t* deleted, clm_engine* engine, const char* tenant_salt,
+                                             size_t salt_len, int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                             const char* group, size_t group_len, int32_t suffix_kind,
+                                             int32_t version) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_roll_back_snapshot_key";
+    if (!deleted) return null_argument(fn, "deleted");
+    clm::SnapshotStore* store = nullptr;
+    std::string tenant;
+    clm::SuffixKey key;
+    if (clm_status s = admin_target(fn, engine, tenant_salt, salt_len, adapter_id, suffix, suffix_len, group, group_len,
+                                    suffix_kind, store, tenant, key)) {
+      return s;
+    }
+    std::int64_t n = 0;
+    if (clm_status s = report(store->roll_back(tenant, key, version, n))) return s;
+    *deleted = n;
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_delete_snapshot_key(int64_t* deleted, clm_engine* engine, const char* tenant_salt,
+                                          size_t salt_len, int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                          const char* group, size_t group_len, int32_t suffix_kind) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_delete_snapshot_key";
+    if (!deleted) return null_argument(fn, "deleted");
+    clm::SnapshotStore* store = nullptr;
+    std::string tenant;
+    clm::SuffixKey key;
+    if (clm_status s = admin_target(fn, engine, tenant_salt, salt_len, adapter_id, suffix, suffix_len, group, group_len,
+                                    suffix_kind, store, tenant, key)) {
+      return s;
+    }
+    std::int64_t n = 0;
+    if (clm_status s = report(store->delete_key(tenant, key, n))) return s;
+    *deleted = n;
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_delete_snapshot_tenant(int64_t* deleted_rows, clm_engine* engine, const char* tenant_salt,
+                                             size_t salt_len, int32_t adapter_id) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_delete_snapshot_tenant";
+    if (!deleted_rows) return null_argument(fn, "deleted_rows");
+    if (!engine) return null_argument(fn, "engine");
+    if (!tenant_salt && salt_len > 0) return null_argument(fn, "tenant_salt (with salt_len > 0)");
+    if (salt_len > kMaxSaltBytes) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: salt_len {} exceeds {} bytes", fn, salt_len, kMaxSaltBytes));
+    }
+    clm::SnapshotStore* store = store_of(engine);
+    if (!store) return no_store(fn);
+    clm::TenantDeletionReport r;
+    if (clm_status s = report(store->delete_tenant(
+            clm::Engine::snapshot_tenant(tenant_salt ? std::string_view(tenant_salt, salt_len) : std::string_view(),
+                                         adapter_id),
+            r))) {
+      return s;
+    }
+    *deleted_rows = r.rows;
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_blacklist_snapshot_key(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                             int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                             const char* group, size_t group_len, int32_t suffix_kind,
+                                             const char* reason, size_t reason_len, int64_t until_ms) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_blacklist_snapshot_key";
+    if (!reason && reason_len > 0) return null_argument(fn, "reason (with reason_len > 0)");
+    clm::SnapshotStore* store = nullptr;
+    std::string tenant;
+    clm::SuffixKey key;
+    if (clm_status s = admin_target(fn, engine, tenant_salt, salt_len, adapter_id, suffix, suffix_len, group, group_len,
+                                    suffix_kind, store, tenant, key)) {
+      return s;
+    }
+    return report(store->blacklist_key(tenant, key, reason ? std::string_view(reason, reason_len) : std::string_view(),
+                                       until_ms));
+  });
+}
+
+clm_status clm_engine_unblacklist_snapshot_key(clm_engine* engine, const char* tenant_salt, size_t salt_len,
+                                               int32_t adapter_id, const char* suffix, size_t suffix_len,
+                                               const char* group, size_t group_len, int32_t suffix_kind) {
+  return guarded([&]() -> clm_status {
+    clm::SnapshotStore* store = nullptr;
+    std::string tenant;
+    clm::SuffixKey key;
+    if (clm_status s = admin_target("clm_engine_unblacklist_snapshot_key", engine, tenant_salt, salt_len, adapter_id,
+                                    suffix, suffix_len, group, group_len, suffix_kind, store, tenant, key)) {
+      return s;
+    }
+    return report(store->unblacklist_key(tenant, key));
   });
 }
 

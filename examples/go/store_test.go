@@ -64,6 +64,7 @@ func storeEngine(t *testing.T, edit func(*EngineOptions)) *Engine {
 	opts.SnapshotDim = storeDim
 	opts.SnapshotMinUsage = 1
 	opts.SnapshotSimilarityFloor = 0.5
+	opts.SnapshotLookupTimeoutUS = 2_000_000 // no busy misses (level 2 included) on a loaded machine
 	if edit != nil {
 		edit(&opts)
 	}

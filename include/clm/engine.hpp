@@ -47,6 +47,7 @@
 #include <mutex>  // std::lock_guard
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -426,6 +427,15 @@ class Engine {
 
   // The key the store uses for `suffix`.
   Status suffix_key(const SuffixRef& suffix, SuffixKey& out) const;
+  // The store's tenant of the sequences admitted with cache salt `salt` and
+  // adapter `adapter_id`: the salt's bytes, then the id's 4 little-endian
+  // bytes (as the prefix cache separates them). For administering a tenant's
+  // snapshots (store/snapshot_store.hpp, "administration").
+  static std::string snapshot_tenant(std::string_view salt, std::int32_t adapter_id) {
+    std::string t(salt);
+    for (int b = 0; b < 4; ++b) t.push_back(static_cast<char>(static_cast<std::uint32_t>(adapter_id) >> (8 * b)));
+    return t;
+  }
 
   // Looks up a snapshot for each sequence ids[i]: suffixes[i] names its
   // suffix, queries [n][snapshot_dim] (or empty: level 2 is skipped) its
@@ -499,11 +509,7 @@ class Engine {
     SuffixKey served;  // the key of the snapshot the last lookup served (empty: none)
     CacheNamespace cache_namespace() const { return {salt, adapter_id}; }
     // The snapshot store's tenant: salt and adapter, as the prefix cache separates them.
-    std::string tenant() const {
-      std::string t = salt;
-      for (int b = 0; b < 4; ++b) t.push_back(static_cast<char>(static_cast<std::uint32_t>(adapter_id) >> (8 * b)));
-      return t;
-    }
+    std::string tenant() const { return snapshot_tenant(salt, adapter_id); }
   };
 
   // The snapshot calls' helpers (engine/engine_snapshots.hpp).

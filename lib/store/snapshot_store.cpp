@@ -252,9 +252,20 @@ Status SnapshotStore::Impl::build_index(std::int32_t s, const std::string& tenan
   return shard.finish_saves(saves);
 }
 
+void SnapshotStore::Impl::queue_usage_flush(std::int32_t s) {
+  std::lock_guard lock(rebuild_mutex);
+  if (stopping) return;
+  const bool queued = std::any_of(rebuild_queue.begin(), rebuild_queue.end(),
+                                  [&](const RebuildJob& j) { return j.flush_usage && j.shard == s; });
+  if (queued) return;
+  rebuild_queue.push_back({s, std::string(), false, true});
+  if (!rebuild_thread.joinable()) rebuild_thread = std::thread([this] { rebuild_loop(); });
+  rebuild_cv.notify_all();
+}
+
 void SnapshotStore::Impl::queue_rebuild(std::int32_t s, const std::string& tenant, bool keep_serving) {
   std::lock_guard lock(rebuild_mutex);
-  rebuild_queue.push_back({s, tenant, keep_serving});
+  rebuild_queue.push_back({s, tenant, keep_serving, false});
   if (!rebuild_thread.joinable()) rebuild_thread = std::thread([this] { rebuild_loop(); });
   rebuild_cv.notify_all();
 }
@@ -269,6 +280,16 @@ void SnapshotStore::Impl::rebuild_loop() {
     ++rebuilds_running;
     lock.unlock();
     const std::int32_t s = job.shard;
+    if (job.flush_usage) {
+      StoreShard& shard = *shards[static_cast<std::size_t>(s)];
+      std::lock_guard shard_lock(shard.mutex);
+      shard.set_write_deadline();
+      (void)shard.flush_usage();  // a busy database keeps the counts for the next write or flush
+      lock.lock();
+      --rebuilds_running;
+      rebuild_cv.notify_all();
+      continue;
+    }
     const std::string& tenant = job.tenant;
     const Status built = build_index(s, tenant, job.keep_serving);
     if (!built.ok() && !stopping && !job.keep_serving) {
@@ -425,8 +446,9 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
     hit.version = chosen.version;
     hit.stable = stable;
     hit.pinned = pinned != 0;
-    shard.note_usage(chosen.id);
-    if (shard.pending_usage() >= kUsageFlushRows) (void)shard.flush_usage(im.now_ms() / 1000);  // retried later if busy
+    shard.note_usage(chosen.id, im.now_ms() / 1000);
+    // Written by the background thread, never here: a lookup never waits for a disk write.
+    if (shard.pending_usage() >= kUsageFlushRows) im.queue_usage_flush(im.shard_of(tenant, key.group));
     im.count([](SnapshotStoreMetrics& x) { ++x.hits_exact; });
     return {};
   }
@@ -441,6 +463,9 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
       std::vector<std::pair<float, std::int64_t>> near;
       const auto ef = static_cast<std::size_t>(im.config.ann_ef_search);
       CLM_RETURN_IF_ERROR(t.index->search(q, ef, ef, near));
+      // The deadline covers level 2 too: a search (or the reads of its
+      // candidates below) that ran past it answers miss, as a busy shard does.
+      if (std::chrono::steady_clock::now() > deadline) return busy();
       std::unordered_set<std::uint64_t> keys_seen;
       std::vector<std::int64_t> ids;
       std::uint64_t refused = 0;
@@ -479,6 +504,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
       };
       for (const auto& [similarity, id] : near) {
         if (similarity < im.config.similarity_floor) break;  // best first
+        if (std::chrono::steady_clock::now() > deadline) return busy();
         const auto info = t.labels.find(id);
         if (info == t.labels.end() || info->second.group != key.group) continue;
         if (keys_seen.count(info->second.fingerprint) != 0) continue;  // one candidate per key
@@ -515,7 +541,8 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
         hit.version = hit.candidates[c].version;
         hit.pinned = im.pinned_version(tenant, hit.fingerprint) == hit.version;
         hit.candidates.erase(hit.candidates.begin(), hit.candidates.begin() + static_cast<std::ptrdiff_t>(c));
-        shard.note_usage(r.id);
+        shard.note_usage(r.id, im.now_ms() / 1000);
+        if (shard.pending_usage() >= kUsageFlushRows) im.queue_usage_flush(im.shard_of(tenant, key.group));
         im.count([](SnapshotStoreMetrics& x) { ++x.hits_ann; });
         return {};
       }
@@ -677,7 +704,7 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
     StoreShard& shard = *im.shards[s];
     std::lock_guard lock(shard.mutex);
     shard.set_write_deadline();
-    CLM_RETURN_IF_ERROR(shard.flush_usage(im.now_ms() / 1000));
+    CLM_RETURN_IF_ERROR(shard.flush_usage());
     store_detail::ShardTransaction tx(shard);
     CLM_RETURN_IF_ERROR(tx.begin());
     std::vector<IndexAdd> adds;
@@ -818,7 +845,7 @@ Status SnapshotStore::evict(EvictionReport& report) try {
     StoreShard& shard = *shard_ptr;
     std::unique_lock lock(shard.mutex);
     shard.set_write_deadline();
-    CLM_RETURN_IF_ERROR(shard.flush_usage(now_ms / 1000));
+    CLM_RETURN_IF_ERROR(shard.flush_usage());
     store_detail::ShardTransaction tx(shard);
     CLM_RETURN_IF_ERROR(tx.begin());
     std::vector<std::pair<std::int64_t, std::string>> victims;
@@ -855,7 +882,7 @@ Status SnapshotStore::flush() try {
     {
       std::lock_guard lock(shard->mutex);
       shard->set_write_deadline();
-      CLM_RETURN_IF_ERROR(shard->flush_usage(impl_->now_ms() / 1000));
+      CLM_RETURN_IF_ERROR(shard->flush_usage());
       CLM_RETURN_IF_ERROR(shard->begin_index_saves(true, saves));
     }
     CLM_RETURN_IF_ERROR(shard->finish_saves(saves));  // fsyncs without the shard lock

@@ -67,7 +67,7 @@ inline Status checked_squared_norm(std::span<const float> v, std::int32_t dim, s
 // A salt names a tenant (the C ABI takes up to 64 KiB), plus what Engine appends (the adapter id).
 constexpr std::size_t kMaxTenantBytes = (std::size_t{1} << 16) + 64;
 constexpr std::size_t kMaxNameBytes = 256;
-constexpr std::size_t kUsageFlushRows = 4096;     // pending usage rows that trigger a write
+constexpr std::size_t kUsageFlushRows = 4096;     // pending usage rows that ask the background thread to write
 constexpr std::size_t kMaxOutcomeKeys = 1 << 16;  // keys whose recent outcomes are kept
 constexpr std::size_t kMaxOutcomesPerKey = 1 << 12;
 
@@ -308,6 +308,7 @@ struct SnapshotStore::Impl {
     std::int32_t shard;
     std::string tenant;
     bool keep_serving;  // compaction: the old index serves until the new one is in
+    bool flush_usage;   // not a rebuild: write the shard's pending usage counts
   };
   std::deque<RebuildJob> rebuild_queue;
   std::int32_t rebuilds_running = 0;
@@ -383,6 +384,9 @@ struct SnapshotStore::Impl {
 
   Status open_indexes(std::int32_t s);
   Status build_index(std::int32_t s, const std::string& tenant, bool keep_serving = false);
+  // Asks the background thread to write shard s's pending usage counts
+  // (once: a request already queued covers later lookups too).
+  void queue_usage_flush(std::int32_t s);
   void queue_rebuild(std::int32_t s, const std::string& tenant, bool keep_serving = false);
   void rebuild_loop();
   Status record_in_shard(store_impl::StoreShard& shard, std::string_view tenant, const SuffixKey& key,

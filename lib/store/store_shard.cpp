@@ -622,14 +622,14 @@ Status StoreShard::load_fallbacks(
   return done(rc, "reading fallback snapshots");
 }
 
-Status StoreShard::flush_usage(std::int64_t now_s) {
+Status StoreShard::flush_usage() {
   if (pending_usage_.empty()) return {};
   ShardTransaction tx(*this);
   CLM_RETURN_IF_ERROR(tx.begin());
-  for (const auto& [id, n] : pending_usage_) {
+  for (const auto& [id, use] : pending_usage_) {
     usage_.bind_int(1, id);
-    usage_.bind_int(2, n);
-    usage_.bind_int(3, now_s);
+    usage_.bind_int(2, use.count);
+    usage_.bind_int(3, use.last_s);  // the lookup's time, not the flush's
     const int rc = usage_.step();
     usage_.reset();
     if (rc != SQLITE_DONE) return done(rc, "writing usage counts");

@@ -14,6 +14,7 @@
 // started with serving = false, in the store's rekey (snapshot_store.cpp).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -196,10 +197,15 @@ class StoreShard {
       const std::function<void(std::string_view tenant, std::string_view name, std::vector<float>&)>& each,
       std::uint64_t& corrupt);
 
-  // Usage of served rows, batched: written by flush_usage (its own transaction).
-  void note_usage(std::int64_t id) { ++pending_usage_[id]; }
+  // Usage of served rows, batched: written by flush_usage (its own
+  // transaction), each row with the time of its latest lookup (last_used).
+  void note_usage(std::int64_t id, std::int64_t now_s) {
+    PendingUsage& use = pending_usage_[id];
+    ++use.count;
+    use.last_s = std::max(use.last_s, now_s);
+  }
   std::size_t pending_usage() const { return pending_usage_.size(); }
-  Status flush_usage(std::int64_t now_s);
+  Status flush_usage();
 
   // ---- administration (store_shard_admin.cpp; writes inside begin() .. commit())
   // A key's versions with their usage (pending usage included), newest first.
@@ -215,7 +221,7 @@ class StoreShard {
   Status remove_pin(std::string_view tenant, std::uint64_t fingerprint, bool& removed);
   std::int64_t pending_usage_of(std::int64_t id) const {
     const auto it = pending_usage_.find(id);
-    return it == pending_usage_.end() ? 0 : it->second;
+    return it == pending_usage_.end() ? 0 : it->second.count;
   }
   void forget_pending_usage(std::int64_t id) { pending_usage_.erase(id); }
 
@@ -274,7 +280,11 @@ class StoreShard {
   std::map<std::string, std::int64_t, std::less<>> meta_;  // store_meta as read by open()
   std::chrono::steady_clock::time_point busy_deadline_{};
   bool last_rc_busy_ = false;
-  std::unordered_map<std::int64_t, std::int64_t> pending_usage_;
+  struct PendingUsage {
+    std::int64_t count = 0;
+    std::int64_t last_s = 0;
+  };
+  std::unordered_map<std::int64_t, PendingUsage> pending_usage_;
   std::vector<std::uint8_t> blob_;  // scratch
 
   Statement versions_, row_, tenants_, tenant_rows_, tenant_labels_, count_rows_;

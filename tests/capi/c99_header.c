@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef CLM_H
 #error "clm.h defines no include guard CLM_H"
@@ -354,6 +355,31 @@ static clm_status (*const p_engine_set_fallback_snapshot)(clm_engine *, const ch
 static clm_status (*const p_engine_flush_snapshot_store)(clm_engine *) = clm_engine_flush_snapshot_store;
 static clm_status (*const p_engine_evict_snapshots)(int64_t *, clm_engine *) = clm_engine_evict_snapshots;
 
+/* The snapshot store by hand. */
+static clm_status (*const p_engine_snapshot_versions)(clm_snapshot_version*, size_t, size_t*, clm_engine*, const char*,
+                                                      size_t, int32_t, const char*, size_t, const char*, size_t,
+                                                      int32_t) = clm_engine_snapshot_versions;
+static clm_status (*const p_engine_pin_snapshot_version)(clm_engine*, const char*, size_t, int32_t, const char*, size_t,
+                                                         const char*, size_t, int32_t,
+                                                         int32_t) = clm_engine_pin_snapshot_version;
+static clm_status (*const p_engine_unpin_snapshot_version)(clm_engine*, const char*, size_t, int32_t, const char*,
+                                                           size_t, const char*, size_t,
+                                                           int32_t) = clm_engine_unpin_snapshot_version;
+static clm_status (*const p_engine_roll_back_snapshot_key)(int64_t*, clm_engine*, const char*, size_t, int32_t,
+                                                           const char*, size_t, const char*, size_t, int32_t,
+                                                           int32_t) = clm_engine_roll_back_snapshot_key;
+static clm_status (*const p_engine_delete_snapshot_key)(int64_t*, clm_engine*, const char*, size_t, int32_t,
+                                                        const char*, size_t, const char*, size_t,
+                                                        int32_t) = clm_engine_delete_snapshot_key;
+static clm_status (*const p_engine_delete_snapshot_tenant)(int64_t*, clm_engine*, const char*, size_t,
+                                                           int32_t) = clm_engine_delete_snapshot_tenant;
+static clm_status (*const p_engine_blacklist_snapshot_key)(clm_engine*, const char*, size_t, int32_t, const char*,
+                                                           size_t, const char*, size_t, int32_t, const char*, size_t,
+                                                           int64_t) = clm_engine_blacklist_snapshot_key;
+static clm_status (*const p_engine_unblacklist_snapshot_key)(clm_engine*, const char*, size_t, int32_t, const char*,
+                                                             size_t, const char*, size_t,
+                                                             int32_t) = clm_engine_unblacklist_snapshot_key;
+
 /* Attention and KV kernels. */
 static clm_status (*const p_attention_params_init)(clm_attention_params *, size_t) = clm_attention_params_init;
 static clm_status (*const p_engine_write_kv)(clm_engine *, int32_t, const int64_t *, size_t, const float *,
@@ -535,6 +561,8 @@ int main(void) {
   uint64_t fingerprint = 0;
   int32_t record_result = -1, record_version = -1;
   int64_t deleted = -1;
+  clm_snapshot_version versions[2];
+  size_t n_versions = 0;
   size_t i;
 
   use_types(&options, &admit, &layout, &metrics, &decision, &adapter, &params, &hit);
@@ -716,6 +744,35 @@ int main(void) {
       metrics.store_snapshots != 1 || metrics.store_outcome_reports != 1) {
     return fail("store metrics contents", CLM_ERR_INTERNAL);
   }
+  /* The store by hand: the key's one version, pinned and unpinned,
+     blacklisted for an hour and lifted, then deleted. */
+  s = p_engine_snapshot_versions(versions, 2, &n_versions, store_engine, admit.cache_salt, admit.cache_salt_len, 0,
+                                 suffixes[0], suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY);
+  if (s != CLM_OK) return fail("engine_snapshot_versions", s);
+  if (n_versions != 1 || versions[0].version != 1 || versions[0].served != 1 || versions[0].readable != 1) {
+    return fail("snapshot versions contents", CLM_ERR_INTERNAL);
+  }
+  s = p_engine_pin_snapshot_version(store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
+                                    suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY, 1);
+  if (s != CLM_OK) return fail("engine_pin_snapshot_version", s);
+  s = p_engine_unpin_snapshot_version(store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
+                                      suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY);
+  if (s != CLM_OK) return fail("engine_unpin_snapshot_version", s);
+  s = p_engine_blacklist_snapshot_key(store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
+                                      suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY, "c99", 3,
+                                      (int64_t)time(NULL) * 1000 + 3600000);
+  if (s != CLM_OK) return fail("engine_blacklist_snapshot_key", s);
+  s = p_engine_unblacklist_snapshot_key(store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
+                                        suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY);
+  if (s != CLM_OK) return fail("engine_unblacklist_snapshot_key", s);
+  s = p_engine_roll_back_snapshot_key(&deleted, store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
+                                      suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY, 1);
+  if (s != CLM_OK || deleted != 0) return fail("engine_roll_back_snapshot_key", s);
+  s = p_engine_delete_snapshot_key(&deleted, store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
+                                   suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY);
+  if (s != CLM_OK || deleted != 1) return fail("engine_delete_snapshot_key", s);
+  s = p_engine_delete_snapshot_tenant(&deleted, store_engine, admit.cache_salt, admit.cache_salt_len, 0);
+  if (s != CLM_OK || deleted != 0) return fail("engine_delete_snapshot_tenant (its fallback)", s);
   p_seq_free(store_seq);
   p_engine_free(store_engine);
   printf("c99_header: clmcache %s, C99 header ok\n", p_version_string());

@@ -3,10 +3,11 @@
 // an independent float64 normalisation (the store keeps f16), suffix keys of
 // paraphrases, the three levels, tenant isolation (salt and adapter id), the
 // apply flags feeding clm_engine_inject_snapshots, outcome reports, the
-// version-3 options and metrics next to the old struct sizes, and every bad
-// input.
+// version-3 options and metrics next to the old struct sizes, every bad
+// input, and the store by hand (versions, pins, rollback, blacklist, deletion).
 #include "clm.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -79,6 +80,7 @@ clm_engine_options store_options(const char* path = ":memory:") {
   o.snapshot_dim = kDim;
   o.snapshot_min_usage = 1;
   o.snapshot_similarity_floor = 0.5f;
+  o.snapshot_lookup_timeout_us = 2'000'000;  // no busy misses (level 2 included) on a loaded machine
   return o;
 }
 
@@ -786,4 +788,126 @@ TEST_CASE("snapshot store C ABI: bad input gets a status and a message, and chan
   bo = store_options("/dev/null/snapshots");  // a directory that cannot be made
   CHECK_STATUS(CLM_ERR_IO, clm_engine_create(&bad, &bo));
   CHECK(bad == nullptr);
+}
+
+TEST_CASE("snapshot store by hand through the C ABI: versions, pin, rollback, blacklist, deletion, bad input",
+          "[capi][store][admin]") {
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  EnginePtr engine = store_engine();
+  clm_engine* e = engine.get();
+  const std::string salt = "tenant-admin";
+  SeqPtr a = admit(e, salt);
+  SeqPtr other = admit(e, "someone-else");
+  const std::vector<float> v1 = random_vector(rng, 1.0f), v2 = random_vector(rng, 1.0f);
+  CHECK(record(e, a.get(), "FAQ-1", CLM_SUFFIX_KEY, "g", v1) == CLM_RECORD_ADMITTED);
+  CHECK(record(e, a.get(), "FAQ-1", CLM_SUFFIX_KEY, "g", v1) == CLM_RECORD_CONFIRMED);
+  CHECK(record(e, a.get(), "FAQ-1", CLM_SUFFIX_KEY, "g", v2) == CLM_RECORD_NEW_VERSION);
+  CHECK(record(e, other.get(), "FAQ-1", CLM_SUFFIX_KEY, "g", v2) == CLM_RECORD_ADMITTED);
+  const char* key = "FAQ-1";
+  const char* group = "g";
+
+  // Versions: a sizing call, then the two, newest first; version 1 (stable) served.
+  size_t count = 99;
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_snapshot_versions(nullptr, 0, &count, e, salt.data(), salt.size(),
+                                                                      0, key, 5, group, 1, CLM_SUFFIX_KEY));
+  CHECK(count == 2);
+  clm_snapshot_version versions[3];
+  std::memset(versions, 0xAB, sizeof versions);
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_snapshot_versions(versions, 1, &count, e, salt.data(), salt.size(),
+                                                                      0, key, 5, group, 1, CLM_SUFFIX_KEY));
+  CHECK(count == 2);
+  CHECK(versions[0].version != 2);  // nothing written when the array is too small
+  REQUIRE_OK(clm_engine_snapshot_versions(versions, 3, &count, e, salt.data(), salt.size(), 0, key, 5, group, 1,
+                                          CLM_SUFFIX_KEY));
+  REQUIRE(count == 2);
+  CHECK(versions[0].version == 2);
+  CHECK(versions[0].served == 0);
+  CHECK(versions[0].stable == 0);
+  CHECK(versions[1].version == 1);
+  CHECK(versions[1].served == 1);
+  CHECK(versions[1].stable == 1);
+  CHECK(versions[1].confirmations == 1);
+  for (const auto& v : versions[0].reserved) CHECK(v == 0);
+
+  // Pin version 2: served; unpin: version 1 again.
+  REQUIRE_OK(clm_engine_pin_snapshot_version(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY, 2));
+  One r = lookup(e, a.get(), key, CLM_SUFFIX_KEY, group);
+  CHECK(r.hit.version == 2);
+  CHECK(max_error(r.snapshot.data(), unit64(v2)) <= 1e-3);
+  REQUIRE_OK(clm_engine_unpin_snapshot_version(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY));
+  CHECK(lookup(e, a.get(), key, CLM_SUFFIX_KEY, group).hit.version == 1);
+  CHECK_STATUS(CLM_ERR_NOT_FOUND,
+               clm_engine_unpin_snapshot_version(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY));
+
+  // Blacklist for an hour: a miss for this tenant only; lifted: served again.
+  const int64_t hour_from_now =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count() +
+      3'600'000;
+  REQUIRE_OK(clm_engine_blacklist_snapshot_key(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY,
+                                               "wrong answer", 12, hour_from_now));
+  check_miss(lookup(e, a.get(), key, CLM_SUFFIX_KEY, group));
+  CHECK(lookup(e, other.get(), key, CLM_SUFFIX_KEY, group).hit.level == CLM_SNAPSHOT_EXACT);
+  REQUIRE_OK(clm_engine_unblacklist_snapshot_key(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY));
+  CHECK(lookup(e, a.get(), key, CLM_SUFFIX_KEY, group).hit.level == CLM_SNAPSHOT_EXACT);
+
+  // Roll back to 1: version 2 deleted.
+  int64_t deleted = -1;
+  REQUIRE_OK(
+      clm_engine_roll_back_snapshot_key(&deleted, e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY, 1));
+  CHECK(deleted == 1);
+  REQUIRE_OK(clm_engine_snapshot_versions(versions, 3, &count, e, salt.data(), salt.size(), 0, key, 5, group, 1,
+                                          CLM_SUFFIX_KEY));
+  CHECK(count == 1);
+
+  // Bad input: a clear status, nothing changed.
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_snapshot_versions(nullptr, 0, nullptr, e, salt.data(), salt.size(),
+                                                                      0, key, 5, group, 1, CLM_SUFFIX_KEY));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_pin_snapshot_version(e, salt.data(), salt.size(), 0, key, 5, group,
+                                                                         1, 42, 1));  // suffix_kind
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_pin_snapshot_version(nullptr, salt.data(), salt.size(), 0, key, 5,
+                                                                         group, 1, CLM_SUFFIX_KEY, 1));
+  CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_pin_snapshot_version(e, salt.data(), salt.size(), 0, key, 5, group, 1,
+                                                                  CLM_SUFFIX_KEY, 2));  // rolled back
+  CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_roll_back_snapshot_key(&deleted, e, salt.data(), salt.size(), 0, key, 5,
+                                                                    group, 1, CLM_SUFFIX_KEY, 7));
+  CHECK_STATUS(CLM_ERR_NOT_FOUND,
+               clm_engine_unblacklist_snapshot_key(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_blacklist_snapshot_key(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY,
+                                                 "too late", 8, hour_from_now - 7'200'000));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_blacklist_snapshot_key(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY,
+                                                 nullptr, 3, hour_from_now));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_blacklist_snapshot_key(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY, "",
+                                                 0, hour_from_now));
+  CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_delete_snapshot_key(&deleted, e, salt.data(), salt.size(), 0, "NOPE", 4,
+                                                                 group, 1, CLM_SUFFIX_KEY));
+  // A text whose key abstains names nothing stored.
+  CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_delete_snapshot_key(&deleted, e, salt.data(), salt.size(), 0, "thanks", 6,
+                                                                 nullptr, 0, CLM_SUFFIX_TEXT));
+  CHECK(lookup(e, a.get(), key, CLM_SUFFIX_KEY, group).hit.version == 1);  // still served
+
+  // Deletion: the key, then the other tenant whole.
+  REQUIRE_OK(
+      clm_engine_delete_snapshot_key(&deleted, e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY));
+  CHECK(deleted == 1);
+  check_miss(lookup(e, a.get(), key, CLM_SUFFIX_KEY, group));
+  REQUIRE_OK(clm_engine_delete_snapshot_tenant(&deleted, e, "someone-else", 12, 0));
+  CHECK(deleted == 1);
+  check_miss(lookup(e, other.get(), key, CLM_SUFFIX_KEY, group));
+  CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_delete_snapshot_tenant(&deleted, e, "someone-else", 12, 0));
+  CHECK(metrics(e).store_snapshots == 0);
+
+  // An engine without a store.
+  clm_engine_options plain;
+  REQUIRE(clm_engine_options_init(&plain, sizeof plain) == CLM_OK);
+  plain.num_pages = 8;
+  plain.memory = CLM_MEMORY_NONE;
+  EnginePtr bare = create(plain);
+  CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION,
+               clm_engine_delete_snapshot_tenant(&deleted, bare.get(), salt.data(), salt.size(), 0));
 }

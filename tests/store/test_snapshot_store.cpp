@@ -1701,3 +1701,60 @@ TEST_CASE("rekey and open: bad directories and stores are refused with clear sta
   CHECK(report.changed == 0);
   CHECK(report.dropped == 0);
 }
+
+TEST_CASE("usage: last_used is the time of the row's latest lookup, not of the write of the counts", "[store][evict]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm_test::TempDir dir("usage");
+  clm_test::ManualClock clock;
+  clm::SnapshotStoreConfig c = memory_config(1);
+  c.path = dir.str();
+  c.clock_ms = clock.fn();
+  auto store = open_store(c);
+  const clm::SuffixKey once = host_key("used-once"), often = host_key("used-often"), late = host_key("used-late");
+  std::vector<float> out;
+  for (const auto* k : {&once, &often, &late}) record(*store, "t", *k, random_unit(rng, kDim));
+  REQUIRE(store->flush().ok());
+  CHECK(lookup(*store, "t", once, {}, out).level == SnapshotLevel::exact);  // day 0
+  for (int i = 0; i < 5; ++i) CHECK(lookup(*store, "t", often, {}, out).level == SnapshotLevel::exact);
+  clock.advance_ms(20LL * 86'400'000);
+  CHECK(lookup(*store, "t", late, {}, out).level == SnapshotLevel::exact);  // day 20
+  clock.advance_ms(9LL * 86'400'000);                                       // day 29: the counts are written now
+  REQUIRE(store->flush().ok());
+  const auto last_used = [&](const char* key) {
+    return query_sql(shard_db(dir.str(), 0),
+                     fmt::format("SELECT last_used FROM semantic_snapshots WHERE suffix_key = '{}'", key));
+  };
+  const std::int64_t day0 = 1'790'000'000;  // ManualClock's start, in seconds
+  CHECK(last_used("used-once") == std::vector<std::string>{std::to_string(day0)});
+  CHECK(last_used("used-late") == std::vector<std::string>{std::to_string(day0 + 20 * 86'400)});
+  clock.advance_ms(2LL * 86'400'000);  // day 31: used-once was last used 31 days ago, used-late 11
+  clm::EvictionReport report;
+  REQUIRE(store->evict(report).ok());
+  CHECK(report.deleted == 1);
+  CHECK(lookup(*store, "t", once, {}, out).level == SnapshotLevel::miss);
+  CHECK(lookup(*store, "t", often, {}, out).level == SnapshotLevel::exact);  // used 5 times: kept
+  CHECK(lookup(*store, "t", late, {}, out).level == SnapshotLevel::exact);
+}
+
+TEST_CASE("breaker (a): the lookup deadline covers the level-2 search", "[store][breaker][ann]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm::SnapshotStoreConfig c = memory_config(1);
+  auto generous = open_store(c);
+  c.lookup_timeout_us = 0;  // every deadline has passed by the time a search returns
+  auto strict = open_store(c);
+  const std::vector<float> v = random_unit(rng, kDim);
+  for (auto* store : {generous.get(), strict.get()}) {
+    for (int i = 0; i < 50; ++i) record(*store, "t", host_key(fmt::format("k{}", i), "g"), random_unit(rng, kDim));
+    record(*store, "t", host_key("near", "g"), v);
+  }
+  std::vector<float> out;
+  const clm::SuffixKey probe = host_key("probe", "g");
+  CHECK(lookup(*generous, "t", probe, v, out).level == SnapshotLevel::ann);
+  const std::uint64_t busy_before = strict->metrics().busy_misses;
+  CHECK(lookup(*strict, "t", probe, v, out).level == SnapshotLevel::miss);
+  CHECK(strict->metrics().busy_misses == busy_before + 1);
+}

@@ -50,7 +50,8 @@ TEST_CASE("labelled pairs through the store: false hits <= 1%, paraphrase hits r
   config.path = ":memory:";
   config.num_shards = 4;
   config.snapshot_dim = kDim;
-  config.min_usage_threshold = 1;  // the defaults otherwise: floor 0.80, top 3
+  config.min_usage_threshold = 1;        // the defaults otherwise: floor 0.80, top 3
+  config.lookup_timeout_us = 2'000'000;  // no busy misses (level 2 included) on a loaded machine
   std::unique_ptr<clm::SnapshotStore> store;
   REQUIRE(clm::SnapshotStore::open(config, store).ok());
   const std::vector<Pair> pairs = read_pairs();

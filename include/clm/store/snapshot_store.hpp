@@ -70,7 +70,9 @@
 // statements only (no SQL text is ever built from input).
 //
 // Breakers: (a) a lookup waits at most lookup_timeout_us for a busy shard
-// (its lock or SQLite's) and then answers miss (counted as busy_misses);
+// (its lock or SQLite's), and a level-2 search and the reads of its
+// candidates end by the same deadline; past it the lookup answers miss
+// (counted as busy_misses);
 // writes wait write_busy_timeout_ms and then fail with io_error. (b)
 // report_outcome feeds a per-key accuracy over blacklist_window_ms; below
 // blacklist_accuracy (with at least blacklist_min_reports reports) the key is
@@ -83,9 +85,11 @@
 // files are written on flush(), evict(), rebuild and close (temporary file,
 // fsync, rename, checksum trailer); rows committed after the last save are
 // added to the index when the store opens. A process killed at any point
-// loses no committed snapshot. Usage counts (usage_count, last_used) of
-// lookups are batched in memory and written with the next write or flush; a
-// crash may lose those counts, never a snapshot.
+// loses no committed snapshot. Usage counts of lookups (usage_count, and
+// last_used: each row's latest lookup time) are batched in memory and written
+// with the next write or flush, or by the background thread once 4,096 rows
+// of a shard wait: a lookup never writes. A crash may lose those counts,
+// never a snapshot.
 //
 // Thread safety: every method may be called from any thread at once; each
 // shard has its own lock, and lookups of different shards run in parallel.

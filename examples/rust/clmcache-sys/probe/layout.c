@@ -23,6 +23,7 @@ int main(void) {
   TYPE(clm_adapter_options);
   TYPE(clm_attention_params);
   TYPE(clm_snapshot_hit);
+  TYPE(clm_snapshot_version);
   printf("];\n");
 
   printf("pub const C_FIELDS: &[(&str, usize, usize)] = &[\n");
@@ -183,6 +184,16 @@ int main(void) {
   FIELD(clm_snapshot_hit, key_truncated);
   FIELD(clm_snapshot_hit, reserved);
   FIELD(clm_snapshot_hit, key);
+  FIELD(clm_snapshot_version, version);
+  FIELD(clm_snapshot_version, readable);
+  FIELD(clm_snapshot_version, stable);
+  FIELD(clm_snapshot_version, pinned);
+  FIELD(clm_snapshot_version, served);
+  FIELD(clm_snapshot_version, created_at);
+  FIELD(clm_snapshot_version, last_used);
+  FIELD(clm_snapshot_version, usage_count);
+  FIELD(clm_snapshot_version, confirmations);
+  FIELD(clm_snapshot_version, reserved);
   printf("];\n");
 
   printf("pub const C_CONSTANTS: &[(&str, i64)] = &[\n");

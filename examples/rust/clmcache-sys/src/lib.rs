@@ -358,6 +358,22 @@ pub struct clm_snapshot_hit {
     pub key: [c_char; CLM_SNAPSHOT_KEY_BYTES],
 }
 
+/// One version of a key (`clm_engine_snapshot_versions`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct clm_snapshot_version {
+    pub version: i32,
+    pub readable: u8,
+    pub stable: u8,
+    pub pinned: u8,
+    pub served: u8,
+    pub created_at: i64,
+    pub last_used: i64,
+    pub usage_count: i64,
+    pub confirmations: i64,
+    pub reserved: [u8; 24],
+}
+
 impl Default for clm_snapshot_hit {
     /// All zero: a miss with an empty key.
     fn default() -> Self {
@@ -586,6 +602,101 @@ extern "C" {
     ) -> clm_status;
     pub fn clm_engine_flush_snapshot_store(engine: *mut clm_engine) -> clm_status;
     pub fn clm_engine_evict_snapshots(deleted: *mut i64, engine: *mut clm_engine) -> clm_status;
+
+    pub fn clm_engine_snapshot_versions(
+        versions: *mut clm_snapshot_version,
+        capacity: usize,
+        count: *mut usize,
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+        suffix: *const c_char,
+        suffix_len: usize,
+        group: *const c_char,
+        group_len: usize,
+        suffix_kind: i32,
+    ) -> clm_status;
+    pub fn clm_engine_pin_snapshot_version(
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+        suffix: *const c_char,
+        suffix_len: usize,
+        group: *const c_char,
+        group_len: usize,
+        suffix_kind: i32,
+        version: i32,
+    ) -> clm_status;
+    pub fn clm_engine_unpin_snapshot_version(
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+        suffix: *const c_char,
+        suffix_len: usize,
+        group: *const c_char,
+        group_len: usize,
+        suffix_kind: i32,
+    ) -> clm_status;
+    pub fn clm_engine_roll_back_snapshot_key(
+        deleted: *mut i64,
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+        suffix: *const c_char,
+        suffix_len: usize,
+        group: *const c_char,
+        group_len: usize,
+        suffix_kind: i32,
+        version: i32,
+    ) -> clm_status;
+    pub fn clm_engine_delete_snapshot_key(
+        deleted: *mut i64,
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+        suffix: *const c_char,
+        suffix_len: usize,
+        group: *const c_char,
+        group_len: usize,
+        suffix_kind: i32,
+    ) -> clm_status;
+    pub fn clm_engine_delete_snapshot_tenant(
+        deleted_rows: *mut i64,
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+    ) -> clm_status;
+    pub fn clm_engine_blacklist_snapshot_key(
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+        suffix: *const c_char,
+        suffix_len: usize,
+        group: *const c_char,
+        group_len: usize,
+        suffix_kind: i32,
+        reason: *const c_char,
+        reason_len: usize,
+        until_ms: i64,
+    ) -> clm_status;
+    pub fn clm_engine_unblacklist_snapshot_key(
+        engine: *mut clm_engine,
+        tenant_salt: *const c_char,
+        salt_len: usize,
+        adapter_id: i32,
+        suffix: *const c_char,
+        suffix_len: usize,
+        group: *const c_char,
+        group_len: usize,
+        suffix_kind: i32,
+    ) -> clm_status;
 
     pub fn clm_attention_params_init(params: *mut clm_attention_params, struct_size: usize) -> clm_status;
     pub fn clm_engine_write_kv(

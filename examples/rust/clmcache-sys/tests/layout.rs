@@ -47,6 +47,7 @@ fn rust_types() -> Vec<(&'static str, usize, usize)> {
         ty!(clm_adapter_options),
         ty!(clm_attention_params),
         ty!(clm_snapshot_hit),
+        ty!(clm_snapshot_version),
     ]
 }
 
@@ -202,6 +203,16 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_snapshot_hit, key_truncated),
         field!(clm_snapshot_hit, reserved),
         field!(clm_snapshot_hit, key),
+        field!(clm_snapshot_version, version),
+        field!(clm_snapshot_version, readable),
+        field!(clm_snapshot_version, stable),
+        field!(clm_snapshot_version, pinned),
+        field!(clm_snapshot_version, served),
+        field!(clm_snapshot_version, created_at),
+        field!(clm_snapshot_version, last_used),
+        field!(clm_snapshot_version, usage_count),
+        field!(clm_snapshot_version, confirmations),
+        field!(clm_snapshot_version, reserved),
     ]
 }
 

@@ -1245,8 +1245,10 @@ impl Drop for Sequence {
 mod clm;
 mod kernels;
 mod store;
+mod store_admin;
 mod tiers;
 
 pub use crate::clm::{ActDtype, Activations, ActivationsMut, AdapterOptions, Gelu, SrcDecision, SrcHeadWeights};
 pub use crate::kernels::AttentionParams;
 pub use crate::store::{RecordOutcome, RecordResult, SnapshotHit, SnapshotLevel, SnapshotLookup, Suffix, SuffixKey};
+pub use crate::store_admin::SnapshotVersion;

@@ -32,21 +32,21 @@ impl<'a> Suffix<'a> {
         Suffix::Key { key, group: "" }
     }
 
-    fn kind(&self) -> i32 {
+    pub(crate) fn kind(&self) -> i32 {
         match self {
             Suffix::Text(_) => sys::CLM_SUFFIX_TEXT,
             Suffix::Key { .. } => sys::CLM_SUFFIX_KEY,
         }
     }
 
-    fn text(&self) -> &'a str {
+    pub(crate) fn text(&self) -> &'a str {
         match *self {
             Suffix::Text(text) => text,
             Suffix::Key { key, .. } => key,
         }
     }
 
-    fn group(&self) -> &'a str {
+    pub(crate) fn group(&self) -> &'a str {
         match *self {
             Suffix::Text(_) => "",
             Suffix::Key { group, .. } => group,

@@ -47,6 +47,7 @@ fn options() -> EngineOptions {
         snapshot_dim: DIM as i32,
         snapshot_min_usage: 1,
         snapshot_similarity_floor: 0.5,
+        snapshot_lookup_timeout_us: 2_000_000, // no busy misses (level 2 included) on a loaded machine
         ..EngineOptions::new(64)
     }
 }
@@ -306,4 +307,61 @@ fn a_long_key_is_sized_by_the_library() {
     assert!(k.key.starts_with("QUERY-ORDER-789-STATUS+"), "{}", k.key);
     assert!(k.key.len() > 64, "{}", k.key);
     assert_eq!(k.fingerprint, fnv1a(&k.key));
+}
+
+#[test]
+fn the_store_by_hand_versions_pin_rollback_blacklist_deletion() {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let mut rng = Rng::new(seed);
+    let engine = Engine::new(&options()).unwrap();
+    let salt: &[u8] = b"tenant-admin";
+    let a = admit(&engine, salt, 0);
+    let key = Suffix::Key { key: "FAQ-7", group: "g" };
+    let (v1, v2) = (rng.vec(DIM, 1.0), rng.vec(DIM, 1.0));
+    for v in [&v1, &v1, &v2] {
+        engine.record_snapshot(&a, key, v).unwrap();
+    }
+    let versions = engine.snapshot_versions(salt, 0, key).unwrap();
+    assert_eq!(versions.iter().map(|v| v.version).collect::<Vec<_>>(), vec![2, 1], "seed {}", seed);
+    assert!(versions[1].served && versions[1].stable && !versions[0].served);
+    assert_eq!(versions[1].confirmations, 1);
+
+    engine.pin_snapshot_version(salt, 0, key, 2).unwrap();
+    let r = one(&engine, &a, key, None);
+    assert_eq!(r.hits[0].version, 2);
+    assert!(max_error(&r.snapshots, &unit64(&v2)) <= 1e-3);
+    engine.unpin_snapshot_version(salt, 0, key).unwrap();
+    assert_eq!(one(&engine, &a, key, None).hits[0].version, 1);
+    assert_eq!(engine.unpin_snapshot_version(salt, 0, key).unwrap_err().code(), ErrorCode::NotFound);
+
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    engine.blacklist_snapshot_key(salt, 0, key, "wrong answer", now_ms + 3_600_000).unwrap();
+    assert_miss(&one(&engine, &a, key, None));
+    engine.unblacklist_snapshot_key(salt, 0, key).unwrap();
+    assert_eq!(one(&engine, &a, key, None).hits[0].level, SnapshotLevel::Exact);
+
+    assert_eq!(engine.roll_back_snapshot_key(salt, 0, key, 1).unwrap(), 1);
+    // Refused, nothing changed.
+    assert_eq!(engine.pin_snapshot_version(salt, 0, key, 2).unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(engine.pin_snapshot_version(b"nobody", 0, key, 1).unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(
+        engine.pin_snapshot_version(salt, 0, Suffix::Text("thanks"), 1).unwrap_err().code(),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        engine.blacklist_snapshot_key(salt, 0, key, "", now_ms + 3_600_000).unwrap_err().code(),
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(
+        engine.blacklist_snapshot_key(salt, 0, key, "late", now_ms - 3_600_000).unwrap_err().code(),
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(engine.snapshot_versions(salt, 0, key).unwrap().len(), 1);
+
+    assert_eq!(engine.delete_snapshot_key(salt, 0, key).unwrap(), 1);
+    assert_miss(&one(&engine, &a, key, None));
+    assert_eq!(engine.delete_snapshot_tenant(salt, 0).unwrap_err().code(), ErrorCode::NotFound);
+    engine.record_snapshot(&a, key, &v1).unwrap();
+    assert_eq!(engine.delete_snapshot_tenant(salt, 0).unwrap(), 1);
+    assert_eq!(engine.metrics().unwrap().store_snapshots, 0);
 }
