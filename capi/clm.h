@@ -689,6 +689,35 @@ CLM_API clm_status clm_engine_blacklist_snapshot_key(clm_engine* engine, const c
                                                      int32_t adapter_id, const char* suffix, size_t suffix_len,
                                                      const char* group, size_t group_len, int32_t suffix_kind,
                                                      const char* reason, size_t reason_len, int64_t until_ms);
+/* One key refused at every level (clm_engine_snapshot_blacklist). An element
+ * of an output array: fixed size, no struct_size; later fields take the place
+ * of `reserved`, written as zeros. The strings are NUL-terminated and hold
+ * their first CLM_SNAPSHOT_KEY_BYTES - 1 bytes (the *_truncated flag says when
+ * that is not all of them; a salt may hold NULs: use salt_len). */
+typedef struct clm_snapshot_blacklist_entry {
+  int64_t until_ms;     /* in force until (milliseconds since the Unix epoch) */
+  uint64_t fingerprint; /* FNV-1a 64 of the key */
+  int32_t adapter_id;   /* the tenant: its adapter id ... */
+  uint32_t salt_len;    /* ... and its cache salt's length */
+  uint32_t key_len;
+  uint32_t reason_len;
+  uint8_t by_hand; /* 1: clm_engine_blacklist_snapshot_key; 0: the accuracy breaker */
+  uint8_t salt_truncated;
+  uint8_t key_truncated;
+  uint8_t reason_truncated;
+  uint8_t reserved[20];
+  char salt[CLM_SNAPSHOT_KEY_BYTES];
+  char key[CLM_SNAPSHOT_KEY_BYTES];
+  char reason[CLM_SNAPSHOT_KEY_BYTES];
+} clm_snapshot_blacklist_entry;
+
+/* The blacklist entries in force, by tenant and key. *count always receives
+ * how many; when they exceed capacity nothing is written and
+ * CLM_ERR_INVALID_ARGUMENT is returned (entries = NULL, capacity = 0 is a
+ * sizing call). */
+CLM_API clm_status clm_engine_snapshot_blacklist(clm_snapshot_blacklist_entry *entries, size_t capacity,
+                                                 size_t *count, clm_engine *engine);
+
 /* Lifts the key's blacklist entry (set by hand or by the accuracy breaker)
  * and forgets its reported outcomes. CLM_ERR_NOT_FOUND: none in force. */
 CLM_API clm_status clm_engine_unblacklist_snapshot_key(clm_engine* engine, const char* tenant_salt, size_t salt_len,

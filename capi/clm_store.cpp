@@ -428,6 +428,47 @@ clm_status clm_engine_blacklist_snapshot_key(clm_engine* engine, const char* ten
   });
 }
 
+clm_status clm_engine_snapshot_blacklist(clm_snapshot_blacklist_entry* entries, size_t capacity, size_t* count,
+                                         clm_engine* engine) {
+  return guarded([&]() -> clm_status {
+    const char* fn = "clm_engine_snapshot_blacklist";
+    if (!count) return null_argument(fn, "count");
+    if (!entries && capacity > 0) return null_argument(fn, "entries (with capacity > 0)");
+    if (!engine) return null_argument(fn, "engine");
+    clm::SnapshotStore* store = store_of(engine);
+    if (!store) return no_store(fn);
+    std::vector<clm::BlacklistEntry> list;
+    if (clm_status s = report(store->list_blacklist(list))) return s;
+    *count = list.size();
+    if (list.size() > capacity) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: {} entries are in force, capacity is {}", fn, list.size(), capacity));
+    }
+    // Copies text into a NUL-terminated field of CLM_SNAPSHOT_KEY_BYTES, its first bytes if longer.
+    auto copy_text = [](std::string_view text, char* field, uint32_t& len, uint8_t& truncated) {
+      const std::size_t copied = std::min<std::size_t>(text.size(), CLM_SNAPSHOT_KEY_BYTES - 1);
+      std::memcpy(field, text.data(), copied);
+      len = static_cast<uint32_t>(std::min<std::size_t>(text.size(), UINT32_MAX));
+      truncated = copied < text.size() ? 1 : 0;
+    };
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const clm::BlacklistEntry& e = list[i];
+      clm_snapshot_blacklist_entry out;
+      std::memset(&out, 0, sizeof out);
+      out.until_ms = e.until_ms;
+      out.fingerprint = e.fingerprint;
+      out.by_hand = e.by_hand ? 1 : 0;
+      std::string_view salt;
+      clm::Engine::snapshot_tenant_parts(e.tenant, salt, out.adapter_id);
+      copy_text(salt, out.salt, out.salt_len, out.salt_truncated);
+      copy_text(e.key, out.key, out.key_len, out.key_truncated);
+      copy_text(e.reason, out.reason, out.reason_len, out.reason_truncated);
+      entries[i] = out;
+    }
+    return CLM_OK;
+  });
+}
+
 clm_status clm_engine_unblacklist_snapshot_key(clm_engine* engine, const char* tenant_salt, size_t salt_len,
                                                int32_t adapter_id, const char* suffix, size_t suffix_len,
                                                const char* group, size_t group_len, int32_t suffix_kind) {

@@ -29,6 +29,70 @@ type SnapshotVersion struct {
 	Confirmations int64
 }
 
+// BlacklistEntry is one key refused at every level
+// (clm_snapshot_blacklist_entry).
+type BlacklistEntry struct {
+	UntilMS     int64  // in force until (milliseconds since the Unix epoch)
+	Fingerprint uint64 // FNV-1a 64 of the key
+	Salt        string // the tenant's cache salt (its first bytes when Truncated) ...
+	AdapterID   int32  // ... and adapter id
+	Key         string
+	Reason      string // what BlacklistSnapshotKey was told, or what the breaker saw
+	ByHand      bool   // set by BlacklistSnapshotKey; false: the accuracy breaker
+	Truncated   bool   // a field holds only the first bytes of a longer value
+}
+
+// cField is the first n bytes of a NUL-terminated char array of C (at most
+// all but its NUL).
+func cField(field []C.char, n C.uint32_t) string {
+	m := int(n)
+	if m > len(field)-1 {
+		m = len(field) - 1
+	}
+	b := make([]byte, m)
+	for i := 0; i < m; i++ {
+		b[i] = byte(field[i])
+	}
+	return string(b)
+}
+
+// SnapshotBlacklist lists the blacklist entries in force, by tenant and key
+// (clm_engine_snapshot_blacklist).
+func (e *Engine) SnapshotBlacklist() ([]BlacklistEntry, error) {
+	const op = "clm_engine_snapshot_blacklist"
+	ep, err := e.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer e.release()
+	var out []C.clm_snapshot_blacklist_entry
+	for attempt := 0; attempt < 4; attempt++ { // entries may be added between the sizing call and the fill
+		var first *C.clm_snapshot_blacklist_entry
+		if len(out) > 0 {
+			first = &out[0]
+		}
+		var count C.size_t
+		err := call(op, func() C.clm_status {
+			return C.clm_engine_snapshot_blacklist(first, C.size_t(len(out)), &count, ep)
+		})
+		if err == nil && int(count) <= len(out) {
+			entries := make([]BlacklistEntry, int(count))
+			for i := range entries {
+				c := &out[i]
+				entries[i] = BlacklistEntry{int64(c.until_ms), uint64(c.fingerprint), cField(c.salt[:], c.salt_len),
+					int32(c.adapter_id), cField(c.key[:], c.key_len), cField(c.reason[:], c.reason_len), c.by_hand != 0,
+					c.salt_truncated != 0 || c.key_truncated != 0 || c.reason_truncated != 0}
+			}
+			return entries, nil
+		}
+		if err != nil && (CodeOf(err) != InvalidArgument || int(count) <= len(out)) {
+			return nil, err
+		}
+		out = make([]C.clm_snapshot_blacklist_entry, int(count))
+	}
+	return nil, &Error{code: Internal, op: op, msg: op + ": the blacklist kept changing"}
+}
+
 // adminCall runs f with the engine's handle and the C views of salt and the
 // suffix, which stay alive until f returns.
 func (e *Engine) adminCall(op, salt string, s Suffix, f func(ep *C.clm_engine, salt *C.char, suffix *C.char, group *C.char) C.clm_status) error {

@@ -47,7 +47,17 @@ func TestSnapshotStoreByHand(t *testing.T) {
 	until := time.Now().Add(time.Hour).UnixMilli()
 	must(t, e.BlacklistSnapshotKey(salt, 0, key, "wrong answer", until))
 	wantMiss(t, lookupOne(t, e, a, key, nil))
+	listed, err := e.SnapshotBlacklist()
+	must(t, err)
+	if len(listed) != 1 || listed[0].Salt != salt || listed[0].AdapterID != 0 || listed[0].Key != "FAQ-7" ||
+		listed[0].Reason != "wrong answer" || listed[0].UntilMS != until || !listed[0].ByHand || listed[0].Truncated ||
+		listed[0].Fingerprint != fnv1a("FAQ-7") {
+		t.Fatalf("blacklist: %+v", listed)
+	}
 	must(t, e.UnblacklistSnapshotKey(salt, 0, key))
+	if listed, err = e.SnapshotBlacklist(); err != nil || len(listed) != 0 {
+		t.Fatalf("blacklist after unblacklist: %+v, %v", listed, err)
+	}
 	if got := lookupOne(t, e, a, key, nil); got.Hits[0].Level != SnapshotExact || got.Hits[0].Version != 1 {
 		t.Fatalf("after unblacklist: %+v", got.Hits[0])
 	}

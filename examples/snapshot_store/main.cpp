@@ -371,8 +371,9 @@ constexpr std::string_view kLookupUsage =
     "  --similarity-floor F   the cosine a level-2 candidate needs (default 0.80)\n"
     "  --top-k K              level-2 candidates, 1..64 (default 3)\n"
     "  --no-wait              answer at once, as a server just opened would: level 2 answers miss\n"
-    "                         for a shard whose index is still being rebuilt. Without it, a\n"
-    "                         missing or stale index is rebuilt before the lookup\n"
+    "                         for a shard whose index is still being rebuilt, and a lookup past\n"
+    "                         2 ms is a miss. Without it, a missing or stale index is rebuilt\n"
+    "                         before the lookup, and the lookup may take up to 10 s\n"
     "  --lexicons DIR         the lexicons the store was made with (ingest's; default: built-in)\n"
     "\n"
     "A hit counts as a use of its row (usage_count, last_used), as a server's lookup does.\n"
@@ -382,6 +383,10 @@ int cmd_lookup(const Args& args) {
   clm::SnapshotStoreConfig config = store_config(args, false);
   const bool no_wait = args.has("--no-wait");
   config.rebuild_in_background = no_wait;
+  // A person asking what the store serves wants the answer, not the breaker's
+  // miss of a busy machine: without --no-wait the lookup (level 2 included)
+  // may take up to 10 s.
+  if (!no_wait) config.lookup_timeout_us = 10'000'000;
   config.similarity_floor = static_cast<float>(
       args.real("--similarity-floor", -1.0, 1.0).value_or(static_cast<double>(config.similarity_floor)));
   config.ann_top_k = args.integer<std::int32_t>("--top-k", 1, 64).value_or(config.ann_top_k);

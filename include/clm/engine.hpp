@@ -436,6 +436,19 @@ class Engine {
     for (int b = 0; b < 4; ++b) t.push_back(static_cast<char>(static_cast<std::uint32_t>(adapter_id) >> (8 * b)));
     return t;
   }
+  // The salt and adapter id of a tenant snapshot_tenant made (a tenant of
+  // fewer than 4 bytes, which no sequence has: itself as the salt, adapter 0).
+  static void snapshot_tenant_parts(std::string_view tenant, std::string_view& salt, std::int32_t& adapter_id) {
+    adapter_id = 0;
+    salt = tenant;
+    if (tenant.size() < 4) return;
+    std::uint32_t id = 0;
+    for (std::size_t b = 0; b < 4; ++b) {
+      id |= static_cast<std::uint32_t>(static_cast<unsigned char>(tenant[tenant.size() - 4 + b])) << (8 * b);
+    }
+    adapter_id = static_cast<std::int32_t>(id);
+    salt.remove_suffix(4);
+  }
 
   // Looks up a snapshot for each sequence ids[i]: suffixes[i] names its
   // suffix, queries [n][snapshot_dim] (or empty: level 2 is skipped) its

@@ -558,7 +558,8 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
 
 // ---- record -------------------------------------------------------------
 
-double SnapshotStore::Impl::drift_push(const std::string& k, std::span<const float> v, bool reset) {
+DriftState SnapshotStore::Impl::drift_push(const std::string& k, std::span<const float> v, bool reset,
+                                           std::span<const float> version) {
   std::lock_guard lock(drift_mutex);
   auto it = drift.find(k);
   if (it == drift.end()) {
@@ -578,7 +579,10 @@ double SnapshotStore::Impl::drift_push(const std::string& k, std::span<const flo
   }
   DriftWindow& w = it->second.first;
   if (reset) w.clear();
-  return w.push(v, config.drift_window);
+  DriftState state;
+  state.variance = w.push(v, config.drift_window);
+  if (state.variance >= 0 && !version.empty()) state.mean_cosine = w.mean_cosine(version);
+  return state;
 }
 
 Status SnapshotStore::Impl::record_in_shard(StoreShard& shard, std::string_view tenant, const SuffixKey& key,
@@ -634,8 +638,11 @@ Status SnapshotStore::Impl::record_in_shard(StoreShard& shard, std::string_view 
     return {};
   }
   CLM_RETURN_IF_ERROR(shard.confirm(current.id));
-  const double variance = drift_push(k, unit, false);
-  if (variance > static_cast<double>(config.drift_variance)) {
+  // Drift: the window's records spread too far apart, or, each close enough
+  // to confirm the version, all lean away from it together.
+  const DriftState window = drift_push(k, unit, false, current.vector);
+  if (window.variance > static_cast<double>(config.drift_variance) ||
+      (window.mean_cosine >= 0 && window.mean_cosine < static_cast<double>(config.drift_mean_cosine))) {
     CLM_RETURN_IF_ERROR(store_version(top_version + 1));
     outcome.result = RecordResult::drifted;
     (void)drift_push(k, unit, true);

@@ -137,6 +137,7 @@ inline Status check_config(const SnapshotStoreConfig& c) {
   if (c.stable_confirmations < 0) return bad("stable_confirmations must be >= 0");
   if (c.drift_window < 2) return bad("drift_window must be >= 2");
   if (!(c.drift_variance > 0.0f) || !std::isfinite(c.drift_variance)) return bad("drift_variance must be > 0");
+  if (!(c.drift_mean_cosine > 0.0f && c.drift_mean_cosine <= 1.0f)) return bad("drift_mean_cosine must be in (0, 1]");
   if (c.drift_tracked_keys < 1) return bad("drift_tracked_keys must be >= 1");
   if (c.max_versions_per_key < 1 || c.max_versions_per_key > 1024)
     return bad("max_versions_per_key must be in [1, 1024]");
@@ -200,6 +201,22 @@ struct DriftWindow {
     for (double s : sum) mean_sq += (s / count) * (s / count);
     return std::max(0.0, sum_sq / count - mean_sq);
   }
+  // The cosine between the window's mean and `ref` (a unit vector): 1 while
+  // the records scatter around ref, lower once they all lean one way.
+  double mean_cosine(std::span<const float> ref) const {
+    double dot = 0, norm = 0;
+    for (std::size_t i = 0; i < sum.size() && i < ref.size(); ++i) {
+      dot += sum[i] * ref[i];
+      norm += sum[i] * sum[i];
+    }
+    return norm > 0 ? dot / std::sqrt(norm) : 1.0;
+  }
+};
+
+// What a key's drift window says after a record: both -1 until it is full.
+struct DriftState {
+  double variance = -1;
+  double mean_cosine = -1;  // of the window's mean and the version it confirmed
 };
 
 // The Status of the exception in flight, for a catch (...) of a public call
@@ -392,7 +409,10 @@ struct SnapshotStore::Impl {
   Status record_in_shard(store_impl::StoreShard& shard, std::string_view tenant, const SuffixKey& key,
                          std::vector<float>& unit, RecordOutcome& outcome, std::vector<store_impl::IndexAdd>& adds,
                          std::vector<store_impl::IndexRemoval>& removals);
-  double drift_push(const std::string& k, std::span<const float> v, bool reset);
+  // Adds v to key k's window (emptied first with reset); `version` is the
+  // version v confirmed (empty: none).
+  store_impl::DriftState drift_push(const std::string& k, std::span<const float> v, bool reset,
+                                    std::span<const float> version = {});
   void install_adds(store_impl::StoreShard& shard, std::vector<store_impl::IndexAdd>& adds);
 };
 

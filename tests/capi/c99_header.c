@@ -105,6 +105,9 @@ C99_STATIC_ASSERT(offsetof(clm_metrics, has_tiers) >= offsetof(clm_metrics, has_
 C99_STATIC_ASSERT(offsetof(clm_snapshot_hit, fingerprint) == 16, snapshot_hit_fingerprint_at_16);
 C99_STATIC_ASSERT(offsetof(clm_snapshot_hit, key) == 56, snapshot_hit_key_at_56);
 C99_STATIC_ASSERT(sizeof(clm_snapshot_hit) == 56 + CLM_SNAPSHOT_KEY_BYTES, snapshot_hit_is_320_bytes);
+C99_STATIC_ASSERT(sizeof(clm_snapshot_version) == 64, snapshot_version_is_64_bytes);
+C99_STATIC_ASSERT(sizeof(clm_snapshot_blacklist_entry) == 56 + 3 * CLM_SNAPSHOT_KEY_BYTES,
+                  snapshot_blacklist_entry_is_848_bytes);
 
 /* Every field, with its type (a wrong type warns, and warnings are errors). */
 static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layout *kl, clm_metrics *m,
@@ -376,6 +379,8 @@ static clm_status (*const p_engine_delete_snapshot_tenant)(int64_t*, clm_engine*
 static clm_status (*const p_engine_blacklist_snapshot_key)(clm_engine*, const char*, size_t, int32_t, const char*,
                                                            size_t, const char*, size_t, int32_t, const char*, size_t,
                                                            int64_t) = clm_engine_blacklist_snapshot_key;
+static clm_status (*const p_engine_snapshot_blacklist)(clm_snapshot_blacklist_entry *, size_t, size_t *,
+                                                       clm_engine *) = clm_engine_snapshot_blacklist;
 static clm_status (*const p_engine_unblacklist_snapshot_key)(clm_engine*, const char*, size_t, int32_t, const char*,
                                                              size_t, const char*, size_t,
                                                              int32_t) = clm_engine_unblacklist_snapshot_key;
@@ -562,6 +567,7 @@ int main(void) {
   int32_t record_result = -1, record_version = -1;
   int64_t deleted = -1;
   clm_snapshot_version versions[2];
+  clm_snapshot_blacklist_entry blacklisted[1];
   size_t n_versions = 0;
   size_t i;
 
@@ -762,6 +768,10 @@ int main(void) {
                                       suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY, "c99", 3,
                                       (int64_t)time(NULL) * 1000 + 3600000);
   if (s != CLM_OK) return fail("engine_blacklist_snapshot_key", s);
+  s = p_engine_snapshot_blacklist(blacklisted, 1, &n_versions, store_engine);
+  if (s != CLM_OK || n_versions != 1 || strcmp(blacklisted[0].key, "C99-KEY") != 0 || blacklisted[0].by_hand != 1) {
+    return fail("engine_snapshot_blacklist", s);
+  }
   s = p_engine_unblacklist_snapshot_key(store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
                                         suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY);
   if (s != CLM_OK) return fail("engine_unblacklist_snapshot_key", s);

@@ -850,6 +850,21 @@ TEST_CASE("snapshot store by hand through the C ABI: versions, pin, rollback, bl
                                                "wrong answer", 12, hour_from_now));
   check_miss(lookup(e, a.get(), key, CLM_SUFFIX_KEY, group));
   CHECK(lookup(e, other.get(), key, CLM_SUFFIX_KEY, group).hit.level == CLM_SNAPSHOT_EXACT);
+  size_t listed = 99;
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_snapshot_blacklist(nullptr, 0, &listed, e));  // sizing
+  CHECK(listed == 1);
+  std::vector<clm_snapshot_blacklist_entry> entries(2);
+  REQUIRE_OK(clm_engine_snapshot_blacklist(entries.data(), entries.size(), &listed, e));
+  REQUIRE(listed == 1);
+  CHECK(std::string(entries[0].salt, entries[0].salt_len) == salt);
+  CHECK(entries[0].adapter_id == 0);
+  CHECK(std::string(entries[0].key) == "FAQ-1");
+  CHECK(entries[0].fingerprint == fnv1a("FAQ-1"));
+  CHECK(std::string(entries[0].reason) == "wrong answer");
+  CHECK(entries[0].until_ms == hour_from_now);
+  CHECK(entries[0].by_hand == 1);
+  CHECK((entries[0].salt_truncated | entries[0].key_truncated | entries[0].reason_truncated) == 0);
+  for (uint8_t byte : entries[0].reserved) CHECK(byte == 0);
   REQUIRE_OK(clm_engine_unblacklist_snapshot_key(e, salt.data(), salt.size(), 0, key, 5, group, 1, CLM_SUFFIX_KEY));
   CHECK(lookup(e, a.get(), key, CLM_SUFFIX_KEY, group).hit.level == CLM_SNAPSHOT_EXACT);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <set>
@@ -237,7 +238,8 @@ TEST_CASE("drift: a window whose variance passes the threshold starts a version"
   std::mt19937 rng(seed);
   clm::SnapshotStoreConfig c = memory_config();
   c.drift_window = 10;
-  c.version_cosine = 0.5f;  // so that only the drift rule makes versions here
+  c.version_cosine = 0.5f;     // so that only the drift rule makes versions here
+  c.drift_mean_cosine = 0.5f;  // and only its variance half (the mean's is tested below)
   auto store = open_store(c);
   const clm::SuffixKey key = host_key("DRIFT");
   const std::vector<float> base = random_unit(rng, kDim);
@@ -287,6 +289,87 @@ TEST_CASE("drift: a window whose variance passes the threshold starts a version"
       CHECK(o.version == 2);
     } else {
       CHECK(reference <= 0.08 + 1e-3);
+    }
+  }
+  CHECK(drifted);
+  CHECK(store->metrics().drift_versions == 1);
+}
+
+TEST_CASE("drift at the default settings: records that all lean one way start a version, noise does not",
+          "[store][versions]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const clm::SnapshotStoreConfig c = memory_config();  // drift_window 100, drift_mean_cosine 0.98
+  REQUIRE(c.drift_window == 100);
+  auto store = open_store(c);
+  const std::vector<float> base = random_unit(rng, kDim);
+  // A direction orthogonal to base (Gram-Schmidt in float64), and base leaned
+  // 15 degrees toward it: every record still confirms base (cosine about
+  // 0.966 > version_cosine 0.95), but their mean is 15 degrees off.
+  std::vector<float> away = random_unit(rng, kDim);
+  double along = 0;
+  for (int d = 0; d < kDim; ++d) along += static_cast<double>(away[d]) * base[d];
+  for (int d = 0; d < kDim; ++d) away[d] = static_cast<float>(away[d] - along * base[d]);
+  const double theta = 15.0 * 3.14159265358979 / 180.0;
+  std::vector<float> leaned(kDim);
+  double norm = 0;
+  for (int d = 0; d < kDim; ++d) norm += static_cast<double>(away[d]) * away[d];
+  for (int d = 0; d < kDim; ++d) {
+    leaned[d] = static_cast<float>(std::cos(theta) * base[d] + std::sin(theta) * away[d] / std::sqrt(norm));
+  }
+  // The reference: the float64 cosine of the window's mean (the last 100
+  // records as the store keeps them) and base.
+  std::deque<std::vector<float>> window;
+  auto mean_cosine = [&] {
+    std::vector<double> mean(kDim, 0.0);
+    for (const auto& r : window) {
+      for (int d = 0; d < kDim; ++d) mean[static_cast<std::size_t>(d)] += r[static_cast<std::size_t>(d)];
+    }
+    double dot = 0, n2 = 0;
+    for (int d = 0; d < kDim; ++d) {
+      dot += mean[static_cast<std::size_t>(d)] * base[static_cast<std::size_t>(d)];
+      n2 += mean[static_cast<std::size_t>(d)] * mean[static_cast<std::size_t>(d)];
+    }
+    return dot / std::sqrt(n2);
+  };
+  auto track = [&](const clm::SuffixKey& key, const std::vector<float>& v) {
+    std::vector<float> kept = v;
+    double n = 0;
+    for (float x : kept) n += static_cast<double>(x) * x;
+    for (float& x : kept) x = clm::detail::f16_to_f32(clm::detail::f32_to_f16(static_cast<float>(x / std::sqrt(n))));
+    window.push_back(kept);
+    if (window.size() > 100) window.pop_front();
+    return record(*store, "t", key, v);
+  };
+
+  // Noise around base: no version, however long it goes on.
+  const clm::SuffixKey steady = host_key("STEADY");
+  track(steady, base);
+  for (int i = 0; i < 250; ++i) {
+    const clm::RecordOutcome o = track(steady, clm_test::noisy(base, 0.02, rng));
+    INFO("steady record " << i << ", mean cosine " << mean_cosine());
+    REQUIRE(o.result == RecordResult::confirmed);
+  }
+  // Leaning records: a version exactly when the reference mean passes 0.98.
+  window.clear();
+  const clm::SuffixKey leaning = host_key("LEANING");
+  track(leaning, base);
+  bool drifted = false;
+  for (int i = 0; i < 150 && !drifted; ++i) {
+    const std::vector<float> v = clm_test::noisy(leaned, 0.005, rng);
+    REQUIRE(clm_test::cosine64(v, base) > 0.95);
+    const clm::RecordOutcome o = track(leaning, v);
+    const double reference = mean_cosine();
+    INFO("leaning record " << i << ": window of " << window.size() << ", mean cosine " << reference);
+    drifted = o.result == RecordResult::drifted;
+    if (drifted) {
+      CHECK(window.size() == 100);  // only a full window speaks
+      CHECK(reference < 0.98 + 1e-3);
+      CHECK(o.version == 2);
+    } else {
+      CHECK(o.result == RecordResult::confirmed);
+      CHECK((window.size() < 100 || reference >= 0.98 - 1e-3));
     }
   }
   CHECK(drifted);

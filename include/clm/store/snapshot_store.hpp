@@ -46,7 +46,11 @@
 // max_versions_per_key versions: a new one past that deletes the oldest one
 // not pinned). Over the last drift_window records of
 // a key, a total variance (mean squared distance from the window's mean)
-// above drift_variance starts a new version too (drift). Snapshots are
+// above drift_variance, or a window mean whose cosine to the version the
+// records confirmed fell below drift_mean_cosine (each record close enough
+// to confirm it, all leaning one way), starts a new version too (drift).
+// Windows live in memory only: after a restart a key's window fills again
+// before drift can be seen. Snapshots are
 // stored f16 in a self-describing, checksummed BLOB (snapshot_blob.hpp); a
 // row whose checksum fails is skipped and counted, never returned.
 //
@@ -135,6 +139,7 @@ struct SnapshotStoreConfig {
   std::int32_t stable_confirmations = 1;   // confirmations that make a version stable (>= 0)
   std::int32_t drift_window = 100;         // records per key in the drift window (>= 2)
   float drift_variance = 0.08f;            // window variance above which a new version starts (> 0)
+  float drift_mean_cosine = 0.98f;         // the window mean's cosine to its version below which one starts (0, 1]
   std::int32_t drift_tracked_keys = 256;   // keys whose windows are kept in memory (LRU; >= 1)
   std::int32_t max_versions_per_key = 16;  // 1..1024: a new version past it deletes the oldest unpinned one
 

@@ -24,6 +24,7 @@ int main(void) {
   TYPE(clm_attention_params);
   TYPE(clm_snapshot_hit);
   TYPE(clm_snapshot_version);
+  TYPE(clm_snapshot_blacklist_entry);
   printf("];\n");
 
   printf("pub const C_FIELDS: &[(&str, usize, usize)] = &[\n");
@@ -194,6 +195,20 @@ int main(void) {
   FIELD(clm_snapshot_version, usage_count);
   FIELD(clm_snapshot_version, confirmations);
   FIELD(clm_snapshot_version, reserved);
+  FIELD(clm_snapshot_blacklist_entry, until_ms);
+  FIELD(clm_snapshot_blacklist_entry, fingerprint);
+  FIELD(clm_snapshot_blacklist_entry, adapter_id);
+  FIELD(clm_snapshot_blacklist_entry, salt_len);
+  FIELD(clm_snapshot_blacklist_entry, key_len);
+  FIELD(clm_snapshot_blacklist_entry, reason_len);
+  FIELD(clm_snapshot_blacklist_entry, by_hand);
+  FIELD(clm_snapshot_blacklist_entry, salt_truncated);
+  FIELD(clm_snapshot_blacklist_entry, key_truncated);
+  FIELD(clm_snapshot_blacklist_entry, reason_truncated);
+  FIELD(clm_snapshot_blacklist_entry, reserved);
+  FIELD(clm_snapshot_blacklist_entry, salt);
+  FIELD(clm_snapshot_blacklist_entry, key);
+  FIELD(clm_snapshot_blacklist_entry, reason);
   printf("];\n");
 
   printf("pub const C_CONSTANTS: &[(&str, i64)] = &[\n");

@@ -374,6 +374,49 @@ pub struct clm_snapshot_version {
     pub reserved: [u8; 24],
 }
 
+/// One key refused at every level (`clm_engine_snapshot_blacklist`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct clm_snapshot_blacklist_entry {
+    pub until_ms: i64,
+    pub fingerprint: u64,
+    pub adapter_id: i32,
+    pub salt_len: u32,
+    pub key_len: u32,
+    pub reason_len: u32,
+    pub by_hand: u8,
+    pub salt_truncated: u8,
+    pub key_truncated: u8,
+    pub reason_truncated: u8,
+    pub reserved: [u8; 20],
+    /// NUL-terminated, as are `key` and `reason`.
+    pub salt: [c_char; CLM_SNAPSHOT_KEY_BYTES],
+    pub key: [c_char; CLM_SNAPSHOT_KEY_BYTES],
+    pub reason: [c_char; CLM_SNAPSHOT_KEY_BYTES],
+}
+
+impl Default for clm_snapshot_blacklist_entry {
+    /// All zero: empty strings.
+    fn default() -> Self {
+        clm_snapshot_blacklist_entry {
+            until_ms: 0,
+            fingerprint: 0,
+            adapter_id: 0,
+            salt_len: 0,
+            key_len: 0,
+            reason_len: 0,
+            by_hand: 0,
+            salt_truncated: 0,
+            key_truncated: 0,
+            reason_truncated: 0,
+            reserved: [0; 20],
+            salt: [0; CLM_SNAPSHOT_KEY_BYTES],
+            key: [0; CLM_SNAPSHOT_KEY_BYTES],
+            reason: [0; CLM_SNAPSHOT_KEY_BYTES],
+        }
+    }
+}
+
 impl Default for clm_snapshot_hit {
     /// All zero: a miss with an empty key.
     fn default() -> Self {
@@ -685,6 +728,12 @@ extern "C" {
         reason: *const c_char,
         reason_len: usize,
         until_ms: i64,
+    ) -> clm_status;
+    pub fn clm_engine_snapshot_blacklist(
+        entries: *mut clm_snapshot_blacklist_entry,
+        capacity: usize,
+        count: *mut usize,
+        engine: *mut clm_engine,
     ) -> clm_status;
     pub fn clm_engine_unblacklist_snapshot_key(
         engine: *mut clm_engine,

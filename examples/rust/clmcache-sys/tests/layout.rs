@@ -48,6 +48,7 @@ fn rust_types() -> Vec<(&'static str, usize, usize)> {
         ty!(clm_attention_params),
         ty!(clm_snapshot_hit),
         ty!(clm_snapshot_version),
+        ty!(clm_snapshot_blacklist_entry),
     ]
 }
 
@@ -213,6 +214,20 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_snapshot_version, usage_count),
         field!(clm_snapshot_version, confirmations),
         field!(clm_snapshot_version, reserved),
+        field!(clm_snapshot_blacklist_entry, until_ms),
+        field!(clm_snapshot_blacklist_entry, fingerprint),
+        field!(clm_snapshot_blacklist_entry, adapter_id),
+        field!(clm_snapshot_blacklist_entry, salt_len),
+        field!(clm_snapshot_blacklist_entry, key_len),
+        field!(clm_snapshot_blacklist_entry, reason_len),
+        field!(clm_snapshot_blacklist_entry, by_hand),
+        field!(clm_snapshot_blacklist_entry, salt_truncated),
+        field!(clm_snapshot_blacklist_entry, key_truncated),
+        field!(clm_snapshot_blacklist_entry, reason_truncated),
+        field!(clm_snapshot_blacklist_entry, reserved),
+        field!(clm_snapshot_blacklist_entry, salt),
+        field!(clm_snapshot_blacklist_entry, key),
+        field!(clm_snapshot_blacklist_entry, reason),
     ]
 }
 

@@ -1251,4 +1251,4 @@ mod tiers;
 pub use crate::clm::{ActDtype, Activations, ActivationsMut, AdapterOptions, Gelu, SrcDecision, SrcHeadWeights};
 pub use crate::kernels::AttentionParams;
 pub use crate::store::{RecordOutcome, RecordResult, SnapshotHit, SnapshotLevel, SnapshotLookup, Suffix, SuffixKey};
-pub use crate::store_admin::SnapshotVersion;
+pub use crate::store_admin::{BlacklistEntry, SnapshotVersion};

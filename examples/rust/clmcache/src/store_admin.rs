@@ -42,6 +42,30 @@ pub struct SnapshotVersion {
     pub confirmations: i64,
 }
 
+/// One key refused at every level (`clm_snapshot_blacklist_entry`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlacklistEntry {
+    /// In force until (milliseconds since the Unix epoch).
+    pub until_ms: i64,
+    /// FNV-1a 64 of the key.
+    pub fingerprint: u64,
+    /// The tenant: its cache salt (its first `CLM_SNAPSHOT_KEY_BYTES - 1` bytes
+    /// when `truncated`) and adapter id.
+    pub salt: Vec<u8>,
+    pub adapter_id: i32,
+    pub key: String,
+    /// Why: what `blacklist_snapshot_key` was told, or what the breaker saw.
+    pub reason: String,
+    /// Set by `blacklist_snapshot_key`; false: by the accuracy breaker.
+    pub by_hand: bool,
+    /// A field holds only the first bytes of a longer value.
+    pub truncated: bool,
+}
+
+fn c_bytes(field: &[c_char], len: u32) -> Vec<u8> {
+    field.iter().take((len as usize).min(field.len() - 1)).map(|&c| c as u8).collect()
+}
+
 fn bytes_ptr(b: &[u8]) -> *const c_char {
     if b.is_empty() {
         ptr::null()
@@ -130,6 +154,45 @@ impl Engine {
         let (status, value) = f(self.as_raw(), args);
         check(status)?;
         Ok(value)
+    }
+
+    /// The blacklist entries in force, by tenant and key
+    /// (`clm_engine_snapshot_blacklist`).
+    pub fn snapshot_blacklist(&self) -> Result<Vec<BlacklistEntry>> {
+        let mut out: Vec<sys::clm_snapshot_blacklist_entry> = Vec::new();
+        // Entries may be added between the sizing call and the fill: try again.
+        for _ in 0..4 {
+            let mut count = 0usize;
+            // SAFETY: out holds out.len() writable elements (or none: a sizing call with NULL).
+            let status = unsafe {
+                sys::clm_engine_snapshot_blacklist(
+                    if out.is_empty() { ptr::null_mut() } else { out.as_mut_ptr() },
+                    out.len(),
+                    &mut count,
+                    self.as_raw(),
+                )
+            };
+            match check(status) {
+                Ok(()) if count <= out.len() => {
+                    return Ok(out[..count]
+                        .iter()
+                        .map(|e| BlacklistEntry {
+                            until_ms: e.until_ms,
+                            fingerprint: e.fingerprint,
+                            salt: c_bytes(&e.salt, e.salt_len),
+                            adapter_id: e.adapter_id,
+                            key: String::from_utf8_lossy(&c_bytes(&e.key, e.key_len)).into_owned(),
+                            reason: String::from_utf8_lossy(&c_bytes(&e.reason, e.reason_len)).into_owned(),
+                            by_hand: e.by_hand != 0,
+                            truncated: (e.salt_truncated | e.key_truncated | e.reason_truncated) != 0,
+                        })
+                        .collect());
+                }
+                Err(e) if e.code() != ErrorCode::InvalidArgument || count <= out.len() => return Err(e),
+                _ => out = vec![sys::clm_snapshot_blacklist_entry::default(); count],
+            }
+        }
+        Err(Error::new(ErrorCode::Internal, "clm_engine_snapshot_blacklist: the blacklist kept changing"))
     }
 
     /// Serves `version` of the key at levels 1 and 2 whatever is recorded

@@ -337,7 +337,14 @@ fn the_store_by_hand_versions_pin_rollback_blacklist_deletion() {
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     engine.blacklist_snapshot_key(salt, 0, key, "wrong answer", now_ms + 3_600_000).unwrap();
     assert_miss(&one(&engine, &a, key, None));
+    let listed = engine.snapshot_blacklist().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].salt.as_slice(), listed[0].adapter_id), (salt, 0));
+    assert_eq!((listed[0].key.as_str(), listed[0].reason.as_str()), ("FAQ-7", "wrong answer"));
+    assert_eq!((listed[0].until_ms, listed[0].fingerprint), (now_ms + 3_600_000, fnv1a("FAQ-7")));
+    assert!(listed[0].by_hand && !listed[0].truncated);
     engine.unblacklist_snapshot_key(salt, 0, key).unwrap();
+    assert!(engine.snapshot_blacklist().unwrap().is_empty());
     assert_eq!(one(&engine, &a, key, None).hits[0].level, SnapshotLevel::Exact);
 
     assert_eq!(engine.roll_back_snapshot_key(salt, 0, key, 1).unwrap(), 1);
