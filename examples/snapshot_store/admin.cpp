@@ -15,28 +15,12 @@ namespace clm_store_cli {
 
 namespace {
 
-// The key a command names: TEXT (one argument) or --text, keyed by the
-// store's keyer, or --key with --group.
-clm::SuffixKey named_key(const Args& args, const clm::SnapshotStore& store) {
-  if (args.positionals().size() > 1) throw UsageError{"give the text as one argument (quote it), or with --text"};
-  std::optional<std::string> text = args.get("--text");
-  if (!args.positionals().empty()) {
-    if (text) throw UsageError{"give the text once: as an argument or with --text"};
-    text = args.positionals()[0];
-  }
-  const auto host_key = args.get("--key");
-  if (text.has_value() == host_key.has_value()) {
-    throw UsageError{text ? "give a text or --key, not both" : "give a text (TEXT or --text) or --key"};
-  }
-  if (text && args.has("--group")) throw UsageError{"--group goes with --key"};
-  clm::SuffixKey key;
-  if (text) {
-    check(store.keyer().make_key(*text, key), "the text");
-    if (key.low_information) {
-      throw Failure{fmt::format("the text's key {} abstained ({}): it is never stored", key.key, key.abstain_reason)};
-    }
-  } else {
-    check(clm::SuffixKeyer::from_host_key(*host_key, args.get("--group").value_or(""), key), "--key");
+// The key a command names (named_suffix, key_of), never one the keyer
+// abstained on: nothing is stored under it.
+clm::SuffixKey stored_key(const NamedSuffix& suffix, const clm::SnapshotStore& store) {
+  clm::SuffixKey key = key_of(suffix, store);
+  if (key.low_information) {
+    throw Failure{fmt::format("the text's key {} abstained ({}): it is never stored", key.key, key.abstain_reason)};
   }
   return key;
 }
@@ -57,9 +41,10 @@ struct Opened {
 };
 
 Opened open_for_key(const Args& args) {
+  const NamedSuffix suffix = named_suffix(args);  // usage errors before the store opens
   Opened o;
   o.store = open_store(store_config(args, false));
-  o.key = named_key(args, *o.store);
+  o.key = stored_key(suffix, *o.store);
   o.tenant = args.get("--tenant").value_or("");
   return o;
 }

@@ -540,4 +540,44 @@ inline bool parse_json(std::string_view text, Json& out, std::string& error) {
   return true;
 }
 
+// ---- the suffix a command names ----------------------------------------------
+
+// TEXT (one argument) or --text, or a host's --key with its --group: checked
+// from the command line alone, before the store opens.
+struct NamedSuffix {
+  std::optional<std::string> text;
+  std::string host_key, group;
+};
+
+inline NamedSuffix named_suffix(const Args& args) {
+  if (args.positionals().size() > 1) {
+    throw UsageError{"give the text as one argument (quote it), or with --text"};
+  }
+  NamedSuffix s;
+  s.text = args.get("--text");
+  if (!args.positionals().empty()) {
+    if (s.text) throw UsageError{"give the text once: as an argument or with --text"};
+    s.text = args.positionals()[0];
+  }
+  const auto host_key = args.get("--key");
+  if (s.text.has_value() == host_key.has_value()) {
+    throw UsageError{s.text ? "give a text or --key, not both" : "give a text (TEXT or --text) or --key"};
+  }
+  if (s.text && args.has("--group")) throw UsageError{"--group goes with --key"};
+  s.host_key = host_key.value_or("");
+  s.group = args.get("--group").value_or("");
+  return s;
+}
+
+// The key of a named suffix: the text keyed by the store's keyer, or the host's key.
+inline clm::SuffixKey key_of(const NamedSuffix& s, const clm::SnapshotStore& store) {
+  clm::SuffixKey key;
+  if (s.text) {
+    check(store.keyer().make_key(*s.text, key), "the text");
+  } else {
+    check(clm::SuffixKeyer::from_host_key(s.host_key, s.group, key), "--key");
+  }
+  return key;
+}
+
 }  // namespace clm_store_cli

@@ -394,19 +394,7 @@ int cmd_lookup(const Args& args) {
   const std::string tenant = args.get("--tenant").value_or("");
   const bool json = args.has("--json"), print_snapshot = args.has("--print-snapshot");
 
-  if (args.positionals().size() > 1) {
-    throw UsageError{"give the text as one argument (quote it), or with --text"};
-  }
-  std::optional<std::string> text = args.get("--text");
-  if (!args.positionals().empty()) {
-    if (text) throw UsageError{"give the text once: as an argument or with --text"};
-    text = args.positionals()[0];
-  }
-  const auto host_key = args.get("--key");
-  if (text.has_value() == host_key.has_value()) {
-    throw UsageError{text ? "give a text or --key, not both" : "give a text (TEXT or --text) or --key"};
-  }
-  if (text && args.has("--group")) throw UsageError{"--group goes with --key"};
+  const NamedSuffix suffix = named_suffix(args);
 
   std::vector<float> query;
   if (args.has("--query") && args.has("--query-file")) throw UsageError{"give --query or --query-file, not both"};
@@ -439,12 +427,7 @@ int cmd_lookup(const Args& args) {
   }
 
   std::unique_ptr<clm::SnapshotStore> store = open_store(config);
-  clm::SuffixKey key;
-  if (text) {
-    check(store->keyer().make_key(*text, key), "the text");
-  } else {
-    check(clm::SuffixKeyer::from_host_key(*host_key, args.get("--group").value_or(""), key), "--key");
-  }
+  const clm::SuffixKey key = key_of(suffix, *store);
   const std::int32_t shard = store->shard_of(tenant, key);
   clm::SnapshotHit hit;
   std::vector<float> snapshot(static_cast<std::size_t>(config.snapshot_dim));
