@@ -594,9 +594,12 @@ CLM_API clm_status clm_engine_record_snapshot(int32_t *result, int32_t *version,
                                               size_t snapshot_len);
 
 /* Whether the snapshot the last lookup served each sequence was right
- * (correct[i] != 0). A key whose accuracy falls below 95% (over at least 20
- * reports in 5 minutes) is blacklisted for its tenant for a day and served at
- * no level. A sequence whose last lookup served nothing is
+ * (correct[i] != 0). Counted per (key looked up, key served): where the
+ * accuracy falls below 95% (over at least 20 reports in 5 minutes), a key
+ * served for itself is blacklisted for its tenant for a day and served at no
+ * level; a key served for another (levels 2 and 3) is refused to that one
+ * only, for as long (and blacklisted once refused to 8). A sequence whose
+ * last lookup served nothing is
  * CLM_ERR_FAILED_PRECONDITION; one listed twice CLM_ERR_INVALID_ARGUMENT. */
 CLM_API clm_status clm_engine_report_snapshot_outcome(clm_engine *engine, clm_seq *const *seqs, size_t n_seqs,
                                                       const uint8_t *correct);

@@ -204,6 +204,7 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put(R"(clm_snapshot_lookups_total{level="miss"})", st.misses);
   put("clm_snapshot_busy_misses_total", st.busy_misses);
   put("clm_snapshot_blacklisted_skips_total", st.blacklisted_skips);
+  put("clm_snapshot_blocked_pair_skips_total", st.blocked_pair_skips);
   put("clm_snapshot_ann_unavailable_total", st.ann_unavailable);
   put("clm_snapshot_records_total", st.records);
   put("clm_snapshot_counted_records_total", st.counted);
@@ -219,6 +220,7 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_snapshot_outcome_reports_total", st.outcome_reports);
   put("clm_stored_snapshots", st.snapshots);
   put("clm_blacklisted_keys", st.blacklisted_keys);
+  put("clm_blocked_snapshot_pairs", st.blocked_pairs);
   // Tiers.
   put(R"(clm_host_tier_pages{state="used"})", c.host_pages_used);
   put(R"(clm_host_tier_pages{state="free"})", c.host_pages_free);

@@ -285,9 +285,10 @@ func (e *Engine) RecordSnapshot(seq *Seq, suffix Suffix, snapshot []float32) (Re
 }
 
 // ReportSnapshotOutcome says whether the snapshot the last lookup served
-// each sequence was right (clm_engine_report_snapshot_outcome): a key whose
-// accuracy falls is blacklisted for its tenant. A sequence served nothing is
-// FailedPrecondition.
+// each sequence was right (clm_engine_report_snapshot_outcome), counted per
+// (key looked up, key served): a key whose accuracy falls for itself is
+// blacklisted for its tenant; one served wrongly for another key is refused
+// to that key only. A sequence served nothing is FailedPrecondition.
 func (e *Engine) ReportSnapshotOutcome(seqs []*Seq, correct []bool) error {
 	return e.reportPerSeq("clm_engine_report_snapshot_outcome", "correct", seqs, correct,
 		func(ep *C.clm_engine, cseqs **C.clm_seq, n C.size_t, cflags *C.uint8_t) C.clm_status {

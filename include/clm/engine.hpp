@@ -468,8 +468,11 @@ class Engine {
                          RecordOutcome& outcome);
 
   // Whether the snapshot last served to each sequence was right (correct[i]
-  // != 0): breaker (b) of the store blacklists keys whose accuracy falls.
-  // failed_precondition for a sequence that was served nothing.
+  // != 0): breaker (b) of the store counts it against the pair (the key the
+  // lookup asked for, the key it served): a key served for itself is
+  // blacklisted when its accuracy falls, a key served for another (levels 2
+  // and 3) is refused to that one only. failed_precondition for a sequence
+  // that was served nothing.
   Status report_snapshot_outcome(std::span<const SequenceId> ids, std::span<const std::uint8_t> correct);
 
   EngineMetrics metrics() const {
@@ -519,7 +522,8 @@ class Engine {
     std::vector<std::int32_t> pages;
     std::size_t tree_pages = 0;  // leading pages that are the tree's (protected by `locked`)
     NodeRef locked;
-    SuffixKey served;  // the key of the snapshot the last lookup served (empty: none)
+    SuffixKey looked_up;  // the key the last lookup asked for, when it served a snapshot
+    SnapshotHit served;   // what it served (level miss: nothing, or it was reported)
     CacheNamespace cache_namespace() const { return {salt, adapter_id}; }
     // The snapshot store's tenant: salt and adapter, as the prefix cache separates them.
     std::string tenant() const { return snapshot_tenant(salt, adapter_id); }

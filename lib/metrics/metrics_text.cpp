@@ -132,6 +132,9 @@ void snapshot_store(Exposition& out, const SnapshotStoreMetrics& s) {
   out.counter("snapshot_busy_misses_total", "Lookups answered miss because a shard stayed busy.", s.busy_misses);
   out.counter("snapshot_blacklisted_skips_total", "Lookups or level-2 candidates refused for a blacklisted key.",
               s.blacklisted_skips);
+  out.counter("snapshot_blocked_pair_skips_total",
+              "Level-2 candidates and fallbacks refused to one query key (the pair's accuracy fell).",
+              s.blocked_pair_skips);
   out.counter("snapshot_ann_unavailable_total", "Level-2 lookups while the similarity index was rebuilt.",
               s.ann_unavailable);
   out.counter("snapshot_records_total", "Snapshots recorded.", s.records);
@@ -150,6 +153,7 @@ void snapshot_store(Exposition& out, const SnapshotStoreMetrics& s) {
   out.counter("snapshot_outcome_reports_total", "Outcomes reported for served snapshots.", s.outcome_reports);
   out.gauge("stored_snapshots", "Snapshot rows stored now.", s.snapshots);
   out.gauge("blacklisted_keys", "Suffix keys blacklisted now.", s.blacklisted_keys);
+  out.gauge("blocked_snapshot_pairs", "(query key, served key) pairs refused now.", s.blocked_pairs);
 }
 
 void tiers(Exposition& out, const EngineMetrics& m) {

@@ -102,6 +102,9 @@ Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<Sn
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->ring = ConsistentHashRing(config.num_shards);
+  impl->breaker = std::make_unique<store_impl::OutcomeBreaker>(
+      store_impl::BreakerSettings{config.blacklist_accuracy, config.blacklist_window_ms, config.blacklist_min_reports,
+                                  config.blacklist_duration_ms, config.blacklist_tracked_pairs});
   CLM_RETURN_IF_ERROR(SuffixKeyer::create(config.keyer, impl->keyer));
   const bool memory = config.path == ":memory:";
   if (!memory) {
@@ -382,6 +385,10 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
         im.count([](SnapshotStoreMetrics& x) { ++x.blacklisted_skips; });
         continue;
       }
+      if (im.breaker->pair_blocked(tenant, key.fingerprint, key_fingerprint(name), im.now_ms())) {
+        im.count([](SnapshotStoreMetrics& x) { ++x.blocked_pair_skips; });
+        continue;
+      }
       std::copy(it->second.begin(), it->second.end(), snapshot_out.begin());
       hit.level = SnapshotLevel::fallback;
       hit.similarity = q.empty() ? 0.0f : clamp_cosine(dot(q, it->second));
@@ -468,7 +475,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
       if (std::chrono::steady_clock::now() > deadline) return busy();
       std::unordered_set<std::uint64_t> keys_seen;
       std::vector<std::int64_t> ids;
-      std::uint64_t refused = 0;
+      std::uint64_t refused = 0, refused_pairs = 0;
       // Only a key's served version (the pinned one, else its newest stable
       // one, else its newest) is a candidate: an older version a key has
       // moved on from is no answer, however near its vector lies.
@@ -517,12 +524,21 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
           ++refused;
           continue;
         }
+        if (im.breaker->pair_blocked(tenant, key.fingerprint, info->second.fingerprint, im.now_ms())) {
+          ++refused_pairs;
+          continue;
+        }
         hit.candidates.push_back(
             {info->second.key, info->second.fingerprint, info->second.version, clamp_cosine(similarity)});
         ids.push_back(id);
         if (hit.candidates.size() == static_cast<std::size_t>(im.config.ann_top_k)) break;
       }
-      if (refused) im.count([&](SnapshotStoreMetrics& x) { x.blacklisted_skips += refused; });
+      if (refused || refused_pairs) {
+        im.count([&](SnapshotStoreMetrics& x) {
+          x.blacklisted_skips += refused;
+          x.blocked_pair_skips += refused_pairs;
+        });
+      }
       for (std::size_t c = 0; c < ids.size(); ++c) {
         SnapshotRow r;
         bool exists = false;
@@ -770,47 +786,44 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
 
 // ---- breakers, fallbacks, eviction ---------------------------------------
 
-Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& key, bool correct) try {
+Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& key, bool correct) {
+  SnapshotHit served;
+  served.level = SnapshotLevel::exact;
+  served.key = key.key;
+  served.fingerprint = key.fingerprint;
+  return report_outcome(tenant, key, served, correct);
+}
+
+Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& query, const SnapshotHit& served,
+                                     bool correct) try {
   Impl& im = *impl_;
-  CLM_RETURN_IF_ERROR(check_key(key, tenant, "report_outcome"));
+  CLM_RETURN_IF_ERROR(check_key(query, tenant, "report_outcome"));
+  if (served.level == SnapshotLevel::miss || served.key.empty()) {
+    return failed_precondition("report_outcome: a miss served nothing to report on");
+  }
+  if (served.fingerprint != key_fingerprint(served.key)) {
+    return invalid_argument(fmt::format("report_outcome: the served fingerprint does not match \"{}\"", served.key));
+  }
   const std::int64_t now = im.now_ms();
-  const std::string k = tenant_key(tenant, key.fingerprint);
-  bool trip = false;
-  std::string reason;
+  // Outcomes are counted per (query key, served key): a wrong level-2 serve
+  // blames the neighbour for this query only, never its own exact hits.
+  const auto trip = im.breaker->report(tenant, query.fingerprint, served.fingerprint, correct, now);
+  im.count([](SnapshotStoreMetrics& x) { ++x.outcome_reports; });
+  if (!trip || !trip->whole_key) return {};
+  SuffixKey blamed = query;  // its shard: the query's group routes to it (level 2 serves from that shard)
+  blamed.key = served.key;
+  blamed.fingerprint = served.fingerprint;
   {
     std::lock_guard lock(im.breaker_mutex);
-    if (im.outcomes.size() >= kMaxOutcomeKeys && !im.outcomes.count(k)) {
-      // Forget keys with no report inside the window, to stay bounded.
-      std::erase_if(im.outcomes,
-                    [&](const auto& e) { return e.second.back().first < now - im.config.blacklist_window_ms; });
-      if (im.outcomes.size() >= kMaxOutcomeKeys) im.outcomes.erase(im.outcomes.begin());
-    }
-    auto& window = im.outcomes[k];
-    window.emplace_back(now, correct);
-    while (!window.empty() &&
-           (window.front().first < now - im.config.blacklist_window_ms || window.size() > kMaxOutcomesPerKey)) {
-      window.pop_front();
-    }
-    std::size_t right = 0;
-    for (const auto& o : window) right += o.second ? 1 : 0;
-    const double accuracy = static_cast<double>(right) / static_cast<double>(window.size());
-    if (window.size() >= static_cast<std::size_t>(im.config.blacklist_min_reports) &&
-        accuracy < im.config.blacklist_accuracy && !im.blacklist.count(k)) {
-      trip = true;
-      reason = fmt::format("breaker: {} of {} outcomes right ({:.3f} < {:.3f}) within {} ms", right, window.size(),
-                           accuracy, im.config.blacklist_accuracy, im.config.blacklist_window_ms);
-      im.blacklist[k] = now + im.config.blacklist_duration_ms;
-      im.blacklist_size = im.blacklist.size();
-      im.outcomes.erase(k);
-    }
+    if (im.blacklist.count(tenant_key(tenant, served.fingerprint))) return {};
+    im.blacklist[tenant_key(tenant, served.fingerprint)] = trip->until_ms;
+    im.blacklist_size = im.blacklist.size();
   }
-  im.count([](SnapshotStoreMetrics& x) { ++x.outcome_reports; });
-  if (!trip) return {};
-  StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, key.group))];
+  StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, query.group))];
   std::lock_guard lock(shard.mutex);
   shard.set_write_deadline();
   // In force in memory either way.
-  return shard.put_blacklist(tenant, key, now + im.config.blacklist_duration_ms, reason, false);
+  return shard.put_blacklist(tenant, blamed, trip->until_ms, trip->reason, false);
 } catch (...) {
   return current_exception_status("report_outcome");
 }
@@ -1192,6 +1205,7 @@ SnapshotStoreMetrics SnapshotStore::metrics() const {
   std::lock_guard lock(impl_->breaker_mutex);
   const std::int64_t now = impl_->now_ms();
   for (const auto& [k, until] : impl_->blacklist) out.blacklisted_keys += until >= now ? 1 : 0;
+  out.blocked_pairs = static_cast<std::int64_t>(impl_->breaker->blocked_pairs(now));
   return out;
 }
 

@@ -99,8 +99,8 @@ Status SnapshotStore::delete_key(std::string_view tenant, const SuffixKey& key, 
     std::lock_guard lock(im.breaker_mutex);
     im.blacklist.erase(k);
     im.blacklist_size = im.blacklist.size();
-    im.outcomes.erase(k);
   }
+  im.breaker->forget_key(tenant, key.fingerprint);
   {
     std::lock_guard lock(im.pin_mutex);
     im.pins.erase(k);
@@ -156,7 +156,6 @@ Status SnapshotStore::delete_tenant(std::string_view tenant, TenantDeletionRepor
     std::lock_guard lock(im.breaker_mutex);
     std::erase_if(im.blacklist, of_tenant);
     im.blacklist_size = im.blacklist.size();
-    std::erase_if(im.outcomes, of_tenant);
   }
   {
     std::lock_guard lock(im.pin_mutex);
@@ -168,6 +167,7 @@ Status SnapshotStore::delete_tenant(std::string_view tenant, TenantDeletionRepor
     std::erase_if(im.fallbacks, of_tenant);
   }
   im.forget_drift_of_tenant(prefix);
+  im.breaker->forget_tenant(tenant);
   im.count([&](SnapshotStoreMetrics& x) { x.snapshots -= report.rows; });
   if (report.rows + report.sightings + report.blacklist + report.pins + report.fallbacks == 0 && !any_fallback) {
     return not_found("delete_tenant: the store holds nothing of this tenant");
@@ -208,6 +208,8 @@ Status SnapshotStore::unblacklist_key(std::string_view tenant, const SuffixKey& 
   Impl& im = *impl_;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "unblacklist_key"));
   if (!im.blacklisted(tenant, key.fingerprint)) {
+    // Refused to some query keys only (breaker (b)'s pair blocks): lift those.
+    if (im.breaker->forget_key(tenant, key.fingerprint) != 0) return {};
     return not_found(fmt::format("unblacklist_key: key \"{}\" is not blacklisted", key.key));
   }
   StoreShard& shard = im.shard_for(tenant, key.group);
@@ -223,7 +225,7 @@ Status SnapshotStore::unblacklist_key(std::string_view tenant, const SuffixKey& 
   std::lock_guard lock(im.breaker_mutex);
   im.blacklist.erase(k);
   im.blacklist_size = im.blacklist.size();
-  im.outcomes.erase(k);  // the outcomes that tripped it would trip it again
+  im.breaker->forget_key(tenant, key.fingerprint);  // the outcomes that tripped it would trip it again
   return {};
 } catch (...) {
   return current_exception_status("unblacklist_key");

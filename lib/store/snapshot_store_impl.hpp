@@ -37,6 +37,7 @@
 #include "clm/store/consistent_hash.hpp"
 #include "clm/store/snapshot_store.hpp"
 #include "hnsw_index.hpp"
+#include "outcome_breaker.hpp"
 #include "store_shard.hpp"
 
 namespace clm {
@@ -67,9 +68,7 @@ inline Status checked_squared_norm(std::span<const float> v, std::int32_t dim, s
 // A salt names a tenant (the C ABI takes up to 64 KiB), plus what Engine appends (the adapter id).
 constexpr std::size_t kMaxTenantBytes = (std::size_t{1} << 16) + 64;
 constexpr std::size_t kMaxNameBytes = 256;
-constexpr std::size_t kUsageFlushRows = 4096;     // pending usage rows that ask the background thread to write
-constexpr std::size_t kMaxOutcomeKeys = 1 << 16;  // keys whose recent outcomes are kept
-constexpr std::size_t kMaxOutcomesPerKey = 1 << 12;
+constexpr std::size_t kUsageFlushRows = 4096;  // pending usage rows that ask the background thread to write
 
 inline std::int64_t system_clock_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -151,8 +150,12 @@ inline Status check_config(const SnapshotStoreConfig& c) {
   if (!(c.evict_after_days >= 0) || !std::isfinite(c.evict_after_days)) return bad("evict_after_days must be >= 0");
   if (c.lookup_timeout_us < 0 || c.write_busy_timeout_ms < 0) return bad("timeouts must be >= 0");
   if (!(c.blacklist_accuracy >= 0 && c.blacklist_accuracy <= 1)) return bad("blacklist_accuracy must be in [0, 1]");
-  if (c.blacklist_window_ms < 1 || c.blacklist_duration_ms < 0 || c.blacklist_min_reports < 1) {
-    return bad("blacklist_window_ms >= 1, blacklist_duration_ms >= 0 and blacklist_min_reports >= 1 are required");
+  if (c.blacklist_window_ms < 1 || c.blacklist_duration_ms < 0 || c.blacklist_min_reports < 1 ||
+      c.blacklist_min_reports > static_cast<std::int32_t>(store_impl::OutcomeBreaker::kMaxReportsPerWindow)) {
+    return bad("blacklist_window_ms >= 1, blacklist_duration_ms >= 0 and blacklist_min_reports in 1..512 are required");
+  }
+  if (c.blacklist_tracked_pairs < 1 || c.blacklist_tracked_pairs > (1 << 20)) {
+    return bad("blacklist_tracked_pairs must be in 1..1048576");
   }
   return {};
 }
@@ -307,7 +310,7 @@ struct SnapshotStore::Impl {
   // blacklist.size(), kept under breaker_mutex: a lookup (and each level-2
   // candidate) skips the lock and the key's string when nothing is blacklisted.
   std::atomic<std::size_t> blacklist_size{0};
-  std::unordered_map<std::string, std::deque<std::pair<std::int64_t, bool>>> outcomes;
+  std::unique_ptr<store_impl::OutcomeBreaker> breaker;  // outcome windows and pair blocks (open() makes it)
 
   std::mutex pin_mutex;
   std::unordered_map<std::string, std::int32_t> pins;  // tenant_key -> pinned version

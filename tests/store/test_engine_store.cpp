@@ -133,18 +133,21 @@ TEST_CASE("engine + store: record, batch lookup, inject, per-tenant", "[store][e
   CHECK(hits[0].level == SnapshotLevel::ann);
   CHECK(hits[0].key == "ORDER-1");
 
-  // Wrong reuses blacklist the served key (ORDER-1), for alice only; each
-  // served snapshot is reported once.
+  // A wrong level-2 serve counts against the pair (ORDER-2 asked, ORDER-1
+  // served), never against ORDER-1's own exact hits: three wrong exact
+  // reuses leave ORDER-1 served (3 of its own reports < 4), the fourth
+  // blacklists it, for alice only. Each served snapshot is reported once.
   const std::uint8_t wrong[] = {0};
   REQUIRE(engine->report_snapshot_outcome(std::span(ids, 1), wrong).ok());  // the ann hit above, ORDER-1
   CHECK(engine->report_snapshot_outcome(std::span(ids, 1), wrong).code() == clm::StatusCode::failed_precondition);
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     REQUIRE(engine
                 ->lookup_snapshots(std::span(ids, 1), std::span(suffixes, 1), std::span(queries).first(kDim),
                                    std::span(hits, 1), std::span(found).first(kDim), std::span(apply, 1))
                 .ok());
     REQUIRE(hits[0].level == SnapshotLevel::exact);
     REQUIRE(engine->report_snapshot_outcome(std::span(ids, 1), wrong).ok());
+    CHECK(engine->metrics().store.blacklisted_keys == (i == 3 ? 1 : 0));
   }
   REQUIRE(engine
               ->lookup_snapshots(std::span(ids, 1), std::span(suffixes, 1), std::span(queries).first(kDim),
@@ -154,11 +157,12 @@ TEST_CASE("engine + store: record, batch lookup, inject, per-tenant", "[store][e
   const clm::EngineMetrics m = engine->metrics();
   CHECK(m.has_snapshot_store);
   CHECK(m.store.blacklisted_keys == 1);
-  CHECK(m.store.lookups == 7);
-  CHECK(m.store.hits_exact == 4);
+  CHECK(m.store.blocked_pairs == 0);  // one wrong level-2 report: below min_reports
+  CHECK(m.store.lookups == 8);
+  CHECK(m.store.hits_exact == 5);
   CHECK(m.store.hits_ann == 1);
   CHECK(m.store.misses == 2);
-  CHECK(m.store.outcome_reports == 4);
+  CHECK(m.store.outcome_reports == 5);
   REQUIRE(engine->finish(alice).ok());
   REQUIRE(engine->finish(bob).ok());
 }

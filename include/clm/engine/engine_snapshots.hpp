@@ -91,12 +91,15 @@ inline Status Engine::lookup_snapshots(std::span<const SequenceId> ids, std::spa
     for (std::size_t i = 0; i < n; ++i) {
       auto it = sequences_.find(ids[i]);
       if (it == sequences_.end()) continue;  // ended meanwhile
+      // The pair is kept: a wrong level-2 serve blames the served key for
+      // this query key only (breaker (b)).
+      it->second->looked_up = found[i] ? keys[i] : SuffixKey{};
+      it->second->served = SnapshotHit{};
       if (found[i]) {
-        it->second->served = keys[i];
-        it->second->served.key = hits[i].key;  // the served key (another at levels 2 and 3)
+        it->second->served.level = hits[i].level;
+        it->second->served.key = hits[i].key;  // another key's at levels 2 and 3
         it->second->served.fingerprint = hits[i].fingerprint;
-      } else {
-        it->second->served = SuffixKey{};
+        it->second->served.version = hits[i].version;
       }
     }
   }
@@ -122,13 +125,14 @@ inline Status Engine::report_snapshot_outcome(std::span<const SequenceId> ids, s
   CLM_RETURN_IF_ERROR(check_distinct(ids, "report_snapshot_outcome"));
   std::vector<std::string> tenants;
   CLM_RETURN_IF_ERROR(tenants_of(ids, "report_snapshot_outcome", tenants));
-  std::vector<SuffixKey> served(ids.size());
+  std::vector<SuffixKey> queries(ids.size());
+  std::vector<SnapshotHit> served(ids.size());
   {
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < ids.size(); ++i) {
       Sequence* seq = nullptr;
       CLM_RETURN_IF_ERROR(find(ids[i], "report_snapshot_outcome", seq));
-      if (seq->served.key.empty()) {
+      if (seq->served.level == SnapshotLevel::miss) {
         return failed_precondition(fmt::format(
             "report_snapshot_outcome: sequence {} was served no snapshot by its last lookup, or it was reported",
             ids[i]));
@@ -136,12 +140,14 @@ inline Status Engine::report_snapshot_outcome(std::span<const SequenceId> ids, s
     }
     for (std::size_t i = 0; i < ids.size(); ++i) {  // one report per served snapshot
       Sequence& seq = *sequences_.find(ids[i])->second;
+      queries[i] = std::move(seq.looked_up);
       served[i] = std::move(seq.served);
-      seq.served = SuffixKey{};
+      seq.looked_up = SuffixKey{};
+      seq.served = SnapshotHit{};
     }
   }
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    CLM_RETURN_IF_ERROR(store_->report_outcome(tenants[i], served[i], correct[i] != 0));
+    CLM_RETURN_IF_ERROR(store_->report_outcome(tenants[i], queries[i], served[i], correct[i] != 0));
   }
   return {};
 }

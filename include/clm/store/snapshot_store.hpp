@@ -78,10 +78,16 @@
 // candidates end by the same deadline; past it the lookup answers miss
 // (counted as busy_misses);
 // writes wait write_busy_timeout_ms and then fail with io_error. (b)
-// report_outcome feeds a per-key accuracy over blacklist_window_ms; below
-// blacklist_accuracy (with at least blacklist_min_reports reports) the key is
-// blacklisted for blacklist_duration_ms, persisted in its shard, and skipped
-// before any lookup. (c) a missing, stale-beyond-repair or corrupt index file
+// report_outcome feeds an accuracy per (query key, served key) over
+// blacklist_window_ms (at most the last 512 reports; at most
+// blacklist_tracked_pairs pairs, the least recently reported forgotten
+// first). Below blacklist_accuracy (with at least blacklist_min_reports
+// reports): a key served for itself (level 1) is blacklisted for
+// blacklist_duration_ms, persisted in its shard, and skipped before any
+// lookup; a key served for another (level 2, a fallback) is refused to that
+// query key only for as long (in memory: a restart forgets it), since a wrong
+// answer to another question says nothing of its own exact hits; a key
+// refused to 8 query keys at once is blacklisted. (c) a missing, stale-beyond-repair or corrupt index file
 // is rebuilt from the database on a background thread; level 1 keeps serving
 // and level 2 answers miss for that shard and tenant until it is done.
 //
@@ -160,8 +166,9 @@ struct SnapshotStoreConfig {
   double blacklist_accuracy = 0.95;           // (b)
   std::int64_t blacklist_window_ms = 5 * 60 * 1000;
   std::int64_t blacklist_duration_ms = 24 * 60 * 60 * 1000;
-  std::int32_t blacklist_min_reports = 20;
-  bool rebuild_in_background = true;  // (c) false: open() rebuilds before it returns
+  std::int32_t blacklist_min_reports = 20;      // 1..512
+  std::int32_t blacklist_tracked_pairs = 4096;  // (query key, served key) windows kept (LRU; 1..1048576)
+  bool rebuild_in_background = true;            // (c) false: open() rebuilds before it returns
 
   // Milliseconds since the Unix epoch; tests pass their own clock.
   std::function<std::int64_t()> clock_ms;  // empty: the system clock
@@ -238,8 +245,10 @@ struct SnapshotStoreMetrics {
   std::uint64_t corrupt_skipped = 0;   // rows whose checksum or header failed
   std::uint64_t index_rebuilds = 0;    // index files rebuilt from the database
   std::uint64_t outcome_reports = 0;
-  std::int64_t snapshots = 0;         // rows stored now
-  std::int64_t blacklisted_keys = 0;  // keys blacklisted now
+  std::uint64_t blocked_pair_skips = 0;  // level-2 candidates and fallbacks refused to one query key by (b)
+  std::int64_t snapshots = 0;            // rows stored now
+  std::int64_t blacklisted_keys = 0;     // keys blacklisted now
+  std::int64_t blocked_pairs = 0;        // (query key, served key) pairs refused now by (b)
 };
 
 struct EvictionReport {
@@ -363,7 +372,11 @@ class SnapshotStore {
   // not committed says not_written. outcomes: [records.size()].
   Status record_batch(std::span<const SnapshotRecord> records, std::span<RecordOutcome> outcomes);
 
-  // Breaker (b): whether serving `key` to this tenant was right.
+  // Breaker (b): whether what a lookup of `query` served was right. served:
+  // that lookup's hit (its key and fingerprint; at level 2 or 3 another
+  // key's). failed_precondition for a miss.
+  Status report_outcome(std::string_view tenant, const SuffixKey& query, const SnapshotHit& served, bool correct);
+  // The same for a key served for itself (level 1).
   Status report_outcome(std::string_view tenant, const SuffixKey& key, bool correct);
   bool is_blacklisted(std::string_view tenant, const SuffixKey& key);
 
@@ -402,7 +415,8 @@ class SnapshotStore {
   // now), persisted with the reason (1..1024 bytes); replaces an entry the
   // key already has. The key need not be stored yet.
   Status blacklist_key(std::string_view tenant, const SuffixKey& key, std::string_view reason, std::int64_t until_ms);
-  // Lifts a key's blacklist entry (by hand or breaker) and forgets the
+  // Lifts a key's blacklist entry (by hand or breaker), the refusals of it
+  // to single query keys (breaker (b)'s pair blocks), and forgets the
   // outcomes reported for it. not_found when it has none in force.
   Status unblacklist_key(std::string_view tenant, const SuffixKey& key);
   // The entries in force, by tenant and key.

@@ -310,9 +310,10 @@ impl Engine {
     }
 
     /// Whether the snapshot the last lookup served each sequence was right
-    /// (`clm_engine_report_snapshot_outcome`): a key whose accuracy falls is
-    /// blacklisted for its tenant. A sequence served nothing is
-    /// `FailedPrecondition`.
+    /// (`clm_engine_report_snapshot_outcome`), counted per (key looked up,
+    /// key served): a key whose accuracy falls for itself is blacklisted for
+    /// its tenant; one served wrongly for another key is refused to that key
+    /// only. A sequence served nothing is `FailedPrecondition`.
     pub fn report_snapshot_outcome(&self, seqs: &[&Sequence], correct: &[bool]) -> Result<()> {
         const F: &str = "clm_engine_report_snapshot_outcome";
         expect_len(F, "correct", correct.len(), seqs.len(), "one per sequence")?;
