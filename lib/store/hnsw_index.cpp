@@ -139,7 +139,7 @@ Status check_layout(const std::string& bytes, std::size_t dim, const std::string
   const std::size_t links0 = max_m0 * sizeof(unsigned int) + sizeof(unsigned int);
   if (!header || m < 2 || m > 10000 || max_m0 != 2 * m || max_m != m || count > max_elements ||
       per_element != links0 + dim * sizeof(float) + sizeof(hnswlib::labeltype) || offset_data != links0 ||
-      label_offset != links0 + dim * sizeof(float) || (count > 0 && entry >= count) || max_level < 0) {
+      label_offset != links0 + dim * sizeof(float) || (count > 0 && (entry >= count || max_level < 0))) {
     return invalid_argument(fmt::format("hnsw index {}: the header does not describe a {}-d index", path, dim));
   }
   if (count > (bytes.size() - at) / per_element) return invalid_argument(fmt::format("hnsw index {}: truncated", path));
@@ -226,6 +226,12 @@ Status HnswIndex::load(const std::string& path, const HnswParams& params, std::u
   try {
     auto impl = std::make_unique<Impl>(params);
     impl->index = std::make_unique<hnswlib::HierarchicalNSW<float>>(&impl->space, path, false, 0);
+    // hnswlib 0.6.2's loading constructor leaves num_deleted_ uninitialised
+    // and then adds the deleted marks to it: count them again.
+    impl->index->num_deleted_ = 0;
+    for (std::size_t i = 0; i < impl->index->cur_element_count; ++i) {
+      impl->index->num_deleted_ += impl->index->isMarkedDeleted(static_cast<hnswlib::tableint>(i)) ? 1 : 0;
+    }
     for (const auto& [label, internal] : impl->index->label_lookup_) {
       impl->max_label = std::max(impl->max_label, static_cast<std::int64_t>(label));
     }
@@ -238,35 +244,69 @@ Status HnswIndex::load(const std::string& path, const HnswParams& params, std::u
   }
 }
 
-Status HnswIndex::write_unsynced(const std::string& path, PendingSave& out) const {
-  static std::atomic<std::uint64_t> counter{0};
+Status HnswIndex::serialize(const std::string& path, PendingSave& out) const try {
+  const auto& x = *impl_->index;
   out.path = path;
   out.dim = impl_->params.dim;
-  out.tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
-  try {
-    impl_->index->saveIndex(out.tmp);
-  } catch (const std::exception& e) {
-    std::remove(out.tmp.c_str());
-    return {StatusCode::io_error, fmt::format("hnsw index {}: {}", path, e.what())};
+  out.bytes.clear();
+  // hnswlib's saveIndex, field for field, into memory.
+  auto put = [&](const auto& pod) { out.bytes.append(reinterpret_cast<const char*>(&pod), sizeof pod); };
+  std::size_t links_bytes = 0;
+  for (std::size_t i = 0; i < x.cur_element_count; ++i) {
+    links_bytes +=
+        x.element_levels_[i] > 0 ? x.size_links_per_element_ * static_cast<std::size_t>(x.element_levels_[i]) : 0;
+  }
+  out.bytes.reserve(128 + x.cur_element_count * (x.size_data_per_element_ + sizeof(unsigned int)) + links_bytes);
+  put(x.offsetLevel0_);
+  put(x.max_elements_);
+  put(x.cur_element_count);
+  put(x.size_data_per_element_);
+  put(x.label_offset_);
+  put(x.offsetData_);
+  put(x.maxlevel_);
+  put(x.enterpoint_node_);
+  put(x.maxM_);
+  put(x.maxM0_);
+  put(x.M_);
+  put(x.mult_);
+  put(x.ef_construction_);
+  out.bytes.append(x.data_level0_memory_, x.cur_element_count * x.size_data_per_element_);
+  for (std::size_t i = 0; i < x.cur_element_count; ++i) {
+    const unsigned int size =
+        x.element_levels_[i] > 0
+            ? static_cast<unsigned int>(x.size_links_per_element_ * static_cast<std::size_t>(x.element_levels_[i]))
+            : 0u;
+    put(size);
+    if (size) out.bytes.append(x.linkLists_[i], size);
   }
   return {};
+} catch (const std::bad_alloc&) {
+  out.bytes.clear();
+  return out_of_memory(fmt::format("hnsw index {}: out of host memory for its save", path));
 }
 
 Status HnswIndex::publish(const PendingSave& save) {
+  static std::atomic<std::uint64_t> counter{0};
   const std::string& path = save.path;
-  const std::string meta_tmp = save.tmp + ".meta";
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
+  const std::string meta_tmp = tmp + ".meta";
   auto discard = [&] {
-    std::remove(save.tmp.c_str());
+    std::remove(tmp.c_str());
     std::remove(meta_tmp.c_str());
   };
-  // saveIndex reports no write error: read the file back and check it whole.
-  std::string bytes;
-  Status read = read_file(save.tmp, bytes);
-  if (read.ok()) read = check_layout(bytes, static_cast<std::size_t>(save.dim), save.tmp);
-  if (!read.ok()) {
-    discard();
-    return {StatusCode::io_error, fmt::format("hnsw index: writing {} failed ({})", path, read.message())};
+  // What serialize copied must describe the index whole before it replaces a file.
+  Status checked = check_layout(save.bytes, static_cast<std::size_t>(save.dim), path);
+  if (!checked.ok()) return {StatusCode::internal, fmt::format("hnsw index: not saved: {}", checked.message())};
+  {
+    std::ofstream data(tmp, std::ios::binary | std::ios::trunc);
+    data.write(save.bytes.data(), static_cast<std::streamsize>(save.bytes.size()));
+    data.flush();
+    if (!data) {
+      discard();
+      return io_failure("hnsw index: cannot write", tmp);
+    }
   }
+  const std::string& bytes = save.bytes;
   {
     std::ofstream meta(meta_tmp, std::ios::binary | std::ios::trunc);
     meta << fmt::format("CLMHNSW1 dim={} size={} checksum={:x}\n", save.dim, bytes.size(), key_fingerprint(bytes));
@@ -276,7 +316,7 @@ Status HnswIndex::publish(const PendingSave& save) {
       return io_failure("hnsw index: cannot write", meta_tmp);
     }
   }
-  Status synced = fsync_path(save.tmp);
+  Status synced = fsync_path(tmp);
   if (synced.ok()) synced = fsync_path(meta_tmp);
   if (!synced.ok()) {
     discard();
@@ -284,7 +324,7 @@ Status HnswIndex::publish(const PendingSave& save) {
   }
   // Index first, then its meta: a crash between the two leaves a checksum
   // that does not match, which load reports and the store answers by rebuilding.
-  if (std::rename(save.tmp.c_str(), path.c_str()) != 0) {
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     discard();
     return io_failure("hnsw index: cannot rename onto", path);
   }

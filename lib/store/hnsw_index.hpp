@@ -9,7 +9,7 @@
 // end of a vector, never runs. Labels are the database's row ids.
 //
 // Files: hnswlib's saveIndex format, and beside it a .meta line ("CLMHNSW1",
-// dim, size, FNV-1a 64 of the index file). A save (write_unsynced, then
+// dim, size, FNV-1a 64 of the index file). A save (serialize, then
 // publish) writes temporary files, fsyncs them and renames them over the old
 // ones; load verifies size, checksum and hnswlib's layout before hnswlib reads
 // a byte, so a corrupt or truncated file is an error, never a crash. Not
@@ -42,15 +42,19 @@ class HnswIndex {
   ~HnswIndex();
 
   // Saving in two steps, so that the caller's lock covers only the first:
-  // write_unsynced writes the graph to a temporary file (what must not race
-  // with changes to the index: memory to page cache), publish checks it
-  // whole, writes the .meta, fsyncs and renames both (the slow part, which
-  // needs no lock).
+  // serialize copies the graph into memory (what must not race with changes
+  // to the index; no file is touched), publish checks the bytes whole,
+  // writes them and the .meta to temporary files, fsyncs and renames both
+  // (all the I/O, which needs no lock). The bytes are hnswlib's own
+  // saveIndex format, byte for byte (tests/store/test_hnsw_index.cpp): a
+  // save costs one copy of the index in memory while it is written.
   struct PendingSave {
-    std::string path, tmp;
+    std::string path;
+    std::string bytes;
     std::int32_t dim = 0;
+    std::uint64_t generation = 0;  // the caller's order of serialize calls: an older save never replaces a newer
   };
-  Status write_unsynced(const std::string& path, PendingSave& out) const;
+  Status serialize(const std::string& path, PendingSave& out) const;
   static Status publish(const PendingSave& save);
   // Adds (or, for a label already present, replaces) a unit vector.
   Status add(std::span<const float> unit_vector, std::int64_t label);

@@ -138,6 +138,12 @@ Status SnapshotStore::delete_tenant(std::string_view tenant, TenantDeletionRepor
       if (left != shard.indexes.end() && !left->second.rebuilding) {
         // Rows the index file held that the database no longer has.
         if (!shard.settings().dir.empty()) {
+          {
+            // A save serialized before this (a flush finishing without the
+            // shard lock) must not bring the file back.
+            std::lock_guard save_lock(shard.save_mutex);
+            shard.published_generation[shard.index_path(tenant)] = ++shard.save_generation;
+          }
           std::error_code ec;
           std::filesystem::remove(shard.index_path(tenant), ec);
           std::filesystem::remove(shard.index_path(tenant) + ".meta", ec);

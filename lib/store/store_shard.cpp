@@ -926,7 +926,8 @@ Status StoreShard::begin_index_saves(bool only_dirty, std::vector<HnswIndex::Pen
   for (auto& [tenant, t] : indexes) {
     if (!t.index || t.rebuilding || (only_dirty && !t.dirty)) continue;
     HnswIndex::PendingSave save;
-    CLM_RETURN_IF_ERROR(t.index->write_unsynced(index_path(tenant), save));
+    CLM_RETURN_IF_ERROR(t.index->serialize(index_path(tenant), save));
+    save.generation = ++save_generation;
     out.push_back(std::move(save));
     t.dirty = false;  // set again by the next change; a failed publish is repaired at the next open
   }
@@ -937,6 +938,11 @@ Status StoreShard::finish_saves(const std::vector<HnswIndex::PendingSave>& saves
   std::lock_guard lock(save_mutex);
   Status first;
   for (const auto& save : saves) {
+    // Two flushes may finish in the other order than they began: the
+    // later copy of an index stays on disk.
+    std::uint64_t& published = published_generation[save.path];
+    if (save.generation < published) continue;
+    published = save.generation;
     Status s = HnswIndex::publish(save);
     if (first.ok() && !s.ok()) first = std::move(s);
   }

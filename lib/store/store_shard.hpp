@@ -262,7 +262,9 @@ class StoreShard {
   // finish_saves after releasing it, so lookups never wait for an fsync.
   Status begin_index_saves(bool only_dirty, std::vector<HnswIndex::PendingSave>& out);
   Status finish_saves(const std::vector<HnswIndex::PendingSave>& saves);
-  std::mutex save_mutex;  // orders finish_saves of this shard (taken without `mutex`)
+  std::mutex save_mutex;              // orders finish_saves of this shard (taken without `mutex`)
+  std::uint64_t save_generation = 0;  // under `mutex`: serialize calls so far
+  std::unordered_map<std::string, std::uint64_t> published_generation;  // under save_mutex, by index path
 
  private:
   explicit StoreShard(const ShardSettings& settings) : settings_(settings) {}

@@ -92,8 +92,9 @@
 // and level 2 answers miss for that shard and tenant until it is done.
 //
 // Durability: a record returns once its transaction committed (WAL). Index
-// files are written on flush(), evict(), rebuild and close (temporary file,
-// fsync, rename, checksum trailer); rows committed after the last save are
+// files are written on flush(), evict(), rebuild and close (copied in memory
+// under the shard's lock, then written to a temporary file, fsynced and
+// renamed, with a checksum trailer, without it); rows committed after the last save are
 // added to the index when the store opens. A process killed at any point
 // loses no committed snapshot. Usage counts of lookups (usage_count, and
 // last_used: each row's latest lookup time) are batched in memory and written
