@@ -83,11 +83,12 @@ void SnapshotStore::Impl::stop_rebuilds() {
   if (rebuild_thread.joinable()) rebuild_thread.join();
 }
 
-SnapshotStore::SnapshotStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SnapshotStore::SnapshotStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { impl_->owner = this; }
 
 SnapshotStore::~SnapshotStore() {
   impl_->stop_rebuilds();  // before the flush, so that no rebuild changes an index while it is saved
-  (void)flush();           // a destructor cannot report: what failed to save is rebuilt at the next open
+  // A destructor cannot report: what failed to save is rebuilt at the next open.
+  if (!impl_->config.read_only) (void)flush();
 }
 
 const SnapshotStoreConfig& SnapshotStore::config() const { return impl_->config; }
@@ -107,7 +108,12 @@ Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<Sn
                                   config.blacklist_duration_ms, config.blacklist_tracked_pairs});
   CLM_RETURN_IF_ERROR(SuffixKeyer::create(config.keyer, impl->keyer));
   const bool memory = config.path == ":memory:";
-  if (!memory) {
+  if (config.read_only) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(config.path, ec)) {
+      return not_found(fmt::format("snapshot store {}: no store to open read-only", config.path));
+    }
+  } else if (!memory) {
     std::error_code ec;
     std::filesystem::create_directories(config.path, ec);
     if (ec) {
@@ -134,29 +140,77 @@ Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<Sn
   for (const auto& shard : impl->shards) CLM_RETURN_IF_ERROR(shard->check_serving());
   for (auto& shard : impl->shards) CLM_RETURN_IF_ERROR(shard->start(true));
   Impl& im = *impl;
-  const std::int64_t now = im.now_ms();
+  CLM_RETURN_IF_ERROR(im.load_admin_state());
   for (auto& shard : im.shards) {
     std::lock_guard lock(shard->mutex);
-    CLM_RETURN_IF_ERROR(shard->load_blacklist([&](std::string_view tenant, std::uint64_t fp, std::int64_t until) {
-      if (until >= now) im.blacklist[tenant_key(tenant, fp)] = until;
-      im.blacklist_size = im.blacklist.size();
-    }));
-    CLM_RETURN_IF_ERROR(shard->load_pins([&](std::string_view tenant, std::uint64_t fp, std::int32_t version) {
-      im.pins[tenant_key(tenant, fp)] = version;
-      im.pins_size = im.pins.size();
-    }));
-    std::uint64_t corrupt = 0;
-    CLM_RETURN_IF_ERROR(
-        shard->load_fallbacks([&](std::string_view tenant, std::string_view name,
-                                  std::vector<float>& v) { im.fallbacks[fallback_key(tenant, name)] = v; },
-                              corrupt));
     std::int64_t rows = 0;
     CLM_RETURN_IF_ERROR(shard->count_rows(rows));
     im.m.snapshots += rows;
-    im.m.corrupt_skipped += corrupt;
   }
   for (std::int32_t s = 0; s < config.num_shards; ++s) CLM_RETURN_IF_ERROR(im.open_indexes(s));
+  const bool background = config.read_only || config.maintenance_interval_ms > 0;
   out.reset(new SnapshotStore(std::move(impl)));
+  // A reader's refresh of the blacklist, pins and fallbacks; a writer's maintenance.
+  if (background) out->impl_->start_background();
+  return {};
+}
+
+void SnapshotStore::Impl::run_maintenance() {
+  SnapshotStore* store = owner.load();
+  if (store == nullptr) return;
+  EvictionReport report;
+  Status s = store->evict(report);
+  if (s.ok()) s = store->flush();
+  count([&](SnapshotStoreMetrics& x) {
+    ++x.maintenance_runs;
+    x.maintenance_failures += s.ok() ? 0 : 1;
+  });
+  std::lock_guard lock(maintenance_mutex);
+  maintenance_status = std::move(s);
+}
+
+Status SnapshotStore::last_maintenance() const {
+  std::lock_guard lock(impl_->maintenance_mutex);
+  return impl_->maintenance_status;
+}
+
+Status SnapshotStore::Impl::load_admin_state() {
+  const std::int64_t now = now_ms();
+  std::unordered_map<std::string, std::int64_t> new_blacklist;
+  std::unordered_map<std::string, std::int32_t> new_pins;
+  std::unordered_map<std::string, std::vector<float>> new_fallbacks;
+  std::uint64_t corrupt = 0;
+  for (auto& shard : shards) {
+    std::lock_guard lock(shard->mutex);
+    CLM_RETURN_IF_ERROR(shard->load_blacklist([&](std::string_view tenant, std::uint64_t fp, std::int64_t until) {
+      if (until >= now) new_blacklist[tenant_key(tenant, fp)] = until;
+    }));
+    CLM_RETURN_IF_ERROR(shard->load_pins([&](std::string_view tenant, std::uint64_t fp, std::int32_t version) {
+      new_pins[tenant_key(tenant, fp)] = version;
+    }));
+    CLM_RETURN_IF_ERROR(
+        shard->load_fallbacks([&](std::string_view tenant, std::string_view name,
+                                  std::vector<float>& v) { new_fallbacks[fallback_key(tenant, name)] = v; },
+                              corrupt));
+  }
+  {
+    std::lock_guard lock(breaker_mutex);
+    blacklist = std::move(new_blacklist);
+    blacklist_size = blacklist.size();
+  }
+  {
+    std::lock_guard lock(pin_mutex);
+    pins = std::move(new_pins);
+    pins_size = pins.size();
+  }
+  {
+    std::lock_guard lock(fallback_mutex);
+    fallbacks = std::move(new_fallbacks);
+  }
+  if (!loaded_admin_state_once) {  // counted once: a reader's refresh reads the same rows again
+    loaded_admin_state_once = true;
+    count([&](SnapshotStoreMetrics& x) { x.corrupt_skipped += corrupt; });
+  }
   return {};
 }
 
@@ -248,7 +302,7 @@ Status SnapshotStore::Impl::build_index(std::int32_t s, const std::string& tenan
   t.labels = std::move(labels);
   t.index = std::move(index);
   t.rebuilding = false;
-  t.dirty = true;
+  t.dirty = !config.read_only;  // a reader keeps its rebuilt index in memory
   std::vector<HnswIndex::PendingSave> saves;
   CLM_RETURN_IF_ERROR(shard.begin_index_saves(true, saves));
   lock.unlock();
@@ -273,11 +327,41 @@ void SnapshotStore::Impl::queue_rebuild(std::int32_t s, const std::string& tenan
   rebuild_cv.notify_all();
 }
 
+void SnapshotStore::Impl::start_background() {
+  std::lock_guard lock(rebuild_mutex);
+  if (!rebuild_thread.joinable()) rebuild_thread = std::thread([this] { rebuild_loop(); });
+}
+
+// The background thread: queued rebuilds and usage flushes, and on a timer a
+// reader's refresh and a writer's scheduled maintenance.
 void SnapshotStore::Impl::rebuild_loop() {
+  using Clock = std::chrono::steady_clock;
+  const std::int64_t period_ms = config.read_only ? config.read_only_refresh_ms : config.maintenance_interval_ms;
+  Clock::time_point next_tick = Clock::now() + std::chrono::milliseconds(period_ms);
   std::unique_lock lock(rebuild_mutex);
   while (true) {
-    rebuild_cv.wait(lock, [&] { return stopping || !rebuild_queue.empty(); });
+    auto ready = [&] { return stopping || !rebuild_queue.empty(); };
+    if (period_ms > 0) {
+      rebuild_cv.wait_until(lock, next_tick, ready);
+    } else {
+      rebuild_cv.wait(lock, ready);
+    }
     if (stopping) return;
+    if (period_ms > 0 && Clock::now() >= next_tick) {
+      ++rebuilds_running;
+      lock.unlock();
+      if (config.read_only) {
+        (void)load_admin_state();  // a busy or failing database keeps the state it had; tried again next tick
+      } else {
+        run_maintenance();
+      }
+      next_tick = Clock::now() + std::chrono::milliseconds(period_ms);
+      lock.lock();
+      --rebuilds_running;
+      rebuild_cv.notify_all();
+      continue;
+    }
+    if (rebuild_queue.empty()) continue;
     const RebuildJob job = rebuild_queue.front();
     rebuild_queue.pop_front();
     ++rebuilds_running;
@@ -314,6 +398,7 @@ void SnapshotStore::wait_for_rebuilds() {
 }
 
 Status SnapshotStore::rebuild_indexes() try {
+  CLM_RETURN_IF_ERROR(impl_->writable("rebuild_indexes"));
   wait_for_rebuilds();
   for (std::int32_t s = 0; s < impl_->config.num_shards; ++s) {
     StoreShard& shard = *impl_->shards[static_cast<std::size_t>(s)];
@@ -453,9 +538,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
     hit.version = chosen.version;
     hit.stable = stable;
     hit.pinned = pinned != 0;
-    shard.note_usage(chosen.id, im.now_ms() / 1000);
-    // Written by the background thread, never here: a lookup never waits for a disk write.
-    if (shard.pending_usage() >= kUsageFlushRows) im.queue_usage_flush(im.shard_of(tenant, key.group));
+    im.note_usage(shard, chosen.id, im.shard_of(tenant, key.group));
     im.count([](SnapshotStoreMetrics& x) { ++x.hits_exact; });
     return {};
   }
@@ -557,8 +640,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
         hit.version = hit.candidates[c].version;
         hit.pinned = im.pinned_version(tenant, hit.fingerprint) == hit.version;
         hit.candidates.erase(hit.candidates.begin(), hit.candidates.begin() + static_cast<std::ptrdiff_t>(c));
-        shard.note_usage(r.id, im.now_ms() / 1000);
-        if (shard.pending_usage() >= kUsageFlushRows) im.queue_usage_flush(im.shard_of(tenant, key.group));
+        im.note_usage(shard, r.id, im.shard_of(tenant, key.group));
         im.count([](SnapshotStoreMetrics& x) { ++x.hits_ann; });
         return {};
       }
@@ -694,6 +776,7 @@ Status SnapshotStore::record(std::string_view tenant, const SuffixKey& key, std:
 }
 
 Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std::span<RecordOutcome> outcomes) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("record_batch"));
   Impl& im = *impl_;
   if (outcomes.size() != records.size()) {
     return invalid_argument(fmt::format("record_batch: {} records but {} outcomes", records.size(), outcomes.size()));
@@ -796,6 +879,7 @@ Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& k
 
 Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& query, const SnapshotHit& served,
                                      bool correct) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("report_outcome"));
   Impl& im = *impl_;
   CLM_RETURN_IF_ERROR(check_key(query, tenant, "report_outcome"));
   if (served.level == SnapshotLevel::miss || served.key.empty()) {
@@ -834,6 +918,7 @@ bool SnapshotStore::is_blacklisted(std::string_view tenant, const SuffixKey& key
 
 Status SnapshotStore::set_fallback(std::string_view tenant, std::string_view name,
                                    std::span<const float> snapshot) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("set_fallback"));
   Impl& im = *impl_;
   if (name.empty() || name.size() > kMaxNameBytes) {
     return invalid_argument(fmt::format("set_fallback: the name must have 1..{} bytes", kMaxNameBytes));
@@ -856,6 +941,7 @@ Status SnapshotStore::set_fallback(std::string_view tenant, std::string_view nam
 }
 
 Status SnapshotStore::evict(EvictionReport& report) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("evict"));
   Impl& im = *impl_;
   report = {};
   const std::int64_t now_ms = im.now_ms();
@@ -897,6 +983,7 @@ Status SnapshotStore::evict(EvictionReport& report) try {
 }
 
 Status SnapshotStore::flush() try {
+  CLM_RETURN_IF_ERROR(impl_->writable("flush"));
   for (auto& shard : impl_->shards) {
     std::vector<HnswIndex::PendingSave> saves;
     {

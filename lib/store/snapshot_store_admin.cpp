@@ -77,6 +77,7 @@ Status SnapshotStore::list_versions(std::string_view tenant, const SuffixKey& ke
 }
 
 Status SnapshotStore::delete_key(std::string_view tenant, const SuffixKey& key, std::int64_t& rows_deleted) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("delete_key"));
   Impl& im = *impl_;
   rows_deleted = 0;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "delete_key"));
@@ -115,6 +116,7 @@ Status SnapshotStore::delete_key(std::string_view tenant, const SuffixKey& key, 
 }
 
 Status SnapshotStore::delete_tenant(std::string_view tenant, TenantDeletionReport& report) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("delete_tenant"));
   Impl& im = *impl_;
   report = {};
   if (tenant.size() > kMaxTenantBytes) return invalid_argument("delete_tenant: tenant too long");
@@ -185,6 +187,7 @@ Status SnapshotStore::delete_tenant(std::string_view tenant, TenantDeletionRepor
 
 Status SnapshotStore::blacklist_key(std::string_view tenant, const SuffixKey& key, std::string_view reason,
                                     std::int64_t until_ms) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("blacklist_key"));
   Impl& im = *impl_;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "blacklist_key"));
   if (reason.empty() || reason.size() > kMaxReasonBytes) {
@@ -211,6 +214,7 @@ Status SnapshotStore::blacklist_key(std::string_view tenant, const SuffixKey& ke
 }
 
 Status SnapshotStore::unblacklist_key(std::string_view tenant, const SuffixKey& key) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("unblacklist_key"));
   Impl& im = *impl_;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "unblacklist_key"));
   if (!im.blacklisted(tenant, key.fingerprint)) {
@@ -258,6 +262,7 @@ Status SnapshotStore::list_blacklist(std::vector<BlacklistEntry>& out) try {
 }
 
 Status SnapshotStore::pin_version(std::string_view tenant, const SuffixKey& key, std::int32_t version) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("pin_version"));
   Impl& im = *impl_;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "pin_version"));
   StoreShard& shard = im.shard_for(tenant, key.group);
@@ -289,6 +294,7 @@ Status SnapshotStore::pin_version(std::string_view tenant, const SuffixKey& key,
 }
 
 Status SnapshotStore::unpin_version(std::string_view tenant, const SuffixKey& key) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("unpin_version"));
   Impl& im = *impl_;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "unpin_version"));
   if (im.pinned_version(tenant, key.fingerprint) == 0) {
@@ -311,6 +317,7 @@ Status SnapshotStore::unpin_version(std::string_view tenant, const SuffixKey& ke
 
 Status SnapshotStore::roll_back(std::string_view tenant, const SuffixKey& key, std::int32_t version,
                                 std::int64_t& rows_deleted) try {
+  CLM_RETURN_IF_ERROR(impl_->writable("roll_back"));
   Impl& im = *impl_;
   rows_deleted = 0;
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "roll_back"));

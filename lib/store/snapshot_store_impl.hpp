@@ -128,6 +128,9 @@ inline Status check_key(const SuffixKey& key, std::string_view tenant, const cha
 inline Status check_config(const SnapshotStoreConfig& c) {
   auto bad = [](std::string m) { return invalid_argument("snapshot store config: " + std::move(m)); };
   if (c.path.empty()) return bad("path is empty (a directory, or \":memory:\")");
+  if (c.read_only && c.path == ":memory:") return bad("read_only needs a store directory, not \":memory:\"");
+  if (c.read_only_refresh_ms < 1) return bad("read_only_refresh_ms must be >= 1");
+  if (c.maintenance_interval_ms < 0) return bad("maintenance_interval_ms must be >= 0 (0: off)");
   if (c.num_shards < 1 || c.num_shards > 256) return bad(fmt::format("num_shards {} is not in [1, 256]", c.num_shards));
   if (c.snapshot_dim < 1 || c.snapshot_dim > 4096)
     return bad(fmt::format("snapshot_dim {} is not in [1, 4096]", c.snapshot_dim));
@@ -252,6 +255,7 @@ inline store_detail::ShardSettings shard_settings(const SnapshotStoreConfig& con
   settings.hnsw = {config.snapshot_dim, config.ann_m, config.ann_ef_construction};
   settings.write_busy_timeout_ms = config.write_busy_timeout_ms;
   settings.key_rules = rules;
+  settings.read_only = config.read_only;
   return settings;
 }
 
@@ -345,6 +349,23 @@ struct SnapshotStore::Impl {
 
   std::int64_t now_ms() const { return config.clock_ms ? config.clock_ms() : store_impl::system_clock_ms(); }
 
+  // Counts a lookup's use of row `id` (written by the background thread once
+  // kUsageFlushRows wait, never by the lookup); a reader counts nothing.
+  void note_usage(store_impl::StoreShard& shard, std::int64_t id, std::int32_t s) {
+    if (config.read_only) return;
+    shard.note_usage(id, now_ms() / 1000);
+    if (shard.pending_usage() >= store_impl::kUsageFlushRows) queue_usage_flush(s);
+  }
+  // failed_precondition for a write on a read-only store.
+  Status writable(const char* what) const {
+    if (!config.read_only) return {};
+    return failed_precondition(fmt::format("{}: the snapshot store {} is open read-only", what, config.path));
+  }
+  // Reads every shard's blacklist, pins and fallbacks into memory (open, and
+  // a reader's refresh): the maps are replaced whole, so a lookup sees the
+  // old or the new state, never half of one.
+  Status load_admin_state();
+
   std::int32_t shard_of(std::string_view tenant, std::uint64_t group) const {
     return store_impl::route(ring, tenant, group);
   }
@@ -409,6 +430,12 @@ struct SnapshotStore::Impl {
   void queue_usage_flush(std::int32_t s);
   void queue_rebuild(std::int32_t s, const std::string& tenant, bool keep_serving = false);
   void rebuild_loop();
+  void start_background();                     // the background thread, for a reader's refresh or scheduled maintenance
+  void run_maintenance();                      // flush, evict (with its vacuum); counted in metrics
+  std::atomic<SnapshotStore*> owner{nullptr};  // the public object (maintenance calls its evict and flush)
+  mutable std::mutex maintenance_mutex;
+  Status maintenance_status;  // the last run's
+  bool loaded_admin_state_once = false;
   Status record_in_shard(store_impl::StoreShard& shard, std::string_view tenant, const SuffixKey& key,
                          std::vector<float>& unit, RecordOutcome& outcome, std::vector<store_impl::IndexAdd>& adds,
                          std::vector<store_impl::IndexRemoval>& removals);

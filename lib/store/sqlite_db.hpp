@@ -96,8 +96,11 @@ class SqliteDb {
   SqliteDb(const SqliteDb&) = delete;
   SqliteDb& operator=(const SqliteDb&) = delete;
 
-  Status open(const std::string& path) {
-    const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;  // the shard lock serialises
+  // read_only: SQLITE_OPEN_READONLY (a WAL database is read beside its
+  // writer; nothing is created).
+  Status open(const std::string& path, bool read_only = false) {
+    const int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
+                      SQLITE_OPEN_NOMUTEX;  // the shard lock serialises
     const int rc = sqlite3_open_v2(path.c_str(), &db_, flags, nullptr);
     if (rc != SQLITE_OK) return error(rc, fmt::format("cannot open {}", path));
     sqlite3_extended_result_codes(db_, 1);

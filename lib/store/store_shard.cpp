@@ -96,7 +96,7 @@ std::string StoreShard::db_path() const {
 }
 
 Status StoreShard::connect() {
-  CLM_RETURN_IF_ERROR(db_.open(db_path()));
+  CLM_RETURN_IF_ERROR(db_.open(db_path(), settings_.read_only));
   connected_ = true;
   sqlite3_busy_handler(db_.handle(), &StoreShard::busy_handler, this);
   set_write_deadline();
@@ -108,6 +108,9 @@ Status StoreShard::open(const ShardSettings& settings, std::unique_ptr<StoreShar
   const std::string path = shard->db_path();
   std::error_code ec;
   if (settings.dir.empty() || !std::filesystem::exists(path, ec)) {  // made by start(), after every check
+    if (settings.read_only) {
+      return not_found(fmt::format("snapshot store {}: no shard {} to open read-only", settings.dir, settings.index));
+    }
     out = std::move(shard);
     return {};
   }
@@ -215,6 +218,19 @@ Status StoreShard::start(bool serving) {
   };
   if (!connected_) {
     if (Status s = connect(); !s.ok()) return failed(s);
+  }
+  if (settings_.read_only) {
+    if (fresh_) return not_found(fmt::format("snapshot store {}: shard {} holds no store yet", path, settings_.index));
+    if (format() < kStoreFormat) {
+      return failed_precondition(fmt::format(
+          "snapshot store {}: store format {} must be migrated first: open it once read-write", path, format()));
+    }
+    // No pragma that could write: query_only makes any write an error too.
+    if (Status s = db_.exec("PRAGMA query_only = ON;"); !s.ok()) return failed(s);
+    if (serving) {
+      if (Status s = prepare_all(); !s.ok()) return failed(s);
+    }
+    return {};
   }
   // auto_vacuum must be set before the first table exists (a no-op on an
   // existing database); journal_mode cannot change inside a transaction.
@@ -922,7 +938,7 @@ TenantIndex& StoreShard::tenant_index(std::string_view tenant) {
 }
 
 Status StoreShard::begin_index_saves(bool only_dirty, std::vector<HnswIndex::PendingSave>& out) {
-  if (settings_.dir.empty()) return {};
+  if (settings_.dir.empty() || settings_.read_only) return {};  // a reader writes no index file
   for (auto& [tenant, t] : indexes) {
     if (!t.index || t.rebuilding || (only_dirty && !t.dirty)) continue;
     HnswIndex::PendingSave save;

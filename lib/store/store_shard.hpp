@@ -44,6 +44,7 @@ struct ShardSettings {
   HnswParams hnsw;
   std::int32_t write_busy_timeout_ms = 5000;
   std::uint64_t key_rules = 0;  // the keyer's rules_fingerprint(): recorded in a new shard, checked in an old one
+  bool read_only = false;       // the database opened read-only: nothing created, migrated or written
 };
 
 // The store format this library writes (store_meta `format`): 2 since the

@@ -464,8 +464,12 @@ void check_format2_rows(clm::SnapshotStore& store) {
   hello.abstain_reason = "a greeting or thanks only";
   CHECK(lookup(store, "tenant-a", hello, {}, got).level == SnapshotLevel::fallback);
   CHECK(clm_test::max_abs_diff(got, format2_vector(60, 1)) < kF16);
-  // A migrated store takes the new administration.
+  // A migrated store takes the new administration (a reader refuses it).
   const clm::SuffixKey k2 = host_key("host-key-2", "");
+  if (store.config().read_only) {
+    CHECK(store.pin_version("tenant-a", k2, 1).code() == StatusCode::failed_precondition);
+    return;
+  }
   REQUIRE(store.pin_version("tenant-a", k2, 1).ok());
   CHECK(lookup(store, "tenant-a", k2, {}, got).version == 1);
 }
@@ -509,6 +513,24 @@ TEST_CASE("a store of format 2, as the previous release wrote it, migrates in pl
     auto again = open_store(c);  // a migrated store opens as it is
     std::vector<float> got;
     CHECK(lookup(*again, "tenant-a", host_key("host-key-2", ""), {}, got).version == 1);  // the pin held
+  }
+  SECTION("read-only: refused until a writer migrates it, and left as it was") {
+    clm_test::TempDir dir("format2-reader");
+    copy_of_data(dir);
+    c.path = dir.str();
+    for (int s = 0; s < 2; ++s)
+      set_key_rules(fmt::format("{}/shard-{:02}.db", dir.str(), s), keyer->rules_fingerprint());
+    clm::SnapshotStoreConfig reader = c;
+    reader.read_only = true;
+    std::unique_ptr<clm::SnapshotStore> store;
+    const clm::Status refused = clm::SnapshotStore::open(reader, store);
+    CHECK(refused.code() == StatusCode::failed_precondition);
+    CHECK(refused.message().find("read-write") != std::string::npos);
+    CHECK(meta_value(dir.str() + "/shard-00.db", "format") == 2);
+    CHECK_FALSE(std::filesystem::exists(dir.path() / "LOCK"));
+    { auto writer = open_store(c); }  // migrates
+    store = open_store(reader);
+    check_format2_rows(*store);
   }
   SECTION("under other rules: refused, then adopted (which migrates too)") {
     clm_test::TempDir dir("format2-adopt");

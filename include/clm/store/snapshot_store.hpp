@@ -104,10 +104,22 @@
 //
 // Thread safety: every method may be called from any thread at once; each
 // shard has its own lock, and lookups of different shards run in parallel.
-// One process opens a store at a time: open() takes an exclusive lock on
-// `path`/LOCK (flock) and refuses a store another process (or another open
-// in this one) holds, since two writers would each save index files that
-// miss the other's rows.
+// One writer opens a store at a time: open() takes an exclusive lock on
+// `path`/LOCK (flock) and refuses a store another writer (another process,
+// or another open in this one) holds, since two writers would each save
+// index files that miss the other's rows.
+//
+// Reading beside a writer (config.read_only): any number of readers open a
+// store a writer holds (or none does). A reader takes no lock, opens the
+// shard databases read-only (WAL lets it read while the writer commits) and
+// loads the index files without writing them (a missing or corrupt one is
+// rebuilt in memory). Level 2 sees the rows committed up to its open (its
+// indexes are made then; reopen to see later ones); level 1 reads each
+// key's rows as they are at the lookup; the blacklist, pins and fallbacks
+// are reloaded every read_only_refresh_ms on a background thread, so a key
+// the writer blacklists stops being served by a reader within that time.
+// Lookups count no usage. A reader refuses a store that needs migrating,
+// a rekey, or is not there (not_found): the writer must open it first.
 //
 // Errors (Status, never exceptions): invalid_argument for a vector of the
 // wrong dimension, NaN/Inf or zero length, an empty key, a bad config;
@@ -135,10 +147,16 @@
 namespace clm {
 
 struct SnapshotStoreConfig {
-  std::string path;                 // directory (created if missing); ":memory:" keeps everything in memory
-  std::int32_t num_shards = 16;     // 1..256, fixed when the store is created
-  std::int32_t snapshot_dim = 256;  // 1..4096, fixed when the store is created
-  SuffixKeyerConfig keyer;          // how text becomes keys (suffix_key.hpp)
+  std::string path;  // directory (created if missing); ":memory:" keeps everything in memory
+  // Opens an existing store beside its writer, for lookups and inspection
+  // only: no directory lock, the databases read-only, no index file written
+  // ("Reading beside a writer" below). Every call that writes answers
+  // failed_precondition and changes nothing.
+  bool read_only = false;
+  std::int32_t read_only_refresh_ms = 1000;  // a reader reloads the blacklist, pins and fallbacks this often (>= 1)
+  std::int32_t num_shards = 16;              // 1..256, fixed when the store is created
+  std::int32_t snapshot_dim = 256;           // 1..4096, fixed when the store is created
+  SuffixKeyerConfig keyer;                   // how text becomes keys (suffix_key.hpp)
 
   // Admission and versions.
   std::int64_t min_usage_threshold = 50;   // sightings before a key is stored (>= 1)
@@ -170,6 +188,13 @@ struct SnapshotStoreConfig {
   std::int32_t blacklist_min_reports = 20;      // 1..512
   std::int32_t blacklist_tracked_pairs = 4096;  // (query key, served key) windows kept (LRU; 1..1048576)
   bool rebuild_in_background = true;            // (c) false: open() rebuilds before it returns
+
+  // Scheduled maintenance: > 0 runs evict() (pending usage counts written,
+  // old rows deleted, vacuum, index files saved) and flush() every this many
+  // ms on the background thread; 0 (the default) leaves them to the host.
+  // A failed run is counted (maintenance_failures) and its status kept
+  // (last_maintenance); the next one tries again.
+  std::int64_t maintenance_interval_ms = 0;
 
   // Milliseconds since the Unix epoch; tests pass their own clock.
   std::function<std::int64_t()> clock_ms;  // empty: the system clock
@@ -246,10 +271,12 @@ struct SnapshotStoreMetrics {
   std::uint64_t corrupt_skipped = 0;   // rows whose checksum or header failed
   std::uint64_t index_rebuilds = 0;    // index files rebuilt from the database
   std::uint64_t outcome_reports = 0;
-  std::uint64_t blocked_pair_skips = 0;  // level-2 candidates and fallbacks refused to one query key by (b)
-  std::int64_t snapshots = 0;            // rows stored now
-  std::int64_t blacklisted_keys = 0;     // keys blacklisted now
-  std::int64_t blocked_pairs = 0;        // (query key, served key) pairs refused now by (b)
+  std::uint64_t maintenance_runs = 0;      // scheduled maintenance runs (maintenance_interval_ms)
+  std::uint64_t maintenance_failures = 0;  // ... of them that failed (last_maintenance says why)
+  std::uint64_t blocked_pair_skips = 0;    // level-2 candidates and fallbacks refused to one query key by (b)
+  std::int64_t snapshots = 0;              // rows stored now
+  std::int64_t blacklisted_keys = 0;       // keys blacklisted now
+  std::int64_t blocked_pairs = 0;          // (query key, served key) pairs refused now by (b)
 };
 
 struct EvictionReport {
@@ -399,6 +426,8 @@ class SnapshotStore {
   Status check_integrity();
 
   SnapshotStoreMetrics metrics() const;
+  // What the last scheduled maintenance run returned (ok before the first).
+  Status last_maintenance() const;
 
   // ---- administration (by hand; every call is one transaction of one shard,
   // but delete_tenant, one per shard) ----------------------------------------
