@@ -40,10 +40,12 @@ struct Opened {
   std::string tenant;
 };
 
-Opened open_for_key(const Args& args) {
+// read_only: for the commands that only read (versions), which then run
+// beside a server that holds the store.
+Opened open_for_key(const Args& args, bool read_only = false) {
   const NamedSuffix suffix = named_suffix(args);  // usage errors before the store opens
   Opened o;
-  o.store = open_store(store_config(args, false));
+  o.store = read_only ? open_reader(store_config(args, false)) : open_store(store_config(args, false));
   o.key = stored_key(suffix, *o.store);
   o.tenant = args.get("--tenant").value_or("");
   return o;
@@ -52,7 +54,7 @@ Opened open_for_key(const Args& args) {
 }  // namespace
 
 int cmd_versions(const Args& args) {
-  Opened o = open_for_key(args);
+  Opened o = open_for_key(args, true);
   std::vector<clm::SnapshotVersionInfo> versions;
   check(o.store->list_versions(o.tenant, o.key, versions), "list_versions");
   if (args.has("--json")) {
@@ -164,7 +166,7 @@ int cmd_blacklist(const Args& args) {
     for (const char* flag : {"--text", "--key", "--group", "--reason", "--hours"}) {
       if (args.has(flag)) throw UsageError{fmt::format("--list takes no {}", flag)};
     }
-    auto store = open_store(store_config(args, false));
+    auto store = open_reader(store_config(args, false));
     std::vector<clm::BlacklistEntry> entries;
     check(store->list_blacklist(entries), "list_blacklist");
     if (args.has("--json")) {

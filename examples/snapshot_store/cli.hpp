@@ -12,7 +12,6 @@
 //   }
 #pragma once
 
-#include <sqlite3.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -50,7 +49,6 @@
 #include <nlohmann/json.hpp>
 
 #include "clm/status.hpp"
-#include "clm/store/snapshot_blob.hpp"
 #include "clm/store/snapshot_store.hpp"
 #include "clm/store/suffix_key.hpp"
 
@@ -223,111 +221,27 @@ class Args {
   std::vector<std::string> positionals_;
 };
 
-// ---- the shard databases, read directly -------------------------------------
+// ---- the store's files --------------------------------------------------------
 
 inline std::string shard_path(const std::string& dir, std::int32_t shard) {
   return fmt::format("{}/shard-{:02}.db", dir, shard);
 }
-
-// A SQLite connection for the tool's own queries: opens an existing file only,
-// and refuses to write (query_only).
-class Db {
- public:
-  explicit Db(const std::string& path) : path_(path) {
-    const int rc = sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr);
-    if (rc != SQLITE_OK) {
-      const std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
-      sqlite3_close_v2(db_);
-      db_ = nullptr;
-      throw Failure{fmt::format("cannot open {}: {}", path, why)};
-    }
-    sqlite3_busy_timeout(db_, 5000);
-    char* error = nullptr;
-    if (sqlite3_exec(db_, "PRAGMA query_only = 1", nullptr, nullptr, &error) != SQLITE_OK) {
-      const std::string why = error ? error : "?";
-      sqlite3_free(error);
-      sqlite3_close_v2(db_);
-      db_ = nullptr;
-      throw Failure{fmt::format("{}: {}", path, why)};
-    }
-  }
-  ~Db() { sqlite3_close_v2(db_); }
-  Db(const Db&) = delete;
-  Db& operator=(const Db&) = delete;
-
-  class Query {
-   public:
-    Query(Db& db, const char* sql) : db_(db) {
-      if (sqlite3_prepare_v2(db.db_, sql, -1, &stmt_, nullptr) != SQLITE_OK) {
-        throw Failure{fmt::format("{}: is this a snapshot store shard? ({})", db.path_, sqlite3_errmsg(db.db_))};
-      }
-    }
-    ~Query() { sqlite3_finalize(stmt_); }
-    Query(const Query&) = delete;
-    Query& operator=(const Query&) = delete;
-
-    void bind(int i, std::int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
-    bool next() {
-      const int rc = sqlite3_step(stmt_);
-      if (rc == SQLITE_ROW) return true;
-      if (rc == SQLITE_DONE) return false;
-      throw Failure{fmt::format("{}: {}", db_.path_, sqlite3_errmsg(db_.db_))};
-    }
-    std::int64_t integer(int i) const { return sqlite3_column_int64(stmt_, i); }
-    std::string_view text(int i) const {
-      const unsigned char* p = sqlite3_column_text(stmt_, i);
-      const int n = sqlite3_column_bytes(stmt_, i);
-      return p ? std::string_view(reinterpret_cast<const char*>(p), static_cast<std::size_t>(n)) : std::string_view();
-    }
-    std::span<const std::uint8_t> blob(int i) const {
-      const void* p = sqlite3_column_blob(stmt_, i);
-      const int n = sqlite3_column_bytes(stmt_, i);
-      return {static_cast<const std::uint8_t*>(p), p ? static_cast<std::size_t>(n) : 0};
-    }
-    std::string_view bytes(int i) const {
-      const auto b = blob(i);
-      return {reinterpret_cast<const char*>(b.data()), b.size()};
-    }
-
-   private:
-    Db& db_;
-    sqlite3_stmt* stmt_ = nullptr;
-  };
-
-  // The first column of the first row of a one-value query.
-  std::int64_t value(const char* sql, std::optional<std::int64_t> param = std::nullopt) {
-    Query q(*this, sql);
-    if (param) q.bind(1, *param);
-    return q.next() ? q.integer(0) : 0;
-  }
-
- private:
-  std::string path_;
-  sqlite3* db_ = nullptr;
-};
 
 struct Layout {
   std::int32_t shards = 0;
   std::int32_t dim = 0;
 };
 
-// The shard count and snapshot_dim a store was created with (store_meta of
-// shard 0); nullopt when the directory holds no store.
+// The shard count and snapshot_dim a store was created with (the library
+// reads them from shard 0, read-only); nullopt when the directory holds no store.
 inline std::optional<Layout> read_layout(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) throw Failure{fmt::format("{} is not a directory", dir)};
-  const std::string path = shard_path(dir, 0);
-  if (!fs::exists(path, ec)) return std::nullopt;
-  Db db(path);
-  Db::Query q(db, "SELECT name, value FROM store_meta");
-  std::map<std::string, std::int64_t, std::less<>> meta;
-  while (q.next()) meta[std::string(q.text(0))] = q.integer(1);
-  const auto shards = meta.find("num_shards"), dim = meta.find("snapshot_dim");
-  if (shards == meta.end() || dim == meta.end() || shards->second < 1 || shards->second > 256 || dim->second < 1 ||
-      dim->second > 4096) {
-    throw Failure{fmt::format("{}: store_meta lacks a valid num_shards / snapshot_dim", path)};
-  }
-  return Layout{static_cast<std::int32_t>(shards->second), static_cast<std::int32_t>(dim->second)};
+  clm::StoreLayout layout;
+  const clm::Status s = clm::SnapshotStore::read_layout(dir, layout);
+  if (s.code() == clm::StatusCode::not_found) return std::nullopt;
+  if (!s.ok()) throw Failure{fmt::format("{}: {}", s.code_name(), s.message())};
+  return Layout{layout.num_shards, layout.snapshot_dim};
 }
 
 inline std::uint64_t file_bytes(const std::string& path) {
@@ -351,50 +265,6 @@ inline std::map<std::int32_t, std::map<std::string, std::uint64_t>> index_files(
     out[shard][path] = file_bytes(path) + file_bytes(path + ".meta");
   }
   if (ec) throw Failure{fmt::format("cannot list {}: {}", dir, ec.message())};
-  return out;
-}
-
-struct ShardInfo {
-  std::int32_t shard = 0;
-  std::int64_t rows = 0;
-  std::int64_t keys = 0;  // distinct (tenant, key)
-  std::int64_t tenants = 0;
-  std::int64_t max_version = 0;
-  std::int64_t counting = 0;     // keys seen but not admitted yet
-  std::int64_t blacklisted = 0;  // in force now
-  std::int64_t fallbacks = 0;
-  std::uint64_t db_bytes = 0;
-  std::uint64_t wal_bytes = 0;
-  std::int64_t index_files = 0;
-  std::uint64_t index_bytes = 0;
-};
-
-inline std::vector<ShardInfo> inspect_shards(const std::string& dir, std::int32_t shards) {
-  const auto indexes = index_files(dir);
-  std::vector<ShardInfo> out;
-  const std::int64_t now = now_ms();
-  for (std::int32_t s = 0; s < shards; ++s) {
-    ShardInfo info;
-    info.shard = s;
-    const std::string path = shard_path(dir, s);
-    {
-      Db db(path);
-      info.rows = db.value("SELECT count(*) FROM semantic_snapshots");
-      info.keys = db.value("SELECT count(*) FROM (SELECT DISTINCT tenant, suffix_key FROM semantic_snapshots)");
-      info.tenants = db.value("SELECT count(DISTINCT tenant) FROM semantic_snapshots");
-      info.max_version = db.value("SELECT coalesce(max(version), 0) FROM semantic_snapshots");
-      info.counting = db.value("SELECT count(*) FROM suffix_sightings");
-      info.blacklisted = db.value("SELECT count(*) FROM blacklist WHERE until_ms >= ?1", now);
-      info.fallbacks = db.value("SELECT count(*) FROM fallback_snapshots");
-    }
-    info.db_bytes = file_bytes(path);
-    info.wal_bytes = file_bytes(path + "-wal");
-    if (const auto it = indexes.find(s); it != indexes.end()) {
-      info.index_files = static_cast<std::int64_t>(it->second.size());
-      for (const auto& [file, bytes] : it->second) info.index_bytes += bytes;
-    }
-    out.push_back(info);
-  }
   return out;
 }
 
@@ -470,6 +340,14 @@ inline std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreCo
                               key_rules_hint(s, config))};
   }
   return store;
+}
+
+// For the commands that only read (lookup, versions, blacklist --list, stats,
+// check, evict --dry-run): a read-only handle, which opens beside a server
+// that holds the store and writes nothing.
+inline std::unique_ptr<clm::SnapshotStore> open_reader(clm::SnapshotStoreConfig config) {
+  config.read_only = true;
+  return open_store(config);
 }
 
 // ---- snapshots in JSON -------------------------------------------------------

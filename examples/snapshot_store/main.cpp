@@ -51,9 +51,10 @@
 // `clm_store COMMAND --help` tells each command's options. Exit status: 0 ok;
 // 1 a problem found (key: some lines failed; check: damage); 2 an error (bad
 // flags or input, a store that cannot be opened or written), with a message
-// on stderr. The tool reads the shard databases directly (read-only queries)
-// only for what the store's API does not report: per-shard counts for stats,
-// evict's list and check's checksums.
+// on stderr. Everything goes through the store's API (no SQL of its own):
+// the commands that only read (key, lookup, versions, blacklist --list,
+// stats, check, evict --dry-run) open the store read-only, so they run beside
+// a server that holds it; the others take the store's lock.
 #include "admin.hpp"
 #include "cli.hpp"
 
@@ -426,7 +427,7 @@ int cmd_lookup(const Args& args) {
     }
   }
 
-  std::unique_ptr<clm::SnapshotStore> store = open_store(config);
+  std::unique_ptr<clm::SnapshotStore> store = open_reader(config);  // beside a server; writes nothing
   const clm::SuffixKey key = key_of(suffix, *store);
   const std::int32_t shard = store->shard_of(tenant, key);
   clm::SnapshotHit hit;
@@ -498,10 +499,11 @@ constexpr std::string_view kStatsUsage =
     "\n"
     "Per shard: rows (snapshots stored, all versions), keys (distinct tenant and key),\n"
     "tenants, the highest version, keys still counting toward admission, blacklisted keys,\n"
-    "fallback snapshots, and the sizes of the database, its WAL and its index files (an index\n"
-    "file per tenant: fewer files than tenants means some are missing; the store rebuilds them\n"
-    "when it opens). Then the store's metrics; its counters (lookups, records, ...) cover\n"
-    "this process only, which has just opened the store.\n"
+    "fallback snapshots, rows in the level-2 indexes, and the sizes of the database, its WAL\n"
+    "and its index files (an index file per tenant: fewer files than tenants means some are\n"
+    "missing; the store rebuilds them when it opens). Then the store's metrics; its counters\n"
+    "(lookups, records, ...) cover this process only, which has just opened the store.\n"
+    "Opens the store read-only: it runs beside a server that holds the store.\n"
     "\n"
     "  --json           one JSON object\n"
     "  --lexicons DIR   the lexicons the store was made with (default: built-in)\n";
@@ -527,26 +529,34 @@ Json metrics_json(const clm::SnapshotStoreMetrics& m) {
               {"corrupt_skipped", m.corrupt_skipped},
               {"index_rebuilds", m.index_rebuilds},
               {"outcome_reports", m.outcome_reports},
+              {"blocked_pair_skips", m.blocked_pair_skips},
+              {"maintenance_runs", m.maintenance_runs},
+              {"maintenance_failures", m.maintenance_failures},
               {"snapshots", m.snapshots},
-              {"blacklisted_keys", m.blacklisted_keys}};
+              {"blacklisted_keys", m.blacklisted_keys},
+              {"blocked_pairs", m.blocked_pairs}};
 }
 
 int cmd_stats(const Args& args) {
   args.no_positionals();
   clm::SnapshotStoreConfig config = store_config(args, false);
   const bool json = args.has("--json");
-  const std::vector<ShardInfo> shards = inspect_shards(config.path, config.num_shards);  // as found on disk
-  const clm::SnapshotStoreMetrics m = open_store(config)->metrics();  // a rebuild the open starts stops at close
+  std::unique_ptr<clm::SnapshotStore> store = open_reader(config);
+  std::vector<clm::ShardStatistics> shards;
+  check(store->shard_statistics(shards), "shard_statistics");
+  const clm::SnapshotStoreMetrics m = store->metrics();
+  store.reset();  // a rebuild the open started stops here
 
-  ShardInfo total;
-  for (const ShardInfo& s : shards) {
+  clm::ShardStatistics total;
+  for (const clm::ShardStatistics& s : shards) {
     total.rows += s.rows;
     total.keys += s.keys;
     total.tenants += s.tenants;
     total.max_version = std::max(total.max_version, s.max_version);
-    total.counting += s.counting;
+    total.sightings += s.sightings;
     total.blacklisted += s.blacklisted;
     total.fallbacks += s.fallbacks;
+    total.indexed += s.indexed;
     total.db_bytes += s.db_bytes;
     total.wal_bytes += s.wal_bytes;
     total.index_files += s.index_files;
@@ -554,15 +564,16 @@ int cmd_stats(const Args& args) {
   }
   const std::int64_t missing = std::max<std::int64_t>(0, total.tenants - total.index_files);
   if (json) {
-    auto shard_json = [](const ShardInfo& s) {
+    auto shard_json = [](const clm::ShardStatistics& s) {
       return Json{{"shard", s.shard},
                   {"rows", s.rows},
                   {"keys", s.keys},
                   {"tenants", s.tenants},
                   {"max_version", s.max_version},
-                  {"counting", s.counting},
+                  {"counting", s.sightings},
                   {"blacklisted", s.blacklisted},
                   {"fallbacks", s.fallbacks},
+                  {"indexed", s.indexed},
                   {"db_bytes", s.db_bytes},
                   {"wal_bytes", s.wal_bytes},
                   {"index_files", s.index_files},
@@ -574,28 +585,30 @@ int cmd_stats(const Args& args) {
     j["snapshot_dim"] = config.snapshot_dim;
     j["rows"] = total.rows;
     j["keys"] = total.keys;
-    j["counting"] = total.counting;
+    j["counting"] = total.sightings;
+    j["indexed"] = total.indexed;
     j["db_bytes"] = total.db_bytes;
     j["wal_bytes"] = total.wal_bytes;
     j["index_files"] = total.index_files;
     j["index_bytes"] = total.index_bytes;
     j["shard_tenants"] = total.tenants;
     Json per_shard = Json::array();
-    for (const ShardInfo& s : shards) per_shard.push_back(shard_json(s));
+    for (const clm::ShardStatistics& s : shards) per_shard.push_back(shard_json(s));
     j["shards"] = per_shard;
     j["metrics"] = metrics_json(m);
     fmt::print("{}\n", dump(j));
     return 0;
   }
   fmt::print("store {}: {} shards, snapshot_dim {}\n\n", config.path, config.num_shards, config.snapshot_dim);
-  fmt::print("{:>5} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>10} {:>10} {:>7} {:>10}\n", "shard", "rows", "keys",
-             "tenants", "max_ver", "counting", "black", "fallbk", "db", "wal", "indexes", "index size");
-  auto row = [](const std::string& name, const ShardInfo& s) {
-    fmt::print("{:>5} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>10} {:>10} {:>7} {:>10}\n", name, s.rows, s.keys,
-               s.tenants, s.max_version, s.counting, s.blacklisted, s.fallbacks, human_bytes(s.db_bytes),
-               human_bytes(s.wal_bytes), s.index_files, human_bytes(s.index_bytes));
+  fmt::print("{:>5} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>9} {:>10} {:>10} {:>7} {:>10}\n", "shard", "rows",
+             "keys", "tenants", "max_ver", "counting", "black", "fallbk", "indexed", "db", "wal", "indexes",
+             "index size");
+  auto row = [](const std::string& name, const clm::ShardStatistics& s) {
+    fmt::print("{:>5} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>9} {:>10} {:>10} {:>7} {:>10}\n", name, s.rows,
+               s.keys, s.tenants, s.max_version, s.sightings, s.blacklisted, s.fallbacks, s.indexed,
+               human_bytes(s.db_bytes), human_bytes(s.wal_bytes), s.index_files, human_bytes(s.index_bytes));
   };
-  for (const ShardInfo& s : shards) row(fmt::format("{:02}", s.shard), s);
+  for (const clm::ShardStatistics& s : shards) row(fmt::format("{:02}", s.shard), s);
   row("total", total);
   if (missing > 0) {
     fmt::print(
@@ -626,12 +639,6 @@ constexpr std::string_view kEvictUsage =
     "  --json                one JSON object (with --list: the rows too)\n"
     "  --lexicons DIR        the lexicons the store was made with (default: built-in)\n";
 
-struct EvictRow {
-  std::int32_t shard = 0;
-  std::string tenant, key;
-  std::int64_t version = 0, usage = 0, last_used = 0;
-};
-
 std::string utc(std::int64_t unix_s) {
   const std::time_t t = static_cast<std::time_t>(unix_s);
   std::tm tm{};
@@ -650,47 +657,42 @@ int cmd_evict(const Args& args) {
   const bool list = args.has("--list") || args.has("--dry-run"), dry_run = args.has("--dry-run");
   const bool json = args.has("--json");
 
-  // What the store will delete, by its documented rule (snapshot_store.hpp, evict).
-  const std::int64_t now_s = now_ms() / 1000;
-  const auto cutoff_s = static_cast<std::int64_t>(static_cast<double>(now_s) - config.evict_after_days * 86400.0);
-  std::vector<EvictRow> victims;
-  for (std::int32_t s = 0; s < config.num_shards; ++s) {
-    Db db(shard_path(config.path, s));
-    Db::Query q(db,
-                "SELECT tenant, suffix_key, version, usage_count, last_used FROM semantic_snapshots"
-                " WHERE last_used < ?1 AND usage_count < ?2 ORDER BY last_used, id");
-    q.bind(1, cutoff_s);
-    q.bind(2, config.evict_min_usage);
-    while (q.next()) {
-      victims.push_back({s, std::string(q.bytes(0)), std::string(q.text(1)), q.integer(2), q.integer(3), q.integer(4)});
+  // What the store will delete: the library's own dry run, by evict()'s rule.
+  struct Totals {
+    std::int64_t rows = 0, sightings = 0;
+    std::uint64_t bytes = 0;
+  };
+  auto totals = [](clm::SnapshotStore& store) {
+    std::vector<clm::ShardStatistics> shards;
+    check(store.shard_statistics(shards), "shard_statistics");
+    Totals t;
+    for (const clm::ShardStatistics& s : shards) {
+      t.rows += s.rows;
+      t.sightings += s.sightings;
+      t.bytes += s.db_bytes + s.wal_bytes;
     }
-  }
-  const std::vector<ShardInfo> before = inspect_shards(config.path, config.num_shards);
-  std::int64_t rows_before = 0, counting_before = 0;
-  std::uint64_t bytes_before = 0;
-  for (const ShardInfo& s : before) {
-    rows_before += s.rows;
-    counting_before += s.counting;
-    bytes_before += s.db_bytes + s.wal_bytes;
-  }
-
+    return t;
+  };
+  std::vector<clm::EvictionCandidate> victims;
+  Totals before, after;
   clm::EvictionReport report;
-  std::int64_t rows_after = rows_before, counting_after = counting_before;
-  std::uint64_t bytes_after = bytes_before;
-  if (!dry_run) {
+  if (dry_run) {
+    std::unique_ptr<clm::SnapshotStore> store = open_reader(config);
+    check(store->eviction_candidates(victims), "eviction_candidates");
+    before = after = totals(*store);
+  } else {
     {
       std::unique_ptr<clm::SnapshotStore> store = open_store(config);
+      check(store->eviction_candidates(victims), "eviction_candidates");
+      before = totals(*store);
       check(store->evict(report), "evict");
       check(store->flush(), "saving the index files");
     }  // closed: the WAL is checkpointed, so the sizes below are the files'
-    rows_after = counting_after = 0;
-    bytes_after = 0;
-    for (const ShardInfo& s : inspect_shards(config.path, config.num_shards)) {
-      rows_after += s.rows;
-      counting_after += s.counting;
-      bytes_after += s.db_bytes + s.wal_bytes;
-    }
+    after = totals(*open_reader(config));
   }
+  const std::int64_t rows_before = before.rows, rows_after = after.rows;
+  const std::int64_t counting_before = before.sightings, counting_after = after.sightings;
+  const std::uint64_t bytes_before = before.bytes, bytes_after = after.bytes;
 
   if (json) {
     Json j;
@@ -709,13 +711,13 @@ int cmd_evict(const Args& args) {
     j["db_bytes_after"] = bytes_after;
     if (list) {
       Json rows = Json::array();
-      for (const EvictRow& r : victims) {
+      for (const clm::EvictionCandidate& r : victims) {
         rows.push_back(Json{{"shard", r.shard},
                             {"tenant", printable(r.tenant)},
                             {"key", r.key},
                             {"version", r.version},
-                            {"usage_count", r.usage},
-                            {"last_used", utc(r.last_used)}});
+                            {"usage_count", r.usage_count},
+                            {"last_used", utc(r.last_used_s)}});
       }
       j["rows"] = rows;
     }
@@ -723,10 +725,10 @@ int cmd_evict(const Args& args) {
     return 0;
   }
   if (list) {
-    for (const EvictRow& r : victims) {
+    for (const clm::EvictionCandidate& r : victims) {
       fmt::print("{}  shard {:02}  tenant \"{}\"  {}  v{}  used {} time(s), last {}\n",
-                 dry_run ? "would delete" : "delete", r.shard, printable(r.tenant), r.key, r.version, r.usage,
-                 utc(r.last_used));
+                 dry_run ? "would delete" : "delete", r.shard, printable(r.tenant), r.key, r.version, r.usage_count,
+                 utc(r.last_used_s));
     }
   }
   const std::string rule =
@@ -778,14 +780,18 @@ int cmd_rebuild(const Args& args) {
   clm::SnapshotStoreConfig config = store_config(args, false);
   const bool json = args.has("--json"), quiet = args.has("--quiet");
   std::int64_t indexes = 0, rows = 0;
-  for (const ShardInfo& s : inspect_shards(config.path, config.num_shards)) {
-    indexes += s.tenants;
-    rows += s.rows;
-  }
   const auto t0 = Clock::now();
   config.rebuild_in_background = false;  // what is missing is rebuilt by open(), before the count starts
   std::unique_ptr<clm::SnapshotStore> store = open_store(config);
   const double open_s = seconds_since(t0);
+  {
+    std::vector<clm::ShardStatistics> shards;
+    check(store->shard_statistics(shards), "shard_statistics");
+    for (const clm::ShardStatistics& s : shards) {
+      indexes += s.tenants;
+      rows += s.rows;
+    }
+  }
   const std::uint64_t rebuilt_at_open = store->metrics().index_rebuilds;
   if (!quiet) {
     fmt::print(stderr, "clm_store rebuild-index: {} indexes ({} rows, {} shards) to rebuild{}\n", indexes, rows,
@@ -878,68 +884,30 @@ int cmd_check(const Args& args) {
   clm::SnapshotStoreConfig config = store_config(args, false);
   const bool json = args.has("--json");
   std::vector<std::string> problems;
-  std::int64_t rows = 0, fallbacks = 0;
+  clm::VerifyReport report;
   std::uint64_t index_rebuilds = 0;
-  std::unique_ptr<clm::SnapshotStore> store;
-  const clm::Status opened = clm::SnapshotStore::open(config, store);
-  if (!opened.ok()) {
-    problems.push_back(fmt::format("the store does not open: {}: {}{}", opened.code_name(), opened.message(),
-                                   key_rules_hint(opened, config)));
-  } else {
-    index_rebuilds = store->metrics().index_rebuilds;
-    const clm::Status integrity = store->check_integrity();
-    if (!integrity.ok()) problems.push_back(integrity.message());
-  }
-  std::vector<float> buffer(static_cast<std::size_t>(config.snapshot_dim));
-  constexpr std::size_t kShown = 20;
-  std::size_t bad_rows = 0;
-  auto bad = [&](std::string message) {
-    if (++bad_rows <= kShown) problems.push_back(std::move(message));
-  };
-  for (std::int32_t s = 0; s < config.num_shards; ++s) {
-    try {
-      Db db(shard_path(config.path, s));
-      Db::Query q(db,
-                  "SELECT id, tenant, suffix_key, suffix_hash, version, dim, snapshot, checksum FROM semantic_snapshots"
-                  " ORDER BY id");
-      while (q.next()) {
-        ++rows;
-        const std::string where = fmt::format("shard {:02} row {} (tenant \"{}\", {} v{})", s, q.integer(0),
-                                              printable(q.bytes(1)), q.text(2), q.integer(4));
-        if (static_cast<std::uint64_t>(q.integer(3)) != clm::key_fingerprint(q.text(2))) {
-          bad(fmt::format("{}: suffix_hash is not the key's fingerprint", where));
-        }
-        const clm::Status s_blob = q.integer(5) != config.snapshot_dim
-                                       ? clm::invalid_argument(fmt::format("dim column {}", q.integer(5)))
-                                       : clm::decode_snapshot_blob(q.blob(6), config.snapshot_dim,
-                                                                   static_cast<std::uint64_t>(q.integer(7)), buffer);
-        if (!s_blob.ok()) bad(fmt::format("{}: {}", where, s_blob.message()));
-      }
-      Db::Query f(db, "SELECT tenant, name, snapshot, checksum FROM fallback_snapshots");
-      while (f.next()) {
-        ++fallbacks;
-        const clm::Status s_blob =
-            clm::decode_snapshot_blob(f.blob(2), config.snapshot_dim, static_cast<std::uint64_t>(f.integer(3)), buffer);
-        if (!s_blob.ok()) {
-          bad(fmt::format("shard {:02} fallback \"{}\" (tenant \"{}\"): {}", s, f.text(1), printable(f.bytes(0)),
-                          s_blob.message()));
-        }
-      }
-    } catch (const Failure& failure) {
-      problems.push_back(failure.message);
+  {
+    std::unique_ptr<clm::SnapshotStore> store;
+    config.read_only = true;  // beside a server that holds the store; writes nothing
+    const clm::Status opened = clm::SnapshotStore::open(config, store);
+    if (!opened.ok()) {
+      problems.push_back(fmt::format("the store does not open: {}: {}{}", opened.code_name(), opened.message(),
+                                     key_rules_hint(opened, config)));
+    } else {
+      index_rebuilds = store->metrics().index_rebuilds;
+      check(store->verify(report), "verify");
+      problems.insert(problems.end(), report.problems.begin(), report.problems.end());
     }
   }
-  if (bad_rows > kShown) problems.push_back(fmt::format("... and {} more damaged rows", bad_rows - kShown));
-  store.reset();
 
   if (json) {
     Json j;
     j["store"] = config.path;
     j["ok"] = problems.empty();
     j["shards"] = config.num_shards;
-    j["rows"] = rows;
-    j["fallbacks"] = fallbacks;
-    j["damaged_rows"] = bad_rows;
+    j["rows"] = report.rows;
+    j["fallbacks"] = report.fallbacks;
+    j["damaged_rows"] = report.damaged;
     j["indexes_rebuilt_at_open"] = index_rebuilds;
     j["problems"] = problems;
     fmt::print("{}\n", dump(j));
@@ -951,7 +919,8 @@ int cmd_check(const Args& args) {
           index_rebuilds);
     }
     fmt::print("clm_store check: {}: {} shards, {} rows, {} fallbacks{}\n", problems.empty() ? "ok" : "DAMAGED",
-               config.num_shards, rows, fallbacks, bad_rows ? fmt::format(", {} damaged rows", bad_rows) : "");
+               config.num_shards, report.rows, report.fallbacks,
+               report.damaged ? fmt::format(", {} damaged rows", report.damaged) : "");
   }
   return problems.empty() ? 0 : kExitProblem;
 }

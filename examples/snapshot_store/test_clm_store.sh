@@ -9,7 +9,7 @@
 # run) into a temporary store; lookups at levels exact (the vector back within
 # f16 tolerance) and ann (a noisy copy under another key of the same group),
 # tenant isolation, stats, eviction, rebuild-index after deleting the index
-# files, check; the key rules a store records (refused under others), rekey
+# files, check; the reading commands beside a holder of the store's lock; the key rules a store records (refused under others), rekey
 # and rekey --adopt; and bad input (malformed JSON, a wrong dimension, numbers
 # that are no finite float, missing flags) refused with a non-zero exit and the
 # store's rows unchanged; administration by hand (versions, pin, unpin,
@@ -280,6 +280,30 @@ run lookup --store "$store" "${L1[@]}" --key probe --group g5 --query "[$noisy]"
 [ "$(field level)" = ann ] || fail "lookup rebuilds a missing index before it answers"
 expect_err "rebuilt first" "lookup: the note on the rebuilt indexes"
 ok "lookup with the index files gone: rebuilt first, level ann"
+
+# ---- beside a server: the commands that only read open the store read-only -------
+# This shell holds the store's lock (fd 9), as a server's open store does.
+exec 9>>"$store/LOCK"
+flock -x -n 9 || fail "could not take the store's lock"
+run delete-key --store "$store" "${L1[@]}" --key k5 --group g5
+[ "$rc" = 2 ] && grep -q "already open" "$work/err" || fail "a writer beside the lock's holder: refused"
+run stats --store "$store" "${L1[@]}" --json
+[ "$rc" = 0 ] && [ "$(field rows)" = "$total" ] || fail "stats beside a writer"
+run lookup --store "$store" "${L1[@]}" --key probe --group g5 --query "[$noisy]" --json
+[ "$rc" = 0 ] && [ "$(field level)" = ann ] && [ "$(field key)" = k5 ] || fail "lookup beside a writer"
+run versions --store "$store" "${L1[@]}" --key k5 --group g5 --json
+[ "$rc" = 0 ] || fail "versions beside a writer"
+run blacklist --store "$store" "${L1[@]}" --list --json
+[ "$rc" = 0 ] || fail "blacklist --list beside a writer"
+run evict --store "$store" "${L1[@]}" --older-than-days 0 --below-usage 1000000 --dry-run --json
+[ "$rc" = 0 ] && [ "$(field matched)" = "$total" ] && [ "$(field deleted)" = 0 ] || fail "evict --dry-run beside a writer"
+run check --store "$store" "${L1[@]}"
+[ "$rc" = 0 ] || fail "check beside a writer"
+flock -u 9
+exec 9>&-
+run stats --store "$store" "${L1[@]}" --json
+[ "$(field rows)" = "$total" ] || fail "the readers changed the rows"
+ok "beside a server holding the lock: a writer refused; stats, lookup, versions, blacklist --list, evict --dry-run, check run"
 
 # ---- key rules: refused under others, rekey, rekey --adopt -------------------------
 files_digest() { (cd "$store" && cksum shard-*.db | sort); }

@@ -945,8 +945,7 @@ Status SnapshotStore::evict(EvictionReport& report) try {
   Impl& im = *impl_;
   report = {};
   const std::int64_t now_ms = im.now_ms();
-  const auto cutoff_s =
-      static_cast<std::int64_t>(static_cast<double>(now_ms / 1000) - im.config.evict_after_days * 86400.0);
+  const std::int64_t cutoff_s = store_impl::eviction_cutoff_s(now_ms, im.config.evict_after_days);
   for (auto& shard_ptr : im.shards) {
     StoreShard& shard = *shard_ptr;
     std::unique_lock lock(shard.mutex);

@@ -83,6 +83,11 @@ inline std::string fallback_key(std::string_view tenant, std::string_view name) 
   return k;
 }
 
+// Rows last used before this (Unix seconds) are old enough for evict().
+inline std::int64_t eviction_cutoff_s(std::int64_t now_ms, double evict_after_days) {
+  return static_cast<std::int64_t>(static_cast<double>(now_ms / 1000) - evict_after_days * 86400.0);
+}
+
 // tenant bytes, NUL, then the key's fingerprint: one map key per (tenant, key).
 inline std::string tenant_key(std::string_view tenant, std::uint64_t fp) {
   std::string k(tenant);

@@ -226,6 +226,22 @@ class StoreShard {
   }
   void forget_pending_usage(std::int64_t id) { pending_usage_.erase(id); }
 
+  // ---- inspection (store_shard_inspect.cpp; reads only) -------------------
+  struct Counts {
+    std::int64_t rows = 0, keys = 0, tenants = 0, max_version = 0, sightings = 0, blacklisted = 0, fallbacks = 0;
+  };
+  Status counts(std::int64_t now_ms, Counts& out);
+  // Reads every row and fallback; `damaged` gets a line for each whose key's
+  // fingerprint, dim, BLOB header or checksum fails.
+  Status verify_rows(const std::function<void(std::string)>& damaged, std::int64_t& rows, std::int64_t& fallbacks);
+  struct EvictionRow {
+    std::string tenant, key;
+    std::int32_t version = 0;
+    std::int64_t usage_count = 0, last_used_s = 0;
+  };
+  // The rows evict() would delete (pending usage counted), oldest use first.
+  Status eviction_rows(std::int64_t unused_before_s, std::int64_t min_usage, std::vector<EvictionRow>& out);
+
   // ---- maintenance (rekey, adopt; inside begin() .. commit()) --------------
   // Records key_rules (and kStoreFormat, adding the source_text column to a
   // format-1 shard and migrating): the keys are kept as they are.

@@ -343,8 +343,60 @@ struct TenantDeletionReport {
   std::int64_t fallbacks = 0;
 };
 
+// A store's shape, read from its first shard without opening the store (no
+// lock taken, nothing written): what a tool needs before it opens one.
+struct StoreLayout {
+  std::int32_t num_shards = 0;
+  std::int32_t snapshot_dim = 0;
+  std::int32_t format = 0;      // the store format (1..3 today)
+  std::uint64_t key_rules = 0;  // the rules its keys were made under (0: none recorded)
+};
+
+// One shard, as shard_statistics reports it.
+struct ShardStatistics {
+  std::int32_t shard = 0;
+  std::int64_t rows = 0;         // snapshots, all versions
+  std::int64_t keys = 0;         // distinct (tenant, key)
+  std::int64_t tenants = 0;      // distinct tenants with rows
+  std::int64_t max_version = 0;  // the highest version of any key
+  std::int64_t sightings = 0;    // keys counting toward admission, not stored yet
+  std::int64_t blacklisted = 0;  // blacklist entries in force
+  std::int64_t fallbacks = 0;    // level-3 snapshots
+  std::int64_t indexed = 0;      // live entries of its level-2 indexes in memory
+  std::int64_t index_files = 0;  // index files on disk (one per tenant once saved)
+  std::uint64_t db_bytes = 0;    // the database file, its WAL, its index files (.hnsw and .meta)
+  std::uint64_t wal_bytes = 0;
+  std::uint64_t index_bytes = 0;
+};
+
+// What verify found.
+struct VerifyReport {
+  std::int64_t rows = 0;
+  std::int64_t fallbacks = 0;
+  std::int64_t damaged = 0;  // rows and fallbacks whose key, dim, header or checksum fails
+  bool integrity_ok = true;  // PRAGMA integrity_check of every shard
+  // One line per problem: integrity failures, then damaged rows (the first
+  // 20; "... and N more").
+  std::vector<std::string> problems;
+};
+
+// A row evict() would delete now.
+struct EvictionCandidate {
+  std::int32_t shard = 0;
+  std::string tenant;
+  std::string key;
+  std::int32_t version = 0;
+  std::int64_t usage_count = 0;  // lookups not yet written included
+  std::int64_t last_used_s = 0;  // Unix seconds, the latest lookup not yet written included
+};
+
 class SnapshotStore {
  public:
+  // The shape of the store at `path`. not_found when it holds none;
+  // failed_precondition for a database that is no store's shard; io_error
+  // for one that cannot be read.
+  static Status read_layout(const std::string& path, StoreLayout& out);
+
   static Status open(const SnapshotStoreConfig& config, std::unique_ptr<SnapshotStore>& out);
 
   // Brings the closed store at config.path under the rules of config.keyer
@@ -463,6 +515,17 @@ class SnapshotStore {
   // entries) and its drift window; a pin on a deleted version is lifted.
   // not_found when the key has no such version.
   Status roll_back(std::string_view tenant, const SuffixKey& key, std::int32_t version, std::int64_t& rows_deleted);
+
+  // ---- inspection (reads only: a read-only store answers them) -------------
+  // Counts and file sizes of every shard.
+  Status shard_statistics(std::vector<ShardStatistics>& out);
+  // Runs integrity_check on every shard and reads every row and fallback:
+  // its key's fingerprint, dim, BLOB header and checksum. ok() with the
+  // findings in `report`; an error only when a shard cannot be read.
+  Status verify(VerifyReport& report);
+  // The rows evict() would delete now (evict_after_days, evict_min_usage;
+  // usage not yet written counted), oldest use first. Deletes nothing.
+  Status eviction_candidates(std::vector<EvictionCandidate>& out);
 
   // The shard a key lives in (for tools and tests).
   std::int32_t shard_of(std::string_view tenant, const SuffixKey& key) const;
