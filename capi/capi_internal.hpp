@@ -92,6 +92,10 @@ static_assert(kEngineOptionsV2 < kEngineOptionsV3 && kEngineOptionsV3 < sizeof(c
 static_assert(kMetricsV2 < kMetricsV3 && kMetricsV3 < sizeof(clm_metrics));
 static_assert(offsetof(clm_engine_options, host_pages) >= kEngineOptionsV3, "version 4 appends");
 static_assert(offsetof(clm_metrics, has_tiers) >= kMetricsV3, "version 4 appends");
+// Version 4, frozen: version 5 (the store's reader and maintenance) appends to it.
+constexpr std::size_t kEngineOptionsV4 = offsetof(clm_engine_options, storage_batch_pages) + sizeof(int32_t);
+static_assert(kEngineOptionsV3 < kEngineOptionsV4 && kEngineOptionsV4 < sizeof(clm_engine_options));
+static_assert(offsetof(clm_engine_options, snapshot_read_only) >= kEngineOptionsV4, "version 5 appends");
 static_assert(offsetof(clm_admit_options, priority_update) >= kAdmitOptionsV1, "version 2 appends");
 static_assert(CLM_PRIORITY_RAISE == static_cast<int>(clm::PriorityUpdate::raise) &&
                   CLM_PRIORITY_SET == static_cast<int>(clm::PriorityUpdate::set),
@@ -102,7 +106,8 @@ static_assert(CLM_PRIORITY_RAISE == static_cast<int>(clm::PriorityUpdate::raise)
 static_assert(kAdmitOptionsV1 % alignof(clm_admit_options) == 0);
 static_assert(kEngineOptionsV1 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV2 % alignof(clm_engine_options) == 0 &&
-              kEngineOptionsV3 % alignof(clm_engine_options) == 0);
+              kEngineOptionsV3 % alignof(clm_engine_options) == 0 &&
+              kEngineOptionsV4 % alignof(clm_engine_options) == 0);
 
 // A caller's struct of `size` bytes as this library's full struct: the
 // caller's fields, and the defaults for fields its version did not have.

@@ -71,6 +71,8 @@ clm_engine_options default_engine_options() {
   o.snapshot_similarity_floor = store.similarity_floor;
   o.snapshot_ann_ef_search = store.ann_ef_search;
   o.snapshot_lookup_timeout_us = store.lookup_timeout_us;
+  o.snapshot_read_only = store.read_only ? 1 : 0;
+  o.snapshot_maintenance_interval_ms = store.maintenance_interval_ms;
   const clm::TierConfig& tiers = defaults.tiers;
   o.host_pages = tiers.host_pages;
   o.write_policy = static_cast<int32_t>(tiers.write_policy);
@@ -90,7 +92,8 @@ constexpr std::size_t kMaxStorageUrlBytes = 8192;  // a path and a few options
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_engine_options_init", "options");
   if (clm_status s = check_struct_size<clm_engine_options>(
-          struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3}, "clm_engine_options_init")) {
+          struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4},
+          "clm_engine_options_init")) {
     return s;
   }
   clm_engine_options defaults = default_engine_options();
@@ -105,7 +108,8 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     *out = nullptr;
     if (!options) return null_argument("clm_engine_create", "options (num_pages has no default)");
     if (clm_status s = check_struct_size<clm_engine_options>(
-            options->struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3}, "clm_engine_create")) {
+            options->struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4},
+            "clm_engine_create")) {
       return s;
     }
     const clm_engine_options widened = widen(options, options->struct_size, default_engine_options());
@@ -168,6 +172,12 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     config.snapshot_store.similarity_floor = options->snapshot_similarity_floor;
     config.snapshot_store.ann_ef_search = options->snapshot_ann_ef_search;
     config.snapshot_store.lookup_timeout_us = options->snapshot_lookup_timeout_us;
+    if (options->snapshot_read_only != 0 && options->snapshot_read_only != 1) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_create: snapshot_read_only is {} (0 or 1)", options->snapshot_read_only));
+    }
+    config.snapshot_store.read_only = options->snapshot_read_only == 1;
+    config.snapshot_store.maintenance_interval_ms = options->snapshot_maintenance_interval_ms;
     if (options->write_policy < CLM_WRITE_THROUGH || options->write_policy > CLM_WRITE_BACK) {
       return fail(CLM_ERR_INVALID_ARGUMENT,
                   fmt::format("clm_engine_create: unknown write_policy {}", options->write_policy));

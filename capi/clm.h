@@ -151,6 +151,12 @@ typedef struct clm_engine_options {
   double prefetch_timeout_per_1k_tokens_ms; /* ... plus this per 1000 tokens fetched (default 10) */
   int32_t storage_workers;            /* threads that talk to storage, 1..64 (default 2) */
   int32_t storage_batch_pages;        /* pages per storage call, 1..4096 (default 32) */
+  /* -- version 5: the snapshot store beside its writer, and its maintenance -- */
+  int32_t snapshot_read_only;         /* 1: open the store read-only beside the process that writes it: lookups
+                                         only; records, outcomes, fallbacks, evictions and administration are
+                                         CLM_ERR_FAILED_PRECONDITION (default 0) */
+  int64_t snapshot_maintenance_interval_ms; /* > 0: evict and flush the store on a background thread this often
+                                               (default 0: the host calls clm_engine_evict_snapshots) */
 } clm_engine_options;
 
 /* When a cached page gets its host-tier copy (then, with a storage tier, its
@@ -174,7 +180,8 @@ CLM_API clm_status clm_engine_options_init(clm_engine_options *options, size_t s
   {sizeof(clm_engine_options), 0, 16, 1, 1, 128, CLM_KV_F16, CLM_MEMORY_HOST, 0, CLM_EVICT_LRU, 0.2,   \
    10000.0, -1.0f, 0.95f, 3, NULL, 0,                                  /* version 2: SRC */            \
    NULL, 16, 256, 50, 0.95f, 0.80f, 128, 2000,                         /* version 3: snapshot store */ \
-   0, CLM_WRITE_THROUGH, NULL, CLM_PREFETCH_TIMEOUT, 20.0, 10.0, 2, 32} /* version 4: tiers */
+   0, CLM_WRITE_THROUGH, NULL, CLM_PREFETCH_TIMEOUT, 20.0, 10.0, 2, 32, /* version 4: tiers */          \
+   0, 0}                                                               /* version 5: store reader */
 /* clang-format on */
 
 CLM_API clm_status clm_engine_create(clm_engine **out, const clm_engine_options *options);

@@ -203,6 +203,13 @@ type EngineOptions struct {
 	StorageWorkers int32
 	// StorageBatchPages is the number of pages per storage call, 1..4096.
 	StorageBatchPages int32
+	// SnapshotReadOnly opens the snapshot store read-only beside the process
+	// that writes it: lookups only (records, outcomes, evictions and
+	// administration fail with FailedPrecondition).
+	SnapshotReadOnly bool
+	// SnapshotMaintenanceIntervalMS > 0 evicts and flushes the snapshot store
+	// on a background thread this often (0: off, the host evicts).
+	SnapshotMaintenanceIntervalMS int64
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -242,13 +249,15 @@ func DefaultEngineOptions() (EngineOptions, error) {
 		SnapshotANNEfSearch:     int32(c.snapshot_ann_ef_search),
 		SnapshotLookupTimeoutUS: int32(c.snapshot_lookup_timeout_us),
 
-		HostPages:                    int32(c.host_pages),
-		WritePolicy:                  WritePolicy(c.write_policy),
-		PrefetchPolicy:               PrefetchPolicy(c.prefetch_policy),
-		PrefetchTimeoutMS:            float64(c.prefetch_timeout_ms),
-		PrefetchTimeoutPer1KTokensMS: float64(c.prefetch_timeout_per_1k_tokens_ms),
-		StorageWorkers:               int32(c.storage_workers),
-		StorageBatchPages:            int32(c.storage_batch_pages),
+		HostPages:                     int32(c.host_pages),
+		WritePolicy:                   WritePolicy(c.write_policy),
+		PrefetchPolicy:                PrefetchPolicy(c.prefetch_policy),
+		PrefetchTimeoutMS:             float64(c.prefetch_timeout_ms),
+		PrefetchTimeoutPer1KTokensMS:  float64(c.prefetch_timeout_per_1k_tokens_ms),
+		StorageWorkers:                int32(c.storage_workers),
+		StorageBatchPages:             int32(c.storage_batch_pages),
+		SnapshotReadOnly:              c.snapshot_read_only != 0,
+		SnapshotMaintenanceIntervalMS: int64(c.snapshot_maintenance_interval_ms),
 	}, nil
 }
 
@@ -427,6 +436,11 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	c.prefetch_timeout_per_1k_tokens_ms = C.double(opts.PrefetchTimeoutPer1KTokensMS)
 	c.storage_workers = C.int32_t(opts.StorageWorkers)
 	c.storage_batch_pages = C.int32_t(opts.StorageBatchPages)
+	c.snapshot_read_only = 0
+	if opts.SnapshotReadOnly {
+		c.snapshot_read_only = 1
+	}
+	c.snapshot_maintenance_interval_ms = C.int64_t(opts.SnapshotMaintenanceIntervalMS)
 	if opts.StorageURL != "" {
 		if strings.IndexByte(opts.StorageURL, 0) >= 0 {
 			return nil, &Error{code: InvalidArgument, op: "clm_engine_create",

@@ -95,6 +95,10 @@ C99_STATIC_ASSERT(offsetof(clm_engine_options, host_pages) >=
                   engine_options_v4_appended);
 C99_STATIC_ASSERT(offsetof(clm_metrics, has_tiers) >= offsetof(clm_metrics, has_snapshot_store) + sizeof(int32_t),
                   metrics_v4_appended);
+/* Version 5 (the store's reader and maintenance) appends too. */
+C99_STATIC_ASSERT(offsetof(clm_engine_options, snapshot_read_only) >=
+                      offsetof(clm_engine_options, storage_batch_pages) + sizeof(int32_t),
+                  engine_options_v5_appended);
 #if CLM_WRITE_THROUGH != 0 || CLM_WRITE_THROUGH_SELECTIVE != 1 || CLM_WRITE_BACK != 2
 #error "CLM_WRITE_* changed"
 #endif
@@ -158,6 +162,8 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   f64 = &eo->prefetch_timeout_per_1k_tokens_ms;
   i32 = &eo->storage_workers;
   i32 = &eo->storage_batch_pages;
+  i32 = &eo->snapshot_read_only;
+  i64 = &eo->snapshot_maintenance_interval_ms;
   i32 = &eo->snapshot_ann_ef_search;
   i32 = &eo->snapshot_lookup_timeout_us;
 
@@ -462,6 +468,8 @@ static int engine_options_init_macro(void) {
   same &= SAME_FIELD(name, m, i, prefetch_timeout_per_1k_tokens_ms);
   same &= SAME_FIELD(name, m, i, storage_workers);
   same &= SAME_FIELD(name, m, i, storage_batch_pages);
+  same &= SAME_FIELD(name, m, i, snapshot_read_only);
+  same &= SAME_FIELD(name, m, i, snapshot_maintenance_interval_ms);
   return same & SAME_STRUCT(name, m, i);
 }
 

@@ -425,6 +425,60 @@ TEST_CASE("snapshot store C ABI: admission below snapshot_min_usage; a directory
   REQUIRE(std::system(rm.c_str()) == 0);
 }
 
+TEST_CASE("snapshot store C ABI: a read-only engine beside the writer; version-4 options stay writers",
+          "[capi][store][read_only]") {
+  std::mt19937 rng(std::random_device{}());
+  char dir[] = "/tmp/clm-capi-reader-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/snapshots";
+  const std::vector<float> v = random_vector(rng, 1.0f);
+  clm_engine_options o = store_options(path.c_str());
+  clm_engine_options defaults;
+  REQUIRE_OK(clm_engine_options_init(&defaults, sizeof defaults));
+  CHECK(defaults.snapshot_read_only == 0);
+  CHECK(defaults.snapshot_maintenance_interval_ms == 0);
+  {
+    EnginePtr writer = create(o);
+    SeqPtr w = admit(writer.get(), "t");
+    CHECK(record(writer.get(), w.get(), "KEY", CLM_SUFFIX_KEY, nullptr, v) == CLM_RECORD_ADMITTED);
+    REQUIRE_OK(clm_engine_flush_snapshot_store(writer.get()));
+
+    // A second writer is refused; the version-4 layout of the options (no
+    // snapshot_read_only) opens a writer too.
+    clm_engine* e = nullptr;
+    CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION, clm_engine_create(&e, &o));
+    clm_engine_options v4 = o;
+    v4.struct_size = static_cast<uint32_t>(offsetof(clm_engine_options, storage_batch_pages) + sizeof(int32_t));
+    v4.snapshot_read_only = 1;  // past the caller's struct: not read
+    CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION, clm_engine_create(&e, &v4));
+    clm_engine_options bad = o;
+    bad.snapshot_read_only = 2;
+    CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+    bad = o;
+    bad.snapshot_maintenance_interval_ms = -5;
+    CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+    CHECK(e == nullptr);
+
+    clm_engine_options ro = o;
+    ro.snapshot_read_only = 1;
+    EnginePtr reader = create(ro);
+    SeqPtr r = admit(reader.get(), "t");
+    const One hit = lookup(reader.get(), r.get(), "KEY", CLM_SUFFIX_KEY);
+    CHECK(hit.hit.level == CLM_SNAPSHOT_EXACT);
+    CHECK(max_error(hit.snapshot.data(), unit64(v)) <= 1e-3);
+    int32_t result = -1, version = -1;
+    CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION,
+                 clm_engine_record_snapshot(&result, &version, reader.get(), r.get(), "KEY", 3, nullptr, 0,
+                                            CLM_SUFFIX_KEY, v.data(), v.size()));
+    CHECK(std::string(clm_last_error()).find("read-only") != std::string::npos);
+    int64_t deleted = -1;
+    CHECK_STATUS(CLM_ERR_FAILED_PRECONDITION, clm_engine_evict_snapshots(&deleted, reader.get()));
+    CHECK(metrics(writer.get()).store_snapshots == 1);
+  }
+  const std::string rm = "rm -rf '" + std::string(dir) + "'";
+  REQUIRE(std::system(rm.c_str()) == 0);
+}
+
 TEST_CASE("snapshot store C ABI: old struct sizes still work; version-3 defaults", "[capi][store]") {
   // Version 3's defaults are SnapshotStoreConfig's.
   clm_engine_options full;

@@ -61,6 +61,8 @@ int main(void) {
   FIELD(clm_engine_options, prefetch_timeout_per_1k_tokens_ms);
   FIELD(clm_engine_options, storage_workers);
   FIELD(clm_engine_options, storage_batch_pages);
+  FIELD(clm_engine_options, snapshot_read_only);
+  FIELD(clm_engine_options, snapshot_maintenance_interval_ms);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);

@@ -129,6 +129,9 @@ pub struct clm_engine_options {
     pub prefetch_timeout_per_1k_tokens_ms: f64,
     pub storage_workers: i32,
     pub storage_batch_pages: i32,
+    // -- version 5
+    pub snapshot_read_only: i32,
+    pub snapshot_maintenance_interval_ms: i64,
 }
 
 impl Default for clm_engine_options {
@@ -169,6 +172,8 @@ impl Default for clm_engine_options {
             prefetch_timeout_per_1k_tokens_ms: 0.0,
             storage_workers: 0,
             storage_batch_pages: 0,
+            snapshot_read_only: 0,
+            snapshot_maintenance_interval_ms: 0,
         }
     }
 }

@@ -87,6 +87,8 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, prefetch_timeout_per_1k_tokens_ms),
         field!(clm_engine_options, storage_workers),
         field!(clm_engine_options, storage_batch_pages),
+        field!(clm_engine_options, snapshot_read_only),
+        field!(clm_engine_options, snapshot_maintenance_interval_ms),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -337,7 +339,8 @@ fn constants_match_c() {
 // the path pointer at 88, two i32 at 96 and 100, the i64 at 104, two floats
 // at 112 and 116, two i32 at 120 and 124: 128; version 4 two i32 at 128 and
 // 132, the URL pointer at 136, an i32 at 144, 4 bytes of padding, two
-// doubles at 152 and 160, two i32 at 168 and 172: 176.
+// doubles at 152 and 160, two i32 at 168 and 172: 176; version 5 an i32 at
+// 176, 4 bytes of padding, the i64 at 184: 192.
 // kv layout: u32 at 0, pointer at 8, 2 x size_t -> 32, 7 x i32 = 28 -> 60,
 // padded to 64.
 // admit options: u32 at 0, pointer at 8, size_t at 16, 2 x i32 at 24: 32.
@@ -365,12 +368,14 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, snapshot_store_path).1, 88);
     assert_eq!(field!(clm_engine_options, snapshot_min_usage).1, 104);
     assert_eq!(field!(clm_engine_options, snapshot_lookup_timeout_us).1, 124);
-    assert_eq!(size_of::<clm_engine_options>(), 176);
+    assert_eq!(size_of::<clm_engine_options>(), 192);
     assert_eq!(field!(clm_engine_options, host_pages).1, 128);
     assert_eq!(field!(clm_engine_options, storage_url).1, 136);
     assert_eq!(field!(clm_engine_options, prefetch_policy).1, 144);
     assert_eq!(field!(clm_engine_options, prefetch_timeout_ms).1, 152);
     assert_eq!(field!(clm_engine_options, storage_batch_pages).1, 172);
+    assert_eq!(field!(clm_engine_options, snapshot_read_only).1, 176);
+    assert_eq!(field!(clm_engine_options, snapshot_maintenance_interval_ms).1, 184);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
@@ -468,6 +473,7 @@ fn init_functions_accept_our_struct_sizes() {
         assert_eq!(engine.prefetch_policy, CLM_PREFETCH_TIMEOUT);
         assert_eq!((engine.prefetch_timeout_ms, engine.prefetch_timeout_per_1k_tokens_ms), (20.0, 10.0));
         assert_eq!((engine.storage_workers, engine.storage_batch_pages), (2, 32));
+        assert_eq!((engine.snapshot_read_only, engine.snapshot_maintenance_interval_ms), (0, 0));
         // Version 3 (up to snapshot_lookup_timeout_us): the version-4 fields stay untouched.
         let mut old3 = clm_engine_options { host_pages: -7, ..clm_engine_options::default() };
         assert_eq!(clm_engine_options_init(&mut old3, v3), CLM_OK);

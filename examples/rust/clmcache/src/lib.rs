@@ -379,6 +379,13 @@ pub struct EngineOptions {
     pub storage_workers: i32,
     /// Pages per storage call, 1..4096.
     pub storage_batch_pages: i32,
+    /// Open the snapshot store read-only beside the process that writes it:
+    /// lookups only (records, outcomes, evictions and administration fail
+    /// with `FailedPrecondition`).
+    pub snapshot_read_only: bool,
+    /// `> 0`: evict and flush the snapshot store on a background thread this
+    /// often, in milliseconds (0: off, the host evicts).
+    pub snapshot_maintenance_interval_ms: i64,
 }
 
 impl EngineOptions {
@@ -431,6 +438,8 @@ impl EngineOptions {
             prefetch_timeout_per_1k_tokens_ms: raw.prefetch_timeout_per_1k_tokens_ms,
             storage_workers: raw.storage_workers,
             storage_batch_pages: raw.storage_batch_pages,
+            snapshot_read_only: raw.snapshot_read_only != 0,
+            snapshot_maintenance_interval_ms: raw.snapshot_maintenance_interval_ms,
         })
     }
 
@@ -534,6 +543,8 @@ impl EngineOptions {
         raw.prefetch_timeout_per_1k_tokens_ms = self.prefetch_timeout_per_1k_tokens_ms;
         raw.storage_workers = self.storage_workers;
         raw.storage_batch_pages = self.storage_batch_pages;
+        raw.snapshot_read_only = i32::from(self.snapshot_read_only);
+        raw.snapshot_maintenance_interval_ms = self.snapshot_maintenance_interval_ms;
         Ok(raw)
     }
 }
