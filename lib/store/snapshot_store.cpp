@@ -369,9 +369,22 @@ void SnapshotStore::Impl::rebuild_loop() {
     const std::int32_t s = job.shard;
     if (job.flush_usage) {
       StoreShard& shard = *shards[static_cast<std::size_t>(s)];
-      std::lock_guard shard_lock(shard.mutex);
-      shard.set_write_deadline();
-      (void)shard.flush_usage();  // a busy database keeps the counts for the next write or flush
+      std::lock_guard usage_lock(shard.writer_mutex);
+      StoreShard::UsageBatch batch;
+      {
+        std::lock_guard shard_lock(shard.mutex);
+        batch = shard.take_pending_usage();
+      }
+      // Written without the shard's lock: the lookups go on meanwhile.
+      const Status written = shard.write_usage_aside(batch);
+      if (!written.ok()) {
+        std::lock_guard shard_lock(shard.mutex);
+        shard.return_pending_usage(batch);   // kept for the next write or flush
+        if (shard.settings().dir.empty()) {  // in memory: one connection, written under the lock
+          shard.set_write_deadline();
+          (void)shard.flush_usage();
+        }
+      }
       lock.lock();
       --rebuilds_running;
       rebuild_cv.notify_all();
@@ -508,27 +521,45 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   const std::int32_t pinned = im.pinned_version(tenant, key.fingerprint);
   SnapshotRow chosen, newest;
   std::uint64_t corrupt = 0;
-  Status read = shard.versions(tenant, key, [&](SnapshotRow& r) {
-    if (r.vector.empty()) {
-      ++corrupt;
+  Status read;
+  // The row this key was served last time, by rowid (a writer's cache: a
+  // reader does not see the writes that would make it stale).
+  const bool cacheable = pinned == 0 && !im.config.read_only;
+  const std::string choice_key = cacheable ? tenant_key(tenant, key.fingerprint) : std::string();
+  if (cacheable) {
+    if (const std::int64_t* id = shard.cached_choice(choice_key)) {
+      bool found = false;
+      read = shard.key_row(*id, tenant, key, chosen, found);
+      if (!read.ok()) return shard.is_busy(read) ? busy() : read;
+      if (!found || chosen.vector.empty()) {  // gone, or unreadable now: the versions decide again
+        chosen = SnapshotRow{};
+        shard.forget_choice(choice_key);
+      }
+    }
+  }
+  if (chosen.vector.empty())
+    read = shard.versions(tenant, key, [&](SnapshotRow& r) {
+      if (r.vector.empty()) {
+        ++corrupt;
+        return true;
+      }
+      if (pinned != 0) {
+        if (r.version != pinned) return true;
+        chosen = std::move(r);
+        return false;
+      }
+      if (newest.vector.empty()) newest = r;
+      if (r.confirmations >= im.config.stable_confirmations) {
+        chosen = std::move(r);
+        return false;
+      }
       return true;
-    }
-    if (pinned != 0) {
-      if (r.version != pinned) return true;
-      chosen = std::move(r);
-      return false;
-    }
-    if (newest.vector.empty()) newest = r;
-    if (r.confirmations >= im.config.stable_confirmations) {
-      chosen = std::move(r);
-      return false;
-    }
-    return true;
-  });
+    });
   if (corrupt) im.count([&](SnapshotStoreMetrics& x) { x.corrupt_skipped += corrupt; });
   if (!read.ok()) return shard.is_busy(read) ? busy() : read;
   const bool stable = !chosen.vector.empty() && chosen.confirmations >= im.config.stable_confirmations;
   if (pinned == 0 && chosen.vector.empty() && !newest.vector.empty()) chosen = std::move(newest);
+  if (cacheable && !chosen.vector.empty()) shard.remember_choice(choice_key, chosen.id);
   if (!chosen.vector.empty()) {
     std::copy(chosen.vector.begin(), chosen.vector.end(), snapshot_out.begin());
     hit.level = SnapshotLevel::exact;
@@ -687,6 +718,7 @@ Status SnapshotStore::Impl::record_in_shard(StoreShard& shard, std::string_view 
                                             std::vector<float>& unit, RecordOutcome& outcome,
                                             std::vector<IndexAdd>& adds, std::vector<IndexRemoval>& removals) {
   const std::int64_t now_s = now_ms() / 1000;
+  shard.forget_choice(store_impl::tenant_key(tenant, key.fingerprint));  // what level 1 serves may change
   SnapshotRow current;
   std::int32_t top_version = 0;
   std::vector<std::pair<std::int32_t, std::int64_t>> all;  // (version, id), newest first
@@ -808,9 +840,7 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
   for (std::size_t s = 0; s < im.shards.size(); ++s) {
     if (by_shard[s].empty()) continue;
     StoreShard& shard = *im.shards[s];
-    std::lock_guard lock(shard.mutex);
-    shard.set_write_deadline();
-    CLM_RETURN_IF_ERROR(shard.flush_usage());
+    const store_detail::WriteLocks locks(shard);
     store_detail::ShardTransaction tx(shard);
     CLM_RETURN_IF_ERROR(tx.begin());
     std::vector<IndexAdd> adds;
@@ -904,8 +934,7 @@ Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& q
     im.blacklist_size = im.blacklist.size();
   }
   StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, query.group))];
-  std::lock_guard lock(shard.mutex);
-  shard.set_write_deadline();
+  const store_detail::WriteLocks locks(shard);
   // In force in memory either way.
   return shard.put_blacklist(tenant, blamed, trip->until_ms, trip->reason, false);
 } catch (...) {
@@ -929,8 +958,7 @@ Status SnapshotStore::set_fallback(std::string_view tenant, std::string_view nam
   round_f16(unit);
   StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, key_fingerprint(name)))];
   {
-    std::lock_guard lock(shard.mutex);
-    shard.set_write_deadline();
+    const store_detail::WriteLocks locks(shard);
     CLM_RETURN_IF_ERROR(shard.put_fallback(tenant, name, unit));
   }
   std::lock_guard lock(im.fallback_mutex);
@@ -948,8 +976,8 @@ Status SnapshotStore::evict(EvictionReport& report) try {
   const std::int64_t cutoff_s = store_impl::eviction_cutoff_s(now_ms, im.config.evict_after_days);
   for (auto& shard_ptr : im.shards) {
     StoreShard& shard = *shard_ptr;
-    std::unique_lock lock(shard.mutex);
-    shard.set_write_deadline();
+    store_detail::WriteLocks locks(shard);
+    shard.forget_choices();  // rows of many keys may go
     CLM_RETURN_IF_ERROR(shard.flush_usage());
     store_detail::ShardTransaction tx(shard);
     CLM_RETURN_IF_ERROR(tx.begin());
@@ -969,7 +997,8 @@ Status SnapshotStore::evict(EvictionReport& report) try {
     report.pages_vacuumed += pages;
     std::vector<HnswIndex::PendingSave> saves;
     CLM_RETURN_IF_ERROR(shard.begin_index_saves(true, saves));
-    lock.unlock();
+    locks.shard.unlock();
+    locks.writer.unlock();
     CLM_RETURN_IF_ERROR(shard.finish_saves(saves));
   }
   im.count([&](SnapshotStoreMetrics& x) {
@@ -986,8 +1015,7 @@ Status SnapshotStore::flush() try {
   for (auto& shard : impl_->shards) {
     std::vector<HnswIndex::PendingSave> saves;
     {
-      std::lock_guard lock(shard->mutex);
-      shard->set_write_deadline();
+      const store_detail::WriteLocks locks(*shard);
       CLM_RETURN_IF_ERROR(shard->flush_usage());
       CLM_RETURN_IF_ERROR(shard->begin_index_saves(true, saves));
     }

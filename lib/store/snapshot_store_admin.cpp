@@ -23,10 +23,9 @@ namespace {
 constexpr std::size_t kMaxReasonBytes = 1024;
 
 // The shard lock and SQLite's write timeout, for one administrative call.
-struct ShardWrite {
-  std::unique_lock<store_detail::ShardMutex> lock;
-  explicit ShardWrite(StoreShard& shard) : lock(shard.mutex) { shard.set_write_deadline(); }
-};
+// An administration call's locks (store_shard.hpp, WriteLocks): its writes,
+// and its reads of usage counts, never meet the background thread's.
+using ShardWrite = store_detail::WriteLocks;
 }  // namespace
 
 Status SnapshotStore::list_versions(std::string_view tenant, const SuffixKey& key,
@@ -87,6 +86,7 @@ Status SnapshotStore::delete_key(std::string_view tenant, const SuffixKey& key, 
   std::vector<HnswIndex::PendingSave> saves;
   {
     ShardWrite write(shard);
+    shard.forget_choice(tenant_key(tenant, key.fingerprint));  // what level 1 serves changes
     store_detail::ShardTransaction tx(shard);
     CLM_RETURN_IF_ERROR(tx.begin());
     CLM_RETURN_IF_ERROR(shard.delete_key_rows(tenant, key, 0, ids));
@@ -131,6 +131,7 @@ Status SnapshotStore::delete_tenant(std::string_view tenant, TenantDeletionRepor
     store_detail::TenantDeletion gone;
     {
       ShardWrite write(shard);
+      shard.forget_choices();
       store_detail::ShardTransaction tx(shard);
       CLM_RETURN_IF_ERROR(tx.begin());
       CLM_RETURN_IF_ERROR(shard.delete_tenant(tenant, gone));
@@ -268,6 +269,7 @@ Status SnapshotStore::pin_version(std::string_view tenant, const SuffixKey& key,
   StoreShard& shard = im.shard_for(tenant, key.group);
   {
     const ShardWrite write(shard);
+    shard.forget_choice(tenant_key(tenant, key.fingerprint));  // what level 1 serves changes
     std::vector<store_detail::VersionRow> rows;
     CLM_RETURN_IF_ERROR(shard.version_rows(tenant, key, rows));
     const auto it =
@@ -302,6 +304,7 @@ Status SnapshotStore::unpin_version(std::string_view tenant, const SuffixKey& ke
   }
   StoreShard& shard = im.shard_for(tenant, key.group);
   const ShardWrite write(shard);
+  shard.forget_choice(tenant_key(tenant, key.fingerprint));  // what level 1 serves changes
   store_detail::ShardTransaction tx(shard);
   CLM_RETURN_IF_ERROR(tx.begin());
   bool removed = false;
@@ -328,6 +331,7 @@ Status SnapshotStore::roll_back(std::string_view tenant, const SuffixKey& key, s
   std::vector<HnswIndex::PendingSave> saves;
   {
     ShardWrite write(shard);
+    shard.forget_choice(tenant_key(tenant, key.fingerprint));  // what level 1 serves changes
     std::vector<store_detail::VersionRow> rows;
     CLM_RETURN_IF_ERROR(shard.version_rows(tenant, key, rows));
     if (std::none_of(rows.begin(), rows.end(), [&](const auto& r) { return r.version == version; })) {

@@ -135,8 +135,7 @@ Status SnapshotStore::eviction_candidates(std::vector<EvictionCandidate>& out) t
     StoreShard& shard = *im.shards[static_cast<std::size_t>(s)];
     std::vector<StoreShard::EvictionRow> rows;
     {
-      std::lock_guard lock(shard.mutex);
-      shard.set_write_deadline();
+      const store_detail::WriteLocks locks(shard);  // no usage count in flight while it looks
       CLM_RETURN_IF_ERROR(shard.eviction_rows(cutoff_s, im.config.evict_min_usage, rows));
     }
     for (auto& r : rows)

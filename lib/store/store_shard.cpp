@@ -20,7 +20,8 @@ constexpr const char* kPragmas =
     "PRAGMA auto_vacuum = INCREMENTAL;"
     "PRAGMA journal_mode = WAL;"
     "PRAGMA synchronous = NORMAL;"
-    "PRAGMA foreign_keys = OFF;";
+    "PRAGMA foreign_keys = OFF;"
+    "PRAGMA mmap_size = 268435456;";  // reads map the file: no read() and copy per page (address space only)
 
 // The design's table (docs/snapshot-store.md) plus the tenant, the readable
 // key, the group level 2 filters on, the BLOB's dim, dtype and checksum, the
@@ -226,7 +227,7 @@ Status StoreShard::start(bool serving) {
           "snapshot store {}: store format {} must be migrated first: open it once read-write", path, format()));
     }
     // No pragma that could write: query_only makes any write an error too.
-    if (Status s = db_.exec("PRAGMA query_only = ON;"); !s.ok()) return failed(s);
+    if (Status s = db_.exec("PRAGMA query_only = ON; PRAGMA mmap_size = 268435456;"); !s.ok()) return failed(s);
     if (serving) {
       if (Status s = prepare_all(); !s.ok()) return failed(s);
     }
@@ -293,6 +294,9 @@ Status StoreShard::prepare_all() {
        " WHERE suffix_hash = ?1 AND tenant = ?2 AND suffix_key = ?3 ORDER BY version DESC",
        &versions_},
       {"SELECT version, confirmations, snapshot, checksum FROM semantic_snapshots WHERE id = ?1", &row_},
+      {"SELECT version, confirmations, snapshot, checksum, suffix_hash, tenant, suffix_key FROM semantic_snapshots"
+       " WHERE id = ?1",
+       &key_row_},
       {"SELECT DISTINCT tenant FROM semantic_snapshots", &tenants_},
       {"SELECT id, suffix_hash, group_hash, version, suffix_key, snapshot, checksum FROM semantic_snapshots"
        " WHERE tenant = ?1 AND id > ?2 ORDER BY id",
@@ -381,6 +385,27 @@ Status StoreShard::row(std::int64_t id, SnapshotRow& out, bool& found) {
     decode_into(row_.column_blob(2), settings_.dim, static_cast<std::uint64_t>(row_.column_int(3)), out.vector);
   }
   return done(found ? SQLITE_DONE : rc, "reading a row");
+}
+
+Status StoreShard::key_row(std::int64_t id, std::string_view tenant, const SuffixKey& key, SnapshotRow& out,
+                           bool& found) {
+  const ResetOnExit reset_on_exit(key_row_);
+  key_row_.bind_int(1, id);
+  const int rc = key_row_.step();
+  found = false;
+  if (rc != SQLITE_ROW) return done(rc, "reading a row");
+  const auto t = key_row_.column_blob(5);
+  if (static_cast<std::uint64_t>(key_row_.column_int(4)) != key.fingerprint ||
+      std::string_view(reinterpret_cast<const char*>(t.data()), t.size()) != tenant ||
+      key_row_.column_text(6) != key.key) {
+    return {};
+  }
+  found = true;
+  out.id = id;
+  out.version = static_cast<std::int32_t>(key_row_.column_int(0));
+  out.confirmations = key_row_.column_int(1);
+  decode_into(key_row_.column_blob(2), settings_.dim, static_cast<std::uint64_t>(key_row_.column_int(3)), out.vector);
+  return {};
 }
 
 Status StoreShard::tenants(std::vector<std::string>& out) {
@@ -652,6 +677,41 @@ Status StoreShard::flush_usage() {
   }
   CLM_RETURN_IF_ERROR(tx.commit());
   pending_usage_.clear();
+  return {};
+}
+
+Status StoreShard::write_usage_aside(const UsageBatch& batch) {
+  if (settings_.dir.empty()) return failed_precondition("an in-memory shard has one connection");
+  if (batch.empty()) return {};
+  if (!usage_db_open_) {
+    CLM_RETURN_IF_ERROR(usage_db_.open(db_path()));
+    sqlite3_busy_timeout(usage_db_.handle(), settings_.write_busy_timeout_ms);
+    CLM_RETURN_IF_ERROR(usage_db_.prepare(
+        "UPDATE semantic_snapshots SET usage_count = usage_count + ?2, last_used = max(last_used, ?3) WHERE id = ?1",
+        usage_aside_));
+    usage_db_open_ = true;
+  }
+  CLM_RETURN_IF_ERROR(usage_db_.exec("BEGIN IMMEDIATE"));
+  for (const auto& [id, use] : batch) {
+    usage_aside_.bind_int(1, id);
+    usage_aside_.bind_int(2, use.count);
+    usage_aside_.bind_int(3, use.last_s);
+    const int rc = usage_aside_.step();
+    usage_aside_.reset();
+    if (rc != SQLITE_DONE) {
+      Status failed = usage_db_.error(rc, "writing usage counts");
+      (void)usage_db_.exec("ROLLBACK");
+      return failed;
+    }
+  }
+  if (Status s = usage_db_.exec("COMMIT"); !s.ok()) {
+    (void)usage_db_.exec("ROLLBACK");
+    return s;
+  }
+  // The rows it touched are the snapshots' own pages: copied back into the
+  // database file now (PASSIVE: no reader waits), lookups read them there
+  // (mmap) rather than from the WAL.
+  (void)sqlite3_wal_checkpoint_v2(usage_db_.handle(), nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
   return {};
 }
 

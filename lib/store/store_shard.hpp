@@ -162,6 +162,27 @@ class StoreShard {
   // vector (the caller counts and skips them). `each` returns false to stop.
   Status versions(std::string_view tenant, const SuffixKey& key, const std::function<bool(SnapshotRow&)>& each);
   Status row(std::int64_t id, SnapshotRow& out, bool& found);
+  // Row `id` if it is still one of the key's (found false otherwise: deleted,
+  // or its rowid taken by another key's row since).
+  Status key_row(std::int64_t id, std::string_view tenant, const SuffixKey& key, SnapshotRow& out, bool& found);
+
+  // Level 1's choice per key (tenant_key -> the row it served), so that the
+  // next lookup of the key reads that row by rowid, one B-tree descent,
+  // instead of the key's versions through the index. Under `mutex`. Every
+  // write that touches a key forgets its choice (forget_choice), and the
+  // rare writes of many keys forget them all; a choice whose row is no
+  // longer the key's is caught by key_row, so a stale one costs a miss of
+  // the cache, never a wrong row.
+  const std::int64_t* cached_choice(const std::string& tenant_key) const {
+    const auto it = choices_.find(tenant_key);
+    return it == choices_.end() ? nullptr : &it->second;
+  }
+  void remember_choice(const std::string& tenant_key, std::int64_t id) {
+    if (choices_.size() >= kMaxChoices) choices_.clear();  // bounded; refilled by the next lookups
+    choices_[tenant_key] = id;
+  }
+  void forget_choice(const std::string& tenant_key) { choices_.erase(tenant_key); }
+  void forget_choices() { choices_.clear(); }
   Status tenants(std::vector<std::string>& out);
   // Rows of one tenant with id > after_id, in id order (index rebuild, catch-up).
   Status tenant_rows(std::string_view tenant, std::int64_t after_id,
@@ -207,6 +228,34 @@ class StoreShard {
   }
   std::size_t pending_usage() const { return pending_usage_.size(); }
   Status flush_usage();
+
+  // Writes and the lock: everything that writes the database takes
+  // writer_mutex before `mutex` (WriteLocks), never after, so that no write
+  // waits for SQLite's lock while it holds `mutex` (a lookup would wait
+  // behind it). The background thread's write of the usage counts holds
+  // writer_mutex only: take_pending_usage under `mutex`, then
+  // write_usage_aside without it, on a connection of its own (WAL: the
+  // lookups' reads go on meanwhile); a failed write gives the counts back
+  // (return_pending_usage, under `mutex`). An in-memory shard has no second
+  // connection: write_usage_aside answers failed_precondition and the
+  // caller writes under `mutex` (flush_usage). What acts on the counts
+  // (evict, list_versions, eviction_candidates) holds writer_mutex too, so
+  // no count is in flight while it looks.
+  std::mutex writer_mutex;
+  struct PendingUsage {
+    std::int64_t count = 0;
+    std::int64_t last_s = 0;
+  };
+  using UsageBatch = std::unordered_map<std::int64_t, PendingUsage>;
+  UsageBatch take_pending_usage() { return std::exchange(pending_usage_, {}); }
+  void return_pending_usage(const UsageBatch& batch) {
+    for (const auto& [id, use] : batch) {
+      PendingUsage& mine = pending_usage_[id];
+      mine.count += use.count;
+      mine.last_s = std::max(mine.last_s, use.last_s);
+    }
+  }
+  Status write_usage_aside(const UsageBatch& batch);
 
   // ---- administration (store_shard_admin.cpp; writes inside begin() .. commit())
   // A key's versions with their usage (pending usage included), newest first.
@@ -299,11 +348,10 @@ class StoreShard {
   std::map<std::string, std::int64_t, std::less<>> meta_;  // store_meta as read by open()
   std::chrono::steady_clock::time_point busy_deadline_{};
   bool last_rc_busy_ = false;
-  struct PendingUsage {
-    std::int64_t count = 0;
-    std::int64_t last_s = 0;
-  };
-  std::unordered_map<std::int64_t, PendingUsage> pending_usage_;
+  UsageBatch pending_usage_;
+  SqliteDb usage_db_;  // write_usage_aside's connection, opened on first use (under writer_mutex)
+  Statement usage_aside_;
+  bool usage_db_open_ = false;
   std::vector<std::uint8_t> blob_;  // scratch
 
   Statement versions_, row_, tenants_, tenant_rows_, tenant_labels_, count_rows_;
@@ -311,6 +359,9 @@ class StoreShard {
   Statement see_, forget_, insert_, confirm_, usage_;
   Statement blacklist_put_, blacklist_all_, pins_all_, fallback_put_, fallback_all_;
   Statement evictable_, delete_, prune_seen_, prune_blacklist_;
+  Statement key_row_;
+  static constexpr std::size_t kMaxChoices = std::size_t{1} << 20;
+  std::unordered_map<std::string, std::int64_t> choices_;
 };
 
 // A write transaction of a shard that rolls back in its destructor unless it
@@ -345,6 +396,13 @@ class ShardTransaction {
  private:
   StoreShard& shard_;
   bool open_ = false;
+};
+
+// A write's locks, in their order: writer_mutex, then the shard's lock.
+struct WriteLocks {
+  std::unique_lock<std::mutex> writer;
+  std::unique_lock<ShardMutex> shard;
+  explicit WriteLocks(StoreShard& s) : writer(s.writer_mutex), shard(s.mutex) { s.set_write_deadline(); }
 };
 
 }  // namespace clm::store_detail

@@ -98,9 +98,13 @@
 // added to the index when the store opens. A process killed at any point
 // loses no committed snapshot. Usage counts of lookups (usage_count, and
 // last_used: each row's latest lookup time) are batched in memory and written
-// with the next write or flush, or by the background thread once 4,096 rows
-// of a shard wait: a lookup never writes. A crash may lose those counts,
-// never a snapshot.
+// by flush(), evict() and close, or by the background thread once 4,096 rows
+// of a shard wait, on a database connection of its own and without the
+// shard's lock: a lookup never writes and never waits for that write (a
+// write of the store's own waits for it, without the shard's lock, so
+// lookups go on meanwhile). A crash may lose those counts, never a snapshot.
+// A writer remembers which row level 1 served each key (cleared by every
+// write to the key) and reads that row by its rowid the next time.
 //
 // Thread safety: every method may be called from any thread at once; each
 // shard has its own lock, and lookups of different shards run in parallel.
