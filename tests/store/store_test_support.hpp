@@ -1,6 +1,7 @@
 // tests/store/store_test_support.hpp: what the snapshot store's tests share:
-// random unit vectors, a clock the test moves by hand, and a host key (and
-// clm_test::TempDir, from tests/temp_dir.hpp).
+// random unit vectors, a clock the test moves by hand, a host key, opening a
+// store and looking a key up with every status checked (and clm_test::TempDir,
+// from tests/temp_dir.hpp).
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <catch2/catch.hpp>
 
 #include "clm/store/snapshot_store.hpp"
 #include "temp_dir.hpp"
@@ -75,6 +77,27 @@ inline clm::SuffixKey host_key(const std::string& key, const std::string& group 
   const clm::Status s = clm::SuffixKeyer::from_host_key(key, group, k);
   if (!s.ok()) throw std::runtime_error(s.message());
   return k;
+}
+
+// The store of config `c`; the test stops (with open's message) if it does not open.
+inline std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& c) {
+  std::unique_ptr<clm::SnapshotStore> store;
+  const clm::Status s = clm::SnapshotStore::open(c, store);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  return store;
+}
+
+// One lookup, which must succeed (a miss is a success); `out` gets
+// snapshot_dim values (zeros on a miss).
+inline clm::SnapshotHit lookup(clm::SnapshotStore& store, std::string_view tenant, const clm::SuffixKey& key,
+                               const std::vector<float>& query, std::vector<float>& out) {
+  clm::SnapshotHit hit;
+  out.assign(static_cast<std::size_t>(store.config().snapshot_dim), 0.0f);
+  const clm::Status s = store.lookup(tenant, key, query, hit, out);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  return hit;
 }
 
 }  // namespace clm_test

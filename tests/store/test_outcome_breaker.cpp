@@ -21,6 +21,7 @@ using clm::StatusCode;
 using clm::store_impl::BreakerSettings;
 using clm::store_impl::OutcomeBreaker;
 using clm_test::host_key;
+using clm_test::open_store;
 using clm_test::random_unit;
 
 namespace {
@@ -171,21 +172,10 @@ clm::SnapshotStoreConfig breaker_config(const std::string& path, const clm_test:
   return c;
 }
 
-std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& c) {
-  std::unique_ptr<clm::SnapshotStore> store;
-  const clm::Status s = clm::SnapshotStore::open(c, store);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return store;
-}
-
+// A lookup of tenant "t".
 clm::SnapshotHit lookup(clm::SnapshotStore& store, const clm::SuffixKey& key, const std::vector<float>& query) {
-  clm::SnapshotHit hit;
-  std::vector<float> out(kDim);
-  const clm::Status s = store.lookup("t", key, query, hit, out);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return hit;
+  std::vector<float> out;
+  return clm_test::lookup(store, "t", key, query, out);
 }
 
 }  // namespace

@@ -26,6 +26,8 @@
 using clm::RecordResult;
 using clm::SnapshotLevel;
 using clm_test::host_key;
+using clm_test::lookup;
+using clm_test::open_store;
 using clm_test::random_unit;
 
 namespace {
@@ -45,14 +47,6 @@ clm::SnapshotStoreConfig memory_config(int shards = 4) {
   return c;
 }
 
-std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& c) {
-  std::unique_ptr<clm::SnapshotStore> store;
-  const clm::Status s = clm::SnapshotStore::open(c, store);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return store;
-}
-
 clm::RecordOutcome record(clm::SnapshotStore& store, std::string_view tenant, const clm::SuffixKey& key,
                           const std::vector<float>& v) {
   clm::RecordOutcome out;
@@ -60,16 +54,6 @@ clm::RecordOutcome record(clm::SnapshotStore& store, std::string_view tenant, co
   INFO(s.message());
   REQUIRE(s.ok());
   return out;
-}
-
-clm::SnapshotHit lookup(clm::SnapshotStore& store, std::string_view tenant, const clm::SuffixKey& key,
-                        const std::vector<float>& query, std::vector<float>& out) {
-  clm::SnapshotHit hit;
-  out.assign(kDim, 0.0f);
-  const clm::Status s = store.lookup(tenant, key, query, hit, out);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return hit;
 }
 
 // Flips the page-type byte of the root page of a database's table of rows:

@@ -24,6 +24,8 @@
 using clm::SnapshotLevel;
 using clm::StatusCode;
 using clm_test::host_key;
+using clm_test::lookup;
+using clm_test::open_store;
 using clm_test::random_unit;
 
 namespace {
@@ -41,24 +43,6 @@ clm::SnapshotStoreConfig admin_config(const std::string& path, const clm_test::M
   c.rebuild_in_background = false;
   c.clock_ms = clock.fn();
   return c;
-}
-
-std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& c) {
-  std::unique_ptr<clm::SnapshotStore> store;
-  const clm::Status s = clm::SnapshotStore::open(c, store);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return store;
-}
-
-clm::SnapshotHit lookup(clm::SnapshotStore& store, std::string_view tenant, const clm::SuffixKey& key,
-                        const std::vector<float>& query, std::vector<float>& out) {
-  clm::SnapshotHit hit;
-  out.assign(static_cast<std::size_t>(store.config().snapshot_dim), 0.0f);
-  const clm::Status s = store.lookup(tenant, key, query, hit, out);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return hit;
 }
 
 // The model: every version of every key, and what an administrator did.

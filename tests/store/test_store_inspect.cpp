@@ -18,6 +18,7 @@
 using clm::SnapshotLevel;
 using clm::StatusCode;
 using clm_test::host_key;
+using clm_test::open_store;
 using clm_test::random_unit;
 
 namespace {
@@ -35,14 +36,6 @@ clm::SnapshotStoreConfig inspect_config(const std::string& path, const clm_test:
   c.rebuild_in_background = false;
   c.clock_ms = clock.fn();
   return c;
-}
-
-std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& c) {
-  std::unique_ptr<clm::SnapshotStore> store;
-  const clm::Status s = clm::SnapshotStore::open(c, store);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return store;
 }
 
 // Runs sql on a database by hand; the rows it changed.

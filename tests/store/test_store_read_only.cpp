@@ -20,6 +20,8 @@
 using clm::SnapshotLevel;
 using clm::StatusCode;
 using clm_test::host_key;
+using clm_test::lookup;
+using clm_test::open_store;
 using clm_test::random_unit;
 
 namespace {
@@ -37,24 +39,6 @@ clm::SnapshotStoreConfig writer_config(const std::string& path, const clm_test::
   c.rebuild_in_background = false;
   c.clock_ms = clock.fn();
   return c;
-}
-
-std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreConfig& c) {
-  std::unique_ptr<clm::SnapshotStore> store;
-  const clm::Status s = clm::SnapshotStore::open(c, store);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return store;
-}
-
-clm::SnapshotHit lookup(clm::SnapshotStore& store, std::string_view tenant, const clm::SuffixKey& key,
-                        const std::vector<float>& query, std::vector<float>& out) {
-  clm::SnapshotHit hit;
-  out.assign(kDim, 0.0f);
-  const clm::Status s = store.lookup(tenant, key, query, hit, out);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  return hit;
 }
 
 // Every file of the directory but the databases' WAL and shared memory (the
