@@ -612,13 +612,19 @@ class SqliteBaseline {
 
 // ---- the store ---------------------------------------------------------------
 
-std::unique_ptr<clm::SnapshotStore> open_store(const fs::path& dir, std::size_t dim, std::int32_t ef_search) {
+// The store under test: min_usage_threshold 1 (rows admitted directly:
+// admission has its own test), the baseline's M and ef_construction;
+// similarity floor -1 (recall measures the index) unless a case serves at
+// another.
+std::unique_ptr<clm::SnapshotStore> open_store(const fs::path& dir, std::size_t dim, std::int32_t ef_search,
+                                               std::size_t shards = 16, float floor = -1.0f) {
   clm::SnapshotStoreConfig config;
   config.path = dir.string();
+  config.num_shards = static_cast<std::int32_t>(shards);
   config.snapshot_dim = static_cast<std::int32_t>(dim);
   config.min_usage_threshold = 1;
   config.ann_top_k = static_cast<std::int32_t>(kTopK);
-  config.similarity_floor = -1.0f;
+  config.similarity_floor = floor;
   config.ann_ef_search = ef_search;
   config.ann_m = kAnnM;
   config.ann_ef_construction = kAnnEfConstruction;
@@ -626,6 +632,19 @@ std::unique_ptr<clm::SnapshotStore> open_store(const fs::path& dir, std::size_t 
   std::unique_ptr<clm::SnapshotStore> store;
   check(clm::SnapshotStore::open(config, store), "SnapshotStore::open");
   return store;
+}
+
+// Runs a then b on even steps, b then a on odd ones: the drift of a shared
+// machine hits the store and its baseline alike.
+template <class A, class B>
+void alternate(std::size_t step, A&& a, B&& b) {
+  if (step % 2 == 0) {
+    a();
+    b();
+  } else {
+    b();
+    a();
+  }
 }
 
 // "row-<i>" -> i; -1 for anything else.
@@ -704,13 +723,7 @@ void bench_dataset(const Dataset& ds, const Scale& scale, const fs::path& work, 
         for (std::size_t i = begin; i < end; ++i) raw.index.addPoint(ds.row(i), i);
         raw_s += seconds_since(t);
       };
-      if (chunk % 2 == 0) {
-        run_store();
-        run_raw();
-      } else {
-        run_raw();
-        run_store();
-      }
+      alternate(chunk, run_store, run_raw);
       for (const clm::RecordOutcome& o : outcomes) not_admitted += o.result != clm::RecordResult::admitted;
       if (end >= next_report || end == ds.rows) {
         fmt::print(stderr, "{}: {}: ingest {}/{} rows (store {:.1f} s, hnswlib {:.1f} s, wall {:.1f} s)\n",
@@ -772,13 +785,7 @@ void bench_dataset(const Dataset& ds, const Scale& scale, const fs::path& work, 
           sqlite_missing += !sqlite.select(keys[i].fingerprint, blob);
           b_us = micros_since(t);
         };
-        if (l % 2 == 0) {
-          run_store();
-          run_sqlite();
-        } else {
-          run_sqlite();
-          run_store();
-        }
+        alternate(l, run_store, run_sqlite);
         if (hit.level != clm::SnapshotLevel::exact || hit.key != keys[i].key ||
             dot(out.data(), ds.row(i), ds.dim) < 0.999f) {
           ++wrong;
@@ -828,13 +835,7 @@ void bench_dataset(const Dataset& ds, const Scale& scale, const fs::path& work, 
             raw.search(query, found);
             b_us = micros_since(t);
           };
-          if (n % 2 == 0) {
-            run_store();
-            run_raw();
-          } else {
-            run_raw();
-            run_store();
-          }
+          alternate(n, run_store, run_raw);
           if (pass == 0) continue;
           store_us.push_back(s_us);
           raw_us.push_back(b_us);
@@ -906,24 +907,6 @@ GroupedScale make_grouped_scale(const Scale& scale) {
   return g;
 }
 
-std::unique_ptr<clm::SnapshotStore> open_grouped_store(const fs::path& dir, std::size_t dim, std::size_t shards,
-                                                       float floor, std::int32_t ef_search = 128) {
-  clm::SnapshotStoreConfig config;
-  config.path = dir.string();
-  config.num_shards = static_cast<std::int32_t>(shards);
-  config.snapshot_dim = static_cast<std::int32_t>(dim);
-  config.min_usage_threshold = 1;  // admitted directly: admission has its own test
-  config.ann_top_k = static_cast<std::int32_t>(kTopK);
-  config.similarity_floor = floor;
-  config.ann_ef_search = ef_search;
-  config.ann_m = kAnnM;
-  config.ann_ef_construction = kAnnEfConstruction;
-  config.rebuild_in_background = false;
-  std::unique_ptr<clm::SnapshotStore> store;
-  check(clm::SnapshotStore::open(config, store), "SnapshotStore::open");
-  return store;
-}
-
 // Rows of T tenants x G groups x R rows in S shards. Each (tenant, shard)
 // partition holds the groups that route there (about G / S of each tenant);
 // within a partition, every `group_share` groups share one random centre, so
@@ -956,7 +939,7 @@ void bench_grouped(const Scale& scale, const fs::path& work, std::mt19937_64& rn
   std::vector<std::size_t> group_of(rows);
   {
     // The shard of each group, as the store routes it.
-    auto probe = open_grouped_store(dir / "probe", dim, g.shards, 0.8f);
+    auto probe = open_store(dir / "probe", dim, 128, g.shards);
     for (std::size_t t = 0; t < g.tenants; ++t) {
       for (std::size_t k = 0; k < g.groups; ++k) {
         Group gr;
@@ -1040,7 +1023,7 @@ void bench_grouped(const Scale& scale, const fs::path& work, std::mt19937_64& rn
     raw[where] = std::make_unique<RawHnsw>(dim, members.size() * g.rows_per_group);
   }
   {
-    auto store = open_grouped_store(dir / "store", dim, g.shards, -1.0f);
+    auto store = open_store(dir / "store", dim, 128, g.shards);
     std::vector<clm::SnapshotRecord> records;
     std::vector<clm::RecordOutcome> outcomes;
     const auto start = Clock::now();
@@ -1072,7 +1055,7 @@ void bench_grouped(const Scale& scale, const fs::path& work, std::mt19937_64& rn
   for (const float floor : {-1.0f, clm::SnapshotStoreConfig{}.similarity_floor}) {
     const bool recall_run = floor < 0.0f;
     for (const std::int32_t ef : scale.ef_search) {
-      auto store = open_grouped_store(dir / "store", dim, g.shards, floor, ef);
+      auto store = open_store(dir / "store", dim, ef, g.shards, floor);
       for (auto& [where, index] : raw) index->index.setEf(static_cast<std::size_t>(ef));
       std::vector<double> store_us, raw_us;
       std::vector<std::size_t> store_hits(kinds.size()), raw_hits(kinds.size()), answered(kinds.size()),
@@ -1104,13 +1087,7 @@ void bench_grouped(const Scale& scale, const fs::path& work, std::mt19937_64& rn
               }
               b_us = micros_since(t);
             };
-            if (n % 2 == 0) {
-              run_store();
-              run_raw();
-            } else {
-              run_raw();
-              run_store();
-            }
+            alternate(n, run_store, run_raw);
             if (pass == 0) continue;
             store_us.push_back(s_us);
             raw_us.push_back(b_us);
