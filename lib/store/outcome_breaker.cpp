@@ -99,6 +99,16 @@ bool OutcomeBreaker::pair_blocked(std::string_view tenant, std::uint64_t query_f
   return false;
 }
 
+std::size_t OutcomeBreaker::blocked_queries(std::string_view tenant, std::uint64_t served_fp,
+                                            std::int64_t now_ms) const {
+  if (blocks_size_.load(std::memory_order_relaxed) == 0) return 0;
+  std::lock_guard lock(mutex_);
+  const auto it = blocks_.find(served_key_of(tenant, served_fp));
+  if (it == blocks_.end()) return 0;
+  return static_cast<std::size_t>(
+      std::count_if(it->second.begin(), it->second.end(), [&](const Block& b) { return b.until_ms >= now_ms; }));
+}
+
 std::size_t OutcomeBreaker::forget_key(std::string_view tenant, std::uint64_t fp) {
   std::lock_guard lock(mutex_);
   std::vector<std::string> gone;

@@ -65,6 +65,8 @@ class OutcomeBreaker {
                                     bool correct, std::int64_t now_ms);
   // Whether served_fp is refused to query_fp (a block in force).
   bool pair_blocked(std::string_view tenant, std::uint64_t query_fp, std::uint64_t served_fp, std::int64_t now_ms);
+  // How many query keys served_fp is refused to now (changes nothing).
+  std::size_t blocked_queries(std::string_view tenant, std::uint64_t served_fp, std::int64_t now_ms) const;
   // Forgets the windows and lifts the blocks in which served_fp was served
   // (or asked for); the number of blocks lifted.
   std::size_t forget_key(std::string_view tenant, std::uint64_t fp);

@@ -220,8 +220,12 @@ Status SnapshotStore::unblacklist_key(std::string_view tenant, const SuffixKey& 
   CLM_RETURN_IF_ERROR(check_key(key, tenant, "unblacklist_key"));
   if (!im.blacklisted(tenant, key.fingerprint)) {
     // Refused to some query keys only (breaker (b)'s pair blocks): lift those.
-    if (im.breaker->forget_key(tenant, key.fingerprint) != 0) return {};
-    return not_found(fmt::format("unblacklist_key: key \"{}\" is not blacklisted", key.key));
+    // With none in force, not_found changes nothing (its outcomes stay counted).
+    if (im.breaker->blocked_queries(tenant, key.fingerprint, im.now_ms()) == 0) {
+      return not_found(fmt::format("unblacklist_key: key \"{}\" is not blacklisted", key.key));
+    }
+    im.breaker->forget_key(tenant, key.fingerprint);
+    return {};
   }
   StoreShard& shard = im.shard_for(tenant, key.group);
   {

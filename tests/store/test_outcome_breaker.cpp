@@ -124,6 +124,11 @@ TEST_CASE("outcome breaker: windows, pair blocks and escalation match a naive mo
           REQUIRE(breaker.pair_blocked(t, a, b, now) == naive.is_blocked(t, a, b, now));
         }
       }
+      for (std::uint64_t b = 1; b <= 4; ++b) {
+        std::size_t blocked = 0;
+        for (std::uint64_t a = 1; a <= 10; ++a) blocked += naive.is_blocked(t, a, b, now) ? 1 : 0;
+        REQUIRE(breaker.blocked_queries(t, b, now) == blocked);
+      }
     }
     REQUIRE(breaker.windows() <= static_cast<std::size_t>(s.tracked_pairs));
   }
@@ -273,7 +278,12 @@ TEST_CASE("store breaker (b): unblacklist_key lifts pair blocks; bad reports cha
   CHECK(clm::SnapshotStore::open(c, refused).code() == StatusCode::invalid_argument);
 
   CHECK(store->unblacklist_key("t", stored).code() == StatusCode::not_found);
-  for (int i = 0; i < 4; ++i) REQUIRE(store->report_outcome("t", asked, near, false).ok());
+  // Three wrong reports, then a refused unblacklist_key: it forgets nothing,
+  // so the fourth report blocks the pair.
+  for (int i = 0; i < 3; ++i) REQUIRE(store->report_outcome("t", asked, near, false).ok());
+  CHECK(store->unblacklist_key("t", stored).code() == StatusCode::not_found);
+  REQUIRE(store->report_outcome("t", asked, near, false).ok());
+  CHECK(store->metrics().blocked_pairs == 1);
   CHECK(lookup(*store, asked, v).level == SnapshotLevel::miss);
   REQUIRE(store->unblacklist_key("t", stored).ok());  // lifts the pair's block
   CHECK(store->metrics().blocked_pairs == 0);
