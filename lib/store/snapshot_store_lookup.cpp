@@ -47,6 +47,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   std::vector<float> q;
   if (!query.empty()) CLM_RETURN_IF_ERROR(unit_copy(query, dim, "snapshot lookup: query", q));
   hit = SnapshotHit{};
+  const std::int64_t now = im.now_ms();  // one time for the lookup's breaker checks
   im.count([](SnapshotStoreMetrics& x) { ++x.lookups; });
   auto miss = [&]() -> Status {
     im.count([](SnapshotStoreMetrics& x) { ++x.misses; });
@@ -63,7 +64,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
         im.count([](SnapshotStoreMetrics& x) { ++x.blacklisted_skips; });
         continue;
       }
-      if (im.breaker->pair_blocked(tenant, key.fingerprint, key_fingerprint(name), im.now_ms())) {
+      if (im.breaker->pair_blocked(tenant, key.fingerprint, key_fingerprint(name), now)) {
         im.count([](SnapshotStoreMetrics& x) { ++x.blocked_pair_skips; });
         continue;
       }
@@ -218,7 +219,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
           ++refused;
           continue;
         }
-        if (im.breaker->pair_blocked(tenant, key.fingerprint, info->second.fingerprint, im.now_ms())) {
+        if (im.breaker->pair_blocked(tenant, key.fingerprint, info->second.fingerprint, now)) {
           ++refused_pairs;
           continue;
         }
