@@ -331,7 +331,7 @@ text_key2=$(key_of 1)
 run rekey "${L2[@]}" --json "$store"
 expect_rc 0 "rekey to lex2"
 [ "$(field adopted)" = false ] && [ "$(field resumed)" = false ] || fail "rekey: adopted, resumed"
-[ "$(field old_format)" = 3 ] || fail "rekey: the format found"
+[ "$(field old_format)" = 4 ] || fail "rekey: the format found"
 [ "$(field rows_before)" = "$total" ] && [ "$(field rows_after)" = "$total" ] || fail "rekey: rows before and after"
 [ "$(field rekeyed)" = 1 ] && [ "$(field changed)" = 1 ] || fail "rekey: the text row's key made again, and changed"
 [ "$(field kept)" = "$n" ] || fail "rekey: the host keys kept"

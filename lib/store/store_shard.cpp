@@ -35,8 +35,6 @@ constexpr const char* kSchema =
     "  version INTEGER NOT NULL DEFAULT 1,"
     "  snapshot BLOB NOT NULL,"
     "  created_at INTEGER NOT NULL,"
-    "  last_used INTEGER NOT NULL,"
-    "  usage_count INTEGER NOT NULL DEFAULT 0,"
     "  tenant BLOB NOT NULL,"
     "  suffix_key TEXT NOT NULL,"
     "  group_hash INTEGER NOT NULL,"
@@ -62,6 +60,27 @@ constexpr const char* kSchema =
     "  tenant BLOB NOT NULL, name TEXT NOT NULL, snapshot BLOB NOT NULL, dim INTEGER NOT NULL,"
     "  checksum INTEGER NOT NULL, PRIMARY KEY (tenant, name)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS store_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;";
+
+// A row's use (format 4) lives in a database of its own beside the shard's
+// (shard-NN.usage.db, attached as `usage`): the background thread writes the
+// counts there on its own connection, and a write to the shard's own file
+// would make every lookup of that connection start over (SQLite drops a
+// connection's page cache and map when another connection commits to its
+// file). A row without a usage row was never used: its last use is its
+// creation. Row ids are never reused (AUTOINCREMENT), so a usage row whose
+// snapshot row is gone counts for nothing; evict() sweeps them.
+constexpr const char* kUsageSchema =
+    "PRAGMA usage.auto_vacuum = INCREMENTAL;"
+    "PRAGMA usage.journal_mode = WAL;"
+    "PRAGMA usage.synchronous = NORMAL;"
+    "CREATE TABLE IF NOT EXISTS usage.snapshot_usage ("
+    "  id INTEGER PRIMARY KEY, usage_count INTEGER NOT NULL, last_used INTEGER NOT NULL);";
+
+// Adds lookups to a row's usage (the table of whichever schema is named).
+constexpr const char* kUsageUpsert =
+    "INSERT INTO {}snapshot_usage (id, usage_count, last_used) VALUES (?1, ?2, ?3)"
+    " ON CONFLICT (id) DO UPDATE SET usage_count = usage_count + excluded.usage_count,"
+    " last_used = max(last_used, excluded.last_used)";
 
 // Rekey's tables, there only while a rekey runs (store_meta rekey_to marks
 // it): rows leaving this shard for another (their old id kept), and the
@@ -94,6 +113,35 @@ int StoreShard::busy_handler(void* self, int /*count*/) {
 std::string StoreShard::db_path() const {
   return settings_.dir.empty() ? std::string(":memory:")
                                : fmt::format("{}/shard-{:02}.db", settings_.dir, settings_.index);
+}
+
+std::string StoreShard::usage_path() const {
+  return settings_.dir.empty() ? std::string(":memory:")
+                               : fmt::format("{}/shard-{:02}.usage.db", settings_.dir, settings_.index);
+}
+
+Status StoreShard::attach_usage() {
+  const std::string path = usage_path();  // bound, not copied: kept until the step
+  std::error_code ec;
+  if (settings_.read_only && !std::filesystem::exists(path, ec)) {  // a writer's start makes it
+    return failed_precondition(
+        fmt::format("shard {} has no usage database ({}): open the store once read-write", settings_.index, path));
+  }
+  Statement attach;
+  CLM_RETURN_IF_ERROR(db_.prepare("ATTACH DATABASE ?1 AS usage", attach));
+  attach.bind_text(1, path);
+  CLM_RETURN_IF_ERROR(done(attach.step(), "attaching the usage database"));
+  if (settings_.read_only) return {};
+  return db_.exec(kUsageSchema);
+}
+
+Status StoreShard::copy_usage_out() {
+  // Only the rows ever used: a row without usage was last used when made.
+  return run(
+      "INSERT OR REPLACE INTO usage.snapshot_usage (id, usage_count, last_used)"
+      " SELECT id, usage_count, last_used FROM main.semantic_snapshots"
+      " WHERE usage_count > 0 OR last_used > created_at",
+      "migrating: the usage counts");
 }
 
 Status StoreShard::connect() {
@@ -226,6 +274,7 @@ Status StoreShard::start(bool serving) {
       return failed_precondition(fmt::format(
           "snapshot store {}: store format {} must be migrated first: open it once read-write", path, format()));
     }
+    if (Status s = attach_usage(); !s.ok()) return failed(s);
     // No pragma that could write: query_only makes any write an error too.
     if (Status s = db_.exec("PRAGMA query_only = ON; PRAGMA mmap_size = 268435456;"); !s.ok()) return failed(s);
     if (serving) {
@@ -236,6 +285,8 @@ Status StoreShard::start(bool serving) {
   // auto_vacuum must be set before the first table exists (a no-op on an
   // existing database); journal_mode cannot change inside a transaction.
   if (Status s = db_.exec(kPragmas); !s.ok()) return failed(s);
+  if (Status s = attach_usage(); !s.ok()) return failed(s);
+  usage_upsert_ = fmt::format(kUsageUpsert, "usage.");
   if (Status s = db_.prepare("BEGIN IMMEDIATE", begin_); !s.ok()) return failed(s);
   if (Status s = db_.prepare("COMMIT", commit_); !s.ok()) return failed(s);
   if (Status s = db_.prepare("ROLLBACK", rollback_); !s.ok()) return failed(s);
@@ -255,7 +306,14 @@ Status StoreShard::start(bool serving) {
     if (s.ok()) s = tx.commit();
     if (!s.ok()) return failed(s);
     fresh_ = false;
-  } else if (format() == 2) {
+  } else if (format() >= 2 && format() < kStoreFormat) {
+    if (format() == 3) {  // the counts first, committed on their own: the drop of their columns follows
+      ShardTransaction tx(*this);
+      Status s = tx.begin();
+      if (s.ok()) s = copy_usage_out();
+      if (s.ok()) s = tx.commit();
+      if (!s.ok()) return failed(s);
+    }
     ShardTransaction tx(*this);
     Status s = tx.begin();
     if (s.ok()) s = migrate();
@@ -309,13 +367,12 @@ Status StoreShard::prepare_all() {
        " ON CONFLICT DO UPDATE SET seen = seen + 1, last_seen = excluded.last_seen RETURNING seen",
        &see_},
       {"DELETE FROM suffix_sightings WHERE tenant = ?1 AND suffix_hash = ?2 AND suffix_key = ?3", &forget_},
-      {"INSERT INTO semantic_snapshots (suffix_hash, version, snapshot, created_at, last_used, usage_count, tenant,"
+      {"INSERT INTO semantic_snapshots (suffix_hash, version, snapshot, created_at, tenant,"
        " suffix_key, group_hash, dim, dtype, checksum, confirmations, source_text)"
-       " VALUES (?1, ?2, ?3, ?4, ?4, 0, ?5, ?6, ?7, ?8, 'f16', ?9, 0, ?10)",
+       " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'f16', ?9, 0, ?10)",
        &insert_},
       {"UPDATE semantic_snapshots SET confirmations = confirmations + 1 WHERE id = ?1", &confirm_},
-      {"UPDATE semantic_snapshots SET usage_count = usage_count + ?2, last_used = max(last_used, ?3) WHERE id = ?1",
-       &usage_},
+      {usage_upsert_.c_str(), &usage_},
       {"INSERT OR REPLACE INTO blacklist (tenant, suffix_hash, suffix_key, until_ms, reason, by_hand)"
        " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
        &blacklist_put_},
@@ -324,10 +381,13 @@ Status StoreShard::prepare_all() {
       {"INSERT OR REPLACE INTO fallback_snapshots (tenant, name, snapshot, dim, checksum) VALUES (?1, ?2, ?3, ?4, ?5)",
        &fallback_put_},
       {"SELECT tenant, name, snapshot, dim, checksum FROM fallback_snapshots", &fallback_all_},
-      {"SELECT id, tenant FROM semantic_snapshots WHERE last_used < ?1 AND usage_count < ?2", &evictable_},
+      {"SELECT s.id, s.tenant FROM semantic_snapshots s LEFT JOIN usage.snapshot_usage u ON u.id = s.id"
+       " WHERE coalesce(u.last_used, s.created_at) < ?1 AND coalesce(u.usage_count, 0) < ?2",
+       &evictable_},
       {"DELETE FROM semantic_snapshots WHERE id = ?1", &delete_},
       {"DELETE FROM suffix_sightings WHERE last_seen < ?1", &prune_seen_},
       {"DELETE FROM blacklist WHERE until_ms < ?1", &prune_blacklist_},
+      {"DELETE FROM usage.snapshot_usage WHERE id NOT IN (SELECT id FROM main.semantic_snapshots)", &prune_usage_},
   };
   for (const auto& s : all) CLM_RETURN_IF_ERROR(db_.prepare(s.sql, *s.stmt));
   return {};
@@ -604,7 +664,10 @@ Status StoreShard::prune(std::int64_t seen_before_s, std::int64_t now_ms) {
   prune_blacklist_.bind_int(1, now_ms);
   rc = prune_blacklist_.step();
   prune_blacklist_.reset();
-  return done(rc, "pruning the blacklist");
+  CLM_RETURN_IF_ERROR(done(rc, "pruning the blacklist"));
+  rc = prune_usage_.step();
+  prune_usage_.reset();
+  return done(rc, "pruning the usage of deleted rows");
 }
 
 Status StoreShard::vacuum(std::int64_t& pages) {
@@ -684,11 +747,10 @@ Status StoreShard::write_usage_aside(const UsageBatch& batch) {
   if (settings_.dir.empty()) return failed_precondition("an in-memory shard has one connection");
   if (batch.empty()) return {};
   if (!usage_db_open_) {
-    CLM_RETURN_IF_ERROR(usage_db_.open(db_path()));
+    CLM_RETURN_IF_ERROR(usage_db_.open(usage_path()));
     sqlite3_busy_timeout(usage_db_.handle(), settings_.write_busy_timeout_ms);
-    CLM_RETURN_IF_ERROR(usage_db_.prepare(
-        "UPDATE semantic_snapshots SET usage_count = usage_count + ?2, last_used = max(last_used, ?3) WHERE id = ?1",
-        usage_aside_));
+    const std::string upsert = fmt::format(kUsageUpsert, "");
+    CLM_RETURN_IF_ERROR(usage_db_.prepare(upsert.c_str(), usage_aside_));
     usage_db_open_ = true;
   }
   CLM_RETURN_IF_ERROR(usage_db_.exec("BEGIN IMMEDIATE"));
@@ -708,9 +770,8 @@ Status StoreShard::write_usage_aside(const UsageBatch& batch) {
     (void)usage_db_.exec("ROLLBACK");
     return s;
   }
-  // The rows it touched are the snapshots' own pages: copied back into the
-  // database file now (PASSIVE: no reader waits), lookups read them there
-  // (mmap) rather than from the WAL.
+  // Copied back into the database file now (PASSIVE: no reader waits), so
+  // that the WAL stays short for the lookups that search it.
   (void)sqlite3_wal_checkpoint_v2(usage_db_.handle(), nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
   return {};
 }
@@ -730,17 +791,29 @@ Status StoreShard::adopt(std::uint64_t key_rules) {
 }
 
 Status StoreShard::migrate() {
-  if (format() >= kStoreFormat) return {};
-  CLM_RETURN_IF_ERROR(run("ALTER TABLE blacklist ADD COLUMN reason TEXT NOT NULL DEFAULT ''", "migrating: reason"));
-  CLM_RETURN_IF_ERROR(run("ALTER TABLE blacklist ADD COLUMN by_hand INTEGER NOT NULL DEFAULT 0", "migrating: by_hand"));
-  CLM_RETURN_IF_ERROR(
-      run("CREATE TABLE IF NOT EXISTS pinned_versions ("
-          "  tenant BLOB NOT NULL, suffix_hash INTEGER NOT NULL, suffix_key TEXT NOT NULL,"
-          "  version INTEGER NOT NULL, pinned_at INTEGER NOT NULL,"
-          "  PRIMARY KEY (tenant, suffix_hash)) WITHOUT ROWID",
-          "migrating: pinned_versions"));
-  CLM_RETURN_IF_ERROR(put_meta("format", kStoreFormat));
-  meta_["format"] = kStoreFormat;
+  auto now_format = [&](std::int64_t format) -> Status {
+    CLM_RETURN_IF_ERROR(put_meta("format", format));
+    meta_["format"] = format;
+    return {};
+  };
+  if (format() == 2) {
+    CLM_RETURN_IF_ERROR(run("ALTER TABLE blacklist ADD COLUMN reason TEXT NOT NULL DEFAULT ''", "migrating: reason"));
+    CLM_RETURN_IF_ERROR(
+        run("ALTER TABLE blacklist ADD COLUMN by_hand INTEGER NOT NULL DEFAULT 0", "migrating: by_hand"));
+    CLM_RETURN_IF_ERROR(
+        run("CREATE TABLE IF NOT EXISTS pinned_versions ("
+            "  tenant BLOB NOT NULL, suffix_hash INTEGER NOT NULL, suffix_key TEXT NOT NULL,"
+            "  version INTEGER NOT NULL, pinned_at INTEGER NOT NULL,"
+            "  PRIMARY KEY (tenant, suffix_hash)) WITHOUT ROWID",
+            "migrating: pinned_versions"));
+    CLM_RETURN_IF_ERROR(now_format(3));
+  }
+  if (format() == 3) {  // the usage columns move to the usage database (rewrites semantic_snapshots once)
+    CLM_RETURN_IF_ERROR(copy_usage_out());  // again, if start() did: it sets, never adds
+    CLM_RETURN_IF_ERROR(run("ALTER TABLE semantic_snapshots DROP COLUMN usage_count", "migrating: usage_count"));
+    CLM_RETURN_IF_ERROR(run("ALTER TABLE semantic_snapshots DROP COLUMN last_used", "migrating: last_used"));
+    CLM_RETURN_IF_ERROR(now_format(4));
+  }
   return {};
 }
 
@@ -795,8 +868,10 @@ Status StoreShard::rekey_to_outbox(std::int64_t id) {
   CLM_RETURN_IF_ERROR(db_.prepare(
       "INSERT OR REPLACE INTO rekey_outbox (id, suffix_hash, version, snapshot, created_at, last_used, usage_count,"
       " tenant, suffix_key, group_hash, dim, dtype, checksum, confirmations, source_text)"
-      " SELECT id, suffix_hash, version, snapshot, created_at, last_used, usage_count, tenant, suffix_key,"
-      " group_hash, dim, dtype, checksum, confirmations, source_text FROM semantic_snapshots WHERE id = ?1",
+      " SELECT s.id, s.suffix_hash, s.version, s.snapshot, s.created_at, coalesce(u.last_used, s.created_at),"
+      " coalesce(u.usage_count, 0), s.tenant, s.suffix_key, s.group_hash, s.dim, s.dtype, s.checksum,"
+      " s.confirmations, s.source_text FROM semantic_snapshots s LEFT JOIN usage.snapshot_usage u ON u.id = s.id"
+      " WHERE s.id = ?1",
       copy));
   copy.bind_int(1, id);
   CLM_RETURN_IF_ERROR(done(copy.step(), "moving a row to the outbox"));
@@ -901,30 +976,42 @@ Status StoreShard::inbox(std::vector<std::pair<std::int32_t, std::int64_t>>& out
 }
 
 Status StoreShard::receive(const MovedRow& row, std::int32_t from_shard, const SuffixKey& key) {
-  Statement insert, note;
-  CLM_RETURN_IF_ERROR(db_.prepare(
-      "INSERT INTO semantic_snapshots (suffix_hash, version, snapshot, created_at, last_used, usage_count, tenant,"
-      " suffix_key, group_hash, dim, dtype, checksum, confirmations, source_text)"
-      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-      insert));
+  Statement insert, usage;
+  CLM_RETURN_IF_ERROR(
+      db_.prepare("INSERT INTO semantic_snapshots (suffix_hash, version, snapshot, created_at, tenant,"
+                  " suffix_key, group_hash, dim, dtype, checksum, confirmations, source_text)"
+                  " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                  insert));
   insert.bind_int(1, as_signed(key.fingerprint));
   insert.bind_int(2, row.version);
   insert.bind_blob(3, std::span<const std::uint8_t>(row.snapshot));
   insert.bind_int(4, row.created_at);
-  insert.bind_int(5, row.last_used);
-  insert.bind_int(6, row.usage_count);
-  insert.bind_blob(7, row.tenant);
-  insert.bind_text(8, key.key);
-  insert.bind_int(9, as_signed(key.group));
-  insert.bind_int(10, row.dim);
-  insert.bind_text(11, row.dtype);
-  insert.bind_int(12, row.checksum);
-  insert.bind_int(13, row.confirmations);
-  insert.bind_text(14, row.text);
+  insert.bind_blob(5, row.tenant);
+  insert.bind_text(6, key.key);
+  insert.bind_int(7, as_signed(key.group));
+  insert.bind_int(8, row.dim);
+  insert.bind_text(9, row.dtype);
+  insert.bind_int(10, row.checksum);
+  insert.bind_int(11, row.confirmations);
+  insert.bind_text(12, row.text);
   CLM_RETURN_IF_ERROR(done(insert.step(), "receiving a row"));
+  // The row keeps its use under its new id.
+  const std::int64_t id = sqlite3_last_insert_rowid(db_.handle());
+  if (row.usage_count == 0 && row.last_used <= row.created_at) return record_arrival(from_shard, row.id);
+  const std::string upsert = fmt::format(kUsageUpsert, "usage.");
+  CLM_RETURN_IF_ERROR(db_.prepare(upsert.c_str(), usage));
+  usage.bind_int(1, id);
+  usage.bind_int(2, row.usage_count);
+  usage.bind_int(3, row.last_used);
+  CLM_RETURN_IF_ERROR(done(usage.step(), "receiving a row's usage"));
+  return record_arrival(from_shard, row.id);
+}
+
+Status StoreShard::record_arrival(std::int32_t from_shard, std::int64_t id) {
+  Statement note;
   CLM_RETURN_IF_ERROR(db_.prepare("INSERT OR IGNORE INTO rekey_inbox (shard, id) VALUES (?1, ?2)", note));
   note.bind_int(1, from_shard);
-  note.bind_int(2, row.id);
+  note.bind_int(2, id);
   return done(note.step(), "receiving a row");
 }
 

@@ -51,9 +51,11 @@ struct ShardSettings {
 // keys carry their text (source_text) and the rules they were made under
 // (store_meta `key_rules`); 3 since a blacklist entry says why and who put it
 // there (reason, by_hand) and an administrator may pin a key's version
-// (pinned_versions). A format-2 shard is migrated in place when it starts; a
-// format-1 store is adopted with `clm_store rekey --adopt`.
-inline constexpr std::int64_t kStoreFormat = 3;
+// (pinned_versions); 4 since a row's usage count and latest use live in a
+// table of their own (snapshot_usage), so that counting a lookup no longer
+// rewrites the snapshot's page. A format-2 or -3 shard is migrated in place
+// when it starts; a format-1 store is adopted with `clm_store rekey --adopt`.
+inline constexpr std::int64_t kStoreFormat = 4;
 
 // One version of a key as an administrator sees it (list_versions).
 struct VersionRow {
@@ -143,6 +145,9 @@ class StoreShard {
   std::int64_t format() const { return meta_value("format").value_or(0); }
   std::optional<std::int64_t> meta_value(const std::string& name) const;
   std::string db_path() const;
+  // The database of the rows' usage counts beside it (format 4):
+  // shard-NN.usage.db, attached to the shard's connection as `usage`.
+  std::string usage_path() const;
 
   ShardMutex mutex;  // the shard lock: SQLite connection, indexes, labels
 
@@ -295,8 +300,9 @@ class StoreShard {
   // Records key_rules (and kStoreFormat, adding the source_text column to a
   // format-1 shard and migrating): the keys are kept as they are.
   Status adopt(std::uint64_t key_rules);
-  // Brings a format-2 shard to kStoreFormat: the blacklist's reason and
-  // by_hand columns and the pinned_versions table.
+  // Brings a format-2 or -3 shard to kStoreFormat, a step at a time: (2 -> 3)
+  // the blacklist's reason and by_hand columns and the pinned_versions table;
+  // (3 -> 4) the usage columns moved into the usage database.
   Status migrate();
   // Marks the shard as being rekeyed to `to` (rekey_to; rekey_from keeps the
   // rules it had, when first marked) and creates the outbox and inbox tables.
@@ -315,6 +321,7 @@ class StoreShard {
   // (shard, id) of every row this shard received from an outbox.
   Status inbox(std::vector<std::pair<std::int32_t, std::int64_t>>& out);
   Status receive(const MovedRow& row, std::int32_t from_shard, const SuffixKey& key);
+  Status record_arrival(std::int32_t from_shard, std::int64_t id);  // the inbox's note of a received row
   // Numbers each (tenant, key)'s versions 1.. by created_at where they are
   // not strictly increasing in that order (two old keys became one).
   Status renumber_versions(std::int64_t& renumbered);
@@ -335,6 +342,12 @@ class StoreShard {
  private:
   explicit StoreShard(const ShardSettings& settings) : settings_(settings) {}
   Status connect();
+  // Attaches the usage database (a writer creates it and its table; a reader
+  // without one is refused: failed_precondition).
+  Status attach_usage();
+  // Copies a format-3 shard's used rows' counts into the usage database
+  // (INSERT OR REPLACE: run twice, the same counts).
+  Status copy_usage_out();
   Status prepare_all();
   Status put_meta(std::string_view name, std::int64_t value);
   Status run(const char* sql, std::string_view what);  // a constant statement, stepped to its end
@@ -351,6 +364,7 @@ class StoreShard {
   UsageBatch pending_usage_;
   SqliteDb usage_db_;  // write_usage_aside's connection, opened on first use (under writer_mutex)
   Statement usage_aside_;
+  std::string usage_upsert_;  // usage_'s SQL, kept while it is prepared
   bool usage_db_open_ = false;
   std::vector<std::uint8_t> blob_;  // scratch
 
@@ -358,7 +372,7 @@ class StoreShard {
   Statement begin_, commit_, rollback_;
   Statement see_, forget_, insert_, confirm_, usage_;
   Statement blacklist_put_, blacklist_all_, pins_all_, fallback_put_, fallback_all_;
-  Statement evictable_, delete_, prune_seen_, prune_blacklist_;
+  Statement evictable_, delete_, prune_seen_, prune_blacklist_, prune_usage_;
   Statement key_row_;
   static constexpr std::size_t kMaxChoices = std::size_t{1} << 20;
   std::unordered_map<std::string, std::int64_t> choices_;

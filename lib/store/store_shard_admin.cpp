@@ -17,8 +17,10 @@ std::string blob_string(std::span<const std::uint8_t> b) { return {reinterpret_c
 Status StoreShard::version_rows(std::string_view tenant, const SuffixKey& key, std::vector<VersionRow>& out) {
   Statement q;
   CLM_RETURN_IF_ERROR(
-      db_.prepare("SELECT id, version, created_at, last_used, usage_count, confirmations, snapshot, checksum FROM "
-                  "semantic_snapshots WHERE suffix_hash = ?1 AND tenant = ?2 AND suffix_key = ?3 ORDER BY version DESC",
+      db_.prepare("SELECT s.id, s.version, s.created_at, coalesce(u.last_used, s.created_at),"
+                  " coalesce(u.usage_count, 0), s.confirmations, s.snapshot, s.checksum"
+                  " FROM semantic_snapshots s LEFT JOIN usage.snapshot_usage u ON u.id = s.id"
+                  " WHERE s.suffix_hash = ?1 AND s.tenant = ?2 AND s.suffix_key = ?3 ORDER BY s.version DESC",
                   q));
   q.bind_int(1, as_signed(key.fingerprint));
   q.bind_blob(2, tenant);

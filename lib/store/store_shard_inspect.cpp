@@ -101,8 +101,10 @@ Status StoreShard::eviction_rows(std::int64_t unused_before_s, std::int64_t min_
   // noted but did not write yet: they only ever keep a row.
   Statement q;
   CLM_RETURN_IF_ERROR(
-      db_.prepare("SELECT id, tenant, suffix_key, version, usage_count, last_used FROM semantic_snapshots"
-                  " WHERE last_used < ?1 AND usage_count < ?2 ORDER BY last_used, id",
+      db_.prepare("SELECT s.id, s.tenant, s.suffix_key, s.version, coalesce(u.usage_count, 0) AS used,"
+                  " coalesce(u.last_used, s.created_at) AS last FROM semantic_snapshots s"
+                  " LEFT JOIN usage.snapshot_usage u ON u.id = s.id"
+                  " WHERE last < ?1 AND used < ?2 ORDER BY last, s.id",
                   q));
   q.bind_int(1, unused_before_s);
   q.bind_int(2, min_usage);

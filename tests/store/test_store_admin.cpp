@@ -493,7 +493,7 @@ TEST_CASE("a store of format 2, as the previous release wrote it, migrates in pl
       auto store = open_store(c);
       check_format2_rows(*store);
     }
-    for (int s = 0; s < 2; ++s) CHECK(meta_value(fmt::format("{}/shard-{:02}.db", dir.str(), s), "format") == 3);
+    for (int s = 0; s < 2; ++s) CHECK(meta_value(fmt::format("{}/shard-{:02}.db", dir.str(), s), "format") == 4);
     auto again = open_store(c);  // a migrated store opens as it is
     std::vector<float> got;
     CHECK(lookup(*again, "tenant-a", host_key("host-key-2", ""), {}, got).version == 1);  // the pin held
@@ -530,10 +530,142 @@ TEST_CASE("a store of format 2, as the previous release wrote it, migrates in pl
     clm::RekeyReport report;
     REQUIRE(clm::SnapshotStore::rekey(c, true, report).ok());
     CHECK(report.old_format == 2);
-    for (int s = 0; s < 2; ++s) CHECK(meta_value(fmt::format("{}/shard-{:02}.db", dir.str(), s), "format") == 3);
+    for (int s = 0; s < 2; ++s) CHECK(meta_value(fmt::format("{}/shard-{:02}.db", dir.str(), s), "format") == 4);
     store = open_store(c);
     check_format2_rows(*store);
   }
+}
+
+namespace {
+
+// Each column of `table` in the database, by name.
+std::vector<std::string> columns_of(const std::string& db_path, const char* table) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  REQUIRE(sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info(?1)", -1, &q, nullptr) == SQLITE_OK);
+  sqlite3_bind_text(q, 1, table, -1, SQLITE_STATIC);
+  std::vector<std::string> out;
+  while (sqlite3_step(q) == SQLITE_ROW) out.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(q, 0)));
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a store of format 3 migrates in place: the usage columns move to their own database, the counts kept",
+          "[store][admin][migration]") {
+  const std::string data = std::string(CLM_TEST_DATA_DIR) + "/snapshot_store_format3";
+  REQUIRE(std::filesystem::exists(data + "/shard-00.db"));
+  constexpr std::int64_t kDay0Ms = 1796428800000, kDayMs = 86'400'000;  // its README
+  clm_test::ManualClock clock;
+  *clock.now = kDay0Ms + 6 * kDayMs;
+  clm_test::TempDir dir("format3");
+  for (const auto& e : std::filesystem::directory_iterator(data)) {
+    if (e.path().extension() != ".md") std::filesystem::copy_file(e.path(), dir.path() / e.path().filename());
+  }
+  clm::SnapshotStoreConfig c = admin_config(dir.str(), clock);
+  c.num_shards = 2;
+  c.snapshot_dim = 8;
+  c.version_cosine = 0.99f;
+  std::unique_ptr<clm::SuffixKeyer> keyer;
+  REQUIRE(clm::SuffixKeyer::create(c.keyer, keyer).ok());
+  for (int s = 0; s < 2; ++s) {
+    const std::string db = fmt::format("{}/shard-{:02}.db", dir.str(), s);
+    REQUIRE(meta_value(db, "format") == 3);
+    set_key_rules(db, keyer->rules_fingerprint());
+  }
+  {  // As if a migration had committed its copy of shard 1's counts, then crashed: the next one copies again.
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir.str() + "/shard-01.usage.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db,
+                         "CREATE TABLE snapshot_usage (id INTEGER PRIMARY KEY, usage_count INTEGER NOT NULL,"
+                         " last_used INTEGER NOT NULL); INSERT INTO snapshot_usage VALUES (1, 3, 1796428800)",
+                         nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto store = open_store(c);
+  for (int s = 0; s < 2; ++s) {
+    const std::string db = fmt::format("{}/shard-{:02}.db", dir.str(), s);
+    CHECK(meta_value(db, "format") == 4);
+    const std::vector<std::string> cols = columns_of(db, "semantic_snapshots");
+    CHECK(std::find(cols.begin(), cols.end(), "usage_count") == cols.end());
+    CHECK(std::find(cols.begin(), cols.end(), "last_used") == cols.end());
+    CHECK(columns_of(fmt::format("{}/shard-{:02}.usage.db", dir.str(), s), "snapshot_usage") ==
+          std::vector<std::string>{"id", "usage_count", "last_used"});
+  }
+  std::vector<float> got;
+  for (int i = 0; i < 6; ++i) {
+    const std::string tenant = i % 2 ? "tenant-b" : "tenant-a";
+    const int served = i == 2 ? 1 : 1 + i % 3;  // host-key-2 is pinned to version 1
+    const clm::SuffixKey k = host_key("host-key-" + std::to_string(i), "");
+    INFO("host-key-" << i);
+    const clm::SnapshotHit hit = lookup(*store, tenant, k, {}, got);
+    REQUIRE(hit.level == SnapshotLevel::exact);
+    CHECK(hit.version == served);
+    CHECK(hit.pinned == (i == 2));
+    CHECK(clm_test::max_abs_diff(got, format2_vector(i, served)) < kF16);
+  }
+  // The counts and times of use came along, and the lookups above (day 6)
+  // add to them.
+  auto version_info = [&](const std::string& tenant, const char* key, std::int32_t version) {
+    std::vector<clm::SnapshotVersionInfo> versions;
+    REQUIRE(store->list_versions(tenant, host_key(key, ""), versions).ok());
+    for (const auto& v : versions)
+      if (v.version == version) return v;
+    FAIL("no version " << version << " of " << key);
+    return clm::SnapshotVersionInfo{};
+  };
+  REQUIRE(store->flush().ok());
+  CHECK(version_info("tenant-a", "host-key-0", 1).usage_count == 3 + 1);
+  CHECK(version_info("tenant-a", "host-key-0", 1).last_used_s == *clock.now / 1000);
+  CHECK(version_info("tenant-b", "host-key-1", 2).usage_count == 2 + 1);
+  CHECK(version_info("tenant-b", "host-key-1", 1).usage_count == 0);
+  CHECK(version_info("tenant-b", "host-key-1", 1).last_used_s == kDay0Ms / 1000);  // made on day 0, never used
+  CHECK(version_info("tenant-a", "host-key-4", 1).usage_count == 0);
+  // The hand-made blacklist entry and the fallback.
+  CHECK(lookup(*store, "tenant-b", host_key("host-key-blacklisted", ""), {}, got).level == SnapshotLevel::miss);
+  std::vector<clm::BlacklistEntry> listed;
+  REQUIRE(store->list_blacklist(listed).ok());
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].reason == "served a refund answer to a cancel");
+  CHECK(listed[0].by_hand);
+  CHECK(listed[0].until_ms == kDay0Ms + 35 * kDayMs);
+  clm::VerifyReport verified;
+  REQUIRE(store->verify(verified).ok());
+  CHECK(verified.damaged == 0);
+  CHECK(verified.rows == 13);
+  // Eviction reads the moved counts: on day 34, what was used on day 6 (the
+  // six served versions) or made on day 5 (the blacklisted key) stays; the 6
+  // rows made on day 0 and never used go.
+  *clock.now = kDay0Ms + 34 * kDayMs;
+  store.reset();
+  c.evict_min_usage = 1;
+  store = open_store(c);
+  std::vector<clm::EvictionCandidate> candidates;
+  REQUIRE(store->eviction_candidates(candidates).ok());
+  CHECK(candidates.size() == 6);
+  for (const auto& cand : candidates) CHECK(cand.usage_count == 0);
+  clm::EvictionReport report;
+  REQUIRE(store->evict(report).ok());
+  CHECK(report.deleted == 6);
+  REQUIRE(store->verify(verified).ok());
+  CHECK(verified.damaged == 0);
+  CHECK(verified.rows == 7);
+  store.reset();
+  // A reader needs the usage database a writer makes: without it, refused.
+  std::filesystem::remove(dir.path() / "shard-01.usage.db");
+  clm::SnapshotStoreConfig reader = c;
+  reader.read_only = true;
+  const clm::Status refused = clm::SnapshotStore::open(reader, store);
+  CHECK(refused.code() == StatusCode::failed_precondition);
+  CHECK(refused.message().find("usage database") != std::string::npos);
+  store = open_store(c);  // a writer makes an empty one: the counts are gone, the rows serve
+  CHECK(lookup(*store, "tenant-a", host_key("host-key-0", ""), {}, got).level == SnapshotLevel::exact);
+  store.reset();
+  store = open_store(reader);
+  CHECK(lookup(*store, "tenant-a", host_key("host-key-0", ""), {}, got).level == SnapshotLevel::exact);
 }
 
 TEST_CASE("a key keeps at most max_versions_per_key versions: the oldest unpinned ones go, index entries too",

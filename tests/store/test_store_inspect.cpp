@@ -113,7 +113,7 @@ TEST_CASE("inspection: counts per shard match a naive model; layout without open
   REQUIRE(clm::SnapshotStore::read_layout(dir.str(), layout).ok());  // beside the writer: no lock taken
   CHECK(layout.num_shards == 4);
   CHECK(layout.snapshot_dim == kDim);
-  CHECK(layout.format == 3);
+  CHECK(layout.format == 4);
   CHECK(layout.key_rules == store->keyer().rules_fingerprint());
   CHECK(clm::SnapshotStore::read_layout((dir.path() / "none").string(), layout).code() == StatusCode::not_found);
   clm_test::TempDir other("inspect-other");

@@ -30,7 +30,7 @@ std::int64_t sum_usage(const std::string& db) {
   sqlite3* h = nullptr;
   REQUIRE(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK);
   sqlite3_stmt* q = nullptr;
-  REQUIRE(sqlite3_prepare_v2(h, "SELECT coalesce(sum(usage_count), 0) FROM semantic_snapshots", -1, &q, nullptr) ==
+  REQUIRE(sqlite3_prepare_v2(h, "SELECT coalesce(sum(usage_count), 0) FROM snapshot_usage", -1, &q, nullptr) ==
           SQLITE_OK);
   REQUIRE(sqlite3_step(q) == SQLITE_ROW);
   const std::int64_t sum = sqlite3_column_int64(q, 0);
@@ -71,7 +71,7 @@ TEST_CASE("usage: the background write waits for SQLite without the shard's lock
   std::vector<clm::RecordOutcome> outcomes(records.size());
   REQUIRE(store->record_batch(records, outcomes).ok());
   REQUIRE(store->flush().ok());
-  const std::string db = dir.str() + "/shard-00.db";
+  const std::string db = dir.str() + "/shard-00.usage.db";  // the counts' own database (store format 4)
   CHECK(sum_usage(db) == 0);
 
   // Another writer holds SQLite's write lock.

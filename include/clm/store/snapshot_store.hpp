@@ -293,7 +293,7 @@ struct EvictionReport {
 struct RekeyReport {
   std::uint64_t old_rules = 0;  // the key rules the store recorded (0: none, a format-1 store)
   std::uint64_t new_rules = 0;  // the keyer's (config.keyer), recorded now
-  std::int32_t old_format = 0;  // the store format found: 1, 2 or 3
+  std::int32_t old_format = 0;  // the store format found: 1 to 4
   bool adopted = false;         // adopt: the keys were kept as they were
   bool resumed = false;         // an interrupted rekey was found and finished
   std::int64_t rows_before = 0;
