@@ -10,8 +10,9 @@
 // it to the value checks) or the next 8 bytes; the rest is the BLOB. Checks:
 // no crash or read outside the BLOB (ASan); a refusal is invalid_argument with
 // a message and leaves the output untouched; an accepted BLOB has only finite
-// values, and encoding them again gives the same bytes (the 4 reserved header
-// bytes aside: the decoder does not read them).
+// values, and encoding them again in its format (1 or 2: two checksums) gives
+// the same bytes (the 4 reserved header bytes aside: the decoder does not read
+// them).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -63,8 +64,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
              blob.size(), dim);
   FUZZ_CHECK(checksum == clm::snapshot_checksum(blob), "accepted a wrong checksum");
   for (float v : out) FUZZ_CHECK(std::isfinite(v), "accepted a value that is not finite: {}", v);
-  std::vector<std::uint8_t> again;
-  clm::encode_snapshot_blob(out, again);
+  std::vector<std::uint8_t> again;  // in the BLOB's own format (the decoder accepted it: 1 or 2)
+  clm::encode_snapshot_blob(out, again, static_cast<std::uint16_t>(blob[4] | (blob[5] << 8)));
   FUZZ_CHECK(again.size() == blob.size(), "re-encoded to {} bytes from {}", again.size(), blob.size());
   std::vector<std::uint8_t> expected(blob.begin(), blob.end());
   std::memset(expected.data() + kReservedAt, 0, 4);

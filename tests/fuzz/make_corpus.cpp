@@ -118,21 +118,25 @@ void suffix_keys() {
 
 // ---- (d) snapshot BLOBs ----------------------------------------------------------
 // Input: dim mode, dim byte, checksum mode (1: 8 checksum bytes follow), BLOB.
+// Both BLOB formats (1: the byte-wise checksum, "dim_N"; 2: the word-wise one, "f2_dim_N").
 void snapshot_blobs() {
-  for (int dim : {1, 4, 32}) {
-    std::vector<float> v(static_cast<std::size_t>(dim));
-    for (int i = 0; i < dim; ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(i % 5) * 0.25f - 0.5f;
-    std::vector<std::uint8_t> blob;
-    clm::encode_snapshot_blob(v, blob);
-    Bytes in = {0, 0, 0};  // the dim the size says, the true checksum
-    in.insert(in.end(), blob.begin(), blob.end());
-    write("snapshot_blob", "dim_" + std::to_string(dim), in);
-    // The dim and the checksum given explicitly.
-    Bytes given = {1, static_cast<std::uint8_t>(dim + 2), 1};
-    const std::uint64_t sum = clm::snapshot_checksum(blob);
-    for (int b = 0; b < 8; ++b) given.push_back(static_cast<std::uint8_t>(sum >> (8 * b)));
-    given.insert(given.end(), blob.begin(), blob.end());
-    write("snapshot_blob", "dim_" + std::to_string(dim) + "_given", given);
+  for (std::uint16_t format : {clm::kSnapshotBlobBytewise, clm::kSnapshotBlobWordwise}) {
+    const std::string prefix = format == clm::kSnapshotBlobBytewise ? "" : "f2_";
+    for (int dim : {1, 4, 32}) {
+      std::vector<float> v(static_cast<std::size_t>(dim));
+      for (int i = 0; i < dim; ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(i % 5) * 0.25f - 0.5f;
+      std::vector<std::uint8_t> blob;
+      clm::encode_snapshot_blob(v, blob, format);
+      Bytes in = {0, 0, 0};  // the dim the size says, the true checksum
+      in.insert(in.end(), blob.begin(), blob.end());
+      write("snapshot_blob", prefix + "dim_" + std::to_string(dim), in);
+      // The dim and the checksum given explicitly.
+      Bytes given = {1, static_cast<std::uint8_t>(dim + 2), 1};
+      const std::uint64_t sum = clm::snapshot_checksum(blob);
+      for (int b = 0; b < 8; ++b) given.push_back(static_cast<std::uint8_t>(sum >> (8 * b)));
+      given.insert(given.end(), blob.begin(), blob.end());
+      write("snapshot_blob", prefix + "dim_" + std::to_string(dim) + "_given", given);
+    }
   }
 }
 

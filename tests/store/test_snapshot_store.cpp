@@ -17,6 +17,7 @@
 
 #include "alloc_fault.hpp"
 #include "child_process.hpp"
+#include "clm/detail/half.hpp"
 #include "clm/store/consistent_hash.hpp"
 #include "clm/store/snapshot_blob.hpp"
 #include "clm/store/snapshot_store.hpp"
@@ -81,6 +82,74 @@ void tear_rows_table(const std::string& db_path) {
 }
 
 }  // namespace
+
+namespace {
+
+// The BLOB checksums as clm/store/snapshot_blob.hpp words them, written
+// plainly: FNV-1a 64 byte by byte; and the word-wise one from a list of
+// little-endian words assembled byte by byte.
+std::uint64_t reference_bytewise(const std::vector<std::uint8_t>& blob) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::uint8_t b : blob) {
+    h ^= b;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::uint64_t reference_wordwise(const std::vector<std::uint8_t>& blob) {
+  constexpr std::uint64_t basis = 0xcbf29ce484222325ull, prime = 0x100000001b3ull;
+  std::vector<std::uint64_t> words((blob.size() + 7) / 8, 0);
+  for (std::size_t j = 0; j < blob.size(); ++j) words[j / 8] |= static_cast<std::uint64_t>(blob[j]) << (8 * (j % 8));
+  std::uint64_t lanes[4] = {basis, basis ^ 1, basis ^ 2, basis ^ 3};
+  for (std::size_t i = 0; i < words.size(); ++i) lanes[i % 4] = (lanes[i % 4] ^ words[i]) * prime;
+  std::uint64_t h = basis;
+  for (std::uint64_t lane : lanes) h = (h ^ lane) * prime;
+  h = (h ^ blob.size()) * prime;
+  h ^= h >> 33;  // MurmurHash3's fmix64
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("snapshot BLOB: both checksum formats match their references, and every flipped bit is caught",
+          "[store][blob]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  for (int dim : {1, 3, 4, 7, 8, 77, 256}) {  // every length of the last word
+    INFO("dim " << dim);
+    const std::vector<float> v = random_unit(rng, dim);
+    for (std::uint16_t format : {clm::kSnapshotBlobBytewise, clm::kSnapshotBlobWordwise}) {
+      INFO("format " << format);
+      std::vector<std::uint8_t> blob;
+      clm::encode_snapshot_blob(v, blob, format);
+      REQUIRE((blob[4] | (blob[5] << 8)) == format);
+      const std::uint64_t sum = clm::snapshot_checksum(blob);
+      CHECK(sum == (format == clm::kSnapshotBlobBytewise ? reference_bytewise(blob) : reference_wordwise(blob)));
+      std::vector<float> back(static_cast<std::size_t>(dim)), untouched(static_cast<std::size_t>(dim), 7.0f);
+      REQUIRE(clm::decode_snapshot_blob(blob, dim, sum, back).ok());
+      for (std::size_t i = 0; i < back.size(); ++i)  // f16 decoding against the portable one
+        CHECK(back[i] == clm::detail::f16_to_f32(clm::detail::f32_to_f16(v[i])));
+      // The other format's checksum of the same bytes is refused.
+      const std::uint64_t other =
+          format == clm::kSnapshotBlobBytewise ? reference_wordwise(blob) : reference_bytewise(blob);
+      CHECK_FALSE(clm::decode_snapshot_blob(blob, dim, other, untouched).ok());
+      std::size_t missed = 0;
+      for (std::size_t bit = 0; bit < 8 * blob.size(); ++bit) {  // every single flipped bit
+        std::vector<std::uint8_t> bad = blob;
+        bad[bit / 8] ^= static_cast<std::uint8_t>(1u << (bit % 8));
+        missed += clm::decode_snapshot_blob(bad, dim, sum, untouched).ok();
+      }
+      CHECK(missed == 0);
+      CHECK(std::all_of(untouched.begin(), untouched.end(), [](float x) { return x == 7.0f; }));
+    }
+  }
+}
 
 TEST_CASE("snapshot BLOB: round trip through f16, every corruption refused", "[store][blob]") {
   const std::uint32_t seed = clm_test::fresh_seed();
