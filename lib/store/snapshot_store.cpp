@@ -222,7 +222,7 @@ Status SnapshotStore::Impl::record_in_shard(StoreShard& shard, std::string_view 
                                             std::vector<float>& unit, RecordOutcome& outcome,
                                             std::vector<IndexAdd>& adds, std::vector<IndexRemoval>& removals) {
   const std::int64_t now_s = now_ms() / 1000;
-  shard.forget_choice(store_impl::tenant_key(tenant, key.fingerprint));  // what level 1 serves may change
+  shard.forget_choice(store_impl::choice_key(tenant, key.fingerprint));  // what level 1 serves may change
   SnapshotRow current;
   std::int32_t top_version = 0;
   std::vector<std::pair<std::int32_t, std::int64_t>> all;  // (version, id), newest first

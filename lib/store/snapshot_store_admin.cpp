@@ -86,7 +86,7 @@ Status SnapshotStore::delete_key(std::string_view tenant, const SuffixKey& key, 
   std::vector<HnswIndex::PendingSave> saves;
   {
     ShardWrite write(shard);
-    shard.forget_choice(tenant_key(tenant, key.fingerprint));  // what level 1 serves changes
+    shard.forget_choice(choice_key(tenant, key.fingerprint));  // what level 1 serves changes
     store_detail::ShardTransaction tx(shard);
     CLM_RETURN_IF_ERROR(tx.begin());
     CLM_RETURN_IF_ERROR(shard.delete_key_rows(tenant, key, 0, ids));
@@ -273,7 +273,7 @@ Status SnapshotStore::pin_version(std::string_view tenant, const SuffixKey& key,
   StoreShard& shard = im.shard_for(tenant, key.group);
   {
     const ShardWrite write(shard);
-    shard.forget_choice(tenant_key(tenant, key.fingerprint));  // what level 1 serves changes
+    shard.forget_choice(choice_key(tenant, key.fingerprint));  // what level 1 serves changes
     std::vector<store_detail::VersionRow> rows;
     CLM_RETURN_IF_ERROR(shard.version_rows(tenant, key, rows));
     const auto it =
@@ -308,7 +308,7 @@ Status SnapshotStore::unpin_version(std::string_view tenant, const SuffixKey& ke
   }
   StoreShard& shard = im.shard_for(tenant, key.group);
   const ShardWrite write(shard);
-  shard.forget_choice(tenant_key(tenant, key.fingerprint));  // what level 1 serves changes
+  shard.forget_choice(choice_key(tenant, key.fingerprint));  // what level 1 serves changes
   store_detail::ShardTransaction tx(shard);
   CLM_RETURN_IF_ERROR(tx.begin());
   bool removed = false;
@@ -335,7 +335,7 @@ Status SnapshotStore::roll_back(std::string_view tenant, const SuffixKey& key, s
   std::vector<HnswIndex::PendingSave> saves;
   {
     ShardWrite write(shard);
-    shard.forget_choice(tenant_key(tenant, key.fingerprint));  // what level 1 serves changes
+    shard.forget_choice(choice_key(tenant, key.fingerprint));  // what level 1 serves changes
     std::vector<store_detail::VersionRow> rows;
     CLM_RETURN_IF_ERROR(shard.version_rows(tenant, key, rows));
     if (std::none_of(rows.begin(), rows.end(), [&](const auto& r) { return r.version == version; })) {

@@ -89,6 +89,12 @@ inline std::int64_t eviction_cutoff_s(std::int64_t now_ms, double evict_after_da
 }
 
 // tenant bytes, NUL, then the key's fingerprint: one map key per (tenant, key).
+// Level 1's cache key of a tenant's key (StoreShard::cached_choice): a hash,
+// without allocating; a collision costs a cache miss (key_row checks the row).
+inline std::uint64_t choice_key(std::string_view tenant, std::uint64_t fp) {
+  return mix64(key_fingerprint(tenant) ^ mix64(fp));
+}
+
 inline std::string tenant_key(std::string_view tenant, std::uint64_t fp) {
   std::string k(tenant);
   k.push_back('\0');
@@ -356,9 +362,10 @@ struct SnapshotStore::Impl {
 
   // Counts a lookup's use of row `id` (written by the background thread once
   // kUsageFlushRows wait, never by the lookup); a reader counts nothing.
-  void note_usage(store_impl::StoreShard& shard, std::int64_t id, std::int32_t s) {
+  // A lookup at at_ms (its one clock reading) served row `id` of shard s.
+  void note_usage(store_impl::StoreShard& shard, std::int64_t id, std::int32_t s, std::int64_t at_ms) {
     if (config.read_only) return;
-    shard.note_usage(id, now_ms() / 1000);
+    shard.note_usage(id, at_ms / 1000);
     if (shard.pending_usage() >= store_impl::kUsageFlushRows) queue_usage_flush(s);
   }
   // failed_precondition for a write on a read-only store.

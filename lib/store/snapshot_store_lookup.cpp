@@ -47,7 +47,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   std::vector<float> q;
   if (!query.empty()) CLM_RETURN_IF_ERROR(unit_copy(query, dim, "snapshot lookup: query", q));
   hit = SnapshotHit{};
-  const std::int64_t now = im.now_ms();  // one time for the lookup's breaker checks
+  const std::int64_t now = im.now_ms();  // one time for the lookup's breaker checks and its usage
   im.count([](SnapshotStoreMetrics& x) { ++x.lookups; });
   auto miss = [&]() -> Status {
     im.count([](SnapshotStoreMetrics& x) { ++x.misses; });
@@ -106,15 +106,15 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   // The row this key was served last time, by rowid (a writer's cache: a
   // reader does not see the writes that would make it stale).
   const bool cacheable = pinned == 0 && !im.config.read_only;
-  const std::string choice_key = cacheable ? tenant_key(tenant, key.fingerprint) : std::string();
+  const std::uint64_t choice = cacheable ? choice_key(tenant, key.fingerprint) : 0;
   if (cacheable) {
-    if (const std::int64_t* id = shard.cached_choice(choice_key)) {
+    if (const std::int64_t* id = shard.cached_choice(choice)) {
       bool found = false;
       read = shard.key_row(*id, tenant, key, chosen, found);
       if (!read.ok()) return shard.is_busy(read) ? busy() : read;
       if (!found || chosen.vector.empty()) {  // gone, or unreadable now: the versions decide again
         chosen = SnapshotRow{};
-        shard.forget_choice(choice_key);
+        shard.forget_choice(choice);
       }
     }
   }
@@ -140,7 +140,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
   if (!read.ok()) return shard.is_busy(read) ? busy() : read;
   const bool stable = !chosen.vector.empty() && chosen.confirmations >= im.config.stable_confirmations;
   if (pinned == 0 && chosen.vector.empty() && !newest.vector.empty()) chosen = std::move(newest);
-  if (cacheable && !chosen.vector.empty()) shard.remember_choice(choice_key, chosen.id);
+  if (cacheable && !chosen.vector.empty()) shard.remember_choice(choice, chosen.id);
   if (!chosen.vector.empty()) {
     std::copy(chosen.vector.begin(), chosen.vector.end(), snapshot_out.begin());
     hit.level = SnapshotLevel::exact;
@@ -150,7 +150,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
     hit.version = chosen.version;
     hit.stable = stable;
     hit.pinned = pinned != 0;
-    im.note_usage(shard, chosen.id, im.shard_of(tenant, key.group));
+    im.note_usage(shard, chosen.id, im.shard_of(tenant, key.group), now);
     im.count([](SnapshotStoreMetrics& x) { ++x.hits_exact; });
     return {};
   }
@@ -252,7 +252,7 @@ Status SnapshotStore::lookup(std::string_view tenant, const SuffixKey& key, std:
         hit.version = hit.candidates[c].version;
         hit.pinned = im.pinned_version(tenant, hit.fingerprint) == hit.version;
         hit.candidates.erase(hit.candidates.begin(), hit.candidates.begin() + static_cast<std::ptrdiff_t>(c));
-        im.note_usage(shard, r.id, im.shard_of(tenant, key.group));
+        im.note_usage(shard, r.id, im.shard_of(tenant, key.group), now);
         im.count([](SnapshotStoreMetrics& x) { ++x.hits_ann; });
         return {};
       }

@@ -171,22 +171,23 @@ class StoreShard {
   // or its rowid taken by another key's row since).
   Status key_row(std::int64_t id, std::string_view tenant, const SuffixKey& key, SnapshotRow& out, bool& found);
 
-  // Level 1's choice per key (tenant_key -> the row it served), so that the
-  // next lookup of the key reads that row by rowid, one B-tree descent,
-  // instead of the key's versions through the index. Under `mutex`. Every
-  // write that touches a key forgets its choice (forget_choice), and the
-  // rare writes of many keys forget them all; a choice whose row is no
-  // longer the key's is caught by key_row, so a stale one costs a miss of
-  // the cache, never a wrong row.
-  const std::int64_t* cached_choice(const std::string& tenant_key) const {
-    const auto it = choices_.find(tenant_key);
+  // Level 1's choice per key (choice_key(tenant, fingerprint) -> the row it
+  // served), so that the next lookup of the key reads that row by rowid, one
+  // B-tree descent, instead of the key's versions through the index. Under
+  // `mutex`. Every write that touches a key forgets its choice
+  // (forget_choice), and the rare writes of many keys forget them all; a
+  // choice whose row is not the key's (stale, or another key's whose
+  // choice_key collides) is caught by key_row, so it costs a miss of the
+  // cache, never a wrong row.
+  const std::int64_t* cached_choice(std::uint64_t choice_key) const {
+    const auto it = choices_.find(choice_key);
     return it == choices_.end() ? nullptr : &it->second;
   }
-  void remember_choice(const std::string& tenant_key, std::int64_t id) {
+  void remember_choice(std::uint64_t choice_key, std::int64_t id) {
     if (choices_.size() >= kMaxChoices) choices_.clear();  // bounded; refilled by the next lookups
-    choices_[tenant_key] = id;
+    choices_[choice_key] = id;
   }
-  void forget_choice(const std::string& tenant_key) { choices_.erase(tenant_key); }
+  void forget_choice(std::uint64_t choice_key) { choices_.erase(choice_key); }
   void forget_choices() { choices_.clear(); }
   Status tenants(std::vector<std::string>& out);
   // Rows of one tenant with id > after_id, in id order (index rebuild, catch-up).
@@ -375,7 +376,7 @@ class StoreShard {
   Statement evictable_, delete_, prune_seen_, prune_blacklist_, prune_usage_;
   Statement key_row_;
   static constexpr std::size_t kMaxChoices = std::size_t{1} << 20;
-  std::unordered_map<std::string, std::int64_t> choices_;
+  std::unordered_map<std::uint64_t, std::int64_t> choices_;
 };
 
 // A write transaction of a shard that rolls back in its destructor unless it
