@@ -142,6 +142,12 @@ Status SnapshotStore::open(const SnapshotStoreConfig& config, std::unique_ptr<Sn
     im.m.snapshots += rows;
   }
   for (std::int32_t s = 0; s < config.num_shards; ++s) CLM_RETURN_IF_ERROR(im.open_indexes(s));
+  if (!config.read_only) {  // a reader keeps no choices: it does not see the writes that would make them stale
+    for (auto& shard : im.shards) {
+      std::lock_guard lock(shard->mutex);
+      CLM_RETURN_IF_ERROR(shard->warm_choices(config.stable_confirmations));
+    }
+  }
   const bool background = config.read_only || config.maintenance_interval_ms > 0;
   out.reset(new SnapshotStore(std::move(impl)));
   // A reader's refresh of the blacklist, pins and fallbacks; a writer's maintenance.

@@ -44,6 +44,7 @@ namespace clm {
 
 namespace store_impl {
 
+using store_detail::choice_key;
 using store_detail::HnswIndex;
 using store_detail::LabelInfo;
 using store_detail::SnapshotRow;
@@ -89,12 +90,6 @@ inline std::int64_t eviction_cutoff_s(std::int64_t now_ms, double evict_after_da
 }
 
 // tenant bytes, NUL, then the key's fingerprint: one map key per (tenant, key).
-// Level 1's cache key of a tenant's key (StoreShard::cached_choice): a hash,
-// without allocating; a collision costs a cache miss (key_row checks the row).
-inline std::uint64_t choice_key(std::string_view tenant, std::uint64_t fp) {
-  return mix64(key_fingerprint(tenant) ^ mix64(fp));
-}
-
 inline std::string tenant_key(std::string_view tenant, std::uint64_t fp) {
   std::string k(tenant);
   k.push_back('\0');

@@ -468,6 +468,36 @@ Status StoreShard::key_row(std::int64_t id, std::string_view tenant, const Suffi
   return {};
 }
 
+Status StoreShard::warm_choices(std::int64_t stable_confirmations) {
+  struct Choice {
+    std::int64_t newest_version = -1, newest_id = 0, stable_version = -1, stable_id = 0;
+  };
+  std::unordered_map<std::uint64_t, Choice> found;
+  Statement q;
+  CLM_RETURN_IF_ERROR(db_.prepare("SELECT id, tenant, suffix_hash, version, confirmations FROM semantic_snapshots", q));
+  int rc;
+  while ((rc = q.step()) == SQLITE_ROW) {
+    const auto t = q.column_blob(1);
+    const std::uint64_t k = choice_key(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()),
+                                       static_cast<std::uint64_t>(q.column_int(2)));
+    // Two keys on one choice_key mix here; whichever row wins is checked by
+    // key_row, and a row of the right key is its right version (the newest
+    // stable of both keys, or the newest with neither stable, is one of its own
+    // only when it is its own choice).
+    Choice& c = found[k];
+    const std::int64_t id = q.column_int(0), version = q.column_int(3);
+    if (version > c.newest_version) c.newest_version = version, c.newest_id = id;
+    if (q.column_int(4) >= stable_confirmations && version > c.stable_version)
+      c.stable_version = version, c.stable_id = id;
+  }
+  CLM_RETURN_IF_ERROR(done(rc, "reading every key's versions"));
+  for (const auto& [k, c] : found) {
+    if (choices_.size() >= kMaxChoices) break;
+    choices_[k] = c.stable_version >= 0 ? c.stable_id : c.newest_id;
+  }
+  return {};
+}
+
 Status StoreShard::tenants(std::vector<std::string>& out) {
   const ResetOnExit reset_on_exit(tenants_);
   out.clear();

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "clm/status.hpp"
+#include "clm/store/consistent_hash.hpp"
 #include "clm/store/suffix_key.hpp"
 #include "hnsw_index.hpp"
 #include "shard_mutex.hpp"
@@ -56,6 +57,12 @@ struct ShardSettings {
 // rewrites the snapshot's page. A format-2 or -3 shard is migrated in place
 // when it starts; a format-1 store is adopted with `clm_store rekey --adopt`.
 inline constexpr std::int64_t kStoreFormat = 4;
+
+// Level 1's cache key of a tenant's key (StoreShard::cached_choice): a hash,
+// without allocating; a collision costs a cache miss (key_row checks the row).
+inline std::uint64_t choice_key(std::string_view tenant, std::uint64_t fingerprint) {
+  return mix64(key_fingerprint(tenant) ^ mix64(fingerprint));
+}
 
 // One version of a key as an administrator sees it (list_versions).
 struct VersionRow {
@@ -188,6 +195,11 @@ class StoreShard {
     choices_[choice_key] = id;
   }
   void forget_choice(std::uint64_t choice_key) { choices_.erase(choice_key); }
+  // Fills the cache from every row (at open, before any lookup or write): a
+  // key's newest version with at least stable_confirmations, else its newest,
+  // as lookup chooses; an unreadable one is caught by key_row, and a pinned
+  // key never reads the cache. Up to the cache's bound.
+  Status warm_choices(std::int64_t stable_confirmations);
   void forget_choices() { choices_.clear(); }
   Status tenants(std::vector<std::string>& out);
   // Rows of one tenant with id > after_id, in id order (index rebuild, catch-up).

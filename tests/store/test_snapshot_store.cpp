@@ -1876,6 +1876,72 @@ TEST_CASE("usage: last_used is the time of the row's latest lookup, not of the w
   CHECK(lookup(*store, "t", late, {}, out).level == SnapshotLevel::exact);
 }
 
+TEST_CASE("level 1 after a reopen: the choices warmed at open serve what a key's versions say", "[store][level1]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm_test::TempDir dir("warm");
+  clm::SnapshotStoreConfig c = memory_config(3);
+  c.path = dir.str();
+  c.version_cosine = 0.99f;  // random unit vectors are new versions; the same vector confirms
+  c.stable_confirmations = 1 + static_cast<std::int32_t>(rng() % 2);
+  // The model: each key's versions (vector, confirmations) and its pin.
+  struct Version {
+    std::vector<float> v;
+    std::int32_t confirmations = 0;
+  };
+  struct Key {
+    std::string tenant;
+    clm::SuffixKey key;
+    std::vector<Version> versions;  // version i + 1
+    std::int32_t pinned = 0;
+    std::int32_t served(std::int32_t stable) const {
+      if (pinned) return pinned;
+      for (std::size_t i = versions.size(); i-- > 0;)
+        if (versions[i].confirmations >= stable) return static_cast<std::int32_t>(i + 1);
+      return static_cast<std::int32_t>(versions.size());
+    }
+  };
+  std::vector<Key> keys;
+  for (int i = 0; i < 60; ++i) keys.push_back({i % 3 ? "t-a" : "t-b", host_key("warm-" + std::to_string(i)), {}, 0});
+  auto add_version = [&](clm::SnapshotStore& store, Key& k) {
+    Version version{random_unit(rng, kDim), 0};
+    const clm::RecordResult first = record(store, k.tenant, k.key, version.v).result;
+    REQUIRE((first == clm::RecordResult::admitted || first == clm::RecordResult::new_version));
+    for (int n = static_cast<int>(rng() % 3); n > 0; --n) {  // 0-2 confirmations
+      REQUIRE(record(store, k.tenant, k.key, version.v).result == clm::RecordResult::confirmed);
+      ++version.confirmations;
+    }
+    k.versions.push_back(std::move(version));
+  };
+  auto check_all = [&](clm::SnapshotStore& store, const char* when) {
+    std::vector<float> out;
+    for (const Key& k : keys) {
+      INFO(when << ": " << k.key.key << ", " << k.versions.size() << " versions, pinned " << k.pinned);
+      const clm::SnapshotHit hit = lookup(store, k.tenant, k.key, {}, out);
+      const std::int32_t want = k.served(c.stable_confirmations);
+      REQUIRE(hit.level == SnapshotLevel::exact);
+      CHECK(hit.version == want);
+      CHECK(clm_test::max_abs_diff(out, k.versions[static_cast<std::size_t>(want - 1)].v) < kF16);
+    }
+  };
+  {
+    auto store = open_store(c);
+    for (Key& k : keys)
+      for (int n = 1 + static_cast<int>(rng() % 4); n > 0; --n) add_version(*store, k);
+    for (std::size_t i = 0; i < keys.size(); i += 7) {
+      keys[i].pinned = 1 + static_cast<std::int32_t>(rng() % keys[i].versions.size());
+      REQUIRE(store->pin_version(keys[i].tenant, keys[i].key, keys[i].pinned).ok());
+    }
+    check_all(*store, "before the reopen");
+  }
+  auto store = open_store(c);
+  check_all(*store, "first lookups after the reopen");                            // the warmed choices
+  for (std::size_t i = 0; i < keys.size(); i += 2) add_version(*store, keys[i]);  // writes forget choices
+  check_all(*store, "after new versions");
+  check_all(*store, "again");  // the choices the lookups remembered
+}
+
 TEST_CASE("breaker (a): the lookup deadline covers the level-2 search", "[store][breaker][ann]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
