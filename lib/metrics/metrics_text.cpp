@@ -182,6 +182,7 @@ void tiers(Exposition& out, const EngineMetrics& m) {
   out.counter("storage_backend_missing_pages_total", "Keys the storage backend did not find.", s.pages_missing);
   out.counter("storage_backend_corrupt_pages_total", "Stored values refused: magic, key, layout, size or checksum.",
               s.corrupt_pages);
+  out.counter("storage_backend_repaired_pages_total", "Refused stored values the backend deleted.", s.repaired_pages);
   out.counter("storage_backend_dropped_writes_total", "Pages the storage backend could not store (full disk, ...).",
               s.dropped_writes);
   out.counter("storage_backend_evicted_pages_total", "Pages the storage backend removed for its size cap.",

@@ -320,8 +320,9 @@ class FileBackend final : public StorageBackend {
       // Removed only if the name still holds the file read: a writer may
       // have renamed a good page over it since.
       struct stat now;
-      if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev) {
-        ::unlink(path.c_str());
+      if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev &&
+          ::unlink(path.c_str()) == 0) {
+        counters_.repaired_pages.fetch_add(1, std::memory_order_relaxed);
       }
       return ReadOutcome::corrupt;
     }

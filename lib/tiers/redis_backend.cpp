@@ -88,7 +88,7 @@ class SigpipeBlock {
 // What one pipeline tallies; added to the counters only when the call succeeds
 // (a retried call must not count twice).
 struct Tally {
-  std::uint64_t found = 0, missing = 0, corrupt = 0, written = 0, dropped = 0, error_replies = 0;
+  std::uint64_t found = 0, missing = 0, corrupt = 0, repaired = 0, written = 0, dropped = 0, error_replies = 0;
 };
 
 class RedisBackend final : public StorageBackend {
@@ -138,8 +138,10 @@ class RedisBackend final : public StorageBackend {
     return guard_alloc("redis storage get", [&]() -> Status {
       const std::vector<std::string> names = key_names(keys);
       Tally tally;
+      std::vector<std::size_t> refused;
       const Status status = with_connection("GET", [&](redisContext* c) -> Status {
         tally = {};
+        refused.clear();
         for (const std::string& name : names) {
           if (redisAppendCommand(c, "GET %b", name.data(), name.size()) != REDIS_OK) return failure(c, "GET");
         }
@@ -160,10 +162,11 @@ class RedisBackend final : public StorageBackend {
               ++tally.found;
             } else {
               ++tally.corrupt;
+              refused.push_back(i);
             }
           }
         }
-        return {};
+        return delete_refused(c, names, refused, tally);
       });
       if (!status.ok()) return status;
       commit(tally);
@@ -256,11 +259,30 @@ class RedisBackend final : public StorageBackend {
     return {};
   }
 
+  // Deletes the string values get_pages refused (their page keys' names), so
+  // that exists() stops counting them and the next store writes them again.
+  // A value another instance rewrote in between is deleted too: a miss, never
+  // a wrong page. Other types (a list under our prefix) are left alone.
+  Status delete_refused(redisContext* c, const std::vector<std::string>& names, const std::vector<std::size_t>& refused,
+                        Tally& tally) const {
+    for (std::size_t i : refused) {
+      if (redisAppendCommand(c, "DEL %b", names[i].data(), names[i].size()) != REDIS_OK) return failure(c, "DEL");
+    }
+    for (std::size_t n = 0; n < refused.size(); ++n) {
+      ReplyPtr reply;
+      CLM_RETURN_IF_ERROR(next_reply(c, "DEL", reply));
+      if (reply->type == REDIS_REPLY_INTEGER && reply->integer > 0) ++tally.repaired;
+      tally.error_replies += reply->type == REDIS_REPLY_ERROR ? 1 : 0;
+    }
+    return {};
+  }
+
   void commit(const Tally& t) {
     counters_.pages_read.fetch_add(t.found, std::memory_order_relaxed);
     counters_.bytes_read.fetch_add(t.found * page_bytes_, std::memory_order_relaxed);
     counters_.pages_missing.fetch_add(t.missing, std::memory_order_relaxed);
     counters_.corrupt_pages.fetch_add(t.corrupt, std::memory_order_relaxed);
+    counters_.repaired_pages.fetch_add(t.repaired, std::memory_order_relaxed);
     counters_.pages_written.fetch_add(t.written, std::memory_order_relaxed);
     counters_.bytes_written.fetch_add(t.written * page_bytes_, std::memory_order_relaxed);
     counters_.dropped_writes.fetch_add(t.dropped, std::memory_order_relaxed);

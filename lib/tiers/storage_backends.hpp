@@ -21,8 +21,8 @@ namespace clm::tiers_detail {
 
 // StorageStats kept by concurrent calls.
 struct StorageCounters {
-  std::atomic<std::uint64_t> pages_read{0}, pages_written{0}, pages_missing{0}, corrupt_pages{0}, errors{0},
-      dropped_writes{0}, evicted_pages{0}, bytes_read{0}, bytes_written{0};
+  std::atomic<std::uint64_t> pages_read{0}, pages_written{0}, pages_missing{0}, corrupt_pages{0}, repaired_pages{0},
+      errors{0}, dropped_writes{0}, evicted_pages{0}, bytes_read{0}, bytes_written{0};
 
   StorageStats load() const {
     StorageStats s;
@@ -30,6 +30,7 @@ struct StorageCounters {
     s.pages_written = pages_written.load(std::memory_order_relaxed);
     s.pages_missing = pages_missing.load(std::memory_order_relaxed);
     s.corrupt_pages = corrupt_pages.load(std::memory_order_relaxed);
+    s.repaired_pages = repaired_pages.load(std::memory_order_relaxed);
     s.errors = errors.load(std::memory_order_relaxed);
     s.dropped_writes = dropped_writes.load(std::memory_order_relaxed);
     s.evicted_pages = evicted_pages.load(std::memory_order_relaxed);

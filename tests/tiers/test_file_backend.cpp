@@ -171,6 +171,7 @@ TEST_CASE("file: pages damaged or replaced on disk are refused, counted and remo
   CHECK(found[7] == 1);
   CHECK(found[8] == 1);
   CHECK(b->stats().corrupt_pages == 7);
+  CHECK(b->stats().repaired_pages == 7);
   // Gone now: the next read is a plain miss, and a rewrite heals.
   const std::vector<clm::PageKey> first(keys.begin(), keys.begin() + 7);
   for (std::uint8_t f : fetch(*b, first)) CHECK(f == 0);

@@ -12,7 +12,7 @@
 
 namespace {
 
-clm::StorageUrl file_url(std::string path, std::uint64_t capacity_mb = 0) {
+clm::StorageUrl file_url(std::string path, std::uint64_t capacity_mb = 8192) {  // the default cap: 8 GiB
   clm::StorageUrl u;
   u.scheme = clm::StorageUrl::Scheme::file;
   u.path = std::move(path);
@@ -21,7 +21,7 @@ clm::StorageUrl file_url(std::string path, std::uint64_t capacity_mb = 0) {
 }
 
 clm::StorageUrl redis_url(std::string host, std::int32_t port = 6379, std::int32_t db = 0,
-                          std::string prefix = "clm:", std::int64_t ttl = 0, std::int32_t timeout_ms = 200) {
+                          std::string prefix = "clm:", std::int64_t ttl = 86'400, std::int32_t timeout_ms = 200) {
   clm::StorageUrl u;
   u.scheme = clm::StorageUrl::Scheme::redis;
   u.host = std::move(host);
@@ -64,7 +64,7 @@ TEST_CASE("good storage URLs parse to their parts", "[tiers][url]") {
       {"redis://cache.internal", redis_url("cache.internal")},
       {"redis://cache.internal/", redis_url("cache.internal")},
       {"redis://h:1/15", redis_url("h", 1, 15)},
-      {"redis://h:65535/2?timeout_ms=1500", redis_url("h", 65535, 2, "clm:", 0, 1500)},
+      {"redis://h:65535/2?timeout_ms=1500", redis_url("h", 65535, 2, "clm:", 86'400, 1500)},
       {"redis://[::1]:7000/3", redis_url("::1", 7000, 3)},
       {"redis://[::1]", redis_url("::1")},
       {"redis://h?prefix=team%3Aa%2Fb%26c%3D", redis_url("h", 6379, 0, "team:a/b&c=")},

@@ -13,14 +13,18 @@
 // URLs:
 //   file:///var/cache/clm?capacity_mb=4096     one checksummed file per page;
 //                                              the least recently used go past the cap
+//                                              (8192 unless given; 0 = no cap)
 //   redis://host:port/db?prefix=clm:&ttl=3600&timeout_ms=200
-//                                              hiredis, pipelined; ttl 0 = no expiry
+//                                              hiredis, pipelined (ttl 86400 unless
+//                                              given; 0 = no expiry)
 //
 // Every page value is self-describing: a header (magic, format, the key, the
 // layout, payload size, checksum of header and payload) and the payload, in
 // ONE file or ONE Redis value, so a half-written or foreign page is never
 // read as a page: get() reports it as not found (and counts it in
-// StorageStats::corrupt_pages), never fills the buffer with it.
+// StorageStats::corrupt_pages), never fills the buffer with it, and deletes
+// it (StorageStats::repaired_pages): exists() would count it as stored, and
+// the tier would never store that page again.
 //
 // Thread safety: every method may be called from several threads at once (the
 // tier's workers do). Calls block on I/O; the Engine never calls them under
@@ -69,6 +73,7 @@ struct StorageStats {
   std::uint64_t pages_written = 0;   // pages set() stored
   std::uint64_t pages_missing = 0;   // keys get() or exists() did not find
   std::uint64_t corrupt_pages = 0;   // values refused: bad magic, key, layout, size or checksum
+  std::uint64_t repaired_pages = 0;  // refused values the backend deleted, so the next store writes them again
   std::uint64_t errors = 0;          // calls that failed (connection, I/O)
   std::uint64_t dropped_writes = 0;  // pages set() could not store (disk full, no permission)
   std::uint64_t evicted_pages = 0;   // pages the backend removed for its size cap

@@ -8,8 +8,10 @@
 //   // u.prefix == "team:a:", u.ttl_s == 600, u.timeout_ms == 200
 //
 // Forms:
-//   file://<path>[?capacity_mb=N]           file:///var/cache/clm is /var/cache/clm
+//   file://<path>[?capacity_mb=N]           file:///var/cache/clm is /var/cache/clm;
+//                                           8192 MiB unless given, 0: no cap
 //   redis://<host>[:port][/db][?prefix=P&ttl=S&timeout_ms=T]
+//                                           ttl 86400 s unless given, 0: no expiry
 //                                           host may be [IPv6]; port 6379, db 0 by default
 // Option values are percent-decoded (the path too); options are separated by
 // '&'. invalid_argument, naming the part, for an unknown scheme or option, an
@@ -27,20 +29,26 @@
 namespace clm {
 
 struct StorageUrl {
+  // Storage shared by many instances is capped unless its owner says
+  // otherwise: a directory grows to 8 GiB, a Redis page lives a day.
+  static constexpr std::uint64_t kDefaultCapacityMb = 8192;
+  static constexpr std::int64_t kDefaultTtlS = 86'400;
+
   enum class Scheme : std::uint8_t { file, redis };
   Scheme scheme = Scheme::file;
 
   // file://
   std::string path;
-  std::uint64_t capacity_mb = 0;  // MiB of page files kept; 0 = no cap
+  // MiB of page files kept: 8 GiB unless the URL says; capacity_mb=0 is no cap.
+  std::uint64_t capacity_mb = kDefaultCapacityMb;
 
   // redis://
   std::string host;  // without the brackets of an IPv6 address
   std::int32_t port = 6379;
   std::int32_t db = 0;
-  std::string prefix = "clm:";    // of every key: prefix + the page key's 64 hex digits
-  std::int64_t ttl_s = 0;         // 0 = pages never expire
-  std::int32_t timeout_ms = 200;  // connect, and each socket read or write
+  std::string prefix = "clm:";        // of every key: prefix + the page key's 64 hex digits
+  std::int64_t ttl_s = kDefaultTtlS;  // seconds a page lives: 24 h unless the URL says; ttl=0 is forever
+  std::int32_t timeout_ms = 200;      // connect, and each socket read or write
 };
 
 Status parse_storage_url(std::string_view url, StorageUrl& out);
