@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clm/cache/eviction_policy.hpp"
+#include "clm/tiers/storage_url.hpp"
 #include "replay_driver.hpp"
 #include "workload.hpp"
 
@@ -257,7 +258,8 @@ std::string tier_json(const Options& options, const ReplayResult& r) {
       "\"loaded_pages\":{},\"backed_up_pages\":{},\"dropped_backups\":{},\"stored_pages\":{},"
       "\"fetched_pages\":{},\"prefetch_timeouts\":{},\"storage_errors\":{},\"storage_corrupt_pages\":{},"
       "\"storage_dropped_writes\":{}",
-      *options.l2_capacity, r.host_pages, options.storage_url.empty() ? "null" : json_string(options.storage_url),
+      *options.l2_capacity, r.host_pages,
+      options.storage_url.empty() ? "null" : json_string(clm::redact_storage_url(options.storage_url)),
       clm::replay::write_policy_name(options.write_policy.value_or(clm::replay::ReplayConfig{}.write_policy)),
       clm::replay::prefetch_policy_name(options.prefetch_policy.value_or(clm::replay::ReplayConfig{}.prefetch_policy)),
       r.has_kv_bytes ? "true" : "false", json_number(r.device_hit_rate()), json_number(r.host_hit_rate()),

@@ -13,11 +13,13 @@
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -93,11 +95,13 @@ struct Tally {
 
 class RedisBackend final : public StorageBackend {
  public:
-  RedisBackend(std::string url, const StorageUrl& parsed, const PageLayout& layout)
+  RedisBackend(std::string url, const StorageUrl& parsed, std::string password, const PageLayout& layout)
       : url_(std::move(url)),
         host_(parsed.host),
         port_(parsed.port),
         db_(parsed.db),
+        user_(parsed.user),
+        password_(std::move(password)),
         prefix_(parsed.prefix),
         ttl_s_(parsed.ttl_s),
         timeout_{parsed.timeout_ms / 1000, static_cast<suseconds_t>(parsed.timeout_ms % 1000) * 1000},
@@ -223,6 +227,15 @@ class RedisBackend final : public StorageBackend {
       commit(tally);
       return {};
     });
+  }
+
+  // One connection made and put in the pool (open's check of the credentials).
+  Status probe() {
+    ContextPtr c;
+    bool reused = false;
+    CLM_RETURN_IF_ERROR(acquire(c, reused));
+    release(std::move(c), true);
+    return {};
   }
 
   const PageLayout& layout() const override { return layout_; }
@@ -366,6 +379,18 @@ class RedisBackend final : public StorageBackend {
     if (redisSetTimeout(c.get(), timeout_) != REDIS_OK) {
       return io_error(fmt::format("{}: cannot set the socket timeout: {}", where(), c->errstr));
     }
+    if (!password_.empty()) {
+      ReplyPtr reply(static_cast<redisReply*>(
+          user_.empty()
+              ? redisCommand(c.get(), "AUTH %b", password_.data(), password_.size())
+              : redisCommand(c.get(), "AUTH %b %b", user_.data(), user_.size(), password_.data(), password_.size())));
+      if (!reply) return io_error(fmt::format("{}: AUTH: {}", where(), c->errstr));
+      if (reply->type == REDIS_REPLY_ERROR) {  // WRONGPASS ...: the server's words, never the password
+        return failed_precondition(fmt::format("{}: AUTH{} refused: {}", where(),
+                                               user_.empty() ? std::string() : fmt::format(" as user '{}'", user_),
+                                               std::string_view(reply->str, reply->len)));
+      }
+    }
     if (db_ != 0) {
       ReplyPtr reply(static_cast<redisReply*>(redisCommand(c.get(), "SELECT %d", db_)));
       if (!reply) return io_error(fmt::format("{}: SELECT {}: {}", where(), db_, c->errstr));
@@ -382,6 +407,8 @@ class RedisBackend final : public StorageBackend {
   const std::string host_;
   const int port_;
   const std::int32_t db_;
+  const std::string user_;
+  const std::string password_;  // never printed
   const std::string prefix_;
   const std::int64_t ttl_s_;
   const timeval timeout_;
@@ -399,9 +426,43 @@ class RedisBackend final : public StorageBackend {
 
 }  // namespace
 
+namespace {
+
+// The password of password_file: its first line. A file others may read is
+// refused: the secret would not be one.
+Status read_password_file(const std::string& path, std::string& out) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return not_found(fmt::format("redis password_file {}: {}", path, std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) return failed_precondition(fmt::format("redis password_file {}: not a file", path));
+  if ((st.st_mode & S_IROTH) != 0) {
+    return failed_precondition(
+        fmt::format("redis password_file {}: readable by everyone (mode {:o}): chmod o-r it", path, st.st_mode & 0777));
+  }
+  std::ifstream in(path);
+  if (!in) return io_error(fmt::format("redis password_file {}: cannot read it", path));
+  std::getline(in, out);
+  if (!out.empty() && out.back() == '\r') out.pop_back();
+  if (out.empty()) return invalid_argument(fmt::format("redis password_file {}: its first line is empty", path));
+  return {};
+}
+
+}  // namespace
+
 Status open_redis_backend(const StorageUrl& parsed, std::string url, const PageLayout& layout,
                           std::unique_ptr<StorageBackend>& out) {
-  out = std::make_unique<RedisBackend>(std::move(url), parsed, layout);
+  std::string password = parsed.password;
+  if (!parsed.password_file.empty()) CLM_RETURN_IF_ERROR(read_password_file(parsed.password_file, password));
+  auto backend = std::make_unique<RedisBackend>(std::move(url), parsed, std::move(password), layout);
+  // With credentials, one connection now: a refused AUTH is a clear error at
+  // start rather than a stream of failed calls. An unreachable server is not
+  // an error here (the backend connects lazily, as without credentials).
+  if (!parsed.password.empty() || !parsed.password_file.empty()) {
+    const Status first = backend->probe();
+    if (first.code() == StatusCode::failed_precondition) return first;
+  }
+  out = std::move(backend);
   return {};
 }
 

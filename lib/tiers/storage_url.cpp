@@ -2,6 +2,7 @@
 // open_storage_backend, which sends each scheme to its backend.
 #include "clm/tiers/storage_url.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <limits>
@@ -115,11 +116,25 @@ Status parse_file_url(std::string_view location, std::string_view query, std::st
 }
 
 Status parse_redis_url(std::string_view location, std::string_view query, std::string_view what, StorageUrl& u) {
+  // Credentials end at the last '@' (a raw '/' in a password stays in it, as
+  // redact_storage_url reads it); the host and db follow.
+  std::string_view userinfo;
+  bool has_userinfo = false;
+  if (const std::size_t at = location.rfind('@'); at != std::string_view::npos) {
+    userinfo = location.substr(0, at);
+    location = location.substr(at + 1);
+    has_userinfo = true;
+  }
   const std::size_t slash = location.find('/');
   const std::string_view authority = location.substr(0, slash);
   const std::string_view db = slash == std::string_view::npos ? std::string_view{} : location.substr(slash + 1);
-  if (authority.find('@') != std::string_view::npos) {
-    return invalid_argument(fmt::format("{}: credentials (user@host) are not supported", what));
+  if (has_userinfo) {
+    const std::size_t colon = userinfo.find(':');  // none: the password comes from password_file
+    CLM_RETURN_IF_ERROR(percent_decode(userinfo.substr(0, colon), fmt::format("{}: user", what), u.user));
+    if (colon != std::string_view::npos) {
+      CLM_RETURN_IF_ERROR(percent_decode(userinfo.substr(colon + 1), fmt::format("{}: password", what), u.password));
+      if (u.password.empty()) return invalid_argument(fmt::format("{}: an empty password", what));
+    }
   }
   std::string_view host = authority;
   std::string_view port;
@@ -166,20 +181,30 @@ Status parse_redis_url(std::string_view location, std::string_view query, std::s
     } else if (o.name == "ttl") {
       CLM_RETURN_IF_ERROR(parse_number(o.value, kMaxTtlS, fmt::format("{}: ttl", what), v));
       u.ttl_s = static_cast<std::int64_t>(v);
+    } else if (o.name == "password_file") {
+      if (o.value.empty()) return invalid_argument(fmt::format("{}: password_file is empty", what));
+      u.password_file = o.value;
     } else if (o.name == "timeout_ms") {
       CLM_RETURN_IF_ERROR(parse_number(o.value, kMaxTimeoutMs, fmt::format("{}: timeout_ms", what), v));
       if (v == 0) return invalid_argument(fmt::format("{}: timeout_ms 0 (must be at least 1)", what));
       u.timeout_ms = static_cast<std::int32_t>(v);
     } else {
       return invalid_argument(
-          fmt::format("{}: unknown option '{}' (redis:// takes prefix, ttl, timeout_ms)", what, o.name));
+          fmt::format("{}: unknown option '{}' (redis:// takes prefix, ttl, timeout_ms, password_file)", what, o.name));
     }
+  }
+  if (!u.password.empty() && !u.password_file.empty()) {
+    return invalid_argument(fmt::format("{}: a password both in the URL and in password_file (give one)", what));
+  }
+  if (has_userinfo && u.password.empty() && u.password_file.empty()) {
+    return invalid_argument(
+        fmt::format("{}: a user without a password (redis://user:password@host, or password_file=)", what));
   }
   return {};
 }
 
 Status parse_storage_url_unguarded(std::string_view url, StorageUrl& out) {
-  const std::string what = fmt::format("storage URL '{}'", url);
+  const std::string what = fmt::format("storage URL '{}'", redact_storage_url(url));
   if (url.find('#') != std::string_view::npos) return invalid_argument(fmt::format("{}: a fragment (#)", what));
   const std::size_t sep = url.find("://");
   if (sep == std::string_view::npos) return invalid_argument(fmt::format("{}: no scheme (file:// or redis://)", what));
@@ -212,6 +237,19 @@ Status parse_storage_url(std::string_view url, StorageUrl& out) {
   }
 }
 
+std::string redact_storage_url(std::string_view url) {
+  std::string out(url);
+  const std::size_t sep = out.find("://");
+  if (sep == std::string::npos) return out;
+  const std::size_t start = sep + 3;
+  const std::size_t end = std::min(out.find_first_of("?#", start), out.size());
+  const std::size_t at = end > start ? out.rfind('@', end - 1) : std::string::npos;
+  if (at == std::string::npos || at < start) return out;
+  const std::size_t colon = out.find(':', start);
+  if (colon == std::string::npos || colon > at) return out;  // no password: nothing to hide
+  return out.replace(colon + 1, at - colon - 1, "***");
+}
+
 Status open_storage_backend(std::string_view url, const PageLayout& layout, std::unique_ptr<StorageBackend>& out) {
   StorageUrl parsed;
   CLM_RETURN_IF_ERROR(parse_storage_url(url, parsed));
@@ -219,9 +257,9 @@ Status open_storage_backend(std::string_view url, const PageLayout& layout, std:
   try {
     switch (parsed.scheme) {
       case StorageUrl::Scheme::file:
-        return tiers_detail::open_file_backend(parsed, std::string(url), layout, out);
+        return tiers_detail::open_file_backend(parsed, redact_storage_url(url), layout, out);
       case StorageUrl::Scheme::redis:
-        return tiers_detail::open_redis_backend(parsed, std::string(url), layout, out);
+        return tiers_detail::open_redis_backend(parsed, redact_storage_url(url), layout, out);
     }
   } catch (const std::bad_alloc&) {
     return out_of_memory("open_storage_backend: out of memory");

@@ -84,6 +84,9 @@ inline int free_local_port() {
 class RedisServer {
  public:
   RedisServer() = default;
+  // extra: more redis-server arguments ("--requirepass", "pw"); a server that
+  // wants AUTH counts as up when it answers PING with NOAUTH.
+  explicit RedisServer(std::vector<std::string> extra) : extra_(std::move(extra)) {}
   ~RedisServer() { stop(); }
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
@@ -199,6 +202,7 @@ class RedisServer {
     std::vector<std::string> args = {binary_, "--port",       port, "--bind", "127.0.0.1", "--save",
                                      "",      "--appendonly", "no", "--dir",  dir,         "--daemonize",
                                      "no",    "--databases",  "16"};
+    args.insert(args.end(), extra_.begin(), extra_.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -231,6 +235,9 @@ class RedisServer {
       if (c && c->err == 0) {
         RedisReply pong(static_cast<redisReply*>(redisCommand(c.get(), "PING")));
         if (pong && pong->type == REDIS_REPLY_STATUS && std::string_view(pong->str, pong->len) == "PONG") return;
+        if (pong && pong->type == REDIS_REPLY_ERROR && std::string_view(pong->str, pong->len).starts_with("NOAUTH")) {
+          return;
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -240,6 +247,7 @@ class RedisServer {
   }
 
   std::string binary_;
+  std::vector<std::string> extra_;
   TempDir dir_;
   pid_t pid_ = -1;
   int port_ = 0;

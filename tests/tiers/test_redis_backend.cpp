@@ -8,9 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -21,6 +24,7 @@
 
 #include "clm/tiers/page_file.hpp"
 #include "clm/tiers/storage_backend.hpp"
+#include "clm/tiers/storage_url.hpp"
 #include "test_support.hpp"
 #include "tiers/redis_server.hpp"
 #include "tiers/tiers_test_support.hpp"
@@ -245,6 +249,71 @@ TEST_CASE("redis: values damaged or replaced by hand are refused and counted", "
   store(*b, std::vector<clm::PageKey>(keys.begin(), keys.begin() + 6));
   for (std::uint8_t f : fetch(*b, keys)) CHECK(f == 1);
   CHECK(b->stats().repaired_pages == 5);
+}
+
+TEST_CASE("redis AUTH: a password, an ACL user, a password file; wrong ones refused at open; never printed",
+          "[tiers][redis][auth]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  // The default user's password, and an ACL user with its own.
+  clm_test::RedisServer redis(
+      {"--requirepass", "s3cret-Default", "--user", "alice", "on", ">al1ce-pw", "~*", "&*", "+@all"});
+  redis.start();
+  const std::string host = fmt::format("127.0.0.1:{}", redis.port());
+  const auto keys = random_keys(rng, 6);
+  std::unique_ptr<clm::StorageBackend> b;
+
+  // Right credentials: pages go and come back.
+  for (const std::string& url : {fmt::format("redis://:s3cret-Default@{}/0?prefix=d:", host),
+                                 fmt::format("redis://alice:al1ce-pw@{}/0?prefix=a:", host)}) {
+    INFO(clm::redact_storage_url(url));
+    b = open_backend(url, kSmall);
+    store(*b, keys);
+    for (std::uint8_t f : fetch(*b, keys)) CHECK(f == 1);
+    CHECK(b->url().find("s3cret") == std::string::npos);  // url() is redacted
+    CHECK(b->url().find("al1ce") == std::string::npos);
+    CHECK(b->url().find(":***@") != std::string::npos);
+  }
+  // A password file the owner alone reads.
+  clm_test::TempDir dir("redis-auth");
+  const std::string file = (dir.path() / "pw").string();
+  { std::ofstream(file) << "al1ce-pw\n"; }
+  ::chmod(file.c_str(), 0600);
+  b = open_backend(fmt::format("redis://alice@{}/0?prefix=a:&password_file={}", host, file), kSmall);
+  for (std::uint8_t f : fetch(*b, keys)) CHECK(f == 1);
+
+  // Wrong credentials: refused at open, naming AUTH, never the password.
+  for (const std::string& url :
+       {fmt::format("redis://:wrong-Pw@{}/0", host), fmt::format("redis://alice:s3cret-Default@{}/0", host),
+        fmt::format("redis://bob:al1ce-pw@{}/0", host)}) {
+    INFO(clm::redact_storage_url(url));
+    b.reset();
+    const clm::Status s = clm::open_storage_backend(url, kSmall, b);
+    INFO(s.message());
+    CHECK(s.code() == clm::StatusCode::failed_precondition);
+    CHECK_THAT(s.message(), Catch::Contains("AUTH"));
+    CHECK(s.message().find("wrong-Pw") == std::string::npos);
+    CHECK(s.message().find("s3cret") == std::string::npos);
+    CHECK(s.message().find("al1ce") == std::string::npos);
+    CHECK(b == nullptr);
+  }
+  // A password file that everyone may read, or that is not there.
+  ::chmod(file.c_str(), 0644);
+  CHECK(clm::open_storage_backend(fmt::format("redis://alice@{}/0?password_file={}", host, file), kSmall, b).code() ==
+        clm::StatusCode::failed_precondition);
+  CHECK(clm::open_storage_backend(fmt::format("redis://alice@{}/0?password_file={}/none", host, dir.str()), kSmall, b)
+            .code() == clm::StatusCode::not_found);
+  // No credentials: opens (nothing to check), and no page is stored or served.
+  b = open_backend(fmt::format("redis://{}/0?prefix=n:", host), kSmall);
+  std::vector<std::uint8_t> written(keys.size(), 7);
+  const std::vector<std::byte> pages = clm_test::pages_of(keys, kSmall);
+  (void)b->set(keys, pages, written);
+  for (std::uint8_t w : written) CHECK(w != 1);
+  // Right credentials but the server unreachable: not an error at open (lazy, as without).
+  redis.stop();
+  b.reset();
+  CHECK(clm::open_storage_backend(fmt::format("redis://:s3cret-Default@{}/0?timeout_ms=100", host), kSmall, b).ok());
 }
 
 TEST_CASE("redis: a server that goes down fails each call fast, and once back calls succeed", "[tiers][redis]") {

@@ -33,7 +33,17 @@ clm::StorageUrl redis_url(std::string host, std::int32_t port = 6379, std::int32
   return u;
 }
 
+clm::StorageUrl with_auth(clm::StorageUrl u, std::string user, std::string password, std::string file) {
+  u.user = std::move(user);
+  u.password = std::move(password);
+  u.password_file = std::move(file);
+  return u;
+}
+
 void check_same(const clm::StorageUrl& got, const clm::StorageUrl& want) {
+  CHECK(got.user == want.user);
+  CHECK(got.password == want.password);
+  CHECK(got.password_file == want.password_file);
   CHECK(got.scheme == want.scheme);
   CHECK(got.path == want.path);
   CHECK(got.capacity_mb == want.capacity_mb);
@@ -72,6 +82,11 @@ TEST_CASE("good storage URLs parse to their parts", "[tiers][url]") {
       {"redis://h?prefix=a+b%25", redis_url("h", 6379, 0, "a+b%")},
       {"redis://h?ttl=0&timeout_ms=1&prefix=p", redis_url("h", 6379, 0, "p", 0, 1)},
       {"redis://h?ttl=2147483647", redis_url("h", 6379, 0, "clm:", 2147483647)},
+      {"redis://:s3cret@h:7000/1", with_auth(redis_url("h", 7000, 1), "", "s3cret", "")},
+      {"redis://alice:p%40ss%2Fw@h", with_auth(redis_url("h"), "alice", "p@ss/w", "")},
+      {"redis://alice:raw/pass@h/2", with_auth(redis_url("h", 6379, 2), "alice", "raw/pass", "")},
+      {"redis://alice@h?password_file=%2Frun%2Fclm%20pw", with_auth(redis_url("h"), "alice", "", "/run/clm pw")},
+      {"redis://h?password_file=/run/pw", with_auth(redis_url("h"), "", "", "/run/pw")},
   };
   for (const Good& g : table) {
     INFO(g.url);
@@ -127,7 +142,11 @@ TEST_CASE("bad storage URLs are refused, naming the bad part", "[tiers][url]") {
       {"redis://h?timeout_ms=abc", "timeout_ms"},
       {"redis://h?db=2", "unknown option 'db'"},
       {"redis://h?password=x", "unknown option 'password'"},
-      {"redis://user:pw@h:6379", "credentials"},
+      {"redis://user@h:6379", "a user without a password"},
+      {"redis://user:@h:6379", "an empty password"},
+      {"redis://:pw@h?password_file=/run/secret", "both in the URL and in password_file"},
+      {"redis://h?password_file=", "password_file is empty"},
+      {"redis://u:p%zz@h", "%-escape"},
       {"redis://::1:6379", "brackets"},
       {"redis://[::1:6379", "without ']'"},
       {"redis://[::1]x", "after the IPv6 host"},
@@ -165,4 +184,30 @@ TEST_CASE("open_storage_backend refuses bad URLs and layouts before touching any
   REQUIRE(out != nullptr);
   CHECK(out->url() == "redis://127.0.0.1:1/0?timeout_ms=50");
   CHECK(out->layout() == layout);
+}
+
+TEST_CASE("a storage URL's password is never shown: redact_storage_url, messages, url()", "[tiers][url]") {
+  const std::vector<std::pair<std::string, std::string>> table = {
+      {"redis://:s3cret@h:7000/1", "redis://:***@h:7000/1"},
+      {"redis://alice:s3cret@h", "redis://alice:***@h"},
+      {"redis://alice:raw/s3cret@h/2?ttl=5", "redis://alice:***@h/2?ttl=5"},
+      {"redis://alice:s3@cret@h", "redis://alice:***@h"},  // the last '@' ends the credentials
+      {"redis://alice@h:6379?password_file=/x", "redis://alice@h:6379?password_file=/x"},
+      {"redis://h:6379/0?prefix=a@b:c", "redis://h:6379/0?prefix=a@b:c"},
+      {"file:///var/cache/clm", "file:///var/cache/clm"},
+      {"not a url", "not a url"},
+  };
+  for (const auto& [url, want] : table) {
+    INFO(url);
+    CHECK(clm::redact_storage_url(url) == want);
+  }
+  // A URL refused for another part names it without the password.
+  for (const char* bad : {"redis://:s3cret@h:99999", "redis://alice:s3cret@h?bogus=1", "redis://alice:s3cret@"}) {
+    INFO(bad);
+    clm::StorageUrl u;
+    const clm::Status s = clm::parse_storage_url(bad, u);
+    CHECK(s.code() == clm::StatusCode::invalid_argument);
+    CHECK(s.message().find("s3cret") == std::string::npos);
+    CHECK_THAT(s.message(), Catch::Contains("***"));
+  }
 }
