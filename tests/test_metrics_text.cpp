@@ -241,6 +241,7 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_storage_backend_missing_pages_total", io.pages_missing);
   put("clm_storage_backend_corrupt_pages_total", io.corrupt_pages);
   put("clm_storage_backend_repaired_pages_total", io.repaired_pages);
+  put("clm_tier_worker_failures_total", t.worker_failures);
   put("clm_storage_backend_dropped_writes_total", io.dropped_writes);
   put("clm_storage_backend_evicted_pages_total", io.evicted_pages);
   put("clm_storage_backend_errors_total", io.errors);

@@ -29,6 +29,7 @@
 
 #include <fmt/format.h>
 
+#include "alloc_fault.hpp"
 #include "clm/cache/radix_tree.hpp"
 
 namespace {
@@ -394,4 +395,91 @@ TEST_CASE("tiered tree: bad input to the host-tier calls changes nothing", "[tie
   RadixTree plain(*device);
   CHECK(plain.allocate_host_pages(pages).code() == clm::StatusCode::failed_precondition);
   CHECK(plain.insert_host(tokens, pages, 0, {}, out).code() == clm::StatusCode::failed_precondition);
+}
+
+TEST_CASE("insert_host that runs out of host memory changes nothing", "[tiers][errors]") {
+  REQUIRE(clm_test::kAllocationFaults);
+  // Every allocation of the call fails in turn (operator new, and the nodes' blocks through the tree's hook).
+  clm::detail::tree_block_allocation_fault = &clm_test::allocation_fails;
+  struct Unhook {
+    ~Unhook() { clm::detail::tree_block_allocation_fault = nullptr; }
+  } unhook;
+  const std::string salt(40, 's');  // longer than the small-string buffer: its copy allocates
+  struct Case {
+    const char* what;
+    std::vector<std::int32_t> tokens;
+    CacheNamespace ns;
+    std::int32_t first_page;  // pages before it are on the host already
+    std::int64_t new_host_tokens;
+  };
+  auto iota = [](std::int32_t n, std::int32_t from) {
+    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+    for (std::int32_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = from + i;
+    return v;
+  };
+  auto concat = [](std::vector<std::int32_t> a, const std::vector<std::int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const Case cases[] = {
+      {"a split of the host-only node and a new leaf, duplicates released", concat(iota(8, 0), iota(6, 900)), {}, 0, 6},
+      {"a new namespace", iota(8, 500), {salt, 7}, 0, 8},
+      {"a leaf below the host-only node, from its end", concat(iota(20, 0), iota(6, 300)), {}, 10, 6},
+      {"host copies of a device node, and a leaf", concat(iota(10, 1000), iota(4, 50)), {}, 0, 14},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    auto device = make_pool(64, 2);
+    auto host = make_pool(64, 2);
+    RadixTree tree(*device, EvictionPolicy::lru, 0.5, host.get());
+    {  // the tree before: 20 tokens on the host only, 10 on the device only
+      std::vector<std::int32_t> pages(10);
+      REQUIRE(tree.allocate_host_pages(pages).ok());
+      InsertOutcome out;
+      REQUIRE(tree.insert_host(iota(20, 0), pages, 0, {}, out).ok());
+      std::vector<std::int32_t> device_pages(5);
+      REQUIRE(tree.allocate_pages(device_pages).ok());
+      REQUIRE(tree.insert(iota(10, 1000), device_pages, {}, out).ok());
+    }
+    const std::size_t n_pages = c.tokens.size() / 2 - static_cast<std::size_t>(c.first_page);
+    std::vector<std::int32_t> pages(n_pages);
+    REQUIRE(tree.allocate_host_pages(pages).ok());
+    const auto before = tree.metrics();
+    const std::int32_t host_used = host->used_pages();
+    long failures = 0;
+    for (long n = 0;; ++n) {
+      INFO("allocation " << n << " fails");
+      InsertOutcome out;
+      clm::Status status;
+      bool threw = false, fired = false;
+      {  // no Catch macro while armed: its own allocations would count
+        clm_test::FailAllocation fail(n);
+        try {
+          status = tree.insert_host(c.tokens, pages, c.first_page, c.ns, out);
+        } catch (const std::bad_alloc&) {
+          threw = true;
+        }
+        fired = fail.fired();
+      }
+      REQUIRE(threw == fired);
+      if (!threw) {
+        INFO(status.message());
+        REQUIRE(status.ok());
+        break;
+      }
+      ++failures;
+      // Nothing changed: the tree's accounting, and the caller's pages are still the caller's.
+      REQUIRE(tree.check_invariants().ok());
+      const auto after = tree.metrics();
+      CHECK(after.host_cached_tokens == before.host_cached_tokens);
+      CHECK(after.cached_tokens == before.cached_tokens);
+      CHECK(after.nodes == before.nodes);
+      CHECK(after.namespaces == before.namespaces);
+      CHECK(host->used_pages() == host_used);
+      for (std::int32_t p : pages) CHECK(host->is_allocated(p));
+    }
+    CHECK(failures > 0);
+    REQUIRE(tree.check_invariants().ok());
+    CHECK(tree.metrics().host_cached_tokens == before.host_cached_tokens + c.new_host_tokens);
+  }
 }

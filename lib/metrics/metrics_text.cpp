@@ -172,6 +172,7 @@ void tiers(Exposition& out, const EngineMetrics& m) {
   out.counter("host_tier_loaded_pages_total", "Pages copied host -> device.", t.loaded_pages);
   out.counter("host_tier_dropped_backups_total", "Host copies given up: no room on the host, or a failed copy.",
               t.dropped_backups);
+  out.counter("tier_worker_failures_total", "Tier jobs given up for want of host memory.", t.worker_failures);
   out.counter("storage_stored_pages_total", "Pages written to storage.", t.stored_pages);
   out.counter("storage_fetched_pages_total", "Pages read from storage into the host tier.", t.fetched_pages);
   out.counter("storage_prefetch_timeouts_total", "Admissions that stopped waiting for storage.", t.prefetch_timeouts);

@@ -294,6 +294,16 @@ TierMetrics TierManager::metrics() const {
 
 // ---- workers -------------------------------------------------------------------------
 
+template <typename Job>
+void TierManager::run_counted(Job&& job) {
+  try {
+    job();
+  } catch (const std::bad_alloc&) {  // a worker thread must not end the host's process
+    std::lock_guard q(queue_mutex_);
+    ++metrics_.worker_failures;
+  }
+}
+
 void TierManager::copy_worker() {
   for (;;) {
     std::unique_ptr<CopyJob> job;
@@ -306,7 +316,7 @@ void TierManager::copy_worker() {
       ++running_jobs_;
       ++running_copies_;
     }
-    run_copy(*job);
+    run_counted([&] { run_copy(*job); });
     std::lock_guard q(queue_mutex_);
     --running_jobs_;
     --running_copies_;
@@ -333,9 +343,9 @@ void TierManager::storage_worker() {
       ++running_jobs_;
     }
     if (fetch) {
-      run_fetch(*fetch);
+      run_counted([&] { run_fetch(*fetch); });
     } else {
-      run_store(*store);
+      run_counted([&] { run_store(*store); });
     }
     std::lock_guard q(queue_mutex_);
     --running_jobs_;

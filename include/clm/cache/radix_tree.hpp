@@ -707,8 +707,9 @@ class RadixTree {
   void refresh_host_heap(std::int32_t n);
   void attach_device(std::int32_t n, const std::int32_t* pages);
   void attach_host(std::int32_t n, const std::int32_t* host_pages);
+  // `block`: the leaf's, taken ahead (allocate_block(len)): nothing here allocates.
   std::int32_t add_host_leaf(std::int32_t parent, const std::int32_t* tokens, const std::int32_t* host_pages,
-                             std::int32_t len);
+                             std::int32_t len, std::int32_t* block);
   bool back_up_path(std::int32_t n);
   std::int64_t evict_host_leaf(std::int32_t n);
 

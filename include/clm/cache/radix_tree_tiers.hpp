@@ -69,18 +69,34 @@ inline Status RadixTree::insert_host(std::span<const std::int32_t> tokens, std::
   for (std::size_t k = 0; k < host_pages.size(); ++k) {
     const std::int32_t p = host_pages[k];
     if (!host_pool_->is_allocated(p) || host_owns_page(p)) {
-      for (std::size_t u = 0; u < k; ++u) set_host_owned(host_pages[u], false);
-      return invalid_argument(
-          fmt::format("insert_host: host page {} at position {} is {}", p, k,
-                      !host_pool_->is_allocated(p) ? "not allocated" : "already cached (or passed twice)"));
+      return invalid_argument(fmt::format("insert_host: host page {} at position {} is {}", p, k,
+                                          !host_pool_->is_allocated(p) ? "not allocated" : "already cached"));
     }
-    set_host_owned(p, true);
   }
-  // From here on nothing can fail but the host's allocator.
+  {
+    std::vector<std::int32_t> sorted(host_pages.begin(), host_pages.end());  // a throw here changes nothing
+    std::sort(sorted.begin(), sorted.end());
+    if (const auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end()) {
+      return invalid_argument(fmt::format("insert_host: host page {} is passed twice", *twice));
+    }
+  }
+  // All or nothing, as insert(): the memory the call needs (node slots, edge
+  // and heap room, the blocks of a split and of the new leaf, a namespace) is
+  // taken before anything changes, so a std::bad_alloc leaves the tree and the
+  // caller's pages as they were.
   reserve_for_new_nodes(2);
+  if (const std::size_t need = host_heap_.size() + path_.size() + 2; need > host_heap_.capacity()) {
+    host_heap_.reserve(std::max(need, host_heap_.capacity() + host_heap_.capacity() / 2));
+  }
+  const bool splits = walk.node >= 0 && walk.offset < nodes_[walk.node].len;
+  PendingBlock split_block(*this, splits ? walk.offset : 0);
+  PendingBlock leaf_block(*this, walk.matched < store_len ? store_len - walk.matched : 0);
   std::int32_t end = walk.node >= 0 ? walk.node : create_namespace(ns);
-  if (walk.offset < nodes_[end].len) {
-    end = split(end, walk.offset);
+
+  // From here on nothing can fail.
+  for (std::int32_t p : host_pages) set_host_owned(p, true);
+  if (splits) {
+    end = split(end, walk.offset, split_block.take());
     path_.back() = end;
   }
   std::int32_t at = 0;
@@ -94,7 +110,7 @@ inline Status RadixTree::insert_host(std::span<const std::int32_t> tokens, std::
   (void)host_pool_->release(duplicates);
   if (walk.matched < store_len) {
     end = add_host_leaf(end, tokens.data() + walk.matched, host_pages.data() + (walk.matched / page_size_ - first_page),
-                        store_len - walk.matched);
+                        store_len - walk.matched, leaf_block.take());
   }
   out = InsertOutcome{host_matched, store_len, ref(end)};
   return {};
@@ -238,8 +254,7 @@ inline void RadixTree::attach_host(std::int32_t n, const std::int32_t* host_page
 }
 
 inline std::int32_t RadixTree::add_host_leaf(std::int32_t parent, const std::int32_t* tokens,
-                                             const std::int32_t* host_pages, std::int32_t len) {
-  std::int32_t* block = allocate_block(len);
+                                             const std::int32_t* host_pages, std::int32_t len, std::int32_t* block) {
   const std::int32_t n = new_node();
   Node& leaf = nodes_[n];
   const auto pages = static_cast<std::size_t>(len / page_size_);

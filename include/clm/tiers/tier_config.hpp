@@ -59,6 +59,7 @@ struct TierMetrics {
   std::uint64_t prefetch_timeouts = 0;  // admissions that stopped waiting for storage
   std::uint64_t storage_errors = 0;     // storage calls that failed (the admission recomputed)
   std::uint64_t dropped_backups = 0;    // copies given up: no room on the host, or a failed copy
+  std::uint64_t worker_failures = 0;    // tier jobs given up for want of host memory (std::bad_alloc)
   std::int64_t host_pages_used = 0;
   std::int64_t host_pages_total = 0;
   bool has_storage = false;

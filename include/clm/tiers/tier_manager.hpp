@@ -99,6 +99,10 @@ class TierManager {
 
   void copy_worker();
   void storage_worker();
+  // A job that runs out of host memory is given up and counted
+  // (worker_failures): the tree is all or nothing, so it stays as it was.
+  template <typename Job>
+  void run_counted(Job&& job);
   void run_copy(CopyJob& job);
   void run_store(StoreJob& job);
   void run_fetch(FetchJob& job);
