@@ -7,6 +7,8 @@
 
 #if CLM_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "device/device_guard.hpp"  // cuda/: the one guard of the thread's current device
 #endif
 
 namespace clm {
@@ -22,7 +24,16 @@ Status PageCopier::create(const PagedKvPool& device, const PagedKvPool& host, st
   return {};
 }
 
-PageCopier::~PageCopier() = default;
+PageCopier::~PageCopier() {
+#if CLM_HAVE_CUDA
+  if (stream_) {
+    cuda::detail::DeviceGuard guard;
+    if (guard.enter_device(stream_device_) == cudaSuccess) {
+      cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+    }
+  }
+#endif
+}
 
 Status PageCopier::to_host(std::span<const std::int32_t> device_pages, std::span<const std::int32_t> host_pages) {
   return copy(host_, host_pages, device_, device_pages);
@@ -65,19 +76,27 @@ Status PageCopier::copy(const PagedKvPool& dst, std::span<const std::int32_t> ds
   }
 #if CLM_HAVE_CUDA
   const int device = dst.config().memory == MemoryKind::device ? dst.config().device : src.config().device;
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
-    return unsupported(fmt::format("page copy: cudaSetDevice({}): {}", device, cudaGetErrorString(err)));
+  // The calling thread's current device is its own (the admitting thread's,
+  // the engine's): switched for the copy only, and put back.
+  cuda::detail::DeviceGuard guard;
+  if (cudaError_t err = guard.enter_device(device); err != cudaSuccess) {
+    return unsupported(fmt::format("page copy: {}({}): {}", guard.failed_call(), device, cudaGetErrorString(err)));
   }
-  cudaStream_t stream = nullptr;
-  if (cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); err != cudaSuccess) {
-    return Status(StatusCode::internal, fmt::format("page copy: cudaStreamCreate: {}", cudaGetErrorString(err)));
+  std::lock_guard lock(stream_mutex_);
+  if (!stream_) {
+    cudaStream_t made = nullptr;
+    if (cudaError_t err = cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking); err != cudaSuccess) {
+      return Status(StatusCode::internal, fmt::format("page copy: cudaStreamCreate: {}", cudaGetErrorString(err)));
+    }
+    stream_ = made;
+    stream_device_ = device;
   }
+  const auto stream = static_cast<cudaStream_t>(stream_);
   cudaError_t failed = cudaSuccess;
   for_each_run([&](void* to, const void* from, std::size_t size) {
     if (failed == cudaSuccess) failed = cudaMemcpyAsync(to, from, size, cudaMemcpyDefault, stream);
   });
   const cudaError_t waited = cudaStreamSynchronize(stream);
-  cudaStreamDestroy(stream);
   if (failed == cudaSuccess) failed = waited;
   if (failed != cudaSuccess) {
     return Status(StatusCode::internal, fmt::format("page copy: {}", cudaGetErrorString(failed)));

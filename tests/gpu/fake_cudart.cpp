@@ -113,6 +113,13 @@ extern "C" {
 void clm_fake_cuda_set_device_count(int count);
 void clm_fake_cuda_set_device_count(int count) { fake().devices = count; }
 
+// Test hook: how many streams are live (made and not destroyed).
+long clm_fake_cuda_live_streams();
+long clm_fake_cuda_live_streams() {
+  std::lock_guard lock(fake().mutex);
+  return static_cast<long>(fake().streams.size());
+}
+
 // Test hooks: the device or pinned allocation (cudaMalloc, cudaMallocHost,
 // cudaHostAlloc) after `skip` more fails with cudaErrorMemoryAllocation, once
 // (skip -1: none); whether it did; how many such allocations are live.

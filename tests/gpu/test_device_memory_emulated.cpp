@@ -9,18 +9,21 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <memory>
 #include <thread>
 
 #include "clm/cache/paged_kv_pool.hpp"
 #include "clm/device/device_memory.hpp"
 #include "clm/engine.hpp"
+#include "clm/tiers/page_copier.hpp"
 
 extern "C" void clm_fake_cuda_set_device_count(int count);
 extern "C" void clm_fake_cuda_fail_allocation(long skip);
 extern "C" int clm_fake_cuda_allocation_failed();
 extern "C" long clm_fake_cuda_live_allocations();
 extern "C" void clm_fake_cuda_fail_get_device(int error);
+extern "C" long clm_fake_cuda_live_streams();
 
 namespace {
 
@@ -164,4 +167,50 @@ TEST_CASE("a failed device or pinned allocation: a clear status, nothing left, a
   REQUIRE(engine->check_invariants().ok());
   engine.reset();
   CHECK(clm_fake_cuda_live_allocations() == live_before);
+}
+
+TEST_CASE("PageCopier copies to and from a pool on device 1, keeps one stream, and restores the thread's device",
+          "[gpu][device][tiers]") {
+  clm_fake_cuda_set_device_count(2);
+  clm::PagedKvPoolConfig config;
+  config.num_pages = 8;
+  config.page_size = 4;
+  config.kv_heads = 2;
+  config.head_dim = 8;
+  config.num_layers = 2;
+  config.dtype = clm::KvDType::f32;
+  config.memory = clm::MemoryKind::device;
+  config.device = 1;
+  std::unique_ptr<clm::PagedKvPool> device_pool, host_pool;
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  REQUIRE(clm::PagedKvPool::create(config, device_pool).ok());
+  config.memory = clm::MemoryKind::host;
+  config.device = 0;
+  REQUIRE(clm::PagedKvPool::create(config, host_pool).ok());
+  const long streams_before = clm_fake_cuda_live_streams();
+  {
+    std::unique_ptr<clm::PageCopier> copier;
+    REQUIRE(clm::PageCopier::create(*device_pool, *host_pool, copier).ok());
+    const std::size_t bytes = host_pool->page_bytes();
+    for (int mine : {0, 1, 0}) {  // the admitting thread's device, whatever it is
+      INFO("current device " << mine);
+      REQUIRE(cudaSetDevice(mine) == cudaSuccess);
+      // Host pages 0-2 (a pattern) -> device pages 5, 6, 3 -> host pages 4, 5, 7.
+      for (int p = 0; p < 3; ++p) {
+        auto* h = static_cast<unsigned char*>(host_pool->page_data(p));
+        for (std::size_t b = 0; b < bytes; ++b) h[b] = static_cast<unsigned char>(b * 7 + p * 31 + mine);
+      }
+      const std::int32_t host_src[] = {0, 1, 2}, device_pages[] = {5, 6, 3}, host_dst[] = {4, 5, 7};
+      REQUIRE(copier->to_device(host_src, device_pages).ok());
+      CHECK(current_device() == mine);
+      REQUIRE(copier->to_host(device_pages, host_dst).ok());
+      CHECK(current_device() == mine);
+      for (int k = 0; k < 3; ++k) {
+        CHECK(std::memcmp(host_pool->page_data(host_src[k]), host_pool->page_data(host_dst[k]), bytes) == 0);
+      }
+      CHECK(clm_fake_cuda_live_streams() == streams_before + 1);  // one stream, made once
+    }
+  }
+  CHECK(clm_fake_cuda_live_streams() == streams_before);  // the copier's stream goes with it
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
 }

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 
 #include "clm/cache/paged_kv_pool.hpp"
@@ -43,6 +44,11 @@ class PageCopier {
               std::span<const std::int32_t> src_pages);
   const PagedKvPool& device_;
   const PagedKvPool& host_;
+  // GPU copies: one stream, made on the pool's device at the first copy and
+  // kept; copies take turns on it (they share one PCIe link anyway).
+  std::mutex stream_mutex_;
+  [[maybe_unused]] void* stream_ = nullptr;  // cudaStream_t (unused in a build without CUDA)
+  [[maybe_unused]] int stream_device_ = 0;
 };
 
 }  // namespace clm
