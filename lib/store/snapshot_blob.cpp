@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "clm/detail/half.hpp"
+#include "clm/store/consistent_hash.hpp"  // mix64
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -38,15 +39,6 @@ std::uint64_t checksum_bytewise(std::span<const std::uint8_t> blob) {
   return h;
 }
 
-std::uint64_t fmix64(std::uint64_t k) {  // MurmurHash3's finaliser: a bijection
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdull;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ull;
-  k ^= k >> 33;
-  return k;
-}
-
 std::uint64_t checksum_wordwise(std::span<const std::uint8_t> blob) {
   std::uint64_t lane[4] = {kFnvBasis, kFnvBasis ^ 1, kFnvBasis ^ 2, kFnvBasis ^ 3};
   const std::size_t words = blob.size() / 8;
@@ -65,7 +57,7 @@ std::uint64_t checksum_wordwise(std::span<const std::uint8_t> blob) {
   std::uint64_t h = kFnvBasis;
   for (std::uint64_t l : lane) h = (h ^ l) * kFnvPrime;
   h = (h ^ static_cast<std::uint64_t>(blob.size())) * kFnvPrime;
-  return fmix64(h);
+  return mix64(h);  // a bijection: the length's fold and every lane survive it
 }
 
 // dim halves (little-endian bytes) to floats.

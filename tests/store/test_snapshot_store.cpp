@@ -106,12 +106,10 @@ std::uint64_t reference_wordwise(const std::vector<std::uint8_t>& blob) {
   std::uint64_t h = basis;
   for (std::uint64_t lane : lanes) h = (h ^ lane) * prime;
   h = (h ^ blob.size()) * prime;
-  h ^= h >> 33;  // MurmurHash3's fmix64
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ull;
-  h ^= h >> 33;
-  return h;
+  h += 0x9e3779b97f4a7c15ull;  // splitmix64's finaliser
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
 }
 
 }  // namespace

@@ -16,7 +16,8 @@
 //   1  FNV-1a 64, byte by byte (what the store wrote until store format 4);
 //   2  FNV-1a 64's step on 8-byte little-endian words (the last one padded
 //      with zeros), word i into lane i % 4, the four lanes then the length
-//      folded in the same way and finished with MurmurHash3's fmix64. Every
+//      folded in the same way and finished with clm::mix64 (splitmix64's
+//      finaliser, clm/store/consistent_hash.hpp). Every
 //      step is a bijection of the state, so a change within one word always
 //      changes the checksum; the lanes run in parallel (~10x faster).
 // encode writes format 2 unless told 1; decode reads both. decode refuses
