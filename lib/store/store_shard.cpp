@@ -306,19 +306,21 @@ Status StoreShard::start(bool serving) {
     if (s.ok()) s = tx.commit();
     if (!s.ok()) return failed(s);
     fresh_ = false;
-  } else if (format() >= 2 && format() < kStoreFormat) {
-    if (format() == 3) {  // the counts first, committed on their own: the drop of their columns follows
+  } else if (format() < kStoreFormat) {
+    {  // formats 1-3 keep the counts in their rows: copied out first, committed on their own
       ShardTransaction tx(*this);
       Status s = tx.begin();
       if (s.ok()) s = copy_usage_out();
       if (s.ok()) s = tx.commit();
       if (!s.ok()) return failed(s);
     }
-    ShardTransaction tx(*this);
-    Status s = tx.begin();
-    if (s.ok()) s = migrate();
-    if (s.ok()) s = tx.commit();
-    if (!s.ok()) return failed(s);
+    if (format() >= 2) {  // a format-1 store migrates when adopted
+      ShardTransaction tx(*this);
+      Status s = tx.begin();
+      if (s.ok()) s = migrate();
+      if (s.ok()) s = tx.commit();
+      if (!s.ok()) return failed(s);
+    }
   }
   if (serving) {
     if (Status s = prepare_all(); !s.ok()) return failed(s);
@@ -838,8 +840,7 @@ Status StoreShard::migrate() {
             "migrating: pinned_versions"));
     CLM_RETURN_IF_ERROR(now_format(3));
   }
-  if (format() == 3) {  // the usage columns move to the usage database (rewrites semantic_snapshots once)
-    CLM_RETURN_IF_ERROR(copy_usage_out());  // again, if start() did: it sets, never adds
+  if (format() == 3) {  // the counts are in the usage database (start()): their columns go
     CLM_RETURN_IF_ERROR(run("ALTER TABLE semantic_snapshots DROP COLUMN usage_count", "migrating: usage_count"));
     CLM_RETURN_IF_ERROR(run("ALTER TABLE semantic_snapshots DROP COLUMN last_used", "migrating: last_used"));
     CLM_RETURN_IF_ERROR(now_format(4));

@@ -315,7 +315,7 @@ class StoreShard {
   Status adopt(std::uint64_t key_rules);
   // Brings a format-2 or -3 shard to kStoreFormat, a step at a time: (2 -> 3)
   // the blacklist's reason and by_hand columns and the pinned_versions table;
-  // (3 -> 4) the usage columns moved into the usage database.
+  // (3 -> 4) the usage columns dropped, their counts copied out by start().
   Status migrate();
   // Marks the shard as being rekeyed to `to` (rekey_to; rekey_from keeps the
   // rules it had, when first marked) and creates the outbox and inbox tables.
@@ -358,7 +358,7 @@ class StoreShard {
   // Attaches the usage database (a writer creates it and its table; a reader
   // without one is refused: failed_precondition).
   Status attach_usage();
-  // Copies a format-3 shard's used rows' counts into the usage database
+  // Copies the used rows' counts of a shard of formats 1-3 into the usage database
   // (INSERT OR REPLACE: run twice, the same counts).
   Status copy_usage_out();
   Status prepare_all();
