@@ -295,12 +295,23 @@ TierMetrics TierManager::metrics() const {
 // ---- workers -------------------------------------------------------------------------
 
 template <typename Job>
-void TierManager::run_counted(Job&& job) {
+bool TierManager::run_counted(Job&& job) {
   try {
     job();
-  } catch (const std::bad_alloc&) {  // a worker thread must not end the host's process
+    return true;
+  } catch (const std::bad_alloc&) {
     std::lock_guard q(queue_mutex_);
     ++metrics_.worker_failures;
+    return false;
+  }
+}
+
+Status TierManager::insert_host(std::span<const std::int32_t> tokens, std::span<const std::int32_t> host_pages,
+                                std::int32_t first_page, const CacheNamespace& ns, InsertOutcome& out) {
+  try {
+    return tree_->insert_host(tokens, host_pages, first_page, ns, out);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("tiers: no host memory to record the host copies");
   }
 }
 
@@ -343,7 +354,11 @@ void TierManager::storage_worker() {
       ++running_jobs_;
     }
     if (fetch) {
-      run_counted([&] { run_fetch(*fetch); });
+      if (!run_counted([&] { run_fetch(*fetch); })) {  // its waiters stop waiting
+        std::lock_guard q(queue_mutex_);
+        fetch->done = fetch->failed = true;
+        fetch->progress.notify_all();
+      }
     } else {
       run_counted([&] { run_store(*store); });
     }
@@ -356,11 +371,10 @@ void TierManager::storage_worker() {
 void TierManager::run_copy(CopyJob& job) {
   const Status copied = copier_->to_host(job.device_pages, job.host_pages);
   EngineLock lock(*engine_mutex_);
-  bool kept = false;
   InsertOutcome out;
-  if (copied.ok()) {
-    kept = tree_->insert_host(job.tokens, job.host_pages, job.first_page, {job.salt, job.adapter_id}, out).ok();
-  }
+  Status inserted;
+  if (copied.ok()) inserted = insert_host(job.tokens, job.host_pages, job.first_page, {job.salt, job.adapter_id}, out);
+  const bool kept = copied.ok() && inserted.ok();
   if (!kept) (void)host_pool_->release(job.host_pages);  // the path above lost its copies meanwhile
   (void)tree_->unlock(job.locked);
   {
@@ -370,6 +384,7 @@ void TierManager::run_copy(CopyJob& job) {
     } else {
       ++metrics_.dropped_backups;
     }
+    if (inserted.code() == StatusCode::out_of_memory) ++metrics_.worker_failures;
   }
   if (kept && storage_) queue_store(out.node);
 }
@@ -458,13 +473,15 @@ void TierManager::run_fetch(FetchJob& job) {
     ok = storage_->get_pages(std::span(keys).subspan(at, n), buffers, read);
     const std::size_t good =
         ok.ok() ? static_cast<std::size_t>(std::find(read.begin(), read.end(), 0) - read.begin()) : 0;
-    bool landed = false;
+    bool landed = false, no_memory = false;
     {
       EngineLock lock(*engine_mutex_);
       InsertOutcome out;
-      if (good > 0 &&
-          tree_->insert_host(job.tokens, std::span(host_pages).first(good), static_cast<std::int32_t>(at), ns, out)
-              .ok()) {
+      const Status inserted =
+          good > 0 ? insert_host(job.tokens, std::span(host_pages).first(good), static_cast<std::int32_t>(at), ns, out)
+                   : Status{};
+      no_memory = inserted.code() == StatusCode::out_of_memory;
+      if (good > 0 && inserted.ok()) {
         landed = true;
         if (tree_->host_pin(out.node).ok()) {
           if (pinned.index >= 0) (void)tree_->host_unpin(pinned);
@@ -481,6 +498,7 @@ void TierManager::run_fetch(FetchJob& job) {
         job.landed_pages += static_cast<std::int32_t>(good);
         metrics_.fetched_pages += good;
       }
+      if (no_memory) ++metrics_.worker_failures;
       job.progress.notify_all();
     }
     if (!landed || good < n) break;

@@ -99,10 +99,16 @@ class TierManager {
 
   void copy_worker();
   void storage_worker();
-  // A job that runs out of host memory is given up and counted
-  // (worker_failures): the tree is all or nothing, so it stays as it was.
+  // A job that runs out of host memory outside the tree's calls is given up
+  // and counted (worker_failures); false then. A worker thread must not end
+  // the host's process.
   template <typename Job>
-  void run_counted(Job&& job);
+  bool run_counted(Job&& job);
+  // RadixTree::insert_host under the engine lock, a std::bad_alloc as
+  // out_of_memory: the call is all or nothing, so the caller's failure path
+  // (its pages back to the pool, its lock or pin released) is the right one.
+  Status insert_host(std::span<const std::int32_t> tokens, std::span<const std::int32_t> host_pages,
+                     std::int32_t first_page, const CacheNamespace& ns, InsertOutcome& out);
   void run_copy(CopyJob& job);
   void run_store(StoreJob& job);
   void run_fetch(FetchJob& job);
