@@ -454,11 +454,12 @@ Status open_redis_backend(const StorageUrl& parsed, std::string url, const PageL
                           std::unique_ptr<StorageBackend>& out) {
   std::string password = parsed.password;
   if (!parsed.password_file.empty()) CLM_RETURN_IF_ERROR(read_password_file(parsed.password_file, password));
+  const bool credentials = !password.empty();
   auto backend = std::make_unique<RedisBackend>(std::move(url), parsed, std::move(password), layout);
   // With credentials, one connection now: a refused AUTH is a clear error at
   // start rather than a stream of failed calls. An unreachable server is not
   // an error here (the backend connects lazily, as without credentials).
-  if (!parsed.password.empty() || !parsed.password_file.empty()) {
+  if (credentials) {
     const Status first = backend->probe();
     if (first.code() == StatusCode::failed_precondition) return first;
   }

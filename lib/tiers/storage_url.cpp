@@ -242,7 +242,9 @@ std::string redact_storage_url(std::string_view url) {
   const std::size_t sep = out.find("://");
   if (sep == std::string::npos) return out;
   const std::size_t start = sep + 3;
-  const std::size_t end = std::min(out.find_first_of("?#", start), out.size());
+  // Up to the query: a raw '#' (or '/') in a password is hidden too, though
+  // the parser then refuses the URL (a fragment) and names it in its message.
+  const std::size_t end = std::min(out.find('?', start), out.size());
   const std::size_t at = end > start ? out.rfind('@', end - 1) : std::string::npos;
   if (at == std::string::npos || at < start) return out;
   const std::size_t colon = out.find(':', start);
