@@ -482,10 +482,10 @@ Status StoreShard::warm_choices(std::int64_t stable_confirmations) {
     const auto t = q.column_blob(1);
     const std::uint64_t k = choice_key(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()),
                                        static_cast<std::uint64_t>(q.column_int(2)));
-    // Two keys on one choice_key mix here; whichever row wins is checked by
-    // key_row, and a row of the right key is its right version (the newest
-    // stable of both keys, or the newest with neither stable, is one of its own
-    // only when it is its own choice).
+    // Keys whose choice_key collides share an entry. Its row is then another
+    // key's (key_row refuses it: a cache miss) or the key's own choice: a row
+    // of the key that is the newest stable of all of them, or the newest with
+    // none stable, is the newest stable of its own, or its newest.
     Choice& c = found[k];
     const std::int64_t id = q.column_int(0), version = q.column_int(3);
     if (version > c.newest_version) c.newest_version = version, c.newest_id = id;
