@@ -79,8 +79,10 @@ Status SnapshotStore::shard_statistics(std::vector<ShardStatistics>& out) try {
       }
     }
     if (!shard.settings().dir.empty()) {
-      st.db_bytes = file_bytes(shard.db_path());
-      st.wal_bytes = file_bytes(shard.db_path() + "-wal");
+      for (const std::string& db : {shard.db_path(), shard.usage_path()}) {
+        st.db_bytes += file_bytes(db);
+        st.wal_bytes += file_bytes(db + "-wal");
+      }
       // shard-NN.<tenant tag>.hnsw and its .meta; temporary files are not the index.
       const std::string prefix = fmt::format("shard-{:02}.", s);
       std::error_code ec;

@@ -359,18 +359,18 @@ struct StoreLayout {
 // One shard, as shard_statistics reports it.
 struct ShardStatistics {
   std::int32_t shard = 0;
-  std::int64_t rows = 0;         // snapshots, all versions
-  std::int64_t keys = 0;         // distinct (tenant, key)
-  std::int64_t tenants = 0;      // distinct tenants with rows
-  std::int64_t max_version = 0;  // the highest version of any key
-  std::int64_t sightings = 0;    // keys counting toward admission, not stored yet
-  std::int64_t blacklisted = 0;  // blacklist entries in force
-  std::int64_t fallbacks = 0;    // level-3 snapshots
-  std::int64_t indexed = 0;      // live entries of its level-2 indexes in memory
-  std::int64_t index_files = 0;  // index files on disk (one per tenant once saved)
-  std::uint64_t db_bytes = 0;    // the database file, its WAL, its index files (.hnsw and .meta)
-  std::uint64_t wal_bytes = 0;
-  std::uint64_t index_bytes = 0;
+  std::int64_t rows = 0;          // snapshots, all versions
+  std::int64_t keys = 0;          // distinct (tenant, key)
+  std::int64_t tenants = 0;       // distinct tenants with rows
+  std::int64_t max_version = 0;   // the highest version of any key
+  std::int64_t sightings = 0;     // keys counting toward admission, not stored yet
+  std::int64_t blacklisted = 0;   // blacklist entries in force
+  std::int64_t fallbacks = 0;     // level-3 snapshots
+  std::int64_t indexed = 0;       // live entries of its level-2 indexes in memory
+  std::int64_t index_files = 0;   // index files on disk (one per tenant once saved)
+  std::uint64_t db_bytes = 0;     // the shard's database files: its rows' and its usage counts'
+  std::uint64_t wal_bytes = 0;    // their WAL files
+  std::uint64_t index_bytes = 0;  // its index files (.hnsw and .meta)
 };
 
 // What verify found.
