@@ -20,7 +20,6 @@ namespace {
 using clm::StatusCode;
 using clm::TensorDType;
 
-
 using clm_test::raw_bytes;
 
 template <typename T>
@@ -31,8 +30,7 @@ std::vector<T> values_of(const clm::TensorView& t) {
 }
 
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("clm_test_safetensors_" + std::to_string(::getpid()) + "_" + name))
+  return (std::filesystem::temp_directory_path() / ("clm_test_safetensors_" + std::to_string(::getpid()) + "_" + name))
       .string();
 }
 
@@ -135,7 +133,7 @@ TEST_CASE("get reports the tensor, the expected and the actual dtype and shape")
 TEST_CASE("writer and reader round trip random tensors of several dtypes") {
   std::mt19937_64 rng(1234);
   const TensorDType dtypes[] = {TensorDType::f32, TensorDType::f16, TensorDType::bf16, TensorDType::f64,
-                                TensorDType::i32, TensorDType::i64, TensorDType::u8,  TensorDType::boolean};
+                                TensorDType::i32, TensorDType::i64, TensorDType::u8,   TensorDType::boolean};
   for (int round = 0; round < 20; ++round) {
     const int count = static_cast<int>(rng() % 8);
     std::vector<std::vector<std::byte>> storage;
@@ -219,8 +217,10 @@ TEST_CASE("malformed files are refused with the right status") {
       {"header not an object", clm_test::file_bytes("[]", data)},
       {"unterminated object", clm_test::file_bytes("{\"t\":{\"dtype\":\"F32\"", data)},
       {"missing colon", clm_test::file_bytes("{\"t\" {}}", data)},
-      {"trailing comma", clm_test::file_bytes("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}", data)},
-      {"trailing garbage", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") + " x", data)},
+      {"trailing comma",
+       clm_test::file_bytes("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}", data)},
+      {"trailing garbage",
+       clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") + " x", data)},
       {"single quotes", clm_test::file_bytes("{'t':{}}", data)},
       {"bad escape", clm_test::file_bytes("{\"t\\q\":{}}", data)},
       {"lone surrogate", clm_test::file_bytes("{\"\\ud800\":{}}", data)},
@@ -231,29 +231,33 @@ TEST_CASE("malformed files are refused with the right status") {
       {"missing dtype", clm_test::file_bytes(t("\"shape\":[1],\"data_offsets\":[0,4]"), data)},
       {"missing shape", clm_test::file_bytes(t("\"dtype\":\"F32\",\"data_offsets\":[0,4]"), data)},
       {"missing offsets", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1]"), data)},
-      {"unknown field", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1"), data)},
-      {"duplicate field", clm_test::file_bytes(t("\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]"), data)},
+      {"unknown field",
+       clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1"), data)},
+      {"duplicate field",
+       clm_test::file_bytes(t("\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]"), data)},
       {"negative extent", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]"), data)},
       {"fractional extent", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]"), data)},
       {"leading zero", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]"), data)},
-      {"extent too large", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]"), data)},
+      {"extent too large",
+       clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]"), data)},
       {"shape product overflow",
        clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]"), data)},
-      {"byte count overflow", clm_test::file_bytes(t("\"dtype\":\"F64\",\"shape\":[4611686018427387904],\"data_offsets\":[0,4]"), data)},
+      {"byte count overflow",
+       clm_test::file_bytes(t("\"dtype\":\"F64\",\"shape\":[4611686018427387904],\"data_offsets\":[0,4]"), data)},
       {"offsets not a pair", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]"), data)},
       {"end before begin", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,4]"), data)},
-      {"offsets past the buffer", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[64,68]"), data)},
+      {"offsets past the buffer",
+       clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[64,68]"), data)},
       {"offsets past the buffer (huge)",
-       clm_test::file_bytes(t("\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[9223372036854775806,9223372036854775807]"), data)},
+       clm_test::file_bytes(
+           t("\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[9223372036854775806,9223372036854775807]"), data)},
       {"byte count mismatch", clm_test::file_bytes(t("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]"), data)},
-      {"overlapping tensors",
-       clm_test::file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                 "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
-                 data)},
-      {"duplicate names",
-       clm_test::file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-                 data)},
+      {"overlapping tensors", clm_test::file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                                   "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                                                   data)},
+      {"duplicate names", clm_test::file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                                               "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                                               data)},
       {"duplicate metadata", clm_test::file_bytes("{\"__metadata__\":{},\"__metadata__\":{}}", data)},
       {"duplicate metadata key", clm_test::file_bytes("{\"__metadata__\":{\"a\":\"1\",\"a\":\"2\"}}", data)},
       {"metadata value not a string", clm_test::file_bytes("{\"__metadata__\":{\"a\":1}}", data)},
@@ -277,7 +281,7 @@ TEST_CASE("malformed files are refused with the right status") {
   REQUIRE(s.message().find("absurd") != std::string::npos);
 }
 
-TEST_CASE("open and write report io errors; the writer refuses bad tensors") {
+TEST_CASE("open and write report io errors, and the writer refuses bad tensors") {
   clm::SafetensorsFile file;
   require_error(clm::SafetensorsFile::open(temp_path("does_not_exist"), file), StatusCode::io_error);
   require_error(clm::SafetensorsFile::open("/", file), StatusCode::io_error);

@@ -234,7 +234,7 @@ TEST_CASE("SrcTracker: running means over every step equal a float64 head over t
   }
 }
 
-TEST_CASE("SrcTracker: a failed step changes nothing; bad input is refused") {
+TEST_CASE("SrcTracker: a failed step changes nothing, and bad input is refused") {
   const uint32_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);

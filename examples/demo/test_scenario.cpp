@@ -43,7 +43,7 @@ std::string parse_error(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("parse_questions: intent, language and question per line; comments and blank lines skipped") {
+TEST_CASE("parse_questions: intent, language and question per line, and comments and blank lines skipped") {
   std::vector<Question> out;
   const std::string text =
       "# a comment\n"

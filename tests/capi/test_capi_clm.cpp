@@ -179,7 +179,7 @@ TEST_CASE("SRC head from host memory: running-mean scores match float64, across 
   CHECK(m.src_threshold == Approx(0.8));
 }
 
-TEST_CASE("SRC head from a safetensors file built byte by byte; the breaker; v1 structs", "[capi][clm]") {
+TEST_CASE("SRC head from a safetensors file built byte by byte, and the breaker, and v1 structs", "[capi][clm]") {
   std::mt19937 rng(std::random_device{}());
   // b2 = 40: every score is 1, above the breaker's 0.95.
   const Head h = random_head(rng, 40.0f);

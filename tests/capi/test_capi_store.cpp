@@ -377,7 +377,7 @@ TEST_CASE("snapshot store through the C ABI: record, the three levels, tenants, 
   CHECK(m.src_retrievals_failed == 15);
 }
 
-TEST_CASE("snapshot store C ABI: admission below snapshot_min_usage; a directory store persists", "[capi][store]") {
+TEST_CASE("snapshot store C ABI: admission below snapshot_min_usage, and a directory store persists", "[capi][store]") {
   std::mt19937 rng(std::random_device{}());
   char dir[] = "/tmp/clm-capi-store-XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);
@@ -425,7 +425,7 @@ TEST_CASE("snapshot store C ABI: admission below snapshot_min_usage; a directory
   REQUIRE(std::system(rm.c_str()) == 0);
 }
 
-TEST_CASE("snapshot store C ABI: a read-only engine beside the writer; version-4 options stay writers",
+TEST_CASE("snapshot store C ABI: a read-only engine beside the writer, and version-4 options stay writers",
           "[capi][store][read_only]") {
   std::mt19937 rng(std::random_device{}());
   char dir[] = "/tmp/clm-capi-reader-XXXXXX";
@@ -479,7 +479,7 @@ TEST_CASE("snapshot store C ABI: a read-only engine beside the writer; version-4
   REQUIRE(std::system(rm.c_str()) == 0);
 }
 
-TEST_CASE("snapshot store C ABI: old struct sizes still work; version-3 defaults", "[capi][store]") {
+TEST_CASE("snapshot store C ABI: old struct sizes still work, and version-3 defaults", "[capi][store]") {
   // Version 3's defaults are SnapshotStoreConfig's.
   clm_engine_options full;
   REQUIRE_OK(clm_engine_options_init(&full, sizeof full));

@@ -36,7 +36,7 @@ std::size_t files_in(const std::filesystem::path& dir) {
 
 }  // namespace
 
-TEST_CASE("hnsw index: serialize writes no file; publish writes hnswlib's format byte for byte", "[store][hnsw]") {
+TEST_CASE("hnsw index: serialize writes no file, and publish writes hnswlib's format byte for byte", "[store][hnsw]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);

@@ -249,7 +249,7 @@ TEST_CASE("store breaker (b): a wrong level-2 serve blames the pair, never the n
   CHECK(entries[0].reason.find("wrong for 8 query keys") != std::string::npos);
 }
 
-TEST_CASE("store breaker (b): unblacklist_key lifts pair blocks; bad reports change nothing", "[store][breaker]") {
+TEST_CASE("store breaker (b): unblacklist_key lifts pair blocks, and bad reports change nothing", "[store][breaker]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);

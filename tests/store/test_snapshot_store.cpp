@@ -941,7 +941,7 @@ struct CommittedModel {
 clm::SuffixKey model_key(const std::string& name) { return host_key(name, "group-" + name); }
 }  // namespace
 
-TEST_CASE("an allocation failure inside record or record_batch rolls back; the shard stays usable",
+TEST_CASE("an allocation failure inside record or record_batch rolls back, and the shard stays usable",
           "[store][errors][faults]") {
   REQUIRE(clm_test::kAllocationFaults);  // not under ThreadSanitizer, where nothing would fail
   const std::uint32_t seed = clm_test::fresh_seed();

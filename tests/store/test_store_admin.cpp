@@ -260,7 +260,7 @@ TEST_CASE("admin: blacklist by hand with a reason and an expiry, lift it, list i
   CHECK(store->unblacklist_key("t", future).code() == StatusCode::not_found);  // expired
 }
 
-TEST_CASE("admin: delete a tenant everywhere, with its index files; other tenants keep theirs", "[store][admin]") {
+TEST_CASE("admin: delete a tenant everywhere, with its index files, and other tenants keep theirs", "[store][admin]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);

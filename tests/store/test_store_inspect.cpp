@@ -54,7 +54,7 @@ int exec_sql(const std::string& db, const std::string& sql) {
 
 }  // namespace
 
-TEST_CASE("inspection: counts per shard match a naive model; layout without opening", "[store][inspect]") {
+TEST_CASE("inspection: counts per shard match a naive model, and layout without opening", "[store][inspect]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -121,7 +121,7 @@ TEST_CASE("inspection: counts per shard match a naive model; layout without open
   CHECK(clm::SnapshotStore::read_layout(other.str(), layout).code() == StatusCode::failed_precondition);
 }
 
-TEST_CASE("inspection: verify finds a row damaged on disk; a reader verifies too", "[store][inspect]") {
+TEST_CASE("inspection: verify finds a row damaged on disk, and a reader verifies too", "[store][inspect]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);

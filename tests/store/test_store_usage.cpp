@@ -41,7 +41,8 @@ std::int64_t sum_usage(const std::string& db) {
 
 }  // namespace
 
-TEST_CASE("usage: the background write waits for SQLite without the shard's lock; lookups go on", "[store][usage]") {
+TEST_CASE("usage: the background write waits for SQLite without the shard's lock, and lookups go on",
+          "[store][usage]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
