@@ -96,6 +96,14 @@ static_assert(offsetof(clm_metrics, has_tiers) >= kMetricsV3, "version 4 appends
 constexpr std::size_t kEngineOptionsV4 = offsetof(clm_engine_options, storage_batch_pages) + sizeof(int32_t);
 static_assert(kEngineOptionsV3 < kEngineOptionsV4 && kEngineOptionsV4 < sizeof(clm_engine_options));
 static_assert(offsetof(clm_engine_options, snapshot_read_only) >= kEngineOptionsV4, "version 5 appends");
+constexpr std::size_t kMetricsV4 = offsetof(clm_metrics, storage_evicted_pages) + sizeof(uint64_t);
+static_assert(kMetricsV3 < kMetricsV4 && kMetricsV4 < sizeof(clm_metrics));
+static_assert(offsetof(clm_metrics, storage_foreign_model_pages) >= kMetricsV4, "version 5 appends");
+// Version 5, frozen: version 6 (model id, page secret) appends to it.
+constexpr std::size_t kEngineOptionsV5 =
+    offsetof(clm_engine_options, snapshot_maintenance_interval_ms) + sizeof(int64_t);
+static_assert(kEngineOptionsV4 < kEngineOptionsV5 && kEngineOptionsV5 < sizeof(clm_engine_options));
+static_assert(offsetof(clm_engine_options, model_id) >= kEngineOptionsV5, "version 6 appends");
 static_assert(offsetof(clm_admit_options, priority_update) >= kAdmitOptionsV1, "version 2 appends");
 static_assert(CLM_PRIORITY_RAISE == static_cast<int>(clm::PriorityUpdate::raise) &&
                   CLM_PRIORITY_SET == static_cast<int>(clm::PriorityUpdate::set),
@@ -107,7 +115,8 @@ static_assert(kAdmitOptionsV1 % alignof(clm_admit_options) == 0);
 static_assert(kEngineOptionsV1 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV2 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV3 % alignof(clm_engine_options) == 0 &&
-              kEngineOptionsV4 % alignof(clm_engine_options) == 0);
+              kEngineOptionsV4 % alignof(clm_engine_options) == 0 &&
+              kEngineOptionsV5 % alignof(clm_engine_options) == 0);
 
 // A caller's struct of `size` bytes as this library's full struct: the
 // caller's fields, and the defaults for fields its version did not have.

@@ -11,6 +11,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -82,17 +83,21 @@ clm_engine_options default_engine_options() {
   o.prefetch_timeout_per_1k_tokens_ms = tiers.prefetch_timeout_per_1k_tokens_ms;
   o.storage_workers = tiers.storage_workers;
   o.storage_batch_pages = tiers.storage_batch_pages;
+  o.model_id = nullptr;
+  o.page_secret_file = nullptr;
+  o.page_secret_env = nullptr;
   return o;
 }
 
 constexpr std::size_t kMaxStorePathBytes = 4096;   // PATH_MAX on Linux
+constexpr std::size_t kMaxModelIdBytes = 4096;     // a model id, a secret file's path, a variable's name
 constexpr std::size_t kMaxStorageUrlBytes = 8192;  // a path and a few options
 }  // namespace
 
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_engine_options_init", "options");
   if (clm_status s = check_struct_size<clm_engine_options>(
-          struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4},
+          struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5},
           "clm_engine_options_init")) {
     return s;
   }
@@ -108,7 +113,8 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     *out = nullptr;
     if (!options) return null_argument("clm_engine_create", "options (num_pages has no default)");
     if (clm_status s = check_struct_size<clm_engine_options>(
-            options->struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4},
+            options->struct_size,
+            {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5},
             "clm_engine_create")) {
       return s;
     }
@@ -201,6 +207,20 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     config.tiers.prefetch_timeout_per_1k_tokens_ms = options->prefetch_timeout_per_1k_tokens_ms;
     config.tiers.storage_workers = options->storage_workers;
     config.tiers.storage_batch_pages = options->storage_batch_pages;
+    // NULL or "": none (the engine says when one is needed, and checks the rest).
+    const std::pair<const char*, std::string*> strings[] = {{options->model_id, &config.model_id},
+                                                            {options->page_secret_file, &config.tiers.page_secret_file},
+                                                            {options->page_secret_env, &config.tiers.page_secret_env}};
+    const char* const names[] = {"model_id", "page_secret_file", "page_secret_env"};
+    for (std::size_t i = 0; i < std::size(strings); ++i) {
+      if (!strings[i].first) continue;
+      const std::size_t n = strnlen(strings[i].first, kMaxModelIdBytes + 1);
+      if (n > kMaxModelIdBytes) {
+        return fail(CLM_ERR_INVALID_ARGUMENT,
+                    fmt::format("clm_engine_create: {} is longer than {} bytes", names[i], kMaxModelIdBytes));
+      }
+      strings[i].second->assign(strings[i].first, n);
+    }
     auto state = std::make_shared<EngineState>();
     if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
 #if CLM_HAVE_CUDA
@@ -446,8 +466,8 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
   return guarded([&]() -> clm_status {
     if (!out) return null_argument("clm_engine_metrics", "out");
     if (!engine) return null_argument("clm_engine_metrics", "engine");
-    if (clm_status s = check_struct_size<clm_metrics>(out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3},
-                                                      "clm_engine_metrics"))
+    if (clm_status s = check_struct_size<clm_metrics>(
+            out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3, kMetricsV4}, "clm_engine_metrics"))
       return s;
     const clm::EngineMetrics m = engine->state->engine->metrics();
     clm_metrics full{};
@@ -520,6 +540,12 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     full.storage_corrupt_pages = t.storage.corrupt_pages;
     full.storage_dropped_writes = t.storage.dropped_writes;
     full.storage_evicted_pages = t.storage.evicted_pages;
+    full.storage_foreign_model_pages = t.storage.foreign_model_pages;
+    full.storage_unsigned_pages = t.storage.unsigned_pages;
+    full.storage_forged_pages = t.storage.forged_pages;
+    full.storage_repaired_pages = t.storage.repaired_pages;
+    full.tier_worker_failures = t.worker_failures;
+    full.signed_pages = t.signed_pages ? 1 : 0;
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

@@ -157,6 +157,14 @@ typedef struct clm_engine_options {
                                          CLM_ERR_FAILED_PRECONDITION (default 0) */
   int64_t snapshot_maintenance_interval_ms; /* > 0: evict and flush the store on a background thread this often
                                                (default 0: the host calls clm_engine_evict_snapshots) */
+  /* -- version 6: pages safe to share (docs/tiers.md) -- */
+  const char *model_id;         /* the host's fingerprint of its model (weights + config), NUL-terminated, up to
+                                   4096 bytes: hashed into every stored page's key and header, so no other model
+                                   is served them. Required with a storage tier (copied at create; default NULL) */
+  const char *page_secret_file; /* a file (not readable by everyone) holding the deployment secret (16..4096
+                                   bytes) that signs every stored page with HMAC-SHA256; NULL or "": none */
+  const char *page_secret_env;  /* ... or the name of the environment variable holding it; at most one of the
+                                   two. Without either, pages are not signed and signed ones are refused */
 } clm_engine_options;
 
 /* When a cached page gets its host-tier copy (then, with a storage tier, its
@@ -181,7 +189,8 @@ CLM_API clm_status clm_engine_options_init(clm_engine_options *options, size_t s
    10000.0, -1.0f, 0.95f, 3, NULL, 0,                                  /* version 2: SRC */            \
    NULL, 16, 256, 50, 0.95f, 0.80f, 128, 2000,                         /* version 3: snapshot store */ \
    0, CLM_WRITE_THROUGH, NULL, CLM_PREFETCH_TIMEOUT, 20.0, 10.0, 2, 32, /* version 4: tiers */          \
-   0, 0}                                                               /* version 5: store reader */
+   0, 0,                                                               /* version 5: store reader */  \
+   NULL, NULL, NULL}                                                   /* version 6: model, secret */
 /* clang-format on */
 
 CLM_API clm_status clm_engine_create(clm_engine **out, const clm_engine_options *options);
@@ -368,6 +377,13 @@ typedef struct clm_metrics {
   uint64_t storage_corrupt_pages;   /* stored values refused (checksum, layout, size) */
   uint64_t storage_dropped_writes;  /* pages storage could not write (full disk, ...) */
   uint64_t storage_evicted_pages;   /* pages the file backend removed for its size cap */
+  /* -- version 5: pages safe to share -- */
+  uint64_t storage_foreign_model_pages; /* stored values refused: written for another model */
+  uint64_t storage_unsigned_pages;      /* ... not signed, where this engine has a page secret */
+  uint64_t storage_forged_pages;        /* ... with a signature this engine's secret does not make */
+  uint64_t storage_repaired_pages;      /* refused values deleted, so that the next store writes them again */
+  uint64_t tier_worker_failures;        /* tier jobs given up for want of host memory */
+  int32_t signed_pages;                 /* 1 when stored pages are signed */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */

@@ -353,7 +353,7 @@ TEST_CASE("engine: batch page table in FlashInfer's CSR form", "[engine]") {
   CHECK(engine->batch_page_table(with_bad, batch).code() == StatusCode::not_found);
 }
 
-TEST_CASE("engine: a batch names each sequence once; refusals leave the table as it was", "[engine][errors]") {
+TEST_CASE("engine: a batch names each sequence once, and refusals leave the table as it was", "[engine][errors]") {
   std::mt19937 rng(std::random_device{}());
   auto engine = make_engine(64, 4);
   std::vector<clm::SequenceId> ids;
@@ -415,6 +415,7 @@ TEST_CASE("engine: admit, plan_admission and prefetch refuse the same prompts", 
   config.pool.dtype = clm::KvDType::f32;
   config.tiers.host_pages = 32;
   config.tiers.storage_url = "file://" + storage.str();  // prefetch needs a storage tier to look at the prompt
+  config.model_id = "test-model";                        // storage pages are one model's
   std::unique_ptr<Engine> engine;
   REQUIRE(Engine::create(config, engine).ok());
   const UnreadableLongPrompt unreadable;

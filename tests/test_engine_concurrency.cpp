@@ -214,5 +214,6 @@ TEST_CASE("concurrency: 8 threads of random lifecycles on one engine with a host
   config.tiers.host_pages = 320;
   config.tiers.write_policy = clm::WritePolicy::write_back;
   config.tiers.storage_url = "file://" + storage.str();
+  config.model_id = "test-model";                      // storage pages are one model's
   run_concurrent(config, ops_per_thread(100000) / 5);  // storage writes are files: fewer operations
 }

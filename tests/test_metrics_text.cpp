@@ -240,6 +240,9 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_storage_backend_written_pages_total", io.pages_written);
   put("clm_storage_backend_missing_pages_total", io.pages_missing);
   put("clm_storage_backend_corrupt_pages_total", io.corrupt_pages);
+  put("clm_storage_backend_foreign_model_pages_total", io.foreign_model_pages);
+  put("clm_storage_backend_unsigned_pages_total", io.unsigned_pages);
+  put("clm_storage_backend_forged_pages_total", io.forged_pages);
   put("clm_storage_backend_repaired_pages_total", io.repaired_pages);
   put("clm_tier_worker_failures_total", t.worker_failures);
   put("clm_storage_backend_dropped_writes_total", io.dropped_writes);
@@ -473,6 +476,7 @@ TEST_CASE("metrics text: with a host tier and storage, hits by source add up", "
   config.pool.dtype = clm::KvDType::f32;
   config.tiers.host_pages = 32;
   config.tiers.storage_url = "file://" + dir.str();
+  config.model_id = "test-model";  // storage pages are one model's
   config.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
   auto engine = make_engine(config);
   Traffic traffic(*engine, seed);

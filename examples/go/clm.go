@@ -210,6 +210,17 @@ type EngineOptions struct {
 	// SnapshotMaintenanceIntervalMS > 0 evicts and flushes the snapshot store
 	// on a background thread this often (0: off, the host evicts).
 	SnapshotMaintenanceIntervalMS int64
+	// ModelID is the host's fingerprint of its model (weights + config), e.g.
+	// the SHA-256 of its weights file: hashed into every stored page's key
+	// and header, so that no other model is served them. Required with a
+	// storage tier.
+	ModelID string
+	// PageSecretFile is a file (not readable by everyone) holding the
+	// deployment secret that signs every stored page (HMAC-SHA256); "" is none.
+	PageSecretFile string
+	// PageSecretEnv is the name of the environment variable holding it
+	// instead (at most one of the two).
+	PageSecretEnv string
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -381,6 +392,14 @@ type Metrics struct {
 	StorageCorruptPages  uint64 // stored values refused (checksum, layout, size)
 	StorageDroppedWrites uint64 // pages storage could not write (full disk, ...)
 	StorageEvictedPages  uint64 // pages the file backend removed for its size cap
+	// Stored values refused: written for another model; not signed where this
+	// engine has a page secret; signed with another secret (or forged).
+	StorageForeignModelPages uint64
+	StorageUnsignedPages     uint64
+	StorageForgedPages       uint64
+	StorageRepairedPages     uint64 // refused values deleted, so that the next store writes them again
+	TierWorkerFailures       uint64 // tier jobs given up for want of host memory
+	SignedPages              bool   // stored pages are signed
 }
 
 // PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
@@ -441,15 +460,27 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 		c.snapshot_read_only = 1
 	}
 	c.snapshot_maintenance_interval_ms = C.int64_t(opts.SnapshotMaintenanceIntervalMS)
-	if opts.StorageURL != "" {
-		if strings.IndexByte(opts.StorageURL, 0) >= 0 {
-			return nil, &Error{code: InvalidArgument, op: "clm_engine_create",
-				msg: "StorageURL " + strconv.Quote(opts.StorageURL) + " contains a NUL byte"}
+	// The option strings: C memory, so that the struct may carry them into C
+	// (freed after); "" stays NULL.
+	for _, s := range []struct {
+		name, value string
+		field       **C.char
+	}{
+		{"StorageURL", opts.StorageURL, &c.storage_url},
+		{"ModelID", opts.ModelID, &c.model_id},
+		{"PageSecretFile", opts.PageSecretFile, &c.page_secret_file},
+		{"PageSecretEnv", opts.PageSecretEnv, &c.page_secret_env},
+	} {
+		if s.value == "" {
+			continue
 		}
-		// C memory, as the store path.
-		url := C.CString(opts.StorageURL)
-		defer C.free(unsafe.Pointer(url))
-		c.storage_url = url
+		if strings.IndexByte(s.value, 0) >= 0 {
+			return nil, &Error{code: InvalidArgument, op: "clm_engine_create",
+				msg: s.name + " " + strconv.Quote(s.value) + " contains a NUL byte"}
+		}
+		cs := C.CString(s.value)
+		defer C.free(unsafe.Pointer(cs))
+		*s.field = cs
 	}
 	snapshotDim := 0
 	if opts.SnapshotStorePath != "" {
@@ -722,25 +753,31 @@ func (e *Engine) Metrics() (Metrics, error) {
 		StoreSnapshots:        int64(c.store_snapshots),
 		StoreBlacklistedKeys:  int64(c.store_blacklisted_keys),
 
-		HasTiers:             c.has_tiers != 0,
-		HasStorage:           c.has_storage != 0,
-		DeviceHitTokens:      uint64(c.device_hit_tokens),
-		HostHitTokens:        uint64(c.host_hit_tokens),
-		StorageHitTokens:     uint64(c.storage_hit_tokens),
-		LoadBacks:            uint64(c.load_backs),
-		LoadedPages:          uint64(c.loaded_pages),
-		BackedUpPages:        uint64(c.backed_up_pages),
-		StoredPages:          uint64(c.stored_pages),
-		FetchedPages:         uint64(c.fetched_pages),
-		PrefetchTimeouts:     uint64(c.prefetch_timeouts),
-		StorageErrors:        uint64(c.storage_errors),
-		DroppedBackups:       uint64(c.dropped_backups),
-		HostCachedTokens:     int64(c.host_cached_tokens),
-		HostPagesUsed:        int64(c.host_pages_used),
-		HostPagesTotal:       int64(c.host_pages_total),
-		StorageCorruptPages:  uint64(c.storage_corrupt_pages),
-		StorageDroppedWrites: uint64(c.storage_dropped_writes),
-		StorageEvictedPages:  uint64(c.storage_evicted_pages),
+		HasTiers:                 c.has_tiers != 0,
+		HasStorage:               c.has_storage != 0,
+		DeviceHitTokens:          uint64(c.device_hit_tokens),
+		HostHitTokens:            uint64(c.host_hit_tokens),
+		StorageHitTokens:         uint64(c.storage_hit_tokens),
+		LoadBacks:                uint64(c.load_backs),
+		LoadedPages:              uint64(c.loaded_pages),
+		BackedUpPages:            uint64(c.backed_up_pages),
+		StoredPages:              uint64(c.stored_pages),
+		FetchedPages:             uint64(c.fetched_pages),
+		PrefetchTimeouts:         uint64(c.prefetch_timeouts),
+		StorageErrors:            uint64(c.storage_errors),
+		DroppedBackups:           uint64(c.dropped_backups),
+		HostCachedTokens:         int64(c.host_cached_tokens),
+		HostPagesUsed:            int64(c.host_pages_used),
+		HostPagesTotal:           int64(c.host_pages_total),
+		StorageCorruptPages:      uint64(c.storage_corrupt_pages),
+		StorageDroppedWrites:     uint64(c.storage_dropped_writes),
+		StorageEvictedPages:      uint64(c.storage_evicted_pages),
+		StorageForeignModelPages: uint64(c.storage_foreign_model_pages),
+		StorageUnsignedPages:     uint64(c.storage_unsigned_pages),
+		StorageForgedPages:       uint64(c.storage_forged_pages),
+		StorageRepairedPages:     uint64(c.storage_repaired_pages),
+		TierWorkerFailures:       uint64(c.tier_worker_failures),
+		SignedPages:              c.signed_pages != 0,
 	}, nil
 }
 

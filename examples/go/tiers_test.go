@@ -76,6 +76,7 @@ func tierOptions(t *testing.T, numPages, hostPages int32, storageURL string) Eng
 	opts.WritePolicy = WriteThrough
 	opts.StorageURL = storageURL
 	opts.PrefetchPolicy = PrefetchWaitComplete
+	opts.ModelID = "go-test-model"
 	return opts
 }
 
@@ -309,6 +310,15 @@ func TestStorageDirectorySharedByEnginesInTurn(t *testing.T) {
 	if got := serve(t, third, "other", p); got.cached != 0 {
 		t.Fatalf("another salt: %+v", got)
 	}
+	// Another model (the same layout, salt and prompt) is served none of these pages.
+	other := tierOptions(t, 64, 64, url)
+	other.ModelID = "another-model"
+	fourth, err := NewEngine(other)
+	must(t, err)
+	defer fourth.Close()
+	if got := serve(t, fourth, "acme", p); got.cached != 0 || got.storage != 0 {
+		t.Fatalf("another model: %+v", got)
+	}
 }
 
 func TestBadTierOptionsAndCalls(t *testing.T) {
@@ -323,6 +333,11 @@ func TestBadTierOptionsAndCalls(t *testing.T) {
 		"StorageWorkers 0":            func(o *EngineOptions) { o.StorageURL, o.StorageWorkers = url, 0 },
 		"write policy 3":              func(o *EngineOptions) { o.WritePolicy = 3 },
 		"prefetch policy -1":          func(o *EngineOptions) { o.PrefetchPolicy = -1 },
+		"storage without a model id":  func(o *EngineOptions) { o.StorageURL, o.ModelID = url, "" },
+		"model id with a NUL byte":    func(o *EngineOptions) { o.StorageURL, o.ModelID = url, "m\x00x" },
+		"secret from file and env": func(o *EngineOptions) {
+			o.StorageURL, o.PageSecretFile, o.PageSecretEnv = url, dir+"/page.key", "HOME"
+		},
 	} {
 		o := tierOptions(t, 8, 8, "")
 		mutate(&o)

@@ -39,7 +39,7 @@ constexpr std::string_view kUsage =
     "              [--policy lru|lfu|slru|priority|ghost_slru|belady] [--protected-fraction F]\n"
     "              [--ghost-memory M] [--hint-next-turn-within S [--hint-recall R]\n"
     "               [--hint-false-rate Q] [--hint-update raise|set]] [--json] [--repeat K] [--seed S]\n"
-    "              [--l2-capacity TOKENS [--storage URL]\n"
+    "              [--l2-capacity TOKENS [--storage URL --model-id ID]\n"
     "               [--write-policy write_through|write_through_selective|write_back]\n"
     "               [--prefetch best_effort|wait_complete|timeout]]\n"
     "       replay --write-gsp FILE [--seed S]   (then replays too when --workload is given)\n"
@@ -86,6 +86,8 @@ constexpr std::string_view kUsage =
     "                  f16: 256 bytes a token) whose rows the replay writes and checks on every\n"
     "                  hit; without it, page ids only. Runs once (no --repeat): a repeat would\n"
     "                  find the first run's pages in storage\n"
+    "  --model-id      the model the stored pages are of (required with --storage): pages stored\n"
+    "                  under one id are never served under another\n"
     "  --write-policy  when L1 pages get host copies (default write_through)\n"
     "  --prefetch      how long an admission waits for storage (default wait_complete, so that\n"
     "                  a run's hits do not depend on timing)\n"
@@ -109,6 +111,7 @@ struct Options {
   std::string write_gsp;
   std::optional<std::int64_t> l2_capacity;
   std::string storage_url;
+  std::string model_id;
   std::optional<clm::WritePolicy> write_policy;
   std::optional<clm::PrefetchPolicy> prefetch_policy;
   bool tiered() const { return l2_capacity && *l2_capacity > 0; }
@@ -202,6 +205,9 @@ Options parse_flags(int argc, char** argv) {
     } else if (arg == "--storage") {
       options.storage_url = value();
       if (options.storage_url.empty()) throw UsageError{"--storage: empty URL"};
+    } else if (arg == "--model-id") {
+      options.model_id = value();
+      if (options.model_id.empty()) throw UsageError{"--model-id: empty id"};
     } else if (arg == "--write-policy") {
       const std::string_view name = value();
       options.write_policy = clm::replay::parse_write_policy(name);
@@ -226,6 +232,12 @@ Options parse_flags(int argc, char** argv) {
   }
   if (!options.storage_url.empty() && !options.tiered()) {
     throw UsageError{"--storage needs a host tier: --l2-capacity TOKENS (> 0)"};
+  }
+  if (!options.storage_url.empty() && options.model_id.empty()) {
+    throw UsageError{"--storage needs --model-id ID: stored pages are one model's, never served to another"};
+  }
+  if (!options.model_id.empty() && options.storage_url.empty()) {
+    throw UsageError{"--model-id names the stored pages' model: it needs --storage"};
   }
   if (options.policy == clm::EvictionPolicy::belady && options.tiered()) {
     throw UsageError{"--policy belady runs on the plain replay only (no --l2-capacity): the Engine refuses it"};
@@ -372,6 +384,7 @@ int run(const Options& options) {
   if (options.tiered()) {
     config.host_capacity_tokens = *options.l2_capacity;
     config.storage_url = options.storage_url;
+    config.model_id = options.model_id;
     if (options.write_policy) config.write_policy = *options.write_policy;
     if (options.prefetch_policy) config.prefetch_policy = *options.prefetch_policy;
   }

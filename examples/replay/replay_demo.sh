@@ -85,6 +85,6 @@ printf "$tier_format" "L1 alone" "$(printf %.4f "$(field "$alone" hit_rate)")" \
 for policy in write_through write_through_selective write_back; do
   tier_run "+ L2 131072 ($policy)" --l2-capacity 131072 --write-policy "$policy"
 done
-tier_run "+ L2 + storage dir, 1st process (writes)" --l2-capacity 131072 --storage "file://$storage_dir"
-tier_run "+ L2 + storage dir, 2nd process (reads)" --l2-capacity 131072 --storage "file://$storage_dir"
+tier_run "+ L2 + storage dir, 1st process (writes)" --l2-capacity 131072 --storage "file://$storage_dir" --model-id replay-demo-model
+tier_run "+ L2 + storage dir, 2nd process (reads)" --l2-capacity 131072 --storage "file://$storage_dir" --model-id replay-demo-model
 echo "The 2nd process starts with empty L1 and L2: what it finds beyond its own work, the 1st stored."

@@ -473,6 +473,7 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   engine_config.tiers.host_pages = static_cast<std::int32_t>(config.host_capacity_tokens / config.page_size);
   engine_config.tiers.write_policy = config.write_policy;
   engine_config.tiers.storage_url = config.storage_url;
+  engine_config.model_id = config.model_id;
   engine_config.tiers.prefetch_policy = config.prefetch_policy;
   std::unique_ptr<Engine> engine;
   CLM_RETURN_IF_ERROR(Engine::create(engine_config, engine));

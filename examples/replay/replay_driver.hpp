@@ -75,6 +75,7 @@ struct ReplayConfig {
   // tier (L3) at storage_url when not empty (needs the host tier).
   std::int64_t host_capacity_tokens = 0;
   std::string storage_url;
+  std::string model_id;  // required with storage_url: the stored pages' model (EngineConfig::model_id)
   WritePolicy write_policy = WritePolicy::write_through;
   // wait_complete: an admission waits for every page storage has, so that
   // the hits of a run do not depend on timing.
@@ -131,8 +132,8 @@ struct ReplayResult {
   double hint_false_rate = 0.0;
   PriorityUpdate hint_update = PriorityUpdate::raise;
   std::uint64_t hinted_requests = 0;  // cached with kNextTurnHintPriority
-  double wall_s = 0;                // the replay loop alone (the median with repeats)
-  std::vector<double> wall_s_runs;  // every run's, in run order
+  double wall_s = 0;                  // the replay loop alone (the median with repeats)
+  std::vector<double> wall_s_runs;    // every run's, in run order
 
   // The tiered path only (all zero otherwise). hit_tokens is split by the
   // tier each cached token was served from (Admission::host_tokens,

@@ -104,13 +104,14 @@ void check_refused(const Workload& workload, const ReplayConfig& config, const s
 ReplayResult tiered_replay(const Workload& workload, std::int32_t page_size, std::int64_t capacity,
                            std::int64_t host_capacity,
                            clm::WritePolicy write_policy = clm::WritePolicy::write_through_selective,
-                           const std::string& storage_url = {}) {
+                           const std::string& storage_url = {}, const std::string& model_id = "replay-test-model") {
   ReplayConfig config;
   config.page_size = page_size;
   config.capacity_tokens = capacity;
   config.host_capacity_tokens = host_capacity;
   config.write_policy = write_policy;
   config.storage_url = storage_url;
+  config.model_id = model_id;
   const ReplayResult result = replay(workload, config);
   REQUIRE(result.tiered);
   return result;
@@ -846,7 +847,7 @@ TEST_CASE("the binary writes gsp as JSONL and replays it the same", "[cli]") {
   REQUIRE(from_binary.tokens == clm::replay::generate_gsp().tokens);
 }
 
-TEST_CASE("JSONL salts are namespaces; other keys are ignored") {
+TEST_CASE("JSONL salts are namespaces, and other keys are ignored") {
   const Workload w = parse_jsonl(
       "{\"prompt\":[5,6,7,8],\"output\":[9],\"salt\":\"a\"}\n"
       "\n"
@@ -1134,8 +1135,16 @@ TEST_CASE("tiers: the binary replays with storage twice, the second process hits
   TempFile second("second.json");
   const std::string args = "--workload " + workload.path() + " --page-size 16 --capacity 1024 --l2-capacity 4096 " +
                            "--storage 'file://" + dir.str() + "?capacity_mb=64' --json";  // quoted: '?' is a glob
-  REQUIRE(run_replay_binary(args, first.path()) == 0);
-  REQUIRE(run_replay_binary(args, second.path()) == 0);
+  REQUIRE(run_replay_binary(args + " --model-id model-a", first.path()) == 0);
+  // Another model on the same pages: no storage hits at all (and no refusals: its keys differ).
+  TempFile stranger("stranger.json");
+  REQUIRE(run_replay_binary(args + " --model-id model-b", stranger.path()) == 0);
+  const std::string s = first_line(stranger.path());
+  INFO(s);
+  REQUIRE(json_field(s, "storage_hit_tokens") == 0);
+  REQUIRE(json_field(s, "fetched_pages") == 0);
+  REQUIRE(json_field(s, "storage_corrupt_pages") == 0);
+  REQUIRE(run_replay_binary(args + " --model-id model-a", second.path()) == 0);
   const std::string a = first_line(first.path());
   const std::string b = first_line(second.path());
   INFO(a << "\n" << b);
@@ -1186,11 +1195,15 @@ TEST_CASE("tiers: bad tier flags exit 2 with a message, never a crash", "[tiers]
       {"--write-policy write_back", "--l2-capacity"},
       {"--prefetch timeout", "--l2-capacity"},
       {"--l2-capacity 65536 --storage", "--storage"},
-      {"--l2-capacity 65536 --storage gopher://example.com/x", "gopher"},
-      {"--l2-capacity 65536 --storage redis://127.0.0.1:99999/0", "99999"},
-      {"--l2-capacity 65536 --storage 'file://" + dir.str() + "?capacity_mb=lots'", "capacity_mb"},
-      {"--l2-capacity 65536 --storage file:///proc/clm-replay-cannot-create-this", "clm-replay-cannot-create-this"},
-      {"--l2-capacity 65536 --storage file://" + dir.str() + " --repeat 2", "--repeat"},
+      {"--l2-capacity 65536 --storage gopher://example.com/x --model-id m", "gopher"},
+      {"--l2-capacity 65536 --storage redis://127.0.0.1:99999/0 --model-id m", "99999"},
+      {"--l2-capacity 65536 --storage 'file://" + dir.str() + "?capacity_mb=lots' --model-id m", "capacity_mb"},
+      {"--l2-capacity 65536 --storage file:///proc/clm-replay-cannot-create-this --model-id m",
+       "clm-replay-cannot-create-this"},
+      {"--l2-capacity 65536 --storage file://" + dir.str() + " --model-id m --repeat 2", "--repeat"},
+      {"--l2-capacity 65536 --storage file://" + dir.str(), "--model-id"},
+      {"--l2-capacity 65536 --model-id m", "--storage"},
+      {"--l2-capacity 65536 --storage file://" + dir.str() + " --model-id", "--model-id"},
   };
   for (const auto& [flags, message] : bad) {
     INFO(flags);

@@ -237,6 +237,7 @@ TEST_CASE("prefix reuse never changes the logits: host tier and a storage direct
   clm::EngineConfig tiered = engine_config(c, page_size, 512);  // a small device tier: evicts to the host
   tiered.tiers.host_pages = 8192 / page_size;
   tiered.tiers.storage_url = "file://" + storage.str();
+  tiered.model_id = "test-model";                            // storage pages are one model's
   tiered.tiers.write_policy = clm::WritePolicy::write_back;  // every evicted page goes to the host
   Stack baseline = make_stack(c, w, engine_config(c, page_size, 8192));
   EqualityRun first;

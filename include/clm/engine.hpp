@@ -115,9 +115,11 @@ class Engine {
           fmt::format("tiers: host_pages must be >= 0 (0: no tiers), got {}", config.tiers.host_pages));
     }
     if (config.tiers.host_pages > 0) {
-      CLM_RETURN_IF_ERROR(TierManager::create(config.tiers, *pool, tiers));
+      CLM_RETURN_IF_ERROR(TierManager::create(config.tiers, config.model_id, *pool, tiers));
     } else if (!config.tiers.storage_url.empty()) {
       return invalid_argument("tiers: a storage tier needs a host tier (tiers.host_pages > 0)");
+    } else if (!config.tiers.page_secret_file.empty() || !config.tiers.page_secret_env.empty()) {
+      return invalid_argument("tiers: a page secret without a storage tier (tiers.storage_url) signs nothing");
     }
     std::unique_ptr<SnapshotStore> store;
     if (!config.snapshot_store.path.empty()) CLM_RETURN_IF_ERROR(SnapshotStore::open(config.snapshot_store, store));
@@ -559,7 +561,7 @@ class Engine {
       tree_->coverage(prompt, ns, cached, host_backed);
     }
     if (cached >= limit) return;
-    tiers_->fetch(prompt.first(static_cast<std::size_t>(limit)), ns, host_backed, wait, fetched);
+    tiers_->fetch(prompt.first(static_cast<std::size_t>(limit)), ns, host_backed, cached, wait, fetched);
   }
 
   // The load-back of an admission, under the lock (released while copying):

@@ -181,8 +181,14 @@ void tiers(Exposition& out, const EngineMetrics& m) {
   out.counter("storage_backend_read_pages_total", "Pages the storage backend returned.", s.pages_read);
   out.counter("storage_backend_written_pages_total", "Pages the storage backend stored.", s.pages_written);
   out.counter("storage_backend_missing_pages_total", "Keys the storage backend did not find.", s.pages_missing);
-  out.counter("storage_backend_corrupt_pages_total", "Stored values refused: magic, key, layout, size or checksum.",
-              s.corrupt_pages);
+  out.counter("storage_backend_corrupt_pages_total",
+              "Stored values refused: magic, key, layout, size, checksum, model or signature.", s.corrupt_pages);
+  out.counter("storage_backend_foreign_model_pages_total", "Stored values refused: written for another model.",
+              s.foreign_model_pages);
+  out.counter("storage_backend_unsigned_pages_total", "Stored values refused: not signed, where pages must be.",
+              s.unsigned_pages);
+  out.counter("storage_backend_forged_pages_total",
+              "Stored values refused: a signature this instance's secret does not make.", s.forged_pages);
   out.counter("storage_backend_repaired_pages_total", "Refused stored values the backend deleted.", s.repaired_pages);
   out.counter("storage_backend_dropped_writes_total", "Pages the storage backend could not store (full disk, ...).",
               s.dropped_writes);

@@ -127,10 +127,12 @@ enum class ReadOutcome { found, missing, corrupt, failed };
 
 class FileBackend final : public StorageBackend {
  public:
-  FileBackend(std::string url, std::string root, const PageLayout& layout, std::uint64_t capacity_bytes)
+  FileBackend(std::string url, std::string root, const PageLayout& layout, const PageSeal& seal,
+              std::uint64_t capacity_bytes)
       : url_(std::move(url)),
         root_(std::move(root)),
         layout_(layout),
+        seal_(seal),
         page_bytes_(layout.page_bytes()),
         file_bytes_(kPageHeaderSize + layout.page_bytes()),
         capacity_bytes_(capacity_bytes) {}
@@ -182,7 +184,8 @@ class FileBackend final : public StorageBackend {
       std::vector<PageKey> victims;
       bool failed = false;
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        const ReadOutcome r = read_page(keys[i], std::span(pages[i], page_bytes_));
+        PageFault fault = PageFault::none;
+        const ReadOutcome r = read_page(keys[i], std::span(pages[i], page_bytes_), fault);
         found[i] = r == ReadOutcome::found ? 1 : 0;
         switch (r) {
           case ReadOutcome::found: {
@@ -197,7 +200,7 @@ class FileBackend final : public StorageBackend {
             counters_.pages_missing.fetch_add(1, std::memory_order_relaxed);
             break;
           case ReadOutcome::corrupt:
-            counters_.corrupt_pages.fetch_add(1, std::memory_order_relaxed);
+            counters_.count_refusal(fault);
             break;
           case ReadOutcome::failed:
             failed = true;
@@ -235,6 +238,7 @@ class FileBackend final : public StorageBackend {
   }
 
   const PageLayout& layout() const override { return layout_; }
+  const PageSeal& seal() const override { return seal_; }
   StorageStats stats() const override { return counters_.load(); }
   const std::string& url() const override { return url_; }
 
@@ -298,24 +302,25 @@ class FileBackend final : public StorageBackend {
     }
   }
 
-  ReadOutcome read_page(const PageKey& key, std::span<std::byte> slot) {
+  ReadOutcome read_page(const PageKey& key, std::span<std::byte> slot, PageFault& fault) {
     const std::string path = page_path(key);
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) return errno == ENOENT || errno == ENOTDIR ? ReadOutcome::missing : ReadOutcome::failed;
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return ReadOutcome::failed;
     PageHeaderBytes header;
+    fault = PageFault::damaged;
     bool intact = S_ISREG(st.st_mode) && static_cast<std::size_t>(st.st_size) == file_bytes_;
     if (intact && !pread_full(fd.get(), header.data(), header.size(), 0)) {
       if (errno != 0) return ReadOutcome::failed;
       intact = false;  // shrank since fstat
     }
-    intact = intact && check_page_header(header, key, layout_).ok();
+    intact = intact && check_page_header(header, key, layout_, seal_, fault).ok();
     if (intact && !pread_full(fd.get(), slot.data(), slot.size(), static_cast<off_t>(kPageHeaderSize))) {
       if (errno != 0) return ReadOutcome::failed;
       intact = false;
     }
-    intact = intact && check_page_checksum(header, slot).ok();
+    intact = intact && check_page_body(header, slot, seal_, fault).ok();
     if (!intact) {
       // Removed only if the name still holds the file read: a writer may
       // have renamed a good page over it since.
@@ -355,8 +360,9 @@ class FileBackend final : public StorageBackend {
     }
     if (raw < 0) return false;
     UniqueFd fd(raw);
-    const PageHeaderBytes header = encode_page_header(key, layout_, payload);
-    const bool ok = write_full(fd.get(), header, payload) && ::fsync(fd.get()) == 0 && fd.close() == 0 &&
+    PageHeaderBytes header;
+    const bool ok = encode_page_header(key, layout_, seal_, payload, header).ok() &&
+                    write_full(fd.get(), header, payload) && ::fsync(fd.get()) == 0 && fd.close() == 0 &&
                     ::rename(temp_path.c_str(), final_path.c_str()) == 0;
     if (!ok) ::unlink(temp_path.c_str());
     return ok;
@@ -400,6 +406,7 @@ class FileBackend final : public StorageBackend {
   const std::string url_;
   const std::string root_;
   const PageLayout layout_;
+  const PageSeal seal_;
   const std::size_t page_bytes_;
   const std::size_t file_bytes_;
   const std::uint64_t capacity_bytes_;                 // 0: no cap
@@ -414,7 +421,7 @@ class FileBackend final : public StorageBackend {
 
 }  // namespace
 
-Status open_file_backend(const StorageUrl& parsed, std::string url, const PageLayout& layout,
+Status open_file_backend(const StorageUrl& parsed, std::string url, const PageLayout& layout, const PageSeal& seal,
                          std::unique_ptr<StorageBackend>& out) {
   const std::uint64_t capacity_bytes = parsed.capacity_mb << 20;
   const std::size_t file_bytes = kPageHeaderSize + layout.page_bytes();
@@ -422,7 +429,7 @@ Status open_file_backend(const StorageUrl& parsed, std::string url, const PageLa
     return invalid_argument(fmt::format("file storage {}: capacity_mb={} holds no page file of {} bytes", url,
                                         parsed.capacity_mb, file_bytes));
   }
-  auto backend = std::make_unique<FileBackend>(std::move(url), parsed.path, layout, capacity_bytes);
+  auto backend = std::make_unique<FileBackend>(std::move(url), parsed.path, layout, seal, capacity_bytes);
   CLM_RETURN_IF_ERROR(backend->open());
   out = std::move(backend);
   return {};

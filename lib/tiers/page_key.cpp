@@ -48,6 +48,7 @@ bool hash_page(EVP_MD_CTX* ctx, const PageKey& parent, std::span<const std::int3
   ok = ok && EVP_DigestUpdate(ctx, ns.salt.data(), ns.salt.size()) == 1;
   le32(static_cast<std::uint32_t>(ns.adapter_id), word);
   ok = ok && EVP_DigestUpdate(ctx, word, 4) == 1;
+  ok = ok && EVP_DigestUpdate(ctx, ns.scope.data(), ns.scope.size()) == 1;
   unsigned int length = 0;
   ok = ok && EVP_DigestFinal_ex(ctx, out.bytes.data(), &length) == 1;
   return ok && length == out.bytes.size();

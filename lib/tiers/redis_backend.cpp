@@ -90,12 +90,14 @@ class SigpipeBlock {
 // What one pipeline tallies; added to the counters only when the call succeeds
 // (a retried call must not count twice).
 struct Tally {
-  std::uint64_t found = 0, missing = 0, corrupt = 0, repaired = 0, written = 0, dropped = 0, error_replies = 0;
+  std::uint64_t found = 0, missing = 0, repaired = 0, written = 0, dropped = 0, error_replies = 0;
+  std::vector<PageFault> refusals;  // one per refused value
 };
 
 class RedisBackend final : public StorageBackend {
  public:
-  RedisBackend(std::string url, const StorageUrl& parsed, std::string password, const PageLayout& layout)
+  RedisBackend(std::string url, const StorageUrl& parsed, std::string password, const PageLayout& layout,
+               const PageSeal& seal)
       : url_(std::move(url)),
         host_(parsed.host),
         port_(parsed.port),
@@ -106,6 +108,7 @@ class RedisBackend final : public StorageBackend {
         ttl_s_(parsed.ttl_s),
         timeout_{parsed.timeout_ms / 1000, static_cast<suseconds_t>(parsed.timeout_ms % 1000) * 1000},
         layout_(layout),
+        seal_(seal),
         page_bytes_(layout.page_bytes()) {}
 
   Status exists(std::span<const PageKey> keys, std::span<std::uint8_t> found) override {
@@ -160,12 +163,13 @@ class RedisBackend final : public StorageBackend {
           } else {
             const std::span<const std::byte> value(reinterpret_cast<const std::byte*>(reply->str), reply->len);
             std::span<const std::byte> payload;
-            if (decode_page(value, keys[i], layout_, payload).ok()) {
+            PageFault fault = PageFault::none;
+            if (decode_page(value, keys[i], layout_, seal_, payload, fault).ok()) {
               std::memcpy(pages[i], payload.data(), page_bytes_);
               found[i] = 1;
               ++tally.found;
             } else {
-              ++tally.corrupt;
+              tally.refusals.push_back(fault);
               refused.push_back(i);
             }
           }
@@ -195,7 +199,8 @@ class RedisBackend final : public StorageBackend {
           std::size_t end = begin, pending = 0;
           for (; end < keys.size() && (end == begin || pending < kPipelineBytes); ++end) {
             const std::span<const std::byte> payload(pages[end], page_bytes_);
-            const PageHeaderBytes header = encode_page_header(keys[end], layout_, payload);
+            PageHeaderBytes header;
+            CLM_RETURN_IF_ERROR(encode_page_header(keys[end], layout_, seal_, payload, header));
             // SET key value [EX ttl] in RESP, the value's bulk string written in
             // pieces (header, payload) so the payload is copied once, into
             // hiredis' output buffer. The blocking API sends the buffer as it is.
@@ -239,6 +244,7 @@ class RedisBackend final : public StorageBackend {
   }
 
   const PageLayout& layout() const override { return layout_; }
+  const PageSeal& seal() const override { return seal_; }
   StorageStats stats() const override { return counters_.load(); }
   const std::string& url() const override { return url_; }
 
@@ -294,7 +300,7 @@ class RedisBackend final : public StorageBackend {
     counters_.pages_read.fetch_add(t.found, std::memory_order_relaxed);
     counters_.bytes_read.fetch_add(t.found * page_bytes_, std::memory_order_relaxed);
     counters_.pages_missing.fetch_add(t.missing, std::memory_order_relaxed);
-    counters_.corrupt_pages.fetch_add(t.corrupt, std::memory_order_relaxed);
+    for (PageFault fault : t.refusals) counters_.count_refusal(fault);
     counters_.repaired_pages.fetch_add(t.repaired, std::memory_order_relaxed);
     counters_.pages_written.fetch_add(t.written, std::memory_order_relaxed);
     counters_.bytes_written.fetch_add(t.written * page_bytes_, std::memory_order_relaxed);
@@ -413,6 +419,7 @@ class RedisBackend final : public StorageBackend {
   const std::int64_t ttl_s_;
   const timeval timeout_;
   const PageLayout layout_;
+  const PageSeal seal_;
   const std::size_t page_bytes_;
   StorageCounters counters_;
 
@@ -431,18 +438,9 @@ namespace {
 // The password of password_file: its first line. A file others may read is
 // refused: the secret would not be one.
 Status read_password_file(const std::string& path, std::string& out) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    return not_found(fmt::format("redis password_file {}: {}", path, std::strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) return failed_precondition(fmt::format("redis password_file {}: not a file", path));
-  if ((st.st_mode & S_IROTH) != 0) {
-    return failed_precondition(
-        fmt::format("redis password_file {}: readable by everyone (mode {:o}): chmod o-r it", path, st.st_mode & 0777));
-  }
-  std::ifstream in(path);
-  if (!in) return io_error(fmt::format("redis password_file {}: cannot read it", path));
-  std::getline(in, out);
+  std::string text;
+  CLM_RETURN_IF_ERROR(read_secret_file(path, "redis password_file", 64 << 10, text));
+  out = text.substr(0, text.find('\n'));
   if (!out.empty() && out.back() == '\r') out.pop_back();
   if (out.empty()) return invalid_argument(fmt::format("redis password_file {}: its first line is empty", path));
   return {};
@@ -450,12 +448,12 @@ Status read_password_file(const std::string& path, std::string& out) {
 
 }  // namespace
 
-Status open_redis_backend(const StorageUrl& parsed, std::string url, const PageLayout& layout,
+Status open_redis_backend(const StorageUrl& parsed, std::string url, const PageLayout& layout, const PageSeal& seal,
                           std::unique_ptr<StorageBackend>& out) {
   std::string password = parsed.password;
   if (!parsed.password_file.empty()) CLM_RETURN_IF_ERROR(read_password_file(parsed.password_file, password));
   const bool credentials = !password.empty();
-  auto backend = std::make_unique<RedisBackend>(std::move(url), parsed, std::move(password), layout);
+  auto backend = std::make_unique<RedisBackend>(std::move(url), parsed, std::move(password), layout, seal);
   // With credentials, one connection now: a refused AUTH is a clear error at
   // start rather than a stream of failed calls. An unreachable server is not
   // an error here (the backend connects lazily, as without credentials).

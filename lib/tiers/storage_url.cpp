@@ -252,16 +252,22 @@ std::string redact_storage_url(std::string_view url) {
   return out.replace(colon + 1, at - colon - 1, "***");
 }
 
-Status open_storage_backend(std::string_view url, const PageLayout& layout, std::unique_ptr<StorageBackend>& out) {
+Status open_storage_backend(std::string_view url, const PageLayout& layout, const PageSeal& seal,
+                            std::unique_ptr<StorageBackend>& out) {
   StorageUrl parsed;
   CLM_RETURN_IF_ERROR(parse_storage_url(url, parsed));
   CLM_RETURN_IF_ERROR(check_page_layout(layout));
+  if (seal.model == Digest32{}) {
+    return invalid_argument(
+        "open_storage_backend: no model id in the seal (PageSeal::create): pages of every model "
+        "would share one name");
+  }
   try {
     switch (parsed.scheme) {
       case StorageUrl::Scheme::file:
-        return tiers_detail::open_file_backend(parsed, redact_storage_url(url), layout, out);
+        return tiers_detail::open_file_backend(parsed, redact_storage_url(url), layout, seal, out);
       case StorageUrl::Scheme::redis:
-        return tiers_detail::open_redis_backend(parsed, redact_storage_url(url), layout, out);
+        return tiers_detail::open_redis_backend(parsed, redact_storage_url(url), layout, seal, out);
     }
   } catch (const std::bad_alloc&) {
     return out_of_memory("open_storage_backend: out of memory");

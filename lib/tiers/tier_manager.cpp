@@ -11,6 +11,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include "clm/tiers/page_key.hpp"
 
@@ -39,6 +40,7 @@ struct TierManager::FetchJob {
   std::string salt;
   std::int32_t adapter_id = 0;
   std::int32_t first_page = 0;
+  std::int32_t cached_pages = 0;  // whole pages the tree held when asked: read only if storage has more
   // Progress, under queue_mutex_.
   std::int32_t landed_pages = 0;
   bool done = false;
@@ -53,7 +55,7 @@ using EngineLock = std::lock_guard<detail::SpinThenBlockMutex>;
 
 }  // namespace
 
-Status TierManager::create(const TierConfig& config, const PagedKvPool& device_pool,
+Status TierManager::create(const TierConfig& config, std::string_view model_id, const PagedKvPool& device_pool,
                            std::unique_ptr<TierManager>& out) {
   if (config.host_pages <= 0) return invalid_argument("tiers: host_pages must be > 0 for a host tier");
   if (config.write_policy > WritePolicy::write_back) return invalid_argument("tiers: unknown write policy");
@@ -82,8 +84,22 @@ Status TierManager::create(const TierConfig& config, const PagedKvPool& device_p
     if (device_pool.config().memory == MemoryKind::none) {
       return invalid_argument("tiers: a storage tier needs KV bytes (the pool's memory kind is none)");
     }
+    if (model_id.empty()) {
+      return invalid_argument(
+          "tiers: a storage tier needs a model id (EngineConfig::model_id, the host's fingerprint of its weights and "
+          "config): without one, two models of this layout would be served each other's pages");
+    }
+    std::string secret;
+    CLM_RETURN_IF_ERROR(load_page_secret(config.page_secret_file, config.page_secret_env, secret));
+    PageSeal seal;
+    const Status sealed = PageSeal::create(model_id, secret, seal);
+    OPENSSL_cleanse(secret.data(), secret.size());
+    CLM_RETURN_IF_ERROR(sealed);
+    tiers->key_scope_ = seal.key_scope();
     CLM_RETURN_IF_ERROR(
-        open_storage_backend(config.storage_url, PageLayout::of(device_pool.config()), tiers->storage_));
+        open_storage_backend(config.storage_url, PageLayout::of(device_pool.config()), seal, tiers->storage_));
+  } else if (!config.page_secret_file.empty() || !config.page_secret_env.empty()) {
+    return invalid_argument("tiers: a page secret without a storage tier (tiers.storage_url) signs nothing");
   }
   out = std::move(tiers);
   return {};
@@ -244,7 +260,7 @@ Status TierManager::load(std::span<const std::int32_t> host_pages, std::span<con
 }
 
 void TierManager::fetch(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t host_backed_tokens,
-                        bool wait, FetchOutcome& out) {
+                        std::int32_t cached_tokens, bool wait, FetchOutcome& out) {
   out = FetchOutcome{};
   out.first_token = host_backed_tokens;
   if (!storage_ || !tree_) return;
@@ -257,6 +273,7 @@ void TierManager::fetch(std::span<const std::int32_t> tokens, const CacheNamespa
   job->salt.assign(ns.salt);
   job->adapter_id = ns.adapter_id;
   job->first_page = first_page;
+  job->cached_pages = std::max(first_page, cached_tokens / page);
   std::unique_lock q(queue_mutex_);
   if (stopping_) return;
   fetch_queue_.push_back(job);
@@ -287,7 +304,10 @@ TierMetrics TierManager::metrics() const {
     m = metrics_;
   }
   m.has_storage = storage_ != nullptr;
-  if (storage_) m.storage = storage_->stats();
+  if (storage_) {
+    m.storage = storage_->stats();
+    m.signed_pages = storage_->seal().signer != nullptr;
+  }
   m.host_pages_total = host_pool_->num_pages();
   return m;
 }
@@ -393,7 +413,7 @@ void TierManager::run_store(StoreJob& job) {
   const std::int32_t page = host_pool_->page_size();
   const std::size_t pages = job.host_pages.size();
   std::vector<PageKey> keys(pages);
-  Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id}, keys);
+  Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id, key_scope_}, keys);
   std::vector<std::uint8_t> present(pages, 0);
   if (ok.ok()) ok = storage_->exists(keys, present);
   std::uint64_t stored = 0;
@@ -428,7 +448,7 @@ void TierManager::run_fetch(FetchJob& job) {
   const auto whole_pages = static_cast<std::int32_t>(job.tokens.size()) / page;
   const CacheNamespace ns{job.salt, job.adapter_id};
   std::vector<PageKey> keys(static_cast<std::size_t>(whole_pages));
-  Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id}, keys);
+  Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id, key_scope_}, keys);
   const auto first = static_cast<std::size_t>(job.first_page);
   std::vector<std::uint8_t> present(keys.size() - first, 0);
   if (ok.ok()) ok = storage_->exists(std::span(keys).subspan(first), present);
@@ -441,7 +461,9 @@ void TierManager::run_fetch(FetchJob& job) {
     if (failed) ++metrics_.storage_errors;
     job.progress.notify_all();
   };
-  if (!ok.ok() || found == 0) {
+  // Nothing past what the tree already holds: the pages before it are still
+  // on the device, and reading them again would bring nothing.
+  if (!ok.ok() || first + found <= static_cast<std::size_t>(job.cached_pages)) {
     finish(!ok.ok());
     return;
   }

@@ -81,6 +81,7 @@ void run(const std::string& tier, std::size_t length, int samples, const std::st
     config.tiers.host_pages = 16384;
     config.tiers.write_policy = clm::WritePolicy::write_through;
     config.tiers.storage_url = "file://" + storage_dir;
+    config.model_id = "test-model";  // storage pages are one model's
   } else {
     config.pool.memory = clm::MemoryKind::none;
   }

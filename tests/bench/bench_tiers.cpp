@@ -26,6 +26,19 @@
 //                              tokens for one layer (32 q heads over the 8 KV
 //                              heads). Ratio < 1: fetching wins. Skipped, with
 //                              a message, without redis-server.
+//   hmac_sha256_*              GB/s of the page signature (PageSigner::mac over
+//                              one page) against memcpy of the page.
+//   signed_fetch_{dir,redis}_* GB/s of the same fetch + load from a directory
+//                              and from redis-server with signed pages (a page
+//                              secret) against unsigned ones, interleaved.
+//                              Goal ratio >= 0.70.
+//   redis_auth_hmac_fetch_*    seconds per layer of that fetch + load from a
+//                              redis-server with AUTH (requirepass) and signed
+//                              pages, against one without either.
+//   conversation_{store,fetch}_turn200_vs_turn10_*
+//                              one 32k-token conversation turn by turn through a
+//                              redis-server: a turn's cost late (turns 196-200)
+//                              against early (turns 8-12). Goal ratio <= 1.5.
 //
 // Page shape: page_size 16, 32 layers, 8 KV heads, head_dim 128, bf16: 2 MiB
 // a page (a Llama-3-8B layout), named in each case as p16_l32_h8_d128_bf16.
@@ -34,12 +47,15 @@
 //
 // CLM_BENCH_SMOKE=1 runs a tiny version (2 layers, a few pages, one run,
 // a short gsp) in seconds, so that ctest builds and runs the program.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -57,6 +73,8 @@
 #include "clm/engine.hpp"
 #include "clm/kernels/attention.hpp"
 #include "clm/tiers/page_copier.hpp"
+#include "clm/tiers/page_file.hpp"
+#include "clm/tiers/page_seal.hpp"
 #include "replay_driver.hpp"
 #include "test_random.hpp"
 #include "tiers/redis_server.hpp"
@@ -396,6 +414,83 @@ class PrefillAttention {
   std::vector<std::int32_t> pages_;
 };
 
+// Two prefixes stored by one engine, then fetched by a fresh one in turn:
+// each fetch of one pushes the other out of both tiers (the host tier holds
+// one prefix, the device one prompt), so every timed admit finds its prefix
+// in storage alone. fetch() is the seconds of one such admit (fetch + load).
+class StoredPrefixes {
+ public:
+  StoredPrefixes(const Scale& scale, std::mt19937_64& rng, const std::string& storage_url,
+                 const std::string& secret_env, std::string_view what)
+      : what_(what), tokens_(scale.redis_tokens) {
+    const std::int32_t prefix_pages = tokens_ / kPageSize;
+    config_.pool = page_shape(scale, prefix_pages + 1);
+    config_.tiers.host_pages = prefix_pages;
+    config_.tiers.write_policy = clm::WritePolicy::write_through;
+    config_.tiers.storage_url = storage_url;
+    config_.tiers.page_secret_env = secret_env;
+    config_.model_id = "bench-model";
+    config_.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+    prefix_bytes_ = static_cast<std::size_t>(prefix_pages) * page_bytes(config_.pool);
+    prompts_ = {random_tokens(rng, static_cast<std::size_t>(tokens_) + 1, kVocabulary),
+                random_tokens(rng, static_cast<std::size_t>(tokens_) + 1, kVocabulary)};
+    {
+      auto writer = make_engine(config_);
+      for (const auto& prompt : prompts_) {
+        admit_and_finish(*writer, prompt);
+        admit_and_finish(*writer, prompt);  // the hit: a host copy (write_through), then storage
+        writer->wait_for_tiers();
+      }
+      const clm::TierMetrics m = writer->metrics().tiers;
+      if (m.stored_pages != 2 * static_cast<std::uint64_t>(prefix_pages) || m.storage_errors != 0 ||
+          m.signed_pages != !secret_env.empty()) {
+        die(fmt::format("{}: stored {} pages ({} storage errors, signed {}), not {}", what_, m.stored_pages,
+                        m.storage_errors, m.signed_pages, 2 * prefix_pages));
+      }
+    }
+    reader_ = make_engine(config_);  // a fresh Engine: its host tier is empty
+  }
+
+  const EngineConfig& config() const { return config_; }
+  std::size_t prefix_bytes() const { return prefix_bytes_; }
+
+  double fetch() {
+    const std::vector<std::int32_t>& prompt = prompts_[next_];
+    next_ = 1 - next_;
+    Admission a;
+    const Clock::time_point start = Clock::now();
+    check(reader_->admit(prompt, {}, a), "admit (fetch from storage)");
+    const double s = seconds_since(start);
+    if (a.storage_tokens != tokens_ || a.cached_tokens != tokens_) {
+      die(fmt::format("{}: the admit found {} tokens in storage ({} cached), not {}", what_, a.storage_tokens,
+                      a.cached_tokens, tokens_));
+    }
+    check(reader_->abort(a.seq), "abort");
+    reader_->wait_for_tiers();
+    return s;
+  }
+
+  void check_clean() const {
+    const clm::TierMetrics tm = reader_->metrics().tiers;
+    if (tm.storage_errors != 0 || tm.storage.corrupt_pages != 0) {
+      die(fmt::format("{}: {} storage errors, {} refused pages", what_, tm.storage_errors, tm.storage.corrupt_pages));
+    }
+  }
+
+ private:
+  std::string what_;
+  std::int32_t tokens_;
+  EngineConfig config_;
+  std::size_t prefix_bytes_ = 0;
+  std::vector<std::vector<std::int32_t>> prompts_;
+  std::unique_ptr<Engine> reader_;
+  std::size_t next_ = 0;
+};
+
+// The secret the signed cases use, from an environment variable (as a
+// deployment would from its secret store).
+constexpr const char* kSecretEnv = "CLM_BENCH_TIERS_PAGE_SECRET";
+
 void bench_redis_fetch(const Scale& scale, std::mt19937_64& rng) {
   const std::int32_t tokens = scale.redis_tokens;
   clm_test::RedisServer redis;
@@ -405,63 +500,185 @@ void bench_redis_fetch(const Scale& scale, std::mt19937_64& rng) {
     progress("redis_fetch_vs_recompute_{}: SKIPPED (no redis-server to start): {}", tokens, e.what());
     return;
   }
-  const std::int32_t prefix_pages = tokens / kPageSize;
-  EngineConfig config;
-  config.pool = page_shape(scale, prefix_pages + 1);
-  config.tiers.host_pages = prefix_pages;
-  config.tiers.write_policy = clm::WritePolicy::write_through;
   // A 2 MiB page is one value; a socket read or write waits up to 5 s (the default 200 ms is for small pages).
-  config.tiers.storage_url = redis.url("bench-tiers:", "timeout_ms=5000");
-  config.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
-  const std::size_t prefix_bytes = static_cast<std::size_t>(prefix_pages) * page_bytes(config.pool);
-  progress("redis_fetch_vs_recompute_{}: storing two {}-token prefixes ({} MiB each) of {} in redis-server on port {}",
-           tokens, tokens, prefix_bytes >> 20, shape_name(config.pool), redis.port());
-
-  // Two prompts: each fetch of one pushes the other out of both tiers (the
-  // host tier holds one prefix, the device one prompt), so every timed admit
-  // finds its prefix in storage alone.
-  const std::vector<std::vector<std::int32_t>> prompts = {
-      random_tokens(rng, static_cast<std::size_t>(tokens) + 1, kVocabulary),
-      random_tokens(rng, static_cast<std::size_t>(tokens) + 1, kVocabulary)};
-  {
-    auto writer = make_engine(config);
-    for (const auto& prompt : prompts) {
-      admit_and_finish(*writer, prompt);
-      admit_and_finish(*writer, prompt);  // the hit: a host copy (write_through), then storage
-      writer->wait_for_tiers();
-    }
-    const clm::TierMetrics m = writer->metrics().tiers;
-    if (m.stored_pages != 2 * static_cast<std::uint64_t>(prefix_pages) || m.storage_errors != 0) {
-      die(fmt::format("redis_fetch_vs_recompute: stored {} pages ({} storage errors), not {}", m.stored_pages,
-                      m.storage_errors, 2 * prefix_pages));
-    }
-  }
-  auto reader = make_engine(config);  // a fresh Engine: its host tier is empty
-  std::size_t next = 0;
-  auto fetch = [&] {
-    const std::vector<std::int32_t>& prompt = prompts[next];
-    next = 1 - next;
-    Admission a;
-    const Clock::time_point start = Clock::now();
-    check(reader->admit(prompt, {}, a), "admit (fetch from redis)");
-    const double s = seconds_since(start);
-    if (a.storage_tokens != tokens || a.cached_tokens != tokens) {
-      die(fmt::format("redis_fetch_vs_recompute: the admit found {} tokens in storage ({} cached), not {}",
-                      a.storage_tokens, a.cached_tokens, tokens));
-    }
-    check(reader->abort(a.seq), "abort");
-    reader->wait_for_tiers();
-    return s / scale.num_layers;
-  };
+  StoredPrefixes stored(scale, rng, redis.url("bench-tiers:", "timeout_ms=5000"), "", "redis_fetch_vs_recompute");
+  progress("redis_fetch_vs_recompute_{}: stored two {}-token prefixes ({} MiB each) of {} in redis-server on port {}",
+           tokens, tokens, stored.prefix_bytes() >> 20, shape_name(stored.config().pool), redis.port());
   PrefillAttention recompute(scale, tokens, rng);
-  const auto m = clm_bench::interleaved_medians(scale.redis_runs, fetch, [&] { return recompute.run(); });
-  const clm::TierMetrics tm = reader->metrics().tiers;
-  if (tm.storage_errors != 0) die(fmt::format("redis_fetch_vs_recompute: {} storage errors", tm.storage_errors));
+  const auto m = clm_bench::interleaved_medians(
+      scale.redis_runs, [&] { return stored.fetch() / scale.num_layers; }, [&] { return recompute.run(); });
+  stored.check_clean();
   progress("redis_fetch_vs_recompute_{}: fetch + load {:.1f} ms per prompt ({:.2f} GB/s), attention {:.1f} ms a layer",
-           tokens, m.part * scale.num_layers * 1e3, gb_per_s(prefix_bytes, m.part * scale.num_layers),
+           tokens, m.part * scale.num_layers * 1e3, gb_per_s(stored.prefix_bytes(), m.part * scale.num_layers),
            m.baseline * 1e3);
-  print_figure(kBench, fmt::format("redis_fetch_vs_recompute_{}_{}_q{}", tokens, shape_name(config.pool), kQueryHeads),
+  print_figure(kBench,
+               fmt::format("redis_fetch_vs_recompute_{}_{}_q{}", tokens, shape_name(stored.config().pool), kQueryHeads),
                "fetch_load_s_per_layer", m.part, "s", "prefill_attention_s_per_layer", m.baseline);
+}
+
+// ---- 6. signed pages: HMAC-SHA256 itself, and fetches with it against without ----
+
+void bench_hmac(const Scale& scale) {
+  const std::size_t bytes = page_bytes(page_shape(scale, 1));
+  std::unique_ptr<clm::PageSigner> signer;
+  check(clm::PageSigner::create("a bench secret of a fair length", signer), "PageSigner::create");
+  const std::vector<std::byte> page(bytes, std::byte{0x6b});
+  MemcpyBaseline memcpy_baseline(bytes);
+  clm::Digest32 mac{};
+  const auto m = clm_bench::interleaved_medians(
+      scale.copy_runs,
+      [&] {
+        const Clock::time_point start = Clock::now();
+        check(signer->mac(std::span(page).first(clm::kPageMacOffset), std::span(page), mac), "mac");
+        return seconds_since(start);
+      },
+      [&] { return memcpy_baseline.run(); });
+  progress("hmac_sha256: {:.2f} GB/s over a {} MiB page (memcpy {:.2f} GB/s)", gb_per_s(bytes, m.part), bytes >> 20,
+           gb_per_s(bytes, m.baseline));
+  print_figure(kBench, fmt::format("hmac_sha256_{}_page", shape_name(page_shape(scale, 1))), "GB_per_s",
+               gb_per_s(bytes, m.part), "GB/s", "memcpy_GB_per_s", gb_per_s(bytes, m.baseline));
+}
+
+// Fetch + load of a stored prefix with signed pages against the same without,
+// from `storage_url(prefix)` (a directory or a redis-server), interleaved.
+template <typename UrlOf>
+void bench_signed_fetch(const Scale& scale, std::mt19937_64& rng, std::string_view backend, UrlOf&& url_of) {
+  ::setenv(kSecretEnv, "deployment secret of the bench, 32+ bytes", 1);
+  StoredPrefixes plain(scale, rng, url_of("plain"), "", fmt::format("signed_fetch_{}", backend));
+  StoredPrefixes sealed(scale, rng, url_of("signed"), kSecretEnv, fmt::format("signed_fetch_{}", backend));
+  const auto m = clm_bench::interleaved_medians(
+      scale.redis_runs, [&] { return sealed.fetch(); }, [&] { return plain.fetch(); });
+  plain.check_clean();
+  sealed.check_clean();
+  const double signed_gbps = gb_per_s(sealed.prefix_bytes(), m.part);
+  const double plain_gbps = gb_per_s(plain.prefix_bytes(), m.baseline);
+  progress("signed_fetch_{}_{}: fetch + load {:.2f} GB/s signed, {:.2f} GB/s unsigned", backend, scale.redis_tokens,
+           signed_gbps, plain_gbps);
+  print_figure(kBench,
+               fmt::format("signed_fetch_{}_{}_{}", backend, scale.redis_tokens, shape_name(plain.config().pool)),
+               "fetch_load_GB_per_s_hmac", signed_gbps, "GB/s", "fetch_load_GB_per_s_unsigned", plain_gbps);
+}
+
+void bench_signed_fetches(const Scale& scale, std::mt19937_64& rng) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("clm-bench-tiers-signed-{}", ::getpid())).string();
+  bench_signed_fetch(scale, rng, "dir", [&](std::string_view name) { return fmt::format("file://{}/{}", dir, name); });
+  std::filesystem::remove_all(dir);
+
+  // redis-server with AUTH (requirepass), and a 2048-token prefix: fetch +
+  // load per layer with AUTH and HMAC against a server without either.
+  clm_test::RedisServer open_redis;
+  clm_test::RedisServer auth_redis({"--requirepass", "bench-redis-password"});
+  try {
+    open_redis.start();
+    auth_redis.start();
+  } catch (const std::exception& e) {
+    progress("signed_fetch_redis: SKIPPED (no redis-server to start): {}", e.what());
+    return;
+  }
+  bench_signed_fetch(scale, rng, "redis", [&](std::string_view name) {
+    return open_redis.url(fmt::format("{}:", name), "timeout_ms=5000");
+  });
+  ::setenv(kSecretEnv, "deployment secret of the bench, 32+ bytes", 1);
+  StoredPrefixes plain(scale, rng, open_redis.url("auth-plain:", "timeout_ms=5000"), "", "redis_auth_hmac");
+  const std::string auth_url = fmt::format(
+      "redis://:bench-redis-password@127.0.0.1:{}/0?prefix=auth-signed:&timeout_ms=5000", auth_redis.port());
+  StoredPrefixes sealed(scale, rng, auth_url, kSecretEnv, "redis_auth_hmac");
+  const auto m = clm_bench::interleaved_medians(
+      scale.redis_runs, [&] { return sealed.fetch() / scale.num_layers; },
+      [&] { return plain.fetch() / scale.num_layers; });
+  plain.check_clean();
+  sealed.check_clean();
+  print_figure(kBench, fmt::format("redis_auth_hmac_fetch_{}_{}", scale.redis_tokens, shape_name(plain.config().pool)),
+               "fetch_load_s_per_layer_auth_hmac", m.part, "s", "fetch_load_s_per_layer_plain", m.baseline);
+}
+
+// ---- 7. one long conversation, turn by turn: store and fetch cost per turn ----
+//
+// A 32k-token conversation of 200 turns (160 new tokens a turn: a reply and
+// the user's next message) through a writer engine (write_through: each
+// turn's hit gives the previous turn's pages host copies, then stored
+// copies) and a reader engine on the same redis-server (each turn fetches
+// what the writer stored of the turn before). The cost of a turn is the wall
+// time of its admit, finish and wait for the tiers' jobs. The figure: turns
+// 196-200 against turns 8-12 (medians); work that grows with the
+// conversation's length shows as a ratio well above 1.
+
+struct TurnCosts {
+  std::vector<double> store_s, fetch_s;
+};
+
+void bench_conversation_turns(const Scale& scale, std::mt19937_64& rng) {
+  clm_test::RedisServer redis;
+  try {
+    redis.start();
+  } catch (const std::exception& e) {
+    progress("conversation_turns: SKIPPED (no redis-server to start): {}", e.what());
+    return;
+  }
+  const int turns = scale.smoke ? 20 : 200;
+  constexpr std::int32_t kTurnTokens = 160;
+  const std::int32_t total_pages = turns * kTurnTokens / kPageSize + 2;
+  EngineConfig config;
+  config.pool = page_shape(scale, total_pages + 8);
+  config.pool.num_layers = 2;  // 128 KiB pages: the per-turn bookkeeping, not the bytes, is measured
+  config.tiers.host_pages = total_pages + 8;
+  config.tiers.write_policy = clm::WritePolicy::write_through;
+  config.tiers.storage_url = redis.url("conversation:", "timeout_ms=5000");
+  config.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  config.model_id = "bench-model";
+  // The conversation's prompts: turn t's is turn t-1's and 160 more tokens.
+  std::vector<std::int32_t> conversation = random_tokens(rng, kTurnTokens, kVocabulary);
+  std::vector<std::size_t> prompt_end;
+  for (int turn = 1; turn <= turns + 1; ++turn) {
+    prompt_end.push_back(conversation.size());
+    const std::vector<std::int32_t> next = random_tokens(rng, kTurnTokens, kVocabulary);
+    conversation.insert(conversation.end(), next.begin(), next.end());
+  }
+  auto prompt = [&](int turn) { return std::span(conversation).first(prompt_end[static_cast<std::size_t>(turn - 1)]); };
+  TurnCosts costs;
+  // The writer: turn t's hit stores turn t-1's pages (one turn more, so that turn `turns` is stored too).
+  auto writer = make_engine(config);
+  for (int turn = 1; turn <= turns + 1; ++turn) {
+    const Clock::time_point start = Clock::now();
+    admit_and_finish(*writer, prompt(turn));
+    writer->wait_for_tiers();
+    costs.store_s.push_back(seconds_since(start));
+    if (turn % 50 == 0) progress("conversation_turns: writer at turn {} of {}", turn, turns);
+  }
+  // The reader: each turn fetches the pages the turn before did not have.
+  auto reader = make_engine(config);
+  for (int turn = 1; turn <= turns; ++turn) {
+    const Clock::time_point start = Clock::now();
+    admit_and_finish(*reader, prompt(turn));
+    reader->wait_for_tiers();
+    costs.fetch_s.push_back(seconds_since(start));
+    if (turn % 50 == 0) progress("conversation_turns: reader at turn {} of {}", turn, turns);
+  }
+  const std::size_t tokens = prompt_end[static_cast<std::size_t>(turns - 1)];
+  const clm::TierMetrics wm = writer->metrics().tiers, rm = reader->metrics().tiers;
+  const auto want_pages = static_cast<std::uint64_t>(tokens - 1) / kPageSize;
+  if (wm.storage_errors != 0 || rm.storage_errors != 0 || wm.stored_pages < want_pages ||
+      rm.fetched_pages < want_pages) {
+    die(fmt::format("conversation_turns: writer stored {} pages ({} errors), reader fetched {} ({} errors)",
+                    wm.stored_pages, wm.storage_errors, rm.fetched_pages, rm.storage_errors));
+  }
+  auto window = [&](const std::vector<double>& v, int last_turn) {
+    const auto end = static_cast<std::size_t>(last_turn);
+    return clm_bench::median(std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(end - 5),
+                                                 v.begin() + static_cast<std::ptrdiff_t>(end)));
+  };
+  const int late = turns, early = scale.smoke ? 6 : 12;
+  for (const auto& [name, values] : {std::pair<const char*, const std::vector<double>*>{"store", &costs.store_s},
+                                     std::pair<const char*, const std::vector<double>*>{"fetch", &costs.fetch_s}}) {
+    const double late_s = window(*values, late), early_s = window(*values, early);
+    progress("conversation_turns: {} turn {} {:.2f} ms, turn {} {:.2f} ms", name, late, late_s * 1e3, early,
+             early_s * 1e3);
+    print_figure(
+        kBench,
+        fmt::format("conversation_{}_turns{}-{}_vs_{}-{}_{}tok", name, late - 4, late, early - 4, early, tokens),
+        fmt::format("{}_s_per_turn_late", name), late_s, "s", fmt::format("{}_s_per_turn_early", name), early_s);
+  }
 }
 
 }  // namespace
@@ -478,6 +695,9 @@ int main() {
   bench_page_copier(scale, rng);
   bench_gsp_hit_rate(scale);
   bench_redis_fetch(scale, rng);
+  bench_hmac(scale);
+  bench_signed_fetches(scale, rng);
+  bench_conversation_turns(scale, rng);
   progress("done; load average {}", load_average());
   return 0;
 }

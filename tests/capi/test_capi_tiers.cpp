@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -42,6 +43,7 @@ clm_engine_options tier_options(int32_t pages, int32_t host_pages, const char* s
   o.write_policy = CLM_WRITE_THROUGH;
   o.storage_url = storage_url;
   o.prefetch_policy = CLM_PREFETCH_WAIT_COMPLETE;
+  o.model_id = "capi-test-model";
   return o;
 }
 
@@ -159,7 +161,7 @@ TEST_CASE("tiers through the C ABI: a storage directory shared by two engines", 
   CHECK(serve(second.get(), "acme-2", p)[0] == 0);  // the salt is in every key
 }
 
-TEST_CASE("tiers C ABI: version-4 defaults; old struct sizes; bad input", "[capi][tiers][bad]") {
+TEST_CASE("tiers C ABI: version-4 defaults, and old struct sizes, and bad input", "[capi][tiers][bad]") {
   clm_engine_options full;
   REQUIRE_OK(clm_engine_options_init(&full, sizeof full));
   CHECK(full.host_pages == 0);
@@ -225,4 +227,83 @@ TEST_CASE("tiers C ABI: version-4 defaults; old struct sizes; bad input", "[capi
   CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_wait_for_tiers(nullptr));
   CHECK(clm_seq_host_tokens(nullptr) == 0);
   CHECK(clm_seq_storage_tokens(nullptr) == 0);
+}
+
+TEST_CASE("tiers C ABI version 6: a model id and a page secret, and another model or secret gets nothing",
+          "[capi][tiers]") {
+  const uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  const std::string url = "file://" + dir.str();
+  const std::vector<int32_t> p = random_tokens(rng, 41, kVocab);  // 10 whole pages
+  ::setenv("CLM_CAPI_TEST_PAGE_SECRET", "capi test deployment secret", 1);
+  ::setenv("CLM_CAPI_TEST_OTHER_SECRET", "another deployment's secret", 1);
+  clm_engine_options sealed = tier_options(64, 64, url.c_str());
+  sealed.page_secret_env = "CLM_CAPI_TEST_PAGE_SECRET";
+  {
+    EnginePtr writer = make(sealed);
+    serve(writer.get(), "t", p);
+    serve(writer.get(), "t", p);
+    REQUIRE_OK(clm_engine_wait_for_tiers(writer.get()));
+    const clm_metrics m = metrics_of(writer.get());
+    CHECK(m.stored_pages == 10);
+    CHECK(m.signed_pages == 1);
+  }
+  clm_engine_options other_model = sealed;
+  other_model.model_id = "capi-other-model";
+  clm_engine_options other_secret = sealed;
+  other_secret.page_secret_env = "CLM_CAPI_TEST_OTHER_SECRET";
+  clm_engine_options unsigned_reader = sealed;
+  unsigned_reader.page_secret_env = nullptr;
+  for (const clm_engine_options* o : {&other_model, &other_secret, &unsigned_reader}) {
+    EnginePtr stranger = make(*o);
+    CHECK(serve(stranger.get(), "t", p)[2] == 0);
+    CHECK(metrics_of(stranger.get()).fetched_pages == 0);
+  }
+  EnginePtr reader = make(sealed);
+  CHECK(serve(reader.get(), "t", p)[2] == 40);
+  const clm_metrics m = metrics_of(reader.get());
+  CHECK(m.signed_pages == 1);
+  CHECK(m.storage_foreign_model_pages + m.storage_unsigned_pages + m.storage_forged_pages == 0);
+  CHECK(m.storage_repaired_pages == 0);
+  CHECK(m.tier_worker_failures == 0);
+  ::unsetenv("CLM_CAPI_TEST_OTHER_SECRET");
+
+  // Bad input: no model id with storage; a secret from a file and a variable; an unset variable.
+  clm_engine* e = nullptr;
+  clm_engine_options bad = sealed;
+  bad.model_id = nullptr;
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  CHECK_THAT(std::string(clm_last_error()), Catch::Contains("model id"));
+  bad = sealed;
+  bad.model_id = "";
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  bad = sealed;
+  bad.page_secret_file = "/nonexistent/page.key";
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  bad = sealed;
+  bad.page_secret_env = "CLM_CAPI_TEST_OTHER_SECRET";  // unset now
+  CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_create(&e, &bad));
+  const std::string long_id(5000, 'm');
+  bad = sealed;
+  bad.model_id = long_id.c_str();
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  CHECK(e == nullptr);
+  ::unsetenv("CLM_CAPI_TEST_PAGE_SECRET");
+
+  // Version 5 of the options (no model id) and of the metrics still work without storage.
+  const size_t v5 = offsetof(clm_engine_options, snapshot_maintenance_interval_ms) + sizeof(int64_t);
+  clm_engine_options o;
+  REQUIRE_OK(clm_engine_options_init(&o, v5));
+  o.num_pages = 8;
+  REQUIRE_OK(clm_engine_create(&e, &o));
+  EnginePtr old(e);
+  const size_t m4 = offsetof(clm_metrics, storage_evicted_pages) + sizeof(uint64_t);
+  clm_metrics old_metrics;
+  std::memset(&old_metrics, 0xCD, sizeof old_metrics);
+  old_metrics.struct_size = static_cast<uint32_t>(m4);
+  REQUIRE_OK(clm_engine_metrics(&old_metrics, old.get()));
+  const unsigned char* tail = reinterpret_cast<const unsigned char*>(&old_metrics) + m4;
+  for (size_t i = 0; i < sizeof old_metrics - m4; ++i) CHECK(tail[i] == 0xCD);
 }

@@ -11,8 +11,10 @@
 // read as a page of the fixed layout kLayout under a key from the value's own
 // key field (so the fuzzer can match it) or a fixed one. Bit 0 set: the value
 // is built with encode_page_header from a layout and key taken from the
-// input, then one byte of it is replaced (or none), so the checks behind the
-// checksum are reached. Checks: no crash, leak or read outside the value
+// input, sealed with the readers' seal (model and secret, page_seal.hpp), or
+// unsigned (bit 6), or for another model (bit 7), then one byte of it is
+// replaced (or none), so the checks behind the checksum and the signature are
+// reached. Checks: no crash, leak or read outside the value
 // (ASan); decode_page and the file backend agree on every value; a refusal
 // says why and leaves the payload untouched; an accepted value is exactly
 // what encode_page_header writes for it, and the file backend returns the
@@ -41,6 +43,18 @@ namespace {
 // The file backend's layout (fixed when it is opened): 32-byte pages.
 constexpr clm::PageLayout kLayout{2, 1, 1, 4, clm::KvDType::f16};
 
+clm::PageSeal seal_of(const char* model, const char* secret) {
+  clm::PageSeal seal;
+  const clm::Status s = clm::PageSeal::create(model, secret, seal);
+  FUZZ_CHECK(s.ok(), "PageSeal::create: {}", s.message());
+  return seal;
+}
+// Every reader's seal (make_corpus.cpp writes its seeds with the same).
+const clm::PageSeal& reader_seal() {
+  static const clm::PageSeal seal = seal_of(clm_fuzz::kPageModel, clm_fuzz::kPageSecret);
+  return seal;
+}
+
 // A file backend in a fresh temporary directory, for the whole run.
 struct FileBackend {
   std::string root;
@@ -52,7 +66,7 @@ struct FileBackend {
     std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/clm-fuzz-page-file-XXXXXX";
     FUZZ_CHECK(::mkdtemp(dir.data()) != nullptr, "mkdtemp {} failed", dir);
     root = dir;
-    const clm::Status s = clm::open_storage_backend("file://" + root, kLayout, backend);
+    const clm::Status s = clm::open_storage_backend("file://" + root, kLayout, reader_seal(), backend);
     FUZZ_CHECK(s.ok(), "open_storage_backend: {}", s.message());
   }
 
@@ -99,7 +113,10 @@ clm::PageLayout layout_from(clm_fuzz::ByteReader& in) {
 void check_decode(std::span<const std::byte> value, const clm::PageKey& key, const clm::PageLayout& layout) {
   const std::span<const std::byte> untouched(value.data(), std::size_t{0});
   std::span<const std::byte> payload = untouched;
-  const clm::Status s = clm::decode_page(value, key, layout, payload);
+  clm::PageFault fault = clm::PageFault::none;
+  const clm::Status s = clm::decode_page(value, key, layout, reader_seal(), payload, fault);
+  FUZZ_CHECK(s.ok() == (fault == clm::PageFault::none), "fault {} with status {}", static_cast<int>(fault),
+             s.code_name());
   if (!s.ok()) {
     FUZZ_CHECK(s.code() == clm::StatusCode::invalid_argument && !s.message().empty(), "refused with {}: '{}'",
                s.code_name(), s.message());
@@ -110,9 +127,10 @@ void check_decode(std::span<const std::byte> value, const clm::PageKey& key, con
   FUZZ_CHECK(value.size() == clm::kPageHeaderSize + layout.page_bytes(), "accepted {} bytes", value.size());
   FUZZ_CHECK(payload.data() == value.data() + clm::kPageHeaderSize && payload.size() == layout.page_bytes(),
              "payload does not point at the value's payload");
-  const clm::PageHeaderBytes header = clm::encode_page_header(key, layout, payload);
+  clm::PageHeaderBytes header;
+  FUZZ_CHECK(clm::encode_page_header(key, layout, reader_seal(), payload, header).ok(), "cannot encode");
   FUZZ_CHECK(std::equal(header.begin(), header.end(), value.begin()),
-             "accepted a header that differs from its encoding");
+             "accepted a header that differs from its encoding (and signature)");
 }
 
 }  // namespace
@@ -147,7 +165,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (clm::check_page_layout(written_layout).ok() && (mode & 16) == 0) raw.resize(written_layout.page_bytes());
     std::vector<std::byte> body(raw.size());
     if (!raw.empty()) std::memcpy(body.data(), raw.data(), raw.size());
-    const clm::PageHeaderBytes header = clm::encode_page_header(written_key, written_layout, body);
+    static const clm::PageSeal unsigned_seal = seal_of(clm_fuzz::kPageModel, "");
+    static const clm::PageSeal other_model = seal_of("another model", clm_fuzz::kPageSecret);
+    const clm::PageSeal& seal = (mode & 64) != 0 ? unsigned_seal : (mode & 128) != 0 ? other_model : reader_seal();
+    clm::PageHeaderBytes header;
+    FUZZ_CHECK(clm::encode_page_header(written_key, written_layout, seal, body, header).ok(), "cannot encode");
     value.assign(header.begin(), header.end());
     value.insert(value.end(), body.begin(), body.end());
     if ((mode & 32) != 0 && !value.empty()) value[flip_at % value.size()] = static_cast<std::byte>(flip_to);
@@ -158,7 +180,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // The file backend against decode_page, for its own layout.
   std::span<const std::byte> payload;
-  const bool decoded = clm::decode_page(value, key, kLayout, payload).ok();
+  clm::PageFault fault = clm::PageFault::none;
+  const bool decoded = clm::decode_page(value, key, kLayout, reader_seal(), payload, fault).ok();
   std::vector<std::byte> slot;
   const bool found = files.get(key, value, slot);
   FUZZ_CHECK(found == decoded, "the file backend {} a value decode_page {}", found ? "served" : "refused",

@@ -21,6 +21,11 @@
 
 namespace clm_fuzz {
 
+// The model and secret fuzz_page_file reads pages with, and make_corpus
+// writes its seeds with.
+inline constexpr const char* kPageModel = "fuzz-model";
+inline constexpr const char* kPageSecret = "the fuzzers' page secret";
+
 [[noreturn]] inline void check_failed(const char* file, int line, const char* cond, const std::string& what) {
   std::fprintf(stderr, "FUZZ_CHECK failed at %s:%d: `%s`: %s\n", file, line, cond, what.c_str());
   std::fflush(stderr);

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -24,6 +25,7 @@
 #include "clm/status.hpp"
 #include "clm/store/snapshot_blob.hpp"
 #include "clm/tiers/page_file.hpp"
+#include "fuzz/fuzz_support.hpp"
 
 namespace {
 
@@ -146,8 +148,11 @@ void pages() {
   const clm::PageLayout layout{2, 1, 1, 4, clm::KvDType::f16};
   std::vector<std::byte> payload(layout.page_bytes());
   for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 7 + 1);
+  clm::PageSeal seal;
+  if (!clm::PageSeal::create(clm_fuzz::kPageModel, clm_fuzz::kPageSecret, seal).ok()) std::abort();
   auto value = [&](const clm::PageKey& key) {
-    const clm::PageHeaderBytes header = clm::encode_page_header(key, layout, payload);
+    clm::PageHeaderBytes header;
+    if (!clm::encode_page_header(key, layout, seal, payload, header).ok()) std::abort();
     Bytes out(header.size() + payload.size());
     std::memcpy(out.data(), header.data(), header.size());
     std::memcpy(out.data() + header.size(), payload.data(), payload.size());
@@ -160,7 +165,7 @@ void pages() {
   in.insert(in.end(), v.begin(), v.end());
   write("page_file", "value_fixed_key", in);
   const std::int32_t chain[] = {1, 2};
-  const clm::PageKey key = clm::next_page_key(clm::PageKey::root(), chain, {});
+  const clm::PageKey key = clm::next_page_key(clm::PageKey::root(), chain, {.scope = seal.key_scope()});
   in = {2};  // mode 2: read under the key the value names
   const Bytes w = value(key);
   in.insert(in.end(), w.begin(), w.end());

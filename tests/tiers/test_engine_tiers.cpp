@@ -10,6 +10,7 @@
 // fails here.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,10 +29,13 @@
 #include <fmt/format.h>
 
 #include "child_process.hpp"
+#include "clm/detail/fast_checksum.hpp"
 #include "clm/engine.hpp"
+#include "clm/tiers/page_file.hpp"
 #include "kv_reference.hpp"
 #include "store/store_test_support.hpp"  // TempDir
 #include "test_random.hpp"
+#include "test_support.hpp"
 #include "tiers/redis_server.hpp"
 
 namespace {
@@ -53,6 +57,7 @@ EngineConfig small_config(std::int32_t device_pages, std::int32_t host_pages) {
   c.pool.head_dim = 8;
   c.pool.dtype = clm::KvDType::f32;
   c.tiers.host_pages = host_pages;
+  c.model_id = "test-model";  // what stored pages are keyed and sealed under (a storage tier needs one)
   return c;
 }
 
@@ -275,7 +280,7 @@ TEST_CASE("storage tier: a directory shared by two engines gives the second the 
   REQUIRE(second->abort(other.seq).ok());
 }
 
-TEST_CASE("storage tier: a damaged stored page is never loaded; the pages before it are", "[tiers]") {
+TEST_CASE("storage tier: a damaged stored page is never loaded, and the pages before it are", "[tiers]") {
   clm_test::TempDir dir;
   std::mt19937_64 rng(std::random_device{}());
   const std::vector<std::int32_t> prompt = random_tokens(rng, 81, kVocab);  // 20 whole pages
@@ -292,7 +297,9 @@ TEST_CASE("storage tier: a damaged stored page is never loaded; the pages before
   }
   // Page 12's file: flip one payload byte (the key says which file it is).
   std::vector<clm::PageKey> keys(20);
-  REQUIRE(clm::chain_page_keys(clm::PageKey::root(), prompt, kPage, {"t", 0}, keys).ok());
+  clm::PageSeal seal;
+  REQUIRE(clm::PageSeal::create(c.model_id, "", seal).ok());
+  REQUIRE(clm::chain_page_keys(clm::PageKey::root(), prompt, kPage, {"t", 0, seal.key_scope()}, keys).ok());
   const std::string hex = keys[12].hex();
   std::filesystem::path victim;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path())) {
@@ -314,6 +321,181 @@ TEST_CASE("storage tier: a damaged stored page is never loaded; the pages before
   CHECK(a.cached_tokens == 12 * kPage);
   CHECK(a.storage_tokens == 12 * kPage);
   CHECK(second->metrics().tiers.storage.corrupt_pages == 1);
+}
+
+TEST_CASE("storage tier: a prefix still on the device is not read from storage again (write_back)", "[tiers]") {
+  clm_test::TempDir dir;
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<std::int32_t> turn1 = random_tokens(rng, 4 * 12 + 1, kVocab);  // 12 whole pages
+  std::vector<std::int32_t> turn2 = turn1;
+  const std::vector<std::int32_t> more = random_tokens(rng, 4 * 6, kVocab);
+  turn2.insert(turn2.end(), more.begin(), more.end());
+  EngineConfig c = small_config(64, 64);
+  c.tiers.storage_url = "file://" + dir.str();
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  c.tiers.write_policy = clm::WritePolicy::write_back;  // device pages get host copies only when evicted
+  auto engine = make_engine(c);
+  CHECK(serve(*engine, "t", turn1).cached_tokens == 0);  // computed here: on the device, no host copy
+  {
+    // Another instance stores turn 1's pages meanwhile.
+    EngineConfig w = c;
+    w.tiers.write_policy = clm::WritePolicy::write_through;
+    auto writer = make_engine(w);
+    serve(*writer, "t", turn1);
+    serve(*writer, "t", turn1);
+    writer->wait_for_tiers();
+    REQUIRE(writer->metrics().tiers.stored_pages == 12);
+  }
+  // Turn 2: its first 12 pages are on this device; storage has them too, and nothing past them.
+  const Admission a = serve(*engine, "t", turn2);
+  CHECK(a.cached_tokens == 12 * kPage);
+  CHECK(a.host_tokens == 0);
+  CHECK(a.storage_tokens == 0);
+  engine->wait_for_tiers();
+  const clm::TierMetrics m = engine->metrics().tiers;
+  CHECK(m.storage.pages_read == 0);
+  CHECK(m.storage.bytes_read == 0);
+  CHECK(m.fetched_pages == 0);
+  REQUIRE(engine->check_invariants().ok());
+}
+
+TEST_CASE("storage tier: another model's pages are never served, the same model's always are", "[tiers]") {
+  clm_test::TempDir dir;
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 4 * 30 + 1, kVocab);  // 30 whole pages
+  EngineConfig c = small_config(64, 64);
+  c.tiers.storage_url = "file://" + dir.str();
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  c.model_id = "llama-A@sha256:0001";
+  {
+    auto writer = make_engine(c);
+    serve(*writer, "t", prompt);
+    serve(*writer, "t", prompt);
+    writer->wait_for_tiers();
+    REQUIRE(writer->metrics().tiers.stored_pages == 30);
+  }
+  // The same layout, tenant, adapter and prompt, another model (weights swapped in place: a new id).
+  EngineConfig other = c;
+  other.model_id = "llama-A@sha256:0002";
+  auto stranger = make_engine(other);
+  const Admission none = serve(*stranger, "t", prompt);
+  CHECK(none.cached_tokens == 0);
+  CHECK(none.storage_tokens == 0);
+  CHECK(stranger->metrics().tiers.storage_hit_tokens == 0);
+  CHECK(stranger->metrics().tiers.fetched_pages == 0);
+  stranger.reset();
+  auto same = make_engine(c);
+  const Admission all = serve(*same, "t", prompt);
+  CHECK(all.storage_tokens == 30 * kPage);
+  CHECK(same->metrics().tiers.storage.foreign_model_pages == 0);
+}
+
+TEST_CASE("storage tier: signed pages, and an unsigned reader, another secret and a forger get nothing", "[tiers]") {
+  clm_test::TempDir dir, keys_dir("keys");
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 4 * 20 + 3, kVocab);  // 20 whole pages
+  const std::string secret = "deployment-secret-" + std::to_string(rng());
+  const std::string secret_file = keys_dir.str() + "/page.key";
+  { std::ofstream(secret_file) << secret << "\n"; }
+  REQUIRE(::chmod(secret_file.c_str(), 0600) == 0);
+  EngineConfig c = small_config(64, 64);
+  c.tiers.storage_url = "file://" + dir.str();
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  c.tiers.page_secret_file = secret_file;
+  {
+    auto writer = make_engine(c);
+    CHECK(writer->metrics().tiers.signed_pages);
+    serve(*writer, "t", prompt);
+    serve(*writer, "t", prompt);
+    writer->wait_for_tiers();
+    REQUIRE(writer->metrics().tiers.stored_pages == 20);
+  }
+  EngineConfig unsigned_reader = c;
+  unsigned_reader.tiers.page_secret_file.clear();
+  CHECK(serve(*make_engine(unsigned_reader), "t", prompt).storage_tokens == 0);
+  EngineConfig other_secret = c;
+  ::setenv("CLM_TEST_OTHER_PAGE_SECRET", "another-deployment-secret", 1);
+  other_secret.tiers.page_secret_file.clear();
+  other_secret.tiers.page_secret_env = "CLM_TEST_OTHER_PAGE_SECRET";
+  CHECK(serve(*make_engine(other_secret), "t", prompt).storage_tokens == 0);
+  ::unsetenv("CLM_TEST_OTHER_PAGE_SECRET");
+
+  // A writer without the secret rewrites page 7's payload (with the public
+  // checksum recomputed): refused as forged, deleted, and the pages before it still load.
+  std::vector<clm::PageKey> keys(20);
+  clm::PageSeal seal;
+  REQUIRE(clm::PageSeal::create(c.model_id, secret, seal).ok());
+  REQUIRE(clm::chain_page_keys(clm::PageKey::root(), prompt, kPage, {"t", 0, seal.key_scope()}, keys).ok());
+  std::filesystem::path victim;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path())) {
+    if (entry.is_regular_file() && entry.path().filename().string() == keys[7].hex()) victim = entry.path();
+  }
+  REQUIRE_FALSE(victim.empty());
+  std::vector<char> bytes;
+  {
+    std::ifstream in(victim, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  REQUIRE(bytes.size() > clm::kPageHeaderSize);
+  for (std::size_t i = clm::kPageHeaderSize; i < bytes.size(); i += 5) bytes[i] = static_cast<char>(rng());
+  const std::uint64_t head = clm::detail::fast_checksum(bytes.data(), clm::kPageChecksumOffset);
+  const std::uint64_t sum =
+      clm::detail::fast_checksum(bytes.data() + clm::kPageHeaderSize, bytes.size() - clm::kPageHeaderSize, head);
+  for (int b = 0; b < 8; ++b)
+    bytes[clm::kPageChecksumOffset + static_cast<std::size_t>(b)] = static_cast<char>(sum >> (8 * b));
+  {
+    std::ofstream out(victim, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  auto reader = make_engine(c);
+  const Admission a = serve(*reader, "t", prompt);  // every cached row checked against the reference
+  CHECK(a.storage_tokens == 7 * kPage);
+  const clm::StorageStats st = reader->metrics().tiers.storage;
+  CHECK(st.forged_pages == 1);
+  CHECK(st.corrupt_pages == 1);
+  CHECK(st.repaired_pages == 1);
+  CHECK_FALSE(std::filesystem::exists(victim));
+}
+
+TEST_CASE("storage tier: a missing model id, or a bad page secret, is refused at create", "[tiers]") {
+  clm_test::TempDir dir, keys_dir("keys");
+  std::unique_ptr<Engine> e;
+  EngineConfig c = small_config(16, 16);
+  c.tiers.storage_url = "file://" + dir.str();
+  c.model_id.clear();
+  clm::Status s = Engine::create(c, e);
+  CHECK(s.code() == clm::StatusCode::invalid_argument);
+  CHECK_THAT(s.message(), Catch::Contains("model id"));
+  c.model_id = std::string(5000, 'm');
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::invalid_argument);
+  c.model_id = "m";
+  const std::string open_file = keys_dir.str() + "/open.key";
+  { std::ofstream(open_file) << "s3cret-readable-by-all-0123456789"; }
+  REQUIRE(::chmod(open_file.c_str(), 0644) == 0);
+  c.tiers.page_secret_file = open_file;
+  s = Engine::create(c, e);
+  CHECK(s.code() == clm::StatusCode::failed_precondition);
+  CHECK_THAT(s.message(), !Catch::Contains("s3cret"));
+  c.tiers.page_secret_file = keys_dir.str() + "/missing.key";
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::not_found);
+  c.tiers.page_secret_env = "HOME";
+  CHECK(Engine::create(c, e).code() == clm::StatusCode::invalid_argument);  // both
+  EngineConfig no_storage = small_config(16, 16);
+  no_storage.tiers.page_secret_env = "HOME";
+  CHECK(Engine::create(no_storage, e).code() == clm::StatusCode::invalid_argument);
+  no_storage.tiers.host_pages = 0;
+  CHECK(Engine::create(no_storage, e).code() == clm::StatusCode::invalid_argument);
+  CHECK(e == nullptr);
+  // Without a storage tier a model id is not needed.
+  EngineConfig host_only = small_config(16, 16);
+  host_only.model_id.clear();
+  CHECK(Engine::create(host_only, e).ok());
 }
 
 TEST_CASE("storage tier: two processes on one redis-server share a prefix, bit for bit", "[tiers][redis]") {

@@ -211,7 +211,8 @@ TEST_CASE("file: the size cap removes the least recently used pages, and a read 
   std::unique_ptr<clm::StorageBackend> tiny;
   const clm::PageLayout two_mib{16, 32, 8, 64, clm::KvDType::f32};
   REQUIRE(two_mib.page_bytes() == 2u << 20);
-  const clm::Status s = clm::open_storage_backend("file://" + dir.str() + "?capacity_mb=1", two_mib, tiny);
+  const clm::Status s =
+      clm::open_storage_backend("file://" + dir.str() + "?capacity_mb=1", two_mib, clm_test::test_seal(), tiny);
   INFO(s.message());
   CHECK(s.code() == clm::StatusCode::invalid_argument);
 }
@@ -337,7 +338,7 @@ TEST_CASE("file: four threads share one backend, every byte checked", "[tiers][f
 // them ('D'). Never returns.
 [[noreturn]] void write_pages_until_killed(const std::string& url, std::uint64_t seed, int fd) {
   std::unique_ptr<clm::StorageBackend> b;
-  if (!clm::open_storage_backend(url, kSmall, b).ok()) _exit(3);
+  if (!clm::open_storage_backend(url, kSmall, clm_test::test_seal(), b).ok()) _exit(3);
   std::mt19937_64 rng(seed);
   std::vector<clm::PageKey> written_before;
   auto say = [fd](char what, const std::vector<clm::PageKey>& keys) {
@@ -468,7 +469,7 @@ TEST_CASE("file: a full disk drops writes (written = 0) while reads go on", "[ti
   clm_test::ChildProcess child([&](int) {
     signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG instead of killing us
     std::unique_ptr<clm::StorageBackend> b;
-    if (!clm::open_storage_backend(url, kCapped, b).ok()) return 3;
+    if (!clm::open_storage_backend(url, kCapped, clm_test::test_seal(), b).ok()) return 3;
     const rlimit limit{kCapped.page_bytes() / 2, kCapped.page_bytes() / 2};
     if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 4;
     const std::vector<std::byte> pages = clm_test::pages_of(new_keys, kCapped);
@@ -508,7 +509,7 @@ TEST_CASE("file: a directory that cannot be made or written is an io_error at op
   write_file(dir.path() / "a-file", "x");
   std::unique_ptr<clm::StorageBackend> b;
   for (const fs::path& p : {dir.path() / "a-file" / "pages", dir.path() / "a-file"}) {
-    const clm::Status s = clm::open_storage_backend("file://" + p.string(), kSmall, b);
+    const clm::Status s = clm::open_storage_backend("file://" + p.string(), kSmall, clm_test::test_seal(), b);
     INFO(p << ": " << s.message());
     CHECK(s.code() == clm::StatusCode::io_error);
     CHECK(b == nullptr);
@@ -520,7 +521,7 @@ TEST_CASE("file: a directory that cannot be made or written is an io_error at op
   if (geteuid() == 0) {
     WARN("running as root, where a read-only mode does not stop writes: that sub-case is skipped");
   } else {
-    const clm::Status s = clm::open_storage_backend("file://" + ro.string(), kSmall, b);
+    const clm::Status s = clm::open_storage_backend("file://" + ro.string(), kSmall, clm_test::test_seal(), b);
     INFO(s.message());
     CHECK(s.code() == clm::StatusCode::io_error);
     CHECK_THAT(s.message(), Catch::Contains("not writable"));

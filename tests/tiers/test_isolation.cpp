@@ -47,6 +47,7 @@ clm::EngineConfig tiered_config(const std::string& storage_url, const std::strin
   c.tiers.host_pages = 256;
   c.tiers.write_policy = clm::WritePolicy::write_through;
   c.tiers.storage_url = storage_url;
+  c.model_id = "test-model";  // storage pages are one model's
   c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
   c.snapshot_store.path = store_dir;
   c.snapshot_store.num_shards = 2;

@@ -1,9 +1,13 @@
 // The stored page format (clm/tiers/page_file.hpp) and its checksum
-// (clm/detail/fast_checksum.hpp): round trips on random pages, every header
-// bit flip, sampled payload bit flips, every truncation, foreign keys and
-// layouts, all refused; the header's documented offsets read back by hand;
-// the checksum against a plain byte-wise reference and published xxHash64
-// digests.
+// (clm/detail/fast_checksum.hpp): round trips on random pages, signed and
+// not, every header bit flip, sampled payload bit flips, every truncation,
+// foreign keys, layouts and models, unsigned and forged pages, all refused;
+// the header's documented offsets read back by hand, the signature against
+// OpenSSL's one-shot HMAC(); the checksum against a plain byte-wise reference
+// and published xxHash64 digests.
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -91,21 +95,48 @@ std::vector<std::byte> random_bytes(std::mt19937& rng, std::size_t n) {
   return out;
 }
 
+constexpr const char* kSecret = "a deployment secret, 32 bytes ok";
+
+clm::PageSeal make_seal(const std::string& model, const std::string& secret = "") {
+  clm::PageSeal seal;
+  const clm::Status s = clm::PageSeal::create(model, secret, seal);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  return seal;
+}
+
+const clm::PageSeal& plain_seal() {
+  static const clm::PageSeal seal = make_seal("model-a");
+  return seal;
+}
+
 // header + payload, as a backend stores it.
 std::vector<std::byte> stored_value(const clm::PageKey& key, const clm::PageLayout& layout,
-                                    const std::vector<std::byte>& payload) {
-  const clm::PageHeaderBytes header = clm::encode_page_header(key, layout, payload);
+                                    const std::vector<std::byte>& payload, const clm::PageSeal& seal = plain_seal()) {
+  clm::PageHeaderBytes header;
+  REQUIRE(clm::encode_page_header(key, layout, seal, payload, header).ok());
   std::vector<std::byte> value(header.size() + payload.size());
   std::memcpy(value.data(), header.data(), header.size());
   if (!payload.empty()) std::memcpy(value.data() + header.size(), payload.data(), payload.size());
   return value;
 }
 
-clm::Status decode(const std::vector<std::byte>& value, const clm::PageKey& key, const clm::PageLayout& layout) {
+clm::Status decode(const std::vector<std::byte>& value, const clm::PageKey& key, const clm::PageLayout& layout,
+                   const clm::PageSeal& seal = plain_seal(), clm::PageFault* fault_out = nullptr) {
   std::span<const std::byte> payload;
-  const clm::Status s = clm::decode_page(value, key, layout, payload);
+  clm::PageFault fault = clm::PageFault::none;
+  const clm::Status s = clm::decode_page(value, key, layout, seal, payload, fault);
   if (!s.ok()) REQUIRE(payload.data() == nullptr);  // untouched on refusal
+  REQUIRE(s.ok() == (fault == clm::PageFault::none));
+  if (fault_out) *fault_out = fault;
   return s;
+}
+
+// The checksum a writer without the secret can always recompute.
+void rewrite_checksum(std::vector<std::byte>& value) {
+  const std::uint64_t head = clm::detail::fast_checksum(value.data(), 144);
+  const std::uint64_t sum = clm::detail::fast_checksum(value.data() + 152, value.size() - 152, head);
+  for (int b = 0; b < 8; ++b) value[144 + static_cast<std::size_t>(b)] = static_cast<std::byte>(sum >> (8 * b));
 }
 
 }  // namespace
@@ -143,24 +174,29 @@ TEST_CASE("a page round-trips, and its header holds what the format says where i
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
+  const clm::PageSeal signing = make_seal("model-a", kSecret);
   for (int trial = 0; trial < 100; ++trial) {
+    const bool is_signed = trial % 2 == 1;
+    const clm::PageSeal& seal = is_signed ? signing : plain_seal();
     const clm::PageLayout layout = random_layout(rng);
     REQUIRE(clm::check_page_layout(layout).ok());
     const clm::PageKey key = random_key(rng);
     const std::vector<std::byte> payload = random_bytes(rng, layout.page_bytes());
-    const std::vector<std::byte> value = stored_value(key, layout, payload);
-    REQUIRE(value.size() == 80 + layout.page_bytes());
+    const std::vector<std::byte> value = stored_value(key, layout, payload, seal);
+    REQUIRE(value.size() == 152 + layout.page_bytes());
 
     std::span<const std::byte> back;
-    const clm::Status s = clm::decode_page(value, key, layout, back);
+    clm::PageFault fault = clm::PageFault::damaged;
+    const clm::Status s = clm::decode_page(value, key, layout, seal, back, fault);
     INFO(s.message());
     REQUIRE(s.ok());
-    REQUIRE(back.data() == value.data() + 80);  // points into the value, no copy
+    REQUIRE(fault == clm::PageFault::none);
+    REQUIRE(back.data() == value.data() + 152);  // points into the value, no copy
     REQUIRE(std::equal(back.begin(), back.end(), payload.begin(), payload.end()));
 
     // Offsets by hand (little-endian).
     CHECK(std::memcmp(value.data(), "CLMKVPG1", 8) == 0);
-    CHECK(read_le(value, 8, 4) == 1);
+    CHECK(read_le(value, 8, 4) == 2);
     CHECK(std::memcmp(value.data() + 12, key.bytes.data(), 32) == 0);
     CHECK(read_le(value, 44, 4) == static_cast<std::uint64_t>(layout.page_size));
     CHECK(read_le(value, 48, 4) == static_cast<std::uint64_t>(layout.num_layers));
@@ -168,12 +204,31 @@ TEST_CASE("a page round-trips, and its header holds what the format says where i
     CHECK(read_le(value, 56, 4) == static_cast<std::uint64_t>(layout.head_dim));
     CHECK(read_le(value, 60, 4) == static_cast<std::uint64_t>(layout.dtype));
     CHECK(read_le(value, 64, 8) == layout.page_bytes());
-    // checksum = xxh64(payload, seed = xxh64(header bytes 0..72)), by the reference.
+    // The model: SHA-256 of its id, by OpenSSL's one-shot digest.
+    unsigned char model[32];
+    unsigned int model_len = 0;
+    REQUIRE(EVP_Digest("model-a", 7, model, &model_len, EVP_sha256(), nullptr) == 1);
+    CHECK(std::memcmp(value.data() + 72, model, 32) == 0);
+    CHECK(read_le(value, 104, 4) == (is_signed ? 1u : 0u));
+    CHECK(read_le(value, 108, 4) == 0);
+    // The signature: HMAC-SHA256(secret, header 0..112 || payload), by the one-shot HMAC(); zeros unsigned.
+    std::vector<unsigned char> signed_bytes(reinterpret_cast<const unsigned char*>(value.data()),
+                                            reinterpret_cast<const unsigned char*>(value.data()) + 112);
+    signed_bytes.insert(signed_bytes.end(), reinterpret_cast<const unsigned char*>(value.data()) + 152,
+                        reinterpret_cast<const unsigned char*>(value.data()) + value.size());
+    unsigned char mac[32] = {};
+    unsigned int mac_len = 32;
+    if (is_signed) {
+      REQUIRE(HMAC(EVP_sha256(), kSecret, static_cast<int>(std::strlen(kSecret)), signed_bytes.data(),
+                   signed_bytes.size(), mac, &mac_len) != nullptr);
+    }
+    CHECK(std::memcmp(value.data() + 112, mac, 32) == 0);
+    // checksum = xxh64(payload, seed = xxh64(header bytes 0..144)), by the reference.
     const std::vector<std::uint8_t> head(reinterpret_cast<const std::uint8_t*>(value.data()),
-                                         reinterpret_cast<const std::uint8_t*>(value.data()) + 72);
-    const std::vector<std::uint8_t> body(reinterpret_cast<const std::uint8_t*>(value.data()) + 80,
+                                         reinterpret_cast<const std::uint8_t*>(value.data()) + 144);
+    const std::vector<std::uint8_t> body(reinterpret_cast<const std::uint8_t*>(value.data()) + 152,
                                          reinterpret_cast<const std::uint8_t*>(value.data()) + value.size());
-    CHECK(read_le(value, 72, 8) == reference_xxh64(body, reference_xxh64(head, 0)));
+    CHECK(read_le(value, 144, 8) == reference_xxh64(body, reference_xxh64(head, 0)));
   }
 }
 
@@ -183,19 +238,22 @@ TEST_CASE("every header bit flip and sampled payload bit flips are refused", "[t
   std::mt19937 rng(seed);
   const clm::PageLayout layout{16, 2, 4, 32, clm::KvDType::f16};
   const clm::PageKey key = random_key(rng);
-  const std::vector<std::byte> value = stored_value(key, layout, random_bytes(rng, layout.page_bytes()));
-  REQUIRE(decode(value, key, layout).ok());
-  std::vector<std::size_t> bits;
-  for (std::size_t bit = 0; bit < 80 * 8; ++bit) bits.push_back(bit);
-  bits.push_back(80 * 8);                // the payload's first bit
-  bits.push_back(value.size() * 8 - 1);  // and its last
-  for (int i = 0; i < 3000; ++i) bits.push_back(80 * 8 + rng() % (layout.page_bytes() * 8));
-  for (std::size_t bit : bits) {
-    std::vector<std::byte> flipped = value;
-    flipped[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
-    INFO("bit " << bit);
-    const clm::Status s = decode(flipped, key, layout);
-    REQUIRE(s.code() == clm::StatusCode::invalid_argument);
+  const clm::PageSeal signing = make_seal("model-a", kSecret);
+  for (const clm::PageSeal* seal : {&plain_seal(), &signing}) {
+    const std::vector<std::byte> value = stored_value(key, layout, random_bytes(rng, layout.page_bytes()), *seal);
+    REQUIRE(decode(value, key, layout, *seal).ok());
+    std::vector<std::size_t> bits;
+    for (std::size_t bit = 0; bit < 152 * 8; ++bit) bits.push_back(bit);
+    bits.push_back(152 * 8);               // the payload's first bit
+    bits.push_back(value.size() * 8 - 1);  // and its last
+    for (int i = 0; i < 3000; ++i) bits.push_back(152 * 8 + rng() % (layout.page_bytes() * 8));
+    for (std::size_t bit : bits) {
+      std::vector<std::byte> flipped = value;
+      flipped[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+      INFO("signed " << (seal->signer != nullptr) << " bit " << bit);
+      const clm::Status s = decode(flipped, key, layout, *seal);
+      REQUIRE(s.code() == clm::StatusCode::invalid_argument);
+    }
   }
 }
 
@@ -254,6 +312,66 @@ TEST_CASE("a page of another key or layout is refused, naming what differs", "[t
     const std::vector<std::byte> junk = random_bytes(rng, rng() % (value.size() + 100));
     CHECK(decode(junk, key, layout).code() == clm::StatusCode::invalid_argument);
   }
+}
+
+TEST_CASE("another model's page, an unsigned page and a forged one are refused, each with its fault",
+          "[tiers][page_file]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const clm::PageLayout layout{4, 2, 2, 16, clm::KvDType::bf16};
+  const clm::PageKey key = random_key(rng);
+  const std::vector<std::byte> payload = random_bytes(rng, layout.page_bytes());
+  const clm::PageSeal model_a = make_seal("model-a"), model_b = make_seal("model-b");
+  const clm::PageSeal a_signed = make_seal("model-a", kSecret);
+  const clm::PageSeal a_other_secret = make_seal("model-a", "another secret of the same size");
+  auto fault_of = [&](const std::vector<std::byte>& value, const clm::PageSeal& reader) {
+    clm::PageFault fault = clm::PageFault::none;
+    const clm::Status s = decode(value, key, layout, reader, &fault);
+    INFO(s.message());
+    CHECK(s.code() == (fault == clm::PageFault::none ? clm::StatusCode::ok : clm::StatusCode::invalid_argument));
+    return fault;
+  };
+  const std::vector<std::byte> plain = stored_value(key, layout, payload, model_a);
+  const std::vector<std::byte> sealed = stored_value(key, layout, payload, a_signed);
+  CHECK(fault_of(plain, model_a) == clm::PageFault::none);
+  CHECK(fault_of(sealed, a_signed) == clm::PageFault::none);
+  CHECK(fault_of(plain, model_b) == clm::PageFault::foreign_model);  // same key, layout and bytes: another model
+  CHECK(fault_of(sealed, model_b) == clm::PageFault::foreign_model);
+  CHECK(fault_of(plain, a_signed) == clm::PageFault::unsigned_page);  // signing required
+  CHECK(fault_of(sealed, model_a) == clm::PageFault::forged);         // no secret to check it with
+  CHECK(fault_of(sealed, a_other_secret) == clm::PageFault::forged);  // another deployment's secret
+
+  // A writer without the secret: it changes the payload (or the model) and
+  // recomputes the public checksum; the signature gives it away.
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<std::byte> forged = sealed;
+    const std::size_t at = 152 + rng() % layout.page_bytes();
+    forged[at] ^= static_cast<std::byte>(1 + rng() % 255);
+    rewrite_checksum(forged);
+    CHECK(fault_of(forged, a_signed) == clm::PageFault::forged);
+  }
+  // ... or drops the signature: unsigned, where the reader requires one.
+  std::vector<std::byte> stripped = sealed;
+  std::memset(stripped.data() + 104, 0, 4);
+  std::memset(stripped.data() + 112, 0, 32);
+  rewrite_checksum(stripped);
+  CHECK(fault_of(stripped, a_signed) == clm::PageFault::unsigned_page);
+  CHECK(fault_of(stripped, model_a) == clm::PageFault::none);  // which is a valid unsigned page, for unsigned readers
+  // ... or copies another page's signature onto its bytes.
+  const std::vector<std::byte> other = stored_value(key, layout, random_bytes(rng, layout.page_bytes()), a_signed);
+  std::vector<std::byte> spliced = other;
+  std::memcpy(spliced.data() + 112, sealed.data() + 112, 32);
+  rewrite_checksum(spliced);
+  CHECK(fault_of(spliced, a_signed) == clm::PageFault::forged);
+  // A format-1 page (before models) is refused and named.
+  std::vector<std::byte> old = plain;
+  old[8] = std::byte{1};
+  rewrite_checksum(old);
+  clm::PageFault fault = clm::PageFault::none;
+  const clm::Status s = decode(old, key, layout, model_a, &fault);
+  CHECK(fault == clm::PageFault::damaged);
+  CHECK_THAT(s.message(), Catch::Contains("format 1"));
 }
 
 TEST_CASE("check_page_layout refuses layouts no page can have", "[tiers][page_file]") {

@@ -25,13 +25,14 @@ void put_u32(std::vector<unsigned char>& out, std::uint32_t v) {
 
 // The key as the header defines it, byte by byte.
 clm::PageKey reference_key(const clm::PageKey& parent, const std::vector<std::int32_t>& page, const std::string& salt,
-                           std::int32_t adapter) {
+                           std::int32_t adapter, const clm::Digest32& scope) {
   std::vector<unsigned char> msg(parent.bytes.begin(), parent.bytes.end());
   put_u32(msg, static_cast<std::uint32_t>(page.size()));
   for (std::int32_t t : page) put_u32(msg, static_cast<std::uint32_t>(t));
   put_u32(msg, static_cast<std::uint32_t>(salt.size()));
   msg.insert(msg.end(), salt.begin(), salt.end());
   put_u32(msg, static_cast<std::uint32_t>(adapter));
+  msg.insert(msg.end(), scope.begin(), scope.end());
   clm::PageKey key;
   SHA256(msg.data(), msg.size(), key.bytes.data());
   return key;
@@ -49,9 +50,10 @@ std::string reference_hex(const clm::PageKey& key) {
 
 std::vector<clm::PageKey> chain(const std::vector<std::int32_t>& tokens, std::int32_t page_size, std::size_t pages,
                                 const std::string& salt, std::int32_t adapter,
-                                const clm::PageKey& parent = clm::PageKey::root()) {
+                                const clm::PageKey& parent = clm::PageKey::root(), const clm::Digest32& scope = {}) {
   std::vector<clm::PageKey> keys(pages);
-  const clm::Status s = clm::chain_page_keys(parent, tokens, page_size, {.salt = salt, .adapter_id = adapter}, keys);
+  const clm::Status s =
+      clm::chain_page_keys(parent, tokens, page_size, {.salt = salt, .adapter_id = adapter, .scope = scope}, keys);
   INFO(s.message());
   REQUIRE(s.ok());
   return keys;
@@ -77,17 +79,21 @@ TEST_CASE("chain_page_keys equals SHA-256 of the documented bytes, page after pa
     clm::PageKey parent;
     for (auto& b : parent.bytes) b = static_cast<std::uint8_t>(rng());
     if (trial % 3 == 0) parent = clm::PageKey::root();
+    clm::Digest32 scope{};
+    if (trial % 2 == 0) {
+      for (auto& b : scope) b = static_cast<std::uint8_t>(rng());
+    }
 
-    const std::vector<clm::PageKey> keys = chain(tokens, page_size, pages, salt, adapter, parent);
+    const std::vector<clm::PageKey> keys = chain(tokens, page_size, pages, salt, adapter, parent, scope);
     clm::PageKey prev = parent;
     for (std::size_t p = 0; p < pages; ++p) {
       const std::vector<std::int32_t> page(tokens.begin() + static_cast<std::ptrdiff_t>(p) * page_size,
                                            tokens.begin() + static_cast<std::ptrdiff_t>(p + 1) * page_size);
-      const clm::PageKey want = reference_key(prev, page, salt, adapter);
+      const clm::PageKey want = reference_key(prev, page, salt, adapter, scope);
       INFO("trial " << trial << " page " << p);
       REQUIRE(keys[p] == want);
       REQUIRE(keys[p].hex() == reference_hex(want));
-      REQUIRE(clm::next_page_key(prev, page, {.salt = salt, .adapter_id = adapter}) == want);
+      REQUIRE(clm::next_page_key(prev, page, {.salt = salt, .adapter_id = adapter, .scope = scope}) == want);
       prev = want;
     }
   }
@@ -95,15 +101,20 @@ TEST_CASE("chain_page_keys equals SHA-256 of the documented bytes, page after pa
 
 TEST_CASE("a chain pinned to digests computed outside C++", "[tiers][page_key]") {
   // Python: k1 = sha256(bytes(32) + pack('<I', 4) + pack('<4i', 1, 2, 3, -4)
-  //                     + pack('<I', 8) + b'tenant-7' + pack('<i', 3)); k2 likewise over k1 and 5..8.
+  //                     + pack('<I', 8) + b'tenant-7' + pack('<i', 3) + bytes(32)); k2 likewise over k1 and 5..8;
+  // k1s with the scope bytes(range(32)) instead of bytes(32).
   const std::vector<std::int32_t> tokens = {1, 2, 3, -4, 5, 6, 7, 8};
   const auto keys = chain(tokens, 4, 2, "tenant-7", 3);
-  CHECK(keys[0].hex() == "e5d80c048590b7daf42f191f5c9eac748e2fadbdf3271a5391746e407ec7c4d1");
-  CHECK(keys[1].hex() == "c510ce2f871c4c52a612ad8aa4db76475fc7f6f9882e55f2e22fd3fa0464f2b5");
+  CHECK(keys[0].hex() == "9156d1d85584ad2111abacca7574352c15f634773f252b6bd8182604462786c2");
+  CHECK(keys[1].hex() == "a670ca34e295478651bafad2954e39bbbb5fb8dcc78d584980ad5f855a1feb3a");
+  clm::Digest32 scope;
+  for (std::size_t i = 0; i < scope.size(); ++i) scope[i] = static_cast<std::uint8_t>(i);
+  const auto scoped = chain(tokens, 4, 1, "tenant-7", 3, clm::PageKey::root(), scope);
+  CHECK(scoped[0].hex() == "5a483aafd92b77f2d27b13a3084ad396ca16d3165736ac046f83d0d66b95fad0");
   CHECK(clm::PageKey::root().hex() == std::string(64, '0'));
 }
 
-TEST_CASE("a page's key depends on every earlier page, the salt and the adapter", "[tiers][page_key]") {
+TEST_CASE("a page's key depends on every earlier page, the salt, the adapter and the scope", "[tiers][page_key]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -145,6 +156,20 @@ TEST_CASE("a page's key depends on every earlier page, the salt and the adapter"
       }
     }
   }
+  // The scope (model and secret, page_seal.hpp): two models, or a secret and none, never share a page.
+  clm::PageSeal model_a, model_b, model_a_signed;
+  REQUIRE(clm::PageSeal::create("model-a", "", model_a).ok());
+  REQUIRE(clm::PageSeal::create("model-b", "", model_b).ok());
+  REQUIRE(clm::PageSeal::create("model-a", "a deployment secret of some length", model_a_signed).ok());
+  const auto a = chain(tokens, kPage, 3, "tenant", 0, clm::PageKey::root(), model_a.key_scope());
+  const auto b = chain(tokens, kPage, 3, "tenant", 0, clm::PageKey::root(), model_b.key_scope());
+  const auto a_signed = chain(tokens, kPage, 3, "tenant", 0, clm::PageKey::root(), model_a_signed.key_scope());
+  for (std::size_t p = 0; p < 3; ++p) {
+    CHECK(a[p] != b[p]);
+    CHECK(a[p] != a_signed[p]);
+    CHECK(a[p] != base[p]);
+  }
+  CHECK(chain(tokens, kPage, 3, "tenant", 0, clm::PageKey::root(), model_a.key_scope()) == a);
   // Deterministic: the same input twice gives the same keys.
   CHECK(chain(tokens, kPage, 3, "tenant", 0) == base);
 }

@@ -251,7 +251,7 @@ TEST_CASE("redis: values damaged or replaced by hand are refused and counted", "
   CHECK(b->stats().repaired_pages == 5);
 }
 
-TEST_CASE("redis AUTH: a password, an ACL user, a password file; wrong ones refused at open; never printed",
+TEST_CASE("redis AUTH: a password, an ACL user, a password file, and wrong ones refused at open, and never printed",
           "[tiers][redis][auth]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
@@ -289,7 +289,7 @@ TEST_CASE("redis AUTH: a password, an ACL user, a password file; wrong ones refu
         fmt::format("redis://bob:al1ce-pw@{}/0", host)}) {
     INFO(clm::redact_storage_url(url));
     b.reset();
-    const clm::Status s = clm::open_storage_backend(url, kSmall, b);
+    const clm::Status s = clm::open_storage_backend(url, kSmall, clm_test::test_seal(), b);
     INFO(s.message());
     CHECK(s.code() == clm::StatusCode::failed_precondition);
     CHECK_THAT(s.message(), Catch::Contains("AUTH"));
@@ -300,9 +300,11 @@ TEST_CASE("redis AUTH: a password, an ACL user, a password file; wrong ones refu
   }
   // A password file that everyone may read, or that is not there.
   ::chmod(file.c_str(), 0644);
-  CHECK(clm::open_storage_backend(fmt::format("redis://alice@{}/0?password_file={}", host, file), kSmall, b).code() ==
-        clm::StatusCode::failed_precondition);
-  CHECK(clm::open_storage_backend(fmt::format("redis://alice@{}/0?password_file={}/none", host, dir.str()), kSmall, b)
+  CHECK(clm::open_storage_backend(fmt::format("redis://alice@{}/0?password_file={}", host, file), kSmall,
+                                  clm_test::test_seal(), b)
+            .code() == clm::StatusCode::failed_precondition);
+  CHECK(clm::open_storage_backend(fmt::format("redis://alice@{}/0?password_file={}/none", host, dir.str()), kSmall,
+                                  clm_test::test_seal(), b)
             .code() == clm::StatusCode::not_found);
   // No credentials: opens (nothing to check), and no page is stored or served.
   b = open_backend(fmt::format("redis://{}/0?prefix=n:", host), kSmall);
@@ -313,7 +315,9 @@ TEST_CASE("redis AUTH: a password, an ACL user, a password file; wrong ones refu
   // Right credentials but the server unreachable: not an error at open (lazy, as without).
   redis.stop();
   b.reset();
-  CHECK(clm::open_storage_backend(fmt::format("redis://:s3cret-Default@{}/0?timeout_ms=100", host), kSmall, b).ok());
+  CHECK(clm::open_storage_backend(fmt::format("redis://:s3cret-Default@{}/0?timeout_ms=100", host), kSmall,
+                                  clm_test::test_seal(), b)
+            .ok());
 }
 
 TEST_CASE("redis: a server that goes down fails each call fast, and once back calls succeed", "[tiers][redis]") {

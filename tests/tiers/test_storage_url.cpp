@@ -9,6 +9,7 @@
 
 #include "clm/tiers/storage_backend.hpp"
 #include "clm/tiers/storage_url.hpp"
+#include "tiers_test_support.hpp"
 
 namespace {
 
@@ -169,18 +170,20 @@ TEST_CASE("open_storage_backend refuses bad URLs and layouts before touching any
   for (const char* url :
        {"ftp://x", "file://", "redis://h:99999", "redis://h?bogus=1", "file:///tmp/x?capacity_mb=z"}) {
     INFO(url);
-    CHECK(clm::open_storage_backend(url, layout, out).code() == clm::StatusCode::invalid_argument);
+    CHECK(clm::open_storage_backend(url, layout, clm_test::test_seal(), out).code() ==
+          clm::StatusCode::invalid_argument);
     CHECK(out == nullptr);
   }
   // A layout with no pages is refused whatever the URL; no directory is made for it.
   const std::string dir = "/nonexistent-clm-test-dir/never-created";
-  const clm::Status s = clm::open_storage_backend("file://" + dir, {0, 2, 2, 64, clm::KvDType::f16}, out);
+  const clm::Status s =
+      clm::open_storage_backend("file://" + dir, {0, 2, 2, 64, clm::KvDType::f16}, clm_test::test_seal(), out);
   INFO(s.message());
   CHECK(s.code() == clm::StatusCode::invalid_argument);
   CHECK_THAT(s.message(), Catch::Contains("page_size"));
   CHECK(out == nullptr);
   // A Redis server that is not there is not an error at open (it connects lazily).
-  REQUIRE(clm::open_storage_backend("redis://127.0.0.1:1/0?timeout_ms=50", layout, out).ok());
+  REQUIRE(clm::open_storage_backend("redis://127.0.0.1:1/0?timeout_ms=50", layout, clm_test::test_seal(), out).ok());
   REQUIRE(out != nullptr);
   CHECK(out->url() == "redis://127.0.0.1:1/0?timeout_ms=50");
   CHECK(out->layout() == layout);

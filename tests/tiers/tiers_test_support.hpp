@@ -19,6 +19,7 @@
 #include <catch2/catch.hpp>
 
 #include "clm/tiers/page_key.hpp"
+#include "clm/tiers/page_seal.hpp"
 #include "clm/tiers/storage_backend.hpp"
 
 namespace clm_test {
@@ -65,10 +66,20 @@ inline std::vector<std::byte> pages_of(std::span<const clm::PageKey> keys, const
 }
 
 // ---- what the backend tests share (Catch2 assertions inside) -------------------------
+// The seal of the backend tests' pages: one model, no secret (`secret` signs).
+inline clm::PageSeal test_seal(const std::string& model_id = "test-model", const std::string& secret = "") {
+  clm::PageSeal seal;
+  const clm::Status s = clm::PageSeal::create(model_id, secret, seal);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  return seal;
+}
+
 // A backend that must open.
-inline std::unique_ptr<clm::StorageBackend> open_backend(const std::string& url, const clm::PageLayout& layout) {
+inline std::unique_ptr<clm::StorageBackend> open_backend(const std::string& url, const clm::PageLayout& layout,
+                                                         const clm::PageSeal& seal = test_seal()) {
   std::unique_ptr<clm::StorageBackend> backend;
-  const clm::Status s = clm::open_storage_backend(url, layout, backend);
+  const clm::Status s = clm::open_storage_backend(url, layout, seal, backend);
   INFO(url << ": " << s.message());
   REQUIRE(s.ok());
   return backend;

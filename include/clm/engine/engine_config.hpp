@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "clm/cache/eviction_policy.hpp"
@@ -41,6 +42,12 @@ struct EngineConfig {
   // The tiered KV cache (tiers/tier_config.hpp): a host tier when
   // tiers.host_pages > 0, and a storage tier when tiers.storage_url is set.
   TierConfig tiers;
+  // The host's fingerprint of its model (weights + config), e.g. the SHA-256
+  // of the weights file: hashed into every stored page's key and written in
+  // its header, so that no other model is ever served these pages. Required
+  // with a storage tier (up to 4096 bytes); change it whenever the weights
+  // change, even in place.
+  std::string model_id;
 };
 
 }  // namespace clm

@@ -3,9 +3,11 @@
 // every instance pointed at it (docs/tiers.md).
 //
 //   clm::PageLayout layout = clm::PageLayout::of(pool.config());
+//   clm::PageSeal seal;                                  // page_seal.hpp: model id, secret
+//   CLM_RETURN_IF_ERROR(clm::PageSeal::create(model_id, secret, seal));
 //   std::unique_ptr<clm::StorageBackend> storage;
 //   CLM_RETURN_IF_ERROR(clm::open_storage_backend("redis://127.0.0.1:6379/0?prefix=clm:&ttl=3600",
-//                                                 layout, storage));
+//                                                 layout, seal, storage));
 //   std::vector<std::uint8_t> found(keys.size());
 //   CLM_RETURN_IF_ERROR(storage->exists(keys, found));
 //   CLM_RETURN_IF_ERROR(storage->get_pages(keys, page_pointers, found));  // one per key
@@ -19,7 +21,8 @@
 //                                              given; 0 = no expiry)
 //
 // Every page value is self-describing: a header (magic, format, the key, the
-// layout, payload size, checksum of header and payload) and the payload, in
+// layout, payload size, the model, the signature, a checksum of header and
+// payload; page_file.hpp) and the payload, in
 // ONE file or ONE Redis value, so a half-written or foreign page is never
 // read as a page: get() reports it as not found (and counts it in
 // StorageStats::corrupt_pages), never fills the buffer with it, and deletes
@@ -46,6 +49,7 @@
 #include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
 #include "clm/tiers/page_key.hpp"
+#include "clm/tiers/page_seal.hpp"
 
 namespace clm {
 
@@ -69,14 +73,17 @@ struct PageLayout {
 };
 
 struct StorageStats {
-  std::uint64_t pages_read = 0;      // pages get() returned
-  std::uint64_t pages_written = 0;   // pages set() stored
-  std::uint64_t pages_missing = 0;   // keys get() or exists() did not find
-  std::uint64_t corrupt_pages = 0;   // values refused: bad magic, key, layout, size or checksum
-  std::uint64_t repaired_pages = 0;  // refused values the backend deleted, so the next store writes them again
-  std::uint64_t errors = 0;          // calls that failed (connection, I/O)
-  std::uint64_t dropped_writes = 0;  // pages set() could not store (disk full, no permission)
-  std::uint64_t evicted_pages = 0;   // pages the backend removed for its size cap
+  std::uint64_t pages_read = 0;           // pages get() returned
+  std::uint64_t pages_written = 0;        // pages set() stored
+  std::uint64_t pages_missing = 0;        // keys get() or exists() did not find
+  std::uint64_t corrupt_pages = 0;        // values refused: bad magic, key, layout, size, checksum, model or signature
+  std::uint64_t foreign_model_pages = 0;  // ... of them written for another model
+  std::uint64_t unsigned_pages = 0;       // ... not signed, where this instance has a secret
+  std::uint64_t forged_pages = 0;         // ... with a signature this instance's secret does not make
+  std::uint64_t repaired_pages = 0;       // refused values the backend deleted, so the next store writes them again
+  std::uint64_t errors = 0;               // calls that failed (connection, I/O)
+  std::uint64_t dropped_writes = 0;       // pages set() could not store (disk full, no permission)
+  std::uint64_t evicted_pages = 0;        // pages the backend removed for its size cap
   std::uint64_t bytes_read = 0;
   std::uint64_t bytes_written = 0;
 };
@@ -117,6 +124,8 @@ class StorageBackend {
   }
 
   virtual const PageLayout& layout() const = 0;
+  // The model and secret its pages are written and checked with.
+  virtual const PageSeal& seal() const = 0;
   virtual StorageStats stats() const = 0;
   // The URL it was opened with (for logs and metrics).
   virtual const std::string& url() const = 0;
@@ -135,11 +144,13 @@ class StorageBackend {
   }
 };
 
-// Opens the backend a URL names (see above), for pages of `layout`.
+// Opens the backend a URL names (see above), for pages of `layout` sealed
+// with `seal` (written with it; read only when they carry it).
 // invalid_argument for a URL that does not parse (unknown scheme, bad port,
 // unknown or malformed option); io_error for a directory that cannot be
 // created or written. A Redis server that is down is NOT an error here: the
 // backend connects lazily, and its calls report io_error until it is up.
-Status open_storage_backend(std::string_view url, const PageLayout& layout, std::unique_ptr<StorageBackend>& out);
+Status open_storage_backend(std::string_view url, const PageLayout& layout, const PageSeal& seal,
+                            std::unique_ptr<StorageBackend>& out);
 
 }  // namespace clm

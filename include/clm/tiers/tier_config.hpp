@@ -5,6 +5,8 @@
 //   config.tiers.host_pages = 4 * config.pool.num_pages;   // L2: host memory
 //   config.tiers.write_policy = clm::WritePolicy::write_through_selective;
 //   config.tiers.storage_url = "redis://127.0.0.1:6379/0?prefix=clm:&ttl=3600";  // L3
+//   config.model_id = "llama-3-8b@sha256:9f2c...";  // required with L3: pages are this model's
+//   config.tiers.page_secret_file = "/etc/clm/page.key";  // optional: pages signed (HMAC-SHA256)
 //   config.tiers.prefetch_policy = clm::PrefetchPolicy::timeout;
 //
 // L1 is the Engine's pool; L2 a host-memory pool of host_pages pages of the
@@ -44,6 +46,12 @@ struct TierConfig {
   double prefetch_timeout_per_1k_tokens_ms = 10.0;
   std::int32_t storage_workers = 2;       // threads that talk to storage
   std::int32_t storage_batch_pages = 32;  // pages per get/set call
+  // The deployment secret that signs every stored page (page_seal.hpp): a
+  // file (that everyone may not read) or the name of an environment
+  // variable, at most one; neither: pages are not signed, and signed ones are
+  // refused. Never a URL option, never printed.
+  std::string page_secret_file;
+  std::string page_secret_env;
 };
 
 struct TierMetrics {
@@ -60,6 +68,7 @@ struct TierMetrics {
   std::uint64_t storage_errors = 0;     // storage calls that failed (the admission recomputed)
   std::uint64_t dropped_backups = 0;    // copies given up: no room on the host, or a failed copy
   std::uint64_t worker_failures = 0;    // tier jobs given up for want of host memory (std::bad_alloc)
+  bool signed_pages = false;            // stored pages are signed with a deployment secret
   std::int64_t host_pages_used = 0;
   std::int64_t host_pages_total = 0;
   bool has_storage = false;

@@ -4,7 +4,7 @@
 // copy pages between them. The Engine calls it; hosts use the Engine.
 //
 //   std::unique_ptr<clm::TierManager> tiers;
-//   CLM_RETURN_IF_ERROR(clm::TierManager::create(config.tiers, device_pool, tiers));
+//   CLM_RETURN_IF_ERROR(clm::TierManager::create(config.tiers, config.model_id, device_pool, tiers));
 //   clm::RadixTree tree(device_pool, policy, fraction, tiers->host_pool());
 //   tiers->start(tree, engine_mutex);       // workers take engine_mutex to reach the tree
 //   ...                                     // admit: fetch(), load(); under the lock: on_hit(), on_evictions()
@@ -27,6 +27,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -50,7 +51,11 @@ struct FetchOutcome {
 
 class TierManager {
  public:
-  static Status create(const TierConfig& config, const PagedKvPool& device_pool, std::unique_ptr<TierManager>& out);
+  // invalid_argument for a bad setting, a storage tier without a model id, or
+  // a page secret without a storage tier; the secret's own errors
+  // (load_page_secret) as they are.
+  static Status create(const TierConfig& config, std::string_view model_id, const PagedKvPool& device_pool,
+                       std::unique_ptr<TierManager>& out);
   ~TierManager();
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;
@@ -75,10 +80,14 @@ class TierManager {
   // ---- without the engine lock -------------------------------------------------
   // Fetches the pages of `tokens` past its first `host_backed_tokens` that
   // storage has into the host tier, waiting as the prefetch policy says
-  // (not at all with wait = false: a prefetch). Storage failures are counted,
-  // never returned: the caller recomputes.
-  void fetch(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t host_backed_tokens, bool wait,
-             FetchOutcome& out);
+  // (not at all with wait = false: a prefetch). Only when storage has pages
+  // past the first `cached_tokens` (what the tree holds, on any tier): pages
+  // still on the device are never read again for nothing. Host copies form a
+  // prefix, so when storage does have more, the device part without host
+  // copies is read too. Storage failures are counted, never returned: the
+  // caller recomputes.
+  void fetch(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t host_backed_tokens,
+             std::int32_t cached_tokens, bool wait, FetchOutcome& out);
   // Copies host pages back into device pages (a load-back).
   Status load(std::span<const std::int32_t> host_pages, std::span<const std::int32_t> device_pages);
   // Waits until every queued and running job is done (tests, shutdown of a host).
@@ -120,6 +129,7 @@ class TierManager {
   std::unique_ptr<PagedKvPool> host_pool_;
   std::unique_ptr<PageCopier> copier_;
   std::unique_ptr<StorageBackend> storage_;
+  Digest32 key_scope_{};  // the storage seal's (page_seal.hpp): every page key is chained under it
   RadixTree* tree_ = nullptr;
   detail::SpinThenBlockMutex* engine_mutex_ = nullptr;
 

@@ -63,6 +63,9 @@ int main(void) {
   FIELD(clm_engine_options, storage_batch_pages);
   FIELD(clm_engine_options, snapshot_read_only);
   FIELD(clm_engine_options, snapshot_maintenance_interval_ms);
+  FIELD(clm_engine_options, model_id);
+  FIELD(clm_engine_options, page_secret_file);
+  FIELD(clm_engine_options, page_secret_env);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);
@@ -156,6 +159,12 @@ int main(void) {
   FIELD(clm_metrics, storage_corrupt_pages);
   FIELD(clm_metrics, storage_dropped_writes);
   FIELD(clm_metrics, storage_evicted_pages);
+  FIELD(clm_metrics, storage_foreign_model_pages);
+  FIELD(clm_metrics, storage_unsigned_pages);
+  FIELD(clm_metrics, storage_forged_pages);
+  FIELD(clm_metrics, storage_repaired_pages);
+  FIELD(clm_metrics, tier_worker_failures);
+  FIELD(clm_metrics, signed_pages);
 
   FIELD(clm_src_decision, score);
   FIELD(clm_src_decision, threshold);

@@ -132,6 +132,14 @@ pub struct clm_engine_options {
     // -- version 5
     pub snapshot_read_only: i32,
     pub snapshot_maintenance_interval_ms: i64,
+    // -- version 6: pages safe to share
+    /// NUL-terminated, copied by `clm_engine_create`: the host's fingerprint
+    /// of its model; required with a storage tier.
+    pub model_id: *const c_char,
+    /// NUL-terminated path of the file holding the page secret; NULL or "": none.
+    pub page_secret_file: *const c_char,
+    /// NUL-terminated name of the environment variable holding it; NULL or "": none.
+    pub page_secret_env: *const c_char,
 }
 
 impl Default for clm_engine_options {
@@ -174,6 +182,9 @@ impl Default for clm_engine_options {
             storage_batch_pages: 0,
             snapshot_read_only: 0,
             snapshot_maintenance_interval_ms: 0,
+            model_id: std::ptr::null(),
+            page_secret_file: std::ptr::null(),
+            page_secret_env: std::ptr::null(),
         }
     }
 }
@@ -294,6 +305,13 @@ pub struct clm_metrics {
     pub storage_corrupt_pages: u64,
     pub storage_dropped_writes: u64,
     pub storage_evicted_pages: u64,
+    // -- version 5: pages safe to share
+    pub storage_foreign_model_pages: u64,
+    pub storage_unsigned_pages: u64,
+    pub storage_forged_pages: u64,
+    pub storage_repaired_pages: u64,
+    pub tier_worker_failures: u64,
+    pub signed_pages: i32,
 }
 
 // ---- CLM suffix reuse: the SRC head ---------------------------------------------

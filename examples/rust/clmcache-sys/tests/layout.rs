@@ -89,6 +89,9 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, storage_batch_pages),
         field!(clm_engine_options, snapshot_read_only),
         field!(clm_engine_options, snapshot_maintenance_interval_ms),
+        field!(clm_engine_options, model_id),
+        field!(clm_engine_options, page_secret_file),
+        field!(clm_engine_options, page_secret_env),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -179,6 +182,12 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_metrics, storage_corrupt_pages),
         field!(clm_metrics, storage_dropped_writes),
         field!(clm_metrics, storage_evicted_pages),
+        field!(clm_metrics, storage_foreign_model_pages),
+        field!(clm_metrics, storage_unsigned_pages),
+        field!(clm_metrics, storage_forged_pages),
+        field!(clm_metrics, storage_repaired_pages),
+        field!(clm_metrics, tier_worker_failures),
+        field!(clm_metrics, signed_pages),
         field!(clm_src_decision, score),
         field!(clm_src_decision, threshold),
         field!(clm_src_decision, scored),
@@ -368,7 +377,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, snapshot_store_path).1, 88);
     assert_eq!(field!(clm_engine_options, snapshot_min_usage).1, 104);
     assert_eq!(field!(clm_engine_options, snapshot_lookup_timeout_us).1, 124);
-    assert_eq!(size_of::<clm_engine_options>(), 192);
+    assert_eq!(size_of::<clm_engine_options>(), 216);
     assert_eq!(field!(clm_engine_options, host_pages).1, 128);
     assert_eq!(field!(clm_engine_options, storage_url).1, 136);
     assert_eq!(field!(clm_engine_options, prefetch_policy).1, 144);
@@ -376,6 +385,8 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, storage_batch_pages).1, 172);
     assert_eq!(field!(clm_engine_options, snapshot_read_only).1, 176);
     assert_eq!(field!(clm_engine_options, snapshot_maintenance_interval_ms).1, 184);
+    assert_eq!(field!(clm_engine_options, model_id).1, 192);
+    assert_eq!(field!(clm_engine_options, page_secret_env).1, 208);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
@@ -383,7 +394,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_admit_options, cache_salt).1, 8);
     assert_eq!(field!(clm_admit_options, priority).1, 28);
     assert_eq!(field!(clm_admit_options, priority_update).1, 32);
-    assert_eq!(size_of::<clm_metrics>(), 520);
+    assert_eq!(size_of::<clm_metrics>(), 568);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);
     assert_eq!(field!(clm_metrics, active_sequences).1, 120);
@@ -399,6 +410,8 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_metrics, device_hit_tokens).1, 384);
     assert_eq!(field!(clm_metrics, host_cached_tokens).1, 472);
     assert_eq!(field!(clm_metrics, storage_evicted_pages).1, 512);
+    assert_eq!(field!(clm_metrics, tier_worker_failures).1, 552);
+    assert_eq!(field!(clm_metrics, signed_pages).1, 560);
     assert_eq!((size_of::<clm_snapshot_hit>(), align_of::<clm_snapshot_hit>()), (320, 8));
     assert_eq!(field!(clm_snapshot_hit, fingerprint).1, 16);
     assert_eq!(field!(clm_snapshot_hit, stable).1, 24);

@@ -306,6 +306,19 @@ raw_enum!(
     }
 );
 
+/// A NUL-terminated copy of an optional option string (`None` or empty: NULL
+/// in the C struct); a NUL byte inside is `InvalidArgument`.
+fn optional_cstring(name: &str, value: &Option<String>) -> Result<Option<CString>> {
+    match value {
+        Some(v) if !v.is_empty() => {
+            Ok(Some(CString::new(v.as_bytes()).map_err(|_| {
+                crate::clm::invalid("clm_engine_create", format!("{} {:?} contains a NUL byte", name, v))
+            })?))
+        }
+        _ => Ok(None),
+    }
+}
+
 fn known<T>(value: Option<T>, what: &str, raw: i32) -> Result<T> {
     value.ok_or_else(|| Error::new(ErrorCode::Internal, format!("clmcache returned an unknown {} {}", what, raw)))
 }
@@ -386,6 +399,16 @@ pub struct EngineOptions {
     /// `> 0`: evict and flush the snapshot store on a background thread this
     /// often, in milliseconds (0: off, the host evicts).
     pub snapshot_maintenance_interval_ms: i64,
+    /// The host's fingerprint of its model (weights + config), e.g. the
+    /// SHA-256 of its weights file: hashed into every stored page's key and
+    /// header, so that no other model is served them. Required with a
+    /// storage tier.
+    pub model_id: Option<String>,
+    /// A file (not readable by everyone) holding the deployment secret that
+    /// signs every stored page (HMAC-SHA256).
+    pub page_secret_file: Option<PathBuf>,
+    /// ... or the name of the environment variable holding it (at most one).
+    pub page_secret_env: Option<String>,
 }
 
 impl EngineOptions {
@@ -440,6 +463,9 @@ impl EngineOptions {
             storage_batch_pages: raw.storage_batch_pages,
             snapshot_read_only: raw.snapshot_read_only != 0,
             snapshot_maintenance_interval_ms: raw.snapshot_maintenance_interval_ms,
+            model_id: None,
+            page_secret_file: None,
+            page_secret_env: None,
         })
     }
 
@@ -472,26 +498,30 @@ impl EngineOptions {
         Ok((raw, path))
     }
 
-    /// The complete C struct, with `snapshot_store_path` and `storage_url`
-    /// pointing into NUL-terminated copies that the returned value owns; it
-    /// borrows `special_token_ids` from `self`. A path or URL with a NUL byte
-    /// is `InvalidArgument`.
+    /// The complete C struct, with `snapshot_store_path`, `storage_url`,
+    /// `model_id` and the page secret's source pointing into NUL-terminated
+    /// copies that the returned value owns; it borrows `special_token_ids`
+    /// from `self`. A string with a NUL byte is `InvalidArgument`.
     pub fn to_raw_owned(&self) -> Result<RawEngineOptions<'_>> {
         let mut raw = self.to_raw()?;
         let snapshot_store_path = self.store_path_cstring()?;
-        let storage_url = match &self.storage_url {
-            Some(url) if !url.is_empty() => Some(CString::new(url.as_bytes()).map_err(|_| {
-                crate::clm::invalid("clm_engine_create", format!("storage_url {:?} contains a NUL byte", url))
-            })?),
+        let storage_url = optional_cstring("storage_url", &self.storage_url)?;
+        let model_id = optional_cstring("model_id", &self.model_id)?;
+        let page_secret_file = match &self.page_secret_file {
+            Some(p) if !p.as_os_str().is_empty() => Some(crate::clm::path_cstring("clm_engine_create", p)?),
             _ => None,
         };
+        let page_secret_env = optional_cstring("page_secret_env", &self.page_secret_env)?;
         // The CStrings' bytes live on the heap: moving them keeps the pointers valid.
-        raw.snapshot_store_path = snapshot_store_path.as_ref().map_or(ptr::null(), |p| p.as_ptr());
-        raw.storage_url = storage_url.as_ref().map_or(ptr::null(), |u| u.as_ptr());
+        let pointer = |s: &Option<CString>| s.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        raw.snapshot_store_path = pointer(&snapshot_store_path);
+        raw.storage_url = pointer(&storage_url);
+        raw.model_id = pointer(&model_id);
+        raw.page_secret_file = pointer(&page_secret_file);
+        raw.page_secret_env = pointer(&page_secret_env);
         Ok(RawEngineOptions {
             raw,
-            _snapshot_store_path: snapshot_store_path,
-            _storage_url: storage_url,
+            _strings: [snapshot_store_path, storage_url, model_id, page_secret_file, page_secret_env],
             _options: PhantomData,
         })
     }
@@ -504,9 +534,10 @@ impl EngineOptions {
     }
 
     /// The C struct: the library's defaults overwritten by every field here
-    /// but `snapshot_store_path` and `storage_url`, which stay NULL (no store,
-    /// no storage tier): the struct cannot own the NUL-terminated copies they
-    /// need ([`EngineOptions::to_raw_owned`] gives both). It borrows
+    /// but the strings (`snapshot_store_path`, `storage_url`, `model_id`, the
+    /// page secret's source), which stay NULL (no store, no storage tier):
+    /// the struct cannot own the NUL-terminated copies they need
+    /// ([`EngineOptions::to_raw_owned`] gives them all). It borrows
     /// `special_token_ids`, so it must not outlive `self`.
     pub fn to_raw(&self) -> Result<sys::clm_engine_options> {
         let mut raw = raw_engine_options()?;
@@ -545,6 +576,9 @@ impl EngineOptions {
         raw.storage_batch_pages = self.storage_batch_pages;
         raw.snapshot_read_only = i32::from(self.snapshot_read_only);
         raw.snapshot_maintenance_interval_ms = self.snapshot_maintenance_interval_ms;
+        raw.model_id = ptr::null();
+        raw.page_secret_file = ptr::null();
+        raw.page_secret_env = ptr::null();
         Ok(raw)
     }
 }
@@ -555,8 +589,7 @@ impl EngineOptions {
 #[derive(Debug)]
 pub struct RawEngineOptions<'a> {
     raw: sys::clm_engine_options,
-    _snapshot_store_path: Option<CString>,
-    _storage_url: Option<CString>,
+    _strings: [Option<CString>; 5],
     _options: PhantomData<&'a EngineOptions>,
 }
 
@@ -819,6 +852,18 @@ pub struct Metrics {
     pub storage_dropped_writes: u64,
     /// Pages the file backend removed for its size cap.
     pub storage_evicted_pages: u64,
+    /// Stored values refused because another model wrote them.
+    pub storage_foreign_model_pages: u64,
+    /// ... because they were not signed, where this engine has a page secret.
+    pub storage_unsigned_pages: u64,
+    /// ... because this engine's secret does not make their signature.
+    pub storage_forged_pages: u64,
+    /// Refused values deleted, so that the next store writes them again.
+    pub storage_repaired_pages: u64,
+    /// Tier jobs given up for want of host memory.
+    pub tier_worker_failures: u64,
+    /// Whether stored pages are signed.
+    pub signed_pages: bool,
 }
 
 impl From<sys::clm_metrics> for Metrics {
@@ -890,6 +935,12 @@ impl From<sys::clm_metrics> for Metrics {
             storage_corrupt_pages: m.storage_corrupt_pages,
             storage_dropped_writes: m.storage_dropped_writes,
             storage_evicted_pages: m.storage_evicted_pages,
+            storage_foreign_model_pages: m.storage_foreign_model_pages,
+            storage_unsigned_pages: m.storage_unsigned_pages,
+            storage_forged_pages: m.storage_forged_pages,
+            storage_repaired_pages: m.storage_repaired_pages,
+            tier_worker_failures: m.tier_worker_failures,
+            signed_pages: m.signed_pages != 0,
         }
     }
 }

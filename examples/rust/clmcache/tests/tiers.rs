@@ -97,6 +97,7 @@ fn tier_options(num_pages: i32, host_pages: i32, storage_url: Option<String>) ->
         write_policy: WritePolicy::Through,
         storage_url,
         prefetch_policy: PrefetchPolicy::WaitComplete,
+        model_id: Some("rust-test-model".into()),
         ..EngineOptions::new(num_pages)
     }
 }
@@ -282,6 +283,12 @@ fn storage_directory_is_shared_by_engines_in_turn() {
     let m = third.metrics().unwrap();
     assert_eq!((m.storage_hit_tokens, m.fetched_pages), (whole as u64, (whole / PAGE) as u64));
     assert_eq!(serve(&mut third, b"other", &p, seed).cached, 0);
+
+    // Another model (the same layout, salt and prompt) is served none of these pages.
+    let other_model = EngineOptions { model_id: Some("another-model".into()), ..tier_options(64, 64, Some(dir.url())) };
+    let mut fourth = Engine::new(&other_model).unwrap();
+    assert_eq!(serve(&mut fourth, b"acme", &p, seed), Served { cached: 0, host: 0, storage: 0 });
+    assert_eq!(fourth.metrics().unwrap().fetched_pages, 0);
 }
 
 #[test]
@@ -298,6 +305,16 @@ fn bad_tier_options_and_calls_are_errors() {
     create(8, Some(format!("{}\0x", dir.url())), "a URL with a NUL byte");
     let no_workers = EngineOptions { storage_workers: 0, ..tier_options(8, 8, Some(dir.url())) };
     assert_error(Engine::new(&no_workers), ErrorCode::InvalidArgument, "storage_workers 0");
+    let no_model = EngineOptions { model_id: None, ..tier_options(8, 8, Some(dir.url())) };
+    assert_error(Engine::new(&no_model), ErrorCode::InvalidArgument, "storage without a model id");
+    let nul_model = EngineOptions { model_id: Some("m\0x".into()), ..tier_options(8, 8, Some(dir.url())) };
+    assert_error(Engine::new(&nul_model), ErrorCode::InvalidArgument, "a model id with a NUL byte");
+    let both_secrets = EngineOptions {
+        page_secret_file: Some(dir.path().join("page.key")),
+        page_secret_env: Some("HOME".into()),
+        ..tier_options(8, 8, Some(dir.url()))
+    };
+    assert_error(Engine::new(&both_secrets), ErrorCode::InvalidArgument, "a page secret from a file and a variable");
     // (Unknown policy values cannot be written: WritePolicy and PrefetchPolicy are enums.)
 
     // Prefetch needs a storage tier.
