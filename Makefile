@@ -89,7 +89,7 @@ test-release: build
 # ASan; the Krylov path is checked at 1100) and the configure check of CI's
 # missing tools (CMake's behaviour, the same in both) are left to the release pass.
 test-asan: build-asan
-	cd $(ASAN_BUILD) && CLM_SHARED_DIR=$(SHARED) CLM_CONCURRENCY_OPS=30000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	cd $(ASAN_BUILD) && CLM_SHARED_DIR=$(SHARED) CLM_CONCURRENCY_OPS=30000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) \
 	  -E "hidden 4096, Krylov|^ci_missing_tool_fails_configure$$"
 
@@ -142,7 +142,7 @@ soak-asan-cuda: deps
 	cmake -S . -B $(ASAN_CUDA_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_SANITIZE=ON -DCLM_CUDA=OFF $(SANITIZER_COMPILERS) \
 	  $(CUDA_EMULATION_FLAGS) -DCLM_BUILD_BENCH=ON -DCLM_BENCH_EMULATED=ON $(CMAKE_FLAGS)
 	cmake --build $(ASAN_CUDA_BUILD) -j$(JOBS) --target $(EMULATED_BENCHES)
-	cd $(ASAN_CUDA_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	cd $(ASAN_CUDA_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -R "_emulated_smoke$$"
 
 # 1,000 SIGKILLs for each crash test (make test: 60).
