@@ -86,6 +86,10 @@ clm_engine_options default_engine_options() {
   o.model_id = nullptr;
   o.page_secret_file = nullptr;
   o.page_secret_env = nullptr;
+  o.max_queued_fetches = tiers.max_queued_fetches;
+  o.breaker_failures = tiers.breaker_failures;
+  o.admission_deadline_ms = tiers.admission_deadline_ms;
+  o.breaker_open_ms = tiers.breaker_open_ms;
   return o;
 }
 
@@ -207,6 +211,10 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     config.tiers.prefetch_timeout_per_1k_tokens_ms = options->prefetch_timeout_per_1k_tokens_ms;
     config.tiers.storage_workers = options->storage_workers;
     config.tiers.storage_batch_pages = options->storage_batch_pages;
+    config.tiers.max_queued_fetches = options->max_queued_fetches;
+    config.tiers.breaker_failures = options->breaker_failures;
+    config.tiers.admission_deadline_ms = options->admission_deadline_ms;
+    config.tiers.breaker_open_ms = options->breaker_open_ms;
     // NULL or "": none (the engine says when one is needed, and checks the rest).
     const std::pair<const char*, std::string*> strings[] = {{options->model_id, &config.model_id},
                                                             {options->page_secret_file, &config.tiers.page_secret_file},
@@ -546,6 +554,12 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     full.storage_repaired_pages = t.storage.repaired_pages;
     full.tier_worker_failures = t.worker_failures;
     full.signed_pages = t.signed_pages ? 1 : 0;
+    full.storage_breaker_state = t.breaker_state;
+    full.storage_breaker_trips = t.breaker_trips;
+    full.storage_breaker_skips = t.breaker_skips;
+    full.dropped_fetches = t.dropped_fetches;
+    full.merged_fetches = t.merged_fetches;
+    full.queued_fetches = t.queued_fetches;
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

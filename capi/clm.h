@@ -165,6 +165,11 @@ typedef struct clm_engine_options {
                                    bytes) that signs every stored page with HMAC-SHA256; NULL or "": none */
   const char *page_secret_env;  /* ... or the name of the environment variable holding it; at most one of the
                                    two. Without either, pages are not signed and signed ones are refused */
+  int32_t max_queued_fetches;   /* fetches waiting for a storage worker, 1..2^20; past it the oldest prefetch
+                                   (or the new fetch) is dropped (default 64) */
+  int32_t breaker_failures;     /* failed storage calls in a row that stop storage being asked (default 3) */
+  double admission_deadline_ms; /* an admission waits for storage at most this, any policy (default 2000) */
+  double breaker_open_ms;       /* how long storage is not asked before one call probes it (default 5000) */
 } clm_engine_options;
 
 /* When a cached page gets its host-tier copy (then, with a storage tier, its
@@ -190,7 +195,7 @@ CLM_API clm_status clm_engine_options_init(clm_engine_options *options, size_t s
    NULL, 16, 256, 50, 0.95f, 0.80f, 128, 2000,                         /* version 3: snapshot store */ \
    0, CLM_WRITE_THROUGH, NULL, CLM_PREFETCH_TIMEOUT, 20.0, 10.0, 2, 32, /* version 4: tiers */          \
    0, 0,                                                               /* version 5: store reader */  \
-   NULL, NULL, NULL}                                                   /* version 6: model, secret */
+   NULL, NULL, NULL, 64, 3, 2000.0, 5000.0}                            /* version 6: model, secret, bounds */
 /* clang-format on */
 
 CLM_API clm_status clm_engine_create(clm_engine **out, const clm_engine_options *options);
@@ -384,6 +389,12 @@ typedef struct clm_metrics {
   uint64_t storage_repaired_pages;      /* refused values deleted, so that the next store writes them again */
   uint64_t tier_worker_failures;        /* tier jobs given up for want of host memory */
   int32_t signed_pages;                 /* 1 when stored pages are signed */
+  int32_t storage_breaker_state;        /* 0 closed, 1 open (storage not asked), 2 half-open (one probe) */
+  uint64_t storage_breaker_trips;       /* times the breaker opened */
+  uint64_t storage_breaker_skips;       /* storage jobs skipped, fetches not queued, while it was open */
+  uint64_t dropped_fetches;             /* fetches dropped for max_queued_fetches (prefetches first) */
+  uint64_t merged_fetches;              /* fetches that joined one queued or running for the same prefix */
+  int64_t queued_fetches;               /* fetches waiting for a storage worker now */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */

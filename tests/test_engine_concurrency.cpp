@@ -137,7 +137,8 @@ void run_thread(clm::Engine& engine, const std::vector<Tokens>& system_prompts, 
   while (!live.empty()) end_one(live.size() - 1, rng() % 2 == 0);
 }
 
-void run_concurrent(const clm::EngineConfig& config, std::int64_t ops) {
+// Runs the threads and checks the totals; the engine's metrics at the end.
+clm::EngineMetrics run_concurrent(const clm::EngineConfig& config, std::int64_t ops) {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed << ", " << kThreads << " threads x " << ops << " operations");
   std::unique_ptr<clm::Engine> engine;
@@ -188,6 +189,7 @@ void run_concurrent(const clm::EngineConfig& config, std::int64_t ops) {
   CHECK(total.refused_as_expected > 0);
   CHECK(m.cache.tokens_hit > 0);
   CHECK(m.cache.evicted_tokens > 0);
+  return m;
 }
 
 }  // namespace
@@ -198,7 +200,7 @@ TEST_CASE("concurrency: 8 threads of random lifecycles on one engine (SLRU, evic
   config.pool.page_size = kPageSize;
   config.pool.memory = clm::MemoryKind::none;
   config.eviction_policy = clm::EvictionPolicy::slru;
-  run_concurrent(config, ops_per_thread(100000));
+  (void)run_concurrent(config, ops_per_thread(100000));
 }
 
 TEST_CASE("concurrency: 8 threads of random lifecycles on one engine with a host tier and a storage directory",
@@ -214,6 +216,12 @@ TEST_CASE("concurrency: 8 threads of random lifecycles on one engine with a host
   config.tiers.host_pages = 320;
   config.tiers.write_policy = clm::WritePolicy::write_back;
   config.tiers.storage_url = "file://" + storage.str();
-  config.model_id = "test-model";                      // storage pages are one model's
-  run_concurrent(config, ops_per_thread(100000) / 5);  // storage writes are files: fewer operations
+  config.model_id = "test-model";                                                   // storage pages are one model's
+  const clm::EngineMetrics m = run_concurrent(config, ops_per_thread(100000) / 5);  // storage writes are files
+  // The tiers were exercised: pages went down to the host and to storage, and came back from both.
+  CHECK(m.tiers.backed_up_pages > 0);
+  CHECK(m.tiers.stored_pages > 0);
+  CHECK(m.tiers.host_hit_tokens > 0);
+  CHECK(m.tiers.fetched_pages > 0);
+  CHECK(m.tiers.storage_errors == 0);
 }

@@ -236,8 +236,15 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_storage_fetched_pages_total", t.fetched_pages);
   put("clm_storage_prefetch_timeouts_total", t.prefetch_timeouts);
   put("clm_storage_errors_total", t.storage_errors);
+  put("clm_storage_dropped_fetches_total", t.dropped_fetches);
+  put("clm_storage_merged_fetches_total", t.merged_fetches);
+  put("clm_storage_queued_fetches", t.queued_fetches);
+  put("clm_storage_breaker_trips_total", t.breaker_trips);
+  put("clm_storage_breaker_skips_total", t.breaker_skips);
+  put("clm_storage_breaker_state", t.breaker_state);
   put("clm_storage_backend_read_pages_total", io.pages_read);
   put("clm_storage_backend_written_pages_total", io.pages_written);
+  put("clm_storage_backend_checked_pages_total", io.pages_checked);
   put("clm_storage_backend_missing_pages_total", io.pages_missing);
   put("clm_storage_backend_corrupt_pages_total", io.corrupt_pages);
   put("clm_storage_backend_foreign_model_pages_total", io.foreign_model_pages);

@@ -483,3 +483,73 @@ TEST_CASE("insert_host that runs out of host memory changes nothing", "[tiers][e
     CHECK(tree.metrics().host_cached_tokens == before.host_cached_tokens + c.new_host_tokens);
   }
 }
+
+TEST_CASE("a write-back eviction that runs out of memory drops its copy, and leaves the tree whole",
+          "[tiers][errors]") {
+  REQUIRE(clm_test::kAllocationFaults);
+  clm::detail::tree_block_allocation_fault = &clm_test::allocation_fails;
+  struct Unhook {
+    ~Unhook() { clm::detail::tree_block_allocation_fault = nullptr; }
+  } unhook;
+  auto iota = [](std::int32_t n, std::int32_t from) {
+    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+    for (std::int32_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = from + i;
+    return v;
+  };
+  long failures = 0;
+  bool copied_once = false;
+  for (long n = 0;; ++n) {
+    INFO("allocation " << n << " fails");
+    // 8 device pages: A (4 pages) and B, which shares A's first 2 pages (2 more): 2 free. Taking 4 evicts a
+    // leaf, and write-back copies it (and the node above it) to the host first.
+    auto device = make_pool(8, 2);
+    auto host = make_pool(16, 2);
+    RadixTree tree(*device, EvictionPolicy::lru, 0.5, host.get());
+    int copies = 0;
+    tree.set_write_back([&](std::span<const std::int32_t> from, std::span<const std::int32_t> to) {
+      ++copies;
+      copy_pages(*host, to, *device, from);
+      return clm::Status{};
+    });
+    InsertOutcome out;
+    std::vector<std::int32_t> a_pages(4), b_pages(2);
+    REQUIRE(tree.allocate_pages(a_pages).ok());
+    REQUIRE(tree.insert(iota(8, 0), a_pages, {}, out).ok());
+    std::vector<std::int32_t> b = iota(4, 0);
+    const std::vector<std::int32_t> b_tail = iota(4, 100);
+    b.insert(b.end(), b_tail.begin(), b_tail.end());
+    REQUIRE(tree.allocate_pages(b_pages).ok());
+    std::vector<std::int32_t> b_all = {a_pages[0], a_pages[1], b_pages[0], b_pages[1]};  // A's first 2, then B's
+    REQUIRE(tree.insert(b, b_all, {}, out).ok());
+    REQUIRE(device->free_pages() == 2);
+    std::vector<std::int32_t> wanted(4, -1);
+    clm::Status status;
+    bool threw = false, fired = false;
+    {  // no Catch macro while armed: its own allocations would count
+      clm_test::FailAllocation fail(n);
+      try {
+        status = tree.allocate_pages(wanted);
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      fired = fail.fired();
+    }
+    // Whatever failed, the tree is whole: every page is the tree's, the caller's or free, once.
+    const clm::Status invariants = tree.check_invariants();
+    INFO(invariants.message());
+    REQUIRE(invariants.ok());
+    if (fired) ++failures;
+    if (!threw && status.ok()) {
+      CHECK(device->free_pages() == 0);  // the caller holds the 4 pages
+      copied_once = copied_once || copies > 0;
+    }
+    if (!fired) {
+      REQUIRE(status.ok());
+      CHECK(copies == 1);  // without a fault the leaf is copied
+      CHECK(tree.metrics().host_cached_tokens > 0);
+      break;
+    }
+  }
+  CHECK(failures > 0);
+  CHECK(copied_once);
+}

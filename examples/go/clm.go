@@ -221,6 +221,16 @@ type EngineOptions struct {
 	// PageSecretEnv is the name of the environment variable holding it
 	// instead (at most one of the two).
 	PageSecretEnv string
+	// MaxQueuedFetches caps the fetches waiting for a storage worker
+	// (1..2^20): past it the oldest prefetch, or the new fetch, is dropped.
+	MaxQueuedFetches int32
+	// BreakerFailures failed storage calls in a row stop storage being asked.
+	BreakerFailures int32
+	// AdmissionDeadlineMS bounds an admission's wait for storage, whatever
+	// the prefetch policy.
+	AdmissionDeadlineMS float64
+	// BreakerOpenMS is how long storage is not asked before one call probes it.
+	BreakerOpenMS float64
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -269,6 +279,10 @@ func DefaultEngineOptions() (EngineOptions, error) {
 		StorageBatchPages:             int32(c.storage_batch_pages),
 		SnapshotReadOnly:              c.snapshot_read_only != 0,
 		SnapshotMaintenanceIntervalMS: int64(c.snapshot_maintenance_interval_ms),
+		MaxQueuedFetches:              int32(c.max_queued_fetches),
+		BreakerFailures:               int32(c.breaker_failures),
+		AdmissionDeadlineMS:           float64(c.admission_deadline_ms),
+		BreakerOpenMS:                 float64(c.breaker_open_ms),
 	}, nil
 }
 
@@ -400,6 +414,12 @@ type Metrics struct {
 	StorageRepairedPages     uint64 // refused values deleted, so that the next store writes them again
 	TierWorkerFailures       uint64 // tier jobs given up for want of host memory
 	SignedPages              bool   // stored pages are signed
+	StorageBreakerState      int32  // 0 closed, 1 open (storage not asked), 2 half-open
+	StorageBreakerTrips      uint64 // times the storage breaker opened
+	StorageBreakerSkips      uint64 // storage jobs skipped, fetches not queued, while it was open
+	DroppedFetches           uint64 // fetches dropped for MaxQueuedFetches (prefetches first)
+	MergedFetches            uint64 // fetches that joined one queued or running for the same prefix
+	QueuedFetches            int64  // fetches waiting for a storage worker now
 }
 
 // PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
@@ -460,6 +480,10 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 		c.snapshot_read_only = 1
 	}
 	c.snapshot_maintenance_interval_ms = C.int64_t(opts.SnapshotMaintenanceIntervalMS)
+	c.max_queued_fetches = C.int32_t(opts.MaxQueuedFetches)
+	c.breaker_failures = C.int32_t(opts.BreakerFailures)
+	c.admission_deadline_ms = C.double(opts.AdmissionDeadlineMS)
+	c.breaker_open_ms = C.double(opts.BreakerOpenMS)
 	// The option strings: C memory, so that the struct may carry them into C
 	// (freed after); "" stays NULL.
 	for _, s := range []struct {
@@ -778,6 +802,12 @@ func (e *Engine) Metrics() (Metrics, error) {
 		StorageRepairedPages:     uint64(c.storage_repaired_pages),
 		TierWorkerFailures:       uint64(c.tier_worker_failures),
 		SignedPages:              c.signed_pages != 0,
+		StorageBreakerState:      int32(c.storage_breaker_state),
+		StorageBreakerTrips:      uint64(c.storage_breaker_trips),
+		StorageBreakerSkips:      uint64(c.storage_breaker_skips),
+		DroppedFetches:           uint64(c.dropped_fetches),
+		MergedFetches:            uint64(c.merged_fetches),
+		QueuedFetches:            int64(c.queued_fetches),
 	}, nil
 }
 

@@ -186,7 +186,8 @@ func TestTierDefaults(t *testing.T) {
 	must(t, err)
 	if d.HostPages != 0 || d.WritePolicy != WriteThrough || d.StorageURL != "" ||
 		d.PrefetchPolicy != PrefetchTimeout || d.PrefetchTimeoutMS != 20 || d.PrefetchTimeoutPer1KTokensMS != 10 ||
-		d.StorageWorkers != 2 || d.StorageBatchPages != 32 {
+		d.StorageWorkers != 2 || d.StorageBatchPages != 32 || d.MaxQueuedFetches != 64 || d.BreakerFailures != 3 ||
+		d.AdmissionDeadlineMS != 2000 || d.BreakerOpenMS != 5000 || d.ModelID != "" {
 		t.Fatalf("tier defaults differ from clm.h's documentation: %+v", d)
 	}
 	if WriteThrough != 0 || WriteThroughSelective != 1 || WriteBack != 2 || PrefetchBestEffort != 0 ||

@@ -177,9 +177,21 @@ void tiers(Exposition& out, const EngineMetrics& m) {
   out.counter("storage_fetched_pages_total", "Pages read from storage into the host tier.", t.fetched_pages);
   out.counter("storage_prefetch_timeouts_total", "Admissions that stopped waiting for storage.", t.prefetch_timeouts);
   out.counter("storage_errors_total", "Storage calls that failed (the admission recomputed).", t.storage_errors);
+  out.counter("storage_dropped_fetches_total", "Fetches dropped for the queue's cap (prefetches first).",
+              t.dropped_fetches);
+  out.counter("storage_merged_fetches_total", "Fetches that joined one queued or running for the same prefix.",
+              t.merged_fetches);
+  out.gauge("storage_queued_fetches", "Fetches waiting for a storage worker.", t.queued_fetches);
+  out.counter("storage_breaker_trips_total", "Times the storage breaker opened.", t.breaker_trips);
+  out.counter("storage_breaker_skips_total", "Storage jobs skipped and fetches not queued while it was open.",
+              t.breaker_skips);
+  out.gauge("storage_breaker_state", "The storage breaker: 0 closed, 1 open (storage not asked), 2 half-open.",
+            t.breaker_state);
   const StorageStats& s = t.storage;
   out.counter("storage_backend_read_pages_total", "Pages the storage backend returned.", s.pages_read);
   out.counter("storage_backend_written_pages_total", "Pages the storage backend stored.", s.pages_written);
+  out.counter("storage_backend_checked_pages_total", "Keys the storage backend was asked whether it holds.",
+              s.pages_checked);
   out.counter("storage_backend_missing_pages_total", "Keys the storage backend did not find.", s.pages_missing);
   out.counter("storage_backend_corrupt_pages_total",
               "Stored values refused: magic, key, layout, size, checksum, model or signature.", s.corrupt_pages);

@@ -165,6 +165,7 @@ class FileBackend final : public StorageBackend {
 
   Status exists(std::span<const PageKey> keys, std::span<std::uint8_t> found) override {
     CLM_RETURN_IF_ERROR(check_batch("file storage exists", keys.size(), found.size(), keys.size()));
+    counters_.pages_checked.fetch_add(keys.size(), std::memory_order_relaxed);
     return guard_alloc("file storage exists", [&]() -> Status {
       for (std::size_t i = 0; i < keys.size(); ++i) {
         struct stat st;

@@ -113,6 +113,7 @@ class RedisBackend final : public StorageBackend {
 
   Status exists(std::span<const PageKey> keys, std::span<std::uint8_t> found) override {
     CLM_RETURN_IF_ERROR(check_batch("redis storage exists", keys.size(), found.size(), keys.size()));
+    counters_.pages_checked.fetch_add(keys.size(), std::memory_order_relaxed);
     if (keys.empty()) return {};
     return guard_alloc("redis storage exists", [&]() -> Status {
       const std::vector<std::string> names = key_names(keys);

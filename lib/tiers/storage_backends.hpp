@@ -22,7 +22,7 @@ namespace clm::tiers_detail {
 
 // StorageStats kept by concurrent calls.
 struct StorageCounters {
-  std::atomic<std::uint64_t> pages_read{0}, pages_written{0}, pages_missing{0}, corrupt_pages{0},
+  std::atomic<std::uint64_t> pages_read{0}, pages_written{0}, pages_checked{0}, pages_missing{0}, corrupt_pages{0},
       foreign_model_pages{0}, unsigned_pages{0}, forged_pages{0}, repaired_pages{0}, errors{0}, dropped_writes{0},
       evicted_pages{0}, bytes_read{0}, bytes_written{0};
 
@@ -38,6 +38,7 @@ struct StorageCounters {
     StorageStats s;
     s.pages_read = pages_read.load(std::memory_order_relaxed);
     s.pages_written = pages_written.load(std::memory_order_relaxed);
+    s.pages_checked = pages_checked.load(std::memory_order_relaxed);
     s.pages_missing = pages_missing.load(std::memory_order_relaxed);
     s.corrupt_pages = corrupt_pages.load(std::memory_order_relaxed);
     s.foreign_model_pages = foreign_model_pages.load(std::memory_order_relaxed);

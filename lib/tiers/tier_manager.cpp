@@ -28,11 +28,9 @@ struct TierManager::CopyJob {
 };
 
 struct TierManager::StoreJob {
-  NodeRef pinned;                        // host_pinned until done
-  std::vector<std::int32_t> tokens;      // the path, from the namespace root
-  std::vector<std::int32_t> host_pages;  // its host pages, page for page
-  std::string salt;
-  std::int32_t adapter_id = 0;
+  NodeRef pinned;                       // host_pinned until done
+  PathBelow path;                       // the pinned node's path below the deepest node whose page keys are known
+  PageKey above_key = PageKey::root();  // the key of the last page above `path`
 };
 
 struct TierManager::FetchJob {
@@ -43,9 +41,13 @@ struct TierManager::FetchJob {
   std::int32_t cached_pages = 0;  // whole pages the tree held when asked: read only if storage has more
   // Progress, under queue_mutex_.
   std::int32_t landed_pages = 0;
+  int waiters = 0;            // admissions waiting for it (none: a prefetch, the first a full queue drops)
+  std::uint64_t started = 0;  // its place in the order fetches started (0: queued)
   bool done = false;
   bool failed = false;
   std::condition_variable progress;
+
+  bool in(const CacheNamespace& ns) const { return salt == ns.salt && adapter_id == ns.adapter_id; }
 };
 
 namespace {
@@ -67,6 +69,20 @@ Status TierManager::create(const TierConfig& config, std::string_view model_id, 
   }
   if (config.storage_workers < 1 || config.storage_workers > 64) {
     return invalid_argument(fmt::format("tiers: storage_workers must be in [1, 64], got {}", config.storage_workers));
+  }
+  if (config.max_queued_fetches < 1 || config.max_queued_fetches > (1 << 20)) {
+    return invalid_argument(
+        fmt::format("tiers: max_queued_fetches must be in [1, 1048576], got {}", config.max_queued_fetches));
+  }
+  if (config.breaker_failures < 1 || config.breaker_failures > 1000) {
+    return invalid_argument(
+        fmt::format("tiers: breaker_failures must be in [1, 1000], got {}", config.breaker_failures));
+  }
+  if (!(config.admission_deadline_ms >= 0 && config.admission_deadline_ms <= 3.6e6) ||
+      !(config.breaker_open_ms >= 0 && config.breaker_open_ms <= 3.6e6)) {
+    return invalid_argument(
+        fmt::format("tiers: admission_deadline_ms and breaker_open_ms must be in [0, 3600000], got {} and {}",
+                    config.admission_deadline_ms, config.breaker_open_ms));
   }
   if (config.storage_batch_pages < 1 || config.storage_batch_pages > 4096) {
     return invalid_argument(
@@ -106,7 +122,9 @@ Status TierManager::create(const TierConfig& config, std::string_view model_id, 
 }
 
 TierManager::TierManager(const TierConfig& config, std::unique_ptr<PagedKvPool> host_pool) noexcept
-    : config_(config), host_pool_(std::move(host_pool)) {}
+    : config_(config),
+      host_pool_(std::move(host_pool)),
+      breaker_(config.breaker_failures, std::chrono::milliseconds(static_cast<std::int64_t>(config.breaker_open_ms))) {}
 
 TierManager::~TierManager() { stop(); }
 
@@ -149,6 +167,7 @@ void TierManager::stop() {
       f->done = true;
       f->progress.notify_all();
     }
+    metrics_.queued_fetches = 0;
   }
   if (tree_ && (!copies.empty() || !stores.empty())) {
     EngineLock lock(*engine_mutex_);
@@ -218,7 +237,13 @@ void TierManager::on_evictions() {
 
 void TierManager::queue_store(NodeRef node) {
   auto job = std::make_unique<StoreJob>();
-  if (!tree_->node_path(node, job->tokens, &job->host_pages, job->salt, job->adapter_id).ok()) return;
+  {
+    std::lock_guard q(queue_mutex_);  // the key cache
+    const auto known = [&](NodeRef r) { return stored_keys_.contains(key_cache_slot(r)); };
+    if (!tree_->node_path_below(node, known, job->path).ok()) return;
+    if (job->path.tokens.empty()) return;  // its pages are stored already
+    if (job->path.above.index >= 0) job->above_key = stored_keys_.at(key_cache_slot(job->path.above));
+  }
   if (!tree_->host_pin(node).ok()) return;
   job->pinned = node;
   {
@@ -268,33 +293,87 @@ void TierManager::fetch(std::span<const std::int32_t> tokens, const CacheNamespa
   const auto whole_pages = static_cast<std::int32_t>(tokens.size() / static_cast<std::size_t>(page));
   const std::int32_t first_page = host_backed_tokens / page;
   if (first_page >= whole_pages) return;
-  auto job = std::make_shared<FetchJob>();
-  job->tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(whole_pages) * page);
-  job->salt.assign(ns.salt);
-  job->adapter_id = ns.adapter_id;
-  job->first_page = first_page;
-  job->cached_pages = std::max(first_page, cached_tokens / page);
+  const std::span<const std::int32_t> pages_of_prompt =
+      tokens.first(static_cast<std::size_t>(whole_pages) * static_cast<std::size_t>(page));
+  const std::int32_t cached_pages = std::max(first_page, cached_tokens / page);
   std::unique_lock q(queue_mutex_);
   if (stopping_) return;
-  fetch_queue_.push_back(job);
-  queue_ready_.notify_all();
+  if (breaker_.refusing(Clock::now())) {  // storage hangs or is down: ask nothing, queue nothing
+    breaker_.count_skip();
+    return;
+  }
+  // One fetch per prefix: join a queued one (which grows to this prompt's
+  // pages if it asked fewer), or a running one that asked as many.
+  std::shared_ptr<FetchJob> job = fetch_of_prefix(pages_of_prompt, ns, false);
+  if (job) {
+    if (job->tokens.size() < pages_of_prompt.size()) job->tokens.assign(pages_of_prompt.begin(), pages_of_prompt.end());
+    job->first_page = std::min(job->first_page, first_page);
+    job->cached_pages = std::min(job->cached_pages, cached_pages);
+    ++metrics_.merged_fetches;
+  } else if ((job = fetch_of_prefix(pages_of_prompt, ns, true)) && job->tokens.size() >= pages_of_prompt.size()) {
+    ++metrics_.merged_fetches;
+  } else {
+    job = nullptr;
+    if (fetch_queue_.size() >= static_cast<std::size_t>(config_.max_queued_fetches)) {
+      // Full: the oldest fetch no admission waits for goes (a prefetch), else this one.
+      const auto victim = std::find_if(fetch_queue_.begin(), fetch_queue_.end(),
+                                       [](const std::shared_ptr<FetchJob>& f) { return f->waiters == 0; });
+      ++metrics_.dropped_fetches;
+      if (victim == fetch_queue_.end()) return;
+      (*victim)->done = true;
+      (*victim)->progress.notify_all();
+      fetch_queue_.erase(victim);
+    }
+    job = std::make_shared<FetchJob>();
+    job->tokens.assign(pages_of_prompt.begin(), pages_of_prompt.end());
+    job->salt.assign(ns.salt);
+    job->adapter_id = ns.adapter_id;
+    job->first_page = first_page;
+    job->cached_pages = cached_pages;
+    fetch_queue_.push_back(job);
+    metrics_.queued_fetches = static_cast<std::int64_t>(fetch_queue_.size());
+    queue_ready_.notify_all();
+  }
+  out.first_token = job->first_page * page;
   if (!wait || config_.prefetch_policy == PrefetchPolicy::best_effort) {
     out.fetched_tokens = job->landed_pages * page;
     return;
   }
-  const std::int32_t asked = (whole_pages - first_page) * page;
-  if (config_.prefetch_policy == PrefetchPolicy::wait_complete) {
-    job->progress.wait(q, [&] { return job->done; });
-  } else {
-    const double ms = config_.prefetch_timeout_ms + config_.prefetch_timeout_per_1k_tokens_ms * asked / 1000.0;
-    const auto deadline = Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(std::ceil(ms * 1000)));
-    if (!job->progress.wait_until(q, deadline, [&] { return job->done; })) {
-      out.timed_out = true;
-      ++metrics_.prefetch_timeouts;
-    }
+  // Whatever the policy, no admission waits past the deadline.
+  double ms = config_.admission_deadline_ms;
+  if (config_.prefetch_policy == PrefetchPolicy::timeout) {
+    const std::int32_t asked = (whole_pages - first_page) * page;
+    ms = std::min(ms, config_.prefetch_timeout_ms + config_.prefetch_timeout_per_1k_tokens_ms * asked / 1000.0);
   }
+  const auto deadline = Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(std::ceil(ms * 1000)));
+  ++job->waiters;
+  if (!job->progress.wait_until(q, deadline, [&] { return job->done; })) {
+    out.timed_out = true;
+    ++metrics_.prefetch_timeouts;
+  }
+  --job->waiters;
+  out.first_token = job->first_page * page;
   out.fetched_tokens = job->landed_pages * page;
   out.failed = job->failed;
+}
+
+std::shared_ptr<TierManager::FetchJob> TierManager::fetch_of_prefix(std::span<const std::int32_t> tokens,
+                                                                    const CacheNamespace& ns, bool running) const {
+  auto covers = [&](const std::shared_ptr<FetchJob>& f) {
+    const std::size_t n = std::min(f->tokens.size(), tokens.size());
+    return f->in(ns) && !f->done && n > 0 &&
+           std::equal(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n), f->tokens.begin());
+  };
+  if (running) {
+    for (const auto& f : running_fetches_) {
+      if (covers(f)) return f;
+    }
+    return nullptr;
+  }
+  for (const auto& f : fetch_queue_) {
+    if (covers(f)) return f;
+  }
+  return nullptr;
 }
 
 TierMetrics TierManager::metrics() const {
@@ -302,6 +381,9 @@ TierMetrics TierManager::metrics() const {
   {
     std::lock_guard q(queue_mutex_);
     m = metrics_;
+    m.breaker_trips = breaker_.trips();
+    m.breaker_skips = breaker_.skips();
+    m.breaker_state = static_cast<std::int32_t>(breaker_.state());
   }
   m.has_storage = storage_ != nullptr;
   if (storage_) {
@@ -359,6 +441,7 @@ void TierManager::storage_worker() {
   for (;;) {
     std::unique_ptr<StoreJob> store;
     std::shared_ptr<FetchJob> fetch;
+    bool allowed = true;
     {
       std::unique_lock q(queue_mutex_);
       queue_ready_.wait(q, [&] { return stopping_ || !fetch_queue_.empty() || !store_queue_.empty(); });
@@ -367,22 +450,39 @@ void TierManager::storage_worker() {
       if (!fetch_queue_.empty()) {
         fetch = std::move(fetch_queue_.front());
         fetch_queue_.pop_front();
+        metrics_.queued_fetches = static_cast<std::int64_t>(fetch_queue_.size());
       } else {
         store = std::move(store_queue_.front());
         store_queue_.pop_front();
       }
+      // An open breaker skips the job: storage hangs or is down.
+      allowed = breaker_.allow(Clock::now());
+      if (fetch && !allowed) end_fetch(*fetch, false);
+      if (fetch && allowed) {
+        fetch->started = ++fetches_started_;
+        running_fetches_.push_back(fetch);
+      }
       ++running_jobs_;
     }
-    if (fetch) {
-      if (!run_counted([&] { run_fetch(*fetch); })) {  // its waiters stop waiting
+    if (store && !allowed) {
+      EngineLock lock(*engine_mutex_);
+      cancel(*store);
+    }
+    bool answered = true;
+    bool ran = false;
+    if (fetch && allowed) {
+      ran = run_counted([&] { answered = run_fetch(*fetch); });
+      if (!ran) {  // given up for want of memory (counted as such): its waiters stop waiting
         std::lock_guard q(queue_mutex_);
         fetch->done = fetch->failed = true;
         fetch->progress.notify_all();
       }
-    } else {
-      run_counted([&] { run_store(*store); });
+    } else if (store && allowed) {
+      ran = run_counted([&] { answered = run_store(*store); });
     }
     std::lock_guard q(queue_mutex_);
+    if (fetch && allowed) std::erase(running_fetches_, fetch);
+    if (ran) breaker_.report(answered, Clock::now());
     --running_jobs_;
     queue_idle_.notify_all();
   }
@@ -409,44 +509,106 @@ void TierManager::run_copy(CopyJob& job) {
   if (kept && storage_) queue_store(out.node);
 }
 
-void TierManager::run_store(StoreJob& job) {
+bool TierManager::run_store(StoreJob& job) {
   const std::int32_t page = host_pool_->page_size();
-  const std::size_t pages = job.host_pages.size();
+  const PathBelow& path = job.path;
+  const std::size_t pages = path.host_pages.size();
   std::vector<PageKey> keys(pages);
-  Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id, key_scope_}, keys);
+  Status ok = chain_page_keys(job.above_key, path.tokens, page, {path.salt, path.adapter_id, key_scope_}, keys);
   std::vector<std::uint8_t> present(pages, 0);
   if (ok.ok()) ok = storage_->exists(keys, present);
   std::uint64_t stored = 0;
   const auto batch = static_cast<std::size_t>(config_.storage_batch_pages);
   std::vector<PageKey> batch_keys;
   std::vector<const std::byte*> batch_pages;
+  std::vector<std::size_t> batch_index;
   std::vector<std::uint8_t> written;
   for (std::size_t i = 0; ok.ok() && i < pages; i += batch) {
     batch_keys.clear();
     batch_pages.clear();
+    batch_index.clear();
     for (std::size_t j = i; j < std::min(pages, i + batch); ++j) {
       if (present[j]) continue;
       batch_keys.push_back(keys[j]);
-      batch_pages.push_back(static_cast<const std::byte*>(host_pool_->page_data(job.host_pages[j])));
+      batch_pages.push_back(static_cast<const std::byte*>(host_pool_->page_data(path.host_pages[j])));
+      batch_index.push_back(j);
     }
     if (batch_keys.empty()) continue;
     written.assign(batch_keys.size(), 0);
     ok = storage_->set_pages(batch_keys, batch_pages, written);
-    for (std::uint8_t w : written) stored += w;
+    for (std::size_t k = 0; k < written.size(); ++k) {
+      stored += written[k];
+      if (written[k]) present[batch_index[k]] = 1;
+    }
   }
   {
     EngineLock lock(*engine_mutex_);
     (void)tree_->host_unpin(job.pinned);
   }
+  // The nodes whose pages (and those above) storage now holds: later jobs below them start there.
+  const auto held = static_cast<std::size_t>(std::find(present.begin(), present.end(), 0) - present.begin());
   std::lock_guard q(queue_mutex_);
+  for (const auto& [node, end_tokens] : path.nodes) {
+    const auto end_page = static_cast<std::size_t>((end_tokens - path.above_tokens) / page);
+    if (end_page == 0 || end_page > held) break;
+    remember_key(node, keys[end_page - 1]);
+  }
   metrics_.stored_pages += stored;
   if (!ok.ok()) ++metrics_.storage_errors;
+  return ok.ok();
 }
 
-void TierManager::run_fetch(FetchJob& job) {
+void TierManager::remember_key(NodeRef node, const PageKey& key) {
+  if (stored_keys_.size() >= kMaxKeyCacheEntries) stored_keys_.clear();  // bounded; rebuilt as jobs run
+  stored_keys_[key_cache_slot(node)] = key;
+}
+
+void TierManager::end_fetch(FetchJob& job, bool failed) {
+  job.done = true;
+  job.failed = failed;
+  if (failed) ++metrics_.storage_errors;
+  job.progress.notify_all();
+}
+
+bool TierManager::run_fetch(FetchJob& job) {
   const std::int32_t page = host_pool_->page_size();
   const auto whole_pages = static_cast<std::int32_t>(job.tokens.size()) / page;
   const CacheNamespace ns{job.salt, job.adapter_id};
+  auto finish = [&](bool failed) {
+    std::lock_guard q(queue_mutex_);
+    end_fetch(job, failed);
+  };
+  // One fetch per page key: a running fetch of the same first page that
+  // started earlier is waited for, and this one starts from what it brought.
+  {
+    std::unique_lock q(queue_mutex_);
+    for (;;) {
+      const auto earlier = std::find_if(running_fetches_.begin(), running_fetches_.end(), [&](const auto& f) {
+        return f.get() != &job && !f->done && f->started < job.started && f->in(ns) &&
+               std::equal(job.tokens.begin(), job.tokens.begin() + page, f->tokens.begin());
+      });
+      if (earlier == running_fetches_.end() || stopping_) break;
+      const std::shared_ptr<FetchJob> hold = *earlier;
+      hold->progress.wait(q, [&] { return hold->done || stopping_; });
+    }
+  }
+  // What the tree holds now (the whole length: a sentinel past the last page matches nothing).
+  {
+    std::vector<std::int32_t> walked(job.tokens);
+    walked.push_back(-1);
+    std::int32_t cached = 0, host_backed = 0;
+    {
+      EngineLock lock(*engine_mutex_);
+      tree_->coverage(walked, ns, cached, host_backed);
+    }
+    std::lock_guard q(queue_mutex_);
+    job.first_page = std::max(job.first_page, host_backed / page);
+    job.cached_pages = std::max(job.cached_pages, cached / page);
+  }
+  if (job.first_page >= whole_pages) {
+    finish(false);
+    return true;
+  }
   std::vector<PageKey> keys(static_cast<std::size_t>(whole_pages));
   Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id, key_scope_}, keys);
   const auto first = static_cast<std::size_t>(job.first_page);
@@ -454,29 +616,28 @@ void TierManager::run_fetch(FetchJob& job) {
   if (ok.ok()) ok = storage_->exists(std::span(keys).subspan(first), present);
   const auto found = static_cast<std::size_t>(std::find(present.begin(), present.end(), 0) - present.begin());
 
-  auto finish = [&](bool failed) {
-    std::lock_guard q(queue_mutex_);
-    job.done = true;
-    job.failed = failed;
-    if (failed) ++metrics_.storage_errors;
-    job.progress.notify_all();
-  };
   // Nothing past what the tree already holds: the pages before it are still
   // on the device, and reading them again would bring nothing.
   if (!ok.ok() || first + found <= static_cast<std::size_t>(job.cached_pages)) {
     finish(!ok.ok());
-    return;
+    return ok.ok();
   }
   // The pages land below the host-backed prefix; its end stays pinned, and
   // the pin moves down to each batch that lands.
   NodeRef pinned;
+  // Whether storage holds every page above the first one fetched (the pages
+  // before it were fetched, or stored, by this instance): then the nodes the
+  // fetched pages land in go into the key cache.
+  bool above_stored = first == 0;
   if (first > 0) {
     EngineLock lock(*engine_mutex_);
     if (!tree_->host_pin_prefix(job.tokens, ns, job.first_page * page, pinned).ok()) {
       pinned = NodeRef{};
       finish(false);  // evicted meanwhile: the next request asks again
-      return;
+      return true;
     }
+    std::lock_guard q(queue_mutex_);
+    above_stored = stored_keys_.contains(key_cache_slot(pinned));
   }
   const auto batch = static_cast<std::size_t>(config_.storage_batch_pages);
   std::vector<std::int32_t> host_pages;
@@ -505,6 +666,10 @@ void TierManager::run_fetch(FetchJob& job) {
       no_memory = inserted.code() == StatusCode::out_of_memory;
       if (good > 0 && inserted.ok()) {
         landed = true;
+        if (above_stored) {
+          std::lock_guard q(queue_mutex_);  // storage holds every page up to the node that ends where they do
+          remember_key(out.node, keys[at + good - 1]);
+        }
         if (tree_->host_pin(out.node).ok()) {
           if (pinned.index >= 0) (void)tree_->host_unpin(pinned);
           pinned = out.node;
@@ -530,6 +695,7 @@ void TierManager::run_fetch(FetchJob& job) {
     (void)tree_->host_unpin(pinned);
   }
   finish(!ok.ok());
+  return ok.ok();
 }
 
 }  // namespace clm

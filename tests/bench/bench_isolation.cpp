@@ -17,7 +17,13 @@
 // Tiers: "device" (L1 only) and "tiered" (+ host tier + storage directory,
 // where B's misses also ask storage). CLM_BENCH_SMOKE=1: few samples;
 // CLM_ISOLATION_PROBES=n: n probes of each kind (default 3000).
+// CLM_ISOLATION_CHECK=1 (ctest's bench_isolation_check): exit 1 unless, for
+// every tier and length, |cross-tenant AUC - 0.5| <= |noise AUC - 0.5| + 0.05
+// and the same-tenant AUC >= 0.9 (the probe does see a hit; >= 0.65 on the
+// device at 64 tokens, where a hit saves almost nothing).
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -70,7 +76,7 @@ double time_probe(clm::Engine& engine, const char* tenant, const Tokens& prompt)
   return seconds;
 }
 
-void run(const std::string& tier, std::size_t length, int samples, const std::string& storage_dir) {
+void run(const std::string& tier, std::size_t length, int samples, const std::string& storage_dir, bool check_aucs) {
   clm::EngineConfig config;
   config.pool.num_pages = 8192;
   config.pool.page_size = 16;
@@ -148,6 +154,22 @@ void run(const std::string& tier, std::size_t length, int samples, const std::st
                median(fresh) * 1e6);
   const clm::EngineMetrics m = engine->metrics();
   if (m.active_sequences != 0) die("a probe was left running");
+  if (check_aucs) {
+    const double cross_auc = auc(fresh, cross), same_auc = auc(same_fresh, same);
+    if (std::abs(cross_auc - 0.5) > std::abs(noise - 0.5) + 0.05) {
+      die(fmt::format("{}: another tenant's probe separates A's secrets from decoys: AUC {:.3f}, noise {:.3f}", name,
+                      cross_auc, noise));
+    }
+    // The probe must see the owner's own hits. On the device with 64 tokens (4 pages, no KV bytes) a hit
+    // saves so little that it does so only weakly: AUC 0.77-0.89 in 600 probes; 0.99 or more elsewhere.
+    const double min_same = tier == "device" && length < 1024 ? 0.65 : 0.9;
+    if (same_auc < min_same) {
+      die(fmt::format("{}: the owner's own probe does not see its hits: AUC {:.3f} (< {}): the probe measures nothing",
+                      name, same_auc, min_same));
+    }
+    std::fprintf(stderr, "bench_isolation: %s: cross-tenant AUC %.3f (noise %.3f), same-tenant AUC %.3f\n",
+                 name.c_str(), cross_auc, noise, same_auc);
+  }
 }
 
 }  // namespace
@@ -156,6 +178,8 @@ int main() {
   const bool smoke = clm_bench::smoke_run();
   const char* env = std::getenv("CLM_ISOLATION_PROBES");
   const int samples = env ? std::max(1, std::atoi(env)) : smoke ? 40 : 3000;
+  const char* check_env = std::getenv("CLM_ISOLATION_CHECK");
+  const bool check = check_env != nullptr && std::string(check_env) == "1";
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("clm-bench-isolation-{}", ::getpid());
   std::filesystem::create_directories(dir);
@@ -164,7 +188,7 @@ int main() {
       std::fprintf(stderr, "bench_isolation: %s, %zu tokens, %d probes of each kind\n", tier.c_str(), length, samples);
       std::filesystem::remove_all(dir);
       std::filesystem::create_directories(dir);
-      run(tier, length, samples, dir.string());
+      run(tier, length, samples, dir.string(), check);
     }
   }
   std::filesystem::remove_all(dir);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -285,6 +286,24 @@ TEST_CASE("tiers C ABI version 6: a model id and a page secret, and another mode
   bad = sealed;
   bad.page_secret_env = "CLM_CAPI_TEST_OTHER_SECRET";  // unset now
   CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_create(&e, &bad));
+  // The bounds on storage work: their defaults, and values outside their ranges.
+  clm_engine_options defaults;
+  REQUIRE_OK(clm_engine_options_init(&defaults, sizeof defaults));
+  CHECK(defaults.max_queued_fetches == 64);
+  CHECK(defaults.breaker_failures == 3);
+  CHECK(defaults.admission_deadline_ms == 2000.0);
+  CHECK(defaults.breaker_open_ms == 5000.0);
+  for (int field = 0; field < 6; ++field) {
+    bad = sealed;
+    if (field == 0) bad.max_queued_fetches = 0;
+    if (field == 1) bad.breaker_failures = 0;
+    if (field == 2) bad.admission_deadline_ms = -1.0;
+    if (field == 3) bad.breaker_open_ms = std::numeric_limits<double>::quiet_NaN();
+    if (field == 4) bad.max_queued_fetches = (1 << 20) + 1;
+    if (field == 5) bad.admission_deadline_ms = 4e6;
+    INFO("field " << field);
+    CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_create(&e, &bad));
+  }
   const std::string long_id(5000, 'm');
   bad = sealed;
   bad.model_id = long_id.c_str();

@@ -134,6 +134,8 @@ struct Workload {
   }
 };
 
+// Each request waits for the tiers' jobs before the next (as the replay
+// does), so the run is a function of the workload: no copy races a request.
 double run_hit_rate(const EngineConfig& c, const Workload& w, clm::EngineMetrics* metrics = nullptr) {
   auto engine = make_engine(c);
   std::uint64_t cached = 0, total = 0;
@@ -141,9 +143,9 @@ double run_hit_rate(const EngineConfig& c, const Workload& w, clm::EngineMetrics
     const Admission a = serve(*engine, "", p);
     cached += static_cast<std::uint64_t>(a.cached_tokens);
     total += p.size();
+    engine->wait_for_tiers();
     REQUIRE(engine->check_invariants().ok());
   }
-  engine->wait_for_tiers();
   if (metrics) *metrics = engine->metrics();
   return static_cast<double>(cached) / static_cast<double>(total);
 }
@@ -151,7 +153,7 @@ double run_hit_rate(const EngineConfig& c, const Workload& w, clm::EngineMetrics
 }  // namespace
 
 TEST_CASE("host tier: every policy serves exact pages and beats the device tier alone", "[tiers]") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   const Workload w(seed);
   EngineConfig device_only = small_config(64, 0);
@@ -160,10 +162,16 @@ TEST_CASE("host tier: every policy serves exact pages and beats the device tier 
        {clm::WritePolicy::write_through, clm::WritePolicy::write_through_selective, clm::WritePolicy::write_back}) {
     EngineConfig c = small_config(64, 256);
     c.tiers.write_policy = policy;
-    clm::EngineMetrics m;
+    clm::EngineMetrics m, again;
     const double tiered = run_hit_rate(c, w, &m);
     INFO("policy " << static_cast<int>(policy) << ": hit rate " << tiered << " vs " << alone << " on the device alone");
     CHECK(tiered > alone);
+    // Deterministic: a second run of the same workload gives the same numbers, exactly.
+    CHECK(run_hit_rate(c, w, &again) == tiered);
+    CHECK(again.tiers.host_hit_tokens == m.tiers.host_hit_tokens);
+    CHECK(again.tiers.loaded_pages == m.tiers.loaded_pages);
+    CHECK(again.tiers.backed_up_pages == m.tiers.backed_up_pages);
+    CHECK(again.cache.evicted_tokens == m.cache.evicted_tokens);
     CHECK(m.has_tiers);
     CHECK(m.tiers.host_hit_tokens > 0);
     CHECK(m.tiers.loaded_pages * kPage == m.tiers.host_hit_tokens);
@@ -174,7 +182,7 @@ TEST_CASE("host tier: every policy serves exact pages and beats the device tier 
 }
 
 TEST_CASE("host tier: concurrent requests keep every page exact", "[tiers][threads]") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   EngineConfig c = small_config(96, 192);
   c.tiers.write_policy = clm::WritePolicy::write_through;
@@ -208,7 +216,7 @@ TEST_CASE("host tier: a decode step waits for the copies to the host that hold i
   // pages: the third can only come from X, once its copy is done. Each trial
   // races the copy worker, which has just been woken: without the wait the
   // extend fails whenever it gets there first.
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 20; ++trial) {
@@ -250,7 +258,9 @@ TEST_CASE("host tier: a decode step waits for the copies to the host that hold i
 
 TEST_CASE("storage tier: a directory shared by two engines gives the second the first's pages", "[tiers]") {
   clm_test::TempDir dir;
-  std::mt19937_64 rng(std::random_device{}());
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
   const std::vector<std::int32_t> prompt = random_tokens(rng, 203, kVocab);
   EngineConfig c = small_config(128, 128);
   c.tiers.write_policy = clm::WritePolicy::write_through;
@@ -282,7 +292,9 @@ TEST_CASE("storage tier: a directory shared by two engines gives the second the 
 
 TEST_CASE("storage tier: a damaged stored page is never loaded, and the pages before it are", "[tiers]") {
   clm_test::TempDir dir;
-  std::mt19937_64 rng(std::random_device{}());
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
   const std::vector<std::int32_t> prompt = random_tokens(rng, 81, kVocab);  // 20 whole pages
   EngineConfig c = small_config(64, 64);
   c.tiers.write_policy = clm::WritePolicy::write_through;
@@ -321,6 +333,42 @@ TEST_CASE("storage tier: a damaged stored page is never loaded, and the pages be
   CHECK(a.cached_tokens == 12 * kPage);
   CHECK(a.storage_tokens == 12 * kPage);
   CHECK(second->metrics().tiers.storage.corrupt_pages == 1);
+}
+
+TEST_CASE("storage tier: each turn of a conversation checks and stores its own pages, not its history", "[tiers]") {
+  clm_test::TempDir dir;
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  EngineConfig c = small_config(256, 256);
+  c.tiers.storage_url = "file://" + dir.str();
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  c.tiers.write_policy = clm::WritePolicy::write_through;
+  auto engine = make_engine(c);
+  std::vector<std::int32_t> conversation = random_tokens(rng, 3 * kPage, kVocab);
+  std::uint64_t checked_before = 0, most_checked = 0;
+  constexpr int kTurns = 40;
+  for (int turn = 1; turn <= kTurns; ++turn) {
+    const std::vector<std::int32_t> more = random_tokens(rng, 3 * kPage, kVocab);  // 3 pages a turn
+    conversation.insert(conversation.end(), more.begin(), more.end());
+    serve(*engine, "t", std::span(conversation).first(conversation.size() - 1));
+    engine->wait_for_tiers();
+    const std::uint64_t checked = engine->metrics().tiers.storage.pages_checked;
+    INFO("turn " << turn << ": " << checked - checked_before << " pages checked");
+    if (turn > 2) most_checked = std::max(most_checked, checked - checked_before);
+    checked_before = checked;
+  }
+  // A turn's store asks storage about the turn's own pages, and its fetch about the few past the host copies:
+  // a constant, where the whole path (3 pages a turn, 120 at the end) was checked before.
+  CHECK(most_checked <= 12);
+  const clm::TierMetrics m = engine->metrics().tiers;
+  CHECK(m.stored_pages >= static_cast<std::uint64_t>(3 * (kTurns - 1)));
+  CHECK(m.storage_errors == 0);
+  // Every page is there: a fresh instance fetches the whole conversation but its last turn.
+  auto fresh = make_engine(c);
+  const std::span<const std::int32_t> all = std::span(conversation).first(conversation.size() - 1);
+  const Admission a = serve(*fresh, "t", all);
+  CHECK(a.storage_tokens >= (3 * kTurns - 1) * kPage);  // all but the last turn: stored when a hit copies it
 }
 
 TEST_CASE("storage tier: a prefix still on the device is not read from storage again (write_back)", "[tiers]") {
@@ -501,7 +549,9 @@ TEST_CASE("storage tier: a missing model id, or a bad page secret, is refused at
 TEST_CASE("storage tier: two processes on one redis-server share a prefix, bit for bit", "[tiers][redis]") {
   clm_test::RedisServer redis;
   redis.start();
-  std::mt19937_64 rng(std::random_device{}());
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
   const std::vector<std::int32_t> prompt = random_tokens(rng, 2048 / 4 + 7, kVocab);
   EngineConfig c = small_config(256, 256);
   c.tiers.write_policy = clm::WritePolicy::write_through;
@@ -535,7 +585,9 @@ TEST_CASE("storage tier: two processes on one redis-server share a prefix, bit f
 TEST_CASE("storage tier: redis going away falls back to recompute, and is used again when back", "[tiers][redis]") {
   clm_test::RedisServer redis;
   redis.start();
-  std::mt19937_64 rng(std::random_device{}());
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
   EngineConfig c = small_config(64, 64);
   c.tiers.write_policy = clm::WritePolicy::write_through;
   c.tiers.storage_url = redis.url("faults:", "timeout_ms=100");
@@ -564,7 +616,9 @@ TEST_CASE("storage tier: redis going away falls back to recompute, and is used a
 TEST_CASE("storage tier: a hung redis never holds the engine lock", "[tiers][redis]") {
   clm_test::RedisServer redis;
   redis.start();
-  std::mt19937_64 rng(std::random_device{}());
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
   EngineConfig c = small_config(64, 64);
   c.tiers.write_policy = clm::WritePolicy::write_through;
   c.tiers.storage_url = redis.url("hung:", "timeout_ms=1500");
@@ -597,6 +651,141 @@ TEST_CASE("storage tier: a hung redis never holds the engine lock", "[tiers][red
   waiting.join();
   engine->wait_for_tiers();
   REQUIRE(engine->check_invariants().ok());
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// An admission of a fresh prompt (nothing cached anywhere), timed; aborted after.
+double timed_fresh_admission(Engine& engine, std::mt19937_64& rng, clm::Admission& a) {
+  const std::vector<std::int32_t> fresh = random_tokens(rng, 41, kVocab);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(engine.admit(fresh, {.cache_salt = "x"}, a).ok());
+  const double s = seconds_since(start);
+  REQUIRE(engine.abort(a.seq).ok());
+  return s;
+}
+
+// Polls the engine's tier metrics until `done` holds or `seconds` pass.
+template <typename Pred>
+bool wait_for_metrics(Engine& engine, Pred&& done, double seconds = 10.0) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!done(engine.metrics().tiers)) {
+    if (seconds_since(start) > seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("storage tier: a hung redis (SIGSTOP) holds no admission past its bound, and the breaker stops asking it",
+          "[tiers][redis]") {
+  clm_test::RedisServer redis;
+  redis.start();
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  EngineConfig c = small_config(64, 64);
+  // Each call to the hung server waits 1 s: longer than every bound below.
+  c.tiers.storage_url = redis.url("stopped:", "timeout_ms=1000");
+  c.tiers.breaker_failures = 2;
+  c.tiers.breaker_open_ms = 300;
+  c.tiers.admission_deadline_ms = 300;
+  c.tiers.prefetch_timeout_ms = 100;
+  c.tiers.prefetch_timeout_per_1k_tokens_ms = 0;
+  EngineConfig best_effort = c, timeout = c, wait_complete = c;
+  best_effort.tiers.prefetch_policy = clm::PrefetchPolicy::best_effort;
+  timeout.tiers.prefetch_policy = clm::PrefetchPolicy::timeout;
+  wait_complete.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  auto e_best = make_engine(best_effort), e_timeout = make_engine(timeout), e_wait = make_engine(wait_complete);
+  redis.pause();
+  clm::Admission a;
+  // best_effort: no wait at all.
+  CHECK(timed_fresh_admission(*e_best, rng, a) < 0.2);
+  CHECK(a.storage_tokens == 0);
+  // timeout: its 100 ms, not the backend's second.
+  const double t = timed_fresh_admission(*e_timeout, rng, a);
+  CHECK(t >= 0.095);
+  CHECK(t < 0.8);
+  CHECK(e_timeout->metrics().tiers.prefetch_timeouts == 1);
+  // wait_complete: the admission deadline (300 ms), not the backend's second.
+  const double w = timed_fresh_admission(*e_wait, rng, a);
+  CHECK(w >= 0.295);
+  CHECK(w < 0.9);
+  CHECK(e_wait->metrics().tiers.prefetch_timeouts == 1);
+  // A second fetch on the other worker: two failed calls in a row open the breaker.
+  (void)timed_fresh_admission(*e_wait, rng, a);
+  REQUIRE(wait_for_metrics(*e_wait, [](const clm::TierMetrics& m) { return m.breaker_state == 1; }));
+  const clm::TierMetrics opened = e_wait->metrics().tiers;
+  CHECK(opened.breaker_trips == 1);
+  CHECK(opened.storage_errors >= 2);
+  // Open: storage is not asked, so a wait_complete admission does not wait.
+  CHECK(timed_fresh_admission(*e_wait, rng, a) < 0.2);
+  CHECK(e_wait->metrics().tiers.breaker_skips >= 1);
+  CHECK(e_wait->metrics().tiers.prefetch_timeouts == 2);  // the two above, not this one
+  // Back: after breaker_open_ms one call probes the server, and its success closes the breaker.
+  redis.resume();
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  e_wait->wait_for_tiers();
+  (void)timed_fresh_admission(*e_wait, rng, a);
+  CHECK(wait_for_metrics(*e_wait, [](const clm::TierMetrics& m) { return m.breaker_state == 0; }));
+  CHECK(e_wait->metrics().tiers.breaker_trips == 1);
+  for (auto* e : {e_best.get(), e_timeout.get(), e_wait.get()}) {
+    e->wait_for_tiers();
+    REQUIRE(e->check_invariants().ok());
+  }
+}
+
+TEST_CASE("storage tier: a capped fetch queue drops the oldest prefetch, and one fetch serves each prefix",
+          "[tiers][redis]") {
+  clm_test::RedisServer redis;
+  redis.start();
+  const std::uint64_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  EngineConfig c = small_config(64, 64);
+  c.tiers.storage_url = redis.url("capped:", "timeout_ms=1500");
+  c.tiers.max_queued_fetches = 4;
+  c.tiers.breaker_failures = 1000;  // never opens here
+  c.tiers.prefetch_policy = clm::PrefetchPolicy::best_effort;
+  auto engine = make_engine(c);
+  redis.pause();
+  auto prompt = [&] { return random_tokens(rng, 41, kVocab); };
+  // Two prefetches hang on the two storage workers...
+  const std::vector<std::int32_t> running = prompt();
+  REQUIRE(engine->prefetch(running, {.cache_salt = "x"}).ok());
+  REQUIRE(engine->prefetch(prompt(), {.cache_salt = "x"}).ok());
+  REQUIRE(wait_for_metrics(*engine, [](const clm::TierMetrics& m) { return m.queued_fetches == 0; }));
+  // ... ten more fill the queue of four: the six oldest are dropped.
+  std::vector<std::vector<std::int32_t>> queued;
+  for (int i = 0; i < 10; ++i) {
+    queued.push_back(prompt());
+    REQUIRE(engine->prefetch(queued.back(), {.cache_salt = "x"}).ok());
+  }
+  clm::TierMetrics m = engine->metrics().tiers;
+  CHECK(m.queued_fetches == 4);
+  CHECK(m.dropped_fetches == 6);
+  CHECK(m.merged_fetches == 0);
+  // The same prefix again joins its fetch, queued or running; a longer one grows the queued fetch.
+  REQUIRE(engine->prefetch(queued.back(), {.cache_salt = "x"}).ok());
+  std::vector<std::int32_t> longer = queued[8];
+  const std::vector<std::int32_t> tail = random_tokens(rng, 20, kVocab);
+  longer.insert(longer.end(), tail.begin(), tail.end());
+  REQUIRE(engine->prefetch(longer, {.cache_salt = "x"}).ok());
+  REQUIRE(engine->prefetch(running, {.cache_salt = "x"}).ok());
+  REQUIRE(engine->prefetch(queued.back(), {.cache_salt = "y"}).ok());  // another tenant: its own fetch
+  m = engine->metrics().tiers;
+  CHECK(m.merged_fetches == 3);
+  CHECK(m.queued_fetches == 4);
+  CHECK(m.dropped_fetches == 7);
+  redis.resume();
+  engine->wait_for_tiers();
+  REQUIRE(engine->check_invariants().ok());
+  CHECK(engine->metrics().tiers.queued_fetches == 0);
 }
 
 TEST_CASE("tiers: bad configurations are refused with a clear status", "[tiers]") {

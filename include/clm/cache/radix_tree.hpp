@@ -431,6 +431,10 @@ class RadixTree {
   // namespace, and (with host copies along all of it) its host pages.
   Status node_path(NodeRef ref, std::vector<std::int32_t>& tokens, std::vector<std::int32_t>* host_pages,
                    std::string& salt, std::int32_t& adapter_id) const;
+  // The same, below the deepest node of the path (`ref` included) that
+  // `known` accepts: a storage tier that knows the page keys of that node's
+  // path hashes only the rest. Every node below it must have a host copy.
+  Status node_path_below(NodeRef ref, const std::function<bool(NodeRef)>& known, PathBelow& out) const;
 
   // The deepest nodes of `ref`'s path (from the top, up to `ref`) that are on
   // the device without a host copy and were hit at least `min_hits` times:

@@ -167,6 +167,33 @@ inline void RadixTree::take_backed_up(std::vector<NodeRef>& out) {
   backed_up_.clear();
 }
 
+inline Status RadixTree::node_path_below(NodeRef ref, const std::function<bool(NodeRef)>& known, PathBelow& out) const {
+  CLM_RETURN_IF_ERROR(check_ref(ref, "node_path_below"));
+  std::vector<std::int32_t> chain;  // bottom-up, below the known node
+  std::int32_t n = ref.index;
+  for (; nodes_[n].parent >= 0 && !known(this->ref(n)); n = nodes_[n].parent) chain.push_back(n);
+  out.above = nodes_[n].parent >= 0 ? this->ref(n) : NodeRef{};
+  out.above_tokens = 0;
+  std::int32_t root = n;
+  for (; nodes_[root].parent >= 0; root = nodes_[root].parent) out.above_tokens += nodes_[root].len;
+  out.tokens.clear();
+  out.host_pages.clear();
+  out.nodes.clear();
+  std::int32_t end = out.above_tokens;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const Node& node = nodes_[*it];
+    if (!node.on_host) return failed_precondition(fmt::format("node_path_below: node {} has no host copy", *it));
+    out.tokens.insert(out.tokens.end(), node.data, node.data + node.len);
+    out.host_pages.insert(out.host_pages.end(), host_pages_of(node), host_pages_of(node) + page_count(node));
+    end += node.len;
+    out.nodes.emplace_back(this->ref(*it), end);
+  }
+  const RootName& name = root_names_.at(root);
+  out.salt = *name.salt;
+  out.adapter_id = name.adapter_id;
+  return {};
+}
+
 inline Status RadixTree::node_path(NodeRef ref, std::vector<std::int32_t>& tokens,
                                    std::vector<std::int32_t>* host_pages, std::string& salt,
                                    std::int32_t& adapter_id) const {
@@ -278,15 +305,32 @@ inline std::int32_t RadixTree::add_host_leaf(std::int32_t parent, const std::int
 }
 
 // Write-back: copies device leaf n, and the nodes above it that have no host
-// copy, to the host. False (nothing changed) when the host has no room or
-// the copy fails: n is then evicted without a copy.
+// copy, to the host. False (nothing changed) when the host has no room, the
+// copy fails or there is no memory for the bookkeeping: n is then evicted
+// without a copy. It runs inside an eviction, so all the memory it needs is
+// taken before anything changes: a std::bad_alloc here drops the copy and
+// never leaves an eviction half done.
 inline bool RadixTree::back_up_path(std::int32_t n) {
   std::vector<std::int32_t> chain;  // bottom-up
   std::int32_t anchor = n;
-  for (; nodes_[anchor].parent >= 0 && !nodes_[anchor].on_host; anchor = nodes_[anchor].parent) chain.push_back(anchor);
-  std::size_t count = 0;
-  for (std::int32_t c : chain) count += page_count(nodes_[c]);
-  host_scratch_.resize(count);
+  try {
+    for (; nodes_[anchor].parent >= 0 && !nodes_[anchor].on_host; anchor = nodes_[anchor].parent) {
+      chain.push_back(anchor);
+    }
+    std::size_t count = 0;
+    for (std::int32_t c : chain) count += page_count(nodes_[c]);
+    host_scratch_.resize(count);
+    device_scratch_.clear();
+    device_scratch_.reserve(count);
+    backed_up_.reserve(backed_up_.size() + 1);
+    // Each attached node may enter the host heap, and its parent too.
+    if (const std::size_t need = host_heap_.size() + chain.size() + 1; need > host_heap_.capacity()) {
+      host_heap_.reserve(std::max(need, host_heap_.capacity() + host_heap_.capacity() / 2));
+    }
+  } catch (const std::bad_alloc&) {
+    ++metrics_.write_backs_dropped;
+    return false;
+  }
   const bool pin = nodes_[anchor].parent >= 0;  // making room must not drop the copy we hang below
   if (pin) {
     ++nodes_[anchor].host_pins;
@@ -301,8 +345,7 @@ inline bool RadixTree::back_up_path(std::int32_t n) {
     ++metrics_.write_backs_dropped;
     return false;
   }
-  device_scratch_.clear();
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // within the capacity reserved above
     const Node& node = nodes_[*it];
     device_scratch_.insert(device_scratch_.end(), pages_of(node), pages_of(node) + page_count(node));
   }

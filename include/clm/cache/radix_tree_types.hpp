@@ -11,7 +11,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace clm {
@@ -28,6 +30,20 @@ struct NodeRef {
   std::int32_t index = -1;
   std::uint32_t generation = 0;
   bool operator==(const NodeRef&) const = default;
+};
+
+// The part of a node's path below an ancestor (RadixTree::node_path_below):
+// what a storage tier that knows that ancestor's page keys still has to hash.
+struct PathBelow {
+  NodeRef above;                         // the ancestor (index -1: none, the path starts at the namespace root)
+  std::int32_t above_tokens = 0;         // tokens from the namespace root to its end
+  std::vector<std::int32_t> tokens;      // the path's tokens below it
+  std::vector<std::int32_t> host_pages;  // their host pages, page for page
+  // The path's nodes below it, from the top, each with the tokens from the
+  // namespace root to its end.
+  std::vector<std::pair<NodeRef, std::int32_t>> nodes;
+  std::string salt;  // the namespace
+  std::int32_t adapter_id = 0;
 };
 
 struct PrefixMatch {

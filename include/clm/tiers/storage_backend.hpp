@@ -75,6 +75,7 @@ struct PageLayout {
 struct StorageStats {
   std::uint64_t pages_read = 0;           // pages get() returned
   std::uint64_t pages_written = 0;        // pages set() stored
+  std::uint64_t pages_checked = 0;        // keys exists() was asked about
   std::uint64_t pages_missing = 0;        // keys get() or exists() did not find
   std::uint64_t corrupt_pages = 0;        // values refused: bad magic, key, layout, size, checksum, model or signature
   std::uint64_t foreign_model_pages = 0;  // ... of them written for another model

@@ -52,6 +52,16 @@ struct TierConfig {
   // refused. Never a URL option, never printed.
   std::string page_secret_file;
   std::string page_secret_env;
+  // Bounded work (docs/tiers.md). At most max_queued_fetches fetches wait for
+  // a storage worker: past that the oldest one no admission waits for (a
+  // prefetch) is dropped, or the new one. An admission waits for storage at
+  // most admission_deadline_ms, whatever the prefetch policy. After
+  // breaker_failures failed storage calls in a row storage is not asked for
+  // breaker_open_ms, then one call probes it (storage_breaker.hpp).
+  std::int32_t max_queued_fetches = 64;
+  std::int32_t breaker_failures = 3;
+  double admission_deadline_ms = 2000.0;
+  double breaker_open_ms = 5000.0;
 };
 
 struct TierMetrics {
@@ -68,6 +78,12 @@ struct TierMetrics {
   std::uint64_t storage_errors = 0;     // storage calls that failed (the admission recomputed)
   std::uint64_t dropped_backups = 0;    // copies given up: no room on the host, or a failed copy
   std::uint64_t worker_failures = 0;    // tier jobs given up for want of host memory (std::bad_alloc)
+  std::uint64_t dropped_fetches = 0;    // fetches dropped for the queue's cap (prefetches first)
+  std::uint64_t merged_fetches = 0;     // fetches that joined one in flight or queued for the same prefix
+  std::uint64_t breaker_trips = 0;      // times the storage breaker opened
+  std::uint64_t breaker_skips = 0;      // storage jobs not run, fetches not queued, while it was open
+  std::int64_t queued_fetches = 0;      // fetches waiting for a storage worker now
+  std::int32_t breaker_state = 0;       // StorageBreaker::State: 0 closed, 1 open, 2 half-open
   bool signed_pages = false;            // stored pages are signed with a deployment secret
   std::int64_t host_pages_used = 0;
   std::int64_t host_pages_total = 0;

@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "clm/cache/paged_kv_pool.hpp"
@@ -36,7 +37,9 @@
 #include "clm/detail/spin_mutex.hpp"
 #include "clm/status.hpp"
 #include "clm/tiers/page_copier.hpp"
+#include "clm/tiers/page_key.hpp"
 #include "clm/tiers/storage_backend.hpp"
+#include "clm/tiers/storage_breaker.hpp"
 #include "clm/tiers/tier_config.hpp"
 
 namespace clm {
@@ -80,11 +83,14 @@ class TierManager {
   // ---- without the engine lock -------------------------------------------------
   // Fetches the pages of `tokens` past its first `host_backed_tokens` that
   // storage has into the host tier, waiting as the prefetch policy says
-  // (not at all with wait = false: a prefetch). Only when storage has pages
-  // past the first `cached_tokens` (what the tree holds, on any tier): pages
-  // still on the device are never read again for nothing. Host copies form a
-  // prefix, so when storage does have more, the device part without host
-  // copies is read too. Storage failures are counted, never returned: the
+  // (not at all with wait = false: a prefetch), and never past
+  // admission_deadline_ms. Only when storage has pages past the first
+  // `cached_tokens` (what the tree holds, on any tier): pages still on the
+  // device are never read again for nothing. Host copies form a prefix, so
+  // when storage does have more, the device part without host copies is read
+  // too. A fetch of a prefix already queued or running joins it; a full
+  // queue drops its oldest prefetch (or this fetch); an open breaker asks
+  // storage nothing. Storage failures are counted, never returned: the
   // caller recomputes.
   void fetch(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t host_backed_tokens,
              std::int32_t cached_tokens, bool wait, FetchOutcome& out);
@@ -119,10 +125,23 @@ class TierManager {
   Status insert_host(std::span<const std::int32_t> tokens, std::span<const std::int32_t> host_pages,
                      std::int32_t first_page, const CacheNamespace& ns, InsertOutcome& out);
   void run_copy(CopyJob& job);
-  void run_store(StoreJob& job);
-  void run_fetch(FetchJob& job);
+  // Whether storage answered every call (what the breaker is told).
+  bool run_store(StoreJob& job);
+  bool run_fetch(FetchJob& job);
+  // Under queue_mutex_: `job` done, its waiters woken.
+  void end_fetch(FetchJob& job, bool failed);
+  // Under queue_mutex_: a queued or running fetch that `tokens` (whole
+  // pages) extends or is a prefix of, in `ns`; null if none.
+  std::shared_ptr<FetchJob> fetch_of_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns,
+                                            bool running) const;
   void queue_store(NodeRef node);  // under the engine lock
-  void cancel(CopyJob& job);       // under the engine lock
+  // Under queue_mutex_: the page keys cache (stored_keys_).
+  static std::uint64_t key_cache_slot(NodeRef node) {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(node.index)) << 32) | node.generation;
+  }
+  void remember_key(NodeRef node, const PageKey& key);
+  static constexpr std::size_t kMaxKeyCacheEntries = std::size_t{1} << 16;
+  void cancel(CopyJob& job);  // under the engine lock
   void cancel(StoreJob& job);
 
   const TierConfig config_;
@@ -139,6 +158,16 @@ class TierManager {
   std::condition_variable queue_idle_;
   std::deque<std::unique_ptr<CopyJob>> copy_queue_;
   std::deque<std::shared_ptr<FetchJob>> fetch_queue_;
+  std::vector<std::shared_ptr<FetchJob>> running_fetches_;
+  std::uint64_t fetches_started_ = 0;  // a running fetch waits only for those started before it
+  StorageBreaker breaker_;
+  // Page keys by node (under queue_mutex_): the key of the last page of a
+  // node whose pages, and those above it, storage holds (this instance
+  // stored them, found them there, or fetched them). A store job hashes and
+  // checks only what lies below the deepest such node of its path, so a
+  // conversation's turn costs its own pages, not its whole history. A node's
+  // generation changes when it is freed, so an entry never outlives it.
+  std::unordered_map<std::uint64_t, PageKey> stored_keys_;
   std::deque<std::unique_ptr<StoreJob>> store_queue_;
   int running_jobs_ = 0;
   int running_copies_ = 0;

@@ -66,6 +66,10 @@ int main(void) {
   FIELD(clm_engine_options, model_id);
   FIELD(clm_engine_options, page_secret_file);
   FIELD(clm_engine_options, page_secret_env);
+  FIELD(clm_engine_options, max_queued_fetches);
+  FIELD(clm_engine_options, breaker_failures);
+  FIELD(clm_engine_options, admission_deadline_ms);
+  FIELD(clm_engine_options, breaker_open_ms);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);
@@ -165,6 +169,12 @@ int main(void) {
   FIELD(clm_metrics, storage_repaired_pages);
   FIELD(clm_metrics, tier_worker_failures);
   FIELD(clm_metrics, signed_pages);
+  FIELD(clm_metrics, storage_breaker_state);
+  FIELD(clm_metrics, storage_breaker_trips);
+  FIELD(clm_metrics, storage_breaker_skips);
+  FIELD(clm_metrics, dropped_fetches);
+  FIELD(clm_metrics, merged_fetches);
+  FIELD(clm_metrics, queued_fetches);
 
   FIELD(clm_src_decision, score);
   FIELD(clm_src_decision, threshold);

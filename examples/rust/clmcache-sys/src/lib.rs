@@ -140,6 +140,10 @@ pub struct clm_engine_options {
     pub page_secret_file: *const c_char,
     /// NUL-terminated name of the environment variable holding it; NULL or "": none.
     pub page_secret_env: *const c_char,
+    pub max_queued_fetches: i32,
+    pub breaker_failures: i32,
+    pub admission_deadline_ms: f64,
+    pub breaker_open_ms: f64,
 }
 
 impl Default for clm_engine_options {
@@ -185,6 +189,10 @@ impl Default for clm_engine_options {
             model_id: std::ptr::null(),
             page_secret_file: std::ptr::null(),
             page_secret_env: std::ptr::null(),
+            max_queued_fetches: 0,
+            breaker_failures: 0,
+            admission_deadline_ms: 0.0,
+            breaker_open_ms: 0.0,
         }
     }
 }
@@ -312,6 +320,12 @@ pub struct clm_metrics {
     pub storage_repaired_pages: u64,
     pub tier_worker_failures: u64,
     pub signed_pages: i32,
+    pub storage_breaker_state: i32,
+    pub storage_breaker_trips: u64,
+    pub storage_breaker_skips: u64,
+    pub dropped_fetches: u64,
+    pub merged_fetches: u64,
+    pub queued_fetches: i64,
 }
 
 // ---- CLM suffix reuse: the SRC head ---------------------------------------------

@@ -92,6 +92,10 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, model_id),
         field!(clm_engine_options, page_secret_file),
         field!(clm_engine_options, page_secret_env),
+        field!(clm_engine_options, max_queued_fetches),
+        field!(clm_engine_options, breaker_failures),
+        field!(clm_engine_options, admission_deadline_ms),
+        field!(clm_engine_options, breaker_open_ms),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -188,6 +192,12 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_metrics, storage_repaired_pages),
         field!(clm_metrics, tier_worker_failures),
         field!(clm_metrics, signed_pages),
+        field!(clm_metrics, storage_breaker_state),
+        field!(clm_metrics, storage_breaker_trips),
+        field!(clm_metrics, storage_breaker_skips),
+        field!(clm_metrics, dropped_fetches),
+        field!(clm_metrics, merged_fetches),
+        field!(clm_metrics, queued_fetches),
         field!(clm_src_decision, score),
         field!(clm_src_decision, threshold),
         field!(clm_src_decision, scored),
@@ -377,7 +387,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, snapshot_store_path).1, 88);
     assert_eq!(field!(clm_engine_options, snapshot_min_usage).1, 104);
     assert_eq!(field!(clm_engine_options, snapshot_lookup_timeout_us).1, 124);
-    assert_eq!(size_of::<clm_engine_options>(), 216);
+    assert_eq!(size_of::<clm_engine_options>(), 240);
     assert_eq!(field!(clm_engine_options, host_pages).1, 128);
     assert_eq!(field!(clm_engine_options, storage_url).1, 136);
     assert_eq!(field!(clm_engine_options, prefetch_policy).1, 144);
@@ -387,6 +397,8 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, snapshot_maintenance_interval_ms).1, 184);
     assert_eq!(field!(clm_engine_options, model_id).1, 192);
     assert_eq!(field!(clm_engine_options, page_secret_env).1, 208);
+    assert_eq!(field!(clm_engine_options, max_queued_fetches).1, 216);
+    assert_eq!(field!(clm_engine_options, breaker_open_ms).1, 232);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
@@ -394,7 +406,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_admit_options, cache_salt).1, 8);
     assert_eq!(field!(clm_admit_options, priority).1, 28);
     assert_eq!(field!(clm_admit_options, priority_update).1, 32);
-    assert_eq!(size_of::<clm_metrics>(), 568);
+    assert_eq!(size_of::<clm_metrics>(), 608);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);
     assert_eq!(field!(clm_metrics, active_sequences).1, 120);
@@ -412,6 +424,8 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_metrics, storage_evicted_pages).1, 512);
     assert_eq!(field!(clm_metrics, tier_worker_failures).1, 552);
     assert_eq!(field!(clm_metrics, signed_pages).1, 560);
+    assert_eq!(field!(clm_metrics, storage_breaker_state).1, 564);
+    assert_eq!(field!(clm_metrics, queued_fetches).1, 600);
     assert_eq!((size_of::<clm_snapshot_hit>(), align_of::<clm_snapshot_hit>()), (320, 8));
     assert_eq!(field!(clm_snapshot_hit, fingerprint).1, 16);
     assert_eq!(field!(clm_snapshot_hit, stable).1, 24);

@@ -409,6 +409,15 @@ pub struct EngineOptions {
     pub page_secret_file: Option<PathBuf>,
     /// ... or the name of the environment variable holding it (at most one).
     pub page_secret_env: Option<String>,
+    /// Fetches waiting for a storage worker, 1..2^20: past it the oldest
+    /// prefetch (or the new fetch) is dropped.
+    pub max_queued_fetches: i32,
+    /// Failed storage calls in a row that stop storage being asked.
+    pub breaker_failures: i32,
+    /// An admission waits for storage at most this many milliseconds, whatever the policy.
+    pub admission_deadline_ms: f64,
+    /// How long storage is not asked, in milliseconds, before one call probes it.
+    pub breaker_open_ms: f64,
 }
 
 impl EngineOptions {
@@ -466,6 +475,10 @@ impl EngineOptions {
             model_id: None,
             page_secret_file: None,
             page_secret_env: None,
+            max_queued_fetches: raw.max_queued_fetches,
+            breaker_failures: raw.breaker_failures,
+            admission_deadline_ms: raw.admission_deadline_ms,
+            breaker_open_ms: raw.breaker_open_ms,
         })
     }
 
@@ -579,6 +592,10 @@ impl EngineOptions {
         raw.model_id = ptr::null();
         raw.page_secret_file = ptr::null();
         raw.page_secret_env = ptr::null();
+        raw.max_queued_fetches = self.max_queued_fetches;
+        raw.breaker_failures = self.breaker_failures;
+        raw.admission_deadline_ms = self.admission_deadline_ms;
+        raw.breaker_open_ms = self.breaker_open_ms;
         Ok(raw)
     }
 }
@@ -864,6 +881,18 @@ pub struct Metrics {
     pub tier_worker_failures: u64,
     /// Whether stored pages are signed.
     pub signed_pages: bool,
+    /// The storage breaker: 0 closed, 1 open (storage not asked), 2 half-open.
+    pub storage_breaker_state: i32,
+    /// Times the storage breaker opened.
+    pub storage_breaker_trips: u64,
+    /// Storage jobs skipped, fetches not queued, while it was open.
+    pub storage_breaker_skips: u64,
+    /// Fetches dropped for `max_queued_fetches` (prefetches first).
+    pub dropped_fetches: u64,
+    /// Fetches that joined one queued or running for the same prefix.
+    pub merged_fetches: u64,
+    /// Fetches waiting for a storage worker now.
+    pub queued_fetches: i64,
 }
 
 impl From<sys::clm_metrics> for Metrics {
@@ -941,6 +970,12 @@ impl From<sys::clm_metrics> for Metrics {
             storage_repaired_pages: m.storage_repaired_pages,
             tier_worker_failures: m.tier_worker_failures,
             signed_pages: m.signed_pages != 0,
+            storage_breaker_state: m.storage_breaker_state,
+            storage_breaker_trips: m.storage_breaker_trips,
+            storage_breaker_skips: m.storage_breaker_skips,
+            dropped_fetches: m.dropped_fetches,
+            merged_fetches: m.merged_fetches,
+            queued_fetches: m.queued_fetches,
         }
     }
 }

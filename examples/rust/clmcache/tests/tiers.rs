@@ -178,6 +178,9 @@ fn version_4_options_have_the_documented_defaults() {
         (PrefetchPolicy::Timeout, 20.0, 10.0)
     );
     assert_eq!((d.storage_workers, d.storage_batch_pages), (2, 32));
+    assert_eq!((d.max_queued_fetches, d.breaker_failures), (64, 3));
+    assert_eq!((d.admission_deadline_ms, d.breaker_open_ms), (2000.0, 5000.0));
+    assert_eq!(d.model_id, None);
     assert!(!d.has_tiers() && !d.has_storage());
     assert_eq!(WritePolicy::from_raw(clmcache::sys::CLM_WRITE_BACK), Some(WritePolicy::Back));
     assert_eq!(PrefetchPolicy::BestEffort.raw(), clmcache::sys::CLM_PREFETCH_BEST_EFFORT);
