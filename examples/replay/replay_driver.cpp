@@ -475,6 +475,9 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   engine_config.tiers.storage_url = config.storage_url;
   engine_config.model_id = config.model_id;
   engine_config.tiers.prefetch_policy = config.prefetch_policy;
+  // The replay counts hits: no admission deadline may cut a slow fetch short
+  // and make them depend on the machine's load.
+  engine_config.tiers.admission_deadline_ms = 3.6e6;
   std::unique_ptr<Engine> engine;
   CLM_RETURN_IF_ERROR(Engine::create(engine_config, engine));
 

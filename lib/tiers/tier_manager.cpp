@@ -592,7 +592,9 @@ bool TierManager::run_fetch(FetchJob& job) {
       hold->progress.wait(q, [&] { return hold->done || stopping_; });
     }
   }
-  // What the tree holds now (the whole length: a sentinel past the last page matches nothing).
+  // What the tree holds now (the whole length: a sentinel past the last page
+  // matches nothing), and the nodes along it, for the key cache.
+  std::vector<std::pair<NodeRef, std::int32_t>> whole;
   {
     std::vector<std::int32_t> walked(job.tokens);
     walked.push_back(-1);
@@ -600,6 +602,7 @@ bool TierManager::run_fetch(FetchJob& job) {
     {
       EngineLock lock(*engine_mutex_);
       tree_->coverage(walked, ns, cached, host_backed);
+      tree_->whole_nodes(job.tokens, ns, whole);
     }
     std::lock_guard q(queue_mutex_);
     job.first_page = std::max(job.first_page, host_backed / page);
@@ -609,11 +612,28 @@ bool TierManager::run_fetch(FetchJob& job) {
     finish(false);
     return true;
   }
-  std::vector<PageKey> keys(static_cast<std::size_t>(whole_pages));
-  Status ok = chain_page_keys(PageKey::root(), job.tokens, page, {job.salt, job.adapter_id, key_scope_}, keys);
   const auto first = static_cast<std::size_t>(job.first_page);
-  std::vector<std::uint8_t> present(keys.size() - first, 0);
-  if (ok.ok()) ok = storage_->exists(std::span(keys).subspan(first), present);
+  // Keys from the deepest node above the first page whose key is known, not
+  // from the root: a long conversation's turn hashes its own pages.
+  std::size_t base = 0;  // keys[i] is page base + i's
+  PageKey base_key = PageKey::root();
+  {
+    std::lock_guard q(queue_mutex_);
+    for (auto it = whole.rbegin(); it != whole.rend(); ++it) {
+      const auto end_page = static_cast<std::size_t>(it->second / page);
+      const auto known = stored_keys_.find(key_cache_slot(it->first));
+      if (end_page <= first && known != stored_keys_.end()) {
+        base = end_page;
+        base_key = known->second;
+        break;
+      }
+    }
+  }
+  std::vector<PageKey> keys(static_cast<std::size_t>(whole_pages) - base);
+  Status ok = chain_page_keys(base_key, std::span(job.tokens).subspan(base * static_cast<std::size_t>(page)), page,
+                              {job.salt, job.adapter_id, key_scope_}, keys);
+  std::vector<std::uint8_t> present(keys.size() - (first - base), 0);
+  if (ok.ok()) ok = storage_->exists(std::span(keys).subspan(first - base), present);
   const auto found = static_cast<std::size_t>(std::find(present.begin(), present.end(), 0) - present.begin());
 
   // Nothing past what the tree already holds: the pages before it are still
@@ -653,7 +673,7 @@ bool TierManager::run_fetch(FetchJob& job) {
     buffers.resize(n);
     for (std::size_t j = 0; j < n; ++j) buffers[j] = static_cast<std::byte*>(host_pool_->page_data(host_pages[j]));
     read.assign(n, 0);
-    ok = storage_->get_pages(std::span(keys).subspan(at, n), buffers, read);
+    ok = storage_->get_pages(std::span(keys).subspan(at - base, n), buffers, read);
     const std::size_t good =
         ok.ok() ? static_cast<std::size_t>(std::find(read.begin(), read.end(), 0) - read.begin()) : 0;
     bool landed = false, no_memory = false;
@@ -668,7 +688,7 @@ bool TierManager::run_fetch(FetchJob& job) {
         landed = true;
         if (above_stored) {
           std::lock_guard q(queue_mutex_);  // storage holds every page up to the node that ends where they do
-          remember_key(out.node, keys[at + good - 1]);
+          remember_key(out.node, keys[at + good - 1 - base]);
         }
         if (tree_->host_pin(out.node).ok()) {
           if (pinned.index >= 0) (void)tree_->host_unpin(pinned);

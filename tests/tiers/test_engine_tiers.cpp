@@ -57,7 +57,8 @@ EngineConfig small_config(std::int32_t device_pages, std::int32_t host_pages) {
   c.pool.head_dim = 8;
   c.pool.dtype = clm::KvDType::f32;
   c.tiers.host_pages = host_pages;
-  c.model_id = "test-model";  // what stored pages are keyed and sealed under (a storage tier needs one)
+  c.model_id = "test-model";              // what stored pages are keyed and sealed under (a storage tier needs one)
+  c.tiers.admission_deadline_ms = 60000;  // wait_complete waits for all of it, however slow the machine (ASan)
   return c;
 }
 
@@ -369,6 +370,21 @@ TEST_CASE("storage tier: each turn of a conversation checks and stores its own p
   const std::span<const std::int32_t> all = std::span(conversation).first(conversation.size() - 1);
   const Admission a = serve(*fresh, "t", all);
   CHECK(a.storage_tokens >= (3 * kTurns - 1) * kPage);  // all but the last turn: stored when a hit copies it
+  // Another instance follows the conversation turn by turn: each fetch reads the turn's new pages, its keys
+  // chained from the last page it fetched before (every cached row is checked against the reference).
+  auto follower = make_engine(c);
+  std::uint64_t follower_checked = 0, follower_most = 0;
+  for (int turn = 1; turn < kTurns; ++turn) {
+    const auto length = static_cast<std::size_t>((3 + 3 * turn) * kPage - 1);
+    const Admission f = serve(*follower, "t", std::span(conversation).first(length));
+    follower->wait_for_tiers();
+    INFO("follower turn " << turn);
+    CHECK(f.storage_tokens == (turn == 1 ? 5 : 3) * kPage);
+    const std::uint64_t checked = follower->metrics().tiers.storage.pages_checked;
+    follower_most = std::max(follower_most, checked - follower_checked);
+    follower_checked = checked;
+  }
+  CHECK(follower_most <= 12);
 }
 
 TEST_CASE("storage tier: a prefix still on the device is not read from storage again (write_back)", "[tiers]") {

@@ -412,6 +412,12 @@ class RadixTree {
   void coverage(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t& cached,
                 std::int32_t& host_backed);
 
+  // The nodes a match of `tokens` passes whole, from the top, each with the
+  // tokens from the namespace root to its end (as PathBelow::nodes): where a
+  // storage tier may know the page keys of a prompt's prefix. Changes nothing.
+  void whole_nodes(std::span<const std::int32_t> tokens, const CacheNamespace& ns,
+                   std::vector<std::pair<NodeRef, std::int32_t>>& out) const;
+
   // Pins the host copy of the node that ends exactly `length` tokens into
   // `tokens` (splitting one there), whose pages must all have host copies:
   // what a fetch hangs its pages below. not_found when they do not.

@@ -144,6 +144,17 @@ inline void RadixTree::coverage(std::span<const std::int32_t> tokens, const Cach
   host_backed = matched_on(walk, &Node::on_host);
 }
 
+inline void RadixTree::whole_nodes(std::span<const std::int32_t> tokens, const CacheNamespace& ns,
+                                   std::vector<std::pair<NodeRef, std::int32_t>>& out) const {
+  out.clear();
+  std::int32_t end = 0;
+  walk_path(find_namespace(ns), tokens.data(), static_cast<std::int32_t>(tokens.size()),
+            [&](std::int32_t node, std::int32_t matched) {
+              end += matched;
+              if (matched == nodes_[node].len) out.emplace_back(ref(node), end);
+            });
+}
+
 inline Status RadixTree::host_pin_prefix(std::span<const std::int32_t> tokens, const CacheNamespace& ns,
                                          std::int32_t length, NodeRef& out) {
   if (length <= 0 || length % page_size_ != 0 || static_cast<std::size_t>(length) > tokens.size()) {
