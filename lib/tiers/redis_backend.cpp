@@ -13,13 +13,11 @@
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
