@@ -183,11 +183,42 @@ class Harness {
     REQUIRE(m.host_backed_tokens <= m.cached_tokens + m.host_tokens);
   }
 
+  // storage_coverage (one walk, for a storage fetch) against coverage() over the same whole pages and a
+  // token no prompt has, and each node it lists against its own path from the root.
+  void check_storage_coverage(const Tenant& t, std::span<const std::int32_t> p) {
+    const auto page = static_cast<std::size_t>(config_.page_size);
+    const std::span<const std::int32_t> whole_pages = p.first(p.size() / page * page);
+    if (whole_pages.empty()) return;
+    std::int32_t cached = 0, host_backed = 0;
+    std::vector<std::pair<NodeRef, std::int32_t>> nodes;
+    tree_.storage_coverage(whole_pages, t.ns(), cached, host_backed, nodes);
+    std::vector<std::int32_t> sentinel(whole_pages.begin(), whole_pages.end());
+    sentinel.push_back(-1);
+    std::int32_t want_cached = 0, want_host = 0;
+    tree_.coverage(sentinel, t.ns(), want_cached, want_host);
+    REQUIRE(cached == want_cached);
+    REQUIRE(host_backed == want_host);
+    std::int32_t previous = 0;
+    for (const auto& [node, end] : nodes) {
+      REQUIRE(end > previous);
+      REQUIRE(end <= cached);
+      std::vector<std::int32_t> path;
+      std::string salt;
+      std::int32_t adapter = 0;
+      REQUIRE(tree_.node_path(node, path, nullptr, salt, adapter).ok());
+      REQUIRE(path.size() == static_cast<std::size_t>(end));
+      REQUIRE(std::equal(path.begin(), path.end(), whole_pages.begin()));
+      REQUIRE(salt == t.ns().salt);
+      previous = end;
+    }
+  }
+
   // The Engine's admit + finish: match, load host pages back, compute the rest, publish.
   void request() {
     ++requests_;
     const Tenant& t = tenant();
     const std::vector<std::int32_t> p = prompt();
+    check_storage_coverage(t, p);
     const auto page = static_cast<std::size_t>(config_.page_size);
     // What admit() is planned by: peek_prefix, touching nothing, finds what the match finds,
     // and locking takes exactly its unlocked tokens off the evictable ones.

@@ -167,7 +167,6 @@ void TierManager::stop() {
       f->done = true;
       f->progress.notify_all();
     }
-    metrics_.queued_fetches = 0;
   }
   if (tree_ && (!copies.empty() || !stores.empty())) {
     EngineLock lock(*engine_mutex_);
@@ -331,7 +330,6 @@ void TierManager::fetch(std::span<const std::int32_t> tokens, const CacheNamespa
     job->first_page = first_page;
     job->cached_pages = cached_pages;
     fetch_queue_.push_back(job);
-    metrics_.queued_fetches = static_cast<std::int64_t>(fetch_queue_.size());
     queue_ready_.notify_all();
   }
   out.first_token = job->first_page * page;
@@ -381,6 +379,7 @@ TierMetrics TierManager::metrics() const {
   {
     std::lock_guard q(queue_mutex_);
     m = metrics_;
+    m.queued_fetches = static_cast<std::int64_t>(fetch_queue_.size());
     m.breaker_trips = breaker_.trips();
     m.breaker_skips = breaker_.skips();
     m.breaker_state = static_cast<std::int32_t>(breaker_.state());
@@ -450,7 +449,6 @@ void TierManager::storage_worker() {
       if (!fetch_queue_.empty()) {
         fetch = std::move(fetch_queue_.front());
         fetch_queue_.pop_front();
-        metrics_.queued_fetches = static_cast<std::int64_t>(fetch_queue_.size());
       } else {
         store = std::move(store_queue_.front());
         store_queue_.pop_front();
@@ -592,17 +590,13 @@ bool TierManager::run_fetch(FetchJob& job) {
       hold->progress.wait(q, [&] { return hold->done || stopping_; });
     }
   }
-  // What the tree holds now (the whole length: a sentinel past the last page
-  // matches nothing), and the nodes along it, for the key cache.
+  // What the tree holds now, and the nodes along it, for the key cache.
   std::vector<std::pair<NodeRef, std::int32_t>> whole;
   {
-    std::vector<std::int32_t> walked(job.tokens);
-    walked.push_back(-1);
     std::int32_t cached = 0, host_backed = 0;
     {
       EngineLock lock(*engine_mutex_);
-      tree_->coverage(walked, ns, cached, host_backed);
-      tree_->whole_nodes(job.tokens, ns, whole);
+      tree_->storage_coverage(job.tokens, ns, cached, host_backed, whole);
     }
     std::lock_guard q(queue_mutex_);
     job.first_page = std::max(job.first_page, host_backed / page);

@@ -412,11 +412,14 @@ class RadixTree {
   void coverage(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t& cached,
                 std::int32_t& host_backed);
 
-  // The nodes a match of `tokens` passes whole, from the top, each with the
-  // tokens from the namespace root to its end (as PathBelow::nodes): where a
-  // storage tier may know the page keys of a prompt's prefix. Changes nothing.
-  void whole_nodes(std::span<const std::int32_t> tokens, const CacheNamespace& ns,
-                   std::vector<std::pair<NodeRef, std::int32_t>>& out) const;
+  // What a storage fetch of `tokens` (whole pages, all of them: no len-1
+  // cap) needs, in one walk: how far they are cached (any tier), how much of
+  // that has host copies, and the nodes the match passes whole, from the top,
+  // each with the tokens from the namespace root to its end (as
+  // PathBelow::nodes: where the tier may know a prefix's page keys). Changes
+  // nothing.
+  void storage_coverage(std::span<const std::int32_t> tokens, const CacheNamespace& ns, std::int32_t& cached,
+                        std::int32_t& host_backed, std::vector<std::pair<NodeRef, std::int32_t>>& whole) const;
 
   // Pins the host copy of the node that ends exactly `length` tokens into
   // `tokens` (splitting one there), whose pages must all have host copies:

@@ -144,14 +144,18 @@ inline void RadixTree::coverage(std::span<const std::int32_t> tokens, const Cach
   host_backed = matched_on(walk, &Node::on_host);
 }
 
-inline void RadixTree::whole_nodes(std::span<const std::int32_t> tokens, const CacheNamespace& ns,
-                                   std::vector<std::pair<NodeRef, std::int32_t>>& out) const {
-  out.clear();
-  std::int32_t end = 0;
+inline void RadixTree::storage_coverage(std::span<const std::int32_t> tokens, const CacheNamespace& ns,
+                                        std::int32_t& cached, std::int32_t& host_backed,
+                                        std::vector<std::pair<NodeRef, std::int32_t>>& whole) const {
+  cached = host_backed = 0;
+  whole.clear();
+  bool on_host = true;  // host copies form a prefix: the host-backed part ends at the first node without one
   walk_path(find_namespace(ns), tokens.data(), static_cast<std::int32_t>(tokens.size()),
             [&](std::int32_t node, std::int32_t matched) {
-              end += matched;
-              if (matched == nodes_[node].len) out.emplace_back(ref(node), end);
+              cached += matched;
+              on_host = on_host && nodes_[node].on_host;
+              if (on_host) host_backed += matched;
+              if (matched == nodes_[node].len) whole.emplace_back(ref(node), cached);
             });
 }
 

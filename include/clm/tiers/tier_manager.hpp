@@ -166,7 +166,10 @@ class TierManager {
   // stored them, found them there, or fetched them). A store job hashes and
   // checks only what lies below the deepest such node of its path, so a
   // conversation's turn costs its own pages, not its whole history. A node's
-  // generation changes when it is freed, so an entry never outlives it.
+  // generation changes when it is freed, so an entry never outlives it; and
+  // its end never moves while it lives (a split gives the head to a new node,
+  // the node keeps its end; with a host tier no leaf gives up only its tail),
+  // so the key at its end stays the key of the same prefix.
   std::unordered_map<std::uint64_t, PageKey> stored_keys_;
   std::deque<std::unique_ptr<StoreJob>> store_queue_;
   int running_jobs_ = 0;
