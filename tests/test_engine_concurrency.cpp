@@ -2,7 +2,7 @@
 // CLM_CONCURRENCY_OPS operations each (default 100,000; the sanitizer passes
 // run fewer). Each thread keeps up to four requests of its own in flight and
 // picks at random: admit (shared system prompts plus a random question, three
-// tenants, two adapters), extend, finish, abort, page_table, batch_page_table
+// tenants, two adapters; a quarter of them asked again 200 operations later), extend, finish, abort, page_table, batch_page_table
 // over its requests, and calls that must be refused (an unknown id, a bad
 // token, a duplicate in a batch); one thread also reads metrics,
 // metrics_text and check_invariants while the others run. Every thread counts
@@ -20,9 +20,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "clm/engine.hpp"
@@ -63,6 +65,15 @@ void run_thread(clm::Engine& engine, const std::vector<Tokens>& system_prompts, 
   std::vector<std::int32_t> table;
   clm::PagedBatch batch;
   const char* salts[] = {"", "tenant-b", "tenant-c"};
+  // Some of this thread's prompts, each asked once more after kReturnAfter
+  // operations: a conversation that comes back after many others.
+  constexpr std::int64_t kReturnAfter = 200;
+  struct Returning {
+    Tokens prompt;
+    std::size_t salt;
+    std::int64_t asked_at;
+  };
+  std::deque<Returning> returning;
   auto end_one = [&](std::size_t i, bool finish) {
     const clm::Status s = finish ? engine.finish(live[i]) : engine.abort(live[i]);
     if (s.ok()) {
@@ -76,11 +87,21 @@ void run_thread(clm::Engine& engine, const std::vector<Tokens>& system_prompts, 
   for (std::int64_t op = 0; op < ops; ++op) {
     const auto pick = static_cast<std::uint32_t>(rng() % 100);
     if (live.empty() || (pick < 30 && live.size() < 4)) {
-      Tokens prompt = system_prompts[rng() % system_prompts.size()];
-      const Tokens question = random_tokens(rng, 1 + rng() % 60, kVocab);
-      prompt.insert(prompt.end(), question.begin(), question.end());
+      Tokens prompt;
+      std::size_t salt = rng() % 3;
+      if (!returning.empty() && op - returning.front().asked_at >= kReturnAfter) {
+        // By now its pages have left the device, and often the host: the tiers bring them back.
+        prompt = std::move(returning.front().prompt);
+        salt = returning.front().salt;
+        returning.pop_front();
+      } else {
+        prompt = system_prompts[rng() % system_prompts.size()];
+        const Tokens question = random_tokens(rng, 1 + rng() % 60, kVocab);
+        prompt.insert(prompt.end(), question.begin(), question.end());
+        if (rng() % 4 == 0) returning.push_back({prompt, salt, op});
+      }
       clm::AdmitOptions options;
-      options.cache_salt = salts[rng() % 3];
+      options.cache_salt = salts[salt];
       options.adapter_id = static_cast<std::int32_t>(rng() % 2);
       options.priority = static_cast<int>(rng() % 3);
       clm::Admission a;
@@ -218,6 +239,10 @@ TEST_CASE("concurrency: 8 threads of random lifecycles on one engine with a host
   config.tiers.storage_url = "file://" + storage.str();
   config.model_id = "test-model";                                                   // storage pages are one model's
   const clm::EngineMetrics m = run_concurrent(config, ops_per_thread(100000) / 5);  // storage writes are files
+  INFO("tiers: host hits " << m.tiers.host_hit_tokens << ", storage hits " << m.tiers.storage_hit_tokens << ", stored "
+                           << m.tiers.stored_pages << ", fetched " << m.tiers.fetched_pages << ", dropped fetches "
+                           << m.tiers.dropped_fetches << ", merged " << m.tiers.merged_fetches << ", timeouts "
+                           << m.tiers.prefetch_timeouts << ", breaker skips " << m.tiers.breaker_skips);
   // The tiers were exercised: pages went down to the host and to storage, and came back from both.
   CHECK(m.tiers.backed_up_pages > 0);
   CHECK(m.tiers.stored_pages > 0);
