@@ -2,7 +2,8 @@
 // CLM_CONCURRENCY_OPS operations each (default 100,000; the sanitizer passes
 // run fewer). Each thread keeps up to four requests of its own in flight and
 // picks at random: admit (shared system prompts plus a random question, three
-// tenants, two adapters; a quarter of them asked again 200 operations later), extend, finish, abort, page_table, batch_page_table
+// tenants, two adapters; a quarter of them asked again 200 operations later),
+// extend, finish, abort, page_table, batch_page_table
 // over its requests, and calls that must be refused (an unknown id, a bad
 // token, a duplicate in a batch); one thread also reads metrics,
 // metrics_text and check_invariants while the others run. Every thread counts
