@@ -866,6 +866,51 @@ TEST_CASE("suffix key: a short word of letters before a number is part of the id
   CHECK(key_of(builtin(), "refund ticket zqxvw 88120").abstain_reason == "unknown word \"zqxvw\"");
 }
 
+TEST_CASE("suffix key: objects joined by and come in any order, and nothing else moves") {
+  // Every order of the same conjuncts: one key, served.
+  const std::vector<std::vector<std::string>> same = {
+      {"cancel the parking pass and the concert tickets", "cancel the concert tickets and the parking pass"},
+      {"add breakfast and late checkout to my booking", "add late checkout and breakfast to my booking"},
+      {"cancel order 789 and order 456", "cancel order 456 and order 789"},
+      {"update my email and phone and address", "update my address and email and phone"},
+      {"加一份米饭和一瓶可乐", "加一瓶可乐和一份米饭"},
+  };
+  for (const auto& texts : same) {
+    for (const std::string& text : texts) {
+      INFO(texts.front() << " => " << key(texts.front()) << " | " << text << " => " << key(text));
+      CHECK(served(text).key == served(texts.front()).key);
+    }
+  }
+  // Actions keep their order; a role or a negation pins what it governs; a
+  // conjunct with nothing joining it (contrast, a clause break) stays put.
+  const std::vector<std::pair<std::string, std::string>> differ = {
+      {"confirm and cancel order 789", "cancel and confirm order 789"},
+      {"move me from the twin room and the suite", "move me from the suite and the twin room"},
+      {"refund order 789 and not order 456", "refund order 456 and not order 789"},
+      {"cancel order 789, order 456", "cancel order 456, order 789"},
+      {"swap my aisle seat for a window seat", "swap my window seat for an aisle seat"},
+  };
+  for (const auto& [a, b] : differ) {
+    INFO(a << " => " << key(a) << " | " << b << " => " << key(b));
+    CHECK(key(a) != key(b));
+  }
+}
+
+TEST_CASE("suffix key: a time of day with am or pm is on the 24-hour clock") {
+  CHECK(served("pick me up at 6:45pm").entity == "1845");
+  CHECK(key("pick me up at 6:45pm") == key("pick me up at 18:45"));
+  CHECK(key("pick me up at 6:45 p.m.") == key("pick me up at 18:45"));
+  CHECK(key("book a table for 7pm") == key("book a table for 19:00"));
+  CHECK(key("book a table for 7 am") == key("book a table for 07:00"));
+  CHECK(key("book a table for 12am") == key("book a table for 00:00"));
+  CHECK(key("book a table for 12pm") == key("book a table for 12:00"));
+  CHECK(key("book a table for 7pm") != key("book a table for 7am"));
+  CHECK(key("book a table for 7pm") != key("book a table for 7:30pm"));
+  // No time of day: the unit stays the number's.
+  CHECK(served("refund order 789am").entity == "789am");
+  CHECK(served("pick me up at 13pm").entity == "13pm");
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

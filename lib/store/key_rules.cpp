@@ -32,7 +32,8 @@ struct Token {
     polite,
     greeting,
     role,
-    subject,  // a stopword named SUBJECT (i, we, 我): an auxiliary after it does not ask
+    subject,      // a stopword named SUBJECT (i, we, 我): an auxiliary after it does not ask
+    coordinator,  // a stopword named AND (and, 和): objects it joins may come in any order
     unknown,
     clause_end,
   } kind = unknown;
@@ -163,7 +164,7 @@ class Tokenizer {
       if (best < 0 && (best = corrected_spelling(unit)) >= 0) best_len = 1;
       if (best < 0) {
         if (has_ascii_digit(unit)) {
-          add_entity(std::string(unit));
+          add_number(unit);
         } else if (names_next_number(units, i,
                                      next_match < matches.size() ? matches[next_match].begin : norm_.size())) {
           flush_unit_as_detail();
@@ -248,6 +249,22 @@ class Tokenizer {
     return i + 1 < units.size() && has_ascii_digit(units[i + 1]) && offset_of(norm_, units[i + 1]) < next_match;
   }
 
+  // A unit with a digit: "7pm" is the number 7 and the unit pm, as "7 pm" is;
+  // anything else ("789a", "5g") is one entity.
+  void add_number(std::string_view unit) {
+    if (unit.size() > 2) {
+      const std::string_view digits = unit.substr(0, unit.size() - 2), suffix = unit.substr(unit.size() - 2);
+      const auto it = lex_.surfaces.find(std::string(suffix));
+      if ((suffix == "am" || suffix == "pm") && std::all_of(digits.begin(), digits.end(), is_ascii_digit) &&
+          it != lex_.surfaces.end() && it->second >= 0) {
+        add_entity(std::string(digits));
+        add_entry(lex_.entries[static_cast<std::size_t>(it->second)]);
+        return;
+      }
+    }
+    add_entity(std::string(unit));
+  }
+
   // Numbers side by side are one entity, written without what separated them
   // ("0161 496 0732", "0161-496-0732" and "01614960732" are one phone
   // number; "SW1A 1AA" is "sw1a1aa"); number words keep a '-' between them
@@ -273,6 +290,21 @@ class Tokenizer {
     last_entity_ = true;
   }
 
+  // "6:45pm", "6.45 p.m." and "18:45" are one time: a time of day before am
+  // or pm becomes the 24-hour clock's four digits (1845; 12am is 0000). False,
+  // and `text` untouched, for any other unit or for what is no time of day.
+  static bool twenty_four_hour(std::string& text, std::string_view unit) {
+    if ((unit != "AM" && unit != "PM") || text.empty() || text.size() > 4 ||
+        !std::all_of(text.begin(), text.end(), is_ascii_digit)) {
+      return false;
+    }
+    const int value = std::stoi(text);
+    const int hour = text.size() <= 2 ? value : value / 100, minute = text.size() <= 2 ? 0 : value % 100;
+    if (hour < 1 || hour > 12 || minute > 59) return false;
+    text = fmt::format("{:02}{:02}", hour % 12 + (unit == "PM" ? 12 : 0), minute);
+    return true;
+  }
+
   std::string unit_suffix(std::uint32_t name) const {
     std::string s = lex_.names[name];
     std::transform(s.begin(), s.end(), s.begin(), [](char c) { return c >= 'A' && c <= 'Z' ? char(c + 32) : c; });
@@ -289,7 +321,8 @@ class Tokenizer {
   void add_entry(const Entry& e) {
     if (e.category == Category::unit) {
       if (last_entity_ && !out_->empty() && out_->back().kind == Token::entity) {
-        out_->back().text += unit_suffix(e.name);  // "20 dollars": 20usd
+        std::string& text = out_->back().text;
+        if (!twenty_four_hour(text, lex_.names[e.name])) text += unit_suffix(e.name);  // "20 dollars": 20usd
         last_entity_ = false;
         return;
       }
@@ -336,6 +369,7 @@ class Tokenizer {
         break;
       case Category::stopword:
         if (lex_.names[e.name] == "SUBJECT") out_->push_back({Token::subject, 0, {}, false});
+        if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
         break;
       case Category::unit:
         break;
@@ -460,6 +494,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       case Token::greeting:
       case Token::subject:
+      case Token::coordinator:
       case Token::unknown:
       case Token::clause_end:
         break;
@@ -522,6 +557,58 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   return c;
 }
 
+// Things joined by "and" under one action come in any order: "cancel the
+// parking pass and the concert tickets" is "cancel the concert tickets and the
+// parking pass", 加一份米饭和一瓶可乐 is 加一瓶可乐和一份米饭. A conjunct is a
+// run of objects and entities; runs joined by coordinators are sorted by what
+// they name. Nothing else moves: actions keep their order (a sequence), and
+// runs with a role or a negation before the first or after the last stay as
+// they are ("from the twin and the king room", "X and Y not").
+void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
+  const auto text_of = [&lex](const Token& t) { return t.kind == Token::entity ? "#" + t.text : lex.names[t.name]; };
+  for (std::size_t i = 0; i < tokens.size();) {
+    if (!is_thing(tokens[i]) ||
+        (i > 0 && (tokens[i - 1].kind == Token::role || tokens[i - 1].kind == Token::negation))) {
+      ++i;
+      continue;
+    }
+    // Runs [begin, end) joined by single coordinators, from i.
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    std::size_t at = i;
+    while (true) {
+      std::size_t end = at;
+      while (end < tokens.size() && is_thing(tokens[end])) ++end;
+      runs.emplace_back(at, end);
+      if (end + 1 < tokens.size() && tokens[end].kind == Token::coordinator && is_thing(tokens[end + 1])) {
+        at = end + 1;
+        continue;
+      }
+      break;
+    }
+    const std::size_t group_end = runs.back().second;
+    const bool followed_by_negation = group_end < tokens.size() && (tokens[group_end].kind == Token::negation_after ||
+                                                                    tokens[group_end].kind == Token::negation);
+    if (runs.size() > 1 && !followed_by_negation) {
+      std::vector<std::pair<std::string, std::vector<Token>>> conjuncts;
+      for (const auto& [b, e] : runs) {
+        std::string name;
+        for (std::size_t k = b; k < e; ++k) name += text_of(tokens[k]) + " ";
+        conjuncts.emplace_back(std::move(name), std::vector<Token>(tokens.begin() + static_cast<std::ptrdiff_t>(b),
+                                                                   tokens.begin() + static_cast<std::ptrdiff_t>(e)));
+      }
+      std::stable_sort(conjuncts.begin(), conjuncts.end(),
+                       [](const auto& x, const auto& y) { return x.first < y.first; });
+      std::size_t out = i;
+      for (std::size_t c = 0; c < conjuncts.size(); ++c) {
+        for (Token& t : conjuncts[c].second) tokens[out++] = std::move(t);
+        if (c + 1 < conjuncts.size()) tokens[out++] = Token{Token::coordinator, 0, {}, false};
+      }
+    }
+    i = group_end;
+  }
+}
+
 }  // namespace
 
 Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
@@ -531,6 +618,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   find_pattern_matches(patterns, norm, units, matches);
   std::vector<Token> tokens;
   Tokenizer(lexicon, norm).run(units, matches, tokens);
+  sort_conjuncts(lexicon, tokens);
 
   const Token* unknown = nullptr;
   bool any_greeting = false;
