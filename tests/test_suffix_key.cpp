@@ -688,7 +688,9 @@ TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
       const clm::Status s = builtin().make_key(surface, k);
       // Alone, no entry says enough to pick one answer: every one abstains
       // (or has no content at all), and says what it understood.
-      if (category == "stopword" || category == "polite" || category == "role") {
+      // A clock's unit with no number before it is no time of day (安静点).
+      if (category == "stopword" || category == "polite" || category == "role" ||
+          (category == "unit" && name == "OCLOCK")) {
         CHECK(s.code() == StatusCode::invalid_argument);
         ++checked;
         continue;
@@ -909,6 +911,28 @@ TEST_CASE("suffix key: a time of day with am or pm is on the 24-hour clock") {
   // No time of day: the unit stays the number's.
   CHECK(served("refund order 789am").entity == "789am");
   CHECK(served("pick me up at 13pm").entity == "13pm");
+}
+
+TEST_CASE("suffix key: small words that say nothing more") {
+  // 一 before a measure word is "a", as "one" is in English; two is still 2.
+  CHECK(key("加一件行李") == key("加行李"));
+  CHECK(key("加1件行李") == key("加行李"));
+  CHECK(key("加两件行李") != key("加一件行李"));
+  CHECK(served("加两件行李").entity == "2");
+  CHECK(served("订单一号").entity == "1day_of_month");  // 号 is no measure word
+  // 点 with no number is no time of day.
+  CHECK(key("想换个安静点的房间") == key("想换个安静的房间"));
+  CHECK(served("明天下午3点送到").entity == "3oclock");
+  // The word for an id, beside the id and what it names.
+  CHECK(key("my flight number is BA 2490") == key("my flight is BA2490"));
+  CHECK(key("my flight number is BA 2490") != key("my flight number is BA 2491"));
+  CHECK(served("what is my booking reference").key != served("what is my booking").key);  // no id: it asks for one
+  // A polite request for one thing is served; the thing alone, or denied, is not.
+  CHECK(served("late checkout please").key == served("could you give me late checkout").key);
+  CHECK(served("请帮我延迟退房").key == served("能帮我延迟退房吗").key);
+  CHECK(key_of(builtin(), "late checkout").low_information);
+  CHECK(key("late checkout please") != key("no late checkout please"));
+  CHECK(key_of(builtin(), "late checkout?").key != served("late checkout please").key);
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

@@ -312,8 +312,13 @@ class Tokenizer {
   }
 
   // A unit with no number after it says which unit is meant ("in dollars"): a detail.
+  // A clock's unit with no number says nothing (安静点: "a bit quieter").
   void flush_unit_as_detail() {
     if (!pending_unit_) return;
+    if (lex_.names[pending_unit_name_] == "OCLOCK") {
+      pending_unit_ = false;
+      return;
+    }
     out_->push_back({Token::detail, pending_unit_name_, {}, false});
     pending_unit_ = false;
   }
@@ -332,6 +337,10 @@ class Tokenizer {
       return;
     }
     flush_unit_as_detail();
+    if (e.category == Category::stopword && lex_.names[e.name] == "MEASURE" && last_entity_ && !out_->empty() &&
+        out_->back().kind == Token::entity && out_->back().text == "1") {
+      out_->pop_back();  // 一件, 一张: "a", as "one" is in English; 两件 is still 2
+    }
     last_entity_ = false;
     switch (e.category) {
       case Category::action:
@@ -394,8 +403,9 @@ struct Element {
 };
 
 struct Clause {
-  std::string mood;      // "", "ASK", or an aux's name ("ASK_ABLE")
-  bool negated = false;  // a negation that governs nothing in it: "no, ..."
+  std::string mood;            // "", "ASK", or an aux's name ("ASK_ABLE")
+  bool negated = false;        // a negation that governs nothing in it: "no, ..."
+  bool asks_politely = false;  // a polite form with no question of its own: "late checkout please"
   std::vector<Element> actions, objects, entities, details;
 
   bool empty() const { return mood.empty() && says_nothing(); }
@@ -406,9 +416,13 @@ struct Clause {
   // An action with what it acts on, or things that name the request without
   // a verb (退押金: RETURN+DEPOSIT, "order 789 refund"); never an action or a
   // detail alone ("cancel it" needs the conversation to say what "it" is).
+  // A polite request for one thing is one too ("late checkout please",
+  // "could you give me a wake-up call", 请帮我延迟退房): please asks for it.
   bool says_enough() const {
     const std::size_t things = objects.size() + entities.size();
-    return (!actions.empty() && things >= 1) || things >= 2;
+    const bool requested = asks_politely && actions.empty() && objects.size() == 1 &&
+                           std::none_of(objects.begin(), objects.end(), [](const Element& e) { return e.negated; });
+    return (!actions.empty() && things >= 1) || things >= 2 || requested;
   }
 
   void render(std::string& out, bool with_details) const {
@@ -512,7 +526,13 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       c.negated = true;
     }
   }
+  if (!c.entities.empty() && !c.objects.empty()) {
+    // "flight number BA2490" is "flight BA2490": beside the id and what it
+    // names, the word for an id says nothing more.
+    std::erase_if(c.details, [](const Element& d) { return d.text == "NUMBER"; });
+  }
   const bool asks = !aux.empty() || question_word || (question_mark && !polite);
+  c.asks_politely = polite && !asks && !c.negated;
   if (aux.empty() && asks) aux = aux_after_subject;
   const auto is_plain_query = [query, &lex](const Element& e) { return !e.negated && e.text == lex.names[query]; };
   const bool other_action =
