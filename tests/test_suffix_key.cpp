@@ -913,6 +913,27 @@ TEST_CASE("suffix key: a time of day with am or pm is on the 24-hour clock") {
   CHECK(served("pick me up at 13pm").entity == "13pm");
 }
 
+TEST_CASE("suffix key: a date is one entity however it is written") {
+  for (const char* text : {"check in on 1 July 2026", "check in on July 1st, 2026", "check in on the 1st of July 2026",
+                           "check in on 2026-07-01", "2026年7月1日入住", "2026年7月1号入住"}) {
+    INFO(text);
+    CHECK(served(text).entity == "20260701");
+  }
+  for (const char* text : {"deliver on 4 March", "deliver on March 4th", "deliver on the 4th of march", "3月4日送达"}) {
+    INFO(text);
+    CHECK(served(text).entity == "m0304");
+  }
+  // Day and month in an order no name says, another day, month or year: never one date.
+  CHECK(key("deliver on 03/04") != key("deliver on 4 March"));
+  CHECK(key("deliver on 4 March") != key("deliver on 3 April"));
+  CHECK(key("check in on 1 July 2026") != key("check in on 1 July 2027"));
+  CHECK(key("check in on 1 July 2026") != key("check in on 2 July 2026"));
+  CHECK(key("2026年7月1日入住") != key("2026年1月7日入住"));
+  // What is no day of a month stays as it was.
+  CHECK(served("check in on 32 July").entity == "32");
+  CHECK(served("move the booking from the 8th to the 18th").entity == "FROM.8th+TO.18th");
+}
+
 TEST_CASE("suffix key: small words that say nothing more") {
   // 一 before a measure word is "a", as "one" is in English; two is still 2.
   CHECK(key("加一件行李") == key("加行李"));

@@ -250,7 +250,7 @@ class Tokenizer {
   }
 
   // A unit with a digit: "7pm" is the number 7 and the unit pm, as "7 pm" is;
-  // anything else ("789a", "5g") is one entity.
+  // anything else ("789a", "5g", "4th") is one entity.
   void add_number(std::string_view unit) {
     if (unit.size() > 2) {
       const std::string_view digits = unit.substr(0, unit.size() - 2), suffix = unit.substr(unit.size() - 2);
@@ -577,6 +577,74 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   return c;
 }
 
+// A date is one entity, however it is written: "1 July 2026", "July 1st,
+// 2026", "2026年7月1日" and "2026-07-01" are 20260701; without a year, "4
+// March", "March 4th" and "3月4日" are m0304 (never 0304, which "03/04" is:
+// day and month in some order). Only a day of 1 to 31 beside a month's name
+// (or 月 after a month of 1 to 12), and a year of four digits, are read.
+void merge_dates(const Lexicon& lex, std::vector<Token>& tokens) {
+  static constexpr std::string_view kMonths[] = {"JANUARY", "FEBRUARY", "MARCH",     "APRIL",   "MAY",      "JUNE",
+                                                 "JULY",    "AUGUST",   "SEPTEMBER", "OCTOBER", "NOVEMBER", "DECEMBER"};
+  const auto number = [](const Token& t, std::string_view suffix, int low, int high, std::size_t max_digits) {
+    if (t.kind != Token::entity || t.text.size() <= suffix.size() ||
+        std::string_view(t.text).substr(t.text.size() - suffix.size()) != suffix) {
+      return -1;
+    }
+    const std::string_view digits = std::string_view(t.text).substr(0, t.text.size() - suffix.size());
+    if (digits.size() > max_digits || !std::all_of(digits.begin(), digits.end(), is_ascii_digit)) return -1;
+    int value = 0;
+    for (char c : digits) value = value * 10 + (c - '0');
+    return value >= low && value <= high ? value : -1;
+  };
+  const auto month_of = [&](const Token& t) {
+    if (t.kind != Token::detail) return -1;
+    const auto it = std::find(std::begin(kMonths), std::end(kMonths), lex.names[t.name]);
+    return it == std::end(kMonths) ? -1 : static_cast<int>(it - std::begin(kMonths)) + 1;
+  };
+  const auto day_of = [&](const Token& t) {  // 4, 4th, 1st
+    int day = number(t, "", 1, 31, 2);
+    for (std::string_view ordinal : {"st", "nd", "rd", "th"}) day = day > 0 ? day : number(t, ordinal, 1, 31, 2);
+    return day;
+  };
+  const auto year_of = [&](const Token& t) { return number(t, "", 1900, 2199, 4); };
+  std::vector<Token> out;
+  out.reserve(tokens.size());
+  for (std::size_t i = 0; i < tokens.size();) {
+    const auto at = [&](std::size_t k) -> const Token* { return i + k < tokens.size() ? &tokens[i + k] : nullptr; };
+    int day = -1, month = -1, year = -1;
+    std::size_t used = 0;
+    if (at(1) && (day = day_of(tokens[i])) > 0 && (month = month_of(*at(1))) > 0) {
+      used = 2;  // 1 July
+    } else if (at(1) && (month = month_of(tokens[i])) > 0 && (day = day_of(*at(1))) > 0) {
+      used = 2;  // July 1
+    } else if (at(2) && (year = number(tokens[i], "year", 1900, 2199, 4)) > 0 &&
+               (month = number(*at(1), "month", 1, 12, 2)) > 0 &&
+               (day = number(*at(2), "day_of_month", 1, 31, 2)) > 0) {
+      used = 3;  // 2026年7月1日
+    } else if (at(1) && (month = number(tokens[i], "month", 1, 12, 2)) > 0 &&
+               (day = number(*at(1), "day_of_month", 1, 31, 2)) > 0) {
+      used = 2;  // 7月1日
+    }
+    if (used == 2 && year < 0) {
+      // A year after it: "1 July 2026", "July 1, 2026" (the comma is a clause break).
+      if (at(2) && (year = year_of(*at(2))) > 0) {
+        used = 3;
+      } else if (at(3) && at(2)->kind == Token::clause_end && !at(2)->question_mark && (year = year_of(*at(3))) > 0) {
+        used = 4;
+      }
+    }
+    if (used == 0) {
+      out.push_back(std::move(tokens[i++]));
+      continue;
+    }
+    out.push_back({Token::entity, 0,
+                   year > 0 ? fmt::format("{:04}{:02}{:02}", year, month, day) : fmt::format("m{:02}{:02}", month, day),
+                   false});
+    i += used;
+  }
+  tokens = std::move(out);
+}
+
 // Things joined by "and" under one action come in any order: "cancel the
 // parking pass and the concert tickets" is "cancel the concert tickets and the
 // parking pass", 加一份米饭和一瓶可乐 is 加一瓶可乐和一份米饭. A conjunct is a
@@ -638,6 +706,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   find_pattern_matches(patterns, norm, units, matches);
   std::vector<Token> tokens;
   Tokenizer(lexicon, norm).run(units, matches, tokens);
+  merge_dates(lexicon, tokens);
   sort_conjuncts(lexicon, tokens);
 
   const Token* unknown = nullptr;
