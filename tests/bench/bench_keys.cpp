@@ -1,7 +1,7 @@
 // tests/bench/bench_keys.cpp: how precise the suffix key is (clm/store/suffix_key.hpp,
 // docs/snapshot-store.md) on labelled utterance pairs, English and Chinese:
-// the tuning sets and the frozen held-out sets of tests/data/suffix_keys/
-// (their README says who wrote them, and how).
+// the two tuning sets (tuning, tuning2) and the frozen held-out sets of
+// tests/data/suffix_keys/ (their README says who wrote them, and how).
 //
 //   bench_keys [DATA_DIR]     (default: the source tree's tests/data/suffix_keys)
 //
@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<clm::SuffixKeyer> keyer;
   clm_bench::check(clm::SuffixKeyer::create({}, keyer), "SuffixKeyer::create");
 
-  for (const char* set : {"tuning", "heldout"}) {
+  for (const char* set : {"tuning", "tuning2", "heldout"}) {
     for (const char* lang : {"en", "zh"}) {
       const fs::path file = dir / fmt::format("{}_{}.tsv", set, lang);
       const std::vector<Pair> pairs = read_pairs(file, limit);
