@@ -913,6 +913,35 @@ TEST_CASE("suffix key: a time of day with am or pm is on the 24-hour clock") {
   CHECK(served("pick me up at 13pm").entity == "13pm");
 }
 
+TEST_CASE("suffix key: numbers written in words are their value") {
+  // An independent reference: each text's number, written in digits.
+  const std::vector<std::pair<std::string, std::string>> same = {
+      {"退二十块钱到我卡上", "退20元到我卡上"},
+      {"话费充一百块", "充值100元话费"},
+      {"申请十万贷款", "申请10万贷款"},
+      {"十三万五千元退款", "135000元退款"},
+      {"订单二〇二六", "订单2026"},
+      {"订单一千零一", "订单1001"},
+      {"二十三号入住", "23号入住"},
+      {"book twenty five rooms", "book 25 rooms"},
+      {"refund two thousand five hundred dollars", "refund $2500"},
+      {"book two hundred rooms", "book 200 rooms"},
+  };
+  for (const auto& [words, digits] : same) {
+    INFO(words << " => " << key(words) << " | " << digits << " => " << key(digits));
+    CHECK(served(words).key == served(digits).key);
+  }
+  CHECK(served("申请10万贷款").entity == "100000");
+  CHECK(key("二十三号入住") != key("二十号入住"));
+  CHECK(key("二十三号入住") != key("三十二号入住"));
+  CHECK(key("book twenty five rooms") != key("book fifty two rooms"));
+  // No one number: the parts, never a value they do not make.
+  CHECK(served("book twenty thirty rooms").entity == "20-30");
+  // 号 after a number past 31 is "number": 6630号订单 is order 6630.
+  CHECK(key("查下6630号订单的状态") == key("查下订单6630的状态"));
+  CHECK(served("8号入住").entity == "8day_of_month");
+}
+
 TEST_CASE("suffix key: a date is one entity however it is written") {
   for (const char* text : {"check in on 1 July 2026", "check in on July 1st, 2026", "check in on the 1st of July 2026",
                            "check in on 2026-07-01", "2026年7月1日入住", "2026年7月1号入住"}) {

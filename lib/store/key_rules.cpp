@@ -51,22 +51,100 @@ struct PatternMatch {
 };
 
 // A number word the lexicon does not claim ("one" and 一 are mostly "a";
-// words with 一 in them are lexicon entries): its digits, or nullptr. Compound
-// numerals stay apart as entities side by side (二十三: 2-10-3), which tells
-// them apart from each other if not from "23".
-const char* numeral_value(std::string_view unit) {
-  static constexpr std::pair<std::string_view, const char*> kNumerals[] = {
-      {"two", "2"},     {"three", "3"},   {"four", "4"},   {"five", "5"},    {"six", "6"},       {"seven", "7"},
-      {"eight", "8"},   {"nine", "9"},    {"ten", "10"},   {"eleven", "11"}, {"twelve", "12"},   {"fifteen", "15"},
-      {"twenty", "20"}, {"thirty", "30"}, {"forty", "40"}, {"fifty", "50"},  {"hundred", "100"}, {"thousand", "1000"},
-      {"〇", "0"},      {"零", "0"},      {"一", "1"},     {"二", "2"},      {"两", "2"},        {"三", "3"},
-      {"四", "4"},      {"五", "5"},      {"六", "6"},     {"七", "7"},      {"八", "8"},        {"九", "9"},
-      {"十", "10"},     {"百", "100"},    {"千", "1000"},  {"万", "10000"},
+// words with 一 in them are lexicon entries), or nullptr: its value, and how
+// it combines with the words beside it (twenty five, 二十三, 十万, 二〇二六).
+struct Numeral {
+  enum Kind : std::uint8_t {
+    value,       // a number of its own: two, 三, twenty, fifteen
+    multiplier,  // multiplies what is before it in its group: hundred, 十, 百, 千
+    group,       // closes a group and multiplies it: thousand, 万
+  } kind = value;
+  std::uint64_t amount = 0;
+};
+
+const Numeral* numeral_value(std::string_view unit) {
+  using N = Numeral;
+  static constexpr std::pair<std::string_view, Numeral> kNumerals[] = {
+      {"two", {N::value, 2}},
+      {"three", {N::value, 3}},
+      {"four", {N::value, 4}},
+      {"five", {N::value, 5}},
+      {"six", {N::value, 6}},
+      {"seven", {N::value, 7}},
+      {"eight", {N::value, 8}},
+      {"nine", {N::value, 9}},
+      {"ten", {N::value, 10}},
+      {"eleven", {N::value, 11}},
+      {"twelve", {N::value, 12}},
+      {"fifteen", {N::value, 15}},
+      {"twenty", {N::value, 20}},
+      {"thirty", {N::value, 30}},
+      {"forty", {N::value, 40}},
+      {"fifty", {N::value, 50}},
+      {"hundred", {N::multiplier, 100}},
+      {"thousand", {N::group, 1000}},
+      {"〇", {N::value, 0}},
+      {"零", {N::value, 0}},
+      {"一", {N::value, 1}},
+      {"二", {N::value, 2}},
+      {"两", {N::value, 2}},
+      {"三", {N::value, 3}},
+      {"四", {N::value, 4}},
+      {"五", {N::value, 5}},
+      {"六", {N::value, 6}},
+      {"七", {N::value, 7}},
+      {"八", {N::value, 8}},
+      {"九", {N::value, 9}},
+      {"十", {N::multiplier, 10}},
+      {"百", {N::multiplier, 100}},
+      {"千", {N::multiplier, 1000}},
+      {"万", {N::group, 10000}},
   };
-  for (const auto& [word, value] : kNumerals) {
-    if (unit == word) return value;
+  for (const auto& [word, numeral] : kNumerals) {
+    if (unit == word) return &numeral;
   }
   return nullptr;
+}
+
+// The value of numbers side by side, some of them words (twenty five: 25;
+// 二十三: 23; 十二: 12; 10万: 100000; 二〇二六: 2026; two thousand five hundred:
+// 2500), or false where they make no one number ("twenty thirty").
+bool numeral_sum(const std::vector<Numeral>& parts, std::uint64_t& out) {
+  constexpr std::uint64_t kMax = 1'000'000'000'000ULL;
+  std::uint64_t total = 0, group = 0, number = 0;
+  bool has_number = false, spoken_tens = false;  // spoken_tens: "twenty", waiting for "five"
+  for (const Numeral& p : parts) {
+    if (p.amount > kMax || number > kMax || group > kMax || total > kMax) return false;
+    switch (p.kind) {
+      case Numeral::multiplier:
+        group += (has_number ? number : 1) * p.amount;
+        has_number = spoken_tens = false;
+        number = 0;
+        break;
+      case Numeral::group:
+        group += number;
+        total += (group == 0 ? 1 : group) * p.amount;
+        group = number = 0;
+        has_number = spoken_tens = false;
+        break;
+      case Numeral::value:
+        if (!has_number) {
+          number = p.amount;
+          spoken_tens = p.amount >= 20 && p.amount < 100 && p.amount % 10 == 0;
+        } else if (spoken_tens && p.amount < 10) {
+          number += p.amount;  // twenty five
+          spoken_tens = false;
+        } else if (p.amount < 10) {
+          number = number * 10 + p.amount;  // 二〇二六: digit by digit
+        } else {
+          return false;
+        }
+        has_number = true;
+        break;
+    }
+  }
+  out = total + group + number;
+  return out <= kMax;
 }
 
 // Whether an English surface is a verb's past form: a word in -ed or an
@@ -170,8 +248,8 @@ class Tokenizer {
           flush_unit_as_detail();
           last_entity_ = false;
           id_prefix_ = unit;  // "MU 5137", "TKT-88120": the letters are part of the id
-        } else if (const char* value = numeral_value(unit)) {
-          add_entity(value, true);  // "two rooms", 两件: numbers written out are numbers
+        } else if (const Numeral* numeral = numeral_value(unit)) {
+          add_entity({}, numeral);  // "two rooms", 两件: numbers written out are numbers
         } else {
           flush_unit_as_detail();
           out.push_back({Token::unknown, 0, std::string(unit), false});
@@ -267,27 +345,59 @@ class Tokenizer {
 
   // Numbers side by side are one entity, written without what separated them
   // ("0161 496 0732", "0161-496-0732" and "01614960732" are one phone
-  // number; "SW1A 1AA" is "sw1a1aa"); number words keep a '-' between them
-  // (二十三: 2-10-3, never 2103). A unit just before a number waits for it.
-  void add_entity(std::string text, bool spelled = false) {
+  // number; "SW1A 1AA" is "sw1a1aa"); with number words among them, their
+  // value (二十三 and "twenty three" are 23, 十万 and 10万 100000), or, where
+  // they make no one number, the parts with a '-' between them. A unit just
+  // before a number waits for it.
+  void add_entity(std::string text, const Numeral* word = nullptr) {
     if (!id_prefix_.empty()) {
       text.insert(0, id_prefix_);
       id_prefix_ = {};
       last_entity_ = false;
     }
     if (last_entity_ && !out_->empty() && out_->back().kind == Token::entity && !pending_unit_) {
-      if (spelled || last_spelled_) out_->back().text += '-';
+      if (word != nullptr || spelled_) {
+        spelled_ = true;
+        if (plain_number_ && (word != nullptr || add_digits(text))) {
+          if (word != nullptr) parts_.push_back(*word);
+          std::uint64_t value = 0;
+          if (numeral_sum(parts_, value)) {
+            out_->back().text = std::to_string(value);
+            return;
+          }
+        }
+        plain_number_ = false;
+        out_->back().text += '-';
+        out_->back().text += word != nullptr ? std::to_string(word->amount) : text;
+        return;
+      }
       out_->back().text += text;
-      last_spelled_ = spelled;
+      plain_number_ = plain_number_ && add_digits(text);
       return;
     }
-    last_spelled_ = spelled;
+    parts_.clear();
+    spelled_ = word != nullptr;
+    if (word != nullptr) {
+      parts_.push_back(*word);
+      text = std::to_string(word->amount);
+      plain_number_ = !pending_unit_;
+    } else {
+      plain_number_ = !pending_unit_ && add_digits(text);
+    }
     if (pending_unit_) {
       text += unit_suffix(pending_unit_name_);
       pending_unit_ = false;
     }
     out_->push_back({Token::entity, 0, std::move(text), false});
     last_entity_ = true;
+  }
+
+  // Records digits as a part of the number being read (its digits one by
+  // one: "10" then 万 is 10 x 10000); false for what is not all digits.
+  bool add_digits(std::string_view text) {
+    if (text.empty() || text.size() > 12 || !std::all_of(text.begin(), text.end(), is_ascii_digit)) return false;
+    for (char c : text) parts_.push_back({Numeral::value, static_cast<std::uint64_t>(c - '0')});
+    return true;
   }
 
   // "6:45pm", "6.45 p.m." and "18:45" are one time: a time of day before am
@@ -303,6 +413,12 @@ class Tokenizer {
     if (hour < 1 || hour > 12 || minute > 59) return false;
     text = fmt::format("{:02}{:02}", hour % 12 + (unit == "PM" ? 12 : 0), minute);
     return true;
+  }
+
+  // 号 after a number past 31 ("6630号订单") is "number", not a day of the month.
+  static bool names_no_day(const std::string& text, std::string_view unit) {
+    return unit == "DAY_OF_MONTH" && text.size() <= 12 && !text.empty() &&
+           std::all_of(text.begin(), text.end(), is_ascii_digit) && std::stoull(text) > 31;
   }
 
   std::string unit_suffix(std::uint32_t name) const {
@@ -327,7 +443,9 @@ class Tokenizer {
     if (e.category == Category::unit) {
       if (last_entity_ && !out_->empty() && out_->back().kind == Token::entity) {
         std::string& text = out_->back().text;
-        if (!twenty_four_hour(text, lex_.names[e.name])) text += unit_suffix(e.name);  // "20 dollars": 20usd
+        if (!twenty_four_hour(text, lex_.names[e.name]) && !names_no_day(text, lex_.names[e.name])) {
+          text += unit_suffix(e.name);  // "20 dollars": 20usd
+        }
         last_entity_ = false;
         return;
       }
@@ -389,7 +507,11 @@ class Tokenizer {
   std::string_view norm_;
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
-  bool last_spelled_ = false;  // the last entity part was a number word
+  // The entity being read, while numbers come: its parts, whether a number
+  // word is among them, and whether it is all numbers (no id letters, no unit).
+  std::vector<Numeral> parts_;
+  bool spelled_ = false;
+  bool plain_number_ = false;
   bool pending_unit_ = false;
   std::uint32_t pending_unit_name_ = 0;
   std::string_view id_prefix_;  // letters waiting for the number they name
