@@ -942,6 +942,17 @@ TEST_CASE("suffix key: numbers written in words are their value") {
   CHECK(served("8号入住").entity == "8day_of_month");
 }
 
+TEST_CASE("suffix key: who acts, when the speaker is acted on") {
+  CHECK(key("The seller still owes me $40") != key("I still owe the seller $40"));
+  CHECK(served("The seller still owes me $40").key == served("the seller owes me 40 dollars").key);
+  CHECK(served("The seller still owes me $40").object == "BY.STORE");
+  // No speaker after the action, or nothing before it: as before.
+  CHECK(served("I still owe the seller $40").object == "STORE");
+  CHECK(served("send me the invoice for order 789").key == served("send the invoice for order 789").key);
+  // A field of the account is what is acted on: served.
+  CHECK(served("change my address").key == "CHANGE-ADDRESS");
+}
+
 TEST_CASE("suffix key: a date is one entity however it is written") {
   for (const char* text : {"check in on 1 July 2026", "check in on July 1st, 2026", "check in on the 1st of July 2026",
                            "check in on 2026-07-01", "2026年7月1日入住", "2026年7月1号入住"}) {

@@ -34,6 +34,7 @@ struct Token {
     role,
     subject,      // a stopword named SUBJECT (i, we, 我): an auxiliary after it does not ask
     coordinator,  // a stopword named AND (and, 和): objects it joins may come in any order
+    speaker,      // a stopword named ME (me, us): the speaker as what is acted on
     unknown,
     clause_end,
   } kind = unknown;
@@ -497,6 +498,7 @@ class Tokenizer {
       case Category::stopword:
         if (lex_.names[e.name] == "SUBJECT") out_->push_back({Token::subject, 0, {}, false});
         if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
+        if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         break;
       case Category::unit:
         break;
@@ -578,11 +580,14 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool first = true;  // no token of the clause seen yet but greetings and polite forms
   std::string aux, aux_after_subject;
   bool after_subject = false;  // the token before this one was the clause's first, a subject
+  std::pair<std::size_t, std::size_t> things_before_action{0, 0};  // objects, entities
+  bool speaker_after_action = false;
   for (const Token* t = begin; t != end; ++t) {
     std::string this_role;
     this_role.swap(role);  // a role governs the next token only ("want to cancel": no role for CANCEL)
     switch (t->kind) {
       case Token::action:
+        if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
         c.actions.push_back({lex.names[t->name], pending_not, t->past || (pending_not && pending_past)});
         pending_not = false;
         break;
@@ -628,6 +633,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::polite:
         polite = true;
         break;
+      case Token::speaker:
+        speaker_after_action = !c.actions.empty();
+        break;
       case Token::greeting:
       case Token::subject:
       case Token::coordinator:
@@ -647,6 +655,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     } else {
       c.negated = true;
     }
+  }
+  if (speaker_after_action) {
+    // "The seller owes me $40" is not "I owe the seller $40": what comes
+    // before the action, with the speaker after it, is who acts (BY.).
+    for (std::size_t i = 0; i < things_before_action.first; ++i) c.objects[i].text.insert(0, "BY.");
+    for (std::size_t i = 0; i < things_before_action.second; ++i) c.entities[i].text.insert(0, "BY.");
   }
   if (!c.entities.empty() && !c.objects.empty()) {
     // "flight number BA2490" is "flight BA2490": beside the id and what it
