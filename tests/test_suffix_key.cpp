@@ -953,6 +953,17 @@ TEST_CASE("suffix key: who acts, when the speaker is acted on") {
   CHECK(served("change my address").key == "CHANGE-ADDRESS");
 }
 
+TEST_CASE("suffix key: the speaker acted on is part of the key, the speaker's own things are not") {
+  CHECK(key("先接我再接我妈") != key("先接我妈再接我"));
+  CHECK(key("把我女儿加到我的账户") != key("把我加到我女儿的账户"));
+  CHECK(key("把包裹从我家寄到我妹家") != key("把包裹从我妹家寄到我家"));
+  CHECK(served("明早7点来接我").object == "SELF");
+  // 我 as owner, or as who speaks: no SELF.
+  CHECK(served("查一下我的订单").key == served("查一下订单").key);
+  CHECK(served("我要取消订单789").key == served("取消订单789").key);
+  CHECK(served("把我的订单789取消").key == served("把订单789取消").key);
+}
+
 TEST_CASE("suffix key: a date is one entity however it is written") {
   for (const char* text : {"check in on 1 July 2026", "check in on July 1st, 2026", "check in on the 1st of July 2026",
                            "check in on 2026-07-01", "2026年7月1日入住", "2026年7月1号入住"}) {

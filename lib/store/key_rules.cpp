@@ -32,9 +32,10 @@ struct Token {
     polite,
     greeting,
     role,
-    subject,      // a stopword named SUBJECT (i, we, 我): an auxiliary after it does not ask
+    subject,      // a stopword named SUBJECT or SPEAKER (i, we, 我): an auxiliary after it does not ask
     coordinator,  // a stopword named AND (and, 和): objects it joins may come in any order
     speaker,      // a stopword named ME (me, us): the speaker as what is acted on
+    disposal,     // a stopword named DISPOSAL (把, 将): what follows is acted on
     unknown,
     clause_end,
   } kind = unknown;
@@ -42,6 +43,7 @@ struct Token {
   std::string text;            // an entity's canonical text, an unknown word
   bool question_mark = false;  // clause_end: a question mark
   bool past = false;           // an action in a past form ("cancelled", "sent")
+  bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
 };
 
 // Where an entity pattern matched: [begin, end) of the normalised text, and
@@ -497,8 +499,13 @@ class Tokenizer {
         break;
       case Category::stopword:
         if (lex_.names[e.name] == "SUBJECT") out_->push_back({Token::subject, 0, {}, false});
+        if (lex_.names[e.name] == "SPEAKER") {
+          out_->push_back({Token::subject, 0, {}, false});
+          out_->back().names_speaker = true;
+        }
         if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
+        if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
         break;
       case Category::unit:
         break;
@@ -636,8 +643,20 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::speaker:
         speaker_after_action = !c.actions.empty();
         break;
-      case Token::greeting:
       case Token::subject:
+        // 我 after an action, a role or 把, and not before what it owns
+        // (接我 but not 接我妈, 从我 but not 从我家): the speaker, acted on.
+        if (t->names_speaker && t != begin &&
+            (t[-1].kind == Token::action || t[-1].kind == Token::role || t[-1].kind == Token::disposal) &&
+            (t + 1 == end || (t[1].kind != Token::object && t[1].kind != Token::detail))) {
+          c.objects.push_back({this_role + "SELF", pending_not});
+          pending_not = false;
+        } else {
+          role = this_role;  // 从我家: FROM is the home's
+        }
+        break;
+      case Token::greeting:
+      case Token::disposal:
       case Token::coordinator:
       case Token::unknown:
       case Token::clause_end:
