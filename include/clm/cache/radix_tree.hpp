@@ -452,6 +452,29 @@ class RadixTree {
   void backup_candidates(NodeRef ref, std::uint32_t min_hits, std::int32_t& first_page, NodeRef& last,
                          std::vector<std::int32_t>& device_pages) const;
 
+  // ---- observers (KV events) --------------------------------------------------
+  // Tells `observer` (nullptr: none; not owned) of every node whose pages
+  // enter or leave a tier, from now on (RadixTreeObserver).
+  void set_observer(RadixTreeObserver* observer) { observer_ = observer; }
+  // A live node as an observer sees it (index: a node the observer was told
+  // of, or one of its ancestors).
+  NodeView node_view(std::int32_t index) const {
+    const Node& node = nodes_[static_cast<std::size_t>(index)];
+    std::int32_t root = index;
+    while (nodes_[static_cast<std::size_t>(root)].parent >= 0) root = nodes_[static_cast<std::size_t>(root)].parent;
+    const RootName& name = root_names_.at(root);
+    const bool under_root = nodes_[static_cast<std::size_t>(node.parent)].parent < 0;
+    return {{node.data, static_cast<std::size_t>(node.len)},
+            ref(index),
+            under_root ? -1 : node.parent,
+            *name.salt,
+            name.adapter_id,
+            node.on_device,
+            node.on_host};
+  }
+  // Every live node (no namespace roots), each after its parent.
+  void nodes_top_down(std::vector<std::int32_t>& out) const;
+
   // ---- belady (the replay tool's offline reference) ---------------------------
   // Sets the next use of every cached node on the path of `tokens` (whole
   // pages) in `ns`: a node's is next_use[its first page], the index of the
@@ -746,6 +769,7 @@ class RadixTree {
   std::int64_t host_cached_ = 0;
   WriteBackCopy write_back_copier_;
   std::vector<NodeRef> backed_up_;
+  RadixTreeObserver* observer_ = nullptr;
   std::vector<std::int32_t> host_scratch_;                  // scratch: a write-back's host pages
   std::vector<std::int32_t> device_scratch_;                // scratch: a write-back's device pages
   std::unordered_map<std::int32_t, SaltIndex> namespaces_;  // adapter id -> salt -> root

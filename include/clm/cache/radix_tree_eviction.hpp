@@ -45,6 +45,7 @@ inline std::int32_t RadixTree::split_off_tail(std::int32_t leaf, std::int64_t to
 // only); one without is written back first when the policy says so, or goes.
 inline std::int64_t RadixTree::evict_leaf(std::int32_t n) {
   if (!nodes_[n].on_host && host_pool_ && write_back_copier_) (void)back_up_path(n);
+  if (observer_) observer_->pages_removed(*this, n, RadixTreeObserver::Tier::device);
   Node& node = nodes_[n];
   const std::int32_t len = node.len;
   const std::int32_t* pages = pages_of(node);

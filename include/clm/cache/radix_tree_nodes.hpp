@@ -338,7 +338,26 @@ inline std::int32_t RadixTree::add_leaf(std::int32_t parent, const std::int32_t*
   cached_ += len;
   evictable_ += len;
   metrics_.inserted_tokens += static_cast<std::uint64_t>(len);
+  if (observer_) observer_->pages_stored(*this, n, RadixTreeObserver::Tier::device);
   return n;
+}
+
+inline void RadixTree::nodes_top_down(std::vector<std::int32_t>& out) const {
+  out.clear();
+  std::vector<std::pair<std::int32_t, std::int32_t>> by_depth;  // (depth, index)
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& node = nodes_[i];
+    if (!node.live || node.parent < 0) continue;
+    std::int32_t depth = 0;
+    for (std::int32_t up = node.parent; nodes_[static_cast<std::size_t>(up)].parent >= 0;
+         up = nodes_[static_cast<std::size_t>(up)].parent) {
+      ++depth;
+    }
+    by_depth.emplace_back(depth, static_cast<std::int32_t>(i));
+  }
+  std::sort(by_depth.begin(), by_depth.end());
+  out.reserve(by_depth.size());
+  for (const auto& [depth, index] : by_depth) out.push_back(index);
 }
 
 }  // namespace clm

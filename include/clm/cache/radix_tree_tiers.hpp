@@ -282,6 +282,7 @@ inline void RadixTree::attach_device(std::int32_t n, const std::int32_t* pages) 
   if (up.heap_pos != detail::EvictionHeap::kAbsent) heap_.remove(node.parent, heap_positions());
   ++up.device_children;
   if (node.device_children == 0) heap_.push(n, key_of(node), heap_positions());
+  if (observer_) observer_->pages_stored(*this, n, RadixTreeObserver::Tier::device);
 }
 // A device-only node takes host pages (owned already).
 inline void RadixTree::attach_host(std::int32_t n, const std::int32_t* host_pages) {
@@ -293,6 +294,7 @@ inline void RadixTree::attach_host(std::int32_t n, const std::int32_t* host_page
   ++nodes_[node.parent].host_children;
   refresh_host_heap(node.parent);
   refresh_host_heap(n);
+  if (observer_) observer_->pages_stored(*this, n, RadixTreeObserver::Tier::host);
 }
 
 inline std::int32_t RadixTree::add_host_leaf(std::int32_t parent, const std::int32_t* tokens,
@@ -316,6 +318,7 @@ inline std::int32_t RadixTree::add_host_leaf(std::int32_t parent, const std::int
   refresh_host_heap(n);
   host_cached_ += len;
   metrics_.backed_up_tokens += static_cast<std::uint64_t>(len);
+  if (observer_) observer_->pages_stored(*this, n, RadixTreeObserver::Tier::host);
   return n;
 }
 
@@ -383,6 +386,7 @@ inline bool RadixTree::back_up_path(std::int32_t n) {
 // Drops a host copy: a node on both tiers stays on the device; a host-only
 // node (no children: they would have host copies) goes.
 inline std::int64_t RadixTree::evict_host_leaf(std::int32_t n) {
+  if (observer_) observer_->pages_removed(*this, n, RadixTreeObserver::Tier::host);
   Node& node = nodes_[n];
   const std::int32_t len = node.len;
   const std::int32_t* pages = host_pages_of(node);

@@ -1,7 +1,8 @@
 // clm/cache/radix_tree_types.hpp: the values RadixTree's calls take and give
 // back: the namespace a request's prefixes live in (CacheNamespace), a handle
 // to a node (NodeRef), what a match finds (PrefixMatch, PrefixPeek), what an
-// insert stored (InsertOutcome), and the tree's counters (RadixTreeMetrics).
+// insert stored (InsertOutcome), the tree's counters (RadixTreeMetrics), and
+// what an observer of its tiers is told (RadixTreeObserver, NodeView).
 // radix_tree.hpp includes this header and shows them in use:
 //
 //   clm::PrefixMatch hit;
@@ -11,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -44,6 +46,35 @@ struct PathBelow {
   std::vector<std::pair<NodeRef, std::int32_t>> nodes;
   std::string salt;  // the namespace
   std::int32_t adapter_id = 0;
+};
+
+// One node as an observer sees it (RadixTree::node_view): its tokens (whole
+// pages), its place, its namespace and its tiers. Valid until the tree
+// changes.
+struct NodeView {
+  std::span<const std::int32_t> tokens;
+  NodeRef ref;
+  std::int32_t parent = -1;  // a node's index, or -1 when the node hangs from its namespace root
+  std::string_view salt;     // the namespace
+  std::int32_t adapter_id = 0;
+  bool on_device = false, on_host = false;
+};
+
+class RadixTree;
+
+// Told of every node whose pages enter or leave a tier, in the order the tree
+// changes, while it changes (RadixTree::set_observer). KV events
+// (clm/events/) are built from these calls. The calls come with the tree's
+// caller's lock held, must not throw, and must not call back into the tree
+// but for its const reads.
+class RadixTreeObserver {
+ public:
+  enum class Tier : std::uint8_t { device, host };
+  virtual ~RadixTreeObserver() = default;
+  // All of node `index`'s pages are now on `tier`.
+  virtual void pages_stored(const RadixTree& tree, std::int32_t index, Tier tier) noexcept = 0;
+  // All of node `index`'s pages are about to leave `tier`; the node is whole during the call.
+  virtual void pages_removed(const RadixTree& tree, std::int32_t index, Tier tier) noexcept = 0;
 };
 
 struct PrefixMatch {
