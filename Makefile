@@ -22,7 +22,7 @@ CMAKE_FLAGS ?=
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
   libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox \
   debian-faq debian-faq-zh-cn curl libcpp-httplib-dev clang libclang-rt-14-dev libopencc-dev libopencc-data \
-  wamerican
+  wamerican libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
 
 # nvcc lives outside PATH on a stock CUDA install; CMake finds it when told.
 NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -94,11 +94,13 @@ test-asan: build-asan
 	  -E "hidden 4096, Krylov|^ci_missing_tool_fails_configure$$"
 
 # ThreadSanitizer over the test cases tagged [threads] (many host threads on
-# one Engine, the SRC tracker, the snapshot store, the tiers), in a third build
-# folder holding only their programs; the 8-thread lifecycle test runs fewer
-# operations. make soak adds the kernels' thread pool and the engine's older
-# threads test (SOAK_TSAN_TESTS): CI's 45 minutes hold no more.
-TSAN_TESTS := test_engine_concurrency test_src_tracker test_snapshot_store test_engine_tiers test_file_backend test_chinese_fold
+# one Engine, the SRC tracker, the snapshot store, the tiers, the KV-event
+# publisher), in a third build folder holding only their programs; the
+# 8-thread lifecycle test runs fewer operations. make soak adds the kernels'
+# thread pool and the engine's older threads test (SOAK_TSAN_TESTS): CI's 45
+# minutes hold no more.
+TSAN_TESTS := test_engine_concurrency test_src_tracker test_snapshot_store test_engine_tiers test_file_backend test_chinese_fold \
+  test_kv_events
 build-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_TSAN=ON -DCLM_CUDA=OFF -DCLM_BUILD_BENCH=OFF $(SANITIZER_COMPILERS) \
 	  $(CMAKE_FLAGS)

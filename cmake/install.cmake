@@ -32,6 +32,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/clmcacheConfigVersion.cma
 install(FILES ${PROJECT_BINARY_DIR}/clmcacheConfig.cmake ${PROJECT_BINARY_DIR}/clmcacheConfigVersion.cmake
   ${PROJECT_SOURCE_DIR}/cmake/Findhiredis.cmake  # hiredis has no CMake package of its own
   ${PROJECT_SOURCE_DIR}/cmake/FindOpenCC.cmake  # nor has OpenCC
+  ${PROJECT_SOURCE_DIR}/cmake/Findlibzmq.cmake  # nor has Debian's libzmq
   DESTINATION ${clm_cmake_dir})
 
 # The .pc file finds its prefix from its own location (${pcfiledir}), so it
@@ -52,7 +53,7 @@ foreach(dir LIBDIR INCLUDEDIR)
   endif()
 endforeach()
 # What a static link (pkg-config --static) needs besides libclmcache.a.
-set(clm_pc_libs_private "-lfmt -lsqlite3 -lcrypto -lhiredis -lopencc -lstdc++ -lm -lpthread")
+set(clm_pc_libs_private "-lfmt -lsqlite3 -lcrypto -lhiredis -lopencc -lzmq -lstdc++ -lm -lpthread")
 if(CLM_HAVE_CUDA)
   string(APPEND clm_pc_libs_private " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart")
 endif()

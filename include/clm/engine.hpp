@@ -60,6 +60,8 @@
 #include "clm/engine/admission.hpp"
 #include "clm/engine/engine_config.hpp"
 #include "clm/engine/engine_metrics.hpp"
+#include "clm/events/kv_event_publisher.hpp"
+#include "clm/events/kv_event_recorder.hpp"
 #include "clm/metrics/metrics_text.hpp"
 #include "clm/model/snapshot_adapter.hpp"
 #include "clm/model/snapshot_projection.hpp"
@@ -121,14 +123,20 @@ class Engine {
     } else if (!config.tiers.page_secret_file.empty() || !config.tiers.page_secret_env.empty()) {
       return invalid_argument("tiers: a page secret without a storage tier (tiers.storage_url) signs nothing");
     }
+    if (config.kv_events.enabled && config.model_id.empty()) {
+      return invalid_argument("kv_events: needs model_id (the block hashes name the model, as stored pages do)");
+    }
     std::unique_ptr<SnapshotStore> store;
     if (!config.snapshot_store.path.empty()) CLM_RETURN_IF_ERROR(SnapshotStore::open(config.snapshot_store, store));
-    out.reset(new Engine(config, std::move(pool), std::move(tiers)));
-    out->store_ = std::move(store);
-    if (out->tiers_) out->tiers_->start(*out->tree_, out->mutex_);
+    std::unique_ptr<Engine> engine(new Engine(config, std::move(pool), std::move(tiers)));
+    engine->store_ = std::move(store);
+    if (config.kv_events.enabled) CLM_RETURN_IF_ERROR(engine->start_kv_events());
+    if (engine->tiers_) engine->tiers_->start(*engine->tree_, engine->mutex_);
+    out = std::move(engine);
     return {};
   }
   ~Engine() {
+    kv_publisher_.reset();  // its thread may call back (a resync): first
     abort_all();
     if (tiers_) tiers_->stop();  // its jobs hold tree nodes; the tree holds its host pages
     tree_.reset();
@@ -482,8 +490,10 @@ class Engine {
     const SrcMetrics src = src_.metrics();
     const SnapshotStoreMetrics store = store_ ? store_->metrics() : SnapshotStoreMetrics{};
     const TierMetrics tiers = tiers_ ? tiers_->metrics() : TierMetrics{};
+    const KvEventsMetrics kv_events = kv_publisher_ ? kv_publisher_->metrics() : KvEventsMetrics{};
     std::lock_guard lock(mutex_);
     EngineMetrics m = metrics_;
+    m.kv_events = kv_events;
     m.src = src;
     m.has_snapshot_store = store_ != nullptr;
     m.store = store;
@@ -498,6 +508,26 @@ class Engine {
 
   // metrics() as Prometheus text (metrics_text.hpp).
   std::string metrics_text() const { return format_metrics_text(metrics()); }
+
+  // ---- KV events (EngineConfig::kv_events, events/) ------------------------
+  // The hashes of every page now on `medium` (the pool, or the host tier),
+  // parents first: what a subscriber that missed nothing holds for this
+  // instance. failed_precondition when KV events are off.
+  Status kv_event_blocks(KvMedium medium, std::vector<std::uint64_t>& out) const {
+    if (!kv_recorder_) return failed_precondition("kv_event_blocks: KV events are off (EngineConfig::kv_events)");
+    std::lock_guard lock(mutex_);
+    return kv_recorder_->cached_blocks(*tree_, medium, out);
+  }
+  // Returns once every event so far is published (failed_precondition after `timeout`).
+  Status flush_kv_events(std::chrono::milliseconds timeout) {
+    if (!kv_publisher_) return failed_precondition("flush_kv_events: KV events are off (EngineConfig::kv_events)");
+    return kv_publisher_->flush(timeout);
+  }
+  // The endpoints as bound ("tcp://127.0.0.1:40123" for a "*" port); empty when off.
+  std::string kv_events_endpoint() const { return kv_publisher_ ? kv_publisher_->endpoint() : std::string(); }
+  std::string kv_events_replay_endpoint() const {
+    return kv_publisher_ ? kv_publisher_->replay_endpoint() : std::string();
+  }
 
   // For tests: the tree's invariants, and that every pool page is free, the
   // tree's, or held by exactly the running sequences that list it.
@@ -546,6 +576,31 @@ class Engine {
                                               : config.slru_protected_fraction,
                                           tiers_ ? tiers_->host_pool() : nullptr, config.ghost_slru_memory)),
         src_(config.src_gate, config.special_token_ids) {}
+
+  // Records the tree's changes from now on, starting with AllBlocksCleared
+  // (this instance holds nothing), and publishes them.
+  Status start_kv_events() {
+    Digest32 scope{};
+    if (tiers_ && tiers_->has_storage()) {
+      scope = tiers_->key_scope();  // the same keys as the stored pages', secret included
+    } else {
+      PageSeal seal;
+      CLM_RETURN_IF_ERROR(PageSeal::create(config_.model_id, {}, seal));
+      scope = seal.key_scope();
+    }
+    kv_recorder_ = std::make_unique<KvEventRecorder>(
+        page_size_, scope, static_cast<std::size_t>(std::max(1, config_.kv_events.queue_events)));
+    kv_recorder_->record_cleared();
+    CLM_RETURN_IF_ERROR(KvEventPublisher::create(
+        config_.kv_events, *kv_recorder_,
+        [this] {
+          std::lock_guard lock(mutex_);
+          kv_recorder_->resync(*tree_);
+        },
+        kv_publisher_));
+    tree_->set_observer(kv_recorder_.get());
+    return {};
+  }
 
   // Storage (L3): fetches what no tier holds of the prompt's whole pages
   // (up to len-1 tokens), waiting as the prefetch policy says when `wait`.
@@ -729,7 +784,9 @@ class Engine {
   mutable std::mutex clm_parts_mutex_;  // guards the two pointers below
   std::shared_ptr<const SnapshotProjection> projection_;
   std::shared_ptr<const SnapshotAdapter> adapter_;
-  std::unique_ptr<SnapshotStore> store_;  // set once by create()
+  std::unique_ptr<SnapshotStore> store_;            // set once by create()
+  std::unique_ptr<KvEventRecorder> kv_recorder_;    // KV events: the tree's observer, and
+  std::unique_ptr<KvEventPublisher> kv_publisher_;  // its publisher (both set once by create())
 };
 
 }  // namespace clm

@@ -2,7 +2,8 @@
 // (tests/fuzz/corpus/<target>/) with the library's own encoders: safetensors
 // files from serialize_safetensors, snapshot BLOBs from encode_snapshot_blob,
 // stored pages from encode_page_header, suffix-key texts in English and
-// Chinese, short C ABI call sequences and radix-tree runs in the byte format
+// Chinese, short C ABI call sequences, radix-tree runs, KV event batches (from
+// encode_kv_event_batch) and a replay request, in the byte format
 // their fuzzers read (clm_fuzz::ByteReader: one byte per choice, front to back).
 // Deterministic: running it again rewrites the same files. Built on demand.
 //
@@ -17,10 +18,12 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "clm/events/kv_event.hpp"
 #include "clm/io/safetensors.hpp"
 #include "clm/status.hpp"
 #include "clm/store/snapshot_blob.hpp"
@@ -306,6 +309,35 @@ void radix_runs() {
   }
 }
 
+// ---- (h) KV event batches and replay requests -------------------------------------
+void kv_events() {
+  std::mt19937_64 rng(7);
+  for (auto layout : {clm::KvEventLayout::array, clm::KvEventLayout::legacy, clm::KvEventLayout::map}) {
+    clm::KvEventBatch batch{.ts = 1757500000.25, .events = {}, .data_parallel_rank = 0};
+    clm::KvEvent stored;
+    stored.block_hashes = {rng(), rng()};
+    stored.parent_block_hash = rng();
+    stored.block_size = 2;
+    stored.token_ids = {1, 2, 3, 4};
+    stored.lora_id = 3;
+    stored.extra_key = "salt:0123456789abcdef0123456789abcdef";
+    clm::KvEvent removed;
+    removed.kind = clm::KvEventKind::block_removed;
+    removed.medium = clm::KvMedium::cpu;
+    removed.block_hashes = {rng()};
+    clm::KvEvent cleared;
+    cleared.kind = clm::KvEventKind::all_blocks_cleared;
+    batch.events = {cleared, stored, removed};
+    std::string payload;
+    if (!clm::encode_kv_event_batch(batch, layout, payload).ok()) std::abort();
+    Bytes in = {0};
+    in.insert(in.end(), payload.begin(), payload.end());
+    write("kv_events", fmt::format("batch_layout{}", static_cast<int>(layout)), in);
+  }
+  // A replay request: identity, 0xff, (empty), 0xff, 8 bytes of start.
+  write("kv_events", "replay_request", {1, 'i', 'd', 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 42});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -321,5 +353,6 @@ int main(int argc, char** argv) {
   pages();
   capi_sequences();
   radix_runs();
+  kv_events();
   return 0;
 }

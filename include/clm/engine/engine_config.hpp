@@ -17,6 +17,7 @@
 
 #include "clm/cache/eviction_policy.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
+#include "clm/events/kv_events_config.hpp"
 #include "clm/model/src_gate.hpp"
 #include "clm/store/snapshot_store.hpp"
 #include "clm/tiers/tier_config.hpp"
@@ -48,6 +49,11 @@ struct EngineConfig {
   // with a storage tier (up to 4096 bytes); change it whenever the weights
   // change, even in place.
   std::string model_id;
+  // KV events for cache-aware routers (events/kv_events_config.hpp,
+  // docs/fleet.md): every page the pool or the host tier takes or gives up,
+  // published over ZeroMQ as vLLM does. Off by default; needs model_id (the
+  // block hashes name the model).
+  KvEventsConfig kv_events;
 };
 
 }  // namespace clm

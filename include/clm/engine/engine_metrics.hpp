@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "clm/cache/radix_tree_types.hpp"
+#include "clm/events/kv_events_config.hpp"
 #include "clm/metrics/metrics_text.hpp"
 #include "clm/model/src_tracker.hpp"
 #include "clm/store/snapshot_store.hpp"
@@ -32,7 +33,8 @@ struct EngineMetrics {
   bool has_snapshot_store = false;
   SnapshotStoreMetrics store;  // all zero without a store
   bool has_tiers = false;
-  TierMetrics tiers;  // all zero without tiers
+  TierMetrics tiers;          // all zero without tiers
+  KvEventsMetrics kv_events;  // all zero (enabled false) without KV events
 };
 
 }  // namespace clm

@@ -66,6 +66,9 @@ class TierManager {
   PagedKvPool* host_pool() const { return host_pool_.get(); }
   const TierConfig& config() const { return config_; }
   bool has_storage() const { return storage_ != nullptr; }
+  // What every page key is chained under (page_seal.hpp): the model, and the
+  // secret when pages are signed; all zero without a storage tier.
+  const Digest32& key_scope() const { return key_scope_; }
 
   // Starts the workers (and write-back, under write_back). Once.
   void start(RadixTree& tree, detail::SpinThenBlockMutex& engine_mutex);

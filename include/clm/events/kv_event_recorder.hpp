@@ -1,0 +1,113 @@
+// clm/events/kv_event_recorder.hpp: the KV events of one radix tree, as it
+// changes (a RadixTreeObserver): every node whose pages enter or leave the
+// device pool or the host tier becomes one BlockStored or BlockRemoved, in
+// the order the tree changed, into a bounded queue a publisher takes from
+// (kv_event_publisher.hpp). Engine owns one when EngineConfig::kv_events is
+// on; on its own:
+//
+//   clm::KvEventRecorder recorder(tree.page_size(), scope, /*capacity=*/4096);
+//   tree.set_observer(&recorder);
+//   recorder.record_cleared();                       // a new tree holds nothing
+//   ... tree.insert(...), tree.evict(...) ...
+//   std::vector<clm::KvEvent> events;
+//   recorder.take(events, 1024);                     // oldest first
+//
+// A block's hash is the low 64 bits (big-endian, as vLLM reads its own) of
+// its page key (clm/tiers/page_key.hpp): the SHA-256 chain over the prefix,
+// the tenant's salt, the adapter and the scope (the model, and the
+// deployment's secret when pages are signed). So the same page has the same
+// hash in every instance of one model, a stored, a removed and a parent hash
+// always agree, and no two tenants' pages share one. The salt itself is never
+// sent: each block's extra key is its digest.
+//
+// Threads: the observer calls, resync and cached_blocks run under the lock of
+// the tree's owner (its caches are that lock's); take, metrics and the
+// counters may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "clm/cache/radix_tree.hpp"
+#include "clm/events/kv_event.hpp"
+#include "clm/tiers/page_key.hpp"
+
+namespace clm {
+
+class KvEventRecorder final : public RadixTreeObserver {
+ public:
+  // `scope`: PageSeal::key_scope() of the model (and secret). `capacity`:
+  // events queued at most (past it: dropped, counted, and a resync needed).
+  KvEventRecorder(std::int32_t page_size, const Digest32& scope, std::size_t capacity);
+
+  void pages_stored(const RadixTree& tree, std::int32_t index, Tier tier) noexcept override;
+  void pages_removed(const RadixTree& tree, std::int32_t index, Tier tier) noexcept override;
+
+  // AllBlocksCleared: the tree holds nothing (a new one, or a clear).
+  void record_cleared() noexcept;
+  // After drops: AllBlocksCleared, then a BlockStored for every node on each
+  // tier, parents first. Clears resync_needed().
+  void resync(const RadixTree& tree) noexcept;
+  bool resync_needed() const { return resync_needed_.load(std::memory_order_acquire); }
+
+  // The hashes of every page on `medium`, parents before children.
+  // out_of_memory when a hash cannot be computed for want of memory.
+  Status cached_blocks(const RadixTree& tree, KvMedium medium, std::vector<std::uint64_t>& out) const;
+
+  // Moves up to `max` of the oldest queued events into `out` (replacing its
+  // contents); returns how many.
+  std::size_t take(std::vector<KvEvent>& out, std::size_t max);
+  std::size_t queued() const;
+  // When the oldest queued event was recorded (the batch deadline counts from it).
+  std::chrono::steady_clock::time_point oldest() const;
+  // Called (from the recording thread, with no lock of ours held) when the
+  // queue reaches `threshold` events, or needs a resync: wakes a publisher.
+  void set_wakeup(std::size_t threshold, std::function<void()> wake);
+
+  std::uint64_t recorded_events() const { return recorded_.load(std::memory_order_relaxed); }
+  std::uint64_t dropped_events() const { return dropped_.load(std::memory_order_relaxed); }
+  std::uint64_t resyncs() const { return resyncs_.load(std::memory_order_relaxed); }
+
+  // The block hash of a page key (its last 8 bytes, big-endian).
+  static std::uint64_t block_hash(const PageKey& key);
+  // "salt:" and the first 32 hex digits of SHA-256(salt); empty for "".
+  static std::string salt_digest(std::string_view salt);
+
+ private:
+  struct Tail {
+    std::uint32_t generation = 0;
+    PageKey key;
+  };
+  Status node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored, KvEvent& out) const;
+  Status tail_key(const RadixTree& tree, std::int32_t index, PageKey& out) const;
+  const std::string& digest_of(std::string_view salt) const;
+  void push(KvEvent&& event) noexcept;
+
+  const std::int32_t page_size_;
+  const Digest32 scope_;
+  const std::size_t capacity_;
+
+  // The owner's lock: the key of each node's last page (by index and
+  // generation), and each salt's digest.
+  mutable std::unordered_map<std::int32_t, Tail> tails_;
+  mutable std::unordered_map<std::string, std::string> digests_;
+  mutable std::vector<PageKey> keys_;  // scratch
+
+  mutable std::mutex queue_mutex_;
+  std::deque<KvEvent> queue_;
+  std::chrono::steady_clock::time_point oldest_{};
+  std::size_t wake_threshold_ = 0;
+  std::function<void()> wake_;
+
+  std::atomic<bool> resync_needed_{false};
+  std::atomic<std::uint64_t> recorded_{0}, dropped_{0}, resyncs_{0};
+};
+
+}  // namespace clm

@@ -1,0 +1,260 @@
+// lib/events/kv_event_recorder.cpp: the radix tree's changes as KV events
+// (clm/events/kv_event_recorder.hpp).
+#include "clm/events/kv_event_recorder.hpp"
+
+#include <openssl/evp.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <new>
+#include <utility>
+
+namespace clm {
+
+KvEventRecorder::KvEventRecorder(std::int32_t page_size, const Digest32& scope, std::size_t capacity)
+    : page_size_(page_size), scope_(scope), capacity_(std::max<std::size_t>(capacity, 1)) {}
+
+std::uint64_t KvEventRecorder::block_hash(const PageKey& key) {
+  std::uint64_t h = 0;
+  for (std::size_t i = key.bytes.size() - 8; i < key.bytes.size(); ++i) h = (h << 8) | key.bytes[i];
+  return h;
+}
+
+std::string KvEventRecorder::salt_digest(std::string_view salt) {
+  if (salt.empty()) return {};
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(salt.data(), salt.size(), digest, &length, EVP_sha256(), nullptr) != 1 || length < 16) {
+    throw std::bad_alloc();  // libcrypto fails only for memory
+  }
+  std::string out = "salt:";
+  for (unsigned int i = 0; i < 16; ++i) out += fmt::format("{:02x}", digest[i]);
+  return out;
+}
+
+const std::string& KvEventRecorder::digest_of(std::string_view salt) const {
+  auto it = digests_.find(std::string(salt));
+  if (it == digests_.end()) it = digests_.emplace(std::string(salt), salt_digest(salt)).first;
+  return it->second;
+}
+
+// The key of node `index`'s last page: from the deepest ancestor whose tail is
+// known (or the namespace's start), chained down.
+Status KvEventRecorder::tail_key(const RadixTree& tree, std::int32_t index, PageKey& out) const {
+  std::vector<std::int32_t> chain;  // bottom-up: nodes whose tail is not known
+  PageKey above = PageKey::root();
+  for (std::int32_t n = index; n >= 0;) {
+    const NodeView v = tree.node_view(n);
+    const auto it = tails_.find(n);
+    if (it != tails_.end() && it->second.generation == v.ref.generation) {
+      above = it->second.key;
+      break;
+    }
+    chain.push_back(n);
+    n = v.parent;
+  }
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const NodeView v = tree.node_view(*it);
+    const PageKeyNamespace ns{.salt = v.salt, .adapter_id = v.adapter_id, .scope = scope_};
+    keys_.resize(v.tokens.size() / static_cast<std::size_t>(page_size_));
+    CLM_RETURN_IF_ERROR(chain_page_keys(above, v.tokens, page_size_, ns, keys_));
+    above = keys_.empty() ? above : keys_.back();
+    tails_[*it] = {v.ref.generation, above};
+  }
+  out = above;
+  return {};
+}
+
+Status KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored,
+                                   KvEvent& out) const {
+  const NodeView v = tree.node_view(index);
+  PageKey above = PageKey::root();
+  if (v.parent >= 0) CLM_RETURN_IF_ERROR(tail_key(tree, v.parent, above));
+  const PageKeyNamespace ns{.salt = v.salt, .adapter_id = v.adapter_id, .scope = scope_};
+  keys_.resize(v.tokens.size() / static_cast<std::size_t>(page_size_));
+  CLM_RETURN_IF_ERROR(chain_page_keys(above, v.tokens, page_size_, ns, keys_));
+  if (!keys_.empty()) tails_[index] = {v.ref.generation, keys_.back()};
+  out = KvEvent{};
+  out.kind = stored ? KvEventKind::block_stored : KvEventKind::block_removed;
+  out.medium = medium;
+  out.block_hashes.reserve(keys_.size());
+  for (const PageKey& k : keys_) out.block_hashes.push_back(block_hash(k));
+  if (!stored) return {};
+  if (v.parent >= 0) out.parent_block_hash = block_hash(above);
+  out.token_ids.assign(v.tokens.begin(), v.tokens.end());
+  out.block_size = page_size_;
+  if (v.adapter_id != 0) out.lora_id = v.adapter_id;
+  out.extra_key = digest_of(v.salt);
+  return {};
+}
+
+void KvEventRecorder::push(KvEvent&& event) noexcept {
+  recorded_.fetch_add(1, std::memory_order_relaxed);
+  bool wake = false;
+  {
+    std::lock_guard guard(queue_mutex_);
+    if (resync_needed_.load(std::memory_order_relaxed)) {
+      // A resync will describe the whole tree as it is then, this change included.
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    if (queue_.size() >= capacity_) {
+      // Full: what is queued is superseded by the resync to come.
+      dropped_.fetch_add(queue_.size() + 1, std::memory_order_relaxed);
+      queue_.clear();
+      resync_needed_.store(true, std::memory_order_release);
+      wake = static_cast<bool>(wake_);
+    } else {
+      try {
+        if (queue_.empty()) oldest_ = std::chrono::steady_clock::now();
+        queue_.push_back(std::move(event));
+      } catch (const std::bad_alloc&) {
+        dropped_.fetch_add(queue_.size() + 1, std::memory_order_relaxed);
+        queue_.clear();
+        resync_needed_.store(true, std::memory_order_release);
+      }
+      wake = wake_ && queue_.size() == wake_threshold_;
+    }
+  }
+  if (wake) wake_();
+}
+
+void KvEventRecorder::pages_stored(const RadixTree& tree, std::int32_t index, Tier tier) noexcept {
+  if (resync_needed()) {
+    recorded_.fetch_add(1, std::memory_order_relaxed);
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  KvEvent event;
+  try {
+    const KvMedium medium = tier == Tier::host ? KvMedium::cpu : KvMedium::gpu;
+    if (!node_event(tree, index, medium, true, event).ok()) throw std::bad_alloc();
+  } catch (const std::bad_alloc&) {  // no hashes: lost, and the resync will say it
+    std::lock_guard guard(queue_mutex_);
+    recorded_.fetch_add(1, std::memory_order_relaxed);
+    dropped_.fetch_add(queue_.size() + 1, std::memory_order_relaxed);
+    queue_.clear();
+    resync_needed_.store(true, std::memory_order_release);
+    return;
+  }
+  push(std::move(event));
+}
+
+void KvEventRecorder::pages_removed(const RadixTree& tree, std::int32_t index, Tier tier) noexcept {
+  if (resync_needed()) {
+    recorded_.fetch_add(1, std::memory_order_relaxed);
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  KvEvent event;
+  try {
+    const KvMedium medium = tier == Tier::host ? KvMedium::cpu : KvMedium::gpu;
+    if (!node_event(tree, index, medium, false, event).ok()) throw std::bad_alloc();
+    // A node that leaves both tiers is freed: its tail goes with it.
+    const NodeView v = tree.node_view(index);
+    if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) tails_.erase(index);
+  } catch (const std::bad_alloc&) {
+    std::lock_guard guard(queue_mutex_);
+    recorded_.fetch_add(1, std::memory_order_relaxed);
+    dropped_.fetch_add(queue_.size() + 1, std::memory_order_relaxed);
+    queue_.clear();
+    resync_needed_.store(true, std::memory_order_release);
+    return;
+  }
+  push(std::move(event));
+}
+
+void KvEventRecorder::record_cleared() noexcept {
+  KvEvent cleared;
+  cleared.kind = KvEventKind::all_blocks_cleared;
+  push(std::move(cleared));
+}
+
+void KvEventRecorder::resync(const RadixTree& tree) noexcept {
+  std::vector<KvEvent> events;
+  try {
+    std::vector<std::int32_t> nodes;
+    tree.nodes_top_down(nodes);
+    events.reserve(2 * nodes.size() + 1);
+    KvEvent cleared;
+    cleared.kind = KvEventKind::all_blocks_cleared;
+    events.push_back(std::move(cleared));
+    for (KvMedium medium : {KvMedium::gpu, KvMedium::cpu}) {
+      for (std::int32_t n : nodes) {
+        const NodeView v = tree.node_view(n);
+        if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
+        KvEvent e;
+        if (!node_event(tree, n, medium, true, e).ok()) throw std::bad_alloc();
+        events.push_back(std::move(e));
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return;  // still needed: the next try may have the memory
+  }
+  {
+    std::lock_guard guard(queue_mutex_);
+    // What was recorded since the drop is in the snapshot: it replaces the queue.
+    queue_.clear();
+    oldest_ = std::chrono::steady_clock::now();
+    try {
+      for (KvEvent& e : events) queue_.push_back(std::move(e));
+    } catch (const std::bad_alloc&) {
+      queue_.clear();
+      return;
+    }
+    recorded_.fetch_add(events.size(), std::memory_order_relaxed);
+    resync_needed_.store(false, std::memory_order_release);
+    resyncs_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+Status KvEventRecorder::cached_blocks(const RadixTree& tree, KvMedium medium, std::vector<std::uint64_t>& out) const {
+  try {
+    std::vector<std::int32_t> nodes;
+    tree.nodes_top_down(nodes);
+    std::vector<std::uint64_t> hashes;
+    for (std::int32_t n : nodes) {
+      const NodeView v = tree.node_view(n);
+      if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
+      KvEvent e;
+      CLM_RETURN_IF_ERROR(node_event(tree, n, medium, false, e));
+      hashes.insert(hashes.end(), e.block_hashes.begin(), e.block_hashes.end());
+    }
+    out = std::move(hashes);
+    return {};
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("cached_blocks: no memory for the list");
+  }
+}
+
+std::size_t KvEventRecorder::take(std::vector<KvEvent>& out, std::size_t max) {
+  out.clear();
+  std::lock_guard guard(queue_mutex_);
+  const std::size_t n = std::min(max, queue_.size());
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  if (!queue_.empty()) oldest_ = std::chrono::steady_clock::now();
+  return n;
+}
+
+std::size_t KvEventRecorder::queued() const {
+  std::lock_guard guard(queue_mutex_);
+  return queue_.size();
+}
+
+std::chrono::steady_clock::time_point KvEventRecorder::oldest() const {
+  std::lock_guard guard(queue_mutex_);
+  return oldest_;
+}
+
+void KvEventRecorder::set_wakeup(std::size_t threshold, std::function<void()> wake) {
+  std::lock_guard guard(queue_mutex_);
+  wake_threshold_ = std::max<std::size_t>(threshold, 1);
+  wake_ = std::move(wake);
+}
+
+}  // namespace clm

@@ -1,0 +1,347 @@
+// Tests of an Engine's KV events (EngineConfig::kv_events): a subscriber on a
+// real ZeroMQ socket, joining after the first batches and recovering them
+// through replay, rebuilds each tier's set of blocks from the stream alone
+// (a naive model: a set per medium, a parent must be known before its child,
+// a removed block must be there); after a random workload with evictions,
+// host-tier moves, three tenants and two adapters, that set equals the
+// engine's, block for block, and every block hash is one of the page keys
+// chained independently over the prompts the workload finished. Then: drops
+// and the resync that follows them, replay requests that are malformed or
+// from the future, and configurations that must be refused.
+#include <catch2/catch.hpp>
+
+#include <zmq.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clm/engine.hpp"
+#include "clm/events/kv_event_recorder.hpp"
+#include "clm/tiers/page_key.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using Tokens = std::vector<std::int32_t>;
+constexpr std::int32_t kPageSize = 4;
+constexpr const char* kModel = "test-model@sha256:00";
+
+clm::EngineConfig events_config() {
+  clm::EngineConfig config;
+  config.pool.num_pages = 48;
+  config.pool.page_size = kPageSize;
+  config.pool.num_layers = 1;
+  config.pool.kv_heads = 1;
+  config.pool.head_dim = 8;
+  config.pool.dtype = clm::KvDType::f32;
+  config.tiers.host_pages = 64;
+  config.tiers.write_policy = clm::WritePolicy::write_back;
+  config.model_id = kModel;
+  config.kv_events.enabled = true;
+  config.kv_events.endpoint = "tcp://127.0.0.1:*";
+  config.kv_events.replay_endpoint = "tcp://127.0.0.1:*";
+  config.kv_events.batch_interval_ms = 2;
+  config.kv_events.max_batch_events = 16;
+  return config;
+}
+
+std::uint64_t be64(const zmq::message_t& m) {
+  std::uint64_t v = 0;
+  const auto* p = static_cast<const unsigned char*>(m.data());
+  for (std::size_t i = 0; i < 8; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+std::string be64_bytes(std::uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i, v >>= 8) out[static_cast<std::size_t>(i)] = static_cast<char>(v & 0xff);
+  return out;
+}
+
+// Asks the replay socket for every batch from `start`: (seq, payload) in order.
+std::vector<std::pair<std::uint64_t, std::string>> replay(zmq::context_t& ctx, const std::string& endpoint,
+                                                          std::uint64_t start, const std::string& request = {}) {
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(endpoint);
+  (void)dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
+  (void)dealer.send(zmq::buffer(request.empty() ? be64_bytes(start) : request));
+  std::vector<std::pair<std::uint64_t, std::string>> out;
+  for (;;) {
+    zmq::message_t empty, seq, payload;
+    REQUIRE(dealer.recv(empty));
+    REQUIRE(empty.size() == 0);
+    REQUIRE(dealer.recv(seq));
+    REQUIRE(seq.size() == 8);
+    REQUIRE(dealer.recv(payload));
+    if (be64(seq) == ~std::uint64_t{0}) {
+      CHECK(payload.size() == 0);
+      return out;
+    }
+    out.emplace_back(be64(seq), payload.to_string());
+  }
+}
+
+// A subscriber that knows only the wire format: a set of block hashes per medium.
+struct Picture {
+  std::set<std::uint64_t> gpu, cpu;
+  std::uint64_t next_seq = 0;
+  std::uint64_t events = 0;
+
+  void apply(std::uint64_t seq, const std::string& payload) {
+    REQUIRE(seq == next_seq);  // in order, none missing
+    ++next_seq;
+    clm::KvEventBatch batch;
+    const clm::Status s = clm::decode_kv_event_batch(payload, batch);
+    INFO(s.message());
+    REQUIRE(s.ok());
+    CHECK(batch.data_parallel_rank == std::optional<std::int32_t>(0));
+    for (const clm::KvEvent& e : batch.events) {
+      ++events;
+      auto& tier = e.medium == clm::KvMedium::cpu ? cpu : gpu;
+      switch (e.kind) {
+        case clm::KvEventKind::all_blocks_cleared:
+          gpu.clear();
+          cpu.clear();
+          break;
+        case clm::KvEventKind::block_stored:
+          CHECK(e.block_size == kPageSize);
+          CHECK(e.token_ids.size() == e.block_hashes.size() * kPageSize);
+          if (e.parent_block_hash) CHECK(tier.count(*e.parent_block_hash) == 1);  // routers drop orphans
+          for (std::uint64_t h : e.block_hashes) CHECK(tier.insert(h).second);
+          break;
+        case clm::KvEventKind::block_removed:
+          for (std::uint64_t h : e.block_hashes) CHECK(tier.erase(h) == 1);
+          break;
+      }
+    }
+  }
+};
+
+std::set<std::uint64_t> engine_blocks(const clm::Engine& engine, clm::KvMedium medium) {
+  std::vector<std::uint64_t> blocks;
+  REQUIRE(engine.kv_event_blocks(medium, blocks).ok());
+  const std::set<std::uint64_t> set(blocks.begin(), blocks.end());
+  CHECK(set.size() == blocks.size());  // no page twice
+  return set;
+}
+
+struct Finished {
+  Tokens tokens;
+  std::string salt;
+  std::int32_t adapter = 0;
+};
+
+// Every block hash of every whole page of each finished prompt, chained here
+// from the page-key definition (clm/tiers/page_key.hpp), not by the recorder.
+std::set<std::uint64_t> reference_hashes(const std::vector<Finished>& finished) {
+  clm::PageSeal seal;
+  REQUIRE(clm::PageSeal::create(kModel, {}, seal).ok());
+  std::set<std::uint64_t> out;
+  for (const Finished& f : finished) {
+    std::vector<clm::PageKey> keys(f.tokens.size() / kPageSize);
+    REQUIRE(clm::chain_page_keys(clm::PageKey::root(), f.tokens, kPageSize,
+                                 {.salt = f.salt, .adapter_id = f.adapter, .scope = seal.key_scope()}, keys)
+                .ok());
+    for (const auto& k : keys) {
+      std::uint64_t h = 0;
+      for (std::size_t i = 24; i < 32; ++i) h = (h << 8) | k.bytes[i];
+      out.insert(h);
+    }
+  }
+  return out;
+}
+
+void run_workload(clm::Engine& engine, std::mt19937& rng, int requests, std::vector<Finished>& finished) {
+  std::vector<Tokens> systems;
+  for (int i = 0; i < 4; ++i) systems.push_back(clm_test::random_tokens(rng, 8 + rng() % 24, 5000));
+  const char* salts[] = {"", "tenant-b", "tenant-c"};
+  for (int r = 0; r < requests; ++r) {
+    Finished f;
+    f.tokens = systems[rng() % systems.size()];
+    const Tokens tail = clm_test::random_tokens(rng, 1 + rng() % 20, 5000);
+    f.tokens.insert(f.tokens.end(), tail.begin(), tail.end());
+    f.salt = salts[rng() % 3];
+    f.adapter = static_cast<std::int32_t>(rng() % 2);
+    clm::Admission a;
+    const clm::Status s = engine.admit(f.tokens, {.cache_salt = f.salt, .adapter_id = f.adapter}, a);
+    if (s.code() == clm::StatusCode::out_of_memory) continue;
+    REQUIRE(s.ok());
+    if (rng() % 8 == 0) {
+      REQUIRE(engine.abort(a.seq).ok());
+    } else {
+      REQUIRE(engine.finish(a.seq).ok());
+      finished.push_back(f);
+    }
+  }
+  engine.wait_for_tiers();
+}
+
+}  // namespace
+
+TEST_CASE("KV events: a late subscriber's picture, with replay, equals the engine's block for block",
+          "[events][threads]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  std::unique_ptr<clm::Engine> engine;
+  const clm::Status created = clm::Engine::create(events_config(), engine);
+  INFO(created.message());
+  REQUIRE(created.ok());
+  REQUIRE(engine->kv_events_endpoint().starts_with("tcp://127.0.0.1:"));
+
+  std::vector<Finished> finished;
+  run_workload(*engine, rng, 40, finished);  // published before anyone listens
+
+  zmq::context_t ctx(1);
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.set(zmq::sockopt::rcvtimeo, 200);
+  sub.connect(engine->kv_events_endpoint());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the subscription reaches the publisher
+
+  run_workload(*engine, rng, 400, finished);
+  REQUIRE(engine->flush_kv_events(std::chrono::seconds(10)).ok());
+
+  // Live batches, as the subscriber got them.
+  std::map<std::uint64_t, std::string> live;
+  for (;;) {
+    zmq::message_t topic, seq, payload;
+    if (!sub.recv(topic)) break;
+    REQUIRE(sub.recv(seq));
+    REQUIRE(sub.recv(payload));
+    CHECK(topic.size() == 0);
+    live.emplace(be64(seq), payload.to_string());
+  }
+  REQUIRE(!live.empty());
+  // What it missed (it joined late), then the rest live: one picture.
+  const auto missed = replay(ctx, engine->kv_events_replay_endpoint(), 0);
+  REQUIRE(!missed.empty());
+  Picture picture;
+  for (const auto& [seq, payload] : missed) {
+    if (seq >= live.begin()->first) break;
+    picture.apply(seq, payload);
+  }
+  for (const auto& [seq, payload] : live) picture.apply(seq, payload);
+  // Replay sends the very bytes that went out live.
+  for (const auto& [seq, payload] : missed) {
+    if (live.count(seq)) CHECK(live.at(seq) == payload);
+  }
+  const clm::EngineMetrics m = engine->metrics();
+  CHECK(m.kv_events.enabled);
+  CHECK(m.kv_events.dropped_events == 0);
+  CHECK(m.kv_events.published_events == picture.events);
+  CHECK(m.kv_events.next_sequence == picture.next_seq);
+  CHECK(m.kv_events.replay_requests == 1);
+  // The run did what it is meant to exercise.
+  CHECK(m.cache.evictions > 0);
+  CHECK(m.tiers.backed_up_pages > 0);
+  CHECK(m.tiers.loaded_pages > 0);
+
+  const auto gpu = engine_blocks(*engine, clm::KvMedium::gpu), cpu = engine_blocks(*engine, clm::KvMedium::cpu);
+  CHECK(picture.gpu == gpu);
+  CHECK(picture.cpu == cpu);
+  CHECK(!gpu.empty());
+  CHECK(!cpu.empty());
+  // Every block is a page of a prompt the workload finished, by an independent chain.
+  const auto reference = reference_hashes(finished);
+  for (std::uint64_t h : gpu) CHECK(reference.count(h) == 1);
+  for (std::uint64_t h : cpu) CHECK(reference.count(h) == 1);
+}
+
+TEST_CASE("KV events: a full queue drops, counts, and resyncs so the picture is right again", "[events][threads]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm::EngineConfig config = events_config();
+  config.kv_events.queue_events = 8;  // a batch's worth, sent only every second: it overflows
+  config.kv_events.max_batch_events = 8;
+  config.kv_events.batch_interval_ms = 1000;
+  config.kv_events.buffer_batches = 100000;
+  std::unique_ptr<clm::Engine> engine;
+  REQUIRE(clm::Engine::create(config, engine).ok());
+  std::vector<Finished> finished;
+  run_workload(*engine, rng, 300, finished);
+  REQUIRE(engine->flush_kv_events(std::chrono::seconds(20)).ok());
+  const clm::EngineMetrics m = engine->metrics();
+  CHECK(m.kv_events.dropped_events > 0);
+  CHECK(m.kv_events.resyncs > 0);
+  zmq::context_t ctx(1);
+  Picture picture;
+  for (const auto& [seq, payload] : replay(ctx, engine->kv_events_replay_endpoint(), 0)) picture.apply(seq, payload);
+  CHECK(picture.gpu == engine_blocks(*engine, clm::KvMedium::gpu));
+  CHECK(picture.cpu == engine_blocks(*engine, clm::KvMedium::cpu));
+}
+
+TEST_CASE("KV events: malformed and future replay requests get the end marker and are counted", "[events]") {
+  std::unique_ptr<clm::Engine> engine;
+  REQUIRE(clm::Engine::create(events_config(), engine).ok());
+  REQUIRE(engine->flush_kv_events(std::chrono::seconds(5)).ok());  // AllBlocksCleared went out: seq 0
+  zmq::context_t ctx(1);
+  CHECK(replay(ctx, engine->kv_events_replay_endpoint(), 0, "short").empty());
+  CHECK(replay(ctx, engine->kv_events_replay_endpoint(), 1000000).empty());  // from the future: nothing
+  const auto all = replay(ctx, engine->kv_events_replay_endpoint(), 0);
+  REQUIRE(all.size() == 1);
+  clm::KvEventBatch batch;
+  REQUIRE(clm::decode_kv_event_batch(all[0].second, batch).ok());
+  REQUIRE(batch.events.size() == 1);
+  CHECK(batch.events[0].kind == clm::KvEventKind::all_blocks_cleared);  // a new instance holds nothing
+  const clm::EngineMetrics m = engine->metrics();
+  CHECK(m.kv_events.replay_refused == 1);
+  CHECK(m.kv_events.replay_requests == 2);
+}
+
+TEST_CASE("KV events: configurations that cannot work are refused with a clear status", "[events]") {
+  std::unique_ptr<clm::Engine> first;
+  clm::EngineConfig config = events_config();
+  config.kv_events.replay_endpoint.clear();
+  REQUIRE(clm::Engine::create(config, first).ok());
+  // The same port again: cannot bind.
+  config.kv_events.endpoint = first->kv_events_endpoint();
+  std::unique_ptr<clm::Engine> second;
+  clm::Status s = clm::Engine::create(config, second);
+  CHECK(s.code() == clm::StatusCode::io_error);
+  CHECK(s.message().find(first->kv_events_endpoint()) != std::string::npos);
+  CHECK(second == nullptr);
+
+  const auto refused = [](clm::EngineConfig c, const char* what) {
+    std::unique_ptr<clm::Engine> e;
+    const clm::Status st = clm::Engine::create(c, e);
+    INFO(what << ": " << st.message());
+    CHECK(st.code() == clm::StatusCode::invalid_argument);
+    CHECK(e == nullptr);
+  };
+  clm::EngineConfig c = events_config();
+  c.model_id.clear();
+  refused(c, "no model id");
+  c = events_config();
+  c.kv_events.topic.assign(clm::KvEventsConfig::kMaxTopicBytes + 1, 't');
+  refused(c, "topic over the limit");
+  c = events_config();
+  c.kv_events.endpoint = "tcp://no-port-here";
+  refused(c, "malformed endpoint");
+  c = events_config();
+  c.kv_events.max_batch_events = 0;
+  refused(c, "empty batches");
+  c = events_config();
+  c.kv_events.queue_events = 4;
+  c.kv_events.max_batch_events = 8;
+  refused(c, "a queue smaller than a batch");
+
+  // Off: nothing recorded, and the calls say so.
+  c = events_config();
+  c.kv_events.enabled = false;
+  std::unique_ptr<clm::Engine> off;
+  REQUIRE(clm::Engine::create(c, off).ok());
+  std::vector<std::uint64_t> blocks;
+  CHECK(off->kv_event_blocks(clm::KvMedium::gpu, blocks).code() == clm::StatusCode::failed_precondition);
+  CHECK(!off->metrics().kv_events.enabled);
+  CHECK(off->kv_events_endpoint().empty());
+}
