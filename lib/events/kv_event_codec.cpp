@@ -42,6 +42,17 @@ void pack_extra_keys(Packer& p, const KvEvent& e) {
   }
 }
 
+// Always 0xcb and 8 bytes of IEEE float64: msgpack-c's pack_double writes a
+// whole number as an integer, and AIBrix refuses a ts that is not a float64.
+void pack_float64(msgpack::sbuffer& buffer, double d) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  char out[9];
+  out[0] = static_cast<char>(0xcb);
+  for (int i = 8; i >= 1; --i, bits >>= 8) out[i] = static_cast<char>(bits & 0xff);
+  buffer.write(out, sizeof out);
+}
+
 void pack_optional_int(Packer& p, const std::optional<std::int32_t>& v) {
   if (v) {
     p.pack_int32(*v);
@@ -371,7 +382,7 @@ Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, st
     msgpack::sbuffer buffer;
     Packer p(buffer);
     p.pack_array(3);
-    p.pack_double(batch.ts);
+    pack_float64(buffer, batch.ts);
     p.pack_array(static_cast<std::uint32_t>(batch.events.size()));
     for (const KvEvent& e : batch.events) {
       if (layout == KvEventLayout::map) {

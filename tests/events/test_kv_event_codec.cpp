@@ -113,6 +113,20 @@ TEST_CASE("KV events: random batches come back equal from every layout") {
   }
 }
 
+TEST_CASE("KV events: ts is a float64 on the wire even when it is a whole number") {
+  // msgpack-c's pack_double writes 1757500000.0 as an integer; AIBrix refuses that.
+  for (double ts : {1757500000.0, 0.0, -3.0, 1757500000.25}) {
+    clm::KvEventBatch batch{.ts = ts, .events = {}, .data_parallel_rank = 0};
+    std::string payload;
+    REQUIRE(clm::encode_kv_event_batch(batch, clm::KvEventLayout::array, payload).ok());
+    REQUIRE(payload.size() == 12);  // 93, cb + 8 bytes, 90 (no events), 00
+    CHECK(static_cast<unsigned char>(payload[1]) == 0xcb);
+    clm::KvEventBatch back;
+    REQUIRE(clm::decode_kv_event_batch(payload, back).ok());
+    CHECK(back.ts == ts);
+  }
+}
+
 TEST_CASE("KV events: an event that cannot be sent as it is is refused, and nothing written") {
   clm::KvEventBatch batch;
   clm::KvEvent e;
