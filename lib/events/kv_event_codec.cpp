@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -377,6 +378,7 @@ std::string_view kv_event_tag(KvEventKind kind) {
 std::string_view kv_medium_name(KvMedium medium) { return medium == KvMedium::cpu ? "CPU" : "GPU"; }
 
 Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, std::string& out) {
+  if (!std::isfinite(batch.ts)) return invalid_argument("KV event batch: ts is not a finite number of seconds");
   for (const KvEvent& e : batch.events) CLM_RETURN_IF_ERROR(check_event(e));
   try {
     msgpack::sbuffer buffer;
@@ -423,6 +425,7 @@ Status decode_kv_event_batch(std::string_view payload, KvEventBatch& out) {
     } else {
       return bad("ts is not a float");
     }
+    if (!std::isfinite(batch.ts)) return bad("ts is not a finite number of seconds");
     const msgpack::object& events = root.via.array.ptr[1];
     if (events.type != msgpack::type::ARRAY) return bad("events is not an array");
     batch.events.resize(events.via.array.size);

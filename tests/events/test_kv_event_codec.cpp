@@ -4,6 +4,7 @@
 // must be refused, never crash.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -172,6 +173,13 @@ TEST_CASE("KV events: damaged payloads are refused, never a crash") {
   // Not msgpack, trailing bytes, wrong shapes.
   clm::KvEventBatch out;
   CHECK(!clm::decode_kv_event_batch("hello", out).ok());
+  // A ts that is not a finite number (NaN here): no router could order it.
+  CHECK(!clm::decode_kv_event_batch(std::string("\x93\xcb\xff\xff\x60\x10\x00\xd2\x8f\x2f\x90\x00", 12), out).ok());
+  clm::KvEventBatch nan_batch;
+  nan_batch.ts = std::nan("");
+  std::string nan_payload;
+  CHECK(clm::encode_kv_event_batch(nan_batch, clm::KvEventLayout::array, nan_payload).code() ==
+        clm::StatusCode::invalid_argument);
   CHECK(!clm::decode_kv_event_batch(good + "x", out).ok());
   CHECK(!clm::decode_kv_event_batch(std::string("\x91\xcb\x3f\xf8\0\0\0\0\0\0", 10), out).ok());  // [1.5]
   CHECK(!clm::decode_kv_event_batch(std::string("\x93\xcb\x3f\xf8\0\0\0\0\0\0\x91\x91\xa3"

@@ -76,8 +76,9 @@ struct KvEventBatch {
 inline constexpr std::size_t kMaxKvEventPayloadBytes = 64u << 20;
 
 // Appends nothing on error: `out` is replaced only when the whole batch
-// encodes. invalid_argument for an event that cannot be sent as it is (token
-// ids that are not block_hashes.size() * block_size, a negative block size).
+// encodes. invalid_argument for what cannot be sent as it is (a ts that is
+// not finite, token ids that are not block_hashes.size() * block_size, a
+// block size under 1).
 Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, std::string& out);
 
 // Any of the three layouts, and vLLM's shorter arrays of earlier versions.
