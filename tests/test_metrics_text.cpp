@@ -7,6 +7,7 @@
 // a snapshot store.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -257,6 +258,18 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_storage_backend_errors_total", io.errors);
   put("clm_storage_backend_read_bytes_total", io.bytes_read);
   put("clm_storage_backend_written_bytes_total", io.bytes_written);
+  // KV events.
+  const auto& k = m.kv_events;
+  put(R"(clm_component_enabled{component="kv_events"})", k.enabled);
+  put("clm_kv_events_recorded_total", k.recorded_events);
+  put("clm_kv_events_published_total", k.published_events);
+  put("clm_kv_event_batches_published_total", k.published_batches);
+  put("clm_kv_events_dropped_total", k.dropped_events);
+  put("clm_kv_event_resyncs_total", k.resyncs);
+  put("clm_kv_event_replay_requests_total", k.replay_requests);
+  put("clm_kv_event_replay_refused_total", k.replay_refused);
+  put("clm_kv_event_send_failures_total", k.send_failures);
+  put("clm_kv_events_queued", k.queued_events);
   return e;
 }
 
@@ -417,6 +430,7 @@ void scrape_twice(Engine& engine, Traffic& traffic) {
   traffic.run(300);
   traffic.end_all();
   engine.wait_for_tiers();
+  if (engine.metrics().kv_events.enabled) REQUIRE(engine.flush_kv_events(std::chrono::seconds(10)).ok());
   // Quiet now: the Engine's own text is that of its metrics.
   const EngineMetrics second_metrics = engine.metrics();
   const std::string text = engine.metrics_text();
@@ -485,13 +499,18 @@ TEST_CASE("metrics text: with a host tier and storage, hits by source add up", "
   config.tiers.storage_url = "file://" + dir.str();
   config.model_id = "test-model";  // storage pages are one model's
   config.tiers.prefetch_policy = clm::PrefetchPolicy::wait_complete;
+  config.kv_events.enabled = true;  // and its KV events, published to a socket no one reads
+  config.kv_events.endpoint = "tcp://127.0.0.1:*";
   auto engine = make_engine(config);
   Traffic traffic(*engine, seed);
   scrape_twice(*engine, traffic);
   const EngineMetrics m = engine->metrics();
   CHECK(m.tiers.host_hit_tokens + m.tiers.storage_hit_tokens > 0);
+  CHECK(m.kv_events.published_events > 0);
+  CHECK(m.kv_events.published_events == m.kv_events.recorded_events);  // flushed, none dropped
   const Scrape s = parsed(engine->metrics_text());
   CHECK(s.series.at(R"(clm_component_enabled{component="storage_tier"})") == 1);
+  CHECK(s.series.at(R"(clm_component_enabled{component="kv_events"})") == 1);
   CHECK(s.series.at(R"(clm_host_tier_pages{state="used"})") + s.series.at(R"(clm_host_tier_pages{state="free"})") ==
         32);
 }

@@ -60,7 +60,11 @@ Status KvEventRecorder::tail_key(const RadixTree& tree, std::int32_t index, Page
     keys_.resize(v.tokens.size() / static_cast<std::size_t>(page_size_));
     CLM_RETURN_IF_ERROR(chain_page_keys(above, v.tokens, page_size_, ns, keys_));
     above = keys_.empty() ? above : keys_.back();
-    tails_[*it] = {v.ref.generation, above};
+    Tail& t = tails_[*it];
+    t.generation = v.ref.generation;
+    t.key = above;
+    t.hashes.clear();
+    for (const PageKey& k : keys_) t.hashes.push_back(block_hash(k));
   }
   out = above;
   return {};
@@ -69,19 +73,42 @@ Status KvEventRecorder::tail_key(const RadixTree& tree, std::int32_t index, Page
 Status KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored,
                                    KvEvent& out) const {
   const NodeView v = tree.node_view(index);
-  PageKey above = PageKey::root();
-  if (v.parent >= 0) CLM_RETURN_IF_ERROR(tail_key(tree, v.parent, above));
-  const PageKeyNamespace ns{.salt = v.salt, .adapter_id = v.adapter_id, .scope = scope_};
-  keys_.resize(v.tokens.size() / static_cast<std::size_t>(page_size_));
-  CLM_RETURN_IF_ERROR(chain_page_keys(above, v.tokens, page_size_, ns, keys_));
-  if (!keys_.empty()) tails_[index] = {v.ref.generation, keys_.back()};
+  const std::size_t pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
   out = KvEvent{};
   out.kind = stored ? KvEventKind::block_stored : KvEventKind::block_removed;
   out.medium = medium;
-  out.block_hashes.reserve(keys_.size());
-  for (const PageKey& k : keys_) out.block_hashes.push_back(block_hash(k));
+  std::optional<std::uint64_t> parent;
+  const auto cached = tails_.find(index);
+  if (cached != tails_.end() && cached->second.generation == v.ref.generation &&
+      cached->second.hashes.size() >= pages) {
+    // Hashed before: the node's pages are the entry's last ones (all of them, or the lower half of a split).
+    const std::vector<std::uint64_t>& h = cached->second.hashes;
+    out.block_hashes.assign(h.end() - static_cast<std::ptrdiff_t>(pages), h.end());
+    if (h.size() > pages) {
+      parent = h[h.size() - pages - 1];
+    } else if (v.parent >= 0) {
+      PageKey above;
+      CLM_RETURN_IF_ERROR(tail_key(tree, v.parent, above));
+      parent = block_hash(above);
+    }
+  } else {
+    PageKey above = PageKey::root();
+    if (v.parent >= 0) {
+      CLM_RETURN_IF_ERROR(tail_key(tree, v.parent, above));
+      parent = block_hash(above);
+    }
+    const PageKeyNamespace ns{.salt = v.salt, .adapter_id = v.adapter_id, .scope = scope_};
+    keys_.resize(pages);
+    CLM_RETURN_IF_ERROR(chain_page_keys(above, v.tokens, page_size_, ns, keys_));
+    Tail& t = tails_[index];
+    t.generation = v.ref.generation;
+    t.hashes.clear();
+    for (const PageKey& k : keys_) t.hashes.push_back(block_hash(k));
+    if (!keys_.empty()) t.key = keys_.back();
+    out.block_hashes = t.hashes;
+  }
   if (!stored) return {};
-  if (v.parent >= 0) out.parent_block_hash = block_hash(above);
+  out.parent_block_hash = parent;
   out.token_ids.assign(v.tokens.begin(), v.tokens.end());
   out.block_size = page_size_;
   if (v.adapter_id != 0) out.lora_id = v.adapter_id;

@@ -211,6 +211,18 @@ void tiers(Exposition& out, const EngineMetrics& m) {
   out.counter("storage_backend_written_bytes_total", "Bytes written to storage.", s.bytes_written);
 }
 
+void kv_events(Exposition& out, const KvEventsMetrics& k) {
+  out.counter("kv_events_recorded_total", "KV events the cache's changes made.", k.recorded_events);
+  out.counter("kv_events_published_total", "KV events sent in a batch.", k.published_events);
+  out.counter("kv_event_batches_published_total", "KV event batches sent.", k.published_batches);
+  out.counter("kv_events_dropped_total", "KV events dropped for a full queue (a resync follows).", k.dropped_events);
+  out.counter("kv_event_resyncs_total", "Resyncs sent: AllBlocksCleared, then every cached page.", k.resyncs);
+  out.counter("kv_event_replay_requests_total", "Replay requests served.", k.replay_requests);
+  out.counter("kv_event_replay_refused_total", "Malformed replay requests.", k.replay_refused);
+  out.counter("kv_event_send_failures_total", "KV event messages ZeroMQ would not take.", k.send_failures);
+  out.gauge("kv_events_queued", "KV events recorded and not yet sent.", k.queued_events);
+}
+
 }  // namespace
 
 std::string format_metrics_text(const EngineMetrics& m) {
@@ -219,11 +231,13 @@ std::string format_metrics_text(const EngineMetrics& m) {
   out.sample("component_enabled", "component=\"snapshot_store\"", m.has_snapshot_store ? 1 : 0);
   out.sample("component_enabled", "component=\"host_tier\"", m.has_tiers ? 1 : 0);
   out.sample("component_enabled", "component=\"storage_tier\"", m.tiers.has_storage ? 1 : 0);
+  out.sample("component_enabled", "component=\"kv_events\"", m.kv_events.enabled ? 1 : 0);
   prefix_cache(out, m);
   sequences(out, m);
   src(out, m.src);
   snapshot_store(out, m.store);
   tiers(out, m);
+  kv_events(out, m.kv_events);
   return out.take();
 }
 

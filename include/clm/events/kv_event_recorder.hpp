@@ -81,9 +81,14 @@ class KvEventRecorder final : public RadixTreeObserver {
   static std::string salt_digest(std::string_view salt);
 
  private:
+  // A node's page hashes, computed once (a node leaves a tier with the hashes
+  // it entered with), and its last page's key, for its children's chains. A
+  // split leaves the lower half with the node's index and its last pages: the
+  // last hashes of the entry are still its own.
   struct Tail {
     std::uint32_t generation = 0;
     PageKey key;
+    std::vector<std::uint64_t> hashes;
   };
   Status node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored, KvEvent& out) const;
   Status tail_key(const RadixTree& tree, std::int32_t index, PageKey& out) const;
@@ -94,8 +99,8 @@ class KvEventRecorder final : public RadixTreeObserver {
   const Digest32 scope_;
   const std::size_t capacity_;
 
-  // The owner's lock: the key of each node's last page (by index and
-  // generation), and each salt's digest.
+  // The owner's lock: each node's page hashes and last page key (by index
+  // and generation), and each salt's digest.
   mutable std::unordered_map<std::int32_t, Tail> tails_;
   mutable std::unordered_map<std::string, std::string> digests_;
   mutable std::vector<PageKey> keys_;  // scratch
