@@ -8,6 +8,7 @@
 // invariant, a tier serving wrong K/V bytes), 2 bad input (flags, files,
 // malformed lines, a storage URL the Engine refuses or cannot open).
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -41,7 +43,9 @@ constexpr std::string_view kUsage =
     "               [--hint-false-rate Q] [--hint-update raise|set]] [--json] [--repeat K] [--seed S]\n"
     "              [--l2-capacity TOKENS [--storage URL --model-id ID]\n"
     "               [--write-policy write_through|write_through_selective|write_back]\n"
-    "               [--prefetch best_effort|wait_complete|timeout]]\n"
+    "               [--prefetch best_effort|wait_complete|timeout]\n"
+    "               [--kv-events ENDPOINT --model-id ID [--kv-events-replay ENDPOINT]\n"
+    "                [--kv-events-buffer BATCHES] [--kv-events-linger SECONDS]]]\n"
     "       replay --write-gsp FILE [--seed S]   (then replays too when --workload is given)\n"
     "\n"
     "  --workload   gsp: SGLang's generated-shared-prefix workload (64 groups x 16 prompts,\n"
@@ -92,7 +96,17 @@ constexpr std::string_view kUsage =
     "  --prefetch      how long an admission waits for storage (default wait_complete, so that\n"
     "                  a run's hits do not depend on timing)\n"
     "  The figures then split hits by tier: hit_rate = hit_rate_device + hit_rate_host +\n"
-    "  hit_rate_storage (tokens served from each / prompt tokens).\n";
+    "  hit_rate_storage (tokens served from each / prompt tokens).\n"
+    "\n"
+    "KV events (docs/fleet.md; on the tiered path, with --model-id):\n"
+    "  --kv-events         publish the run's KV events on ENDPOINT (ZeroMQ PUB, e.g.\n"
+    "                      tcp://127.0.0.1:5557); every event is published before the figures\n"
+    "  --kv-events-replay  a replay socket on ENDPOINT (ZeroMQ ROUTER)\n"
+    "  --kv-events-buffer  batches the replay socket keeps (default 10000)\n"
+    "  --kv-events-linger  seconds the engine and its replay socket stay after the figures are\n"
+    "                      printed, for subscribers that join late (default 0)\n"
+    "  The figures then add the events' counters and cached_pages {device, host}: the pages\n"
+    "  on each tier at the end, what a subscriber that missed nothing holds.\n";
 
 struct Options {
   std::string workload;
@@ -114,6 +128,9 @@ struct Options {
   std::string model_id;
   std::optional<clm::WritePolicy> write_policy;
   std::optional<clm::PrefetchPolicy> prefetch_policy;
+  std::string kv_events, kv_events_replay;
+  std::optional<std::int32_t> kv_events_buffer;
+  double kv_events_linger_s = 0;
   bool tiered() const { return l2_capacity && *l2_capacity > 0; }
 };
 
@@ -215,6 +232,20 @@ Options parse_flags(int argc, char** argv) {
         throw UsageError{fmt::format(
             "--write-policy: unknown policy '{}' (write_through, write_through_selective, write_back)", name)};
       }
+    } else if (arg == "--kv-events") {
+      options.kv_events = value();
+      if (options.kv_events.empty()) throw UsageError{"--kv-events: empty endpoint"};
+    } else if (arg == "--kv-events-replay") {
+      options.kv_events_replay = value();
+      if (options.kv_events_replay.empty()) throw UsageError{"--kv-events-replay: empty endpoint"};
+    } else if (arg == "--kv-events-buffer") {
+      options.kv_events_buffer = parse_int<std::int32_t>(arg, value(), 1);
+    } else if (arg == "--kv-events-linger") {
+      const std::string_view text = value();
+      options.kv_events_linger_s = parse_number(arg, text);
+      if (options.kv_events_linger_s < 0 || options.kv_events_linger_s > 3600) {
+        throw UsageError{fmt::format("--kv-events-linger: must be in [0, 3600] seconds, got {}", text)};
+      }
     } else if (arg == "--prefetch") {
       const std::string_view name = value();
       options.prefetch_policy = clm::replay::parse_prefetch_policy(name);
@@ -236,8 +267,21 @@ Options parse_flags(int argc, char** argv) {
   if (!options.storage_url.empty() && options.model_id.empty()) {
     throw UsageError{"--storage needs --model-id ID: stored pages are one model's, never served to another"};
   }
-  if (!options.model_id.empty() && options.storage_url.empty()) {
-    throw UsageError{"--model-id names the stored pages' model: it needs --storage"};
+  if (!options.model_id.empty() && options.storage_url.empty() && options.kv_events.empty()) {
+    throw UsageError{"--model-id names the stored pages' (or the KV events') model: it needs --storage or --kv-events"};
+  }
+  if (!options.kv_events.empty() && !options.tiered()) {
+    throw UsageError{"--kv-events runs on the tiered path (an Engine): it needs --l2-capacity TOKENS (> 0)"};
+  }
+  if (!options.kv_events.empty() && options.model_id.empty()) {
+    throw UsageError{"--kv-events needs --model-id ID: the block hashes name the model"};
+  }
+  if (options.kv_events.empty() &&
+      (!options.kv_events_replay.empty() || options.kv_events_buffer || options.kv_events_linger_s > 0)) {
+    throw UsageError{"--kv-events-replay, --kv-events-buffer and --kv-events-linger need --kv-events"};
+  }
+  if (!options.kv_events.empty() && options.repeat > 1) {
+    throw UsageError{"--kv-events runs once (no --repeat): each repeat is a new engine, its stream from 0"};
   }
   if (options.policy == clm::EvictionPolicy::belady && options.tiered()) {
     throw UsageError{"--policy belady runs on the plain replay only (no --l2-capacity): the Engine refuses it"};
@@ -259,25 +303,38 @@ std::string json_string(std::string_view s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// The KV events' fields (with a leading comma), or nothing.
+std::string kv_events_json(const ReplayResult& r) {
+  if (!r.kv_events.enabled) return {};
+  const clm::KvEventsMetrics& k = r.kv_events;
+  return fmt::format(
+      ",\"kv_events\":{{\"endpoint\":{},\"replay_endpoint\":{},\"published_events\":{},\"published_batches\":{},"
+      "\"dropped_events\":{},\"resyncs\":{}}},\"cached_pages\":{{\"device\":{},\"host\":{}}}",
+      json_string(r.kv_events_endpoint), json_string(r.kv_events_replay_endpoint), k.published_events,
+      k.published_batches, k.dropped_events, k.resyncs, r.cached_pages_device, r.cached_pages_host);
+}
+
 // The tiered path's fields (with a leading comma), or nothing.
 std::string tier_json(const Options& options, const ReplayResult& r) {
   if (!r.tiered) return {};
   const clm::TierMetrics& t = r.tiers;
   return fmt::format(
-      ",\"l2_capacity\":{},\"host_pages\":{},\"storage\":{},\"write_policy\":\"{}\",\"prefetch\":\"{}\","
-      "\"kv_bytes_checked\":{},\"hit_rate_device\":{},\"hit_rate_host\":{},\"hit_rate_storage\":{},"
-      "\"device_hit_tokens\":{},\"host_hit_tokens\":{},\"storage_hit_tokens\":{},\"load_backs\":{},"
-      "\"loaded_pages\":{},\"backed_up_pages\":{},\"dropped_backups\":{},\"stored_pages\":{},"
-      "\"fetched_pages\":{},\"prefetch_timeouts\":{},\"storage_errors\":{},\"storage_corrupt_pages\":{},"
-      "\"storage_dropped_writes\":{}",
-      *options.l2_capacity, r.host_pages,
-      options.storage_url.empty() ? "null" : json_string(clm::redact_storage_url(options.storage_url)),
-      clm::replay::write_policy_name(options.write_policy.value_or(clm::replay::ReplayConfig{}.write_policy)),
-      clm::replay::prefetch_policy_name(options.prefetch_policy.value_or(clm::replay::ReplayConfig{}.prefetch_policy)),
-      r.has_kv_bytes ? "true" : "false", json_number(r.device_hit_rate()), json_number(r.host_hit_rate()),
-      json_number(r.storage_hit_rate()), r.device_hit_tokens, r.host_hit_tokens, r.storage_hit_tokens, t.load_backs,
-      t.loaded_pages, t.backed_up_pages, t.dropped_backups, t.stored_pages, t.fetched_pages, t.prefetch_timeouts,
-      t.storage_errors, t.storage.corrupt_pages, t.storage.dropped_writes);
+             ",\"l2_capacity\":{},\"host_pages\":{},\"storage\":{},\"write_policy\":\"{}\",\"prefetch\":\"{}\","
+             "\"kv_bytes_checked\":{},\"hit_rate_device\":{},\"hit_rate_host\":{},\"hit_rate_storage\":{},"
+             "\"device_hit_tokens\":{},\"host_hit_tokens\":{},\"storage_hit_tokens\":{},\"load_backs\":{},"
+             "\"loaded_pages\":{},\"backed_up_pages\":{},\"dropped_backups\":{},\"stored_pages\":{},"
+             "\"fetched_pages\":{},\"prefetch_timeouts\":{},\"storage_errors\":{},\"storage_corrupt_pages\":{},"
+             "\"storage_dropped_writes\":{}",
+             *options.l2_capacity, r.host_pages,
+             options.storage_url.empty() ? "null" : json_string(clm::redact_storage_url(options.storage_url)),
+             clm::replay::write_policy_name(options.write_policy.value_or(clm::replay::ReplayConfig{}.write_policy)),
+             clm::replay::prefetch_policy_name(
+                 options.prefetch_policy.value_or(clm::replay::ReplayConfig{}.prefetch_policy)),
+             r.has_kv_bytes ? "true" : "false", json_number(r.device_hit_rate()), json_number(r.host_hit_rate()),
+             json_number(r.storage_hit_rate()), r.device_hit_tokens, r.host_hit_tokens, r.storage_hit_tokens,
+             t.load_backs, t.loaded_pages, t.backed_up_pages, t.dropped_backups, t.stored_pages, t.fetched_pages,
+             t.prefetch_timeouts, t.storage_errors, t.storage.corrupt_pages, t.storage.dropped_writes) +
+         kv_events_json(r);
 }
 
 void print_json(const Options& options, const ReplayResult& r, double memcmp_gbps) {
@@ -341,6 +398,11 @@ void print_text(const Options& options, const ReplayResult& r, double memcmp_gbp
       fmt::print("storage           {} pages stored, {} fetched, {} errors, {} prefetch timeouts\n", t.stored_pages,
                  t.fetched_pages, t.storage_errors, t.prefetch_timeouts);
     }
+    if (r.kv_events.enabled) {
+      fmt::print("KV events         {} events in {} batches on {} ({} dropped); {} device and {} host pages cached\n",
+                 r.kv_events.published_events, r.kv_events.published_batches, r.kv_events_endpoint,
+                 r.kv_events.dropped_events, r.cached_pages_device, r.cached_pages_host);
+    }
   }
   fmt::print("time              {:.4f} s ({}), {:.0f} requests/s\n", r.wall_s,
              options.repeat > 1 ? fmt::format("median of {}", options.repeat) : std::string("one run"),
@@ -387,6 +449,13 @@ int run(const Options& options) {
     config.model_id = options.model_id;
     if (options.write_policy) config.write_policy = *options.write_policy;
     if (options.prefetch_policy) config.prefetch_policy = *options.prefetch_policy;
+    if (!options.kv_events.empty()) {
+      config.kv_events.enabled = true;
+      config.kv_events.endpoint = options.kv_events;
+      config.kv_events.replay_endpoint = options.kv_events_replay;
+      if (options.kv_events_buffer) config.kv_events.buffer_batches = *options.kv_events_buffer;
+      config.keep_engine = options.kv_events_linger_s > 0;
+    }
   }
   ReplayResult result;
   if (const clm::Status replayed = clm::replay::run_replays(workload, config, options.repeat, result); !replayed.ok()) {
@@ -407,6 +476,11 @@ int run(const Options& options) {
     print_json(options, result, memcmp_gbps);
   } else {
     print_text(options, result, memcmp_gbps);
+  }
+  if (result.engine) {
+    // The figures are out; the replay socket serves subscribers that join late.
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(options.kv_events_linger_s));
   }
   return 0;
 }

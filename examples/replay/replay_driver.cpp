@@ -478,6 +478,7 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   // The replay counts hits: no admission deadline may cut a slow fetch short
   // and make them depend on the machine's load.
   engine_config.tiers.admission_deadline_ms = 3.6e6;
+  engine_config.kv_events = config.kv_events;
   std::unique_ptr<Engine> engine;
   CLM_RETURN_IF_ERROR(Engine::create(engine_config, engine));
 
@@ -527,6 +528,18 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   }
   // Every device page is free or the tree's (no sequence holds one now).
   CLM_RETURN_IF_ERROR(engine->check_invariants());
+  if (config.kv_events.enabled) {
+    CLM_RETURN_IF_ERROR(engine->flush_kv_events(std::chrono::seconds(60)));
+    std::vector<std::uint64_t> blocks;
+    CLM_RETURN_IF_ERROR(engine->kv_event_blocks(KvMedium::gpu, blocks));
+    result.cached_pages_device = blocks.size();
+    CLM_RETURN_IF_ERROR(engine->kv_event_blocks(KvMedium::cpu, blocks));
+    result.cached_pages_host = blocks.size();
+    result.kv_events = engine->metrics().kv_events;
+    result.kv_events_endpoint = engine->kv_events_endpoint();
+    result.kv_events_replay_endpoint = engine->kv_events_replay_endpoint();
+  }
+  if (config.keep_engine) result.engine = std::move(engine);
   out = std::move(result);
   return {};
 }

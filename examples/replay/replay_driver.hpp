@@ -25,16 +25,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "clm/cache/eviction_policy.hpp"
+#include "clm/events/kv_events_config.hpp"
 #include "clm/kernels/kv_dtype.hpp"
 #include "clm/status.hpp"
 #include "clm/tiers/tier_config.hpp"
 #include "workload.hpp"
+
+namespace clm {
+class Engine;
+}  // namespace clm
 
 namespace clm::replay {
 
@@ -80,6 +86,12 @@ struct ReplayConfig {
   // wait_complete: an admission waits for every page storage has, so that
   // the hits of a run do not depend on timing.
   PrefetchPolicy prefetch_policy = PrefetchPolicy::wait_complete;
+  // The tiered path: KV events (docs/fleet.md) published as the run goes
+  // (needs model_id); every event is published before the run's result.
+  // With keep_engine, the result keeps the Engine (its replay socket serves
+  // on) until the caller lets it go.
+  KvEventsConfig kv_events;
+  bool keep_engine = false;
 
   bool tiered() const { return host_capacity_tokens > 0 || !storage_url.empty(); }
   // The parameters the policy runs with (the defaults for NaN).
@@ -146,6 +158,13 @@ struct ReplayResult {
   std::uint64_t storage_hit_tokens = 0;
   std::int32_t host_pages = 0;
   TierMetrics tiers;
+  // KV events (ReplayConfig::kv_events): their counters, the endpoints as
+  // bound, and the pages cached on each tier at the end (what a subscriber
+  // that missed nothing holds); the Engine when keep_engine.
+  KvEventsMetrics kv_events;
+  std::string kv_events_endpoint, kv_events_replay_endpoint;
+  std::uint64_t cached_pages_device = 0, cached_pages_host = 0;
+  std::shared_ptr<Engine> engine;
 
   double hit_rate() const;  // all tiers: the sum of the three below on the tiered path
   double device_hit_rate() const;

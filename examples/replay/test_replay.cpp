@@ -1010,6 +1010,21 @@ TEST_CASE("bad workload files are reported, not crashed on") {
   }
 }
 
+TEST_CASE("the binary exits 2 on KV-event flags that cannot work", "[cli]") {
+  const std::string tiered = "--workload gsp --page-size 16 --capacity 32768 --l2-capacity 65536 ";
+  const std::string ok = tiered + "--model-id m --kv-events tcp://127.0.0.1:* ";
+  CHECK(run_replay_binary("--workload gsp --page-size 16 --capacity 32768 --model-id m --kv-events "
+                          "tcp://127.0.0.1:*") == 2);                           // no Engine: no tiers
+  CHECK(run_replay_binary(tiered + "--kv-events tcp://127.0.0.1:*") == 2);      // no model id
+  CHECK(run_replay_binary(tiered + "--model-id m --kv-events-linger 5") == 2);  // no --kv-events
+  CHECK(run_replay_binary(tiered + "--model-id m --kv-events-replay tcp://127.0.0.1:*") == 2);
+  CHECK(run_replay_binary(ok + "--repeat 2") == 2);
+  CHECK(run_replay_binary(ok + "--kv-events-linger -1") == 2);
+  CHECK(run_replay_binary(ok + "--kv-events-linger nan") == 2);
+  CHECK(run_replay_binary(ok + "--kv-events-buffer 0") == 2);
+  CHECK(run_replay_binary(tiered + "--model-id m --kv-events tcp://no-port") == 2);  // the Engine refuses it
+}
+
 TEST_CASE("the binary exits 2 on bad input", "[cli]") {
   TempFile malformed("malformed.jsonl", "{\"prompt\":[1,2,3]}\n{\"prompt\":[1,\n");
   REQUIRE(run_replay_binary("--workload gsp --page-size 16 --capacity 131072 --bogus") == 2);

@@ -10,7 +10,12 @@ set of blocks per medium, and checks it against the engine's own lists;
 then restarts the driver on the same endpoints (a restarted instance:
 sequence from 0, AllBlocksCleared first) and checks again.
 
+With --replay-tool, it runs `replay` on gsp through the tiered path with
+--kv-events and a linger, joins only after the run, fetches every batch
+through replay, and checks its picture against the run's cached_pages.
+
     kv_events_subscriber.py DRIVER
+    kv_events_subscriber.py --replay-tool REPLAY
 """
 import json
 import random
@@ -132,7 +137,44 @@ def run_instance(driver, endpoint, replay_endpoint, seed, ctx, picture):
         proc.wait(timeout=30)
 
 
+def replay_tool(replay_binary):
+    port, replay_port = free_port(), free_port()
+    endpoint, replay_endpoint = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}"
+    args = [replay_binary, "--workload", "gsp", "--page-size", "16", "--capacity", "32768", "--l2-capacity",
+            "65536", "--write-policy", "write_back", "--model-id", "replay-model", "--kv-events", endpoint,
+            "--kv-events-replay", replay_endpoint, "--kv-events-linger", "20", "--json"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    failures = []
+    try:
+        figures = json.loads(proc.stdout.readline())  # printed before the linger
+        ctx = zmq.Context()
+        picture = Picture()
+        history = replay(ctx, replay_endpoint, 0)
+        for seq, payload in history:
+            picture.apply(seq, payload)
+        pages = figures["cached_pages"]
+        events = figures["kv_events"]
+        print(f"replay tool: {len(history)} batches fetched after the run, {events['published_events']} events; "
+              f"{len(picture.tiers['GPU'])} / {pages['device']} device and {len(picture.tiers['CPU'])} / "
+              f"{pages['host']} host pages; {figures['evictions']} evictions, {figures['loaded_pages']} loaded back")
+        if len(history) != events["published_batches"]:
+            failures.append(f"{len(history)} batches replayed of {events['published_batches']} published")
+        if len(picture.tiers["GPU"]) != pages["device"] or len(picture.tiers["CPU"]) != pages["host"]:
+            failures.append("the picture differs from the run's cached pages")
+        if events["dropped_events"] != 0 or pages["device"] == 0 or pages["host"] == 0 or figures["evictions"] == 0:
+            failures.append("dropped events, or a run that exercised too little")
+        failures += picture.errors[:10]
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    for f in failures:
+        print("FAIL:", f)
+    sys.exit(1 if failures else 0)
+
+
 def main():
+    if sys.argv[1] == "--replay-tool":
+        replay_tool(sys.argv[2])
     driver = sys.argv[1]
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")
