@@ -25,11 +25,20 @@ void le32(std::uint32_t v, unsigned char out[4]) {
   for (int b = 0; b < 4; ++b) out[b] = static_cast<unsigned char>(v >> (8 * b));
 }
 
+// SHA-256, fetched once: EVP_sha256() in each init makes OpenSSL 3 look the
+// algorithm up again, under a read lock, for every page (a third of a page
+// key's time in bench_events). Null only when libcrypto cannot allocate.
+const EVP_MD* sha256() {
+  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
+
 // Hashes one page into `out` (see the header for the bytes); false only when
 // libcrypto itself fails (out of memory).
 bool hash_page(EVP_MD_CTX* ctx, const PageKey& parent, std::span<const std::int32_t> tokens, const PageKeyNamespace& ns,
                PageKey& out) {
-  if (EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) return false;
+  const EVP_MD* md = sha256();
+  if (md == nullptr || EVP_DigestInit_ex(ctx, md, nullptr) != 1) return false;
   unsigned char word[4];
   bool ok = EVP_DigestUpdate(ctx, parent.bytes.data(), parent.bytes.size()) == 1;
   le32(static_cast<std::uint32_t>(tokens.size()), word);
