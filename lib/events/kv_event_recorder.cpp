@@ -4,6 +4,8 @@
 
 #include <openssl/evp.h>
 
+#include "clm/detail/fast_checksum.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,10 +17,23 @@ namespace clm {
 KvEventRecorder::KvEventRecorder(std::int32_t page_size, const Digest32& scope, std::size_t capacity)
     : page_size_(page_size), scope_(scope), capacity_(std::max<std::size_t>(capacity, 1)) {}
 
-std::uint64_t KvEventRecorder::block_hash(const PageKey& key) {
-  std::uint64_t h = 0;
-  for (std::size_t i = key.bytes.size() - 8; i < key.bytes.size(); ++i) h = (h << 8) | key.bytes[i];
-  return h;
+std::uint64_t KvEventRecorder::namespace_seed(const Digest32& scope, std::string_view salt, std::int32_t adapter_id) {
+  std::string bytes(reinterpret_cast<const char*>(scope.data()), scope.size());
+  for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>(static_cast<std::uint32_t>(salt.size()) >> (8 * b)));
+  bytes.append(salt);
+  for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>(static_cast<std::uint32_t>(adapter_id) >> (8 * b)));
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr) != 1 || length < 8) {
+    throw std::bad_alloc();  // libcrypto fails only for memory
+  }
+  std::uint64_t seed = 0;
+  for (int i = 0; i < 8; ++i) seed = (seed << 8) | digest[i];
+  return seed;
+}
+
+std::uint64_t KvEventRecorder::next_block_hash(std::uint64_t parent, std::span<const std::int32_t> page_tokens) {
+  return detail::fast_checksum(page_tokens.data(), page_tokens.size_bytes(), parent);
 }
 
 std::string KvEventRecorder::salt_digest(std::string_view salt) {
@@ -39,16 +54,26 @@ const std::string& KvEventRecorder::digest_of(std::string_view salt) const {
   return it->second;
 }
 
-// The key of node `index`'s last page: from the deepest ancestor whose tail is
-// known (or the namespace's start), chained down.
-Status KvEventRecorder::tail_key(const RadixTree& tree, std::int32_t index, PageKey& out) const {
-  std::vector<std::int32_t> chain;  // bottom-up: nodes whose tail is not known
-  PageKey above = PageKey::root();
-  for (std::int32_t n = index; n >= 0;) {
+std::uint64_t KvEventRecorder::seed_of(std::string_view salt, std::int32_t adapter_id) const {
+  const auto key = std::make_pair(std::string(salt), adapter_id);
+  auto it = seeds_.find(key);
+  if (it == seeds_.end()) it = seeds_.emplace(key, namespace_seed(scope_, salt, adapter_id)).first;
+  return it->second;
+}
+
+// The hash of node `index`'s last page: from the deepest ancestor whose
+// hashes are known (or the namespace's seed), chained down.
+std::uint64_t KvEventRecorder::tail_hash(const RadixTree& tree, std::int32_t index) const {
+  std::vector<std::int32_t> chain;  // bottom-up: nodes whose hashes are not known
+  std::uint64_t above = 0;
+  bool known = false;
+  std::int32_t n = index;
+  for (; n >= 0;) {
     const NodeView v = tree.node_view(n);
     const auto it = tails_.find(n);
-    if (it != tails_.end() && it->second.generation == v.ref.generation) {
-      above = it->second.key;
+    if (it != tails_.end() && it->second.generation == v.ref.generation && !it->second.hashes.empty()) {
+      above = it->second.hashes.back();
+      known = true;
       break;
     }
     chain.push_back(n);
@@ -56,22 +81,21 @@ Status KvEventRecorder::tail_key(const RadixTree& tree, std::int32_t index, Page
   }
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     const NodeView v = tree.node_view(*it);
-    const PageKeyNamespace ns{.salt = v.salt, .adapter_id = v.adapter_id, .scope = scope_};
-    keys_.resize(v.tokens.size() / static_cast<std::size_t>(page_size_));
-    CLM_RETURN_IF_ERROR(chain_page_keys(above, v.tokens, page_size_, ns, keys_));
-    above = keys_.empty() ? above : keys_.back();
+    if (!known) above = seed_of(v.salt, v.adapter_id);  // the namespace's start
+    known = true;
     Tail& t = tails_[*it];
     t.generation = v.ref.generation;
-    t.key = above;
     t.hashes.clear();
-    for (const PageKey& k : keys_) t.hashes.push_back(block_hash(k));
+    for (std::size_t at = 0; at + static_cast<std::size_t>(page_size_) <= v.tokens.size(); at += page_size_) {
+      above = next_block_hash(above, v.tokens.subspan(at, static_cast<std::size_t>(page_size_)));
+      t.hashes.push_back(above);
+    }
   }
-  out = above;
-  return {};
+  return above;
 }
 
-Status KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored,
-                                   KvEvent& out) const {
+void KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored,
+                                 KvEvent& out) const {
   const NodeView v = tree.node_view(index);
   const std::size_t pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
   out = KvEvent{};
@@ -87,33 +111,26 @@ Status KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, Kv
     if (h.size() > pages) {
       parent = h[h.size() - pages - 1];
     } else if (v.parent >= 0) {
-      PageKey above;
-      CLM_RETURN_IF_ERROR(tail_key(tree, v.parent, above));
-      parent = block_hash(above);
+      parent = tail_hash(tree, v.parent);
     }
   } else {
-    PageKey above = PageKey::root();
-    if (v.parent >= 0) {
-      CLM_RETURN_IF_ERROR(tail_key(tree, v.parent, above));
-      parent = block_hash(above);
-    }
-    const PageKeyNamespace ns{.salt = v.salt, .adapter_id = v.adapter_id, .scope = scope_};
-    keys_.resize(pages);
-    CLM_RETURN_IF_ERROR(chain_page_keys(above, v.tokens, page_size_, ns, keys_));
+    std::uint64_t above = v.parent >= 0 ? tail_hash(tree, v.parent) : seed_of(v.salt, v.adapter_id);
+    if (v.parent >= 0) parent = above;
     Tail& t = tails_[index];
     t.generation = v.ref.generation;
     t.hashes.clear();
-    for (const PageKey& k : keys_) t.hashes.push_back(block_hash(k));
-    if (!keys_.empty()) t.key = keys_.back();
+    for (std::size_t at = 0; at + static_cast<std::size_t>(page_size_) <= v.tokens.size(); at += page_size_) {
+      above = next_block_hash(above, v.tokens.subspan(at, static_cast<std::size_t>(page_size_)));
+      t.hashes.push_back(above);
+    }
     out.block_hashes = t.hashes;
   }
-  if (!stored) return {};
+  if (!stored) return;
   out.parent_block_hash = parent;
   out.token_ids.assign(v.tokens.begin(), v.tokens.end());
   out.block_size = page_size_;
   if (v.adapter_id != 0) out.lora_id = v.adapter_id;
   out.extra_key = digest_of(v.salt);
-  return {};
 }
 
 void KvEventRecorder::push(KvEvent&& event) noexcept {
@@ -156,7 +173,7 @@ void KvEventRecorder::pages_stored(const RadixTree& tree, std::int32_t index, Ti
   KvEvent event;
   try {
     const KvMedium medium = tier == Tier::host ? KvMedium::cpu : KvMedium::gpu;
-    if (!node_event(tree, index, medium, true, event).ok()) throw std::bad_alloc();
+    node_event(tree, index, medium, true, event);
   } catch (const std::bad_alloc&) {  // no hashes: lost, and the resync will say it
     std::lock_guard guard(queue_mutex_);
     recorded_.fetch_add(1, std::memory_order_relaxed);
@@ -177,7 +194,7 @@ void KvEventRecorder::pages_removed(const RadixTree& tree, std::int32_t index, T
   KvEvent event;
   try {
     const KvMedium medium = tier == Tier::host ? KvMedium::cpu : KvMedium::gpu;
-    if (!node_event(tree, index, medium, false, event).ok()) throw std::bad_alloc();
+    node_event(tree, index, medium, false, event);
     // A node that leaves both tiers is freed: its tail goes with it.
     const NodeView v = tree.node_view(index);
     if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) tails_.erase(index);
@@ -212,7 +229,7 @@ void KvEventRecorder::resync(const RadixTree& tree) noexcept {
         const NodeView v = tree.node_view(n);
         if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
         KvEvent e;
-        if (!node_event(tree, n, medium, true, e).ok()) throw std::bad_alloc();
+        node_event(tree, n, medium, true, e);
         events.push_back(std::move(e));
       }
     }
@@ -245,7 +262,7 @@ Status KvEventRecorder::cached_blocks(const RadixTree& tree, KvMedium medium, st
       const NodeView v = tree.node_view(n);
       if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
       KvEvent e;
-      CLM_RETURN_IF_ERROR(node_event(tree, n, medium, false, e));
+      node_event(tree, n, medium, false, e);
       hashes.insert(hashes.end(), e.block_hashes.begin(), e.block_hashes.end());
     }
     out = std::move(hashes);

@@ -4,12 +4,13 @@
 // (a naive model: a set per medium, a parent must be known before its child,
 // a removed block must be there); after a random workload with evictions,
 // host-tier moves, three tenants and two adapters, that set equals the
-// engine's, block for block, and every block hash is one of the page keys
+// engine's, block for block, and every block hash is one of the hashes
 // chained independently over the prompts the workload finished. Then: drops
 // and the resync that follows them, replay requests that are malformed or
 // from the future, and configurations that must be refused.
 #include <catch2/catch.hpp>
 
+#include <openssl/evp.h>
 #include <zmq.hpp>
 
 #include <algorithm>
@@ -21,9 +22,10 @@
 #include <thread>
 #include <vector>
 
+#include "clm/detail/fast_checksum.hpp"
 #include "clm/engine.hpp"
 #include "clm/events/kv_event_recorder.hpp"
-#include "clm/tiers/page_key.hpp"
+#include "clm/tiers/page_seal.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -140,19 +142,32 @@ struct Finished {
 };
 
 // Every block hash of every whole page of each finished prompt, chained here
-// from the page-key definition (clm/tiers/page_key.hpp), not by the recorder.
+// from the definition (clm/events/kv_event_recorder.hpp), not by the
+// recorder's walk of the tree: the namespace's seed is the first 8 bytes
+// (big-endian) of SHA-256(scope, u32 salt length, salt, i32 adapter), and
+// each page's hash is xxHash64 of its token ids seeded with the one before
+// (fast_checksum, checked against xxHash64's published vectors in
+// test_page_file).
 std::set<std::uint64_t> reference_hashes(const std::vector<Finished>& finished) {
   clm::PageSeal seal;
   REQUIRE(clm::PageSeal::create(kModel, {}, seal).ok());
+  const clm::Digest32 scope = seal.key_scope();
   std::set<std::uint64_t> out;
   for (const Finished& f : finished) {
-    std::vector<clm::PageKey> keys(f.tokens.size() / kPageSize);
-    REQUIRE(clm::chain_page_keys(clm::PageKey::root(), f.tokens, kPageSize,
-                                 {.salt = f.salt, .adapter_id = f.adapter, .scope = seal.key_scope()}, keys)
-                .ok());
-    for (const auto& k : keys) {
-      std::uint64_t h = 0;
-      for (std::size_t i = 24; i < 32; ++i) h = (h << 8) | k.bytes[i];
+    std::string bytes(reinterpret_cast<const char*>(scope.data()), scope.size());
+    const auto le32 = [&bytes](std::uint32_t v) {
+      for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>(v >> (8 * b)));
+    };
+    le32(static_cast<std::uint32_t>(f.salt.size()));
+    bytes += f.salt;
+    le32(static_cast<std::uint32_t>(f.adapter));
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    REQUIRE(EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr) == 1);
+    std::uint64_t h = 0;
+    for (int i = 0; i < 8; ++i) h = (h << 8) | digest[i];
+    for (std::size_t at = 0; at + kPageSize <= f.tokens.size(); at += kPageSize) {
+      h = clm::detail::fast_checksum(f.tokens.data() + at, kPageSize * sizeof(std::int32_t), h);
       out.insert(h);
     }
   }

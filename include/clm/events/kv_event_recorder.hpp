@@ -12,13 +12,18 @@
 //   std::vector<clm::KvEvent> events;
 //   recorder.take(events, 1024);                     // oldest first
 //
-// A block's hash is the low 64 bits (big-endian, as vLLM reads its own) of
-// its page key (clm/tiers/page_key.hpp): the SHA-256 chain over the prefix,
-// the tenant's salt, the adapter and the scope (the model, and the
-// deployment's secret when pages are signed). So the same page has the same
-// hash in every instance of one model, a stored, a removed and a parent hash
-// always agree, and no two tenants' pages share one. The salt itself is never
-// sent: each block's extra key is its digest.
+// A block's hash is a 64-bit chain over the prefix, as the page keys of
+// clm/tiers/page_key.hpp are over the same inputs: xxHash64 of the page's
+// token ids, seeded with the previous page's hash, and the first page's with
+// the namespace's seed (the first 8 bytes of SHA-256 of the scope, the salt
+// and the adapter: the model, the deployment's secret when pages are signed,
+// the tenant). So the same page has the same hash in every instance of one
+// model and secret, a stored, a removed and a parent hash always agree, and
+// tenants' chains start apart. Not SHA-256 per page: that was three quarters
+// of the cost of events to an engine (bench_events), and a router only keys
+// on these hashes (it hashes the token ids with its own scheme); a collision
+// would mislead a router's bookkeeping, never serve a wrong page. The salt
+// itself is never sent: each block's extra key is its digest.
 //
 // Threads: the observer calls, resync and cached_blocks run under the lock of
 // the tree's owner (its caches are that lock's); take, metrics and the
@@ -30,14 +35,16 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "clm/cache/radix_tree.hpp"
 #include "clm/events/kv_event.hpp"
-#include "clm/tiers/page_key.hpp"
+#include "clm/tiers/page_seal.hpp"
 
 namespace clm {
 
@@ -58,7 +65,7 @@ class KvEventRecorder final : public RadixTreeObserver {
   bool resync_needed() const { return resync_needed_.load(std::memory_order_acquire); }
 
   // The hashes of every page on `medium`, parents before children.
-  // out_of_memory when a hash cannot be computed for want of memory.
+  // out_of_memory when the list cannot be made for want of memory.
   Status cached_blocks(const RadixTree& tree, KvMedium medium, std::vector<std::uint64_t>& out) const;
 
   // Moves up to `max` of the oldest queued events into `out` (replacing its
@@ -75,23 +82,25 @@ class KvEventRecorder final : public RadixTreeObserver {
   std::uint64_t dropped_events() const { return dropped_.load(std::memory_order_relaxed); }
   std::uint64_t resyncs() const { return resyncs_.load(std::memory_order_relaxed); }
 
-  // The block hash of a page key (its last 8 bytes, big-endian).
-  static std::uint64_t block_hash(const PageKey& key);
+  // The hash of the namespace's first page's parent (scope, salt, adapter).
+  static std::uint64_t namespace_seed(const Digest32& scope, std::string_view salt, std::int32_t adapter_id);
+  // The hash of a page of `page_tokens` after the page hashed `parent`.
+  static std::uint64_t next_block_hash(std::uint64_t parent, std::span<const std::int32_t> page_tokens);
   // "salt:" and the first 32 hex digits of SHA-256(salt); empty for "".
   static std::string salt_digest(std::string_view salt);
 
  private:
   // A node's page hashes, computed once (a node leaves a tier with the hashes
-  // it entered with), and its last page's key, for its children's chains. A
-  // split leaves the lower half with the node's index and its last pages: the
-  // last hashes of the entry are still its own.
+  // it entered with; the last is its children's parent). A split leaves the
+  // lower half with the node's index and its last pages: the last hashes of
+  // the entry are still its own.
   struct Tail {
     std::uint32_t generation = 0;
-    PageKey key;
     std::vector<std::uint64_t> hashes;
   };
-  Status node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored, KvEvent& out) const;
-  Status tail_key(const RadixTree& tree, std::int32_t index, PageKey& out) const;
+  void node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored, KvEvent& out) const;
+  std::uint64_t tail_hash(const RadixTree& tree, std::int32_t index) const;
+  std::uint64_t seed_of(std::string_view salt, std::int32_t adapter_id) const;
   const std::string& digest_of(std::string_view salt) const;
   void push(KvEvent&& event) noexcept;
 
@@ -103,7 +112,7 @@ class KvEventRecorder final : public RadixTreeObserver {
   // and generation), and each salt's digest.
   mutable std::unordered_map<std::int32_t, Tail> tails_;
   mutable std::unordered_map<std::string, std::string> digests_;
-  mutable std::vector<PageKey> keys_;  // scratch
+  mutable std::map<std::pair<std::string, std::int32_t>, std::uint64_t> seeds_;
 
   mutable std::mutex queue_mutex_;
   std::deque<KvEvent> queue_;
