@@ -55,7 +55,10 @@ std::string be64(std::uint64_t v) {
 
 Status check_config(const KvEventsConfig& c) {
   auto bad = [](std::string what) { return invalid_argument("kv_events: " + what); };
-  if (c.endpoint.empty()) return bad("an endpoint is needed (tcp://127.0.0.1:5557, ipc://...)");
+  if (c.sink && !c.replay_endpoint.empty()) {
+    return bad("a sink and a replay endpoint: with a sink no socket is opened (replay is the host's bus's)");
+  }
+  if (!c.sink && c.endpoint.empty()) return bad("an endpoint is needed (tcp://127.0.0.1:5557, ipc://...)");
   if (c.topic.size() > KvEventsConfig::kMaxTopicBytes) {
     return bad(
         fmt::format("topic of {} bytes, over the {}-byte limit", c.topic.size(), KvEventsConfig::kMaxTopicBytes));
@@ -105,7 +108,7 @@ struct KvEventPublisher::State {
   KvEventRecorder& recorder;
   std::function<void()> resync;
   zmq::context_t context{1};
-  zmq::socket_t pub{context, zmq::socket_type::pub};
+  zmq::socket_t pub;  // none with a sink
   zmq::socket_t router;
   std::string endpoint, replay_endpoint;
   int wake_fd = -1;
@@ -138,11 +141,22 @@ struct KvEventPublisher::State {
     batch.events = std::move(events);
     batch.data_parallel_rank = config.data_parallel_rank;
     std::string payload;
-    if (!encode_kv_event_batch(batch, config.layout, payload).ok()) {
+    if (!config.sink && !encode_kv_event_batch(batch, config.layout, payload).ok()) {
       send_failures.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     const std::uint64_t seq = next_sequence.load(std::memory_order_relaxed);
+    if (config.sink) {
+      try {
+        config.sink(batch);
+      } catch (...) {
+        send_failures.fetch_add(1, std::memory_order_relaxed);
+      }
+      next_sequence.store(seq + 1, std::memory_order_relaxed);
+      published_events.fetch_add(batch.events.size(), std::memory_order_relaxed);
+      published_batches.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     try {
       (void)pub.send(zmq::buffer(config.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
       (void)pub.send(zmq::buffer(be64(seq)), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
@@ -269,11 +283,14 @@ Status KvEventPublisher::create(const KvEventsConfig& config, KvEventRecorder& r
     s = std::make_unique<State>(config, recorder, std::move(resync));
     s->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->wake_fd < 0) return io_error("kv_events: eventfd failed");
-    s->pub.set(zmq::sockopt::sndhwm, config.send_hwm);
-    s->pub.set(zmq::sockopt::linger, 1000);
-    const bool bind = config.bind == KvEventsBind::bind ||
-                      (config.bind == KvEventsBind::automatic && kv_events_endpoint_binds(config.endpoint));
-    CLM_RETURN_IF_ERROR(attach(s->pub, config.endpoint, bind, "publish", s->endpoint));
+    if (!config.sink) {
+      s->pub = zmq::socket_t(s->context, zmq::socket_type::pub);
+      s->pub.set(zmq::sockopt::sndhwm, config.send_hwm);
+      s->pub.set(zmq::sockopt::linger, 1000);
+      const bool bind = config.bind == KvEventsBind::bind ||
+                        (config.bind == KvEventsBind::automatic && kv_events_endpoint_binds(config.endpoint));
+      CLM_RETURN_IF_ERROR(attach(s->pub, config.endpoint, bind, "publish", s->endpoint));
+    }
     if (!config.replay_endpoint.empty()) {
       s->router = zmq::socket_t(s->context, zmq::socket_type::router);
       s->router.set(zmq::sockopt::router_mandatory, 1);

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -293,6 +294,51 @@ TEST_CASE("KV events: a full queue drops, counts, and resyncs so the picture is 
   for (const auto& [seq, payload] : replay(ctx, engine->kv_events_replay_endpoint(), 0)) picture.apply(seq, payload);
   CHECK(picture.gpu == engine_blocks(*engine, clm::KvMedium::gpu));
   CHECK(picture.cpu == engine_blocks(*engine, clm::KvMedium::cpu));
+}
+
+TEST_CASE("KV events: a host's sink gets every batch in order, on one thread of its own, and no socket opens",
+          "[events][threads]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm::EngineConfig config = events_config();
+  config.kv_events.replay_endpoint.clear();
+  config.kv_events.endpoint = "tcp://not-a-host-anyone-binds:1";  // unused with a sink
+  std::mutex mutex;
+  std::vector<clm::KvEventBatch> batches;
+  std::set<std::thread::id> threads;
+  config.kv_events.sink = [&](const clm::KvEventBatch& batch) {
+    std::lock_guard lock(mutex);
+    batches.push_back(batch);
+    threads.insert(std::this_thread::get_id());
+  };
+  std::unique_ptr<clm::Engine> engine;
+  const clm::Status created = clm::Engine::create(config, engine);
+  INFO(created.message());
+  REQUIRE(created.ok());
+  CHECK(engine->kv_events_endpoint().empty());
+  std::vector<Finished> finished;
+  run_workload(*engine, rng, 300, finished);
+  REQUIRE(engine->flush_kv_events(std::chrono::seconds(10)).ok());
+  std::lock_guard lock(mutex);
+  REQUIRE(!batches.empty());
+  CHECK(threads.size() == 1);
+  CHECK(threads.count(std::this_thread::get_id()) == 0);
+  // The batches, encoded as a socket would carry them, give the engine's picture.
+  Picture picture;
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    std::string payload;
+    REQUIRE(clm::encode_kv_event_batch(batches[i], clm::KvEventLayout::array, payload).ok());
+    picture.apply(i, payload);
+  }
+  CHECK(picture.gpu == engine_blocks(*engine, clm::KvMedium::gpu));
+  CHECK(picture.cpu == engine_blocks(*engine, clm::KvMedium::cpu));
+  CHECK(engine->metrics().kv_events.published_batches == batches.size());
+  // A sink with a replay socket is refused: replay is the host's bus's.
+  clm::EngineConfig both = config;
+  both.kv_events.replay_endpoint = "tcp://127.0.0.1:*";
+  std::unique_ptr<clm::Engine> refused;
+  CHECK(clm::Engine::create(both, refused).code() == clm::StatusCode::invalid_argument);
 }
 
 TEST_CASE("KV events: malformed and future replay requests get the end marker and are counted", "[events]") {

@@ -50,7 +50,7 @@ class KvEventPublisher {
   // after `timeout` (failed_precondition, with what is left).
   Status flush(std::chrono::milliseconds timeout);
 
-  const std::string& endpoint() const;         // as bound: the port a "*" picked
+  const std::string& endpoint() const;         // as bound: the port a "*" picked; empty with a sink
   const std::string& replay_endpoint() const;  // empty: none
   KvEventsMetrics metrics() const;
 
