@@ -48,50 +48,59 @@ std::string KvEventRecorder::salt_digest(std::string_view salt) {
   return out;
 }
 
-const std::string& KvEventRecorder::digest_of(std::string_view salt) const {
-  auto it = digests_.find(std::string(salt));
-  if (it == digests_.end()) it = digests_.emplace(std::string(salt), salt_digest(salt)).first;
+const KvEventRecorder::Namespace& KvEventRecorder::namespace_of(const RadixTree& tree, std::int32_t index) const {
+  const CacheNamespace ns = tree.node_namespace(index);
+  auto key = std::make_pair(std::string(ns.salt), ns.adapter_id);
+  auto it = namespaces_.find(key);
+  if (it == namespaces_.end()) {
+    Namespace n{namespace_seed(scope_, ns.salt, ns.adapter_id), salt_digest(ns.salt), ns.adapter_id};
+    it = namespaces_.emplace(std::move(key), std::move(n)).first;
+  }
   return it->second;
 }
 
-std::uint64_t KvEventRecorder::seed_of(std::string_view salt, std::int32_t adapter_id) const {
-  const auto key = std::make_pair(std::string(salt), adapter_id);
-  auto it = seeds_.find(key);
-  if (it == seeds_.end()) it = seeds_.emplace(key, namespace_seed(scope_, salt, adapter_id)).first;
-  return it->second;
+KvEventRecorder::Tail& KvEventRecorder::hash_node(std::int32_t index, const NodeView& v, const Namespace& ns,
+                                                  std::uint64_t above) const {
+  Tail& t = tails_[index];
+  t.generation = v.ref.generation;
+  t.ns = &ns;
+  t.hashes.clear();
+  const auto page = static_cast<std::size_t>(page_size_);
+  for (std::size_t at = 0; at + page <= v.tokens.size(); at += page) {
+    above = next_block_hash(above, v.tokens.subspan(at, page));
+    t.hashes.push_back(above);
+  }
+  return t;
 }
 
-// The hash of node `index`'s last page: from the deepest ancestor whose
-// hashes are known (or the namespace's seed), chained down.
-std::uint64_t KvEventRecorder::tail_hash(const RadixTree& tree, std::int32_t index) const {
+// Node `index`'s entry: from the deepest ancestor whose hashes are known (or
+// the namespace's seed, the one walk up to a root), chained down.
+const KvEventRecorder::Tail& KvEventRecorder::known_tail(const RadixTree& tree, std::int32_t index) const {
   std::vector<std::int32_t> chain;  // bottom-up: nodes whose hashes are not known
+  const Namespace* ns = nullptr;
   std::uint64_t above = 0;
-  bool known = false;
-  std::int32_t n = index;
-  for (; n >= 0;) {
+  for (std::int32_t n = index; n >= 0;) {
     const NodeView v = tree.node_view(n);
     const auto it = tails_.find(n);
     if (it != tails_.end() && it->second.generation == v.ref.generation && !it->second.hashes.empty()) {
+      if (n == index) return it->second;
+      ns = it->second.ns;
       above = it->second.hashes.back();
-      known = true;
       break;
     }
     chain.push_back(n);
     n = v.parent;
   }
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    const NodeView v = tree.node_view(*it);
-    if (!known) above = seed_of(v.salt, v.adapter_id);  // the namespace's start
-    known = true;
-    Tail& t = tails_[*it];
-    t.generation = v.ref.generation;
-    t.hashes.clear();
-    for (std::size_t at = 0; at + static_cast<std::size_t>(page_size_) <= v.tokens.size(); at += page_size_) {
-      above = next_block_hash(above, v.tokens.subspan(at, static_cast<std::size_t>(page_size_)));
-      t.hashes.push_back(above);
-    }
+  if (ns == nullptr) {  // nothing known up to the namespace's root
+    ns = &namespace_of(tree, chain.back());
+    above = ns->seed;
   }
-  return above;
+  Tail* t = nullptr;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    t = &hash_node(*it, tree.node_view(*it), *ns, above);
+    above = t->hashes.back();
+  }
+  return *t;
 }
 
 void KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored,
@@ -102,35 +111,46 @@ void KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMe
   out.kind = stored ? KvEventKind::block_stored : KvEventKind::block_removed;
   out.medium = medium;
   std::optional<std::uint64_t> parent;
+  const Namespace* ns = nullptr;
   const auto cached = tails_.find(index);
   if (cached != tails_.end() && cached->second.generation == v.ref.generation &&
       cached->second.hashes.size() >= pages) {
     // Hashed before: the node's pages are the entry's last ones (all of them, or the lower half of a split).
     const std::vector<std::uint64_t>& h = cached->second.hashes;
+    ns = cached->second.ns;
     out.block_hashes.assign(h.end() - static_cast<std::ptrdiff_t>(pages), h.end());
     if (h.size() > pages) {
       parent = h[h.size() - pages - 1];
     } else if (v.parent >= 0) {
-      parent = tail_hash(tree, v.parent);
+      parent = known_tail(tree, v.parent).hashes.back();
     }
   } else {
-    std::uint64_t above = v.parent >= 0 ? tail_hash(tree, v.parent) : seed_of(v.salt, v.adapter_id);
-    if (v.parent >= 0) parent = above;
-    Tail& t = tails_[index];
-    t.generation = v.ref.generation;
-    t.hashes.clear();
-    for (std::size_t at = 0; at + static_cast<std::size_t>(page_size_) <= v.tokens.size(); at += page_size_) {
-      above = next_block_hash(above, v.tokens.subspan(at, static_cast<std::size_t>(page_size_)));
-      t.hashes.push_back(above);
+    std::uint64_t above;
+    if (v.parent >= 0) {
+      const Tail& up = known_tail(tree, v.parent);  // copied out before hash_node inserts
+      ns = up.ns;
+      above = up.hashes.back();
+      parent = above;
+    } else {
+      ns = &namespace_of(tree, index);
+      above = ns->seed;
     }
-    out.block_hashes = t.hashes;
+    out.block_hashes = hash_node(index, v, *ns, above).hashes;
   }
   if (!stored) return;
   out.parent_block_hash = parent;
   out.token_ids.assign(v.tokens.begin(), v.tokens.end());
   out.block_size = page_size_;
-  if (v.adapter_id != 0) out.lora_id = v.adapter_id;
-  out.extra_key = digest_of(v.salt);
+  if (ns->adapter_id != 0) out.lora_id = ns->adapter_id;
+  out.extra_key = ns->digest;
+}
+
+// Under queue_mutex_: what is queued, and `also` more, are lost; a resync
+// will describe the whole tree as it is then, these changes included.
+void KvEventRecorder::lose_queue(std::uint64_t also) noexcept {
+  dropped_.fetch_add(queue_.size() + also, std::memory_order_relaxed);
+  queue_.clear();
+  resync_needed_.store(true, std::memory_order_release);
 }
 
 void KvEventRecorder::push(KvEvent&& event) noexcept {
@@ -139,24 +159,18 @@ void KvEventRecorder::push(KvEvent&& event) noexcept {
   {
     std::lock_guard guard(queue_mutex_);
     if (resync_needed_.load(std::memory_order_relaxed)) {
-      // A resync will describe the whole tree as it is then, this change included.
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     if (queue_.size() >= capacity_) {
-      // Full: what is queued is superseded by the resync to come.
-      dropped_.fetch_add(queue_.size() + 1, std::memory_order_relaxed);
-      queue_.clear();
-      resync_needed_.store(true, std::memory_order_release);
+      lose_queue(1);
       wake = static_cast<bool>(wake_);
     } else {
       try {
         if (queue_.empty()) oldest_ = std::chrono::steady_clock::now();
         queue_.push_back(std::move(event));
       } catch (const std::bad_alloc&) {
-        dropped_.fetch_add(queue_.size() + 1, std::memory_order_relaxed);
-        queue_.clear();
-        resync_needed_.store(true, std::memory_order_release);
+        lose_queue(1);
       }
       wake = wake_ && queue_.size() == wake_threshold_;
     }
@@ -164,49 +178,35 @@ void KvEventRecorder::push(KvEvent&& event) noexcept {
   if (wake) wake_();
 }
 
-void KvEventRecorder::pages_stored(const RadixTree& tree, std::int32_t index, Tier tier) noexcept {
-  if (resync_needed()) {
+void KvEventRecorder::record(const RadixTree& tree, std::int32_t index, Tier tier, bool stored) noexcept {
+  if (resync_needed()) {  // the resync to come says it
     recorded_.fetch_add(1, std::memory_order_relaxed);
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   KvEvent event;
   try {
-    const KvMedium medium = tier == Tier::host ? KvMedium::cpu : KvMedium::gpu;
-    node_event(tree, index, medium, true, event);
+    node_event(tree, index, tier == Tier::host ? KvMedium::cpu : KvMedium::gpu, stored, event);
+    if (!stored) {
+      // A node that leaves both tiers is freed: its entry goes with it.
+      const NodeView v = tree.node_view(index);
+      if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) tails_.erase(index);
+    }
   } catch (const std::bad_alloc&) {  // no hashes: lost, and the resync will say it
-    std::lock_guard guard(queue_mutex_);
     recorded_.fetch_add(1, std::memory_order_relaxed);
-    dropped_.fetch_add(queue_.size() + 1, std::memory_order_relaxed);
-    queue_.clear();
-    resync_needed_.store(true, std::memory_order_release);
+    std::lock_guard guard(queue_mutex_);
+    lose_queue(1);
     return;
   }
   push(std::move(event));
 }
 
+void KvEventRecorder::pages_stored(const RadixTree& tree, std::int32_t index, Tier tier) noexcept {
+  record(tree, index, tier, true);
+}
+
 void KvEventRecorder::pages_removed(const RadixTree& tree, std::int32_t index, Tier tier) noexcept {
-  if (resync_needed()) {
-    recorded_.fetch_add(1, std::memory_order_relaxed);
-    dropped_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  KvEvent event;
-  try {
-    const KvMedium medium = tier == Tier::host ? KvMedium::cpu : KvMedium::gpu;
-    node_event(tree, index, medium, false, event);
-    // A node that leaves both tiers is freed: its tail goes with it.
-    const NodeView v = tree.node_view(index);
-    if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) tails_.erase(index);
-  } catch (const std::bad_alloc&) {
-    std::lock_guard guard(queue_mutex_);
-    recorded_.fetch_add(1, std::memory_order_relaxed);
-    dropped_.fetch_add(queue_.size() + 1, std::memory_order_relaxed);
-    queue_.clear();
-    resync_needed_.store(true, std::memory_order_release);
-    return;
-  }
-  push(std::move(event));
+  record(tree, index, tier, false);
 }
 
 void KvEventRecorder::record_cleared() noexcept {

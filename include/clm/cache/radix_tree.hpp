@@ -457,20 +457,23 @@ class RadixTree {
   // enter or leave a tier, from now on (RadixTreeObserver).
   void set_observer(RadixTreeObserver* observer) { observer_ = observer; }
   // A live node as an observer sees it (index: a node the observer was told
-  // of, or one of its ancestors).
+  // of, or one of its ancestors). O(1).
   NodeView node_view(std::int32_t index) const {
     const Node& node = nodes_[static_cast<std::size_t>(index)];
-    std::int32_t root = index;
-    while (nodes_[static_cast<std::size_t>(root)].parent >= 0) root = nodes_[static_cast<std::size_t>(root)].parent;
-    const RootName& name = root_names_.at(root);
     const bool under_root = nodes_[static_cast<std::size_t>(node.parent)].parent < 0;
     return {{node.data, static_cast<std::size_t>(node.len)},
             ref(index),
             under_root ? -1 : node.parent,
-            *name.salt,
-            name.adapter_id,
             node.on_device,
             node.on_host};
+  }
+  // The namespace a live node is in: a walk up to its root, O(depth), so an
+  // observer keeps what it learns (a node's namespace is its parent's).
+  CacheNamespace node_namespace(std::int32_t index) const {
+    std::int32_t root = index;
+    while (nodes_[static_cast<std::size_t>(root)].parent >= 0) root = nodes_[static_cast<std::size_t>(root)].parent;
+    const RootName& name = root_names_.at(root);
+    return {*name.salt, name.adapter_id};
   }
   // Every live node (no namespace roots), each after its parent.
   void nodes_top_down(std::vector<std::int32_t>& out) const;

@@ -49,14 +49,12 @@ struct PathBelow {
 };
 
 // One node as an observer sees it (RadixTree::node_view): its tokens (whole
-// pages), its place, its namespace and its tiers. Valid until the tree
-// changes.
+// pages), its place and its tiers; its namespace is RadixTree::node_namespace.
+// Valid until the tree changes.
 struct NodeView {
   std::span<const std::int32_t> tokens;
   NodeRef ref;
   std::int32_t parent = -1;  // a node's index, or -1 when the node hangs from its namespace root
-  std::string_view salt;     // the namespace
-  std::int32_t adapter_id = 0;
   bool on_device = false, on_host = false;
 };
 

@@ -90,29 +90,38 @@ class KvEventRecorder final : public RadixTreeObserver {
   static std::string salt_digest(std::string_view salt);
 
  private:
+  // A namespace's seed (the first page's parent), its salt's digest (each
+  // block's extra key) and its adapter: learnt once per namespace.
+  struct Namespace {
+    std::uint64_t seed = 0;
+    std::string digest;
+    std::int32_t adapter_id = 0;
+  };
   // A node's page hashes, computed once (a node leaves a tier with the hashes
-  // it entered with; the last is its children's parent). A split leaves the
-  // lower half with the node's index and its last pages: the last hashes of
-  // the entry are still its own.
+  // it entered with; the last is its children's parent), and its namespace,
+  // which its children share. A split leaves the lower half with the node's
+  // index and its last pages: the last hashes of the entry are still its own.
   struct Tail {
     std::uint32_t generation = 0;
+    const Namespace* ns = nullptr;
     std::vector<std::uint64_t> hashes;
   };
+  void record(const RadixTree& tree, std::int32_t index, Tier tier, bool stored) noexcept;
   void node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored, KvEvent& out) const;
-  std::uint64_t tail_hash(const RadixTree& tree, std::int32_t index) const;
-  std::uint64_t seed_of(std::string_view salt, std::int32_t adapter_id) const;
-  const std::string& digest_of(std::string_view salt) const;
+  const Tail& known_tail(const RadixTree& tree, std::int32_t index) const;
+  Tail& hash_node(std::int32_t index, const NodeView& v, const Namespace& ns, std::uint64_t above) const;
+  const Namespace& namespace_of(const RadixTree& tree, std::int32_t index) const;
+  void lose_queue(std::uint64_t also) noexcept;
   void push(KvEvent&& event) noexcept;
 
   const std::int32_t page_size_;
   const Digest32 scope_;
   const std::size_t capacity_;
 
-  // The owner's lock: each node's page hashes and last page key (by index
-  // and generation), and each salt's digest.
+  // The owner's lock: each node's entry (by index and generation), and each
+  // namespace (a map: its entries do not move, the nodes' entries point at them).
   mutable std::unordered_map<std::int32_t, Tail> tails_;
-  mutable std::unordered_map<std::string, std::string> digests_;
-  mutable std::map<std::pair<std::string, std::int32_t>, std::uint64_t> seeds_;
+  mutable std::map<std::pair<std::string, std::int32_t>, Namespace> namespaces_;
 
   mutable std::mutex queue_mutex_;
   std::deque<KvEvent> queue_;
