@@ -27,31 +27,17 @@
 #include "clm/engine.hpp"
 #include "clm/events/kv_event_recorder.hpp"
 #include "clm/tiers/page_seal.hpp"
+#include "events/kv_events_workload.hpp"
 #include "test_support.hpp"
 
 namespace {
 
 using Tokens = std::vector<std::int32_t>;
-constexpr std::int32_t kPageSize = 4;
+constexpr std::int32_t kPageSize = clm_test::kEventsPageSize;
 constexpr const char* kModel = "test-model@sha256:00";
 
 clm::EngineConfig events_config() {
-  clm::EngineConfig config;
-  config.pool.num_pages = 48;
-  config.pool.page_size = kPageSize;
-  config.pool.num_layers = 1;
-  config.pool.kv_heads = 1;
-  config.pool.head_dim = 8;
-  config.pool.dtype = clm::KvDType::f32;
-  config.tiers.host_pages = 64;
-  config.tiers.write_policy = clm::WritePolicy::write_back;
-  config.model_id = kModel;
-  config.kv_events.enabled = true;
-  config.kv_events.endpoint = "tcp://127.0.0.1:*";
-  config.kv_events.replay_endpoint = "tcp://127.0.0.1:*";
-  config.kv_events.batch_interval_ms = 2;
-  config.kv_events.max_batch_events = 16;
-  return config;
+  return clm_test::kv_events_config(kModel, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
 }
 
 std::uint64_t be64(const zmq::message_t& m) {
@@ -136,11 +122,7 @@ std::set<std::uint64_t> engine_blocks(const clm::Engine& engine, clm::KvMedium m
   return set;
 }
 
-struct Finished {
-  Tokens tokens;
-  std::string salt;
-  std::int32_t adapter = 0;
-};
+using Finished = clm_test::FinishedPrompt;
 
 // Every block hash of every whole page of each finished prompt, chained here
 // from the definition (clm/events/kv_event_recorder.hpp), not by the
@@ -176,28 +158,9 @@ std::set<std::uint64_t> reference_hashes(const std::vector<Finished>& finished) 
 }
 
 void run_workload(clm::Engine& engine, std::mt19937& rng, int requests, std::vector<Finished>& finished) {
-  std::vector<Tokens> systems;
-  for (int i = 0; i < 4; ++i) systems.push_back(clm_test::random_tokens(rng, 8 + rng() % 24, 5000));
-  const char* salts[] = {"", "tenant-b", "tenant-c"};
-  for (int r = 0; r < requests; ++r) {
-    Finished f;
-    f.tokens = systems[rng() % systems.size()];
-    const Tokens tail = clm_test::random_tokens(rng, 1 + rng() % 20, 5000);
-    f.tokens.insert(f.tokens.end(), tail.begin(), tail.end());
-    f.salt = salts[rng() % 3];
-    f.adapter = static_cast<std::int32_t>(rng() % 2);
-    clm::Admission a;
-    const clm::Status s = engine.admit(f.tokens, {.cache_salt = f.salt, .adapter_id = f.adapter}, a);
-    if (s.code() == clm::StatusCode::out_of_memory) continue;
-    REQUIRE(s.ok());
-    if (rng() % 8 == 0) {
-      REQUIRE(engine.abort(a.seq).ok());
-    } else {
-      REQUIRE(engine.finish(a.seq).ok());
-      finished.push_back(f);
-    }
-  }
-  engine.wait_for_tiers();
+  const clm::Status s = clm_test::run_kv_events_workload(engine, rng, requests, finished);
+  INFO(s.message());
+  REQUIRE(s.ok());
 }
 
 }  // namespace
