@@ -140,11 +140,6 @@ struct KvEventPublisher::State {
     batch.ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     batch.events = std::move(events);
     batch.data_parallel_rank = config.data_parallel_rank;
-    std::string payload;
-    if (!config.sink && !encode_kv_event_batch(batch, config.layout, payload).ok()) {
-      send_failures.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
     const std::uint64_t seq = next_sequence.load(std::memory_order_relaxed);
     if (config.sink) {
       try {
@@ -152,21 +147,23 @@ struct KvEventPublisher::State {
       } catch (...) {
         send_failures.fetch_add(1, std::memory_order_relaxed);
       }
-      next_sequence.store(seq + 1, std::memory_order_relaxed);
-      published_events.fetch_add(batch.events.size(), std::memory_order_relaxed);
-      published_batches.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
-    try {
-      (void)pub.send(zmq::buffer(config.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      (void)pub.send(zmq::buffer(be64(seq)), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      (void)pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      send_failures.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (config.buffer_batches > 0) {
-      if (buffer.size() == static_cast<std::size_t>(config.buffer_batches)) buffer.pop_front();
-      buffer.emplace_back(seq, std::move(payload));
+    } else {
+      std::string payload;
+      if (!encode_kv_event_batch(batch, config.layout, payload).ok()) {
+        send_failures.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      try {
+        (void)pub.send(zmq::buffer(config.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+        (void)pub.send(zmq::buffer(be64(seq)), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+        (void)pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+      } catch (const zmq::error_t&) {
+        send_failures.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (config.buffer_batches > 0) {
+        if (buffer.size() == static_cast<std::size_t>(config.buffer_batches)) buffer.pop_front();
+        buffer.emplace_back(seq, std::move(payload));
+      }
     }
     next_sequence.store(seq + 1, std::memory_order_relaxed);
     published_events.fetch_add(batch.events.size(), std::memory_order_relaxed);
@@ -329,11 +326,11 @@ Status KvEventPublisher::flush(std::chrono::milliseconds timeout) {
   s.flush_requested.store(true, std::memory_order_release);
   s.wake();
   std::unique_lock lock(s.idle_mutex);
-  const bool done = s.idle.wait_until(lock, deadline, [&] {
-    s.wake();
-    // In this order: events the thread has taken are in flight until sent.
-    return s.recorder.queued() == 0 && !s.in_flight.load() && !s.recorder.resync_needed();
-  });
+  // While flush_requested holds, the thread goes round without waiting and
+  // signals `idle` after each round. In this order: events the thread has
+  // taken are in flight until sent.
+  const bool done = s.idle.wait_until(
+      lock, deadline, [&] { return s.recorder.queued() == 0 && !s.in_flight.load() && !s.recorder.resync_needed(); });
   s.flush_requested.store(false, std::memory_order_release);
   if (!done) {
     return failed_precondition(fmt::format("kv_events: flush timed out with {} events queued", s.recorder.queued()));
