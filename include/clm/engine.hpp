@@ -523,6 +523,13 @@ class Engine {
     if (!kv_publisher_) return failed_precondition("flush_kv_events: KV events are off (EngineConfig::kv_events)");
     return kv_publisher_->flush(timeout);
   }
+  bool kv_events_enabled() const { return kv_publisher_ != nullptr; }
+  // Publishes what is recorded, then stops publishing for good: no batch
+  // goes out and no sink is called once it returns (clm_engine_free calls
+  // it, so that a host's callback outlives no engine it was given to).
+  void stop_kv_events() {
+    if (kv_publisher_) kv_publisher_->stop();
+  }
   // The endpoints as bound ("tcp://127.0.0.1:40123" for a "*" port); empty when off.
   std::string kv_events_endpoint() const { return kv_publisher_ ? kv_publisher_->endpoint() : std::string(); }
   std::string kv_events_replay_endpoint() const {
@@ -589,7 +596,8 @@ class Engine {
       scope = seal.key_scope();
     }
     kv_recorder_ = std::make_unique<KvEventRecorder>(
-        page_size_, scope, static_cast<std::size_t>(std::max(1, config_.kv_events.queue_events)));
+        page_size_, scope, static_cast<std::size_t>(std::max(1, config_.kv_events.queue_events)),
+        config_.kv_events.token_ids);
     kv_recorder_->record_cleared();
     CLM_RETURN_IF_ERROR(KvEventPublisher::create(
         config_.kv_events, *kv_recorder_,

@@ -65,8 +65,9 @@ void pack_optional_int(Packer& p, const std::optional<std::int32_t>& v) {
 Status check_event(const KvEvent& e) {
   if (e.kind != KvEventKind::block_stored) return {};
   if (e.block_size < 1) return invalid_argument(fmt::format("KV event: block_size {} (>= 1 expected)", e.block_size));
-  if (e.token_ids.size() != e.block_hashes.size() * static_cast<std::size_t>(e.block_size)) {
-    return invalid_argument(fmt::format("KV event: {} token ids for {} blocks of {}", e.token_ids.size(),
+  // None at all is allowed: KvEventsConfig::token_ids off.
+  if (!e.token_ids.empty() && e.token_ids.size() != e.block_hashes.size() * static_cast<std::size_t>(e.block_size)) {
+    return invalid_argument(fmt::format("KV event: {} token ids for {} blocks of {} (all or none)", e.token_ids.size(),
                                         e.block_hashes.size(), e.block_size));
   }
   return {};

@@ -115,6 +115,7 @@ struct KvEventPublisher::State {
   std::thread thread;
   std::atomic<bool> stop{false}, flush_requested{false};
   std::atomic<bool> in_flight{false};  // events taken from the recorder and not yet sent
+  std::mutex stop_mutex;               // one stop() joins the thread
 
   // The thread's own: the replay buffer and the sequence.
   std::deque<std::pair<std::uint64_t, std::string>> buffer;
@@ -143,7 +144,7 @@ struct KvEventPublisher::State {
     const std::uint64_t seq = next_sequence.load(std::memory_order_relaxed);
     if (config.sink) {
       try {
-        config.sink(batch);
+        config.sink(seq, batch);
       } catch (...) {
         send_failures.fetch_add(1, std::memory_order_relaxed);
       }
@@ -313,16 +314,21 @@ Status KvEventPublisher::create(const KvEventsConfig& config, KvEventRecorder& r
   return {};
 }
 
-KvEventPublisher::~KvEventPublisher() {
-  state_->stop.store(true, std::memory_order_release);
-  state_->wake();
-  if (state_->thread.joinable()) state_->thread.join();
-  state_->recorder.set_wakeup(0, {});
+KvEventPublisher::~KvEventPublisher() { stop(); }
+
+void KvEventPublisher::stop() {
+  State& s = *state_;
+  std::lock_guard guard(s.stop_mutex);
+  s.stop.store(true, std::memory_order_release);
+  s.wake();
+  if (s.thread.joinable()) s.thread.join();
+  s.recorder.set_wakeup(0, {});
 }
 
 Status KvEventPublisher::flush(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   State& s = *state_;
+  if (s.stop.load(std::memory_order_acquire)) return failed_precondition("kv_events: the publisher is stopped");
   s.flush_requested.store(true, std::memory_order_release);
   s.wake();
   std::unique_lock lock(s.idle_mutex);
@@ -345,6 +351,7 @@ KvEventsMetrics KvEventPublisher::metrics() const {
   const State& s = *state_;
   KvEventsMetrics m;
   m.enabled = true;
+  m.resync_pending = s.recorder.resync_needed();
   m.recorded_events = s.recorder.recorded_events();
   m.published_events = s.published_events.load(std::memory_order_relaxed);
   m.published_batches = s.published_batches.load(std::memory_order_relaxed);

@@ -14,8 +14,8 @@
 
 namespace clm {
 
-KvEventRecorder::KvEventRecorder(std::int32_t page_size, const Digest32& scope, std::size_t capacity)
-    : page_size_(page_size), scope_(scope), capacity_(std::max<std::size_t>(capacity, 1)) {}
+KvEventRecorder::KvEventRecorder(std::int32_t page_size, const Digest32& scope, std::size_t capacity, bool token_ids)
+    : page_size_(page_size), scope_(scope), capacity_(std::max<std::size_t>(capacity, 1)), token_ids_(token_ids) {}
 
 std::uint64_t KvEventRecorder::namespace_seed(const Digest32& scope, std::string_view salt, std::int32_t adapter_id) {
   std::string bytes(reinterpret_cast<const char*>(scope.data()), scope.size());
@@ -139,7 +139,7 @@ void KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMe
   }
   if (!stored) return;
   out.parent_block_hash = parent;
-  out.token_ids.assign(v.tokens.begin(), v.tokens.end());
+  if (token_ids_) out.token_ids.assign(v.tokens.begin(), v.tokens.end());
   out.block_size = page_size_;
   if (ns->adapter_id != 0) out.lora_id = ns->adapter_id;
   out.extra_key = ns->digest;

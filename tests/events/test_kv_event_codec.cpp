@@ -37,7 +37,8 @@ clm::KvEvent random_event(std::mt19937_64& rng) {
   if (e.kind == clm::KvEventKind::block_removed) return e;
   if (rng() % 2) e.parent_block_hash = rng();
   e.block_size = static_cast<std::int32_t>(1 + rng() % 32);
-  e.token_ids.resize(e.block_hashes.size() * static_cast<std::size_t>(e.block_size));
+  // Every page's ids, or (KvEventsConfig::token_ids off) none.
+  if (rng() % 4 != 0) e.token_ids.resize(e.block_hashes.size() * static_cast<std::size_t>(e.block_size));
   for (auto& t : e.token_ids) t = static_cast<std::int32_t>(rng() % 200000);
   if (rng() % 2) e.lora_id = static_cast<std::int32_t>(1 + rng() % 1000);
   if (rng() % 2) e.extra_key = "salt:" + std::to_string(rng());

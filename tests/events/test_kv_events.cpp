@@ -83,6 +83,7 @@ struct Picture {
   std::set<std::uint64_t> gpu, cpu;
   std::uint64_t next_seq = 0;
   std::uint64_t events = 0;
+  bool token_ids = true;  // KvEventsConfig::token_ids: every page's ids, or none at all
 
   void apply(std::uint64_t seq, const std::string& payload) {
     REQUIRE(seq == next_seq);  // in order, none missing
@@ -102,7 +103,7 @@ struct Picture {
           break;
         case clm::KvEventKind::block_stored:
           CHECK(e.block_size == kPageSize);
-          CHECK(e.token_ids.size() == e.block_hashes.size() * kPageSize);
+          CHECK(e.token_ids.size() == (token_ids ? e.block_hashes.size() * kPageSize : 0));
           if (e.parent_block_hash) CHECK(tier.count(*e.parent_block_hash) == 1);  // routers drop orphans
           for (std::uint64_t h : e.block_hashes) CHECK(tier.insert(h).second);
           break;
@@ -270,8 +271,10 @@ TEST_CASE("KV events: a host's sink gets every batch in order, on one thread of 
   std::mutex mutex;
   std::vector<clm::KvEventBatch> batches;
   std::set<std::thread::id> threads;
-  config.kv_events.sink = [&](const clm::KvEventBatch& batch) {
+  std::vector<std::uint64_t> sequences;
+  config.kv_events.sink = [&](std::uint64_t sequence, const clm::KvEventBatch& batch) {
     std::lock_guard lock(mutex);
+    sequences.push_back(sequence);
     batches.push_back(batch);
     threads.insert(std::this_thread::get_id());
   };
@@ -287,6 +290,7 @@ TEST_CASE("KV events: a host's sink gets every batch in order, on one thread of 
   REQUIRE(!batches.empty());
   CHECK(threads.size() == 1);
   CHECK(threads.count(std::this_thread::get_id()) == 0);
+  for (std::size_t i = 0; i < sequences.size(); ++i) REQUIRE(sequences[i] == i);
   // The batches, encoded as a socket would carry them, give the engine's picture.
   Picture picture;
   for (std::size_t i = 0; i < batches.size(); ++i) {
@@ -302,6 +306,30 @@ TEST_CASE("KV events: a host's sink gets every batch in order, on one thread of 
   both.kv_events.replay_endpoint = "tcp://127.0.0.1:*";
   std::unique_ptr<clm::Engine> refused;
   CHECK(clm::Engine::create(both, refused).code() == clm::StatusCode::invalid_argument);
+}
+
+TEST_CASE("KV events: with token ids left out the stream carries none and still gives the engine's picture",
+          "[events]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  clm::EngineConfig config = events_config();
+  config.kv_events.token_ids = false;
+  std::unique_ptr<clm::Engine> engine;
+  REQUIRE(clm::Engine::create(config, engine).ok());
+  zmq::context_t ctx(1);
+  std::vector<Finished> finished;
+  run_workload(*engine, rng, 200, finished);
+  REQUIRE(engine->flush_kv_events(std::chrono::seconds(10)).ok());
+  Picture picture;
+  picture.token_ids = false;
+  for (const auto& [seq, payload] : replay(ctx, engine->kv_events_replay_endpoint(), 0)) picture.apply(seq, payload);
+  CHECK(picture.events > 1);
+  CHECK(picture.gpu == engine_blocks(*engine, clm::KvMedium::gpu));
+  CHECK(picture.cpu == engine_blocks(*engine, clm::KvMedium::cpu));
+  // The hashes do not depend on whether ids are sent.
+  const auto reference = reference_hashes(finished);
+  for (std::uint64_t h : picture.gpu) CHECK(reference.count(h) == 1);
 }
 
 TEST_CASE("KV events: malformed and future replay requests get the end marker and are counted", "[events]") {

@@ -56,7 +56,7 @@ struct KvEvent {
   KvMedium medium = KvMedium::gpu;
   std::vector<std::uint64_t> block_hashes;         // stored, removed: one per page, in path order
   std::optional<std::uint64_t> parent_block_hash;  // stored: the page before the first; none at a prefix's start
-  std::vector<std::int32_t> token_ids;             // stored: block_hashes.size() * block_size ids
+  std::vector<std::int32_t> token_ids;             // stored: block_hashes.size() * block_size ids, or none
   std::int32_t block_size = 0;                     // stored: tokens per page
   std::optional<std::int32_t> lora_id;             // stored: the adapter, when not 0
   // stored: each block's extra key, vLLM's field for cache_salt: the tenant's
@@ -77,7 +77,7 @@ inline constexpr std::size_t kMaxKvEventPayloadBytes = 64u << 20;
 
 // Appends nothing on error: `out` is replaced only when the whole batch
 // encodes. invalid_argument for what cannot be sent as it is (a ts that is
-// not finite, token ids that are not block_hashes.size() * block_size, a
+// not finite, token ids that are neither none nor block_hashes.size() * block_size, a
 // block size under 1).
 Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, std::string& out);
 

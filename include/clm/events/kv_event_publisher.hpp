@@ -43,6 +43,10 @@ class KvEventPublisher {
                        std::unique_ptr<KvEventPublisher>& out);
   // Publishes what is queued (for up to a second), then closes the sockets.
   ~KvEventPublisher();
+  // Publishes what is queued, then ends the thread: no batch goes out (and
+  // no sink is called) once it returns; flush is failed_precondition after.
+  // Idempotent; the destructor calls it.
+  void stop();
   KvEventPublisher(const KvEventPublisher&) = delete;
   KvEventPublisher& operator=(const KvEventPublisher&) = delete;
 

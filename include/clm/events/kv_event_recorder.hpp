@@ -52,7 +52,8 @@ class KvEventRecorder final : public RadixTreeObserver {
  public:
   // `scope`: PageSeal::key_scope() of the model (and secret). `capacity`:
   // events queued at most (past it: dropped, counted, and a resync needed).
-  KvEventRecorder(std::int32_t page_size, const Digest32& scope, std::size_t capacity);
+  // `token_ids` false: stored events carry none (KvEventsConfig::token_ids).
+  KvEventRecorder(std::int32_t page_size, const Digest32& scope, std::size_t capacity, bool token_ids = true);
 
   void pages_stored(const RadixTree& tree, std::int32_t index, Tier tier) noexcept override;
   void pages_removed(const RadixTree& tree, std::int32_t index, Tier tier) noexcept override;
@@ -117,6 +118,7 @@ class KvEventRecorder final : public RadixTreeObserver {
   const std::int32_t page_size_;
   const Digest32 scope_;
   const std::size_t capacity_;
+  const bool token_ids_;
 
   // The owner's lock: each node's entry (by index and generation), and each
   // namespace (a map: its entries do not move, the nodes' entries point at them).

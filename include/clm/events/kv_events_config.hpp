@@ -8,7 +8,8 @@
 //   config.kv_events.endpoint = "tcp://127.0.0.1:5557";          // PUB: topic, 8-byte seq, payload
 //   config.kv_events.replay_endpoint = "tcp://127.0.0.1:5558";   // ROUTER: missed batches again
 //   config.kv_events.topic = "kv@pod-3@llama-3-8b";              // llm-d's kv@<pod>@<model>
-//   // or, for a bus of the host's own: config.kv_events.sink = [&](const clm::KvEventBatch& b) { ... };
+//   // or, for a bus of the host's own:
+//   // config.kv_events.sink = [&](std::uint64_t seq, const clm::KvEventBatch& b) { ... };
 #pragma once
 
 #include <cstdint>
@@ -43,12 +44,17 @@ struct KvEventsConfig {
   std::int32_t buffer_batches = 10000;  // batches the replay socket can send again
   std::int32_t send_hwm = 100000;       // ZeroMQ's high-water mark of the PUB socket, in messages
   std::int32_t data_parallel_rank = 0;  // the batch's third field (not added to the port: the host picks the endpoint)
+  // false: BlockStored events carry no token ids (an empty array), for
+  // routers that key on our block hashes; they cost the engine a copy of
+  // every page's tokens otherwise.
+  bool token_ids = true;
   // For a host that publishes on its own bus (NATS, Kafka): set, no socket is
   // opened (endpoint unused, replay_endpoint must be empty) and each batch is
   // handed to this instead, in order, on the publisher's one thread (never an
   // engine call's). It must not call back into the Engine; what it throws is
   // caught and counted as a send failure (the batch is still numbered).
-  std::function<void(const KvEventBatch&)> sink;
+  // `sequence` is the batch's number: 0, 1, 2, ... with no gaps.
+  std::function<void(std::uint64_t sequence, const KvEventBatch&)> sink;
 
   static constexpr std::size_t kMaxTopicBytes = 256;
 };
@@ -66,6 +72,7 @@ struct KvEventsMetrics {
   std::uint64_t send_failures = 0;    // messages ZeroMQ would not take (a full replay client)
   std::int64_t queued_events = 0;     // recorded, not yet published, now
   std::uint64_t next_sequence = 0;    // the sequence number the next batch gets
+  bool resync_pending = false;        // events are being dropped until a resync
 };
 
 }  // namespace clm
