@@ -104,6 +104,14 @@ constexpr std::size_t kEngineOptionsV5 =
     offsetof(clm_engine_options, snapshot_maintenance_interval_ms) + sizeof(int64_t);
 static_assert(kEngineOptionsV4 < kEngineOptionsV5 && kEngineOptionsV5 < sizeof(clm_engine_options));
 static_assert(offsetof(clm_engine_options, model_id) >= kEngineOptionsV5, "version 6 appends");
+// Version 6, frozen: version 7 (KV events) appends to it.
+constexpr std::size_t kEngineOptionsV6 = offsetof(clm_engine_options, breaker_open_ms) + sizeof(double);
+static_assert(kEngineOptionsV5 < kEngineOptionsV6 && kEngineOptionsV6 < sizeof(clm_engine_options));
+static_assert(offsetof(clm_engine_options, kv_events) >= kEngineOptionsV6, "version 7 appends");
+constexpr std::size_t kMetricsV5 = offsetof(clm_metrics, queued_fetches) + sizeof(int64_t);
+static_assert(kMetricsV4 < kMetricsV5 && kMetricsV5 < sizeof(clm_metrics));
+static_assert(offsetof(clm_metrics, has_kv_events) >= kMetricsV5, "version 6 appends");
+constexpr std::size_t kKvEventBatchV1 = sizeof(clm_kv_event_batch);
 static_assert(offsetof(clm_admit_options, priority_update) >= kAdmitOptionsV1, "version 2 appends");
 static_assert(CLM_PRIORITY_RAISE == static_cast<int>(clm::PriorityUpdate::raise) &&
                   CLM_PRIORITY_SET == static_cast<int>(clm::PriorityUpdate::set),
@@ -116,7 +124,9 @@ static_assert(kEngineOptionsV1 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV2 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV3 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV4 % alignof(clm_engine_options) == 0 &&
-              kEngineOptionsV5 % alignof(clm_engine_options) == 0);
+              kEngineOptionsV5 % alignof(clm_engine_options) == 0 &&
+              kEngineOptionsV6 % alignof(clm_engine_options) == 0 && kMetricsV5 % alignof(clm_metrics) == 0 &&
+              sizeof(clm_engine_options) % alignof(clm_engine_options) == 0);
 
 // A caller's struct of `size` bytes as this library's full struct: the
 // caller's fields, and the defaults for fields its version did not have.
@@ -130,6 +140,10 @@ Struct widen(const Struct* caller, std::size_t size, const Struct& defaults) {
 inline clm_status null_argument(const char* function, const char* name) {
   return fail(CLM_ERR_INVALID_ARGUMENT, fmt::format("{}: {} is NULL", function, name));
 }
+
+// Version 7 of the options (KV events) as the engine's configuration, the
+// host's callback as its sink (clm_kv_events.cpp).
+clm_status kv_events_config(const clm_engine_options& options, clm::KvEventsConfig& config);
 
 // The engine is shared with its sequence handles, so that a handle outliving
 // clm_engine_free fails cleanly instead of touching freed memory.

@@ -90,6 +90,22 @@ clm_engine_options default_engine_options() {
   o.breaker_failures = tiers.breaker_failures;
   o.admission_deadline_ms = tiers.admission_deadline_ms;
   o.breaker_open_ms = tiers.breaker_open_ms;
+  const clm::KvEventsConfig& events = defaults.kv_events;
+  o.kv_events = events.enabled ? 1 : 0;
+  o.kv_events_bind = static_cast<int32_t>(events.bind);
+  o.kv_events_endpoint = nullptr;
+  o.kv_events_replay_endpoint = nullptr;
+  o.kv_events_topic = nullptr;
+  o.kv_events_callback = nullptr;
+  o.kv_events_callback_data = nullptr;
+  o.kv_events_layout = static_cast<int32_t>(events.layout);
+  o.kv_events_batch_interval_ms = events.batch_interval_ms;
+  o.kv_events_max_batch_events = events.max_batch_events;
+  o.kv_events_queue_events = events.queue_events;
+  o.kv_events_buffer_batches = events.buffer_batches;
+  o.kv_events_send_hwm = events.send_hwm;
+  o.kv_events_data_parallel_rank = events.data_parallel_rank;
+  o.kv_events_token_ids = events.token_ids ? 1 : 0;
   return o;
 }
 
@@ -101,7 +117,8 @@ constexpr std::size_t kMaxStorageUrlBytes = 8192;  // a path and a few options
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_engine_options_init", "options");
   if (clm_status s = check_struct_size<clm_engine_options>(
-          struct_size, {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5},
+          struct_size,
+          {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5, kEngineOptionsV6},
           "clm_engine_options_init")) {
     return s;
   }
@@ -116,10 +133,10 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     if (!out) return null_argument("clm_engine_create", "out");
     *out = nullptr;
     if (!options) return null_argument("clm_engine_create", "options (num_pages has no default)");
-    if (clm_status s = check_struct_size<clm_engine_options>(
-            options->struct_size,
-            {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5},
-            "clm_engine_create")) {
+    if (clm_status s = check_struct_size<clm_engine_options>(options->struct_size,
+                                                             {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3,
+                                                              kEngineOptionsV4, kEngineOptionsV5, kEngineOptionsV6},
+                                                             "clm_engine_create")) {
       return s;
     }
     const clm_engine_options widened = widen(options, options->struct_size, default_engine_options());
@@ -229,6 +246,7 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
       }
       strings[i].second->assign(strings[i].first, n);
     }
+    if (clm_status s = kv_events_config(*options, config.kv_events)) return s;
     auto state = std::make_shared<EngineState>();
     if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
 #if CLM_HAVE_CUDA
@@ -249,6 +267,9 @@ void clm_engine_free(clm_engine* engine) {
   if (!engine) return;
   engine->state->closed = true;
   engine->state->engine->abort_all();
+  // Sequence handles may keep the engine alive: the host's KV-event callback
+  // must not be called once this returns.
+  engine->state->engine->stop_kv_events();
   delete engine;  // the pool's memory goes with the last sequence handle
 }
 
@@ -475,7 +496,7 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     if (!out) return null_argument("clm_engine_metrics", "out");
     if (!engine) return null_argument("clm_engine_metrics", "engine");
     if (clm_status s = check_struct_size<clm_metrics>(
-            out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3, kMetricsV4}, "clm_engine_metrics"))
+            out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3, kMetricsV4, kMetricsV5}, "clm_engine_metrics"))
       return s;
     const clm::EngineMetrics m = engine->state->engine->metrics();
     clm_metrics full{};
@@ -560,6 +581,19 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     full.dropped_fetches = t.dropped_fetches;
     full.merged_fetches = t.merged_fetches;
     full.queued_fetches = t.queued_fetches;
+    const clm::KvEventsMetrics& e = m.kv_events;
+    full.has_kv_events = e.enabled ? 1 : 0;
+    full.kv_events_resync_pending = e.resync_pending ? 1 : 0;
+    full.kv_events_recorded = e.recorded_events;
+    full.kv_events_published = e.published_events;
+    full.kv_events_published_batches = e.published_batches;
+    full.kv_events_dropped = e.dropped_events;
+    full.kv_events_resyncs = e.resyncs;
+    full.kv_events_replay_requests = e.replay_requests;
+    full.kv_events_replay_refused = e.replay_refused;
+    full.kv_events_send_failures = e.send_failures;
+    full.kv_events_queued = e.queued_events;
+    full.kv_events_next_sequence = e.next_sequence;
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

@@ -111,6 +111,53 @@ typedef struct clm_seq clm_seq;
  * defaults: protected segment 0.9 of the pool, ghost 4 pool capacities. */
 #define CLM_EVICT_GHOST_SLRU 4
 
+/* KV events for cache-aware routers (docs/fleet.md): every page that enters
+ * or leaves the engine's pool (medium GPU) or its host tier (CPU) is one
+ * event, as vLLM publishes them. By default they go out on a ZeroMQ PUB
+ * socket; a host that publishes on a bus of its own (NATS, Kafka) sets
+ * clm_engine_options.kv_events_callback and gets each batch as these plain
+ * structs instead. Everything a batch points to is the library's and lives
+ * only for the call: copy what you keep. */
+#define CLM_KV_EVENT_BLOCK_STORED 0       /* pages cached on a tier */
+#define CLM_KV_EVENT_BLOCK_REMOVED 1      /* pages that left it */
+#define CLM_KV_EVENT_ALL_BLOCKS_CLEARED 2 /* nothing is cached (a new engine, or a resync follows) */
+#define CLM_KV_MEDIUM_GPU 0 /* the engine's pool, wherever its memory lives (vLLM's name for its own cache) */
+#define CLM_KV_MEDIUM_CPU 1 /* the host tier */
+typedef struct clm_kv_event {
+  int32_t kind;                     /* CLM_KV_EVENT_* */
+  int32_t medium;                   /* CLM_KV_MEDIUM_* (stored, removed) */
+  const uint64_t *block_hashes;     /* one per page, in path order (stored, removed) */
+  size_t n_block_hashes;
+  int32_t has_parent;               /* stored: 1 when parent_block_hash is set (0 at a prefix's first page) */
+  int32_t block_size;               /* stored: tokens per page */
+  uint64_t parent_block_hash;       /* stored: the hash of the page before the first */
+  const int32_t *token_ids;         /* stored: n_block_hashes * block_size ids (none with kv_events_token_ids 0) */
+  size_t n_token_ids;
+  int32_t lora_id;                  /* stored: the adapter, 0 for none */
+  int32_t reserved;                 /* 0 */
+  const char *extra_key;            /* stored, NUL-terminated: the tenant's salt digest ("salt:" and 32 hex
+                                       digits), "" for the default tenant; never the salt itself */
+} clm_kv_event;
+typedef struct clm_kv_event_batch {
+  uint32_t struct_size;        /* sizeof(clm_kv_event_batch) as this library was compiled */
+  int32_t data_parallel_rank;  /* clm_engine_options.kv_events_data_parallel_rank */
+  uint64_t sequence;           /* 0, 1, 2, ... per engine: a gap never happens here (drops resync instead) */
+  double ts;                   /* seconds since the epoch */
+  const clm_kv_event *events;  /* in the order the cache changed */
+  size_t n_events;
+} clm_kv_event_batch;
+/* Called on one thread of the library's (never inside an engine call), one
+ * batch at a time, in order. It must not call the engine that publishes.
+ * Never called once clm_engine_free returns (what was recorded by then is
+ * delivered first), so user_data need only outlive the engine. */
+typedef void (*clm_kv_event_callback)(const clm_kv_event_batch *batch, void *user_data);
+#define CLM_KV_EVENTS_BIND_AUTO 0    /* bind a wildcard, loopback, ipc:// or inproc:// endpoint; else connect */
+#define CLM_KV_EVENTS_BIND 1
+#define CLM_KV_EVENTS_CONNECT 2      /* to a router that binds */
+#define CLM_KV_EVENTS_LAYOUT_ARRAY 0  /* vLLM's tagged arrays (llm-d, AIBrix, Dynamo) */
+#define CLM_KV_EVENTS_LAYOUT_LEGACY 1 /* the shorter arrays llm-d-kv-cache-manager up to 2025 needs */
+#define CLM_KV_EVENTS_LAYOUT_MAP 2    /* {"type": tag, field: value} as vLLM sends since mid-2026 */
+
 typedef struct clm_engine_options {
   uint32_t struct_size; /* sizeof(clm_engine_options) as the caller compiled it */
   int32_t num_pages;    /* pool budget, in pages (required) */
@@ -170,6 +217,28 @@ typedef struct clm_engine_options {
   int32_t breaker_failures;     /* failed storage calls in a row that stop storage being asked (default 3) */
   double admission_deadline_ms; /* an admission waits for storage at most this, any policy (default 2000) */
   double breaker_open_ms;       /* how long storage is not asked before one call probes it (default 5000) */
+  /* -- version 7: KV events for cache-aware routers (docs/fleet.md; copied at create) -- */
+  int32_t kv_events;                     /* 1: publish them (needs model_id: the hashes name the model) (default 0) */
+  int32_t kv_events_bind;                /* CLM_KV_EVENTS_BIND_AUTO, _BIND or _CONNECT (default AUTO) */
+  const char *kv_events_endpoint;        /* the PUB socket; NULL or "": "tcp://127.0.0.1:5557" */
+  const char *kv_events_replay_endpoint; /* a ROUTER socket (always bound) that sends missed batches again on
+                                            request; NULL or "": none */
+  const char *kv_events_topic;           /* every message's first frame, up to 256 bytes, e.g. llm-d's
+                                            "kv@<pod>@<model>"; NULL: "" */
+  clm_kv_event_callback kv_events_callback; /* set: no socket is opened (no replay endpoint either) and each
+                                               batch goes to this instead (default NULL) */
+  void *kv_events_callback_data;         /* passed to the callback as it is (default NULL) */
+  int32_t kv_events_layout;              /* CLM_KV_EVENTS_LAYOUT_* (default ARRAY) */
+  int32_t kv_events_batch_interval_ms;   /* a batch goes out this often (default 10) ... */
+  int32_t kv_events_max_batch_events;    /* ... or as soon as it holds this many events (default 1024) */
+  int32_t kv_events_queue_events;        /* events not yet published, at most: past it they are dropped, counted,
+                                            and a resync (all cleared, then every cached page) follows
+                                            (default 131072) */
+  int32_t kv_events_buffer_batches;      /* batches the replay socket can send again (default 10000) */
+  int32_t kv_events_send_hwm;            /* the PUB socket's high-water mark, in messages (default 100000) */
+  int32_t kv_events_data_parallel_rank;  /* each batch's third field (default 0) */
+  int32_t kv_events_token_ids;           /* 0: leave token ids out, for routers that key on these hashes
+                                            (default 1) */
 } clm_engine_options;
 
 /* When a cached page gets its host-tier copy (then, with a storage tier, its
@@ -189,13 +258,15 @@ CLM_API clm_status clm_engine_options_init(clm_engine_options *options, size_t s
  * struct_size included: clm_engine_options opts = CLM_ENGINE_OPTIONS_INIT;
  * num_pages is 0 there too, so it must still be set. */
 /* clang-format off */
-#define CLM_ENGINE_OPTIONS_INIT                                                                        \
-  {sizeof(clm_engine_options), 0, 16, 1, 1, 128, CLM_KV_F16, CLM_MEMORY_HOST, 0, CLM_EVICT_LRU, 0.2,   \
-   10000.0, -1.0f, 0.95f, 3, NULL, 0,                                  /* version 2: SRC */            \
-   NULL, 16, 256, 50, 0.95f, 0.80f, 128, 2000,                         /* version 3: snapshot store */ \
-   0, CLM_WRITE_THROUGH, NULL, CLM_PREFETCH_TIMEOUT, 20.0, 10.0, 2, 32, /* version 4: tiers */          \
-   0, 0,                                                               /* version 5: store reader */  \
-   NULL, NULL, NULL, 64, 3, 2000.0, 5000.0}                            /* version 6: model, secret, bounds */
+#define CLM_ENGINE_OPTIONS_INIT                                                                               \
+  {sizeof(clm_engine_options), 0, 16, 1, 1, 128, CLM_KV_F16, CLM_MEMORY_HOST, 0, CLM_EVICT_LRU, 0.2,          \
+   10000.0, -1.0f, 0.95f, 3, NULL, 0,                                  /* version 2: SRC */                   \
+   NULL, 16, 256, 50, 0.95f, 0.80f, 128, 2000,                         /* version 3: snapshot store */        \
+   0, CLM_WRITE_THROUGH, NULL, CLM_PREFETCH_TIMEOUT, 20.0, 10.0, 2, 32, /* version 4: tiers */                \
+   0, 0,                                                               /* version 5: store reader */          \
+   NULL, NULL, NULL, 64, 3, 2000.0, 5000.0,                            /* version 6: model, secret, bounds */ \
+   0, CLM_KV_EVENTS_BIND_AUTO, NULL, NULL, NULL, NULL, NULL,           /* version 7: KV events */             \
+   CLM_KV_EVENTS_LAYOUT_ARRAY, 10, 1024, 131072, 10000, 100000, 0, 1}
 /* clang-format on */
 
 CLM_API clm_status clm_engine_create(clm_engine **out, const clm_engine_options *options);
@@ -395,6 +466,19 @@ typedef struct clm_metrics {
   uint64_t dropped_fetches;             /* fetches dropped for max_queued_fetches (prefetches first) */
   uint64_t merged_fetches;              /* fetches that joined one queued or running for the same prefix */
   int64_t queued_fetches;               /* fetches waiting for a storage worker now */
+  /* -- version 6: KV events (all 0 when they are off) -- */
+  int32_t has_kv_events;                /* 1 when the engine publishes KV events */
+  int32_t kv_events_resync_pending;     /* 1 while events are dropped and a resync is to come */
+  uint64_t kv_events_recorded;          /* events the cache's changes made */
+  uint64_t kv_events_published;         /* events sent in a batch (to the socket or the callback) */
+  uint64_t kv_events_published_batches;
+  uint64_t kv_events_dropped;           /* recorded while the queue was full: lost, then resynced */
+  uint64_t kv_events_resyncs;           /* all cleared + every cached page, after drops */
+  uint64_t kv_events_replay_requests;   /* served on the replay socket */
+  uint64_t kv_events_replay_refused;    /* malformed replay requests */
+  uint64_t kv_events_send_failures;     /* messages the socket would not take, batches the callback threw on */
+  int64_t kv_events_queued;             /* recorded, not yet published, now */
+  uint64_t kv_events_next_sequence;     /* the sequence number the next batch gets */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */
@@ -418,6 +502,27 @@ CLM_API clm_status clm_engine_metrics(clm_metrics *out, const clm_engine *engine
  * text_len is CLM_ERR_INVALID_ARGUMENT. */
 CLM_API clm_status clm_engine_metrics_text(char *text, size_t text_capacity, size_t *text_len,
                                            const clm_engine *engine);
+
+/* ---- KV events for cache-aware routers (docs/fleet.md) --------------------
+ * An engine created with kv_events = 1 publishes its cache's changes (see
+ * clm_kv_event above). Each of these is CLM_ERR_FAILED_PRECONDITION on an
+ * engine without them. */
+/* Returns once every event recorded so far is published, or
+ * CLM_ERR_FAILED_PRECONDITION after timeout_ms (>= 0). */
+CLM_API clm_status clm_engine_flush_kv_events(clm_engine *engine, int32_t timeout_ms);
+/* The hashes of every page now on `medium` (CLM_KV_MEDIUM_*), parents before
+ * children: what a subscriber that missed nothing holds for this engine.
+ * *count receives the number; hashes (capacity entries, NULL when 0) gets
+ * them, or CLM_ERR_INVALID_ARGUMENT when capacity is short (call again: the
+ * cache may have grown meanwhile). */
+CLM_API clm_status clm_engine_kv_event_blocks(uint64_t *hashes, size_t capacity, size_t *count,
+                                              const clm_engine *engine, int32_t medium);
+/* The PUB (replay = 0) or replay (replay = 1) endpoint as bound, NUL-terminated
+ * ("tcp://127.0.0.1:40123" for a "*" port; "" with a callback, or without a
+ * replay socket). *len receives its length; short text_capacity is
+ * CLM_ERR_INVALID_ARGUMENT as for clm_engine_metrics_text. */
+CLM_API clm_status clm_engine_kv_events_endpoint(char *text, size_t text_capacity, size_t *len,
+                                                 const clm_engine *engine, int32_t replay);
 
 /* ---- CLM suffix reuse: the SRC head (docs/clm.md) ------------------------
  * A tiny head on one layer's attention output scores, per running sequence

@@ -99,6 +99,30 @@ C99_STATIC_ASSERT(offsetof(clm_metrics, has_tiers) >= offsetof(clm_metrics, has_
 C99_STATIC_ASSERT(offsetof(clm_engine_options, snapshot_read_only) >=
                       offsetof(clm_engine_options, storage_batch_pages) + sizeof(int32_t),
                   engine_options_v5_appended);
+/* Version 6 (pages safe to share) and 7 (KV events) append too. */
+C99_STATIC_ASSERT(offsetof(clm_engine_options, model_id) >=
+                      offsetof(clm_engine_options, snapshot_maintenance_interval_ms) + sizeof(int64_t),
+                  engine_options_v6_appended);
+C99_STATIC_ASSERT(offsetof(clm_engine_options, kv_events) >=
+                      offsetof(clm_engine_options, breaker_open_ms) + sizeof(double),
+                  engine_options_v7_appended);
+C99_STATIC_ASSERT(offsetof(clm_metrics, has_kv_events) >= offsetof(clm_metrics, queued_fetches) + sizeof(int64_t),
+                  metrics_v6_appended);
+/* No padding at the end of the newest versions: a later version's fields
+ * would land on it. */
+C99_STATIC_ASSERT(sizeof(clm_engine_options) ==
+                      offsetof(clm_engine_options, kv_events_token_ids) + sizeof(int32_t),
+                  engine_options_end_on_a_field);
+C99_STATIC_ASSERT(sizeof(clm_metrics) == offsetof(clm_metrics, kv_events_next_sequence) + sizeof(uint64_t),
+                  metrics_end_on_a_field);
+#if CLM_KV_EVENT_BLOCK_STORED != 0 || CLM_KV_EVENT_BLOCK_REMOVED != 1 || CLM_KV_EVENT_ALL_BLOCKS_CLEARED != 2 || \
+    CLM_KV_MEDIUM_GPU != 0 || CLM_KV_MEDIUM_CPU != 1
+#error "CLM_KV_EVENT_* / CLM_KV_MEDIUM_* changed: they are ABI"
+#endif
+#if CLM_KV_EVENTS_BIND_AUTO != 0 || CLM_KV_EVENTS_BIND != 1 || CLM_KV_EVENTS_CONNECT != 2 || \
+    CLM_KV_EVENTS_LAYOUT_ARRAY != 0 || CLM_KV_EVENTS_LAYOUT_LEGACY != 1 || CLM_KV_EVENTS_LAYOUT_MAP != 2
+#error "CLM_KV_EVENTS_* changed: they are ABI"
+#endif
 #if CLM_WRITE_THROUGH != 0 || CLM_WRITE_THROUGH_SELECTIVE != 1 || CLM_WRITE_BACK != 2
 #error "CLM_WRITE_* changed"
 #endif
@@ -115,7 +139,8 @@ C99_STATIC_ASSERT(sizeof(clm_snapshot_blacklist_entry) == 56 + 3 * CLM_SNAPSHOT_
 
 /* Every field, with its type (a wrong type warns, and warnings are errors). */
 static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layout *kl, clm_metrics *m,
-                      clm_src_decision *sd, clm_adapter_options *ad, clm_attention_params *ap, clm_snapshot_hit *sh) {
+                      clm_src_decision *sd, clm_adapter_options *ad, clm_attention_params *ap, clm_snapshot_hit *sh,
+                      clm_kv_event_batch *kb, clm_kv_event *ke) {
   uint32_t *u32;
   int32_t *i32;
   int64_t *i64;
@@ -128,6 +153,9 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   char *chars;
   const int32_t **ids;
   void **ptr;
+  clm_kv_event_callback *callback;
+  const clm_kv_event **events;
+  const uint64_t **hashes;
   clm_engine *engine = NULL; /* opaque: only pointers to them exist */
   clm_seq *seq = NULL;
 
@@ -166,6 +194,28 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i64 = &eo->snapshot_maintenance_interval_ms;
   i32 = &eo->snapshot_ann_ef_search;
   i32 = &eo->snapshot_lookup_timeout_us;
+  str = &eo->model_id;
+  str = &eo->page_secret_file;
+  str = &eo->page_secret_env;
+  i32 = &eo->max_queued_fetches;
+  i32 = &eo->breaker_failures;
+  f64 = &eo->admission_deadline_ms;
+  f64 = &eo->breaker_open_ms;
+  i32 = &eo->kv_events;
+  i32 = &eo->kv_events_bind;
+  str = &eo->kv_events_endpoint;
+  str = &eo->kv_events_replay_endpoint;
+  str = &eo->kv_events_topic;
+  callback = &eo->kv_events_callback;
+  ptr = &eo->kv_events_callback_data;
+  i32 = &eo->kv_events_layout;
+  i32 = &eo->kv_events_batch_interval_ms;
+  i32 = &eo->kv_events_max_batch_events;
+  i32 = &eo->kv_events_queue_events;
+  i32 = &eo->kv_events_buffer_batches;
+  i32 = &eo->kv_events_send_hwm;
+  i32 = &eo->kv_events_data_parallel_rank;
+  i32 = &eo->kv_events_token_ids;
 
   u32 = &ao->struct_size;
   str = &ao->cache_salt;
@@ -253,6 +303,49 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   u64 = &m->storage_corrupt_pages;
   u64 = &m->storage_dropped_writes;
   u64 = &m->storage_evicted_pages;
+  u64 = &m->storage_foreign_model_pages;
+  u64 = &m->storage_unsigned_pages;
+  u64 = &m->storage_forged_pages;
+  u64 = &m->storage_repaired_pages;
+  u64 = &m->tier_worker_failures;
+  i32 = &m->signed_pages;
+  i32 = &m->storage_breaker_state;
+  u64 = &m->storage_breaker_trips;
+  u64 = &m->storage_breaker_skips;
+  u64 = &m->dropped_fetches;
+  u64 = &m->merged_fetches;
+  i64 = &m->queued_fetches;
+  i32 = &m->has_kv_events;
+  i32 = &m->kv_events_resync_pending;
+  u64 = &m->kv_events_recorded;
+  u64 = &m->kv_events_published;
+  u64 = &m->kv_events_published_batches;
+  u64 = &m->kv_events_dropped;
+  u64 = &m->kv_events_resyncs;
+  u64 = &m->kv_events_replay_requests;
+  u64 = &m->kv_events_replay_refused;
+  u64 = &m->kv_events_send_failures;
+  i64 = &m->kv_events_queued;
+  u64 = &m->kv_events_next_sequence;
+
+  u32 = &kb->struct_size;
+  i32 = &kb->data_parallel_rank;
+  u64 = &kb->sequence;
+  f64 = &kb->ts;
+  events = &kb->events;
+  sz = &kb->n_events;
+  i32 = &ke->kind;
+  i32 = &ke->medium;
+  hashes = &ke->block_hashes;
+  sz = &ke->n_block_hashes;
+  i32 = &ke->has_parent;
+  i32 = &ke->block_size;
+  u64 = &ke->parent_block_hash;
+  ids = &ke->token_ids;
+  sz = &ke->n_token_ids;
+  i32 = &ke->lora_id;
+  i32 = &ke->reserved;
+  str = &ke->extra_key;
 
   f32 = &sd->score;
   f32 = &sd->threshold;
@@ -286,7 +379,7 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   chars = sh->key;
 
   (void)u32, (void)i32, (void)i64, (void)u64, (void)u8, (void)f32, (void)f64, (void)sz, (void)str, (void)chars,
-      (void)ids, (void)ptr;
+      (void)ids, (void)ptr, (void)callback, (void)events, (void)hashes;
   (void)engine, (void)seq;
 }
 
@@ -319,6 +412,13 @@ static clm_status (*const p_engine_batch_page_table)(int32_t *, int32_t *, size_
 static clm_status (*const p_engine_metrics)(clm_metrics *, const clm_engine *) = clm_engine_metrics;
 static clm_status (*const p_engine_metrics_text)(char *, size_t, size_t *, const clm_engine *) =
     clm_engine_metrics_text;
+
+/* KV events. */
+static clm_status (*const p_engine_flush_kv_events)(clm_engine *, int32_t) = clm_engine_flush_kv_events;
+static clm_status (*const p_engine_kv_event_blocks)(uint64_t *, size_t, size_t *, const clm_engine *, int32_t) =
+    clm_engine_kv_event_blocks;
+static clm_status (*const p_engine_kv_events_endpoint)(char *, size_t, size_t *, const clm_engine *, int32_t) =
+    clm_engine_kv_events_endpoint;
 
 /* CLM suffix reuse: the SRC head. */
 static clm_status (*const p_engine_load_src_head)(clm_engine *, const char *, int32_t) = clm_engine_load_src_head;
@@ -470,6 +570,28 @@ static int engine_options_init_macro(void) {
   same &= SAME_FIELD(name, m, i, storage_batch_pages);
   same &= SAME_FIELD(name, m, i, snapshot_read_only);
   same &= SAME_FIELD(name, m, i, snapshot_maintenance_interval_ms);
+  same &= SAME_FIELD(name, m, i, model_id);
+  same &= SAME_FIELD(name, m, i, page_secret_file);
+  same &= SAME_FIELD(name, m, i, page_secret_env);
+  same &= SAME_FIELD(name, m, i, max_queued_fetches);
+  same &= SAME_FIELD(name, m, i, breaker_failures);
+  same &= SAME_FIELD(name, m, i, admission_deadline_ms);
+  same &= SAME_FIELD(name, m, i, breaker_open_ms);
+  same &= SAME_FIELD(name, m, i, kv_events);
+  same &= SAME_FIELD(name, m, i, kv_events_bind);
+  same &= SAME_FIELD(name, m, i, kv_events_endpoint);
+  same &= SAME_FIELD(name, m, i, kv_events_replay_endpoint);
+  same &= SAME_FIELD(name, m, i, kv_events_topic);
+  same &= SAME_FIELD(name, m, i, kv_events_callback);
+  same &= SAME_FIELD(name, m, i, kv_events_callback_data);
+  same &= SAME_FIELD(name, m, i, kv_events_layout);
+  same &= SAME_FIELD(name, m, i, kv_events_batch_interval_ms);
+  same &= SAME_FIELD(name, m, i, kv_events_max_batch_events);
+  same &= SAME_FIELD(name, m, i, kv_events_queue_events);
+  same &= SAME_FIELD(name, m, i, kv_events_buffer_batches);
+  same &= SAME_FIELD(name, m, i, kv_events_send_hwm);
+  same &= SAME_FIELD(name, m, i, kv_events_data_parallel_rank);
+  same &= SAME_FIELD(name, m, i, kv_events_token_ids);
   return same & SAME_STRUCT(name, m, i);
 }
 
@@ -563,6 +685,8 @@ int main(void) {
   clm_engine* store_engine = NULL;
   clm_seq* store_seq = NULL;
   clm_snapshot_hit hit;
+  clm_kv_event_batch kv_batch;
+  clm_kv_event kv_event;
   const char *suffixes[1] = {"C99-KEY"};
   const size_t suffix_lens[1] = {7};
   const float stored[2] = {3.0f, 4.0f};
@@ -579,7 +703,7 @@ int main(void) {
   size_t n_versions = 0;
   size_t i;
 
-  use_types(&options, &admit, &layout, &metrics, &decision, &adapter, &params, &hit);
+  use_types(&options, &admit, &layout, &metrics, &decision, &adapter, &params, &hit, &kv_batch, &kv_event);
   (void)kinds;
   (void)modes;
   for (i = 0; i < sizeof codes / sizeof codes[0]; ++i) {
@@ -717,6 +841,15 @@ int main(void) {
   if (again_len != text_len || strlen(whole_text) != text_len || strncmp(whole_text, "# HELP clm_", 11) != 0) {
     return fail("metrics text contents", CLM_ERR_INTERNAL);
   }
+  /* KV events: this engine publishes none, and each call says so. */
+  if ((s = p_engine_flush_kv_events(engine, 0)) != CLM_ERR_FAILED_PRECONDITION) return fail("flush_kv_events", s);
+  if ((s = p_engine_kv_event_blocks(NULL, 0, &again_len, engine, CLM_KV_MEDIUM_GPU)) != CLM_ERR_FAILED_PRECONDITION) {
+    return fail("kv_event_blocks", s);
+  }
+  if ((s = p_engine_kv_events_endpoint(text, sizeof text, &again_len, engine, 0)) != CLM_ERR_FAILED_PRECONDITION) {
+    return fail("kv_events_endpoint", s);
+  }
+  if (metrics.has_kv_events != 0 || metrics.kv_events_published != 0) return fail("kv event metrics", CLM_ERR_INTERNAL);
   p_engine_free(engine);
 
   /* The snapshot store: record a host key, find it again at level 1. */
