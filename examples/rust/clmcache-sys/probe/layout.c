@@ -25,6 +25,8 @@ int main(void) {
   TYPE(clm_snapshot_hit);
   TYPE(clm_snapshot_version);
   TYPE(clm_snapshot_blacklist_entry);
+  TYPE(clm_kv_event);
+  TYPE(clm_kv_event_batch);
   printf("];\n");
 
   printf("pub const C_FIELDS: &[(&str, usize, usize)] = &[\n");
@@ -70,6 +72,21 @@ int main(void) {
   FIELD(clm_engine_options, breaker_failures);
   FIELD(clm_engine_options, admission_deadline_ms);
   FIELD(clm_engine_options, breaker_open_ms);
+  FIELD(clm_engine_options, kv_events);
+  FIELD(clm_engine_options, kv_events_bind);
+  FIELD(clm_engine_options, kv_events_endpoint);
+  FIELD(clm_engine_options, kv_events_replay_endpoint);
+  FIELD(clm_engine_options, kv_events_topic);
+  FIELD(clm_engine_options, kv_events_callback);
+  FIELD(clm_engine_options, kv_events_callback_data);
+  FIELD(clm_engine_options, kv_events_layout);
+  FIELD(clm_engine_options, kv_events_batch_interval_ms);
+  FIELD(clm_engine_options, kv_events_max_batch_events);
+  FIELD(clm_engine_options, kv_events_queue_events);
+  FIELD(clm_engine_options, kv_events_buffer_batches);
+  FIELD(clm_engine_options, kv_events_send_hwm);
+  FIELD(clm_engine_options, kv_events_data_parallel_rank);
+  FIELD(clm_engine_options, kv_events_token_ids);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);
@@ -175,6 +192,38 @@ int main(void) {
   FIELD(clm_metrics, dropped_fetches);
   FIELD(clm_metrics, merged_fetches);
   FIELD(clm_metrics, queued_fetches);
+  FIELD(clm_metrics, has_kv_events);
+  FIELD(clm_metrics, kv_events_resync_pending);
+  FIELD(clm_metrics, kv_events_recorded);
+  FIELD(clm_metrics, kv_events_published);
+  FIELD(clm_metrics, kv_events_published_batches);
+  FIELD(clm_metrics, kv_events_dropped);
+  FIELD(clm_metrics, kv_events_resyncs);
+  FIELD(clm_metrics, kv_events_replay_requests);
+  FIELD(clm_metrics, kv_events_replay_refused);
+  FIELD(clm_metrics, kv_events_send_failures);
+  FIELD(clm_metrics, kv_events_queued);
+  FIELD(clm_metrics, kv_events_next_sequence);
+
+  FIELD(clm_kv_event, kind);
+  FIELD(clm_kv_event, medium);
+  FIELD(clm_kv_event, block_hashes);
+  FIELD(clm_kv_event, n_block_hashes);
+  FIELD(clm_kv_event, has_parent);
+  FIELD(clm_kv_event, block_size);
+  FIELD(clm_kv_event, parent_block_hash);
+  FIELD(clm_kv_event, token_ids);
+  FIELD(clm_kv_event, n_token_ids);
+  FIELD(clm_kv_event, lora_id);
+  FIELD(clm_kv_event, reserved);
+  FIELD(clm_kv_event, extra_key);
+
+  FIELD(clm_kv_event_batch, struct_size);
+  FIELD(clm_kv_event_batch, data_parallel_rank);
+  FIELD(clm_kv_event_batch, sequence);
+  FIELD(clm_kv_event_batch, ts);
+  FIELD(clm_kv_event_batch, events);
+  FIELD(clm_kv_event_batch, n_events);
 
   FIELD(clm_src_decision, score);
   FIELD(clm_src_decision, threshold);
@@ -262,6 +311,17 @@ int main(void) {
   CONST(CLM_PREFETCH_BEST_EFFORT);
   CONST(CLM_PREFETCH_WAIT_COMPLETE);
   CONST(CLM_PREFETCH_TIMEOUT);
+  CONST(CLM_KV_EVENT_BLOCK_STORED);
+  CONST(CLM_KV_EVENT_BLOCK_REMOVED);
+  CONST(CLM_KV_EVENT_ALL_BLOCKS_CLEARED);
+  CONST(CLM_KV_MEDIUM_GPU);
+  CONST(CLM_KV_MEDIUM_CPU);
+  CONST(CLM_KV_EVENTS_BIND_AUTO);
+  CONST(CLM_KV_EVENTS_BIND);
+  CONST(CLM_KV_EVENTS_CONNECT);
+  CONST(CLM_KV_EVENTS_LAYOUT_ARRAY);
+  CONST(CLM_KV_EVENTS_LAYOUT_LEGACY);
+  CONST(CLM_KV_EVENTS_LAYOUT_MAP);
   CONST(CLM_GELU_TANH);
   CONST(CLM_GELU_ERF);
   CONST(CLM_DTYPE_F32);

@@ -83,8 +83,64 @@ pub const CLM_PREFETCH_WAIT_COMPLETE: i32 = 1;
 /// ... up to `prefetch_timeout_ms + prefetch_timeout_per_1k_tokens_ms * tokens / 1000`.
 pub const CLM_PREFETCH_TIMEOUT: i32 = 2;
 
+// ---- KV events for cache-aware routers (docs/fleet.md) ------------------------
+/// Pages cached on a tier.
+pub const CLM_KV_EVENT_BLOCK_STORED: i32 = 0;
+/// Pages that left it.
+pub const CLM_KV_EVENT_BLOCK_REMOVED: i32 = 1;
+/// Nothing is cached (a new engine, or a resync follows).
+pub const CLM_KV_EVENT_ALL_BLOCKS_CLEARED: i32 = 2;
+/// The engine's pool, wherever its memory lives.
+pub const CLM_KV_MEDIUM_GPU: i32 = 0;
+/// The host tier.
+pub const CLM_KV_MEDIUM_CPU: i32 = 1;
+pub const CLM_KV_EVENTS_BIND_AUTO: i32 = 0;
+pub const CLM_KV_EVENTS_BIND: i32 = 1;
+pub const CLM_KV_EVENTS_CONNECT: i32 = 2;
+pub const CLM_KV_EVENTS_LAYOUT_ARRAY: i32 = 0;
+pub const CLM_KV_EVENTS_LAYOUT_LEGACY: i32 = 1;
+pub const CLM_KV_EVENTS_LAYOUT_MAP: i32 = 2;
+
+/// One change to the cache, as the callback gets it; every pointer is the
+/// library's and valid only during the call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct clm_kv_event {
+    pub kind: i32,
+    pub medium: i32,
+    pub block_hashes: *const u64,
+    pub n_block_hashes: usize,
+    pub has_parent: i32,
+    pub block_size: i32,
+    pub parent_block_hash: u64,
+    pub token_ids: *const i32,
+    pub n_token_ids: usize,
+    pub lora_id: i32,
+    pub reserved: i32,
+    /// NUL-terminated: the tenant's salt digest, "" for the default tenant.
+    pub extra_key: *const c_char,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct clm_kv_event_batch {
+    pub struct_size: u32,
+    pub data_parallel_rank: i32,
+    pub sequence: u64,
+    pub ts: f64,
+    pub events: *const clm_kv_event,
+    pub n_events: usize,
+}
+
+/// Called on one thread of the library's, one batch at a time, in order; it
+/// must not call the engine that publishes.
+pub type clm_kv_event_callback = Option<unsafe extern "C" fn(batch: *const clm_kv_event_batch, user_data: *mut c_void)>;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
+// kv_events_callback compares by address, which is what equality of two
+// option structs means here.
+#[allow(unknown_lints, unpredictable_function_pointer_comparisons)]
 pub struct clm_engine_options {
     pub struct_size: u32,
     pub num_pages: i32,
@@ -144,6 +200,22 @@ pub struct clm_engine_options {
     pub breaker_failures: i32,
     pub admission_deadline_ms: f64,
     pub breaker_open_ms: f64,
+    // -- version 7: KV events (NUL-terminated strings, copied by `clm_engine_create`)
+    pub kv_events: i32,
+    pub kv_events_bind: i32,
+    pub kv_events_endpoint: *const c_char,
+    pub kv_events_replay_endpoint: *const c_char,
+    pub kv_events_topic: *const c_char,
+    pub kv_events_callback: clm_kv_event_callback,
+    pub kv_events_callback_data: *mut c_void,
+    pub kv_events_layout: i32,
+    pub kv_events_batch_interval_ms: i32,
+    pub kv_events_max_batch_events: i32,
+    pub kv_events_queue_events: i32,
+    pub kv_events_buffer_batches: i32,
+    pub kv_events_send_hwm: i32,
+    pub kv_events_data_parallel_rank: i32,
+    pub kv_events_token_ids: i32,
 }
 
 impl Default for clm_engine_options {
@@ -193,6 +265,21 @@ impl Default for clm_engine_options {
             breaker_failures: 0,
             admission_deadline_ms: 0.0,
             breaker_open_ms: 0.0,
+            kv_events: 0,
+            kv_events_bind: 0,
+            kv_events_endpoint: std::ptr::null(),
+            kv_events_replay_endpoint: std::ptr::null(),
+            kv_events_topic: std::ptr::null(),
+            kv_events_callback: None,
+            kv_events_callback_data: std::ptr::null_mut(),
+            kv_events_layout: 0,
+            kv_events_batch_interval_ms: 0,
+            kv_events_max_batch_events: 0,
+            kv_events_queue_events: 0,
+            kv_events_buffer_batches: 0,
+            kv_events_send_hwm: 0,
+            kv_events_data_parallel_rank: 0,
+            kv_events_token_ids: 0,
         }
     }
 }
@@ -326,6 +413,19 @@ pub struct clm_metrics {
     pub dropped_fetches: u64,
     pub merged_fetches: u64,
     pub queued_fetches: i64,
+    // -- version 6: KV events (all 0 when off)
+    pub has_kv_events: i32,
+    pub kv_events_resync_pending: i32,
+    pub kv_events_recorded: u64,
+    pub kv_events_published: u64,
+    pub kv_events_published_batches: u64,
+    pub kv_events_dropped: u64,
+    pub kv_events_resyncs: u64,
+    pub kv_events_replay_requests: u64,
+    pub kv_events_replay_refused: u64,
+    pub kv_events_send_failures: u64,
+    pub kv_events_queued: i64,
+    pub kv_events_next_sequence: u64,
 }
 
 // ---- CLM suffix reuse: the SRC head ---------------------------------------------
@@ -549,6 +649,22 @@ extern "C" {
         text_capacity: usize,
         text_len: *mut usize,
         engine: *const clm_engine,
+    ) -> clm_status;
+
+    pub fn clm_engine_flush_kv_events(engine: *mut clm_engine, timeout_ms: i32) -> clm_status;
+    pub fn clm_engine_kv_event_blocks(
+        hashes: *mut u64,
+        capacity: usize,
+        count: *mut usize,
+        engine: *const clm_engine,
+        medium: i32,
+    ) -> clm_status;
+    pub fn clm_engine_kv_events_endpoint(
+        text: *mut c_char,
+        text_capacity: usize,
+        len: *mut usize,
+        engine: *const clm_engine,
+        replay: i32,
     ) -> clm_status;
 
     pub fn clm_engine_load_src_head(engine: *mut clm_engine, path: *const c_char, gelu: i32) -> clm_status;

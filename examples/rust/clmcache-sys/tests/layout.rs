@@ -49,6 +49,8 @@ fn rust_types() -> Vec<(&'static str, usize, usize)> {
         ty!(clm_snapshot_hit),
         ty!(clm_snapshot_version),
         ty!(clm_snapshot_blacklist_entry),
+        ty!(clm_kv_event),
+        ty!(clm_kv_event_batch),
     ]
 }
 
@@ -96,6 +98,21 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, breaker_failures),
         field!(clm_engine_options, admission_deadline_ms),
         field!(clm_engine_options, breaker_open_ms),
+        field!(clm_engine_options, kv_events),
+        field!(clm_engine_options, kv_events_bind),
+        field!(clm_engine_options, kv_events_endpoint),
+        field!(clm_engine_options, kv_events_replay_endpoint),
+        field!(clm_engine_options, kv_events_topic),
+        field!(clm_engine_options, kv_events_callback),
+        field!(clm_engine_options, kv_events_callback_data),
+        field!(clm_engine_options, kv_events_layout),
+        field!(clm_engine_options, kv_events_batch_interval_ms),
+        field!(clm_engine_options, kv_events_max_batch_events),
+        field!(clm_engine_options, kv_events_queue_events),
+        field!(clm_engine_options, kv_events_buffer_batches),
+        field!(clm_engine_options, kv_events_send_hwm),
+        field!(clm_engine_options, kv_events_data_parallel_rank),
+        field!(clm_engine_options, kv_events_token_ids),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -198,6 +215,36 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_metrics, dropped_fetches),
         field!(clm_metrics, merged_fetches),
         field!(clm_metrics, queued_fetches),
+        field!(clm_metrics, has_kv_events),
+        field!(clm_metrics, kv_events_resync_pending),
+        field!(clm_metrics, kv_events_recorded),
+        field!(clm_metrics, kv_events_published),
+        field!(clm_metrics, kv_events_published_batches),
+        field!(clm_metrics, kv_events_dropped),
+        field!(clm_metrics, kv_events_resyncs),
+        field!(clm_metrics, kv_events_replay_requests),
+        field!(clm_metrics, kv_events_replay_refused),
+        field!(clm_metrics, kv_events_send_failures),
+        field!(clm_metrics, kv_events_queued),
+        field!(clm_metrics, kv_events_next_sequence),
+        field!(clm_kv_event, kind),
+        field!(clm_kv_event, medium),
+        field!(clm_kv_event, block_hashes),
+        field!(clm_kv_event, n_block_hashes),
+        field!(clm_kv_event, has_parent),
+        field!(clm_kv_event, block_size),
+        field!(clm_kv_event, parent_block_hash),
+        field!(clm_kv_event, token_ids),
+        field!(clm_kv_event, n_token_ids),
+        field!(clm_kv_event, lora_id),
+        field!(clm_kv_event, reserved),
+        field!(clm_kv_event, extra_key),
+        field!(clm_kv_event_batch, struct_size),
+        field!(clm_kv_event_batch, data_parallel_rank),
+        field!(clm_kv_event_batch, sequence),
+        field!(clm_kv_event_batch, ts),
+        field!(clm_kv_event_batch, events),
+        field!(clm_kv_event_batch, n_events),
         field!(clm_src_decision, score),
         field!(clm_src_decision, threshold),
         field!(clm_src_decision, scored),
@@ -283,6 +330,17 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         constant!(CLM_PREFETCH_BEST_EFFORT),
         constant!(CLM_PREFETCH_WAIT_COMPLETE),
         constant!(CLM_PREFETCH_TIMEOUT),
+        constant!(CLM_KV_EVENT_BLOCK_STORED),
+        constant!(CLM_KV_EVENT_BLOCK_REMOVED),
+        constant!(CLM_KV_EVENT_ALL_BLOCKS_CLEARED),
+        constant!(CLM_KV_MEDIUM_GPU),
+        constant!(CLM_KV_MEDIUM_CPU),
+        constant!(CLM_KV_EVENTS_BIND_AUTO),
+        constant!(CLM_KV_EVENTS_BIND),
+        constant!(CLM_KV_EVENTS_CONNECT),
+        constant!(CLM_KV_EVENTS_LAYOUT_ARRAY),
+        constant!(CLM_KV_EVENTS_LAYOUT_LEGACY),
+        constant!(CLM_KV_EVENTS_LAYOUT_MAP),
         constant!(CLM_GELU_TANH),
         constant!(CLM_GELU_ERF),
         constant!(CLM_DTYPE_F32),
@@ -387,7 +445,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, snapshot_store_path).1, 88);
     assert_eq!(field!(clm_engine_options, snapshot_min_usage).1, 104);
     assert_eq!(field!(clm_engine_options, snapshot_lookup_timeout_us).1, 124);
-    assert_eq!(size_of::<clm_engine_options>(), 240);
+    assert_eq!(size_of::<clm_engine_options>(), 320);
     assert_eq!(field!(clm_engine_options, host_pages).1, 128);
     assert_eq!(field!(clm_engine_options, storage_url).1, 136);
     assert_eq!(field!(clm_engine_options, prefetch_policy).1, 144);
@@ -399,6 +457,12 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, page_secret_env).1, 208);
     assert_eq!(field!(clm_engine_options, max_queued_fetches).1, 216);
     assert_eq!(field!(clm_engine_options, breaker_open_ms).1, 232);
+    assert_eq!(field!(clm_engine_options, kv_events).1, 240);
+    assert_eq!(field!(clm_engine_options, kv_events_endpoint).1, 248);
+    assert_eq!(field!(clm_engine_options, kv_events_callback).1, 272);
+    assert_eq!(field!(clm_engine_options, kv_events_callback_data).1, 280);
+    assert_eq!(field!(clm_engine_options, kv_events_layout).1, 288);
+    assert_eq!(field!(clm_engine_options, kv_events_token_ids).1, 316);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
@@ -406,7 +470,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_admit_options, cache_salt).1, 8);
     assert_eq!(field!(clm_admit_options, priority).1, 28);
     assert_eq!(field!(clm_admit_options, priority_update).1, 32);
-    assert_eq!(size_of::<clm_metrics>(), 608);
+    assert_eq!(size_of::<clm_metrics>(), 696);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);
     assert_eq!(field!(clm_metrics, active_sequences).1, 120);
@@ -426,6 +490,15 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_metrics, signed_pages).1, 560);
     assert_eq!(field!(clm_metrics, storage_breaker_state).1, 564);
     assert_eq!(field!(clm_metrics, queued_fetches).1, 600);
+    assert_eq!(field!(clm_metrics, has_kv_events).1, 608);
+    assert_eq!(field!(clm_metrics, kv_events_recorded).1, 616);
+    assert_eq!(field!(clm_metrics, kv_events_next_sequence).1, 688);
+    assert_eq!((size_of::<clm_kv_event>(), align_of::<clm_kv_event>()), (72, 8));
+    assert_eq!(field!(clm_kv_event, parent_block_hash).1, 32);
+    assert_eq!(field!(clm_kv_event, extra_key).1, 64);
+    assert_eq!((size_of::<clm_kv_event_batch>(), align_of::<clm_kv_event_batch>()), (40, 8));
+    assert_eq!(field!(clm_kv_event_batch, ts).1, 16);
+    assert_eq!(field!(clm_kv_event_batch, n_events).1, 32);
     assert_eq!((size_of::<clm_snapshot_hit>(), align_of::<clm_snapshot_hit>()), (320, 8));
     assert_eq!(field!(clm_snapshot_hit, fingerprint).1, 16);
     assert_eq!(field!(clm_snapshot_hit, stable).1, 24);

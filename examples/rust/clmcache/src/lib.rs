@@ -418,6 +418,34 @@ pub struct EngineOptions {
     pub admission_deadline_ms: f64,
     /// How long storage is not asked, in milliseconds, before one call probes it.
     pub breaker_open_ms: f64,
+    /// Publish the cache's changes as vLLM's KV events, for cache-aware
+    /// routers (docs/fleet.md; needs `model_id`). See [`KvEventSink`].
+    pub kv_events: bool,
+    pub kv_events_bind: KvEventsBind,
+    /// The PUB socket; `None`: `"tcp://127.0.0.1:5557"`.
+    pub kv_events_endpoint: Option<String>,
+    /// A ROUTER socket (always bound) that sends missed batches again on request.
+    pub kv_events_replay_endpoint: Option<String>,
+    /// Every message's first frame, up to 256 bytes (llm-d's `kv@<pod>@<model>`).
+    pub kv_events_topic: Option<String>,
+    /// Batches to this closure instead of a socket (no replay endpoint then).
+    pub kv_events_sink: Option<KvEventSink>,
+    pub kv_events_layout: KvEventsLayout,
+    /// A batch goes out this often, in milliseconds ...
+    pub kv_events_batch_interval_ms: i32,
+    /// ... or as soon as it holds this many events.
+    pub kv_events_max_batch_events: i32,
+    /// Events not yet published, at most: past it they are dropped, counted,
+    /// and a resync (all cleared, then every cached page) follows.
+    pub kv_events_queue_events: i32,
+    /// Batches the replay socket can send again.
+    pub kv_events_buffer_batches: i32,
+    /// The PUB socket's high-water mark, in messages.
+    pub kv_events_send_hwm: i32,
+    /// Each batch's third field.
+    pub kv_events_data_parallel_rank: i32,
+    /// `false`: stored events carry no token ids (for routers that key on our hashes).
+    pub kv_events_token_ids: bool,
 }
 
 impl EngineOptions {
@@ -479,6 +507,24 @@ impl EngineOptions {
             breaker_failures: raw.breaker_failures,
             admission_deadline_ms: raw.admission_deadline_ms,
             breaker_open_ms: raw.breaker_open_ms,
+            kv_events: raw.kv_events != 0,
+            kv_events_bind: known(KvEventsBind::from_raw(raw.kv_events_bind), "kv_events_bind", raw.kv_events_bind)?,
+            kv_events_endpoint: None,
+            kv_events_replay_endpoint: None,
+            kv_events_topic: None,
+            kv_events_sink: None,
+            kv_events_layout: known(
+                KvEventsLayout::from_raw(raw.kv_events_layout),
+                "kv_events_layout",
+                raw.kv_events_layout,
+            )?,
+            kv_events_batch_interval_ms: raw.kv_events_batch_interval_ms,
+            kv_events_max_batch_events: raw.kv_events_max_batch_events,
+            kv_events_queue_events: raw.kv_events_queue_events,
+            kv_events_buffer_batches: raw.kv_events_buffer_batches,
+            kv_events_send_hwm: raw.kv_events_send_hwm,
+            kv_events_data_parallel_rank: raw.kv_events_data_parallel_rank,
+            kv_events_token_ids: raw.kv_events_token_ids != 0,
         })
     }
 
@@ -525,6 +571,9 @@ impl EngineOptions {
             _ => None,
         };
         let page_secret_env = optional_cstring("page_secret_env", &self.page_secret_env)?;
+        let kv_events_endpoint = optional_cstring("kv_events_endpoint", &self.kv_events_endpoint)?;
+        let kv_events_replay_endpoint = optional_cstring("kv_events_replay_endpoint", &self.kv_events_replay_endpoint)?;
+        let kv_events_topic = optional_cstring("kv_events_topic", &self.kv_events_topic)?;
         // The CStrings' bytes live on the heap: moving them keeps the pointers valid.
         let pointer = |s: &Option<CString>| s.as_ref().map_or(ptr::null(), |c| c.as_ptr());
         raw.snapshot_store_path = pointer(&snapshot_store_path);
@@ -532,9 +581,21 @@ impl EngineOptions {
         raw.model_id = pointer(&model_id);
         raw.page_secret_file = pointer(&page_secret_file);
         raw.page_secret_env = pointer(&page_secret_env);
+        raw.kv_events_endpoint = pointer(&kv_events_endpoint);
+        raw.kv_events_replay_endpoint = pointer(&kv_events_replay_endpoint);
+        raw.kv_events_topic = pointer(&kv_events_topic);
         Ok(RawEngineOptions {
             raw,
-            _strings: [snapshot_store_path, storage_url, model_id, page_secret_file, page_secret_env],
+            _strings: [
+                snapshot_store_path,
+                storage_url,
+                model_id,
+                page_secret_file,
+                page_secret_env,
+                kv_events_endpoint,
+                kv_events_replay_endpoint,
+                kv_events_topic,
+            ],
             _options: PhantomData,
         })
     }
@@ -596,6 +657,22 @@ impl EngineOptions {
         raw.breaker_failures = self.breaker_failures;
         raw.admission_deadline_ms = self.admission_deadline_ms;
         raw.breaker_open_ms = self.breaker_open_ms;
+        raw.kv_events = i32::from(self.kv_events);
+        raw.kv_events_bind = self.kv_events_bind.raw();
+        raw.kv_events_endpoint = ptr::null();
+        raw.kv_events_replay_endpoint = ptr::null();
+        raw.kv_events_topic = ptr::null();
+        // The sink is the engine's to own: Engine::new sets the callback.
+        raw.kv_events_callback = None;
+        raw.kv_events_callback_data = ptr::null_mut();
+        raw.kv_events_layout = self.kv_events_layout.raw();
+        raw.kv_events_batch_interval_ms = self.kv_events_batch_interval_ms;
+        raw.kv_events_max_batch_events = self.kv_events_max_batch_events;
+        raw.kv_events_queue_events = self.kv_events_queue_events;
+        raw.kv_events_buffer_batches = self.kv_events_buffer_batches;
+        raw.kv_events_send_hwm = self.kv_events_send_hwm;
+        raw.kv_events_data_parallel_rank = self.kv_events_data_parallel_rank;
+        raw.kv_events_token_ids = i32::from(self.kv_events_token_ids);
         Ok(raw)
     }
 }
@@ -606,7 +683,7 @@ impl EngineOptions {
 #[derive(Debug)]
 pub struct RawEngineOptions<'a> {
     raw: sys::clm_engine_options,
-    _strings: [Option<CString>; 5],
+    _strings: [Option<CString>; 8],
     _options: PhantomData<&'a EngineOptions>,
 }
 
@@ -893,6 +970,25 @@ pub struct Metrics {
     pub merged_fetches: u64,
     /// Fetches waiting for a storage worker now.
     pub queued_fetches: i64,
+    /// Whether the engine publishes KV events (the rest are 0 when not).
+    pub has_kv_events: bool,
+    /// Events are being dropped until a resync.
+    pub kv_events_resync_pending: bool,
+    /// Events the cache's changes made.
+    pub kv_events_recorded: u64,
+    /// Events sent in a batch (to the socket or the sink).
+    pub kv_events_published: u64,
+    pub kv_events_published_batches: u64,
+    /// Recorded while the queue was full: lost, then resynced.
+    pub kv_events_dropped: u64,
+    pub kv_events_resyncs: u64,
+    pub kv_events_replay_requests: u64,
+    pub kv_events_replay_refused: u64,
+    pub kv_events_send_failures: u64,
+    /// Recorded, not yet published, now.
+    pub kv_events_queued: i64,
+    /// The sequence number the next batch gets.
+    pub kv_events_next_sequence: u64,
 }
 
 impl From<sys::clm_metrics> for Metrics {
@@ -976,6 +1072,18 @@ impl From<sys::clm_metrics> for Metrics {
             dropped_fetches: m.dropped_fetches,
             merged_fetches: m.merged_fetches,
             queued_fetches: m.queued_fetches,
+            has_kv_events: m.has_kv_events != 0,
+            kv_events_resync_pending: m.kv_events_resync_pending != 0,
+            kv_events_recorded: m.kv_events_recorded,
+            kv_events_published: m.kv_events_published,
+            kv_events_published_batches: m.kv_events_published_batches,
+            kv_events_dropped: m.kv_events_dropped,
+            kv_events_resyncs: m.kv_events_resyncs,
+            kv_events_replay_requests: m.kv_events_replay_requests,
+            kv_events_replay_refused: m.kv_events_replay_refused,
+            kv_events_send_failures: m.kv_events_send_failures,
+            kv_events_queued: m.kv_events_queued,
+            kv_events_next_sequence: m.kv_events_next_sequence,
         }
     }
 }
@@ -1004,6 +1112,9 @@ pub struct Engine {
     layout: KvLayout,
     // The snapshot store's snapshot_dim as created, 0 without a store (store.rs).
     snapshot_dim: usize,
+    // The host's KV-event sink, the C callback's user data: freed after the
+    // engine (clm_engine_free returns only once no callback can come).
+    _kv_event_sink: Option<Box<KvEventSink>>,
 }
 
 // SAFETY: clm.h: "an engine may be used from many threads at once"; every
@@ -1015,7 +1126,12 @@ unsafe impl Sync for Engine {}
 impl Engine {
     /// Creates an engine (`clm_engine_create`).
     pub fn new(options: &EngineOptions) -> Result<Engine> {
-        let raw = options.to_raw_owned()?;
+        let mut raw = options.to_raw_owned()?;
+        let kv_event_sink = options.kv_events_sink.clone().map(Box::new);
+        if let Some(sink) = &kv_event_sink {
+            raw.raw.kv_events_callback = Some(crate::events::sink_trampoline);
+            raw.raw.kv_events_callback_data = &**sink as *const KvEventSink as *mut c_void;
+        }
         let mut out: *mut sys::clm_engine = ptr::null_mut();
         // SAFETY: out and raw are valid for the call; raw.struct_size is ours;
         // the strings and token ids raw points to live until after the call.
@@ -1038,7 +1154,7 @@ impl Engine {
             memory: MemoryKind::None,
         };
         let snapshot_dim = if options.has_snapshot_store() { options.snapshot_dim.max(0) as usize } else { 0 };
-        let mut engine = Engine { raw, layout, snapshot_dim };
+        let mut engine = Engine { raw, layout, snapshot_dim, _kv_event_sink: kv_event_sink };
         engine.layout = engine.kv_layout()?; // on error, Drop frees the engine
         Ok(engine)
     }
@@ -1340,12 +1456,14 @@ impl Drop for Sequence {
 }
 
 mod clm;
+mod events;
 mod kernels;
 mod store;
 mod store_admin;
 mod tiers;
 
 pub use crate::clm::{ActDtype, Activations, ActivationsMut, AdapterOptions, Gelu, SrcDecision, SrcHeadWeights};
+pub use crate::events::{KvEvent, KvEventBatch, KvEventKind, KvEventSink, KvEventsBind, KvEventsLayout, KvMedium};
 pub use crate::kernels::AttentionParams;
 pub use crate::store::{RecordOutcome, RecordResult, SnapshotHit, SnapshotLevel, SnapshotLookup, Suffix, SuffixKey};
 pub use crate::store_admin::{BlacklistEntry, SnapshotVersion};
