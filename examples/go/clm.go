@@ -31,6 +31,7 @@ package clm
 
 /*
 #cgo pkg-config: clmcache
+#include <stdint.h>
 #include <stdlib.h>
 #include <clm.h>
 
@@ -54,10 +55,25 @@ static clm_status clmgo_plan_admission(clm_admission_plan *out, const clm_engine
   return clm_engine_plan_admission(out, engine, tokens, n_tokens, use_options ? &options : NULL);
 }
 
-// The same for the special token ids of the engine options (version 2).
-static clm_status clmgo_create(clm_engine **out, clm_engine_options options, const int32_t *special, size_t n_special) {
+// The KV-event callback (events.go): clmgoKVEventBatch is exported from Go,
+// whose prototype drops the const of clm_kv_event_callback's, so this shim has
+// the callback's exact type. user_data is a runtime/cgo.Handle, an integer:
+// no Go pointer is kept in C memory.
+extern void clmgoKVEventBatch(clm_kv_event_batch *batch, uintptr_t handle);
+static void clmgo_kv_event_batch(const clm_kv_event_batch *batch, void *user_data) {
+  clmgoKVEventBatch((clm_kv_event_batch *)batch, (uintptr_t)user_data);
+}
+
+// The same for the special token ids of the engine options (version 2), and
+// the KV-event callback (version 7) when kv_events_handle is not 0.
+static clm_status clmgo_create(clm_engine **out, clm_engine_options options, const int32_t *special, size_t n_special,
+                               uintptr_t kv_events_handle) {
   options.special_token_ids = special;
   options.n_special_token_ids = n_special;
+  if (kv_events_handle != 0) {
+    options.kv_events_callback = clmgo_kv_event_batch;
+    options.kv_events_callback_data = (void *)kv_events_handle;
+  }
   return clm_engine_create(out, &options);
 }
 */
@@ -65,6 +81,7 @@ import "C"
 
 import (
 	"runtime"
+	"runtime/cgo"
 	"sort"
 	"strconv"
 	"strings"
@@ -231,6 +248,54 @@ type EngineOptions struct {
 	AdmissionDeadlineMS float64
 	// BreakerOpenMS is how long storage is not asked before one call probes it.
 	BreakerOpenMS float64
+
+	// Version 7: KV events for cache-aware routers (events.go, docs/fleet.md).
+	// Copied at creation.
+
+	// KVEvents publishes every page that enters or leaves the pool or the
+	// host tier. It needs ModelID: the block hashes name the model.
+	KVEvents bool
+	// KVEventsBind says whether the PUB socket binds or connects.
+	KVEventsBind KVEventsBindMode
+	// KVEventsEndpoint is the PUB socket, e.g. "tcp://127.0.0.1:*" for a free
+	// port (Engine.KVEventsEndpoint says which); "" is
+	// "tcp://127.0.0.1:5557".
+	KVEventsEndpoint string
+	// KVEventsReplayEndpoint is a ROUTER socket (always bound) that sends
+	// missed batches again on request; "" is none.
+	KVEventsReplayEndpoint string
+	// KVEventsTopic is every message's first frame, up to 256 bytes, e.g.
+	// llm-d's "kv@<pod>@<model>"; "" is none.
+	KVEventsTopic string
+	// KVEventsCallback, when set, gets each batch instead of a socket (none
+	// is opened, and a replay endpoint is refused), for a host that
+	// publishes on a bus of its own. It runs on one thread of the library's,
+	// never on an engine call's, one batch at a time, in order, and never
+	// once Close has returned (what was recorded by then is delivered
+	// during Close). It must not call the Engine (Close would deadlock), and
+	// a panic in it ends the program, as in any goroutine. The batch is a Go
+	// copy: the callback may keep it. The Engine holds the function until
+	// Close (a finalizer cannot free an Engine it refers to).
+	KVEventsCallback func(KVEventBatch)
+	// KVEventsLayout is the msgpack shape of the events on the socket.
+	KVEventsLayout KVEventsLayout
+	// KVEventsBatchIntervalMS: a batch goes out this often ...
+	KVEventsBatchIntervalMS int32
+	// KVEventsMaxBatchEvents ... or as soon as it holds this many events.
+	KVEventsMaxBatchEvents int32
+	// KVEventsQueueEvents caps the events not yet published: past it they are
+	// dropped, counted, and a resync (all cleared, then every cached page)
+	// follows.
+	KVEventsQueueEvents int32
+	// KVEventsBufferBatches is how many batches the replay socket can send again.
+	KVEventsBufferBatches int32
+	// KVEventsSendHWM is the PUB socket's high-water mark, in messages.
+	KVEventsSendHWM int32
+	// KVEventsDataParallelRank is each batch's third field (KVEventBatch.DataParallelRank).
+	KVEventsDataParallelRank int32
+	// KVEventsTokenIDs sends the pages' token ids (the default); false
+	// leaves them out, for routers that key on the block hashes.
+	KVEventsTokenIDs bool
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -283,6 +348,17 @@ func DefaultEngineOptions() (EngineOptions, error) {
 		BreakerFailures:               int32(c.breaker_failures),
 		AdmissionDeadlineMS:           float64(c.admission_deadline_ms),
 		BreakerOpenMS:                 float64(c.breaker_open_ms),
+
+		KVEvents:                 c.kv_events != 0,
+		KVEventsBind:             KVEventsBindMode(c.kv_events_bind),
+		KVEventsLayout:           KVEventsLayout(c.kv_events_layout),
+		KVEventsBatchIntervalMS:  int32(c.kv_events_batch_interval_ms),
+		KVEventsMaxBatchEvents:   int32(c.kv_events_max_batch_events),
+		KVEventsQueueEvents:      int32(c.kv_events_queue_events),
+		KVEventsBufferBatches:    int32(c.kv_events_buffer_batches),
+		KVEventsSendHWM:          int32(c.kv_events_send_hwm),
+		KVEventsDataParallelRank: int32(c.kv_events_data_parallel_rank),
+		KVEventsTokenIDs:         c.kv_events_token_ids != 0,
 	}, nil
 }
 
@@ -420,6 +496,20 @@ type Metrics struct {
 	DroppedFetches           uint64 // fetches dropped for MaxQueuedFetches (prefetches first)
 	MergedFetches            uint64 // fetches that joined one queued or running for the same prefix
 	QueuedFetches            int64  // fetches waiting for a storage worker now
+
+	// Version 6: KV events (all 0 when they are off; events.go).
+	HasKVEvents              bool   // the engine publishes KV events
+	KVEventsResyncPending    bool   // events are being dropped and a resync is to come
+	KVEventsRecorded         uint64 // events the cache's changes made
+	KVEventsPublished        uint64 // events sent in a batch (to the socket or the callback)
+	KVEventsPublishedBatches uint64 // batches sent
+	KVEventsDropped          uint64 // recorded while the queue was full: lost, then resynced
+	KVEventsResyncs          uint64 // all cleared + every cached page, after drops
+	KVEventsReplayRequests   uint64 // served on the replay socket
+	KVEventsReplayRefused    uint64 // malformed replay requests
+	KVEventsSendFailures     uint64 // messages the socket would not take
+	KVEventsQueued           int64  // recorded, not yet published, now
+	KVEventsNextSequence     uint64 // the Sequence the next batch gets
 }
 
 // PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
@@ -439,6 +529,9 @@ type Engine struct {
 	layout KVLayout    // the pool's shape, for the kernels' checks (kernels.go)
 	// snapshotDim is the store's SnapshotDim as created, 0 without a store (store.go).
 	snapshotDim int
+	// kvEvents is the KVEventsCallback's handle (events.go), 0 without one;
+	// released once clm_engine_free has returned.
+	kvEvents cgo.Handle
 }
 
 // NewEngine creates an engine (clm_engine_create).
@@ -484,6 +577,16 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	c.breaker_failures = C.int32_t(opts.BreakerFailures)
 	c.admission_deadline_ms = C.double(opts.AdmissionDeadlineMS)
 	c.breaker_open_ms = C.double(opts.BreakerOpenMS)
+	c.kv_events = cFlag(opts.KVEvents)
+	c.kv_events_bind = C.int32_t(opts.KVEventsBind)
+	c.kv_events_layout = C.int32_t(opts.KVEventsLayout)
+	c.kv_events_batch_interval_ms = C.int32_t(opts.KVEventsBatchIntervalMS)
+	c.kv_events_max_batch_events = C.int32_t(opts.KVEventsMaxBatchEvents)
+	c.kv_events_queue_events = C.int32_t(opts.KVEventsQueueEvents)
+	c.kv_events_buffer_batches = C.int32_t(opts.KVEventsBufferBatches)
+	c.kv_events_send_hwm = C.int32_t(opts.KVEventsSendHWM)
+	c.kv_events_data_parallel_rank = C.int32_t(opts.KVEventsDataParallelRank)
+	c.kv_events_token_ids = cFlag(opts.KVEventsTokenIDs)
 	// The option strings: C memory, so that the struct may carry them into C
 	// (freed after); "" stays NULL.
 	for _, s := range []struct {
@@ -494,6 +597,9 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 		{"ModelID", opts.ModelID, &c.model_id},
 		{"PageSecretFile", opts.PageSecretFile, &c.page_secret_file},
 		{"PageSecretEnv", opts.PageSecretEnv, &c.page_secret_env},
+		{"KVEventsEndpoint", opts.KVEventsEndpoint, &c.kv_events_endpoint},
+		{"KVEventsReplayEndpoint", opts.KVEventsReplayEndpoint, &c.kv_events_replay_endpoint},
+		{"KVEventsTopic", opts.KVEventsTopic, &c.kv_events_topic},
 	} {
 		if s.value == "" {
 			continue
@@ -522,14 +628,18 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	}
 	var ptr *C.clm_engine
 	special := opts.SpecialTokenIDs
+	// The callback travels as a handle (an integer), which the C shim sets
+	// with its trampoline; released if the engine is not created.
+	kvEvents := newKVEventCallback(opts.KVEventsCallback)
 	err := call("clm_engine_create", func() C.clm_status {
-		return C.clmgo_create(&ptr, c, tokensPtr(special), C.size_t(len(special)))
+		return C.clmgo_create(&ptr, c, tokensPtr(special), C.size_t(len(special)), C.uintptr_t(kvEvents))
 	})
 	runtime.KeepAlive(special)
 	if err != nil {
+		releaseKVEventCallback(kvEvents)
 		return nil, err
 	}
-	e := &Engine{ptr: ptr, snapshotDim: snapshotDim}
+	e := &Engine{ptr: ptr, snapshotDim: snapshotDim, kvEvents: kvEvents}
 	runtime.SetFinalizer(e, (*Engine).free)
 	layout, err := e.KVLayout()
 	if err != nil {
@@ -554,8 +664,12 @@ func (e *Engine) free() {
 	defer e.mu.Unlock()
 	if e.ptr != nil {
 		e.closed.Store(true)
+		// Delivers what was recorded to the KV-event callback, which is never
+		// called once this returns: only then may its handle go.
 		C.clm_engine_free(e.ptr)
 		e.ptr = nil
+		releaseKVEventCallback(e.kvEvents)
+		e.kvEvents = 0
 	}
 }
 
@@ -575,6 +689,14 @@ func (e *Engine) acquire(op string) (*C.clm_engine, error) {
 func (e *Engine) release() {
 	e.mu.RUnlock()
 	runtime.KeepAlive(e)
+}
+
+// cFlag is a C int32_t flag: 1 for true, 0 for false.
+func cFlag(b bool) C.int32_t {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // tokensPtr is a pointer to the first token, or nil for none. The C library
@@ -808,6 +930,19 @@ func (e *Engine) Metrics() (Metrics, error) {
 		DroppedFetches:           uint64(c.dropped_fetches),
 		MergedFetches:            uint64(c.merged_fetches),
 		QueuedFetches:            int64(c.queued_fetches),
+
+		HasKVEvents:              c.has_kv_events != 0,
+		KVEventsResyncPending:    c.kv_events_resync_pending != 0,
+		KVEventsRecorded:         uint64(c.kv_events_recorded),
+		KVEventsPublished:        uint64(c.kv_events_published),
+		KVEventsPublishedBatches: uint64(c.kv_events_published_batches),
+		KVEventsDropped:          uint64(c.kv_events_dropped),
+		KVEventsResyncs:          uint64(c.kv_events_resyncs),
+		KVEventsReplayRequests:   uint64(c.kv_events_replay_requests),
+		KVEventsReplayRefused:    uint64(c.kv_events_replay_refused),
+		KVEventsSendFailures:     uint64(c.kv_events_send_failures),
+		KVEventsQueued:           int64(c.kv_events_queued),
+		KVEventsNextSequence:     uint64(c.kv_events_next_sequence),
 	}, nil
 }
 
