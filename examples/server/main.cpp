@@ -5,6 +5,8 @@
 //   clm_server [--port 8000] [--threads N] [--http-threads 16] [--page-size 16] [--pool-tokens 32768]
 //              [--weights model.safetensors] [--config config.json] [--max-batch 32]
 //              [--default-max-tokens 256] [--max-body-bytes 1048576]
+//              [--model-id ID] [--kv-events ENDPOINT [--kv-events-replay ENDPOINT] [--kv-events-topic TOPIC]
+//               [--kv-events-batch-ms 10] [--kv-events-buffer 10000] [--kv-events-dp-rank 0]]
 //
 //   curl -s localhost:8000/v1/chat/completions -H 'X-Tenant: acme'
 //        -d '{"messages": [{"role": "user", "content": "What is Debian?"}], "max_tokens": 32}'
@@ -16,6 +18,12 @@
 // what runs, checks the engine (its invariants, and no sequence left), prints
 // one JSON line of final metrics and exits 0, or 3 when the check fails (a
 // leaked page). Bad flags or a model that does not load: exit 2.
+//
+// --kv-events publishes the cache's changes as vLLM's KV events on a ZeroMQ
+// PUB socket for a cache-aware router (docs/fleet.md; "tcp://127.0.0.1:*"
+// picks a port); it needs --model-id, the host's fingerprint of the weights
+// (the block hashes name the model). The second line on stdout is then
+// "kv events on ENDPOINT" (and " replay ENDPOINT" with --kv-events-replay).
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -28,6 +36,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include "clm/events/kv_events_config.hpp"
 #include "generator.hpp"
 #include "server.hpp"
 
@@ -48,6 +57,8 @@ struct Flags {
   std::int32_t max_batch = 32;
   std::int32_t default_max_tokens = 256;
   std::int64_t max_body_bytes = 1 << 20;
+  std::string model_id;
+  clm::KvEventsConfig kv_events;  // enabled by --kv-events
 };
 
 std::string parse_flags(int argc, char** argv, Flags& f) {
@@ -77,6 +88,21 @@ std::string parse_flags(int argc, char** argv, Flags& f) {
         f.default_max_tokens = std::stoi(value, &used);
       } else if (flag == "--max-body-bytes") {
         f.max_body_bytes = std::stoll(value, &used);
+      } else if (flag == "--model-id") {
+        f.model_id = value;
+      } else if (flag == "--kv-events") {
+        f.kv_events.enabled = true;
+        f.kv_events.endpoint = value;
+      } else if (flag == "--kv-events-replay") {
+        f.kv_events.replay_endpoint = value;
+      } else if (flag == "--kv-events-topic") {
+        f.kv_events.topic = value;
+      } else if (flag == "--kv-events-batch-ms") {
+        f.kv_events.batch_interval_ms = std::stoi(value, &used);
+      } else if (flag == "--kv-events-buffer") {
+        f.kv_events.buffer_batches = std::stoi(value, &used);
+      } else if (flag == "--kv-events-dp-rank") {
+        f.kv_events.data_parallel_rank = std::stoi(value, &used);
       } else {
         return fmt::format("unknown flag {}", flag);
       }
@@ -95,6 +121,16 @@ std::string parse_flags(int argc, char** argv, Flags& f) {
   if (f.max_batch < 1) return fmt::format("--max-batch must be >= 1, got {}", f.max_batch);
   if (f.default_max_tokens < 1) return fmt::format("--default-max-tokens must be >= 1, got {}", f.default_max_tokens);
   if (f.max_body_bytes < 1) return fmt::format("--max-body-bytes must be >= 1, got {}", f.max_body_bytes);
+  const bool kv_flag = !f.kv_events.replay_endpoint.empty() || !f.kv_events.topic.empty() ||
+                       f.kv_events.batch_interval_ms != clm::KvEventsConfig{}.batch_interval_ms ||
+                       f.kv_events.buffer_batches != clm::KvEventsConfig{}.buffer_batches ||
+                       f.kv_events.data_parallel_rank != 0;
+  if (kv_flag && !f.kv_events.enabled) return "the --kv-events-* flags need --kv-events ENDPOINT";
+  if (f.kv_events.enabled && f.model_id.empty()) {
+    return "--kv-events needs --model-id (the host's fingerprint of its weights, e.g. their SHA-256): "
+           "the block hashes name the model";
+  }
+  // The rest (endpoints ZeroMQ refuses, a long topic, sizes under 1) the engine names.
   return {};
 }
 
@@ -121,6 +157,8 @@ int main(int argc, char** argv) {
   clm::EngineConfig engine_config;
   engine_config.pool = tiny_llama::kv_pool_for(
       config, flags.page_size, flags.pool_tokens / flags.page_size * flags.page_size, clm::KvDType::f32);
+  engine_config.model_id = flags.model_id;
+  engine_config.kv_events = flags.kv_events;
   std::unique_ptr<clm::Engine> engine;
   if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
   std::unique_ptr<tiny_llama::LlamaModel> model;
@@ -145,6 +183,11 @@ int main(int argc, char** argv) {
   int port = 0;
   if (clm::Status s = server.bind(flags.port, port); !s.ok()) return fail(s.message());
   std::printf("listening on 127.0.0.1:%d\n", port);
+  if (engine->kv_events_enabled()) {
+    const std::string replay = engine->kv_events_replay_endpoint();
+    std::printf("kv events on %s%s\n", engine->kv_events_endpoint().c_str(),
+                replay.empty() ? "" : (" replay " + replay).c_str());
+  }
   std::fflush(stdout);
 
   bool served = true;
@@ -172,7 +215,8 @@ int main(int argc, char** argv) {
                                                 {"prefix_cache_hit_tokens", m.cache.tokens_hit},
                                                 {"cached_tokens", m.cache.cached_tokens},
                                                 {"pages_used", m.cache.pages_used},
-                                                {"pages_free", m.cache.pages_free}};
+                                                {"pages_free", m.cache.pages_free},
+                                                {"kv_events_published", m.kv_events.published_events}};
   std::printf("%s\n", final_metrics.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   std::fflush(stdout);
   if (!served) return fail("the listening socket failed");

@@ -13,9 +13,10 @@
 # request answered in one piece, [DONE] last), concurrent requests, bad
 # requests (each the right status and OpenAI's error shape, and the server
 # keeps serving), a client that disconnects mid-stream (its request
-# cancelled, its pages released), /metrics against the requests made, and
-# SIGTERM: exit status 0, which the server gives only when the engine's
-# invariants hold and no sequence is left. curl and bash only (json_probe
+# cancelled, its pages released), /metrics against the requests made, the
+# KV events of it all read back through the replay socket by an independent
+# Python subscriber (python3-zmq, python3-msgpack), and SIGTERM: exit status 0, which the server gives only when the engine's
+# invariants hold and no sequence is left. curl, bash and python3 (json_probe
 # reads the JSON); everything lives in one mktemp -d directory, removed at
 # the end.
 # shellcheck disable=SC2015  # `[ A ] && [ B ] || fail ...` fails when either test does: meant
@@ -89,7 +90,9 @@ EOF
 # job's redirection (a missing file would end the script under set -e).
 : >"$work/server.out"
 "$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 \
-  --default-max-tokens 24 --max-body-bytes 65536 >"$work/server.out" 2>"$work/server.err" &
+  --default-max-tokens 24 --max-body-bytes 65536 --model-id "tiny-test@$$" --kv-events 'tcp://127.0.0.1:*' \
+  --kv-events-replay 'tcp://127.0.0.1:*' --kv-events-topic kv@test@tiny --kv-events-batch-ms 5 \
+  >"$work/server.out" 2>"$work/server.err" &
 pid=$!
 port=
 for _ in $(seq 600); do
@@ -101,6 +104,10 @@ done
 [ -n "$port" ] || fail "no 'listening on 127.0.0.1:PORT' line within 60 s"
 base=http://127.0.0.1:$port
 ok "listening on 127.0.0.1:$port"
+kv_replay=$(sed -n '2s/^kv events on tcp:\/\/127\.0\.0\.1:[0-9][0-9]* replay \(tcp:\/\/127\.0\.0\.1:[0-9][0-9]*\)$/\1/p' \
+  "$work/server.out")
+[ -n "$kv_replay" ] || fail "no 'kv events on ENDPOINT replay ENDPOINT' line: $(sed -n 2p "$work/server.out")"
+ok "KV events published, replay on $kv_replay"
 
 code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/health")
 expect_eq "$code" 200 "GET /health"
@@ -322,6 +329,49 @@ for family in clm_prefix_cache_queries_total clm_evictable_tokens clm_protected_
 done
 ok "/metrics: $queried prompt tokens queried, $hits hit, $generated requests, agreeing with the answers"
 
+# ---- KV events ----------------------------------------------------------------
+# Every batch so far through the replay socket, read by an independent
+# subscriber (python3-zmq, python3-msgpack): as many events as the server
+# says it published, and a consistent picture holding the cached pages.
+sleep 0.2 # the last batch's interval
+curl -s -o "$work/metrics" "$base/metrics" || fail "GET /metrics"
+published=$(metric clm_kv_events_published_total)
+[ -n "$published" ] && [ "$published" -gt 0 ] || fail "clm_kv_events_published_total: '$published'"
+/usr/bin/python3 - "$kv_replay" "$published" "$page" >"$work/out" 2>&1 <<'PY' || fail "the KV-event subscriber"
+import sys
+import msgpack
+import zmq
+endpoint, published, page = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sock = zmq.Context().socket(zmq.DEALER)
+sock.setsockopt(zmq.RCVTIMEO, 5000)
+sock.setsockopt(zmq.LINGER, 0)
+sock.connect(endpoint)
+sock.send_multipart([b"", (0).to_bytes(8, "big")])
+gpu, events, expected_seq = set(), 0, 0
+while True:
+    empty, seq, payload = sock.recv_multipart()
+    if seq == b"\xff" * 8:
+        break
+    assert int.from_bytes(seq, "big") == expected_seq, "a gap in the sequence"
+    expected_seq += 1
+    ts, batch, rank = msgpack.unpackb(payload, raw=False)
+    for e in batch:
+        events += 1
+        if e[0] == "AllBlocksCleared":
+            gpu.clear()
+        elif e[0] == "BlockStored" and e[6] == "GPU":
+            assert e[2] is None or e[2] in gpu, "a block before its parent"
+            assert e[4] == page and len(e[3]) == page * len(e[1]), "token ids"
+            gpu.update(e[1])
+        elif e[0] == "BlockRemoved" and e[2] == "GPU":
+            assert all(h in gpu for h in e[1]), "a block removed that was not stored"
+            gpu.difference_update(e[1])
+assert events == published, f"{events} events replayed, {published} published"
+assert gpu, "no cached page"
+print(len(gpu))
+PY
+ok "KV events: $published events replayed in order, $(cat "$work/out") cached pages on the device"
+
 # ---- SIGTERM ----------------------------------------------------------------
 kill -TERM "$pid"
 set +e
@@ -335,5 +385,6 @@ expect_eq "$(field event)" shutdown "the final line"
 expect_eq "$(field invariants)" ok "the final line: invariants"
 expect_eq "$(field active_sequences)" 0 "the final line: active_sequences"
 expect_eq "$(field admitted)" $generated "the final line: admitted"
+[ "$(field kv_events_published)" -ge "$published" ] || fail "the final line: kv_events_published"
 ok "SIGTERM: exit 0, invariants hold, no sequence left"
 echo "all $checks checks passed"
