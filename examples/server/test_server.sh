@@ -6,7 +6,8 @@
 #
 # Starts the server on a free port (--port 0) with a small random model (a
 # config.json written here), then checks, each against numbers worked out
-# here from the byte tokenizer's chat template: a 3-turn conversation of one
+# here from the byte tokenizer's chat template: flags that cannot work (exit 2,
+# a message, nothing listening), a 3-turn conversation of one
 # tenant (turns 2 and 3 find the earlier turns cached), a second tenant and
 # the default tenant sending turn 1 again (nothing cached: tenants never
 # share pages), a stream (every chunk JSON, the text the same as the same
@@ -86,6 +87,28 @@ cat >"$work/config.json" <<'EOF'
 {"vocab_size": 272, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096}
 EOF
+# Flags that cannot work: exit 2 and a message naming the flag, before or
+# after the model loads, and nothing listens.
+refused_flags() {
+  local want=$1
+  shift
+  set +e
+  "$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 "$@" \
+    >"$work/server.out" 2>"$work/server.err"
+  local rc=$?
+  set -e
+  expect_eq "$rc" 2 "clm_server $*: the exit status"
+  grep -q -- "$want" "$work/server.err" || fail "clm_server $*: no '$want' in: $(cat "$work/server.err")"
+  [ ! -s "$work/server.out" ] || fail "clm_server $*: it printed $(cat "$work/server.out")"
+}
+refused_flags "needs --model-id" --kv-events 'tcp://127.0.0.1:*'
+refused_flags "need --kv-events" --kv-events-topic kv@a@b
+refused_flags "need --kv-events" --model-id m --kv-events-replay 'tcp://127.0.0.1:*'
+refused_flags "not a number" --model-id m --kv-events 'tcp://127.0.0.1:*' --kv-events-batch-ms often
+refused_flags topic --model-id m --kv-events 'tcp://127.0.0.1:*' --kv-events-topic "$(printf 't%.0s' $(seq 300))"
+refused_flags "kv_events" --model-id m --kv-events 'nonsense://x'
+ok "flags that cannot work: exit 2 with a message, nothing listening"
+
 # Made before the server starts: reading it must not race the background
 # job's redirection (a missing file would end the script under set -e).
 : >"$work/server.out"
