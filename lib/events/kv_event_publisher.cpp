@@ -136,10 +136,16 @@ struct KvEventPublisher::State {
     (void)!::write(wake_fd, &one, sizeof one);
   }
 
+  // Sends `events` as one batch; they are still in `events` after (for recycling).
   void send_batch(std::vector<KvEvent>& events) {
     KvEventBatch batch;
     batch.ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    batch.events = std::move(events);
+    batch.events.swap(events);
+    struct GiveBack {
+      std::vector<KvEvent>& from;
+      std::vector<KvEvent>& to;
+      ~GiveBack() { to.swap(from); }
+    } give_back{batch.events, events};
     batch.data_parallel_rank = config.data_parallel_rank;
     const std::uint64_t seq = next_sequence.load(std::memory_order_relaxed);
     if (config.sink) {
@@ -262,6 +268,7 @@ struct KvEventPublisher::State {
         in_flight.store(true);
         recorder.take(events, max_batch);
         send_batch(events);
+        recorder.recycle(events);
         in_flight.store(false);
       }
       { std::lock_guard guard(idle_mutex); }

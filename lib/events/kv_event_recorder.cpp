@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <new>
 #include <utility>
 
@@ -107,9 +108,15 @@ void KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMe
                                  KvEvent& out) const {
   const NodeView v = tree.node_view(index);
   const std::size_t pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
-  out = KvEvent{};
+  // Every field set anew; the vectors and the string keep their storage (a recycled event's).
   out.kind = stored ? KvEventKind::block_stored : KvEventKind::block_removed;
   out.medium = medium;
+  out.block_hashes.clear();
+  out.parent_block_hash.reset();
+  out.token_ids.clear();
+  out.block_size = 0;
+  out.lora_id.reset();
+  out.extra_key.clear();
   std::optional<std::uint64_t> parent;
   const Namespace* ns = nullptr;
   const auto cached = tails_.find(index);
@@ -148,9 +155,40 @@ void KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMe
 // Under queue_mutex_: what is queued, and `also` more, are lost; a resync
 // will describe the whole tree as it is then, these changes included.
 void KvEventRecorder::lose_queue(std::uint64_t also) noexcept {
-  dropped_.fetch_add(queue_.size() + also, std::memory_order_relaxed);
+  dropped_.fetch_add(queue_.size() - queue_head_ + also, std::memory_order_relaxed);
   queue_.clear();
+  queue_head_ = 0;
   resync_needed_.store(true, std::memory_order_release);
+}
+
+KvEvent KvEventRecorder::spare_event() noexcept {
+  if (local_spares_.empty()) {
+    std::lock_guard guard(queue_mutex_);
+    local_spares_.swap(spares_);  // no allocation: the two buffers change hands
+  }
+  if (local_spares_.empty()) return KvEvent{};
+  KvEvent e = std::move(local_spares_.back());
+  local_spares_.pop_back();
+  return e;
+}
+
+void KvEventRecorder::recycle(std::vector<KvEvent>& used) noexcept {
+  {
+    std::lock_guard guard(queue_mutex_);
+    for (KvEvent& e : used) {
+      if (spares_.size() >= kMaxSpares) break;
+      if (e.token_ids.capacity() > kMaxSpareTokens) continue;
+      if (spares_.size() == spares_.capacity() && spares_.capacity() < kMaxSpares) {
+        try {
+          spares_.reserve(kMaxSpares);
+        } catch (const std::bad_alloc&) {
+          break;
+        }
+      }
+      spares_.push_back(std::move(e));  // within capacity: cannot throw
+    }
+  }
+  used.clear();
 }
 
 void KvEventRecorder::push(KvEvent&& event) noexcept {
@@ -162,17 +200,18 @@ void KvEventRecorder::push(KvEvent&& event) noexcept {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    if (queue_.size() >= capacity_) {
+    const std::size_t queued = queue_.size() - queue_head_;
+    if (queued >= capacity_) {
       lose_queue(1);
       wake = static_cast<bool>(wake_);
     } else {
       try {
-        if (queue_.empty()) oldest_ = std::chrono::steady_clock::now();
+        if (queued == 0) oldest_ = std::chrono::steady_clock::now();
         queue_.push_back(std::move(event));
       } catch (const std::bad_alloc&) {
         lose_queue(1);
       }
-      wake = wake_ && queue_.size() == wake_threshold_;
+      wake = wake_ && queue_.size() - queue_head_ == wake_threshold_;
     }
   }
   if (wake) wake_();
@@ -184,7 +223,7 @@ void KvEventRecorder::record(const RadixTree& tree, std::int32_t index, Tier tie
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  KvEvent event;
+  KvEvent event = spare_event();
   try {
     node_event(tree, index, tier == Tier::host ? KvMedium::cpu : KvMedium::gpu, stored, event);
     if (!stored) {
@@ -239,15 +278,10 @@ void KvEventRecorder::resync(const RadixTree& tree) noexcept {
   {
     std::lock_guard guard(queue_mutex_);
     // What was recorded since the drop is in the snapshot: it replaces the queue.
-    queue_.clear();
-    oldest_ = std::chrono::steady_clock::now();
-    try {
-      for (KvEvent& e : events) queue_.push_back(std::move(e));
-    } catch (const std::bad_alloc&) {
-      queue_.clear();
-      return;
-    }
     recorded_.fetch_add(events.size(), std::memory_order_relaxed);
+    queue_ = std::move(events);
+    queue_head_ = 0;
+    oldest_ = std::chrono::steady_clock::now();
     resync_needed_.store(false, std::memory_order_release);
     resyncs_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -275,19 +309,28 @@ Status KvEventRecorder::cached_blocks(const RadixTree& tree, KvMedium medium, st
 std::size_t KvEventRecorder::take(std::vector<KvEvent>& out, std::size_t max) {
   out.clear();
   std::lock_guard guard(queue_mutex_);
-  const std::size_t n = std::min(max, queue_.size());
-  out.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    out.push_back(std::move(queue_.front()));
-    queue_.pop_front();
+  const std::size_t n = std::min(max, queue_.size() - queue_head_);
+  out.reserve(n);  // the caller's vector, reused batch after batch: allocates once
+  const auto first = queue_.begin() + static_cast<std::ptrdiff_t>(queue_head_);
+  std::move(first, first + static_cast<std::ptrdiff_t>(n), std::back_inserter(out));
+  queue_head_ += n;
+  if (queue_head_ == queue_.size()) {
+    queue_.clear();  // the moved-from events hold no storage; the capacity stays
+    queue_head_ = 0;
+  } else {
+    // Taken ones are moved-from: dropped from the front now and then, so the vector does not only grow.
+    if (queue_head_ >= 4096 && queue_head_ * 2 >= queue_.size()) {
+      queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(queue_head_));
+      queue_head_ = 0;
+    }
+    oldest_ = std::chrono::steady_clock::now();
   }
-  if (!queue_.empty()) oldest_ = std::chrono::steady_clock::now();
   return n;
 }
 
 std::size_t KvEventRecorder::queued() const {
   std::lock_guard guard(queue_mutex_);
-  return queue_.size();
+  return queue_.size() - queue_head_;
 }
 
 std::chrono::steady_clock::time_point KvEventRecorder::oldest() const {

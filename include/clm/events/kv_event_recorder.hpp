@@ -33,7 +33,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -72,6 +71,15 @@ class KvEventRecorder final : public RadixTreeObserver {
   // Moves up to `max` of the oldest queued events into `out` (replacing its
   // contents); returns how many.
   std::size_t take(std::vector<KvEvent>& out, std::size_t max);
+  // Hands events back once sent (emptying `used`), so that their storage
+  // serves the events to come: in a steady state the recording thread
+  // allocates nothing for events, and frees nothing another thread made
+  // (glibc keeps a chunk freed on another thread in that thread's cache,
+  // and the recording thread's heap grows and faults in new pages). Keeps
+  // at most kMaxSpares events, none holding more than kMaxSpareTokens ids.
+  void recycle(std::vector<KvEvent>& used) noexcept;
+  static constexpr std::size_t kMaxSpares = 512;
+  static constexpr std::size_t kMaxSpareTokens = 8192;
   std::size_t queued() const;
   // When the oldest queued event was recorded (the batch deadline counts from it).
   std::chrono::steady_clock::time_point oldest() const;
@@ -114,6 +122,7 @@ class KvEventRecorder final : public RadixTreeObserver {
   const Namespace& namespace_of(const RadixTree& tree, std::int32_t index) const;
   void lose_queue(std::uint64_t also) noexcept;
   void push(KvEvent&& event) noexcept;
+  KvEvent spare_event() noexcept;  // the owner's lock: a recycled event's storage, or a new event
 
   const std::int32_t page_size_;
   const Digest32 scope_;
@@ -126,7 +135,13 @@ class KvEventRecorder final : public RadixTreeObserver {
   mutable std::map<std::pair<std::string, std::int32_t>, Namespace> namespaces_;
 
   mutable std::mutex queue_mutex_;
-  std::deque<KvEvent> queue_;
+  // The queue: queue_[queue_head_, size()), oldest first. A vector whose
+  // capacity stays (cleared when drained), not a deque whose blocks the
+  // taking thread would free.
+  std::vector<KvEvent> queue_;
+  std::size_t queue_head_ = 0;
+  std::vector<KvEvent> spares_;        // handed back by recycle()
+  std::vector<KvEvent> local_spares_;  // the owner's lock: spares_ taken in one swap
   std::chrono::steady_clock::time_point oldest_{};
   std::size_t wake_threshold_ = 0;
   std::function<void()> wake_;
