@@ -125,7 +125,7 @@ typedef struct clm_seq clm_seq;
 #define CLM_KV_MEDIUM_CPU 1 /* the host tier */
 typedef struct clm_kv_event {
   int32_t kind;                     /* CLM_KV_EVENT_* */
-  int32_t medium;                   /* CLM_KV_MEDIUM_* (stored, removed) */
+  int32_t medium;                   /* CLM_KV_MEDIUM_* (stored, removed); GPU (0) for a clear, which clears both */
   const uint64_t *block_hashes;     /* one per page, in path order (stored, removed) */
   size_t n_block_hashes;
   int32_t has_parent;               /* stored: 1 when parent_block_hash is set (0 at a prefix's first page) */
