@@ -2,11 +2,10 @@
 // chatbot backend over the tiny_llama decoder and the engine (server.hpp has
 // the routes), on 127.0.0.1 only.
 //
-//   clm_server [--port 8000] [--threads N] [--http-threads 16] [--page-size 16] [--pool-tokens 32768]
-//              [--weights model.safetensors] [--config config.json] [--max-batch 32]
-//              [--default-max-tokens 256] [--max-body-bytes 1048576]
-//              [--model-id ID] [--kv-events ENDPOINT [--kv-events-replay ENDPOINT] [--kv-events-topic TOPIC]
-//               [--kv-events-batch-ms 10] [--kv-events-buffer 10000] [--kv-events-dp-rank 0]]
+//   clm_server [--port 8000] [--config config.json] [--weights model.safetensors] [--pool-tokens 32768]
+//              [--host-tokens N [--storage URL --model-id ID]] [--kv-events ENDPOINT --model-id ID] ...
+//   clm_server --server-config server.json      (the same flags as a JSON object)
+//   clm_server --help                           (every flag, grouped: server_flags.cpp)
 //
 //   curl -s localhost:8000/v1/chat/completions -H 'X-Tenant: acme'
 //        -d '{"messages": [{"role": "user", "content": "What is Debian?"}], "max_tokens": 32}'
@@ -36,9 +35,9 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
-#include "clm/events/kv_events_config.hpp"
 #include "generator.hpp"
 #include "server.hpp"
+#include "server_flags.hpp"
 
 namespace {
 
@@ -47,98 +46,15 @@ int fail(const std::string& message) {
   return 2;
 }
 
-struct Flags {
-  int port = 8000;
-  int threads = 0;  // the model's compute threads; 0 = the hardware's
-  int http_threads = 16;
-  std::int32_t page_size = 16;
-  std::int64_t pool_tokens = 32768;
-  std::string weights, config;
-  std::int32_t max_batch = 32;
-  std::int32_t default_max_tokens = 256;
-  std::int64_t max_body_bytes = 1 << 20;
-  std::string model_id;
-  clm::KvEventsConfig kv_events;  // enabled by --kv-events
-};
-
-std::string parse_flags(int argc, char** argv, Flags& f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (i + 1 >= argc) return fmt::format("{} needs a value (or is unknown)", flag);
-    const std::string value = argv[++i];
-    try {
-      std::size_t used = value.size();
-      if (flag == "--port") {
-        f.port = std::stoi(value, &used);
-      } else if (flag == "--threads") {
-        f.threads = std::stoi(value, &used);
-      } else if (flag == "--http-threads") {
-        f.http_threads = std::stoi(value, &used);
-      } else if (flag == "--page-size") {
-        f.page_size = std::stoi(value, &used);
-      } else if (flag == "--pool-tokens") {
-        f.pool_tokens = std::stoll(value, &used);
-      } else if (flag == "--weights") {
-        f.weights = value;
-      } else if (flag == "--config") {
-        f.config = value;
-      } else if (flag == "--max-batch") {
-        f.max_batch = std::stoi(value, &used);
-      } else if (flag == "--default-max-tokens") {
-        f.default_max_tokens = std::stoi(value, &used);
-      } else if (flag == "--max-body-bytes") {
-        f.max_body_bytes = std::stoll(value, &used);
-      } else if (flag == "--model-id") {
-        f.model_id = value;
-      } else if (flag == "--kv-events") {
-        f.kv_events.enabled = true;
-        f.kv_events.endpoint = value;
-      } else if (flag == "--kv-events-replay") {
-        f.kv_events.replay_endpoint = value;
-      } else if (flag == "--kv-events-topic") {
-        f.kv_events.topic = value;
-      } else if (flag == "--kv-events-batch-ms") {
-        f.kv_events.batch_interval_ms = std::stoi(value, &used);
-      } else if (flag == "--kv-events-buffer") {
-        f.kv_events.buffer_batches = std::stoi(value, &used);
-      } else if (flag == "--kv-events-dp-rank") {
-        f.kv_events.data_parallel_rank = std::stoi(value, &used);
-      } else {
-        return fmt::format("unknown flag {}", flag);
-      }
-      if (used != value.size()) return fmt::format("{}: not a number: {}", flag, value);
-    } catch (const std::exception&) {
-      return fmt::format("{}: not a number: {}", flag, value);
-    }
-  }
-  if (f.port < 0 || f.port > 65535) return fmt::format("--port must be in [0, 65535], got {}", f.port);
-  if (f.threads < 0) return fmt::format("--threads must be >= 0, got {}", f.threads);
-  if (f.http_threads < 1) return fmt::format("--http-threads must be >= 1, got {}", f.http_threads);
-  if (f.page_size < 1) return fmt::format("--page-size must be >= 1, got {}", f.page_size);
-  if (f.pool_tokens < f.page_size || f.pool_tokens / f.page_size > (std::int64_t{1} << 30)) {
-    return fmt::format("--pool-tokens must hold at least one page and at most 2^30 pages, got {}", f.pool_tokens);
-  }
-  if (f.max_batch < 1) return fmt::format("--max-batch must be >= 1, got {}", f.max_batch);
-  if (f.default_max_tokens < 1) return fmt::format("--default-max-tokens must be >= 1, got {}", f.default_max_tokens);
-  if (f.max_body_bytes < 1) return fmt::format("--max-body-bytes must be >= 1, got {}", f.max_body_bytes);
-  const bool kv_flag = !f.kv_events.replay_endpoint.empty() || !f.kv_events.topic.empty() ||
-                       f.kv_events.batch_interval_ms != clm::KvEventsConfig{}.batch_interval_ms ||
-                       f.kv_events.buffer_batches != clm::KvEventsConfig{}.buffer_batches ||
-                       f.kv_events.data_parallel_rank != 0;
-  if (kv_flag && !f.kv_events.enabled) return "the --kv-events-* flags need --kv-events ENDPOINT";
-  if (f.kv_events.enabled && f.model_id.empty()) {
-    return "--kv-events needs --model-id (the host's fingerprint of its weights, e.g. their SHA-256): "
-           "the block hashes name the model";
-  }
-  // The rest (endpoints ZeroMQ refuses, a long topic, sizes under 1) the engine names.
-  return {};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags;
-  if (std::string error = parse_flags(argc, argv, flags); !error.empty()) return fail(error);
+  clm_server::ServerFlags flags;
+  if (std::string error = clm_server::parse_server_flags(argc, argv, flags); !error.empty()) return fail(error);
+  if (flags.help) {
+    std::fputs(clm_server::server_usage().c_str(), stdout);
+    return 0;
+  }
 
   // Before any thread starts, so that every thread inherits the mask: the
   // signals then reach only the sigwait() below, never a worker mid-step.
@@ -154,11 +70,9 @@ int main(int argc, char** argv) {
   if (clm::Status s = tiny_llama::load_or_init_llama(flags.config, flags.weights, 1, config, weights); !s.ok()) {
     return fail(s.message());
   }
-  clm::EngineConfig engine_config;
-  engine_config.pool = tiny_llama::kv_pool_for(
-      config, flags.page_size, flags.pool_tokens / flags.page_size * flags.page_size, clm::KvDType::f32);
-  engine_config.model_id = flags.model_id;
-  engine_config.kv_events = flags.kv_events;
+  const clm::EngineConfig engine_config = clm_server::engine_config_from(
+      flags, tiny_llama::kv_pool_for(config, flags.page_size, flags.pool_tokens / flags.page_size * flags.page_size,
+                                     clm::KvDType::f32));
   std::unique_ptr<clm::Engine> engine;
   if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
   std::unique_ptr<tiny_llama::LlamaModel> model;
@@ -200,6 +114,7 @@ int main(int argc, char** argv) {
   server.shutdown();
   serving.join();
 
+  engine->wait_for_tiers();  // stored pages land before exit, for the instances that share the storage
   const clm::Status invariants = engine->check_invariants();
   const clm::EngineMetrics m = engine->metrics();
   const bool clean = invariants.ok() && m.active_sequences == 0;
@@ -216,6 +131,9 @@ int main(int argc, char** argv) {
                                                 {"cached_tokens", m.cache.cached_tokens},
                                                 {"pages_used", m.cache.pages_used},
                                                 {"pages_free", m.cache.pages_free},
+                                                {"host_hit_tokens", m.tiers.host_hit_tokens},
+                                                {"storage_hit_tokens", m.tiers.storage_hit_tokens},
+                                                {"stored_pages", m.tiers.stored_pages},
                                                 {"kv_events_published", m.kv_events.published_events}};
   std::printf("%s\n", final_metrics.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   std::fflush(stdout);

@@ -16,7 +16,8 @@
 # keeps serving), a client that disconnects mid-stream (its request
 # cancelled, its pages released), /metrics against the requests made, the
 # KV events of it all read back through the replay socket by an independent
-# Python subscriber (python3-zmq, python3-msgpack), and SIGTERM: exit status 0, which the server gives only when the engine's
+# Python subscriber (python3-zmq, python3-msgpack), a storage tier shared by
+# instances one after another (and refused to another model id), and SIGTERM: exit status 0, which the server gives only when the engine's
 # invariants hold and no sequence is left. curl, bash and python3 (json_probe
 # reads the JSON); everything lives in one mktemp -d directory, removed at
 # the end.
@@ -87,8 +88,8 @@ cat >"$work/config.json" <<'EOF'
 {"vocab_size": 272, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096}
 EOF
-# Flags that cannot work: exit 2 and a message naming the flag, before or
-# after the model loads, and nothing listens.
+# Flags (and --server-config files) that cannot work: exit 2 and a message
+# naming the flag, before or after the model loads, and nothing listens.
 refused_flags() {
   local want=$1
   shift
@@ -107,25 +108,55 @@ refused_flags "need --kv-events" --model-id m --kv-events-replay 'tcp://127.0.0.
 refused_flags "not a number" --model-id m --kv-events 'tcp://127.0.0.1:*' --kv-events-batch-ms often
 refused_flags topic --model-id m --kv-events 'tcp://127.0.0.1:*' --kv-events-topic "$(printf 't%.0s' $(seq 300))"
 refused_flags "kv_events" --model-id m --kv-events 'nonsense://x'
+refused_flags "needs --model-id" --host-tokens 4096 --storage "file://$work/nowhere"
+refused_flags "needs a host tier" --model-id m --storage "file://$work/nowhere"
+refused_flags "unknown value 'belady'" --eviction-policy belady
+refused_flags "unknown value 'sometimes'" --write-policy sometimes
+refused_flags "cannot read" --server-config "$work/no-such.json"
+printf '{"pool-tokens": "many"}' >"$work/bad.json"
+refused_flags "server-config: --pool-tokens: not a number" --server-config "$work/bad.json"
+printf '{"porte": 1}' >"$work/bad.json"
+refused_flags "unknown flag --porte" --server-config "$work/bad.json"
+printf '[1, 2]' >"$work/bad.json"
+refused_flags "not a JSON object" --server-config "$work/bad.json"
 ok "flags that cannot work: exit 2 with a message, nothing listening"
 
-# Made before the server starts: reading it must not race the background
-# job's redirection (a missing file would end the script under set -e).
-: >"$work/server.out"
-"$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 \
-  --default-max-tokens 24 --max-body-bytes 65536 --model-id "tiny-test@$$" --kv-events 'tcp://127.0.0.1:*' \
-  --kv-events-replay 'tcp://127.0.0.1:*' --kv-events-topic kv@test@tiny --kv-events-batch-ms 5 \
-  >"$work/server.out" 2>"$work/server.err" &
-pid=$!
-port=
-for _ in $(seq 600); do
-  kill -0 "$pid" 2>/dev/null || fail "the server exited at start-up"
-  port=$(sed -n '1s/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$work/server.out")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-[ -n "$port" ] || fail "no 'listening on 127.0.0.1:PORT' line within 60 s"
-base=http://127.0.0.1:$port
+# launch ARGS...: starts the server (the test's model, page size and pool,
+# and ARGS) in the background and waits for its "listening on" line; sets
+# pid, port and base.
+launch() {
+  # Made before the server starts: reading it must not race the background
+  # job's redirection (a missing file would end the script under set -e).
+  : >"$work/server.out"
+  "$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 "$@" \
+    >"$work/server.out" 2>"$work/server.err" &
+  pid=$!
+  port=
+  for _ in $(seq 600); do
+    kill -0 "$pid" 2>/dev/null || fail "the server exited at start-up"
+    port=$(sed -n '1s/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$work/server.out")
+    [ -n "$port" ] && break
+    sleep 0.1
+  done
+  [ -n "$port" ] || fail "no 'listening on 127.0.0.1:PORT' line within 60 s"
+  base=http://127.0.0.1:$port
+}
+# stop: SIGTERM, exit status 0 (invariants hold, nothing left), the final
+# JSON line in $work/out.
+stop() {
+  kill -TERM "$pid"
+  set +e
+  wait "$pid"
+  local rc=$?
+  set -e
+  pid=
+  expect_eq "$rc" 0 "the exit status after SIGTERM (3: invariants broken or a sequence left)"
+  tail -n 1 "$work/server.out" >"$work/out"
+  expect_eq "$(field event)" shutdown "the final line"
+  expect_eq "$(field invariants)" ok "the final line: invariants"
+}
+launch --default-max-tokens 24 --max-body-bytes 65536 --model-id "tiny-test@$$" --kv-events 'tcp://127.0.0.1:*' \
+  --kv-events-replay 'tcp://127.0.0.1:*' --kv-events-topic kv@test@tiny --kv-events-batch-ms 5
 ok "listening on 127.0.0.1:$port"
 kv_replay=$(sed -n '2s/^kv events on tcp:\/\/127\.0\.0\.1:[0-9][0-9]* replay \(tcp:\/\/127\.0\.0\.1:[0-9][0-9]*\)$/\1/p' \
   "$work/server.out")
@@ -396,18 +427,43 @@ PY
 ok "KV events: $published events replayed in order, $(cat "$work/out") cached pages on the device"
 
 # ---- SIGTERM ----------------------------------------------------------------
-kill -TERM "$pid"
-set +e
-wait "$pid"
-rc=$?
-set -e
-pid=
-expect_eq "$rc" 0 "the exit status after SIGTERM (3: invariants broken or a sequence left)"
-tail -n 1 "$work/server.out" >"$work/out"
-expect_eq "$(field event)" shutdown "the final line"
-expect_eq "$(field invariants)" ok "the final line: invariants"
+stop
 expect_eq "$(field active_sequences)" 0 "the final line: active_sequences"
 expect_eq "$(field admitted)" $generated "the final line: admitted"
 [ "$(field kv_events_published)" -ge "$published" ] || fail "the final line: kv_events_published"
 ok "SIGTERM: exit 0, invariants hold, no sequence left"
+# ---- two instances share a storage tier ---------------------------------------
+# Instance A (flags from a --server-config file, the command line adding
+# one) answers a conversation twice: its pages reach the host tier on their
+# first hit and storage from there. Instance B, new, on the same directory
+# and model id, finds the prompt in storage; instance C, of another model id,
+# finds nothing (stored pages name their model).
+cat >"$work/server.json" <<JSON
+{"host-tokens": 8192, "storage": "file://$work/storage", "write-policy": "write_through",
+ "prefetch-policy": "wait_complete", "eviction-policy": "lru", "default-max-tokens": 8}
+JSON
+shared="{\"model\":\"tiny\",\"messages\":$turn1,\"max_tokens\":8,\"temperature\":0}"
+launch --server-config "$work/server.json" --model-id "tiny-shared@$$"
+post acme "$shared"
+expect_eq "$code" 200 "instance A: first answer"
+post acme "$shared"
+expect_eq "$code" 200 "instance A: second answer"
+stop
+stored=$(field stored_pages)
+[ "$stored" -gt 0 ] || fail "instance A stored no page ($stored)"
+launch --server-config "$work/server.json" --model-id "tiny-shared@$$"
+post acme "$shared"
+expect_eq "$code" 200 "instance B"
+from_storage=$(field usage.prompt_tokens_details.cached_tokens_by_source.storage)
+[ "$from_storage" -gt 0 ] || fail "instance B: nothing from storage ($from_storage)"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" "$from_storage" "instance B: cached tokens"
+stop
+launch --server-config "$work/server.json" --model-id "another-model@$$"
+post acme "$shared"
+expect_eq "$code" 200 "instance C"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" 0 "instance C (another model id): cached tokens"
+stop
+ok "a storage tier shared by instances: A stored $stored pages, B found $from_storage prompt tokens there, \
+another model none"
+
 echo "all $checks checks passed"

@@ -1,0 +1,275 @@
+// examples/server/server_flags.cpp: clm_server's flags (server_flags.hpp).
+#include "server_flags.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace clm_server {
+namespace {
+
+using Pairs = std::vector<std::pair<std::string, std::string>>;
+
+// --server-config FILE as (--flag, value) pairs: a JSON object of strings,
+// numbers and booleans, keyed by the flags' names without their dashes.
+std::string read_config_file(const std::string& path, Pairs& out) {
+  std::ifstream in(path);
+  if (!in) return fmt::format("--server-config: cannot read {}", path);
+  nlohmann::json doc;
+  try {
+    in >> doc;
+  } catch (const nlohmann::json::exception& e) {
+    return fmt::format("--server-config {}: not JSON ({})", path, e.what());
+  }
+  if (!doc.is_object()) return fmt::format("--server-config {}: not a JSON object", path);
+  for (const auto& [key, value] : doc.items()) {
+    if (key == "server-config" || key == "help")
+      return fmt::format("--server-config {}: key \"{}\" not allowed", path, key);
+    std::string text;
+    if (value.is_string()) {
+      text = value.get<std::string>();
+    } else if (value.is_number_integer()) {
+      text = std::to_string(value.get<std::int64_t>());
+    } else {
+      return fmt::format("--server-config {}: \"{}\" must be a string or an integer", path, key);
+    }
+    out.emplace_back("--" + key, std::move(text));
+  }
+  return {};
+}
+
+template <class Enum, class Name>
+std::string parse_enum(std::string_view flag, const std::string& value, std::initializer_list<Enum> all, Name name,
+                       Enum& out) {
+  std::string names;
+  for (Enum e : all) {
+    if (value == name(e)) {
+      out = e;
+      return {};
+    }
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", name(e));
+  }
+  return fmt::format("{}: unknown value '{}' ({})", flag, value, names);
+}
+
+const char* write_policy_name(clm::WritePolicy p) {
+  switch (p) {
+    case clm::WritePolicy::write_through:
+      return "write_through";
+    case clm::WritePolicy::write_through_selective:
+      return "write_through_selective";
+    case clm::WritePolicy::write_back:
+      return "write_back";
+  }
+  return "";
+}
+
+const char* prefetch_policy_name(clm::PrefetchPolicy p) {
+  switch (p) {
+    case clm::PrefetchPolicy::best_effort:
+      return "best_effort";
+    case clm::PrefetchPolicy::wait_complete:
+      return "wait_complete";
+    case clm::PrefetchPolicy::timeout:
+      return "timeout";
+  }
+  return "";
+}
+
+// One flag and its value into `f`; an error naming it, or "".
+std::string apply(ServerFlags& f, std::string_view flag, const std::string& value) {
+  try {
+    std::size_t used = value.size();
+    if (flag == "--port") {
+      f.port = std::stoi(value, &used);
+    } else if (flag == "--threads") {
+      f.threads = std::stoi(value, &used);
+    } else if (flag == "--http-threads") {
+      f.http_threads = std::stoi(value, &used);
+    } else if (flag == "--page-size") {
+      f.page_size = std::stoi(value, &used);
+    } else if (flag == "--pool-tokens") {
+      f.pool_tokens = std::stoll(value, &used);
+    } else if (flag == "--weights") {
+      f.weights = value;
+    } else if (flag == "--config") {
+      f.config = value;
+    } else if (flag == "--max-batch") {
+      f.max_batch = std::stoi(value, &used);
+    } else if (flag == "--default-max-tokens") {
+      f.default_max_tokens = std::stoi(value, &used);
+    } else if (flag == "--max-body-bytes") {
+      f.max_body_bytes = std::stoll(value, &used);
+    } else if (flag == "--model-id") {
+      f.model_id = value;
+    } else if (flag == "--eviction-policy") {
+      // belady needs every future request: only the replay tool runs it.
+      return parse_enum(flag, value,
+                        {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru,
+                         clm::EvictionPolicy::priority, clm::EvictionPolicy::ghost_slru},
+                        clm::eviction_policy_name, f.eviction_policy);
+    } else if (flag == "--host-tokens") {
+      f.host_tokens = std::stoll(value, &used);
+    } else if (flag == "--write-policy") {
+      return parse_enum(
+          flag, value,
+          {clm::WritePolicy::write_through, clm::WritePolicy::write_through_selective, clm::WritePolicy::write_back},
+          write_policy_name, f.write_policy);
+    } else if (flag == "--prefetch-policy") {
+      return parse_enum(
+          flag, value,
+          {clm::PrefetchPolicy::best_effort, clm::PrefetchPolicy::wait_complete, clm::PrefetchPolicy::timeout},
+          prefetch_policy_name, f.prefetch_policy);
+    } else if (flag == "--storage") {
+      f.storage_url = value;
+    } else if (flag == "--page-secret-file") {
+      f.page_secret_file = value;
+    } else if (flag == "--page-secret-env") {
+      f.page_secret_env = value;
+    } else if (flag == "--kv-events") {
+      f.kv_events.enabled = true;
+      f.kv_events.endpoint = value;
+    } else if (flag == "--kv-events-replay") {
+      f.kv_events.replay_endpoint = value;
+    } else if (flag == "--kv-events-topic") {
+      f.kv_events.topic = value;
+    } else if (flag == "--kv-events-batch-ms") {
+      f.kv_events.batch_interval_ms = std::stoi(value, &used);
+    } else if (flag == "--kv-events-buffer") {
+      f.kv_events.buffer_batches = std::stoi(value, &used);
+    } else if (flag == "--kv-events-dp-rank") {
+      f.kv_events.data_parallel_rank = std::stoi(value, &used);
+    } else {
+      return fmt::format("unknown flag {} (--help lists them)", flag);
+    }
+    if (used != value.size()) return fmt::format("{}: not a number: {}", flag, value);
+  } catch (const std::exception&) {
+    return fmt::format("{}: not a number: {}", flag, value);
+  }
+  return {};
+}
+
+std::string check(const ServerFlags& f) {
+  if (f.port < 0 || f.port > 65535) return fmt::format("--port must be in [0, 65535], got {}", f.port);
+  if (f.threads < 0) return fmt::format("--threads must be >= 0, got {}", f.threads);
+  if (f.http_threads < 1) return fmt::format("--http-threads must be >= 1, got {}", f.http_threads);
+  if (f.page_size < 1) return fmt::format("--page-size must be >= 1, got {}", f.page_size);
+  if (f.pool_tokens < f.page_size || f.pool_tokens / f.page_size > (std::int64_t{1} << 30)) {
+    return fmt::format("--pool-tokens must hold at least one page and at most 2^30 pages, got {}", f.pool_tokens);
+  }
+  if (f.max_batch < 1) return fmt::format("--max-batch must be >= 1, got {}", f.max_batch);
+  if (f.default_max_tokens < 1) return fmt::format("--default-max-tokens must be >= 1, got {}", f.default_max_tokens);
+  if (f.max_body_bytes < 1) return fmt::format("--max-body-bytes must be >= 1, got {}", f.max_body_bytes);
+  if (f.host_tokens < 0 || f.host_tokens / f.page_size > (std::int64_t{1} << 30)) {
+    return fmt::format("--host-tokens must be in [0, 2^30 pages], got {}", f.host_tokens);
+  }
+  if (!f.storage_url.empty() && f.host_tokens < f.page_size) {
+    return "--storage needs a host tier (--host-tokens): pages reach storage through it";
+  }
+  if (!f.storage_url.empty() && f.model_id.empty()) {
+    return "--storage needs --model-id (the host's fingerprint of its weights, e.g. their SHA-256): stored pages "
+           "name the model, so that no other model is served them";
+  }
+  const bool kv_flag = !f.kv_events.replay_endpoint.empty() || !f.kv_events.topic.empty() ||
+                       f.kv_events.batch_interval_ms != clm::KvEventsConfig{}.batch_interval_ms ||
+                       f.kv_events.buffer_batches != clm::KvEventsConfig{}.buffer_batches ||
+                       f.kv_events.data_parallel_rank != 0;
+  if (kv_flag && !f.kv_events.enabled) return "the --kv-events-* flags need --kv-events ENDPOINT";
+  if (f.kv_events.enabled && f.model_id.empty()) {
+    return "--kv-events needs --model-id (the host's fingerprint of its weights, e.g. their SHA-256): "
+           "the block hashes name the model";
+  }
+  // The rest (a URL or endpoint that does not work, a secret that cannot be read) the engine names.
+  return {};
+}
+
+}  // namespace
+
+std::string parse_server_flags(int argc, char** argv, ServerFlags& flags) {
+  Pairs file, line;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      flags.help = true;
+      return {};
+    }
+    if (i + 1 >= argc) return fmt::format("{} needs a value (or is unknown)", flag);
+    const std::string value = argv[++i];
+    if (flag == "--server-config") {
+      if (!file.empty()) return "--server-config given twice";
+      if (std::string error = read_config_file(value, file); !error.empty()) return error;
+      if (file.empty()) file.emplace_back("", "");  // an empty object: given, setting nothing
+      continue;
+    }
+    line.emplace_back(std::string(flag), value);
+  }
+  for (const Pairs* pairs : {&file, &line}) {
+    for (const auto& [flag, value] : *pairs) {
+      if (flag.empty()) continue;
+      if (std::string error = apply(flags, flag, value); !error.empty()) {
+        return pairs == &file ? "--server-config: " + error : error;
+      }
+    }
+  }
+  return check(flags);
+}
+
+std::string server_usage() {
+  return R"(usage: clm_server [flags]   (or --server-config FILE: a JSON object of the same flags without
+                            their dashes, e.g. {"port": 8000, "host-tokens": 65536}; the command line wins)
+
+server:
+  --port N                 listen on 127.0.0.1:N; 0 picks a free port (default 8000)
+  --http-threads N         HTTP worker threads (default 16)
+  --max-batch N            sequences decoded together (default 32)
+  --default-max-tokens N   a request's max_tokens when it gives none (default 256)
+  --max-body-bytes N       largest request body (default 1048576)
+model:
+  --config FILE            the model's config.json (default: tiny_llama's shape)
+  --weights FILE           its safetensors weights (default: a deterministic random init)
+  --threads N              compute threads (default: the hardware's)
+  --model-id ID            the host's fingerprint of the weights (e.g. their SHA-256); needed by
+                           --storage and --kv-events
+cache:
+  --page-size N            tokens per page (default 16)
+  --pool-tokens N          the KV pool, in tokens (default 32768)
+  --eviction-policy P      lru, lfu, slru, priority, ghost_slru (default ghost_slru)
+tiers (docs/tiers.md):
+  --host-tokens N          a host-memory tier of N tokens that evicted pages move to (default 0: none)
+  --write-policy P         write_through, write_through_selective, write_back (default write_through)
+  --prefetch-policy P      best_effort, wait_complete, timeout (default timeout)
+  --storage URL            a storage tier below the host tier, shared by instances:
+                           file:///DIR?capacity_mb=N or redis://[user:]password@host:port/db?prefix=clm:
+  --page-secret-file FILE  the deployment secret that signs stored pages (HMAC-SHA256) ...
+  --page-secret-env NAME   ... or the environment variable holding it
+KV events for a cache-aware router (docs/fleet.md):
+  --kv-events ENDPOINT     publish vLLM's KV events on a ZeroMQ PUB socket (tcp://127.0.0.1:* picks a port)
+  --kv-events-replay EP    a ROUTER socket that sends missed batches again
+  --kv-events-topic T      each message's first frame, e.g. llm-d's kv@<pod>@<model>
+  --kv-events-batch-ms N   a batch goes out this often (default 10)
+  --kv-events-buffer N     batches the replay socket keeps (default 10000)
+  --kv-events-dp-rank N    the data-parallel rank in each batch (default 0)
+)";
+}
+
+clm::EngineConfig engine_config_from(const ServerFlags& f, const clm::PagedKvPoolConfig& pool) {
+  clm::EngineConfig c;
+  c.pool = pool;
+  c.eviction_policy = f.eviction_policy;
+  c.model_id = f.model_id;
+  c.tiers.host_pages = static_cast<std::int32_t>(f.host_tokens / f.page_size);
+  c.tiers.write_policy = f.write_policy;
+  c.tiers.prefetch_policy = f.prefetch_policy;
+  c.tiers.storage_url = f.storage_url;
+  c.tiers.page_secret_file = f.page_secret_file;
+  c.tiers.page_secret_env = f.page_secret_env;
+  c.kv_events = f.kv_events;
+  return c;
+}
+
+}  // namespace clm_server
