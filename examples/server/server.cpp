@@ -342,10 +342,26 @@ void ChatServer::count_disconnect() {
 
 std::string ChatServer::metrics_text() const {
   std::string out = engine_.metrics_text();
+  // What a fleet scheduler reads (vLLM's num_requests_running/_waiting and
+  // kv_cache_usage_perc): the pool's share no eviction can free, pages of
+  // running requests and protected ones, not cached pages free to go.
+  const clm::EngineMetrics m = engine_.metrics();
+  const std::int64_t pages = m.cache.pages_used + m.cache.pages_free;
+  const std::int64_t held = m.cache.pages_used - m.cache.evictable_tokens / engine_.page_size();
+  const double usage =
+      pages > 0 ? static_cast<double>(std::max<std::int64_t>(held, 0)) / static_cast<double>(pages) : 0;
+  const std::size_t running = generator_.running(), waiting = generator_.waiting();
   std::lock_guard lock(metrics_mutex_);
   const auto family = [&](std::string_view name, std::string_view type, std::string_view help) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
   };
+  family("clm_server_num_requests_running", "gauge", "Requests admitted: prefilling or decoding.");
+  out += fmt::format("clm_server_num_requests_running {}\n", running);
+  family("clm_server_num_requests_waiting", "gauge", "Requests queued, not yet admitted.");
+  out += fmt::format("clm_server_num_requests_waiting {}\n", waiting);
+  family("clm_kv_cache_usage_ratio", "gauge",
+         "Share of the KV pool no eviction can free (running requests' and protected pages), 0 to 1.");
+  out += fmt::format("clm_kv_cache_usage_ratio {}\n", usage);
   family("clm_server_requests_total", "counter", "HTTP responses, by route (or other) and status code.");
   for (const auto& [key, count] : responses_) {
     out += fmt::format("clm_server_requests_total{{path=\"{}\",code=\"{}\"}} {}\n", key.first, key.second, count);

@@ -383,6 +383,31 @@ for family in clm_prefix_cache_queries_total clm_evictable_tokens clm_protected_
 done
 ok "/metrics: $queried prompt tokens queried, $hits hit, $generated requests, agreeing with the answers"
 
+# ---- what a fleet scheduler reads ---------------------------------------------
+# Idle: nothing running or waiting, no page held. With a long answer in
+# flight: one request running, and its pages held.
+expect_eq "$(metric clm_server_num_requests_running)" 0 "clm_server_num_requests_running, idle"
+expect_eq "$(metric clm_server_num_requests_waiting)" 0 "clm_server_num_requests_waiting, idle"
+expect_eq "$(metric clm_kv_cache_usage_ratio)" 0 "clm_kv_cache_usage_ratio, idle"
+long="{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a long story.\"}],\"max_tokens\":1500,\"ignore_eos\":true,\"temperature\":0}"
+curl -s -o "$work/long" -H 'Content-Type: application/json' --data-binary "$long" "$base/v1/chat/completions" &
+long_pid=$!
+seen_running=
+for _ in $(seq 200); do
+  curl -s -o "$work/metrics" "$base/metrics" || fail "GET /metrics"
+  if [ "$(metric clm_server_num_requests_running)" = 1 ]; then
+    usage=$(metric clm_kv_cache_usage_ratio)
+    awk -v u="$usage" 'BEGIN { exit !(u > 0 && u <= 1) }' || fail "clm_kv_cache_usage_ratio $usage with a request running"
+    seen_running=1
+    break
+  fi
+  sleep 0.02
+done
+wait "$long_pid" || fail "the long request"
+[ -n "$seen_running" ] || fail "no scrape saw the long request running"
+generated=$((generated + 1))
+ok "running and waiting requests and the pool's held share, idle and with a request in flight"
+
 # ---- KV events ----------------------------------------------------------------
 # Every batch so far through the replay socket, read by an independent
 # subscriber (python3-zmq, python3-msgpack): as many events as the server

@@ -81,6 +81,13 @@ std::size_t Generator::pending() const {
   return waiting_.size() + running_count_.load();
 }
 
+std::size_t Generator::waiting() const {
+  std::lock_guard lock(queue_mutex_);
+  return waiting_.size();
+}
+
+std::size_t Generator::running() const { return running_count_.load(); }
+
 clm::Status Generator::admit_waiting(ForwardBatch& batch, std::vector<Request*>& rows_of) {
   std::int32_t budget = options_.prefill_token_budget;
   while (static_cast<std::int32_t>(running_.size()) < options_.max_batch) {

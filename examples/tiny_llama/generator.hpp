@@ -137,6 +137,8 @@ class Generator {
   // Steps until nothing waits or runs.
   clm::Status run_until_idle();
   std::size_t pending() const;
+  std::size_t waiting() const;  // queued, not yet admitted
+  std::size_t running() const;  // admitted: prefilling or decoding
 
   // A loop thread that steps while there is work and sleeps otherwise.
   void start();
