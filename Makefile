@@ -1,6 +1,7 @@
 # clmcache: the two commands of the README, and the helpers behind them.
 #   make demo   build, then a Debian support bot on the tiny_llama decoder, cache off and on
 #   make replay build, then replay the prefix cache over both workloads (hit-rate tables)
+#   make fleet  build, then three servers behind a prefix-aware scheduler against round-robin
 #   make test   build, run every test, then again under ASan + UBSan (with the
 #               emulated CUDA programs), the [threads] cases under TSan, and
 #               every fuzzer for 30 s
@@ -42,7 +43,7 @@ ifneq ($(NVCC),)
 endif
 
 .PHONY: all deps build build-asan build-tsan build-fuzz test test-release test-asan test-tsan test-fuzz soak soak-memory \
-  soak-fuzz soak-crash soak-threads soak-asan-cuda demo replay bench abi-baseline gpu-deps format clean
+  soak-fuzz soak-crash soak-threads soak-asan-cuda demo replay fleet bench abi-baseline gpu-deps format clean
 
 all: build
 
@@ -181,6 +182,11 @@ demo: build
 
 replay: build
 	@examples/replay/replay_demo.sh $(BUILD)/examples/replay/replay $(SHARED)
+
+# Three clm_server instances and one redis-server: prefix-aware routing by
+# their KV events against round-robin (examples/fleet, docs/fleet.md).
+fleet: build
+	@bash examples/fleet/fleet.sh $(BUILD) $(BUILD)/fleet
 
 # Every bench program and the replay's hit-rate sweeps, then docs/benchmarks.md
 # and docs/bench-*.png (JSON lines kept in $(BUILD)/bench-results). Run it on a
