@@ -150,8 +150,12 @@ TEST_CASE("adapter fit recovers a known map, more closely with more pairs") {
     const clm::SnapshotAdapterWeights w = fit(p, 1e-6, scale, &report);
     const double err = rel_error(w, truth);
     INFO(rows << " pairs: relative error " << err << ", R^2 " << report.r2);
-    CHECK(err < 0.05);
-    CHECK(err < 0.5 * previous);  // ~1/sqrt(n): 16x the pairs, ~1/4 the error
+    // Over 300 seeds at 200 pairs: median 0.026, largest 0.048 (CI once met
+    // 0.052 under 0.05). A fit that learnt nothing is near 1.
+    CHECK(err < 0.08);
+    // ~1/sqrt(n): 16x the pairs, ~1/4 the error (median ratio 0.24, largest
+    // 0.45 over 200 seeds); a fit that stops improving stays near 1.
+    CHECK(err < 0.6 * previous);
     previous = err;
     CHECK(report.rows == static_cast<std::int64_t>(rows));
     CHECK(report.r2 > 0.99);
