@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
   clm_server::ChatServer server(generator, *engine,
                                 {.limits = {.context_tokens = context, .default_max_tokens = flags.default_max_tokens},
                                  .max_body_bytes = static_cast<std::size_t>(flags.max_body_bytes),
-                                 .http_threads = flags.http_threads});
+                                 .http_threads = flags.http_threads,
+                                 .model_name = flags.served_model_name});
   int port = 0;
   if (clm::Status s = server.bind(flags.port, port); !s.ok()) return fail(s.message());
   std::printf("listening on 127.0.0.1:%d\n", port);

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 
 #include "completion_text.hpp"
 
@@ -17,6 +18,7 @@ namespace clm_server {
 namespace {
 
 constexpr std::string_view kChatPath = "/v1/chat/completions";
+constexpr std::string_view kModelsPath = "/v1/models";
 constexpr std::size_t kMaxTenantBytes = 256;
 // How often a waiting stream looks whether its client is still there.
 constexpr auto kStreamPoll = std::chrono::milliseconds(200);
@@ -37,12 +39,12 @@ struct Completion {
 // The path label of the server's metrics: one of the routes, or "other", so
 // that random paths cannot make series without bound.
 std::string route_of(const std::string& path) {
-  return path == kChatPath || path == "/metrics" || path == "/health" ? path : "other";
+  return path == kChatPath || path == "/metrics" || path == "/health" || path == kModelsPath ? path : "other";
 }
 
 const char* allowed_methods(const std::string& path) {
   if (path == kChatPath) return "POST";
-  if (path == "/metrics" || path == "/health") return "GET, HEAD";
+  if (path == "/metrics" || path == "/health" || path == kModelsPath) return "GET, HEAD";
   return nullptr;
 }
 
@@ -105,6 +107,17 @@ ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, co
   });
   http_->Get("/health", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  // OpenAI's model list: the one model this server serves, and its context.
+  http_->Get(std::string(kModelsPath), [this](const httplib::Request&, httplib::Response& response) {
+    const nlohmann::json list = {{"object", "list"},
+                                 {"data",
+                                  {{{"id", options_.model_name},
+                                    {"object", "model"},
+                                    {"created", started_unix_},
+                                    {"owned_by", "clmcache"},
+                                    {"max_model_len", options_.limits.context_tokens}}}}};
+    response.set_content(list.dump(), "application/json");
   });
   // httplib's own errors (no route, a body over the limit, a malformed
   // request line) in OpenAI's shape; a known path with another method is 405.

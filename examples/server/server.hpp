@@ -33,6 +33,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,7 +56,8 @@ namespace clm_server {
 struct ServerOptions {
   RequestLimits limits;
   std::size_t max_body_bytes = std::size_t{1} << 20;
-  int http_threads = 16;  // requests served at once (each waits for its answer)
+  int http_threads = 16;                  // requests served at once (each waits for its answer)
+  std::string model_name = "tiny-llama";  // what GET /v1/models lists
 };
 
 class ChatServer {
@@ -91,6 +93,7 @@ class ChatServer {
   tiny_llama::Generator& generator_;
   clm::Engine& engine_;
   ServerOptions options_;
+  const std::int64_t started_unix_ = static_cast<std::int64_t>(std::time(nullptr));  // /v1/models' "created"
   std::unique_ptr<httplib::Server> http_;
 
   std::mutex accepting_mutex_;  // submit() and serve() against shutdown()

@@ -107,6 +107,8 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
       f.max_body_bytes = std::stoll(value, &used);
     } else if (flag == "--model-id") {
       f.model_id = value;
+    } else if (flag == "--served-model-name") {
+      f.served_model_name = value;
     } else if (flag == "--eviction-policy") {
       // belady needs every future request: only the replay tool runs it.
       return parse_enum(flag, value,
@@ -165,6 +167,9 @@ std::string check(const ServerFlags& f) {
   if (f.max_batch < 1) return fmt::format("--max-batch must be >= 1, got {}", f.max_batch);
   if (f.default_max_tokens < 1) return fmt::format("--default-max-tokens must be >= 1, got {}", f.default_max_tokens);
   if (f.max_body_bytes < 1) return fmt::format("--max-body-bytes must be >= 1, got {}", f.max_body_bytes);
+  if (f.served_model_name.empty() || f.served_model_name.size() > 256) {
+    return "--served-model-name must be 1 to 256 bytes";
+  }
   if (f.host_tokens < 0 || f.host_tokens / f.page_size > (std::int64_t{1} << 30)) {
     return fmt::format("--host-tokens must be in [0, 2^30 pages], got {}", f.host_tokens);
   }
@@ -229,6 +234,7 @@ server:
   --max-batch N            sequences decoded together (default 32)
   --default-max-tokens N   a request's max_tokens when it gives none (default 256)
   --max-body-bytes N       largest request body (default 1048576)
+  --served-model-name NAME the model GET /v1/models lists (default tiny-llama)
 model:
   --config FILE            the model's config.json (default: tiny_llama's shape)
   --weights FILE           its safetensors weights (default: a deterministic random init)

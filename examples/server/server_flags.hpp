@@ -24,6 +24,7 @@ struct ServerFlags {
   std::int32_t max_batch = 32;
   std::int32_t default_max_tokens = 256;
   std::int64_t max_body_bytes = 1 << 20;
+  std::string served_model_name = "tiny-llama";  // what GET /v1/models lists
   // The model.
   std::string weights, config;
   int threads = 0;  // the model's compute threads; 0 = the hardware's

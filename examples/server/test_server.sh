@@ -155,13 +155,22 @@ stop() {
   expect_eq "$(field event)" shutdown "the final line"
   expect_eq "$(field invariants)" ok "the final line: invariants"
 }
-launch --default-max-tokens 24 --max-body-bytes 65536 --model-id "tiny-test@$$" --kv-events 'tcp://127.0.0.1:*' \
+launch --default-max-tokens 24 --max-body-bytes 65536 --served-model-name tiny-test --model-id "tiny-test@$$" \
+  --kv-events 'tcp://127.0.0.1:*' \
   --kv-events-replay 'tcp://127.0.0.1:*' --kv-events-topic kv@test@tiny --kv-events-batch-ms 5
 ok "listening on 127.0.0.1:$port"
 kv_replay=$(sed -n '2s/^kv events on tcp:\/\/127\.0\.0\.1:[0-9][0-9]* replay \(tcp:\/\/127\.0\.0\.1:[0-9][0-9]*\)$/\1/p' \
   "$work/server.out")
 [ -n "$kv_replay" ] || fail "no 'kv events on ENDPOINT replay ENDPOINT' line: $(sed -n 2p "$work/server.out")"
 ok "KV events published, replay on $kv_replay"
+
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/v1/models")
+expect_eq "$code" 200 "GET /v1/models"
+expect_eq "$(field object)" list "/v1/models: object"
+expect_eq "$(field data.0.id)" tiny-test "/v1/models: the served model's name"
+expect_eq "$(field data.0.object)" model "/v1/models: data[0].object"
+expect_eq "$(field data.0.max_model_len)" 4096 "/v1/models: the context (the model's 4096 positions)"
+ok "GET /v1/models lists the served model and its context"
 
 code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/health")
 expect_eq "$code" 200 "GET /health"
@@ -373,6 +382,7 @@ expect_eq "$(metric 'clm_server_requests_total{path="/v1/chat/completions",code=
 expect_eq "$(metric 'clm_server_requests_total{path="/v1/chat/completions",code="413"}')" 1 "chat 413s"
 expect_eq "$(metric 'clm_server_requests_total{path="other",code="404"}')" 1 "404s"
 expect_eq "$(metric 'clm_server_requests_total{path="/health",code="200"}')" 1 "health 200s"
+expect_eq "$(metric 'clm_server_requests_total{path="/v1/models",code="200"}')" 1 "models 200s"
 expect_eq "$(metric clm_server_streaming_requests_total)" 2 "clm_server_streaming_requests_total"
 expect_eq "$(metric clm_server_client_disconnects_total)" 1 "clm_server_client_disconnects_total"
 expect_eq "$(metric clm_server_time_to_first_token_seconds_count)" $generated "time to first token: count"
