@@ -227,7 +227,7 @@ Options parse_flags(int argc, char** argv) {
       if (options.model_id.empty()) throw UsageError{"--model-id: empty id"};
     } else if (arg == "--write-policy") {
       const std::string_view name = value();
-      options.write_policy = clm::replay::parse_write_policy(name);
+      options.write_policy = clm::parse_write_policy(name);
       if (!options.write_policy) {
         throw UsageError{fmt::format(
             "--write-policy: unknown policy '{}' (write_through, write_through_selective, write_back)", name)};
@@ -248,7 +248,7 @@ Options parse_flags(int argc, char** argv) {
       }
     } else if (arg == "--prefetch") {
       const std::string_view name = value();
-      options.prefetch_policy = clm::replay::parse_prefetch_policy(name);
+      options.prefetch_policy = clm::parse_prefetch_policy(name);
       if (!options.prefetch_policy) {
         throw UsageError{fmt::format("--prefetch: unknown policy '{}' (best_effort, wait_complete, timeout)", name)};
       }
@@ -327,9 +327,8 @@ std::string tier_json(const Options& options, const ReplayResult& r) {
              "\"storage_dropped_writes\":{}",
              *options.l2_capacity, r.host_pages,
              options.storage_url.empty() ? "null" : json_string(clm::redact_storage_url(options.storage_url)),
-             clm::replay::write_policy_name(options.write_policy.value_or(clm::replay::ReplayConfig{}.write_policy)),
-             clm::replay::prefetch_policy_name(
-                 options.prefetch_policy.value_or(clm::replay::ReplayConfig{}.prefetch_policy)),
+             clm::write_policy_name(options.write_policy.value_or(clm::replay::ReplayConfig{}.write_policy)),
+             clm::prefetch_policy_name(options.prefetch_policy.value_or(clm::replay::ReplayConfig{}.prefetch_policy)),
              r.has_kv_bytes ? "true" : "false", json_number(r.device_hit_rate()), json_number(r.host_hit_rate()),
              json_number(r.storage_hit_rate()), r.device_hit_tokens, r.host_hit_tokens, r.storage_hit_tokens,
              t.load_backs, t.loaded_pages, t.backed_up_pages, t.dropped_backups, t.stored_pages, t.fetched_pages,
@@ -388,8 +387,8 @@ void print_text(const Options& options, const ReplayResult& r, double memcmp_gbp
     fmt::print("tiers             L1 {} tokens, L2 {} tokens ({} pages), storage {}; {}, prefetch {}\n",
                *options.capacity, *options.l2_capacity, r.host_pages,
                options.storage_url.empty() ? std::string("none") : options.storage_url,
-               clm::replay::write_policy_name(options.write_policy.value_or(ReplayConfig{}.write_policy)),
-               clm::replay::prefetch_policy_name(options.prefetch_policy.value_or(ReplayConfig{}.prefetch_policy)));
+               clm::write_policy_name(options.write_policy.value_or(ReplayConfig{}.write_policy)),
+               clm::prefetch_policy_name(options.prefetch_policy.value_or(ReplayConfig{}.prefetch_policy)));
     fmt::print("hits by tier      device {:.4f}, host {:.4f}, storage {:.4f}{}\n", r.device_hit_rate(),
                r.host_hit_rate(), r.storage_hit_rate(), r.has_kv_bytes ? " (every cached K/V row checked)" : "");
     fmt::print("tier copies       {} pages loaded to L1 in {} load-backs, {} backed up to L2 ({} dropped)\n",

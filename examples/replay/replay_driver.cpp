@@ -589,52 +589,6 @@ double ReplayResult::memory_bound_fraction(double memcmp_gbps) const {
   return static_cast<double>(touched_bytes()) / wall_s / (memcmp_gbps * 1e9);
 }
 
-namespace {
-// The policy among `all` whose name is `name`: one parser for every policy enum.
-template <class Policy>
-std::optional<Policy> policy_named(std::string_view name, std::initializer_list<Policy> all,
-                                   const char* (*name_of)(Policy)) {
-  for (const Policy p : all) {
-    if (name == name_of(p)) return p;
-  }
-  return std::nullopt;
-}
-}  // namespace
-
-const char* write_policy_name(WritePolicy policy) {
-  switch (policy) {
-    case WritePolicy::write_through:
-      return "write_through";
-    case WritePolicy::write_through_selective:
-      return "write_through_selective";
-    case WritePolicy::write_back:
-      return "write_back";
-  }
-  return "unknown";
-}
-
-std::optional<WritePolicy> parse_write_policy(std::string_view name) {
-  return policy_named(name, {WritePolicy::write_through, WritePolicy::write_through_selective, WritePolicy::write_back},
-                      write_policy_name);
-}
-
-const char* prefetch_policy_name(PrefetchPolicy policy) {
-  switch (policy) {
-    case PrefetchPolicy::best_effort:
-      return "best_effort";
-    case PrefetchPolicy::wait_complete:
-      return "wait_complete";
-    case PrefetchPolicy::timeout:
-      return "timeout";
-  }
-  return "unknown";
-}
-
-std::optional<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
-  return policy_named(name, {PrefetchPolicy::best_effort, PrefetchPolicy::wait_complete, PrefetchPolicy::timeout},
-                      prefetch_policy_name);
-}
-
 Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayResult& out) {
   CLM_RETURN_IF_ERROR(validate(config));
   CLM_RETURN_IF_ERROR(validate_hint(workload, config));

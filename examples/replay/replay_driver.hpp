@@ -113,12 +113,6 @@ inline constexpr TieredKvLayout kTieredKvLayout{};
 // The priority a hinted request is cached with (ReplayConfig::hint_next_turn_within_s).
 inline constexpr int kNextTurnHintPriority = 1;
 
-// Command-line names of the tier policies ("write_through", "best_effort", ...).
-const char* write_policy_name(WritePolicy policy);
-std::optional<WritePolicy> parse_write_policy(std::string_view name);
-const char* prefetch_policy_name(PrefetchPolicy policy);
-std::optional<PrefetchPolicy> parse_prefetch_policy(std::string_view name);
-
 struct ReplayResult {
   std::uint64_t requests = 0;
   std::uint64_t failed_requests = 0;  // no pages even after evicting everything unlocked

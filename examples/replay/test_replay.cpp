@@ -1067,7 +1067,7 @@ TEST_CASE("tiers: a host tier 4x the device tier beats the device tier alone on 
   const ReplayResult alone = replay(gsp, 16, 32768);
   for (const auto policy :
        {clm::WritePolicy::write_through, clm::WritePolicy::write_through_selective, clm::WritePolicy::write_back}) {
-    INFO("write policy " << clm::replay::write_policy_name(policy));
+    INFO("write policy " << clm::write_policy_name(policy));
     const ReplayResult tiered = tiered_replay(gsp, 16, 32768, 4 * 32768, policy);
     INFO("all tiers " << tiered.hit_rate() << " (host " << tiered.host_hit_rate() << ") vs the device alone "
                       << alone.hit_rate());

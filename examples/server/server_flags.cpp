@@ -2,7 +2,7 @@
 #include "server_flags.hpp"
 
 #include <fstream>
-#include <sstream>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -43,42 +43,15 @@ std::string read_config_file(const std::string& path, Pairs& out) {
   return {};
 }
 
-template <class Enum, class Name>
-std::string parse_enum(std::string_view flag, const std::string& value, std::initializer_list<Enum> all, Name name,
-                       Enum& out) {
-  std::string names;
-  for (Enum e : all) {
-    if (value == name(e)) {
-      out = e;
-      return {};
-    }
-    names += fmt::format("{}{}", names.empty() ? "" : ", ", name(e));
-  }
-  return fmt::format("{}: unknown value '{}' ({})", flag, value, names);
-}
-
-const char* write_policy_name(clm::WritePolicy p) {
-  switch (p) {
-    case clm::WritePolicy::write_through:
-      return "write_through";
-    case clm::WritePolicy::write_through_selective:
-      return "write_through_selective";
-    case clm::WritePolicy::write_back:
-      return "write_back";
-  }
-  return "";
-}
-
-const char* prefetch_policy_name(clm::PrefetchPolicy p) {
-  switch (p) {
-    case clm::PrefetchPolicy::best_effort:
-      return "best_effort";
-    case clm::PrefetchPolicy::wait_complete:
-      return "wait_complete";
-    case clm::PrefetchPolicy::timeout:
-      return "timeout";
-  }
-  return "";
+// `parse` of a policy's name into `out`, or an error naming the flag and the
+// names it takes.
+template <class Policy>
+std::string parse_policy(std::string_view flag, const std::string& value,
+                         std::optional<Policy> (*parse)(std::string_view), std::string_view names, Policy& out) {
+  const std::optional<Policy> p = parse(value);
+  if (!p) return fmt::format("{}: unknown value '{}' ({})", flag, value, names);
+  out = *p;
+  return {};
 }
 
 // One flag and its value into `f`; an error naming it, or "".
@@ -110,23 +83,20 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
     } else if (flag == "--served-model-name") {
       f.served_model_name = value;
     } else if (flag == "--eviction-policy") {
+      const std::optional<clm::EvictionPolicy> p = clm::parse_eviction_policy(value);
       // belady needs every future request: only the replay tool runs it.
-      return parse_enum(flag, value,
-                        {clm::EvictionPolicy::lru, clm::EvictionPolicy::lfu, clm::EvictionPolicy::slru,
-                         clm::EvictionPolicy::priority, clm::EvictionPolicy::ghost_slru},
-                        clm::eviction_policy_name, f.eviction_policy);
+      if (!p || *p == clm::EvictionPolicy::belady) {
+        return fmt::format("{}: unknown value '{}' (lru, lfu, slru, priority, ghost_slru)", flag, value);
+      }
+      f.eviction_policy = *p;
     } else if (flag == "--host-tokens") {
       f.host_tokens = std::stoll(value, &used);
     } else if (flag == "--write-policy") {
-      return parse_enum(
-          flag, value,
-          {clm::WritePolicy::write_through, clm::WritePolicy::write_through_selective, clm::WritePolicy::write_back},
-          write_policy_name, f.write_policy);
+      return parse_policy(flag, value, clm::parse_write_policy, "write_through, write_through_selective, write_back",
+                          f.write_policy);
     } else if (flag == "--prefetch-policy") {
-      return parse_enum(
-          flag, value,
-          {clm::PrefetchPolicy::best_effort, clm::PrefetchPolicy::wait_complete, clm::PrefetchPolicy::timeout},
-          prefetch_policy_name, f.prefetch_policy);
+      return parse_policy(flag, value, clm::parse_prefetch_policy, "best_effort, wait_complete, timeout",
+                          f.prefetch_policy);
     } else if (flag == "--storage") {
       f.storage_url = value;
     } else if (flag == "--page-secret-file") {

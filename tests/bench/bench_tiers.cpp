@@ -360,10 +360,10 @@ void bench_gsp_hit_rate(const Scale& scale) {
     clm::replay::ReplayResult r;
     check(clm::replay::run_replays(gsp, tiered, scale.gsp_repeats, r), "gsp replay (tiers)");
     progress("gsp, {}: device {:.4f} + host {:.4f} = {:.4f}; {} pages loaded, {} backed up; {:.0f} requests/s",
-             clm::replay::write_policy_name(policy), r.device_hit_rate(), r.host_hit_rate(), r.hit_rate(),
+             clm::write_policy_name(policy), r.device_hit_rate(), r.host_hit_rate(), r.hit_rate(),
              r.tiers.loaded_pages, r.tiers.backed_up_pages, r.requests_per_s());
     print_figure(kBench,
-                 fmt::format("gsp_tiered_hit_rate_{}_p{}_l1_{}_l2_{}", clm::replay::write_policy_name(policy),
+                 fmt::format("gsp_tiered_hit_rate_{}_p{}_l1_{}_l2_{}", clm::write_policy_name(policy),
                              kPageSize, scale.gsp_l1_tokens, l2_tokens),
                  "hit_rate_all_tiers", r.hit_rate(), "fraction", "hit_rate_l1_only", alone.hit_rate());
   }

@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "clm/tiers/storage_backend.hpp"
 
@@ -36,6 +38,43 @@ enum class PrefetchPolicy : std::uint8_t {
   wait_complete = 1,  // until every page found is in
   timeout = 2,        // up to prefetch_timeout_ms + prefetch_timeout_per_1k_tokens_ms per 1000 tokens fetched
 };
+
+// The policies' command-line names ("write_through", "best_effort", ...),
+// and back (nullopt for a name that is none of them).
+inline const char* write_policy_name(WritePolicy policy) {
+  switch (policy) {
+    case WritePolicy::write_through:
+      return "write_through";
+    case WritePolicy::write_through_selective:
+      return "write_through_selective";
+    case WritePolicy::write_back:
+      return "write_back";
+  }
+  return "unknown";
+}
+inline std::optional<WritePolicy> parse_write_policy(std::string_view name) {
+  for (WritePolicy p : {WritePolicy::write_through, WritePolicy::write_through_selective, WritePolicy::write_back}) {
+    if (name == write_policy_name(p)) return p;
+  }
+  return std::nullopt;
+}
+inline const char* prefetch_policy_name(PrefetchPolicy policy) {
+  switch (policy) {
+    case PrefetchPolicy::best_effort:
+      return "best_effort";
+    case PrefetchPolicy::wait_complete:
+      return "wait_complete";
+    case PrefetchPolicy::timeout:
+      return "timeout";
+  }
+  return "unknown";
+}
+inline std::optional<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
+  for (PrefetchPolicy p : {PrefetchPolicy::best_effort, PrefetchPolicy::wait_complete, PrefetchPolicy::timeout}) {
+    if (name == prefetch_policy_name(p)) return p;
+  }
+  return std::nullopt;
+}
 
 struct TierConfig {
   std::int32_t host_pages = 0;  // L2 size in pages; 0: no tiers
