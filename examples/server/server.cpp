@@ -354,11 +354,12 @@ void ChatServer::count_disconnect() {
 }
 
 std::string ChatServer::metrics_text() const {
-  std::string out = engine_.metrics_text();
+  // One snapshot of the engine for its families and for the ones below.
+  const clm::EngineMetrics m = engine_.metrics();
+  std::string out = clm::format_metrics_text(m);
   // What a fleet scheduler reads (vLLM's num_requests_running/_waiting and
   // kv_cache_usage_perc): the pool's share no eviction can free, pages of
   // running requests and protected ones, not cached pages free to go.
-  const clm::EngineMetrics m = engine_.metrics();
   const std::int64_t pages = m.cache.pages_used + m.cache.pages_free;
   const std::int64_t held = m.cache.pages_used - m.cache.evictable_tokens / engine_.page_size();
   const double usage =
