@@ -66,11 +66,6 @@ class FleetIndex {
     return out;
   }
 
-  std::size_t blocks(std::size_t instance) const {
-    std::lock_guard lock(mutex_);
-    return held_.at(instance).size();
-  }
-
  private:
   mutable std::mutex mutex_;
   std::vector<std::unordered_map<std::uint64_t, std::uint8_t>> held_;  // hash -> media (1 GPU, 2 CPU)
