@@ -956,8 +956,18 @@ func (e *Engine) MetricsText() (string, error) {
 		return "", err
 	}
 	defer e.release()
-	// A sizing call first (capacity 0), then the text; the counters may grow
-	// in between, so leave headroom and retry while it is longer.
+	// The counters may grow between the sizing call and the next: room to spare.
+	return sizedText(op, 256, func(text *C.char, capacity C.size_t, length *C.size_t) C.clm_status {
+		return C.clm_engine_metrics_text(text, capacity, length, ep)
+	})
+}
+
+// sizedText is the text a clm_* call writes into a caller's buffer with its
+// NUL (text, capacity, *length): a sizing call first (capacity 0), then the
+// text, in a buffer `spare` bytes larger than needed, again while the text
+// outgrows it (a too-small buffer is InvalidArgument with the length needed,
+// and nothing written).
+func sizedText(op string, spare int, fill func(text *C.char, capacity C.size_t, length *C.size_t) C.clm_status) (string, error) {
 	var buf []byte
 	for {
 		var length C.size_t
@@ -966,14 +976,13 @@ func (e *Engine) MetricsText() (string, error) {
 			if len(buf) > 0 {
 				text = (*C.char)(unsafe.Pointer(&buf[0]))
 			}
-			return C.clm_engine_metrics_text(text, C.size_t(len(buf)), &length, ep)
+			return fill(text, C.size_t(len(buf)), &length)
 		})
 		if err == nil {
 			return string(buf[:length]), nil
 		}
-		// Too small a buffer (nothing written) is InvalidArgument with the length.
 		if CodeOf(err) == InvalidArgument && int(length) >= len(buf) {
-			buf = make([]byte, int(length)+1+256) // the NUL, and room to spare
+			buf = make([]byte, int(length)+1+spare) // and the NUL
 			continue
 		}
 		return "", err

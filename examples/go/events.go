@@ -292,25 +292,7 @@ func (e *Engine) kvEventsEndpoint(replay C.int32_t) (string, error) {
 		return "", err
 	}
 	defer e.release()
-	// As MetricsText: a sizing call (capacity 0), then the text.
-	var buf []byte
-	for {
-		var length C.size_t
-		err := call(op, func() C.clm_status {
-			var text *C.char
-			if len(buf) > 0 {
-				text = (*C.char)(unsafe.Pointer(&buf[0]))
-			}
-			return C.clm_engine_kv_events_endpoint(text, C.size_t(len(buf)), &length, ep, replay)
-		})
-		if err == nil {
-			return string(buf[:length]), nil
-		}
-		// Too small a buffer (nothing written) is InvalidArgument with the length.
-		if CodeOf(err) == InvalidArgument && int(length) >= len(buf) {
-			buf = make([]byte, int(length)+1) // and the NUL
-			continue
-		}
-		return "", err
-	}
+	return sizedText(op, 0, func(text *C.char, capacity C.size_t, length *C.size_t) C.clm_status {
+		return C.clm_engine_kv_events_endpoint(text, capacity, length, ep, replay)
+	})
 }

@@ -357,6 +357,29 @@ func TestKVEventsCallbackRebuildsTheEnginesBlocks(t *testing.T) {
 func second64(_ []uint64, err error) error   { return err }
 func secondString(_ string, err error) error { return err }
 
+// Close with events still queued (a batch interval longer than the test): they
+// are delivered before Close returns.
+func TestKVEventsCloseDeliversWhatIsQueued(t *testing.T) {
+	r := tierRand(t)
+	sub := &subscriber{}
+	opts := eventsOptions(t)
+	opts.KVEventsCallback = sub.callback
+	opts.KVEventsDataParallelRank = 3
+	opts.KVEventsBatchIntervalMS = 60000
+	opts.KVEventsMaxBatchEvents = 65536
+	e, err := NewEngine(opts)
+	must(t, err)
+	admitted := eventsWorkload(t, e, r, 100)
+	if m := metricsOf(t, e); m.KVEventsQueued == 0 {
+		t.Fatalf("nothing queued before Close: %+v", m)
+	}
+	gpu, cpu := engineBlocks(t, e, KVMediumGPU), engineBlocks(t, e, KVMediumCPU)
+	must(t, e.Close())
+	p := rebuild(t, sub.snapshot(), true, admitted)
+	sameBlocks(t, "GPU at Close", p.gpu, gpu)
+	sameBlocks(t, "CPU at Close", p.cpu, cpu)
+}
+
 func TestKVEventsWithoutTokenIDs(t *testing.T) {
 	r := tierRand(t)
 	sub := &subscriber{}
@@ -443,7 +466,7 @@ func TestKVEventsDefaults(t *testing.T) {
 	if KVEventsBindAuto != 0 || KVEventsBind != 1 || KVEventsConnect != 2 || KVEventsLayoutArray != 0 ||
 		KVEventsLayoutLegacy != 1 || KVEventsLayoutMap != 2 || KVEventBlockStored != 0 ||
 		KVEventBlockRemoved != 1 || KVEventAllBlocksCleared != 2 || KVMediumGPU != 0 || KVMediumCPU != 1 {
-		t.Fatal("KV-event constants differ from clm.h")
+		t.Fatal("clm.h's KV-event constants changed: they are ABI")
 	}
 	if KVEventBlockStored.String() != "BlockStored" || KVMediumCPU.String() != "CPU" ||
 		KVMedium(5).String() != "KVMedium(5)" {
