@@ -18,13 +18,13 @@
 //! ```
 use std::ffi::CStr;
 use std::fmt;
-use std::os::raw::{c_char, c_void};
+use std::io::Write;
+use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::slice;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{check, sys, Engine, Error, ErrorCode, Result};
+use crate::{c_slice, check, sized_text, sys, Engine, Result};
 
 /// Whether the publisher binds its endpoint or connects to a router that does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +109,9 @@ pub enum KvEventKind {
     BlockRemoved,
     /// Nothing is cached (a new engine, or a resync follows).
     AllBlocksCleared,
+    /// A kind this binding does not know (a newer library's): never read as
+    /// one of the above.
+    Other(i32),
 }
 
 /// One change to the cache.
@@ -170,35 +173,24 @@ impl PartialEq for KvEventSink {
 }
 
 /// # Safety
-/// `p` is NULL with `n` 0, or points to `n` readable values.
-unsafe fn copied<T: Copy>(p: *const T, n: usize) -> Vec<T> {
-    if n == 0 || p.is_null() {
-        Vec::new()
-    } else {
-        // SAFETY: the caller's promise.
-        unsafe { slice::from_raw_parts(p, n).to_vec() }
-    }
-}
-
-/// # Safety
 /// `batch` is a batch as clm.h describes it, valid for the call.
 unsafe fn batch_from_raw(batch: &sys::clm_kv_event_batch) -> KvEventBatch {
     // SAFETY (this block and the ones below): clm.h's batch: n_events events,
     // each pointing to its own counts of values and a NUL-terminated key.
-    let raw_events =
-        if batch.n_events == 0 { &[][..] } else { unsafe { slice::from_raw_parts(batch.events, batch.n_events) } };
+    let raw_events = unsafe { c_slice(batch.events, batch.n_events) };
     let events = raw_events
         .iter()
         .map(|e| KvEvent {
             kind: match e.kind {
                 sys::CLM_KV_EVENT_BLOCK_STORED => KvEventKind::BlockStored,
                 sys::CLM_KV_EVENT_BLOCK_REMOVED => KvEventKind::BlockRemoved,
-                _ => KvEventKind::AllBlocksCleared,
+                sys::CLM_KV_EVENT_ALL_BLOCKS_CLEARED => KvEventKind::AllBlocksCleared,
+                other => KvEventKind::Other(other),
             },
             medium: if e.medium == sys::CLM_KV_MEDIUM_CPU { KvMedium::Cpu } else { KvMedium::Gpu },
-            block_hashes: unsafe { copied(e.block_hashes, e.n_block_hashes) },
+            block_hashes: unsafe { c_slice(e.block_hashes, e.n_block_hashes) }.to_vec(),
             parent_block_hash: if e.has_parent != 0 { Some(e.parent_block_hash) } else { None },
-            token_ids: unsafe { copied(e.token_ids, e.n_token_ids) },
+            token_ids: unsafe { c_slice(e.token_ids, e.n_token_ids) }.to_vec(),
             block_size: e.block_size,
             lora_id: e.lora_id,
             extra_key: if e.extra_key.is_null() {
@@ -216,14 +208,20 @@ pub(crate) unsafe extern "C" fn sink_trampoline(batch: *const sys::clm_kv_event_
     if batch.is_null() || user_data.is_null() {
         return;
     }
-    // SAFETY: user_data is the Box<KvEventSink> the engine owns and keeps
-    // until clm_engine_free has returned (after which no call comes); batch
-    // is the library's, valid for the call.
-    let sink = unsafe { &*(user_data as *const KvEventSink) };
-    let batch = unsafe { batch_from_raw(&*batch) };
-    // A panic must not unwind into C.
-    if catch_unwind(AssertUnwindSafe(|| (sink.0)(&batch))).is_err() {
-        eprintln!("clmcache: a KV event sink panicked; batch {} is lost", batch.sequence);
+    // Nothing may unwind into C: the copy (which allocates) and the sink
+    // both run inside catch_unwind.
+    let delivered = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: user_data is the Box<KvEventSink> the engine owns and keeps
+        // until clm_engine_free has returned (after which no call comes);
+        // batch is the library's, valid for the call.
+        let sink = unsafe { &*(user_data as *const KvEventSink) };
+        let batch = unsafe { batch_from_raw(&*batch) };
+        (sink.0)(&batch)
+    }));
+    if delivered.is_err() {
+        // SAFETY: batch is the library's, valid for the call.
+        let sequence = unsafe { (*batch).sequence };
+        let _ = writeln!(std::io::stderr(), "clmcache: a KV event sink panicked; batch {} is lost", sequence);
     }
 }
 
@@ -232,7 +230,8 @@ impl Engine {
     /// (`clm_engine_flush_kv_events`); `FailedPrecondition` after `timeout`,
     /// or on an engine without KV events.
     pub fn flush_kv_events(&self, timeout: Duration) -> Result<()> {
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // Rounded up: a timeout under a millisecond still waits.
+        let ms = i32::try_from((timeout.as_nanos() + 999_999) / 1_000_000).unwrap_or(i32::MAX);
         // SAFETY: the engine is live and thread-safe.
         check(unsafe { sys::clm_engine_flush_kv_events(self.as_raw(), ms) })
     }
@@ -270,27 +269,10 @@ impl Engine {
     }
 
     fn endpoint(&self, replay: i32) -> Result<String> {
-        let mut buffer = vec![0u8; 256];
-        loop {
-            let mut length = 0usize;
-            // SAFETY: buffer is writable for buffer.len() bytes; the engine is live.
-            let status = unsafe {
-                sys::clm_engine_kv_events_endpoint(
-                    buffer.as_mut_ptr() as *mut c_char,
-                    buffer.len(),
-                    &mut length,
-                    self.as_raw(),
-                    replay,
-                )
-            };
-            if status == sys::CLM_ERR_INVALID_ARGUMENT && length >= buffer.len() {
-                buffer.resize(length + 1, 0);
-                continue;
-            }
-            check(status)?;
-            buffer.truncate(length);
-            return String::from_utf8(buffer)
-                .map_err(|_| Error::new(ErrorCode::Internal, "clm_engine_kv_events_endpoint returned non-UTF-8"));
-        }
+        sized_text("clm_engine_kv_events_endpoint", 0, |text, capacity, length| {
+            // SAFETY: text is NULL with capacity 0, or writable for capacity
+            // bytes; the engine is live.
+            unsafe { sys::clm_engine_kv_events_endpoint(text, capacity, length, self.as_raw(), replay) }
+        })
     }
 }

@@ -186,6 +186,32 @@ unsafe fn c_slice<'a, T>(p: *const T, n: usize) -> &'a [T] {
     }
 }
 
+/// The text a `clm_*` call writes into a caller's buffer with its NUL
+/// (`fill(text, capacity, &mut length)`): a sizing call first (capacity 0),
+/// then the text, in a buffer `spare` bytes larger than needed, again while
+/// the text outgrows it (a too-small buffer is `CLM_ERR_INVALID_ARGUMENT` with
+/// the length needed, and nothing written).
+pub(crate) fn sized_text(
+    function: &str,
+    spare: usize,
+    mut fill: impl FnMut(*mut c_char, usize, *mut usize) -> sys::clm_status,
+) -> Result<String> {
+    let mut buffer: Vec<u8> = Vec::new();
+    loop {
+        let mut length = 0usize;
+        let text = if buffer.is_empty() { ptr::null_mut() } else { buffer.as_mut_ptr() as *mut c_char };
+        let status = fill(text, buffer.len(), &mut length);
+        if status == sys::CLM_ERR_INVALID_ARGUMENT && length >= buffer.len() {
+            buffer.resize(length + 1 + spare, 0); // and the NUL
+            continue;
+        }
+        check(status)?;
+        buffer.truncate(length);
+        return String::from_utf8(buffer)
+            .map_err(|_| Error::new(ErrorCode::Internal, format!("{} returned text that is not UTF-8", function)));
+    }
+}
+
 // ---- version ------------------------------------------------------------------
 
 /// The library's version as `major * 10000 + minor * 100 + patch`.
@@ -557,10 +583,13 @@ impl EngineOptions {
         Ok((raw, path))
     }
 
-    /// The complete C struct, with `snapshot_store_path`, `storage_url`,
-    /// `model_id` and the page secret's source pointing into NUL-terminated
-    /// copies that the returned value owns; it borrows `special_token_ids`
-    /// from `self`. A string with a NUL byte is `InvalidArgument`.
+    /// The C struct with every string (`snapshot_store_path`, `storage_url`,
+    /// `model_id`, the page secret's source, the `kv_events_*` endpoints and
+    /// topic) pointing into NUL-terminated copies that the returned value
+    /// owns; it borrows `special_token_ids` from `self`. The one thing it
+    /// leaves out is `kv_events_sink`: a callback needs an owner that outlives
+    /// the engine, which only [`Engine::new`] is (with the struct alone, events
+    /// go to the socket). A string with a NUL byte is `InvalidArgument`.
     pub fn to_raw_owned(&self) -> Result<RawEngineOptions<'_>> {
         let mut raw = self.to_raw()?;
         let snapshot_store_path = self.store_path_cstring()?;
@@ -609,10 +638,11 @@ impl EngineOptions {
 
     /// The C struct: the library's defaults overwritten by every field here
     /// but the strings (`snapshot_store_path`, `storage_url`, `model_id`, the
-    /// page secret's source), which stay NULL (no store, no storage tier):
-    /// the struct cannot own the NUL-terminated copies they need
-    /// ([`EngineOptions::to_raw_owned`] gives them all). It borrows
-    /// `special_token_ids`, so it must not outlive `self`.
+    /// page secret's source, the `kv_events_*` endpoints and topic), which
+    /// stay NULL (no store, no storage tier, the default endpoint), and the
+    /// KV-event sink (no callback): the struct cannot own the NUL-terminated
+    /// copies they need ([`EngineOptions::to_raw_owned`] gives the strings).
+    /// It borrows `special_token_ids`, so it must not outlive `self`.
     pub fn to_raw(&self) -> Result<sys::clm_engine_options> {
         let mut raw = raw_engine_options()?;
         raw.num_pages = self.num_pages;
@@ -1249,26 +1279,12 @@ impl Engine {
     /// (`clm_engine_metrics_text`; the names are in `docs/metrics.md`), for
     /// a host's `GET /metrics`.
     pub fn metrics_text(&self) -> Result<String> {
-        // A sizing call first (capacity 0), then the text; the counters may
-        // grow in between, so leave headroom and retry while it is longer.
-        let mut buffer: Vec<u8> = Vec::new();
-        loop {
-            let mut length = 0usize;
-            let text = if buffer.is_empty() { std::ptr::null_mut() } else { buffer.as_mut_ptr() as *mut c_char };
-            // SAFETY: text is NULL with capacity 0, or writable for
-            // buffer.len() bytes; the engine is live.
-            let status = unsafe { sys::clm_engine_metrics_text(text, buffer.len(), &mut length, self.raw.as_ptr()) };
-            if status == sys::CLM_ERR_INVALID_ARGUMENT && length >= buffer.len() {
-                // Too small (nothing was written): the size needed, the NUL and room to spare.
-                buffer.resize(length + 1 + 256, 0);
-                continue;
-            }
-            check(status)?;
-            buffer.truncate(length);
-            return String::from_utf8(buffer).map_err(|_| {
-                Error::new(ErrorCode::Internal, "clm_engine_metrics_text returned text that is not UTF-8")
-            });
-        }
+        // The counters may grow between the sizing call and the next: room to spare.
+        sized_text("clm_engine_metrics_text", 256, |text, capacity, length| {
+            // SAFETY: text is NULL with capacity 0, or writable for capacity
+            // bytes; the engine is live.
+            unsafe { sys::clm_engine_metrics_text(text, capacity, length, self.raw.as_ptr()) }
+        })
     }
 
     /// The page tables of running sequences of this engine in FlashInfer's

@@ -3,9 +3,9 @@
 //! picture rebuilt from the batches alone (a set of hashes per medium, a
 //! parent known before its child, a removed block present) equals
 //! `Engine::kv_event_blocks` after a random workload with evictions, the host
-//! tier, tenants and adapters; the sink is never called after the engine is
-//! dropped. Then the ZeroMQ endpoints as bound, the defaults, and options
-//! and calls that must be refused.
+//! tier, tenants and adapters; dropping the engine delivers what is queued,
+//! and the sink is never called after. Then the ZeroMQ endpoints as bound,
+//! the defaults, and options and calls that must be refused.
 mod common;
 
 use std::collections::HashSet;
@@ -42,11 +42,28 @@ fn options() -> EngineOptions {
     o
 }
 
-/// What the sink saw, and the picture the batches alone give.
+/// What the sink got: each batch, and the threads it came on. The sink only
+/// keeps them; the checks run on the test's thread (a panic in a sink is
+/// caught, and would show only as a poisoned lock).
+#[derive(Default)]
+struct Received {
+    batches: Vec<KvEventBatch>,
+    threads: HashSet<ThreadId>,
+}
+
+fn sink_into(received: &Arc<Mutex<Received>>) -> KvEventSink {
+    let received = Arc::clone(received);
+    KvEventSink::new(move |batch| {
+        let mut r = received.lock().unwrap();
+        r.batches.push(batch.clone());
+        r.threads.insert(thread::current().id());
+    })
+}
+
+/// The picture the batches alone give.
 #[derive(Default)]
 struct Picture {
     sequences: Vec<u64>,
-    threads: HashSet<ThreadId>,
     gpu: HashSet<u64>,
     cpu: HashSet<u64>,
     events: u64,
@@ -56,9 +73,16 @@ struct Picture {
 }
 
 impl Picture {
+    fn of(received: &Arc<Mutex<Received>>, token_ids: bool) -> Picture {
+        let mut p = Picture { token_ids, ..Picture::default() };
+        for b in &received.lock().unwrap().batches {
+            p.apply(b);
+        }
+        p
+    }
+
     fn apply(&mut self, batch: &KvEventBatch) {
         self.sequences.push(batch.sequence);
-        self.threads.insert(thread::current().id());
         assert_eq!(batch.data_parallel_rank, 2);
         assert!(batch.ts > 1.7e9);
         for e in &batch.events {
@@ -88,14 +112,10 @@ impl Picture {
                         assert!(tier.remove(h), "block {:x} removed but not there", h);
                     }
                 }
+                KvEventKind::Other(kind) => panic!("an event of unknown kind {}", kind),
             }
         }
     }
-}
-
-fn sink_into(picture: &Arc<Mutex<Picture>>) -> KvEventSink {
-    let picture = Arc::clone(picture);
-    KvEventSink::new(move |batch| picture.lock().unwrap().apply(batch))
 }
 
 fn blocks(engine: &Engine, medium: KvMedium) -> HashSet<u64> {
@@ -140,9 +160,9 @@ fn workload(engine: &Engine, rng: &mut Rng, requests: usize) {
 fn a_sinks_batches_rebuild_the_engines_blocks_in_order_on_one_thread() {
     let seed = fresh_seed();
     let mut rng = Rng::new(seed);
-    let picture = Arc::new(Mutex::new(Picture { token_ids: true, ..Picture::default() }));
+    let received = Arc::new(Mutex::new(Received::default()));
     let mut o = options();
-    o.kv_events_sink = Some(sink_into(&picture));
+    o.kv_events_sink = Some(sink_into(&received));
     o.kv_events_data_parallel_rank = 2;
     let engine = Engine::new(&o).unwrap();
     workload(&engine, &mut rng, 300);
@@ -152,11 +172,12 @@ fn a_sinks_batches_rebuild_the_engines_blocks_in_order_on_one_thread() {
     let cpu = blocks(&engine, KvMedium::Cpu);
     let m = engine.metrics().unwrap();
     {
-        let p = picture.lock().unwrap();
+        let p = Picture::of(&received, true);
         assert!(!p.sequences.is_empty(), "seed {}", seed);
         assert_eq!(p.sequences, (0..p.sequences.len() as u64).collect::<Vec<_>>(), "seed {}", seed);
-        assert_eq!(p.threads.len(), 1);
-        assert!(!p.threads.contains(&thread::current().id()));
+        let threads = &received.lock().unwrap().threads;
+        assert_eq!(threads.len(), 1);
+        assert!(!threads.contains(&thread::current().id()));
         assert_eq!(p.gpu, gpu, "seed {}", seed);
         assert_eq!(p.cpu, cpu, "seed {}", seed);
         assert!(!gpu.is_empty() && !cpu.is_empty());
@@ -172,35 +193,46 @@ fn a_sinks_batches_rebuild_the_engines_blocks_in_order_on_one_thread() {
     }
     // With a sink there is no socket.
     assert_eq!(engine.kv_events_endpoint().unwrap(), "");
+}
 
-    // Dropped with events still queued and a sequence alive: what was
-    // recorded is delivered, and nothing after the drop.
-    let mut seq = engine.admit(&[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
-    let prompt: Vec<i32> = (100..140).collect();
-    engine.admit(&prompt).unwrap().finish().unwrap();
-    let cached = blocks(&engine, KvMedium::Gpu);
+#[test]
+fn dropping_the_engine_delivers_what_is_queued_and_nothing_after() {
+    let mut rng = Rng::new(fresh_seed());
+    let received = Arc::new(Mutex::new(Received::default()));
+    let mut o = options();
+    o.kv_events_sink = Some(sink_into(&received));
+    o.kv_events_data_parallel_rank = 2;
+    // Batches only when asked: everything is still queued at the drop.
+    o.kv_events_batch_interval_ms = 60000;
+    o.kv_events_max_batch_events = 65536;
+    let engine = Engine::new(&o).unwrap();
+    workload(&engine, &mut rng, 100);
+    let mut seq = engine.admit(&[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap(); // keeps the engine's core alive
+    assert!(engine.metrics().unwrap().kv_events_queued > 0);
+    let (gpu, cpu) = (blocks(&engine, KvMedium::Gpu), blocks(&engine, KvMedium::Cpu));
     drop(engine);
-    let delivered = picture.lock().unwrap().events;
-    assert_eq!(picture.lock().unwrap().gpu, cached);
+    let p = Picture::of(&received, true);
+    assert_eq!((p.gpu, p.cpu), (gpu, cpu));
     assert!(seq.finish().is_err(), "the engine is gone");
     drop(seq);
     thread::sleep(Duration::from_millis(50));
-    assert_eq!(picture.lock().unwrap().events, delivered, "the sink was called after the engine was dropped");
+    assert_eq!(Picture::of(&received, true).events, p.events, "the sink was called after the engine was dropped");
 }
 
 #[test]
 fn token_ids_left_out_sockets_as_bound_and_the_defaults() {
     let mut rng = Rng::new(fresh_seed());
-    let picture = Arc::new(Mutex::new(Picture { token_ids: false, ..Picture::default() }));
+    let received = Arc::new(Mutex::new(Received::default()));
     let mut o = options();
-    o.kv_events_sink = Some(sink_into(&picture));
+    o.kv_events_sink = Some(sink_into(&received));
     o.kv_events_data_parallel_rank = 2;
     o.kv_events_token_ids = false;
     let engine = Engine::new(&o).unwrap();
     workload(&engine, &mut rng, 100);
     engine.flush_kv_events(Duration::from_secs(10)).unwrap();
-    assert_eq!(picture.lock().unwrap().gpu, blocks(&engine, KvMedium::Gpu));
-    assert!(picture.lock().unwrap().events > 1);
+    let p = Picture::of(&received, false);
+    assert_eq!((&p.gpu, &p.cpu), (&blocks(&engine, KvMedium::Gpu), &blocks(&engine, KvMedium::Cpu)));
+    assert!(p.events > 1);
 
     let mut o = options();
     o.kv_events_replay_endpoint = Some("tcp://127.0.0.1:*".into());
