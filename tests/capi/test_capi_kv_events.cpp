@@ -214,24 +214,35 @@ TEST_CASE("C ABI KV events: the callback's batches rebuild the engine's blocks e
   REQUIRE_OK(clm_engine_kv_events_endpoint(text, sizeof text, &len, engine.get(), 0));
   CHECK(len == 0);
   CHECK(std::string(text).empty());
-  lock.unlock();
+}
 
-  // Freed with events still queued and a sequence alive: what was recorded
-  // is delivered before clm_engine_free returns, and nothing after it.
+TEST_CASE("C ABI KV events: clm_engine_free delivers what is queued, and the callback is not called after",
+          "[capi][events]") {
+  const uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  Subscriber sub;
+  clm_engine_options o = events_options();
+  o.kv_events_callback = &Subscriber::callback;
+  o.kv_events_callback_data = &sub;
+  o.kv_events_data_parallel_rank = 3;
+  // Batches only when asked: everything is still queued when the engine is freed.
+  o.kv_events_batch_interval_ms = 60000;
+  o.kv_events_max_batch_events = 65536;
+  EnginePtr engine = make(o);
+  run_workload(engine.get(), rng, 100);
+  // A sequence alive keeps the engine's core past clm_engine_free.
   const std::vector<int32_t> running{1, 2, 3, 4, 5, 6, 7, 8, 9};
   clm_seq* held = nullptr;
   REQUIRE_OK(clm_engine_admit(&held, engine.get(), running.data(), running.size(), nullptr));
   SeqPtr held_seq(held);
-  std::vector<int32_t> more(40);
-  for (auto& t : more) t = static_cast<int32_t>(30000 + rng() % 1000);
-  clm_seq* done = nullptr;
-  REQUIRE_OK(clm_engine_admit(&done, engine.get(), more.data(), more.size(), nullptr));
-  REQUIRE_OK(clm_seq_finish(done));
-  clm_seq_free(done);
-  const auto cached = engine_blocks(engine.get(), CLM_KV_MEDIUM_GPU);
+  REQUIRE(metrics_of(engine.get()).kv_events_queued > 0);
+  const auto gpu = engine_blocks(engine.get(), CLM_KV_MEDIUM_GPU);
+  const auto cpu = engine_blocks(engine.get(), CLM_KV_MEDIUM_CPU);
   engine.reset();
-  lock.lock();
-  CHECK(sub.gpu == cached);
+  std::unique_lock lock(sub.mutex);
+  CHECK(sub.gpu == gpu);
+  CHECK(sub.cpu == cpu);
   const uint64_t delivered = sub.events;
   lock.unlock();
   CHECK(clm_seq_finish(held_seq.get()) == CLM_ERR_FAILED_PRECONDITION);
