@@ -347,10 +347,10 @@ int run(const RunFlags& f) {
 
 void figure(const std::string& name, const std::string& metric, double value, const std::string& unit,
             const std::string& baseline_metric, double baseline) {
-  const json line = {{"bench", "fleet"},     {"case", name},
-                     {"metric", metric},     {"value", value},
-                     {"unit", unit},         {"baseline_metric", baseline_metric},
-                     {"baseline", baseline}, {"ratio", baseline != 0 ? value / baseline : 0}};
+  const nlohmann::ordered_json line = {{"bench", "fleet"},     {"case", name},
+                                       {"metric", metric},     {"value", value},
+                                       {"unit", unit},         {"baseline_metric", baseline_metric},
+                                       {"baseline", baseline}, {"ratio", baseline != 0 ? value / baseline : 0}};
   std::printf("%s\n", line.dump().c_str());
 }
 
