@@ -70,7 +70,7 @@ start_server() {
   : >"$log.out"
   "$server" --port 0 --config "$work/config.json" --threads 1 --page-size 16 --pool-tokens "$pool" \
     --host-tokens "$pool" --storage "redis://127.0.0.1:$redis_port/0?prefix=fleet:" --model-id "$model_id" \
-    --prefetch-policy wait_complete --kv-events 'tcp://127.0.0.1:*' --kv-events-replay 'tcp://127.0.0.1:*' \
+    --prefetch-policy wait_complete --trust-x-tenant --kv-events 'tcp://127.0.0.1:*' --kv-events-replay 'tcp://127.0.0.1:*' \
     >"$log.out" 2>"$log.err" &
   local pid=$!
   pids+=("$pid")

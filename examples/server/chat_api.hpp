@@ -33,8 +33,9 @@ struct ApiError {
   int http_status = 400;
   std::string message = {};
   std::string type = "invalid_request_error";
-  std::string param = {};  // the offending field, e.g. "messages[1].role"; empty: null
-  std::string code = {};   // e.g. "context_length_exceeded"; empty: null
+  std::string param = {};    // the offending field, e.g. "messages[1].role"; empty: null
+  std::string code = {};     // e.g. "context_length_exceeded"; empty: null
+  double retry_after_s = 0;  // > 0: the answer says Retry-After (429, 503)
 };
 
 // {"error": {"message", "type", "param", "code"}}

@@ -1,28 +1,33 @@
 // examples/server/main.cpp: the clm_server command, a small OpenAI-style
 // chatbot backend over the tiny_llama decoder and the engine (server.hpp has
-// the routes), on 127.0.0.1 only.
+// the routes, tenants and limits), on 127.0.0.1 unless --host says otherwise.
 //
 //   clm_server [--port 8000] [--config config.json] [--weights model.safetensors] [--pool-tokens 32768]
 //              [--host-tokens N [--storage URL --model-id ID]] [--kv-events ENDPOINT --model-id ID] ...
 //   clm_server --server-config server.json      (the same flags as a JSON object)
 //   clm_server --help                           (every flag, grouped: server_flags.cpp)
 //
-//   curl -s localhost:8000/v1/chat/completions -H 'X-Tenant: acme'
+//   curl -s localhost:8000/v1/chat/completions -H 'Authorization: Bearer sk-...'   (with --api-keys)
 //        -d '{"messages": [{"role": "user", "content": "What is Debian?"}], "max_tokens": 32}'
 //
 // The model: --weights + --config, or the deterministic random init of
 // --config's shape (tiny_llama's default shape without --config). --port 0
-// picks a free port. The first line on stdout is "listening on
-// 127.0.0.1:PORT". On SIGTERM or SIGINT the server stops accepting, cancels
-// what runs, checks the engine (its invariants, and no sequence left), prints
-// one JSON line of final metrics and exits 0, or 3 when the check fails (a
-// leaked page). Bad flags or a model that does not load: exit 2.
+// picks a free port. The first line on stdout is "listening on HOST:PORT"
+// (and " (https)" with --tls-cert). On SIGTERM or SIGINT the server drains:
+// new requests get 503 with Retry-After and /health turns 503, running and
+// queued requests finish within --drain-grace (a second signal cuts it
+// short), the rest are cancelled; then it checks the engine (its invariants,
+// and no sequence left), prints one JSON line of final metrics ("drained":
+// whether everything finished) and exits 0, or 3 when the check fails (a
+// leaked page). Bad flags, keys or a model that does not load: exit 2.
 //
 // --kv-events publishes the cache's changes as vLLM's KV events on a ZeroMQ
 // PUB socket for a cache-aware router (docs/fleet.md; "tcp://127.0.0.1:*"
 // picks a port); it needs --model-id, the host's fingerprint of the weights
 // (the block hashes name the model). The second line on stdout is then
 // "kv events on ENDPOINT" (and " replay ENDPOINT" with --kv-events-replay).
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -90,14 +95,29 @@ int main(int argc, char** argv) {
 
   // A prompt must fit the model's context and, with its answer, the pool.
   const auto context = static_cast<std::int32_t>(std::min<std::int64_t>(config.max_position, flags.pool_tokens));
+  clm_server::ApiKeys api_keys;
+  if (!flags.api_keys.empty()) {
+    if (std::string error = clm_server::ApiKeys::load(flags.api_keys, api_keys); !error.empty()) return fail(error);
+  }
   clm_server::ChatServer server(generator, *engine,
                                 {.limits = {.context_tokens = context, .default_max_tokens = flags.default_max_tokens},
                                  .max_body_bytes = static_cast<std::size_t>(flags.max_body_bytes),
                                  .http_threads = flags.http_threads,
-                                 .model_name = flags.served_model_name});
+                                 .max_pending_connections = flags.max_pending_connections,
+                                 .model_name = flags.served_model_name,
+                                 .host = flags.host,
+                                 .tls_cert_file = flags.tls_cert,
+                                 .tls_key_file = flags.tls_key,
+                                 .request_timeout_s = flags.request_timeout_s,
+                                 .max_request_timeout_s = flags.max_request_timeout_s,
+                                 .body_timeout_s = flags.body_timeout_s,
+                                 .max_waiting = static_cast<std::size_t>(flags.max_waiting),
+                                 .retry_after_s = 5,
+                                 .api_keys = flags.api_keys.empty() ? nullptr : &api_keys,
+                                 .trust_x_tenant = flags.trust_x_tenant});
   int port = 0;
   if (clm::Status s = server.bind(flags.port, port); !s.ok()) return fail(s.message());
-  std::printf("listening on 127.0.0.1:%d\n", port);
+  std::printf("listening on %s:%d%s\n", flags.host.c_str(), port, flags.tls_cert.empty() ? "" : " (https)");
   if (engine->kv_events_enabled()) {
     const std::string replay = engine->kv_events_replay_endpoint();
     std::printf("kv events on %s%s\n", engine->kv_events_endpoint().c_str(),
@@ -112,30 +132,26 @@ int main(int argc, char** argv) {
   });
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  server.shutdown();
+  // A drain: new requests get 503 and /health turns 503 at once; running ones
+  // finish within the grace period. A second signal ends the wait.
+  std::atomic<bool> drained{false};
+  std::thread draining([&] {
+    drained = server.drain(std::chrono::milliseconds(static_cast<std::int64_t>(flags.drain_grace_s * 1000)));
+    kill(getpid(), SIGTERM);  // wake the sigwait below (drained, or the grace is over)
+  });
+  int second = 0;
+  sigwait(&stop_signals, &second);
+  const bool forced = !drained.load();
+  server.shutdown();  // cancels what still runs
+  draining.join();
   serving.join();
 
   engine->wait_for_tiers();  // stored pages land before exit, for the instances that share the storage
-  const clm::Status invariants = engine->check_invariants();
-  const clm::EngineMetrics m = engine->metrics();
-  const bool clean = invariants.ok() && m.active_sequences == 0;
-  const nlohmann::ordered_json final_metrics = {{"event", "shutdown"},
-                                                {"signal", signal == SIGINT ? "SIGINT" : "SIGTERM"},
-                                                {"invariants", invariants.ok() ? "ok" : invariants.message()},
-                                                {"active_sequences", m.active_sequences},
-                                                {"admitted", m.admitted},
-                                                {"finished", m.finished},
-                                                {"aborted", m.aborted},
-                                                {"rejected", m.rejected},
-                                                {"prefix_cache_queries_tokens", m.cache.tokens_queried},
-                                                {"prefix_cache_hit_tokens", m.cache.tokens_hit},
-                                                {"cached_tokens", m.cache.cached_tokens},
-                                                {"pages_used", m.cache.pages_used},
-                                                {"pages_free", m.cache.pages_free},
-                                                {"host_hit_tokens", m.tiers.host_hit_tokens},
-                                                {"storage_hit_tokens", m.tiers.storage_hit_tokens},
-                                                {"stored_pages", m.tiers.stored_pages},
-                                                {"kv_events_published", m.kv_events.published_events}};
+  nlohmann::ordered_json final_metrics = {
+      {"event", "shutdown"}, {"signal", signal == SIGINT ? "SIGINT" : "SIGTERM"}, {"drained", !forced}};
+  const nlohmann::ordered_json summary = clm_server::engine_summary_json(*engine);
+  final_metrics.update(summary);
+  const bool clean = summary["invariants"] == "ok" && summary["active_sequences"] == 0;
   std::printf("%s\n", final_metrics.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   std::fflush(stdout);
   if (!served) return fail("the listening socket failed");

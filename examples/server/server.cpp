@@ -1,9 +1,19 @@
 // examples/server/server.cpp: routes, streaming and metrics of clm_server (server.hpp).
 #include "server.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <ctime>
+#include <deque>
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -20,8 +30,122 @@ namespace {
 constexpr std::string_view kChatPath = "/v1/chat/completions";
 constexpr std::string_view kModelsPath = "/v1/models";
 constexpr std::size_t kMaxTenantBytes = 256;
-// How often a waiting stream looks whether its client is still there.
+// How often a waiting request looks whether its client is still there.
 constexpr auto kStreamPoll = std::chrono::milliseconds(200);
+// Headers beyond these are 431: httplib bounds each line, not their number.
+constexpr std::size_t kMaxHeaders = 100;
+constexpr std::size_t kMaxHeaderBytes = 32 * 1024;
+using Clock = std::chrono::steady_clock;
+
+// httplib's thread pool with a bound on the connections waiting for a
+// thread: past it enqueue() blocks the accepting thread, so further
+// connections wait in the kernel's backlog instead of in our memory.
+class BoundedTaskQueue final : public httplib::TaskQueue {
+ public:
+  BoundedTaskQueue(std::size_t threads, std::size_t max_pending) : max_pending_(std::max<std::size_t>(max_pending, 1)) {
+    for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~BoundedTaskQueue() override { shutdown(); }
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock lock(mutex_);
+    room_.wait(lock, [&] { return jobs_.size() < max_pending_ || stopping_; });
+    jobs_.push_back(std::move(fn));
+    ready_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_ && workers_.empty()) return;
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    room_.notify_all();
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and every accepted connection served
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+        room_.notify_one();
+      }
+      fn();
+    }
+  }
+  const std::size_t max_pending_;
+  std::mutex mutex_;
+  std::condition_variable ready_, room_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// The numeric address and port of a socket's end (getsockname/getpeername).
+bool socket_end(int fd, bool peer, std::string& address, int& port) {
+  sockaddr_storage storage{};
+  socklen_t length = sizeof(storage);
+  auto* addr = reinterpret_cast<sockaddr*>(&storage);
+  if ((peer ? getpeername(fd, addr, &length) : getsockname(fd, addr, &length)) != 0) return false;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (storage.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&storage);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    port = ntohs(in->sin_port);
+  } else if (storage.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    port = ntohs(in6->sin6_port);
+  } else {
+    return false;
+  }
+  address = text;
+  return true;
+}
+
+// The socket of a request's connection, so that its handler can see the
+// client leave while the answer is being made: httplib 0.11 does not hand
+// it over, so the process's sockets are matched by both ends (the handler's
+// thread owns that socket until it returns, so the number stays its own).
+// -1 when not found.
+int connection_fd(const httplib::Request& request) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    char* end = nullptr;
+    const std::string name = entry.path().filename().string();
+    const long fd = std::strtol(name.c_str(), &end, 10);
+    if (end == name.c_str() || *end != '\0') continue;
+    struct stat st {};
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    std::string local, remote;
+    int local_port = -1, remote_port = -1;
+    if (socket_end(static_cast<int>(fd), false, local, local_port) && local_port == request.local_port &&
+        socket_end(static_cast<int>(fd), true, remote, remote_port) && remote_port == request.remote_port &&
+        remote == request.remote_addr) {
+      return static_cast<int>(fd);
+    }
+  }
+  return -1;
+}
+
+// Whether the client closed (or reset) its side: readable with nothing to read.
+bool peer_closed(int fd) {
+  pollfd p{.fd = fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
+  char byte;
+  return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+std::string retry_after_value(double seconds) {
+  return std::to_string(static_cast<long long>(std::max(1.0, std::ceil(seconds))));
+}
 
 // One completion on its way from the generator's loop thread (on_token,
 // on_done) to the handler thread that answers it.
@@ -38,18 +162,22 @@ struct Completion {
 
 // The path label of the server's metrics: one of the routes, or "other", so
 // that random paths cannot make series without bound.
-std::string route_of(const std::string& path) {
-  return path == kChatPath || path == "/metrics" || path == "/health" || path == kModelsPath ? path : "other";
+bool is_get_route(const std::string& path) {
+  return path == "/metrics" || path == "/health" || path == "/health/ready" || path == "/health/live" ||
+         path == kModelsPath || path == "/debug/engine";
 }
+
+std::string route_of(const std::string& path) { return path == kChatPath || is_get_route(path) ? path : "other"; }
 
 const char* allowed_methods(const std::string& path) {
   if (path == kChatPath) return "POST";
-  if (path == "/metrics" || path == "/health" || path == kModelsPath) return "GET, HEAD";
+  if (is_get_route(path)) return "GET, HEAD";
   return nullptr;
 }
 
 void reply_error(httplib::Response& response, const ApiError& error) {
   response.status = error.http_status;
+  if (error.retry_after_s > 0) response.set_header("Retry-After", retry_after_value(error.retry_after_s));
   response.set_content(error_json(error), "application/json");
 }
 
@@ -66,6 +194,9 @@ std::optional<ApiError> generation_error(const Completion& c) {
     return server_error(503, "the KV cache has no room for this request now; retry later", "kv_cache_full");
   }
   if (!status.ok()) return server_error(500, status.message(), "generation_failed");
+  if (c.result.finish_reason == "timeout") {
+    return server_error(504, "the request's deadline passed before its answer was complete", "timeout");
+  }
   if (c.result.finish_reason == "cancelled" && !c.text.stopped()) {
     return server_error(503, "the server is shutting down", "shutting_down");
   }
@@ -88,14 +219,42 @@ std::string finish_reason_of(const Completion& c) { return c.text.stopped() ? "s
 
 }  // namespace
 
+nlohmann::ordered_json engine_summary_json(const clm::Engine& engine) {
+  const clm::Status invariants = engine.check_invariants();
+  const clm::EngineMetrics m = engine.metrics();
+  return {{"invariants", invariants.ok() ? "ok" : invariants.message()},
+          {"active_sequences", m.active_sequences},
+          {"admitted", m.admitted},
+          {"finished", m.finished},
+          {"aborted", m.aborted},
+          {"rejected", m.rejected},
+          {"prefix_cache_queries_tokens", m.cache.tokens_queried},
+          {"prefix_cache_hit_tokens", m.cache.tokens_hit},
+          {"cached_tokens", m.cache.cached_tokens},
+          {"pages_used", m.cache.pages_used},
+          {"pages_free", m.cache.pages_free},
+          {"host_hit_tokens", m.tiers.host_hit_tokens},
+          {"storage_hit_tokens", m.tiers.storage_hit_tokens},
+          {"stored_pages", m.tiers.stored_pages},
+          {"kv_events_published", m.kv_events.published_events}};
+}
+
+// The server itself: HTTPS when a certificate and key are given (bind() says
+// when they do not load).
+std::unique_ptr<httplib::Server> make_http_server(const ServerOptions& options) {
+  if (options.tls_cert_file.empty() && options.tls_key_file.empty()) return std::make_unique<httplib::Server>();
+  return std::make_unique<httplib::SSLServer>(options.tls_cert_file.c_str(), options.tls_key_file.c_str());
+}
+
 ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, const ServerOptions& options)
     : generator_(generator),
       engine_(engine),
       options_(options),
-      http_(std::make_unique<httplib::Server>()),
+      http_(make_http_server(options)),
       id_prefix_(std::random_device{}()) {
   const std::size_t threads = static_cast<std::size_t>(std::max(1, options_.http_threads));
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const std::size_t pending = static_cast<std::size_t>(std::max(1, options_.max_pending_connections));
+  http_->new_task_queue = [threads, pending] { return new BoundedTaskQueue(threads, pending); };
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_tcp_nodelay(true);  // stream chunks are small: send each at once
 
@@ -105,11 +264,26 @@ ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, co
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(metrics_text(), std::string(clm::kMetricsContentType));
   });
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& response) {
+  // Readiness (a load balancer's): 503 once a drain starts. Liveness: 200 while serving.
+  const auto ready = [this](const httplib::Request&, httplib::Response& response) {
+    if (draining_) {
+      response.status = 503;
+      response.set_header("Retry-After", retry_after_value(options_.retry_after_s));
+      response.set_content("{\"status\":\"draining\"}", "application/json");
+      return;
+    }
+    response.set_content("{\"status\":\"ok\"}", "application/json");
+  };
+  http_->Get("/health", ready);
+  http_->Get("/health/ready", ready);
+  http_->Get("/health/live", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("{\"status\":\"ok\"}", "application/json");
   });
   // OpenAI's model list: the one model this server serves, and its context.
-  http_->Get(std::string(kModelsPath), [this](const httplib::Request&, httplib::Response& response) {
+  http_->Get(std::string(kModelsPath), [this](const httplib::Request& request, httplib::Response& response) {
+    std::string salt;
+    bool admin = false;
+    if (auto error = authenticate(request, salt, admin)) return reply_refusal(response, *error);
     const nlohmann::json list = {{"object", "list"},
                                  {"data",
                                   {{{"id", options_.model_name},
@@ -118,6 +292,32 @@ ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, co
                                     {"owned_by", "clmcache"},
                                     {"max_model_len", options_.limits.context_tokens}}}}};
     response.set_content(list.dump(), "application/json");
+  });
+  // The engine's own check and counts, for an operator (an admin key's, with API keys).
+  http_->Get("/debug/engine", [this](const httplib::Request& request, httplib::Response& response) {
+    std::string salt;
+    bool admin = false;
+    if (auto error = authenticate(request, salt, admin)) return reply_refusal(response, *error);
+    if (options_.api_keys != nullptr && !admin) {
+      return reply_error(response, {.http_status = 403,
+                                    .message = "/debug/engine needs an admin key",
+                                    .type = "invalid_request_error",
+                                    .code = "forbidden"});
+    }
+    response.set_content(engine_summary_json(engine_).dump(), "application/json");
+  });
+  // Limits httplib does not keep: the number of headers and their total size.
+  http_->set_pre_routing_handler([](const httplib::Request& request, httplib::Response& response) {
+    std::size_t bytes = 0;
+    for (const auto& [name, value] : request.headers) bytes += name.size() + value.size() + 4;
+    if (request.headers.size() <= kMaxHeaders && bytes <= kMaxHeaderBytes) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    reply_error(response,
+                {.http_status = 431,
+                 .message = fmt::format("the request's headers are over {} or {} bytes", kMaxHeaders, kMaxHeaderBytes),
+                 .code = "headers_too_large"});
+    return httplib::Server::HandlerResponse::Handled;
   });
   // httplib's own errors (no route, a body over the limit, a malformed
   // request line) in OpenAI's shape; a known path with another method is 405.
@@ -155,17 +355,24 @@ ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, co
     reply_error(response, server_error(500, what, "internal_error"));
   });
   // Counted before the response is written, so a client that has its answer
-  // finds it counted.
+  // finds it counted. While draining, connections are not kept alive: the
+  // client's next request goes to another instance.
   http_->set_post_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
     count_response(route_of(request.path), response.status);
+    if (draining_) response.set_header("Connection", "close");
   });
 }
 
 ChatServer::~ChatServer() { shutdown(); }
 
 clm::Status ChatServer::bind(int port, int& bound_port) {
-  bound_port = port == 0 ? http_->bind_to_any_port("127.0.0.1") : (http_->bind_to_port("127.0.0.1", port) ? port : -1);
-  if (bound_port < 0) return clm::io_error(fmt::format("cannot listen on 127.0.0.1:{}", port));
+  if (!http_->is_valid()) {
+    return clm::invalid_argument(
+        fmt::format("cannot load the TLS certificate {} or its key {}", options_.tls_cert_file, options_.tls_key_file));
+  }
+  const std::string& host = options_.host;
+  bound_port = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
+  if (bound_port < 0) return clm::io_error(fmt::format("cannot listen on {}:{}", host, port));
   bound_ = true;
   return {};
 }
@@ -173,7 +380,7 @@ clm::Status ChatServer::bind(int port, int& bound_port) {
 bool ChatServer::serve() {
   {
     std::lock_guard lock(accepting_mutex_);
-    if (!bound_ || !accepting_) return bound_;
+    if (!bound_ || shut_down_) return bound_;
     serving_ = true;
   }
   const bool served = http_->listen_after_bind();
@@ -181,10 +388,25 @@ bool ChatServer::serve() {
   return served;
 }
 
+bool ChatServer::drain(std::chrono::milliseconds grace) {
+  {
+    std::lock_guard lock(accepting_mutex_);
+    accepting_ = false;
+    draining_ = true;
+  }
+  const auto deadline = Clock::now() + grace;
+  while (generator_.pending() > 0) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 void ChatServer::shutdown() {
   {
     std::lock_guard lock(accepting_mutex_);
-    if (!accepting_) return;
+    if (shut_down_) return;
+    shut_down_ = true;
     accepting_ = false;
   }
   // httplib's stop() stops only a server already in its accept loop.
@@ -193,16 +415,77 @@ void ChatServer::shutdown() {
   generator_.stop();  // cancels what runs and waits: every handler gets its on_done
 }
 
-bool ChatServer::submit(std::vector<std::int32_t> prompt, tiny_llama::GenerateOptions options,
-                        tiny_llama::TokenCallback on_token, tiny_llama::DoneCallback on_done) {
+std::optional<std::uint64_t> ChatServer::submit(std::vector<std::int32_t> prompt, tiny_llama::GenerateOptions options,
+                                                tiny_llama::TokenCallback on_token, tiny_llama::DoneCallback on_done) {
   std::lock_guard lock(accepting_mutex_);  // after shutdown's stop(), no request could end
-  if (!accepting_) return false;
-  generator_.submit(std::move(prompt), std::move(options), std::move(on_token), std::move(on_done));
-  return true;
+  if (!accepting_) return std::nullopt;
+  return generator_.submit(std::move(prompt), std::move(options), std::move(on_token), std::move(on_done));
+}
+
+void ChatServer::reply_refusal(httplib::Response& response, const ApiError& error) {
+  if (error.http_status == 401) response.set_header("WWW-Authenticate", "Bearer");
+  reply_error(response, error);
+}
+
+std::optional<ApiError> ChatServer::authenticate(const httplib::Request& request, std::string& salt, bool& admin) {
+  salt.clear();
+  admin = false;
+  if (options_.api_keys != nullptr) {
+    const std::string authorization = request.get_header_value("Authorization");
+    const std::string_view token = bearer_token(authorization);
+    if (token.empty()) {
+      return ApiError{.http_status = 401,
+                      .message = "this server needs an API key: send Authorization: Bearer KEY",
+                      .type = "invalid_request_error",
+                      .code = "missing_api_key"};
+    }
+    const ApiKey* key = options_.api_keys->find(token);
+    if (key == nullptr) {
+      return ApiError{.http_status = 401,
+                      .message = "the API key is not known here",  // never the key itself
+                      .type = "invalid_request_error",
+                      .code = "invalid_api_key"};
+    }
+    salt = key->tenant;
+    admin = key->admin;
+    double retry_after = 0;
+    // The keys' buckets change under their own lock: the table itself is read-only.
+    if (!const_cast<ApiKeys*>(options_.api_keys)->take_request(*key, Clock::now(), retry_after)) {
+      {
+        std::lock_guard lock(metrics_mutex_);
+        ++rate_limited_;
+      }
+      return ApiError{.http_status = 429,
+                      .message = fmt::format("this key's rate limit ({} requests a minute) is reached; retry in {} s",
+                                             key->requests_per_minute, retry_after_value(retry_after)),
+                      .type = "requests",
+                      .code = "rate_limit_exceeded",
+                      .retry_after_s = retry_after};
+    }
+  }
+  if (request.has_header("X-Tenant")) {
+    const std::string tenant = request.get_header_value("X-Tenant");
+    if (!options_.trust_x_tenant) {
+      return ApiError{.message =
+                          "X-Tenant is not trusted by this server (the tenant comes from the API key; "
+                          "--trust-x-tenant lets a gateway in front set it)",
+                      .param = "X-Tenant",
+                      .code = "untrusted_header"};
+    }
+    if (tenant.empty() || tenant.size() > kMaxTenantBytes) {
+      return ApiError{.message = fmt::format("X-Tenant must be 1 to {} bytes", kMaxTenantBytes),
+                      .param = "X-Tenant",
+                      .code = "invalid_value"};
+    }
+    // Within the key's tenant: a unit separator no tenant name holds keeps the pairs apart.
+    salt = options_.api_keys != nullptr ? salt + '\x1f' + tenant : tenant;
+  }
+  return std::nullopt;
 }
 
 void ChatServer::handle_chat(const httplib::Request& request, httplib::Response& response,
                              const httplib::ContentReader& content_reader) {
+  const Clock::time_point received = Clock::now();
   // Without a length or chunks, httplib would read until the client closes.
   if (!request.has_header("Content-Length") && request.get_header_value("Transfer-Encoding") != "chunked") {
     return reply_error(response, {.http_status = 411,
@@ -210,29 +493,67 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
                                   .code = "length_required"});
   }
   std::string body;
-  bool too_large = false;
+  bool too_large = false, too_slow = false;
+  const auto body_deadline =
+      received + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.body_timeout_s));
   const bool read = content_reader([&](const char* data, std::size_t size) {
     too_large = body.size() + size > options_.max_body_bytes;  // a chunked body has no Content-Length to check
-    if (!too_large) body.append(data, size);
-    return !too_large;
+    too_slow = Clock::now() > body_deadline;                   // one byte a second holds no thread for long
+    if (!too_large && !too_slow) body.append(data, size);
+    return !too_large && !too_slow;
   });
   if (too_large || response.status == 413) {
     return reply_error(response, {.http_status = 413,
                                   .message = fmt::format("the request body is over {} bytes", options_.max_body_bytes),
                                   .code = "payload_too_large"});
   }
+  if (too_slow || (!read && Clock::now() > body_deadline)) {
+    response.set_header("Connection", "close");
+    return reply_error(response,
+                       {.http_status = 408,
+                        .message = fmt::format("the request body did not arrive within {} s", options_.body_timeout_s),
+                        .code = "request_timeout"});
+  }
   if (!read) return reply_error(response, {.message = "could not read the request body", .code = "bad_body"});
 
-  const std::string tenant = request.get_header_value("X-Tenant");
-  if (tenant.size() > kMaxTenantBytes) {
-    return reply_error(response, {.message = fmt::format("X-Tenant is over {} bytes", kMaxTenantBytes),
-                                  .param = "X-Tenant",
-                                  .code = "invalid_value"});
+  // The deadline: the server's, or the one the client asks for (up to the server's maximum).
+  double timeout_s = options_.request_timeout_s;
+  if (request.has_header("X-Request-Timeout")) {
+    const std::string value = request.get_header_value("X-Request-Timeout");
+    char* end = nullptr;
+    const double asked = std::strtod(value.c_str(), &end);
+    if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(asked) || asked <= 0 ||
+        asked > options_.max_request_timeout_s) {
+      return reply_error(response, {.message = fmt::format("X-Request-Timeout must be seconds in (0, {}]",
+                                                           options_.max_request_timeout_s),
+                                    .param = "X-Request-Timeout",
+                                    .code = "invalid_value"});
+    }
+    timeout_s = asked;
   }
+  const auto deadline =
+      received + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+
+  std::string tenant;
+  bool admin = false;
+  if (auto error = authenticate(request, tenant, admin)) return reply_refusal(response, *error);
   ChatRequest chat;
   if (auto error = parse_chat_request(body, options_.limits, chat)) return reply_error(response, *error);
   std::vector<std::int32_t> prompt = tiny_llama::ByteTokenizer::apply_chat_template(chat.messages);
   if (auto error = check_prompt_length(prompt.size(), options_.limits)) return reply_error(response, *error);
+
+  if (generator_.waiting() >= options_.max_waiting) {
+    {
+      std::lock_guard lock(metrics_mutex_);
+      ++queue_full_;
+    }
+    return reply_error(response,
+                       {.http_status = 429,
+                        .message = fmt::format("{} requests are waiting already; retry later", options_.max_waiting),
+                        .type = "requests",
+                        .code = "queue_full",
+                        .retry_after_s = options_.retry_after_s});
+  }
 
   tiny_llama::GenerateOptions generate;
   generate.max_new_tokens = chat.max_tokens;
@@ -257,8 +578,16 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
     completion->done = true;
     completion->changed.notify_all();
   };
-  if (!submit(std::move(prompt), std::move(generate), std::move(on_token), std::move(on_done))) {
-    return reply_error(response, server_error(503, "the server is shutting down", "shutting_down"));
+  const std::optional<std::uint64_t> id =
+      submit(std::move(prompt), std::move(generate), std::move(on_token), std::move(on_done));
+  if (!id) {
+    {
+      std::lock_guard lock(metrics_mutex_);
+      ++drain_refusals_;
+    }
+    ApiError error = server_error(503, "the server is draining; retry on another instance", "draining");
+    error.retry_after_s = options_.retry_after_s;
+    return reply_error(response, error);
   }
   const CompletionHeader header{.id = next_completion_id(),
                                 .created = static_cast<std::int64_t>(std::time(nullptr)),
@@ -266,8 +595,29 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
                                 .include_usage = chat.stream && chat.include_usage};
 
   if (!chat.stream) {
+    // Wait for the answer, watching the deadline and the client's socket
+    // (found once the answer takes a while): either ends the generation.
+    int fd = -2;  // not looked for yet
+    bool cancelled = false;
     std::unique_lock lock(completion->mutex);
-    completion->changed.wait(lock, [&] { return completion->done; });
+    while (!completion->done) {
+      completion->changed.wait_until(lock, std::min(deadline, Clock::now() + kStreamPoll),
+                                     [&] { return completion->done; });
+      if (completion->done || cancelled) continue;
+      lock.unlock();  // nothing calls into the generator under a completion's lock
+      if (Clock::now() >= deadline) {
+        generator_.cancel(*id, "timeout");
+        cancelled = true;
+      } else {
+        if (fd == -2) fd = connection_fd(request);
+        if (fd >= 0 && peer_closed(fd)) {
+          generator_.cancel(*id, "cancelled");
+          count_disconnect();
+          cancelled = true;
+        }
+      }
+      lock.lock();
+    }
     if (auto error = generation_error(*completion)) return reply_error(response, *error);
     response.set_content(
         completion_json(header, completion->unsent, finish_reason_of(*completion), usage_of(completion->result)),
@@ -281,8 +631,9 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   }
   response.set_header("Cache-Control", "no-cache");
   // httplib calls the provider again and again until sink.done(); each call
-  // waits for text (or a while, to look at the socket) and sends it.
-  auto provide = [this, completion, header, sent_role = false](std::size_t, httplib::DataSink& sink) mutable {
+  // waits for text (or a while, to look at the socket and the deadline) and sends it.
+  auto provide = [this, completion, header, deadline, id = *id, sent_role = false, timed_out = false](
+                     std::size_t, httplib::DataSink& sink) mutable {
     const auto client_left = [&] {
       {
         std::lock_guard lock(completion->mutex);
@@ -302,9 +653,14 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
     bool done = false;
     {
       std::unique_lock lock(completion->mutex);
-      completion->changed.wait_for(lock, kStreamPoll, [&] { return completion->done || !completion->unsent.empty(); });
+      completion->changed.wait_until(lock, std::min(deadline, Clock::now() + kStreamPoll),
+                                     [&] { return completion->done || !completion->unsent.empty(); });
       piece.swap(completion->unsent);
       done = completion->done;
+    }
+    if (!done && !timed_out && Clock::now() >= deadline) {
+      generator_.cancel(id, "timeout");  // its on_done ends the stream with the error
+      timed_out = true;
     }
     if (!piece.empty() && !send(sse_event(chunk_json(header, {.content = piece})))) return false;
     if (!done) return !piece.empty() || sink.is_writable() || client_left();
@@ -323,9 +679,13 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   };
   // The response ends (the client went away, or the server stops) before the
   // generation did: cancel it.
-  auto release = [completion](bool) {
-    std::lock_guard lock(completion->mutex);
-    if (!completion->done) completion->client_gone = true;
+  auto release = [this, completion, id = *id](bool) {
+    {
+      std::lock_guard lock(completion->mutex);
+      if (completion->done) return;
+      completion->client_gone = true;
+    }
+    generator_.cancel(id, "cancelled");  // it may still be waiting, with no token to refuse
   };
   response.set_chunked_content_provider("text/event-stream", std::move(provide), std::move(release));
 }
@@ -339,13 +699,40 @@ void ChatServer::count_response(const std::string& path, int status) {
   ++responses_[{path, status}];
 }
 
+void ChatServer::Histogram::observe(double seconds) {
+  const auto bucket = std::lower_bound(bounds.begin(), bounds.end(), seconds);
+  ++counts[static_cast<std::size_t>(bucket - bounds.begin())];
+  sum += seconds;
+}
+
+void ChatServer::Histogram::append_text(std::string& out, std::string_view name) const {
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    cumulative += counts[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds[i], cumulative);
+  }
+  cumulative += counts.back();
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, cumulative);
+  out += fmt::format("{}_sum {}\n", name, sum);
+  out += fmt::format("{}_count {}\n", name, cumulative);
+}
+
 void ChatServer::count_generation(const tiny_llama::GenerationResult& result) {
   std::lock_guard lock(metrics_mutex_);
+  ++finished_[result.finish_reason];
   completion_tokens_ += result.tokens.size();
+  prompt_tokens_ += static_cast<std::uint64_t>(result.prompt_tokens);
+  // cached_tokens counts every tier; host_tokens and storage_tokens are the parts copied in.
+  cached_host_tokens_ += static_cast<std::uint64_t>(result.host_tokens);
+  cached_storage_tokens_ += static_cast<std::uint64_t>(result.storage_tokens);
+  cached_device_tokens_ +=
+      static_cast<std::uint64_t>(std::max(0, result.cached_tokens - result.host_tokens - result.storage_tokens));
   if (result.tokens.empty()) return;  // no first token
-  const auto bucket = std::lower_bound(kTtftBounds.begin(), kTtftBounds.end(), result.ttft_seconds);
-  ++ttft_counts_[static_cast<std::size_t>(bucket - kTtftBounds.begin())];
-  ttft_sum_ += result.ttft_seconds;
+  ttft_.observe(result.ttft_seconds);
+  e2e_.observe(result.total_seconds);
+  if (result.tokens.size() > 1) {
+    tpot_.observe((result.total_seconds - result.ttft_seconds) / static_cast<double>(result.tokens.size() - 1));
+  }
 }
 
 void ChatServer::count_disconnect() {
@@ -385,19 +772,36 @@ std::string ChatServer::metrics_text() const {
   family("clm_server_client_disconnects_total", "counter",
          "Streams whose client went away before the end (the generation is cancelled).");
   out += fmt::format("clm_server_client_disconnects_total {}\n", disconnects_);
+  family("clm_server_draining", "gauge", "1 once a drain has started (new requests get 503), else 0.");
+  out += fmt::format("clm_server_draining {}\n", draining_ ? 1 : 0);
+  family("clm_server_prompt_tokens_total", "counter", "Prompt tokens of the chat completions that ended.");
+  out += fmt::format("clm_server_prompt_tokens_total {}\n", prompt_tokens_);
+  family("clm_server_prompt_tokens_cached_total", "counter",
+         "Prompt tokens found in the cache, by where they were: device (the pool), host, storage.");
+  out += fmt::format("clm_server_prompt_tokens_cached_total{{source=\"device\"}} {}\n", cached_device_tokens_);
+  out += fmt::format("clm_server_prompt_tokens_cached_total{{source=\"host\"}} {}\n", cached_host_tokens_);
+  out += fmt::format("clm_server_prompt_tokens_cached_total{{source=\"storage\"}} {}\n", cached_storage_tokens_);
   family("clm_server_completion_tokens_total", "counter", "Tokens generated for chat completions.");
   out += fmt::format("clm_server_completion_tokens_total {}\n", completion_tokens_);
+  family("clm_server_request_finished_total", "counter",
+         "Generations that ended, by finish reason (stop, length, cancelled, timeout, error).");
+  for (const auto& [reason, count] : finished_) {
+    out += fmt::format("clm_server_request_finished_total{{finished_reason=\"{}\"}} {}\n", reason, count);
+  }
+  family("clm_server_rejected_requests_total", "counter",
+         "Requests refused for load: queue_full and rate_limited (429), draining (503).");
+  out += fmt::format("clm_server_rejected_requests_total{{reason=\"queue_full\"}} {}\n", queue_full_);
+  out += fmt::format("clm_server_rejected_requests_total{{reason=\"rate_limited\"}} {}\n", rate_limited_);
+  out += fmt::format("clm_server_rejected_requests_total{{reason=\"draining\"}} {}\n", drain_refusals_);
   family("clm_server_time_to_first_token_seconds", "histogram",
          "From a chat completion's submission to the generator to its first token.");
-  std::uint64_t cumulative = 0;
-  for (std::size_t i = 0; i < kTtftBounds.size(); ++i) {
-    cumulative += ttft_counts_[i];
-    out += fmt::format("clm_server_time_to_first_token_seconds_bucket{{le=\"{}\"}} {}\n", kTtftBounds[i], cumulative);
-  }
-  cumulative += ttft_counts_.back();
-  out += fmt::format("clm_server_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}\n", cumulative);
-  out += fmt::format("clm_server_time_to_first_token_seconds_sum {}\n", ttft_sum_);
-  out += fmt::format("clm_server_time_to_first_token_seconds_count {}\n", cumulative);
+  ttft_.append_text(out, "clm_server_time_to_first_token_seconds");
+  family("clm_server_e2e_request_latency_seconds", "histogram",
+         "From a chat completion's submission to its last token (those with one).");
+  e2e_.append_text(out, "clm_server_e2e_request_latency_seconds");
+  family("clm_server_time_per_output_token_seconds", "histogram",
+         "Each chat completion's mean time between its output tokens after the first (two or more tokens).");
+  tpot_.append_text(out, "clm_server_time_per_output_token_seconds");
   return out;
 }
 

@@ -1,45 +1,70 @@
 // examples/server/server.hpp: clm_server's HTTP side (cpp-httplib) over one
-// tiny_llama::Generator and its Engine: routes, streaming, tenants and the
-// server's own metrics. main.cpp owns the model and the signals.
+// tiny_llama::Generator and its Engine: routes, streaming, tenants, limits,
+// drain and the server's own metrics. main.cpp owns the model and the signals.
 //
 //   clm_server::ChatServer server(generator, engine, {.limits = {.context_tokens = 8192}});
 //   int port = 0;
-//   CLM_RETURN_IF_ERROR(server.bind(0, port));  // 127.0.0.1, any free port
+//   CLM_RETURN_IF_ERROR(server.bind(0, port));  // options.host (127.0.0.1), any free port
 //   std::thread serving([&] { server.serve(); });
 //   ...
-//   server.shutdown();  // stop accepting, cancel what runs, release the handlers
+//   server.drain(std::chrono::seconds(30));  // SIGTERM: finish what runs, 503 the rest
+//   server.shutdown();                       // stop accepting, cancel what runs, release the handlers
 //   serving.join();
 //
 // Routes:
 //   POST /v1/chat/completions  OpenAI-style (chat_api.hpp); "stream": true
 //                              answers with server-sent events
+//   GET  /v1/models            the served model
 //   GET  /metrics              Prometheus text: the engine's metrics_text()
 //                              and the clm_server_* families below
-//   GET  /health               200 {"status":"ok"}
+//   GET  /health, /health/ready  200 {"status":"ok"}; 503 {"status":"draining"}
+//                              once a drain starts (readiness: take me out)
+//   GET  /health/live          200 while the process serves (liveness)
+//   GET  /debug/engine         the engine's invariants and counts (JSON); with
+//                              API keys, for admin keys only
 // Other paths are 404, other methods on these paths 405, bodies over
 // max_body_bytes 413; every error has OpenAI's {"error": {...}} shape.
 //
-// Tenants: the X-Tenant header names the tenant (absent: the default tenant
-// ""). It is the request's cache salt, so tenants never share cached pages.
+// Tenants: with API keys (api_keys.hpp) the bearer token names the tenant, and
+// a missing or unknown token is 401; without, every request is the default
+// tenant "". The tenant is the request's cache salt, so tenants never share
+// cached pages. X-Tenant is honoured only with trust_x_tenant (a gateway in
+// front that authenticated the client sets it; with API keys too, it names a
+// tenant within the key's); otherwise a request that sends it is refused.
+//
+// Limits: a request's deadline is request_timeout_s, or its X-Request-Timeout
+// header (seconds, at most max_request_timeout_s); past it the generation is
+// cancelled and the answer is 504 (in a stream: an error event). A body that
+// has not arrived within body_timeout_s is 408. More than max_waiting
+// requests queued for the generator: 429 with Retry-After (as is a key over
+// its rate limit). A client that leaves cancels its request, streamed or not.
 //
 // Threads: httplib's handler threads submit to the generator, whose loop
 // thread runs on_token / on_done; each request hands its text over through
 // its own mutex and condition variable, and nothing calls into the generator
 // while holding one. A stream whose client has gone (a write fails, or the
 // socket is closed) makes on_token return false: the generator cancels the
-// request and releases its pages.
+// request and releases its pages; a non-streamed request's handler watches
+// its socket while it waits and cancels the same way.
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "api_keys.hpp"
 #include "chat_api.hpp"
 #include "clm/engine.hpp"
 #include "generator.hpp"
@@ -56,9 +81,23 @@ namespace clm_server {
 struct ServerOptions {
   RequestLimits limits;
   std::size_t max_body_bytes = std::size_t{1} << 20;
-  int http_threads = 16;                  // requests served at once (each waits for its answer)
-  std::string model_name = "tiny-llama";  // what GET /v1/models lists
+  int http_threads = 16;                    // connections served at once (each request waits for its answer)
+  int max_pending_connections = 64;         // accepted, waiting for a thread; past it accepting pauses
+  std::string model_name = "tiny-llama";    // what GET /v1/models lists
+  std::string host = "127.0.0.1";           // the address to listen on
+  std::string tls_cert_file, tls_key_file;  // both given: HTTPS (PEM files)
+  double request_timeout_s = 600;           // a request's deadline unless it asks for another ...
+  double max_request_timeout_s = 3600;      // ... with X-Request-Timeout, up to this
+  double body_timeout_s = 30;               // the whole body must arrive within this: 408
+  std::size_t max_waiting = 256;            // requests queued for the generator; past it 429
+  double retry_after_s = 5;                 // what a 503 while draining (and a full queue's 429) tell clients
+  const ApiKeys* api_keys = nullptr;        // nullptr: no keys (every request is tenant "")
+  bool trust_x_tenant = false;
 };
+
+// The engine's invariants and counts as one JSON object (GET /debug/engine,
+// and clm_server's last line at shutdown).
+nlohmann::ordered_json engine_summary_json(const clm::Engine& engine);
 
 class ChatServer {
  public:
@@ -67,7 +106,8 @@ class ChatServer {
   ChatServer(const ChatServer&) = delete;
   ChatServer& operator=(const ChatServer&) = delete;
 
-  // Binds 127.0.0.1:port (0: a free port) and sets bound_port.
+  // Binds options.host:port (0: a free port) and sets bound_port; an
+  // invalid_argument when the TLS certificate or key does not load.
   clm::Status bind(int port, int& bound_port);
   // Serves until shutdown(); false when the listening socket failed.
   bool serve();
@@ -75,6 +115,11 @@ class ChatServer {
   // what runs and waits), so serve() returns once the handlers have answered.
   // Call it from another thread than serve()'s; calls after the first do nothing.
   void shutdown();
+  // Starts a drain: new requests get 503 with Retry-After and /health turns
+  // 503, while running and queued requests go on; returns once none is left
+  // (true) or `grace` has passed (false; shutdown() then cancels the rest).
+  bool drain(std::chrono::milliseconds grace);
+  bool draining() const { return draining_.load(); }
 
   // The engine's metrics_text() followed by the server's families.
   std::string metrics_text() const;
@@ -82,9 +127,13 @@ class ChatServer {
  private:
   void handle_chat(const httplib::Request& request, httplib::Response& response,
                    const httplib::ContentReader& content_reader);
-  // Queues a request unless shutting down; false: answer 503.
-  bool submit(std::vector<std::int32_t> prompt, tiny_llama::GenerateOptions options, tiny_llama::TokenCallback on_token,
-              tiny_llama::DoneCallback on_done);
+  // Queues a request unless draining or shut down; nullopt: answer 503.
+  std::optional<std::uint64_t> submit(std::vector<std::int32_t> prompt, tiny_llama::GenerateOptions options,
+                                      tiny_llama::TokenCallback on_token, tiny_llama::DoneCallback on_done);
+  // The request's tenant (its cache salt) and whether its key is an admin's;
+  // an error (401, 400, 429) when it may not go on.
+  std::optional<ApiError> authenticate(const httplib::Request& request, std::string& salt, bool& admin);
+  void reply_refusal(httplib::Response& response, const ApiError& error);
   void count_response(const std::string& path, int status);
   void count_generation(const tiny_llama::GenerationResult& result);
   void count_disconnect();
@@ -96,24 +145,38 @@ class ChatServer {
   const std::int64_t started_unix_ = static_cast<std::int64_t>(std::time(nullptr));  // /v1/models' "created"
   std::unique_ptr<httplib::Server> http_;
 
-  std::mutex accepting_mutex_;  // submit() and serve() against shutdown()
+  std::mutex accepting_mutex_;  // submit() and serve() against shutdown() and drain()
   bool accepting_ = true;
+  bool shut_down_ = false;
+  std::atomic<bool> draining_{false};
   bool bound_ = false;
   std::atomic<bool> serving_{false};
 
   const std::uint32_t id_prefix_;
   std::atomic<std::uint64_t> next_id_{1};
 
-  // Time to first token, Prometheus histogram buckets (seconds) and +Inf.
-  static constexpr std::array<double, 12> kTtftBounds = {0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
-                                                         0.5,   1.0,  2.5,   5.0,  10.0, 30.0};
+  // A Prometheus histogram of seconds: counts per bucket (and +Inf), and their sum.
+  struct Histogram {
+    std::vector<double> bounds;
+    std::vector<std::uint64_t> counts;  // bounds.size() + 1
+    double sum = 0.0;
+    explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+    void observe(double seconds);
+    void append_text(std::string& out, std::string_view name) const;
+  };
   mutable std::mutex metrics_mutex_;
   std::map<std::pair<std::string, int>, std::uint64_t> responses_;  // (path, status) -> count
+  std::map<std::string, std::uint64_t> finished_;                   // generations by finish reason
   std::uint64_t streams_ = 0;
   std::uint64_t disconnects_ = 0;
-  std::uint64_t completion_tokens_ = 0;
-  std::array<std::uint64_t, kTtftBounds.size() + 1> ttft_counts_{};
-  double ttft_sum_ = 0.0;
+  std::uint64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  std::uint64_t cached_device_tokens_ = 0, cached_host_tokens_ = 0, cached_storage_tokens_ = 0;
+  std::uint64_t queue_full_ = 0;      // 429s for a full queue
+  std::uint64_t rate_limited_ = 0;    // 429s for a key over its rate
+  std::uint64_t drain_refusals_ = 0;  // 503s while draining
+  Histogram ttft_{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0}};
+  Histogram e2e_{{0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0}};
+  Histogram tpot_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5}};
 };
 
 }  // namespace clm_server

@@ -1,6 +1,7 @@
 // examples/server/server_flags.cpp: clm_server's flags (server_flags.hpp).
 #include "server_flags.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <string_view>
@@ -35,8 +36,12 @@ std::string read_config_file(const std::string& path, Pairs& out) {
       text = value.get<std::string>();
     } else if (value.is_number_integer()) {
       text = std::to_string(value.get<std::int64_t>());
+    } else if (value.is_number_float()) {
+      text = fmt::format("{}", value.get<double>());
+    } else if (value.is_boolean()) {
+      text = value.get<bool>() ? "true" : "false";
     } else {
-      return fmt::format("--server-config {}: \"{}\" must be a string or an integer", path, key);
+      return fmt::format("--server-config {}: \"{}\" must be a string, a number or a boolean", path, key);
     }
     out.emplace_back("--" + key, std::move(text));
   }
@@ -54,11 +59,56 @@ std::string parse_policy(std::string_view flag, const std::string& value,
   return {};
 }
 
+// Flags that take no value on the command line (true when given); in a
+// --server-config file, true or false.
+bool is_switch(std::string_view flag) { return flag == "--trust-x-tenant"; }
+
+// A duration in seconds: finite and > 0.
+std::string parse_seconds(std::string_view flag, const std::string& value, double& out) {
+  std::size_t used = 0;
+  double seconds = 0;
+  try {
+    seconds = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty() || !std::isfinite(seconds) || seconds <= 0 || seconds > 1e6) {
+    return fmt::format("{}: not a number of seconds in (0, 1e6]: {}", flag, value);
+  }
+  out = seconds;
+  return {};
+}
+
 // One flag and its value into `f`; an error naming it, or "".
 std::string apply(ServerFlags& f, std::string_view flag, const std::string& value) {
   try {
     std::size_t used = value.size();
-    if (flag == "--port") {
+    if (is_switch(flag) && value != "true" && value != "false") {
+      return fmt::format("{}: true or false, got {}", flag, value);
+    }
+    if (flag == "--trust-x-tenant") {
+      f.trust_x_tenant = value == "true";
+    } else if (flag == "--host") {
+      f.host = value;
+    } else if (flag == "--tls-cert") {
+      f.tls_cert = value;
+    } else if (flag == "--tls-key") {
+      f.tls_key = value;
+    } else if (flag == "--request-timeout") {
+      return parse_seconds(flag, value, f.request_timeout_s);
+    } else if (flag == "--max-request-timeout") {
+      return parse_seconds(flag, value, f.max_request_timeout_s);
+    } else if (flag == "--body-timeout") {
+      return parse_seconds(flag, value, f.body_timeout_s);
+    } else if (flag == "--drain-grace") {
+      return parse_seconds(flag, value, f.drain_grace_s);
+    } else if (flag == "--max-waiting") {
+      f.max_waiting = std::stoll(value, &used);
+    } else if (flag == "--max-pending-connections") {
+      f.max_pending_connections = std::stoi(value, &used);
+    } else if (flag == "--api-keys") {
+      f.api_keys = value;
+    } else if (flag == "--port") {
       f.port = std::stoi(value, &used);
     } else if (flag == "--threads") {
       f.threads = std::stoi(value, &used);
@@ -137,6 +187,18 @@ std::string check(const ServerFlags& f) {
   if (f.max_batch < 1) return fmt::format("--max-batch must be >= 1, got {}", f.max_batch);
   if (f.default_max_tokens < 1) return fmt::format("--default-max-tokens must be >= 1, got {}", f.default_max_tokens);
   if (f.max_body_bytes < 1) return fmt::format("--max-body-bytes must be >= 1, got {}", f.max_body_bytes);
+  if (f.host.empty()) return "--host must name an address (127.0.0.1, 0.0.0.0, ::1, ...)";
+  if (f.tls_cert.empty() != f.tls_key.empty()) return "--tls-cert and --tls-key go together";
+  if (f.request_timeout_s > f.max_request_timeout_s) {
+    return fmt::format("--request-timeout ({} s) is over --max-request-timeout ({} s)", f.request_timeout_s,
+                       f.max_request_timeout_s);
+  }
+  if (f.max_waiting < 1 || f.max_waiting > 1000000) {
+    return fmt::format("--max-waiting must be in [1, 1000000], got {}", f.max_waiting);
+  }
+  if (f.max_pending_connections < 1) {
+    return fmt::format("--max-pending-connections must be >= 1, got {}", f.max_pending_connections);
+  }
   if (f.served_model_name.empty() || f.served_model_name.size() > 256) {
     return "--served-model-name must be 1 to 256 bytes";
   }
@@ -173,6 +235,10 @@ std::string parse_server_flags(int argc, char** argv, ServerFlags& flags) {
       flags.help = true;
       return {};
     }
+    if (is_switch(flag)) {
+      line.emplace_back(std::string(flag), "true");
+      continue;
+    }
     if (i + 1 >= argc) return fmt::format("{} needs a value (or is unknown)", flag);
     const std::string value = argv[++i];
     if (flag == "--server-config") {
@@ -199,12 +265,25 @@ std::string server_usage() {
                             their dashes, e.g. {"port": 8000, "host-tokens": 65536}; the command line wins)
 
 server:
-  --port N                 listen on 127.0.0.1:N; 0 picks a free port (default 8000)
-  --http-threads N         HTTP worker threads (default 16)
+  --host ADDR              the address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)
+  --port N                 listen on ADDR:N; 0 picks a free port (default 8000)
+  --tls-cert FILE          HTTPS with this certificate (PEM) ...
+  --tls-key FILE           ... and its private key (PEM)
+  --http-threads N         connections served at once (default 16)
+  --max-pending-connections N  accepted connections waiting for a thread; past it, accepting pauses (default 64)
   --max-batch N            sequences decoded together (default 32)
+  --max-waiting N          requests queued for the model; past it, 429 with Retry-After (default 256)
   --default-max-tokens N   a request's max_tokens when it gives none (default 256)
   --max-body-bytes N       largest request body (default 1048576)
+  --body-timeout S         the whole body must arrive within S seconds, else 408 (default 30)
+  --request-timeout S      a request's deadline, else 504 (default 600) ...
+  --max-request-timeout S  ... or the X-Request-Timeout it sends, up to S (default 3600)
+  --drain-grace S          on SIGTERM: finish running requests for up to S seconds, then cancel (default 30)
   --served-model-name NAME the model GET /v1/models lists (default tiny-llama)
+tenants:
+  --api-keys FILE          bearer tokens, each naming a tenant (its cache salt), a rate limit, admin
+                           (examples/server/api_keys.hpp); a missing or unknown key is 401
+  --trust-x-tenant         honour the X-Tenant header (a gateway in front sets it); otherwise refused
 model:
   --config FILE            the model's config.json (default: tiny_llama's shape)
   --weights FILE           its safetensors weights (default: a deterministic random init)

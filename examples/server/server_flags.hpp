@@ -25,6 +25,15 @@ struct ServerFlags {
   std::int32_t default_max_tokens = 256;
   std::int64_t max_body_bytes = 1 << 20;
   std::string served_model_name = "tiny-llama";  // what GET /v1/models lists
+  std::string host = "127.0.0.1";
+  std::string tls_cert, tls_key;
+  double request_timeout_s = 600, max_request_timeout_s = 3600, body_timeout_s = 30;
+  double drain_grace_s = 30;
+  std::int64_t max_waiting = 256;
+  int max_pending_connections = 64;
+  // Tenants.
+  std::string api_keys;  // the keys file; empty: no keys
+  bool trust_x_tenant = false;
   // The model.
   std::string weights, config;
   int threads = 0;  // the model's compute threads; 0 = the hardware's

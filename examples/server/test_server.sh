@@ -26,68 +26,10 @@ set -euo pipefail
 
 server=${1:?usage: test_server.sh PATH/TO/clm_server PATH/TO/json_probe}
 probe=${2:?usage: test_server.sh PATH/TO/clm_server PATH/TO/json_probe}
-export LC_ALL=C # ${#s} counts bytes
-command -v curl >/dev/null 2>&1 || {
-  echo "FAIL: curl is missing (make deps installs it)" >&2
-  exit 1
-}
-work=$(mktemp -d "${TMPDIR:-/tmp}/clm_server_test.XXXXXX")
-pid=
-cleanup() {
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-checks=0
-page=8
-
-fail() {
-  echo "FAIL: $*" >&2
-  echo "--- last response:" >&2
-  head -c 2000 "$work/out" >&2 2>/dev/null || true
-  echo >&2
-  echo "--- server stderr:" >&2
-  tail -c 2000 "$work/server.err" >&2 2>/dev/null || true
-  exit 1
-}
-ok() {
-  checks=$((checks + 1))
-  echo "ok $checks - $*"
-}
-expect_eq() { [ "$1" = "$2" ] || fail "$3: got '$1', expected '$2'"; }
-
-# post TENANT JSON [CURL ARGS...]: POST /v1/chat/completions; the body in
-# $work/out, the status in $code. TENANT "-" sends no X-Tenant header.
-post() {
-  local tenant=$1 body=$2
-  shift 2
-  local headers=(-H 'Content-Type: application/json')
-  [ "$tenant" = - ] || headers+=(-H "X-Tenant: $tenant")
-  printf '%s' "$body" >"$work/request"
-  code=$(curl -s -o "$work/out" -w '%{http_code}' "${headers[@]}" --data-binary @"$work/request" "$@" \
-    "$base/v1/chat/completions") || fail "curl failed on $body"
-}
-field() { "$probe" get "$@" <"$work/out" || fail "reading $* of the response"; }
-# The prompt's tokens: <|begin_of_text|>, per message a header (start, role,
-# end, "\n\n"), the content's bytes and <|eot_id|>, then the assistant's header.
-message_tokens() { echo $((1 + ${#1} + 1 + 2 + $2 + 1)); }
-assistant_header=$((1 + 9 + 1 + 2))
-
-# Everything admitted so far, for the metrics at the end.
-queried=0 hits=0 generated=0 chats_ok=0 bad=0
-# answered PROMPT_TOKENS CACHED: one more request the engine admitted.
-answered() {
-  queried=$((queried + $1))
-  hits=$((hits + $2))
-  generated=$((generated + 1))
-  chats_ok=$((chats_ok + 1))
-}
+# shellcheck source=examples/server/test_lib.sh
+source "$(dirname "$0")/test_lib.sh"
 
 # ---- start ------------------------------------------------------------------
-cat >"$work/config.json" <<'EOF'
-{"vocab_size": 272, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
- "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096}
-EOF
 # Flags (and --server-config files) that cannot work: exit 2 and a message
 # naming the flag, before or after the model loads, and nothing listens.
 refused_flags() {
@@ -121,41 +63,7 @@ printf '[1, 2]' >"$work/bad.json"
 refused_flags "not a JSON object" --server-config "$work/bad.json"
 ok "flags that cannot work: exit 2 with a message, nothing listening"
 
-# launch ARGS...: starts the server (the test's model, page size and pool,
-# and ARGS) in the background and waits for its "listening on" line; sets
-# pid, port and base.
-launch() {
-  # Made before the server starts: reading it must not race the background
-  # job's redirection (a missing file would end the script under set -e).
-  : >"$work/server.out"
-  "$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 "$@" \
-    >"$work/server.out" 2>"$work/server.err" &
-  pid=$!
-  port=
-  for _ in $(seq 600); do
-    kill -0 "$pid" 2>/dev/null || fail "the server exited at start-up"
-    port=$(sed -n '1s/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$work/server.out")
-    [ -n "$port" ] && break
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "no 'listening on 127.0.0.1:PORT' line within 60 s"
-  base=http://127.0.0.1:$port
-}
-# stop: SIGTERM, exit status 0 (invariants hold, nothing left), the final
-# JSON line in $work/out.
-stop() {
-  kill -TERM "$pid"
-  set +e
-  wait "$pid"
-  local rc=$?
-  set -e
-  pid=
-  expect_eq "$rc" 0 "the exit status after SIGTERM (3: invariants broken or a sequence left)"
-  tail -n 1 "$work/server.out" >"$work/out"
-  expect_eq "$(field event)" shutdown "the final line"
-  expect_eq "$(field invariants)" ok "the final line: invariants"
-}
-launch --default-max-tokens 24 --max-body-bytes 65536 --served-model-name tiny-test --model-id "tiny-test@$$" \
+launch --trust-x-tenant --default-max-tokens 24 --max-body-bytes 65536 --served-model-name tiny-test --model-id "tiny-test@$$" \
   --kv-events 'tcp://127.0.0.1:*' \
   --kv-events-replay 'tcp://127.0.0.1:*' --kv-events-topic kv@test@tiny --kv-events-batch-ms 5
 ok "listening on 127.0.0.1:$port"
@@ -475,7 +383,7 @@ ok "SIGTERM: exit 0, invariants hold, no sequence left"
 # finds nothing (stored pages name their model).
 cat >"$work/server.json" <<JSON
 {"host-tokens": 8192, "storage": "file://$work/storage", "write-policy": "write_through",
- "prefetch-policy": "wait_complete", "eviction-policy": "lru", "default-max-tokens": 8}
+ "prefetch-policy": "wait_complete", "eviction-policy": "lru", "default-max-tokens": 8, "trust-x-tenant": true}
 JSON
 shared="{\"model\":\"tiny\",\"messages\":$turn1,\"max_tokens\":8,\"temperature\":0}"
 launch --server-config "$work/server.json" --model-id "tiny-shared@$$"

@@ -165,7 +165,45 @@ bool Generator::fits_to_the_end(const Request& candidate, const clm::AdmissionPl
   return needed <= plan.pages_free + plan.evictable_tokens / page;
 }
 
+void Generator::cancel(std::uint64_t id, std::string reason) {
+  {
+    std::lock_guard lock(queue_mutex_);
+    cancels_.emplace_back(id, std::move(reason));
+  }
+  wake_.notify_all();
+}
+
+void Generator::apply_cancels() {
+  std::vector<std::pair<std::uint64_t, std::string>> cancels;
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (cancels_.empty()) return;
+    cancels.swap(cancels_);
+  }
+  for (auto& [id, reason] : cancels) {
+    const auto running =
+        std::find_if(running_.begin(), running_.end(), [&](const std::unique_ptr<Request>& r) { return r->id == id; });
+    if (running != running_.end()) {
+      retire(**running, reason.c_str());
+      continue;
+    }
+    std::unique_ptr<Request> waiting;
+    {
+      std::lock_guard lock(queue_mutex_);
+      const auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                                   [&](const std::unique_ptr<Request>& r) { return r->id == id; });
+      if (it == waiting_.end()) continue;  // ended already
+      waiting = std::move(*it);
+      waiting_.erase(it);
+    }
+    waiting->result.finish_reason = reason;
+    waiting->result.total_seconds = seconds_between(waiting->submitted, Clock::now());
+    if (waiting->on_done) waiting->on_done(waiting->result);
+  }
+}
+
 clm::Status Generator::step() {
+  apply_cancels();
   ForwardBatch batch;
   std::vector<Request*> rows_of;
   std::vector<std::int32_t> table;
@@ -230,8 +268,9 @@ void Generator::retire(Request& r, const char* reason, clm::Status status) {
   r.result.finish_reason = reason;
   r.result.status = std::move(status);
   if (listener_) listener_->on_retired(r.seq, r.result);
-  // Only a cached request that ended well is published; the rest release their pages.
-  const bool publish = r.options.use_cache && r.result.status.ok() && r.result.finish_reason != "cancelled";
+  // Only a cached request that ended well is published; the rest (cancelled, timed out, failed) release their pages.
+  const bool publish = r.options.use_cache && r.result.status.ok() &&
+                       (r.result.finish_reason == "stop" || r.result.finish_reason == "length");
   const clm::Status ended = publish ? engine_.finish(r.seq) : engine_.abort(r.seq);
   if (r.result.status.ok() && !ended.ok()) r.result.status = ended;
   r.result.total_seconds = seconds_between(r.submitted, Clock::now());
@@ -281,7 +320,7 @@ void Generator::loop() {
   for (;;) {
     {
       std::unique_lock lock(queue_mutex_);
-      wake_.wait(lock, [&] { return stop_ || !waiting_.empty() || running_count_.load() > 0; });
+      wake_.wait(lock, [&] { return stop_ || !waiting_.empty() || !cancels_.empty() || running_count_.load() > 0; });
       if (stop_) return;
     }
     (void)step();  // a failed forward has ended its requests with the status

@@ -30,6 +30,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "decoder.hpp"
@@ -144,6 +145,12 @@ class Generator {
   void start();
   void stop();  // ends the loop; requests still queued or running are cancelled
 
+  // Ends request `id` at the next step, waiting or running, with
+  // finish_reason `reason` ("cancelled", or "timeout" for a deadline missed);
+  // its pages are released, never published. From any thread; an id that has
+  // already ended is ignored. (on_done runs on the stepping thread, as ever.)
+  void cancel(std::uint64_t id, std::string reason = "cancelled");
+
   // nullptr removes it; set it while nothing runs. It must outlive its use.
   void set_request_listener(RequestListener* listener) { listener_ = listener; }
 
@@ -162,6 +169,7 @@ class Generator {
   };
 
   clm::Status admit_waiting(ForwardBatch& batch, std::vector<Request*>& rows_of);
+  void apply_cancels();
   void retire(Request& request, const char* reason, clm::Status status = {});
   // Whether the pool can carry `candidate`, admitted as `plan` says, and every
   // running request to their max_new_tokens.
@@ -172,9 +180,10 @@ class Generator {
   Decoder& model_;
   clm::Engine& engine_;
   GeneratorOptions options_;
-  mutable std::mutex queue_mutex_;  // guards waiting_, next_id_, stop_
+  mutable std::mutex queue_mutex_;  // guards waiting_, cancels_, next_id_, stop_
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Request>> waiting_;
+  std::vector<std::pair<std::uint64_t, std::string>> cancels_;  // (id, reason), for the next step
   std::uint64_t next_id_ = 1;
   bool stop_ = false;
   std::vector<std::unique_ptr<Request>> running_;  // the stepping thread's only

@@ -371,6 +371,58 @@ TEST_CASE("continuous batching in a pool too small for every request at once: wa
   expect_answers_alone(c, w, prompts, options, batched);
 }
 
+TEST_CASE("cancel: a waiting and a running request end with the reason given, release their pages, publish none",
+          "[tiny_llama]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  const LlamaConfig c = tiny_llama_test::small_config(3);
+  LlamaWeights w;
+  tiny_llama::random_llama_weights(c, seed, w);
+  std::mt19937 rng(seed);
+  Stack s = make_stack(c, w, engine_config(c, 16, 8192));
+  // max_batch 1 (make_stack's generator takes the default): rebuild one that runs one request at a time.
+  tiny_llama::Generator one_at_a_time(*s.model, {.max_batch = 1});
+  const auto first = random_text(rng, 40, 80), second = random_text(rng, 40, 80), third = random_text(rng, 40, 80);
+  GenerateOptions o;
+  o.max_new_tokens = 50;
+  std::vector<GenerationResult> results(3);
+  int tokens_of_first = 0;
+  const auto done = [&](int i) {
+    return [&, i](const GenerationResult& r) {
+      results[static_cast<std::size_t>(i)] = r;
+      const clm::Status invariants = s.engine->check_invariants();
+      INFO(invariants.message());
+      REQUIRE(invariants.ok());
+    };
+  };
+  const std::uint64_t running = one_at_a_time.submit(
+      first, o, [&](std::int32_t) { return ++tokens_of_first < 1000; }, done(0));
+  const std::uint64_t waiting = one_at_a_time.submit(second, o, nullptr, done(1));
+  (void)one_at_a_time.submit(third, o, nullptr, done(2));
+  REQUIRE(one_at_a_time.step().ok());  // the first is admitted and prefilled; the others wait (max_batch 1)
+  REQUIRE(one_at_a_time.running() == 1);
+  REQUIRE(one_at_a_time.waiting() == 2);
+  one_at_a_time.cancel(running, "timeout");
+  one_at_a_time.cancel(waiting, "cancelled");
+  one_at_a_time.cancel(987654, "cancelled");  // no such request: ignored
+  REQUIRE(one_at_a_time.run_until_idle().ok());
+  CHECK(results[0].finish_reason == "timeout");
+  CHECK(results[0].tokens.size() >= 1);
+  CHECK(results[0].tokens.size() < 50);
+  CHECK(results[1].finish_reason == "cancelled");
+  CHECK(results[1].tokens.empty());
+  CHECK(results[2].finish_reason == "length");
+  const clm::EngineMetrics m = s.engine->metrics();
+  CHECK(m.active_sequences == 0);
+  CHECK(m.aborted == 1);   // the running one, released
+  CHECK(m.finished == 1);  // only the third published its pages
+  CHECK(m.admitted == 2);  // the cancelled waiting one never was
+  // Nothing of the cancelled requests is cached: their prompts find nothing (the third's pages are its own).
+  clm::AdmissionPlan plan;
+  REQUIRE(s.engine->plan_admission(first, {}, plan).ok());
+  CHECK(plan.cached_tokens == 0);
+}
+
 TEST_CASE("bad input: weights, config, prompts and batches are refused with a clear status", "[tiny_llama]") {
   const LlamaConfig c = tiny_llama_test::small_config(3);
   LlamaWeights w;

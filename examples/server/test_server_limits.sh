@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# examples/server/test_server_limits.sh: clm_server as a production backend,
+# over HTTP with curl (ctest runs it as clm_server_limits):
+#
+#   test_server_limits.sh PATH/TO/clm_server PATH/TO/json_probe
+#
+# Checks, each against what it must answer: API keys (401 without one or
+# with a wrong one, never echoed; the key's tenant as the cache salt, so two
+# keys never share pages; X-Tenant refused unless trusted; a key over its
+# rate limit 429 with Retry-After; the debug route for admin keys only),
+# limits (a deadline missed: 504, in a stream an error event, in the queue
+# too; X-Request-Timeout within the maximum; a full queue 429; a body
+# arriving a few bytes a second 408; a non-streamed client that leaves
+# cancels its request; too many headers 431), HTTPS from a certificate and
+# key (openssl makes a self-signed one here), --host, and SIGTERM's drain
+# (running requests finish, new ones 503 with Retry-After, /health 503 while
+# /health/live stays 200; past the grace period the rest are cancelled).
+# Each server ends with SIGTERM and exit 0 (invariants hold, no sequence
+# left). Everything lives in one mktemp -d directory, removed at the end.
+# shellcheck disable=SC2015  # `[ A ] && [ B ] || fail ...` fails when either test does: meant
+set -euo pipefail
+
+server=${1:?usage: test_server_limits.sh PATH/TO/clm_server PATH/TO/json_probe}
+probe=${2:?usage: test_server_limits.sh PATH/TO/clm_server PATH/TO/json_probe}
+# shellcheck source=examples/server/test_lib.sh
+source "$(dirname "$0")/test_lib.sh"
+command -v openssl >/dev/null 2>&1 || fail "openssl is missing (make deps installs it)"
+
+metric() { curl -s "${curl_tls[@]}" "$base/metrics" | awk -v name="$1" '$1 == name { print $2 }'; }
+# wait_metric NAME VALUE: until /metrics says so (10 s at most).
+wait_metric() {
+  for _ in $(seq 200); do
+    [ "$(metric "$1")" = "$2" ] && return 0
+    sleep 0.05
+  done
+  fail "$1 is not $2 after 10 s (it is '$(metric "$1")')"
+}
+curl_tls=()
+hi='{"messages":[{"role":"user","content":"Hi"}],"max_tokens":4}'
+turn='{"messages":[{"role":"system","content":"You are a helpful assistant for Debian users."},{"role":"user","content":"How do I install Debian?"}],"max_tokens":8,"temperature":0}'
+long='{"messages":[{"role":"user","content":"Tell me a very long story."}],"max_tokens":3000,"ignore_eos":true'
+
+# ---- flags and files that cannot work ------------------------------------------
+refused_start() {
+  local want=$1
+  shift
+  set +e
+  "$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 "$@" \
+    >"$work/server.out" 2>"$work/server.err"
+  local rc=$?
+  set -e
+  expect_eq "$rc" 2 "clm_server $*: the exit status"
+  grep -q -- "$want" "$work/server.err" || fail "clm_server $*: no '$want' in: $(cat "$work/server.err")"
+  [ ! -s "$work/server.out" ] || fail "clm_server $*: it printed $(cat "$work/server.out")"
+}
+refused_start "cannot read" --api-keys "$work/no-such-keys.json"
+printf '{"keys": [{"key": "sk-short", "tenant": "a"}]}' >"$work/bad-keys.json"
+refused_start 'keys\[0\]: "key" must be 16' --api-keys "$work/bad-keys.json"
+grep -q sk-short "$work/server.err" && fail "the refused key was printed"
+printf '{"keys": [{"key": "sk-0123456789abcdef", "tenant": "a", "scope": "all"}]}' >"$work/bad-keys.json"
+refused_start 'unknown field "scope"' --api-keys "$work/bad-keys.json"
+printf '{"keys": [{"key": "sk-0123456789abcdef", "tenant": "a"}, {"key": "sk-0123456789abcdef", "tenant": "b"}]}' \
+  >"$work/bad-keys.json"
+refused_start 'keys\[1\]: the same token' --api-keys "$work/bad-keys.json"
+printf '{"keys": [{"key": "sk-0123456789abcdef", "tenant": "a"' >"$work/bad-keys.json"
+refused_start "not JSON" --api-keys "$work/bad-keys.json"
+refused_start "go together" --tls-cert "$work/nothing.pem"
+refused_start "is over --max-request-timeout" --request-timeout 20 --max-request-timeout 10
+refused_start "not a number of seconds" --body-timeout -1
+refused_start "true or false" --server-config <(printf '{"trust-x-tenant": "maybe"}')
+printf 'not a certificate\n' >"$work/bad.pem"
+refused_start "cannot load the TLS certificate" --tls-cert "$work/bad.pem" --tls-key "$work/bad.pem"
+ok "flags, key files and certificates that cannot work: exit 2 with a message, no token printed"
+
+# ---- API keys -------------------------------------------------------------------
+acme_key=sk-acme-0123456789abcdef
+globex_key=sk-globex-0123456789abcdef
+admin_key=sk-admin-0123456789abcdef
+globex_digest=$(printf '%s' "$globex_key" | sha256sum | cut -d' ' -f1)
+cat >"$work/keys.json" <<JSON
+{"keys": [
+  {"key": "$acme_key", "tenant": "acme"},
+  {"key_sha256": "$globex_digest", "tenant": "globex", "requests_per_minute": 2},
+  {"key": "$admin_key", "tenant": "ops", "admin": true}
+]}
+JSON
+launch --api-keys "$work/keys.json"
+auth() { echo "Authorization: Bearer $1"; }
+
+headers=$(curl -s -D - -o "$work/out" --data-binary "$hi" "$base/v1/chat/completions")
+expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 401 "no key"
+expect_eq "$(field error.code)" missing_api_key "no key: error.code"
+grep -qi '^WWW-Authenticate: Bearer' <<<"$headers" || fail "no key: no WWW-Authenticate header"
+wrong=sk-wrong-0123456789abcdef
+post - "$hi" -H "$(auth $wrong)"
+expect_eq "$code" 401 "a wrong key"
+expect_eq "$(field error.code)" invalid_api_key "a wrong key: error.code"
+grep -q "$wrong" "$work/out" "$work/server.err" "$work/server.out" && fail "the wrong key was echoed or logged"
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/v1/models")
+expect_eq "$code" 401 "GET /v1/models without a key"
+ok "no key, a wrong key: 401 in OpenAI's shape, the key never echoed or logged"
+
+post - "$turn" -H "$(auth $acme_key)"
+expect_eq "$code" 200 "acme's first request"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" 0 "acme's first request: cached"
+post - "$turn" -H "$(auth $acme_key)"
+expect_eq "$code" 200 "acme's second request"
+acme_cached=$(field usage.prompt_tokens_details.cached_tokens)
+[ "$acme_cached" -gt 0 ] || fail "acme's second request found nothing cached"
+post - "$turn" -H "$(auth $globex_key)"
+expect_eq "$code" 200 "globex (its key's digest in the file)"
+expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" 0 "globex: nothing of acme's"
+post - "$turn" -H "$(auth $acme_key)" -H 'X-Tenant: globex'
+expect_eq "$code" 400 "X-Tenant, not trusted"
+expect_eq "$(field error.code)" untrusted_header "X-Tenant, not trusted: error.code"
+ok "each key its tenant: acme found $acme_cached tokens of its own, globex none of acme's; X-Tenant refused"
+
+post - "$hi" -H "$(auth $globex_key)"
+expect_eq "$code" 200 "globex's second request (2 a minute)"
+headers=$(curl -s -D - -o "$work/out" -H "$(auth $globex_key)" --data-binary "$hi" "$base/v1/chat/completions")
+expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 429 "globex's third request in a minute"
+expect_eq "$(field error.code)" rate_limit_exceeded "globex over its rate: error.code"
+retry=$(sed -n 's/^[Rr]etry-[Aa]fter: \([0-9]*\).*/\1/p' <<<"$headers")
+[ -n "$retry" ] && [ "$retry" -ge 1 ] && [ "$retry" -le 30 ] || fail "globex over its rate: Retry-After '$retry'"
+post - "$hi" -H "$(auth $acme_key)"
+expect_eq "$code" 200 "acme (no limit) meanwhile"
+ok "a key over its rate limit: 429 with Retry-After $retry s; other keys unaffected"
+
+code=$(curl -s -o "$work/out" -w '%{http_code}' -H "$(auth $acme_key)" "$base/debug/engine")
+expect_eq "$code" 403 "/debug/engine with a tenant's key"
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/debug/engine")
+expect_eq "$code" 401 "/debug/engine without a key"
+code=$(curl -s -o "$work/out" -w '%{http_code}' -H "$(auth $admin_key)" "$base/debug/engine")
+expect_eq "$code" 200 "/debug/engine with the admin key"
+expect_eq "$(field invariants)" ok "/debug/engine: invariants"
+expect_eq "$(field admitted)" 5 "/debug/engine: admitted"
+expect_eq "$(metric 'clm_server_rejected_requests_total{reason="rate_limited"}')" 1 "rate_limited count"
+stop
+ok "/debug/engine for the admin key only; the rate-limited request counted"
+
+# ---- limits -----------------------------------------------------------------------
+# A model 8 times the size: a long answer takes seconds (about 15 for 3000
+# tokens on one core), so that deadlines, queues and drains meet requests
+# still running.
+cat >"$work/slow-model.json" <<'EOF'
+{"vocab_size": 272, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8,
+ "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 4096}
+EOF
+model_config=$work/slow-model.json
+launch --request-timeout 1 --max-request-timeout 5 --body-timeout 2 --max-batch 1 --max-waiting 1 --http-threads 8
+start=$(date +%s%N)
+post - "$long}"
+elapsed_ms=$((($(date +%s%N) - start) / 1000000))
+expect_eq "$code" 504 "a generation past its 1 s deadline"
+expect_eq "$(field error.code)" timeout "a generation past its deadline: error.code"
+[ "$elapsed_ms" -ge 900 ] && [ "$elapsed_ms" -lt 5000 ] || fail "the 504 came after $elapsed_ms ms"
+post - "$long,\"stream\":true}" -N
+expect_eq "$code" 200 "a stream past its deadline (its status was sent first)"
+grep -q '"code":"timeout"' "$work/out" || fail "the stream has no timeout error event"
+tail -n 2 "$work/out" | grep -q '^data: \[DONE\]' || fail "the timed-out stream does not end with [DONE]"
+post - "$hi" -H 'X-Request-Timeout: 10'
+expect_eq "$code" 400 "X-Request-Timeout over the maximum"
+expect_eq "$(field error.param)" X-Request-Timeout "X-Request-Timeout over the maximum: error.param"
+post - "$hi" -H 'X-Request-Timeout: soon'
+expect_eq "$code" 400 "X-Request-Timeout not a number"
+post - "$long}" -H 'X-Request-Timeout: 3'
+expect_eq "$code" 504 "X-Request-Timeout: 3"
+wait_metric clm_active_sequences 0
+ok "deadlines: 504 after $elapsed_ms ms, a stream's error event, X-Request-Timeout within the maximum"
+
+# One running (max-batch 1), one waiting (max-waiting 1): the third is 429;
+# the waiting one misses its deadline in the queue.
+curl -s -o "$work/a" -w '%{http_code}' -H 'X-Request-Timeout: 4' --data-binary "$long}" \
+  "$base/v1/chat/completions" >"$work/a.code" &
+a_pid=$!
+wait_metric clm_server_num_requests_running 1
+curl -s -o "$work/b" -w '%{http_code}' -H 'X-Request-Timeout: 2' --data-binary "$long}" \
+  "$base/v1/chat/completions" >"$work/b.code" &
+b_pid=$!
+wait_metric clm_server_num_requests_waiting 1
+headers=$(curl -s -D - -o "$work/out" --data-binary "$hi" "$base/v1/chat/completions")
+expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 429 "a request past --max-waiting"
+expect_eq "$(field error.code)" queue_full "a request past --max-waiting: error.code"
+grep -qi '^Retry-After: [1-9]' <<<"$headers" || fail "the 429 has no Retry-After"
+wait "$b_pid" "$a_pid"
+expect_eq "$(cat "$work/b.code")" 504 "the request that waited past its deadline"
+expect_eq "$(cat "$work/a.code")" 504 "the running request past its deadline"
+expect_eq "$(metric 'clm_server_rejected_requests_total{reason="queue_full"}')" 1 "queue_full count"
+ok "a full queue: 429 with Retry-After; a request that waits past its deadline: 504"
+
+# A body a few bytes a second: 408 once the body timeout passes.
+head -c 300 /dev/zero | tr '\0' ' ' >"$work/slow"
+printf '%s' "$hi" >>"$work/slow"
+start=$(date +%s%N)
+code=$(curl -s -o "$work/out" -w '%{http_code}' --limit-rate 20 --data-binary @"$work/slow" \
+  "$base/v1/chat/completions" || true)
+elapsed_ms=$((($(date +%s%N) - start) / 1000000))
+expect_eq "$code" 408 "a body at 20 bytes a second"
+expect_eq "$(field error.code)" request_timeout "a slow body: error.code"
+[ "$elapsed_ms" -lt 8000 ] || fail "the slow body held the server $elapsed_ms ms"
+ok "a slow body: 408 after $elapsed_ms ms"
+
+# A non-streamed request whose client leaves after a second: cancelled then,
+# not at its 5 s deadline.
+curl -s -o /dev/null --max-time 1 -H 'X-Request-Timeout: 5' --data-binary "$long}" \
+  "$base/v1/chat/completions" || true
+start=$(date +%s%N)
+wait_metric 'clm_server_request_finished_total{finished_reason="cancelled"}' 1
+elapsed_ms=$((($(date +%s%N) - start) / 1000000))
+[ "$elapsed_ms" -lt 3000 ] || fail "the cancel came $elapsed_ms ms after the client left"
+wait_metric clm_active_sequences 0
+ok "a non-streamed client that leaves: its request cancelled $elapsed_ms ms later"
+
+many=()
+for i in $(seq 120); do many+=(-H "X-Filler-$i: x"); done
+code=$(curl -s -o "$work/out" -w '%{http_code}' "${many[@]}" --data-binary "$hi" "$base/v1/chat/completions")
+expect_eq "$code" 431 "120 headers"
+expect_eq "$(field error.code)" headers_too_large "120 headers: error.code"
+post - "$hi"
+expect_eq "$code" 200 "a good request after all that"
+stop
+ok "too many headers: 431; the server still serves"
+
+# ---- HTTPS and the bind address ---------------------------------------------------
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$work/key.pem" -out "$work/cert.pem" -days 1 \
+  -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2>/dev/null || fail "openssl req"
+scheme=https
+launch --tls-cert "$work/cert.pem" --tls-key "$work/key.pem"
+grep -q '(https)$' "$work/server.out" || fail "the listening line does not say https"
+curl_tls=(--cacert "$work/cert.pem")
+post - "$turn" "${curl_tls[@]}"
+expect_eq "$code" 200 "a request over HTTPS"
+set +e
+curl -s -o /dev/null "http://127.0.0.1:$port/health"
+plain=$?
+set -e
+[ "$plain" != 0 ] || fail "plain HTTP to the HTTPS port answered"
+stop
+scheme=
+curl_tls=()
+connect_host=127.0.0.2
+launch --host 127.0.0.2
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/health")
+expect_eq "$code" 200 "GET /health on 127.0.0.2"
+set +e
+curl -s -o /dev/null "http://127.0.0.1:$port/health"
+other=$?
+set -e
+[ "$other" != 0 ] || fail "127.0.0.1 answered a server bound to 127.0.0.2"
+stop
+connect_host=
+ok "HTTPS from a certificate and key (plain HTTP refused); --host binds that address only"
+
+# ---- drain --------------------------------------------------------------------------
+launch --drain-grace 60 --max-batch 2
+curl -s -o "$work/a" -w '%{http_code}' --data-binary "${long/3000/1500}}" "$base/v1/chat/completions" \
+  >"$work/a.code" &
+a_pid=$!
+wait_metric clm_server_num_requests_running 1
+kill -TERM "$pid"
+for _ in $(seq 200); do
+  code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/health")
+  [ "$code" = 503 ] && break
+  sleep 0.02
+done
+expect_eq "$code" 503 "/health while draining"
+expect_eq "$(field status)" draining "/health while draining: status"
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/health/live")
+expect_eq "$code" 200 "/health/live while draining"
+headers=$(curl -s -D - -o "$work/out" --data-binary "$hi" "$base/v1/chat/completions")
+expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 503 "a new request while draining"
+expect_eq "$(field error.code)" draining "a new request while draining: error.code"
+grep -qi '^Retry-After: [1-9]' <<<"$headers" || fail "the drain's 503 has no Retry-After"
+wait "$a_pid"
+expect_eq "$(cat "$work/a.code")" 200 "the request running when the drain began"
+expect_eq "$("$probe" get usage.completion_tokens <"$work/a")" 1500 "the drained request: its whole answer"
+set +e
+wait "$pid"
+rc=$?
+set -e
+pid=
+expect_eq "$rc" 0 "the exit status after the drain"
+tail -n 1 "$work/server.out" >"$work/out"
+expect_eq "$(field drained)" true "the final line: drained"
+expect_eq "$(field invariants)" ok "the final line: invariants"
+ok "SIGTERM drains: the running request finished (1500 tokens), new ones 503 with Retry-After, /health 503"
+
+launch --drain-grace 1
+curl -s -o "$work/a" -w '%{http_code}' -H 'X-Request-Timeout: 60' --data-binary "$long}" \
+  "$base/v1/chat/completions" >"$work/a.code" &
+a_pid=$!
+wait_metric clm_server_num_requests_running 1
+kill -TERM "$pid"
+wait "$a_pid"
+expect_eq "$(cat "$work/a.code")" 503 "a request still running when the grace ran out"
+set +e
+wait "$pid"
+rc=$?
+set -e
+pid=
+expect_eq "$rc" 0 "the exit status after a drain cut short"
+tail -n 1 "$work/server.out" >"$work/out"
+expect_eq "$(field drained)" false "the final line: drained"
+expect_eq "$(field active_sequences)" 0 "the final line: active_sequences"
+ok "past the grace period: the rest cancelled (503), exit 0, nothing left"
+
+echo "all $checks checks passed"
