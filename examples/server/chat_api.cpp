@@ -1,6 +1,8 @@
 // examples/server/chat_api.cpp: request checks and response JSON (chat_api.hpp).
 #include "chat_api.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +22,10 @@ ApiError bad(std::string param, std::string message, std::string code) {
 
 ApiError wrong_type(const std::string& param, std::string_view expected, const Json& value) {
   return bad(param, fmt::format("'{}' must be {}, got {}", param, expected, value.type_name()), "invalid_type");
+}
+
+ApiError unsupported(const std::string& param, std::string_view why) {
+  return bad(param, fmt::format("'{}' is not supported by this server: {}", param, why), "unsupported_parameter");
 }
 
 ApiError missing(const std::string& param, std::string_view what) {
@@ -69,6 +75,14 @@ std::optional<ApiError> read_messages(const Json& doc, std::vector<tiny_llama::C
     const Json& message = (*messages)[i];
     const std::string at = fmt::format("messages[{}]", i);
     if (!message.is_object()) return wrong_type(at, "an object", message);
+    for (const auto& [name, value] : message.items()) {
+      if (name == "role" || name == "content") continue;
+      const std::string shown = at + "." + tiny_llama::ByteTokenizer::valid_utf8(name.substr(0, 64));
+      if (name == "cache_control") {
+        return unsupported(shown, "pinned prefixes are not served yet");
+      }
+      return bad(shown, fmt::format("unrecognized message field: '{}'", shown), "unknown_parameter");
+    }
     const Json* role = field(message, "role");
     if (!role) return missing(at + ".role", "one of system, user, assistant");
     if (!role->is_string()) return wrong_type(at + ".role", "a string", *role);
@@ -107,6 +121,72 @@ std::optional<ApiError> read_stop(const Json& doc, std::vector<std::string>& out
   return std::nullopt;
 }
 
+// A number in [min, max] into `out` (absent or null: left as is).
+std::optional<ApiError> read_number(const Json& doc, const char* name, double min, double max, float& out) {
+  const Json* value = field(doc, name);
+  if (!value) return std::nullopt;
+  if (!value->is_number()) return wrong_type(name, "a number", *value);
+  const double v = value->get<double>();
+  if (!(v >= min && v <= max)) {
+    return bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, min, max, value->dump()),
+               "invalid_value");
+  }
+  out = static_cast<float>(v);
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_string(const Json& doc, const char* name, std::size_t max_bytes, std::string& out) {
+  const Json* value = field(doc, name);
+  if (!value) return std::nullopt;
+  if (!value->is_string()) return wrong_type(name, "a string", *value);
+  if (value->get_ref<const std::string&>().size() > max_bytes) {
+    return bad(name, fmt::format("'{}' must be at most {} bytes", name, max_bytes), "invalid_value");
+  }
+  out = value->get<std::string>();
+  return std::nullopt;
+}
+
+// Fields OpenAI (or vLLM) defines that this server cannot honour: refused
+// when they ask for something, accepted when they ask for the default.
+std::optional<ApiError> refuse_unsupported(const Json& doc) {
+  for (const char* name : {"tools", "functions"}) {
+    if (const Json* v = field(doc, name); v && !(v->is_array() && v->empty())) {
+      return unsupported(name, "the model calls no tools");
+    }
+  }
+  for (const char* name : {"tool_choice", "function_call"}) {
+    if (const Json* v = field(doc, name); v && !(v->is_string() && v->get_ref<const std::string&>() == "none")) {
+      return unsupported(name, "the model calls no tools");
+    }
+  }
+  if (const Json* v = field(doc, "parallel_tool_calls"); v && !v->is_boolean()) {
+    return wrong_type("parallel_tool_calls", "a boolean", *v);
+  }
+  if (const Json* v = field(doc, "logprobs"); v && !(v->is_boolean() && !v->get<bool>())) {
+    return unsupported("logprobs", "no log probabilities are returned");
+  }
+  if (field(doc, "top_logprobs")) return unsupported("top_logprobs", "no log probabilities are returned");
+  if (const Json* v = field(doc, "response_format")) {
+    const bool text = v->is_object() && v->contains("type") && (*v)["type"] == "text" && v->size() == 1;
+    if (!text) return unsupported("response_format", "only {\"type\": \"text\"}");
+  }
+  if (const Json* v = field(doc, "logit_bias"); v && !(v->is_object() && v->empty())) {
+    return unsupported("logit_bias", "no logit biases");
+  }
+  for (const char* name : {"audio", "prediction", "web_search_options", "reasoning_effort", "modalities"}) {
+    if (field(doc, name)) return unsupported(name, "text chat only");
+  }
+  if (const Json* v = field(doc, "store"); v && !(v->is_boolean() && !v->get<bool>())) {
+    return unsupported("store", "completions are not stored");
+  }
+  if (const Json* v = field(doc, "service_tier");
+      v && !(v->is_string() &&
+             (v->get_ref<const std::string&>() == "auto" || v->get_ref<const std::string&>() == "default"))) {
+    return unsupported("service_tier", "one tier: auto");
+  }
+  return std::nullopt;
+}
+
 std::string dump(const OrderedJson& json) {
   // Strings come from parsed JSON or from valid UTF-8; replace guards the rest.
   return json.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
@@ -134,6 +214,15 @@ OrderedJson header_json(const CompletionHeader& header, std::string_view object)
 
 }  // namespace
 
+const std::vector<std::string_view> kHonouredChatFields = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "stop", "stream",
+    "stream_options", "seed", "presence_penalty", "frequency_penalty", "user", "metadata", "prompt_cache_key",
+    "prompt_cache_retention", "ignore_eos",
+    // Accepted only when they ask for the default (refuse_unsupported).
+    "tools", "functions", "tool_choice", "function_call", "parallel_tool_calls", "logprobs", "top_logprobs",
+    "response_format", "logit_bias", "audio", "prediction", "web_search_options", "reasoning_effort", "modalities",
+    "store", "service_tier"};
+
 std::string error_json(const ApiError& error) {
   const auto null_if_empty = [](const std::string& s) { return s.empty() ? OrderedJson() : OrderedJson(s); };
   return dump({{"error",
@@ -155,6 +244,13 @@ std::optional<ApiError> parse_chat_request(std::string_view body, const RequestL
                "invalid_json");
   }
   if (!doc.is_object()) return wrong_type("body", "a JSON object", doc);
+  for (const auto& [name, value] : doc.items()) {
+    if (std::find(kHonouredChatFields.begin(), kHonouredChatFields.end(), name) == kHonouredChatFields.end()) {
+      const std::string shown = tiny_llama::ByteTokenizer::valid_utf8(name.substr(0, 64));
+      return bad(shown, fmt::format("unrecognized request argument supplied: '{}'", shown), "unknown_parameter");
+    }
+  }
+  if (auto error = refuse_unsupported(doc)) return error;
   out = ChatRequest{};
   if (const Json* model = field(doc, "model")) {
     if (!model->is_string()) return wrong_type("model", "a string", *model);
@@ -192,6 +288,34 @@ std::optional<ApiError> parse_chat_request(std::string_view body, const RequestL
   }
   if (auto error = read_stop(doc, out.stop)) return error;
   if (auto error = read_bool(doc, "ignore_eos", "ignore_eos", out.ignore_eos)) return error;
+  if (auto error = read_number(doc, "top_p", 0.0, 1.0, out.top_p)) return error;
+  if (out.top_p <= 0.0f) return bad("top_p", "'top_p' must be greater than 0", "invalid_value");
+  std::optional<std::int64_t> top_k;
+  if (auto error = read_integer(doc, "top_k", -1, 1 << 20, top_k)) return error;
+  out.top_k = top_k && *top_k > 0 ? static_cast<std::int32_t>(*top_k) : 0;
+  if (auto error = read_number(doc, "presence_penalty", -2.0, 2.0, out.presence_penalty)) return error;
+  if (auto error = read_number(doc, "frequency_penalty", -2.0, 2.0, out.frequency_penalty)) return error;
+  if (auto error = read_string(doc, "user", 256, out.user)) return error;
+  if (auto error = read_string(doc, "prompt_cache_key", 1024, out.prompt_cache_key)) return error;
+  if (auto error = read_string(doc, "prompt_cache_retention", 32, out.prompt_cache_retention)) return error;
+  if (out.prompt_cache_retention != "in_memory") {
+    return out.prompt_cache_retention == "24h"
+               ? unsupported("prompt_cache_retention",
+                             "'24h' needs pinned prefixes, which this server does not serve yet")
+               : bad("prompt_cache_retention", "'prompt_cache_retention' must be \"in_memory\" or \"24h\"",
+                     "invalid_value");
+  }
+  if (const Json* metadata = field(doc, "metadata")) {
+    if (!metadata->is_object()) return wrong_type("metadata", "an object of strings", *metadata);
+    if (metadata->size() > 16) return bad("metadata", "'metadata' holds at most 16 pairs", "invalid_value");
+    for (const auto& [key, value] : metadata->items()) {
+      if (key.size() > 64 || !value.is_string() || value.get_ref<const std::string&>().size() > 512) {
+        return bad("metadata", "'metadata' keys are at most 64 bytes and values strings of at most 512",
+                   "invalid_value");
+      }
+      out.metadata.emplace(key, value.get<std::string>());
+    }
+  }
   return std::nullopt;
 }
 

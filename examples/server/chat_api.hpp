@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,10 +54,21 @@ struct ChatRequest {
   float temperature = 1.0f;     // OpenAI's default; 0 is greedy
   std::optional<std::uint64_t> seed;
   bool stream = false;
-  bool include_usage = false;     // stream_options.include_usage
-  std::vector<std::string> stop;  // up to 4 strings; the answer ends before the first one
-  bool ignore_eos = false;        // generate past <|eot_id|> (vLLM's extension)
+  bool include_usage = false;                               // stream_options.include_usage
+  std::vector<std::string> stop;                            // up to 4 strings; the answer ends before the first one
+  bool ignore_eos = false;                                  // generate past <|eot_id|> (vLLM's extension)
+  float top_p = 1.0f;                                       // (0, 1]
+  std::int32_t top_k = 0;                                   // vLLM's; 0 or -1: no cut
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // [-2, 2]
+  std::string user;                                         // OpenAI's end-user id: checked, echoed nowhere
+  std::map<std::string, std::string> metadata;              // up to 16 string pairs: checked, kept nowhere
+  std::string prompt_cache_key;                             // OpenAI's: names a conversation
+  std::string prompt_cache_retention = "in_memory";         // "in_memory" (24h pins are not served yet)
 };
+
+// Every top-level field parse_chat_request honours; any other is refused
+// (400 naming it), so that no field a client relies on is silently ignored.
+extern const std::vector<std::string_view> kHonouredChatFields;
 
 // Parses and checks a request body; on error `out` is unspecified.
 std::optional<ApiError> parse_chat_request(std::string_view body, const RequestLimits& limits, ChatRequest& out);

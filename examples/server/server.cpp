@@ -558,6 +558,10 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   tiny_llama::GenerateOptions generate;
   generate.max_new_tokens = chat.max_tokens;
   generate.temperature = chat.temperature;
+  generate.top_p = chat.top_p;
+  generate.top_k = chat.top_k;
+  generate.presence_penalty = chat.presence_penalty;
+  generate.frequency_penalty = chat.frequency_penalty;
   generate.seed = chat.seed.value_or(std::random_device{}());
   if (!chat.ignore_eos) generate.stop_tokens = {tiny_llama::ByteTokenizer::kEndOfTurn};
   generate.cache_salt = tenant;

@@ -41,7 +41,10 @@ TEST_CASE("a chat request is read with every field") {
       {"role": "user", "content": "你好 \"there\""}, {"role": "assistant", "content": ""}],
       "max_tokens": 10, "temperature": 0.5, "seed": 42, "stream": true,
       "stream_options": {"include_usage": true}, "stop": ["\n\n", "END"], "ignore_eos": true,
-      "top_p": 0.9, "user": "someone"})",
+      "top_p": 0.9, "user": "someone", "top_k": 40, "presence_penalty": -0.5, "frequency_penalty": 1.5,
+      "metadata": {"ticket": "T-1"}, "prompt_cache_key": "conv-7", "prompt_cache_retention": "in_memory",
+      "n": 1, "logprobs": false, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+      "logit_bias": {}, "store": false, "service_tier": "auto"})",
                            r);
   REQUIRE_FALSE(error);
   CHECK(r.model == "m-1");
@@ -58,6 +61,13 @@ TEST_CASE("a chat request is read with every field") {
   CHECK(r.include_usage);
   CHECK(r.stop == std::vector<std::string>{"\n\n", "END"});
   CHECK(r.ignore_eos);
+  CHECK(r.top_p == 0.9f);
+  CHECK(r.top_k == 40);
+  CHECK(r.presence_penalty == -0.5f);
+  CHECK(r.frequency_penalty == 1.5f);
+  CHECK(r.user == "someone");
+  CHECK(r.metadata == std::map<std::string, std::string>{{"ticket", "T-1"}});
+  CHECK(r.prompt_cache_key == "conv-7");
 }
 
 TEST_CASE("a minimal chat request gets the defaults") {
@@ -141,6 +151,33 @@ TEST_CASE("bad chat requests are refused with a 400 that names the field") {
       {"{" + user + R"(, "stop": 3})", "stop", "invalid_type", "a string or an array"},
       {"{" + user + R"(, "ignore_eos": "no"})", "ignore_eos", "invalid_type", "a boolean"},
       {"{" + user + R"(, "model": 3})", "model", "invalid_type", "a string"},
+      // Nothing is ignored: an unknown field, or one asking for what this server cannot do, is refused.
+      {"{" + user + R"(, "temprature": 0.5})", "temprature", "unknown_parameter", "unrecognized request argument"},
+      {"{" + user + R"(, "tools": [{"type": "function"}]})", "tools", "unsupported_parameter", "no tools"},
+      {"{" + user + R"(, "tool_choice": "auto"})", "tool_choice", "unsupported_parameter", "no tools"},
+      {"{" + user + R"(, "logprobs": true})", "logprobs", "unsupported_parameter", "log probabilities"},
+      {"{" + user + R"(, "top_logprobs": 2})", "top_logprobs", "unsupported_parameter", "log probabilities"},
+      {"{" + user + R"(, "response_format": {"type": "json_object"}})", "response_format", "unsupported_parameter",
+       "only"},
+      {"{" + user + R"(, "logit_bias": {"5": 10}})", "logit_bias", "unsupported_parameter", "no logit biases"},
+      {"{" + user + R"(, "audio": {}})", "audio", "unsupported_parameter", "text chat only"},
+      {"{" + user + R"(, "store": true})", "store", "unsupported_parameter", "not stored"},
+      {"{" + user + R"(, "prompt_cache_retention": "24h"})", "prompt_cache_retention", "unsupported_parameter",
+       "pinned"},
+      {"{" + user + R"(, "prompt_cache_retention": "forever"})", "prompt_cache_retention", "invalid_value",
+       "in_memory"},
+      {R"({"messages": [{"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral"}}]})",
+       "messages[0].cache_control", "unsupported_parameter", "pinned"},
+      {R"({"messages": [{"role": "user", "content": "Hi", "nom": "x"}]})", "messages[0].nom", "unknown_parameter",
+       "unrecognized message field"},
+      {"{" + user + R"(, "top_p": 0})", "top_p", "invalid_value", "greater than 0"},
+      {"{" + user + R"(, "top_p": 1.5})", "top_p", "invalid_value", "between 0 and 1"},
+      {"{" + user + R"(, "top_k": -2})", "top_k", "invalid_value", "between -1"},
+      {"{" + user + R"(, "presence_penalty": 3})", "presence_penalty", "invalid_value", "between -2 and 2"},
+      {"{" + user + R"(, "frequency_penalty": "x"})", "frequency_penalty", "invalid_type", "a number"},
+      {"{" + user + R"(, "user": 5})", "user", "invalid_type", "a string"},
+      {"{" + user + R"(, "metadata": {"k": 1}})", "metadata", "invalid_value", "strings"},
+      {"{" + user + R"(, "prompt_cache_key": []})", "prompt_cache_key", "invalid_type", "a string"},
   };
   for (const Case& c : cases) {
     INFO(c.body);

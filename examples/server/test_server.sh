@@ -154,6 +154,13 @@ expect_eq "$(field usage.prompt_tokens_details.cached_tokens)" 0 "the default te
 answered $prompt1 0
 ok "tenant globex and the default tenant find nothing cached of acme's turn 1"
 
+# top_k 1 leaves one token to draw: the greedy answer, at any temperature.
+post topk "{\"messages\":$turn1,\"max_tokens\":24,\"temperature\":1.5,\"top_k\":1,\"seed\":3}"
+expect_eq "$code" 200 "top_k 1"
+expect_eq "$("$probe" json choices.0.message.content <"$work/out")" "$answer1" "top_k 1 against the greedy answer"
+answered $prompt1 0
+ok "top_k is honoured: top_k 1 at temperature 1.5 gives the greedy answer"
+
 # ---- a stream ---------------------------------------------------------------
 question='你好！Debian 是什么？'
 prompt_zh=$((1 + $(message_tokens user ${#question}) + assistant_header))
@@ -223,6 +230,10 @@ refused 400 max_tokens invalid_type "{$user, \"max_tokens\": \"lots\"}"
 refused 400 temperature invalid_value "{$user, \"temperature\": -1}"
 refused 400 temperature invalid_type "{$user, \"temperature\": \"hot\"}"
 refused 400 stream invalid_type "{$user, \"stream\": \"yes\"}"
+refused 400 temprature unknown_parameter "{$user, \"temprature\": 0.5}"
+refused 400 tools unsupported_parameter "{$user, \"tools\": [{\"type\": \"function\"}]}"
+refused 400 'messages[0].cache_control' unsupported_parameter \
+  '{"messages": [{"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral"}}]}'
 long=$(printf 'a%.0s' $(seq 4200))
 refused 400 messages context_length_exceeded "{\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}"
 grep -q "maximum context length is 4096 tokens" "$work/out" || fail "the context error does not say the context length"

@@ -51,6 +51,13 @@ std::uint64_t Generator::submit(std::vector<std::int32_t> prompt, GenerateOption
     invalid = clm::invalid_argument("max_new_tokens must be >= 1");
   } else if (!(request->options.temperature >= 0.0f) || !std::isfinite(request->options.temperature)) {
     invalid = clm::invalid_argument("temperature must be a finite number >= 0");
+  } else if (!(request->options.top_p > 0.0f && request->options.top_p <= 1.0f)) {
+    invalid = clm::invalid_argument("top_p must be in (0, 1]");
+  } else if (request->options.top_k < 0) {
+    invalid = clm::invalid_argument("top_k must be >= 0 (0: no cut)");
+  } else if (!(std::abs(request->options.presence_penalty) <= 2.0f) ||
+             !(std::abs(request->options.frequency_penalty) <= 2.0f)) {
+    invalid = clm::invalid_argument("presence_penalty and frequency_penalty must be in [-2, 2]");
   } else {
     const auto bad = std::find_if(request->prompt.begin(), request->prompt.end(),
                                   [&](std::int32_t t) { return t < 0 || t >= config.vocab_size; });
@@ -180,7 +187,9 @@ void Generator::apply_cancels() {
     if (cancels_.empty()) return;
     cancels.swap(cancels_);
   }
-  for (auto& [id, reason] : cancels) {
+  for (const auto& cancel : cancels) {
+    const std::uint64_t id = cancel.first;  // (a plain variable: clang 14 cannot capture a structured binding)
+    const std::string& reason = cancel.second;
     const auto running =
         std::find_if(running_.begin(), running_.end(), [&](const std::unique_ptr<Request>& r) { return r->id == id; });
     if (running != running_.end()) {
@@ -282,24 +291,14 @@ void Generator::retire(Request& r, const char* reason, clm::Status status) {
 }
 
 std::int32_t Generator::sample(const Request& r, std::span<const float> logits) const {
-  if (r.options.temperature == 0.0f) {
-    return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
-  // Softmax at the temperature, in double, and one uniform draw from (seed, step).
-  const double top = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> weights(logits.size());
-  double total = 0.0;
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    weights[i] = std::exp((logits[i] - top) / r.options.temperature);
-    total += weights[i];
-  }
+  const SamplingParams params{.temperature = r.options.temperature,
+                              .top_p = r.options.top_p,
+                              .top_k = r.options.top_k,
+                              .presence_penalty = r.options.presence_penalty,
+                              .frequency_penalty = r.options.frequency_penalty};
+  // One uniform draw from (seed, step).
   const std::uint64_t bits = mix(r.options.seed ^ mix(r.result.tokens.size() + 1));
-  double u = static_cast<double>(bits >> 11) * 0x1.0p-53 * total;
-  for (std::size_t i = 0; i < weights.size(); ++i) {
-    u -= weights[i];
-    if (u < 0.0) return static_cast<std::int32_t>(i);
-  }
-  return static_cast<std::int32_t>(weights.size() - 1);
+  return sample_token(logits, r.result.tokens, params, static_cast<double>(bits >> 11) * 0x1.0p-53);
 }
 
 clm::Status Generator::run_until_idle() {

@@ -35,6 +35,7 @@
 
 #include "decoder.hpp"
 #include "llama_model.hpp"  // LlamaModel, for the hosts that include only this header
+#include "sampling.hpp"
 
 namespace tiny_llama {
 
@@ -42,6 +43,10 @@ struct GenerateOptions {
   std::int32_t max_new_tokens = 32;
   float temperature = 0.0f;  // 0: greedy (argmax, lowest id on ties)
   std::uint64_t seed = 0;    // temperature sampling is a function of (seed, step)
+  // sampling.hpp: nucleus and top-k cuts of a draw, penalties on tokens already generated.
+  float top_p = 1.0f;
+  std::int32_t top_k = 0;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
   std::vector<std::int32_t> stop_tokens;
   std::string cache_salt;  // tenants with different salts never share pages
   bool use_cache = true;

@@ -371,6 +371,93 @@ TEST_CASE("continuous batching in a pool too small for every request at once: wa
   expect_answers_alone(c, w, prompts, options, batched);
 }
 
+namespace {
+// sample_token's distribution written another way, in long double: each
+// token's penalty counted by scanning, the top-k set by ranks, the nucleus
+// by the mass ranked before each token.
+std::vector<long double> reference_distribution(std::span<const float> logits, std::span<const std::int32_t> generated,
+                                                const tiny_llama::SamplingParams& p) {
+  const std::size_t vocab = logits.size();
+  std::vector<long double> z(vocab), prob(vocab);
+  for (std::size_t i = 0; i < vocab; ++i) {
+    const auto count = std::count(generated.begin(), generated.end(), static_cast<std::int32_t>(i));
+    z[i] = logits[i] - p.frequency_penalty * static_cast<long double>(count) - (count > 0 ? p.presence_penalty : 0.0f);
+  }
+  const long double top = *std::max_element(z.begin(), z.end());
+  for (std::size_t i = 0; i < vocab; ++i) prob[i] = std::exp((z[i] - top) / p.temperature);
+  const auto before = [&](std::size_t j, std::size_t i) { return prob[j] > prob[i] || (prob[j] == prob[i] && j < i); };
+  std::vector<bool> in(vocab, true);
+  if (p.top_k > 0) {
+    for (std::size_t i = 0; i < vocab; ++i) {
+      std::size_t rank = 0;
+      for (std::size_t j = 0; j < vocab; ++j) rank += before(j, i) ? 1 : 0;
+      in[i] = rank < static_cast<std::size_t>(p.top_k);
+    }
+  }
+  long double mass = 0;
+  for (std::size_t i = 0; i < vocab; ++i) mass += in[i] ? prob[i] : 0;
+  std::vector<bool> nucleus = in;
+  for (std::size_t i = 0; i < vocab; ++i) {
+    if (!in[i]) continue;
+    long double ahead = 0;
+    for (std::size_t j = 0; j < vocab; ++j) ahead += (in[j] && before(j, i)) ? prob[j] : 0;
+    nucleus[i] = ahead < p.top_p * mass;
+  }
+  long double kept = 0;
+  for (std::size_t i = 0; i < vocab; ++i) kept += nucleus[i] ? prob[i] : 0;
+  std::vector<long double> q(vocab, 0);
+  for (std::size_t i = 0; i < vocab; ++i) q[i] = nucleus[i] ? prob[i] / kept : 0;
+  return q;
+}
+}  // namespace
+
+TEST_CASE("sampling: penalties, top_k and top_p give the distribution a long-double reference computes",
+          "[tiny_llama][sampling]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  constexpr int kVocab = 50, kDraws = 20000;
+  for (int trial = 0; trial < 40; ++trial) {
+    INFO("trial " << trial);
+    std::vector<float> logits(kVocab);
+    for (float& l : logits) l = normal(rng);
+    std::vector<std::int32_t> generated(20);
+    for (auto& t : generated) t = static_cast<std::int32_t>(rng() % 12);  // repeats, in the low ids
+    tiny_llama::SamplingParams p;
+    p.temperature = 0.2f + 1.3f * unit(rng);
+    p.top_p = trial % 3 == 0 ? 1.0f : 0.05f + 0.95f * unit(rng);
+    p.top_k = trial % 4 == 0 ? 0 : static_cast<std::int32_t>(1 + rng() % kVocab);
+    if (trial % 2 == 1) {
+      p.presence_penalty = 4.0f * unit(rng) - 2.0f;
+      p.frequency_penalty = 4.0f * unit(rng) - 2.0f;
+    }
+    const std::vector<long double> q = reference_distribution(logits, generated, p);
+    std::vector<int> drawn(kVocab, 0);
+    for (int d = 0; d < kDraws; ++d) {
+      ++drawn[static_cast<std::size_t>(tiny_llama::sample_token(logits, generated, p, (d + 0.5) / kDraws))];
+    }
+    for (std::size_t i = 0; i < kVocab; ++i) {
+      INFO("token " << i << ": drawn " << drawn[i] << " of " << kDraws << ", expected p " << static_cast<double>(q[i]));
+      if (q[i] == 0) CHECK(drawn[i] == 0);
+      // The draws are the inverse CDF on an even grid: each count is within 2 of q * kDraws.
+      CHECK(std::abs(static_cast<double>(drawn[i]) - static_cast<double>(q[i]) * kDraws) <= 2.0);
+    }
+    // Greedy takes the penalised maximum whatever u is.
+    p.temperature = 0.0f;
+    std::vector<long double> z(kVocab);
+    for (std::size_t i = 0; i < kVocab; ++i) {
+      const auto count = std::count(generated.begin(), generated.end(), static_cast<std::int32_t>(i));
+      z[i] =
+          logits[i] - p.frequency_penalty * static_cast<long double>(count) - (count > 0 ? p.presence_penalty : 0.0f);
+    }
+    const auto best = static_cast<std::int32_t>(std::max_element(z.begin(), z.end()) - z.begin());
+    CHECK(tiny_llama::sample_token(logits, generated, p, 0.3) == best);
+    CHECK(tiny_llama::sample_token(logits, generated, p, 0.9) == best);
+  }
+}
+
 TEST_CASE("cancel: a waiting and a running request end with the reason given, release their pages, publish none",
           "[tiny_llama]") {
   const std::uint32_t seed = clm_test::fresh_seed();
