@@ -62,7 +62,9 @@ const KvEventRecorder::Namespace& KvEventRecorder::namespace_of(const RadixTree&
 
 KvEventRecorder::Tail& KvEventRecorder::hash_node(std::int32_t index, const NodeView& v, const Namespace& ns,
                                                   std::uint64_t above) const {
-  Tail& t = tails_[index];
+  const auto slot = static_cast<std::size_t>(index);
+  if (slot >= tails_.size()) tails_.resize(std::max(slot + 1, 2 * tails_.size()));
+  Tail& t = tails_[slot];
   t.generation = v.ref.generation;
   t.ns = &ns;
   t.hashes.clear();
@@ -74,6 +76,13 @@ KvEventRecorder::Tail& KvEventRecorder::hash_node(std::int32_t index, const Node
   return t;
 }
 
+const KvEventRecorder::Tail* KvEventRecorder::known_entry(std::int32_t index, std::uint32_t generation) const {
+  const auto slot = static_cast<std::size_t>(index);
+  if (slot >= tails_.size()) return nullptr;
+  const Tail& t = tails_[slot];
+  return t.generation == generation && !t.hashes.empty() ? &t : nullptr;
+}
+
 // Node `index`'s entry: from the deepest ancestor whose hashes are known (or
 // the namespace's seed, the one walk up to a root), chained down.
 const KvEventRecorder::Tail& KvEventRecorder::known_tail(const RadixTree& tree, std::int32_t index) const {
@@ -82,11 +91,10 @@ const KvEventRecorder::Tail& KvEventRecorder::known_tail(const RadixTree& tree, 
   std::uint64_t above = 0;
   for (std::int32_t n = index; n >= 0;) {
     const NodeView v = tree.node_view(n);
-    const auto it = tails_.find(n);
-    if (it != tails_.end() && it->second.generation == v.ref.generation && !it->second.hashes.empty()) {
-      if (n == index) return it->second;
-      ns = it->second.ns;
-      above = it->second.hashes.back();
+    if (const Tail* known = known_entry(n, v.ref.generation)) {
+      if (n == index) return *known;
+      ns = known->ns;
+      above = known->hashes.back();
       break;
     }
     chain.push_back(n);
@@ -119,12 +127,11 @@ void KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMe
   out.extra_key.clear();
   std::optional<std::uint64_t> parent;
   const Namespace* ns = nullptr;
-  const auto cached = tails_.find(index);
-  if (cached != tails_.end() && cached->second.generation == v.ref.generation &&
-      cached->second.hashes.size() >= pages) {
+  const Tail* cached = known_entry(index, v.ref.generation);
+  if (cached != nullptr && cached->hashes.size() >= pages) {
     // Hashed before: the node's pages are the entry's last ones (all of them, or the lower half of a split).
-    const std::vector<std::uint64_t>& h = cached->second.hashes;
-    ns = cached->second.ns;
+    const std::vector<std::uint64_t>& h = cached->hashes;
+    ns = cached->ns;
     out.block_hashes.assign(h.end() - static_cast<std::ptrdiff_t>(pages), h.end());
     if (h.size() > pages) {
       parent = h[h.size() - pages - 1];
@@ -229,7 +236,9 @@ void KvEventRecorder::record(const RadixTree& tree, std::int32_t index, Tier tie
     if (!stored) {
       // A node that leaves both tiers is freed: its entry goes with it.
       const NodeView v = tree.node_view(index);
-      if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) tails_.erase(index);
+      if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) {
+        tails_[static_cast<std::size_t>(index)].hashes.clear();  // its storage stays for the slot's next node
+      }
     }
   } catch (const std::bad_alloc&) {  // no hashes: lost, and the resync will say it
     recorded_.fetch_add(1, std::memory_order_relaxed);

@@ -38,7 +38,6 @@
 #include <mutex>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "clm/cache/radix_tree.hpp"
@@ -118,6 +117,8 @@ class KvEventRecorder final : public RadixTreeObserver {
   void record(const RadixTree& tree, std::int32_t index, Tier tier, bool stored) noexcept;
   void node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored, KvEvent& out) const;
   const Tail& known_tail(const RadixTree& tree, std::int32_t index) const;
+  // Node `index`'s entry if it is still that node's (same generation) and hashed; else nullptr.
+  const Tail* known_entry(std::int32_t index, std::uint32_t generation) const;
   Tail& hash_node(std::int32_t index, const NodeView& v, const Namespace& ns, std::uint64_t above) const;
   const Namespace& namespace_of(const RadixTree& tree, std::int32_t index) const;
   void lose_queue(std::uint64_t also) noexcept;
@@ -129,9 +130,11 @@ class KvEventRecorder final : public RadixTreeObserver {
   const std::size_t capacity_;
   const bool token_ids_;
 
-  // The owner's lock: each node's entry (by index and generation), and each
-  // namespace (a map: its entries do not move, the nodes' entries point at them).
-  mutable std::unordered_map<std::int32_t, Tail> tails_;
+  // The owner's lock: each node's entry, by node index (a slot whose node
+  // left both tiers is emptied, keeping its storage for the next node there;
+  // the generation tells a slot's nodes apart), and each namespace (a map:
+  // its entries do not move, the nodes' entries point at them).
+  mutable std::vector<Tail> tails_;
   mutable std::map<std::pair<std::string, std::int32_t>, Namespace> namespaces_;
 
   mutable std::mutex queue_mutex_;
