@@ -114,7 +114,8 @@ int main(int argc, char** argv) {
                                  .max_waiting = static_cast<std::size_t>(flags.max_waiting),
                                  .retry_after_s = 5,
                                  .api_keys = flags.api_keys.empty() ? nullptr : &api_keys,
-                                 .trust_x_tenant = flags.trust_x_tenant});
+                                 .trust_x_tenant = flags.trust_x_tenant,
+                                 .prefix_cache = flags.prefix_cache});
   int port = 0;
   if (clm::Status s = server.bind(flags.port, port); !s.ok()) return fail(s.message());
   std::printf("listening on %s:%d%s\n", flags.host.c_str(), port, flags.tls_cert.empty() ? "" : " (https)");

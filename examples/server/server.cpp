@@ -565,6 +565,7 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   generate.seed = chat.seed.value_or(std::random_device{}());
   if (!chat.ignore_eos) generate.stop_tokens = {tiny_llama::ByteTokenizer::kEndOfTurn};
   generate.cache_salt = tenant;
+  generate.use_cache = options_.prefix_cache;
 
   auto completion = std::make_shared<Completion>(chat.stop);
   auto on_token = [completion](std::int32_t token) {

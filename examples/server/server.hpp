@@ -93,6 +93,7 @@ struct ServerOptions {
   double retry_after_s = 5;                 // what a 503 while draining (and a full queue's 429) tell clients
   const ApiKeys* api_keys = nullptr;        // nullptr: no keys (every request is tenant "")
   bool trust_x_tenant = false;
+  bool prefix_cache = true;  // false: requests neither reuse nor publish cached pages
 };
 
 // The engine's invariants and counts as one JSON object (GET /debug/engine,

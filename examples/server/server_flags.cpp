@@ -139,6 +139,9 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
         return fmt::format("{}: unknown value '{}' (lru, lfu, slru, priority, ghost_slru)", flag, value);
       }
       f.eviction_policy = *p;
+    } else if (flag == "--prefix-cache") {
+      if (value != "on" && value != "off") return fmt::format("{}: on or off, got {}", flag, value);
+      f.prefix_cache = value == "on";
     } else if (flag == "--host-tokens") {
       f.host_tokens = std::stoll(value, &used);
     } else if (flag == "--write-policy") {
@@ -294,6 +297,7 @@ cache:
   --page-size N            tokens per page (default 16)
   --pool-tokens N          the KV pool, in tokens (default 32768)
   --eviction-policy P      lru, lfu, slru, priority, ghost_slru (default ghost_slru)
+  --prefix-cache on|off    off: every prompt computed afresh (the baseline bench_server measures against)
 tiers (docs/tiers.md):
   --host-tokens N          a host-memory tier of N tokens that evicted pages move to (default 0: none)
   --write-policy P         write_through, write_through_selective, write_back (default write_through)
