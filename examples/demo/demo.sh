@@ -22,6 +22,11 @@
 # (examples/demo/questions.tsv), marked OTHER when they differ, and the
 # counts; the same pairs go to BUILD_DIR/clm-demo/reuse.tsv (columns in
 # examples/demo/reuse_report.hpp).
+#
+# With --tokenizer FILE (make demo TOKENIZER=FILE): a Hugging Face
+# tokenizer.json (Qwen3's, examples/tokenizer) instead of byte tokens, the
+# model's vocabulary its size; CLM in the loop finds the question by the byte
+# template, so that run has no CLM parts and trains none.
 set -euo pipefail
 export LC_ALL=C
 if [[ $# -lt 1 ]]; then
@@ -33,6 +38,11 @@ shift
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 demo=$build/examples/demo/clm_demo
 clm_fit=$build/examples/clm_fit/clm_fit
+for arg in "$@"; do
+  if [[ $arg == --tokenizer && -x $demo ]]; then
+    exec "$demo" "$@"
+  fi
+done
 for tool in "$demo" "$clm_fit"; do
   if [[ ! -x $tool ]]; then
     echo "$0: $tool is not built (make build)" >&2

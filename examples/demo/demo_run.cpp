@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "byte_tokenizer.hpp"
+#include "hf_tokenizer.hpp"
 
 namespace tiny_llama_demo {
 
@@ -57,12 +58,19 @@ clm::Status run_scenario(tiny_llama::Generator& generator, const Scenario& scena
                          RunReport& out) {
   struct UserState {
     std::vector<std::int32_t> history;
+    std::vector<std::int32_t> byte_history;  // with a tokenizer: the same conversation in byte tokens
     std::int32_t next_turn = 0;
     bool waiting = false;  // a request of this user is in the generator
   };
+  const clm_tokenizer::HfTokenizer* const tokenizer = options.tokenizer;
   std::vector<UserState> users(scenario.users.size());
   for (UserState& u : users) {
-    u.history = ByteTokenizer::apply_chat_template({{"system", scenario.system_prompt}}, false);
+    if (tokenizer != nullptr) {
+      CLM_RETURN_IF_ERROR(tokenizer->append_chat_message({"system", scenario.system_prompt}, u.history));
+      u.byte_history = ByteTokenizer::apply_chat_template({{"system", scenario.system_prompt}}, false);
+    } else {
+      u.history = ByteTokenizer::apply_chat_template({{"system", scenario.system_prompt}}, false);
+    }
   }
   RunReport report;
   const std::int64_t total = scenario.questions();
@@ -83,8 +91,17 @@ clm::Status run_scenario(tiny_llama::Generator& generator, const Scenario& scena
       }
       const std::int32_t turn = state.next_turn;
       const Question& question = user.questions[static_cast<std::size_t>(turn)];
-      ByteTokenizer::append_message({"user", question.text}, state.history);
-      ByteTokenizer::append_header("assistant", state.history);
+      if (tokenizer != nullptr) {
+        CLM_RETURN_IF_ERROR(tokenizer->append_chat_message({"user", question.text}, state.history));
+        CLM_RETURN_IF_ERROR(tokenizer->append_generation_prompt(state.history));
+        ByteTokenizer::append_message({"user", question.text}, state.byte_history);
+        ByteTokenizer::append_header("assistant", state.byte_history);
+      } else {
+        ByteTokenizer::append_message({"user", question.text}, state.history);
+        ByteTokenizer::append_header("assistant", state.history);
+      }
+      const auto byte_prompt_tokens =
+          static_cast<std::int64_t>(tokenizer != nullptr ? state.byte_history.size() : state.history.size());
       tiny_llama::GenerateOptions o;
       o.max_new_tokens = options.max_new_tokens;
       o.temperature = options.temperature;
@@ -93,21 +110,33 @@ clm::Status run_scenario(tiny_llama::Generator& generator, const Scenario& scena
       o.use_cache = options.use_cache;
       if (options.prepare) options.prepare(static_cast<std::int32_t>(u), turn, question, o);
       state.waiting = true;
-      generator.submit(state.history, o, nullptr, [&, u, turn, question](const tiny_llama::GenerationResult& r) {
-        UserState& s = users[u];
-        s.waiting = false;
-        ++s.next_turn;
-        ++done;
-        if (!r.status.ok() && failure.ok()) {
-          failure = clm::Status(r.status.code(), fmt::format("user {} turn {}: {}", u, turn, r.status.message()));
-        }
-        // The answer's tokens, then the end of the assistant's turn, join the history.
-        s.history.insert(s.history.end(), r.tokens.begin(), r.tokens.end());
-        s.history.push_back(ByteTokenizer::kEndOfTurn);
-        cached += r.cached_tokens;
-        prompt += r.prompt_tokens;
-        report.requests.push_back({static_cast<std::int32_t>(u), turn, question, r});
-      });
+      generator.submit(
+          state.history, o, nullptr, [&, u, turn, question, byte_prompt_tokens](const tiny_llama::GenerationResult& r) {
+            UserState& s = users[u];
+            s.waiting = false;
+            ++s.next_turn;
+            ++done;
+            if (!r.status.ok() && failure.ok()) {
+              failure = clm::Status(r.status.code(), fmt::format("user {} turn {}: {}", u, turn, r.status.message()));
+            }
+            // The answer's tokens, then the end of the assistant's turn, join the history.
+            s.history.insert(s.history.end(), r.tokens.begin(), r.tokens.end());
+            if (tokenizer != nullptr) {
+              // ChatML ends a turn with <|im_end|>\n; the byte conversation gets the answer's text.
+              std::string answer;
+              clm::Status t = tokenizer->decode(r.tokens, answer);
+              s.history.push_back(tokenizer->end_of_turn_id());
+              if (t.ok()) t = tokenizer->encode("\n", s.history);
+              if (!t.ok() && failure.ok()) failure = t;
+              ByteTokenizer::encode(answer, s.byte_history);
+              s.byte_history.push_back(ByteTokenizer::kEndOfTurn);
+            } else {
+              s.history.push_back(ByteTokenizer::kEndOfTurn);
+            }
+            cached += r.cached_tokens;
+            prompt += r.prompt_tokens;
+            report.requests.push_back({static_cast<std::int32_t>(u), turn, question, r, byte_prompt_tokens});
+          });
     }
     if (generator.pending() == 0) {
       if (next_arrival < 0) break;  // nothing runs and no one is left to arrive

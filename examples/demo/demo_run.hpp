@@ -12,6 +12,11 @@
 // Answers are exactly max_new_tokens long (no stop token), so a run with the
 // cache and one without see prompts of the same lengths, whatever the model
 // samples: the comparison is between equal amounts of work.
+//
+// Conversations are byte tokens in the Llama-3-style template of
+// byte_tokenizer.hpp, or, with RunOptions::tokenizer, a Hugging Face
+// tokenizer's ids in Qwen's ChatML (examples/tokenizer); then each request
+// also records how many byte tokens the same conversation would have been.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +25,10 @@
 
 #include "generator.hpp"
 #include "scenario.hpp"
+
+namespace clm_tokenizer {
+class HfTokenizer;
+}
 
 namespace tiny_llama_demo {
 
@@ -32,6 +41,8 @@ struct RunOptions {
   // Called for each request before it is submitted: a host's per-request
   // setup (e.g. the CLM suffix); may change the options.
   std::function<void(std::int32_t user, std::int32_t turn, const Question&, tiny_llama::GenerateOptions&)> prepare;
+  // The conversations' tokenizer (outlives the run); null: the byte tokenizer.
+  const clm_tokenizer::HfTokenizer* tokenizer = nullptr;
 };
 
 struct RequestRecord {
@@ -39,6 +50,9 @@ struct RequestRecord {
   std::int32_t turn = 0;
   Question question;
   tiny_llama::GenerationResult result;
+  // The same conversation's prompt in byte tokens (the answers so far as the
+  // text they decode to): result.prompt_tokens when the run uses byte tokens.
+  std::int64_t byte_prompt_tokens = 0;
 };
 
 struct RunReport {

@@ -14,6 +14,11 @@
 //   clm_demo [--users 12] [--turns 3] [--system-bytes 1536] [--max-new-tokens 16] [--threads 0]
 //            [--device-tokens 4096] [--host-tokens 32768] [--weights F --config F] [--seed 1]
 //            [--questions F]       the questions file (default: examples/demo/questions.tsv)
+//            [--tokenizer F]       a Hugging Face tokenizer.json (Qwen3's: examples/tokenizer) instead of byte
+//                                  tokens: the model's vocabulary is then the tokenizer's (randomly initialised
+//                                  at that size), prompts are Qwen's ChatML, and a table compares each turn's
+//                                  prompt tokens with the byte tokens of the same conversation; CLM in the
+//                                  loop (which finds the question by the byte template) is refused with it
 //            [--lexicons DIR]      words of the demo's domain added to the suffix keyer's built-in ones
 //                                  (default: examples/demo/lexicon; "" for the built-ins alone)
 //            [--clm-dir DIR]       CLM in the loop in the cached run, with DIR's trained parts
@@ -46,6 +51,7 @@
 #include "clm_collect.hpp"
 #include "clm_loop.hpp"
 #include "demo_run.hpp"
+#include "hf_tokenizer.hpp"
 #include "reuse_report.hpp"
 
 namespace {
@@ -68,6 +74,7 @@ struct DemoFlags {
   std::string weights, config;
   std::uint64_t seed = 1;
   std::string clm_dir, collect_dir, model_key_path, reuse_tsv;
+  std::string tokenizer;                     // a tokenizer.json; empty: byte tokens
   std::string lexicons = CLM_DEMO_LEXICONS;  // Debian's words: without them the keyer abstains on every question
   float src_threshold = -1.0f;               // < 0: the library's, from traffic
   float temperature = 0.0f;  // greedy: a random-weight model then falls into loops, the repeats CLM learns
@@ -101,11 +108,24 @@ struct Stack {
   std::unique_ptr<tiny_llama::Generator> generator;
 };
 
+// The template's marker tokens: the byte tokenizer's, or a tokenizer's special ones.
+std::vector<std::int32_t> special_token_ids(const clm_tokenizer::HfTokenizer* tokenizer) {
+  if (tokenizer == nullptr) {
+    return {tiny_llama::ByteTokenizer::kBeginOfText, tiny_llama::ByteTokenizer::kStartHeader,
+            tiny_llama::ByteTokenizer::kEndHeader, tiny_llama::ByteTokenizer::kEndOfTurn};
+  }
+  std::vector<std::int32_t> ids;
+  for (std::int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
+    if (tokenizer->is_special(id)) ids.push_back(id);
+  }
+  return ids;
+}
+
 clm::Status make_stack(const DemoFlags& flags, const tiny_llama::LlamaConfig& config,
-                       const tiny_llama::LlamaWeights& weights, bool cached, const std::string& store_dir, Stack& out) {
+                       const tiny_llama::LlamaWeights& weights, bool cached, const std::string& store_dir,
+                       const clm_tokenizer::HfTokenizer* tokenizer, Stack& out) {
   clm::EngineConfig e;
-  e.special_token_ids = {tiny_llama::ByteTokenizer::kBeginOfText, tiny_llama::ByteTokenizer::kStartHeader,
-                         tiny_llama::ByteTokenizer::kEndHeader, tiny_llama::ByteTokenizer::kEndOfTurn};
+  e.special_token_ids = special_token_ids(tokenizer);
   e.snapshot_store.path = store_dir;  // empty: no store
   e.snapshot_store.snapshot_dim = snapshot_dim_for(config);
   // The demo runs for a minute, not a day: a suffix is stored at its first sighting.
@@ -159,10 +179,14 @@ void print_tables(const DemoFlags& flags, const tiny_llama::LlamaConfig& config,
                   const RunReport& off_report, const RunReport& on_report, const clm::Engine& engine,
                   const tiny_llama::ClmLoop* clm_loop, const tiny_llama_demo::ReuseReport& reuse) {
   const Summary off = summarize(off_report), on = summarize(on_report);
+  const std::string tokens = flags.tokenizer.empty()
+                                 ? std::string("byte tokens")
+                                 : fmt::format("tokens of {} (vocabulary {})", flags.tokenizer, config.vocab_size);
   std::printf(
       "\nDebian support bot: %zu users x %d turns = %lld requests; system prompt of %zu bytes of the Debian "
-      "FAQ (English + Chinese), byte tokens\n",
-      sc.users.size(), flags.scenario.turns, static_cast<long long>(off.requests), sc.system_prompt.size());
+      "FAQ (English + Chinese), %s\n",
+      sc.users.size(), flags.scenario.turns, static_cast<long long>(off.requests), sc.system_prompt.size(),
+      tokens.c_str());
   std::printf(
       "model: Llama, %d layers, hidden %d, %d heads, %d KV heads, random weights; KV bf16 in pages of %d; "
       "cache on: device %d tokens + host %d tokens\n\n",
@@ -207,6 +231,22 @@ void print_tables(const DemoFlags& flags, const tiny_llama::LlamaConfig& config,
                 tiny_llama_demo::quantile(a, 0.5), tiny_llama_demo::quantile(b, 0.5),
                 prompt ? 100.0 * double(cached) / double(prompt) : 0.0);
   }
+  if (!flags.tokenizer.empty()) {
+    std::printf(
+        "\nPrompt tokens by turn (sum over users, cached run): the tokenizer's against the byte tokens of the "
+        "same\nconversation (its answers as the text they decode to)\n");
+    std::printf("                 tokenizer    byte tokens   tokenizer / bytes\n");
+    for (std::int32_t turn = 0; turn < flags.scenario.turns; ++turn) {
+      std::int64_t real = 0, bytes = 0;
+      for (const auto& r : on_report.requests) {
+        if (r.turn != turn) continue;
+        real += r.result.prompt_tokens;
+        bytes += r.byte_prompt_tokens;
+      }
+      std::printf("  turn %d   %14s %14s   %17.3f\n", turn + 1, thousands(real).c_str(), thousands(bytes).c_str(),
+                  bytes ? double(real) / double(bytes) : 0.0);
+    }
+  }
   if (clm_loop != nullptr) {
     std::printf("\nCLM in the loop (cached run; the cache-off run is the baseline, CLM off):\n%s",
                 tiny_llama::format_clm_stats(clm_loop->stats()).c_str());
@@ -236,7 +276,7 @@ void print_tables(const DemoFlags& flags, const tiny_llama::LlamaConfig& config,
 int collect(const DemoFlags& flags, const tiny_llama::LlamaConfig& config, const tiny_llama::LlamaWeights& weights,
             const tiny_llama_demo::Scenario& scenario, tiny_llama_demo::RunOptions run) {
   Stack stack;
-  if (clm::Status s = make_stack(flags, config, weights, true, "", stack); !s.ok()) return fail(s.message());
+  if (clm::Status s = make_stack(flags, config, weights, true, "", nullptr, stack); !s.ok()) return fail(s.message());
   std::unique_ptr<tiny_llama::ClmCollector> collector;
   tiny_llama::ClmCollectConfig collect_config;
   collect_config.snapshot_dim = snapshot_dim_for(config);
@@ -285,11 +325,12 @@ std::string file_sha256(const std::string& path) {
 
 // The trained CLM parts fit one model: its shape and its weights (a file's
 // bytes, wherever it lies, or the random init of a seed).
-int write_model_key(const DemoFlags& flags) {
+int write_model_key(const DemoFlags& flags, const clm_tokenizer::HfTokenizer* tokenizer) {
   tiny_llama::LlamaConfig config;
   if (!flags.config.empty()) {
     if (clm::Status s = tiny_llama::load_llama_config(flags.config, config); !s.ok()) return fail(s.message());
   }
+  if (tokenizer != nullptr) config.vocab_size = tokenizer->vocab_size();
   std::string weights = fmt::format("random init, seed {}", flags.seed);
   if (!flags.weights.empty()) {
     const std::string digest = file_sha256(flags.weights);
@@ -327,6 +368,8 @@ int main(int argc, char** argv) {
         flags.reuse_tsv = value;
       else if (flag == "--lexicons")
         flags.lexicons = value;
+      else if (flag == "--tokenizer")
+        flags.tokenizer = value;
       else if (flag == "--max-new-tokens")
         flags.max_new_tokens = std::stoi(value);
       else if (flag == "--max-batch")
@@ -364,16 +407,46 @@ int main(int argc, char** argv) {
   if (flags.page_size < 1 || flags.device_tokens < flags.page_size || flags.max_batch < 1) {
     return fail("--page-size, --device-tokens and --max-batch must be positive (device tokens >= a page)");
   }
-  if (!flags.model_key_path.empty()) return write_model_key(flags);
+  clm_tokenizer::HfTokenizer hf_tokenizer;
+  const clm_tokenizer::HfTokenizer* tokenizer = nullptr;
+  if (!flags.tokenizer.empty()) {
+    if (!flags.clm_dir.empty() || !flags.collect_dir.empty()) {
+      return fail(
+          "--tokenizer with --clm-dir or --collect: CLM in the loop finds the question by the byte "
+          "template's headers, so it runs with byte tokens only");
+    }
+    if (clm::Status s = clm_tokenizer::HfTokenizer::load(flags.tokenizer, hf_tokenizer); !s.ok()) {
+      return fail(fmt::format("--tokenizer: {}: {}", s.code_name(), s.message()));
+    }
+    tokenizer = &hf_tokenizer;
+  }
+  if (!flags.model_key_path.empty()) return write_model_key(flags, tokenizer);
   tiny_llama_demo::Scenario scenario;
   if (clm::Status s = tiny_llama_demo::make_scenario(flags.scenario, scenario); !s.ok()) return fail(s.message());
   tiny_llama::LlamaConfig config;
   tiny_llama::LlamaWeights weights;
-  if (clm::Status s = tiny_llama::load_or_init_llama(flags.config, flags.weights, flags.seed, config, weights);
-      !s.ok()) {
-    return fail(s.message());
+  if (tokenizer == nullptr) {
+    if (clm::Status s = tiny_llama::load_or_init_llama(flags.config, flags.weights, flags.seed, config, weights);
+        !s.ok()) {
+      return fail(s.message());
+    }
+  } else {
+    // The model's vocabulary is the tokenizer's: its embedding and output rows, one per token id.
+    if (!flags.config.empty()) {
+      if (clm::Status s = tiny_llama::load_llama_config(flags.config, config); !s.ok()) return fail(s.message());
+    }
+    config.vocab_size = tokenizer->vocab_size();
+    if (!flags.weights.empty()) {
+      if (clm::Status s = tiny_llama::load_llama_weights(flags.weights, config, weights); !s.ok()) {
+        return fail(
+            fmt::format("{} (with --tokenizer the weights need a vocabulary of {})", s.message(), config.vocab_size));
+      }
+    } else {
+      tiny_llama::random_llama_weights(config, flags.seed, weights, flags.threads);
+    }
   }
   tiny_llama_demo::RunOptions run;
+  run.tokenizer = tokenizer;
   run.max_new_tokens = flags.max_new_tokens;
   run.temperature = flags.temperature;
   if (!flags.collect_dir.empty()) return collect(flags, config, weights, scenario, run);
@@ -381,7 +454,9 @@ int main(int argc, char** argv) {
   RunReport off_report, on_report;
   {
     Stack off;
-    if (clm::Status s = make_stack(flags, config, weights, false, "", off); !s.ok()) return fail(s.message());
+    if (clm::Status s = make_stack(flags, config, weights, false, "", tokenizer, off); !s.ok()) {
+      return fail(s.message());
+    }
     run.use_cache = false;
     run.label = "cache off (baseline)";
     if (clm::Status s = tiny_llama_demo::run_scenario(*off.generator, scenario, run, off_report); !s.ok()) {
@@ -392,7 +467,7 @@ int main(int argc, char** argv) {
   const bool with_clm = !flags.clm_dir.empty();
   if (with_clm && store.path().empty()) return fail("cannot make a temporary folder for the snapshot store");
   Stack on;
-  if (clm::Status s = make_stack(flags, config, weights, true, with_clm ? store.path() : "", on); !s.ok()) {
+  if (clm::Status s = make_stack(flags, config, weights, true, with_clm ? store.path() : "", tokenizer, on); !s.ok()) {
     return fail(s.message());
   }
   std::unique_ptr<tiny_llama::ClmLoop> clm_loop;

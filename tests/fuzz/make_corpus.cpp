@@ -3,7 +3,8 @@
 // files from serialize_safetensors, snapshot BLOBs from encode_snapshot_blob,
 // stored pages from encode_page_header, suffix-key texts in English and
 // Chinese, short C ABI call sequences, radix-tree runs, KV event batches (from
-// encode_kv_event_batch) and a replay request, in the byte format
+// encode_kv_event_batch), a replay request and small tokenizer.json files
+// (tokenizer_json_seed.hpp), in the byte format
 // their fuzzers read (clm_fuzz::ByteReader: one byte per choice, front to back).
 // Deterministic: running it again rewrites the same files. Built on demand.
 //
@@ -29,6 +30,7 @@
 #include "clm/store/snapshot_blob.hpp"
 #include "clm/tiers/page_file.hpp"
 #include "fuzz/fuzz_support.hpp"
+#include "fuzz/tokenizer_json_seed.hpp"
 
 namespace {
 
@@ -338,6 +340,25 @@ void kv_events() {
   write("kv_events", "replay_request", {1, 'i', 'd', 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 42});
 }
 
+// ---- (i) tokenizer.json files, then a NUL and a text to encode ----------------------
+void tokenizer_files() {
+  const struct {
+    const char* name;
+    clm_fuzz::TokenizerSeed seed;
+    std::string text;
+  } files[] = {
+      {"qwen_chat", clm_fuzz::TokenizerSeed::qwen, "<|im_start|>user\nthe thing's 你好 42<|im_end|>\n"},
+      {"legacy_merges", clm_fuzz::TokenizerSeed::legacy_merges, "ing in  the\r\n\n  end   "},
+      {"stripped_added", clm_fuzz::TokenizerSeed::stripped_added, "a <|im_end|> b<|im_start|>  c \xEF\xBC\xA1"},
+  };
+  for (const auto& f : files) {
+    std::string bytes = clm_fuzz::small_tokenizer_json(f.seed).dump(1);
+    bytes.push_back('\0');
+    bytes += f.text;
+    write("tokenizer_json", f.name, bytes.data(), bytes.size());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -354,5 +375,6 @@ int main(int argc, char** argv) {
   capi_sequences();
   radix_runs();
   kv_events();
+  tokenizer_files();
   return 0;
 }

@@ -105,7 +105,7 @@ if [ -f "$deps_archive" ]; then
              -DOPENSSL_CRYPTO_LIBRARY="$arch_lib/libcrypto.so" -DOPENSSL_SSL_LIBRARY="$arch_lib/libssl.so"
              -DHIREDIS_INCLUDE_DIR="$usr/include" -DHIREDIS_LIBRARY="$arch_lib/libhiredis.so"
              -DOPENCC_INCLUDE_DIR="$usr/include" -DOPENCC_LIBRARY="$arch_lib/libopencc.so"
-             -DOPENCC_T2S_CONFIG="$usr/share/opencc/t2s.json"
+             -DOPENCC_T2S_CONFIG="$usr/share/opencc/t2s.json" -DICU_ROOT="$usr"
              # libopencc.so.1.1 needs libmarisa.so.0, from the archive too: the loader
              # looks an indirect dependency up in the DT_RPATH of the programs and
              # libraries that loaded it, never in the DT_RUNPATH the linker writes by
