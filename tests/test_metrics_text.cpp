@@ -187,6 +187,13 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_sequences_aborted_total", m.aborted);
   put("clm_admissions_rejected_total", m.rejected);
   put("clm_active_sequences", m.active_sequences);
+  put("clm_pins_active", m.pins_active);
+  put("clm_pinned_pages", m.pinned_pages);
+  put("clm_pin_budget_pages", m.pin_budget_pages);
+  put(R"(clm_pins_total{event="created"})", m.pins_created);
+  put(R"(clm_pins_total{event="refused"})", m.pins_refused);
+  put(R"(clm_pins_total{event="expired"})", m.pins_expired);
+  put(R"(clm_pins_total{event="refreshed"})", m.pins_refreshed);
   // SRC head.
   put("clm_src_threshold", s.threshold);
   put("clm_src_scored_steps_total", s.steps);

@@ -60,6 +60,7 @@
 #include "clm/engine/admission.hpp"
 #include "clm/engine/engine_config.hpp"
 #include "clm/engine/engine_metrics.hpp"
+#include "clm/engine/prefix_pins.hpp"
 #include "clm/events/kv_event_publisher.hpp"
 #include "clm/events/kv_event_recorder.hpp"
 #include "clm/metrics/metrics_text.hpp"
@@ -123,6 +124,12 @@ class Engine {
     } else if (!config.tiers.page_secret_file.empty() || !config.tiers.page_secret_env.empty()) {
       return invalid_argument("tiers: a page secret without a storage tier (tiers.storage_url) signs nothing");
     }
+    if (!(config.pin_budget_fraction >= 0.0 && config.pin_budget_fraction <= 1.0)) {
+      return invalid_argument(fmt::format("pin_budget_fraction must be in [0, 1], got {}", config.pin_budget_fraction));
+    }
+    if (config.max_pin_ttl.count() < 1) {
+      return invalid_argument(fmt::format("max_pin_ttl must be >= 1 ms, got {} ms", config.max_pin_ttl.count()));
+    }
     if (config.kv_events.enabled && config.model_id.empty()) {
       return invalid_argument("kv_events: needs model_id (the block hashes name the model, as stored pages do)");
     }
@@ -172,6 +179,7 @@ class Engine {
       std::unique_lock lock(mutex_);
       CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, seq->cache_namespace(), match_, "admit"));
       CLM_RETURN_IF_ERROR(tree_->lock(match_.node));
+      if (!pins_.empty()) refresh_pins_on_path(match_.node);
       // The host-only part (match_ is shared scratch: what a load-back needs is kept here).
       const bool load_back = match_.host_tokens > 0;
       const NodeRef host_node = match_.host_node;
@@ -503,7 +511,68 @@ class Engine {
     m.tiers.host_pages_used = m.cache.host_pages_used;
     m.tiers.dropped_backups += m.cache.write_backs_dropped;
     m.active_sequences = static_cast<std::int64_t>(sequences_.size());
+    m.pins_active = static_cast<std::int64_t>(pins_.size());
+    m.pinned_pages = pins_.pinned_pages();
+    m.pin_budget_pages = pins_.budget_pages();
     return m;
+  }
+
+  // ---- pinned prefixes -------------------------------------------------------
+  // Keeps the cached part of `tokens`' prefix (whole pages on the pool, under
+  // options' salt and adapter) from eviction for `ttl`: its tree node is
+  // locked as a running sequence's would be. Each admission whose match
+  // covers the whole pinned prefix refreshes it to `ttl` again; it expires by
+  // itself (at the next admission or pin call after its time), or unpin()
+  // ends it. Pins share a budget of pin_budget_fraction of the pool's pages:
+  // a pin past it is refused (out_of_memory, nothing pinned), never made room
+  // for by dropping another. invalid_argument: a bad prompt or a ttl outside
+  // [1 ms, max_pin_ttl]; not_found: nothing of the prefix is on the pool (pin
+  // after the request that computed it has finished).
+  Status pin_prefix(std::span<const std::int32_t> tokens, const AdmitOptions& options, std::chrono::milliseconds ttl,
+                    PinResult& out) {
+    CLM_RETURN_IF_ERROR(check_admission(tokens, options, "pin_prefix"));
+    CLM_RETURN_IF_ERROR(detail::check_token_ids(tokens, 0, "pin_prefix"));
+    if (ttl.count() < 1 || ttl > config_.max_pin_ttl) {
+      return invalid_argument(
+          fmt::format("pin_prefix: ttl must be in [1, {}] ms, got {} ms", config_.max_pin_ttl.count(), ttl.count()));
+    }
+    std::lock_guard lock(mutex_);
+    const auto now = PrefixPins::Clock::now();
+    expire_pins(now);
+    NodeRef node;
+    std::int32_t cached = 0;
+    CLM_RETURN_IF_ERROR(
+        tree_->device_prefix_node(tokens, {options.cache_salt, options.adapter_id}, node, cached, "pin_prefix"));
+    if (cached == 0) {
+      return not_found(
+          "pin_prefix: nothing of this prefix is cached on the pool (pin it once a request has computed it)");
+    }
+    const std::int32_t pages = cached / page_size_;
+    if (!pins_.fits(pages)) {
+      ++metrics_.pins_refused;
+      return out_of_memory(fmt::format("pin_prefix: the pin budget is {} pages, {} are pinned, this prefix has {}",
+                                       pins_.budget_pages(), pins_.pinned_pages(), pages));
+    }
+    CLM_RETURN_IF_ERROR(tree_->lock(node));
+    try {
+      out.pin = pins_.add(node, pages, ttl, now);
+    } catch (const std::bad_alloc&) {
+      (void)tree_->unlock(node);
+      return out_of_memory("pin_prefix: no memory for the pin");
+    }
+    out.pinned_tokens = cached;
+    ++metrics_.pins_created;
+    return {};
+  }
+
+  // Ends pin `pin` (its prefix becomes evictable again unless others hold it).
+  // not_found when it is unknown, already ended or expired.
+  Status unpin(std::uint64_t pin) {
+    std::lock_guard lock(mutex_);
+    expire_pins(PrefixPins::Clock::now());
+    const std::optional<PrefixPins::Pin> removed = pins_.remove(pin);
+    if (!removed) return not_found(fmt::format("unpin: no pin {} (never made, ended or expired)", pin));
+    return tree_->unlock(removed->node);
   }
 
   // metrics() as Prometheus text (metrics_text.hpp).
@@ -582,7 +651,31 @@ class Engine {
                                               ? config.ghost_slru_protected_fraction
                                               : config.slru_protected_fraction,
                                           tiers_ ? tiers_->host_pool() : nullptr, config.ghost_slru_memory)),
-        src_(config.src_gate, config.special_token_ids) {}
+        src_(config.src_gate, config.special_token_ids),
+        pins_(static_cast<std::int64_t>(config.pin_budget_fraction * static_cast<double>(config.pool.num_pages))) {}
+
+  // Under the lock: unlocks the pins past their time.
+  void expire_pins(PrefixPins::Clock::time_point now) {
+    if (!pins_.any_expired(now)) return;
+    expired_pins_.clear();
+    pins_.take_expired(now, expired_pins_);
+    for (const PrefixPins::Pin& pin : expired_pins_) {
+      (void)tree_->unlock(pin.node);
+      ++metrics_.pins_expired;
+    }
+  }
+
+  // Under the lock: an admission locked `matched`, so every pin on it or
+  // above it is covered by the hit: their time starts again.
+  void refresh_pins_on_path(NodeRef matched) {
+    const auto now = PrefixPins::Clock::now();
+    expire_pins(now);
+    for (std::int32_t n = matched.index; n >= 0; n = tree_->node_view(n).parent) {
+      if (!pins_.has_node(n)) continue;
+      pins_.refresh_node(n, now);
+      ++metrics_.pins_refreshed;
+    }
+  }
 
   // Records the tree's changes from now on, starting with AllBlocksCleared
   // (this instance holds nothing), and publishes them.
@@ -788,8 +881,10 @@ class Engine {
   std::int64_t admitting_pages_ = 0;  // pages of admissions loading from the host, lock down (under the mutex)
   PrefixMatch match_;                 // scratch, under the mutex
   EngineMetrics metrics_;
-  SrcTracker src_;                      // its own lock: SRC steps never hold up the prefix cache
-  mutable std::mutex clm_parts_mutex_;  // guards the two pointers below
+  SrcTracker src_;                             // its own lock: SRC steps never hold up the prefix cache
+  PrefixPins pins_;                            // mutex_'s
+  std::vector<PrefixPins::Pin> expired_pins_;  // mutex_'s: expire_pins' scratch
+  mutable std::mutex clm_parts_mutex_;         // guards the two pointers below
   std::shared_ptr<const SnapshotProjection> projection_;
   std::shared_ptr<const SnapshotAdapter> adapter_;
   std::unique_ptr<SnapshotStore> store_;            // set once by create()

@@ -107,6 +107,14 @@ void sequences(Exposition& out, const EngineMetrics& m) {
   out.counter("sequences_aborted_total", "Sequences aborted (nothing cached).", m.aborted);
   out.counter("admissions_rejected_total", "Admissions refused for lack of free pages.", m.rejected);
   out.gauge("active_sequences", "Sequences running now.", m.active_sequences);
+  out.gauge("pins_active", "Pinned prefixes now (Engine::pin_prefix).", m.pins_active);
+  out.gauge("pinned_pages", "Pool pages the pins hold (counted per pin).", m.pinned_pages);
+  out.gauge("pin_budget_pages", "Pool pages pins may hold at once.", m.pin_budget_pages);
+  out.family("pins_total", "counter", "Pin events: created, refused (over the budget), expired, refreshed (a hit).");
+  out.sample("pins_total", "event=\"created\"", m.pins_created);
+  out.sample("pins_total", "event=\"refused\"", m.pins_refused);
+  out.sample("pins_total", "event=\"expired\"", m.pins_expired);
+  out.sample("pins_total", "event=\"refreshed\"", m.pins_refreshed);
 }
 
 void src(Exposition& out, const SrcMetrics& s) {

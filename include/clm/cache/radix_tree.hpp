@@ -225,6 +225,35 @@ class RadixTree {
     return {};
   }
 
+  // The deepest device node of `tokens`' cached prefix (whole pages of
+  // tokens[0, length)), split there when the prefix ends inside a node, and
+  // how many tokens it covers: what a pin locks (Engine::pin_prefix). No
+  // recency, hit or metric is touched. cached_tokens 0 (and an empty `out`)
+  // when nothing of it is on the device.
+  Status device_prefix_node(std::span<const std::int32_t> tokens, const CacheNamespace& ns, NodeRef& out,
+                            std::int32_t& cached_tokens, const char* what = "device_prefix_node") {
+    CLM_RETURN_IF_ERROR(validate_length(tokens, what));
+    out = NodeRef{};
+    cached_tokens = 0;
+    const std::int32_t root = find_namespace(ns);
+    if (root < 0) return {};
+    const std::int32_t whole = static_cast<std::int32_t>(tokens.size()) / page_size_ * page_size_;
+    const Walk walk = walk_down(root, tokens.data(), whole);
+    std::int32_t end = -1;
+    for (std::int32_t n : path_) {
+      if (!nodes_[n].on_device) break;  // a device node's parent is on the device
+      end = n;
+      cached_tokens += nodes_[n].len;
+    }
+    if (end < 0) return {};
+    if (end == walk.node && walk.offset < nodes_[end].len) {
+      cached_tokens -= nodes_[end].len - walk.offset;
+      end = split(end, walk.offset);
+    }
+    out = ref(end);
+    return {};
+  }
+
   // ---- insert ---------------------------------------------------------------
   // `pages` must hold at least tokens.size() / page_size ids; the tree takes the
   // first that many (pages past them stay the caller's). `priority` meets the

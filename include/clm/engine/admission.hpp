@@ -31,6 +31,13 @@ struct AdmitOptions {
 
 using SequenceId = std::uint64_t;  // 0 is never a sequence
 
+// What Engine::pin_prefix pinned: the pin's id (for unpin) and how many
+// tokens of the prefix, in whole pages, it holds on the pool.
+struct PinResult {
+  std::uint64_t pin = 0;
+  std::int32_t pinned_tokens = 0;
+};
+
 struct Admission {
   SequenceId seq = 0;
   std::int32_t cached_tokens = 0;  // page-aligned, <= prompt length - 1

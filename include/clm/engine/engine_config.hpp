@@ -11,6 +11,7 @@
 //   CLM_RETURN_IF_ERROR(clm::Engine::create(config, engine));
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ struct EngineConfig {
   // published over ZeroMQ as vLLM does. Off by default; needs model_id (the
   // block hashes name the model).
   KvEventsConfig kv_events;
+  // Pinned prefixes (Engine::pin_prefix): at most this share of the pool's
+  // pages pinned at once (0 disables pins), each for at most max_pin_ttl.
+  double pin_budget_fraction = 0.25;
+  std::chrono::milliseconds max_pin_ttl{std::chrono::hours(24)};
 };
 
 }  // namespace clm

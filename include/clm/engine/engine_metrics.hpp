@@ -27,6 +27,11 @@ struct EngineMetrics {
   std::uint64_t aborted = 0;
   std::uint64_t rejected = 0;  // admissions refused for lack of pages
   std::int64_t active_sequences = 0;
+  // Pinned prefixes (Engine::pin_prefix).
+  std::int64_t pins_active = 0;
+  std::int64_t pinned_pages = 0;  // counted per pin (pins that share pages count them each)
+  std::int64_t pin_budget_pages = 0;
+  std::uint64_t pins_created = 0, pins_refused = 0, pins_expired = 0, pins_refreshed = 0;
   // How long the allocations that evicted cached prefixes took, each timed whole.
   DurationHistogram eviction_duration;
   SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
