@@ -376,6 +376,33 @@ clm_status clm_engine_admit(clm_seq** out, clm_engine* engine, const int32_t* to
   });
 }
 
+clm_status clm_engine_pin_prefix(clm_engine* engine, const int32_t* tokens, size_t n_tokens,
+                                 const clm_admit_options* options, int64_t ttl_ms, uint64_t* pin_id,
+                                 int32_t* pinned_tokens) {
+  return guarded([&]() -> clm_status {
+    if (!pin_id) return null_argument("clm_engine_pin_prefix", "pin_id");
+    *pin_id = 0;
+    if (!engine) return null_argument("clm_engine_pin_prefix", "engine");
+    clm::AdmitOptions admit;
+    if (clm_status s = prompt_args_of(tokens, n_tokens, options, "clm_engine_pin_prefix", admit)) return s;
+    clm::PinResult pin;
+    if (clm_status s = report(
+            engine->state->engine->pin_prefix({tokens, n_tokens}, admit, std::chrono::milliseconds(ttl_ms), pin))) {
+      return s;
+    }
+    *pin_id = pin.pin;
+    if (pinned_tokens) *pinned_tokens = pin.pinned_tokens;
+    return CLM_OK;
+  });
+}
+
+clm_status clm_engine_unpin(clm_engine* engine, uint64_t pin_id) {
+  return guarded([&]() -> clm_status {
+    if (!engine) return null_argument("clm_engine_unpin", "engine");
+    return report(engine->state->engine->unpin(pin_id));
+  });
+}
+
 clm_status clm_engine_plan_admission(clm_admission_plan* out, const clm_engine* engine, const int32_t* tokens,
                                      size_t n_tokens, const clm_admit_options* options) {
   return guarded([&]() -> clm_status {

@@ -336,6 +336,29 @@ typedef struct clm_admission_plan {
 } clm_admission_plan;
 CLM_API clm_status clm_engine_plan_admission(clm_admission_plan* out, const clm_engine* engine, const int32_t* tokens,
                                              size_t n_tokens, const clm_admit_options* options);
+
+/* -- Pinned prefixes -------------------------------------------------------
+ * Keeps the cached part of a prompt's prefix (whole pages on the engine's
+ * pool, under options' salt and adapter; NULL options: none, adapter 0) from
+ * eviction for ttl_ms milliseconds, as a running sequence keeps it. Each
+ * admission whose match covers the whole pinned prefix restarts its time; it
+ * ends by itself once its time is over (at the next admission or pin call),
+ * or with clm_engine_unpin. All pins share a budget, a quarter of the pool's
+ * pages: a pin past it is CLM_ERR_OUT_OF_MEMORY and pins nothing (no other
+ * pin is dropped to make room). CLM_ERR_NOT_FOUND when nothing of the prefix
+ * is cached (pin once a request has computed it); CLM_ERR_INVALID_ARGUMENT
+ * for a bad prompt or a ttl_ms outside [1, 86400000]. On success *pin_id
+ * (never 0) names the pin and *pinned_tokens (may be NULL) says how many
+ * tokens it holds. The clm_pins_* families of clm_engine_metrics_text count
+ * pins, pinned pages, the budget, and pins created, refused, expired and
+ * refreshed. */
+CLM_API clm_status clm_engine_pin_prefix(clm_engine *engine, const int32_t *tokens, size_t n_tokens,
+                                         const clm_admit_options *options, int64_t ttl_ms, uint64_t *pin_id,
+                                         int32_t *pinned_tokens);
+/* Ends pin pin_id: its prefix is evictable again (unless other pins or
+ * sequences hold it). CLM_ERR_NOT_FOUND when it never was, has ended or has
+ * expired. */
+CLM_API clm_status clm_engine_unpin(clm_engine *engine, uint64_t pin_id);
 /* Appends decoded tokens whose K/V the host will write; afterwards
  * clm_seq_slots gives their slots. */
 CLM_API clm_status clm_seq_extend(clm_seq *seq, const int32_t *tokens, size_t n_tokens);

@@ -55,6 +55,16 @@ static clm_status clmgo_plan_admission(clm_admission_plan *out, const clm_engine
   return clm_engine_plan_admission(out, engine, tokens, n_tokens, use_options ? &options : NULL);
 }
 
+// The same for clm_engine_pin_prefix.
+static clm_status clmgo_pin_prefix(clm_engine *engine, const int32_t *tokens, size_t n_tokens, int use_options,
+                                   clm_admit_options options, const char *salt, size_t salt_len, int64_t ttl_ms,
+                                   uint64_t *pin_id, int32_t *pinned_tokens) {
+  options.cache_salt = salt;
+  options.cache_salt_len = salt_len;
+  return clm_engine_pin_prefix(engine, tokens, n_tokens, use_options ? &options : NULL, ttl_ms, pin_id,
+                               pinned_tokens);
+}
+
 // The KV-event callback (events.go): clmgoKVEventBatch is exported from Go,
 // whose prototype drops the const of clm_kv_event_callback's, so this shim has
 // the callback's exact type. user_data is a runtime/cgo.Handle, an integer:
@@ -87,6 +97,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -766,6 +777,43 @@ func (e *Engine) PlanAdmission(tokens []int32, opts *AdmitOptions) (AdmissionPla
 		PagesFree:       int32(c.pages_free),
 		EvictableTokens: int64(c.evictable_tokens),
 	}, nil
+}
+
+// Pin is a pinned prefix (Engine.PinPrefix): its id, and the tokens it holds.
+type Pin struct {
+	ID           uint64
+	PinnedTokens int32
+}
+
+// PinPrefix keeps the cached part of tokens' prefix (whole pages on the pool,
+// under opts' salt and adapter) from eviction for ttl (clm_engine_pin_prefix):
+// each admission covering the whole prefix restarts its time; it ends by
+// itself, or with Unpin. Pins share a budget of a quarter of the pool's pages:
+// past it the pin is OutOfMemory and nothing is pinned. NotFound when nothing
+// of the prefix is cached; InvalidArgument for a bad prompt or a ttl outside
+// [1 ms, 24 h].
+func (e *Engine) PinPrefix(tokens []int32, opts *AdmitOptions, ttl time.Duration) (Pin, error) {
+	var id C.uint64_t
+	var pinned C.int32_t
+	err := e.callWithPrompt("clm_engine_pin_prefix", tokens, opts, func(ep *C.clm_engine, p *C.int32_t,
+		n C.size_t, use C.int, copts C.clm_admit_options, salt *C.char, saltLen C.size_t) C.clm_status {
+		return C.clmgo_pin_prefix(ep, p, n, use, copts, salt, saltLen, C.int64_t(ttl.Milliseconds()), &id, &pinned)
+	})
+	if err != nil {
+		return Pin{}, err
+	}
+	return Pin{ID: uint64(id), PinnedTokens: int32(pinned)}, nil
+}
+
+// Unpin ends a pin (clm_engine_unpin); NotFound when it has ended or expired.
+func (e *Engine) Unpin(pin Pin) error {
+	const op = "clm_engine_unpin"
+	ep, err := e.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer e.release()
+	return call(op, func() C.clm_status { return C.clm_engine_unpin(ep, C.uint64_t(pin.ID)) })
 }
 
 // callWithPrompt runs op, a call of a clmgo_ helper that takes a prompt and

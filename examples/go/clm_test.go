@@ -399,6 +399,51 @@ func TestSaltsIsolateTenants(t *testing.T) {
 	check("same tenant, heap salt", &AdmitOptions{CacheSalt: salt}, 48)
 }
 
+func TestPinPrefix(t *testing.T) {
+	const pageSize = 16
+	e := newEngine(t, 32, pageSize) // a pin budget of 8 pages
+	pinned, unpinned := span(0, 97), span(1000, 97)
+	for _, prompt := range [][]int32{pinned, unpinned} {
+		must(t, admit(t, e, prompt, nil).Finish())
+	}
+	if _, err := e.PinPrefix(span(5000, 40), nil, time.Minute); !errors.Is(err, NotFound) {
+		t.Fatalf("pin of an uncached prefix: %v", err)
+	}
+	pin, err := e.PinPrefix(pinned, nil, time.Minute)
+	must(t, err)
+	if pin.ID == 0 || pin.PinnedTokens != 96 {
+		t.Fatalf("pin %+v", pin)
+	}
+	if _, err := e.PinPrefix(unpinned, nil, time.Minute); !errors.Is(err, OutOfMemory) {
+		t.Fatalf("a pin past the budget: %v", err)
+	}
+	if _, err := e.PinPrefix(pinned, nil, 0); !errors.Is(err, InvalidArgument) {
+		t.Fatalf("a zero ttl: %v", err)
+	}
+	flood := func(from int) {
+		for i := 0; i < 12; i++ {
+			must(t, admit(t, e, span(from+100*i, 65), nil).Finish())
+		}
+	}
+	cachedOf := func(prompt []int32) int32 {
+		p, err := e.PlanAdmission(prompt, nil)
+		must(t, err)
+		return p.CachedTokens
+	}
+	flood(20000)
+	if cachedOf(pinned) != 96 || cachedOf(unpinned) != 0 {
+		t.Fatalf("after a flood: pinned %d cached, unpinned %d", cachedOf(pinned), cachedOf(unpinned))
+	}
+	must(t, e.Unpin(pin))
+	if err := e.Unpin(pin); !errors.Is(err, NotFound) {
+		t.Fatalf("unpin twice: %v", err)
+	}
+	flood(40000)
+	if got := cachedOf(pinned); got != 0 {
+		t.Fatalf("unpinned, then a flood: %d still cached", got)
+	}
+}
+
 func TestPlanAdmission(t *testing.T) {
 	const pageSize = 16
 	e := newEngine(t, 8, pageSize)

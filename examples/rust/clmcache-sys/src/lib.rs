@@ -612,6 +612,16 @@ extern "C" {
         n_tokens: usize,
         options: *const clm_admit_options,
     ) -> clm_status;
+    pub fn clm_engine_pin_prefix(
+        engine: *mut clm_engine,
+        tokens: *const i32,
+        n_tokens: usize,
+        options: *const clm_admit_options,
+        ttl_ms: i64,
+        pin_id: *mut u64,
+        pinned_tokens: *mut i32,
+    ) -> clm_status;
+    pub fn clm_engine_unpin(engine: *mut clm_engine, pin_id: u64) -> clm_status;
     pub fn clm_seq_extend(seq: *mut clm_seq, tokens: *const i32, n_tokens: usize) -> clm_status;
     pub fn clm_seq_finish(seq: *mut clm_seq) -> clm_status;
     pub fn clm_seq_abort(seq: *mut clm_seq) -> clm_status;

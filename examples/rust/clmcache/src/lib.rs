@@ -818,6 +818,13 @@ fn raw_admit_options() -> Result<sys::clm_admit_options> {
 
 // ---- engine -------------------------------------------------------------------
 
+/// A pinned prefix ([`Engine::pin_prefix`]): its id, and the tokens it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pin {
+    pub id: u64,
+    pub pinned_tokens: i32,
+}
+
 /// What [`Engine::admit`] would take from the pool ([`Engine::plan_admission`]).
 /// Admitting takes `new_pages + unlocked_pages` off `pages_free` plus the
 /// pages of `evictable_tokens`.
@@ -1244,6 +1251,48 @@ impl Engine {
             pages_free: raw.pages_free,
             evictable_tokens: raw.evictable_tokens,
         })
+    }
+
+    /// Keeps the cached part of `tokens`' prefix (whole pages on the pool,
+    /// under `options`' salt and adapter) from eviction for `ttl`
+    /// (`clm_engine_pin_prefix`): each admission covering the whole prefix
+    /// restarts its time; it ends by itself, or with [`Engine::unpin`]. Pins
+    /// share a budget of a quarter of the pool's pages: past it the pin is
+    /// `OutOfMemory` and nothing is pinned. `NotFound` when nothing of the
+    /// prefix is cached; `InvalidArgument` for a bad prompt or a `ttl` outside
+    /// [1 ms, 24 h].
+    pub fn pin_prefix(
+        &self,
+        tokens: &[i32],
+        options: Option<&AdmitOptions<'_>>,
+        ttl: std::time::Duration,
+    ) -> Result<Pin> {
+        let raw_options = options.map(AdmitOptions::to_raw).transpose()?;
+        let options_ptr = raw_options.as_ref().map_or(ptr::null(), |o| o as *const sys::clm_admit_options);
+        // Past i64 milliseconds is past the 24 h maximum: the library refuses it.
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let (mut id, mut pinned) = (0u64, 0i32);
+        // SAFETY: tokens is a live slice of tokens.len() ids; options_ptr is
+        // NULL or a struct (and salt) borrowed for the call; id and pinned are
+        // writable; the engine is live and thread-safe.
+        check(unsafe {
+            sys::clm_engine_pin_prefix(
+                self.raw.as_ptr(),
+                tokens.as_ptr(),
+                tokens.len(),
+                options_ptr,
+                ttl_ms,
+                &mut id,
+                &mut pinned,
+            )
+        })?;
+        Ok(Pin { id, pinned_tokens: pinned })
+    }
+
+    /// Ends a pin (`clm_engine_unpin`); `NotFound` when it has ended or expired.
+    pub fn unpin(&self, pin: &Pin) -> Result<()> {
+        // SAFETY: the engine is live and thread-safe.
+        check(unsafe { sys::clm_engine_unpin(self.raw.as_ptr(), pin.id) })
     }
 
     /// The pool's memory and layout (`clm_engine_kv_layout`).

@@ -157,6 +157,39 @@ fn plan_admission_says_what_admit_takes_and_changes_nothing() {
 }
 
 #[test]
+fn a_pinned_prefix_outlives_a_flood_and_unpin_lets_it_go() {
+    let e = engine(32); // a pin budget of 8 pages
+    let pinned = tokens(0, 97); // 6 pages cached at finish
+    let unpinned = tokens(1000, 97);
+    for prompt in [&pinned, &unpinned] {
+        let mut s = e.admit(prompt).unwrap();
+        s.finish().unwrap();
+    }
+    let missing = e.pin_prefix(&tokens(5000, 40), None, std::time::Duration::from_secs(60)).unwrap_err();
+    assert_eq!(missing.code(), ErrorCode::NotFound);
+    let pin = e.pin_prefix(&pinned, None, std::time::Duration::from_secs(60)).unwrap();
+    assert_ne!(pin.id, 0);
+    assert_eq!(pin.pinned_tokens, 96);
+    let over = e.pin_prefix(&unpinned, None, std::time::Duration::from_secs(60)).unwrap_err();
+    assert_eq!(over.code(), ErrorCode::OutOfMemory);
+    let zero = e.pin_prefix(&pinned, None, std::time::Duration::ZERO).unwrap_err();
+    assert_eq!(zero.code(), ErrorCode::InvalidArgument);
+    let flood = |from: i32| {
+        for i in 0..12 {
+            let mut s = e.admit(&tokens(from + 100 * i, 65)).unwrap();
+            s.finish().unwrap();
+        }
+    };
+    flood(20000);
+    assert_eq!(e.plan_admission(&pinned, None).unwrap().cached_tokens, 96);
+    assert_eq!(e.plan_admission(&unpinned, None).unwrap().cached_tokens, 0);
+    e.unpin(&pin).unwrap();
+    assert_eq!(e.unpin(&pin).unwrap_err().code(), ErrorCode::NotFound);
+    flood(40000);
+    assert_eq!(e.plan_admission(&pinned, None).unwrap().cached_tokens, 0);
+}
+
+#[test]
 fn bad_tokens_are_errors() {
     let engine = engine(64);
     assert_eq!(engine.admit(&[]).unwrap_err().code(), ErrorCode::InvalidArgument);

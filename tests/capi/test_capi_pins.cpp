@@ -1,0 +1,114 @@
+// Pinned prefixes through the C ABI (clm.h, "Pinned prefixes"), as a host
+// sees them: a pinned prompt stays cached through a flood that evicts an
+// unpinned one of the same size, clm_engine_unpin lets it go, the budget
+// refuses a pin past it, the text metrics count the pins, and bad calls get
+// their status and a message. Only clm.h.
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "capi_checks.hpp"
+#include "clm.h"
+#include "test_random.hpp"
+
+namespace {
+
+constexpr int32_t kPage = 4, kPages = 64;  // a budget of 16 pages
+
+struct Engine {
+  clm_engine* engine = nullptr;
+  Engine() {
+    clm_engine_options o;
+    REQUIRE_OK(clm_engine_options_init(&o, sizeof o));
+    o.num_pages = kPages;
+    o.page_size = kPage;
+    o.num_layers = 1;
+    o.kv_heads = 1;
+    o.head_dim = 4;
+    o.kv_dtype = CLM_KV_F32;
+    REQUIRE_OK(clm_engine_create(&engine, &o));
+  }
+  ~Engine() { clm_engine_free(engine); }
+  void serve(const std::vector<int32_t>& prompt) const {
+    clm_seq* seq = nullptr;
+    REQUIRE_OK(clm_engine_admit(&seq, engine, prompt.data(), prompt.size(), nullptr));
+    REQUIRE_OK(clm_seq_finish(seq));
+    clm_seq_free(seq);
+  }
+  int32_t cached(const std::vector<int32_t>& prompt) const {
+    clm_admission_plan plan;
+    plan.struct_size = sizeof plan;
+    REQUIRE_OK(clm_engine_plan_admission(&plan, engine, prompt.data(), prompt.size(), nullptr));
+    return plan.cached_tokens;
+  }
+  std::string metrics() const {
+    size_t length = 0;
+    (void)clm_engine_metrics_text(nullptr, 0, &length, engine);  // sizing
+    std::string text(length + 4096, '\0');
+    REQUIRE_OK(clm_engine_metrics_text(text.data(), text.size(), &length, engine));
+    text.resize(length);
+    return text;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("C ABI: a pinned prefix outlives a flood, unpin lets it go, the budget refuses", "[capi][pins]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  Engine e;
+  const auto pinned = clm_test::random_tokens(rng, 10 * kPage + 1, 50000);
+  const auto unpinned = clm_test::random_tokens(rng, 10 * kPage + 1, 50000);
+  e.serve(pinned);
+  e.serve(unpinned);
+  uint64_t pin = 0;
+  int32_t tokens = 0;
+  REQUIRE_OK(clm_engine_pin_prefix(e.engine, pinned.data(), pinned.size(), nullptr, 60000, &pin, &tokens));
+  CHECK(pin != 0);
+  CHECK(tokens == 10 * kPage);
+  uint64_t refused = 7;
+  CHECK_STATUS(CLM_ERR_OUT_OF_MEMORY,
+               clm_engine_pin_prefix(e.engine, unpinned.data(), unpinned.size(), nullptr, 60000, &refused, nullptr));
+  CHECK(refused == 0);
+  for (int i = 0; i < 30; ++i) e.serve(clm_test::random_tokens(rng, 8 * kPage + 1, 50000));
+  CHECK(e.cached(pinned) == 10 * kPage);
+  CHECK(e.cached(unpinned) == 0);
+  const std::string text = e.metrics();
+  CHECK_THAT(text, Catch::Contains("\nclm_pins_active 1\n"));
+  CHECK_THAT(text, Catch::Contains("\nclm_pinned_pages 10\n"));
+  CHECK_THAT(text, Catch::Contains("clm_pins_total{event=\"refused\"} 1\n"));
+  REQUIRE_OK(clm_engine_unpin(e.engine, pin));
+  CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_unpin(e.engine, pin));
+  for (int i = 0; i < 30; ++i) e.serve(clm_test::random_tokens(rng, 8 * kPage + 1, 50000));
+  CHECK(e.cached(pinned) == 0);
+}
+
+TEST_CASE("C ABI: bad pin calls get their status and a message", "[capi][pins]") {
+  std::mt19937 rng(clm_test::fresh_seed());
+  Engine e;
+  const auto prompt = clm_test::random_tokens(rng, 6 * kPage + 1, 50000);
+  uint64_t pin = 0;
+  CHECK_STATUS(CLM_ERR_NOT_FOUND,
+               clm_engine_pin_prefix(e.engine, prompt.data(), prompt.size(), nullptr, 1000, &pin, nullptr));
+  e.serve(prompt);
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_pin_prefix(e.engine, prompt.data(), prompt.size(), nullptr, 0, &pin, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_pin_prefix(e.engine, prompt.data(), prompt.size(), nullptr, 86400001, &pin, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_pin_prefix(e.engine, prompt.data(), prompt.size(), nullptr, -5, &pin, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_pin_prefix(e.engine, nullptr, 3, nullptr, 1000, &pin, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_pin_prefix(nullptr, prompt.data(), prompt.size(), nullptr, 1000, &pin, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_pin_prefix(e.engine, prompt.data(), prompt.size(), nullptr, 1000, nullptr, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_unpin(nullptr, 1));
+  CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_unpin(e.engine, 99));
+  REQUIRE_OK(clm_engine_pin_prefix(e.engine, prompt.data(), prompt.size(), nullptr, 86400000, &pin, nullptr));
+  CHECK(pin != 0);
+}
