@@ -65,12 +65,39 @@ std::optional<ApiError> read_bool(const Json& object, const char* name, const st
   return std::nullopt;
 }
 
-std::optional<ApiError> read_messages(const Json& doc, std::vector<tiny_llama::ChatMessage>& out) {
+// A message's cache_control: {"type": "ephemeral", "ttl": "5m" | "1h"}
+// (Anthropic's breakpoint, as OpenAI-compatible gateways pass it on).
+std::optional<ApiError> read_cache_control(const Json& value, const std::string& at, std::int32_t& ttl_seconds) {
+  if (!value.is_object()) return wrong_type(at, "an object", value);
+  ttl_seconds = 300;
+  for (const auto& [key, v] : value.items()) {
+    if (key == "type") {
+      if (!v.is_string() || v.get_ref<const std::string&>() != "ephemeral") {
+        return bad(at + ".type", fmt::format("'{}.type' must be \"ephemeral\"", at), "invalid_value");
+      }
+    } else if (key == "ttl") {
+      const std::string ttl = v.is_string() ? v.get<std::string>() : std::string();
+      if (ttl != "5m" && ttl != "1h") {
+        return bad(at + ".ttl", fmt::format("'{}.ttl' must be \"5m\" or \"1h\" (at most 1h)", at), "invalid_value");
+      }
+      ttl_seconds = ttl == "1h" ? 3600 : 300;
+    } else {
+      return bad(at + "." + tiny_llama::ByteTokenizer::valid_utf8(key.substr(0, 64)),
+                 fmt::format("'{}' takes only type and ttl", at), "unknown_parameter");
+    }
+  }
+  if (!value.contains("type")) return missing(at + ".type", "\"ephemeral\"");
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_messages(const Json& doc, std::vector<tiny_llama::ChatMessage>& out,
+                                      std::vector<CacheBreakpoint>& breakpoints) {
   const Json* messages = field(doc, "messages");
   if (!messages) return missing("messages", "a non-empty array of {\"role\", \"content\"} objects");
   if (!messages->is_array()) return wrong_type("messages", "an array", *messages);
   if (messages->empty()) return bad("messages", "'messages' must hold at least one message", "invalid_value");
   out.clear();
+  breakpoints.clear();
   for (std::size_t i = 0; i < messages->size(); ++i) {
     const Json& message = (*messages)[i];
     const std::string at = fmt::format("messages[{}]", i);
@@ -79,7 +106,15 @@ std::optional<ApiError> read_messages(const Json& doc, std::vector<tiny_llama::C
       if (name == "role" || name == "content") continue;
       const std::string shown = at + "." + tiny_llama::ByteTokenizer::valid_utf8(name.substr(0, 64));
       if (name == "cache_control") {
-        return unsupported(shown, "pinned prefixes are not served yet");
+        if (value.is_null()) continue;
+        CacheBreakpoint breakpoint{.message = i};
+        if (auto error = read_cache_control(value, shown, breakpoint.ttl_seconds)) return error;
+        if (breakpoints.size() == kMaxCacheBreakpoints) {
+          return bad(shown, fmt::format("at most {} messages may carry cache_control", kMaxCacheBreakpoints),
+                     "invalid_value");
+        }
+        breakpoints.push_back(breakpoint);
+        continue;
       }
       return bad(shown, fmt::format("unrecognized message field: '{}'", shown), "unknown_parameter");
     }
@@ -256,7 +291,7 @@ std::optional<ApiError> parse_chat_request(std::string_view body, const RequestL
     if (!model->is_string()) return wrong_type("model", "a string", *model);
     out.model = model->get<std::string>();
   }
-  if (auto error = read_messages(doc, out.messages)) return error;
+  if (auto error = read_messages(doc, out.messages, out.cache_breakpoints)) return error;
 
   std::optional<std::int64_t> max_tokens, legacy_max_tokens, n;
   const std::int64_t most_tokens = std::max(1, limits.context_tokens - 1);
@@ -298,12 +333,8 @@ std::optional<ApiError> parse_chat_request(std::string_view body, const RequestL
   if (auto error = read_string(doc, "user", 256, out.user)) return error;
   if (auto error = read_string(doc, "prompt_cache_key", 1024, out.prompt_cache_key)) return error;
   if (auto error = read_string(doc, "prompt_cache_retention", 32, out.prompt_cache_retention)) return error;
-  if (out.prompt_cache_retention != "in_memory") {
-    return out.prompt_cache_retention == "24h"
-               ? unsupported("prompt_cache_retention",
-                             "'24h' needs pinned prefixes, which this server does not serve yet")
-               : bad("prompt_cache_retention", "'prompt_cache_retention' must be \"in_memory\" or \"24h\"",
-                     "invalid_value");
+  if (out.prompt_cache_retention != "in_memory" && out.prompt_cache_retention != "24h") {
+    return bad("prompt_cache_retention", "'prompt_cache_retention' must be \"in_memory\" or \"24h\"", "invalid_value");
   }
   if (const Json* metadata = field(doc, "metadata")) {
     if (!metadata->is_object()) return wrong_type("metadata", "an object of strings", *metadata);

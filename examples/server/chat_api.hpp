@@ -47,6 +47,14 @@ struct RequestLimits {
   std::int32_t default_max_tokens = 256;
 };
 
+// A message marked with cache_control: the prompt up to the end of that
+// message is pinned for ttl_seconds (300 or 3600) after the answer.
+struct CacheBreakpoint {
+  std::size_t message = 0;
+  std::int32_t ttl_seconds = 300;
+};
+inline constexpr std::size_t kMaxCacheBreakpoints = 4;
+
 struct ChatRequest {
   std::string model = "tiny-llama";  // echoed, not used
   std::vector<tiny_llama::ChatMessage> messages;
@@ -63,7 +71,8 @@ struct ChatRequest {
   std::string user;                                         // OpenAI's end-user id: checked, echoed nowhere
   std::map<std::string, std::string> metadata;              // up to 16 string pairs: checked, kept nowhere
   std::string prompt_cache_key;                             // OpenAI's: names a conversation
-  std::string prompt_cache_retention = "in_memory";         // "in_memory" (24h pins are not served yet)
+  std::string prompt_cache_retention = "in_memory";         // "in_memory", or "24h": the prompt pinned a day
+  std::vector<CacheBreakpoint> cache_breakpoints;           // messages with cache_control, in order
 };
 
 // Every top-level field parse_chat_request honours; any other is refused

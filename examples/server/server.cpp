@@ -542,6 +542,24 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   std::vector<std::int32_t> prompt = tiny_llama::ByteTokenizer::apply_chat_template(chat.messages);
   if (auto error = check_prompt_length(prompt.size(), options_.limits)) return reply_error(response, *error);
 
+  // What the request asks to keep cached after its answer: the whole prompt
+  // for a day (prompt_cache_retention "24h"), and the prompt up to each
+  // message marked with cache_control. Checked against the pin budget now,
+  // so that a request that cannot be pinned is refused before it runs.
+  std::vector<PlannedPin> pins;
+  if (chat.prompt_cache_retention == "24h") {
+    pins.push_back({prompt.size(), std::chrono::hours(24), "prompt_cache_retention"});
+  }
+  for (const CacheBreakpoint& b : chat.cache_breakpoints) {
+    const std::vector<tiny_llama::ChatMessage> head(chat.messages.begin(),
+                                                    chat.messages.begin() + static_cast<std::ptrdiff_t>(b.message) + 1);
+    pins.push_back({tiny_llama::ByteTokenizer::apply_chat_template(head, false).size(),
+                    std::chrono::seconds(b.ttl_seconds), fmt::format("messages[{}].cache_control", b.message)});
+  }
+  if (auto error = check_pin_budget(pins)) return reply_error(response, *error);
+  std::vector<std::int32_t> pin_tokens;
+  if (!pins.empty()) pin_tokens = prompt;
+
   if (generator_.waiting() >= options_.max_waiting) {
     {
       std::lock_guard lock(metrics_mutex_);
@@ -624,6 +642,10 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
       lock.lock();
     }
     if (auto error = generation_error(*completion)) return reply_error(response, *error);
+    if (!pins.empty()) {
+      const std::string outcome = apply_pins(pins, pin_tokens, tenant);
+      response.set_header("X-Clm-Pins", outcome);
+    }
     response.set_content(
         completion_json(header, completion->unsent, finish_reason_of(*completion), usage_of(completion->result)),
         "application/json");
@@ -637,8 +659,9 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   response.set_header("Cache-Control", "no-cache");
   // httplib calls the provider again and again until sink.done(); each call
   // waits for text (or a while, to look at the socket and the deadline) and sends it.
-  auto provide = [this, completion, header, deadline, id = *id, sent_role = false, timed_out = false](
-                     std::size_t, httplib::DataSink& sink) mutable {
+  auto provide = [this, completion, header, deadline, id = *id, sent_role = false, timed_out = false,
+                  pins = std::move(pins), pin_tokens = std::move(pin_tokens),
+                  tenant](std::size_t, httplib::DataSink& sink) mutable {
     const auto client_left = [&] {
       {
         std::lock_guard lock(completion->mutex);
@@ -673,6 +696,7 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
     if (auto error = generation_error(*completion)) {
       if (!send(sse_event(error_json(*error)))) return false;
     } else {
+      if (!pins.empty()) (void)apply_pins(pins, pin_tokens, tenant);  // counted in the engine's pin metrics
       const std::string reason = finish_reason_of(*completion);
       if (!send(sse_event(chunk_json(header, {.finish_reason = reason})))) return false;
       const CompletionUsage usage = usage_of(completion->result);
@@ -693,6 +717,40 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
     generator_.cancel(id, "cancelled");  // it may still be waiting, with no token to refuse
   };
   response.set_chunked_content_provider("text/event-stream", std::move(provide), std::move(release));
+}
+
+std::optional<ApiError> ChatServer::check_pin_budget(const std::vector<PlannedPin>& pins) const {
+  if (pins.empty()) return std::nullopt;
+  if (!options_.prefix_cache) {
+    return ApiError{.message = "this server runs with --prefix-cache off: nothing can be kept cached",
+                    .param = pins.front().param,
+                    .code = "unsupported_parameter"};
+  }
+  const clm::EngineMetrics m = engine_.metrics();
+  std::int64_t needed = 0;
+  for (const PlannedPin& p : pins) needed += static_cast<std::int64_t>(p.tokens) / engine_.page_size();
+  if (m.pinned_pages + needed <= m.pin_budget_pages) return std::nullopt;
+  return ApiError{
+      .message = fmt::format("the pin budget is {} pages and {} are pinned; keeping this prompt cached needs "
+                             "{} more",
+                             m.pin_budget_pages, m.pinned_pages, needed),
+      .param = pins.front().param,
+      .code = "pin_budget_exceeded"};
+}
+
+std::string ChatServer::apply_pins(const std::vector<PlannedPin>& pins, const std::vector<std::int32_t>& tokens,
+                                   const std::string& tenant) {
+  std::string outcome;
+  for (const PlannedPin& p : pins) {
+    clm::PinResult pinned;
+    const clm::Status s = engine_.pin_prefix(std::span(tokens.data(), std::min(p.tokens, tokens.size())),
+                                             {.cache_salt = tenant}, p.ttl, pinned);
+    if (!outcome.empty()) outcome += ", ";
+    outcome += s.ok() ? fmt::format("{}={} tokens for {} s", p.param, pinned.pinned_tokens,
+                                    std::chrono::duration_cast<std::chrono::seconds>(p.ttl).count())
+                      : fmt::format("{}=refused ({})", p.param, s.code_name());
+  }
+  return outcome;
 }
 
 std::string ChatServer::next_completion_id() {

@@ -135,6 +135,18 @@ class ChatServer {
   // an error (401, 400, 429) when it may not go on.
   std::optional<ApiError> authenticate(const httplib::Request& request, std::string& salt, bool& admin);
   void reply_refusal(httplib::Response& response, const ApiError& error);
+  // A pin a request asks for: its first `tokens` prompt tokens, for `ttl`;
+  // `param` names the field that asked (in errors and X-Clm-Pins).
+  struct PlannedPin {
+    std::size_t tokens = 0;
+    std::chrono::milliseconds ttl{};
+    std::string param;
+  };
+  // 400 when the pins would not fit the engine's pin budget now (or the cache is off).
+  std::optional<ApiError> check_pin_budget(const std::vector<PlannedPin>& pins) const;
+  // Pins each under the tenant's salt; what became of them (the X-Clm-Pins header).
+  std::string apply_pins(const std::vector<PlannedPin>& pins, const std::vector<std::int32_t>& tokens,
+                         const std::string& tenant);
   void count_response(const std::string& path, int status);
   void count_generation(const tiny_llama::GenerationResult& result);
   void count_disconnect();

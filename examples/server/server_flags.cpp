@@ -142,6 +142,11 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
     } else if (flag == "--prefix-cache") {
       if (value != "on" && value != "off") return fmt::format("{}: on or off, got {}", flag, value);
       f.prefix_cache = value == "on";
+    } else if (flag == "--pin-budget-fraction") {
+      f.pin_budget_fraction = std::stod(value, &used);
+      if (used == value.size() && !(f.pin_budget_fraction >= 0.0 && f.pin_budget_fraction <= 1.0)) {
+        return fmt::format("{}: a share of the pool in [0, 1], got {}", flag, value);
+      }
     } else if (flag == "--host-tokens") {
       f.host_tokens = std::stoll(value, &used);
     } else if (flag == "--write-policy") {
@@ -298,6 +303,8 @@ cache:
   --pool-tokens N          the KV pool, in tokens (default 32768)
   --eviction-policy P      lru, lfu, slru, priority, ghost_slru (default ghost_slru)
   --prefix-cache on|off    off: every prompt computed afresh (the baseline bench_server measures against)
+  --pin-budget-fraction F  the pool's share that pinned prompts may hold (prompt_cache_retention "24h",
+                           cache_control; default 0.25); past it such requests get 400
 tiers (docs/tiers.md):
   --host-tokens N          a host-memory tier of N tokens that evicted pages move to (default 0: none)
   --write-policy P         write_through, write_through_selective, write_back (default write_through)
@@ -320,6 +327,7 @@ clm::EngineConfig engine_config_from(const ServerFlags& f, const clm::PagedKvPoo
   clm::EngineConfig c;
   c.pool = pool;
   c.eviction_policy = f.eviction_policy;
+  c.pin_budget_fraction = f.pin_budget_fraction;
   c.model_id = f.model_id;
   c.tiers.host_pages = static_cast<std::int32_t>(f.host_tokens / f.page_size);
   c.tiers.write_policy = f.write_policy;

@@ -68,6 +68,29 @@ TEST_CASE("a chat request is read with every field") {
   CHECK(r.user == "someone");
   CHECK(r.metadata == std::map<std::string, std::string>{{"ticket", "T-1"}});
   CHECK(r.prompt_cache_key == "conv-7");
+  CHECK(r.prompt_cache_retention == "in_memory");
+  CHECK(r.cache_breakpoints.empty());
+}
+
+TEST_CASE("retention: 24h and cache_control breakpoints are read") {
+  ChatRequest r;
+  REQUIRE_FALSE(parse(R"({"messages": [{"role": "system", "content": "S", "cache_control": {"type": "ephemeral"}},
+      {"role": "user", "content": "U", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+      "prompt_cache_retention": "24h"})",
+                      r));
+  CHECK(r.prompt_cache_retention == "24h");
+  REQUIRE(r.cache_breakpoints.size() == 2);
+  CHECK(r.cache_breakpoints[0].message == 0);
+  CHECK(r.cache_breakpoints[0].ttl_seconds == 300);
+  CHECK(r.cache_breakpoints[1].message == 1);
+  CHECK(r.cache_breakpoints[1].ttl_seconds == 3600);
+  std::string five = R"({"messages": [)";
+  for (int i = 0; i < 5; ++i) {
+    five += std::string(i ? "," : "") + R"({"role": "user", "content": "x", "cache_control": {"type": "ephemeral"}})";
+  }
+  const auto error = parse(five + "]}", r);
+  REQUIRE(error);
+  CHECK(error->param == "messages[4].cache_control");
 }
 
 TEST_CASE("a minimal chat request gets the defaults") {
@@ -162,12 +185,16 @@ TEST_CASE("bad chat requests are refused with a 400 that names the field") {
       {"{" + user + R"(, "logit_bias": {"5": 10}})", "logit_bias", "unsupported_parameter", "no logit biases"},
       {"{" + user + R"(, "audio": {}})", "audio", "unsupported_parameter", "text chat only"},
       {"{" + user + R"(, "store": true})", "store", "unsupported_parameter", "not stored"},
-      {"{" + user + R"(, "prompt_cache_retention": "24h"})", "prompt_cache_retention", "unsupported_parameter",
-       "pinned"},
       {"{" + user + R"(, "prompt_cache_retention": "forever"})", "prompt_cache_retention", "invalid_value",
        "in_memory"},
-      {R"({"messages": [{"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral"}}]})",
-       "messages[0].cache_control", "unsupported_parameter", "pinned"},
+      {R"({"messages": [{"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]})",
+       "messages[0].cache_control.ttl", "invalid_value", "at most 1h"},
+      {R"({"messages": [{"role": "user", "content": "Hi", "cache_control": {"type": "persistent"}}]})",
+       "messages[0].cache_control.type", "invalid_value", "ephemeral"},
+      {R"({"messages": [{"role": "user", "content": "Hi", "cache_control": {"ttl": "5m"}}]})",
+       "messages[0].cache_control.type", "missing_required_parameter", "is required"},
+      {R"({"messages": [{"role": "user", "content": "Hi", "cache_control": "yes"}]})", "messages[0].cache_control",
+       "invalid_type", "an object"},
       {R"({"messages": [{"role": "user", "content": "Hi", "nom": "x"}]})", "messages[0].nom", "unknown_parameter",
        "unrecognized message field"},
       {"{" + user + R"(, "top_p": 0})", "top_p", "invalid_value", "greater than 0"},

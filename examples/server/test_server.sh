@@ -232,8 +232,8 @@ refused 400 temperature invalid_type "{$user, \"temperature\": \"hot\"}"
 refused 400 stream invalid_type "{$user, \"stream\": \"yes\"}"
 refused 400 temprature unknown_parameter "{$user, \"temprature\": 0.5}"
 refused 400 tools unsupported_parameter "{$user, \"tools\": [{\"type\": \"function\"}]}"
-refused 400 'messages[0].cache_control' unsupported_parameter \
-  '{"messages": [{"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral"}}]}'
+refused 400 'messages[0].cache_control.ttl' invalid_value \
+  '{"messages": [{"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}'
 long=$(printf 'a%.0s' $(seq 4200))
 refused 400 messages context_length_exceeded "{\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}"
 grep -q "maximum context length is 4096 tokens" "$work/out" || fail "the context error does not say the context length"

@@ -138,6 +138,38 @@ expect_eq "$(metric 'clm_server_rejected_requests_total{reason="rate_limited"}')
 stop
 ok "/debug/engine for the admin key only; the rate-limited request counted"
 
+# ---- retention: pinned prompts ------------------------------------------------------
+# A pool of 2048 pages and a pin budget of 1% (20 pages). The byte tokenizer's
+# prompt of one user message of N bytes is 1 + (1 + 4 + 1 + 2 + N + 1) + 13
+# tokens; up to the end of that message (cache_control's breakpoint) 1 + 9 + N.
+launch --pin-budget-fraction 0.01 --default-max-tokens 4
+eighty=$(printf 'r%.0s' $(seq 80))
+headers=$(curl -s -D - -o "$work/out" --data-binary \
+  "{\"messages\":[{\"role\":\"user\",\"content\":\"$eighty\"}],\"prompt_cache_retention\":\"24h\"}" \
+  "$base/v1/chat/completions")
+expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 200 "prompt_cache_retention 24h"
+grep -qi '^X-Clm-Pins: prompt_cache_retention=96 tokens for 86400 s' <<<"$headers" ||
+  fail "prompt_cache_retention 24h: X-Clm-Pins: $(grep -i x-clm-pins <<<"$headers")"
+expect_eq "$(metric clm_pins_active)" 1 "clm_pins_active after a 24h retention"
+expect_eq "$(metric clm_pinned_pages)" 12 "clm_pinned_pages after a 24h retention"
+admitted=$(metric clm_sequences_admitted_total)
+post - "{\"messages\":[{\"role\":\"user\",\"content\":\"x$eighty\",\"cache_control\":{\"type\":\"ephemeral\"}}]}" \
+  -H 'Content-Type: application/json'
+expect_eq "$code" 400 "a pin past the budget"
+expect_eq "$(field error.code)" pin_budget_exceeded "a pin past the budget: error.code"
+expect_eq "$(field error.param)" 'messages[0].cache_control' "a pin past the budget: error.param"
+expect_eq "$(metric clm_sequences_admitted_total)" "$admitted" "a refused pin's request ran"
+twenty=$(printf 's%.0s' $(seq 20))
+headers=$(curl -s -D - -o "$work/out" --data-binary \
+  "{\"messages\":[{\"role\":\"user\",\"content\":\"$twenty\",\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"1h\"}}]}" \
+  "$base/v1/chat/completions")
+expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 200 "a cache_control breakpoint within the budget"
+grep -qi '^X-Clm-Pins: messages\[0\].cache_control=24 tokens for 3600 s' <<<"$headers" ||
+  fail "cache_control: X-Clm-Pins: $(grep -i x-clm-pins <<<"$headers")"
+expect_eq "$(metric clm_pinned_pages)" 15 "clm_pinned_pages after both pins"
+stop
+ok "retention: a 24h prompt pinned (12 pages), a cache_control breakpoint (3 pages, 1h), one past the budget refused before it ran"
+
 # ---- limits -----------------------------------------------------------------------
 # A model 8 times the size: a long answer takes seconds (about 15 for 3000
 # tokens on one core), so that deadlines, queues and drains meet requests

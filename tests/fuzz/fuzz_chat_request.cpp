@@ -42,6 +42,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(request.frequency_penalty >= -2.0f && request.frequency_penalty <= 2.0f, "frequency_penalty");
   FUZZ_CHECK(request.stop.size() <= 4, "{} stop strings", request.stop.size());
   for (const auto& s : request.stop) FUZZ_CHECK(!s.empty(), "an empty stop string");
-  FUZZ_CHECK(request.prompt_cache_retention == "in_memory", "retention {}", request.prompt_cache_retention);
+  FUZZ_CHECK(request.prompt_cache_retention == "in_memory" || request.prompt_cache_retention == "24h", "retention {}",
+             request.prompt_cache_retention);
+  FUZZ_CHECK(request.cache_breakpoints.size() <= clm_server::kMaxCacheBreakpoints, "{} breakpoints",
+             request.cache_breakpoints.size());
+  for (const auto& b : request.cache_breakpoints) {
+    FUZZ_CHECK(b.message < request.messages.size() && (b.ttl_seconds == 300 || b.ttl_seconds == 3600),
+               "breakpoint at message {} for {} s", b.message, b.ttl_seconds);
+  }
   return 0;
 }
