@@ -31,13 +31,21 @@ std::size_t unfinished_start(std::string_view bytes) {
 
 }  // namespace
 
-CompletionText::CompletionText(std::vector<std::string> stop_strings) : stop_strings_(std::move(stop_strings)) {
+CompletionText::CompletionText(std::vector<std::string> stop_strings, TokenBytes token_bytes)
+    : stop_strings_(std::move(stop_strings)), token_bytes_(std::move(token_bytes)) {
   std::erase_if(stop_strings_, [](const std::string& s) { return s.empty(); });
 }
 
 std::string CompletionText::push(std::int32_t token) {
-  if (stopped_ || token < 0 || token > 255) return {};  // special tokens have no text
-  bytes_.push_back(static_cast<char>(token));
+  if (stopped_) return {};
+  if (token_bytes_) {
+    const std::size_t before = bytes_.size();
+    token_bytes_(token, bytes_);
+    if (bytes_.size() == before) return {};
+  } else {
+    if (token < 0 || token > 255) return {};  // special tokens have no text
+    bytes_.push_back(static_cast<char>(token));
+  }
   const std::size_t whole = unfinished_start(bytes_);
   if (whole == 0) return {};
   const std::string text = tiny_llama::ByteTokenizer::valid_utf8(std::string_view(bytes_).substr(0, whole));

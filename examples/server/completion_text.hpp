@@ -14,10 +14,12 @@
 //
 // The pieces and finish() concatenate to ByteTokenizer::decode of the tokens
 // (special tokens dropped, invalid bytes as U+FFFD), cut before the stop
-// string.
+// string; with a TokenBytes (a real tokenizer's decode_bytes), the same over
+// the bytes it gives, one token after another.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,7 +27,10 @@ namespace clm_server {
 
 class CompletionText {
  public:
-  explicit CompletionText(std::vector<std::string> stop_strings = {});
+  // A token's bytes, appended to `out` (none for a special token). Unset: the
+  // byte tokenizer's (ids 0-255 are bytes, the rest special).
+  using TokenBytes = std::function<void(std::int32_t token, std::string& out)>;
+  explicit CompletionText(std::vector<std::string> stop_strings = {}, TokenBytes token_bytes = {});
 
   // Adds one generated token; returns the text it completes (often empty).
   std::string push(std::int32_t token);
@@ -39,6 +44,7 @@ class CompletionText {
   std::string release(const std::string& text);
 
   std::vector<std::string> stop_strings_;
+  TokenBytes token_bytes_;
   std::string bytes_;  // the start of an unfinished UTF-8 character
   std::string held_;   // whole characters that may begin a stop string
   bool stopped_ = false;

@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generator.hpp"
+#include "hf_tokenizer.hpp"
 #include "server.hpp"
 #include "server_flags.hpp"
 
@@ -70,10 +71,27 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not death
 
+  clm_tokenizer::HfTokenizer tokenizer;
+  if (!flags.tokenizer.empty()) {
+    if (clm::Status s = clm_tokenizer::HfTokenizer::load(flags.tokenizer, tokenizer); !s.ok()) {
+      return fail(fmt::format("--tokenizer {}: {}", flags.tokenizer, s.message()));
+    }
+  }
   tiny_llama::LlamaConfig config;
   tiny_llama::LlamaWeights weights;
-  if (clm::Status s = tiny_llama::load_or_init_llama(flags.config, flags.weights, 1, config, weights); !s.ok()) {
-    return fail(s.message());
+  if (!tokenizer.loaded()) {
+    if (clm::Status s = tiny_llama::load_or_init_llama(flags.config, flags.weights, 1, config, weights); !s.ok()) {
+      return fail(s.message());
+    }
+  } else {
+    // The model's vocabulary is the tokenizer's: one embedding and output row per token id.
+    if (!flags.config.empty()) {
+      if (clm::Status s = tiny_llama::load_llama_config(flags.config, config); !s.ok()) return fail(s.message());
+    }
+    config.vocab_size = tokenizer.vocab_size();
+    const clm::Status s = flags.weights.empty() ? (tiny_llama::random_llama_weights(config, 1, weights), clm::Status{})
+                                                : tiny_llama::load_llama_weights(flags.weights, config, weights);
+    if (!s.ok()) return fail(s.message());
   }
   const clm::EngineConfig engine_config = clm_server::engine_config_from(
       flags, tiny_llama::kv_pool_for(config, flags.page_size, flags.pool_tokens / flags.page_size * flags.page_size,
@@ -115,7 +133,8 @@ int main(int argc, char** argv) {
                                  .retry_after_s = 5,
                                  .api_keys = flags.api_keys.empty() ? nullptr : &api_keys,
                                  .trust_x_tenant = flags.trust_x_tenant,
-                                 .prefix_cache = flags.prefix_cache});
+                                 .prefix_cache = flags.prefix_cache,
+                                 .tokenizer = tokenizer.loaded() ? &tokenizer : nullptr});
   int port = 0;
   if (clm::Status s = server.bind(flags.port, port); !s.ok()) return fail(s.message());
   std::printf("listening on %s:%d%s\n", flags.host.c_str(), port, flags.tls_cert.empty() ? "" : " (https)");

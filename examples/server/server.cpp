@@ -150,7 +150,8 @@ std::string retry_after_value(double seconds) {
 // One completion on its way from the generator's loop thread (on_token,
 // on_done) to the handler thread that answers it.
 struct Completion {
-  explicit Completion(std::vector<std::string> stop) : text(std::move(stop)) {}
+  Completion(std::vector<std::string> stop, CompletionText::TokenBytes token_bytes)
+      : text(std::move(stop), std::move(token_bytes)) {}
   std::mutex mutex;
   std::condition_variable changed;
   CompletionText text;
@@ -539,7 +540,8 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   if (auto error = authenticate(request, tenant, admin)) return reply_refusal(response, *error);
   ChatRequest chat;
   if (auto error = parse_chat_request(body, options_.limits, chat)) return reply_error(response, *error);
-  std::vector<std::int32_t> prompt = tiny_llama::ByteTokenizer::apply_chat_template(chat.messages);
+  std::vector<std::int32_t> prompt;
+  if (auto error = template_prompt(chat.messages, true, prompt)) return reply_error(response, *error);
   if (auto error = check_prompt_length(prompt.size(), options_.limits)) return reply_error(response, *error);
 
   // What the request asks to keep cached after its answer: the whole prompt
@@ -553,8 +555,10 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   for (const CacheBreakpoint& b : chat.cache_breakpoints) {
     const std::vector<tiny_llama::ChatMessage> head(chat.messages.begin(),
                                                     chat.messages.begin() + static_cast<std::ptrdiff_t>(b.message) + 1);
-    pins.push_back({tiny_llama::ByteTokenizer::apply_chat_template(head, false).size(),
-                    std::chrono::seconds(b.ttl_seconds), fmt::format("messages[{}].cache_control", b.message)});
+    std::vector<std::int32_t> head_tokens;
+    if (auto error = template_prompt(head, false, head_tokens)) return reply_error(response, *error);
+    pins.push_back({head_tokens.size(), std::chrono::seconds(b.ttl_seconds),
+                    fmt::format("messages[{}].cache_control", b.message)});
   }
   if (auto error = check_pin_budget(pins)) return reply_error(response, *error);
   std::vector<std::int32_t> pin_tokens;
@@ -581,11 +585,20 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   generate.presence_penalty = chat.presence_penalty;
   generate.frequency_penalty = chat.frequency_penalty;
   generate.seed = chat.seed.value_or(std::random_device{}());
-  if (!chat.ignore_eos) generate.stop_tokens = {tiny_llama::ByteTokenizer::kEndOfTurn};
+  if (!chat.ignore_eos) {
+    generate.stop_tokens = {options_.tokenizer ? options_.tokenizer->end_of_turn_id()
+                                               : tiny_llama::ByteTokenizer::kEndOfTurn};
+  }
   generate.cache_salt = tenant;
   generate.use_cache = options_.prefix_cache;
 
-  auto completion = std::make_shared<Completion>(chat.stop);
+  CompletionText::TokenBytes token_bytes;
+  if (const clm_tokenizer::HfTokenizer* tokenizer = options_.tokenizer) {
+    token_bytes = [tokenizer](std::int32_t token, std::string& out) {
+      if (!tokenizer->is_special(token)) (void)tokenizer->decode_bytes(std::span(&token, 1), out);
+    };
+  }
+  auto completion = std::make_shared<Completion>(chat.stop, std::move(token_bytes));
   auto on_token = [completion](std::int32_t token) {
     std::lock_guard lock(completion->mutex);
     if (completion->client_gone) return false;
@@ -717,6 +730,23 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
     generator_.cancel(id, "cancelled");  // it may still be waiting, with no token to refuse
   };
   response.set_chunked_content_provider("text/event-stream", std::move(provide), std::move(release));
+}
+
+std::optional<ApiError> ChatServer::template_prompt(const std::vector<tiny_llama::ChatMessage>& messages,
+                                                    bool add_generation_prompt, std::vector<std::int32_t>& out) const {
+  out.clear();
+  if (options_.tokenizer == nullptr) {
+    out = tiny_llama::ByteTokenizer::apply_chat_template(messages, add_generation_prompt);
+    return std::nullopt;
+  }
+  std::vector<clm_tokenizer::ChatMessage> chat;
+  chat.reserve(messages.size());
+  for (const tiny_llama::ChatMessage& m : messages) chat.push_back({m.role, m.content});
+  const clm::Status s = options_.tokenizer->apply_chat_template(chat, out, add_generation_prompt);
+  if (s.ok()) return std::nullopt;
+  return ApiError{.message = fmt::format("the messages cannot be tokenized: {}", s.message()),
+                  .param = "messages",
+                  .code = "invalid_value"};
 }
 
 std::optional<ApiError> ChatServer::check_pin_budget(const std::vector<PlannedPin>& pins) const {

@@ -68,6 +68,7 @@
 #include "chat_api.hpp"
 #include "clm/engine.hpp"
 #include "generator.hpp"
+#include "hf_tokenizer.hpp"
 
 namespace httplib {
 class Server;
@@ -94,6 +95,9 @@ struct ServerOptions {
   const ApiKeys* api_keys = nullptr;        // nullptr: no keys (every request is tenant "")
   bool trust_x_tenant = false;
   bool prefix_cache = true;  // false: requests neither reuse nor publish cached pages
+  // A Hugging Face tokenizer (--tokenizer): prompts are its ChatML template,
+  // answers stop at its <|im_end|>. nullptr: the byte tokenizer's template.
+  const clm_tokenizer::HfTokenizer* tokenizer = nullptr;
 };
 
 // The engine's invariants and counts as one JSON object (GET /debug/engine,
@@ -144,6 +148,11 @@ class ChatServer {
   };
   // 400 when the pins would not fit the engine's pin budget now (or the cache is off).
   std::optional<ApiError> check_pin_budget(const std::vector<PlannedPin>& pins) const;
+  // The prompt of `messages` with the server's tokenizer (and, with
+  // add_generation_prompt, the assistant's header); a 400 when the text
+  // cannot be encoded.
+  std::optional<ApiError> template_prompt(const std::vector<tiny_llama::ChatMessage>& messages,
+                                          bool add_generation_prompt, std::vector<std::int32_t>& out) const;
   // Pins each under the tenant's salt; what became of them (the X-Clm-Pins header).
   std::string apply_pins(const std::vector<PlannedPin>& pins, const std::vector<std::int32_t>& tokens,
                          const std::string& tenant);

@@ -122,6 +122,8 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
       f.weights = value;
     } else if (flag == "--config") {
       f.config = value;
+    } else if (flag == "--tokenizer") {
+      f.tokenizer = value;
     } else if (flag == "--max-batch") {
       f.max_batch = std::stoi(value, &used);
     } else if (flag == "--default-max-tokens") {
@@ -295,6 +297,8 @@ tenants:
 model:
   --config FILE            the model's config.json (default: tiny_llama's shape)
   --weights FILE           its safetensors weights (default: a deterministic random init)
+  --tokenizer FILE         a Hugging Face tokenizer.json (Qwen3's): its ChatML template and vocabulary
+                           (the model's vocabulary is then the tokenizer's); default: byte tokens
   --threads N              compute threads (default: the hardware's)
   --model-id ID            the host's fingerprint of the weights (e.g. their SHA-256); needed by
                            --storage and --kv-events

@@ -36,7 +36,8 @@ struct ServerFlags {
   bool trust_x_tenant = false;
   // The model.
   std::string weights, config;
-  int threads = 0;  // the model's compute threads; 0 = the hardware's
+  std::string tokenizer;  // a Hugging Face tokenizer.json; empty: the byte tokenizer
+  int threads = 0;        // the model's compute threads; 0 = the hardware's
   std::string model_id;
   // The cache.
   std::int32_t page_size = 16;
