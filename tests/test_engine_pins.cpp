@@ -1,8 +1,13 @@
-// clm::Engine's pinned prefixes (pin_prefix, unpin): a pinned prefix stays
+// clm::Engine's pinned prefixes (pin_prefix, unpin) and priorities that
+// expire (hint_prefix). A pinned prefix stays
 // cached through a flood that evicts an unpinned one of the same size, pins
 // share a budget and one past it is refused with nothing pinned, a pin
 // expires by itself and a hit on its whole prefix restarts its time, and bad
-// calls get clear statuses; the engine's page accounting holds after every step.
+// calls get clear statuses. A hinted prefix outlives (under the priority
+// policy) a flood that evicts an unhinted one, a hint under the same key
+// replaces the earlier one without setting anything back, and an expired
+// hint leaves its prefix to be evicted. The engine's page accounting holds
+// after every step.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -20,8 +25,11 @@ namespace {
 
 constexpr std::int32_t kPage = 4, kPages = 64;
 
-std::unique_ptr<Engine> make_engine(double budget = 0.25) {
+std::unique_ptr<Engine> make_engine(double budget = 0.25, clm::EvictionPolicy policy = clm::EvictionPolicy::lru,
+                                    std::int32_t max_hints = 4096) {
   clm::EngineConfig config;
+  config.eviction_policy = policy;
+  config.max_priority_hints = max_hints;
   config.pool.num_pages = kPages;
   config.pool.page_size = kPage;
   config.pool.memory = clm::MemoryKind::none;
@@ -174,5 +182,71 @@ TEST_CASE("pin_prefix refuses bad calls with a clear status and pins nothing", "
   bad.pin_budget_fraction = 1.5;
   std::unique_ptr<Engine> refused;
   CHECK(Engine::create(bad, refused).code() == StatusCode::invalid_argument);
+  check(*engine);
+}
+
+TEST_CASE("a priority that expires: a hinted prefix outlives a flood until its time, a later hint replaces it",
+          "[engine][hints]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  auto engine = make_engine(0.25, clm::EvictionPolicy::priority);
+  Tokens hinted = clm_test::random_tokens(rng, 6 * kPage + 1, 50000);
+  const Tokens unhinted = clm_test::random_tokens(rng, 6 * kPage + 1, 50000);
+  serve(*engine, hinted);
+  serve(*engine, unhinted);
+  std::int32_t reached = 0;
+  REQUIRE(engine->hint_prefix("conversation-1", hinted, {}, 1, std::chrono::milliseconds(1500), reached).ok());
+  CHECK(reached == 6 * kPage);
+  flood(*engine, rng);
+  CHECK(cached(*engine, hinted) == 6 * kPage);
+  CHECK(cached(*engine, unhinted) == 0);  // the control: the flood does evict
+
+  // The next turn: the conversation grows, and its hint replaces the first.
+  const Tokens more = clm_test::random_tokens(rng, 2 * kPage, 50000);
+  hinted.insert(hinted.end() - 1, more.begin(), more.end());
+  serve(*engine, hinted);
+  REQUIRE(engine->hint_prefix("conversation-1", hinted, {}, 1, std::chrono::milliseconds(2500), reached).ok());
+  CHECK(reached == 8 * kPage);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1700));  // past the first hint's time
+  flood(*engine, rng);
+  CHECK(cached(*engine, hinted) == 8 * kPage);
+  clm::EngineMetrics m = engine->metrics();
+  CHECK(m.priority_hints_active == 1);
+  CHECK(m.priority_hints_replaced == 1);
+  CHECK(m.priority_hints_expired == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // past the second's
+  flood(*engine, rng);
+  CHECK(cached(*engine, hinted) == 0);
+  m = engine->metrics();
+  CHECK(m.priority_hints_active == 0);
+  CHECK(m.priority_hints_expired == 1);
+}
+
+TEST_CASE("priority hints: bad calls refused, and the oldest expires early past the capacity", "[engine][hints]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  auto engine = make_engine(0.25, clm::EvictionPolicy::priority, 2);
+  const Tokens prompt = clm_test::random_tokens(rng, 4 * kPage + 1, 50000);
+  serve(*engine, prompt);
+  std::int32_t reached = 0;
+  const auto ttl = std::chrono::minutes(1);
+  CHECK(engine->hint_prefix("", prompt, {}, 1, ttl, reached).code() == StatusCode::invalid_argument);
+  CHECK(engine->hint_prefix("k", prompt, {}, 0, ttl, reached).code() == StatusCode::invalid_argument);
+  CHECK(engine->hint_prefix("k", prompt, {}, 101, ttl, reached).code() == StatusCode::invalid_argument);
+  CHECK(engine->hint_prefix("k", prompt, {}, 1, std::chrono::milliseconds(0), reached).code() ==
+        StatusCode::invalid_argument);
+  CHECK(engine->hint_prefix("k", Tokens{1, -2}, {}, 1, ttl, reached).code() == StatusCode::invalid_argument);
+  CHECK(engine->metrics().priority_hints_active == 0);
+  // Nothing cached under another salt: accepted, reaching nothing.
+  REQUIRE(engine->hint_prefix("a", prompt, {.cache_salt = "other"}, 1, ttl, reached).ok());
+  CHECK(reached == 0);
+  REQUIRE(engine->hint_prefix("b", prompt, {}, 1, ttl, reached).ok());
+  CHECK(reached == 4 * kPage);
+  REQUIRE(engine->hint_prefix("c", prompt, {}, 1, ttl, reached).ok());
+  const clm::EngineMetrics m = engine->metrics();
+  CHECK(m.priority_hints_active == 2);
+  CHECK(m.priority_hints_expired == 1);
   check(*engine);
 }

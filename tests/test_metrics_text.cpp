@@ -194,6 +194,10 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put(R"(clm_pins_total{event="refused"})", m.pins_refused);
   put(R"(clm_pins_total{event="expired"})", m.pins_expired);
   put(R"(clm_pins_total{event="refreshed"})", m.pins_refreshed);
+  put("clm_priority_hints_active", m.priority_hints_active);
+  put(R"(clm_priority_hints_total{event="created"})", m.priority_hints_created);
+  put(R"(clm_priority_hints_total{event="replaced"})", m.priority_hints_replaced);
+  put(R"(clm_priority_hints_total{event="expired"})", m.priority_hints_expired);
   // SRC head.
   put("clm_src_threshold", s.threshold);
   put("clm_src_scored_steps_total", s.steps);

@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
                                  .api_keys = flags.api_keys.empty() ? nullptr : &api_keys,
                                  .trust_x_tenant = flags.trust_x_tenant,
                                  .prefix_cache = flags.prefix_cache,
-                                 .tokenizer = tokenizer.loaded() ? &tokenizer : nullptr});
+                                 .tokenizer = tokenizer.loaded() ? &tokenizer : nullptr,
+                                 .hint_ttl_s = flags.hint_ttl_s});
   int port = 0;
   if (clm::Status s = server.bind(flags.port, port); !s.ok()) return fail(s.message());
   std::printf("listening on %s:%d%s\n", flags.host.c_str(), port, flags.tls_cert.empty() ? "" : " (https)");

@@ -561,8 +561,13 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
                     fmt::format("messages[{}].cache_control", b.message)});
   }
   if (auto error = check_pin_budget(pins)) return reply_error(response, *error);
+  // A conversation its client names (prompt_cache_key, or X-Session-Id) and
+  // says will continue (X-Session-Continues: true) keeps a priority for a
+  // while after each answer (Engine::hint_prefix); no hint without that word.
+  std::string hint_key;
+  if (auto error = conversation_hint_key(request, chat, tenant, hint_key)) return reply_error(response, *error);
   std::vector<std::int32_t> pin_tokens;
-  if (!pins.empty()) pin_tokens = prompt;
+  if (!pins.empty() || !hint_key.empty()) pin_tokens = prompt;
 
   if (generator_.waiting() >= options_.max_waiting) {
     {
@@ -659,6 +664,7 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
       const std::string outcome = apply_pins(pins, pin_tokens, tenant);
       response.set_header("X-Clm-Pins", outcome);
     }
+    if (!hint_key.empty()) apply_hint(hint_key, pin_tokens, completion->result.tokens, tenant);
     response.set_content(
         completion_json(header, completion->unsent, finish_reason_of(*completion), usage_of(completion->result)),
         "application/json");
@@ -673,7 +679,7 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   // httplib calls the provider again and again until sink.done(); each call
   // waits for text (or a while, to look at the socket and the deadline) and sends it.
   auto provide = [this, completion, header, deadline, id = *id, sent_role = false, timed_out = false,
-                  pins = std::move(pins), pin_tokens = std::move(pin_tokens),
+                  pins = std::move(pins), pin_tokens = std::move(pin_tokens), hint_key = std::move(hint_key),
                   tenant](std::size_t, httplib::DataSink& sink) mutable {
     const auto client_left = [&] {
       {
@@ -710,6 +716,7 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
       if (!send(sse_event(error_json(*error)))) return false;
     } else {
       if (!pins.empty()) (void)apply_pins(pins, pin_tokens, tenant);  // counted in the engine's pin metrics
+      if (!hint_key.empty()) apply_hint(hint_key, pin_tokens, completion->result.tokens, tenant);
       const std::string reason = finish_reason_of(*completion);
       if (!send(sse_event(chunk_json(header, {.finish_reason = reason})))) return false;
       const CompletionUsage usage = usage_of(completion->result);
@@ -747,6 +754,42 @@ std::optional<ApiError> ChatServer::template_prompt(const std::vector<tiny_llama
   return ApiError{.message = fmt::format("the messages cannot be tokenized: {}", s.message()),
                   .param = "messages",
                   .code = "invalid_value"};
+}
+
+std::optional<ApiError> ChatServer::conversation_hint_key(const httplib::Request& request, const ChatRequest& chat,
+                                                          const std::string& tenant, std::string& key) const {
+  key.clear();
+  if (!request.has_header("X-Session-Continues")) return std::nullopt;
+  const std::string continues = request.get_header_value("X-Session-Continues");
+  if (continues != "true" && continues != "false") {
+    return ApiError{.message = "X-Session-Continues must be true or false",
+                    .param = "X-Session-Continues",
+                    .code = "invalid_value"};
+  }
+  if (continues == "false") return std::nullopt;
+  const std::string session = request.get_header_value("X-Session-Id");
+  const std::string& name = !chat.prompt_cache_key.empty() ? chat.prompt_cache_key : session;
+  if (name.empty() || name.size() > 1024) {
+    return ApiError{.message =
+                        "X-Session-Continues: true needs the conversation's name (prompt_cache_key or "
+                        "X-Session-Id, 1 to 1024 bytes)",
+                    .param = "X-Session-Continues",
+                    .code = "invalid_value"};
+  }
+  if (!options_.prefix_cache) return std::nullopt;  // nothing cached to keep
+  key = tenant + '\x1f' + name;                     // conversations are named within their tenant
+  return std::nullopt;
+}
+
+void ChatServer::apply_hint(const std::string& key, const std::vector<std::int32_t>& prompt,
+                            const std::vector<std::int32_t>& answer, const std::string& tenant) {
+  std::vector<std::int32_t> conversation = prompt;
+  conversation.insert(conversation.end(), answer.begin(), answer.end());
+  std::int32_t reached = 0;
+  (void)engine_.hint_prefix(
+      key, conversation, {.cache_salt = tenant}, 1,
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(options_.hint_ttl_s)),
+      reached);  // the engine's hint metrics count it
 }
 
 std::optional<ApiError> ChatServer::check_pin_budget(const std::vector<PlannedPin>& pins) const {

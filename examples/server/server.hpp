@@ -98,6 +98,7 @@ struct ServerOptions {
   // A Hugging Face tokenizer (--tokenizer): prompts are its ChatML template,
   // answers stop at its <|im_end|>. nullptr: the byte tokenizer's template.
   const clm_tokenizer::HfTokenizer* tokenizer = nullptr;
+  double hint_ttl_s = 120;  // how long a continuing conversation keeps its priority after an answer
 };
 
 // The engine's invariants and counts as one JSON object (GET /debug/engine,
@@ -148,6 +149,12 @@ class ChatServer {
   };
   // 400 when the pins would not fit the engine's pin budget now (or the cache is off).
   std::optional<ApiError> check_pin_budget(const std::vector<PlannedPin>& pins) const;
+  // The conversation's hint key (tenant, name) when its client says it will
+  // continue; empty when not; a 400 for a malformed header or a missing name.
+  std::optional<ApiError> conversation_hint_key(const httplib::Request& request, const ChatRequest& chat,
+                                                const std::string& tenant, std::string& key) const;
+  void apply_hint(const std::string& key, const std::vector<std::int32_t>& prompt,
+                  const std::vector<std::int32_t>& answer, const std::string& tenant);
   // The prompt of `messages` with the server's tokenizer (and, with
   // add_generation_prompt, the assistant's header); a 400 when the text
   // cannot be encoded.

@@ -100,6 +100,8 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
       return parse_seconds(flag, value, f.max_request_timeout_s);
     } else if (flag == "--body-timeout") {
       return parse_seconds(flag, value, f.body_timeout_s);
+    } else if (flag == "--hint-ttl") {
+      return parse_seconds(flag, value, f.hint_ttl_s);
     } else if (flag == "--drain-grace") {
       return parse_seconds(flag, value, f.drain_grace_s);
     } else if (flag == "--max-waiting") {
@@ -203,6 +205,7 @@ std::string check(const ServerFlags& f) {
     return fmt::format("--request-timeout ({} s) is over --max-request-timeout ({} s)", f.request_timeout_s,
                        f.max_request_timeout_s);
   }
+  if (f.hint_ttl_s > 86400) return fmt::format("--hint-ttl must be at most 86400 s (a day), got {}", f.hint_ttl_s);
   if (f.max_waiting < 1 || f.max_waiting > 1000000) {
     return fmt::format("--max-waiting must be in [1, 1000000], got {}", f.max_waiting);
   }
@@ -309,6 +312,8 @@ cache:
   --prefix-cache on|off    off: every prompt computed afresh (the baseline bench_server measures against)
   --pin-budget-fraction F  the pool's share that pinned prompts may hold (prompt_cache_retention "24h",
                            cache_control; default 0.25); past it such requests get 400
+  --hint-ttl S             a conversation whose client sends X-Session-Continues: true keeps a priority
+                           this long after each answer (default 120)
 tiers (docs/tiers.md):
   --host-tokens N          a host-memory tier of N tokens that evicted pages move to (default 0: none)
   --write-policy P         write_through, write_through_selective, write_back (default write_through)

@@ -43,8 +43,10 @@ struct ServerFlags {
   std::int32_t page_size = 16;
   std::int64_t pool_tokens = 32768;
   clm::EvictionPolicy eviction_policy = clm::EvictionPolicy::ghost_slru;  // the one that honours hints
-  bool prefix_cache = true;           // off: every request computed afresh, nothing published (the baseline)
-  double pin_budget_fraction = 0.25;  // of the pool, for prompt_cache_retention and cache_control pins
+  bool prefix_cache = true;  // off: every request computed afresh, nothing published (the baseline)
+  double pin_budget_fraction = 0.25;
+  double hint_ttl_s = 120;  // X-Session-Continues: the conversation's priority lasts this long  // of the pool, for
+                            // prompt_cache_retention and cache_control pins
   // The tiers.
   std::int64_t host_tokens = 0;  // 0: no host tier
   clm::WritePolicy write_policy = clm::WritePolicy::write_through;

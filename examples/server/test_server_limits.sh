@@ -176,8 +176,28 @@ expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 200 "a cache_control break
 grep -qi '^X-Clm-Pins: messages\[0\].cache_control=24 tokens for 3600 s' <<<"$headers" ||
   fail "cache_control: X-Clm-Pins: $(grep -i x-clm-pins <<<"$headers")"
 expect_eq "$(metric clm_pinned_pages)" 15 "clm_pinned_pages after both pins"
+# A conversation named (prompt_cache_key) whose client says it will continue
+# keeps a priority after each answer; without that word, no hint.
+named='{"messages":[{"role":"user","content":"Hello there"}],"prompt_cache_key":"conv-1"}'
+post - "$named"
+expect_eq "$code" 200 "a named conversation, no word of continuing"
+expect_eq "$(metric 'clm_priority_hints_total{event="created"}')" 0 "a hint without the client's word"
+post - "$named" -H 'X-Session-Continues: true'
+expect_eq "$code" 200 "a named conversation that will continue"
+expect_eq "$(metric clm_priority_hints_active)" 1 "the conversation's hint"
+post - "${named%\}},\"max_tokens\":2}" -H 'X-Session-Continues: true'
+expect_eq "$(metric 'clm_priority_hints_total{event="replaced"}')" 1 "the next turn's hint replaces the first"
+post - '{"messages":[{"role":"user","content":"Hi"}]}' -H 'X-Session-Id: s-9' -H 'X-Session-Continues: true'
+expect_eq "$code" 200 "X-Session-Id names a conversation too"
+expect_eq "$(metric clm_priority_hints_active)" 2 "two conversations hinted"
+post - '{"messages":[{"role":"user","content":"Hi"}]}' -H 'X-Session-Continues: true'
+expect_eq "$code" 400 "X-Session-Continues without a name"
+expect_eq "$(field error.param)" X-Session-Continues "X-Session-Continues without a name: error.param"
+post - "$named" -H 'X-Session-Continues: maybe'
+expect_eq "$code" 400 "X-Session-Continues: maybe"
 stop
-ok "retention: a 24h prompt pinned (12 pages), a cache_control breakpoint (3 pages, 1h), one past the budget refused before it ran"
+ok "retention: a 24h prompt pinned (12 pages), a cache_control breakpoint (3 pages, 1h), one past the budget \
+refused before it ran; a continuing conversation's priority hint, replaced by its next turn, none without the word"
 
 # ---- limits -----------------------------------------------------------------------
 # A model 8 times the size: a long answer takes seconds (about 15 for 3000

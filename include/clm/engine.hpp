@@ -60,6 +60,7 @@
 #include "clm/engine/admission.hpp"
 #include "clm/engine/engine_config.hpp"
 #include "clm/engine/engine_metrics.hpp"
+#include "clm/engine/prefix_hints.hpp"
 #include "clm/engine/prefix_pins.hpp"
 #include "clm/events/kv_event_publisher.hpp"
 #include "clm/events/kv_event_recorder.hpp"
@@ -127,6 +128,9 @@ class Engine {
     if (!(config.pin_budget_fraction >= 0.0 && config.pin_budget_fraction <= 1.0)) {
       return invalid_argument(fmt::format("pin_budget_fraction must be in [0, 1], got {}", config.pin_budget_fraction));
     }
+    if (config.max_priority_hints < 1) {
+      return invalid_argument(fmt::format("max_priority_hints must be >= 1, got {}", config.max_priority_hints));
+    }
     if (config.max_pin_ttl.count() < 1) {
       return invalid_argument(fmt::format("max_pin_ttl must be >= 1 ms, got {} ms", config.max_pin_ttl.count()));
     }
@@ -180,6 +184,7 @@ class Engine {
       CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, seq->cache_namespace(), match_, "admit"));
       CLM_RETURN_IF_ERROR(tree_->lock(match_.node));
       if (!pins_.empty()) refresh_pins_on_path(match_.node);
+      if (!hints_.empty()) expire_hints(PrefixHints::Clock::now());
       // The host-only part (match_ is shared scratch: what a load-back needs is kept here).
       const bool load_back = match_.host_tokens > 0;
       const NodeRef host_node = match_.host_node;
@@ -514,7 +519,55 @@ class Engine {
     m.pins_active = static_cast<std::int64_t>(pins_.size());
     m.pinned_pages = pins_.pinned_pages();
     m.pin_budget_pages = pins_.budget_pages();
+    m.priority_hints_active = static_cast<std::int64_t>(hints_.size());
     return m;
+  }
+
+  // ---- priorities that expire -----------------------------------------------
+  // A host's word that a conversation will continue: sets `priority` (1 to
+  // 100) along the cached prefix of `tokens` (under options' salt and
+  // adapter) now, as an admission with PriorityUpdate::set would, and back to
+  // 0 once `ttl` has passed (at the next admission or hint after it), unless
+  // a later hint under the same `key` (the conversation's next turn) has
+  // replaced it: then that one's time counts, and the old one sets nothing
+  // back. Under the priority and ghost_slru policies the prefix outranks
+  // unhinted ones meanwhile. A prefix shared with another conversation (a
+  // system prompt) drops to 0 with whichever hint expires first, as with
+  // PriorityUpdate::set. At most max_priority_hints are held: past that the
+  // one due first expires early. `reached`: the tokens found cached.
+  // invalid_argument for an empty or long key, a bad prompt, a priority
+  // outside [1, 100] or a ttl outside [1 ms, max_pin_ttl].
+  Status hint_prefix(std::string_view key, std::span<const std::int32_t> tokens, const AdmitOptions& options,
+                     int priority, std::chrono::milliseconds ttl, std::int32_t& reached) {
+    CLM_RETURN_IF_ERROR(check_admission(tokens, options, "hint_prefix"));
+    CLM_RETURN_IF_ERROR(detail::check_token_ids(tokens, 0, "hint_prefix"));
+    if (key.empty() || key.size() > 4096) {
+      return invalid_argument(fmt::format("hint_prefix: the key must be 1 to 4096 bytes, got {}", key.size()));
+    }
+    if (priority < 1 || priority > kMaxPriority) {
+      return invalid_argument(fmt::format("hint_prefix: priority must be in [1, {}], got {}", kMaxPriority, priority));
+    }
+    if (ttl.count() < 1 || ttl > config_.max_pin_ttl) {
+      return invalid_argument(
+          fmt::format("hint_prefix: ttl must be in [1, {}] ms, got {} ms", config_.max_pin_ttl.count(), ttl.count()));
+    }
+    PrefixHints::Hint hint{.key = std::string(key),
+                           .tokens = std::vector<std::int32_t>(tokens.begin(), tokens.end()),
+                           .salt = std::string(options.cache_salt),
+                           .adapter_id = options.adapter_id,
+                           .expires = PrefixHints::Clock::now() + ttl};
+    std::lock_guard lock(mutex_);
+    expire_hints(PrefixHints::Clock::now());
+    CLM_RETURN_IF_ERROR(
+        tree_->set_prefix_priority(tokens, {options.cache_salt, options.adapter_id}, priority, reached, "hint_prefix"));
+    if (hints_.size() >= hints_.capacity() && !hints_.contains(hint.key)) {
+      due_hints_.clear();
+      hints_.take_oldest(due_hints_);
+      drop_hints(due_hints_);
+    }
+    if (hints_.put(std::move(hint))) ++metrics_.priority_hints_replaced;
+    ++metrics_.priority_hints_created;
+    return {};
   }
 
   // ---- pinned prefixes -------------------------------------------------------
@@ -652,7 +705,8 @@ class Engine {
                                               : config.slru_protected_fraction,
                                           tiers_ ? tiers_->host_pool() : nullptr, config.ghost_slru_memory)),
         src_(config.src_gate, config.special_token_ids),
-        pins_(static_cast<std::int64_t>(config.pin_budget_fraction * static_cast<double>(config.pool.num_pages))) {}
+        pins_(static_cast<std::int64_t>(config.pin_budget_fraction * static_cast<double>(config.pool.num_pages))),
+        hints_(static_cast<std::size_t>(config.max_priority_hints)) {}
 
   // Under the lock: unlocks the pins past their time.
   void expire_pins(PrefixPins::Clock::time_point now) {
@@ -662,6 +716,21 @@ class Engine {
     for (const PrefixPins::Pin& pin : expired_pins_) {
       (void)tree_->unlock(pin.node);
       ++metrics_.pins_expired;
+    }
+  }
+
+  // Under the lock: the hints past their time set their prefixes back to 0.
+  void expire_hints(PrefixHints::Clock::time_point now) {
+    if (!hints_.any_expired(now)) return;
+    due_hints_.clear();
+    hints_.take_expired(now, due_hints_);
+    drop_hints(due_hints_);
+  }
+  void drop_hints(const std::vector<PrefixHints::Hint>& due) {
+    for (const PrefixHints::Hint& h : due) {
+      std::int32_t reached = 0;
+      (void)tree_->set_prefix_priority(h.tokens, {h.salt, h.adapter_id}, 0, reached);  // checked when hinted
+      ++metrics_.priority_hints_expired;
     }
   }
 
@@ -884,6 +953,8 @@ class Engine {
   SrcTracker src_;                             // its own lock: SRC steps never hold up the prefix cache
   PrefixPins pins_;                            // mutex_'s
   std::vector<PrefixPins::Pin> expired_pins_;  // mutex_'s: expire_pins' scratch
+  PrefixHints hints_;                          // mutex_'s
+  std::vector<PrefixHints::Hint> due_hints_;   // mutex_'s: expire_hints' scratch
   mutable std::mutex clm_parts_mutex_;         // guards the two pointers below
   std::shared_ptr<const SnapshotProjection> projection_;
   std::shared_ptr<const SnapshotAdapter> adapter_;

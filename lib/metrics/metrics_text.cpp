@@ -115,6 +115,11 @@ void sequences(Exposition& out, const EngineMetrics& m) {
   out.sample("pins_total", "event=\"refused\"", m.pins_refused);
   out.sample("pins_total", "event=\"expired\"", m.pins_expired);
   out.sample("pins_total", "event=\"refreshed\"", m.pins_refreshed);
+  out.gauge("priority_hints_active", "Priorities that expire held now (Engine::hint_prefix).", m.priority_hints_active);
+  out.family("priority_hints_total", "counter", "Priority hints: created, replaced (by the same key's next), expired.");
+  out.sample("priority_hints_total", "event=\"created\"", m.priority_hints_created);
+  out.sample("priority_hints_total", "event=\"replaced\"", m.priority_hints_replaced);
+  out.sample("priority_hints_total", "event=\"expired\"", m.priority_hints_expired);
 }
 
 void src(Exposition& out, const SrcMetrics& s) {

@@ -254,6 +254,40 @@ class RadixTree {
     return {};
   }
 
+  // Sets the priority of every node along `tokens`' cached prefix (whole
+  // pages, device and host nodes) as insert's PriorityUpdate::set does,
+  // touching no recency, hit count or metric: a host's word that the prefix
+  // will (priority > 0) or will not (0) be asked for again. Under ghost_slru a
+  // priority above 0 protects the nodes, as insert's does. `reached`: the
+  // tokens of the prefix found cached (0 when none).
+  Status set_prefix_priority(std::span<const std::int32_t> tokens, const CacheNamespace& ns, int priority,
+                             std::int32_t& reached, const char* what = "set_prefix_priority") {
+    CLM_RETURN_IF_ERROR(validate_length(tokens, what));
+    if (priority < 0 || priority > kMaxPriority) {
+      return invalid_argument(fmt::format("{}: priority must be in [0, {}], got {}", what, kMaxPriority, priority));
+    }
+    reached = 0;
+    const std::int32_t root = find_namespace(ns);
+    if (root < 0) return {};
+    const std::int32_t whole = static_cast<std::int32_t>(tokens.size()) / page_size_ * page_size_;
+    const Walk walk = walk_down(root, tokens.data(), whole);
+    reached = walk.matched;
+    const auto prio = static_cast<std::uint8_t>(priority);
+    const bool host_vouches = policy_ == EvictionPolicy::ghost_slru && prio > 0;
+    for (std::int32_t n : path_) {
+      nodes_[n].priority = prio;
+      if (host_vouches) {
+        promote_to_protected(n);
+      } else {
+        refresh_protected_key(n);
+      }
+      refresh_heap_key(n);
+      refresh_host_heap(n);
+    }
+    if (segmented_) enforce_protected_cap();
+    return {};
+  }
+
   // ---- insert ---------------------------------------------------------------
   // `pages` must hold at least tokens.size() / page_size ids; the tree takes the
   // first that many (pages past them stay the caller's). `priority` meets the

@@ -58,7 +58,9 @@ struct EngineConfig {
   // Pinned prefixes (Engine::pin_prefix): at most this share of the pool's
   // pages pinned at once (0 disables pins), each for at most max_pin_ttl.
   double pin_budget_fraction = 0.25;
-  std::chrono::milliseconds max_pin_ttl{std::chrono::hours(24)};
+  std::chrono::milliseconds max_pin_ttl{std::chrono::hours(24)};  // (and of priority hints)
+  // Priorities that expire (Engine::hint_prefix): at most this many held.
+  std::int32_t max_priority_hints = 4096;
 };
 
 }  // namespace clm

@@ -32,6 +32,9 @@ struct EngineMetrics {
   std::int64_t pinned_pages = 0;  // counted per pin (pins that share pages count them each)
   std::int64_t pin_budget_pages = 0;
   std::uint64_t pins_created = 0, pins_refused = 0, pins_expired = 0, pins_refreshed = 0;
+  // Priorities that expire (Engine::hint_prefix).
+  std::int64_t priority_hints_active = 0;
+  std::uint64_t priority_hints_created = 0, priority_hints_replaced = 0, priority_hints_expired = 0;
   // How long the allocations that evicted cached prefixes took, each timed whole.
   DurationHistogram eviction_duration;
   SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
