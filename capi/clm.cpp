@@ -396,6 +396,25 @@ clm_status clm_engine_pin_prefix(clm_engine* engine, const int32_t* tokens, size
   });
 }
 
+clm_status clm_engine_hint_prefix(clm_engine* engine, const char* key, size_t key_len, const int32_t* tokens,
+                                  size_t n_tokens, const clm_admit_options* options, int32_t priority, int64_t ttl_ms,
+                                  int32_t* reached_tokens) {
+  return guarded([&]() -> clm_status {
+    if (!engine) return null_argument("clm_engine_hint_prefix", "engine");
+    if (!key && key_len > 0) return null_argument("clm_engine_hint_prefix", "key (with key_len > 0)");
+    clm::AdmitOptions admit;
+    if (clm_status s = prompt_args_of(tokens, n_tokens, options, "clm_engine_hint_prefix", admit)) return s;
+    std::int32_t reached = 0;
+    if (clm_status s =
+            report(engine->state->engine->hint_prefix(std::string_view(key ? key : "", key_len), {tokens, n_tokens},
+                                                      admit, priority, std::chrono::milliseconds(ttl_ms), reached))) {
+      return s;
+    }
+    if (reached_tokens) *reached_tokens = reached;
+    return CLM_OK;
+  });
+}
+
 clm_status clm_engine_unpin(clm_engine* engine, uint64_t pin_id) {
   return guarded([&]() -> clm_status {
     if (!engine) return null_argument("clm_engine_unpin", "engine");

@@ -359,6 +359,20 @@ CLM_API clm_status clm_engine_pin_prefix(clm_engine *engine, const int32_t *toke
  * sequences hold it). CLM_ERR_NOT_FOUND when it never was, has ended or has
  * expired. */
 CLM_API clm_status clm_engine_unpin(clm_engine *engine, uint64_t pin_id);
+/* A priority that expires: sets priority (1 to 100) along the cached prefix
+ * of tokens (under options' salt and adapter; NULL: none) now, as an
+ * admission with CLM_PRIORITY_SET would, and back to 0 once ttl_ms has passed
+ * (at the next admission or hint after it), unless a later hint under the
+ * same key (key_len bytes: a conversation's name) has replaced it. For a host
+ * that knows a conversation will continue: under CLM_EVICT_PRIORITY and
+ * CLM_EVICT_GHOST_SLRU its prefix outranks unhinted ones meanwhile. At most
+ * 4096 hints are held; past that the one due first expires early.
+ * *reached_tokens (may be NULL): the tokens of the prefix found cached.
+ * CLM_ERR_INVALID_ARGUMENT for an empty key or one over 4096 bytes, a bad
+ * prompt, a priority outside [1, 100] or ttl_ms outside [1, 86400000]. */
+CLM_API clm_status clm_engine_hint_prefix(clm_engine *engine, const char *key, size_t key_len, const int32_t *tokens,
+                                          size_t n_tokens, const clm_admit_options *options, int32_t priority,
+                                          int64_t ttl_ms, int32_t *reached_tokens);
 /* Appends decoded tokens whose K/V the host will write; afterwards
  * clm_seq_slots gives their slots. */
 CLM_API clm_status clm_seq_extend(clm_seq *seq, const int32_t *tokens, size_t n_tokens);

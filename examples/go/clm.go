@@ -65,6 +65,16 @@ static clm_status clmgo_pin_prefix(clm_engine *engine, const int32_t *tokens, si
                                pinned_tokens);
 }
 
+// The same for clm_engine_hint_prefix (the key travels as bytes beside the salt).
+static clm_status clmgo_hint_prefix(clm_engine *engine, const int32_t *tokens, size_t n_tokens, int use_options,
+                                    clm_admit_options options, const char *salt, size_t salt_len, const char *key,
+                                    size_t key_len, int32_t priority, int64_t ttl_ms, int32_t *reached) {
+  options.cache_salt = salt;
+  options.cache_salt_len = salt_len;
+  return clm_engine_hint_prefix(engine, key, key_len, tokens, n_tokens, use_options ? &options : NULL, priority,
+                                ttl_ms, reached);
+}
+
 // The KV-event callback (events.go): clmgoKVEventBatch is exported from Go,
 // whose prototype drops the const of clm_kv_event_callback's, so this shim has
 // the callback's exact type. user_data is a runtime/cgo.Handle, an integer:
@@ -803,6 +813,27 @@ func (e *Engine) PinPrefix(tokens []int32, opts *AdmitOptions, ttl time.Duration
 		return Pin{}, err
 	}
 	return Pin{ID: uint64(id), PinnedTokens: int32(pinned)}, nil
+}
+
+// HintPrefix sets a priority that expires (clm_engine_hint_prefix): priority
+// (1 to 100) along the cached prefix of tokens now, back to 0 after ttl unless
+// a later hint under the same key (a conversation's name) replaced it. It
+// returns the tokens of the prefix found cached. InvalidArgument for an empty
+// key, a bad prompt, a priority outside [1, 100] or a ttl outside [1 ms, 24 h].
+func (e *Engine) HintPrefix(key string, tokens []int32, opts *AdmitOptions, priority int32,
+	ttl time.Duration) (int32, error) {
+	if key == "" {
+		return 0, &Error{code: InvalidArgument, op: "clm_engine_hint_prefix", msg: "the key is empty"}
+	}
+	ckey := C.CString(key)
+	defer C.free(unsafe.Pointer(ckey))
+	var reached C.int32_t
+	err := e.callWithPrompt("clm_engine_hint_prefix", tokens, opts, func(ep *C.clm_engine, p *C.int32_t,
+		n C.size_t, use C.int, copts C.clm_admit_options, salt *C.char, saltLen C.size_t) C.clm_status {
+		return C.clmgo_hint_prefix(ep, p, n, use, copts, salt, saltLen, ckey, C.size_t(len(key)), C.int32_t(priority),
+			C.int64_t(ttl.Milliseconds()), &reached)
+	})
+	return int32(reached), err
 }
 
 // Unpin ends a pin (clm_engine_unpin); NotFound when it has ended or expired.

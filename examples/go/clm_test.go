@@ -444,6 +444,29 @@ func TestPinPrefix(t *testing.T) {
 	}
 }
 
+func TestHintPrefix(t *testing.T) {
+	e := newEngine(t, 32, 16)
+	prompt := span(0, 97)
+	must(t, admit(t, e, prompt, nil).Finish())
+	reached, err := e.HintPrefix("conversation-1", prompt, nil, 1, time.Minute)
+	must(t, err)
+	if reached != 96 {
+		t.Fatalf("HintPrefix reached %d tokens, want 96", reached)
+	}
+	if reached, err := e.HintPrefix("conversation-2", span(5000, 40), nil, 1, time.Minute); err != nil || reached != 0 {
+		t.Fatalf("an uncached prefix: %d, %v", reached, err)
+	}
+	for _, bad := range []struct {
+		key      string
+		priority int32
+		ttl      time.Duration
+	}{{"", 1, time.Minute}, {"k", 0, time.Minute}, {"k", 101, time.Minute}, {"k", 1, 0}} {
+		if _, err := e.HintPrefix(bad.key, prompt, nil, bad.priority, bad.ttl); !errors.Is(err, InvalidArgument) {
+			t.Fatalf("HintPrefix(%+v): %v", bad, err)
+		}
+	}
+}
+
 func TestPlanAdmission(t *testing.T) {
 	const pageSize = 16
 	e := newEngine(t, 8, pageSize)

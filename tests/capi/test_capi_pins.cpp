@@ -3,10 +3,12 @@
 // unpinned one of the same size, clm_engine_unpin lets it go, the budget
 // refuses a pin past it, the text metrics count the pins, and bad calls get
 // their status and a message. Only clm.h.
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -21,9 +23,10 @@ constexpr int32_t kPage = 4, kPages = 64;  // a budget of 16 pages
 
 struct Engine {
   clm_engine* engine = nullptr;
-  Engine() {
+  explicit Engine(int32_t eviction_policy = CLM_EVICT_LRU) {
     clm_engine_options o;
     REQUIRE_OK(clm_engine_options_init(&o, sizeof o));
+    o.eviction_policy = eviction_policy;
     o.num_pages = kPages;
     o.page_size = kPage;
     o.num_layers = 1;
@@ -111,4 +114,37 @@ TEST_CASE("C ABI: bad pin calls get their status and a message", "[capi][pins]")
   CHECK_STATUS(CLM_ERR_NOT_FOUND, clm_engine_unpin(e.engine, 99));
   REQUIRE_OK(clm_engine_pin_prefix(e.engine, prompt.data(), prompt.size(), nullptr, 86400000, &pin, nullptr));
   CHECK(pin != 0);
+}
+
+TEST_CASE("C ABI: a priority hint keeps a prefix through a flood until it expires", "[capi][hints]") {
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  Engine e(CLM_EVICT_PRIORITY);
+  const auto hinted = clm_test::random_tokens(rng, 6 * kPage + 1, 50000);
+  const auto unhinted = clm_test::random_tokens(rng, 6 * kPage + 1, 50000);
+  e.serve(hinted);
+  e.serve(unhinted);
+  const std::string key = "tenant/conversation-1";
+  int32_t reached = -1;
+  REQUIRE_OK(clm_engine_hint_prefix(e.engine, key.data(), key.size(), hinted.data(), hinted.size(), nullptr, 1, 800,
+                                    &reached));
+  CHECK(reached == 6 * kPage);
+  for (int i = 0; i < 30; ++i) e.serve(clm_test::random_tokens(rng, 8 * kPage + 1, 50000));
+  CHECK(e.cached(hinted) == 6 * kPage);
+  CHECK(e.cached(unhinted) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  for (int i = 0; i < 30; ++i) e.serve(clm_test::random_tokens(rng, 8 * kPage + 1, 50000));
+  CHECK(e.cached(hinted) == 0);
+  CHECK_THAT(e.metrics(), Catch::Contains("clm_priority_hints_total{event=\"expired\"} 1\n"));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_hint_prefix(e.engine, nullptr, 3, hinted.data(), hinted.size(), nullptr, 1, 800, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT,
+               clm_engine_hint_prefix(e.engine, "", 0, hinted.data(), hinted.size(), nullptr, 1, 800, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_hint_prefix(e.engine, key.data(), key.size(), hinted.data(),
+                                                                hinted.size(), nullptr, 0, 800, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_hint_prefix(e.engine, key.data(), key.size(), hinted.data(),
+                                                                hinted.size(), nullptr, 1, 0, nullptr));
+  CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_hint_prefix(nullptr, key.data(), key.size(), hinted.data(),
+                                                                hinted.size(), nullptr, 1, 800, nullptr));
 }

@@ -622,6 +622,17 @@ extern "C" {
         pinned_tokens: *mut i32,
     ) -> clm_status;
     pub fn clm_engine_unpin(engine: *mut clm_engine, pin_id: u64) -> clm_status;
+    pub fn clm_engine_hint_prefix(
+        engine: *mut clm_engine,
+        key: *const c_char,
+        key_len: usize,
+        tokens: *const i32,
+        n_tokens: usize,
+        options: *const clm_admit_options,
+        priority: i32,
+        ttl_ms: i64,
+        reached_tokens: *mut i32,
+    ) -> clm_status;
     pub fn clm_seq_extend(seq: *mut clm_seq, tokens: *const i32, n_tokens: usize) -> clm_status;
     pub fn clm_seq_finish(seq: *mut clm_seq) -> clm_status;
     pub fn clm_seq_abort(seq: *mut clm_seq) -> clm_status;

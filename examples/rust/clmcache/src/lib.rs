@@ -1289,6 +1289,43 @@ impl Engine {
         Ok(Pin { id, pinned_tokens: pinned })
     }
 
+    /// A priority that expires (`clm_engine_hint_prefix`): sets `priority`
+    /// (1 to 100) along the cached prefix of `tokens` now and back to 0 after
+    /// `ttl`, unless a later hint under the same `key` (a conversation's name)
+    /// replaced it. Returns the tokens of the prefix found cached.
+    /// `InvalidArgument` for an empty key, a bad prompt, a priority outside
+    /// [1, 100] or a `ttl` outside [1 ms, 24 h].
+    pub fn hint_prefix(
+        &self,
+        key: &[u8],
+        tokens: &[i32],
+        options: Option<&AdmitOptions<'_>>,
+        priority: i32,
+        ttl: std::time::Duration,
+    ) -> Result<i32> {
+        let raw_options = options.map(AdmitOptions::to_raw).transpose()?;
+        let options_ptr = raw_options.as_ref().map_or(ptr::null(), |o| o as *const sys::clm_admit_options);
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let mut reached = 0i32;
+        // SAFETY: key and tokens are live slices of their lengths; options_ptr
+        // is NULL or a struct (and salt) borrowed for the call; reached is
+        // writable; the engine is live and thread-safe.
+        check(unsafe {
+            sys::clm_engine_hint_prefix(
+                self.raw.as_ptr(),
+                key.as_ptr().cast(),
+                key.len(),
+                tokens.as_ptr(),
+                tokens.len(),
+                options_ptr,
+                priority,
+                ttl_ms,
+                &mut reached,
+            )
+        })?;
+        Ok(reached)
+    }
+
     /// Ends a pin (`clm_engine_unpin`); `NotFound` when it has ended or expired.
     pub fn unpin(&self, pin: &Pin) -> Result<()> {
         // SAFETY: the engine is live and thread-safe.

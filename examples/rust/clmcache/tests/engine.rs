@@ -190,6 +190,23 @@ fn a_pinned_prefix_outlives_a_flood_and_unpin_lets_it_go() {
 }
 
 #[test]
+fn a_priority_hint_is_checked_and_reaches_the_cached_prefix() {
+    let e = engine(32);
+    let prompt = tokens(0, 97);
+    let mut s = e.admit(&prompt).unwrap();
+    s.finish().unwrap();
+    let ttl = std::time::Duration::from_secs(60);
+    assert_eq!(e.hint_prefix(b"conversation-1", &prompt, None, 1, ttl).unwrap(), 96);
+    assert_eq!(e.hint_prefix(b"conversation-2", &tokens(5000, 40), None, 1, ttl).unwrap(), 0);
+    for (key, priority, ttl) in
+        [(&b""[..], 1, ttl), (&b"k"[..], 0, ttl), (&b"k"[..], 101, ttl), (&b"k"[..], 1, std::time::Duration::ZERO)]
+    {
+        let err = e.hint_prefix(key, &prompt, None, priority, ttl).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{:?}", err);
+    }
+}
+
+#[test]
 fn bad_tokens_are_errors() {
     let engine = engine(64);
     assert_eq!(engine.admit(&[]).unwrap_err().code(), ErrorCode::InvalidArgument);
