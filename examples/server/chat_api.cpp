@@ -239,6 +239,16 @@ OrderedJson usage_json(const CompletionUsage& u) {
               {"storage", u.storage_tokens}}}}}};
 }
 
+OrderedJson clm_json(const CompletionUsage::Clm& c) {
+  return {{"hits_exact", c.hits_exact},
+          {"hits_ann", c.hits_ann},
+          {"hits_fallback", c.hits_fallback},
+          {"misses", c.misses},
+          {"injected_steps", c.injected_steps},
+          {"recorded", c.recorded},
+          {"key", c.key}};
+}
+
 OrderedJson timings_json(const CompletionUsage& u) {
   return {{"queue_seconds", u.queue_seconds}, {"ttft_seconds", u.ttft_seconds}, {"total_seconds", u.total_seconds}};
 }
@@ -368,6 +378,7 @@ std::string completion_json(const CompletionHeader& header, std::string_view con
                                          {"finish_reason", finish_reason}}});
   json["usage"] = usage_json(usage);
   json["timings"] = timings_json(usage);
+  if (usage.clm) json["clm"] = clm_json(*usage.clm);
   return dump(json);
 }
 
@@ -377,6 +388,7 @@ std::string chunk_json(const CompletionHeader& header, const StreamChunk& chunk)
     json["choices"] = OrderedJson::array();
     json["usage"] = usage_json(*chunk.usage);
     json["timings"] = timings_json(*chunk.usage);
+    if (chunk.usage->clm) json["clm"] = clm_json(*chunk.usage->clm);
     return dump(json);
   }
   OrderedJson delta = OrderedJson::object();

@@ -105,12 +105,22 @@ struct CompletionUsage {
   double queue_seconds = 0;
   double ttft_seconds = 0;
   double total_seconds = 0;
+  // CLM in the loop (--clm-dir): what it did for the request; absent without it.
+  struct Clm {
+    std::int32_t hits_exact = 0, hits_ann = 0, hits_fallback = 0, misses = 0;
+    std::int32_t injected_steps = 0;
+    bool recorded = false;
+    std::string key;  // its suffix's key in the snapshot store (empty: none)
+  };
+  std::optional<Clm> clm = std::nullopt;
 };
 
 // A chat.completion. Besides OpenAI's fields, usage.prompt_tokens_details
 // has cached_tokens_by_source {device, host, storage} (they sum to
 // cached_tokens, as clm_cached_tokens_total{source} counts them), and
-// "timings" {queue_seconds, ttft_seconds, total_seconds}.
+// "timings" {queue_seconds, ttft_seconds, total_seconds}, and with CLM in
+// the loop "clm" {hits_exact, hits_ann, hits_fallback, misses, injected_steps,
+// recorded, key}.
 std::string completion_json(const CompletionHeader& header, std::string_view content, std::string_view finish_reason,
                             const CompletionUsage& usage);
 

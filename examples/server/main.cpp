@@ -40,6 +40,8 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include "byte_tokenizer.hpp"
+#include "clm_loop.hpp"
 #include "generator.hpp"
 #include "hf_tokenizer.hpp"
 #include "server.hpp"
@@ -93,9 +95,20 @@ int main(int argc, char** argv) {
                                                 : tiny_llama::load_llama_weights(flags.weights, config, weights);
     if (!s.ok()) return fail(s.message());
   }
-  const clm::EngineConfig engine_config = clm_server::engine_config_from(
+  clm::EngineConfig engine_config = clm_server::engine_config_from(
       flags, tiny_llama::kv_pool_for(config, flags.page_size, flags.pool_tokens / flags.page_size * flags.page_size,
                                      clm::KvDType::f32));
+  // The store's snapshots: its default size, or half the hidden size of a
+  // smaller model (as clm_demo trains them); the template's markers are not text.
+  engine_config.snapshot_store.snapshot_dim = std::min(clm::SnapshotStoreConfig{}.snapshot_dim, config.hidden / 2);
+  if (tokenizer.loaded()) {
+    for (std::int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+      if (tokenizer.is_special(id)) engine_config.special_token_ids.push_back(id);
+    }
+  } else {
+    engine_config.special_token_ids = {tiny_llama::ByteTokenizer::kBeginOfText, tiny_llama::ByteTokenizer::kStartHeader,
+                                       tiny_llama::ByteTokenizer::kEndHeader, tiny_llama::ByteTokenizer::kEndOfTurn};
+  }
   std::unique_ptr<clm::Engine> engine;
   if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
   std::unique_ptr<tiny_llama::LlamaModel> model;
@@ -109,6 +122,16 @@ int main(int argc, char** argv) {
     return fail(s.message());
   }
   tiny_llama::Generator generator(*model, generator_options);
+  std::unique_ptr<tiny_llama::ClmLoop> clm_loop;
+  if (!flags.clm_dir.empty()) {
+    if (tokenizer.loaded()) return fail("--clm-dir with --tokenizer: CLM in the loop reads the byte template");
+    if (clm::Status s =
+            tiny_llama::ClmLoop::create(*engine, config, tiny_llama::ClmFiles::in(flags.clm_dir), {}, clm_loop);
+        !s.ok()) {
+      return fail(fmt::format("--clm-dir {}: {}", flags.clm_dir, s.message()));
+    }
+    clm_loop->install(*model, generator);
+  }
   generator.start();
 
   // A prompt must fit the model's context and, with its answer, the pool.
@@ -135,7 +158,8 @@ int main(int argc, char** argv) {
                                  .trust_x_tenant = flags.trust_x_tenant,
                                  .prefix_cache = flags.prefix_cache,
                                  .tokenizer = tokenizer.loaded() ? &tokenizer : nullptr,
-                                 .hint_ttl_s = flags.hint_ttl_s});
+                                 .hint_ttl_s = flags.hint_ttl_s,
+                                 .clm = clm_loop != nullptr});
   int port = 0;
   if (clm::Status s = server.bind(flags.port, port); !s.ok()) return fail(s.message());
   std::printf("listening on %s:%d%s\n", flags.host.c_str(), port, flags.tls_cert.empty() ? "" : " (https)");

@@ -204,15 +204,25 @@ std::optional<ApiError> generation_error(const Completion& c) {
   return std::nullopt;
 }
 
-CompletionUsage usage_of(const tiny_llama::GenerationResult& r) {
-  return {.prompt_tokens = r.prompt_tokens,
-          .completion_tokens = static_cast<std::int32_t>(r.tokens.size()),
-          .cached_tokens = r.cached_tokens,
-          .host_tokens = r.host_tokens,
-          .storage_tokens = r.storage_tokens,
-          .queue_seconds = r.queue_seconds,
-          .ttft_seconds = r.ttft_seconds,
-          .total_seconds = r.total_seconds};
+CompletionUsage usage_of(const tiny_llama::GenerationResult& r, bool clm) {
+  CompletionUsage u{.prompt_tokens = r.prompt_tokens,
+                    .completion_tokens = static_cast<std::int32_t>(r.tokens.size()),
+                    .cached_tokens = r.cached_tokens,
+                    .host_tokens = r.host_tokens,
+                    .storage_tokens = r.storage_tokens,
+                    .queue_seconds = r.queue_seconds,
+                    .ttft_seconds = r.ttft_seconds,
+                    .total_seconds = r.total_seconds};
+  if (clm) {
+    u.clm = CompletionUsage::Clm{.hits_exact = r.clm.hits_exact,
+                                 .hits_ann = r.clm.hits_ann,
+                                 .hits_fallback = r.clm.hits_fallback,
+                                 .misses = r.clm.misses,
+                                 .injected_steps = r.clm.injected_steps,
+                                 .recorded = r.clm.recorded,
+                                 .key = r.clm.key};
+  }
+  return u;
 }
 
 // A stop string cut the answer short: the generator reports that as cancelled.
@@ -596,6 +606,7 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
   }
   generate.cache_salt = tenant;
   generate.use_cache = options_.prefix_cache;
+  generate.use_clm = options_.clm;
 
   CompletionText::TokenBytes token_bytes;
   if (const clm_tokenizer::HfTokenizer* tokenizer = options_.tokenizer) {
@@ -665,9 +676,9 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
       response.set_header("X-Clm-Pins", outcome);
     }
     if (!hint_key.empty()) apply_hint(hint_key, pin_tokens, completion->result.tokens, tenant);
-    response.set_content(
-        completion_json(header, completion->unsent, finish_reason_of(*completion), usage_of(completion->result)),
-        "application/json");
+    response.set_content(completion_json(header, completion->unsent, finish_reason_of(*completion),
+                                         usage_of(completion->result, options_.clm)),
+                         "application/json");
     return;
   }
 
@@ -719,7 +730,7 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
       if (!hint_key.empty()) apply_hint(hint_key, pin_tokens, completion->result.tokens, tenant);
       const std::string reason = finish_reason_of(*completion);
       if (!send(sse_event(chunk_json(header, {.finish_reason = reason})))) return false;
-      const CompletionUsage usage = usage_of(completion->result);
+      const CompletionUsage usage = usage_of(completion->result, options_.clm);
       if (header.include_usage && !send(sse_event(chunk_json(header, {.usage = &usage})))) return false;
     }
     if (!send(std::string(kSseDone))) return false;

@@ -99,6 +99,7 @@ struct ServerOptions {
   // answers stop at its <|im_end|>. nullptr: the byte tokenizer's template.
   const clm_tokenizer::HfTokenizer* tokenizer = nullptr;
   double hint_ttl_s = 120;  // how long a continuing conversation keeps its priority after an answer
+  bool clm = false;         // a ClmLoop is installed: every request uses CLM in the loop
 };
 
 // The engine's invariants and counts as one JSON object (GET /debug/engine,

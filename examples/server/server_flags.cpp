@@ -165,6 +165,16 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
       f.page_secret_file = value;
     } else if (flag == "--page-secret-env") {
       f.page_secret_env = value;
+    } else if (flag == "--snapshot-store") {
+      f.snapshot_store = value;
+    } else if (flag == "--snapshot-min-usage") {
+      f.snapshot_min_usage = std::stoll(value, &used);
+    } else if (flag == "--lexicons") {
+      f.lexicons = value;
+    } else if (flag == "--clm-dir") {
+      f.clm_dir = value;
+    } else if (flag == "--src-threshold") {
+      f.src_threshold = std::stof(value, &used);
     } else if (flag == "--kv-events") {
       f.kv_events.enabled = true;
       f.kv_events.endpoint = value;
@@ -224,6 +234,14 @@ std::string check(const ServerFlags& f) {
   if (!f.storage_url.empty() && f.model_id.empty()) {
     return "--storage needs --model-id (the host's fingerprint of its weights, e.g. their SHA-256): stored pages "
            "name the model, so that no other model is served them";
+  }
+  if (!f.clm_dir.empty() && f.snapshot_store.empty()) {
+    return "--clm-dir needs --snapshot-store (CLM finds and records its snapshots there)";
+  }
+  if (f.src_threshold && f.clm_dir.empty()) return "--src-threshold needs --clm-dir";
+  if (f.snapshot_min_usage < 1) return fmt::format("--snapshot-min-usage must be >= 1, got {}", f.snapshot_min_usage);
+  if (f.snapshot_store.empty() && (!f.lexicons.empty() || f.snapshot_min_usage != ServerFlags{}.snapshot_min_usage)) {
+    return "--lexicons and --snapshot-min-usage need --snapshot-store";
   }
   const bool kv_flag = !f.kv_events.replay_endpoint.empty() || !f.kv_events.topic.empty() ||
                        f.kv_events.batch_interval_ms != clm::KvEventsConfig{}.batch_interval_ms ||
@@ -322,6 +340,13 @@ tiers (docs/tiers.md):
                            file:///DIR?capacity_mb=N or redis://[user:]password@host:port/db?prefix=clm:
   --page-secret-file FILE  the deployment secret that signs stored pages (HMAC-SHA256) ...
   --page-secret-env NAME   ... or the environment variable holding it
+CLM suffix reuse (docs/clm.md):
+  --snapshot-store FILE    the semantic snapshot store (SQLite + hnswlib), created when missing
+  --snapshot-min-usage N   sightings of a suffix before its snapshot is stored (default 50)
+  --lexicons DIR           the suffix keyer's domain words (e.g. examples/demo/lexicon)
+  --clm-dir DIR            CLM in the loop for every request, with the parts train_clm.sh trained for
+                           this model (head, projection, adapter .safetensors)
+  --src-threshold X        the SRC gate's score threshold (default: the trained head's own)
 KV events for a cache-aware router (docs/fleet.md):
   --kv-events ENDPOINT     publish vLLM's KV events on a ZeroMQ PUB socket (tcp://127.0.0.1:* picks a port)
   --kv-events-replay EP    a ROUTER socket that sends missed batches again
@@ -345,6 +370,10 @@ clm::EngineConfig engine_config_from(const ServerFlags& f, const clm::PagedKvPoo
   c.tiers.page_secret_file = f.page_secret_file;
   c.tiers.page_secret_env = f.page_secret_env;
   c.kv_events = f.kv_events;
+  c.snapshot_store.path = f.snapshot_store;
+  c.snapshot_store.min_usage_threshold = f.snapshot_min_usage;
+  c.snapshot_store.keyer.lexicon_dir = f.lexicons;
+  if (f.src_threshold) c.src_gate.threshold_override = *f.src_threshold;
   return c;
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "clm/engine.hpp"
@@ -52,6 +53,12 @@ struct ServerFlags {
   clm::WritePolicy write_policy = clm::WritePolicy::write_through;
   clm::PrefetchPolicy prefetch_policy = clm::PrefetchPolicy::timeout;
   std::string storage_url, page_secret_file, page_secret_env;
+  // The snapshot store and CLM in the loop.
+  std::string snapshot_store;  // its SQLite file; empty: none
+  std::int64_t snapshot_min_usage = 50;
+  std::string lexicons;  // the suffix keyer's domain words (a folder of lexicon files)
+  std::string clm_dir;   // trained parts (head, projection, adapter .safetensors); needs --snapshot-store
+  std::optional<float> src_threshold;  // the SRC gate's threshold, over the head's own
   // KV events for a cache-aware router.
   clm::KvEventsConfig kv_events;  // enabled by --kv-events
 };

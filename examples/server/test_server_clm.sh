@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# examples/server/test_server_clm.sh: CLM suffix reuse from clm_server (ctest
+# runs it as clm_server_clm):
+#
+#   test_server_clm.sh CLM_SERVER JSON_PROBE CLM_DEMO CLM_FIT TRAIN_CLM_SH LEXICON_DIR
+#
+# Trains the CLM parts for the tests' small model as `make demo` does
+# (clm_demo --collect on that model, then train_clm.sh with clm_fit), starts
+# the server with a snapshot store (a SQLite file here) and those parts, and
+# checks: the first ask of a question records its snapshot under the
+# question's key, the same question again is served it at level exact and
+# injected, another tenant's ask of it finds nothing (the store keys by
+# tenant), the store survives a restart on the same file, and flags that
+# cannot work are refused. Everything lives in one mktemp -d directory.
+# shellcheck disable=SC2015  # `[ A ] && [ B ] || fail ...` fails when either test does: meant
+set -euo pipefail
+
+usage="usage: test_server_clm.sh CLM_SERVER JSON_PROBE CLM_DEMO CLM_FIT TRAIN_CLM_SH LEXICON_DIR"
+server=${1:?$usage}
+probe=${2:?$usage}
+demo=${3:?$usage}
+clm_fit=${4:?$usage}
+train=${5:?$usage}
+lexicons=${6:?$usage}
+# shellcheck source=examples/server/test_lib.sh
+source "$(dirname "$0")/test_lib.sh"
+
+"$demo" --config "$work/config.json" --collect "$work/collect" >"$work/collect.log" 2>&1 ||
+  fail "clm_demo --collect: $(tail -3 "$work/collect.log")"
+bash "$train" "$clm_fit" "$work/collect" "$work/trained" >"$work/train.log" 2>&1 ||
+  fail "train_clm.sh: $(tail -3 "$work/train.log")"
+ok "CLM parts trained for the tests' model ($(grep -c . "$work/train.log") steps)"
+
+# Flags that cannot work: exit 2 and a message.
+refused() {
+  local want=$1
+  shift
+  set +e
+  "$server" --port 0 --config "$work/config.json" --threads 1 "$@" >"$work/server.out" 2>"$work/server.err"
+  local rc=$?
+  set -e
+  expect_eq "$rc" 2 "clm_server $*: the exit status"
+  grep -q -- "$want" "$work/server.err" || fail "clm_server $*: no '$want' in: $(cat "$work/server.err")"
+}
+refused "needs --snapshot-store" --clm-dir "$work/trained"
+refused "need --snapshot-store" --lexicons "$lexicons"
+refused "needs --clm-dir" --snapshot-store "$work/x.db" --src-threshold 0
+refused "clm-dir $work/nowhere" --snapshot-store "$work/x.db" --clm-dir "$work/nowhere"
+ok "CLM flags that cannot work: exit 2 with a message"
+
+clm_flags=(--snapshot-store "$work/store.db" --snapshot-min-usage 1 --lexicons "$lexicons" --clm-dir "$work/trained"
+  --src-threshold 0 --trust-x-tenant)
+launch "${clm_flags[@]}"
+ask='{"messages":[{"role":"user","content":"How do I install a package with apt?"}],"max_tokens":8,"temperature":0}'
+post acme "$ask"
+expect_eq "$code" 200 "the first ask"
+expect_eq "$(field clm.recorded)" true "the first ask: recorded"
+key=$(field clm.key)
+[ -n "$key" ] && [ "$key" != null ] || fail "the first ask has no suffix key"
+expect_eq "$(field clm.hits_exact)" 0 "the first ask: nothing to be served yet"
+post acme "$ask"
+expect_eq "$code" 200 "the second ask"
+expect_eq "$(field clm.key)" "$key" "the second ask: the same key"
+hits=$(field clm.hits_exact)
+[ "$hits" -ge 1 ] && [ "$(field clm.injected_steps)" -ge 1 ] ||
+  fail "the second ask: $hits exact hits, $(field clm.injected_steps) injected steps"
+post globex "$ask"
+expect_eq "$(field clm.hits_exact)" 0 "another tenant's ask: nothing of acme's"
+stop
+ok "CLM in the loop: recorded under $key, served back at level exact ($hits hits), never to another tenant"
+
+launch "${clm_flags[@]}"
+post acme "$ask"
+[ "$(field clm.hits_exact)" -ge 1 ] || fail "after a restart on the same store: no exact hit"
+stop
+ok "the snapshot store survives a restart on the same file"
+echo "all $checks checks passed"
