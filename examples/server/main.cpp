@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
                                  .request_timeout_s = flags.request_timeout_s,
                                  .max_request_timeout_s = flags.max_request_timeout_s,
                                  .body_timeout_s = flags.body_timeout_s,
+                                 .header_timeout_s = flags.header_timeout_s,
                                  .max_waiting = static_cast<std::size_t>(flags.max_waiting),
                                  .retry_after_s = 5,
                                  .api_keys = flags.api_keys.empty() ? nullptr : &api_keys,

@@ -87,6 +87,99 @@ class BoundedTaskQueue final : public httplib::TaskQueue {
   std::vector<std::thread> workers_;
 };
 
+bool socket_end(int fd, bool peer, std::string& address, int& port);
+
+}  // namespace
+
+// Closes connections that send no complete request head in time: cpp-httplib
+// 0.11 bounds each read (so a byte a second holds a thread for ever) but not
+// a request's head, and has no hook before the head is read. Every 250 ms it
+// looks at the process's sockets on the server's port; a connection with no
+// request being handled (the pre-routing handler marks one, the logger, run
+// once the response is written, unmarks it) for `timeout` since it appeared
+// or since its last response is shut down, which ends the read that holds its
+// thread. TLS handshakes are heads too.
+class ConnectionWatchdog {
+ public:
+  ConnectionWatchdog(int port, std::chrono::milliseconds timeout) : port_(port), timeout_(timeout) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~ConnectionWatchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  void busy(const std::string& address, int port, bool busy) {
+    std::lock_guard lock(mutex_);
+    Conn& c = connections_[{address, port}];
+    c.busy = busy;
+    c.idle_since = std::chrono::steady_clock::now();
+  }
+  std::uint64_t closed() const { return closed_.load(); }
+
+ private:
+  struct Conn {
+    std::chrono::steady_clock::time_point idle_since{};
+    bool busy = false;
+    bool seen = false;
+  };
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(250), [&] { return stop_; })) {
+      lock.unlock();
+      std::vector<std::pair<int, std::pair<std::string, int>>> sockets;
+      std::error_code error;
+      for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+        char* end = nullptr;
+        const std::string name = entry.path().filename().string();
+        const long fd = std::strtol(name.c_str(), &end, 10);
+        if (end == name.c_str() || *end != '\0') continue;
+        struct stat st {};
+        if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+        std::string local, remote;
+        int local_port = -1, remote_port = -1;
+        if (socket_end(static_cast<int>(fd), false, local, local_port) && local_port == port_ &&
+            socket_end(static_cast<int>(fd), true, remote, remote_port)) {
+          sockets.push_back({static_cast<int>(fd), {remote, remote_port}});
+        }
+      }
+      const auto now = std::chrono::steady_clock::now();
+      lock.lock();
+      for (auto& [key, c] : connections_) c.seen = false;
+      for (const auto& [fd, key] : sockets) {
+        auto [it, fresh] = connections_.try_emplace(key);
+        Conn& c = it->second;
+        if (fresh) c.idle_since = now;
+        c.seen = true;
+        if (c.busy || now - c.idle_since < timeout_) continue;
+        // The same peer still (the number may have been reused since the scan): cut it off.
+        std::string remote;
+        int remote_port = -1;
+        if (socket_end(fd, true, remote, remote_port) && remote == key.first && remote_port == key.second) {
+          ::shutdown(fd, SHUT_RDWR);
+          ++closed_;
+          c.idle_since = now;  // once
+        }
+      }
+      std::erase_if(connections_, [](const auto& entry) { return !entry.second.seen && !entry.second.busy; });
+    }
+  }
+
+  const int port_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::map<std::pair<std::string, int>, Conn> connections_;
+  std::atomic<std::uint64_t> closed_{0};
+  std::thread thread_;
+};
+
+namespace {
+
 // The numeric address and port of a socket's end (getsockname/getpeername).
 bool socket_end(int fd, bool peer, std::string& address, int& port) {
   sockaddr_storage storage{};
@@ -318,7 +411,8 @@ ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, co
     response.set_content(engine_summary_json(engine_).dump(), "application/json");
   });
   // Limits httplib does not keep: the number of headers and their total size.
-  http_->set_pre_routing_handler([](const httplib::Request& request, httplib::Response& response) {
+  http_->set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
+    if (ConnectionWatchdog* w = watchdog_.get()) w->busy(request.remote_addr, request.remote_port, true);
     std::size_t bytes = 0;
     for (const auto& [name, value] : request.headers) bytes += name.size() + value.size() + 4;
     if (request.headers.size() <= kMaxHeaders && bytes <= kMaxHeaderBytes) {
@@ -368,13 +462,20 @@ ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, co
   // Counted before the response is written, so a client that has its answer
   // finds it counted. While draining, connections are not kept alive: the
   // client's next request goes to another instance.
+  // Called once a response is written: the connection waits for its next request head.
+  http_->set_logger([this](const httplib::Request& request, const httplib::Response&) {
+    if (ConnectionWatchdog* w = watchdog_.get()) w->busy(request.remote_addr, request.remote_port, false);
+  });
   http_->set_post_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
     count_response(route_of(request.path), response.status);
     if (draining_) response.set_header("Connection", "close");
   });
 }
 
-ChatServer::~ChatServer() { shutdown(); }
+ChatServer::~ChatServer() {
+  shutdown();
+  watchdog_.reset();
+}
 
 clm::Status ChatServer::bind(int port, int& bound_port) {
   if (!http_->is_valid()) {
@@ -385,6 +486,8 @@ clm::Status ChatServer::bind(int port, int& bound_port) {
   bound_port = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
   if (bound_port < 0) return clm::io_error(fmt::format("cannot listen on {}:{}", host, port));
   bound_ = true;
+  watchdog_ = std::make_unique<ConnectionWatchdog>(
+      bound_port, std::chrono::milliseconds(static_cast<std::int64_t>(options_.header_timeout_s * 1000)));
   return {};
 }
 
@@ -919,6 +1022,9 @@ std::string ChatServer::metrics_text() const {
   family("clm_server_client_disconnects_total", "counter",
          "Streams whose client went away before the end (the generation is cancelled).");
   out += fmt::format("clm_server_client_disconnects_total {}\n", disconnects_);
+  family("clm_server_slow_connections_closed_total", "counter",
+         "Connections closed for sending no complete request head within --header-timeout.");
+  out += fmt::format("clm_server_slow_connections_closed_total {}\n", watchdog_ ? watchdog_->closed() : 0);
   family("clm_server_draining", "gauge", "1 once a drain has started (new requests get 503), else 0.");
   out += fmt::format("clm_server_draining {}\n", draining_ ? 1 : 0);
   family("clm_server_prompt_tokens_total", "counter", "Prompt tokens of the chat completions that ended.");

@@ -45,7 +45,9 @@
 // while holding one. A stream whose client has gone (a write fails, or the
 // socket is closed) makes on_token return false: the generator cancels the
 // request and releases its pages; a non-streamed request's handler watches
-// its socket while it waits and cancels the same way.
+// its socket while it waits and cancels the same way. A connection that sends
+// no complete request head within header_timeout_s (a byte a second) is
+// closed (ConnectionWatchdog, server.cpp).
 #pragma once
 
 #include <array>
@@ -79,6 +81,8 @@ class ContentReader;
 
 namespace clm_server {
 
+class ConnectionWatchdog;
+
 struct ServerOptions {
   RequestLimits limits;
   std::size_t max_body_bytes = std::size_t{1} << 20;
@@ -90,6 +94,7 @@ struct ServerOptions {
   double request_timeout_s = 600;           // a request's deadline unless it asks for another ...
   double max_request_timeout_s = 3600;      // ... with X-Request-Timeout, up to this
   double body_timeout_s = 30;               // the whole body must arrive within this: 408
+  double header_timeout_s = 10;             // a request head (and a TLS handshake) within this, else closed
   std::size_t max_waiting = 256;            // requests queued for the generator; past it 429
   double retry_after_s = 5;                 // what a 503 while draining (and a full queue's 429) tell clients
   const ApiKeys* api_keys = nullptr;        // nullptr: no keys (every request is tenant "")
@@ -174,6 +179,7 @@ class ChatServer {
   ServerOptions options_;
   const std::int64_t started_unix_ = static_cast<std::int64_t>(std::time(nullptr));  // /v1/models' "created"
   std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<ConnectionWatchdog> watchdog_;  // set by bind()
 
   std::mutex accepting_mutex_;  // submit() and serve() against shutdown() and drain()
   bool accepting_ = true;

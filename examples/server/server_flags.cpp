@@ -98,6 +98,8 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
       return parse_seconds(flag, value, f.request_timeout_s);
     } else if (flag == "--max-request-timeout") {
       return parse_seconds(flag, value, f.max_request_timeout_s);
+    } else if (flag == "--header-timeout") {
+      return parse_seconds(flag, value, f.header_timeout_s);
     } else if (flag == "--body-timeout") {
       return parse_seconds(flag, value, f.body_timeout_s);
     } else if (flag == "--hint-ttl") {
@@ -307,6 +309,8 @@ server:
   --default-max-tokens N   a request's max_tokens when it gives none (default 256)
   --max-body-bytes N       largest request body (default 1048576)
   --body-timeout S         the whole body must arrive within S seconds, else 408 (default 30)
+  --header-timeout S       a connection's request head (or TLS handshake) within S seconds, else closed
+                           (default 10; also how long an idle keep-alive connection stays)
   --request-timeout S      a request's deadline, else 504 (default 600) ...
   --max-request-timeout S  ... or the X-Request-Timeout it sends, up to S (default 3600)
   --drain-grace S          on SIGTERM: finish running requests for up to S seconds, then cancel (default 30)

@@ -28,7 +28,7 @@ struct ServerFlags {
   std::string served_model_name = "tiny-llama";  // what GET /v1/models lists
   std::string host = "127.0.0.1";
   std::string tls_cert, tls_key;
-  double request_timeout_s = 600, max_request_timeout_s = 3600, body_timeout_s = 30;
+  double request_timeout_s = 600, max_request_timeout_s = 3600, body_timeout_s = 30, header_timeout_s = 10;
   double drain_grace_s = 30;
   std::int64_t max_waiting = 256;
   int max_pending_connections = 64;
@@ -56,8 +56,8 @@ struct ServerFlags {
   // The snapshot store and CLM in the loop.
   std::string snapshot_store;  // its SQLite file; empty: none
   std::int64_t snapshot_min_usage = 50;
-  std::string lexicons;  // the suffix keyer's domain words (a folder of lexicon files)
-  std::string clm_dir;   // trained parts (head, projection, adapter .safetensors); needs --snapshot-store
+  std::string lexicons;                // the suffix keyer's domain words (a folder of lexicon files)
+  std::string clm_dir;                 // trained parts (head, projection, adapter .safetensors); needs --snapshot-store
   std::optional<float> src_threshold;  // the SRC gate's threshold, over the head's own
   // KV events for a cache-aware router.
   clm::KvEventsConfig kv_events;  // enabled by --kv-events

@@ -208,7 +208,8 @@ cat >"$work/slow-model.json" <<'EOF'
  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 4096}
 EOF
 model_config=$work/slow-model.json
-launch --request-timeout 1 --max-request-timeout 5 --body-timeout 2 --max-batch 1 --max-waiting 1 --http-threads 8
+launch --request-timeout 1 --max-request-timeout 5 --body-timeout 2 --header-timeout 2 --max-batch 1 --max-waiting 1 \
+  --http-threads 8
 start=$(date +%s%N)
 post - "$long}"
 elapsed_ms=$((($(date +%s%N) - start) / 1000000))
@@ -260,6 +261,37 @@ expect_eq "$code" 408 "a body at 20 bytes a second"
 expect_eq "$(field error.code)" request_timeout "a slow body: error.code"
 [ "$elapsed_ms" -lt 8000 ] || fail "the slow body held the server $elapsed_ms ms"
 ok "a slow body: 408 after $elapsed_ms ms"
+
+# A request head a byte every half second: the connection is closed once
+# --header-timeout (2 s) passes, while other clients are served meanwhile.
+/usr/bin/python3 - "$port" >"$work/slow_head" 2>&1 <<'PY' &
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+start = time.time()
+head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * 200
+try:
+    for byte in head:
+        s.sendall(bytes([byte]))
+        time.sleep(0.5)
+        s.settimeout(0.01)
+        try:
+            if s.recv(1) == b"":
+                break
+        except socket.timeout:
+            pass
+        s.settimeout(None)
+except (BrokenPipeError, ConnectionResetError):
+    pass
+print(f"{time.time() - start:.1f}")
+PY
+slow_pid=$!
+post - "$hi"
+expect_eq "$code" 200 "a request while a slow head trickles in"
+wait "$slow_pid" || fail "the slow-head client: $(cat "$work/slow_head")"
+slow_s=$(cat "$work/slow_head")
+awk -v s="$slow_s" 'BEGIN { exit !(s >= 1.5 && s < 6) }' || fail "the slow head was closed after $slow_s s"
+expect_eq "$(metric clm_server_slow_connections_closed_total)" 1 "slow connections closed"
+ok "a request head at two bytes a second: closed after $slow_s s (--header-timeout 2); others served meanwhile"
 
 # A non-streamed request whose client leaves after a second: cancelled then,
 # not at its 5 s deadline.
