@@ -67,7 +67,7 @@ void flood(Engine& engine, std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("a pinned prefix survives a flood that evicts an unpinned one; unpin lets it go", "[engine][pins]") {
+TEST_CASE("a pinned prefix survives a flood that evicts an unpinned one, and unpin lets it go", "[engine][pins]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);

@@ -77,6 +77,8 @@ refused_start "go together" --tls-cert "$work/nothing.pem"
 refused_start "is over --max-request-timeout" --request-timeout 20 --max-request-timeout 10
 refused_start "not a number of seconds" --body-timeout -1
 refused_start "true or false" --server-config <(printf '{"trust-x-tenant": "maybe"}')
+printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a zz"]}}' >"$work/bad-tokenizer.json"
+refused_start "--tokenizer $work/bad-tokenizer.json" --tokenizer "$work/bad-tokenizer.json"
 printf 'not a certificate\n' >"$work/bad.pem"
 refused_start "cannot load the TLS certificate" --tls-cert "$work/bad.pem" --tls-key "$work/bad.pem"
 ok "flags, key files and certificates that cannot work: exit 2 with a message, no token printed"
