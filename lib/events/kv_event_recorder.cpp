@@ -172,6 +172,7 @@ KvEvent KvEventRecorder::spare_event() noexcept {
   if (local_spares_.empty()) {
     std::lock_guard guard(queue_mutex_);
     local_spares_.swap(spares_);  // no allocation: the two buffers change hands
+    spare_tokens_ = 0;
   }
   if (local_spares_.empty()) return KvEvent{};
   KvEvent e = std::move(local_spares_.back());
@@ -184,15 +185,17 @@ void KvEventRecorder::recycle(std::vector<KvEvent>& used) noexcept {
     std::lock_guard guard(queue_mutex_);
     for (KvEvent& e : used) {
       if (spares_.size() >= kMaxSpares) break;
-      if (e.token_ids.capacity() > kMaxSpareTokens) continue;
+      const std::size_t tokens = e.token_ids.capacity();
+      if (tokens > kMaxSpareTokens || spare_tokens_ + tokens > kMaxSpareTokenTotal) continue;
       if (spares_.size() == spares_.capacity() && spares_.capacity() < kMaxSpares) {
         try {
-          spares_.reserve(kMaxSpares);
+          spares_.reserve(std::min(kMaxSpares, std::max<std::size_t>(64, 2 * spares_.capacity())));
         } catch (const std::bad_alloc&) {
           break;
         }
       }
       spares_.push_back(std::move(e));  // within capacity: cannot throw
+      spare_tokens_ += tokens;
     }
   }
   used.clear();
@@ -318,6 +321,12 @@ Status KvEventRecorder::cached_blocks(const RadixTree& tree, KvMedium medium, st
 std::size_t KvEventRecorder::take(std::vector<KvEvent>& out, std::size_t max) {
   out.clear();
   std::lock_guard guard(queue_mutex_);
+  if (queue_head_ == 0 && queue_.size() <= max) {
+    // All of it: the two vectors change hands (the queue gets `out`'s empty
+    // storage), so the recording thread never waits for events to be moved.
+    out.swap(queue_);
+    return out.size();
+  }
   const std::size_t n = std::min(max, queue_.size() - queue_head_);
   out.reserve(n);  // the caller's vector, reused batch after batch: allocates once
   const auto first = queue_.begin() + static_cast<std::ptrdiff_t>(queue_head_);

@@ -75,10 +75,13 @@ class KvEventRecorder final : public RadixTreeObserver {
   // allocates nothing for events, and frees nothing another thread made
   // (glibc keeps a chunk freed on another thread in that thread's cache,
   // and the recording thread's heap grows and faults in new pages). Keeps
-  // at most kMaxSpares events, none holding more than kMaxSpareTokens ids.
+  // at most kMaxSpares events (a burst's worth: an engine records thousands
+  // between two batches), none holding more than kMaxSpareTokens ids, and at
+  // most kMaxSpareTokenTotal ids of storage in all (8 MiB).
   void recycle(std::vector<KvEvent>& used) noexcept;
-  static constexpr std::size_t kMaxSpares = 512;
+  static constexpr std::size_t kMaxSpares = 16384;
   static constexpr std::size_t kMaxSpareTokens = 8192;
+  static constexpr std::size_t kMaxSpareTokenTotal = std::size_t{1} << 21;
   std::size_t queued() const;
   // When the oldest queued event was recorded (the batch deadline counts from it).
   std::chrono::steady_clock::time_point oldest() const;
@@ -144,6 +147,7 @@ class KvEventRecorder final : public RadixTreeObserver {
   std::vector<KvEvent> queue_;
   std::size_t queue_head_ = 0;
   std::vector<KvEvent> spares_;        // handed back by recycle()
+  std::size_t spare_tokens_ = 0;       // the token-id capacity spares_ holds
   std::vector<KvEvent> local_spares_;  // the owner's lock: spares_ taken in one swap
   std::chrono::steady_clock::time_point oldest_{};
   std::size_t wake_threshold_ = 0;
