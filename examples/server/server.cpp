@@ -164,7 +164,8 @@ class ConnectionWatchdog {
           c.idle_since = now;  // once
         }
       }
-      std::erase_if(connections_, [](const auto& entry) { return !entry.second.seen && !entry.second.busy; });
+      // A connection gone is gone, marked busy or not (a client that left mid-request is never logged).
+      std::erase_if(connections_, [](const auto& entry) { return !entry.second.seen; });
     }
   }
 

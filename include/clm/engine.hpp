@@ -739,7 +739,8 @@ class Engine {
   void refresh_pins_on_path(NodeRef matched) {
     const auto now = PrefixPins::Clock::now();
     expire_pins(now);
-    for (std::int32_t n = matched.index; n >= 0; n = tree_->node_view(n).parent) {
+    // (node_parent, not node_view: `matched` is a namespace root when nothing matched.)
+    for (std::int32_t n = matched.index; n >= 0; n = tree_->node_parent(n)) {
       if (!pins_.has_node(n)) continue;
       pins_.refresh_node(n, now);
       ++metrics_.pins_refreshed;

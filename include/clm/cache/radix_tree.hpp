@@ -530,6 +530,9 @@ class RadixTree {
             node.on_device,
             node.on_host};
   }
+  // A live node's parent (-1 above a namespace root, which a node_view never
+  // shows): for walks up from any node, a root included.
+  std::int32_t node_parent(std::int32_t index) const { return nodes_[static_cast<std::size_t>(index)].parent; }
   // The namespace a live node is in: a walk up to its root, O(depth), so an
   // observer keeps what it learns (a node's namespace is its parent's).
   CacheNamespace node_namespace(std::int32_t index) const {
