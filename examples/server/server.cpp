@@ -992,6 +992,10 @@ void ChatServer::count_disconnect() {
 }
 
 std::string ChatServer::metrics_text() const {
+  // The generator's counts first: a request counts as running only once the
+  // engine has admitted it, so the engine's snapshot taken next holds its
+  // pages (the other order could show it running with none held).
+  const std::size_t running = generator_.running(), waiting = generator_.waiting();
   // One snapshot of the engine for its families and for the ones below.
   const clm::EngineMetrics m = engine_.metrics();
   std::string out = clm::format_metrics_text(m);
@@ -1002,7 +1006,6 @@ std::string ChatServer::metrics_text() const {
   const std::int64_t held = m.cache.pages_used - m.cache.evictable_tokens / engine_.page_size();
   const double usage =
       pages > 0 ? static_cast<double>(std::max<std::int64_t>(held, 0)) / static_cast<double>(pages) : 0;
-  const std::size_t running = generator_.running(), waiting = generator_.waiting();
   std::lock_guard lock(metrics_mutex_);
   const auto family = [&](std::string_view name, std::string_view type, std::string_view help) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
