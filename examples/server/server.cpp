@@ -914,14 +914,12 @@ std::optional<ApiError> ChatServer::check_pin_budget(const std::vector<PlannedPi
                     .param = pins.front().param,
                     .code = "unsupported_parameter"};
   }
-  const clm::EngineMetrics m = engine_.metrics();
   std::int64_t needed = 0;
   for (const PlannedPin& p : pins) needed += static_cast<std::int64_t>(p.tokens) / engine_.page_size();
-  if (m.pinned_pages + needed <= m.pin_budget_pages) return std::nullopt;
+  const std::int64_t left = engine_.pin_pages_left();
+  if (needed <= left) return std::nullopt;
   return ApiError{
-      .message = fmt::format("the pin budget is {} pages and {} are pinned; keeping this prompt cached needs "
-                             "{} more",
-                             m.pin_budget_pages, m.pinned_pages, needed),
+      .message = fmt::format("the pin budget has {} pages left; keeping this prompt cached needs {}", left, needed),
       .param = pins.front().param,
       .code = "pin_budget_exceeded"};
 }

@@ -561,9 +561,7 @@ class Engine {
     CLM_RETURN_IF_ERROR(
         tree_->set_prefix_priority(tokens, {options.cache_salt, options.adapter_id}, priority, reached, "hint_prefix"));
     if (hints_.size() >= hints_.capacity() && !hints_.contains(hint.key)) {
-      due_hints_.clear();
-      hints_.take_oldest(due_hints_);
-      drop_hints(due_hints_);
+      hints_.expire_first([&](const auto& h) { drop_hint(h); });
     }
     if (hints_.put(std::move(hint))) ++metrics_.priority_hints_replaced;
     ++metrics_.priority_hints_created;
@@ -616,6 +614,13 @@ class Engine {
     out.pinned_tokens = cached;
     ++metrics_.pins_created;
     return {};
+  }
+
+  // Pages of the pin budget no pin holds now (what a host checks before it
+  // promises a pin; a pin_prefix may still find less left by then).
+  std::int64_t pin_pages_left() const {
+    std::lock_guard lock(mutex_);
+    return pins_.budget_pages() - pins_.pinned_pages();
   }
 
   // Ends pin `pin` (its prefix becomes evictable again unless others hold it).
@@ -710,28 +715,20 @@ class Engine {
 
   // Under the lock: unlocks the pins past their time.
   void expire_pins(PrefixPins::Clock::time_point now) {
-    if (!pins_.any_expired(now)) return;
-    expired_pins_.clear();
-    pins_.take_expired(now, expired_pins_);
-    for (const PrefixPins::Pin& pin : expired_pins_) {
+    pins_.expire(now, [&](const PrefixPins::Pin& pin) {
       (void)tree_->unlock(pin.node);
       ++metrics_.pins_expired;
-    }
+    });
   }
 
   // Under the lock: the hints past their time set their prefixes back to 0.
   void expire_hints(PrefixHints::Clock::time_point now) {
-    if (!hints_.any_expired(now)) return;
-    due_hints_.clear();
-    hints_.take_expired(now, due_hints_);
-    drop_hints(due_hints_);
+    hints_.expire(now, [&](const auto& h) { drop_hint(h); });
   }
-  void drop_hints(const std::vector<PrefixHints::Hint>& due) {
-    for (const PrefixHints::Hint& h : due) {
-      std::int32_t reached = 0;
-      (void)tree_->set_prefix_priority(h.tokens, {h.salt, h.adapter_id}, 0, reached);  // checked when hinted
-      ++metrics_.priority_hints_expired;
-    }
+  void drop_hint(const PrefixHints::Hint& h) {
+    std::int32_t reached = 0;
+    (void)tree_->set_prefix_priority(h.tokens, {h.salt, h.adapter_id}, 0, reached);  // checked when hinted
+    ++metrics_.priority_hints_expired;
   }
 
   // Under the lock: an admission locked `matched`, so every pin on it or
@@ -951,12 +948,10 @@ class Engine {
   std::int64_t admitting_pages_ = 0;  // pages of admissions loading from the host, lock down (under the mutex)
   PrefixMatch match_;                 // scratch, under the mutex
   EngineMetrics metrics_;
-  SrcTracker src_;                             // its own lock: SRC steps never hold up the prefix cache
-  PrefixPins pins_;                            // mutex_'s
-  std::vector<PrefixPins::Pin> expired_pins_;  // mutex_'s: expire_pins' scratch
-  PrefixHints hints_;                          // mutex_'s
-  std::vector<PrefixHints::Hint> due_hints_;   // mutex_'s: expire_hints' scratch
-  mutable std::mutex clm_parts_mutex_;         // guards the two pointers below
+  SrcTracker src_;                      // its own lock: SRC steps never hold up the prefix cache
+  PrefixPins pins_;                     // mutex_'s
+  PrefixHints hints_;                   // mutex_'s
+  mutable std::mutex clm_parts_mutex_;  // guards the two pointers below
   std::shared_ptr<const SnapshotProjection> projection_;
   std::shared_ptr<const SnapshotAdapter> adapter_;
   std::unique_ptr<SnapshotStore> store_;            // set once by create()

@@ -8,8 +8,7 @@
 //
 //   clm::PrefixHints hints(/*capacity=*/4096);
 //   hints.put("tenant\x1f" "conversation-7", tokens, ns, now + ttl);   // replaces that key's hint
-//   std::vector<clm::PrefixHints::Hint> due;
-//   hints.take_expired(now, due);                 // set priority 0 along each due[i].tokens
+//   hints.expire(now, [&](const clm::PrefixHints::Hint& h) { /* set priority 0 along h.tokens */ });
 #pragma once
 
 #include <chrono>
@@ -40,39 +39,46 @@ class PrefixHints {
 
   // Records `hint` under its key, replacing (without expiring) that key's
   // earlier one; true when it replaced one. The caller first makes room
-  // (take_oldest) when size() == capacity() and the key is new.
+  // (expire_first) when size() == capacity() and the key is new. All or
+  // nothing: on bad_alloc the table is as it was.
   bool put(Hint hint) {
-    bool replaced = false;
-    if (const auto it = hints_.find(hint.key); it != hints_.end()) {
-      remove_expiry(it->second);
-      hints_.erase(it);
-      replaced = true;
+    const auto expiry = by_expiry_.emplace(hint.expires, hint.key);
+    const auto it = hints_.find(hint.key);
+    if (it == hints_.end()) {
+      try {
+        std::string key = hint.key;
+        hints_.emplace(std::move(key), std::move(hint));
+      } catch (...) {
+        by_expiry_.erase(expiry);
+        throw;
+      }
+      return false;
     }
-    by_expiry_.emplace(hint.expires, hint.key);
-    std::string key = hint.key;
-    hints_.emplace(std::move(key), std::move(hint));
-    return replaced;
+    remove_expiry(it->second);
+    it->second = std::move(hint);  // moves: no allocation
+    return true;
   }
   bool contains(const std::string& key) const { return hints_.count(key) > 0; }
 
-  // Moves every hint expired at `now` into `out` (appended), oldest first.
-  void take_expired(Clock::time_point now, std::vector<Hint>& out) {
-    while (!by_expiry_.empty() && by_expiry_.begin()->first <= now) take_first(out);
+  // Takes every hint expired at `now` out, oldest first, and hands each to
+  // `expired` (which sets its prefix back to priority 0).
+  template <class Expired>
+  void expire(Clock::time_point now, Expired&& expired) {
+    while (!by_expiry_.empty() && by_expiry_.begin()->first <= now) expire_first(expired);
   }
-  bool any_expired(Clock::time_point now) const { return !by_expiry_.empty() && by_expiry_.begin()->first <= now; }
   // The hint that expires first, taken out early (to make room).
-  void take_oldest(std::vector<Hint>& out) {
-    if (!by_expiry_.empty()) take_first(out);
+  template <class Expired>
+  void expire_first(Expired&& expired) {
+    if (by_expiry_.empty()) return;
+    const auto first = by_expiry_.begin();
+    const auto it = hints_.find(first->second);  // the indexes always agree
+    by_expiry_.erase(first);
+    const Hint hint = std::move(it->second);
+    hints_.erase(it);
+    expired(hint);
   }
 
  private:
-  void take_first(std::vector<Hint>& out) {
-    const auto first = by_expiry_.begin();
-    const auto it = hints_.find(first->second);
-    by_expiry_.erase(first);
-    out.push_back(std::move(it->second));
-    hints_.erase(it);
-  }
   void remove_expiry(const Hint& hint) {
     const auto [first, last] = by_expiry_.equal_range(hint.expires);
     for (auto it = first; it != last; ++it) {

@@ -10,8 +10,7 @@
 //   if (!pins.fits(pages)) return out_of_memory("pin budget ...");
 //   const std::uint64_t id = pins.add(node, pages, std::chrono::minutes(5), now);
 //   pins.refresh_node(node.index, now);            // a hit on the pinned prefix
-//   std::vector<clm::PrefixPins::Pin> expired;
-//   pins.take_expired(now, expired);                // unlock each expired[i].node
+//   pins.expire(now, [&](const clm::PrefixPins::Pin& p) { tree.unlock(p.node); });
 #pragma once
 
 #include <chrono>
@@ -45,12 +44,24 @@ class PrefixPins {
   bool fits(std::int64_t pages) const { return pinned_ + pages <= budget_; }
 
   // A new pin (the caller checked fits() and locked `node`); its id, never 0.
+  // All or nothing: on bad_alloc the table is as it was.
   std::uint64_t add(NodeRef node, std::int32_t pages, Clock::duration ttl, Clock::time_point now) {
-    const std::uint64_t id = next_id_++;
-    Pin pin{id, node, pages, ttl, now + ttl};
-    by_expiry_.emplace(pin.expires, id);
-    by_node_.emplace(node.index, id);
-    pins_.emplace(id, pin);
+    const std::uint64_t id = next_id_;
+    const Pin pin{id, node, pages, ttl, now + ttl};
+    const auto placed = pins_.emplace(id, pin).first;
+    try {
+      const auto expiry = by_expiry_.emplace(pin.expires, id);
+      try {
+        by_node_.emplace(node.index, id);
+      } catch (...) {
+        by_expiry_.erase(expiry);
+        throw;
+      }
+    } catch (...) {
+      pins_.erase(placed);
+      throw;
+    }
+    ++next_id_;
     pinned_ += pages;
     return id;
   }
@@ -79,22 +90,14 @@ class PrefixPins {
     }
   }
 
-  // Moves every pin expired at `now` into `out` (appended), oldest first.
-  void take_expired(Clock::time_point now, std::vector<Pin>& out) {
+  // Takes every pin expired at `now` out, oldest first, and hands each to
+  // `expired` (which unlocks its node). Allocates nothing.
+  template <class Expired>
+  void expire(Clock::time_point now, Expired&& expired) {
     while (!by_expiry_.empty() && by_expiry_.begin()->first <= now) {
-      const std::uint64_t id = by_expiry_.begin()->second;
-      out.push_back(*remove(id));
+      const std::optional<Pin> pin = remove(by_expiry_.begin()->second);
+      expired(*pin);  // the indexes always agree: every expiry names a pin
     }
-  }
-  bool any_expired(Clock::time_point now) const { return !by_expiry_.empty() && by_expiry_.begin()->first <= now; }
-
-  // Every pin, taken out.
-  void take_all(std::vector<Pin>& out) {
-    for (const auto& [id, pin] : pins_) out.push_back(pin);
-    pins_.clear();
-    by_expiry_.clear();
-    by_node_.clear();
-    pinned_ = 0;
   }
 
  private:
