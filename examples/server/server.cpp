@@ -891,8 +891,8 @@ std::optional<ApiError> ChatServer::conversation_hint_key(const httplib::Request
                     .param = "X-Session-Continues",
                     .code = "invalid_value"};
   }
-  if (!options_.prefix_cache) return std::nullopt;  // nothing cached to keep
-  key = tenant + '\x1f' + name;                     // conversations are named within their tenant
+  if (!options_.prefix_cache) return std::nullopt;            // nothing cached to keep
+  key = fmt::format("{}:{}{}", tenant.size(), tenant, name);  // within the tenant; the length keeps pairs apart
   return std::nullopt;
 }
 
@@ -902,7 +902,7 @@ void ChatServer::apply_hint(const std::string& key, const std::vector<std::int32
   conversation.insert(conversation.end(), answer.begin(), answer.end());
   std::int32_t reached = 0;
   (void)engine_.hint_prefix(
-      key, conversation, {.cache_salt = tenant}, 1,
+      key, conversation, {.cache_salt = tenant, .adapter_id = cache_adapter()}, 1,
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(options_.hint_ttl_s)),
       reached);  // the engine's hint metrics count it
 }
@@ -930,7 +930,7 @@ std::string ChatServer::apply_pins(const std::vector<PlannedPin>& pins, const st
   for (const PlannedPin& p : pins) {
     clm::PinResult pinned;
     const clm::Status s = engine_.pin_prefix(std::span(tokens.data(), std::min(p.tokens, tokens.size())),
-                                             {.cache_salt = tenant}, p.ttl, pinned);
+                                             {.cache_salt = tenant, .adapter_id = cache_adapter()}, p.ttl, pinned);
     if (!outcome.empty()) outcome += ", ";
     outcome += s.ok() ? fmt::format("{}={} tokens for {} s", p.param, pinned.pinned_tokens,
                                     std::chrono::duration_cast<std::chrono::seconds>(p.ttl).count())

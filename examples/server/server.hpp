@@ -159,6 +159,9 @@ class ChatServer {
   // continue; empty when not; a 400 for a malformed header or a missing name.
   std::optional<ApiError> conversation_hint_key(const httplib::Request& request, const ChatRequest& chat,
                                                 const std::string& tenant, std::string& key) const;
+  // The adapter id the generator caches this server's requests under (CLM's
+  // own with a ClmLoop, generator.hpp): pins and hints must name the same.
+  std::int32_t cache_adapter() const { return options_.clm ? tiny_llama::kClmAdapterId : 0; }
   void apply_hint(const std::string& key, const std::vector<std::int32_t>& prompt,
                   const std::vector<std::int32_t>& answer, const std::string& tenant);
   // The prompt of `messages` with the server's tokenizer (and, with

@@ -66,8 +66,14 @@ hits=$(field clm.hits_exact)
   fail "the second ask: $hits exact hits, $(field clm.injected_steps) injected steps"
 post globex "$ask"
 expect_eq "$(field clm.hits_exact)" 0 "another tenant's ask: nothing of acme's"
+# Retention under CLM: the pin names the adapter CLM's requests are cached under.
+headers=$(curl -s -D - -o "$work/out" -H 'X-Tenant: acme' --data-binary "${ask%\}},\"prompt_cache_retention\":\"24h\"}" \
+  "$base/v1/chat/completions")
+grep -qi '^X-Clm-Pins: prompt_cache_retention=[1-9][0-9]* tokens' <<<"$headers" ||
+  fail "a 24h retention under CLM: $(grep -i x-clm-pins <<<"$headers")"
 stop
-ok "CLM in the loop: recorded under $key, served back at level exact ($hits hits), never to another tenant"
+ok "CLM in the loop: recorded under $key, served back at level exact ($hits hits), never to another tenant; \
+a 24h retention pinned"
 
 launch "${clm_flags[@]}"
 post acme "$ask"
