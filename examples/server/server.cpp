@@ -1,19 +1,11 @@
-// examples/server/server.cpp: routes, streaming and metrics of clm_server (server.hpp).
+// examples/server/server.cpp: routes, streaming, limits, drain and metrics of clm_server (server.hpp).
 #include "server.hpp"
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <ctime>
-#include <deque>
-#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -22,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "completion_text.hpp"
+#include "connections.hpp"
 
 namespace clm_server {
 
@@ -36,206 +29,6 @@ constexpr auto kStreamPoll = std::chrono::milliseconds(200);
 constexpr std::size_t kMaxHeaders = 100;
 constexpr std::size_t kMaxHeaderBytes = 32 * 1024;
 using Clock = std::chrono::steady_clock;
-
-// httplib's thread pool with a bound on the connections waiting for a
-// thread: past it enqueue() blocks the accepting thread, so further
-// connections wait in the kernel's backlog instead of in our memory.
-class BoundedTaskQueue final : public httplib::TaskQueue {
- public:
-  BoundedTaskQueue(std::size_t threads, std::size_t max_pending) : max_pending_(std::max<std::size_t>(max_pending, 1)) {
-    for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
-  }
-  ~BoundedTaskQueue() override { shutdown(); }
-  void enqueue(std::function<void()> fn) override {
-    std::unique_lock lock(mutex_);
-    room_.wait(lock, [&] { return jobs_.size() < max_pending_ || stopping_; });
-    jobs_.push_back(std::move(fn));
-    ready_.notify_one();
-  }
-  void shutdown() override {
-    {
-      std::lock_guard lock(mutex_);
-      if (stopping_ && workers_.empty()) return;
-      stopping_ = true;
-    }
-    ready_.notify_all();
-    room_.notify_all();
-    for (std::thread& t : workers_) t.join();
-    workers_.clear();
-  }
-
- private:
-  void work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock lock(mutex_);
-        ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping, and every accepted connection served
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-        room_.notify_one();
-      }
-      fn();
-    }
-  }
-  const std::size_t max_pending_;
-  std::mutex mutex_;
-  std::condition_variable ready_, room_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
-};
-
-bool socket_end(int fd, bool peer, std::string& address, int& port);
-
-}  // namespace
-
-// Closes connections that send no complete request head in time: cpp-httplib
-// 0.11 bounds each read (so a byte a second holds a thread for ever) but not
-// a request's head, and has no hook before the head is read. Every 250 ms it
-// looks at the process's sockets on the server's port; a connection with no
-// request being handled (the pre-routing handler marks one, the logger, run
-// once the response is written, unmarks it) for `timeout` since it appeared
-// or since its last response is shut down, which ends the read that holds its
-// thread. TLS handshakes are heads too.
-class ConnectionWatchdog {
- public:
-  ConnectionWatchdog(int port, std::chrono::milliseconds timeout) : port_(port), timeout_(timeout) {
-    thread_ = std::thread([this] { run(); });
-  }
-  ~ConnectionWatchdog() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  void busy(const std::string& address, int port, bool busy) {
-    std::lock_guard lock(mutex_);
-    Conn& c = connections_[{address, port}];
-    c.busy = busy;
-    c.idle_since = std::chrono::steady_clock::now();
-  }
-  std::uint64_t closed() const { return closed_.load(); }
-
- private:
-  struct Conn {
-    std::chrono::steady_clock::time_point idle_since{};
-    bool busy = false;
-    bool seen = false;
-  };
-  void run() {
-    std::unique_lock lock(mutex_);
-    while (!wake_.wait_for(lock, std::chrono::milliseconds(250), [&] { return stop_; })) {
-      lock.unlock();
-      std::vector<std::pair<int, std::pair<std::string, int>>> sockets;
-      std::error_code error;
-      for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
-        char* end = nullptr;
-        const std::string name = entry.path().filename().string();
-        const long fd = std::strtol(name.c_str(), &end, 10);
-        if (end == name.c_str() || *end != '\0') continue;
-        struct stat st {};
-        if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-        std::string local, remote;
-        int local_port = -1, remote_port = -1;
-        if (socket_end(static_cast<int>(fd), false, local, local_port) && local_port == port_ &&
-            socket_end(static_cast<int>(fd), true, remote, remote_port)) {
-          sockets.push_back({static_cast<int>(fd), {remote, remote_port}});
-        }
-      }
-      const auto now = std::chrono::steady_clock::now();
-      lock.lock();
-      for (auto& [key, c] : connections_) c.seen = false;
-      for (const auto& [fd, key] : sockets) {
-        auto [it, fresh] = connections_.try_emplace(key);
-        Conn& c = it->second;
-        if (fresh) c.idle_since = now;
-        c.seen = true;
-        if (c.busy || now - c.idle_since < timeout_) continue;
-        // The same peer still (the number may have been reused since the scan): cut it off.
-        std::string remote;
-        int remote_port = -1;
-        if (socket_end(fd, true, remote, remote_port) && remote == key.first && remote_port == key.second) {
-          ::shutdown(fd, SHUT_RDWR);
-          ++closed_;
-          c.idle_since = now;  // once
-        }
-      }
-      // A connection gone is gone, marked busy or not (a client that left mid-request is never logged).
-      std::erase_if(connections_, [](const auto& entry) { return !entry.second.seen; });
-    }
-  }
-
-  const int port_;
-  const std::chrono::milliseconds timeout_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::map<std::pair<std::string, int>, Conn> connections_;
-  std::atomic<std::uint64_t> closed_{0};
-  std::thread thread_;
-};
-
-namespace {
-
-// The numeric address and port of a socket's end (getsockname/getpeername).
-bool socket_end(int fd, bool peer, std::string& address, int& port) {
-  sockaddr_storage storage{};
-  socklen_t length = sizeof(storage);
-  auto* addr = reinterpret_cast<sockaddr*>(&storage);
-  if ((peer ? getpeername(fd, addr, &length) : getsockname(fd, addr, &length)) != 0) return false;
-  char text[INET6_ADDRSTRLEN] = {};
-  if (storage.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&storage);
-    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
-    port = ntohs(in->sin_port);
-  } else if (storage.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage);
-    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
-    port = ntohs(in6->sin6_port);
-  } else {
-    return false;
-  }
-  address = text;
-  return true;
-}
-
-// The socket of a request's connection, so that its handler can see the
-// client leave while the answer is being made: httplib 0.11 does not hand
-// it over, so the process's sockets are matched by both ends (the handler's
-// thread owns that socket until it returns, so the number stays its own).
-// -1 when not found.
-int connection_fd(const httplib::Request& request) {
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
-    char* end = nullptr;
-    const std::string name = entry.path().filename().string();
-    const long fd = std::strtol(name.c_str(), &end, 10);
-    if (end == name.c_str() || *end != '\0') continue;
-    struct stat st {};
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    std::string local, remote;
-    int local_port = -1, remote_port = -1;
-    if (socket_end(static_cast<int>(fd), false, local, local_port) && local_port == request.local_port &&
-        socket_end(static_cast<int>(fd), true, remote, remote_port) && remote_port == request.remote_port &&
-        remote == request.remote_addr) {
-      return static_cast<int>(fd);
-    }
-  }
-  return -1;
-}
-
-// Whether the client closed (or reset) its side: readable with nothing to read.
-bool peer_closed(int fd) {
-  pollfd p{.fd = fd, .events = POLLIN | POLLRDHUP, .revents = 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
-  char byte;
-  return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
-}
 
 std::string retry_after_value(double seconds) {
   return std::to_string(static_cast<long long>(std::max(1.0, std::ceil(seconds))));

@@ -47,7 +47,7 @@
 // request and releases its pages; a non-streamed request's handler watches
 // its socket while it waits and cancels the same way. A connection that sends
 // no complete request head within header_timeout_s (a byte a second) is
-// closed (ConnectionWatchdog, server.cpp).
+// closed (ConnectionWatchdog, connections.hpp).
 #pragma once
 
 #include <array>
