@@ -2,7 +2,8 @@
 # test_server.sh and test_server_limits.sh after they set $server and
 # $probe): a mktemp -d work directory removed at exit (and a server still
 # running killed), fail/ok/expect_eq, post (a chat completion with curl),
-# field (a response's JSON field), launch (a server on a free port with the
+# field (a response's JSON field), refuse_to_start (flags that must not
+# start a server), http_status, launch (a server on a free port with the
 # tests' small model) and stop (SIGTERM, exit 0, the final JSON line).
 # shellcheck shell=bash
 export LC_ALL=C # ${#s} counts bytes
@@ -66,6 +67,24 @@ answered() {
   generated=$((generated + 1))
   chats_ok=$((chats_ok + 1))
 }
+
+# refuse_to_start WANT ARGS...: the server with the tests' model and ARGS
+# must exit 2 (before or after the model loads) with WANT in its stderr and
+# nothing on stdout (nothing listened).
+refuse_to_start() {
+  local want=$1
+  shift
+  set +e
+  "$server" --port 0 --config "${model_config:-$work/config.json}" --page-size $page --pool-tokens 16384 \
+    --threads 1 "$@" >"$work/server.out" 2>"$work/server.err"
+  local rc=$?
+  set -e
+  expect_eq "$rc" 2 "clm_server $*: the exit status"
+  grep -q -- "$want" "$work/server.err" || fail "clm_server $*: no '$want' in: $(cat "$work/server.err")"
+  [ ! -s "$work/server.out" ] || fail "clm_server $*: it printed $(cat "$work/server.out")"
+}
+# http_status HEADERS: the status code of `curl -D -` output.
+http_status() { head -n1 <<<"$1" | cut -d' ' -f2; }
 
 # launch ARGS...: starts the server (the test's model, page size and pool,
 # and ARGS) in the background and waits for its "listening on" line; sets

@@ -32,35 +32,23 @@ source "$(dirname "$0")/test_lib.sh"
 # ---- start ------------------------------------------------------------------
 # Flags (and --server-config files) that cannot work: exit 2 and a message
 # naming the flag, before or after the model loads, and nothing listens.
-refused_flags() {
-  local want=$1
-  shift
-  set +e
-  "$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 "$@" \
-    >"$work/server.out" 2>"$work/server.err"
-  local rc=$?
-  set -e
-  expect_eq "$rc" 2 "clm_server $*: the exit status"
-  grep -q -- "$want" "$work/server.err" || fail "clm_server $*: no '$want' in: $(cat "$work/server.err")"
-  [ ! -s "$work/server.out" ] || fail "clm_server $*: it printed $(cat "$work/server.out")"
-}
-refused_flags "needs --model-id" --kv-events 'tcp://127.0.0.1:*'
-refused_flags "need --kv-events" --kv-events-topic kv@a@b
-refused_flags "need --kv-events" --model-id m --kv-events-replay 'tcp://127.0.0.1:*'
-refused_flags "not a number" --model-id m --kv-events 'tcp://127.0.0.1:*' --kv-events-batch-ms often
-refused_flags topic --model-id m --kv-events 'tcp://127.0.0.1:*' --kv-events-topic "$(printf 't%.0s' $(seq 300))"
-refused_flags "kv_events" --model-id m --kv-events 'nonsense://x'
-refused_flags "needs --model-id" --host-tokens 4096 --storage "file://$work/nowhere"
-refused_flags "needs a host tier" --model-id m --storage "file://$work/nowhere"
-refused_flags "unknown value 'belady'" --eviction-policy belady
-refused_flags "unknown value 'sometimes'" --write-policy sometimes
-refused_flags "cannot read" --server-config "$work/no-such.json"
+refuse_to_start "needs --model-id" --kv-events 'tcp://127.0.0.1:*'
+refuse_to_start "need --kv-events" --kv-events-topic kv@a@b
+refuse_to_start "need --kv-events" --model-id m --kv-events-replay 'tcp://127.0.0.1:*'
+refuse_to_start "not a number" --model-id m --kv-events 'tcp://127.0.0.1:*' --kv-events-batch-ms often
+refuse_to_start topic --model-id m --kv-events 'tcp://127.0.0.1:*' --kv-events-topic "$(printf 't%.0s' $(seq 300))"
+refuse_to_start "kv_events" --model-id m --kv-events 'nonsense://x'
+refuse_to_start "needs --model-id" --host-tokens 4096 --storage "file://$work/nowhere"
+refuse_to_start "needs a host tier" --model-id m --storage "file://$work/nowhere"
+refuse_to_start "unknown value 'belady'" --eviction-policy belady
+refuse_to_start "unknown value 'sometimes'" --write-policy sometimes
+refuse_to_start "cannot read" --server-config "$work/no-such.json"
 printf '{"pool-tokens": "many"}' >"$work/bad.json"
-refused_flags "server-config: --pool-tokens: not a number" --server-config "$work/bad.json"
+refuse_to_start "server-config: --pool-tokens: not a number" --server-config "$work/bad.json"
 printf '{"porte": 1}' >"$work/bad.json"
-refused_flags "unknown flag --porte" --server-config "$work/bad.json"
+refuse_to_start "unknown flag --porte" --server-config "$work/bad.json"
 printf '[1, 2]' >"$work/bad.json"
-refused_flags "not a JSON object" --server-config "$work/bad.json"
+refuse_to_start "not a JSON object" --server-config "$work/bad.json"
 ok "flags that cannot work: exit 2 with a message, nothing listening"
 
 launch --trust-x-tenant --default-max-tokens 24 --max-body-bytes 65536 --served-model-name tiny-test --model-id "tiny-test@$$" \

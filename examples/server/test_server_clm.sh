@@ -32,20 +32,10 @@ bash "$train" "$clm_fit" "$work/collect" "$work/trained" >"$work/train.log" 2>&1
 ok "CLM parts trained for the tests' model ($(grep -c . "$work/train.log") steps)"
 
 # Flags that cannot work: exit 2 and a message.
-refused() {
-  local want=$1
-  shift
-  set +e
-  "$server" --port 0 --config "$work/config.json" --threads 1 "$@" >"$work/server.out" 2>"$work/server.err"
-  local rc=$?
-  set -e
-  expect_eq "$rc" 2 "clm_server $*: the exit status"
-  grep -q -- "$want" "$work/server.err" || fail "clm_server $*: no '$want' in: $(cat "$work/server.err")"
-}
-refused "needs --snapshot-store" --clm-dir "$work/trained"
-refused "need --snapshot-store" --lexicons "$lexicons"
-refused "needs --clm-dir" --snapshot-store "$work/x.db" --src-threshold 0
-refused "clm-dir $work/nowhere" --snapshot-store "$work/x.db" --clm-dir "$work/nowhere"
+refuse_to_start "needs --snapshot-store" --clm-dir "$work/trained"
+refuse_to_start "need --snapshot-store" --lexicons "$lexicons"
+refuse_to_start "needs --clm-dir" --snapshot-store "$work/x.db" --src-threshold 0
+refuse_to_start "clm-dir $work/nowhere" --snapshot-store "$work/x.db" --clm-dir "$work/nowhere"
 ok "CLM flags that cannot work: exit 2 with a message"
 
 clm_flags=(--snapshot-store "$work/store.db" --snapshot-min-usage 1 --lexicons "$lexicons" --clm-dir "$work/trained"

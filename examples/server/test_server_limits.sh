@@ -50,37 +50,25 @@ turn='{"messages":[{"role":"system","content":"You are a helpful assistant for D
 long='{"messages":[{"role":"user","content":"Tell me a very long story."}],"max_tokens":3000,"ignore_eos":true'
 
 # ---- flags and files that cannot work ------------------------------------------
-refused_start() {
-  local want=$1
-  shift
-  set +e
-  "$server" --port 0 --config "$work/config.json" --page-size $page --pool-tokens 16384 --threads 1 "$@" \
-    >"$work/server.out" 2>"$work/server.err"
-  local rc=$?
-  set -e
-  expect_eq "$rc" 2 "clm_server $*: the exit status"
-  grep -q -- "$want" "$work/server.err" || fail "clm_server $*: no '$want' in: $(cat "$work/server.err")"
-  [ ! -s "$work/server.out" ] || fail "clm_server $*: it printed $(cat "$work/server.out")"
-}
-refused_start "cannot read" --api-keys "$work/no-such-keys.json"
+refuse_to_start "cannot read" --api-keys "$work/no-such-keys.json"
 printf '{"keys": [{"key": "sk-short", "tenant": "a"}]}' >"$work/bad-keys.json"
-refused_start 'keys\[0\]: "key" must be 16' --api-keys "$work/bad-keys.json"
+refuse_to_start 'keys\[0\]: "key" must be 16' --api-keys "$work/bad-keys.json"
 grep -q sk-short "$work/server.err" && fail "the refused key was printed"
 printf '{"keys": [{"key": "sk-0123456789abcdef", "tenant": "a", "scope": "all"}]}' >"$work/bad-keys.json"
-refused_start 'unknown field "scope"' --api-keys "$work/bad-keys.json"
+refuse_to_start 'unknown field "scope"' --api-keys "$work/bad-keys.json"
 printf '{"keys": [{"key": "sk-0123456789abcdef", "tenant": "a"}, {"key": "sk-0123456789abcdef", "tenant": "b"}]}' \
   >"$work/bad-keys.json"
-refused_start 'keys\[1\]: the same token' --api-keys "$work/bad-keys.json"
+refuse_to_start 'keys\[1\]: the same token' --api-keys "$work/bad-keys.json"
 printf '{"keys": [{"key": "sk-0123456789abcdef", "tenant": "a"' >"$work/bad-keys.json"
-refused_start "not JSON" --api-keys "$work/bad-keys.json"
-refused_start "go together" --tls-cert "$work/nothing.pem"
-refused_start "is over --max-request-timeout" --request-timeout 20 --max-request-timeout 10
-refused_start "not a number of seconds" --body-timeout -1
-refused_start "true or false" --server-config <(printf '{"trust-x-tenant": "maybe"}')
+refuse_to_start "not JSON" --api-keys "$work/bad-keys.json"
+refuse_to_start "go together" --tls-cert "$work/nothing.pem"
+refuse_to_start "is over --max-request-timeout" --request-timeout 20 --max-request-timeout 10
+refuse_to_start "not a number of seconds" --body-timeout -1
+refuse_to_start "true or false" --server-config <(printf '{"trust-x-tenant": "maybe"}')
 printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a zz"]}}' >"$work/bad-tokenizer.json"
-refused_start "--tokenizer $work/bad-tokenizer.json" --tokenizer "$work/bad-tokenizer.json"
+refuse_to_start "--tokenizer $work/bad-tokenizer.json" --tokenizer "$work/bad-tokenizer.json"
 printf 'not a certificate\n' >"$work/bad.pem"
-refused_start "cannot load the TLS certificate" --tls-cert "$work/bad.pem" --tls-key "$work/bad.pem"
+refuse_to_start "cannot load the TLS certificate" --tls-cert "$work/bad.pem" --tls-key "$work/bad.pem"
 ok "flags, key files and certificates that cannot work: exit 2 with a message, no token printed"
 
 # ---- API keys -------------------------------------------------------------------
@@ -99,7 +87,7 @@ launch --api-keys "$work/keys.json"
 auth() { echo "Authorization: Bearer $1"; }
 
 headers=$(curl -s -D - -o "$work/out" --data-binary "$hi" "$base/v1/chat/completions")
-expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 401 "no key"
+expect_eq "$(http_status "$headers")" 401 "no key"
 expect_eq "$(field error.code)" missing_api_key "no key: error.code"
 grep -qi '^WWW-Authenticate: Bearer' <<<"$headers" || fail "no key: no WWW-Authenticate header"
 wrong=sk-wrong-0123456789abcdef
@@ -129,7 +117,7 @@ ok "each key its tenant: acme found $acme_cached tokens of its own, globex none 
 post - "$hi" -H "$(auth $globex_key)"
 expect_eq "$code" 200 "globex's second request (2 a minute)"
 headers=$(curl -s -D - -o "$work/out" -H "$(auth $globex_key)" --data-binary "$hi" "$base/v1/chat/completions")
-expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 429 "globex's third request in a minute"
+expect_eq "$(http_status "$headers")" 429 "globex's third request in a minute"
 expect_eq "$(field error.code)" rate_limit_exceeded "globex over its rate: error.code"
 retry=$(sed -n 's/^[Rr]etry-[Aa]fter: \([0-9]*\).*/\1/p' <<<"$headers")
 [ -n "$retry" ] && [ "$retry" -ge 1 ] && [ "$retry" -le 30 ] || fail "globex over its rate: Retry-After '$retry'"
@@ -158,7 +146,7 @@ eighty=$(printf 'r%.0s' $(seq 80))
 headers=$(curl -s -D - -o "$work/out" --data-binary \
   "{\"messages\":[{\"role\":\"user\",\"content\":\"$eighty\"}],\"prompt_cache_retention\":\"24h\"}" \
   "$base/v1/chat/completions")
-expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 200 "prompt_cache_retention 24h"
+expect_eq "$(http_status "$headers")" 200 "prompt_cache_retention 24h"
 grep -qi '^X-Clm-Pins: prompt_cache_retention=96 tokens for 86400 s' <<<"$headers" ||
   fail "prompt_cache_retention 24h: X-Clm-Pins: $(grep -i x-clm-pins <<<"$headers")"
 expect_eq "$(metric clm_pins_active)" 1 "clm_pins_active after a 24h retention"
@@ -174,7 +162,7 @@ twenty=$(printf 's%.0s' $(seq 20))
 headers=$(curl -s -D - -o "$work/out" --data-binary \
   "{\"messages\":[{\"role\":\"user\",\"content\":\"$twenty\",\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"1h\"}}]}" \
   "$base/v1/chat/completions")
-expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 200 "a cache_control breakpoint within the budget"
+expect_eq "$(http_status "$headers")" 200 "a cache_control breakpoint within the budget"
 grep -qi '^X-Clm-Pins: messages\[0\].cache_control=24 tokens for 3600 s' <<<"$headers" ||
   fail "cache_control: X-Clm-Pins: $(grep -i x-clm-pins <<<"$headers")"
 expect_eq "$(metric clm_pinned_pages)" 15 "clm_pinned_pages after both pins"
@@ -243,7 +231,7 @@ curl -s -o "$work/b" -w '%{http_code}' -H 'X-Request-Timeout: 2' --data-binary "
 b_pid=$!
 wait_metric clm_server_num_requests_waiting 1
 headers=$(curl -s -D - -o "$work/out" --data-binary "$hi" "$base/v1/chat/completions")
-expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 429 "a request past --max-waiting"
+expect_eq "$(http_status "$headers")" 429 "a request past --max-waiting"
 expect_eq "$(field error.code)" queue_full "a request past --max-waiting: error.code"
 grep -qi '^Retry-After: [1-9]' <<<"$headers" || fail "the 429 has no Retry-After"
 wait "$b_pid" "$a_pid"
@@ -363,7 +351,7 @@ expect_eq "$(field status)" draining "/health while draining: status"
 code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/health/live")
 expect_eq "$code" 200 "/health/live while draining"
 headers=$(curl -s -D - -o "$work/out" --data-binary "$hi" "$base/v1/chat/completions")
-expect_eq "$(head -n1 <<<"$headers" | cut -d' ' -f2)" 503 "a new request while draining"
+expect_eq "$(http_status "$headers")" 503 "a new request while draining"
 expect_eq "$(field error.code)" draining "a new request while draining: error.code"
 grep -qi '^Retry-After: [1-9]' <<<"$headers" || fail "the drain's 503 has no Retry-After"
 wait "$a_pid"
