@@ -23,6 +23,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "fuzz/tokenizer_json_seed.hpp"  // GPT-2's byte alphabet, shared with the fuzz seeds
 #include "hf_tokenizer.hpp"
 #include "qwen_split.hpp"
 #include "temp_dir.hpp"
@@ -289,19 +290,7 @@ namespace {
 nlohmann::json small_tokenizer() {
   using nlohmann::json;
   json vocab = json::object();
-  std::int32_t next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    const char32_t c = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(next++);
-    std::string utf8;
-    if (c < 0x80) {
-      utf8 += static_cast<char>(c);
-    } else {
-      utf8 += static_cast<char>(0xC0 | (c >> 6));
-      utf8 += static_cast<char>(0x80 | (c & 0x3F));
-    }
-    vocab[utf8] = b;
-  }
+  for (int b = 0; b < 256; ++b) vocab[clm_fuzz::byte_level_char(b)] = b;
   vocab["ab"] = 256;
   vocab["abc"] = 257;
   return json{
