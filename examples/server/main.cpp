@@ -30,11 +30,14 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -48,6 +51,29 @@
 #include "server_flags.hpp"
 
 namespace {
+
+// The hex SHA-256 of a file's bytes.
+clm::Status file_sha256(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return clm::io_error(fmt::format("cannot read {}", path));
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  if (ctx == nullptr || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) {
+    EVP_MD_CTX_free(ctx);
+    return clm::out_of_memory("SHA-256: no context");
+  }
+  std::vector<char> buffer(1 << 16);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    (void)EVP_DigestUpdate(ctx, buffer.data(), static_cast<std::size_t>(in.gcount()));
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  (void)EVP_DigestFinal_ex(ctx, digest, &length);
+  EVP_MD_CTX_free(ctx);
+  out.clear();
+  for (unsigned int i = 0; i < length; ++i) out += fmt::format("{:02x}", digest[i]);
+  return {};
+}
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "clm_server: %s\n", message.c_str());
@@ -98,6 +124,14 @@ int main(int argc, char** argv) {
   clm::EngineConfig engine_config = clm_server::engine_config_from(
       flags, tiny_llama::kv_pool_for(config, flags.page_size, flags.pool_tokens / flags.page_size * flags.page_size,
                                      clm::KvDType::f32));
+  // The tokenizer decides what every token id means (and the vocabulary the
+  // weights were made for): stored pages, KV events and snapshots name it
+  // with the model, so instances with other tokenizers never share them.
+  if (tokenizer.loaded() && !engine_config.model_id.empty()) {
+    std::string digest;
+    if (clm::Status s = file_sha256(flags.tokenizer, digest); !s.ok()) return fail(s.message());
+    engine_config.model_id += "+tokenizer-sha256:" + digest;
+  }
   // The store's snapshots: its default size, or half the hidden size of a
   // smaller model (as clm_demo trains them); the template's markers are not text.
   engine_config.snapshot_store.snapshot_dim = std::min(clm::SnapshotStoreConfig{}.snapshot_dim, config.hidden / 2);
