@@ -209,7 +209,7 @@ typedef struct clm_engine_options {
                                    4096 bytes: hashed into every stored page's key and header, so no other model
                                    is served them. Required with a storage tier (copied at create; default NULL) */
   const char *page_secret_file; /* a file (not readable by everyone) holding the deployment secret (16..4096
-                                   bytes) that signs every stored page with HMAC-SHA256; NULL or "": none */
+                                   bytes) that signs every stored page (AES-256-GMAC); NULL or "": none */
   const char *page_secret_env;  /* ... or the name of the environment variable holding it; at most one of the
                                    two. Without either, pages are not signed and signed ones are refused */
   int32_t max_queued_fetches;   /* fetches waiting for a storage worker, 1..2^20; past it the oldest prefetch

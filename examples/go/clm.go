@@ -254,7 +254,7 @@ type EngineOptions struct {
 	// storage tier.
 	ModelID string
 	// PageSecretFile is a file (not readable by everyone) holding the
-	// deployment secret that signs every stored page (HMAC-SHA256); "" is none.
+	// deployment secret that signs every stored page (AES-256-GMAC); "" is none.
 	PageSecretFile string
 	// PageSecretEnv is the name of the environment variable holding it
 	// instead (at most one of the two).

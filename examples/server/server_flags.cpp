@@ -342,7 +342,7 @@ tiers (docs/tiers.md):
   --prefetch-policy P      best_effort, wait_complete, timeout (default timeout)
   --storage URL            a storage tier below the host tier, shared by instances:
                            file:///DIR?capacity_mb=N or redis://[user:]password@host:port/db?prefix=clm:
-  --page-secret-file FILE  the deployment secret that signs stored pages (HMAC-SHA256) ...
+  --page-secret-file FILE  the deployment secret that signs stored pages (AES-256-GMAC) ...
   --page-secret-env NAME   ... or the environment variable holding it
 CLM suffix reuse (docs/clm.md):
   --snapshot-store FILE    the semantic snapshot store (SQLite + hnswlib), created when missing

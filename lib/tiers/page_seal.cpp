@@ -1,13 +1,16 @@
-// lib/tiers/page_seal.cpp: model digests, the HMAC-SHA256 page signer and
-// the deployment secret (clm/tiers/page_seal.hpp), on OpenSSL 3's EVP_MAC.
+// lib/tiers/page_seal.cpp: model digests, the page signer (AES-256-GMAC
+// under a key per page) and the deployment secret (clm/tiers/page_seal.hpp),
+// on OpenSSL 3's EVP interfaces.
 #include "clm/tiers/page_seal.hpp"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
+#include <openssl/rand.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +24,7 @@ namespace clm {
 namespace {
 
 constexpr std::string_view kKeyIdLabel = "clmcache page keys";
+constexpr std::string_view kMacKeyLabel = "clmcache page mac v1";
 constexpr std::string_view kScopeLabel = "clmcache page scope v1";
 constexpr std::size_t kMaxModelIdBytes = 4096;
 
@@ -43,11 +47,50 @@ std::span<const std::uint8_t> bytes_of(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
+struct CipherCtxFree {
+  void operator()(EVP_CIPHER_CTX* ctx) const { EVP_CIPHER_CTX_free(ctx); }
+};
+using CipherCtx = std::unique_ptr<EVP_CIPHER_CTX, CipherCtxFree>;
+
+// Fetched once: EVP_aes_256_*() in each init makes OpenSSL 3 look them up.
+const EVP_CIPHER* aes_256_ecb() {
+  static EVP_CIPHER* const cipher = EVP_CIPHER_fetch(nullptr, "AES-256-ECB", nullptr);
+  return cipher;
+}
+const EVP_CIPHER* aes_256_gcm() {
+  static EVP_CIPHER* const cipher = EVP_CIPHER_fetch(nullptr, "AES-256-GCM", nullptr);
+  return cipher;
+}
+
+// Feeds `bytes` to a GCM context as additional data, in pieces an int counts.
+bool add_aad(EVP_CIPHER_CTX* ctx, std::span<const std::byte> bytes) {
+  constexpr std::size_t kPiece = std::size_t{1} << 30;
+  for (std::size_t at = 0; at < bytes.size(); at += kPiece) {
+    const std::size_t n = std::min(kPiece, bytes.size() - at);
+    int written = 0;
+    if (EVP_EncryptUpdate(ctx, nullptr, &written, reinterpret_cast<const unsigned char*>(bytes.data() + at),
+                          static_cast<int>(n)) != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
-// A context keyed once; each mac() works on a copy of it.
+// The HMAC context keyed once with the secret (for key ids), and K, the key
+// that page keys derive from (wiped with the signer).
 struct PageSigner::Impl {
   MacCtx keyed;
+  Digest32 derive_key{};
+  ~Impl() { OPENSSL_cleanse(derive_key.data(), derive_key.size()); }
+
+  bool hmac(std::string_view label, Digest32& out) const {
+    MacCtx ctx(EVP_MAC_CTX_dup(keyed.get()));
+    std::size_t length = 0;
+    return ctx && EVP_MAC_update(ctx.get(), reinterpret_cast<const unsigned char*>(label.data()), label.size()) == 1 &&
+           EVP_MAC_final(ctx.get(), out.data(), &length, out.size()) == 1 && length == out.size();
+  }
 };
 
 PageSigner::~PageSigner() = default;
@@ -57,6 +100,7 @@ Status PageSigner::create(std::string_view secret, std::unique_ptr<PageSigner>& 
     return invalid_argument(
         fmt::format("page secret: {} bytes, must be {} to {}", secret.size(), kMinSecretBytes, kMaxSecretBytes));
   }
+  if (!aes_256_ecb() || !aes_256_gcm()) return Status(StatusCode::internal, "page secret: libcrypto has no AES-256");
   EVP_MAC* hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
   if (!hmac) return Status(StatusCode::internal, "page secret: libcrypto has no HMAC");
   MacCtx ctx(EVP_MAC_CTX_new(hmac));
@@ -69,28 +113,64 @@ Status PageSigner::create(std::string_view secret, std::unique_ptr<PageSigner>& 
     return Status(StatusCode::internal, "page secret: cannot set up HMAC-SHA256 in libcrypto");
   }
   std::unique_ptr<PageSigner> signer(new PageSigner());
-  signer->impl_ = std::make_unique<Impl>(Impl{std::move(ctx)});
-  CLM_RETURN_IF_ERROR(signer->mac(std::as_bytes(std::span(kKeyIdLabel)), {}, signer->key_id_));
+  signer->impl_ = std::make_unique<Impl>();
+  signer->impl_->keyed = std::move(ctx);
+  if (!signer->impl_->hmac(kKeyIdLabel, signer->key_id_) ||
+      !signer->impl_->hmac(kMacKeyLabel, signer->impl_->derive_key)) {
+    return Status(StatusCode::internal, "page secret: HMAC-SHA256 failed in libcrypto");
+  }
   out = std::move(signer);
   return {};
 }
 
-Status PageSigner::mac(std::span<const std::byte> first, std::span<const std::byte> second, Digest32& out) const {
-  MacCtx ctx(EVP_MAC_CTX_dup(impl_->keyed.get()));
-  std::size_t length = 0;
-  const bool ok =
-      ctx && EVP_MAC_update(ctx.get(), reinterpret_cast<const unsigned char*>(first.data()), first.size()) == 1 &&
-      EVP_MAC_update(ctx.get(), reinterpret_cast<const unsigned char*>(second.data()), second.size()) == 1 &&
-      EVP_MAC_final(ctx.get(), out.data(), &length, out.size()) == 1 && length == out.size();
-  if (!ok) return Status(StatusCode::internal, "page signature: HMAC-SHA256 failed in libcrypto");
+Status PageSigner::tag(std::span<const std::uint8_t, kPageNonceBytes> nonce, std::span<const std::byte> first,
+                       std::span<const std::byte> second, std::array<std::uint8_t, kPageTagBytes>& out) const {
+  // The page's key: two AES blocks of (le32(i) || nonce) under K.
+  std::array<std::uint8_t, 32> blocks{};
+  for (std::uint8_t i = 0; i < 2; ++i) {
+    blocks[16 * i] = i;
+    std::memcpy(blocks.data() + 16 * i + 4, nonce.data(), nonce.size());
+  }
+  std::array<std::uint8_t, 32> page_key{};
+  CipherCtx derive(EVP_CIPHER_CTX_new());
+  int written = 0, tail = 0;
+  bool ok =
+      derive && EVP_EncryptInit_ex2(derive.get(), aes_256_ecb(), impl_->derive_key.data(), nullptr, nullptr) == 1 &&
+      EVP_CIPHER_CTX_set_padding(derive.get(), 0) == 1 &&
+      EVP_EncryptUpdate(derive.get(), page_key.data(), &written, blocks.data(), static_cast<int>(blocks.size())) == 1 &&
+      written == static_cast<int>(page_key.size()) &&
+      EVP_EncryptFinal_ex(derive.get(), page_key.data() + written, &tail) == 1;
+  CipherCtx gmac(EVP_CIPHER_CTX_new());
+  ok = ok && gmac && EVP_EncryptInit_ex2(gmac.get(), aes_256_gcm(), page_key.data(), nonce.data(), nullptr) == 1 &&
+       add_aad(gmac.get(), first) && add_aad(gmac.get(), second) &&
+       EVP_EncryptFinal_ex(gmac.get(), nullptr, &tail) == 1 &&
+       EVP_CIPHER_CTX_ctrl(gmac.get(), EVP_CTRL_AEAD_GET_TAG, static_cast<int>(out.size()), out.data()) == 1;
+  OPENSSL_cleanse(page_key.data(), page_key.size());
+  if (!ok) return Status(StatusCode::internal, "page signature: AES-256-GMAC failed in libcrypto");
+  return {};
+}
+
+Status PageSigner::sign(std::span<const std::byte> first, std::span<const std::byte> second, PageSignature& out) const {
+  std::array<std::uint8_t, kPageNonceBytes> nonce{};
+  if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1) {
+    return Status(StatusCode::internal, "page signature: libcrypto has no randomness for a nonce");
+  }
+  std::array<std::uint8_t, kPageTagBytes> page_tag{};
+  CLM_RETURN_IF_ERROR(tag(nonce, first, second, page_tag));
+  std::memcpy(out.data(), nonce.data(), nonce.size());
+  std::memcpy(out.data() + nonce.size(), page_tag.data(), page_tag.size());
   return {};
 }
 
 Status PageSigner::verify(std::span<const std::byte> first, std::span<const std::byte> second,
-                          std::span<const std::byte> expected, bool& matches) const {
-  Digest32 computed;
-  CLM_RETURN_IF_ERROR(mac(first, second, computed));
-  matches = expected.size() == computed.size() && CRYPTO_memcmp(computed.data(), expected.data(), computed.size()) == 0;
+                          std::span<const std::byte> stored, bool& matches) const {
+  matches = false;
+  if (stored.size() != kPageNonceBytes + kPageTagBytes) return {};
+  std::array<std::uint8_t, kPageNonceBytes> nonce{};
+  std::memcpy(nonce.data(), stored.data(), nonce.size());
+  std::array<std::uint8_t, kPageTagBytes> computed{};
+  CLM_RETURN_IF_ERROR(tag(nonce, first, second, computed));
+  matches = CRYPTO_memcmp(computed.data(), stored.data() + kPageNonceBytes, computed.size()) == 0;
   return {};
 }
 

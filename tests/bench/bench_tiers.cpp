@@ -26,13 +26,15 @@
 //                              tokens for one layer (32 q heads over the 8 KV
 //                              heads). Ratio < 1: fetching wins. Skipped, with
 //                              a message, without redis-server.
-//   hmac_sha256_*              GB/s of the page signature (PageSigner::mac over
-//                              one page) against memcpy of the page.
+//   page_mac_gmac_*            GB/s of the page signature (PageSigner::sign over
+//                              one page) against memcpy of the page;
+//   hmac_sha256_*              the same for HMAC-SHA256 (format 2's MAC), for
+//                              comparison.
 //   signed_fetch_{dir,redis}_* GB/s of the same fetch + load from a directory
 //                              and from redis-server with signed pages (a page
 //                              secret) against unsigned ones, interleaved.
 //                              Goal ratio >= 0.70.
-//   redis_auth_hmac_fetch_*    seconds per layer of that fetch + load from a
+//   redis_auth_signed_fetch_*  seconds per layer of that fetch + load from a
 //                              redis-server with AUTH (requirepass) and signed
 //                              pages, against one without either.
 //   conversation_{store,fetch}_turns191-200_vs_6-15_*
@@ -47,9 +49,12 @@
 //
 // CLM_BENCH_SMOKE=1 runs a tiny version (2 layers, a few pages, one run,
 // a short gsp) in seconds, so that ctest builds and runs the program.
+#include <openssl/evp.h>
+#include <openssl/params.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -360,11 +365,11 @@ void bench_gsp_hit_rate(const Scale& scale) {
     clm::replay::ReplayResult r;
     check(clm::replay::run_replays(gsp, tiered, scale.gsp_repeats, r), "gsp replay (tiers)");
     progress("gsp, {}: device {:.4f} + host {:.4f} = {:.4f}; {} pages loaded, {} backed up; {:.0f} requests/s",
-             clm::write_policy_name(policy), r.device_hit_rate(), r.host_hit_rate(), r.hit_rate(),
-             r.tiers.loaded_pages, r.tiers.backed_up_pages, r.requests_per_s());
+             clm::write_policy_name(policy), r.device_hit_rate(), r.host_hit_rate(), r.hit_rate(), r.tiers.loaded_pages,
+             r.tiers.backed_up_pages, r.requests_per_s());
     print_figure(kBench,
-                 fmt::format("gsp_tiered_hit_rate_{}_p{}_l1_{}_l2_{}", clm::write_policy_name(policy),
-                             kPageSize, scale.gsp_l1_tokens, l2_tokens),
+                 fmt::format("gsp_tiered_hit_rate_{}_p{}_l1_{}_l2_{}", clm::write_policy_name(policy), kPageSize,
+                             scale.gsp_l1_tokens, l2_tokens),
                  "hit_rate_all_tiers", r.hit_rate(), "fraction", "hit_rate_l1_only", alone.hit_rate());
   }
 }
@@ -517,27 +522,53 @@ void bench_redis_fetch(const Scale& scale, std::mt19937_64& rng) {
                "fetch_load_s_per_layer", m.part, "s", "prefill_attention_s_per_layer", m.baseline);
 }
 
-// ---- 6. signed pages: HMAC-SHA256 itself, and fetches with it against without ----
+// ---- 6. signed pages: the page MAC itself, and fetches with it against without ----
 
-void bench_hmac(const Scale& scale) {
+// GB/s of `mac_one` over a page against memcpy of the page.
+template <typename MacOne>
+void bench_mac_speed(const Scale& scale, std::string_view name, MacOne&& mac_one) {
   const std::size_t bytes = page_bytes(page_shape(scale, 1));
-  std::unique_ptr<clm::PageSigner> signer;
-  check(clm::PageSigner::create("a bench secret of a fair length", signer), "PageSigner::create");
   const std::vector<std::byte> page(bytes, std::byte{0x6b});
   MemcpyBaseline memcpy_baseline(bytes);
-  clm::Digest32 mac{};
   const auto m = clm_bench::interleaved_medians(
       scale.copy_runs,
       [&] {
         const Clock::time_point start = Clock::now();
-        check(signer->mac(std::span(page).first(clm::kPageMacOffset), std::span(page), mac), "mac");
+        mac_one(std::span(page));
         return seconds_since(start);
       },
       [&] { return memcpy_baseline.run(); });
-  progress("hmac_sha256: {:.2f} GB/s over a {} MiB page (memcpy {:.2f} GB/s)", gb_per_s(bytes, m.part), bytes >> 20,
+  progress("{}: {:.2f} GB/s over a {} MiB page (memcpy {:.2f} GB/s)", name, gb_per_s(bytes, m.part), bytes >> 20,
            gb_per_s(bytes, m.baseline));
-  print_figure(kBench, fmt::format("hmac_sha256_{}_page", shape_name(page_shape(scale, 1))), "GB_per_s",
+  print_figure(kBench, fmt::format("{}_{}_page", name, shape_name(page_shape(scale, 1))), "GB_per_s",
                gb_per_s(bytes, m.part), "GB/s", "memcpy_GB_per_s", gb_per_s(bytes, m.baseline));
+}
+
+void bench_page_mac(const Scale& scale) {
+  std::unique_ptr<clm::PageSigner> signer;
+  check(clm::PageSigner::create("a bench secret of a fair length", signer), "PageSigner::create");
+  clm::PageSignature signature{};
+  bench_mac_speed(scale, "page_mac_gmac", [&](std::span<const std::byte> page) {
+    check(signer->sign(page.first(clm::kPageMacOffset), page, signature), "sign");
+  });
+  // What the pages were signed with before (format 2), for comparison.
+  EVP_MAC* hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (!hmac) die("libcrypto has no HMAC");
+  char digest_name[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest_name, 0), OSSL_PARAM_construct_end()};
+  const std::string secret = "a bench secret of a fair length";
+  std::array<unsigned char, 32> mac{};
+  bench_mac_speed(scale, "hmac_sha256", [&](std::span<const std::byte> page) {
+    EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(hmac);
+    std::size_t length = 0;
+    const bool ok =
+        ctx && EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(secret.data()), secret.size(), params) == 1 &&
+        EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(page.data()), page.size()) == 1 &&
+        EVP_MAC_final(ctx, mac.data(), &length, mac.size()) == 1;
+    EVP_MAC_CTX_free(ctx);
+    if (!ok) die("HMAC-SHA256 failed");
+  });
+  EVP_MAC_free(hmac);
 }
 
 // Fetch + load of a stored prefix with signed pages against the same without,
@@ -557,7 +588,7 @@ void bench_signed_fetch(const Scale& scale, std::mt19937_64& rng, std::string_vi
            signed_gbps, plain_gbps);
   print_figure(kBench,
                fmt::format("signed_fetch_{}_{}_{}", backend, scale.redis_tokens, shape_name(plain.config().pool)),
-               "fetch_load_GB_per_s_hmac", signed_gbps, "GB/s", "fetch_load_GB_per_s_unsigned", plain_gbps);
+               "fetch_load_GB_per_s_signed", signed_gbps, "GB/s", "fetch_load_GB_per_s_unsigned", plain_gbps);
 }
 
 void bench_signed_fetches(const Scale& scale, std::mt19937_64& rng) {
@@ -581,17 +612,18 @@ void bench_signed_fetches(const Scale& scale, std::mt19937_64& rng) {
     return open_redis.url(fmt::format("{}:", name), "timeout_ms=5000");
   });
   ::setenv(kSecretEnv, "deployment secret of the bench, 32+ bytes", 1);
-  StoredPrefixes plain(scale, rng, open_redis.url("auth-plain:", "timeout_ms=5000"), "", "redis_auth_hmac");
+  StoredPrefixes plain(scale, rng, open_redis.url("auth-plain:", "timeout_ms=5000"), "", "redis_auth_signed");
   const std::string auth_url = fmt::format(
       "redis://:bench-redis-password@127.0.0.1:{}/0?prefix=auth-signed:&timeout_ms=5000", auth_redis.port());
-  StoredPrefixes sealed(scale, rng, auth_url, kSecretEnv, "redis_auth_hmac");
+  StoredPrefixes sealed(scale, rng, auth_url, kSecretEnv, "redis_auth_signed");
   const auto m = clm_bench::interleaved_medians(
       scale.redis_runs, [&] { return sealed.fetch() / scale.num_layers; },
       [&] { return plain.fetch() / scale.num_layers; });
   plain.check_clean();
   sealed.check_clean();
-  print_figure(kBench, fmt::format("redis_auth_hmac_fetch_{}_{}", scale.redis_tokens, shape_name(plain.config().pool)),
-               "fetch_load_s_per_layer_auth_hmac", m.part, "s", "fetch_load_s_per_layer_plain", m.baseline);
+  print_figure(kBench,
+               fmt::format("redis_auth_signed_fetch_{}_{}", scale.redis_tokens, shape_name(plain.config().pool)),
+               "fetch_load_s_per_layer_auth_signed", m.part, "s", "fetch_load_s_per_layer_plain", m.baseline);
 }
 
 // ---- 7. one long conversation, turn by turn: store and fetch cost per turn ----
@@ -698,7 +730,7 @@ int main() {
   bench_page_copier(scale, rng);
   bench_gsp_hit_rate(scale);
   bench_redis_fetch(scale, rng);
-  bench_hmac(scale);
+  bench_page_mac(scale);
   bench_signed_fetches(scale, rng);
   bench_conversation_turns(scale, rng);
   progress("done; load average {}", load_average());

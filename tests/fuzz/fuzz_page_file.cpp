@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -129,8 +130,25 @@ void check_decode(std::span<const std::byte> value, const clm::PageKey& key, con
              "payload does not point at the value's payload");
   clm::PageHeaderBytes header;
   FUZZ_CHECK(clm::encode_page_header(key, layout, reader_seal(), payload, header).ok(), "cannot encode");
-  FUZZ_CHECK(std::equal(header.begin(), header.end(), value.begin()),
-             "accepted a header that differs from its encoding (and signature)");
+  const clm::PageSigner* signer = reader_seal().signer.get();
+  if (signer == nullptr) {
+    FUZZ_CHECK(std::equal(header.begin(), header.end(), value.begin()),
+               "accepted a header that differs from its encoding");
+    return;
+  }
+  // Signed, a page draws a fresh nonce each time: all but the signature (and the checksum over it) as encoded,
+  // and the tag the signer computes under the value's own nonce.
+  const std::size_t signature_end = clm::kPageMacOffset + sizeof(clm::PageSignature);
+  FUZZ_CHECK(std::equal(header.begin(), header.begin() + clm::kPageMacOffset, value.begin()) &&
+                 std::equal(header.begin() + signature_end, header.begin() + clm::kPageChecksumOffset,
+                            value.begin() + signature_end),
+             "accepted a header that differs from its encoding");
+  std::array<std::uint8_t, clm::kPageNonceBytes> nonce{};
+  std::memcpy(nonce.data(), value.data() + clm::kPageMacOffset, nonce.size());
+  std::array<std::uint8_t, clm::kPageTagBytes> tag{};
+  FUZZ_CHECK(signer->tag(nonce, std::span(value).first(clm::kPageMacOffset), payload, tag).ok(), "cannot sign");
+  FUZZ_CHECK(std::memcmp(tag.data(), value.data() + clm::kPageMacOffset + nonce.size(), tag.size()) == 0,
+             "accepted a page whose tag is not its signer's");
 }
 
 }  // namespace

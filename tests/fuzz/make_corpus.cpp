@@ -12,6 +12,7 @@
 //   build-fuzz/tests/fuzz/clm_fuzz_make_corpus tests/fuzz/corpus
 #include <sys/stat.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -158,6 +159,15 @@ void pages() {
   auto value = [&](const clm::PageKey& key) {
     clm::PageHeaderBytes header;
     if (!clm::encode_page_header(key, layout, seal, payload, header).ok()) std::abort();
+    // Signing draws a random nonce: a fixed one instead (its tag and checksum anew), so the files stay the same.
+    std::array<std::uint8_t, clm::kPageNonceBytes> nonce{};
+    for (std::size_t i = 0; i < nonce.size(); ++i) nonce[i] = static_cast<std::uint8_t>(i + 1);
+    std::array<std::uint8_t, clm::kPageTagBytes> tag{};
+    if (!seal.signer->tag(nonce, std::span(header).first(clm::kPageMacOffset), payload, tag).ok()) std::abort();
+    std::memcpy(header.data() + clm::kPageMacOffset, nonce.data(), nonce.size());
+    std::memcpy(header.data() + clm::kPageMacOffset + nonce.size(), tag.data(), tag.size());
+    clm::page_file_detail::put_le(header.data() + clm::kPageChecksumOffset,
+                                  clm::page_file_detail::checksum(header, payload), 8);
     Bytes out(header.size() + payload.size());
     std::memcpy(out.data(), header.data(), header.size());
     std::memcpy(out.data() + header.size(), payload.data(), payload.size());

@@ -2,13 +2,13 @@
 // (clm/detail/fast_checksum.hpp): round trips on random pages, signed and
 // not, every header bit flip, sampled payload bit flips, every truncation,
 // foreign keys, layouts and models, unsigned and forged pages, all refused;
-// the header's documented offsets read back by hand, the signature against
-// OpenSSL's one-shot HMAC(); the checksum against a plain byte-wise reference
+// the header's documented offsets read back by hand, the signature's place
+// and tag; the checksum against a plain byte-wise reference
 // and published xxHash64 digests.
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -196,7 +196,7 @@ TEST_CASE("a page round-trips, and its header holds what the format says where i
 
     // Offsets by hand (little-endian).
     CHECK(std::memcmp(value.data(), "CLMKVPG1", 8) == 0);
-    CHECK(read_le(value, 8, 4) == 2);
+    CHECK(read_le(value, 8, 4) == 3);
     CHECK(std::memcmp(value.data() + 12, key.bytes.data(), 32) == 0);
     CHECK(read_le(value, 44, 4) == static_cast<std::uint64_t>(layout.page_size));
     CHECK(read_le(value, 48, 4) == static_cast<std::uint64_t>(layout.num_layers));
@@ -211,18 +211,20 @@ TEST_CASE("a page round-trips, and its header holds what the format says where i
     CHECK(std::memcmp(value.data() + 72, model, 32) == 0);
     CHECK(read_le(value, 104, 4) == (is_signed ? 1u : 0u));
     CHECK(read_le(value, 108, 4) == 0);
-    // The signature: HMAC-SHA256(secret, header 0..112 || payload), by the one-shot HMAC(); zeros unsigned.
-    std::vector<unsigned char> signed_bytes(reinterpret_cast<const unsigned char*>(value.data()),
-                                            reinterpret_cast<const unsigned char*>(value.data()) + 112);
-    signed_bytes.insert(signed_bytes.end(), reinterpret_cast<const unsigned char*>(value.data()) + 152,
-                        reinterpret_cast<const unsigned char*>(value.data()) + value.size());
-    unsigned char mac[32] = {};
-    unsigned int mac_len = 32;
+    // The signature: a nonce, then the GMAC tag over header 0..112 || payload under the page's key (the
+    // signer's tag, itself checked against GMAC from its definition in test_page_seal); zeros unsigned.
+    const auto* raw = reinterpret_cast<const std::uint8_t*>(value.data());
+    std::array<std::uint8_t, 16> tag{};
     if (is_signed) {
-      REQUIRE(HMAC(EVP_sha256(), kSecret, static_cast<int>(std::strlen(kSecret)), signed_bytes.data(),
-                   signed_bytes.size(), mac, &mac_len) != nullptr);
+      std::array<std::uint8_t, 12> nonce{};
+      std::memcpy(nonce.data(), raw + 112, 12);
+      CHECK(std::any_of(nonce.begin(), nonce.end(), [](std::uint8_t b) { return b != 0; }));
+      REQUIRE(seal.signer->tag(nonce, std::span(value).first(112), std::span(value).subspan(152), tag).ok());
+    } else {
+      CHECK(std::all_of(raw + 112, raw + 124, [](std::uint8_t b) { return b == 0; }));
     }
-    CHECK(std::memcmp(value.data() + 112, mac, 32) == 0);
+    CHECK(std::memcmp(raw + 124, tag.data(), 16) == 0);
+    CHECK(read_le(value, 140, 4) == 0);
     // checksum = xxh64(payload, seed = xxh64(header bytes 0..144)), by the reference.
     const std::vector<std::uint8_t> head(reinterpret_cast<const std::uint8_t*>(value.data()),
                                          reinterpret_cast<const std::uint8_t*>(value.data()) + 144);
@@ -372,6 +374,18 @@ TEST_CASE("another model's page, an unsigned page and a forged one are refused, 
   const clm::Status s = decode(old, key, layout, model_a, &fault);
   CHECK(fault == clm::PageFault::damaged);
   CHECK_THAT(s.message(), Catch::Contains("format 1"));
+  // So is a format-2 page (signed with HMAC-SHA256, before per-page GMAC keys).
+  std::vector<std::byte> format2 = sealed;
+  format2[8] = std::byte{2};
+  rewrite_checksum(format2);
+  const clm::Status s2 = decode(format2, key, layout, a_signed, &fault);
+  CHECK(fault == clm::PageFault::damaged);
+  CHECK_THAT(s2.message(), Catch::Contains("format 2"));
+  // A signed page whose reserved bytes after the tag were set (outside what the tag covers) is refused too.
+  std::vector<std::byte> reserved = sealed;
+  reserved[141] = std::byte{1};
+  rewrite_checksum(reserved);
+  CHECK(fault_of(reserved, a_signed) == clm::PageFault::damaged);
 }
 
 TEST_CASE("check_page_layout refuses layouts no page can have", "[tiers][page_file]") {

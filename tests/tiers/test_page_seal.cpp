@@ -1,11 +1,14 @@
 // The page seal (clm/tiers/page_seal.hpp): the model digest against OpenSSL's
-// one-shot SHA-256, the signer against the one-shot HMAC() on fresh random
-// data, page key scopes, and the deployment secret's sources and refusals
+// one-shot SHA-256, the signer against GMAC written from its definition
+// (bitwise GF(2^128), itself checked against a published test vector and
+// OpenSSL's GMAC) on fresh random data, page key scopes, and the deployment secret's sources and refusals
 // (never echoing the secret).
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -33,13 +36,111 @@ std::string write_file(const clm_test::TempDir& dir, const std::string& name, co
   return path;
 }
 
-std::span<const std::byte> as_bytes(const std::vector<std::uint8_t>& v) {
-  return std::as_bytes(std::span(v.data(), v.size()));
+using Bytes = std::vector<std::uint8_t>;
+
+std::span<const std::byte> as_bytes(const Bytes& v) { return std::as_bytes(std::span(v.data(), v.size())); }
+
+Bytes random_bytes(std::mt19937& rng, std::size_t n) {
+  Bytes out(n);
+  for (auto& b : out) b = static_cast<std::uint8_t>(rng());
+  return out;
+}
+
+// One AES-256 block, by OpenSSL's ECB (AES itself is trusted; what is built on it is checked).
+Bytes aes_256_block(const Bytes& key, const Bytes& block) {
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  Bytes out(32);
+  int n = 0, tail = 0;
+  const bool ok = ctx && EVP_EncryptInit_ex(ctx, EVP_aes_256_ecb(), nullptr, key.data(), nullptr) == 1 &&
+                  EVP_CIPHER_CTX_set_padding(ctx, 0) == 1 &&
+                  EVP_EncryptUpdate(ctx, out.data(), &n, block.data(), 16) == 1 &&
+                  EVP_EncryptFinal_ex(ctx, out.data() + n, &tail) == 1;
+  EVP_CIPHER_CTX_free(ctx);
+  REQUIRE(ok);
+  REQUIRE(n == 16);
+  out.resize(16);
+  return out;
+}
+
+// X * Y in GF(2^128), bit by bit as NIST SP 800-38D's Algorithm 1 says.
+Bytes gf128_multiply(const Bytes& x, const Bytes& y) {
+  Bytes z(16, 0), v = y;
+  for (int i = 0; i < 128; ++i) {
+    if ((x[i / 8] >> (7 - i % 8)) & 1) {
+      for (int b = 0; b < 16; ++b) z[b] ^= v[b];
+    }
+    const bool lsb = v[15] & 1;
+    for (int b = 15; b > 0; --b) v[b] = static_cast<std::uint8_t>((v[b] >> 1) | (v[b - 1] << 7));
+    v[0] >>= 1;
+    if (lsb) v[0] ^= 0xe1;
+  }
+  return z;
+}
+
+// GMAC (GCM with nothing to encrypt) from its definition: T = E_K(IV || 1) ^ GHASH_H(A, lengths), H = E_K(0).
+Bytes reference_gmac(const Bytes& key, const Bytes& iv, const Bytes& data) {
+  const Bytes h = aes_256_block(key, Bytes(16, 0));
+  Bytes y(16, 0);
+  auto absorb = [&](const Bytes& block) {
+    for (int b = 0; b < 16; ++b) y[b] ^= block[b];
+    y = gf128_multiply(y, h);
+  };
+  for (std::size_t at = 0; at < data.size(); at += 16) {
+    Bytes block(16, 0);
+    std::copy(data.begin() + at, data.begin() + std::min(data.size(), at + 16), block.begin());
+    absorb(block);
+  }
+  Bytes lengths(16, 0);
+  const std::uint64_t bits = data.size() * 8;
+  for (int b = 0; b < 8; ++b) lengths[7 - b] = static_cast<std::uint8_t>(bits >> (8 * b));
+  absorb(lengths);
+  Bytes j0 = iv;
+  j0.insert(j0.end(), {0, 0, 0, 1});
+  const Bytes mask = aes_256_block(key, j0);
+  for (int b = 0; b < 16; ++b) y[b] ^= mask[b];
+  return y;
+}
+
+// OpenSSL's GMAC through EVP_MAC.
+Bytes openssl_gmac(const Bytes& key, const Bytes& iv, const Bytes& data) {
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, "GMAC", nullptr);
+  REQUIRE(mac != nullptr);
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(mac);
+  char cipher[] = "AES-256-GCM";
+  Bytes iv_copy = iv;
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("cipher", cipher, 0),
+                               OSSL_PARAM_construct_octet_string("iv", iv_copy.data(), iv_copy.size()),
+                               OSSL_PARAM_construct_end()};
+  Bytes out(16);
+  std::size_t n = 0;
+  const bool ok = ctx && EVP_MAC_init(ctx, key.data(), key.size(), params) == 1 &&
+                  EVP_MAC_update(ctx, data.data(), data.size()) == 1 &&
+                  EVP_MAC_final(ctx, out.data(), &n, out.size()) == 1;
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(mac);
+  REQUIRE(ok);
+  REQUIRE(n == 16);
+  return out;
 }
 
 }  // namespace
 
-TEST_CASE("a seal's model is the SHA-256 of the model id, and its signer is HMAC-SHA256", "[tiers][seal]") {
+TEST_CASE("the GMAC reference meets the published test vector and OpenSSL's own GMAC", "[tiers][seal]") {
+  // McGrew and Viega's GCM test case 13: AES-256, zero key and IV, nothing to authenticate.
+  const Bytes zero_key(32, 0), zero_iv(12, 0);
+  const Bytes want = {0x53, 0x0f, 0x8a, 0xfb, 0xc7, 0x45, 0x36, 0xb9, 0xa9, 0x63, 0xb4, 0xf1, 0xc4, 0xcb, 0x73, 0x8b};
+  CHECK(reference_gmac(zero_key, zero_iv, {}) == want);
+  // Non-empty data, against OpenSSL's GMAC (EVP_MAC), a path the signer does not take.
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 20; ++trial) {
+    const Bytes key = random_bytes(rng, 32), iv = random_bytes(rng, 12), data = random_bytes(rng, rng() % 700);
+    CHECK(reference_gmac(key, iv, data) == openssl_gmac(key, iv, data));
+  }
+}
+
+TEST_CASE("a seal's model is the SHA-256 of the model id, and its signer GMAC under a key per nonce", "[tiers][seal]") {
   const std::uint32_t seed = clm_test::fresh_seed();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -56,23 +157,59 @@ TEST_CASE("a seal's model is the SHA-256 of the model id, and its signer is HMAC
     CHECK(std::memcmp(seal.model.data(), digest, 32) == 0);
     REQUIRE(seal.signer != nullptr);
 
-    std::vector<std::uint8_t> first(rng() % 300), second(rng() % 5000);
-    for (auto& b : first) b = static_cast<std::uint8_t>(rng());
-    for (auto& b : second) b = static_cast<std::uint8_t>(rng());
-    clm::Digest32 mac;
-    REQUIRE(seal.signer->mac(as_bytes(first), as_bytes(second), mac).ok());
-    std::vector<std::uint8_t> joined = first;
+    const Bytes first = random_bytes(rng, rng() % 300), second = random_bytes(rng, rng() % 5000);
+    clm::PageSignature signature{}, again{};
+    REQUIRE(seal.signer->sign(as_bytes(first), as_bytes(second), signature).ok());
+    REQUIRE(seal.signer->sign(as_bytes(first), as_bytes(second), again).ok());
+    CHECK(std::memcmp(signature.data(), again.data(), clm::kPageNonceBytes) != 0);  // a fresh nonce each time
+
+    // By hand: K = HMAC-SHA256(secret, label); the page key = AES_K(le32(0) || N) || AES_K(le32(1) || N).
+    const std::string label = "clmcache page mac v1";
+    unsigned char derive_key[32];
+    unsigned int derive_len = 0;
+    REQUIRE(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+                 reinterpret_cast<const unsigned char*>(label.data()), label.size(), derive_key,
+                 &derive_len) != nullptr);
+    const Bytes nonce(signature.begin(), signature.begin() + clm::kPageNonceBytes);
+    Bytes page_key;
+    for (std::uint8_t i = 0; i < 2; ++i) {
+      Bytes block(16, 0);
+      block[0] = i;
+      std::copy(nonce.begin(), nonce.end(), block.begin() + 4);
+      const Bytes out = aes_256_block(Bytes(derive_key, derive_key + 32), block);
+      page_key.insert(page_key.end(), out.begin(), out.end());
+    }
+    Bytes joined = first;
     joined.insert(joined.end(), second.begin(), second.end());
-    unsigned char want[32];
-    unsigned int want_len = 0;
-    REQUIRE(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), joined.data(), joined.size(), want,
-                 &want_len) != nullptr);
-    CHECK(std::memcmp(mac.data(), want, 32) == 0);
+    const Bytes want = reference_gmac(page_key, nonce, joined);
+    CHECK(Bytes(signature.begin() + clm::kPageNonceBytes, signature.end()) == want);
+
     bool matches = false;
-    REQUIRE(seal.signer->verify(as_bytes(first), as_bytes(second), std::as_bytes(std::span(want)), matches).ok());
+    REQUIRE(seal.signer->verify(as_bytes(first), as_bytes(second), std::as_bytes(std::span(signature)), matches).ok());
     CHECK(matches);
-    want[rng() % 32] ^= static_cast<unsigned char>(1u << (rng() % 8));
-    REQUIRE(seal.signer->verify(as_bytes(first), as_bytes(second), std::as_bytes(std::span(want)), matches).ok());
+    REQUIRE(seal.signer->verify(as_bytes(first), as_bytes(second), std::as_bytes(std::span(again)), matches).ok());
+    CHECK(matches);
+    clm::PageSignature flipped = signature;
+    flipped[rng() % flipped.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));  // nonce or tag
+    REQUIRE(seal.signer->verify(as_bytes(first), as_bytes(second), std::as_bytes(std::span(flipped)), matches).ok());
+    CHECK_FALSE(matches);
+    REQUIRE(
+        seal.signer->verify(as_bytes(first), as_bytes(second), std::as_bytes(std::span(signature)).first(27), matches)
+            .ok());
+    CHECK_FALSE(matches);  // a short signature never matches
+    if (!second.empty()) {
+      Bytes changed = second;
+      changed[rng() % changed.size()] ^= 1;
+      REQUIRE(
+          seal.signer->verify(as_bytes(first), as_bytes(changed), std::as_bytes(std::span(signature)), matches).ok());
+      CHECK_FALSE(matches);
+    }
+    // Another secret's signer never accepts it.
+    std::string other_secret = secret;
+    other_secret[rng() % other_secret.size()] ^= 1;
+    clm::PageSeal other;
+    REQUIRE(clm::PageSeal::create(model, other_secret, other).ok());
+    REQUIRE(other.signer->verify(as_bytes(first), as_bytes(second), std::as_bytes(std::span(signature)), matches).ok());
     CHECK_FALSE(matches);
   }
 }

@@ -14,19 +14,21 @@
 //   CLM_RETURN_IF_ERROR(clm::decode_page(value, key, layout, seal, payload_back, fault));  // points into value
 //
 // Header (little-endian):
-//    0  8 bytes magic "CLMKVPG1"     8  u32 format (2)       12  32 bytes PageKey
+//    0  8 bytes magic "CLMKVPG1"     8  u32 format (3)       12  32 bytes PageKey
 //   44  i32 page_size               48  i32 num_layers      52  i32 kv_heads
 //   56  i32 head_dim                60  u32 dtype (KvDType)  64  u64 payload bytes
 //   72  32 bytes model digest (PageSeal::model)             104  u32 flags (bit 0: signed)
-//  108  u32 0                      112  32 bytes HMAC-SHA256 (zero when unsigned)
-//  144  u64 checksum               152  payload
-// HMAC = HMAC-SHA256(secret, header bytes 0..112 || payload): the key, the
-// layout, the model and the flags, and every payload byte.
+//  108  u32 0                      112  12 bytes nonce, 124  16 bytes tag
+//  140  u32 0                      144  u64 checksum         152  payload
+// The nonce and tag are the page's signature (PageSigner, page_seal.hpp;
+// zeros when unsigned): tag = AES-256-GMAC under the page's own key, over
+// header bytes 0..112 || payload (the key, the layout, the model, the flags
+// and every payload byte).
 // checksum = fast_checksum(payload, seed = fast_checksum(header bytes 0..144)):
 // a cheap check for torn and flipped pages, run first, with no copy of the
-// payload. A reader refuses: format 1 pages (no model), another model's
-// digest, an unsigned page when it has a secret, a signed one when it has
-// none, and a wrong HMAC.
+// payload. A reader refuses: other formats (1: no model; 2: HMAC-SHA256
+// signatures), another model's digest, an unsigned page when it has a
+// secret, a signed one when it has none, and a wrong signature.
 #pragma once
 
 #include <array>
@@ -48,13 +50,14 @@
 namespace clm {
 
 inline constexpr std::array<char, 8> kPageMagic = {'C', 'L', 'M', 'K', 'V', 'P', 'G', '1'};
-inline constexpr std::uint32_t kPageFormat = 2;
+inline constexpr std::uint32_t kPageFormat = 3;
 inline constexpr std::size_t kPageHeaderSize = 152;
 inline constexpr std::size_t kPageModelOffset = 72;
 inline constexpr std::size_t kPageFlagsOffset = 104;
 inline constexpr std::size_t kPageMacOffset = 112;
 inline constexpr std::size_t kPageChecksumOffset = 144;
 inline constexpr std::uint32_t kPageFlagSigned = 1;
+static_assert(kPageMacOffset + sizeof(PageSignature) + 4 == kPageChecksumOffset);
 
 // Why a stored value was refused, for the backends' counts (StorageStats).
 enum class PageFault : std::uint8_t {
@@ -127,9 +130,9 @@ inline Status encode_page_header(const PageKey& key, const PageLayout& layout, c
   std::memcpy(h.data() + kPageModelOffset, seal.model.data(), seal.model.size());
   if (seal.signer) {
     put_le(h.data() + kPageFlagsOffset, kPageFlagSigned, 4);
-    Digest32 mac;
-    CLM_RETURN_IF_ERROR(seal.signer->mac(std::span(h).first(kPageMacOffset), payload, mac));
-    std::memcpy(h.data() + kPageMacOffset, mac.data(), mac.size());
+    PageSignature signature;
+    CLM_RETURN_IF_ERROR(seal.signer->sign(std::span(h).first(kPageMacOffset), payload, signature));
+    std::memcpy(h.data() + kPageMacOffset, signature.data(), signature.size());
   }
   put_le(h.data() + kPageChecksumOffset, page_file_detail::checksum(h, payload), 8);
   out = h;
@@ -153,7 +156,9 @@ inline Status check_page_header(std::span<const std::byte> header, const PageKey
   }
   if (const std::uint64_t format = get_le(header.data() + 8, 4); format != kPageFormat) {
     return invalid_argument(fmt::format("page: format {}, expected {}{}", format, kPageFormat,
-                                        format == 1 ? " (format 1 pages name no model)" : ""));
+                                        format == 1   ? " (format 1 pages name no model)"
+                                        : format == 2 ? " (format 2 pages are signed with HMAC-SHA256)"
+                                                      : ""));
   }
   if (std::memcmp(header.data() + 12, expected_key.bytes.data(), expected_key.bytes.size()) != 0) {
     return invalid_argument("page: stored under another key");
@@ -177,8 +182,9 @@ inline Status check_page_header(std::span<const std::byte> header, const PageKey
         fmt::format("page: {} payload bytes where the layout has {}", payload_bytes, expected_layout.page_bytes()));
   }
   const std::uint64_t flags = get_le(header.data() + kPageFlagsOffset, 4);
-  if ((flags & ~std::uint64_t{kPageFlagSigned}) != 0 || get_le(header.data() + kPageFlagsOffset + 4, 4) != 0) {
-    return invalid_argument(fmt::format("page: unknown flags {:#x}", flags));
+  if ((flags & ~std::uint64_t{kPageFlagSigned}) != 0 || get_le(header.data() + kPageFlagsOffset + 4, 4) != 0 ||
+      get_le(header.data() + kPageMacOffset + sizeof(PageSignature), 4) != 0) {
+    return invalid_argument(fmt::format("page: unknown flags {:#x}, or reserved bytes set", flags));
   }
   if (std::memcmp(header.data() + kPageModelOffset, seal.model.data(), seal.model.size()) != 0) {
     fault = PageFault::foreign_model;
@@ -198,7 +204,7 @@ inline Status check_page_header(std::span<const std::byte> header, const PageKey
 }
 
 // Whether a header that check_page_header passed belongs with `payload`: its
-// checksum, then (with a secret) its HMAC, compared in constant time.
+// checksum, then (with a secret) its signature, compared in constant time.
 inline Status check_page_body(std::span<const std::byte> header, std::span<const std::byte> payload,
                               const PageSeal& seal, PageFault& fault) {
   fault = PageFault::damaged;
@@ -208,7 +214,7 @@ inline Status check_page_body(std::span<const std::byte> header, std::span<const
   if (seal.signer) {
     bool matches = false;
     CLM_RETURN_IF_ERROR(seal.signer->verify(header.first(kPageMacOffset), payload,
-                                            header.subspan(kPageMacOffset, sizeof(Digest32)), matches));
+                                            header.subspan(kPageMacOffset, sizeof(PageSignature)), matches));
     if (!matches) {
       fault = PageFault::forged;
       return invalid_argument("page: signature mismatch (forged, or signed with another secret)");

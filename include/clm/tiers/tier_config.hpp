@@ -6,7 +6,7 @@
 //   config.tiers.write_policy = clm::WritePolicy::write_through_selective;
 //   config.tiers.storage_url = "redis://127.0.0.1:6379/0?prefix=clm:&ttl=3600";  // L3
 //   config.model_id = "llama-3-8b@sha256:9f2c...";  // required with L3: pages are this model's
-//   config.tiers.page_secret_file = "/etc/clm/page.key";  // optional: pages signed (HMAC-SHA256)
+//   config.tiers.page_secret_file = "/etc/clm/page.key";  // optional: pages signed (AES-256-GMAC)
 //   config.tiers.prefetch_policy = clm::PrefetchPolicy::timeout;
 //
 // L1 is the Engine's pool; L2 a host-memory pool of host_pages pages of the

@@ -431,7 +431,7 @@ pub struct EngineOptions {
     /// storage tier.
     pub model_id: Option<String>,
     /// A file (not readable by everyone) holding the deployment secret that
-    /// signs every stored page (HMAC-SHA256).
+    /// signs every stored page (AES-256-GMAC).
     pub page_secret_file: Option<PathBuf>,
     /// ... or the name of the environment variable holding it (at most one).
     pub page_secret_env: Option<String>,
