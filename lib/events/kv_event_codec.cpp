@@ -18,7 +18,54 @@ namespace {
 
 constexpr std::string_view kStored = "BlockStored", kRemoved = "BlockRemoved", kCleared = "AllBlocksCleared";
 
-using Packer = msgpack::packer<msgpack::sbuffer>;
+// msgpack-c's stream over the caller's string: a publisher that encodes each
+// batch into the same string reuses its capacity, so a steady stream of
+// batches allocates (and page-faults in) no new memory.
+struct StringStream {
+  std::string& out;
+  void write(const char* data, std::size_t n) { out.append(data, n); }
+};
+using Packer = msgpack::packer<StringStream>;
+
+// One int32 as msgpack-c's pack_int32 writes it (the shortest form); returns
+// the byte after it.
+char* put_int32(char* at, std::int32_t v) {
+  const auto u = static_cast<std::uint32_t>(v);
+  auto put_be = [&](unsigned char tag, int bytes) {
+    *at++ = static_cast<char>(tag);
+    for (int b = bytes - 1; b >= 0; --b) *at++ = static_cast<char>((u >> (8 * b)) & 0xffu);
+  };
+  if (v < -(1 << 5)) {
+    if (v < -(1 << 15)) {
+      put_be(0xd2, 4);
+    } else if (v < -(1 << 7)) {
+      put_be(0xd1, 2);
+    } else {
+      put_be(0xd0, 1);
+    }
+  } else if (v < (1 << 7)) {
+    *at++ = static_cast<char>(u & 0xffu);  // positive or negative fixint
+  } else if (v < (1 << 8)) {
+    put_be(0xcc, 1);
+  } else if (v < (1 << 16)) {
+    put_be(0xcd, 2);
+  } else {
+    put_be(0xce, 4);
+  }
+  return at;
+}
+
+// An array of token ids, written in one pass into room made for the longest
+// form (five bytes an id) instead of one stream write per id: token ids are
+// most of a batch's bytes.
+void pack_token_ids(Packer& p, std::string& out, const std::vector<std::int32_t>& ids) {
+  p.pack_array(static_cast<std::uint32_t>(ids.size()));
+  const std::size_t at = out.size();
+  out.resize(at + 5 * ids.size());
+  char* w = out.data() + at;
+  for (std::int32_t t : ids) w = put_int32(w, t);
+  out.resize(static_cast<std::size_t>(w - out.data()));
+}
 
 void pack_string(Packer& p, std::string_view s) {
   p.pack_str(static_cast<std::uint32_t>(s.size()));
@@ -45,7 +92,7 @@ void pack_extra_keys(Packer& p, const KvEvent& e) {
 
 // Always 0xcb and 8 bytes of IEEE float64: msgpack-c's pack_double writes a
 // whole number as an integer, and AIBrix refuses a ts that is not a float64.
-void pack_float64(msgpack::sbuffer& buffer, double d) {
+void pack_float64(StringStream& buffer, double d) {
   std::uint64_t bits;
   std::memcpy(&bits, &d, sizeof bits);
   char out[9];
@@ -73,7 +120,7 @@ Status check_event(const KvEvent& e) {
   return {};
 }
 
-void pack_event_array(Packer& p, const KvEvent& e, bool legacy) {
+void pack_event_array(Packer& p, std::string& out, const KvEvent& e, bool legacy) {
   switch (e.kind) {
     case KvEventKind::block_stored:
       p.pack_array(legacy ? 7 : 12);
@@ -84,8 +131,7 @@ void pack_event_array(Packer& p, const KvEvent& e, bool legacy) {
       } else {
         p.pack_nil();
       }
-      p.pack_array(static_cast<std::uint32_t>(e.token_ids.size()));
-      for (std::int32_t t : e.token_ids) p.pack_int32(t);
+      pack_token_ids(p, out, e.token_ids);
       p.pack_int32(e.block_size);
       pack_optional_int(p, e.lora_id);
       pack_string(p, kv_medium_name(e.medium));
@@ -111,7 +157,7 @@ void pack_event_array(Packer& p, const KvEvent& e, bool legacy) {
 }
 
 // vLLM's map events: the fields without a default always, the others only when set.
-void pack_event_map(Packer& p, const KvEvent& e) {
+void pack_event_map(Packer& p, std::string& out, const KvEvent& e) {
   switch (e.kind) {
     case KvEventKind::block_stored:
       p.pack_map(e.extra_key.empty() ? 10 : 11);
@@ -126,8 +172,7 @@ void pack_event_map(Packer& p, const KvEvent& e) {
         p.pack_nil();
       }
       pack_string(p, "token_ids");
-      p.pack_array(static_cast<std::uint32_t>(e.token_ids.size()));
-      for (std::int32_t t : e.token_ids) p.pack_int32(t);
+      pack_token_ids(p, out, e.token_ids);
       pack_string(p, "block_size");
       p.pack_int32(e.block_size);
       pack_string(p, "lora_id");
@@ -381,22 +426,23 @@ std::string_view kv_medium_name(KvMedium medium) { return medium == KvMedium::cp
 Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, std::string& out) {
   if (!std::isfinite(batch.ts)) return invalid_argument("KV event batch: ts is not a finite number of seconds");
   for (const KvEvent& e : batch.events) CLM_RETURN_IF_ERROR(check_event(e));
+  out.clear();  // its capacity stays
   try {
-    msgpack::sbuffer buffer;
-    Packer p(buffer);
+    StringStream stream{out};
+    Packer p(stream);
     p.pack_array(3);
-    pack_float64(buffer, batch.ts);
+    pack_float64(stream, batch.ts);
     p.pack_array(static_cast<std::uint32_t>(batch.events.size()));
     for (const KvEvent& e : batch.events) {
       if (layout == KvEventLayout::map) {
-        pack_event_map(p, e);
+        pack_event_map(p, out, e);
       } else {
-        pack_event_array(p, e, layout == KvEventLayout::legacy);
+        pack_event_array(p, out, e, layout == KvEventLayout::legacy);
       }
     }
     pack_optional_int(p, batch.data_parallel_rank);
-    out.assign(buffer.data(), buffer.size());
   } catch (const std::bad_alloc&) {
+    out.clear();
     return out_of_memory("KV event batch: out of memory encoding it");
   }
   return {};

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -101,12 +102,47 @@ Status attach(zmq::socket_t& socket, const std::string& endpoint, bool bind, con
   return {};
 }
 
+// Payloads ZeroMQ sends without a copy and hands back once sent (from its
+// I/O thread), so that their storage serves batch after batch: a copy per
+// batch, or a fresh buffer each time, meant large allocations and frees on
+// two threads, whose page faults and TLB shootdowns reached the engine's
+// thread too.
+struct PayloadPool {
+  struct Payload {
+    PayloadPool* pool;
+    std::string bytes;
+  };
+  static constexpr std::size_t kMaxFree = 8;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Payload>> free;
+
+  PayloadPool() { free.reserve(kMaxFree); }
+  std::unique_ptr<Payload> get() {
+    {
+      std::lock_guard guard(mutex);
+      if (!free.empty()) {
+        std::unique_ptr<Payload> p = std::move(free.back());
+        free.pop_back();
+        return p;
+      }
+    }
+    return std::unique_ptr<Payload>(new Payload{this, {}});
+  }
+  // ZeroMQ's free function (zmq_msg_init_data): the message was sent or dropped.
+  static void give_back(void*, void* hint) noexcept {
+    std::unique_ptr<Payload> p(static_cast<Payload*>(hint));
+    std::lock_guard guard(p->pool->mutex);
+    if (p->pool->free.size() < kMaxFree) p->pool->free.push_back(std::move(p));  // within capacity
+  }
+};
+
 }  // namespace
 
 struct KvEventPublisher::State {
   KvEventsConfig config;
   KvEventRecorder& recorder;
   std::function<void()> resync;
+  PayloadPool payloads;  // before the context: messages still queued give their payloads back as it closes
   zmq::context_t context{1};
   zmq::socket_t pub;  // none with a sink
   zmq::socket_t router;
@@ -117,8 +153,10 @@ struct KvEventPublisher::State {
   std::atomic<bool> in_flight{false};  // events taken from the recorder and not yet sent
   std::mutex stop_mutex;               // one stop() joins the thread
 
-  // The thread's own: the replay buffer and the sequence.
+  // The thread's own: the replay buffer (with a replay socket only), and the
+  // string each batch is encoded into (its storage kept from batch to batch).
   std::deque<std::pair<std::uint64_t, std::string>> buffer;
+  std::string encoded;
 
   std::atomic<std::uint64_t> published_events{0}, published_batches{0}, replay_requests{0}, replay_refused{0},
       send_failures{0}, next_sequence{0};
@@ -155,7 +193,15 @@ struct KvEventPublisher::State {
         send_failures.fetch_add(1, std::memory_order_relaxed);
       }
     } else {
-      std::string payload;
+      const bool keep_for_replay = config.buffer_batches > 0 && !config.replay_endpoint.empty();
+      std::unique_ptr<PayloadPool::Payload> lent;  // without replay: encoded in a pooled payload, sent without a copy
+      try {
+        if (!keep_for_replay) lent = payloads.get();
+      } catch (const std::bad_alloc&) {
+        send_failures.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      std::string& payload = lent ? lent->bytes : encoded;
       if (!encode_kv_event_batch(batch, config.layout, payload).ok()) {
         send_failures.fetch_add(1, std::memory_order_relaxed);
         return;
@@ -163,13 +209,28 @@ struct KvEventPublisher::State {
       try {
         (void)pub.send(zmq::buffer(config.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
         (void)pub.send(zmq::buffer(be64(seq)), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-        (void)pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+        if (lent) {
+          zmq::message_t message(payload.data(), payload.size(), &PayloadPool::give_back, lent.get());
+          (void)lent.release();  // the message's now: ZeroMQ gives it back, sent or not
+          (void)pub.send(std::move(message), zmq::send_flags::dontwait);
+        } else {
+          (void)pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+        }
       } catch (const zmq::error_t&) {
         send_failures.fetch_add(1, std::memory_order_relaxed);
       }
-      if (config.buffer_batches > 0) {
-        if (buffer.size() == static_cast<std::size_t>(config.buffer_batches)) buffer.pop_front();
-        buffer.emplace_back(seq, std::move(payload));
+      if (keep_for_replay) {
+        try {
+          std::string oldest;
+          if (buffer.size() == static_cast<std::size_t>(config.buffer_batches)) {
+            oldest = std::move(buffer.front().second);
+            buffer.pop_front();
+          }
+          buffer.emplace_back(seq, std::move(encoded));
+          encoded = std::move(oldest);  // the oldest batch's storage serves the next one
+        } catch (const std::bad_alloc&) {
+          send_failures.fetch_add(1, std::memory_order_relaxed);  // sent, but not kept for replay
+        }
       }
     }
     next_sequence.store(seq + 1, std::memory_order_relaxed);

@@ -172,7 +172,6 @@ KvEvent KvEventRecorder::spare_event() noexcept {
   if (local_spares_.empty()) {
     std::lock_guard guard(queue_mutex_);
     local_spares_.swap(spares_);  // no allocation: the two buffers change hands
-    spare_tokens_ = 0;
   }
   if (local_spares_.empty()) return KvEvent{};
   KvEvent e = std::move(local_spares_.back());
@@ -181,24 +180,28 @@ KvEvent KvEventRecorder::spare_event() noexcept {
 }
 
 void KvEventRecorder::recycle(std::vector<KvEvent>& used) noexcept {
-  {
-    std::lock_guard guard(queue_mutex_);
-    for (KvEvent& e : used) {
-      if (spares_.size() >= kMaxSpares) break;
-      const std::size_t tokens = e.token_ids.capacity();
-      if (tokens > kMaxSpareTokens || spare_tokens_ + tokens > kMaxSpareTokenTotal) continue;
-      if (spares_.size() == spares_.capacity() && spares_.capacity() < kMaxSpares) {
-        try {
-          spares_.reserve(std::min(kMaxSpares, std::max<std::size_t>(64, 2 * spares_.capacity())));
-        } catch (const std::bad_alloc&) {
-          break;
-        }
+  // Sorted into returned_ (the taking thread's own) outside the lock; under
+  // it, only a swap, so the recording thread never waits on this loop.
+  for (KvEvent& e : used) {
+    if (returned_.size() >= kMaxSpares) break;
+    const std::size_t tokens = e.token_ids.capacity();
+    if (tokens > kMaxSpareTokens || returned_tokens_ + tokens > kMaxSpareTokenTotal) continue;
+    if (returned_.size() == returned_.capacity()) {
+      try {
+        returned_.reserve(std::min(kMaxSpares, std::max<std::size_t>(64, 2 * returned_.capacity())));
+      } catch (const std::bad_alloc&) {
+        break;
       }
-      spares_.push_back(std::move(e));  // within capacity: cannot throw
-      spare_tokens_ += tokens;
     }
+    returned_.push_back(std::move(e));  // within capacity: cannot throw
+    returned_tokens_ += tokens;
   }
   used.clear();
+  std::lock_guard guard(queue_mutex_);
+  if (spares_.empty()) {  // else the recording thread has not used the last ones yet: these wait
+    spares_.swap(returned_);
+    returned_tokens_ = 0;
+  }
 }
 
 void KvEventRecorder::push(KvEvent&& event) noexcept {

@@ -5,9 +5,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <msgpack.hpp>
 
 #include "clm/events/kv_event.hpp"
 #include "test_support.hpp"
@@ -112,6 +116,58 @@ TEST_CASE("KV events: random batches come back equal from every layout") {
       for (char c : payload) cf += static_cast<unsigned char>(c) == 0xcf;
       CHECK(cf >= hashes);
     }
+  }
+}
+
+TEST_CASE("KV events: token ids take msgpack-c's shortest form at every boundary, and reuse leaves nothing behind") {
+  // The encoder writes token ids itself (one pass, no stream call per id): each must be the bytes msgpack-c's
+  // own pack_int32 writes, from the int32 extremes through every width's edges.
+  const std::vector<std::int32_t> edges = {std::numeric_limits<std::int32_t>::min(),
+                                           -32769,
+                                           -32768,
+                                           -129,
+                                           -128,
+                                           -33,
+                                           -32,
+                                           -1,
+                                           0,
+                                           1,
+                                           127,
+                                           128,
+                                           255,
+                                           256,
+                                           65535,
+                                           65536,
+                                           151642,
+                                           std::numeric_limits<std::int32_t>::max()};
+  const std::uint32_t seed = clm_test::fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::string payload(100000, 'x');  // a longer earlier payload: replaced, not appended to
+  for (int round = 0; round < 50; ++round) {
+    clm::KvEvent e;
+    e.kind = clm::KvEventKind::block_stored;
+    e.block_size = static_cast<std::int32_t>(1 + rng() % 8);
+    e.block_hashes.resize(1 + rng() % 6);
+    e.token_ids.resize(e.block_hashes.size() * static_cast<std::size_t>(e.block_size));
+    for (auto& t : e.token_ids) {
+      const std::int32_t edge = edges[rng() % edges.size()];
+      t = rng() % 2 ? edge : static_cast<std::int32_t>(static_cast<std::uint32_t>(rng()));
+    }
+    clm::KvEventBatch batch{.ts = 1.5, .events = {e}, .data_parallel_rank = std::nullopt};
+    REQUIRE(clm::encode_kv_event_batch(batch, clm::KvEventLayout::array, payload).ok());
+    msgpack::sbuffer want;
+    msgpack::packer<msgpack::sbuffer> packer(want);
+    packer.pack_array(static_cast<std::uint32_t>(e.token_ids.size()));
+    for (std::int32_t t : e.token_ids) packer.pack_int32(t);
+    const std::string ids(want.data(), want.size());
+    CHECK(payload.find(ids) != std::string::npos);
+    // Decoders take ids of 0 and up (an engine has no others): the same batch without negatives comes back equal.
+    for (auto& t : batch.events[0].token_ids) t &= std::numeric_limits<std::int32_t>::max();
+    REQUIRE(clm::encode_kv_event_batch(batch, clm::KvEventLayout::array, payload).ok());
+    clm::KvEventBatch back;
+    REQUIRE(clm::decode_kv_event_batch(payload, back).ok());
+    CHECK(back == batch);
   }
 }
 

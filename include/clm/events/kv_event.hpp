@@ -75,10 +75,12 @@ struct KvEventBatch {
 // Limits a decoder holds any payload to, whatever it claims.
 inline constexpr std::size_t kMaxKvEventPayloadBytes = 64u << 20;
 
-// Appends nothing on error: `out` is replaced only when the whole batch
-// encodes. invalid_argument for what cannot be sent as it is (a ts that is
-// not finite, token ids that are neither none nor block_hashes.size() * block_size, a
-// block size under 1).
+// `out` is replaced by the payload, in its own storage (a publisher encodes
+// every batch into one string, which then allocates nothing batch after
+// batch). invalid_argument, `out` untouched, for what cannot be sent as it is
+// (a ts that is not finite, token ids that are neither none nor
+// block_hashes.size() * block_size, a block size under 1); out_of_memory
+// leaves `out` empty.
 Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, std::string& out);
 
 // Any of the three layouts, and vLLM's shorter arrays of earlier versions.

@@ -77,7 +77,9 @@ class KvEventRecorder final : public RadixTreeObserver {
   // and the recording thread's heap grows and faults in new pages). Keeps
   // at most kMaxSpares events (a burst's worth: an engine records thousands
   // between two batches), none holding more than kMaxSpareTokens ids, and at
-  // most kMaxSpareTokenTotal ids of storage in all (8 MiB).
+  // most kMaxSpareTokenTotal ids of storage in all (8 MiB). Called from the
+  // thread that calls take (one thread); holds the lock the recording thread
+  // pushes under for a swap only.
   void recycle(std::vector<KvEvent>& used) noexcept;
   static constexpr std::size_t kMaxSpares = 16384;
   static constexpr std::size_t kMaxSpareTokens = 8192;
@@ -146,9 +148,13 @@ class KvEventRecorder final : public RadixTreeObserver {
   // taking thread would free.
   std::vector<KvEvent> queue_;
   std::size_t queue_head_ = 0;
-  std::vector<KvEvent> spares_;        // handed back by recycle()
-  std::size_t spare_tokens_ = 0;       // the token-id capacity spares_ holds
+  std::vector<KvEvent> spares_;        // handed back by recycle(), for the recording thread to take
   std::vector<KvEvent> local_spares_;  // the owner's lock: spares_ taken in one swap
+  // The taking thread's own: events handed back and not yet in spares_ (which
+  // they replace in one swap once the recording thread has emptied it), and
+  // the token-id capacity they hold.
+  std::vector<KvEvent> returned_;
+  std::size_t returned_tokens_ = 0;
   std::chrono::steady_clock::time_point oldest_{};
   std::size_t wake_threshold_ = 0;
   std::function<void()> wake_;
