@@ -58,7 +58,7 @@ char* put_int32(char* at, std::int32_t v) {
 // An array of token ids, written in one pass into room made for the longest
 // form (five bytes an id) instead of one stream write per id: token ids are
 // most of a batch's bytes.
-void pack_token_ids(Packer& p, std::string& out, const std::vector<std::int32_t>& ids) {
+void pack_token_ids(Packer& p, std::string& out, std::span<const std::int32_t> ids) {
   p.pack_array(static_cast<std::uint32_t>(ids.size()));
   const std::size_t at = out.size();
   out.resize(at + 5 * ids.size());
@@ -73,12 +73,12 @@ void pack_string(Packer& p, std::string_view s) {
 }
 
 // Always 0xcf and 8 bytes: llm-d refuses hashes in narrower integers.
-void pack_hashes(Packer& p, const std::vector<std::uint64_t>& hashes) {
+void pack_hashes(Packer& p, std::span<const std::uint64_t> hashes) {
   p.pack_array(static_cast<std::uint32_t>(hashes.size()));
   for (std::uint64_t h : hashes) p.pack_fix_uint64(h);
 }
 
-void pack_extra_keys(Packer& p, const KvEvent& e) {
+void pack_extra_keys(Packer& p, const KvEventView& e) {
   p.pack_array(static_cast<std::uint32_t>(e.block_hashes.size()));
   for (std::size_t i = 0; i < e.block_hashes.size(); ++i) {
     if (e.extra_key.empty()) {
@@ -109,7 +109,7 @@ void pack_optional_int(Packer& p, const std::optional<std::int32_t>& v) {
   }
 }
 
-Status check_event(const KvEvent& e) {
+Status check_event(const KvEventView& e) {
   if (e.kind != KvEventKind::block_stored) return {};
   if (e.block_size < 1) return invalid_argument(fmt::format("KV event: block_size {} (>= 1 expected)", e.block_size));
   // None at all is allowed: KvEventsConfig::token_ids off.
@@ -120,7 +120,7 @@ Status check_event(const KvEvent& e) {
   return {};
 }
 
-void pack_event_array(Packer& p, std::string& out, const KvEvent& e, bool legacy) {
+void pack_event_array(Packer& p, std::string& out, const KvEventView& e, bool legacy) {
   switch (e.kind) {
     case KvEventKind::block_stored:
       p.pack_array(legacy ? 7 : 12);
@@ -157,7 +157,7 @@ void pack_event_array(Packer& p, std::string& out, const KvEvent& e, bool legacy
 }
 
 // vLLM's map events: the fields without a default always, the others only when set.
-void pack_event_map(Packer& p, std::string& out, const KvEvent& e) {
+void pack_event_map(Packer& p, std::string& out, const KvEventView& e) {
   switch (e.kind) {
     case KvEventKind::block_stored:
       p.pack_map(e.extra_key.empty() ? 10 : 11);
@@ -423,29 +423,41 @@ std::string_view kv_event_tag(KvEventKind kind) {
 
 std::string_view kv_medium_name(KvMedium medium) { return medium == KvMedium::cpu ? "CPU" : "GPU"; }
 
-Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, std::string& out) {
-  if (!std::isfinite(batch.ts)) return invalid_argument("KV event batch: ts is not a finite number of seconds");
-  for (const KvEvent& e : batch.events) CLM_RETURN_IF_ERROR(check_event(e));
+Status encode_kv_event_views(double ts, std::span<const KvEventView> events,
+                             std::optional<std::int32_t> data_parallel_rank, KvEventLayout layout, std::string& out) {
+  if (!std::isfinite(ts)) return invalid_argument("KV event batch: ts is not a finite number of seconds");
+  for (const KvEventView& e : events) CLM_RETURN_IF_ERROR(check_event(e));
   out.clear();  // its capacity stays
   try {
     StringStream stream{out};
     Packer p(stream);
     p.pack_array(3);
-    pack_float64(stream, batch.ts);
-    p.pack_array(static_cast<std::uint32_t>(batch.events.size()));
-    for (const KvEvent& e : batch.events) {
+    pack_float64(stream, ts);
+    p.pack_array(static_cast<std::uint32_t>(events.size()));
+    for (const KvEventView& e : events) {
       if (layout == KvEventLayout::map) {
         pack_event_map(p, out, e);
       } else {
         pack_event_array(p, out, e, layout == KvEventLayout::legacy);
       }
     }
-    pack_optional_int(p, batch.data_parallel_rank);
+    pack_optional_int(p, data_parallel_rank);
   } catch (const std::bad_alloc&) {
     out.clear();
     return out_of_memory("KV event batch: out of memory encoding it");
   }
   return {};
+}
+
+Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, std::string& out) {
+  std::vector<KvEventView> views;
+  try {
+    views.reserve(batch.events.size());
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("KV event batch: out of memory encoding it");
+  }
+  for (const KvEvent& e : batch.events) views.push_back(KvEventView::of(e));
+  return encode_kv_event_views(batch.ts, views, batch.data_parallel_rank, layout, out);
 }
 
 Status decode_kv_event_batch(std::string_view payload, KvEventBatch& out) {

@@ -157,6 +157,8 @@ struct KvEventPublisher::State {
   // string each batch is encoded into (its storage kept from batch to batch).
   std::deque<std::pair<std::uint64_t, std::string>> buffer;
   std::string encoded;
+  std::vector<KvEvent> events;           // a sink's batch, kept from batch to batch
+  std::vector<KvEventView> batch_views;  // a socket's batch, into the recorder's log
 
   std::atomic<std::uint64_t> published_events{0}, published_batches{0}, replay_requests{0}, replay_refused{0},
       send_failures{0}, next_sequence{0};
@@ -174,25 +176,26 @@ struct KvEventPublisher::State {
     (void)!::write(wake_fd, &one, sizeof one);
   }
 
-  // Sends `events` as one batch; they are still in `events` after (for recycling).
-  void send_batch(std::vector<KvEvent>& events) {
-    KvEventBatch batch;
-    batch.ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    batch.events.swap(events);
-    struct GiveBack {
-      std::vector<KvEvent>& from;
-      std::vector<KvEvent>& to;
-      ~GiveBack() { to.swap(from); }
-    } give_back{batch.events, events};
-    batch.data_parallel_rank = config.data_parallel_rank;
+  // The next batch of at most `max` events, to the sink (as events) or the
+  // socket (encoded straight from the recorder's log); numbered and counted.
+  void send_batch(std::size_t max) {
+    const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const std::uint64_t seq = next_sequence.load(std::memory_order_relaxed);
+    std::size_t sent = 0;
     if (config.sink) {
+      KvEventBatch batch;
+      batch.ts = ts;
+      batch.data_parallel_rank = config.data_parallel_rank;
+      batch.events.swap(events);  // the last batch's events: their storage serves again
+      sent = recorder.take(batch.events, max);
       try {
         config.sink(seq, batch);
       } catch (...) {
         send_failures.fetch_add(1, std::memory_order_relaxed);
       }
+      events.swap(batch.events);
     } else {
+      sent = recorder.take_views(batch_views, max);
       const bool keep_for_replay = config.buffer_batches > 0 && !config.replay_endpoint.empty();
       std::unique_ptr<PayloadPool::Payload> lent;  // without replay: encoded in a pooled payload, sent without a copy
       try {
@@ -202,7 +205,7 @@ struct KvEventPublisher::State {
         return;
       }
       std::string& payload = lent ? lent->bytes : encoded;
-      if (!encode_kv_event_batch(batch, config.layout, payload).ok()) {
+      if (!encode_kv_event_views(ts, batch_views, config.data_parallel_rank, config.layout, payload).ok()) {
         send_failures.fetch_add(1, std::memory_order_relaxed);
         return;
       }
@@ -234,7 +237,7 @@ struct KvEventPublisher::State {
       }
     }
     next_sequence.store(seq + 1, std::memory_order_relaxed);
-    published_events.fetch_add(batch.events.size(), std::memory_order_relaxed);
+    published_events.fetch_add(sent, std::memory_order_relaxed);
     published_batches.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -292,7 +295,6 @@ struct KvEventPublisher::State {
   }
 
   void run() {
-    std::vector<KvEvent> events;
     const auto interval = std::chrono::milliseconds(config.batch_interval_ms);
     const auto max_batch = static_cast<std::size_t>(config.max_batch_events);
     for (;;) {
@@ -327,9 +329,7 @@ struct KvEventPublisher::State {
                                         std::chrono::steady_clock::now() >= recorder.oldest() + interval);
         if (!due) break;
         in_flight.store(true);
-        recorder.take(events, max_batch);
-        send_batch(events);
-        recorder.recycle(events);
+        send_batch(max_batch);
         in_flight.store(false);
       }
       { std::lock_guard guard(idle_mutex); }

@@ -112,99 +112,89 @@ const KvEventRecorder::Tail& KvEventRecorder::known_tail(const RadixTree& tree, 
   return *t;
 }
 
-void KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored,
-                                 KvEvent& out) const {
+KvEventRecorder::Draft KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMedium medium,
+                                                   bool stored) const {
   const NodeView v = tree.node_view(index);
   const std::size_t pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
-  // Every field set anew; the vectors and the string keep their storage (a recycled event's).
-  out.kind = stored ? KvEventKind::block_stored : KvEventKind::block_removed;
-  out.medium = medium;
-  out.block_hashes.clear();
-  out.parent_block_hash.reset();
-  out.token_ids.clear();
-  out.block_size = 0;
-  out.lora_id.reset();
-  out.extra_key.clear();
-  std::optional<std::uint64_t> parent;
-  const Namespace* ns = nullptr;
+  Draft d;
+  d.kind = stored ? KvEventKind::block_stored : KvEventKind::block_removed;
+  d.medium = medium;
   const Tail* cached = known_entry(index, v.ref.generation);
   if (cached != nullptr && cached->hashes.size() >= pages) {
     // Hashed before: the node's pages are the entry's last ones (all of them, or the lower half of a split).
     const std::vector<std::uint64_t>& h = cached->hashes;
-    ns = cached->ns;
-    out.block_hashes.assign(h.end() - static_cast<std::ptrdiff_t>(pages), h.end());
+    d.ns = cached->ns;
     if (h.size() > pages) {
-      parent = h[h.size() - pages - 1];
-    } else if (v.parent >= 0) {
-      parent = known_tail(tree, v.parent).hashes.back();
+      d.parent = h[h.size() - pages - 1];
+    } else if (v.parent >= 0 && stored) {
+      d.parent =
+          known_tail(tree, v.parent).hashes.back();  // may hash above and move tails_: `cached` is looked up again
     }
+    const Tail& own = *known_entry(index, v.ref.generation);
+    d.hashes = std::span(own.hashes).last(pages);
   } else {
     std::uint64_t above;
     if (v.parent >= 0) {
-      const Tail& up = known_tail(tree, v.parent);  // copied out before hash_node inserts
-      ns = up.ns;
+      const Tail& up = known_tail(tree, v.parent);
+      d.ns = up.ns;
       above = up.hashes.back();
-      parent = above;
+      d.parent = above;
     } else {
-      ns = &namespace_of(tree, index);
-      above = ns->seed;
+      d.ns = &namespace_of(tree, index);
+      above = d.ns->seed;
     }
-    out.block_hashes = hash_node(index, v, *ns, above).hashes;
+    d.hashes = hash_node(index, v, *d.ns, above).hashes;
   }
-  if (!stored) return;
-  out.parent_block_hash = parent;
-  if (token_ids_) out.token_ids.assign(v.tokens.begin(), v.tokens.end());
-  out.block_size = page_size_;
-  if (ns->adapter_id != 0) out.lora_id = ns->adapter_id;
-  out.extra_key = ns->digest;
+  if (stored && token_ids_) d.tokens = v.tokens.first(pages * static_cast<std::size_t>(page_size_));
+  return d;
 }
 
-// Under queue_mutex_: what is queued, and `also` more, are lost; a resync
-// will describe the whole tree as it is then, these changes included.
+void KvEventRecorder::Log::clear() noexcept {
+  records.clear();
+  hashes.clear();
+  tokens.clear();
+  if (tokens.capacity() > kMaxLogTokens) std::vector<std::int32_t>().swap(tokens);  // after a burst or a resync
+  if (hashes.capacity() > kMaxLogTokens / 4) std::vector<std::uint64_t>().swap(hashes);
+  if (records.capacity() > kMaxLogTokens / 16) std::vector<Record>().swap(records);
+}
+
+void KvEventRecorder::append(Log& log, const Draft& d) {
+  Record r;
+  r.kind = d.kind;
+  r.medium = d.medium;
+  r.has_parent = d.parent.has_value();
+  r.parent = d.parent.value_or(0);
+  r.ns = d.ns;
+  r.hashes_at = log.hashes.size();
+  r.hash_count = d.hashes.size();
+  r.tokens_at = log.tokens.size();
+  r.token_count = d.tokens.size();
+  // Room first, then the copies, which cannot throw: a failed append leaves the log as it was.
+  if (log.records.size() == log.records.capacity())
+    log.records.reserve(std::max<std::size_t>(256, 2 * log.records.size()));
+  if (log.hashes.capacity() - log.hashes.size() < d.hashes.size()) {
+    log.hashes.reserve(std::max(log.hashes.size() + d.hashes.size(), 2 * log.hashes.capacity()));
+  }
+  if (log.tokens.capacity() - log.tokens.size() < d.tokens.size()) {
+    log.tokens.reserve(std::max(log.tokens.size() + d.tokens.size(), 2 * log.tokens.capacity()));
+  }
+  log.hashes.insert(log.hashes.end(), d.hashes.begin(), d.hashes.end());
+  log.tokens.insert(log.tokens.end(), d.tokens.begin(), d.tokens.end());
+  log.records.push_back(r);
+}
+
+// Under queue_mutex_: what is queued (and not yet handed out), and `also`
+// more, are lost; a resync will describe the whole tree as it is then, these
+// changes included.
 void KvEventRecorder::lose_queue(std::uint64_t also) noexcept {
-  dropped_.fetch_add(queue_.size() - queue_head_ + also, std::memory_order_relaxed);
+  dropped_.fetch_add(queue_.records.size() + taken_left_ + also, std::memory_order_relaxed);
   queue_.clear();
-  queue_head_ = 0;
+  taken_left_ = 0;
+  ++epoch_;  // the taking thread drops what it has not handed out
   resync_needed_.store(true, std::memory_order_release);
 }
 
-KvEvent KvEventRecorder::spare_event() noexcept {
-  if (local_spares_.empty()) {
-    std::lock_guard guard(queue_mutex_);
-    local_spares_.swap(spares_);  // no allocation: the two buffers change hands
-  }
-  if (local_spares_.empty()) return KvEvent{};
-  KvEvent e = std::move(local_spares_.back());
-  local_spares_.pop_back();
-  return e;
-}
-
-void KvEventRecorder::recycle(std::vector<KvEvent>& used) noexcept {
-  // Sorted into returned_ (the taking thread's own) outside the lock; under
-  // it, only a swap, so the recording thread never waits on this loop.
-  for (KvEvent& e : used) {
-    if (returned_.size() >= kMaxSpares) break;
-    const std::size_t tokens = e.token_ids.capacity();
-    if (tokens > kMaxSpareTokens || returned_tokens_ + tokens > kMaxSpareTokenTotal) continue;
-    if (returned_.size() == returned_.capacity()) {
-      try {
-        returned_.reserve(std::min(kMaxSpares, std::max<std::size_t>(64, 2 * returned_.capacity())));
-      } catch (const std::bad_alloc&) {
-        break;
-      }
-    }
-    returned_.push_back(std::move(e));  // within capacity: cannot throw
-    returned_tokens_ += tokens;
-  }
-  used.clear();
-  std::lock_guard guard(queue_mutex_);
-  if (spares_.empty()) {  // else the recording thread has not used the last ones yet: these wait
-    spares_.swap(returned_);
-    returned_tokens_ = 0;
-  }
-}
-
-void KvEventRecorder::push(KvEvent&& event) noexcept {
+void KvEventRecorder::push(const Draft& d) noexcept {
   recorded_.fetch_add(1, std::memory_order_relaxed);
   bool wake = false;
   {
@@ -213,18 +203,18 @@ void KvEventRecorder::push(KvEvent&& event) noexcept {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    const std::size_t queued = queue_.size() - queue_head_;
+    const std::size_t queued = queue_.records.size() + taken_left_;
     if (queued >= capacity_) {
       lose_queue(1);
       wake = static_cast<bool>(wake_);
     } else {
       try {
-        if (queued == 0) oldest_ = std::chrono::steady_clock::now();
-        queue_.push_back(std::move(event));
+        if (queue_.records.empty()) oldest_ = std::chrono::steady_clock::now();
+        append(queue_, d);
       } catch (const std::bad_alloc&) {
         lose_queue(1);
       }
-      wake = wake_ && queue_.size() - queue_head_ == wake_threshold_;
+      wake = wake_ && queue_.records.size() + taken_left_ == wake_threshold_;
     }
   }
   if (wake) wake_();
@@ -236,23 +226,23 @@ void KvEventRecorder::record(const RadixTree& tree, std::int32_t index, Tier tie
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  KvEvent event = spare_event();
+  Draft d;
   try {
-    node_event(tree, index, tier == Tier::host ? KvMedium::cpu : KvMedium::gpu, stored, event);
-    if (!stored) {
-      // A node that leaves both tiers is freed: its entry goes with it.
-      const NodeView v = tree.node_view(index);
-      if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) {
-        tails_[static_cast<std::size_t>(index)].hashes.clear();  // its storage stays for the slot's next node
-      }
-    }
+    d = node_event(tree, index, tier == Tier::host ? KvMedium::cpu : KvMedium::gpu, stored);
   } catch (const std::bad_alloc&) {  // no hashes: lost, and the resync will say it
     recorded_.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard guard(queue_mutex_);
     lose_queue(1);
     return;
   }
-  push(std::move(event));
+  push(d);
+  if (!stored) {
+    // A node that leaves both tiers is freed: its entry goes with it (after the push: the draft points into it).
+    const NodeView v = tree.node_view(index);
+    if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) {
+      tails_[static_cast<std::size_t>(index)].hashes.clear();  // its storage stays for the slot's next node
+    }
+  }
 }
 
 void KvEventRecorder::pages_stored(const RadixTree& tree, std::int32_t index, Tier tier) noexcept {
@@ -264,27 +254,24 @@ void KvEventRecorder::pages_removed(const RadixTree& tree, std::int32_t index, T
 }
 
 void KvEventRecorder::record_cleared() noexcept {
-  KvEvent cleared;
+  Draft cleared;
   cleared.kind = KvEventKind::all_blocks_cleared;
-  push(std::move(cleared));
+  push(cleared);
 }
 
 void KvEventRecorder::resync(const RadixTree& tree) noexcept {
-  std::vector<KvEvent> events;
+  Log snapshot;
   try {
     std::vector<std::int32_t> nodes;
     tree.nodes_top_down(nodes);
-    events.reserve(2 * nodes.size() + 1);
-    KvEvent cleared;
+    Draft cleared;
     cleared.kind = KvEventKind::all_blocks_cleared;
-    events.push_back(std::move(cleared));
+    append(snapshot, cleared);
     for (KvMedium medium : {KvMedium::gpu, KvMedium::cpu}) {
       for (std::int32_t n : nodes) {
         const NodeView v = tree.node_view(n);
         if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
-        KvEvent e;
-        node_event(tree, n, medium, true, e);
-        events.push_back(std::move(e));
+        append(snapshot, node_event(tree, n, medium, true));
       }
     }
   } catch (const std::bad_alloc&) {
@@ -293,9 +280,10 @@ void KvEventRecorder::resync(const RadixTree& tree) noexcept {
   {
     std::lock_guard guard(queue_mutex_);
     // What was recorded since the drop is in the snapshot: it replaces the queue.
-    recorded_.fetch_add(events.size(), std::memory_order_relaxed);
-    queue_ = std::move(events);
-    queue_head_ = 0;
+    recorded_.fetch_add(snapshot.records.size(), std::memory_order_relaxed);
+    queue_ = std::move(snapshot);
+    taken_left_ = 0;
+    ++epoch_;
     oldest_ = std::chrono::steady_clock::now();
     resync_needed_.store(false, std::memory_order_release);
     resyncs_.fetch_add(1, std::memory_order_relaxed);
@@ -310,9 +298,8 @@ Status KvEventRecorder::cached_blocks(const RadixTree& tree, KvMedium medium, st
     for (std::int32_t n : nodes) {
       const NodeView v = tree.node_view(n);
       if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
-      KvEvent e;
-      node_event(tree, n, medium, false, e);
-      hashes.insert(hashes.end(), e.block_hashes.begin(), e.block_hashes.end());
+      const Draft d = node_event(tree, n, medium, false);
+      hashes.insert(hashes.end(), d.hashes.begin(), d.hashes.end());
     }
     out = std::move(hashes);
     return {};
@@ -321,42 +308,108 @@ Status KvEventRecorder::cached_blocks(const RadixTree& tree, KvMedium medium, st
   }
 }
 
-std::size_t KvEventRecorder::take(std::vector<KvEvent>& out, std::size_t max) {
-  out.clear();
-  std::lock_guard guard(queue_mutex_);
-  if (queue_head_ == 0 && queue_.size() <= max) {
-    // All of it: the two vectors change hands (the queue gets `out`'s empty
-    // storage), so the recording thread never waits for events to be moved.
-    out.swap(queue_);
-    return out.size();
+// Every field set anew; the vectors and the string keep their storage (the
+// taking thread's, batch after batch), within the kept bounds.
+void KvEventRecorder::fill(const Record& r, KvEvent& out, std::size_t& kept_tokens) const {
+  const KvEventView v = view(r);
+  out.kind = v.kind;
+  out.medium = v.medium;
+  out.block_hashes.assign(v.block_hashes.begin(), v.block_hashes.end());
+  out.parent_block_hash = v.parent_block_hash;
+  if (out.token_ids.capacity() > kMaxKeptTokens || kept_tokens + out.token_ids.capacity() > kMaxKeptTokenTotal) {
+    std::vector<std::int32_t>().swap(out.token_ids);
   }
-  const std::size_t n = std::min(max, queue_.size() - queue_head_);
-  out.reserve(n);  // the caller's vector, reused batch after batch: allocates once
-  const auto first = queue_.begin() + static_cast<std::ptrdiff_t>(queue_head_);
-  std::move(first, first + static_cast<std::ptrdiff_t>(n), std::back_inserter(out));
-  queue_head_ += n;
-  if (queue_head_ == queue_.size()) {
-    queue_.clear();  // the moved-from events hold no storage; the capacity stays
-    queue_head_ = 0;
-  } else {
-    // Taken ones are moved-from: dropped from the front now and then, so the vector does not only grow.
-    if (queue_head_ >= 4096 && queue_head_ * 2 >= queue_.size()) {
-      queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(queue_head_));
-      queue_head_ = 0;
+  out.token_ids.assign(v.token_ids.begin(), v.token_ids.end());  // a long node's storage goes at this slot's next take
+  kept_tokens += out.token_ids.capacity();
+  out.block_size = v.block_size;
+  out.lora_id = v.lora_id;
+  out.extra_key.assign(v.extra_key);
+}
+
+void KvEventRecorder::claim(std::size_t max, std::size_t& first, std::size_t& n) {
+  std::lock_guard guard(queue_mutex_);
+  if (taken_epoch_ != epoch_ || taken_head_ == taken_.records.size()) {
+    // What was taken is handed out, or was lost or replaced since: the queue, whole, is next.
+    taken_.clear();
+    taken_head_ = 0;
+    taken_epoch_ = epoch_;
+    taken_left_ = queue_.records.size();
+    taken_oldest_ = oldest_;
+    std::swap(taken_, queue_);  // the queue gets the emptied log's storage
+  }
+  first = taken_head_;
+  n = std::min(max, taken_left_);
+  taken_head_ += n;
+  taken_left_ -= n;
+}
+
+KvEventView KvEventRecorder::view(const Record& r) const {
+  KvEventView v;
+  v.kind = r.kind;
+  v.medium = r.medium;
+  v.block_hashes = std::span(taken_.hashes).subspan(r.hashes_at, r.hash_count);
+  v.token_ids = std::span(taken_.tokens).subspan(r.tokens_at, r.token_count);
+  if (r.kind != KvEventKind::block_stored) return v;
+  if (r.has_parent) v.parent_block_hash = r.parent;
+  v.block_size = page_size_;
+  if (r.ns->adapter_id != 0) v.lora_id = r.ns->adapter_id;
+  v.extra_key = r.ns->digest;
+  return v;
+}
+
+std::size_t KvEventRecorder::take_views(std::vector<KvEventView>& out, std::size_t max) {
+  out.clear();
+  std::size_t first = 0, n = 0;
+  claim(max, first, n);
+  try {
+    out.reserve(n);  // the caller's vector, batch after batch: allocates once
+  } catch (const std::bad_alloc&) {
+    std::lock_guard guard(queue_mutex_);
+    lose_queue(n);
+    return 0;
+  }
+  for (std::size_t i = 0; i < n; ++i) out.push_back(view(taken_.records[first + i]));
+  return n;
+}
+
+std::size_t KvEventRecorder::take(std::vector<KvEvent>& out, std::size_t max) {
+  std::size_t first = 0, n = 0;
+  claim(max, first, n);
+  // Outside the lock: only this thread reads taken_, and what is claimed is this batch's.
+  std::size_t kept_tokens = 0;
+  try {
+    // Events past this batch's count wait in slots_ rather than being destroyed: a batch of another size
+    // would otherwise free and allocate their storage, batch after batch.
+    while (out.size() > n) {
+      slots_.push_back(std::move(out.back()));
+      out.pop_back();
     }
-    oldest_ = std::chrono::steady_clock::now();
+    while (out.size() < n) {
+      if (slots_.empty()) {
+        out.emplace_back();
+      } else {
+        out.push_back(std::move(slots_.back()));
+        slots_.pop_back();
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) fill(taken_.records[first + i], out[i], kept_tokens);
+  } catch (const std::bad_alloc&) {
+    out.clear();
+    std::lock_guard guard(queue_mutex_);
+    lose_queue(n);
+    return 0;
   }
   return n;
 }
 
 std::size_t KvEventRecorder::queued() const {
   std::lock_guard guard(queue_mutex_);
-  return queue_.size() - queue_head_;
+  return queue_.records.size() + taken_left_;
 }
 
 std::chrono::steady_clock::time_point KvEventRecorder::oldest() const {
   std::lock_guard guard(queue_mutex_);
-  return oldest_;
+  return taken_left_ > 0 ? taken_oldest_ : oldest_;
 }
 
 void KvEventRecorder::set_wakeup(std::size_t threshold, std::function<void()> wake) {

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,6 +66,24 @@ struct KvEvent {
   bool operator==(const KvEvent&) const = default;
 };
 
+// An event's fields without their storage (spans into the caller's): what
+// the encoder reads, so that a publisher encodes straight from the
+// recorder's log (KvEventRecorder::take_views) without building KvEvents.
+struct KvEventView {
+  KvEventKind kind = KvEventKind::block_stored;
+  KvMedium medium = KvMedium::gpu;
+  std::span<const std::uint64_t> block_hashes;
+  std::optional<std::uint64_t> parent_block_hash;
+  std::span<const std::int32_t> token_ids;
+  std::int32_t block_size = 0;
+  std::optional<std::int32_t> lora_id;
+  std::string_view extra_key;
+
+  static KvEventView of(const KvEvent& e) {
+    return {e.kind, e.medium, e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size, e.lora_id, e.extra_key};
+  }
+};
+
 struct KvEventBatch {
   double ts = 0.0;  // seconds since the epoch
   std::vector<KvEvent> events;
@@ -82,6 +101,9 @@ inline constexpr std::size_t kMaxKvEventPayloadBytes = 64u << 20;
 // block_hashes.size() * block_size, a block size under 1); out_of_memory
 // leaves `out` empty.
 Status encode_kv_event_batch(const KvEventBatch& batch, KvEventLayout layout, std::string& out);
+// The same from views: the batch [ts, events, data_parallel_rank].
+Status encode_kv_event_views(double ts, std::span<const KvEventView> events,
+                             std::optional<std::int32_t> data_parallel_rank, KvEventLayout layout, std::string& out);
 
 // Any of the three layouts, and vLLM's shorter arrays of earlier versions.
 // invalid_argument naming what is wrong, `out` untouched; never reads past

@@ -10,7 +10,7 @@
 //   recorder.record_cleared();                       // a new tree holds nothing
 //   ... tree.insert(...), tree.evict(...) ...
 //   std::vector<clm::KvEvent> events;
-//   recorder.take(events, 1024);                     // oldest first
+//   recorder.take(events, 1024);                     // oldest first (one taking thread)
 //
 // A block's hash is a 64-bit chain over the prefix, as the page keys of
 // clm/tiers/page_key.hpp are over the same inputs: xxHash64 of the page's
@@ -25,9 +25,15 @@
 // would mislead a router's bookkeeping, never serve a wrong page. The salt
 // itself is never sent: each block's extra key is its digest.
 //
+// What the recording thread does is kept small, because it runs inside the
+// engine's calls: an event is a compact record in a log (its block hashes
+// and token ids copied into two flat arrays that keep their storage), and
+// the KvEvent structs are built by the thread that takes them.
+//
 // Threads: the observer calls, resync and cached_blocks run under the lock of
-// the tree's owner (its caches are that lock's); take, metrics and the
-// counters may be called from any thread.
+// the tree's owner (its caches are that lock's); take is called by one
+// thread (the publisher's); queued, oldest, metrics and the counters may be
+// called from any thread.
 #pragma once
 
 #include <atomic>
@@ -36,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -68,22 +75,16 @@ class KvEventRecorder final : public RadixTreeObserver {
   Status cached_blocks(const RadixTree& tree, KvMedium medium, std::vector<std::uint64_t>& out) const;
 
   // Moves up to `max` of the oldest queued events into `out` (replacing its
-  // contents); returns how many.
+  // contents, reusing its events' storage); returns how many. One thread.
   std::size_t take(std::vector<KvEvent>& out, std::size_t max);
-  // Hands events back once sent (emptying `used`), so that their storage
-  // serves the events to come: in a steady state the recording thread
-  // allocates nothing for events, and frees nothing another thread made
-  // (glibc keeps a chunk freed on another thread in that thread's cache,
-  // and the recording thread's heap grows and faults in new pages). Keeps
-  // at most kMaxSpares events (a burst's worth: an engine records thousands
-  // between two batches), none holding more than kMaxSpareTokens ids, and at
-  // most kMaxSpareTokenTotal ids of storage in all (8 MiB). Called from the
-  // thread that calls take (one thread); holds the lock the recording thread
-  // pushes under for a swap only.
-  void recycle(std::vector<KvEvent>& used) noexcept;
-  static constexpr std::size_t kMaxSpares = 16384;
-  static constexpr std::size_t kMaxSpareTokens = 8192;
-  static constexpr std::size_t kMaxSpareTokenTotal = std::size_t{1} << 21;
+  // The same as views into the recorder's storage (replacing `out`'s
+  // contents), valid until the next take or take_views: what a publisher
+  // encodes from without building events. The same one thread as take.
+  std::size_t take_views(std::vector<KvEventView>& out, std::size_t max);
+  // An event of `out` keeps token-id storage for the next take only up to
+  // kMaxKeptTokens ids, and a batch's events up to kMaxKeptTokenTotal in all.
+  static constexpr std::size_t kMaxKeptTokens = 8192;
+  static constexpr std::size_t kMaxKeptTokenTotal = std::size_t{1} << 21;
   std::size_t queued() const;
   // When the oldest queued event was recorded (the batch deadline counts from it).
   std::chrono::steady_clock::time_point oldest() const;
@@ -119,16 +120,50 @@ class KvEventRecorder final : public RadixTreeObserver {
     const Namespace* ns = nullptr;
     std::vector<std::uint64_t> hashes;
   };
+  // One event in a log: its hashes and token ids are ranges of the log's
+  // flat arrays. ns: null for AllBlocksCleared; never freed (the namespaces
+  // map only grows), so a taking thread may read its digest.
+  struct Record {
+    KvEventKind kind = KvEventKind::all_blocks_cleared;
+    KvMedium medium = KvMedium::gpu;
+    bool has_parent = false;
+    std::uint64_t parent = 0;
+    const Namespace* ns = nullptr;
+    std::size_t hashes_at = 0, hash_count = 0;
+    std::size_t tokens_at = 0, token_count = 0;
+  };
+  // Events in order; cleared, a log keeps its storage (within kMaxLogTokens).
+  struct Log {
+    std::vector<Record> records;
+    std::vector<std::uint64_t> hashes;
+    std::vector<std::int32_t> tokens;
+    void clear() noexcept;
+  };
+  static constexpr std::size_t kMaxLogTokens = std::size_t{1} << 22;  // kept past a clear (16 MiB)
+  // An event as node_event finds it: spans into tails_ and the tree, valid
+  // until the tree or tails_ change.
+  struct Draft {
+    KvEventKind kind = KvEventKind::block_stored;
+    KvMedium medium = KvMedium::gpu;
+    std::optional<std::uint64_t> parent;
+    const Namespace* ns = nullptr;
+    std::span<const std::uint64_t> hashes;
+    std::span<const std::int32_t> tokens;
+  };
   void record(const RadixTree& tree, std::int32_t index, Tier tier, bool stored) noexcept;
-  void node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored, KvEvent& out) const;
+  Draft node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored) const;
   const Tail& known_tail(const RadixTree& tree, std::int32_t index) const;
   // Node `index`'s entry if it is still that node's (same generation) and hashed; else nullptr.
   const Tail* known_entry(std::int32_t index, std::uint32_t generation) const;
   Tail& hash_node(std::int32_t index, const NodeView& v, const Namespace& ns, std::uint64_t above) const;
   const Namespace& namespace_of(const RadixTree& tree, std::int32_t index) const;
-  void lose_queue(std::uint64_t also) noexcept;
-  void push(KvEvent&& event) noexcept;
-  KvEvent spare_event() noexcept;  // the owner's lock: a recycled event's storage, or a new event
+  static void append(Log& log, const Draft& d);  // may throw std::bad_alloc, leaving `log` as it was
+  // The taking thread's: claims [first, first + n) of taken_, at most `max`.
+  void claim(std::size_t max, std::size_t& first, std::size_t& n);
+  KvEventView view(const Record& r) const;  // of a record of taken_
+  void fill(const Record& r, KvEvent& out, std::size_t& kept_tokens) const;
+  void lose_queue(std::uint64_t also) noexcept;  // under queue_mutex_
+  void push(const Draft& d) noexcept;
 
   const std::int32_t page_size_;
   const Digest32 scope_;
@@ -138,26 +173,27 @@ class KvEventRecorder final : public RadixTreeObserver {
   // The owner's lock: each node's entry, by node index (a slot whose node
   // left both tiers is emptied, keeping its storage for the next node there;
   // the generation tells a slot's nodes apart), and each namespace (a map:
-  // its entries do not move, the nodes' entries point at them).
+  // its entries do not move, the nodes' entries and the records point at them).
   mutable std::vector<Tail> tails_;
   mutable std::map<std::pair<std::string, std::int32_t>, Namespace> namespaces_;
 
   mutable std::mutex queue_mutex_;
-  // The queue: queue_[queue_head_, size()), oldest first. A vector whose
-  // capacity stays (cleared when drained), not a deque whose blocks the
-  // taking thread would free.
-  std::vector<KvEvent> queue_;
-  std::size_t queue_head_ = 0;
-  std::vector<KvEvent> spares_;        // handed back by recycle(), for the recording thread to take
-  std::vector<KvEvent> local_spares_;  // the owner's lock: spares_ taken in one swap
-  // The taking thread's own: events handed back and not yet in spares_ (which
-  // they replace in one swap once the recording thread has emptied it), and
-  // the token-id capacity they hold.
-  std::vector<KvEvent> returned_;
-  std::size_t returned_tokens_ = 0;
-  std::chrono::steady_clock::time_point oldest_{};
+  // The queue: what the recording thread appends to. The taking thread swaps
+  // it whole for taken_ (the emptied log it last took), then builds events
+  // from taken_ outside the lock, a batch at a time.
+  Log queue_;
+  std::chrono::steady_clock::time_point oldest_{};  // of queue_'s first event
+  std::uint64_t epoch_ = 0;                         // bumped when what is queued is lost or replaced
+  std::size_t taken_left_ = 0;                      // taken_'s events not yet handed out (under the lock)
+  std::chrono::steady_clock::time_point taken_oldest_{};
   std::size_t wake_threshold_ = 0;
   std::function<void()> wake_;
+  // The taking thread's own: the log it takes from, and events kept for the
+  // next batch that is larger than the last.
+  Log taken_;
+  std::vector<KvEvent> slots_;
+  std::size_t taken_head_ = 0;
+  std::uint64_t taken_epoch_ = 0;
 
   std::atomic<bool> resync_needed_{false};
   std::atomic<std::uint64_t> recorded_{0}, dropped_{0}, resyncs_{0};
