@@ -23,7 +23,7 @@ CMAKE_FLAGS ?=
 DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsqlite3-dev \
   libfmt-dev catch2 golang-go abigail-tools nlohmann-json3-dev libssl-dev libhiredis-dev redis-server gnuplot-nox \
   debian-faq debian-faq-zh-cn curl libcpp-httplib-dev clang libclang-rt-14-dev libopencc-dev libopencc-data \
-  wamerican libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack openssl wrk libicu-dev
+  wamerican libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libxxhash-dev python3-zmq python3-msgpack openssl wrk libicu-dev
 
 # npm packages the tests and benches run under node (examples/tokenizer/npm:
 # package.json and its lock, installed with `npm ci` into the git-ignored

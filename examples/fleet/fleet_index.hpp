@@ -9,7 +9,7 @@
 //   std::vector<std::size_t> pages = index.matched_pages(hashes);   // per instance
 //
 // The hashes of a prompt are computed as the instances compute them (the
-// chain of docs/fleet.md: xxHash64 over each page's token ids, seeded with
+// chain of docs/fleet.md: XXH3 over each page's token ids, seeded with
 // the namespace's seed), so the router and the instances agree on them.
 #pragma once
 

@@ -4,7 +4,8 @@
 
 #include <openssl/evp.h>
 
-#include "clm/detail/fast_checksum.hpp"
+#define XXH_INLINE_ALL  // header-only: nothing to link (cmake/Findxxhash.cmake)
+#include <xxhash.h>
 
 #include <fmt/format.h>
 
@@ -34,7 +35,7 @@ std::uint64_t KvEventRecorder::namespace_seed(const Digest32& scope, std::string
 }
 
 std::uint64_t KvEventRecorder::next_block_hash(std::uint64_t parent, std::span<const std::int32_t> page_tokens) {
-  return detail::fast_checksum(page_tokens.data(), page_tokens.size_bytes(), parent);
+  return XXH3_64bits_withSeed(page_tokens.data(), page_tokens.size_bytes(), parent);
 }
 
 std::string KvEventRecorder::salt_digest(std::string_view salt) {

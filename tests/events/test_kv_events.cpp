@@ -11,6 +11,9 @@
 #include <catch2/catch.hpp>
 
 #include <openssl/evp.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 #include <zmq.hpp>
 
 #include <algorithm>
@@ -25,7 +28,6 @@
 
 #include "clm/cache/paged_kv_pool.hpp"
 #include "clm/cache/radix_tree.hpp"
-#include "clm/detail/fast_checksum.hpp"
 #include "clm/engine.hpp"
 #include "clm/events/kv_event_recorder.hpp"
 #include "clm/tiers/page_seal.hpp"
@@ -132,9 +134,8 @@ using Finished = clm_test::FinishedPrompt;
 // from the definition (clm/events/kv_event_recorder.hpp), not by the
 // recorder's walk of the tree: the namespace's seed is the first 8 bytes
 // (big-endian) of SHA-256(scope, u32 salt length, salt, i32 adapter), and
-// each page's hash is xxHash64 of its token ids seeded with the one before
-// (fast_checksum, checked against xxHash64's published vectors in
-// test_page_file).
+// each page's hash is XXH3 (64-bit) of its token ids seeded with the one
+// before (Debian's xxHash, header-only here as in the library).
 std::set<std::uint64_t> reference_hashes(const std::vector<Finished>& finished) {
   clm::PageSeal seal;
   REQUIRE(clm::PageSeal::create(kModel, {}, seal).ok());
@@ -154,7 +155,7 @@ std::set<std::uint64_t> reference_hashes(const std::vector<Finished>& finished) 
     std::uint64_t h = 0;
     for (int i = 0; i < 8; ++i) h = (h << 8) | digest[i];
     for (std::size_t at = 0; at + kPageSize <= f.tokens.size(); at += kPageSize) {
-      h = clm::detail::fast_checksum(f.tokens.data() + at, kPageSize * sizeof(std::int32_t), h);
+      h = XXH3_64bits_withSeed(f.tokens.data() + at, kPageSize * sizeof(std::int32_t), h);
       out.insert(h);
     }
   }
