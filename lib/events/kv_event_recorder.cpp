@@ -61,189 +61,146 @@ const KvEventRecorder::Namespace& KvEventRecorder::namespace_of(const RadixTree&
   return it->second;
 }
 
-KvEventRecorder::Tail& KvEventRecorder::hash_node(std::int32_t index, const NodeView& v, const Namespace& ns,
-                                                  std::uint64_t above) const {
+// ---- the recording thread (the tree owner's lock) ----------------------------
+
+bool KvEventRecorder::described(std::int32_t index, std::uint32_t generation) const {
   const auto slot = static_cast<std::size_t>(index);
-  if (slot >= tails_.size()) tails_.resize(std::max(slot + 1, 2 * tails_.size()));
-  Tail& t = tails_[slot];
-  t.generation = v.ref.generation;
-  t.ns = &ns;
-  t.hashes.clear();
-  const auto page = static_cast<std::size_t>(page_size_);
-  for (std::size_t at = 0; at + page <= v.tokens.size(); at += page) {
-    above = next_block_hash(above, v.tokens.subspan(at, page));
-    t.hashes.push_back(above);
-  }
-  return t;
-}
-
-const KvEventRecorder::Tail* KvEventRecorder::known_entry(std::int32_t index, std::uint32_t generation) const {
-  const auto slot = static_cast<std::size_t>(index);
-  if (slot >= tails_.size()) return nullptr;
-  const Tail& t = tails_[slot];
-  return t.generation == generation && !t.hashes.empty() ? &t : nullptr;
-}
-
-// Node `index`'s entry: from the deepest ancestor whose hashes are known (or
-// the namespace's seed, the one walk up to a root), chained down.
-const KvEventRecorder::Tail& KvEventRecorder::known_tail(const RadixTree& tree, std::int32_t index) const {
-  std::vector<std::int32_t> chain;  // bottom-up: nodes whose hashes are not known
-  const Namespace* ns = nullptr;
-  std::uint64_t above = 0;
-  for (std::int32_t n = index; n >= 0;) {
-    const NodeView v = tree.node_view(n);
-    if (const Tail* known = known_entry(n, v.ref.generation)) {
-      if (n == index) return *known;
-      ns = known->ns;
-      above = known->hashes.back();
-      break;
-    }
-    chain.push_back(n);
-    n = v.parent;
-  }
-  if (ns == nullptr) {  // nothing known up to the namespace's root
-    ns = &namespace_of(tree, chain.back());
-    above = ns->seed;
-  }
-  Tail* t = nullptr;
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    t = &hash_node(*it, tree.node_view(*it), *ns, above);
-    above = t->hashes.back();
-  }
-  return *t;
-}
-
-KvEventRecorder::Draft KvEventRecorder::node_event(const RadixTree& tree, std::int32_t index, KvMedium medium,
-                                                   bool stored) const {
-  const NodeView v = tree.node_view(index);
-  const std::size_t pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
-  Draft d;
-  d.kind = stored ? KvEventKind::block_stored : KvEventKind::block_removed;
-  d.medium = medium;
-  const Tail* cached = known_entry(index, v.ref.generation);
-  if (cached != nullptr && cached->hashes.size() >= pages) {
-    // Hashed before: the node's pages are the entry's last ones (all of them, or the lower half of a split).
-    const std::vector<std::uint64_t>& h = cached->hashes;
-    d.ns = cached->ns;
-    if (h.size() > pages) {
-      d.parent = h[h.size() - pages - 1];
-    } else if (v.parent >= 0 && stored) {
-      d.parent =
-          known_tail(tree, v.parent).hashes.back();  // may hash above and move tails_: `cached` is looked up again
-    }
-    const Tail& own = *known_entry(index, v.ref.generation);
-    d.hashes = std::span(own.hashes).last(pages);
-  } else {
-    std::uint64_t above;
-    if (v.parent >= 0) {
-      const Tail& up = known_tail(tree, v.parent);
-      d.ns = up.ns;
-      above = up.hashes.back();
-      d.parent = above;
-    } else {
-      d.ns = &namespace_of(tree, index);
-      above = d.ns->seed;
-    }
-    d.hashes = hash_node(index, v, *d.ns, above).hashes;
-  }
-  if (stored && token_ids_) d.tokens = v.tokens.first(pages * static_cast<std::size_t>(page_size_));
-  return d;
+  return slot < known_.size() && known_[slot].described && known_[slot].generation == generation;
 }
 
 void KvEventRecorder::Log::clear() noexcept {
   records.clear();
-  hashes.clear();
   tokens.clear();
+  events = 0;
   if (tokens.capacity() > kMaxLogTokens) std::vector<std::int32_t>().swap(tokens);  // after a burst or a resync
-  if (hashes.capacity() > kMaxLogTokens / 4) std::vector<std::uint64_t>().swap(hashes);
   if (records.capacity() > kMaxLogTokens / 16) std::vector<Record>().swap(records);
 }
 
-void KvEventRecorder::append(Log& log, const Draft& d) {
-  Record r;
-  r.kind = d.kind;
-  r.medium = d.medium;
-  r.has_parent = d.parent.has_value();
-  r.parent = d.parent.value_or(0);
-  r.ns = d.ns;
-  r.hashes_at = log.hashes.size();
-  r.hash_count = d.hashes.size();
-  r.tokens_at = log.tokens.size();
-  r.token_count = d.tokens.size();
+void KvEventRecorder::append(Log& log, const Record& r, std::span<const std::int32_t> tokens) {
   // Room first, then the copies, which cannot throw: a failed append leaves the log as it was.
-  if (log.records.size() == log.records.capacity())
+  if (log.records.size() == log.records.capacity()) {
     log.records.reserve(std::max<std::size_t>(256, 2 * log.records.size()));
-  if (log.hashes.capacity() - log.hashes.size() < d.hashes.size()) {
-    log.hashes.reserve(std::max(log.hashes.size() + d.hashes.size(), 2 * log.hashes.capacity()));
   }
-  if (log.tokens.capacity() - log.tokens.size() < d.tokens.size()) {
-    log.tokens.reserve(std::max(log.tokens.size() + d.tokens.size(), 2 * log.tokens.capacity()));
+  if (log.tokens.capacity() - log.tokens.size() < tokens.size()) {
+    log.tokens.reserve(std::max(log.tokens.size() + tokens.size(), 2 * log.tokens.capacity()));
   }
-  log.hashes.insert(log.hashes.end(), d.hashes.begin(), d.hashes.end());
-  log.tokens.insert(log.tokens.end(), d.tokens.begin(), d.tokens.end());
-  log.records.push_back(r);
+  Record copy = r;
+  copy.tokens_at = log.tokens.size();
+  copy.token_count = tokens.size();
+  log.tokens.insert(log.tokens.end(), tokens.begin(), tokens.end());
+  log.records.push_back(copy);
+  if (r.op != Op::define) ++log.events;
+}
+
+const KvEventRecorder::Namespace& KvEventRecorder::describe(const RadixTree& tree, std::int32_t index, bool fold_own,
+                                                            Log& log) const {
+  std::int32_t chain[64];  // bottom-up: nodes the taking thread does not know (rarely more than one or two)
+  std::vector<std::int32_t> long_chain;
+  std::size_t depth = 0;
+  const Namespace* ns = nullptr;
+  for (std::int32_t n = index; n >= 0;) {
+    const NodeView v = tree.node_view(n);
+    if (described(n, v.ref.generation)) {
+      ns = known_[static_cast<std::size_t>(n)].ns;
+      break;
+    }
+    if (depth < std::size(chain)) {
+      chain[depth] = n;
+    } else {
+      if (long_chain.empty()) long_chain.assign(chain, chain + depth);
+      long_chain.push_back(n);
+    }
+    ++depth;
+    n = v.parent;
+  }
+  auto at = [&](std::size_t i) { return long_chain.empty() ? chain[i] : long_chain[i]; };
+  if (ns == nullptr) ns = &namespace_of(tree, at(depth - 1));  // nothing known up to the namespace's root
+  for (std::size_t i = depth; i-- > 0;) {
+    const std::int32_t n = at(i);
+    const auto slot = static_cast<std::size_t>(n);
+    if (slot >= known_.size()) known_.resize(std::max(slot + 1, 2 * known_.size()));
+    if (n == index && fold_own) {
+      known_[slot] = Known{tree.node_view(n).ref.generation, false, ns};  // the caller's record describes it
+      continue;
+    }
+    const NodeView v = tree.node_view(n);
+    Record r;
+    r.op = Op::define;
+    r.index = n;
+    r.generation = v.ref.generation;
+    if (v.parent >= 0) {
+      r.parent = v.parent;
+      r.parent_generation = tree.node_view(v.parent).ref.generation;
+    }
+    r.ns = ns;
+    append(log, r, v.tokens);
+    known_[slot] = Known{v.ref.generation, true, ns};
+  }
+  return *ns;
+}
+
+void KvEventRecorder::reset_known() noexcept {
+  for (Known& k : known_) k.described = false;
 }
 
 // Under queue_mutex_: what is queued (and not yet handed out), and `also`
 // more, are lost; a resync will describe the whole tree as it is then, these
 // changes included.
 void KvEventRecorder::lose_queue(std::uint64_t also) noexcept {
-  dropped_.fetch_add(queue_.records.size() + taken_left_ + also, std::memory_order_relaxed);
+  dropped_.fetch_add(queue_.events + taken_left_ + also, std::memory_order_relaxed);
   queue_.clear();
   taken_left_ = 0;
   ++epoch_;  // the taking thread drops what it has not handed out
   resync_needed_.store(true, std::memory_order_release);
 }
 
-void KvEventRecorder::push(const Draft& d) noexcept {
+void KvEventRecorder::record(const RadixTree& tree, std::int32_t index, Tier tier, bool stored) noexcept {
   recorded_.fetch_add(1, std::memory_order_relaxed);
+  if (resync_needed()) {  // the resync to come says it
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const NodeView v = tree.node_view(index);
+  Record r;
+  r.op = stored ? Op::stored : Op::removed;
+  r.medium = tier == Tier::host ? KvMedium::cpu : KvMedium::gpu;
+  r.index = index;
+  r.generation = v.ref.generation;
+  r.pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
+  if (v.parent >= 0) {
+    r.parent = v.parent;
+    r.parent_generation = tree.node_view(v.parent).ref.generation;
+  }
+  // A node that leaves both tiers is freed: its entry goes with it.
+  r.forget = !stored && ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device));
   bool wake = false;
   {
     std::lock_guard guard(queue_mutex_);
-    if (resync_needed_.load(std::memory_order_relaxed)) {
-      dropped_.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
-    const std::size_t queued = queue_.records.size() + taken_left_;
+    const std::size_t queued = queue_.events + taken_left_;
     if (queued >= capacity_) {
       lose_queue(1);
       wake = static_cast<bool>(wake_);
     } else {
       try {
-        if (queue_.records.empty()) oldest_ = std::chrono::steady_clock::now();
-        append(queue_, d);
+        if (queue_.events == 0) oldest_ = std::chrono::steady_clock::now();
+        const bool new_node = !described(index, v.ref.generation);
+        if (new_node) {
+          r.ns = &describe(tree, index, /*fold_own=*/true, queue_);  // defines of unknown ancestors first
+          r.define = true;
+        }
+        r.token_ids = stored && token_ids_;
+        append(queue_, r,
+               r.define || r.token_ids ? v.tokens.first(r.pages * static_cast<std::size_t>(page_size_))
+                                       : std::span<const std::int32_t>());
+        if (r.define) known_[static_cast<std::size_t>(index)].described = true;
+        if (r.forget) known_[static_cast<std::size_t>(index)].described = false;
       } catch (const std::bad_alloc&) {
-        lose_queue(1);
+        lose_queue(1);  // what describe noted goes with the queue: the resync notes all again
       }
-      wake = wake_ && queue_.records.size() + taken_left_ == wake_threshold_;
+      wake = wake_ && queue_.events + taken_left_ == wake_threshold_;
     }
   }
   if (wake) wake_();
-}
-
-void KvEventRecorder::record(const RadixTree& tree, std::int32_t index, Tier tier, bool stored) noexcept {
-  if (resync_needed()) {  // the resync to come says it
-    recorded_.fetch_add(1, std::memory_order_relaxed);
-    dropped_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  Draft d;
-  try {
-    d = node_event(tree, index, tier == Tier::host ? KvMedium::cpu : KvMedium::gpu, stored);
-  } catch (const std::bad_alloc&) {  // no hashes: lost, and the resync will say it
-    recorded_.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard guard(queue_mutex_);
-    lose_queue(1);
-    return;
-  }
-  push(d);
-  if (!stored) {
-    // A node that leaves both tiers is freed: its entry goes with it (after the push: the draft points into it).
-    const NodeView v = tree.node_view(index);
-    if ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device)) {
-      tails_[static_cast<std::size_t>(index)].hashes.clear();  // its storage stays for the slot's next node
-    }
-  }
 }
 
 void KvEventRecorder::pages_stored(const RadixTree& tree, std::int32_t index, Tier tier) noexcept {
@@ -255,33 +212,55 @@ void KvEventRecorder::pages_removed(const RadixTree& tree, std::int32_t index, T
 }
 
 void KvEventRecorder::record_cleared() noexcept {
-  Draft cleared;
-  cleared.kind = KvEventKind::all_blocks_cleared;
-  push(cleared);
+  recorded_.fetch_add(1, std::memory_order_relaxed);
+  reset_known();  // the taking thread forgets every entry at AllBlocksCleared
+  std::lock_guard guard(queue_mutex_);
+  if (resync_needed_.load(std::memory_order_relaxed)) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  try {
+    if (queue_.events == 0) oldest_ = std::chrono::steady_clock::now();
+    append(queue_, Record{}, {});
+  } catch (const std::bad_alloc&) {
+    lose_queue(1);
+  }
 }
 
 void KvEventRecorder::resync(const RadixTree& tree) noexcept {
   Log snapshot;
+  reset_known();
   try {
     std::vector<std::int32_t> nodes;
     tree.nodes_top_down(nodes);
-    Draft cleared;
-    cleared.kind = KvEventKind::all_blocks_cleared;
-    append(snapshot, cleared);
+    append(snapshot, Record{}, {});  // AllBlocksCleared
+    for (std::int32_t n : nodes) (void)describe(tree, n, /*fold_own=*/false, snapshot);
     for (KvMedium medium : {KvMedium::gpu, KvMedium::cpu}) {
       for (std::int32_t n : nodes) {
         const NodeView v = tree.node_view(n);
         if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
-        append(snapshot, node_event(tree, n, medium, true));
+        Record r;
+        r.op = Op::stored;
+        r.medium = medium;
+        r.index = n;
+        r.generation = v.ref.generation;
+        r.pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
+        if (v.parent >= 0) {
+          r.parent = v.parent;
+          r.parent_generation = tree.node_view(v.parent).ref.generation;
+        }
+        r.token_ids = token_ids_;
+        append(snapshot, r, token_ids_ ? v.tokens : std::span<const std::int32_t>());
       }
     }
   } catch (const std::bad_alloc&) {
+    reset_known();
     return;  // still needed: the next try may have the memory
   }
   {
     std::lock_guard guard(queue_mutex_);
     // What was recorded since the drop is in the snapshot: it replaces the queue.
-    recorded_.fetch_add(snapshot.records.size(), std::memory_order_relaxed);
+    recorded_.fetch_add(snapshot.events, std::memory_order_relaxed);
     queue_ = std::move(snapshot);
     taken_left_ = 0;
     ++epoch_;
@@ -291,16 +270,29 @@ void KvEventRecorder::resync(const RadixTree& tree) noexcept {
   }
 }
 
+std::uint64_t KvEventRecorder::chain_hashes(std::uint64_t above, std::span<const std::int32_t> tokens,
+                                            std::vector<std::uint64_t>& out) const {
+  const auto page = static_cast<std::size_t>(page_size_);
+  for (std::size_t at = 0; at + page <= tokens.size(); at += page) {
+    above = next_block_hash(above, tokens.subspan(at, page));
+    out.push_back(above);
+  }
+  return above;
+}
+
 Status KvEventRecorder::cached_blocks(const RadixTree& tree, KvMedium medium, std::vector<std::uint64_t>& out) const {
   try {
+    // Chained here from the tree, top down (no cache: for tests and tools).
     std::vector<std::int32_t> nodes;
     tree.nodes_top_down(nodes);
-    std::vector<std::uint64_t> hashes;
+    std::map<std::int32_t, std::uint64_t> last;  // each node's last hash
+    std::vector<std::uint64_t> hashes, own;
     for (std::int32_t n : nodes) {
       const NodeView v = tree.node_view(n);
-      if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
-      const Draft d = node_event(tree, n, medium, false);
-      hashes.insert(hashes.end(), d.hashes.begin(), d.hashes.end());
+      const std::uint64_t above = v.parent >= 0 ? last.at(v.parent) : namespace_of(tree, n).seed;
+      own.clear();
+      last[n] = v.tokens.empty() ? above : chain_hashes(above, v.tokens, own);
+      if (medium == KvMedium::gpu ? v.on_device : v.on_host) hashes.insert(hashes.end(), own.begin(), own.end());
     }
     out = std::move(hashes);
     return {};
@@ -309,10 +301,126 @@ Status KvEventRecorder::cached_blocks(const RadixTree& tree, KvMedium medium, st
   }
 }
 
+// ---- the taking thread ----------------------------------------------------------
+
+std::size_t KvEventRecorder::claim(std::size_t max, std::size_t& first, std::size_t& end) {
+  std::lock_guard guard(queue_mutex_);
+  if (taken_epoch_ != epoch_ || taken_head_ == taken_.records.size()) {
+    // What was taken is handed out, or was lost or replaced since: the queue, whole, is next.
+    taken_.clear();
+    taken_head_ = 0;
+    taken_epoch_ = epoch_;
+    taken_left_ = queue_.events;
+    taken_oldest_ = oldest_;
+    std::swap(taken_, queue_);  // the queue gets the emptied log's storage
+  }
+  first = taken_head_;
+  std::size_t events = 0;
+  end = first;
+  while (end < taken_.records.size() && events < max) {
+    if (taken_.records[end].op != Op::define) ++events;
+    ++end;
+  }
+  taken_head_ = end;
+  taken_left_ -= events;
+  return events;
+}
+
+bool KvEventRecorder::build(std::size_t first, std::size_t end) {
+  built_.clear();
+  batch_hashes_.clear();
+  auto entry_of = [&](std::int32_t index, std::uint32_t generation) -> Entry* {
+    const auto slot = static_cast<std::size_t>(index);
+    if (index < 0 || slot >= entries_.size() || entries_[slot].generation != generation ||
+        entries_[slot].hashes.empty()) {
+      return nullptr;
+    }
+    return &entries_[slot];
+  };
+  for (std::size_t i = first; i < end; ++i) {
+    const Record& r = taken_.records[i];
+    if (r.op == Op::cleared) {
+      for (Entry& e : entries_) e.hashes.clear();
+      built_.push_back(Built{&r, 0, 0, std::nullopt, nullptr});
+      continue;
+    }
+    if (r.op == Op::define || r.define) {
+      std::uint64_t above = r.ns->seed;
+      if (r.parent >= 0) {
+        const Entry* up = entry_of(r.parent, r.parent_generation);
+        if (up == nullptr) return false;
+        above = up->hashes.back();
+      }
+      const auto slot = static_cast<std::size_t>(r.index);
+      if (slot >= entries_.size()) entries_.resize(std::max(slot + 1, 2 * entries_.size()));
+      Entry& e = entries_[slot];
+      e.generation = r.generation;
+      e.ns = r.ns;
+      e.hashes.clear();
+      (void)chain_hashes(above, std::span(taken_.tokens).subspan(r.tokens_at, r.token_count), e.hashes);
+      if (r.op == Op::define) continue;
+    }
+    Entry* e = entry_of(r.index, r.generation);
+    if (e == nullptr || e->hashes.size() < r.pages) return false;
+    Built b{&r, batch_hashes_.size(), r.pages, std::nullopt, e->ns};
+    batch_hashes_.insert(batch_hashes_.end(), e->hashes.end() - static_cast<std::ptrdiff_t>(r.pages), e->hashes.end());
+    if (r.op == Op::stored) {
+      if (e->hashes.size() > r.pages) {
+        b.parent = e->hashes[e->hashes.size() - r.pages - 1];
+      } else if (r.parent >= 0) {
+        const Entry* up = entry_of(r.parent, r.parent_generation);
+        if (up == nullptr) return false;
+        b.parent = up->hashes.back();
+      }
+    }
+    if (r.forget) e->hashes.clear();  // its storage stays for the slot's next node
+    built_.push_back(b);
+  }
+  return true;
+}
+
+KvEventView KvEventRecorder::view(const Built& b) const {
+  const Record& r = *b.record;
+  KvEventView v;
+  v.kind = r.op == Op::stored    ? KvEventKind::block_stored
+           : r.op == Op::removed ? KvEventKind::block_removed
+                                 : KvEventKind::all_blocks_cleared;
+  v.medium = r.medium;
+  v.block_hashes = std::span(batch_hashes_).subspan(b.hashes_at, b.hash_count);
+  if (r.op != Op::stored) return v;
+  if (r.token_ids) v.token_ids = std::span(taken_.tokens).subspan(r.tokens_at, r.token_count);
+  v.parent_block_hash = b.parent;
+  v.block_size = page_size_;
+  if (b.ns->adapter_id != 0) v.lora_id = b.ns->adapter_id;
+  v.extra_key = b.ns->digest;
+  return v;
+}
+
+std::size_t KvEventRecorder::take_views(std::vector<KvEventView>& out, std::size_t max) {
+  out.clear();
+  std::size_t first = 0, end = 0;
+  const std::size_t n = claim(max, first, end);
+  try {
+    if (!build(first, end)) {
+      // The log names a node this thread has no entry for: never expected; the resync puts it right.
+      std::lock_guard guard(queue_mutex_);
+      lose_queue(n);
+      return 0;
+    }
+    out.reserve(built_.size());  // the caller's vector, batch after batch: allocates once
+  } catch (const std::bad_alloc&) {
+    std::lock_guard guard(queue_mutex_);
+    lose_queue(n);
+    return 0;
+  }
+  for (const Built& b : built_) out.push_back(view(b));
+  return out.size();
+}
+
 // Every field set anew; the vectors and the string keep their storage (the
 // taking thread's, batch after batch), within the kept bounds.
-void KvEventRecorder::fill(const Record& r, KvEvent& out, std::size_t& kept_tokens) const {
-  const KvEventView v = view(r);
+void KvEventRecorder::fill(const Built& b, KvEvent& out, std::size_t& kept_tokens) const {
+  const KvEventView v = view(b);
   out.kind = v.kind;
   out.medium = v.medium;
   out.block_hashes.assign(v.block_hashes.begin(), v.block_hashes.end());
@@ -327,65 +435,25 @@ void KvEventRecorder::fill(const Record& r, KvEvent& out, std::size_t& kept_toke
   out.extra_key.assign(v.extra_key);
 }
 
-void KvEventRecorder::claim(std::size_t max, std::size_t& first, std::size_t& n) {
-  std::lock_guard guard(queue_mutex_);
-  if (taken_epoch_ != epoch_ || taken_head_ == taken_.records.size()) {
-    // What was taken is handed out, or was lost or replaced since: the queue, whole, is next.
-    taken_.clear();
-    taken_head_ = 0;
-    taken_epoch_ = epoch_;
-    taken_left_ = queue_.records.size();
-    taken_oldest_ = oldest_;
-    std::swap(taken_, queue_);  // the queue gets the emptied log's storage
-  }
-  first = taken_head_;
-  n = std::min(max, taken_left_);
-  taken_head_ += n;
-  taken_left_ -= n;
-}
-
-KvEventView KvEventRecorder::view(const Record& r) const {
-  KvEventView v;
-  v.kind = r.kind;
-  v.medium = r.medium;
-  v.block_hashes = std::span(taken_.hashes).subspan(r.hashes_at, r.hash_count);
-  v.token_ids = std::span(taken_.tokens).subspan(r.tokens_at, r.token_count);
-  if (r.kind != KvEventKind::block_stored) return v;
-  if (r.has_parent) v.parent_block_hash = r.parent;
-  v.block_size = page_size_;
-  if (r.ns->adapter_id != 0) v.lora_id = r.ns->adapter_id;
-  v.extra_key = r.ns->digest;
-  return v;
-}
-
-std::size_t KvEventRecorder::take_views(std::vector<KvEventView>& out, std::size_t max) {
-  out.clear();
-  std::size_t first = 0, n = 0;
-  claim(max, first, n);
-  try {
-    out.reserve(n);  // the caller's vector, batch after batch: allocates once
-  } catch (const std::bad_alloc&) {
-    std::lock_guard guard(queue_mutex_);
-    lose_queue(n);
-    return 0;
-  }
-  for (std::size_t i = 0; i < n; ++i) out.push_back(view(taken_.records[first + i]));
-  return n;
-}
-
 std::size_t KvEventRecorder::take(std::vector<KvEvent>& out, std::size_t max) {
-  std::size_t first = 0, n = 0;
-  claim(max, first, n);
-  // Outside the lock: only this thread reads taken_, and what is claimed is this batch's.
+  std::size_t first = 0, end = 0;
+  const std::size_t n = claim(max, first, end);
   std::size_t kept_tokens = 0;
   try {
+    if (!build(first, end)) {
+      out.clear();
+      std::lock_guard guard(queue_mutex_);
+      lose_queue(n);
+      return 0;
+    }
+    const std::size_t count = built_.size();
     // Events past this batch's count wait in slots_ rather than being destroyed: a batch of another size
     // would otherwise free and allocate their storage, batch after batch.
-    while (out.size() > n) {
+    while (out.size() > count) {
       slots_.push_back(std::move(out.back()));
       out.pop_back();
     }
-    while (out.size() < n) {
+    while (out.size() < count) {
       if (slots_.empty()) {
         out.emplace_back();
       } else {
@@ -393,19 +461,19 @@ std::size_t KvEventRecorder::take(std::vector<KvEvent>& out, std::size_t max) {
         slots_.pop_back();
       }
     }
-    for (std::size_t i = 0; i < n; ++i) fill(taken_.records[first + i], out[i], kept_tokens);
+    for (std::size_t i = 0; i < count; ++i) fill(built_[i], out[i], kept_tokens);
   } catch (const std::bad_alloc&) {
     out.clear();
     std::lock_guard guard(queue_mutex_);
     lose_queue(n);
     return 0;
   }
-  return n;
+  return out.size();
 }
 
 std::size_t KvEventRecorder::queued() const {
   std::lock_guard guard(queue_mutex_);
-  return queue_.records.size() + taken_left_;
+  return queue_.events + taken_left_;
 }
 
 std::chrono::steady_clock::time_point KvEventRecorder::oldest() const {

@@ -21,23 +21,25 @@
 // the tenant). So the same page has the same hash in every instance of one
 // model and secret, a stored, a removed and a parent hash always agree, and
 // tenants' chains start apart. Not SHA-256 per page: that was three quarters
-// of the cost of events to an engine (bench_events); nor xxHash64 (format of
-// 2026-12-05 and before): its chain, one page's hash the next one's seed,
-// waits 15 ns a page here against XXH3's 6.5, and hashing a new node's pages
-// was most of what events cost an engine's thread. A router only keys
+// of the cost of events to an engine (bench_events); nor xxHash64 (until
+// 2026-12-05): its chain, one page's hash the next one's seed, waits 15 ns a
+// page here against XXH3's 6.5. A router only keys
 // on these hashes (it hashes the token ids with its own scheme); a collision
 // would mislead a router's bookkeeping, never serve a wrong page. The salt
 // itself is never sent: each block's extra key is its digest.
 //
 // What the recording thread does is kept small, because it runs inside the
-// engine's calls: an event is a compact record in a log (its block hashes
-// and token ids copied into two flat arrays that keep their storage), and
-// the KvEvent structs are built by the thread that takes them.
+// engine's calls: an event is a compact record in a log (a node's token ids
+// copied into one flat array that keeps its storage), and the thread that
+// takes the log does the rest: it hashes each node's pages once (the
+// recording thread only notes which nodes it has described to it), keeps
+// them while the node is on a tier, and builds the events or their views.
 //
-// Threads: the observer calls, resync and cached_blocks run under the lock of
-// the tree's owner (its caches are that lock's); take is called by one
-// thread (the publisher's); queued, oldest, metrics and the counters may be
-// called from any thread.
+// Threads: the observer calls, record_cleared, resync and cached_blocks run
+// under the lock of the tree's owner (its notes are that lock's); take and
+// take_views are called by one thread (the publisher's), which owns the
+// hashes; queued, oldest, metrics and the counters may be called from any
+// thread.
 #pragma once
 
 #include <atomic>
@@ -109,76 +111,88 @@ class KvEventRecorder final : public RadixTreeObserver {
 
  private:
   // A namespace's seed (the first page's parent), its salt's digest (each
-  // block's extra key) and its adapter: learnt once per namespace.
+  // block's extra key) and its adapter: learnt once per namespace. Never
+  // freed (the map only grows): records and the taking thread point at them.
   struct Namespace {
     std::uint64_t seed = 0;
     std::string digest;
     std::int32_t adapter_id = 0;
   };
-  // A node's page hashes, computed once (a node leaves a tier with the hashes
-  // it entered with; the last is its children's parent), and its namespace,
-  // which its children share. A split leaves the lower half with the node's
-  // index and its last pages: the last hashes of the entry are still its own.
-  struct Tail {
+  // One entry of the log. define: node (index, generation) has these tokens,
+  // chained from the last hash of `parent` (-1: the namespace's seed);
+  // stored and removed: the node's last `pages` pages (a split leaves the
+  // lower half with the node's index and its last pages), with the define
+  // folded in when `define` is set; forget: the node left both tiers.
+  enum class Op : std::uint8_t { cleared, define, stored, removed };
+  struct Record {
+    Op op = Op::cleared;
+    KvMedium medium = KvMedium::gpu;
+    bool define = false, forget = false, token_ids = false;  // token_ids: the tokens go in the event too
+    std::int32_t index = -1, parent = -1;
+    std::uint32_t generation = 0, parent_generation = 0;
+    std::size_t pages = 0;
+    const Namespace* ns = nullptr;  // define
+    std::size_t tokens_at = 0, token_count = 0;
+  };
+  // Records in order and their tokens; cleared, a log keeps its storage
+  // (within kMaxLogTokens).
+  struct Log {
+    std::vector<Record> records;
+    std::vector<std::int32_t> tokens;
+    std::size_t events = 0;  // records that are events (all but defines)
+    void clear() noexcept;
+  };
+  static constexpr std::size_t kMaxLogTokens = std::size_t{1} << 22;  // kept past a clear (16 MiB)
+  // The recording thread's note of a node slot: whether the taking thread's
+  // entry for it (Entry) is this node's (same generation), and its namespace.
+  struct Known {
+    std::uint32_t generation = 0;
+    bool described = false;
+    const Namespace* ns = nullptr;
+  };
+  // The taking thread's entry of a node slot: its page hashes.
+  struct Entry {
     std::uint32_t generation = 0;
     const Namespace* ns = nullptr;
     std::vector<std::uint64_t> hashes;
   };
-  // One event in a log: its hashes and token ids are ranges of the log's
-  // flat arrays. ns: null for AllBlocksCleared; never freed (the namespaces
-  // map only grows), so a taking thread may read its digest.
-  struct Record {
-    KvEventKind kind = KvEventKind::all_blocks_cleared;
-    KvMedium medium = KvMedium::gpu;
-    bool has_parent = false;
-    std::uint64_t parent = 0;
-    const Namespace* ns = nullptr;
+  // An event of the batch being built: its record, and its hashes in batch_hashes_.
+  struct Built {
+    const Record* record = nullptr;
     std::size_t hashes_at = 0, hash_count = 0;
-    std::size_t tokens_at = 0, token_count = 0;
-  };
-  // Events in order; cleared, a log keeps its storage (within kMaxLogTokens).
-  struct Log {
-    std::vector<Record> records;
-    std::vector<std::uint64_t> hashes;
-    std::vector<std::int32_t> tokens;
-    void clear() noexcept;
-  };
-  static constexpr std::size_t kMaxLogTokens = std::size_t{1} << 22;  // kept past a clear (16 MiB)
-  // An event as node_event finds it: spans into tails_ and the tree, valid
-  // until the tree or tails_ change.
-  struct Draft {
-    KvEventKind kind = KvEventKind::block_stored;
-    KvMedium medium = KvMedium::gpu;
     std::optional<std::uint64_t> parent;
     const Namespace* ns = nullptr;
-    std::span<const std::uint64_t> hashes;
-    std::span<const std::int32_t> tokens;
   };
+
   void record(const RadixTree& tree, std::int32_t index, Tier tier, bool stored) noexcept;
-  Draft node_event(const RadixTree& tree, std::int32_t index, KvMedium medium, bool stored) const;
-  const Tail& known_tail(const RadixTree& tree, std::int32_t index) const;
-  // Node `index`'s entry if it is still that node's (same generation) and hashed; else nullptr.
-  const Tail* known_entry(std::int32_t index, std::uint32_t generation) const;
-  Tail& hash_node(std::int32_t index, const NodeView& v, const Namespace& ns, std::uint64_t above) const;
   const Namespace& namespace_of(const RadixTree& tree, std::int32_t index) const;
-  static void append(Log& log, const Draft& d);  // may throw std::bad_alloc, leaving `log` as it was
-  // The taking thread's: claims [first, first + n) of taken_, at most `max`.
-  void claim(std::size_t max, std::size_t& first, std::size_t& n);
-  KvEventView view(const Record& r) const;  // of a record of taken_
-  void fill(const Record& r, KvEvent& out, std::size_t& kept_tokens) const;
+  bool described(std::int32_t index, std::uint32_t generation) const;
+  // Appends to `log` a define for every node from `index` up that the taking
+  // thread does not know, top first, all but `index` itself when `fold_own`
+  // (its define then rides on the caller's record); returns `index`'s
+  // namespace. May throw std::bad_alloc, leaving `log` and known_ consistent
+  // (what it appended stays, and is noted).
+  const Namespace& describe(const RadixTree& tree, std::int32_t index, bool fold_own, Log& log) const;
+  static void append(Log& log, const Record& r, std::span<const std::int32_t> tokens);
   void lose_queue(std::uint64_t also) noexcept;  // under queue_mutex_
-  void push(const Draft& d) noexcept;
+  void reset_known() noexcept;
+  // The taking thread's: claims records [first, end) of taken_ holding at
+  // most `max` events, then builds them into built_ (false: the log did not
+  // fit the entries, a resync is asked for and the batch dropped).
+  std::size_t claim(std::size_t max, std::size_t& first, std::size_t& end);
+  bool build(std::size_t first, std::size_t end);
+  std::uint64_t chain_hashes(std::uint64_t above, std::span<const std::int32_t> tokens,
+                             std::vector<std::uint64_t>& out) const;
+  KvEventView view(const Built& b) const;
+  void fill(const Built& b, KvEvent& out, std::size_t& kept_tokens) const;
 
   const std::int32_t page_size_;
   const Digest32 scope_;
   const std::size_t capacity_;
   const bool token_ids_;
 
-  // The owner's lock: each node's entry, by node index (a slot whose node
-  // left both tiers is emptied, keeping its storage for the next node there;
-  // the generation tells a slot's nodes apart), and each namespace (a map:
-  // its entries do not move, the nodes' entries and the records point at them).
-  mutable std::vector<Tail> tails_;
+  // The owner's lock: each node slot's note, by node index, and each namespace.
+  mutable std::vector<Known> known_;
   mutable std::map<std::pair<std::string, std::int32_t>, Namespace> namespaces_;
 
   mutable std::mutex queue_mutex_;
@@ -192,12 +206,15 @@ class KvEventRecorder final : public RadixTreeObserver {
   std::chrono::steady_clock::time_point taken_oldest_{};
   std::size_t wake_threshold_ = 0;
   std::function<void()> wake_;
-  // The taking thread's own: the log it takes from, and events kept for the
-  // next batch that is larger than the last.
+  // The taking thread's own: the log it takes from, the node entries, the
+  // batch being built, and events kept for a batch larger than the last.
   Log taken_;
-  std::vector<KvEvent> slots_;
   std::size_t taken_head_ = 0;
   std::uint64_t taken_epoch_ = 0;
+  std::vector<Entry> entries_;
+  std::vector<Built> built_;
+  std::vector<std::uint64_t> batch_hashes_;
+  std::vector<KvEvent> slots_;
 
   std::atomic<bool> resync_needed_{false};
   std::atomic<std::uint64_t> recorded_{0}, dropped_{0}, resyncs_{0};
