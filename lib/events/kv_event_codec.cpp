@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -58,12 +59,30 @@ char* put_int32(char* at, std::int32_t v) {
 // An array of token ids, written in one pass into room made for the longest
 // form (five bytes an id) instead of one stream write per id: token ids are
 // most of a batch's bytes.
+// A non-negative id is written as one little-endian 8-byte store of its form
+// (tag and big-endian value) and an advance by the form's length, with no
+// branch on its width; negative ids (an engine has none) take put_int32.
 void pack_token_ids(Packer& p, std::string& out, std::span<const std::int32_t> ids) {
+  static_assert(std::endian::native == std::endian::little, "the 8-byte store writes the tag first");
   p.pack_array(static_cast<std::uint32_t>(ids.size()));
   const std::size_t at = out.size();
-  out.resize(at + 5 * ids.size());
+  out.resize(at + 5 * ids.size() + 3);  // + 3: the last 8-byte store's slack
   char* w = out.data() + at;
-  for (std::int32_t t : ids) w = put_int32(w, t);
+  for (std::int32_t t : ids) {
+    if (t < 0) {
+      w = put_int32(w, t);
+      continue;
+    }
+    const auto u = static_cast<std::uint32_t>(t);
+    const std::uint64_t forms[4] = {
+        u,                                                                               // fixint
+        0xccu | (std::uint64_t{u} << 8),                                                 // uint8
+        0xcdu | (std::uint64_t{__builtin_bswap16(static_cast<std::uint16_t>(u))} << 8),  // uint16
+        0xceu | (std::uint64_t{__builtin_bswap32(u)} << 8)};                             // uint32
+    const int form = (u >= 128u) + (u >= 256u) + (u >= 65536u);
+    std::memcpy(w, &forms[form], 8);
+    w += (0x05030201u >> (8 * form)) & 0xffu;  // 1, 2, 3 or 5 bytes
+  }
   out.resize(static_cast<std::size_t>(w - out.data()));
 }
 
