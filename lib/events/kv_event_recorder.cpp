@@ -68,11 +68,34 @@ bool KvEventRecorder::described(std::int32_t index, std::uint32_t generation) co
   return slot < known_.size() && known_[slot].described && known_[slot].generation == generation;
 }
 
+const std::int32_t* KvEventRecorder::Log::put(std::span<const std::int32_t> tokens) {
+  if (tokens.empty()) return nullptr;
+  std::size_t at = block, offset = used;
+  while (at < blocks.size() && blocks[at].capacity - offset < tokens.size()) {
+    ++at;  // the rest of a block too small for these is left unused until the log is cleared
+    offset = 0;
+  }
+  if (at == blocks.size()) {
+    const std::size_t capacity = std::max(kLogBlockTokens, tokens.size());
+    Block fresh{std::make_unique_for_overwrite<std::int32_t[]>(capacity), capacity};
+    blocks.push_back(std::move(fresh));  // may throw: then nothing changed
+  }
+  std::int32_t* out = blocks[at].data.get() + offset;
+  std::copy(tokens.begin(), tokens.end(), out);
+  block = at;
+  used = offset + tokens.size();
+  return out;
+}
+
 void KvEventRecorder::Log::clear() noexcept {
   records.clear();
-  tokens.clear();
   events = 0;
-  if (tokens.capacity() > kMaxLogTokens) std::vector<std::int32_t>().swap(tokens);  // after a burst or a resync
+  block = 0;
+  used = 0;
+  // After a burst or a resync: blocks past kMaxLogTokens in all are freed.
+  std::size_t kept = 0, keep = 0;
+  while (keep < blocks.size() && kept + blocks[keep].capacity <= kMaxLogTokens) kept += blocks[keep++].capacity;
+  blocks.resize(keep);
   if (records.capacity() > kMaxLogTokens / 16) std::vector<Record>().swap(records);
 }
 
@@ -81,13 +104,9 @@ void KvEventRecorder::append(Log& log, const Record& r, std::span<const std::int
   if (log.records.size() == log.records.capacity()) {
     log.records.reserve(std::max<std::size_t>(256, 2 * log.records.size()));
   }
-  if (log.tokens.capacity() - log.tokens.size() < tokens.size()) {
-    log.tokens.reserve(std::max(log.tokens.size() + tokens.size(), 2 * log.tokens.capacity()));
-  }
   Record copy = r;
-  copy.tokens_at = log.tokens.size();
+  copy.tokens = log.put(tokens);
   copy.token_count = tokens.size();
-  log.tokens.insert(log.tokens.end(), tokens.begin(), tokens.end());
   log.records.push_back(copy);
   if (r.op != Op::define) ++log.events;
 }
@@ -357,7 +376,7 @@ bool KvEventRecorder::build(std::size_t first, std::size_t end) {
       e.generation = r.generation;
       e.ns = r.ns;
       e.hashes.clear();
-      (void)chain_hashes(above, std::span(taken_.tokens).subspan(r.tokens_at, r.token_count), e.hashes);
+      (void)chain_hashes(above, std::span(r.tokens, r.token_count), e.hashes);
       if (r.op == Op::define) continue;
     }
     Entry* e = entry_of(r.index, r.generation);
@@ -388,7 +407,7 @@ KvEventView KvEventRecorder::view(const Built& b) const {
   v.medium = r.medium;
   v.block_hashes = std::span(batch_hashes_).subspan(b.hashes_at, b.hash_count);
   if (r.op != Op::stored) return v;
-  if (r.token_ids) v.token_ids = std::span(taken_.tokens).subspan(r.tokens_at, r.token_count);
+  if (r.token_ids) v.token_ids = std::span(r.tokens, r.token_count);
   v.parent_block_hash = b.parent;
   v.block_size = page_size_;
   if (b.ns->adapter_id != 0) v.lora_id = b.ns->adapter_id;

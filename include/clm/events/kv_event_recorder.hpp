@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -131,18 +132,28 @@ class KvEventRecorder final : public RadixTreeObserver {
     std::int32_t index = -1, parent = -1;
     std::uint32_t generation = 0, parent_generation = 0;
     std::size_t pages = 0;
-    const Namespace* ns = nullptr;  // define
-    std::size_t tokens_at = 0, token_count = 0;
+    const Namespace* ns = nullptr;         // define
+    const std::int32_t* tokens = nullptr;  // in the log's blocks
+    std::size_t token_count = 0;
   };
-  // Records in order and their tokens; cleared, a log keeps its storage
-  // (within kMaxLogTokens).
+  // Records in order and their tokens, in blocks that never move (a log
+  // that grows allocates a block, copying nothing); cleared, a log keeps its
+  // blocks (within kMaxLogTokens) for the records to come.
   struct Log {
+    struct Block {
+      std::unique_ptr<std::int32_t[]> data;
+      std::size_t capacity = 0;
+    };
     std::vector<Record> records;
-    std::vector<std::int32_t> tokens;
-    std::size_t events = 0;  // records that are events (all but defines)
+    std::vector<Block> blocks;
+    std::size_t block = 0, used = 0;  // the next tokens go to blocks[block] at `used`
+    std::size_t events = 0;           // records that are events (all but defines)
+    // A copy of `tokens` in the log's blocks. May throw std::bad_alloc, changing nothing.
+    const std::int32_t* put(std::span<const std::int32_t> tokens);
     void clear() noexcept;
   };
-  static constexpr std::size_t kMaxLogTokens = std::size_t{1} << 22;  // kept past a clear (16 MiB)
+  static constexpr std::size_t kLogBlockTokens = std::size_t{1} << 16;  // 256 KiB
+  static constexpr std::size_t kMaxLogTokens = std::size_t{1} << 22;    // kept past a clear (16 MiB)
   // The recording thread's note of a node slot: whether the taking thread's
   // entry for it (Entry) is this node's (same generation), and its namespace.
   struct Known {
