@@ -99,6 +99,20 @@ void KvEventRecorder::Log::clear() noexcept {
   if (records.capacity() > kMaxLogTokens / 16) std::vector<Record>().swap(records);
 }
 
+KvEventRecorder::Record KvEventRecorder::node_record(const RadixTree& tree, std::int32_t index, const NodeView& v,
+                                                     Op op) const {
+  Record r;
+  r.op = op;
+  r.index = index;
+  r.generation = v.ref.generation;
+  r.pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
+  if (v.parent >= 0) {
+    r.parent = v.parent;
+    r.parent_generation = tree.node_view(v.parent).ref.generation;
+  }
+  return r;
+}
+
 void KvEventRecorder::append(Log& log, const Record& r, std::span<const std::int32_t> tokens) {
   // Room first, then the copies, which cannot throw: a failed append leaves the log as it was.
   if (log.records.size() == log.records.capacity()) {
@@ -143,14 +157,7 @@ const KvEventRecorder::Namespace& KvEventRecorder::describe(const RadixTree& tre
       continue;
     }
     const NodeView v = tree.node_view(n);
-    Record r;
-    r.op = Op::define;
-    r.index = n;
-    r.generation = v.ref.generation;
-    if (v.parent >= 0) {
-      r.parent = v.parent;
-      r.parent_generation = tree.node_view(v.parent).ref.generation;
-    }
+    Record r = node_record(tree, n, v, Op::define);
     r.ns = ns;
     append(log, r, v.tokens);
     known_[slot] = Known{v.ref.generation, true, ns};
@@ -180,16 +187,8 @@ void KvEventRecorder::record(const RadixTree& tree, std::int32_t index, Tier tie
     return;
   }
   const NodeView v = tree.node_view(index);
-  Record r;
-  r.op = stored ? Op::stored : Op::removed;
+  Record r = node_record(tree, index, v, stored ? Op::stored : Op::removed);
   r.medium = tier == Tier::host ? KvMedium::cpu : KvMedium::gpu;
-  r.index = index;
-  r.generation = v.ref.generation;
-  r.pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
-  if (v.parent >= 0) {
-    r.parent = v.parent;
-    r.parent_generation = tree.node_view(v.parent).ref.generation;
-  }
   // A node that leaves both tiers is freed: its entry goes with it.
   r.forget = !stored && ((tier == Tier::device && !v.on_host) || (tier == Tier::host && !v.on_device));
   bool wake = false;
@@ -258,16 +257,8 @@ void KvEventRecorder::resync(const RadixTree& tree) noexcept {
       for (std::int32_t n : nodes) {
         const NodeView v = tree.node_view(n);
         if (!(medium == KvMedium::gpu ? v.on_device : v.on_host)) continue;
-        Record r;
-        r.op = Op::stored;
+        Record r = node_record(tree, n, v, Op::stored);
         r.medium = medium;
-        r.index = n;
-        r.generation = v.ref.generation;
-        r.pages = v.tokens.size() / static_cast<std::size_t>(page_size_);
-        if (v.parent >= 0) {
-          r.parent = v.parent;
-          r.parent_generation = tree.node_view(v.parent).ref.generation;
-        }
         r.token_ids = token_ids_;
         append(snapshot, r, token_ids_ ? v.tokens : std::span<const std::int32_t>());
       }

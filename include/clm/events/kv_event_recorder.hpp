@@ -184,6 +184,8 @@ class KvEventRecorder final : public RadixTreeObserver {
   // namespace. May throw std::bad_alloc, leaving `log` and known_ consistent
   // (what it appended stays, and is noted).
   const Namespace& describe(const RadixTree& tree, std::int32_t index, bool fold_own, Log& log) const;
+  // Node `index`'s record of kind `op`: the node, its pages and its parent.
+  Record node_record(const RadixTree& tree, std::int32_t index, const NodeView& v, Op op) const;
   static void append(Log& log, const Record& r, std::span<const std::int32_t> tokens);
   void lose_queue(std::uint64_t also) noexcept;  // under queue_mutex_
   void reset_known() noexcept;
