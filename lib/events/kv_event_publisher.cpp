@@ -188,6 +188,10 @@ struct KvEventPublisher::State {
       batch.data_parallel_rank = config.data_parallel_rank;
       batch.events.swap(events);  // the last batch's events: their storage serves again
       sent = recorder.take(batch.events, max);
+      if (sent == 0) {  // only records that describe nodes were left, or the batch was lost: nothing to send
+        events.swap(batch.events);
+        return;
+      }
       try {
         config.sink(seq, batch);
       } catch (...) {
@@ -196,6 +200,7 @@ struct KvEventPublisher::State {
       events.swap(batch.events);
     } else {
       sent = recorder.take_views(batch_views, max);
+      if (sent == 0) return;  // only records that describe nodes were left, or the batch was lost
       const bool keep_for_replay = config.buffer_batches > 0 && !config.replay_endpoint.empty();
       std::unique_ptr<PayloadPool::Payload> lent;  // without replay: encoded in a pooled payload, sent without a copy
       try {

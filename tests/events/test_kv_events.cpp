@@ -298,6 +298,7 @@ TEST_CASE("KV events: a host's sink gets every batch in order, on one thread of 
   CHECK(threads.size() == 1);
   CHECK(threads.count(std::this_thread::get_id()) == 0);
   for (std::size_t i = 0; i < sequences.size(); ++i) REQUIRE(sequences[i] == i);
+  for (const clm::KvEventBatch& b : batches) CHECK_FALSE(b.events.empty());  // no empty batch is numbered
   // Events reuse the storage of sent ones (KvEventRecorder::recycle): none
   // carries what an earlier event held.
   for (const clm::KvEventBatch& b : batches) {
