@@ -30,6 +30,7 @@
 
 #include "clm/status.hpp"
 #include "clm/store/consistent_hash.hpp"
+#include "clm/store/snapshot_store.hpp"
 #include "clm/store/suffix_key.hpp"
 #include "hnsw_index.hpp"
 #include "shard_mutex.hpp"
@@ -308,6 +309,10 @@ class StoreShard {
   };
   // The rows evict() would delete (pending usage counted), oldest use first.
   Status eviction_rows(std::int64_t unused_before_s, std::int64_t min_usage, std::vector<EvictionRow>& out);
+  // A key's readable rows with their snapshots, oldest version first; rows
+  // whose BLOB fails its checks are counted in `unreadable` and left out.
+  Status key_row_vectors(std::string_view tenant, const SuffixKey& key, std::vector<SnapshotRowVector>& out,
+                         std::int64_t& unreadable);
 
   // ---- maintenance (rekey, adopt; inside begin() .. commit()) --------------
   // Records key_rules (and kStoreFormat, adding the source_text column to a

@@ -1,7 +1,8 @@
 // lib/store/store_shard_inspect.cpp: what a shard tells about itself
 // (store_shard.hpp, "inspection"): counts, a read of every row with its
-// checks, the rows eviction would take. Reads only, so a read-only shard
-// answers them; rare calls, each prepares its statements when it runs.
+// checks, the rows eviction would take, a key's rows with their snapshots.
+// Reads only, so a read-only shard answers them; rare calls, each prepares
+// its statements when it runs.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -126,6 +127,36 @@ Status StoreShard::eviction_rows(std::int64_t unused_before_s, std::int64_t min_
     out.push_back(std::move(r));
   }
   return done(rc, "finding the rows eviction would take");
+}
+
+Status StoreShard::key_row_vectors(std::string_view tenant, const SuffixKey& key, std::vector<SnapshotRowVector>& out,
+                                   std::int64_t& unreadable) {
+  Statement q;
+  CLM_RETURN_IF_ERROR(
+      db_.prepare("SELECT id, version, created_at, confirmations, snapshot, checksum FROM semantic_snapshots"
+                  " WHERE suffix_hash = ?1 AND tenant = ?2 AND suffix_key = ?3 ORDER BY version, id",
+                  q));
+  q.bind_int(1, static_cast<std::int64_t>(key.fingerprint));  // SQLite stores i64
+  q.bind_blob(2, tenant);
+  q.bind_text(3, key.key);
+  out.clear();
+  unreadable = 0;
+  int rc;
+  while ((rc = q.step()) == SQLITE_ROW) {
+    SnapshotRowVector r;
+    r.id = q.column_int(0);
+    r.version = static_cast<std::int32_t>(q.column_int(1));
+    r.created_at_s = q.column_int(2);
+    r.confirmations = q.column_int(3);
+    r.vector.resize(static_cast<std::size_t>(settings_.dim));
+    if (!decode_snapshot_blob(q.column_blob(4), settings_.dim, static_cast<std::uint64_t>(q.column_int(5)), r.vector)
+             .ok()) {
+      ++unreadable;
+      continue;
+    }
+    out.push_back(std::move(r));
+  }
+  return done(rc, "reading a key's rows");
 }
 
 }  // namespace clm::store_detail

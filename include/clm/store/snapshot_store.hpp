@@ -394,6 +394,38 @@ struct EvictionCandidate {
   std::int64_t last_used_s = 0;  // Unix seconds, the latest lookup not yet written included
 };
 
+// One stored row of a key with its snapshot, as key_vectors reports it.
+struct SnapshotRowVector {
+  std::int64_t id = 0;  // the row's id in its shard
+  std::int32_t version = 0;
+  std::int64_t created_at_s = 0;  // Unix seconds
+  std::int64_t confirmations = 0;
+  std::vector<float> vector;  // [snapshot_dim], as stored: unit length to f16 precision
+};
+
+// Another key of the tenant near a key's rows (key_vectors).
+struct NeighbourKeyVectors {
+  std::string key;
+  std::uint64_t fingerprint = 0;
+  std::int32_t shard = 0;
+  float similarity = 0.0f;              // the highest cosine between one of its rows and one of the key's
+  std::vector<SnapshotRowVector> rows;  // every readable row (version) of it, oldest version first
+};
+
+// A key's rows and its nearest other keys' rows: what `clm_store plot` draws.
+struct KeyVectors {
+  std::string key;
+  std::uint64_t fingerprint = 0;
+  std::int32_t shard = 0;
+  bool blacklisted = false;             // refused at every level now (its rows are reported all the same)
+  std::vector<SnapshotRowVector> rows;  // every readable row (version), oldest version first
+  std::int64_t unreadable = 0;          // rows whose BLOB fails its checks: left out
+  // Nearest first, at most the number asked for. False when an index was
+  // being rebuilt (breaker (c)): the neighbours of that shard are missing.
+  bool neighbours_complete = true;
+  std::vector<NeighbourKeyVectors> neighbours;
+};
+
 class SnapshotStore {
  public:
   // The shape of the store at `path`. not_found when it holds none;
@@ -530,6 +562,14 @@ class SnapshotStore {
   // The rows evict() would delete now (evict_after_days, evict_min_usage;
   // usage not yet written counted), oldest use first. Deletes nothing.
   Status eviction_candidates(std::vector<EvictionCandidate>& out);
+  // A key's rows with their snapshots (blacklisted keys too), and the rows
+  // of up to max_neighbour_keys (0..64) other keys of the tenant whose rows
+  // lie nearest to them: each row's nearest entries in the tenant's level-2
+  // index of every shard (not only the key's group), the keys ranked by their
+  // best cosine to any of the key's rows. not_found when the key has no row;
+  // invalid_argument for a bad key or count.
+  Status key_vectors(std::string_view tenant, const SuffixKey& key, std::int32_t max_neighbour_keys,
+                     KeyVectors& out);
 
   // The shard a key lives in (for tools and tests).
   std::int32_t shard_of(std::string_view tenant, const SuffixKey& key) const;
