@@ -343,7 +343,7 @@ inline std::unique_ptr<clm::SnapshotStore> open_store(const clm::SnapshotStoreCo
 }
 
 // For the commands that only read (lookup, versions, blacklist --list, stats,
-// check, evict --dry-run): a read-only handle, which opens beside a server
+// check, evict --dry-run, plot): a read-only handle, which opens beside a server
 // that holds the store and writes nothing.
 inline std::unique_ptr<clm::SnapshotStore> open_reader(clm::SnapshotStoreConfig config) {
   config.read_only = true;

@@ -4,8 +4,10 @@
 // store what it would serve for a suffix, and looks after a store on disk:
 // row counts and file sizes, eviction, index rebuilds, integrity checks, and
 // corrects it by hand (admin.cpp: versions, pins, rollback, deletion, the
-// blacklist). The commands live by concept in text_keys.cpp, ingest.cpp,
-// lookup.cpp, maintenance.cpp and rekey.cpp (commands.hpp); this file
+// blacklist), and draws a key's vectors to see whether it holds one meaning
+// or two (plot.cpp). The commands live by concept in text_keys.cpp,
+// ingest.cpp, lookup.cpp, maintenance.cpp, rekey.cpp and plot.cpp
+// (commands.hpp); this file
 // dispatches. A
 // store is a directory of shard-NN.db files and their index files; its shard
 // count and snapshot_dim are read from it, so only `ingest` into a new
@@ -45,6 +47,10 @@
 //   clm_store rebuild-index: rebuilt 4 indexes of 5 rows in 0.167 s (0.320 s with opening); 4 index files
 //   $ clm_store check --store snaps
 //   clm_store check: ok: 4 shards, 5 rows, 0 fallbacks
+//   $ clm_store plot --store snaps --key REFUND --group after-sale --top 6 --out refund.png
+//   clm_store plot: REFUND (shard 3): 10 rows, versions 1..10 -> refund.png
+//     PC1   96.4% of the variance (0.6204)      # look at the picture: one cluster, or two?
+//   ...
 //   $ clm_store lookup --store snaps --lexicons my-lexicons "order 789?"   # other key rules: refused
 //   clm_store lookup: cannot open the store at snaps: failed_precondition: ... Run `clm_store rekey snaps` ...
 //   $ clm_store rekey --lexicons my-lexicons snaps   # keys made again from their texts
@@ -55,7 +61,7 @@
 // flags or input, a store that cannot be opened or written), with a message
 // on stderr. Everything goes through the store's API (no SQL of its own):
 // the commands that only read (key, lookup, versions, blacklist --list,
-// stats, check, evict --dry-run) open the store read-only, so they run beside
+// stats, check, evict --dry-run, plot) open the store read-only, so they run beside
 // a server that holds it; the others take the store's lock.
 #include "admin.hpp"
 #include "commands.hpp"
@@ -78,6 +84,8 @@ constexpr std::string_view kUsage =
     "  check          integrity_check of every shard, and every snapshot's checksum\n"
     "  rekey          rebuild a store's keys from their texts under the current key rules\n"
     "                 (--adopt: keep the keys, record the rules)\n"
+    "  plot           a PNG of a key's vectors on their two principal axes, by version, with\n"
+    "                 its nearest other keys: one cluster, or two meanings under one key\n"
     "\n"
     "  versions       a key's versions: usage, confirmations, which one is served\n"
     "  pin, unpin     serve one version of a key whatever is recorded later; lift that\n"
@@ -94,7 +102,7 @@ constexpr std::string_view kUsage =
     "made under (this clmcache's, and the lexicons of --lexicons DIR, default built-in), and\n"
     "every command must open it with the same --lexicons (and --replace-lexicons, which uses\n"
     "DIR's lexicons instead of the built-in ones), or rekey it. The reading commands (key, lookup,\n"
-    "versions, blacklist --list, stats, check, evict --dry-run) open a store read-only and run\n"
+    "versions, blacklist --list, stats, check, evict --dry-run, plot) open a store read-only and run\n"
     "beside the server that holds it; the others take its lock: run them while no server has it\n"
     "open (they are refused, \"already open\", while one has).\n"
     "Exit status: 0 ok; 1 a problem found (key: some lines failed; check: damage);\n"
@@ -131,6 +139,11 @@ const std::vector<Command>& commands() {
       {"rebuild-index", kRebuildUsage, kStoreFlags, {"--json", "--quiet", "--replace-lexicons"}, cmd_rebuild},
       {"check", kCheckUsage, kStoreFlags, {"--json", "--replace-lexicons"}, cmd_check},
       {"rekey", kRekeyUsage, {"--store", "--lexicons"}, {"--adopt", "--json", "--replace-lexicons"}, cmd_rekey},
+      {"plot",
+       kPlotUsage,
+       flags(kStoreFlags, {"--text", "--key", "--group", "--tenant", "--top", "--out", "--points"}),
+       {"--replace-lexicons"},
+       cmd_plot},
       {"versions", kVersionsUsage, kKeyFlags, {"--json", "--replace-lexicons"}, cmd_versions},
       {"pin", kPinUsage, flags(kKeyFlags, {"--version"}), {"--replace-lexicons"}, cmd_pin},
       {"unpin", kUnpinUsage, kKeyFlags, {"--replace-lexicons"}, cmd_unpin},

@@ -13,7 +13,9 @@
 # and rekey --adopt; and bad input (malformed JSON, a wrong dimension, numbers
 # that are no finite float, missing flags) refused with a non-zero exit and the
 # store's rows unchanged; administration by hand (versions, pin, unpin,
-# rollback, blacklist, delete-key, delete-tenant) in a store of its own. Texts are keyed with the test's own lexicons (the
+# rollback, blacklist, delete-key, delete-tenant) in a store of its own; plot
+# of a key of two meanings (its PNG, its points) and its refusals, in a store of
+# its own. Texts are keyed with the test's own lexicons (the
 # built-in ones change with the key rules, and no key string of theirs is
 # checked here). Plain bash and awk; everything it writes lies in one mktemp -d
 # directory, removed at the end.
@@ -544,6 +546,82 @@ done
 run stats --store "$astore" "${L1[@]}" --json
 [ "$(field rows)" = "$arows" ] || fail "the refused administration changed the rows"
 ok "administration on what is not there: exit status 2, nothing changed"
+
+# ---- plot (a store of its own) ------------------------------------------------------
+# Key pk holds two meanings: its records alternate between two far-apart
+# centres (cosine below 0.3), each switch a new version (--version-cosine 0.9),
+# so odd versions lie in one cluster and even ones in the other. Beside it,
+# neighbour keys n0..n5 (n0, n1 near the centres) and a key of one row.
+command -v gnuplot >/dev/null || fail "plot: gnuplot is not on PATH (Debian gnuplot-nox: make deps installs it)"
+pstore=$work/plot-store
+awk -v seed="$seed" -v dim="$dim" '
+  function gauss(  u1, u2) { u1 = rand(); u2 = rand(); if (u1 < 1e-12) u1 = 1e-12
+                             return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2) }
+  function unit(v,   d, n) { n = 0; for (d = 0; d < dim; d++) n += v[d] * v[d]; n = sqrt(n)
+                             for (d = 0; d < dim; d++) v[d] /= n }
+  function emit(key, group, base, sigma,   d, v, line) {
+    for (d = 0; d < dim; d++) v[d] = base[d] + sigma * gauss(); unit(v)
+    line = "{\"key\":\"" key "\",\"group\":\"" group "\",\"snapshot\":["
+    for (d = 0; d < dim; d++) line = line sprintf("%s%.7f", d ? "," : "", v[d])
+    print line "]}"
+  }
+  BEGIN {
+    srand(seed + 1)
+    do {
+      for (d = 0; d < dim; d++) { a[d] = gauss(); b[d] = gauss() }
+      unit(a); unit(b); c = 0; for (d = 0; d < dim; d++) c += a[d] * b[d]
+    } while (c > 0.3 || c < -0.3)
+    for (i = 0; i < 8; i++) {
+      if (i % 2) { emit("pk", "pg", b, 0.01); emit("pk", "pg", b, 0.01) } else { emit("pk", "pg", a, 0.01); emit("pk", "pg", a, 0.01) }
+    }
+    emit("n0", "h0", a, 0.1); emit("n1", "h1", b, 0.1)
+    for (k = 2; k < 6; k++) { for (d = 0; d < dim; d++) r[d] = gauss(); emit("n" k, "h" k, r, 0) }
+    for (d = 0; d < dim; d++) r[d] = gauss(); emit("lone", "pg", r, 0)
+  }' >"$work/plot.jsonl"
+run_in "$work/plot.jsonl" ingest --store "$pstore" "${L1[@]}" --dim "$dim" --shards 4 --min-usage 1 \
+  --version-cosine 0.9 --json
+expect_rc 0 "ingest into the plot store"
+[ "$(field new_version)" = 7 ] || fail "plot store: pk's seven switches of meaning are seven new versions"
+exec 9>>"$pstore/LOCK"  # held as a server holds it: plot opens the store read-only
+flock -x -n 9 || fail "could not take the plot store's lock"
+run plot --store "$pstore" "${L1[@]}" --key pk --group pg --top 3 --out "$work/pk.png" --points "$work/pk.tsv"
+expect_rc 0 "plot pk"
+[ "$(head -c 8 "$work/pk.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "plot: a PNG signature"
+[ "$(wc -c <"$work/pk.png")" -gt 5000 ] || fail "plot: a PNG of some size"
+[ "$(grep -c '^row	pk	' "$work/pk.tsv")" = 8 ] || fail "plot --points: a line for each of pk's 8 rows"
+[ "$(grep -c '^neighbour	' "$work/pk.tsv")" -ge 3 ] || fail "plot --points: the neighbours' rows"
+[ "$(awk -F'\t' '$1 == "neighbour" { print $2 }' "$work/pk.tsv" | sort -u | wc -l)" = 3 ] ||
+  fail "plot --top 3: three neighbour keys"
+awk -F'\t' '$1 == "neighbour" && $2 == "pk" { exit 1 }' "$work/pk.tsv" || fail "plot: the key is not its own neighbour"
+awk -F'\t' '$1 == "neighbour" && ($2 == "n0" || $2 == "n1") { seen[$2] = 1 } END { exit !(seen["n0"] && seen["n1"]) }' \
+  "$work/pk.tsv" || fail "plot: the keys near each meaning are among the nearest"
+# Two meanings: odd versions on one side of the first axis, even ones on the other.
+awk -F'\t' '$1 == "row" { side = ($4 > 0); parity = $3 % 2
+    if (parity in seen && seen[parity] != side) exit 1; seen[parity] = side }
+  END { exit !(seen[0] != seen[1]) }' "$work/pk.tsv" || fail "plot: the two meanings on either side of PC1"
+expect_out "PC1" "plot: the explained variance"
+ok "plot: a PNG of pk's 8 versions in two clusters and its 3 nearest keys, beside the store's lock holder"
+rm -f "$work/none.png"
+run plot --store "$pstore" "${L1[@]}" --key lone --group pg --out "$work/none.png"
+expect_rc 2 "plot of a key with one row"
+expect_err "one row has no shape to plot" "plot of a key with one row"
+[ ! -e "$work/none.png" ] || fail "plot of a key with one row: no picture"
+run plot --store "$pstore" "${L1[@]}" --key nobody --group pg --out "$work/none.png"
+expect_rc 2 "plot of a key not stored"
+expect_err "not_found" "plot of a key not stored"
+expect_err "nobody" "plot of a key not stored: the key named"
+[ ! -e "$work/none.png" ] || fail "plot of a key not stored: no picture"
+run plot --store "$pstore" "${L1[@]}" --key pk --group pg --out "$work/pk.svg"
+expect_rc 2 "plot --out not a .png"
+run plot --store "$pstore" "${L1[@]}" --key pk --group pg --top 65 --out "$work/none.png"
+expect_rc 2 "plot --top 65"
+PATH=$work/no-such-dir run plot --store "$pstore" "${L1[@]}" --key pk --group pg --out "$work/none.png"
+expect_rc 2 "plot without gnuplot"
+expect_err "gnuplot is not on PATH" "plot without gnuplot: named"
+[ ! -e "$work/none.png" ] || fail "plot without gnuplot: no picture"
+flock -u 9
+exec 9>&-
+ok "plot refused (exit 2, a message, no picture): a key of one row, a key not stored, --out not .png, --top 65, no gnuplot"
 
 # ---- evict for real --------------------------------------------------------------
 run evict --store "$store" "${L1[@]}" --older-than-days 0 --below-usage 1000000 --dry-run

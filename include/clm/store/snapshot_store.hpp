@@ -568,8 +568,7 @@ class SnapshotStore {
   // index of every shard (not only the key's group), the keys ranked by their
   // best cosine to any of the key's rows. not_found when the key has no row;
   // invalid_argument for a bad key or count.
-  Status key_vectors(std::string_view tenant, const SuffixKey& key, std::int32_t max_neighbour_keys,
-                     KeyVectors& out);
+  Status key_vectors(std::string_view tenant, const SuffixKey& key, std::int32_t max_neighbour_keys, KeyVectors& out);
 
   // The shard a key lives in (for tools and tests).
   std::int32_t shard_of(std::string_view tenant, const SuffixKey& key) const;
