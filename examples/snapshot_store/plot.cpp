@@ -221,20 +221,6 @@ int cmd_plot(const Args& args) {
     }
   }
 
-  if (points_path) {
-    std::ofstream points(*points_path, std::ios::binary | std::ios::trunc);
-    if (!points) throw Failure{fmt::format("cannot write {}: {}", *points_path, std::strerror(errno))};
-    points << "# kind\tkey\tversion\tx\ty\n";
-    for (const auto* set : {&rows, &neighbours}) {
-      for (const Point& p : *set) {
-        points << fmt::format("{}\t{}\t{}\t{:.9g}\t{:.9g}\n", set == &rows ? "row" : "neighbour", tsv_field(p.key),
-                              p.version, p.x, p.y);
-      }
-    }
-    points.close();
-    if (!points) throw Failure{fmt::format("writing {} failed", *points_path)};
-  }
-
   // The data: one block per version (or one block with the version as a
   // third column, past kMaxLegendVersions), then the neighbours' block.
   TempFile data("data"), script("gp"), errors("err");
@@ -330,6 +316,21 @@ int cmd_plot(const Args& args) {
                               : status != 0 ? fmt::format("exited with status {}", status)
                                             : std::string("wrote no PNG"),
                               said.empty() ? "" : ":\n", said)};
+  }
+
+  // The points, written once the picture is: a refusal leaves neither.
+  if (points_path) {
+    std::ofstream points(*points_path, std::ios::binary | std::ios::trunc);
+    if (!points) throw Failure{fmt::format("cannot write {}: {}", *points_path, std::strerror(errno))};
+    points << "# kind\tkey\tversion\tx\ty\n";
+    for (const auto* set : {&rows, &neighbours}) {
+      for (const Point& p : *set) {
+        points << fmt::format("{}\t{}\t{}\t{:.9g}\t{:.9g}\n", set == &rows ? "row" : "neighbour", tsv_field(p.key),
+                              p.version, p.x, p.y);
+      }
+    }
+    points.close();
+    if (!points) throw Failure{fmt::format("writing {} failed", *points_path)};
   }
 
   fmt::print("clm_store plot: {} (shard {}{}{}): {} rows, versions {}..{} -> {}\n", kv.key, kv.shard, tenant_note,
