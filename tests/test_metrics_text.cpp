@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <regex>
 #include <set>
@@ -173,6 +174,10 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_evictions_total", c.evictions);
   put("clm_eviction_duration_seconds_sum", m.eviction_duration.sum_seconds);
   put("clm_eviction_duration_seconds_count", m.eviction_duration.count());
+  put("clm_prefix_diverged_lookups_total", c.diverged_matches);
+  put("clm_prefix_match_depth_tokens_sum", c.match_depth.sum_tokens);
+  put("clm_prefix_match_depth_tokens_count",
+      std::accumulate(c.match_depth.counts.begin(), c.match_depth.counts.end(), std::uint64_t{0}));
   put("clm_prefix_cache_tokens", c.cached_tokens);
   put("clm_evictable_tokens", c.evictable_tokens);
   put("clm_protected_tokens", c.protected_tokens);
@@ -290,7 +295,10 @@ void check_against(const Scrape& s, const EngineMetrics& m) {
   const std::map<std::string, double> want = reference(m);
   std::map<std::string, double> got;
   for (const auto& [key, value] : s.series) {
-    if (key.rfind("clm_eviction_duration_seconds_bucket", 0) != 0) got[key] = value;
+    if (key.rfind("clm_eviction_duration_seconds_bucket", 0) != 0 &&
+        key.rfind("clm_prefix_match_depth_tokens_bucket", 0) != 0) {
+      got[key] = value;
+    }
   }
   for (const auto& [key, value] : want) {
     INFO(key);
@@ -309,6 +317,15 @@ void check_against(const Scrape& s, const EngineMetrics& m) {
     cumulative += static_cast<double>(h.counts[i]);
     CHECK(b[i].first == (i < h.kBounds.size() ? h.kBounds[i] : HUGE_VAL));
     CHECK(b[i].second == cumulative);
+  }
+  // Match depths: bounds 0, 16, 32, ..., 2^20 tokens, then +Inf.
+  const auto& d = s.buckets.at("clm_prefix_match_depth_tokens");
+  REQUIRE(d.size() == 19);
+  cumulative = 0;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    cumulative += static_cast<double>(m.cache.match_depth.counts[i]);
+    CHECK(d[i].first == (i == 0 ? 0.0 : i < 18 ? std::ldexp(1.0, static_cast<int>(i) + 3) : HUGE_VAL));
+    CHECK(d[i].second == cumulative);
   }
 }
 

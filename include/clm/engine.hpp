@@ -134,6 +134,7 @@ class Engine {
     if (config.max_pin_ttl.count() < 1) {
       return invalid_argument(fmt::format("max_pin_ttl must be >= 1 ms, got {} ms", config.max_pin_ttl.count()));
     }
+    CLM_RETURN_IF_ERROR(check_divergence_config(config.divergence));
     if (config.kv_events.enabled && config.model_id.empty()) {
       return invalid_argument("kv_events: needs model_id (the block hashes name the model, as stored pages do)");
     }
@@ -141,6 +142,7 @@ class Engine {
     if (!config.snapshot_store.path.empty()) CLM_RETURN_IF_ERROR(SnapshotStore::open(config.snapshot_store, store));
     std::unique_ptr<Engine> engine(new Engine(config, std::move(pool), std::move(tiers)));
     engine->store_ = std::move(store);
+    CLM_RETURN_IF_ERROR(engine->tree_->set_divergence(config.divergence));
     if (config.kv_events.enabled) CLM_RETURN_IF_ERROR(engine->start_kv_events());
     if (engine->tiers_) engine->tiers_->start(*engine->tree_, engine->mutex_);
     out = std::move(engine);
@@ -181,7 +183,9 @@ class Engine {
     if (from_storage) fetch_from_storage(prompt, seq->cache_namespace(), true, fetched);
     {
       std::unique_lock lock(mutex_);
-      CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, seq->cache_namespace(), match_, "admit"));
+      CacheNamespace ns = seq->cache_namespace();
+      ns.tenant = options.tenant;
+      CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, ns, match_, "admit"));
       CLM_RETURN_IF_ERROR(tree_->lock(match_.node));
       if (!pins_.empty()) refresh_pins_on_path(match_.node);
       if (!hints_.empty()) expire_hints(PrefixHints::Clock::now());
@@ -635,6 +639,20 @@ class Engine {
 
   // metrics() as Prometheus text (metrics_text.hpp).
   std::string metrics_text() const { return format_metrics_text(metrics()); }
+
+  // ---- divergence hot spots (EngineConfig::divergence, cache/divergence.hpp)
+  // Per tenant, the branch points where the most admissions split off the
+  // cached path with the fewest later hits past them, over the window ending
+  // now. A tenant is the name admissions gave (AdmitOptions::tenant), else
+  // its salt's digest ("salt:" and 32 hex digits; "" for no salt).
+  // failed_precondition when divergence counting is off.
+  Status divergence_report(const DivergenceReportOptions& options, DivergenceReport& out) {
+    if (!config_.divergence.enabled) {
+      return failed_precondition("divergence_report: divergence counting is off (EngineConfig::divergence.enabled)");
+    }
+    std::lock_guard lock(mutex_);
+    return tree_->divergence_report(options, &KvEventRecorder::salt_digest, out);
+  }
 
   // ---- KV events (EngineConfig::kv_events, events/) ------------------------
   // The hashes of every page now on `medium` (the pool, or the host tier),

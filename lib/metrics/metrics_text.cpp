@@ -56,6 +56,20 @@ class Exposition {
     sample(fmt::format("{}_count", name), {}, cumulative);
   }
 
+  void histogram(std::string_view name, std::string_view help, const MatchDepthHistogram& h) {
+    family(name, "histogram", help);
+    const std::string bucket = fmt::format("{}_bucket", name);
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i < MatchDepthHistogram::kFinite; ++i) {
+      cumulative += h.counts[i];
+      sample(bucket, fmt::format("le=\"{}\"", MatchDepthHistogram::bound(i)), cumulative);
+    }
+    cumulative += h.counts.back();
+    sample(bucket, "le=\"+Inf\"", cumulative);
+    sample(fmt::format("{}_sum", name), {}, h.sum_tokens);
+    sample(fmt::format("{}_count", name), {}, cumulative);
+  }
+
   std::string take() { return std::move(text_); }
 
  private:
@@ -83,6 +97,12 @@ void prefix_cache(Exposition& out, const EngineMetrics& m) {
   out.sample("cached_tokens_total", "source=\"host\"", t.host_hit_tokens);
   out.sample("cached_tokens_total", "source=\"storage\"", t.storage_hit_tokens);
   out.counter("prefix_cache_lookups_total", "Prefix cache lookups (one per admission).", c.match_calls);
+  out.histogram("prefix_match_depth_tokens",
+                "Where prefix-cache lookups stopped matching, in tokens from the prompt's start (divergence counting on).",
+                c.match_depth);
+  out.counter("prefix_diverged_lookups_total",
+              "Lookups that split off a longer cached path with a page or more of the prompt left (a branch point).",
+              c.diverged_matches);
   out.counter("inserted_tokens_total", "Tokens newly stored in the prefix cache.", c.inserted_tokens);
   out.counter("evicted_tokens_total", "Tokens evicted from the device.", c.evicted_tokens);
   out.counter("evictions_total", "Cached prefixes (tree leaves) evicted from the device.", c.evictions);

@@ -71,6 +71,7 @@
 
 #include <fmt/format.h>
 
+#include "clm/cache/divergence.hpp"
 #include "clm/cache/eviction_policy.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
 #include "clm/cache/radix_tree_types.hpp"
@@ -159,9 +160,21 @@ class RadixTree {
       end = create_namespace(ns);
       remember_miss_root(end);
     }
-    if (walk.offset < nodes_[end].len) {
+    // A branch point: a whole page of the prompt was left to compare and the
+    // cached path went on (inside the node, or in children none of which matched).
+    const bool split_off = divergence_.enabled() && walk.matched > 0 && length - 1 - walk.matched >= page_size_ &&
+                           (walk.offset < nodes_[end].len || nodes_[end].num_children > 0);
+    const bool inside = walk.offset < nodes_[end].len;
+    if (inside) {
       end = split(end, walk.offset);
       path_.back() = end;
+    }
+    if (split_off) {
+      // After a split the node's rest, from its first token, is the cached path the request left.
+      const Node& rest = nodes_[walk.node];
+      divergence_.record_split(ref(end), ns, walk.matched, tokens,
+                               inside ? std::span<const std::int32_t>(rest.data, static_cast<std::size_t>(rest.len))
+                                      : std::span<const std::int32_t>());
     }
     ++tick_;
     out.pages.clear();
@@ -171,9 +184,11 @@ class RadixTree {
     out.host_node = NodeRef{};
     std::int32_t device_end = path_.empty() ? end : nodes_[path_.front()].parent;  // the namespace root
     bool host_backed = true;
+    std::int32_t passed_branch = -1;  // the deepest branch point the match went on past
     // The path is device nodes, then host-only ones (a device node's parent is on the device).
     for (std::int32_t n : path_) {
       Node& node = nodes_[n];
+      if (node.num_children > 1 && n != path_.back()) passed_branch = n;
       node.last_access = tick_;
       // Saturates: a wrap to 0 would turn the hottest prefix into the coldest under LFU.
       if (node.hits < std::numeric_limits<std::uint32_t>::max()) ++node.hits;
@@ -191,6 +206,11 @@ class RadixTree {
       refresh_host_heap(n);
     }
     if (segmented_) enforce_protected_cap();
+    if (divergence_.enabled()) {
+      if (passed_branch >= 0) divergence_.record_hit(ref(passed_branch));
+      metrics_.match_depth.record(walk.matched);
+      if (split_off) ++metrics_.diverged_matches;
+    }
     out.cached_tokens = static_cast<std::int32_t>(out.pages.size()) * page_size_;
     out.host_tokens = static_cast<std::int32_t>(out.host_pages.size()) * page_size_;
     out.node = ref(device_end);
@@ -585,6 +605,24 @@ class RadixTree {
     return pool_.valid_id(page) && (owned_pages_[static_cast<std::size_t>(page) >> 6] >> (page & 63) & 1);
   }
 
+  // ---- divergence (cache/divergence.hpp) --------------------------------------
+  // Branch points and the match-depth histogram: on by default. A new
+  // configuration forgets every point (the counters in metrics() stay).
+  Status set_divergence(const DivergenceConfig& config) {
+    CLM_RETURN_IF_ERROR(check_divergence_config(config));
+    divergence_.configure(config);
+    return {};
+  }
+  const DivergenceConfig& divergence_config() const { return divergence_.config(); }
+  // The branch points over the window ending now; `name_of_salt` names the
+  // namespaces admitted without a tenant name (the Engine: the salt's digest).
+  Status divergence_report(const DivergenceReportOptions& options,
+                           const std::function<std::string(std::string_view)>& name_of_salt, DivergenceReport& out) {
+    return divergence_.report(options, name_of_salt, out);
+  }
+  // Tests only: the sketch's clock (milliseconds).
+  void set_divergence_clock(DivergenceSketch::Clock clock) { divergence_.set_clock(clock); }
+
   RadixTreeMetrics metrics() const {
     RadixTreeMetrics m = metrics_;
     m.cached_tokens = cached_;
@@ -622,7 +660,8 @@ class RadixTree {
            owned_pages_.capacity() * sizeof(std::uint64_t) + host_heap_.memory_bytes() +
            host_owned_pages_.capacity() * sizeof(std::uint64_t) + backed_up_.capacity() * sizeof(NodeRef) +
            host_scratch_.capacity() * sizeof(std::int32_t) + path_.capacity() * sizeof(std::int32_t) +
-           scratch_.capacity() * sizeof(std::int32_t) + ghost_.memory_bytes() + namespace_bytes;
+           scratch_.capacity() * sizeof(std::int32_t) + ghost_.memory_bytes() + namespace_bytes +
+           divergence_.memory_bytes();
   }
 
   // Recomputes every derived quantity from scratch and compares (for tests):
@@ -859,6 +898,7 @@ class RadixTree {
   std::int64_t namespace_count_ = 0;
   std::size_t block_bytes_ = 0;
   RadixTreeMetrics metrics_;
+  DivergenceSketch divergence_;
 };
 
 }  // namespace clm

@@ -10,6 +10,9 @@
 //   // hit.pages: the cached prefix's pages; hit.node: lock it while it runs
 #pragma once
 
+#include <algorithm>
+#include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -25,6 +28,10 @@ namespace clm {
 struct CacheNamespace {
   std::string_view salt;
   std::int32_t adapter_id = 0;
+  // The tenant's name for reports (cache/divergence.hpp), as the host gives
+  // it; not part of the namespace: requests with one salt share pages
+  // whatever names they carry.
+  std::string_view tenant = {};
 };
 
 // A handle to a tree node. Stale handles (the node was evicted) are detected.
@@ -105,6 +112,26 @@ struct InsertOutcome {
   NodeRef node;                    // node that ends at stored_tokens
 };
 
+// Where matches end, in tokens from the prompt's start: a histogram in powers
+// of two, so a dashboard sees the depth a workload's prompts break at.
+struct MatchDepthHistogram {
+  // Upper bounds: 0 (nothing matched), 16, 32, ..., 2^20 tokens, then +Inf.
+  static constexpr std::size_t kFinite = 18;
+  static constexpr std::int64_t bound(std::size_t i) { return i == 0 ? 0 : std::int64_t{8} << i; }
+  std::array<std::uint64_t, kFinite + 1> counts{};  // counts[i]: in (bound(i-1), bound(i)]; the last: above
+  std::uint64_t sum_tokens = 0;
+
+  void record(std::int32_t depth) {
+    const auto d = static_cast<std::uint32_t>(depth);
+    const std::size_t i =
+        d == 0 ? 0
+               : std::min<std::size_t>(
+                     kFinite, static_cast<std::size_t>(std::max(4U, static_cast<unsigned>(std::bit_width(d - 1)))) - 3);
+    ++counts[i];
+    sum_tokens += d;
+  }
+};
+
 struct RadixTreeMetrics {
   std::uint64_t match_calls = 0;
   std::uint64_t tokens_queried = 0;   // sum of match_prefix lengths
@@ -112,6 +139,11 @@ struct RadixTreeMetrics {
   std::uint64_t inserted_tokens = 0;  // tokens newly stored by insert
   std::uint64_t evicted_tokens = 0;
   std::uint64_t evictions = 0;  // leaves evicted
+  // Where matches end (with divergence counting on: RadixTree::set_divergence),
+  // and how many ended at a branch point: a whole page of the prompt left
+  // unmatched while the cached path went on (cache/divergence.hpp).
+  MatchDepthHistogram match_depth;
+  std::uint64_t diverged_matches = 0;
   std::int64_t cached_tokens = 0;
   std::int64_t evictable_tokens = 0;
   std::int64_t protected_tokens = 0;

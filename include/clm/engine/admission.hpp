@@ -21,6 +21,10 @@ namespace clm {
 struct AdmitOptions {
   std::string_view cache_salt;  // requests with different salts never share pages
   std::int32_t adapter_id = 0;  // nor do requests computed with different adapters
+  // The tenant's name in reports (Engine::divergence_report), e.g. the
+  // server's API-key tenant; without one a report names the salt's digest,
+  // never the salt. Not part of the namespace: only the salt separates.
+  std::string_view tenant = {};
   int priority = 0;             // 0-100, lowest evicted first: EvictionPolicy::priority
                                 // and ghost_slru (eviction_policy.hpp); others ignore it
   // How `priority` meets the priority already cached along the prompt: raise

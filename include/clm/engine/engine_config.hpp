@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "clm/cache/divergence.hpp"
 #include "clm/cache/eviction_policy.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
 #include "clm/events/kv_events_config.hpp"
@@ -61,6 +62,9 @@ struct EngineConfig {
   std::chrono::milliseconds max_pin_ttl{std::chrono::hours(24)};  // (and of priority hints)
   // Priorities that expire (Engine::hint_prefix): at most this many held.
   std::int32_t max_priority_hints = 4096;
+  // Where prompts split off the cached paths (cache/divergence.hpp,
+  // Engine::divergence_report): on by default, bounded memory.
+  DivergenceConfig divergence;
 };
 
 }  // namespace clm
