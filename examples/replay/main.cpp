@@ -41,6 +41,7 @@ constexpr std::string_view kUsage =
     "              [--policy lru|lfu|slru|priority|ghost_slru|belady] [--protected-fraction F]\n"
     "              [--ghost-memory M] [--hint-next-turn-within S [--hint-recall R]\n"
     "               [--hint-false-rate Q] [--hint-update raise|set]] [--json] [--repeat K] [--seed S]\n"
+    "              [--no-divergence]\n"
     "              [--l2-capacity TOKENS [--storage URL --model-id ID]\n"
     "               [--write-policy write_through|write_through_selective|write_back]\n"
     "               [--prefetch best_effort|wait_complete|timeout]\n"
@@ -77,6 +78,9 @@ constexpr std::string_view kUsage =
     "               hinted; set replaces it, so a hint ends when the next turn comes unhinted\n"
     "  --json       one JSON object on stdout instead of text\n"
     "  --repeat     replays on a fresh pool and tree; times are their median (default 1)\n"
+    "  --no-divergence\n"
+    "               switch off the branch points and match-depth counting (docs/observability.md),\n"
+    "               the baseline of their cost\n"
     "  --seed       gsp generator seed (default 42)\n"
     "  --write-gsp  write the gsp workload of --seed as JSONL to FILE\n"
     "\n"
@@ -131,6 +135,7 @@ struct Options {
   std::string kv_events, kv_events_replay;
   std::optional<std::int32_t> kv_events_buffer;
   double kv_events_linger_s = 0;
+  bool divergence = true;
   bool tiered() const { return l2_capacity && *l2_capacity > 0; }
 };
 
@@ -210,6 +215,9 @@ Options parse_flags(int argc, char** argv) {
     } else if (arg == "--json") {
       no_value();
       options.json = true;
+    } else if (arg == "--no-divergence") {
+      no_value();
+      options.divergence = false;
     } else if (arg == "--repeat") {
       options.repeat = parse_int<int>(arg, value(), 1);
     } else if (arg == "--seed") {
@@ -336,6 +344,16 @@ std::string tier_json(const Options& options, const ReplayResult& r) {
          kv_events_json(r);
 }
 
+// The divergence fields (with a leading comma): `null` when switched off.
+std::string divergence_json(const Options& options, const ReplayResult& r) {
+  if (!options.divergence) return ",\"divergence\":null";
+  const clm::BranchPoint& b = r.top_branch_point;
+  return fmt::format(
+      ",\"divergence\":{{\"diverged_lookups\":{},\"top_branch_point\":{{\"tenant\":{},\"depth\":{},\"branches\":{},"
+      "\"hits\":{}}}}}",
+      r.diverged_lookups, json_string(b.tenant), b.depth, b.branches, b.hits);
+}
+
 void print_json(const Options& options, const ReplayResult& r, double memcmp_gbps) {
   std::string runs;
   for (const double w : r.wall_s_runs) {
@@ -362,7 +380,7 @@ void print_json(const Options& options, const ReplayResult& r, double memcmp_gbp
       json_number(r.wall_s), runs, json_number(r.requests_per_s()), json_number(r.metadata_bytes_per_token()),
       r.peak_cached_tokens, r.metadata_bytes_at_peak, json_number(r.final_metadata_bytes_per_token()),
       r.final_cached_tokens, r.final_metadata_bytes, r.touched_bytes(), json_number(memcmp_gbps),
-      json_number(r.memory_bound_fraction(memcmp_gbps)), tier_json(options, r));
+      json_number(r.memory_bound_fraction(memcmp_gbps)), tier_json(options, r) + divergence_json(options, r));
 }
 
 void print_text(const Options& options, const ReplayResult& r, double memcmp_gbps) {
@@ -382,6 +400,14 @@ void print_text(const Options& options, const ReplayResult& r, double memcmp_gbp
              r.prompt_tokens, r.failed_requests);
   fmt::print("stored / evicted  {} tokens stored, {} tokens evicted in {} leaves\n", r.inserted_tokens,
              r.evicted_tokens, r.evictions);
+  if (options.divergence) {
+    const clm::BranchPoint& b = r.top_branch_point;
+    fmt::print("divergence        {} lookups split off a longer cached path", r.diverged_lookups);
+    if (b.branches > 0) {
+      fmt::print("; top branch point at token {} ({} splits, {} hits past it)", b.depth, b.branches, b.hits);
+    }
+    fmt::print("\n");
+  }
   if (r.tiered) {
     const clm::TierMetrics& t = r.tiers;
     fmt::print("tiers             L1 {} tokens, L2 {} tokens ({} pages), storage {}; {}, prefetch {}\n",
@@ -456,6 +482,7 @@ int run(const Options& options) {
       config.keep_engine = options.kv_events_linger_s > 0;
     }
   }
+  config.divergence = options.divergence;
   ReplayResult result;
   if (const clm::Status replayed = clm::replay::run_replays(workload, config, options.repeat, result); !replayed.ok()) {
     fmt::print(stderr, "replay: {}: {}\n", replayed.code_name(), replayed.message());

@@ -479,6 +479,7 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   // and make them depend on the machine's load.
   engine_config.tiers.admission_deadline_ms = 3.6e6;
   engine_config.kv_events = config.kv_events;
+  engine_config.divergence.enabled = config.divergence;
   std::unique_ptr<Engine> engine;
   CLM_RETURN_IF_ERROR(Engine::create(engine_config, engine));
 
@@ -522,6 +523,12 @@ Status run_tiered_replay(const Workload& workload, const ReplayConfig& config, R
   result.evictions = metrics.cache.evictions;
   result.final_cached_tokens = metrics.cache.cached_tokens;
   result.final_metadata_bytes = metrics.cache.metadata_bytes;
+  result.diverged_lookups = metrics.cache.diverged_matches;
+  if (config.divergence) {
+    DivergenceReport report;
+    CLM_RETURN_IF_ERROR(engine->divergence_report({.top_per_tenant = 1}, report));
+    if (!report.points.empty()) result.top_branch_point = report.points.front();
+  }
   result.tiers = metrics.tiers;
   if (metrics.active_sequences != 0) {
     return {StatusCode::internal, fmt::format("{} sequences still running at the end", metrics.active_sequences)};
@@ -612,6 +619,7 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
   {
     RadixTree tree(*pool, config.policy, config.effective_protected_fraction(), nullptr,
                    config.effective_ghost_memory());
+    CLM_RETURN_IF_ERROR(tree.set_divergence({.enabled = config.divergence}));
     RequestReplayer replayer(workload, tree, *pool, next_uses.get());
     auto sample_metadata = [&] {
       const std::int64_t cached = tree.cached_tokens();
@@ -644,6 +652,12 @@ Status run_replay(const Workload& workload, const ReplayConfig& config, ReplayRe
     result.evictions = metrics.evictions;
     result.final_cached_tokens = tree.cached_tokens();
     result.final_metadata_bytes = tree.metadata_bytes();
+    result.diverged_lookups = metrics.diverged_matches;
+    if (config.divergence) {
+      DivergenceReport report;
+      CLM_RETURN_IF_ERROR(tree.divergence_report({.top_per_tenant = 1}, &KvEventRecorder::salt_digest, report));
+      if (!report.points.empty()) result.top_branch_point = report.points.front();
+    }
 
     // Every page in use must be a cached one: requests gave back the rest.
     const std::int64_t used_tokens = static_cast<std::int64_t>(pool->used_pages()) * config.page_size;

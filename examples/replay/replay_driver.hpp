@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "clm/cache/divergence.hpp"
 #include "clm/cache/eviction_policy.hpp"
 #include "clm/events/kv_events_config.hpp"
 #include "clm/kernels/kv_dtype.hpp"
@@ -92,6 +93,9 @@ struct ReplayConfig {
   // on) until the caller lets it go.
   KvEventsConfig kv_events;
   bool keep_engine = false;
+  // Divergence counting (cache/divergence.hpp: branch points, the match-depth
+  // histogram), on as in an Engine; off for the baseline of its cost.
+  bool divergence = true;
 
   bool tiered() const { return host_capacity_tokens > 0 || !storage_url.empty(); }
   // The parameters the policy runs with (the defaults for NaN).
@@ -138,8 +142,13 @@ struct ReplayResult {
   double hint_false_rate = 0.0;
   PriorityUpdate hint_update = PriorityUpdate::raise;
   std::uint64_t hinted_requests = 0;  // cached with kNextTurnHintPriority
-  double wall_s = 0;                  // the replay loop alone (the median with repeats)
-  std::vector<double> wall_s_runs;    // every run's, in run order
+  // Divergence (with ReplayConfig::divergence): lookups that split off a
+  // longer cached path, and the run's branch point with the most splits no
+  // later request reached a branch of (depth 0 and no branches: none).
+  std::uint64_t diverged_lookups = 0;
+  BranchPoint top_branch_point;
+  double wall_s = 0;                // the replay loop alone (the median with repeats)
+  std::vector<double> wall_s_runs;  // every run's, in run order
 
   // The tiered path only (all zero otherwise). hit_tokens is split by the
   // tier each cached token was served from (Admission::host_tokens,
