@@ -111,6 +111,16 @@ static_assert(offsetof(clm_engine_options, kv_events) >= kEngineOptionsV6, "vers
 constexpr std::size_t kMetricsV5 = offsetof(clm_metrics, queued_fetches) + sizeof(int64_t);
 static_assert(kMetricsV4 < kMetricsV5 && kMetricsV5 < sizeof(clm_metrics));
 static_assert(offsetof(clm_metrics, has_kv_events) >= kMetricsV5, "version 6 appends");
+// Version 7, frozen: version 8 (divergence) appends to it.
+constexpr std::size_t kEngineOptionsV7 = offsetof(clm_engine_options, kv_events_token_ids) + sizeof(int32_t);
+static_assert(kEngineOptionsV6 < kEngineOptionsV7 && kEngineOptionsV7 < sizeof(clm_engine_options));
+static_assert(offsetof(clm_engine_options, divergence) >= kEngineOptionsV7, "version 8 appends");
+constexpr std::size_t kMetricsV6 = offsetof(clm_metrics, kv_events_next_sequence) + sizeof(uint64_t);
+static_assert(kMetricsV5 < kMetricsV6 && kMetricsV6 < sizeof(clm_metrics));
+static_assert(offsetof(clm_metrics, diverged_lookups) >= kMetricsV6, "version 7 appends");
+constexpr std::size_t kAdmitOptionsV2 = offsetof(clm_admit_options, priority_update) + sizeof(int32_t);
+static_assert(offsetof(clm_admit_options, tenant) >= kAdmitOptionsV2, "version 3 appends");
+constexpr std::size_t kBranchPointV1 = sizeof(clm_branch_point);
 constexpr std::size_t kKvEventBatchV1 = sizeof(clm_kv_event_batch);
 static_assert(offsetof(clm_admit_options, priority_update) >= kAdmitOptionsV1, "version 2 appends");
 static_assert(CLM_PRIORITY_RAISE == static_cast<int>(clm::PriorityUpdate::raise) &&

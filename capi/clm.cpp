@@ -106,6 +106,11 @@ clm_engine_options default_engine_options() {
   o.kv_events_send_hwm = events.send_hwm;
   o.kv_events_data_parallel_rank = events.data_parallel_rank;
   o.kv_events_token_ids = events.token_ids ? 1 : 0;
+  const clm::DivergenceConfig& divergence = defaults.divergence;
+  o.divergence = divergence.enabled ? 1 : 0;
+  o.divergence_branch_points = divergence.branch_points;
+  o.divergence_window_ms = static_cast<int32_t>(divergence.window_ms);
+  o.divergence_context_tokens = divergence.context_tokens;
   return o;
 }
 
@@ -116,10 +121,11 @@ constexpr std::size_t kMaxStorageUrlBytes = 8192;  // a path and a few options
 
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_engine_options_init", "options");
-  if (clm_status s = check_struct_size<clm_engine_options>(
-          struct_size,
-          {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5, kEngineOptionsV6},
-          "clm_engine_options_init")) {
+  if (clm_status s =
+          check_struct_size<clm_engine_options>(struct_size,
+                                                {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4,
+                                                 kEngineOptionsV5, kEngineOptionsV6, kEngineOptionsV7},
+                                                "clm_engine_options_init")) {
     return s;
   }
   clm_engine_options defaults = default_engine_options();
@@ -133,10 +139,11 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     if (!out) return null_argument("clm_engine_create", "out");
     *out = nullptr;
     if (!options) return null_argument("clm_engine_create", "options (num_pages has no default)");
-    if (clm_status s = check_struct_size<clm_engine_options>(options->struct_size,
-                                                             {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3,
-                                                              kEngineOptionsV4, kEngineOptionsV5, kEngineOptionsV6},
-                                                             "clm_engine_create")) {
+    if (clm_status s = check_struct_size<clm_engine_options>(
+            options->struct_size,
+            {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5, kEngineOptionsV6,
+             kEngineOptionsV7},
+            "clm_engine_create")) {
       return s;
     }
     const clm_engine_options widened = widen(options, options->struct_size, default_engine_options());
@@ -247,6 +254,14 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
       strings[i].second->assign(strings[i].first, n);
     }
     if (clm_status s = kv_events_config(*options, config.kv_events)) return s;
+    if (options->divergence != 0 && options->divergence != 1) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_create: divergence is {} (0 or 1)", options->divergence));
+    }
+    config.divergence.enabled = options->divergence == 1;
+    config.divergence.branch_points = options->divergence_branch_points;
+    config.divergence.window_ms = options->divergence_window_ms;
+    config.divergence.context_tokens = options->divergence_context_tokens;
     auto state = std::make_shared<EngineState>();
     if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
 #if CLM_HAVE_CUDA
@@ -297,7 +312,8 @@ clm_status clm_engine_kv_layout(clm_kv_layout* out, const clm_engine* engine) {
 
 clm_status clm_admit_options_init(clm_admit_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_admit_options_init", "options");
-  if (clm_status s = check_struct_size<clm_admit_options>(struct_size, {kAdmitOptionsV1}, "clm_admit_options_init")) {
+  if (clm_status s = check_struct_size<clm_admit_options>(struct_size, {kAdmitOptionsV1, kAdmitOptionsV2},
+                                                          "clm_admit_options_init")) {
     return s;
   }
   std::memset(options, 0, struct_size);  // every default is zero
@@ -309,7 +325,10 @@ namespace {
 // The caller's admit options (NULL: the defaults) as the Engine's; the salt stays the caller's bytes.
 clm_status admit_options_of(const clm_admit_options* options, const char* fn, clm::AdmitOptions& admit) {
   if (!options) return CLM_OK;
-  if (clm_status s = check_struct_size<clm_admit_options>(options->struct_size, {kAdmitOptionsV1}, fn)) return s;
+  if (clm_status s =
+          check_struct_size<clm_admit_options>(options->struct_size, {kAdmitOptionsV1, kAdmitOptionsV2}, fn)) {
+    return s;
+  }
   const clm_admit_options widened = widen(options, options->struct_size, clm_admit_options{});
   if (!widened.cache_salt && widened.cache_salt_len > 0) {
     return null_argument(fn, "options->cache_salt (with cache_salt_len > 0)");
@@ -328,6 +347,12 @@ clm_status admit_options_of(const clm_admit_options* options, const char* fn, cl
                     widened.priority_update));
   }
   admit.priority_update = static_cast<clm::PriorityUpdate>(widened.priority_update);
+  if (!widened.tenant && widened.tenant_len > 0) return null_argument(fn, "options->tenant (with tenant_len > 0)");
+  if (widened.tenant_len > kMaxSaltBytes) {
+    return fail(CLM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: tenant_len {} exceeds {} bytes", fn, widened.tenant_len, kMaxSaltBytes));
+  }
+  if (widened.tenant) admit.tenant = std::string_view(widened.tenant, widened.tenant_len);
   return CLM_OK;
 }
 
@@ -542,7 +567,8 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     if (!out) return null_argument("clm_engine_metrics", "out");
     if (!engine) return null_argument("clm_engine_metrics", "engine");
     if (clm_status s = check_struct_size<clm_metrics>(
-            out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3, kMetricsV4, kMetricsV5}, "clm_engine_metrics"))
+            out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3, kMetricsV4, kMetricsV5, kMetricsV6},
+            "clm_engine_metrics"))
       return s;
     const clm::EngineMetrics m = engine->state->engine->metrics();
     clm_metrics full{};
@@ -640,6 +666,11 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     full.kv_events_send_failures = e.send_failures;
     full.kv_events_queued = e.queued_events;
     full.kv_events_next_sequence = e.next_sequence;
+    full.diverged_lookups = m.cache.diverged_matches;
+    static_assert(std::size(decltype(full.match_depth_counts){}) ==
+                  std::tuple_size_v<decltype(m.cache.match_depth.counts)>);
+    std::copy(m.cache.match_depth.counts.begin(), m.cache.match_depth.counts.end(), full.match_depth_counts);
+    full.match_depth_sum_tokens = m.cache.match_depth.sum_tokens;
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

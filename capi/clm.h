@@ -239,6 +239,11 @@ typedef struct clm_engine_options {
   int32_t kv_events_data_parallel_rank;  /* each batch's third field (default 0) */
   int32_t kv_events_token_ids;           /* 0: leave token ids out, for routers that key on these hashes
                                             (default 1) */
+  /* -- version 8: divergence hot spots (docs/observability.md) -- */
+  int32_t divergence;                /* 1: count where prompts split off the cached paths (default 1) */
+  int32_t divergence_branch_points;  /* branch points kept, 16..65536 (default 256) */
+  int32_t divergence_window_ms;      /* a report counts this far back, >= 2 (default 3600000: an hour) */
+  int32_t divergence_context_tokens; /* tokens kept either side of a split, 0..64 (default 8) */
 } clm_engine_options;
 
 /* When a cached page gets its host-tier copy (then, with a storage tier, its
@@ -266,7 +271,8 @@ CLM_API clm_status clm_engine_options_init(clm_engine_options *options, size_t s
    0, 0,                                                               /* version 5: store reader */          \
    NULL, NULL, NULL, 64, 3, 2000.0, 5000.0,                            /* version 6: model, secret, bounds */ \
    0, CLM_KV_EVENTS_BIND_AUTO, NULL, NULL, NULL, NULL, NULL,           /* version 7: KV events */             \
-   CLM_KV_EVENTS_LAYOUT_ARRAY, 10, 1024, 131072, 10000, 100000, 0, 1}
+   CLM_KV_EVENTS_LAYOUT_ARRAY, 10, 1024, 131072, 10000, 100000, 0, 1,                                         \
+   1, 256, 3600000, 8}                                                 /* version 8: divergence */
 /* clang-format on */
 
 CLM_API clm_status clm_engine_create(clm_engine **out, const clm_engine_options *options);
@@ -300,6 +306,12 @@ typedef struct clm_admit_options {
   int32_t priority_update; /* how priority meets the priority already cached
                               along the prompt: CLM_PRIORITY_RAISE (default)
                               or CLM_PRIORITY_SET */
+  /* -- version 3 -- */
+  const char *tenant; /* the tenant's name in reports (clm_engine_divergence_report), bytes
+                         [0, tenant_len), e.g. an API key's tenant. NULL = none: a report names the
+                         salt's digest, never the salt. Not part of the namespace: only the salt
+                         separates (default NULL) */
+  size_t tenant_len;
 } clm_admit_options;
 /* Each cached node keeps the highest priority any admission gave it: a shared
  * system prompt admitted once at a high priority stays there. */
@@ -310,9 +322,9 @@ typedef struct clm_admit_options {
 #define CLM_PRIORITY_SET 1
 CLM_API clm_status clm_admit_options_init(clm_admit_options *options, size_t struct_size);
 /* clm_admit_options_init's defaults as a static initialiser (no salt, adapter
- * 0, priority 0, CLM_PRIORITY_RAISE). */
+ * 0, priority 0, CLM_PRIORITY_RAISE, no tenant name). */
 #define CLM_ADMIT_OPTIONS_INIT \
-  { sizeof(clm_admit_options), NULL, 0, 0, 0, CLM_PRIORITY_RAISE }
+  { sizeof(clm_admit_options), NULL, 0, 0, 0, CLM_PRIORITY_RAISE, NULL, 0 }
 
 /* Matches the longest cached prefix of tokens[0, n_tokens) (page-aligned, at
  * most n_tokens-1), locks it, and allocates pages for the rest of the prompt.
@@ -516,6 +528,11 @@ typedef struct clm_metrics {
   uint64_t kv_events_send_failures;     /* messages the socket would not take, batches the callback threw on */
   int64_t kv_events_queued;             /* recorded, not yet published, now */
   uint64_t kv_events_next_sequence;     /* the sequence number the next batch gets */
+  /* -- version 7: where lookups stop matching (all 0 with divergence counting off) -- */
+  uint64_t diverged_lookups;            /* lookups that split off a longer cached path, a page or more left */
+  uint64_t match_depth_counts[19];      /* lookups by the tokens they matched: upper bounds 0, 16, 32, ...,
+                                           2^20 (buckets 0..17), then above (18) */
+  uint64_t match_depth_sum_tokens;      /* tokens matched, summed over those lookups */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */
@@ -539,6 +556,60 @@ CLM_API clm_status clm_engine_metrics(clm_metrics *out, const clm_engine *engine
  * text_len is CLM_ERR_INVALID_ARGUMENT. */
 CLM_API clm_status clm_engine_metrics_text(char *text, size_t text_capacity, size_t *text_len,
                                            const clm_engine *engine);
+
+/* ---- divergence hot spots (docs/observability.md) -------------------------
+ * Where prompts split off the cached paths: a timestamp or a random id early
+ * in a system prompt makes every request leave the cache at the same depth.
+ * A report lists, per tenant, the branch points where the most admissions
+ * split off with the fewest later hits past them, over the window ending now.
+ *
+ *   clm_divergence_report *report = NULL;
+ *   if (clm_engine_divergence_report(&report, engine, 3, 2, NULL, 0) == CLM_OK) {
+ *     for (size_t i = 0; i < clm_divergence_report_count(report); ++i) {
+ *       clm_branch_point p = CLM_BRANCH_POINT_INIT;
+ *       clm_divergence_report_point(&p, report, i);
+ *       printf("%.*s: %llu splits at token %d\n", (int)p.tenant_len, p.tenant,
+ *              (unsigned long long)p.branches, p.depth);
+ *     }
+ *   }
+ *   clm_divergence_report_free(report);
+ */
+typedef struct clm_divergence_report clm_divergence_report;
+typedef struct clm_branch_point {
+  uint32_t struct_size; /* sizeof(clm_branch_point) as the caller compiled it */
+  const char *tenant;   /* the tenant's name (clm_admit_options.tenant), else "salt:" and 32 hex digits of
+                           its salt's SHA-256, "" for no salt; not NUL-terminated */
+  size_t tenant_len;
+  int32_t adapter_id;
+  int32_t depth;          /* tokens from the prompt's start to the split (whole pages) */
+  uint64_t branches;      /* admissions that split off here, in the window */
+  uint64_t hits;          /* admissions that went on past it into a cached branch, in the window */
+  uint64_t overcount;     /* branches may count up to this many splits of points it displaced */
+  const int32_t *before;  /* the prompt's tokens just before the split */
+  size_t n_before;
+  const int32_t *after;   /* ... and just after it (the request that split off) */
+  size_t n_after;
+  const int32_t *cached_after; /* the cached path's tokens after it */
+  size_t n_cached_after;
+} clm_branch_point;
+#define CLM_BRANCH_POINT_INIT \
+  { sizeof(clm_branch_point), NULL, 0, 0, 0, 0, 0, 0, NULL, 0, NULL, 0, NULL, 0 }
+/* Takes the report: at most top_per_tenant (>= 1) points per tenant, those
+ * with at least min_branches splits; tenant (bytes [0, tenant_len), NULL =
+ * every tenant) keeps one tenant's. The caller owns *out (free it with
+ * clm_divergence_report_free). CLM_ERR_FAILED_PRECONDITION when the engine
+ * was created with divergence = 0. */
+CLM_API clm_status clm_engine_divergence_report(clm_divergence_report **out, clm_engine *engine,
+                                                int32_t top_per_tenant, uint64_t min_branches, const char *tenant,
+                                                size_t tenant_len);
+CLM_API size_t clm_divergence_report_count(const clm_divergence_report *report);
+CLM_API int64_t clm_divergence_report_window_ms(const clm_divergence_report *report);
+/* Point `index` (< count): set out->struct_size first; only that many bytes
+ * are written. Its pointers belong to the report (valid until it is freed).
+ * CLM_ERR_INVALID_ARGUMENT for an index past the last point. */
+CLM_API clm_status clm_divergence_report_point(clm_branch_point *out, const clm_divergence_report *report,
+                                               size_t index);
+CLM_API void clm_divergence_report_free(clm_divergence_report *report);
 
 /* ---- KV events for cache-aware routers (docs/fleet.md) --------------------
  * An engine created with kv_events = 1 publishes its cache's changes (see

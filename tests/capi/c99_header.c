@@ -108,13 +108,27 @@ C99_STATIC_ASSERT(offsetof(clm_engine_options, kv_events) >=
                   engine_options_v7_appended);
 C99_STATIC_ASSERT(offsetof(clm_metrics, has_kv_events) >= offsetof(clm_metrics, queued_fetches) + sizeof(int64_t),
                   metrics_v6_appended);
+/* Version 8 (divergence) of the engine options, 7 of the metrics and 3 of
+ * the admit options append too. */
+C99_STATIC_ASSERT(offsetof(clm_engine_options, divergence) >=
+                      offsetof(clm_engine_options, kv_events_token_ids) + sizeof(int32_t),
+                  engine_options_v8_appended);
+C99_STATIC_ASSERT(offsetof(clm_metrics, diverged_lookups) >=
+                      offsetof(clm_metrics, kv_events_next_sequence) + sizeof(uint64_t),
+                  metrics_v7_appended);
+C99_STATIC_ASSERT(offsetof(clm_admit_options, tenant) >= offsetof(clm_admit_options, priority_update) + sizeof(int32_t),
+                  admit_options_v3_appended);
 /* No padding at the end of the newest versions: a later version's fields
  * would land on it. */
 C99_STATIC_ASSERT(sizeof(clm_engine_options) ==
-                      offsetof(clm_engine_options, kv_events_token_ids) + sizeof(int32_t),
+                      offsetof(clm_engine_options, divergence_context_tokens) + sizeof(int32_t),
                   engine_options_end_on_a_field);
-C99_STATIC_ASSERT(sizeof(clm_metrics) == offsetof(clm_metrics, kv_events_next_sequence) + sizeof(uint64_t),
+C99_STATIC_ASSERT(sizeof(clm_metrics) == offsetof(clm_metrics, match_depth_sum_tokens) + sizeof(uint64_t),
                   metrics_end_on_a_field);
+C99_STATIC_ASSERT(sizeof(clm_admit_options) == offsetof(clm_admit_options, tenant_len) + sizeof(size_t),
+                  admit_options_end_on_a_field);
+C99_STATIC_ASSERT(sizeof(clm_branch_point) == offsetof(clm_branch_point, n_cached_after) + sizeof(size_t),
+                  branch_point_end_on_a_field);
 #if CLM_KV_EVENT_BLOCK_STORED != 0 || CLM_KV_EVENT_BLOCK_REMOVED != 1 || CLM_KV_EVENT_ALL_BLOCKS_CLEARED != 2 || \
     CLM_KV_MEDIUM_GPU != 0 || CLM_KV_MEDIUM_CPU != 1
 #error "CLM_KV_EVENT_* / CLM_KV_MEDIUM_* changed: they are ABI"
@@ -216,6 +230,10 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i32 = &eo->kv_events_send_hwm;
   i32 = &eo->kv_events_data_parallel_rank;
   i32 = &eo->kv_events_token_ids;
+  i32 = &eo->divergence;
+  i32 = &eo->divergence_branch_points;
+  i32 = &eo->divergence_window_ms;
+  i32 = &eo->divergence_context_tokens;
 
   u32 = &ao->struct_size;
   str = &ao->cache_salt;
@@ -223,6 +241,8 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i32 = &ao->adapter_id;
   i32 = &ao->priority;
   i32 = &ao->priority_update;
+  str = &ao->tenant;
+  sz = &ao->tenant_len;
 
   u32 = &kl->struct_size;
   ptr = &kl->base;
@@ -327,6 +347,9 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   u64 = &m->kv_events_send_failures;
   i64 = &m->kv_events_queued;
   u64 = &m->kv_events_next_sequence;
+  u64 = &m->diverged_lookups;
+  u64 = &m->match_depth_counts[18];
+  u64 = &m->match_depth_sum_tokens;
 
   u32 = &kb->struct_size;
   i32 = &kb->data_parallel_rank;
@@ -419,6 +442,16 @@ static clm_status (*const p_engine_kv_event_blocks)(uint64_t *, size_t, size_t *
     clm_engine_kv_event_blocks;
 static clm_status (*const p_engine_kv_events_endpoint)(char *, size_t, size_t *, const clm_engine *, int32_t) =
     clm_engine_kv_events_endpoint;
+
+/* Divergence hot spots. */
+static clm_status (*const p_engine_divergence_report)(clm_divergence_report **, clm_engine *, int32_t, uint64_t,
+                                                      const char *, size_t) = clm_engine_divergence_report;
+static size_t (*const p_divergence_report_count)(const clm_divergence_report *) = clm_divergence_report_count;
+static int64_t (*const p_divergence_report_window_ms)(const clm_divergence_report *) =
+    clm_divergence_report_window_ms;
+static clm_status (*const p_divergence_report_point)(clm_branch_point *, const clm_divergence_report *, size_t) =
+    clm_divergence_report_point;
+static void (*const p_divergence_report_free)(clm_divergence_report *) = clm_divergence_report_free;
 
 /* CLM suffix reuse: the SRC head. */
 static clm_status (*const p_engine_load_src_head)(clm_engine *, const char *, int32_t) = clm_engine_load_src_head;
@@ -592,6 +625,10 @@ static int engine_options_init_macro(void) {
   same &= SAME_FIELD(name, m, i, kv_events_send_hwm);
   same &= SAME_FIELD(name, m, i, kv_events_data_parallel_rank);
   same &= SAME_FIELD(name, m, i, kv_events_token_ids);
+  same &= SAME_FIELD(name, m, i, divergence);
+  same &= SAME_FIELD(name, m, i, divergence_branch_points);
+  same &= SAME_FIELD(name, m, i, divergence_window_ms);
+  same &= SAME_FIELD(name, m, i, divergence_context_tokens);
   return same & SAME_STRUCT(name, m, i);
 }
 
@@ -608,6 +645,8 @@ static int admit_options_init_macro(void) {
   same &= SAME_FIELD(name, m, i, adapter_id);
   same &= SAME_FIELD(name, m, i, priority);
   same &= SAME_FIELD(name, m, i, priority_update);
+  same &= SAME_FIELD(name, m, i, tenant);
+  same &= SAME_FIELD(name, m, i, tenant_len);
   return same & SAME_STRUCT(name, m, i);
 }
 
@@ -850,6 +889,22 @@ int main(void) {
     return fail("kv_events_endpoint", s);
   }
   if (metrics.has_kv_events != 0 || metrics.kv_events_published != 0) return fail("kv event metrics", CLM_ERR_INTERNAL);
+  {
+    /* Divergence: on by default; one request split nowhere, so no point. */
+    clm_divergence_report *report = NULL;
+    clm_branch_point point = CLM_BRANCH_POINT_INIT;
+    if ((s = p_engine_divergence_report(&report, engine, 3, 1, NULL, 0)) != CLM_OK) return fail("divergence_report", s);
+    if (p_divergence_report_count(report) != 0 || p_divergence_report_window_ms(report) != 3600000) {
+      p_divergence_report_free(report);
+      return fail("divergence report contents", CLM_ERR_INTERNAL);
+    }
+    s = p_divergence_report_point(&point, report, 0);
+    p_divergence_report_free(report);
+    if (s != CLM_ERR_INVALID_ARGUMENT) return fail("divergence_report_point past the end", s);
+    if (metrics.match_depth_counts[0] != 1 || metrics.diverged_lookups != 0) {
+      return fail("match depth metrics", CLM_ERR_INTERNAL);
+    }
+  }
   p_engine_free(engine);
 
   /* The snapshot store: record a host key, find it again at level 1. */
