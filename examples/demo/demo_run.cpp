@@ -63,6 +63,9 @@ clm::Status run_scenario(tiny_llama::Generator& generator, const Scenario& scena
     bool waiting = false;  // a request of this user is in the generator
   };
   const clm_tokenizer::HfTokenizer* const tokenizer = options.tokenizer;
+  if (tokenizer != nullptr && options.timestamp != Timestamp::none) {
+    return clm::invalid_argument("run_scenario: a timestamp in the prompt is for byte tokens only");
+  }
   std::vector<UserState> users(scenario.users.size());
   for (UserState& u : users) {
     if (tokenizer != nullptr) {
@@ -72,6 +75,12 @@ clm::Status run_scenario(tiny_llama::Generator& generator, const Scenario& scena
       u.history = ByteTokenizer::apply_chat_template({{"system", scenario.system_prompt}}, false);
     }
   }
+  const std::size_t system_tokens = users.empty() ? 0 : users.front().history.size();
+  std::int64_t submitted = 0;
+  auto clock_text = [&] {  // 10:00:00, a second a request
+    const std::int64_t t = 36000 + submitted;
+    return fmt::format("{:02}:{:02}:{:02}", t / 3600 % 24, t / 60 % 60, t % 60);
+  };
   RunReport report;
   const std::int64_t total = scenario.questions();
   std::int64_t done = 0, cached = 0, prompt = 0;
@@ -97,9 +106,21 @@ clm::Status run_scenario(tiny_llama::Generator& generator, const Scenario& scena
         ByteTokenizer::append_message({"user", question.text}, state.byte_history);
         ByteTokenizer::append_header("assistant", state.byte_history);
       } else {
-        ByteTokenizer::append_message({"user", question.text}, state.history);
+        const std::string text = options.timestamp == Timestamp::prompt_end
+                                     ? fmt::format("{}\n(sent at {})", question.text, clock_text())
+                                     : question.text;
+        ByteTokenizer::append_message({"user", text}, state.history);
         ByteTokenizer::append_header("assistant", state.history);
       }
+      std::vector<std::int32_t> request_prompt = state.history;
+      if (options.timestamp == Timestamp::system_top) {
+        // This request's system prompt, then the conversation after the shared one.
+        request_prompt = ByteTokenizer::apply_chat_template(
+            {{"system", fmt::format("Current time: {}\n{}", clock_text(), scenario.system_prompt)}}, false);
+        request_prompt.insert(request_prompt.end(), state.history.begin() + static_cast<std::ptrdiff_t>(system_tokens),
+                              state.history.end());
+      }
+      ++submitted;
       const auto byte_prompt_tokens =
           static_cast<std::int64_t>(tokenizer != nullptr ? state.byte_history.size() : state.history.size());
       tiny_llama::GenerateOptions o;
@@ -107,11 +128,13 @@ clm::Status run_scenario(tiny_llama::Generator& generator, const Scenario& scena
       o.temperature = options.temperature;
       o.seed = static_cast<std::uint64_t>(u) * 1000 + static_cast<std::uint64_t>(turn);
       o.cache_salt = "debian-support";  // one tenant: the bot's users share its system prompt
+      o.tenant = options.tenant;
       o.use_cache = options.use_cache;
       if (options.prepare) options.prepare(static_cast<std::int32_t>(u), turn, question, o);
       state.waiting = true;
       generator.submit(
-          state.history, o, nullptr, [&, u, turn, question, byte_prompt_tokens](const tiny_llama::GenerationResult& r) {
+          std::move(request_prompt), o, nullptr,
+          [&, u, turn, question, byte_prompt_tokens](const tiny_llama::GenerationResult& r) {
             UserState& s = users[u];
             s.waiting = false;
             ++s.next_turn;

@@ -32,6 +32,14 @@ class HfTokenizer;
 
 namespace tiny_llama_demo {
 
+// Where a request's prompt says the time (a clock that moves a second a
+// request): the prefix cache's third pitfall (docs/observability.md).
+enum class Timestamp {
+  none,
+  system_top,  // "Current time: HH:MM:SS" opens the system prompt: every request differs from there on
+  prompt_end,  // "(sent at HH:MM:SS)" ends the user's message: only the new message differs
+};
+
 struct RunOptions {
   bool use_cache = true;
   std::int32_t max_new_tokens = 24;
@@ -43,6 +51,8 @@ struct RunOptions {
   std::function<void(std::int32_t user, std::int32_t turn, const Question&, tiny_llama::GenerateOptions&)> prepare;
   // The conversations' tokenizer (outlives the run); null: the byte tokenizer.
   const clm_tokenizer::HfTokenizer* tokenizer = nullptr;
+  Timestamp timestamp = Timestamp::none;  // byte tokens only
+  std::string tenant;                     // GenerateOptions::tenant of every request
 };
 
 struct RequestRecord {

@@ -26,6 +26,10 @@
 //            [--collect DIR]       only the cached run, CLM off, collecting CLM training data into DIR
 //            [--temperature 0]     sampling (0: greedy)
 //            [--src-threshold X]   the SRC gate's threshold in [0, 1] (default: the library's, from traffic)
+//            [--timestamp-passes 1] after the tables, the scenario twice more with the cache on and the
+//                                  time in every prompt (at the top of the system prompt, then at the
+//                                  end of the user's message): hit rates side by side and where the
+//                                  prompts split off (divergence_demo.hpp); 0: not (byte tokens only)
 //            [--write-model-key F] only write what identifies the model (its config.json text and its
 //                                  weights: the SHA-256 of the file, or the seed) into F: demo.sh
 //                                  retrains the CLM parts when it differs from the one they were
@@ -51,6 +55,7 @@
 #include "clm_collect.hpp"
 #include "clm_loop.hpp"
 #include "demo_run.hpp"
+#include "divergence_demo.hpp"
 #include "hf_tokenizer.hpp"
 #include "reuse_report.hpp"
 
@@ -77,6 +82,7 @@ struct DemoFlags {
   std::string tokenizer;                     // a tokenizer.json; empty: byte tokens
   std::string lexicons = CLM_DEMO_LEXICONS;  // Debian's words: without them the keyer abstains on every question
   float src_threshold = -1.0f;               // < 0: the library's, from traffic
+  bool timestamp_passes = true;
   float temperature = 0.0f;  // greedy: a random-weight model then falls into loops, the repeats CLM learns
 };
 
@@ -136,6 +142,7 @@ clm::Status make_stack(const DemoFlags& flags, const tiny_llama::LlamaConfig& co
   const std::int64_t tokens = cached ? flags.device_tokens : std::int64_t{flags.max_batch} * 4096;
   e.pool = tiny_llama::kv_pool_for(config, flags.page_size, tokens, clm::KvDType::bf16);
   if (cached && flags.host_tokens > 0) e.tiers.host_pages = flags.host_tokens / flags.page_size;
+  e.divergence.context_tokens = 24;  // enough text either side of a split to read where it is
   CLM_RETURN_IF_ERROR(clm::Engine::create(e, out.engine));
   const tiny_llama::GeneratorOptions generator{.max_batch = flags.max_batch, .prefill_token_budget = 4096};
   CLM_RETURN_IF_ERROR(tiny_llama::LlamaModel::create(
@@ -396,6 +403,8 @@ int main(int argc, char** argv) {
         flags.collect_dir = value;
       else if (flag == "--write-model-key")
         flags.model_key_path = value;
+      else if (flag == "--timestamp-passes")
+        flags.timestamp_passes = std::stoi(value) != 0;
       else if (flag == "--seed")
         flags.seed = std::stoull(value);
       else
@@ -449,6 +458,7 @@ int main(int argc, char** argv) {
   run.tokenizer = tokenizer;
   run.max_new_tokens = flags.max_new_tokens;
   run.temperature = flags.temperature;
+  run.tenant = "debian-support";
   if (!flags.collect_dir.empty()) return collect(flags, config, weights, scenario, run);
 
   RunReport off_report, on_report;
@@ -495,5 +505,25 @@ int main(int argc, char** argv) {
   }
   print_tables(flags, config, scenario, off_report, on_report, *on.engine, clm_loop.get(), reuse);
   if (clm_loop) clm_loop->uninstall(*on.model, *on.generator);
+  if (flags.timestamp_passes && tokenizer == nullptr) {
+    std::vector<tiny_llama_demo::TimestampPass> passes;
+    passes.push_back(tiny_llama_demo::timestamp_pass("no timestamp (the run above)", on_report, *on.engine));
+    using tiny_llama_demo::Timestamp;
+    for (const auto& [where, label] : {std::pair{Timestamp::system_top, "time at the top of the system prompt"},
+                                       std::pair{Timestamp::prompt_end, "time at the end of the message"}}) {
+      Stack stack;
+      if (clm::Status s = make_stack(flags, config, weights, true, "", nullptr, stack); !s.ok())
+        return fail(s.message());
+      run.timestamp = where;
+      run.prepare = nullptr;
+      run.label = label;
+      RunReport report;
+      if (clm::Status s = tiny_llama_demo::run_scenario(*stack.generator, scenario, run, report); !s.ok()) {
+        return fail(s.message());
+      }
+      passes.push_back(tiny_llama_demo::timestamp_pass(label, report, *stack.engine));
+    }
+    tiny_llama_demo::print_timestamp_passes(passes);
+  }
   return 0;
 }

@@ -111,7 +111,7 @@ clm::Status Generator::admit_waiting(ForwardBatch& batch, std::vector<Request*>&
     // The baseline matches against nothing: a salt no other request has.
     const std::string salt = r.options.use_cache ? r.options.cache_salt : fmt::format("\x01nocache/{}", r.id);
     const std::int32_t adapter_id = r.options.use_clm ? kClmAdapterId : 0;
-    const clm::AdmitOptions admit_options{.cache_salt = salt, .adapter_id = adapter_id};
+    const clm::AdmitOptions admit_options{.cache_salt = salt, .adapter_id = adapter_id, .tenant = r.options.tenant};
     const bool first = running_.empty() && batch.ids.empty();
     // Admit only what the pool can carry to the end: the pages every running
     // request may still need must stay free or evictable, or a later extend()

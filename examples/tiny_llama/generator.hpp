@@ -49,6 +49,7 @@ struct GenerateOptions {
   float presence_penalty = 0.0f, frequency_penalty = 0.0f;
   std::vector<std::int32_t> stop_tokens;
   std::string cache_salt;  // tenants with different salts never share pages
+  std::string tenant;      // the tenant's name in reports (clm::AdmitOptions::tenant); not part of the namespace
   bool use_cache = true;
   bool keep_logits = false;  // GenerationResult::logits gets every step's logits (tests)
   // CLM in the loop (clm_loop.hpp): whether an installed ClmLoop acts on this
