@@ -1,6 +1,7 @@
 // examples/server/server.cpp: routes, streaming, limits, drain and metrics of clm_server (server.hpp).
 #include "server.hpp"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -52,7 +53,7 @@ struct Completion {
 // that random paths cannot make series without bound.
 bool is_get_route(const std::string& path) {
   return path == "/metrics" || path == "/health" || path == "/health/ready" || path == "/health/live" ||
-         path == kModelsPath || path == "/debug/engine";
+         path == kModelsPath || path == "/debug/engine" || path == "/debug/cache";
 }
 
 std::string route_of(const std::string& path) { return path == kChatPath || is_get_route(path) ? path : "other"; }
@@ -137,6 +138,33 @@ nlohmann::ordered_json engine_summary_json(const clm::Engine& engine) {
           {"kv_events_published", m.kv_events.published_events}};
 }
 
+nlohmann::ordered_json ChatServer::divergence_json(const clm::DivergenceReport& report) const {
+  auto text = [this](const std::vector<std::int32_t>& tokens) {
+    std::string out;
+    if (const clm_tokenizer::HfTokenizer* tokenizer = options_.tokenizer) {
+      if (!tokenizer->decode(tokens, out).ok()) out.clear();
+      return out;
+    }
+    return tiny_llama::ByteTokenizer::decode(tokens);
+  };
+  nlohmann::ordered_json points = nlohmann::ordered_json::array();
+  for (const clm::BranchPoint& p : report.points) {
+    points.push_back({{"tenant", p.tenant},
+                      {"adapter_id", p.adapter_id},
+                      {"depth_tokens", p.depth},
+                      {"branches", p.branches},
+                      {"hits", p.hits},
+                      {"overcount", p.overcount},
+                      {"before", p.before},
+                      {"after", p.after},
+                      {"cached_after", p.cached_after},
+                      {"before_text", text(p.before)},
+                      {"after_text", text(p.after)},
+                      {"cached_after_text", text(p.cached_after)}});
+  }
+  return {{"enabled", report.enabled}, {"window_ms", report.window_ms}, {"points", std::move(points)}};
+}
+
 // The server itself: HTTPS when a certificate and key are given (bind() says
 // when they do not load).
 std::unique_ptr<httplib::Server> make_http_server(const ServerOptions& options) {
@@ -203,6 +231,42 @@ ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, co
                                     .code = "forbidden"});
     }
     response.set_content(engine_summary_json(engine_).dump(), "application/json");
+  });
+  // Where the cache breaks (docs/observability.md), for an admin key with API
+  // keys: per tenant the branch points most split at and least reached again.
+  // ?top=N points a tenant (1..100, default 5), ?tenant=NAME one tenant's.
+  http_->Get("/debug/cache", [this](const httplib::Request& request, httplib::Response& response) {
+    std::string salt;
+    bool admin = false;
+    if (auto error = authenticate(request, salt, admin)) return reply_refusal(response, *error);
+    if (options_.api_keys != nullptr && !admin) {
+      return reply_error(response, {.http_status = 403,
+                                    .message = "/debug/cache needs an admin key",
+                                    .type = "invalid_request_error",
+                                    .code = "forbidden"});
+    }
+    clm::DivergenceReportOptions report_options;
+    if (request.has_param("top")) {
+      const std::string top = request.get_param_value("top");
+      int value = 0;
+      const auto [end, error] = std::from_chars(top.data(), top.data() + top.size(), value);
+      if (error != std::errc() || end != top.data() + top.size() || value < 1 || value > 100) {
+        return reply_error(response, {.http_status = 400,
+                                      .message = fmt::format("top must be a number in [1, 100], got '{}'", top),
+                                      .code = "invalid_value"});
+      }
+      report_options.top_per_tenant = value;
+    }
+    const std::string tenant = request.get_param_value("tenant");
+    report_options.tenant = tenant;
+    nlohmann::ordered_json body;
+    clm::DivergenceReport report;
+    if (const clm::Status s = engine_.divergence_report(report_options, report); s.ok()) {
+      body["divergence"] = divergence_json(report);
+    } else {
+      body["divergence"] = {{"enabled", false}, {"message", s.message()}};
+    }
+    response.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
   });
   // Limits httplib does not keep: the number of headers and their total size.
   http_->set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
@@ -502,6 +566,7 @@ void ChatServer::handle_chat(const httplib::Request& request, httplib::Response&
                                                : tiny_llama::ByteTokenizer::kEndOfTurn};
   }
   generate.cache_salt = tenant;
+  generate.tenant = tenant;  // the API key's tenant: its name in reports is its salt
   generate.use_cache = options_.prefix_cache;
   generate.use_clm = options_.clm;
 

@@ -137,6 +137,8 @@ class ChatServer {
   std::string metrics_text() const;
 
  private:
+  // A divergence report as JSON, each point's context as ids and as the tokenizer's text.
+  nlohmann::ordered_json divergence_json(const clm::DivergenceReport& report) const;
   void handle_chat(const httplib::Request& request, httplib::Response& response,
                    const httplib::ContentReader& content_reader);
   // Queues a request unless draining or shut down; nullopt: answer 503.

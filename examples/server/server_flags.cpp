@@ -148,6 +148,9 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
     } else if (flag == "--prefix-cache") {
       if (value != "on" && value != "off") return fmt::format("{}: on or off, got {}", flag, value);
       f.prefix_cache = value == "on";
+    } else if (flag == "--divergence") {
+      if (value != "on" && value != "off") return fmt::format("{}: on or off, got {}", flag, value);
+      f.divergence = value == "on";
     } else if (flag == "--pin-budget-fraction") {
       f.pin_budget_fraction = std::stod(value, &used);
       if (used == value.size() && !(f.pin_budget_fraction >= 0.0 && f.pin_budget_fraction <= 1.0)) {
@@ -332,6 +335,8 @@ cache:
   --pool-tokens N          the KV pool, in tokens (default 32768)
   --eviction-policy P      lru, lfu, slru, priority, ghost_slru (default ghost_slru)
   --prefix-cache on|off    off: every prompt computed afresh (the baseline bench_server measures against)
+  --divergence on|off      where prompts split off the cache, per tenant, in GET /debug/cache and the
+                           clm_prefix_match_depth_tokens metrics (docs/observability.md; default on)
   --pin-budget-fraction F  the pool's share that pinned prompts may hold (prompt_cache_retention "24h",
                            cache_control; default 0.25); past it such requests get 400
   --hint-ttl S             a conversation whose client sends X-Session-Continues: true keeps a priority
@@ -374,6 +379,7 @@ clm::EngineConfig engine_config_from(const ServerFlags& f, const clm::PagedKvPoo
   c.tiers.page_secret_file = f.page_secret_file;
   c.tiers.page_secret_env = f.page_secret_env;
   c.kv_events = f.kv_events;
+  c.divergence.enabled = f.divergence;
   c.snapshot_store.path = f.snapshot_store;
   c.snapshot_store.min_usage_threshold = f.snapshot_min_usage;
   c.snapshot_store.keyer.lexicon_dir = f.lexicons;

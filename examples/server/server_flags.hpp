@@ -45,6 +45,7 @@ struct ServerFlags {
   std::int64_t pool_tokens = 32768;
   clm::EvictionPolicy eviction_policy = clm::EvictionPolicy::ghost_slru;  // the one that honours hints
   bool prefix_cache = true;  // off: every request computed afresh, nothing published (the baseline)
+  bool divergence = true;    // where prompts split off the cache (GET /debug/cache)
   double pin_budget_fraction = 0.25;
   double hint_ttl_s = 120;  // X-Session-Continues: the conversation's priority lasts this long  // of the pool, for
                             // prompt_cache_retention and cache_control pins

@@ -134,8 +134,37 @@ expect_eq "$code" 200 "/debug/engine with the admin key"
 expect_eq "$(field invariants)" ok "/debug/engine: invariants"
 expect_eq "$(field admitted)" 5 "/debug/engine: admitted"
 expect_eq "$(metric 'clm_server_rejected_requests_total{reason="rate_limited"}')" 1 "rate_limited count"
-stop
 ok "/debug/engine for the admin key only; the rate-limited request counted"
+
+# Divergence (docs/observability.md): acme's system prompt says the time, so
+# its requests split off at the clock: /debug/cache names the tenant, the
+# depth and the text around it, for the admin key only.
+for second in 1 2 3 4 5; do
+  system="Current time: 10:00:0$second. You are a helpful assistant for Debian users; answer briefly."
+  post - "{\"messages\":[{\"role\":\"system\",\"content\":\"$system\"},{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":2}" \
+    -H "$(auth $acme_key)"
+  expect_eq "$code" 200 "acme's request at 10:00:0$second"
+done
+code=$(curl -s -o "$work/out" -w '%{http_code}' -H "$(auth $acme_key)" "$base/debug/cache")
+expect_eq "$code" 403 "/debug/cache with a tenant's key"
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/debug/cache")
+expect_eq "$code" 401 "/debug/cache without a key"
+code=$(curl -s -o "$work/out" -w '%{http_code}' -H "$(auth $admin_key)" "$base/debug/cache?top=zero")
+expect_eq "$code" 400 "/debug/cache?top=zero"
+code=$(curl -s -o "$work/out" -w '%{http_code}' -H "$(auth $admin_key)" "$base/debug/cache?top=1")
+expect_eq "$code" 200 "/debug/cache with the admin key"
+expect_eq "$(field divergence.enabled)" true "/debug/cache: divergence counting on"
+expect_eq "$(field divergence.points.0.tenant)" acme "/debug/cache: the first point's tenant"
+# After the system header (11 tokens), "Current time: 10:00:0" is tokens 11..31: the second's
+# digit, token 32, is where the prompts differ, the start of a page (16 tokens).
+expect_eq "$(field divergence.points.0.depth_tokens)" 32 "/debug/cache: the split's depth"
+expect_eq "$(field divergence.points.0.branches)" 4 "/debug/cache: four requests split off there"
+expect_eq "$(field divergence.points.0.hits)" 0 "/debug/cache: none came back past it"
+expect_eq "$(field divergence.points.0.before_text)" " 10:00:0" "/debug/cache: the tokens before the split"
+expect_eq "$(field divergence.points.0.after_text)" "2. You a" "/debug/cache: the first request that split off"
+expect_eq "$(field divergence.points.0.cached_after_text)" "1. You a" "/debug/cache: the cached path it left"
+stop
+ok "/debug/cache: acme's clock found at token 32 with 4 splits and no hit, for the admin key only"
 
 # ---- retention: pinned prompts ------------------------------------------------------
 # A pool of 2048 pages and a pin budget of 1% (20 pages). The byte tokenizer's
