@@ -308,7 +308,8 @@ typedef struct clm_admit_options {
                               or CLM_PRIORITY_SET */
   /* -- version 3 -- */
   const char *tenant; /* the tenant's name in reports (clm_engine_divergence_report), bytes
-                         [0, tenant_len), e.g. an API key's tenant. NULL = none: a report names the
+                         [0, tenant_len), up to 65536, e.g. an API key's tenant; the first name a
+                         branch point is split at under is the one it reports. NULL = none: a report names the
                          salt's digest, never the salt. Not part of the namespace: only the salt
                          separates (default NULL) */
   size_t tenant_len;
@@ -431,6 +432,7 @@ CLM_API clm_status clm_engine_batch_page_table(int32_t *indptr, int32_t *indices
                                                clm_seq *const *seqs, size_t n_seqs);
 
 /* ---- metrics -------------------------------------------------------------- */
+#define CLM_MATCH_DEPTH_BUCKETS 19 /* clm_metrics.match_depth_counts: 0, 16, 32, ..., 2^20 tokens, above */
 typedef struct clm_metrics {
   uint32_t struct_size; /* set by the caller: sizeof(clm_metrics) as compiled */
   uint64_t tokens_queried;
@@ -530,8 +532,9 @@ typedef struct clm_metrics {
   uint64_t kv_events_next_sequence;     /* the sequence number the next batch gets */
   /* -- version 7: where lookups stop matching (all 0 with divergence counting off) -- */
   uint64_t diverged_lookups;            /* lookups that split off a longer cached path, a page or more left */
-  uint64_t match_depth_counts[19];      /* lookups by the tokens they matched: upper bounds 0, 16, 32, ...,
-                                           2^20 (buckets 0..17), then above (18) */
+  uint64_t match_depth_counts[CLM_MATCH_DEPTH_BUCKETS]; /* lookups by the tokens they matched: bucket i < 18
+                                           holds those up to 0 (i = 0) or 2^(i+3) tokens, above bucket i-1's
+                                           bound; bucket 18 those above 2^20 */
   uint64_t match_depth_sum_tokens;      /* tokens matched, summed over those lookups */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
@@ -595,8 +598,9 @@ typedef struct clm_branch_point {
 #define CLM_BRANCH_POINT_INIT \
   { sizeof(clm_branch_point), NULL, 0, 0, 0, 0, 0, 0, NULL, 0, NULL, 0, NULL, 0 }
 /* Takes the report: at most top_per_tenant (>= 1) points per tenant, those
- * with at least min_branches splits; tenant (bytes [0, tenant_len), NULL =
- * every tenant) keeps one tenant's. The caller owns *out (free it with
+ * with at least min_branches splits; tenant (bytes [0, tenant_len), up to
+ * 65536; NULL or empty = every tenant, so the default namespace's points,
+ * named "", come only with the others) keeps one tenant's. The caller owns *out (free it with
  * clm_divergence_report_free). CLM_ERR_FAILED_PRECONDITION when the engine
  * was created with divergence = 0. */
 CLM_API clm_status clm_engine_divergence_report(clm_divergence_report **out, clm_engine *engine,

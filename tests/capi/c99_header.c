@@ -125,6 +125,7 @@ C99_STATIC_ASSERT(sizeof(clm_engine_options) ==
                   engine_options_end_on_a_field);
 C99_STATIC_ASSERT(sizeof(clm_metrics) == offsetof(clm_metrics, match_depth_sum_tokens) + sizeof(uint64_t),
                   metrics_end_on_a_field);
+C99_STATIC_ASSERT(CLM_MATCH_DEPTH_BUCKETS == 19, match_depth_buckets_are_19);
 C99_STATIC_ASSERT(sizeof(clm_admit_options) == offsetof(clm_admit_options, tenant_len) + sizeof(size_t),
                   admit_options_end_on_a_field);
 C99_STATIC_ASSERT(sizeof(clm_branch_point) == offsetof(clm_branch_point, n_cached_after) + sizeof(size_t),
@@ -348,7 +349,7 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i64 = &m->kv_events_queued;
   u64 = &m->kv_events_next_sequence;
   u64 = &m->diverged_lookups;
-  u64 = &m->match_depth_counts[18];
+  u64 = &m->match_depth_counts[CLM_MATCH_DEPTH_BUCKETS - 1];
   u64 = &m->match_depth_sum_tokens;
 
   u32 = &kb->struct_size;
