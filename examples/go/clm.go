@@ -317,6 +317,21 @@ type EngineOptions struct {
 	// KVEventsTokenIDs sends the pages' token ids (the default); false
 	// leaves them out, for routers that key on the block hashes.
 	KVEventsTokenIDs bool
+
+	// Version 8: divergence hot spots (divergence.go, docs/observability.md).
+
+	// Divergence counts where prompts split off the cached paths: the branch
+	// points of Engine.DivergenceReport and the match-depth counters of
+	// Metrics (the default). Off, the report is FailedPrecondition and those
+	// counters stay 0.
+	Divergence bool
+	// DivergenceBranchPoints is how many branch points are kept, 16..65536.
+	DivergenceBranchPoints int32
+	// DivergenceWindowMS is how far back a report counts, in milliseconds (>= 2).
+	DivergenceWindowMS int32
+	// DivergenceContextTokens is how many tokens are kept either side of a
+	// split (BranchPoint.Before, ...), 0..64.
+	DivergenceContextTokens int32
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -380,6 +395,11 @@ func DefaultEngineOptions() (EngineOptions, error) {
 		KVEventsSendHWM:          int32(c.kv_events_send_hwm),
 		KVEventsDataParallelRank: int32(c.kv_events_data_parallel_rank),
 		KVEventsTokenIDs:         c.kv_events_token_ids != 0,
+
+		Divergence:              c.divergence != 0,
+		DivergenceBranchPoints:  int32(c.divergence_branch_points),
+		DivergenceWindowMS:      int32(c.divergence_window_ms),
+		DivergenceContextTokens: int32(c.divergence_context_tokens),
 	}, nil
 }
 
@@ -394,6 +414,12 @@ type AdmitOptions struct {
 	Priority int32
 	// PriorityUpdate says how Priority meets the priority already cached.
 	PriorityUpdate PriorityUpdate
+	// Tenant is the tenant's name in divergence reports
+	// (Engine.DivergenceReport), e.g. an API key's tenant. "" is none: a
+	// report names the salt's digest ("salt:" and 32 hex digits), never the
+	// salt. It is not part of the namespace: only CacheSalt keeps tenants
+	// apart.
+	Tenant string
 }
 
 func admitOptionsInit(c *C.clm_admit_options) error {
@@ -531,6 +557,15 @@ type Metrics struct {
 	KVEventsSendFailures     uint64 // messages the socket would not take
 	KVEventsQueued           int64  // recorded, not yet published, now
 	KVEventsNextSequence     uint64 // the Sequence the next batch gets
+
+	// Version 7: where lookups stop matching (all 0 with Divergence off;
+	// divergence.go).
+	DivergedLookups uint64 // lookups that split off a longer cached path, a page or more left
+	// MatchDepthCounts counts lookups by the tokens they matched:
+	// MatchDepthCounts[i] those in (MatchDepthBounds[i-1], MatchDepthBounds[i]]
+	// (bucket 0: nothing matched), the last those above 2^20.
+	MatchDepthCounts    [19]uint64
+	MatchDepthSumTokens uint64 // tokens matched, summed over those lookups
 }
 
 // PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
@@ -608,6 +643,10 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	c.kv_events_send_hwm = C.int32_t(opts.KVEventsSendHWM)
 	c.kv_events_data_parallel_rank = C.int32_t(opts.KVEventsDataParallelRank)
 	c.kv_events_token_ids = cFlag(opts.KVEventsTokenIDs)
+	c.divergence = cFlag(opts.Divergence)
+	c.divergence_branch_points = C.int32_t(opts.DivergenceBranchPoints)
+	c.divergence_window_ms = C.int32_t(opts.DivergenceWindowMS)
+	c.divergence_context_tokens = C.int32_t(opts.DivergenceContextTokens)
 	// The option strings: C memory, so that the struct may carry them into C
 	// (freed after); "" stays NULL.
 	for _, s := range []struct {
@@ -862,6 +901,9 @@ func (e *Engine) callWithPrompt(op string, tokens []int32, opts *AdmitOptions,
 	if err != nil {
 		return err
 	}
+	if copts.tenant != nil {
+		defer C.free(unsafe.Pointer(copts.tenant))
+	}
 	err = call(op, func() C.clm_status {
 		return fn(ep, tokensPtr(tokens), C.size_t(len(tokens)), useOptions, copts, stringPtr(salt), C.size_t(len(salt)))
 	})
@@ -872,7 +914,8 @@ func (e *Engine) callWithPrompt(op string, tokens []int32, opts *AdmitOptions,
 
 // admitOptionsToC is what the clmgo_ helpers of callWithPrompt take for opts: the
 // struct, whether to pass it (0 for nil opts: the defaults), and the salt,
-// which travels as its own argument.
+// which travels as its own argument. The tenant's name travels in the struct,
+// as a C copy (NULL for ""), which the caller frees after the call.
 func admitOptionsToC(opts *AdmitOptions) (C.clm_admit_options, C.int, string, error) {
 	var c C.clm_admit_options
 	if opts == nil {
@@ -884,6 +927,10 @@ func admitOptionsToC(opts *AdmitOptions) (C.clm_admit_options, C.int, string, er
 	c.adapter_id = C.int32_t(opts.AdapterID)
 	c.priority = C.int32_t(opts.Priority)
 	c.priority_update = C.int32_t(opts.PriorityUpdate)
+	if opts.Tenant != "" {
+		c.tenant = C.CString(opts.Tenant) // every byte, NUL bytes too: tenant_len bounds it
+		c.tenant_len = C.size_t(len(opts.Tenant))
+	}
 	return c, 1, opts.CacheSalt, nil
 }
 
@@ -1022,7 +1069,20 @@ func (e *Engine) Metrics() (Metrics, error) {
 		KVEventsSendFailures:     uint64(c.kv_events_send_failures),
 		KVEventsQueued:           int64(c.kv_events_queued),
 		KVEventsNextSequence:     uint64(c.kv_events_next_sequence),
+
+		DivergedLookups:     uint64(c.diverged_lookups),
+		MatchDepthCounts:    matchDepthCounts(&c),
+		MatchDepthSumTokens: uint64(c.match_depth_sum_tokens),
 	}, nil
+}
+
+// matchDepthCounts copies clm_metrics.match_depth_counts.
+func matchDepthCounts(c *C.clm_metrics) [19]uint64 {
+	var out [19]uint64
+	for i := range out {
+		out[i] = uint64(c.match_depth_counts[i])
+	}
+	return out
 }
 
 // MetricsText gives the engine's metrics as Prometheus text, exposition format

@@ -765,6 +765,11 @@ func TestMetrics(t *testing.T) {
 	m, err := e.Metrics()
 	must(t, err)
 	queried := uint64(len(promptA) + len(promptB) + 20)
+	// Where the three lookups stopped matching: A and C at 0, B at hitB; none
+	// split off a longer cached path.
+	var depths [19]uint64
+	depths[0] = 2
+	depths[depthBucket(hitB)]++
 	want := Metrics{
 		TokensQueried:   queried,
 		TokensHit:       uint64(hitB),
@@ -781,6 +786,9 @@ func TestMetrics(t *testing.T) {
 		ActiveSequences: 1,
 		MetadataBytes:   m.MetadataBytes,
 		SRCThreshold:    m0.SRCThreshold, // no SRC step ran: the SRC counters stay zero
+
+		MatchDepthCounts:    depths,
+		MatchDepthSumTokens: uint64(hitB),
 	}
 	if m != want {
 		t.Fatalf("metrics\n got %+v\nwant %+v", m, want)

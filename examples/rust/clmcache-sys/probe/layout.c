@@ -27,6 +27,7 @@ int main(void) {
   TYPE(clm_snapshot_blacklist_entry);
   TYPE(clm_kv_event);
   TYPE(clm_kv_event_batch);
+  TYPE(clm_branch_point);
   printf("];\n");
 
   printf("pub const C_FIELDS: &[(&str, usize, usize)] = &[\n");
@@ -87,6 +88,10 @@ int main(void) {
   FIELD(clm_engine_options, kv_events_send_hwm);
   FIELD(clm_engine_options, kv_events_data_parallel_rank);
   FIELD(clm_engine_options, kv_events_token_ids);
+  FIELD(clm_engine_options, divergence);
+  FIELD(clm_engine_options, divergence_branch_points);
+  FIELD(clm_engine_options, divergence_window_ms);
+  FIELD(clm_engine_options, divergence_context_tokens);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);
@@ -106,6 +111,8 @@ int main(void) {
   FIELD(clm_admit_options, adapter_id);
   FIELD(clm_admit_options, priority);
   FIELD(clm_admit_options, priority_update);
+  FIELD(clm_admit_options, tenant);
+  FIELD(clm_admit_options, tenant_len);
   FIELD(clm_admission_plan, struct_size);
   FIELD(clm_admission_plan, cached_tokens);
   FIELD(clm_admission_plan, new_pages);
@@ -204,6 +211,9 @@ int main(void) {
   FIELD(clm_metrics, kv_events_send_failures);
   FIELD(clm_metrics, kv_events_queued);
   FIELD(clm_metrics, kv_events_next_sequence);
+  FIELD(clm_metrics, diverged_lookups);
+  FIELD(clm_metrics, match_depth_counts);
+  FIELD(clm_metrics, match_depth_sum_tokens);
 
   FIELD(clm_kv_event, kind);
   FIELD(clm_kv_event, medium);
@@ -224,6 +234,20 @@ int main(void) {
   FIELD(clm_kv_event_batch, ts);
   FIELD(clm_kv_event_batch, events);
   FIELD(clm_kv_event_batch, n_events);
+  FIELD(clm_branch_point, struct_size);
+  FIELD(clm_branch_point, tenant);
+  FIELD(clm_branch_point, tenant_len);
+  FIELD(clm_branch_point, adapter_id);
+  FIELD(clm_branch_point, depth);
+  FIELD(clm_branch_point, branches);
+  FIELD(clm_branch_point, hits);
+  FIELD(clm_branch_point, overcount);
+  FIELD(clm_branch_point, before);
+  FIELD(clm_branch_point, n_before);
+  FIELD(clm_branch_point, after);
+  FIELD(clm_branch_point, n_after);
+  FIELD(clm_branch_point, cached_after);
+  FIELD(clm_branch_point, n_cached_after);
 
   FIELD(clm_src_decision, score);
   FIELD(clm_src_decision, threshold);

@@ -216,6 +216,15 @@ pub struct clm_engine_options {
     pub kv_events_send_hwm: i32,
     pub kv_events_data_parallel_rank: i32,
     pub kv_events_token_ids: i32,
+    // -- version 8: divergence hot spots (docs/observability.md)
+    /// 1: count where prompts split off the cached paths (default 1).
+    pub divergence: i32,
+    /// Branch points kept, 16..65536 (default 256).
+    pub divergence_branch_points: i32,
+    /// A report counts this far back, >= 2 (default 3600000: an hour).
+    pub divergence_window_ms: i32,
+    /// Tokens kept either side of a split, 0..64 (default 8).
+    pub divergence_context_tokens: i32,
 }
 
 impl Default for clm_engine_options {
@@ -280,6 +289,10 @@ impl Default for clm_engine_options {
             kv_events_send_hwm: 0,
             kv_events_data_parallel_rank: 0,
             kv_events_token_ids: 0,
+            divergence: 0,
+            divergence_branch_points: 0,
+            divergence_window_ms: 0,
+            divergence_context_tokens: 0,
         }
     }
 }
@@ -324,6 +337,11 @@ pub struct clm_admit_options {
     pub priority: i32,
     // version 2
     pub priority_update: i32,
+    // version 3
+    /// The tenant's name in divergence reports, bytes `[0, tenant_len)`; NULL
+    /// for none (a report names the salt's digest). Not part of the namespace.
+    pub tenant: *const c_char,
+    pub tenant_len: usize,
 }
 
 // ---- metrics ------------------------------------------------------------------
@@ -426,6 +444,73 @@ pub struct clm_metrics {
     pub kv_events_send_failures: u64,
     pub kv_events_queued: i64,
     pub kv_events_next_sequence: u64,
+    // -- version 7: where lookups stop matching (all 0 with divergence counting off)
+    /// Lookups that split off a longer cached path, a page or more left.
+    pub diverged_lookups: u64,
+    /// Lookups by the tokens they matched: upper bounds 0, 16, 32, ..., 2^20
+    /// (buckets 0..17), then above (18).
+    pub match_depth_counts: [u64; 19],
+    /// Tokens matched, summed over those lookups.
+    pub match_depth_sum_tokens: u64,
+}
+
+// ---- divergence hot spots (docs/observability.md) -------------------------------
+/// Opaque report handle (`clm_divergence_report`), from
+/// `clm_engine_divergence_report`, freed by `clm_divergence_report_free`.
+#[repr(C)]
+pub struct clm_divergence_report {
+    _private: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+/// One branch point of a report (`clm_divergence_report_point`); every
+/// pointer belongs to the report and is valid until it is freed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct clm_branch_point {
+    /// Set by the caller: sizeof as compiled.
+    pub struct_size: u32,
+    /// Not NUL-terminated: the tenant's name, else "salt:" and 32 hex digits
+    /// of its salt's SHA-256, "" for no salt.
+    pub tenant: *const c_char,
+    pub tenant_len: usize,
+    pub adapter_id: i32,
+    /// Tokens from the prompt's start to the split (whole pages).
+    pub depth: i32,
+    /// Admissions that split off here, in the window.
+    pub branches: u64,
+    /// Admissions that went on past it into a cached branch, in the window.
+    pub hits: u64,
+    /// `branches` may count up to this many splits of points it displaced.
+    pub overcount: u64,
+    pub before: *const i32,
+    pub n_before: usize,
+    pub after: *const i32,
+    pub n_after: usize,
+    pub cached_after: *const i32,
+    pub n_cached_after: usize,
+}
+
+impl Default for clm_branch_point {
+    /// `CLM_BRANCH_POINT_INIT`: this struct's size, everything else zero/NULL.
+    fn default() -> Self {
+        clm_branch_point {
+            struct_size: std::mem::size_of::<clm_branch_point>() as u32,
+            tenant: std::ptr::null(),
+            tenant_len: 0,
+            adapter_id: 0,
+            depth: 0,
+            branches: 0,
+            hits: 0,
+            overcount: 0,
+            before: std::ptr::null(),
+            n_before: 0,
+            after: std::ptr::null(),
+            n_after: 0,
+            cached_after: std::ptr::null(),
+            n_cached_after: 0,
+        }
+    }
 }
 
 // ---- CLM suffix reuse: the SRC head ---------------------------------------------
@@ -671,6 +756,23 @@ extern "C" {
         text_len: *mut usize,
         engine: *const clm_engine,
     ) -> clm_status;
+
+    pub fn clm_engine_divergence_report(
+        out: *mut *mut clm_divergence_report,
+        engine: *mut clm_engine,
+        top_per_tenant: i32,
+        min_branches: u64,
+        tenant: *const c_char,
+        tenant_len: usize,
+    ) -> clm_status;
+    pub fn clm_divergence_report_count(report: *const clm_divergence_report) -> usize;
+    pub fn clm_divergence_report_window_ms(report: *const clm_divergence_report) -> i64;
+    pub fn clm_divergence_report_point(
+        out: *mut clm_branch_point,
+        report: *const clm_divergence_report,
+        index: usize,
+    ) -> clm_status;
+    pub fn clm_divergence_report_free(report: *mut clm_divergence_report);
 
     pub fn clm_engine_flush_kv_events(engine: *mut clm_engine, timeout_ms: i32) -> clm_status;
     pub fn clm_engine_kv_event_blocks(

@@ -2,7 +2,7 @@
 //! view of the installed clm.h (measured by probe/layout.c, see build.rs), and
 //! against the sizes worked out by hand for LP64 targets.
 use clmcache_sys::*;
-use std::mem::{align_of, size_of, MaybeUninit};
+use std::mem::{align_of, size_of, size_of_val, MaybeUninit};
 
 mod c {
     include!(concat!(env!("OUT_DIR"), "/c_layout.rs"));
@@ -51,6 +51,7 @@ fn rust_types() -> Vec<(&'static str, usize, usize)> {
         ty!(clm_snapshot_blacklist_entry),
         ty!(clm_kv_event),
         ty!(clm_kv_event_batch),
+        ty!(clm_branch_point),
     ]
 }
 
@@ -113,6 +114,10 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, kv_events_send_hwm),
         field!(clm_engine_options, kv_events_data_parallel_rank),
         field!(clm_engine_options, kv_events_token_ids),
+        field!(clm_engine_options, divergence),
+        field!(clm_engine_options, divergence_branch_points),
+        field!(clm_engine_options, divergence_window_ms),
+        field!(clm_engine_options, divergence_context_tokens),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -130,6 +135,8 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_admit_options, adapter_id),
         field!(clm_admit_options, priority),
         field!(clm_admit_options, priority_update),
+        field!(clm_admit_options, tenant),
+        field!(clm_admit_options, tenant_len),
         field!(clm_admission_plan, struct_size),
         field!(clm_admission_plan, cached_tokens),
         field!(clm_admission_plan, new_pages),
@@ -227,6 +234,9 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_metrics, kv_events_send_failures),
         field!(clm_metrics, kv_events_queued),
         field!(clm_metrics, kv_events_next_sequence),
+        field!(clm_metrics, diverged_lookups),
+        field!(clm_metrics, match_depth_counts),
+        field!(clm_metrics, match_depth_sum_tokens),
         field!(clm_kv_event, kind),
         field!(clm_kv_event, medium),
         field!(clm_kv_event, block_hashes),
@@ -245,6 +255,20 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_kv_event_batch, ts),
         field!(clm_kv_event_batch, events),
         field!(clm_kv_event_batch, n_events),
+        field!(clm_branch_point, struct_size),
+        field!(clm_branch_point, tenant),
+        field!(clm_branch_point, tenant_len),
+        field!(clm_branch_point, adapter_id),
+        field!(clm_branch_point, depth),
+        field!(clm_branch_point, branches),
+        field!(clm_branch_point, hits),
+        field!(clm_branch_point, overcount),
+        field!(clm_branch_point, before),
+        field!(clm_branch_point, n_before),
+        field!(clm_branch_point, after),
+        field!(clm_branch_point, n_after),
+        field!(clm_branch_point, cached_after),
+        field!(clm_branch_point, n_cached_after),
         field!(clm_src_decision, score),
         field!(clm_src_decision, threshold),
         field!(clm_src_decision, scored),
@@ -417,15 +441,27 @@ fn constants_match_c() {
 // at 112 and 116, two i32 at 120 and 124: 128; version 4 two i32 at 128 and
 // 132, the URL pointer at 136, an i32 at 144, 4 bytes of padding, two
 // doubles at 152 and 160, two i32 at 168 and 172: 176; version 5 an i32 at
-// 176, 4 bytes of padding, the i64 at 184: 192.
+// 176, 4 bytes of padding, the i64 at 184: 192; version 6 three pointers at
+// 192..216, two i32 at 216 and 220, two doubles at 224 and 232: 240;
+// version 7 two i32 at 240, five pointers (three strings, the callback, its
+// data) at 248..288, eight i32 at 288..320: 320; version 8 four i32 at
+// 320..336: 336.
 // kv layout: u32 at 0, pointer at 8, 2 x size_t -> 32, 7 x i32 = 28 -> 60,
 // padded to 64.
-// admit options: u32 at 0, pointer at 8, size_t at 16, 2 x i32 at 24: 32.
+// admit options: u32 at 0, pointer at 8, size_t at 16, 2 x i32 at 24: 32;
+// version 2 an i32 at 32, padded to 40; version 3 the tenant pointer at 40
+// and its size_t at 48: 56.
 // metrics: u32 at 0, 6 x 8-byte fields at 8..56, 2 x i32 at 56, 7 x u64 at
 // 64..120, i64 at 120, u64 at 128: 136 (version 1); version 2 appends nine
 // 8-byte fields at 136..208: 208; version 3 twenty 8-byte fields at
 // 208..368 and an i32 at 368, padded to 376; version 4 two i32 at 372 and
-// 376, 4 bytes of padding, seventeen 8-byte fields at 384..520: 520.
+// 376, 4 bytes of padding, seventeen 8-byte fields at 384..520: 520;
+// version 5 five u64 at 520..560, two i32 at 560 and 564, five 8-byte
+// fields at 568..608: 608; version 6 two i32 at 608 and 612, ten 8-byte
+// fields at 616..696: 696; version 7 a u64 at 696, nineteen u64 at 704..856
+// and a u64 at 856: 864.
+// branch point: u32 at 0, pointer at 8, size_t at 16, two i32 at 24 and 28,
+// three u64 at 32..56, three (pointer, size_t) pairs at 56..104: 104.
 // snapshot hit: i32, f32, i32, u32 at 0..16, the u64 at 16, two u8 at 24
 // and 25, 30 reserved bytes to 56, the key's 264 bytes: 320, aligned to 8.
 // src decision: two floats at 0 and 4, four u8 at 8..12: 12, aligned to 4.
@@ -445,7 +481,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, snapshot_store_path).1, 88);
     assert_eq!(field!(clm_engine_options, snapshot_min_usage).1, 104);
     assert_eq!(field!(clm_engine_options, snapshot_lookup_timeout_us).1, 124);
-    assert_eq!(size_of::<clm_engine_options>(), 320);
+    assert_eq!(size_of::<clm_engine_options>(), 336);
     assert_eq!(field!(clm_engine_options, host_pages).1, 128);
     assert_eq!(field!(clm_engine_options, storage_url).1, 136);
     assert_eq!(field!(clm_engine_options, prefetch_policy).1, 144);
@@ -463,14 +499,20 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, kv_events_callback_data).1, 280);
     assert_eq!(field!(clm_engine_options, kv_events_layout).1, 288);
     assert_eq!(field!(clm_engine_options, kv_events_token_ids).1, 316);
+    assert_eq!(field!(clm_engine_options, divergence).1, 320);
+    assert_eq!(field!(clm_engine_options, divergence_branch_points).1, 324);
+    assert_eq!(field!(clm_engine_options, divergence_window_ms).1, 328);
+    assert_eq!(field!(clm_engine_options, divergence_context_tokens).1, 332);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
-    assert_eq!(size_of::<clm_admit_options>(), 40);
+    assert_eq!(size_of::<clm_admit_options>(), 56);
     assert_eq!(field!(clm_admit_options, cache_salt).1, 8);
     assert_eq!(field!(clm_admit_options, priority).1, 28);
     assert_eq!(field!(clm_admit_options, priority_update).1, 32);
-    assert_eq!(size_of::<clm_metrics>(), 696);
+    assert_eq!(field!(clm_admit_options, tenant).1, 40);
+    assert_eq!(field!(clm_admit_options, tenant_len).1, 48);
+    assert_eq!(size_of::<clm_metrics>(), 864);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);
     assert_eq!(field!(clm_metrics, active_sequences).1, 120);
@@ -493,12 +535,25 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_metrics, has_kv_events).1, 608);
     assert_eq!(field!(clm_metrics, kv_events_recorded).1, 616);
     assert_eq!(field!(clm_metrics, kv_events_next_sequence).1, 688);
+    assert_eq!(field!(clm_metrics, diverged_lookups).1, 696);
+    assert_eq!(field!(clm_metrics, match_depth_counts), ("clm_metrics.match_depth_counts", 704, 152));
+    assert_eq!(field!(clm_metrics, match_depth_sum_tokens).1, 856);
     assert_eq!((size_of::<clm_kv_event>(), align_of::<clm_kv_event>()), (72, 8));
     assert_eq!(field!(clm_kv_event, parent_block_hash).1, 32);
     assert_eq!(field!(clm_kv_event, extra_key).1, 64);
     assert_eq!((size_of::<clm_kv_event_batch>(), align_of::<clm_kv_event_batch>()), (40, 8));
     assert_eq!(field!(clm_kv_event_batch, ts).1, 16);
     assert_eq!(field!(clm_kv_event_batch, n_events).1, 32);
+    assert_eq!((size_of::<clm_branch_point>(), align_of::<clm_branch_point>()), (104, 8));
+    assert_eq!(field!(clm_branch_point, tenant).1, 8);
+    assert_eq!(field!(clm_branch_point, tenant_len).1, 16);
+    assert_eq!(field!(clm_branch_point, adapter_id).1, 24);
+    assert_eq!(field!(clm_branch_point, depth).1, 28);
+    assert_eq!(field!(clm_branch_point, branches).1, 32);
+    assert_eq!(field!(clm_branch_point, overcount).1, 48);
+    assert_eq!(field!(clm_branch_point, before).1, 56);
+    assert_eq!(field!(clm_branch_point, cached_after).1, 88);
+    assert_eq!(field!(clm_branch_point, n_cached_after).1, 96);
     assert_eq!((size_of::<clm_snapshot_hit>(), align_of::<clm_snapshot_hit>()), (320, 8));
     assert_eq!(field!(clm_snapshot_hit, fingerprint).1, 16);
     assert_eq!(field!(clm_snapshot_hit, stable).1, 24);
@@ -533,6 +588,10 @@ fn init_functions_accept_our_struct_sizes() {
     let v2 = field!(clm_engine_options, n_special_token_ids).1 + size_of::<usize>();
     // ... and of version 3 (up to snapshot_lookup_timeout_us).
     let v3 = field!(clm_engine_options, snapshot_lookup_timeout_us).1 + size_of::<i32>();
+    // ... and of version 7 (up to kv_events_token_ids).
+    let v7 = field!(clm_engine_options, kv_events_token_ids).1 + size_of::<i32>();
+    // Version 2 of clm_admit_options (up to priority_update), padded to its alignment.
+    let admit_v2 = (field!(clm_admit_options, priority_update).1 + size_of::<i32>() + 7) / 8 * 8;
     // SAFETY: each pointer is to a live, properly sized value.
     unsafe {
         let mut engine = MaybeUninit::<clm_engine_options>::zeroed().assume_init();
@@ -541,6 +600,13 @@ fn init_functions_accept_our_struct_sizes() {
         let mut admit = MaybeUninit::<clm_admit_options>::zeroed().assume_init();
         assert_eq!(clm_admit_options_init(&mut admit, size_of::<clm_admit_options>()), CLM_OK);
         assert_eq!(admit.struct_size as usize, size_of::<clm_admit_options>());
+        assert_eq!((admit.tenant, admit.tenant_len), (std::ptr::null(), 0));
+        // Version 2 of the admit options: the tenant (version 3) stays untouched.
+        let name = b"x";
+        let mut old_admit = clm_admit_options { tenant: name.as_ptr().cast(), tenant_len: 1, ..admit };
+        assert_eq!(clm_admit_options_init(&mut old_admit, admit_v2), CLM_OK);
+        assert_eq!((old_admit.struct_size as usize, old_admit.tenant_len), (admit_v2, 1));
+        assert_eq!(old_admit.tenant, name.as_ptr().cast());
         let mut adapter = MaybeUninit::<clm_adapter_options>::zeroed().assume_init();
         assert_eq!(clm_adapter_options_init(&mut adapter, size_of::<clm_adapter_options>()), CLM_OK);
         assert_eq!(adapter.struct_size as usize, size_of::<clm_adapter_options>());
@@ -578,10 +644,19 @@ fn init_functions_accept_our_struct_sizes() {
         let mut old3 = clm_engine_options { host_pages: -7, ..clm_engine_options::default() };
         assert_eq!(clm_engine_options_init(&mut old3, v3), CLM_OK);
         assert_eq!((old3.struct_size as usize, old3.snapshot_dim, old3.host_pages), (v3, 256, -7));
+        // Version 8: divergence counting on, and its defaults.
+        assert_eq!((engine.divergence, engine.divergence_branch_points), (1, 256));
+        assert_eq!((engine.divergence_window_ms, engine.divergence_context_tokens), (3600000, 8));
+        // Version 7 (up to kv_events_token_ids): the version-8 fields stay untouched.
+        let mut old7 = clm_engine_options { divergence: -7, divergence_context_tokens: -7, ..Default::default() };
+        assert_eq!(clm_engine_options_init(&mut old7, v7), CLM_OK);
+        assert_eq!((old7.struct_size as usize, old7.kv_events_token_ids), (v7, 1));
+        assert_eq!((old7.divergence, old7.divergence_context_tokens), (-7, -7));
         // One byte more than ours, or one byte short of version 1, is a size
         // this library does not know (any size from version 1's to ours is
         // accepted, so older callers keep working).
-        let mut big = [0u64; 32];
+        let mut big = [0u64; 64]; // room for the size passed, should the library write it
+        assert!(size_of_val(&big) > size_of::<clm_engine_options>());
         let big_ptr = big.as_mut_ptr() as *mut clm_engine_options;
         assert_eq!(clm_engine_options_init(big_ptr, size_of::<clm_engine_options>() + 1), CLM_ERR_INVALID_ARGUMENT);
         assert_eq!(clm_engine_options_init(&mut engine, v1 - 1), CLM_ERR_INVALID_ARGUMENT);

@@ -472,6 +472,17 @@ pub struct EngineOptions {
     pub kv_events_data_parallel_rank: i32,
     /// `false`: stored events carry no token ids (for routers that key on our hashes).
     pub kv_events_token_ids: bool,
+    /// Count where prompts split off the cached paths (docs/observability.md):
+    /// branch points for [`Engine::divergence_report`] and the match-depth
+    /// counters of [`Metrics`]. Off, the report is `FailedPrecondition` and
+    /// those counters stay 0.
+    pub divergence: bool,
+    /// Branch points kept, 16..65536.
+    pub divergence_branch_points: i32,
+    /// A report counts this far back, in milliseconds (>= 2).
+    pub divergence_window_ms: i32,
+    /// Tokens kept either side of a split, 0..64 ([`BranchPoint::before`], ...).
+    pub divergence_context_tokens: i32,
 }
 
 impl EngineOptions {
@@ -551,6 +562,10 @@ impl EngineOptions {
             kv_events_send_hwm: raw.kv_events_send_hwm,
             kv_events_data_parallel_rank: raw.kv_events_data_parallel_rank,
             kv_events_token_ids: raw.kv_events_token_ids != 0,
+            divergence: raw.divergence != 0,
+            divergence_branch_points: raw.divergence_branch_points,
+            divergence_window_ms: raw.divergence_window_ms,
+            divergence_context_tokens: raw.divergence_context_tokens,
         })
     }
 
@@ -703,6 +718,10 @@ impl EngineOptions {
         raw.kv_events_send_hwm = self.kv_events_send_hwm;
         raw.kv_events_data_parallel_rank = self.kv_events_data_parallel_rank;
         raw.kv_events_token_ids = i32::from(self.kv_events_token_ids);
+        raw.divergence = i32::from(self.divergence);
+        raw.divergence_branch_points = self.divergence_branch_points;
+        raw.divergence_window_ms = self.divergence_window_ms;
+        raw.divergence_context_tokens = self.divergence_context_tokens;
         Ok(raw)
     }
 }
@@ -759,6 +778,11 @@ pub struct AdmitOptions<'a> {
     pub priority: i32,
     /// How `priority` meets the priority already cached along the prompt.
     pub priority_update: PriorityUpdate,
+    /// The tenant's name in divergence reports ([`Engine::divergence_report`]),
+    /// e.g. an API key's tenant. `None` (or empty): a report names the salt's
+    /// digest (`"salt:"` and 32 hex digits), never the salt. Not part of the
+    /// namespace: only `cache_salt` keeps tenants apart.
+    pub tenant: Option<&'a str>,
 }
 
 impl<'a> AdmitOptions<'a> {
@@ -779,10 +803,12 @@ impl<'a> AdmitOptions<'a> {
                 "priority update",
                 raw.priority_update,
             )?,
+            tenant: None,
         })
     }
 
-    /// The C struct; it borrows `cache_salt`, so it must not outlive `self`.
+    /// The C struct; it borrows `cache_salt` and `tenant`, so it must not
+    /// outlive `self`.
     pub fn to_raw(&self) -> Result<sys::clm_admit_options> {
         let mut raw = raw_admit_options()?;
         let salt = self.cache_salt.unwrap_or(&[]);
@@ -791,12 +817,15 @@ impl<'a> AdmitOptions<'a> {
         raw.adapter_id = self.adapter_id;
         raw.priority = self.priority;
         raw.priority_update = self.priority_update.raw();
+        let tenant = self.tenant.unwrap_or("");
+        raw.tenant = if tenant.is_empty() { ptr::null() } else { tenant.as_ptr() as *const c_char };
+        raw.tenant_len = tenant.len();
         Ok(raw)
     }
 }
 
 impl Default for AdmitOptions<'_> {
-    /// The library's defaults: no salt, adapter 0, priority 0, raised.
+    /// The library's defaults: no salt, adapter 0, priority 0, raised, no tenant name.
     ///
     /// # Panics
     /// On a library/bindings version skew, as [`EngineOptions::default`].
@@ -1026,7 +1055,22 @@ pub struct Metrics {
     pub kv_events_queued: i64,
     /// The sequence number the next batch gets.
     pub kv_events_next_sequence: u64,
+    /// Lookups that split off a longer cached path with a page or more of
+    /// the prompt left (0 with [`EngineOptions::divergence`] off, as the two
+    /// below).
+    pub diverged_lookups: u64,
+    /// Lookups by the tokens they matched: `match_depth_counts[i]` counts
+    /// depths in `(MATCH_DEPTH_BOUNDS[i - 1], MATCH_DEPTH_BOUNDS[i]]` (bucket
+    /// 0: nothing matched), the last those above 2^20.
+    pub match_depth_counts: [u64; 19],
+    /// Tokens matched, summed over those lookups.
+    pub match_depth_sum_tokens: u64,
 }
+
+/// The upper bounds, in tokens, of [`Metrics::match_depth_counts`]' buckets
+/// 0..17: 0 (nothing matched), 16, 32, 64, ..., 2^20; bucket 18 is above.
+pub const MATCH_DEPTH_BOUNDS: [u64; 18] =
+    [0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1 << 20];
 
 impl From<sys::clm_metrics> for Metrics {
     fn from(m: sys::clm_metrics) -> Metrics {
@@ -1121,6 +1165,9 @@ impl From<sys::clm_metrics> for Metrics {
             kv_events_send_failures: m.kv_events_send_failures,
             kv_events_queued: m.kv_events_queued,
             kv_events_next_sequence: m.kv_events_next_sequence,
+            diverged_lookups: m.diverged_lookups,
+            match_depth_counts: m.match_depth_counts,
+            match_depth_sum_tokens: m.match_depth_sum_tokens,
         }
     }
 }
@@ -1558,6 +1605,7 @@ impl Drop for Sequence {
 }
 
 mod clm;
+mod divergence;
 mod events;
 mod kernels;
 mod store;
@@ -1565,6 +1613,7 @@ mod store_admin;
 mod tiers;
 
 pub use crate::clm::{ActDtype, Activations, ActivationsMut, AdapterOptions, Gelu, SrcDecision, SrcHeadWeights};
+pub use crate::divergence::{BranchPoint, DivergenceReport};
 pub use crate::events::{KvEvent, KvEventBatch, KvEventKind, KvEventSink, KvEventsBind, KvEventsLayout, KvMedium};
 pub use crate::kernels::AttentionParams;
 pub use crate::store::{RecordOutcome, RecordResult, SnapshotHit, SnapshotLevel, SnapshotLookup, Suffix, SuffixKey};

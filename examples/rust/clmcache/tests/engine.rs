@@ -87,7 +87,13 @@ fn defaults_come_from_the_library() {
     let admit = AdmitOptions::default();
     assert_eq!(
         admit,
-        AdmitOptions { cache_salt: None, adapter_id: 0, priority: 0, priority_update: PriorityUpdate::Raise }
+        AdmitOptions {
+            cache_salt: None,
+            adapter_id: 0,
+            priority: 0,
+            priority_update: PriorityUpdate::Raise,
+            tenant: None
+        }
     );
 }
 
@@ -692,10 +698,21 @@ fn admit_options_are_checked() {
     let err = engine.admit_with(&[1, 2, 3], &AdmitOptions { priority: 101, ..AdmitOptions::default() }).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
     assert!(err.message().contains("priority"), "{}", err);
-    let ok =
-        AdmitOptions { priority: 100, adapter_id: 2, cache_salt: Some(b"t"), priority_update: PriorityUpdate::Set };
+    let ok = AdmitOptions {
+        priority: 100,
+        adapter_id: 2,
+        cache_salt: Some(b"t"),
+        priority_update: PriorityUpdate::Set,
+        tenant: Some("acme"),
+    };
     engine.admit_with(&[1, 2, 3], &ok).unwrap().finish().unwrap();
-    assert_eq!(ok.to_raw().unwrap().priority_update, sys::CLM_PRIORITY_SET);
+    let raw = ok.to_raw().unwrap();
+    assert_eq!(raw.priority_update, sys::CLM_PRIORITY_SET);
+    // SAFETY: to_raw points tenant at ok's str for tenant_len bytes.
+    assert_eq!(unsafe { std::slice::from_raw_parts(raw.tenant as *const u8, raw.tenant_len) }, b"acme");
+    // An empty name is none: NULL, as the library's default.
+    let unnamed = AdmitOptions { tenant: Some(""), ..ok }.to_raw().unwrap();
+    assert_eq!((unnamed.tenant, unnamed.tenant_len), (std::ptr::null(), 0));
 }
 
 /// A conversation admitted at priority 1, then at 0: raised, its first turn
