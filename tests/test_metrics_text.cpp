@@ -175,6 +175,15 @@ std::map<std::string, double> reference(const EngineMetrics& m) {
   put("clm_eviction_duration_seconds_sum", m.eviction_duration.sum_seconds);
   put("clm_eviction_duration_seconds_count", m.eviction_duration.count());
   put("clm_prefix_diverged_lookups_total", c.diverged_matches);
+  const auto& w = m.clm_watch;
+  put("clm_snapshot_src_sightings_total", w.sightings);
+  put("clm_snapshot_watched_keys", w.watched_keys);
+  put("clm_snapshot_low_src_keys", w.low_src_keys);
+  put("clm_snapshot_low_src_turns_total", w.low_src_turns);
+  put(R"(clm_snapshot_key_events_total{event="blacklisted"})", w.store_events[0]);
+  put(R"(clm_snapshot_key_events_total{event="unblacklisted"})", w.store_events[1]);
+  put(R"(clm_snapshot_key_events_total{event="version_created"})", w.store_events[2]);
+  put(R"(clm_snapshot_key_events_total{event="drift"})", w.store_events[3]);
   put("clm_prefix_match_depth_tokens_sum", c.match_depth.sum_tokens);
   put("clm_prefix_match_depth_tokens_count",
       std::accumulate(c.match_depth.counts.begin(), c.match_depth.counts.end(), std::uint64_t{0}));

@@ -58,6 +58,7 @@
 #include "clm/cache/radix_tree.hpp"
 #include "clm/detail/spin_mutex.hpp"
 #include "clm/engine/admission.hpp"
+#include "clm/engine/clm_watch.hpp"
 #include "clm/engine/engine_config.hpp"
 #include "clm/engine/engine_metrics.hpp"
 #include "clm/engine/prefix_hints.hpp"
@@ -138,10 +139,24 @@ class Engine {
     if (config.kv_events.enabled && config.model_id.empty()) {
       return invalid_argument("kv_events: needs model_id (the block hashes name the model, as stored pages do)");
     }
+    CLM_RETURN_IF_ERROR(check_clm_watch_config(config.clm_watch));
+    // The CLM watch hears the store's events from its first record on.
+    auto watch = std::make_shared<ClmWatch>(config.clm_watch);
     std::unique_ptr<SnapshotStore> store;
-    if (!config.snapshot_store.path.empty()) CLM_RETURN_IF_ERROR(SnapshotStore::open(config.snapshot_store, store));
+    if (!config.snapshot_store.path.empty()) {
+      SnapshotStoreConfig store_config = config.snapshot_store;
+      store_config.on_event = [watch, host = config.snapshot_store.on_event](const SnapshotStoreEvent& e) {
+        if (host) host(e);
+        std::string_view salt;
+        std::int32_t adapter_id = 0;
+        snapshot_tenant_parts(e.tenant, salt, adapter_id);
+        watch->store_event(e, salt, adapter_id, &KvEventRecorder::salt_digest);
+      };
+      CLM_RETURN_IF_ERROR(SnapshotStore::open(store_config, store));
+    }
     std::unique_ptr<Engine> engine(new Engine(config, std::move(pool), std::move(tiers)));
     engine->store_ = std::move(store);
+    engine->clm_watch_ = std::move(watch);
     CLM_RETURN_IF_ERROR(engine->tree_->set_divergence(config.divergence));
     if (config.kv_events.enabled) CLM_RETURN_IF_ERROR(engine->start_kv_events());
     if (engine->tiers_) engine->tiers_->start(*engine->tree_, engine->mutex_);
@@ -173,6 +188,7 @@ class Engine {
     if (from_storage) CLM_RETURN_IF_ERROR(detail::check_token_ids(prompt, 0, "admit"));
     auto seq = std::make_unique<Sequence>();
     seq->salt.assign(options.cache_salt);
+    seq->tenant_name.assign(options.tenant);
     seq->adapter_id = options.adapter_id;
     seq->priority = options.priority;
     seq->priority_update = options.priority_update;
@@ -508,12 +524,14 @@ class Engine {
     const SnapshotStoreMetrics store = store_ ? store_->metrics() : SnapshotStoreMetrics{};
     const TierMetrics tiers = tiers_ ? tiers_->metrics() : TierMetrics{};
     const KvEventsMetrics kv_events = kv_publisher_ ? kv_publisher_->metrics() : KvEventsMetrics{};
+    const ClmWatchMetrics clm_watch = clm_watch_->metrics();
     std::lock_guard lock(mutex_);
     EngineMetrics m = metrics_;
     m.kv_events = kv_events;
     m.src = src;
     m.has_snapshot_store = store_ != nullptr;
     m.store = store;
+    m.clm_watch = clm_watch;
     m.has_tiers = tiers_ != nullptr;
     if (tiers_) m.tiers = tiers;
     m.cache = tree_->metrics();
@@ -640,6 +658,21 @@ class Engine {
   // metrics() as Prometheus text (metrics_text.hpp).
   std::string metrics_text() const { return format_metrics_text(metrics()); }
 
+  // ---- CLM anomalies (EngineConfig::clm_watch, engine/clm_watch.hpp) ----------
+  // Keys seen often with a low SRC score in the window, and the store's last
+  // events (blacklists and their reasons, versions, drift). failed_precondition
+  // without a snapshot store (no CLM) or with the watch off.
+  Status clm_anomalies(ClmAnomalyReport& out) const {
+    if (!store_) return failed_precondition("clm_anomalies: the engine has no snapshot store (no CLM parts)");
+    if (!config_.clm_watch.enabled) {
+      return failed_precondition("clm_anomalies: the CLM watch is off (EngineConfig::clm_watch.enabled)");
+    }
+    out = clm_watch_->report();
+    return {};
+  }
+  // Tests only: the watch's clock (ms since the epoch).
+  void set_clm_watch_clock(ClmWatch::Clock clock) { clm_watch_->set_clock(clock); }
+
   // ---- divergence hot spots (EngineConfig::divergence, cache/divergence.hpp)
   // Per tenant, the branch points where the most admissions split off the
   // cached path with the fewest later hits past them, over the window ending
@@ -706,8 +739,10 @@ class Engine {
     std::vector<std::int32_t> pages;
     std::size_t tree_pages = 0;  // leading pages that are the tree's (protected by `locked`)
     NodeRef locked;
-    SuffixKey looked_up;  // the key the last lookup asked for, when it served a snapshot
-    SnapshotHit served;   // what it served (level miss: nothing, or it was reported)
+    std::string tenant_name;                // AdmitOptions::tenant, for reports
+    std::uint64_t watched_fingerprint = 0;  // the key of its last sighting told to the CLM watch
+    SuffixKey looked_up;                    // the key the last lookup asked for, when it served a snapshot
+    SnapshotHit served;                     // what it served (level miss: nothing, or it was reported)
     CacheNamespace cache_namespace() const { return {salt, adapter_id}; }
     // The snapshot store's tenant: salt and adapter, as the prefix cache separates them.
     std::string tenant() const { return snapshot_tenant(salt, adapter_id); }
@@ -973,6 +1008,7 @@ class Engine {
   std::shared_ptr<const SnapshotProjection> projection_;
   std::shared_ptr<const SnapshotAdapter> adapter_;
   std::unique_ptr<SnapshotStore> store_;            // set once by create()
+  std::shared_ptr<ClmWatch> clm_watch_;             // set once by create(); the store's events hold it too
   std::unique_ptr<KvEventRecorder> kv_recorder_;    // KV events: the tree's observer, and
   std::unique_ptr<KvEventPublisher> kv_publisher_;  // its publisher (both set once by create())
 };

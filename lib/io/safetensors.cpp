@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "clm/detail/half.hpp"
+#include "clm/detail/json_string.hpp"
 #include "clm/detail/utf8.hpp"
 
 #include <algorithm>
@@ -372,22 +373,6 @@ class HeaderParser {
   std::size_t pos_ = 0;
 };
 
-void append_json_string(std::string& out, std::string_view s) {
-  out.push_back('"');
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (u < 0x20) {
-      out += fmt::format("\\u{:04x}", u);
-    } else {
-      out.push_back(c);
-    }
-  }
-  out.push_back('"');
-}
-
 }  // namespace
 
 std::size_t tensor_dtype_bytes(TensorDType dtype) {
@@ -617,9 +602,9 @@ Status serialize_safetensors(std::span<const TensorToWrite> tensors,
     for (const auto& [k, v] : metadata) {
       if (!first_kv) header.push_back(',');
       first_kv = false;
-      append_json_string(header, k);
+      detail::append_json_string(header, k);
       header.push_back(':');
-      append_json_string(header, v);
+      detail::append_json_string(header, v);
     }
     header.push_back('}');
     first = false;
@@ -627,7 +612,7 @@ Status serialize_safetensors(std::span<const TensorToWrite> tensors,
   for (const TensorToWrite* t : sorted) {
     if (!first) header.push_back(',');
     first = false;
-    append_json_string(header, t->name);
+    detail::append_json_string(header, t->name);
     const auto [b, e] = offsets[t];
     header += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
                           tensor_dtype_name(t->dtype), fmt::join(t->shape, ","), b, e);

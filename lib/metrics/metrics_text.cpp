@@ -97,9 +97,10 @@ void prefix_cache(Exposition& out, const EngineMetrics& m) {
   out.sample("cached_tokens_total", "source=\"host\"", t.host_hit_tokens);
   out.sample("cached_tokens_total", "source=\"storage\"", t.storage_hit_tokens);
   out.counter("prefix_cache_lookups_total", "Prefix cache lookups (one per admission).", c.match_calls);
-  out.histogram("prefix_match_depth_tokens",
-                "Where prefix-cache lookups stopped matching, in tokens from the prompt's start (divergence counting on).",
-                c.match_depth);
+  out.histogram(
+      "prefix_match_depth_tokens",
+      "Where prefix-cache lookups stopped matching, in tokens from the prompt's start (divergence counting on).",
+      c.match_depth);
   out.counter("prefix_diverged_lookups_total",
               "Lookups that split off a longer cached path with a page or more of the prompt left (a branch point).",
               c.diverged_matches);
@@ -154,6 +155,25 @@ void src(Exposition& out, const SrcMetrics& s) {
   out.counter("src_injections_total", "Sequence-layers that received a snapshot.", s.injections);
   out.gauge("src_baseline_sequences", "Tracked sequences in baseline mode now.", s.baseline_sequences);
   out.gauge("src_tracked_sequences", "Sequences the SRC tracker follows now.", s.tracked_sequences);
+}
+
+void clm_watch(Exposition& out, const ClmWatchMetrics& w) {
+  out.counter("snapshot_src_sightings_total",
+              "Snapshot lookups the CLM watch recorded with the sequence's SRC score (once per sequence and key).",
+              w.sightings);
+  out.gauge("snapshot_watched_keys", "Suffix keys the CLM watch counts sightings of.", w.watched_keys);
+  out.gauge("snapshot_low_src_keys",
+            "Watched keys seen often in the window with a median SRC below the threshold (as of their last sighting).",
+            w.low_src_keys);
+  out.counter("snapshot_low_src_turns_total", "Times a key turned low-SRC (seen often, median SRC low).",
+              w.low_src_turns);
+  out.family("snapshot_key_events_total", "counter",
+             "What the snapshot store did to keys: blacklisted, unblacklisted, version_created, drift.");
+  for (std::size_t k = 0; k < w.store_events.size(); ++k) {
+    out.sample("snapshot_key_events_total",
+               fmt::format("event=\"{}\"", snapshot_store_event_name(static_cast<SnapshotStoreEvent::Kind>(k))),
+               w.store_events[k]);
+  }
 }
 
 void snapshot_store(Exposition& out, const SnapshotStoreMetrics& s) {
@@ -269,6 +289,7 @@ std::string format_metrics_text(const EngineMetrics& m) {
   sequences(out, m);
   src(out, m.src);
   snapshot_store(out, m.store);
+  clm_watch(out, m.clm_watch);
   tiers(out, m);
   kv_events(out, m.kv_events);
   return out.take();

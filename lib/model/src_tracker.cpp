@@ -119,12 +119,22 @@ Status SrcTracker::check_step_call(std::span<const SeqId> ids, std::span<const s
   return Status::success();
 }
 
+bool SrcTracker::last_score(SeqId id, float& score) const {
+  std::lock_guard lock(mutex_);
+  const auto it = states_.find(id);
+  if (it == states_.end() || !it->second.has_score) return false;
+  score = it->second.last_score;
+  return true;
+}
+
 SrcDecision SrcTracker::decide_locked(SequenceState& state, bool scored, float score) {
   SrcDecision d;
   d.threshold = threshold_;
   if (scored) {
     d.score = score;
     d.scored = 1;
+    state.last_score = score;
+    state.has_score = true;
     d.reuse = src_gate_decide(config_, threshold_, d.score, state.gate) ? 1 : 0;
     ++metrics_.steps;
     metrics_.reuse_decisions += d.reuse;

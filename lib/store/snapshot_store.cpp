@@ -77,6 +77,20 @@ const char* record_result_name(RecordResult result) {
   return "unknown";
 }
 
+const char* snapshot_store_event_name(SnapshotStoreEvent::Kind kind) {
+  switch (kind) {
+    case SnapshotStoreEvent::Kind::blacklisted:
+      return "blacklisted";
+    case SnapshotStoreEvent::Kind::unblacklisted:
+      return "unblacklisted";
+    case SnapshotStoreEvent::Kind::version_created:
+      return "version_created";
+    case SnapshotStoreEvent::Kind::drift:
+      return "drift";
+  }
+  return "unknown";
+}
+
 SnapshotStore::SnapshotStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { impl_->owner = this; }
 
 SnapshotStore::~SnapshotStore() {
@@ -368,6 +382,18 @@ Status SnapshotStore::record_batch(std::span<const SnapshotRecord> records, std:
     SnapshotStoreMetrics delta;
     for (std::size_t j = 0; j < by_shard[s].size(); ++j) {
       outcomes[by_shard[s][j]] = local[j];
+      const RecordResult result = local[j].result;
+      if (im.config.on_event && (result == RecordResult::admitted || result == RecordResult::new_version ||
+                                 result == RecordResult::drifted)) {
+        const SnapshotRecord& r = records[by_shard[s][j]];
+        SnapshotStoreEvent e;
+        e.kind = result == RecordResult::drifted ? SnapshotStoreEvent::Kind::drift
+                                                 : SnapshotStoreEvent::Kind::version_created;
+        e.tenant = r.tenant;
+        e.key = r.key->key;
+        e.version = local[j].version;
+        im.config.on_event(e);
+      }
       ++delta.records;
       switch (local[j].result) {
         case RecordResult::counted:
@@ -444,6 +470,16 @@ Status SnapshotStore::report_outcome(std::string_view tenant, const SuffixKey& q
     im.blacklist_size = im.blacklist.size();
   }
   StoreShard& shard = *im.shards[static_cast<std::size_t>(im.shard_of(tenant, query.group))];
+  if (im.config.on_event) {  // in force in memory from here, whatever the write below does
+    SnapshotStoreEvent e;
+    e.kind = SnapshotStoreEvent::Kind::blacklisted;
+    e.tenant = tenant;
+    e.key = served.key;
+    e.reason = trip->reason;
+    e.until_ms = trip->until_ms;
+    e.by_breaker = true;
+    im.config.on_event(e);
+  }
   const store_detail::WriteLocks locks(shard);
   // In force in memory either way.
   return shard.put_blacklist(tenant, blamed, trip->until_ms, trip->reason, false);

@@ -206,9 +206,20 @@ Status SnapshotStore::blacklist_key(std::string_view tenant, const SuffixKey& ke
     CLM_RETURN_IF_ERROR(shard.put_blacklist(tenant, key, until_ms, reason, true));
     CLM_RETURN_IF_ERROR(tx.commit());
   }
-  std::lock_guard lock(im.breaker_mutex);
-  im.blacklist[tenant_key(tenant, key.fingerprint)] = until_ms;
-  im.blacklist_size = im.blacklist.size();
+  {
+    std::lock_guard lock(im.breaker_mutex);
+    im.blacklist[tenant_key(tenant, key.fingerprint)] = until_ms;
+    im.blacklist_size = im.blacklist.size();
+  }
+  if (im.config.on_event) {
+    SnapshotStoreEvent e;
+    e.kind = SnapshotStoreEvent::Kind::blacklisted;
+    e.tenant = tenant;
+    e.key = key.key;
+    e.reason = reason;
+    e.until_ms = until_ms;
+    im.config.on_event(e);
+  }
   return {};
 } catch (...) {
   return current_exception_status("blacklist_key");
@@ -237,10 +248,19 @@ Status SnapshotStore::unblacklist_key(std::string_view tenant, const SuffixKey& 
     CLM_RETURN_IF_ERROR(tx.commit());
   }
   const std::string k = tenant_key(tenant, key.fingerprint);
-  std::lock_guard lock(im.breaker_mutex);
-  im.blacklist.erase(k);
-  im.blacklist_size = im.blacklist.size();
-  im.breaker->forget_key(tenant, key.fingerprint);  // the outcomes that tripped it would trip it again
+  {
+    std::lock_guard lock(im.breaker_mutex);
+    im.blacklist.erase(k);
+    im.blacklist_size = im.blacklist.size();
+    im.breaker->forget_key(tenant, key.fingerprint);  // the outcomes that tripped it would trip it again
+  }
+  if (im.config.on_event) {
+    SnapshotStoreEvent e;
+    e.kind = SnapshotStoreEvent::Kind::unblacklisted;
+    e.tenant = tenant;
+    e.key = key.key;
+    im.config.on_event(e);
+  }
   return {};
 } catch (...) {
   return current_exception_status("unblacklist_key");

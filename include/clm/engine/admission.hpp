@@ -25,8 +25,8 @@ struct AdmitOptions {
   // server's API-key tenant; without one a report names the salt's digest,
   // never the salt. Not part of the namespace: only the salt separates.
   std::string_view tenant = {};
-  int priority = 0;             // 0-100, lowest evicted first: EvictionPolicy::priority
-                                // and ghost_slru (eviction_policy.hpp); others ignore it
+  int priority = 0;  // 0-100, lowest evicted first: EvictionPolicy::priority
+                     // and ghost_slru (eviction_policy.hpp); others ignore it
   // How `priority` meets the priority already cached along the prompt: raise
   // keeps the highest (a shared prefix stays at the highest any request gave
   // it); set replaces it (a hint that expires: eviction_policy.hpp).

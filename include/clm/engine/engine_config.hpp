@@ -19,6 +19,7 @@
 #include "clm/cache/divergence.hpp"
 #include "clm/cache/eviction_policy.hpp"
 #include "clm/cache/paged_kv_pool.hpp"
+#include "clm/engine/clm_watch.hpp"
 #include "clm/events/kv_events_config.hpp"
 #include "clm/model/src_gate.hpp"
 #include "clm/store/snapshot_store.hpp"
@@ -65,6 +66,10 @@ struct EngineConfig {
   // Where prompts split off the cached paths (cache/divergence.hpp,
   // Engine::divergence_report): on by default, bounded memory.
   DivergenceConfig divergence;
+  // What an operator watches of CLM (engine/clm_watch.hpp): keys seen often
+  // with a low SRC score, the store's blacklists, versions and drift; on by
+  // default, as JSON lines through clm_watch.on_line when set.
+  ClmWatchConfig clm_watch;
 };
 
 }  // namespace clm

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "clm/cache/radix_tree_types.hpp"
+#include "clm/engine/clm_watch.hpp"
 #include "clm/events/kv_events_config.hpp"
 #include "clm/metrics/metrics_text.hpp"
 #include "clm/model/src_tracker.hpp"
@@ -40,6 +41,7 @@ struct EngineMetrics {
   SrcMetrics src;  // the SRC head's steps, the threshold and the breaker
   bool has_snapshot_store = false;
   SnapshotStoreMetrics store;  // all zero without a store
+  ClmWatchMetrics clm_watch;   // the CLM watch's counts (engine/clm_watch.hpp)
   bool has_tiers = false;
   TierMetrics tiers;          // all zero without tiers
   KvEventsMetrics kv_events;  // all zero (enabled false) without KV events

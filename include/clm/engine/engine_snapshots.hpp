@@ -86,8 +86,31 @@ inline Status Engine::lookup_snapshots(std::span<const SequenceId> ids, std::spa
     found[i] = hits[i].level != SnapshotLevel::miss ? 1 : 0;
     apply[i] = found[i];
   }
+  // The CLM watch: each sequence's last SRC score with the key it looks up,
+  // once per sequence and key (a host looks up every step).
+  struct Sighting {
+    std::size_t index = 0;
+    float score = 0.0f;
+    std::string name;  // the tenant's name, or its salt (named by its digest below)
+    bool named = false;
+  };
+  std::vector<Sighting> sightings;
+  if (config_.clm_watch.enabled) {
+    for (std::size_t i = 0; i < n; ++i) {
+      float score = 0.0f;
+      if (!keys[i].key.empty() && src_.last_score(ids[i], score)) sightings.push_back({i, score, {}, false});
+    }
+  }
   {
     std::lock_guard lock(mutex_);
+    std::erase_if(sightings, [&](Sighting& s) {
+      auto it = sequences_.find(ids[s.index]);
+      if (it == sequences_.end() || it->second->watched_fingerprint == keys[s.index].fingerprint) return true;
+      it->second->watched_fingerprint = keys[s.index].fingerprint;
+      s.named = !it->second->tenant_name.empty();
+      s.name = s.named ? it->second->tenant_name : it->second->salt;
+      return false;
+    });
     for (std::size_t i = 0; i < n; ++i) {
       auto it = sequences_.find(ids[i]);
       if (it == sequences_.end()) continue;  // ended meanwhile
@@ -102,6 +125,13 @@ inline Status Engine::lookup_snapshots(std::span<const SequenceId> ids, std::spa
         it->second->served.version = hits[i].version;
       }
     }
+  }
+  for (const Sighting& s : sightings) {  // outside the engine's lock: a digest is a SHA-256
+    std::string_view salt;
+    std::int32_t adapter_id = 0;
+    snapshot_tenant_parts(tenants[s.index], salt, adapter_id);
+    clm_watch_->sighting(tenants[s.index], s.named ? s.name : KvEventRecorder::salt_digest(s.name), adapter_id,
+                         keys[s.index].key, s.score);
   }
   return src_.report_retrieval(ids, found);
 }

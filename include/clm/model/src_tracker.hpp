@@ -147,6 +147,10 @@ class SrcTracker {
   // changes on error.
   Status report_retrieval(std::span<const SeqId> ids, std::span<const std::uint8_t> found);
 
+  // The score of the sequence's last scored step (into `score`); false when
+  // it is untracked or no step has scored it yet. (The CLM watch records it
+  // with each snapshot lookup: engine/clm_watch.hpp.)
+  bool last_score(SeqId id, float& score) const;
   // Whether the breaker has switched the sequence to baseline (false when untracked).
   bool in_baseline(SeqId id) const;
   // baseline_out[i] = in_baseline(ids[i]); not_found for an untracked id.
@@ -190,6 +194,8 @@ class SrcTracker {
     std::int64_t count = 0;
     std::uint64_t version = 0;  // from next_version_, renewed by each commit: detects concurrent steps
     SrcGateState gate;
+    float last_score = 0.0f;  // of the last scored step
+    bool has_score = false;
     SumsOn sums_on = SumsOn::none;  // where the running sum lives (count > 0)
     std::int32_t slot = -1;         // device: rows 2 * slot and 2 * slot + 1 of the device sums
     std::uint8_t parity = 0;        // device: which of the two rows is committed

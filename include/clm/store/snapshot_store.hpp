@@ -150,6 +150,21 @@
 
 namespace clm {
 
+// What changed in the store that an operator watches (engine/clm_watch.hpp,
+// docs/observability.md): a key blacklisted (by the outcome breaker or an
+// administrator) or let go, a version created (admission, cosine or drift).
+struct SnapshotStoreEvent {
+  enum class Kind : std::uint8_t { blacklisted, unblacklisted, version_created, drift };
+  Kind kind = Kind::version_created;
+  std::string_view tenant;  // the store's tenant (Engine::snapshot_tenant: salt and adapter)
+  std::string_view key;
+  std::string_view reason;    // blacklisted: why ("breaker: ..." or the administrator's words)
+  std::int64_t until_ms = 0;  // blacklisted: until when (ms since the epoch)
+  std::int32_t version = 0;   // version_created, drift: the new version
+  bool by_breaker = false;    // blacklisted: the outcome breaker, not an administrator
+};
+const char* snapshot_store_event_name(SnapshotStoreEvent::Kind kind);
+
 struct SnapshotStoreConfig {
   std::string path;  // directory (created if missing); ":memory:" keeps everything in memory
   // Opens an existing store beside its writer, for lookups and inspection
@@ -202,6 +217,10 @@ struct SnapshotStoreConfig {
 
   // Milliseconds since the Unix epoch; tests pass their own clock.
   std::function<std::int64_t()> clock_ms;  // empty: the system clock
+
+  // Told of each SnapshotStoreEvent once it is committed, on the thread that
+  // made it; must not throw or call back into the store. Empty: none.
+  std::function<void(const SnapshotStoreEvent&)> on_event;
 };
 
 // What the store accepts as a snapshot or query: `dim` finite values with a
