@@ -143,6 +143,16 @@ int main(int argc, char** argv) {
     engine_config.special_token_ids = {tiny_llama::ByteTokenizer::kBeginOfText, tiny_llama::ByteTokenizer::kStartHeader,
                                        tiny_llama::ByteTokenizer::kEndHeader, tiny_llama::ByteTokenizer::kEndOfTurn};
   }
+  // CLM's events as JSON lines (the watch calls this under its lock, in order).
+  std::ofstream clm_events;
+  if (!flags.clm_events.empty()) {
+    clm_events.open(flags.clm_events, std::ios::app);
+    if (!clm_events) return fail(fmt::format("--clm-events: cannot open {} for appending", flags.clm_events));
+    engine_config.clm_watch.on_line = [&clm_events](std::string_view line) {
+      clm_events << line << '\n';
+      clm_events.flush();
+    };
+  }
   std::unique_ptr<clm::Engine> engine;
   if (clm::Status s = clm::Engine::create(engine_config, engine); !s.ok()) return fail(s.message());
   std::unique_ptr<tiny_llama::LlamaModel> model;

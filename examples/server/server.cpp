@@ -138,6 +138,20 @@ nlohmann::ordered_json engine_summary_json(const clm::Engine& engine) {
           {"kv_events_published", m.kv_events.published_events}};
 }
 
+nlohmann::ordered_json clm_anomalies_json(const clm::ClmAnomalyReport& report) {
+  nlohmann::ordered_json keys = nlohmann::ordered_json::array(), events = nlohmann::ordered_json::array();
+  for (const clm::LowSrcKey& k : report.low_src_keys) {
+    keys.push_back({{"tenant", k.tenant},
+                    {"adapter_id", k.adapter_id},
+                    {"key", k.key},
+                    {"sightings", k.sightings},
+                    {"median_src", k.median_src}});
+  }
+  for (const clm::ClmEvent& e : report.events) events.push_back(nlohmann::ordered_json::parse(clm::clm_event_json(e)));
+  return {{"enabled", true},           {"window_ms", report.window_ms},   {"min_sightings", report.min_sightings},
+          {"low_src", report.low_src}, {"low_src_keys", std::move(keys)}, {"events", std::move(events)}};
+}
+
 nlohmann::ordered_json ChatServer::divergence_json(const clm::DivergenceReport& report) const {
   auto text = [this](const std::vector<std::int32_t>& tokens) {
     std::string out;
@@ -265,6 +279,12 @@ ChatServer::ChatServer(tiny_llama::Generator& generator, clm::Engine& engine, co
       body["divergence"] = divergence_json(report);
     } else {
       body["divergence"] = {{"enabled", false}, {"message", s.message()}};
+    }
+    clm::ClmAnomalyReport clm_report;
+    if (const clm::Status s = engine_.clm_anomalies(clm_report); s.ok()) {
+      body["clm"] = clm_anomalies_json(clm_report);
+    } else {
+      body["clm"] = {{"enabled", false}, {"message", s.message()}};
     }
     response.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
   });

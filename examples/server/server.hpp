@@ -110,6 +110,8 @@ struct ServerOptions {
 // The engine's invariants and counts as one JSON object (GET /debug/engine,
 // and clm_server's last line at shutdown).
 nlohmann::ordered_json engine_summary_json(const clm::Engine& engine);
+// The CLM watch's report (GET /debug/cache): low-SRC keys and the last events.
+nlohmann::ordered_json clm_anomalies_json(const clm::ClmAnomalyReport& report);
 
 class ChatServer {
  public:

@@ -178,6 +178,8 @@ std::string apply(ServerFlags& f, std::string_view flag, const std::string& valu
       f.lexicons = value;
     } else if (flag == "--clm-dir") {
       f.clm_dir = value;
+    } else if (flag == "--clm-events") {
+      f.clm_events = value;
     } else if (flag == "--src-threshold") {
       f.src_threshold = std::stof(value, &used);
     } else if (flag == "--kv-events") {
@@ -244,6 +246,9 @@ std::string check(const ServerFlags& f) {
     return "--clm-dir needs --snapshot-store (CLM finds and records its snapshots there)";
   }
   if (f.src_threshold && f.clm_dir.empty()) return "--src-threshold needs --clm-dir";
+  if (!f.clm_events.empty() && f.snapshot_store.empty()) {
+    return "--clm-events needs --snapshot-store (the events are the store's and its lookups')";
+  }
   if (f.snapshot_min_usage < 1) return fmt::format("--snapshot-min-usage must be >= 1, got {}", f.snapshot_min_usage);
   if (f.snapshot_store.empty() && (!f.lexicons.empty() || f.snapshot_min_usage != ServerFlags{}.snapshot_min_usage)) {
     return "--lexicons and --snapshot-min-usage need --snapshot-store";
@@ -356,6 +361,9 @@ CLM suffix reuse (docs/clm.md):
   --clm-dir DIR            CLM in the loop for every request, with the parts train_clm.sh trained for
                            this model (head, projection, adapter .safetensors)
   --src-threshold X        the SRC gate's score threshold (default: the trained head's own)
+  --clm-events FILE        append what an operator watches of CLM as JSON lines (docs/observability.md):
+                           keys seen often with a low SRC score, blacklists and their reasons,
+                           versions, drift; the same in GET /debug/cache
 KV events for a cache-aware router (docs/fleet.md):
   --kv-events ENDPOINT     publish vLLM's KV events on a ZeroMQ PUB socket (tcp://127.0.0.1:* picks a port)
   --kv-events-replay EP    a ROUTER socket that sends missed batches again

@@ -58,6 +58,7 @@ struct ServerFlags {
   std::string snapshot_store;  // its SQLite file; empty: none
   std::int64_t snapshot_min_usage = 50;
   std::string lexicons;                // the suffix keyer's domain words (a folder of lexicon files)
+  std::string clm_events;              // a JSON-lines file the CLM watch's events are appended to; empty: none
   std::string clm_dir;                 // trained parts (head, projection, adapter .safetensors); needs --snapshot-store
   std::optional<float> src_threshold;  // the SRC gate's threshold, over the head's own
   // KV events for a cache-aware router.

@@ -10,8 +10,9 @@
 # checks: the first ask of a question records its snapshot under the
 # question's key, the same question again is served it at level exact and
 # injected, another tenant's ask of it finds nothing (the store keys by
-# tenant), the store survives a restart on the same file, and flags that
-# cannot work are refused. Everything lives in one mktemp -d directory.
+# tenant), the version it created is a JSON line in --clm-events and in GET
+# /debug/cache, the store survives a restart on the same file, and flags
+# that cannot work are refused. Everything lives in one mktemp -d directory.
 # shellcheck disable=SC2015  # `[ A ] && [ B ] || fail ...` fails when either test does: meant
 set -euo pipefail
 
@@ -36,10 +37,11 @@ refuse_to_start "needs --snapshot-store" --clm-dir "$work/trained"
 refuse_to_start "need --snapshot-store" --lexicons "$lexicons"
 refuse_to_start "needs --clm-dir" --snapshot-store "$work/x.db" --src-threshold 0
 refuse_to_start "clm-dir $work/nowhere" --snapshot-store "$work/x.db" --clm-dir "$work/nowhere"
+refuse_to_start "clm-events needs --snapshot-store" --clm-events "$work/events.jsonl"
 ok "CLM flags that cannot work: exit 2 with a message"
 
 clm_flags=(--snapshot-store "$work/store.db" --snapshot-min-usage 1 --lexicons "$lexicons" --clm-dir "$work/trained"
-  --src-threshold 0 --trust-x-tenant)
+  --src-threshold 0 --trust-x-tenant --clm-events "$work/clm-events.jsonl")
 launch "${clm_flags[@]}"
 ask='{"messages":[{"role":"user","content":"How do I install a package with apt?"}],"max_tokens":8,"temperature":0}'
 post acme "$ask"
@@ -56,6 +58,15 @@ hits=$(field clm.hits_exact)
   fail "the second ask: $hits exact hits, $(field clm.injected_steps) injected steps"
 post globex "$ask"
 expect_eq "$(field clm.hits_exact)" 0 "another tenant's ask: nothing of acme's"
+# What an operator watches (docs/observability.md): the version the first ask
+# created, as a JSON line in --clm-events and in GET /debug/cache.
+grep -q "\"event\":\"version_created\",\"tenant\":\"acme\",\"adapter_id\":1,\"key\":\"$key\",\"version\":1}" \
+  "$work/clm-events.jsonl" || fail "--clm-events has no version_created line for $key: $(cat "$work/clm-events.jsonl")"
+code=$(curl -s -o "$work/out" -w '%{http_code}' "$base/debug/cache")
+expect_eq "$code" 200 "/debug/cache"
+expect_eq "$(field clm.enabled)" true "/debug/cache: the CLM watch"
+expect_eq "$(field clm.events.0.event)" version_created "/debug/cache: the first CLM event"
+expect_eq "$(field clm.events.0.key)" "$key" "/debug/cache: its key"
 # Retention under CLM: the pin names the adapter CLM's requests are cached under.
 headers=$(curl -s -D - -o "$work/out" -H 'X-Tenant: acme' --data-binary "${ask%\}},\"prompt_cache_retention\":\"24h\"}" \
   "$base/v1/chat/completions")
