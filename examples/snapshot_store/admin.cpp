@@ -25,15 +25,6 @@ clm::SuffixKey stored_key(const NamedSuffix& suffix, const clm::SnapshotStore& s
   return key;
 }
 
-std::string utc_ms(std::int64_t ms) {
-  const std::time_t t = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
-
 struct Opened {
   std::unique_ptr<clm::SnapshotStore> store;
   clm::SuffixKey key;

@@ -84,6 +84,16 @@ inline std::int64_t now_ms() {
       .count();
 }
 
+// Milliseconds since the epoch as UTC, to the second: 2026-12-06T10:00:07Z.
+inline std::string utc_ms(std::int64_t ms) {
+  const std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
 // The shortest decimal that reads back as `f`, as a double: JSON output then
 // shows 0.1 for 0.1f, not 0.10000000149011612.
 inline double tidy(float f) { return std::strtod(fmt::format("{}", f).c_str(), nullptr); }

@@ -86,6 +86,8 @@ constexpr std::string_view kUsage =
     "                 (--adopt: keep the keys, record the rules)\n"
     "  plot           a PNG of a key's vectors on their two principal axes, by version, with\n"
     "                 its nearest other keys: one cluster, or two meanings under one key\n"
+    "  anomalies      what a server's CLM watch saw (its --clm-events JSON lines): keys seen\n"
+    "                 often with a low SRC, blacklists and why, versions and drift\n"
     "\n"
     "  versions       a key's versions: usage, confirmations, which one is served\n"
     "  pin, unpin     serve one version of a key whatever is recorded later; lift that\n"
@@ -102,9 +104,9 @@ constexpr std::string_view kUsage =
     "made under (this clmcache's, and the lexicons of --lexicons DIR, default built-in), and\n"
     "every command must open it with the same --lexicons (and --replace-lexicons, which uses\n"
     "DIR's lexicons instead of the built-in ones), or rekey it. The reading commands (key, lookup,\n"
-    "versions, blacklist --list, stats, check, evict --dry-run, plot) open a store read-only and run\n"
-    "beside the server that holds it; the others take its lock: run them while no server has it\n"
-    "open (they are refused, \"already open\", while one has).\n"
+    "versions, blacklist --list, stats, check, evict --dry-run, plot, anomalies) open a store\n"
+    "read-only and run beside the server that holds it; the others take its lock: run them while\n"
+    "no server has it open (they are refused, \"already open\", while one has).\n"
     "Exit status: 0 ok; 1 a problem found (key: some lines failed; check: damage);\n"
     "2 an error (bad flags or input, a store that cannot be opened or written).\n";
 
@@ -144,6 +146,11 @@ const std::vector<Command>& commands() {
        flags(kStoreFlags, {"--text", "--key", "--group", "--tenant", "--top", "--out", "--points"}),
        {"--replace-lexicons"},
        cmd_plot},
+      {"anomalies",
+       kAnomaliesUsage,
+       flags(kStoreFlags, {"--events", "--hours"}),
+       {"--json", "--replace-lexicons"},
+       cmd_anomalies},
       {"versions", kVersionsUsage, kKeyFlags, {"--json", "--replace-lexicons"}, cmd_versions},
       {"pin", kPinUsage, flags(kKeyFlags, {"--version"}), {"--replace-lexicons"}, cmd_pin},
       {"unpin", kUnpinUsage, kKeyFlags, {"--replace-lexicons"}, cmd_unpin},

@@ -13,7 +13,9 @@
 # and rekey --adopt; and bad input (malformed JSON, a wrong dimension, numbers
 # that are no finite float, missing flags) refused with a non-zero exit and the
 # store's rows unchanged; administration by hand (versions, pin, unpin,
-# rollback, blacklist, delete-key, delete-tenant) in a store of its own; plot
+# rollback, blacklist, delete-key, delete-tenant) in a store of its own;
+# anomalies from a CLM watch's JSON lines (the window, the last line per key,
+# bad lines named) with that store's blacklist; plot
 # of a key of two meanings (its PNG, its points) and its refusals, in a store of
 # its own. Texts are keyed with the test's own lexicons (the
 # built-in ones change with the key rules, and no key string of theirs is
@@ -546,6 +548,53 @@ done
 run stats --store "$astore" "${L1[@]}" --json
 [ "$(field rows)" = "$arows" ] || fail "the refused administration changed the rows"
 ok "administration on what is not there: exit status 2, nothing changed"
+
+# ---- anomalies: a server's CLM watch, as JSON lines ---------------------------------
+now=$(($(date +%s) * 1000))
+{
+  printf '{"time_ms":%d,"event":"low_src","tenant":"acme","adapter_id":1,"key":"REFUND-ORDER","sightings":20,"median_src":0.0625}\n' $((now - 6000))
+  printf '{"time_ms":%d,"event":"version_created","tenant":"acme","adapter_id":1,"key":"SHIP-ORDER","version":1}\n' $((now - 5000))
+  printf '{"time_ms":%d,"event":"low_src","tenant":"acme","adapter_id":1,"key":"REFUND-ORDER","sightings":31,"median_src":0.05}\n' $((now - 4000))
+  printf '{"time_ms":%d,"event":"drift","tenant":"acme","adapter_id":1,"key":"SHIP-ORDER","version":2}\n' $((now - 3000))
+  printf '{"time_ms":%d,"event":"blacklisted","tenant":"acme","adapter_id":1,"key":"REFUND-ORDER","reason":"accuracy 0.40 below 0.95","until_ms":%d,"by":"breaker"}\n' $((now - 2000)) $((now + 86400000))
+  echo
+  printf '{"time_ms":%d,"event":"blacklisted","tenant":"old","adapter_id":0,"key":"OLD","reason":"x","until_ms":1,"by":"administrator"}\n' $((now - 172800000))
+} >"$work/events.jsonl"
+run anomalies --events "$work/events.jsonl" --json
+expect_rc 0 "anomalies"
+[ "$(field lines)" = 7 ] && [ "$(field in_window)" = 5 ] || fail "anomalies: 7 lines, 5 in the last day"
+[ "$(field sightings)" = 31 ] && [ "$(field median_src)" = 0.05 ] || fail "anomalies: the last low_src line of the key"
+[ "$(field drifts)" = 1 ] && [ "$(field last_version)" = 2 ] || fail "anomalies: a version and a drift, the last v2"
+[ "$(field by)" = breaker ] && [ "$(field reason)" = "accuracy 0.40 below 0.95" ] ||
+  fail "anomalies: the breaker's blacklist with its reason"
+grep -q OLD "$work/out" && fail "anomalies: a line two days old in the last 24 hours"
+run anomalies --events "$work/events.jsonl" --hours 0 --json
+[ "$(field in_window)" = 6 ] || fail "anomalies --hours 0: every line"
+run blacklist --store "$astore" "${L1[@]}" --key k9 --group g9 --reason "wrong refunds" --hours 1
+expect_rc 0 "blacklist k9 again"
+run anomalies --events "$work/events.jsonl" --store "$astore" "${L1[@]}"
+expect_rc 0 "anomalies --store"
+expect_out "REFUND-ORDER  31 sightings, median SRC 0.050" "anomalies: the low-SRC key in text"
+expect_out "SHIP-ORDER  1 version(s), 1 by drift, the last v2" "anomalies: versions in text"
+expect_out "k9  until .*wrong refunds" "anomalies --store: the store's blacklist now"
+cp "$work/events.jsonl" "$work/bad-events.jsonl"
+echo '{"time_ms":1,"event":"low_src","tenant":"a","key":"k","sightings":"many","median_src":0.1}' >>"$work/bad-events.jsonl"
+run anomalies --events "$work/bad-events.jsonl"
+expect_rc 2 "anomalies: a line with a bad field"
+expect_err "bad-events.jsonl:8: \"sightings\" is not" "anomalies: the bad line named"
+echo 'not json' >"$work/bad-events.jsonl"
+run anomalies --events "$work/bad-events.jsonl"
+expect_rc 2 "anomalies: not JSON"
+expect_err "bad-events.jsonl:1: not JSON" "anomalies: not JSON, the line named"
+echo '{"time_ms":1,"event":"exploded","tenant":"a","key":"k"}' >"$work/bad-events.jsonl"
+run anomalies --events "$work/bad-events.jsonl"
+expect_rc 2 "anomalies: an unknown event"
+expect_err 'unknown event "exploded"' "anomalies: the unknown event named"
+run anomalies --events "$work/no-such-file.jsonl"
+expect_rc 2 "anomalies: no file"
+run anomalies --events "$work/events.jsonl" --hours -1
+expect_rc 2 "anomalies --hours -1"
+ok "anomalies: the last low-SRC line per key, versions and drift, the breaker's reason, the window, the store's blacklist; bad lines named (exit 2)"
 
 # ---- plot (a store of its own) ------------------------------------------------------
 # Key pk holds two meanings: its records alternate between two far-apart
