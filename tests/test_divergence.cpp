@@ -280,6 +280,18 @@ struct SmallTree {
   std::unique_ptr<clm::RadixTree> tree;
 };
 
+// An engine of page ids only, pages of 4 tokens.
+clm::EngineConfig small_engine_config(std::int32_t pages) {
+  clm::EngineConfig config;
+  config.pool.num_pages = pages;
+  config.pool.page_size = 4;
+  config.pool.num_layers = 1;
+  config.pool.kv_heads = 1;
+  config.pool.head_dim = 4;
+  config.pool.memory = clm::MemoryKind::none;
+  return config;
+}
+
 Tokens with_tail(std::int32_t shared, std::int32_t tail_first, std::int32_t length = 32) {
   Tokens t(static_cast<std::size_t>(length));
   std::iota(t.begin(), t.end(), 0);
@@ -345,13 +357,7 @@ TEST_CASE("divergence: a full sketch keeps the heavy point, its count within Spa
 
 TEST_CASE("divergence: names, off switch and bad input", "[divergence]") {
   SECTION("a namespace without a tenant name is named by its salt's digest, never the salt") {
-    clm::EngineConfig config;
-    config.pool.num_pages = 256;
-    config.pool.page_size = 4;
-    config.pool.num_layers = 1;
-    config.pool.kv_heads = 1;
-    config.pool.head_dim = 4;
-    config.pool.memory = clm::MemoryKind::none;
+    clm::EngineConfig config = small_engine_config(256);
     std::unique_ptr<clm::Engine> engine;
     REQUIRE(clm::Engine::create(config, engine).ok());
     for (int i = 0; i < 4; ++i) {
@@ -379,13 +385,7 @@ TEST_CASE("divergence: names, off switch and bad input", "[divergence]") {
     CHECK(engine->divergence_report({.top_per_tenant = 0}, r).code() == clm::StatusCode::invalid_argument);
   }
   SECTION("off: no points, no counters, and the report says so") {
-    clm::EngineConfig config;
-    config.pool.num_pages = 256;
-    config.pool.page_size = 4;
-    config.pool.num_layers = 1;
-    config.pool.kv_heads = 1;
-    config.pool.head_dim = 4;
-    config.pool.memory = clm::MemoryKind::none;
+    clm::EngineConfig config = small_engine_config(256);
     config.divergence.enabled = false;
     std::unique_ptr<clm::Engine> engine;
     REQUIRE(clm::Engine::create(config, engine).ok());
@@ -411,13 +411,7 @@ TEST_CASE("divergence: names, off switch and bad input", "[divergence]") {
                                                                     {{.window_ms = -5}, "window_ms"},
                                                                     {{.context_tokens = -1}, "context_tokens"},
                                                                     {{.context_tokens = 65}, "context_tokens"}}) {
-      clm::EngineConfig config;
-      config.pool.num_pages = 16;
-      config.pool.page_size = 4;
-      config.pool.num_layers = 1;
-      config.pool.kv_heads = 1;
-      config.pool.head_dim = 4;
-      config.pool.memory = clm::MemoryKind::none;
+      clm::EngineConfig config = small_engine_config(16);
       config.divergence = bad;
       std::unique_ptr<clm::Engine> engine;
       const clm::Status s = clm::Engine::create(config, engine);

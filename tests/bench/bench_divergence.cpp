@@ -20,6 +20,7 @@
 
 #include "bench_common.hpp"
 #include "clm/engine.hpp"
+#include "engine_replay.hpp"
 #include "replay_driver.hpp"
 #include "workload.hpp"
 
@@ -29,6 +30,7 @@ using clm_bench::Clock;
 using clm_bench::die;
 using clm_bench::median;
 using clm_bench::print_figure;
+using clm_bench::replay_pass;
 using clm_bench::seconds_since;
 
 constexpr std::int32_t kPageSize = 16;
@@ -44,19 +46,6 @@ double tree_requests_per_s(const clm::replay::Workload& w, bool divergence, int 
   return r.requests_per_s();
 }
 
-void replay_pass(clm::Engine& engine, const clm::replay::Workload& w, std::string_view salt) {
-  clm::Admission a;
-  std::vector<std::int64_t> slots;
-  for (const clm::replay::Request& r : w.requests) {
-    const auto all = w.prompt_and_output(r);
-    clm::Status s = engine.admit(w.prompt(r), {.cache_salt = salt, .tenant = "bench"}, a);
-    if (s.code() == clm::StatusCode::out_of_memory) continue;
-    if (s.ok()) s = engine.extend(a.seq, all.subspan(static_cast<std::size_t>(r.prompt_tokens)), slots);
-    if (s.ok()) s = engine.finish(a.seq);
-    if (!s.ok()) die(s.message());
-  }
-}
-
 double engine_requests_per_s(const clm::replay::Workload& w, bool divergence, std::int32_t pages) {
   clm::EngineConfig c;
   c.pool.num_pages = pages;
@@ -65,9 +54,9 @@ double engine_requests_per_s(const clm::replay::Workload& w, bool divergence, st
   c.divergence.enabled = divergence;
   std::unique_ptr<clm::Engine> engine;
   if (const clm::Status s = clm::Engine::create(c, engine); !s.ok()) die(s.message());
-  replay_pass(*engine, w, "warm-up");
+  replay_pass(*engine, w, "warm-up", "bench");
   const auto start = Clock::now();
-  replay_pass(*engine, w, "");
+  replay_pass(*engine, w, "", "bench");
   const double wall = seconds_since(start);
   if (divergence && engine->metrics().cache.diverged_matches == 0) die("no lookup split off");
   return static_cast<double>(w.requests.size()) / wall;

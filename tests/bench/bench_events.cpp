@@ -38,6 +38,7 @@
 #include "bench_common.hpp"
 #include "clm/engine.hpp"
 #include "clm/events/kv_event_publisher.hpp"
+#include "engine_replay.hpp"
 #include "workload.hpp"
 
 namespace {
@@ -46,6 +47,7 @@ using clm_bench::Clock;
 using clm_bench::die;
 using clm_bench::median;
 using clm_bench::print_figure;
+using clm_bench::replay_pass;
 using clm_bench::seconds_since;
 
 constexpr std::int32_t kPageSize = 16;
@@ -120,21 +122,6 @@ struct Run {
   std::uint64_t events = 0;
   std::vector<std::string> frames;
 };
-
-// Every request of `w` under one tenant's salt: admit, extend, finish.
-void replay_pass(clm::Engine& engine, const clm::replay::Workload& w, std::string_view salt) {
-  clm::Admission a;
-  std::vector<std::int64_t> slots;
-  for (const clm::replay::Request& r : w.requests) {
-    const auto all = w.prompt_and_output(r);
-    clm::Status s = engine.admit(w.prompt(r), {.cache_salt = salt}, a);
-    if (s.code() == clm::StatusCode::out_of_memory) continue;
-    if (s.ok()) s = engine.extend(a.seq, all.subspan(static_cast<std::size_t>(r.prompt_tokens)), slots);
-    if (s.ok()) s = engine.finish(a.seq);
-    if (!s.ok()) die(s.message());
-  }
-  engine.wait_for_tiers();
-}
 
 // `warm`: the engine first replays the workload under another tenant's salt,
 // untimed, so that the timed pass finds its memory touched and its pool full
