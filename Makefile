@@ -117,7 +117,7 @@ test-asan: build-asan
 # thread pool and the engine's older threads test (SOAK_TSAN_TESTS): CI's 45
 # minutes hold no more.
 TSAN_TESTS := test_engine_concurrency test_src_tracker test_snapshot_store test_engine_tiers test_file_backend test_chinese_fold \
-  test_kv_events
+  test_kv_events test_clm_watch
 build-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLM_TSAN=ON -DCLM_CUDA=OFF -DCLM_BUILD_BENCH=OFF $(SANITIZER_COMPILERS) \
 	  $(CMAKE_FLAGS)

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -132,6 +133,25 @@ TEST_CASE("clm watch: a full watch gives up its least seen key", "[clm_watch]") 
   REQUIRE(r.low_src_keys.size() == 1);
   CHECK(r.low_src_keys[0].key == "HOT");
   CHECK(r.low_src_keys[0].sightings == 5);
+}
+
+TEST_CASE("clm watch: a large full watch drops its least seen sixteenth, never a key seen more", "[clm_watch]") {
+  clm::ClmWatchConfig config;
+  config.max_keys = 64;
+  config.min_sightings = 3;
+  clm::ClmWatch watch(config);
+  now_ms = 0;
+  watch.set_clock(&fake_clock);
+  // 32 keys seen 3 times (low-SRC), then 200 keys seen once each: the full watch keeps the 32.
+  for (int k = 0; k < 32; ++k) {
+    for (int i = 0; i < 3; ++i) watch.sighting("t", "t", 0, "HOT-" + std::to_string(k), 0.05f);
+  }
+  for (int k = 0; k < 200; ++k) {
+    watch.sighting("t", "t", 0, "COLD-" + std::to_string(k), 0.05f);
+    CHECK(watch.metrics().watched_keys <= 64);
+  }
+  CHECK(watch.metrics().watched_keys >= 64 - 64 / 16);
+  CHECK(watch.report().low_src_keys.size() == 32);
 }
 
 namespace {
@@ -332,4 +352,62 @@ TEST_CASE("clm watch: bad input and the switch", "[clm_watch]") {
       CHECK(s.message().find(field) != std::string::npos);
     }
   }
+}
+
+TEST_CASE("clm watch: lookups, records and reports from many threads at once", "[clm_watch][threads]") {
+  WatchedEngine w;
+  w.engine->set_src_head(constant_head(0.05f));
+  constexpr int kThreads = 4, kSequences = 25;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string key = "KEY-" + std::to_string(t);
+      const clm::SuffixRef suffix{.text = key, .is_key = true, .group = "g"};
+      for (int i = 0; i < kSequences; ++i) {
+        clm::Admission a;
+        const std::vector<std::int32_t> prompt = {100 + t, 12, 13, 14, 15};
+        REQUIRE(w.engine->admit(prompt, {.cache_salt = "salt", .tenant = "acme"}, a).ok());
+        const std::vector<float> rows(kHidden, 0.5f);
+        const std::vector<std::int32_t> token = {42}, indptr = {0, 1};
+        clm::SrcDecision decision;
+        REQUIRE(w.engine
+                    ->src_step(std::span(&a.seq, 1), clm::ConstActivationView::f32(rows, 1, kHidden), token, indptr,
+                               std::span(&decision, 1))
+                    .ok());
+        for (int l = 0; l < 2; ++l) {
+          clm::SnapshotHit hit;
+          std::vector<float> out(kDim);
+          std::uint8_t apply = 0;
+          REQUIRE(w.engine
+                      ->lookup_snapshots(std::span(&a.seq, 1), std::span(&suffix, 1), {}, std::span(&hit, 1), out,
+                                         std::span(&apply, 1))
+                      .ok());
+        }
+        std::vector<float> v(kDim, 0.0f);
+        v[static_cast<std::size_t>(i % kDim)] = 1.0f;  // a new version now and then
+        clm::RecordOutcome outcome;
+        REQUIRE(w.engine->record_snapshot(a.seq, suffix, v, outcome).ok());
+        REQUIRE(w.engine->finish(a.seq).ok());
+      }
+    });
+  }
+  std::thread reader([&] {
+    for (int i = 0; i < 50; ++i) {
+      clm::ClmAnomalyReport r;
+      REQUIRE(w.engine->clm_anomalies(r).ok());
+      (void)w.engine->metrics_text();
+    }
+  });
+  for (auto& t : threads) t.join();
+  reader.join();
+  const clm::ClmWatchMetrics m = w.engine->metrics().clm_watch;
+  CHECK(m.sightings == kThreads * kSequences);
+  CHECK(m.low_src_keys == kThreads);
+  clm::ClmAnomalyReport r;
+  REQUIRE(w.engine->clm_anomalies(r).ok());
+  CHECK(r.low_src_keys.size() == kThreads);
+  std::uint64_t versions = m.store_events[static_cast<std::size_t>(clm::SnapshotStoreEvent::Kind::version_created)] +
+                           m.store_events[static_cast<std::size_t>(clm::SnapshotStoreEvent::Kind::drift)];
+  CHECK(versions >= kThreads);
+  CHECK(w.lines.size() == kThreads + versions);  // a low_src line per key, one per version
 }

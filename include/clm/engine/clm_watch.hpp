@@ -15,7 +15,8 @@
 // A key is *low-SRC* once, in the window (two halves, as cache/divergence.hpp),
 // it was seen at least min_sightings times with a median SRC below low_src.
 // Scores go into 40 bins of 0.025, so the median is known to 0.0125. At most
-// max_keys keys are watched (the least seen gives way to a new one) and the
+// max_keys keys are watched (a full watch drops its least seen sixteenth for
+// new ones) and the
 // last max_events events kept. Each event, and each key that turns low-SRC,
 // is also one JSON line for on_line. Thread-safe (its own lock); on_line is
 // called under it, in order, and must not call back into the Engine.
@@ -264,18 +265,20 @@ class ClmWatch {
     }
     return 1.0f;
   }
+  // A full watch gives up its least seen sixteenth at once (at least one
+  // key), so that a stream of new keys scans the table once per max_keys / 16
+  // of them, not once each.
   void drop_least_seen(std::int64_t epoch) {
-    auto least = keys_.end();
-    std::uint64_t least_seen = ~std::uint64_t{0};
+    std::vector<std::pair<std::uint64_t, std::unordered_map<std::string, Watched>::iterator>> by_seen;
+    by_seen.reserve(keys_.size());
     for (auto it = keys_.begin(); it != keys_.end(); ++it) {
       roll(it->second, epoch);
-      const std::uint64_t seen = count(it->second);
-      if (seen < least_seen) {
-        least_seen = seen;
-        least = it;
-      }
+      by_seen.emplace_back(count(it->second), it);
     }
-    if (least != keys_.end()) keys_.erase(least);
+    const std::size_t drop = std::max<std::size_t>(1, by_seen.size() / 16);
+    std::nth_element(by_seen.begin(), by_seen.begin() + static_cast<std::ptrdiff_t>(drop - 1), by_seen.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (std::size_t i = 0; i < drop; ++i) keys_.erase(by_seen[i].second);
   }
   void emit(ClmEvent e) {
     if (config_.on_line) config_.on_line(clm_event_json(e));
