@@ -43,36 +43,36 @@ class Exposition {
     sample(name, {}, value);
   }
   void histogram(std::string_view name, std::string_view help, const DurationHistogram& h) {
-    family(name, "histogram", help);
-    const std::string bucket = fmt::format("{}_bucket", name);
-    std::uint64_t cumulative = 0;
-    for (std::size_t i = 0; i < h.kBounds.size(); ++i) {
-      cumulative += h.counts[i];
-      sample(bucket, fmt::format("le=\"{}\"", number(h.kBounds[i])), cumulative);
-    }
-    cumulative += h.counts.back();
-    sample(bucket, "le=\"+Inf\"", cumulative);
-    sample(fmt::format("{}_sum", name), {}, h.sum_seconds);
-    sample(fmt::format("{}_count", name), {}, cumulative);
+    cumulative_histogram(
+        name, help, h.counts, [&](std::size_t i) { return number(h.kBounds[i]); }, h.sum_seconds);
   }
-
   void histogram(std::string_view name, std::string_view help, const MatchDepthHistogram& h) {
-    family(name, "histogram", help);
-    const std::string bucket = fmt::format("{}_bucket", name);
-    std::uint64_t cumulative = 0;
-    for (std::size_t i = 0; i < MatchDepthHistogram::kFinite; ++i) {
-      cumulative += h.counts[i];
-      sample(bucket, fmt::format("le=\"{}\"", MatchDepthHistogram::bound(i)), cumulative);
-    }
-    cumulative += h.counts.back();
-    sample(bucket, "le=\"+Inf\"", cumulative);
-    sample(fmt::format("{}_sum", name), {}, h.sum_tokens);
-    sample(fmt::format("{}_count", name), {}, cumulative);
+    cumulative_histogram(
+        name, help, h.counts, [](std::size_t i) { return fmt::format("{}", MatchDepthHistogram::bound(i)); },
+        h.sum_tokens);
   }
 
   std::string take() { return std::move(text_); }
 
  private:
+  // A histogram's family: counts[i] for the finite bounds (labelled by
+  // bound(i)), the last one above them; buckets cumulated as the format wants.
+  template <class Counts, class Bound, class Sum>
+  void cumulative_histogram(std::string_view name, std::string_view help, const Counts& counts, Bound&& bound,
+                            Sum sum) {
+    family(name, "histogram", help);
+    const std::string bucket = fmt::format("{}_bucket", name);
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i + 1 < counts.size(); ++i) {
+      cumulative += counts[i];
+      sample(bucket, fmt::format("le=\"{}\"", bound(i)), cumulative);
+    }
+    cumulative += counts.back();
+    sample(bucket, "le=\"+Inf\"", cumulative);
+    sample(fmt::format("{}_sum", name), {}, sum);
+    sample(fmt::format("{}_count", name), {}, cumulative);
+  }
+
   // Shortest round-trip decimal; the format's spellings of the non-finite.
   static std::string number(double v) {
     if (std::isnan(v)) return "NaN";
