@@ -79,12 +79,8 @@ void pairs(const char* what, int count, Run run, std::vector<double>& on, std::v
 
 int main() {
   const bool smoke = clm_bench::smoke_run();
-  clm::replay::GspParams params;
-  if (smoke) params.groups = 4;
-  const clm::replay::Workload gsp = clm::replay::generate_gsp(params);
-  std::uint64_t tokens = 0;
-  for (const auto& r : gsp.requests) tokens += static_cast<std::uint64_t>(r.prompt_tokens + r.output_tokens);
-  const auto pages = static_cast<std::int32_t>(std::max<std::uint64_t>(256, tokens / kPageSize / 8));
+  const clm::replay::Workload gsp = clm_bench::bench_gsp(smoke);
+  const std::int32_t pages = clm_bench::eighth_pool_pages(gsp, kPageSize);
   const int count = smoke ? 1 : 15;
 
   std::vector<double> on, off;

@@ -240,13 +240,9 @@ Run publish_flat_out(std::size_t inserts) {
 
 int main() {
   const bool smoke = clm_bench::smoke_run();
-  clm::replay::GspParams params;
-  if (smoke) params.groups = 4;
-  const clm::replay::Workload gsp = clm::replay::generate_gsp(params);
-  std::uint64_t tokens = 0;
-  for (const auto& r : gsp.requests) tokens += static_cast<std::uint64_t>(r.prompt_tokens + r.output_tokens);
-  // A pool of an eighth of what gsp writes: it evicts, and the host tier takes what it evicts.
-  const auto pages = static_cast<std::int32_t>(std::max<std::uint64_t>(256, tokens / kPageSize / 8));
+  const clm::replay::Workload gsp = clm_bench::bench_gsp(smoke);
+  // A pool that evicts; the host tier takes what it evicts.
+  const std::int32_t pages = clm_bench::eighth_pool_pages(gsp, kPageSize);
   const int runs = smoke ? 1 : 5;
   // The engine's figures: pairs of 20 ms passes, whose ratio swings 0.8-0.95 from pair to pair on this shared
   // machine; 2 x 15 pairs make their median steadier than 2 x 5 did.

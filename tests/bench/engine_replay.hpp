@@ -1,10 +1,13 @@
 // tests/bench/engine_replay.hpp: a replay workload's requests through an
 // Engine, one after another (admit, extend by the output, finish), what the
-// benches that time an Engine on gsp share (bench_events, bench_divergence).
+// benches that time an Engine on gsp share (bench_events, bench_divergence),
+// with that workload and the pool they size for it.
 //
 //   clm_bench::replay_pass(*engine, gsp, "tenant-salt", "tenant-name");
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -30,6 +33,21 @@ inline void replay_pass(clm::Engine& engine, const clm::replay::Workload& w, std
     if (!s.ok()) die(s.message());
   }
   engine.wait_for_tiers();
+}
+
+// The gsp workload of the Engine benches (4 groups in a smoke run).
+inline clm::replay::Workload bench_gsp(bool smoke) {
+  clm::replay::GspParams params;
+  if (smoke) params.groups = 4;
+  return clm::replay::generate_gsp(params);
+}
+
+// A pool of an eighth of what `w` writes (prompts and outputs), at least 256
+// pages: a replay of it evicts from its first minutes on.
+inline std::int32_t eighth_pool_pages(const clm::replay::Workload& w, std::int32_t page_size) {
+  std::uint64_t tokens = 0;
+  for (const auto& r : w.requests) tokens += static_cast<std::uint64_t>(r.prompt_tokens + r.output_tokens);
+  return static_cast<std::int32_t>(std::max<std::uint64_t>(256, tokens / static_cast<std::uint64_t>(page_size) / 8));
 }
 
 }  // namespace clm_bench
