@@ -6,6 +6,7 @@
 // and an administrator's blacklists, an unblacklist) as events and JSON
 // lines, names never the salt, metrics; bad input.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <random>
@@ -171,6 +172,14 @@ std::shared_ptr<const clm::SrcHead> constant_head(float score) {
   return std::shared_ptr<const clm::SrcHead>(std::move(head));
 }
 
+// One sequence's snapshot lookup of one suffix.
+clm::Status lookup_one(clm::Engine& engine, clm::SequenceId seq, const clm::SuffixRef& suffix, clm::SnapshotHit& hit) {
+  std::vector<float> out(kDim);
+  std::uint8_t apply = 0;
+  return engine.lookup_snapshots(std::span(&seq, 1), std::span(&suffix, 1), {}, std::span(&hit, 1), out,
+                                 std::span(&apply, 1));
+}
+
 struct WatchedEngine {
   std::vector<std::string> lines;
   std::unique_ptr<clm::Engine> engine;
@@ -211,12 +220,7 @@ struct WatchedEngine {
     for (int i = 0; i < times; ++i) {
       const clm::SuffixRef suffix{.text = key, .is_key = true, .group = "g"};
       clm::SnapshotHit hit;
-      std::vector<float> out(kDim);
-      std::uint8_t apply = 0;
-      REQUIRE(engine
-                  ->lookup_snapshots(std::span(&a.seq, 1), std::span(&suffix, 1), {}, std::span(&hit, 1), out,
-                                     std::span(&apply, 1))
-                  .ok());
+      REQUIRE(lookup_one(*engine, a.seq, suffix, hit).ok());
     }
     REQUIRE(engine->finish(a.seq).ok());
   }
@@ -264,12 +268,7 @@ TEST_CASE("clm watch through an Engine: lookups with SRC scores, the store's eve
   REQUIRE(outcome.result == clm::RecordResult::new_version);
   for (int i = 0; i < 4; ++i) {  // served and wrong, four times: the breaker blacklists it
     clm::SnapshotHit hit;
-    std::vector<float> out(kDim);
-    std::uint8_t apply = 0;
-    REQUIRE(w.engine
-                ->lookup_snapshots(std::span(&a.seq, 1), std::span(&suffix, 1), {}, std::span(&hit, 1), out,
-                                   std::span(&apply, 1))
-                .ok());
+    REQUIRE(lookup_one(*w.engine, a.seq, suffix, hit).ok());
     REQUIRE(hit.level == clm::SnapshotLevel::exact);
     const std::uint8_t wrong = 0;
     REQUIRE(w.engine->report_snapshot_outcome(std::span(&a.seq, 1), std::span(&wrong, 1)).ok());
@@ -358,6 +357,11 @@ TEST_CASE("clm watch: lookups, records and reports from many threads at once", "
   WatchedEngine w;
   w.engine->set_src_head(constant_head(0.05f));
   constexpr int kThreads = 4, kSequences = 25;
+  // Catch's assertions are not for other threads: failed calls are counted, then checked.
+  std::atomic<int> failures{0};
+  auto expect_ok = [&](const clm::Status& s) {
+    if (!s.ok()) failures.fetch_add(1);
+  };
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -366,40 +370,34 @@ TEST_CASE("clm watch: lookups, records and reports from many threads at once", "
       for (int i = 0; i < kSequences; ++i) {
         clm::Admission a;
         const std::vector<std::int32_t> prompt = {100 + t, 12, 13, 14, 15};
-        REQUIRE(w.engine->admit(prompt, {.cache_salt = "salt", .tenant = "acme"}, a).ok());
+        expect_ok(w.engine->admit(prompt, {.cache_salt = "salt", .tenant = "acme"}, a));
         const std::vector<float> rows(kHidden, 0.5f);
         const std::vector<std::int32_t> token = {42}, indptr = {0, 1};
         clm::SrcDecision decision;
-        REQUIRE(w.engine
-                    ->src_step(std::span(&a.seq, 1), clm::ConstActivationView::f32(rows, 1, kHidden), token, indptr,
-                               std::span(&decision, 1))
-                    .ok());
+        expect_ok(w.engine->src_step(std::span(&a.seq, 1), clm::ConstActivationView::f32(rows, 1, kHidden), token,
+                                     indptr, std::span(&decision, 1)));
         for (int l = 0; l < 2; ++l) {
           clm::SnapshotHit hit;
-          std::vector<float> out(kDim);
-          std::uint8_t apply = 0;
-          REQUIRE(w.engine
-                      ->lookup_snapshots(std::span(&a.seq, 1), std::span(&suffix, 1), {}, std::span(&hit, 1), out,
-                                         std::span(&apply, 1))
-                      .ok());
+          expect_ok(lookup_one(*w.engine, a.seq, suffix, hit));
         }
         std::vector<float> v(kDim, 0.0f);
         v[static_cast<std::size_t>(i % kDim)] = 1.0f;  // a new version now and then
         clm::RecordOutcome outcome;
-        REQUIRE(w.engine->record_snapshot(a.seq, suffix, v, outcome).ok());
-        REQUIRE(w.engine->finish(a.seq).ok());
+        expect_ok(w.engine->record_snapshot(a.seq, suffix, v, outcome));
+        expect_ok(w.engine->finish(a.seq));
       }
     });
   }
   std::thread reader([&] {
     for (int i = 0; i < 50; ++i) {
       clm::ClmAnomalyReport r;
-      REQUIRE(w.engine->clm_anomalies(r).ok());
+      expect_ok(w.engine->clm_anomalies(r));
       (void)w.engine->metrics_text();
     }
   });
   for (auto& t : threads) t.join();
   reader.join();
+  CHECK(failures.load() == 0);
   const clm::ClmWatchMetrics m = w.engine->metrics().clm_watch;
   CHECK(m.sightings == kThreads * kSequences);
   CHECK(m.low_src_keys == kThreads);
