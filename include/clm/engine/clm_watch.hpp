@@ -123,7 +123,6 @@ class ClmWatch {
 
   // Takes a checked config (check_clm_watch_config).
   explicit ClmWatch(ClmWatchConfig config) : config_(std::move(config)) {}
-  const ClmWatchConfig& config() const { return config_; }
   void set_clock(Clock clock) { clock_ = clock; }  // tests
 
   // A lookup of `key` by a sequence of store tenant `tenant` (named
