@@ -1007,6 +1007,65 @@ TEST_CASE("suffix key: small words that say nothing more") {
   CHECK(key_of(builtin(), "late checkout?").key != served("late checkout please").key);
 }
 
+TEST_CASE("suffix key: one is a, unless counts are compared") {
+  CHECK(key("book one room") == key("book a room"));
+  CHECK(key("一张票") == key("张票"));
+  // Two counts in a clause: one is 1, and which count goes with what stays.
+  CHECK(key("two adult tickets and one child ticket") != key("one adult ticket and two child tickets"));
+  CHECK(key("2张成人票1张儿童票") != key("1张成人票2张儿童票"));
+  CHECK(key("两张成人票一张儿童票") != key("一张成人票两张儿童票"));
+  CHECK(key("two adult tickets and one child ticket") == key("2 adult tickets and 1 child ticket"));
+  CHECK(key("2张成人票1张儿童票") == key("两张成人票一张儿童票"));
+}
+
+TEST_CASE("suffix key: a request for a thing is not a question about it") {
+  // want, need, 要: the clause asks for what it names, as please does; no QUERY.
+  CHECK(key("I want a refund for the late delivery") != key("Is there a refund for late delivery?"));
+  CHECK(key("我要申请延误赔偿") != key("延误能赔偿吗？"));
+  CHECK(served("I want a refund").key == served("I need a refund").key);
+  CHECK(key("I want a refund") != key("where is my refund?"));
+  // A thing's name opening the clause, before me, is its verb.
+  CHECK(key("Refund me for the late delivery") == key("I want a refund for the late delivery"));
+  CHECK(key("Refund me for the late delivery") != key("Is there a refund for late delivery?"));
+  // Denied, nothing is asked for.
+  CHECK(key_of(builtin(), "I don't want a refund").low_information);
+  // "the refund status of order 7" still asks.
+  CHECK(served("refund status of order 7").action == "QUERY");
+}
+
+TEST_CASE("suffix key: an auxiliary before the action asks whether it can be done") {
+  CHECK(key("订单能取消吗") == key("我可以取消订单吗"));
+  CHECK(key("订单能取消吗") != key("取消订单"));
+  CHECK(key("can the order be cancelled?") != key("cancel the order"));
+  CHECK(key("我能取消订单") != key("我能取消订单吗"));  // stated, not asked
+}
+
+TEST_CASE("suffix key: a subject of its own after and starts another clause") {
+  CHECK(key("The landlord pays the water bill and I pay electricity") !=
+        key("I pay the water bill and the landlord pays electricity"));
+  CHECK(key("The landlord pays the water bill and I pay electricity") ==
+        key("the landlord pays the water bill, I pay electricity"));
+  // Actions joined by and, with no subject between them, stay one clause.
+  CHECK(served("cancel my order and refund me").key.find('|') == std::string::npos);
+}
+
+TEST_CASE("suffix key: a lone please belongs to the clause beside it") {
+  CHECK(key("Two adult tickets and one child ticket, please.") == key("two adult tickets and one child ticket please"));
+  CHECK(key("Please, cancel my order") == key("cancel my order"));
+  CHECK(served("late checkout, please").key == served("late checkout please").key);
+  CHECK(key("late checkout, please") != key("late checkout?"));
+}
+
+TEST_CASE("suffix key: the account a request is about says nothing more") {
+  CHECK(key("Are there any outstanding invoices on my account?") == key("Are there any outstanding invoices?"));
+  CHECK(key("cancel the subscription on my account") == key("cancel my subscription"));
+  // To or from an account, one of two things, or the account alone: it is what is acted on.
+  CHECK(key("transfer money to my account") != key("transfer money"));
+  CHECK(key("remove the card from my account") != key("remove the card"));
+  CHECK(key("delete my data and my account") != key("delete my data"));
+  CHECK(served("close my account").object == "ACCOUNT");
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -36,6 +36,7 @@ struct Token {
     coordinator,  // a stopword named AND (and, 和): objects it joins may come in any order
     speaker,      // a stopword named ME (me, us): the speaker as what is acted on
     disposal,     // a stopword named DISPOSAL (把, 将): what follows is acted on
+    want,         // a stopword named WANT (want, need, 要, 想): the clause asks for what it names
     unknown,
     clause_end,
   } kind = unknown;
@@ -44,6 +45,8 @@ struct Token {
   bool question_mark = false;  // clause_end: a question mark
   bool past = false;           // an action in a past form ("cancelled", "sent")
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
+  bool counted = false;        // entity: a number before a measure word (2张), so it counts something
+  bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
 };
 
 // Where an entity pattern matched: [begin, end) of the normalised text, and
@@ -459,8 +462,9 @@ class Tokenizer {
     }
     flush_unit_as_detail();
     if (e.category == Category::stopword && lex_.names[e.name] == "MEASURE" && last_entity_ && !out_->empty() &&
-        out_->back().kind == Token::entity && out_->back().text == "1") {
-      out_->pop_back();  // 一件, 一张: "a", as "one" is in English; 两件 is still 2
+        out_->back().kind == Token::entity) {
+      out_->back().counted = true;
+      out_->back().article = out_->back().text == "1";  // 一件, 一张: "a", as "one" is in English; 两件 is still 2
     }
     last_entity_ = false;
     switch (e.category) {
@@ -506,6 +510,11 @@ class Tokenizer {
         if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
+        if (lex_.names[e.name] == "WANT") out_->push_back({Token::want, 0, {}, false});
+        if (lex_.names[e.name] == "ONE") {
+          out_->push_back({Token::entity, 0, "1", false});  // "a", unless counts are compared (drop_articles)
+          out_->back().article = true;
+        }
         break;
       case Category::unit:
         break;
@@ -529,7 +538,8 @@ class Tokenizer {
 struct Element {
   std::string text;  // a name, or an entity's text, after its role: "FROM.MONTHLY"
   bool negated = false;
-  bool past = false;  // an action reported, not asked for
+  bool past = false;     // an action reported, not asked for
+  bool context = false;  // the account a request is about, after what it acts on ("the card on my account")
   std::string shown() const { return negated ? "NOT-" + text : text; }
 };
 
@@ -589,6 +599,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool after_subject = false;  // the token before this one was the clause's first, a subject
   std::pair<std::size_t, std::size_t> things_before_action{0, 0};  // objects, entities
   bool speaker_after_action = false;
+  bool wants = false;  // want, need, 要: a request for what the clause names, as please is
   for (const Token* t = begin; t != end; ++t) {
     std::string this_role;
     this_role.swap(role);  // a role governs the next token only ("want to cancel": no role for CANCEL)
@@ -602,6 +613,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::entity: {
         auto& list = t->kind == Token::object ? c.objects : c.entities;
         list.push_back({this_role + (t->kind == Token::entity ? t->text : lex.names[t->name]), pending_not});
+        list.back().context = t->kind == Token::object && lex.names[t->name] == "ACCOUNT" && list.size() > 1 &&
+                              this_role.empty() && !pending_not && t[-1].kind != Token::coordinator;
         pending_not = false;
         break;
       }
@@ -634,14 +647,28 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // Opening the clause, an auxiliary asks ("can I cancel"); after a
         // subject it states ("I can cancel"), unless the clause asks anyway
         // ("我可以取消吗", "I can cancel it?").
+        // Before an action, after what it is about, it asks too when the
+        // clause is a question ("订单能取消吗", 特价商品能退款吗: 退款 is a thing
+        // and its verb).
         if (first) aux = lex.names[t->name];
-        if (after_subject && aux.empty()) aux_after_subject = lex.names[t->name];
+        if ((after_subject || (t + 1 != end && (t[1].kind == Token::action || t[1].kind == Token::object))) &&
+            aux.empty() && aux_after_subject.empty()) {
+          aux_after_subject = lex.names[t->name];
+        }
         break;
       case Token::polite:
         polite = true;
         break;
       case Token::speaker:
         speaker_after_action = !c.actions.empty();
+        // "Refund me for ...": a thing's name before me, opening the clause, is its verb: a request.
+        if (c.actions.empty() && c.objects.size() == 1 && c.entities.empty() && t != begin &&
+            t[-1].kind == Token::object) {
+          wants = true;
+        }
+        break;
+      case Token::want:
+        wants = true;
         break;
       case Token::subject:
         // 我 after an action, a role or 把, and not before what it owns
@@ -681,13 +708,17 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     for (std::size_t i = 0; i < things_before_action.first; ++i) c.objects[i].text.insert(0, "BY.");
     for (std::size_t i = 0; i < things_before_action.second; ++i) c.entities[i].text.insert(0, "BY.");
   }
+  // "the outstanding invoices on my account" are "my outstanding invoices":
+  // the speaker's account, after what the request acts on, says nothing more
+  // (to or from an account, or one of two things joined by and, does).
+  std::erase_if(c.objects, [](const Element& e) { return e.context; });
   if (!c.entities.empty() && !c.objects.empty()) {
     // "flight number BA2490" is "flight BA2490": beside the id and what it
     // names, the word for an id says nothing more.
     std::erase_if(c.details, [](const Element& d) { return d.text == "NUMBER"; });
   }
   const bool asks = !aux.empty() || question_word || (question_mark && !polite);
-  c.asks_politely = polite && !asks && !c.negated;
+  c.asks_politely = (polite || wants) && !asks && !c.negated;
   if (aux.empty() && asks) aux = aux_after_subject;
   const auto is_plain_query = [query, &lex](const Element& e) { return !e.negated && e.text == lex.names[query]; };
   const bool other_action =
@@ -706,8 +737,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     // shipped"): ASK and the action; the QUERY is the question's form.
     c.mood = "ASK";
     c.actions.erase(std::remove_if(c.actions.begin(), c.actions.end(), is_plain_query), c.actions.end());
-  } else if (c.actions.empty() && !c.details.empty()) {
-    c.actions.push_back({lex.names[query], false});  // "refund status of order 7" asks
+  } else if (c.actions.empty() && !c.details.empty() && !c.asks_politely) {
+    // "refund status of order 7" asks; "I want a refund for the late delivery" does not.
+    c.actions.push_back({lex.names[query], false});
   }
   if (c.mood.empty() && !asks) {
     // A statement of what happened: not the request to do it.
@@ -800,6 +832,70 @@ void merge_dates(const Lexicon& lex, std::vector<Token>& tokens) {
   tokens = std::move(out);
 }
 
+// "One" and 一 before a measure word are "a" (一张票 is 张票 is "a ticket"),
+// unless the clause compares counts: "two adult tickets and one child ticket"
+// is not "one adult ticket and two child tickets", nor 2张成人票1张儿童票
+// 1张成人票2张儿童票. Counts are compared where two numbers count things (each
+// before a measure word), or where two numbers are joined by "and".
+void drop_articles(std::vector<Token>& tokens) {
+  const auto is_number = [](const Token& t) {
+    return t.kind == Token::entity && !t.text.empty() && std::all_of(t.text.begin(), t.text.end(), is_ascii_digit);
+  };
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i <= tokens.size(); ++i) {
+    if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
+    std::size_t counted = 0, numbers = 0;
+    bool joined = false;
+    for (std::size_t k = begin; k < i; ++k) {
+      counted += tokens[k].counted ? 1 : 0;
+      numbers += is_number(tokens[k]) ? 1 : 0;
+      joined = joined || tokens[k].kind == Token::coordinator;
+    }
+    if (counted >= 2 || (joined && numbers >= 2)) {
+      for (std::size_t k = begin; k < i; ++k) tokens[k].article = false;  // compared: one is 1
+    }
+    begin = i + 1;
+  }
+  std::erase_if(tokens, [](const Token& t) { return t.article; });
+}
+
+// "Please, cancel my order" and "two adult tickets, please": a clause of
+// nothing but a polite form is part of the clause it stands beside (the next
+// one, or the last), so please asks for what that clause names.
+void attach_lone_polite(std::vector<Token>& tokens) {
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i <= tokens.size(); ++i) {
+    if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
+    const bool lone_polite = i > begin && std::all_of(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                      tokens.begin() + static_cast<std::ptrdiff_t>(i),
+                                                      [](const Token& t) { return t.kind == Token::polite; });
+    if (lone_polite) {
+      if (i < tokens.size() && !tokens[i].question_mark) {
+        tokens[i].kind = Token::polite;  // joins the next clause (a second polite form says nothing more)
+      } else if (begin > 0 && !tokens[begin - 1].question_mark) {
+        tokens[begin - 1].kind = Token::polite;  // joins the one before
+      }
+    }
+    begin = i + 1;
+  }
+}
+
+// "The landlord pays the water bill and I pay the electricity": with a subject
+// of its own after "and", an action is another clause, so who pays what
+// stays ("I pay the water bill and the landlord pays the electricity"
+// differs). An auxiliary, a want or a negation may stand between them.
+void split_at_new_subject(std::vector<Token>& tokens) {
+  for (std::size_t i = 0; i + 2 < tokens.size(); ++i) {
+    if (tokens[i].kind != Token::coordinator || tokens[i + 1].kind != Token::subject) continue;
+    std::size_t k = i + 2;
+    while (k < tokens.size() &&
+           (tokens[k].kind == Token::aux || tokens[k].kind == Token::want || tokens[k].kind == Token::negation)) {
+      ++k;
+    }
+    if (k < tokens.size() && tokens[k].kind == Token::action) tokens[i] = Token{Token::clause_end, 0, {}, false};
+  }
+}
+
 // Things joined by "and" under one action come in any order: "cancel the
 // parking pass and the concert tickets" is "cancel the concert tickets and the
 // parking pass", 加一份米饭和一瓶可乐 is 加一瓶可乐和一份米饭. A conjunct is a
@@ -862,6 +958,9 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   std::vector<Token> tokens;
   Tokenizer(lexicon, norm).run(units, matches, tokens);
   merge_dates(lexicon, tokens);
+  drop_articles(tokens);
+  attach_lone_polite(tokens);
+  split_at_new_subject(tokens);
   sort_conjuncts(lexicon, tokens);
 
   const Token* unknown = nullptr;
