@@ -1041,6 +1041,7 @@ TEST_CASE("suffix key: an auxiliary before the action asks whether it can be don
 }
 
 TEST_CASE("suffix key: a subject of its own after and starts another clause") {
+  CHECK(key("I'm paying and my mother is the recipient") != key("my mother is paying and I'm the recipient"));
   CHECK(key("The landlord pays the water bill and I pay electricity") !=
         key("I pay the water bill and the landlord pays electricity"));
   CHECK(key("The landlord pays the water bill and I pay electricity") ==
@@ -1064,6 +1065,29 @@ TEST_CASE("suffix key: the account a request is about says nothing more") {
   CHECK(key("remove the card from my account") != key("remove the card"));
   CHECK(key("delete my data and my account") != key("delete my data"));
   CHECK(served("close my account").object == "ACCOUNT");
+  CHECK(key("reset my password and unlock my account") != key("reset my password"));
+}
+
+TEST_CASE("suffix key: after from, a verb's form names a thing") {
+  CHECK(key("pay the deposit from savings and the balance from checking") !=
+        key("pay the deposit from checking and the balance from savings"));
+  CHECK(key("move $50 from checking to savings") != key("move $50 from savings to checking"));
+  // After to it is still a verb.
+  CHECK(served("I want to cancel order 789").key == served("cancel order 789").key);
+}
+
+TEST_CASE("suffix key: send me X asks for X") {
+  CHECK(served("send me the invoice for order 1184").key == served("I need the invoice for order 1184").key);
+  CHECK(served("please send me a new chequebook").key == served("I'd like a new chequebook").key);
+  // Sent somewhere else, or not sent, it differs.
+  CHECK(served("send the invoice to my boss").key != served("send me the invoice").key);
+  CHECK(key("don't send me the invoice") != key("send me the invoice"));
+  CHECK(key("you sent me the invoice") != key("send me the invoice"));
+}
+
+TEST_CASE("suffix key: a date is not a time") {
+  CHECK(key("I want to change the date, not the time") != key("I want to change the time, not the date"));
+  CHECK(key("改日期") != key("改时间"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

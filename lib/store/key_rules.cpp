@@ -605,6 +605,13 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     this_role.swap(role);  // a role governs the next token only ("want to cancel": no role for CANCEL)
     switch (t->kind) {
       case Token::action:
+        if (this_role == "FROM.") {
+          // "from checking": after from, a verb's form names a thing (which way
+          // the money goes is not lost with it). After to it is a verb ("want to cancel").
+          c.objects.push_back({this_role + lex.names[t->name], pending_not});
+          pending_not = false;
+          break;
+        }
         if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
         c.actions.push_back({lex.names[t->name], pending_not, t->past || (pending_not && pending_past)});
         pending_not = false;
@@ -614,7 +621,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         auto& list = t->kind == Token::object ? c.objects : c.entities;
         list.push_back({this_role + (t->kind == Token::entity ? t->text : lex.names[t->name]), pending_not});
         list.back().context = t->kind == Token::object && lex.names[t->name] == "ACCOUNT" && list.size() > 1 &&
-                              this_role.empty() && !pending_not && t[-1].kind != Token::coordinator;
+                              this_role.empty() && !pending_not &&
+                              (t[-1].kind == Token::object || t[-1].kind == Token::detail);
         pending_not = false;
         break;
       }
@@ -709,13 +717,24 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     for (std::size_t i = 0; i < things_before_action.second; ++i) c.entities[i].text.insert(0, "BY.");
   }
   // "the outstanding invoices on my account" are "my outstanding invoices":
-  // the speaker's account, after what the request acts on, says nothing more
-  // (to or from an account, or one of two things joined by and, does).
+  // the speaker's account, right after what the request acts on, says nothing
+  // more (to or from an account, one of two things joined by and, or what an
+  // action acts on, does).
   std::erase_if(c.objects, [](const Element& e) { return e.context; });
   if (!c.entities.empty() && !c.objects.empty()) {
     // "flight number BA2490" is "flight BA2490": beside the id and what it
     // names, the word for an id says nothing more.
     std::erase_if(c.details, [](const Element& d) { return d.text == "NUMBER"; });
+  }
+  if (c.actions.size() == 1 && !c.actions[0].negated && !c.actions[0].past &&
+      (c.actions[0].text == "SEND" || c.actions[0].text == "BRING") && !c.objects.empty() &&
+      std::none_of(c.objects.begin(), c.objects.end(), [](const Element& e) { return e.text.starts_with("TO."); }) &&
+      std::none_of(c.entities.begin(), c.entities.end(), [](const Element& e) { return e.text.starts_with("TO."); })) {
+    // "send me the invoice", "send the invoice", "bring me a towel": a request
+    // for the invoice, a towel, as "I need the invoice" is. Sent somewhere
+    // else ("to my accountant"), the sending is the request.
+    c.actions.clear();
+    wants = true;
   }
   const bool asks = !aux.empty() || question_word || (question_mark && !polite);
   c.asks_politely = (polite || wants) && !asks && !c.negated;
@@ -880,19 +899,15 @@ void attach_lone_polite(std::vector<Token>& tokens) {
   }
 }
 
-// "The landlord pays the water bill and I pay the electricity": with a subject
-// of its own after "and", an action is another clause, so who pays what
-// stays ("I pay the water bill and the landlord pays the electricity"
-// differs). An auxiliary, a want or a negation may stand between them.
+// "The landlord pays the water bill and I pay the electricity", "I'm paying
+// and my mother is the recipient": a subject of its own after "and" starts
+// another clause, so who does what stays ("I pay the water bill and the
+// landlord pays the electricity" differs).
 void split_at_new_subject(std::vector<Token>& tokens) {
   for (std::size_t i = 0; i + 2 < tokens.size(); ++i) {
-    if (tokens[i].kind != Token::coordinator || tokens[i + 1].kind != Token::subject) continue;
-    std::size_t k = i + 2;
-    while (k < tokens.size() &&
-           (tokens[k].kind == Token::aux || tokens[k].kind == Token::want || tokens[k].kind == Token::negation)) {
-      ++k;
+    if (tokens[i].kind == Token::coordinator && tokens[i + 1].kind == Token::subject) {
+      tokens[i] = Token{Token::clause_end, 0, {}, false};
     }
-    if (k < tokens.size() && tokens[k].kind == Token::action) tokens[i] = Token{Token::clause_end, 0, {}, false};
   }
 }
 
