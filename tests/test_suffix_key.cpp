@@ -1085,6 +1085,12 @@ TEST_CASE("suffix key: send me X asks for X") {
   CHECK(key("you sent me the invoice") != key("send me the invoice"));
 }
 
+TEST_CASE("suffix key: a charge on a statement is not the request to charge") {
+  CHECK(key("there's a charge on my card I don't recognise") != key("charge my card"));
+  CHECK(served("charge my card").action == "CHARGE");
+  CHECK(served("why is there a charge on my bill").object == "TRANSACTION");
+}
+
 TEST_CASE("suffix key: a date is not a time") {
   CHECK(key("I want to change the date, not the time") != key("I want to change the time, not the date"));
   CHECK(key("改日期") != key("改时间"));
