@@ -192,8 +192,11 @@ TEST_CASE("suffix key: negated, opposite, reordered and other-entity variants ne
     CHECK(a.fingerprint != b.fingerprint);
     if (v.group_differs) CHECK(a.group != b.group);
   }
-  // Details differ, the rest agrees: one group (level 2 may look across).
-  CHECK(served("Check the status of order 789").group == served("check order 789").group);
+  // Details differ, the rest agrees: another group too (level 2 never looks
+  // across a detail: "a window seat" is not "an aisle seat").
+  CHECK(served("Check the status of order 789").group != served("check order 789").group);
+  CHECK(served("I'd like a window seat").group != served("I'd like an aisle seat").group);
+  CHECK(served("Check the status of order 789").group == served("check the status of order #789").group);
 }
 
 TEST_CASE("suffix key: full-width text equals half-width, Traditional Chinese equals Simplified") {

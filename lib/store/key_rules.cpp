@@ -566,7 +566,7 @@ struct Clause {
     return (!actions.empty() && things >= 1) || things >= 2 || requested;
   }
 
-  void render(std::string& out, bool with_details) const {
+  void render(std::string& out) const {
     auto section = [&out](auto&& parts, auto&& text_of) {
       if (parts.empty()) return;
       if (!out.empty() && out.back() != '|') out.push_back('-');
@@ -583,7 +583,7 @@ struct Clause {
     section(actions, element);
     section(objects, element);
     section(entities, element);
-    if (with_details) section(details, element);
+    section(details, element);
   }
 };
 
@@ -1001,13 +1001,15 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   SuffixKey k;
   for (const Clause& c : clauses) {
     if (!k.key.empty()) k.key.push_back('|');
-    c.render(k.key, true);
+    c.render(k.key);
   }
-  std::string group;
-  for (const Clause& c : clauses) {
-    if (!group.empty()) group.push_back('|');
-    c.render(group, false);
-  }
+  // Level 2 looks for a snapshot within the group, so the group is the whole
+  // meaning, details included: without them "a window seat" met "an aisle
+  // seat", Friday met Saturday and "to Tuesday, not Wednesday" its reverse
+  // (33 must-differ pairs of the third tuning set, rules v4 and v5). A host
+  // that knows which keys may share a snapshot names a group of its own
+  // (SuffixKeyer::from_host_key).
+  std::string group = k.key;
   for (const Clause& c : clauses) {
     for (const Element& a : c.actions) {
       if (!k.action.empty()) k.action.push_back('+');

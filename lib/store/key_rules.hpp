@@ -28,8 +28,8 @@
 //    ($20: 20usd).
 // The key is the clauses joined by '|'; a clause is its mood, actions,
 // objects, entities and details, each section's parts joined by '+' and the
-// sections by '-'. The group (what level 2 must agree on) is the same without
-// details. A key is issued only when some clause has an action with an
+// sections by '-'. The group (what level 2 must agree on) is the key itself,
+// details included. A key is issued only when some clause has an action with an
 // object or an entity, or two of those (退押金, "order 789 refund");
 // otherwise it is low information, with the reason.
 #pragma once

@@ -24,8 +24,9 @@
 //     the newest version, flagged unstable);
 //  2. ann: the query vector's nearest stored snapshots (hnswlib, inner product
 //     over unit vectors = cosine), the top `ann_top_k` above
-//     `similarity_floor` whose key's group (the key without its details:
-//     polarised actions, objects and entities) equals the query's, each
+//     `similarity_floor` whose key's group equals the query's (a keyed
+//     text's group is its whole key, so this serves host keys that name a
+//     shared group: SuffixKeyer::from_host_key), each
 //     key's served version only (its newest stable one, else its newest);
 //     the best one is returned, all are listed;
 //  3. fallback: for a low-information suffix (greetings, thanks, any key the

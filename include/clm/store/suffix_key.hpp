@@ -69,9 +69,10 @@
 //
 // The fingerprint is FNV-1a 64 over the key's bytes: stable across runs,
 // machines and versions, since the store persists it. `group` is the
-// fingerprint of what the store's similarity level must agree on: the key
-// without its details (entities, polarised actions and objects, clause by
-// clause), and routes a key to its shard. Keys are comparable only under the
+// fingerprint of what the store's similarity level must agree on, and routes
+// a key to its shard: for a keyed text, the whole key, details included (rules
+// v5: without them "a window seat" met "an aisle seat" at level 2); a host key
+// may name a group several keys share (from_host_key). Keys are comparable only under the
 // same rules: rules_fingerprint() names them, and the store refuses to open
 // with other ones.
 //
@@ -108,7 +109,7 @@ constexpr std::uint64_t key_fingerprint(std::string_view bytes) {
 struct SuffixKey {
   std::string key;                   // readable: "QUERY-ORDER-789-STATUS"
   std::uint64_t fingerprint = 0;     // key_fingerprint(key)
-  std::uint64_t group = 0;           // the key without details, fingerprinted: what level 2 must agree on
+  std::uint64_t group = 0;           // what level 2 must agree on: the key itself for keyed text
   std::string entity;                // every entity, in order, joined by '+': "789", "789+NOT-456", or empty
   std::string action;                // every action, in order: "QUERY", "NOT-CANCEL", "UNDO+CANCEL", ... or empty
   std::string object;                // the first object asked for: "ORDER", or empty
