@@ -1094,6 +1094,19 @@ TEST_CASE("suffix key: a charge on a statement is not the request to charge") {
   CHECK(served("why is there a charge on my bill").object == "TRANSACTION");
 }
 
+TEST_CASE("suffix key: requests joined by and come in any order, unless something orders them") {
+  CHECK(key("reset my password and unlock my account") == key("unlock my account and reset my password"));
+  CHECK(key("cancel my old line and activate the new SIM") == key("activate the new SIM and cancel my old line"));
+  CHECK(key("取消订单和删除地址") == key("删除地址和取消订单"));
+  // Words that order them, money and sending, or a part with nothing of its own: as written.
+  CHECK(key("reset my password and then unlock my account") != key("unlock my account and then reset my password"));
+  CHECK(key("先取消订单再删除地址") != key("先删除地址再取消订单"));
+  CHECK(key("charge my card and apply the coupon") != key("apply the coupon and charge my card"));
+  CHECK(key("resend the parcel and change the address") != key("change the address and resend the parcel"));
+  CHECK(key("upgrade the kids' plan and downgrade mine") != key("downgrade the kids' plan and upgrade mine"));
+  CHECK(key("confirm and cancel order 789") != key("cancel and confirm order 789"));
+}
+
 TEST_CASE("suffix key: a date is not a time") {
   CHECK(key("I want to change the date, not the time") != key("I want to change the time, not the date"));
   CHECK(key("改日期") != key("改时间"));

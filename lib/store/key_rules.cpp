@@ -37,6 +37,7 @@ struct Token {
     speaker,      // a stopword named ME (me, us): the speaker as what is acted on
     disposal,     // a stopword named DISPOSAL (把, 将): what follows is acted on
     want,         // a stopword named WANT (want, need, 要, 想): the clause asks for what it names
+    sequence,     // a stopword named SEQUENCE (then, 先, 再, 然后): the actions' order is asked for
     unknown,
     clause_end,
   } kind = unknown;
@@ -511,6 +512,7 @@ class Tokenizer {
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
         if (lex_.names[e.name] == "WANT") out_->push_back({Token::want, 0, {}, false});
+        if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
         if (lex_.names[e.name] == "ONE") {
           out_->push_back({Token::entity, 0, "1", false});  // "a", unless counts are compared (drop_articles)
           out_->back().article = true;
@@ -677,6 +679,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       case Token::want:
         wants = true;
+        break;
+      case Token::sequence:
         break;
       case Token::subject:
         // 我 after an action, a role or 把, and not before what it owns
@@ -911,6 +915,83 @@ void split_at_new_subject(std::vector<Token>& tokens) {
   }
 }
 
+// Requests joined by "and" come in any order: "reset my password and unlock
+// my account" is "unlock my account and reset my password", 取消订单和退款 is
+// 退款和取消订单. A clause with two actions or more, an "and" before each
+// one but the first, and no word that orders them (then, first, before,
+// after, 先, 再, 然后) is cut before each such "and", and the parts are
+// sorted by what they name. Anything that orders them keeps them as written,
+// and so do requests that pay, charge, apply, send, ship or transfer.
+void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto opens_request = [&tokens](std::size_t i, std::size_t end) {
+    // "and" then, past an auxiliary, a want or a negation, an action
+    if (tokens[i].kind != Token::coordinator) return false;
+    std::size_t k = i + 1;
+    while (k < end && (tokens[k].kind == Token::aux || tokens[k].kind == Token::want ||
+                       tokens[k].kind == Token::negation || tokens[k].kind == Token::polite)) {
+      ++k;
+    }
+    return k < end && tokens[k].kind == Token::action;
+  };
+  const auto name_of = [&lex](const Token& t) {
+    return t.kind == Token::entity ? "#" + t.text : std::to_string(static_cast<int>(t.kind)) + lex.names[t.name];
+  };
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i <= tokens.size(); ++i) {
+    if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
+    const std::size_t end = i;
+    std::size_t actions = 0;
+    bool ordered = false;
+    std::vector<std::size_t> cuts;  // the "and"s that open a request
+    for (std::size_t k = begin; k < end; ++k) {
+      const Token& t = tokens[k];
+      actions += t.kind == Token::action ? 1 : 0;
+      // Money and sending depend on what was done before them: a price
+      // charged before or after a coupon, a parcel sent before or after its
+      // address changed.
+      ordered = ordered || t.kind == Token::sequence ||
+                (t.kind == Token::action &&
+                 (lex.names[t.name] == "CHARGE" || lex.names[t.name] == "PAY" || lex.names[t.name] == "APPLY" ||
+                  lex.names[t.name] == "SEND" || lex.names[t.name] == "SHIP" || lex.names[t.name] == "TRANSFER")) ||
+                (t.kind == Token::detail && (lex.names[t.name] == "FIRST" || lex.names[t.name] == "AFTER" ||
+                                             lex.names[t.name] == "BEFORE" || lex.names[t.name] == "NEXT"));
+      if (opens_request(k, end)) cuts.push_back(k);
+    }
+    // Each part names what it acts on: "upgrade the kids' plan and downgrade
+    // mine" has no thing after downgrade, so which plan goes which way would
+    // be lost; "confirm and cancel order 789" is one thing done in order.
+    bool every_part_has_a_thing = true;
+    for (std::size_t c = 0, from = begin; c <= cuts.size() && actions >= 2; ++c) {
+      const std::size_t to = c < cuts.size() ? cuts[c] : end;
+      every_part_has_a_thing =
+          every_part_has_a_thing && std::any_of(tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                                                tokens.begin() + static_cast<std::ptrdiff_t>(to), [](const Token& t) {
+                                                  return t.kind == Token::object || t.kind == Token::entity;
+                                                });
+      from = to + 1;
+    }
+    if (actions >= 2 && actions == cuts.size() + 1 && !ordered && every_part_has_a_thing) {
+      std::vector<std::pair<std::string, std::vector<Token>>> parts;
+      std::size_t from = begin;
+      for (std::size_t c = 0; c <= cuts.size(); ++c) {
+        const std::size_t to = c < cuts.size() ? cuts[c] : end;
+        std::string name;
+        for (std::size_t k = from; k < to; ++k) name += name_of(tokens[k]) + " ";
+        parts.emplace_back(std::move(name), std::vector<Token>(tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                                                               tokens.begin() + static_cast<std::ptrdiff_t>(to)));
+        from = to + 1;
+      }
+      std::stable_sort(parts.begin(), parts.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      std::size_t out = begin;
+      for (std::size_t c = 0; c < parts.size(); ++c) {
+        for (Token& t : parts[c].second) tokens[out++] = std::move(t);
+        if (c + 1 < parts.size()) tokens[out++] = Token{Token::coordinator, 0, {}, false};
+      }
+    }
+    begin = i + 1;
+  }
+}
+
 // Things joined by "and" under one action come in any order: "cancel the
 // parking pass and the concert tickets" is "cancel the concert tickets and the
 // parking pass", 加一份米饭和一瓶可乐 is 加一瓶可乐和一份米饭. A conjunct is a
@@ -976,6 +1057,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   drop_articles(tokens);
   attach_lone_polite(tokens);
   split_at_new_subject(tokens);
+  sort_requests(lexicon, tokens);
   sort_conjuncts(lexicon, tokens);
 
   const Token* unknown = nullptr;
