@@ -1107,6 +1107,15 @@ TEST_CASE("suffix key: requests joined by and come in any order, unless somethin
   CHECK(key("confirm and cancel order 789") != key("cancel and confirm order 789"));
 }
 
+TEST_CASE("suffix key: 到 after a verb says where to") {
+  CHECK(key("把配送时间改到周六") == key("把配送时间改成周六"));
+  CHECK(key("转200块到储蓄账户") == key("往储蓄账户里转两百元"));
+  CHECK(served("3月的发票发到我邮箱").key.find("TO.EMAIL") != std::string::npos);
+  // Arriving is still arriving.
+  CHECK(served("我的快递到了吗").action.find("ARRIVE") != std::string::npos);
+  CHECK(key("转200块到储蓄账户") != key("转200块到活期账户"));
+}
+
 TEST_CASE("suffix key: a date is not a time") {
   CHECK(key("I want to change the date, not the time") != key("I want to change the time, not the date"));
   CHECK(key("改日期") != key("改时间"));

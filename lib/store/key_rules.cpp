@@ -48,6 +48,7 @@ struct Token {
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
+  bool dao = false;            // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
 };
 
 // Where an entity pattern matched: [begin, end) of the normalised text, and
@@ -266,9 +267,11 @@ class Tokenizer {
         continue;
       }
       const bool past = is_past_form(units, i, best_len);
+      const bool dao = best_len == 1 && units[i] == "到";
       i += best_len;
       add_entry(lex_.entries[static_cast<std::size_t>(best)]);
       if (past && !out.empty() && out.back().kind == Token::action) out.back().past = true;
+      if (dao && !out.empty() && out.back().kind == Token::action) out.back().dao = true;
     }
     flush_unit_as_detail();
   }
@@ -882,6 +885,31 @@ void drop_articles(std::vector<Token>& tokens) {
   std::erase_if(tokens, [](const Token& t) { return t.article; });
 }
 
+// 到 after a verb says where to, as 成 does: 改到周六 is 改成周六, 转200块到储
+// 蓄账户 is "transfer 200 to savings", not "transfer" and "arrive". So 到 alone,
+// with an action before it in its clause and a thing right after it, is the
+// role TO ("到了", "快递到没到" still arrive).
+void dao_after_verb(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto to = lex.by_name.find("TO");
+  if (to == lex.by_name.end()) return;  // a lexicon of the host's own, without roles
+  bool action_before = false;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    Token& t = tokens[i];
+    if (t.kind == Token::clause_end) action_before = false;
+    // The thing may be the speaker's own (发到我邮箱).
+    std::size_t next = i + 1;
+    if (next < tokens.size() && tokens[next].kind == Token::subject && tokens[next].names_speaker) ++next;
+    const bool thing_after =
+        next < tokens.size() && (tokens[next].kind == Token::object || tokens[next].kind == Token::entity ||
+                                 tokens[next].kind == Token::detail);
+    if (t.kind == Token::action && t.dao && action_before && thing_after) {
+      t = Token{Token::role, to->second, {}, false};
+      continue;
+    }
+    if (t.kind == Token::action) action_before = true;
+  }
+}
+
 // "Please, cancel my order" and "two adult tickets, please": a clause of
 // nothing but a polite form is part of the clause it stands beside (the next
 // one, or the last), so please asks for what that clause names.
@@ -1055,6 +1083,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   Tokenizer(lexicon, norm).run(units, matches, tokens);
   merge_dates(lexicon, tokens);
   drop_articles(tokens);
+  dao_after_verb(lexicon, tokens);
   attach_lone_polite(tokens);
   split_at_new_subject(tokens);
   sort_requests(lexicon, tokens);
