@@ -1,13 +1,14 @@
 // tests/bench/bench_keys.cpp: how precise the suffix key is (clm/store/suffix_key.hpp,
 // docs/snapshot-store.md) on labelled utterance pairs, English and Chinese:
-// the three tuning sets (tuning, tuning2, tuning3) and the frozen held-out
-// sets of tests/data/suffix_keys/ (their README says who wrote them, and how).
+// the three tuning sets (tuning, tuning2, tuning3) and the two frozen held-out
+// sets (heldout, heldout2) of tests/data/suffix_keys/ (their README says who
+// wrote them, and how).
 //
 //   bench_keys [DATA_DIR [SETS]]   (default: the source tree's tests/data/suffix_keys,
 //                                   all sets; SETS: comma-separated, e.g. tuning,tuning3)
 //
-// A rule writer measures the tuning sets only (SETS without heldout): the
-// held-out set is measured once, after the rules are frozen.
+// A rule writer measures the tuning sets only (SETS without heldout and
+// heldout2): a held-out set is measured once, after the rules are frozen.
 //
 // A pair is `same` (an answer cached for one answers the other) or `differ`.
 // A key is *served* when make_key accepts the text and does not flag it
@@ -251,12 +252,13 @@ int main(int argc, char** argv) {
   clm_bench::check(clm::SuffixKeyer::create({}, keyer), "SuffixKeyer::create");
 
   std::vector<std::string> sets;
-  for (std::string_view list = argc > 2 ? std::string_view(argv[2]) : "tuning,tuning2,tuning3,heldout";
+  for (std::string_view list = argc > 2 ? std::string_view(argv[2]) : "tuning,tuning2,tuning3,heldout,heldout2";
        !list.empty();) {
     const std::size_t comma = list.find(',');
     sets.emplace_back(list.substr(0, comma));
-    if (sets.back() != "tuning" && sets.back() != "tuning2" && sets.back() != "tuning3" && sets.back() != "heldout") {
-      clm_bench::die(fmt::format("unknown set \"{}\" (tuning, tuning2, tuning3, heldout)", sets.back()));
+    if (sets.back() != "tuning" && sets.back() != "tuning2" && sets.back() != "tuning3" && sets.back() != "heldout" &&
+        sets.back() != "heldout2") {
+      clm_bench::die(fmt::format("unknown set \"{}\" (tuning, tuning2, tuning3, heldout, heldout2)", sets.back()));
     }
     list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
   }
