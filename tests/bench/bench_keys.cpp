@@ -1,6 +1,6 @@
 // tests/bench/bench_keys.cpp: how precise the suffix key is (clm/store/suffix_key.hpp,
 // docs/snapshot-store.md) on labelled utterance pairs, English and Chinese:
-// the three tuning sets (tuning, tuning2, tuning3) and the two frozen held-out
+// the four tuning sets (tuning, tuning2, tuning3, tuning4) and the two frozen held-out
 // sets (heldout, heldout2) of tests/data/suffix_keys/ (their README says who
 // wrote them, and how).
 //
@@ -32,6 +32,7 @@
 // against the key-alone false-hit and paraphrase rates of the same pairs. Rates are fractions of the pairs counted in
 // `case`'s `n=`; with no false hit among n pairs the rate is below about 3/n (95%). CLM_BENCH_SMOKE=1 reads the first
 // 40 pairs of each file.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -252,13 +253,14 @@ int main(int argc, char** argv) {
   clm_bench::check(clm::SuffixKeyer::create({}, keyer), "SuffixKeyer::create");
 
   std::vector<std::string> sets;
-  for (std::string_view list = argc > 2 ? std::string_view(argv[2]) : "tuning,tuning2,tuning3,heldout,heldout2";
+  for (std::string_view list = argc > 2 ? std::string_view(argv[2]) : "tuning,tuning2,tuning3,tuning4,heldout,heldout2";
        !list.empty();) {
     const std::size_t comma = list.find(',');
     sets.emplace_back(list.substr(0, comma));
-    if (sets.back() != "tuning" && sets.back() != "tuning2" && sets.back() != "tuning3" && sets.back() != "heldout" &&
-        sets.back() != "heldout2") {
-      clm_bench::die(fmt::format("unknown set \"{}\" (tuning, tuning2, tuning3, heldout, heldout2)", sets.back()));
+    static constexpr std::string_view kSets[] = {"tuning", "tuning2", "tuning3", "tuning4", "heldout", "heldout2"};
+    if (std::find(std::begin(kSets), std::end(kSets), sets.back()) == std::end(kSets)) {
+      clm_bench::die(
+          fmt::format("unknown set \"{}\" (tuning, tuning2, tuning3, tuning4, heldout, heldout2)", sets.back()));
     }
     list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
   }
