@@ -1114,13 +1114,6 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     if (!k.key.empty()) k.key.push_back('|');
     c.render(k.key);
   }
-  // Level 2 looks for a snapshot within the group, so the group is the whole
-  // meaning, details included: without them "a window seat" met "an aisle
-  // seat", Friday met Saturday and "to Tuesday, not Wednesday" its reverse
-  // (33 must-differ pairs of the third tuning set, rules v4 and v5). A host
-  // that knows which keys may share a snapshot names a group of its own
-  // (SuffixKeyer::from_host_key).
-  std::string group = k.key;
   for (const Clause& c : clauses) {
     for (const Element& a : c.actions) {
       if (!k.action.empty()) k.action.push_back('+');
@@ -1145,7 +1138,6 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
                                                              [](const Clause& c) { return c.says_nothing(); }))) {
     if (!any_greeting) return invalid_argument("no content");
     k.key = lexicon.names[greeting];
-    group = k.key;
     k.low_information = true;
     k.abstain_reason = "a greeting or thanks only";
   } else if (std::none_of(clauses.begin(), clauses.end(), [](const Clause& c) { return c.says_enough(); })) {
@@ -1157,13 +1149,17 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     k.low_information = true;
     k.abstain_reason = fmt::format("a key longer than {} bytes", kMaxKeyBytes);
     k.key.clear();
-    group.clear();
     k.entity.clear();
   }
   if (k.key.empty()) k.key = "LOW_INFO";
-  if (group.empty()) group = k.key;
   k.fingerprint = key_fingerprint(k.key);
-  k.group = key_fingerprint(group);
+  // Level 2 looks for a snapshot within the group, so the group is the whole
+  // meaning, details included: without them "a window seat" met "an aisle
+  // seat", Friday met Saturday and "to Tuesday, not Wednesday" its reverse
+  // (33 must-differ pairs of the third tuning set, rules v4 and v5). A host
+  // that knows which keys may share a snapshot names a group of its own
+  // (SuffixKeyer::from_host_key).
+  k.group = k.fingerprint;
   key = std::move(k);
   return Status::success();
 }
