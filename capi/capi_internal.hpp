@@ -118,6 +118,15 @@ static_assert(offsetof(clm_engine_options, divergence) >= kEngineOptionsV7, "ver
 constexpr std::size_t kMetricsV6 = offsetof(clm_metrics, kv_events_next_sequence) + sizeof(uint64_t);
 static_assert(kMetricsV5 < kMetricsV6 && kMetricsV6 < sizeof(clm_metrics));
 static_assert(offsetof(clm_metrics, diverged_lookups) >= kMetricsV6, "version 7 appends");
+// Version 8, frozen: version 9 (CLM anomalies) appends to it.
+constexpr std::size_t kEngineOptionsV8 = offsetof(clm_engine_options, divergence_context_tokens) + sizeof(int32_t);
+static_assert(kEngineOptionsV7 < kEngineOptionsV8 && kEngineOptionsV8 < sizeof(clm_engine_options));
+static_assert(offsetof(clm_engine_options, clm_watch) >= kEngineOptionsV8, "version 9 appends");
+constexpr std::size_t kMetricsV7 = offsetof(clm_metrics, match_depth_sum_tokens) + sizeof(uint64_t);
+static_assert(kMetricsV6 < kMetricsV7 && kMetricsV7 < sizeof(clm_metrics));
+static_assert(offsetof(clm_metrics, clm_watch_sightings) >= kMetricsV7, "version 8 appends");
+constexpr std::size_t kLowSrcKeyV1 = sizeof(clm_low_src_key);
+constexpr std::size_t kWatchEventV1 = sizeof(clm_watch_event);
 constexpr std::size_t kAdmitOptionsV2 = offsetof(clm_admit_options, priority_update) + sizeof(int32_t);
 static_assert(offsetof(clm_admit_options, tenant) >= kAdmitOptionsV2, "version 3 appends");
 constexpr std::size_t kBranchPointV1 = sizeof(clm_branch_point);
@@ -135,7 +144,9 @@ static_assert(kEngineOptionsV1 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV3 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV4 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV5 % alignof(clm_engine_options) == 0 &&
-              kEngineOptionsV6 % alignof(clm_engine_options) == 0 && kMetricsV5 % alignof(clm_metrics) == 0 &&
+              kEngineOptionsV6 % alignof(clm_engine_options) == 0 &&
+              kEngineOptionsV8 % alignof(clm_engine_options) == 0 && kMetricsV5 % alignof(clm_metrics) == 0 &&
+              kMetricsV7 % alignof(clm_metrics) == 0 &&
               sizeof(clm_engine_options) % alignof(clm_engine_options) == 0);
 
 // A caller's struct of `size` bytes as this library's full struct: the

@@ -111,6 +111,15 @@ clm_engine_options default_engine_options() {
   o.divergence_branch_points = divergence.branch_points;
   o.divergence_window_ms = static_cast<int32_t>(divergence.window_ms);
   o.divergence_context_tokens = divergence.context_tokens;
+  const clm::ClmWatchConfig& watch = defaults.clm_watch;
+  o.clm_watch = watch.enabled ? 1 : 0;
+  o.clm_watch_max_keys = watch.max_keys;
+  o.clm_watch_window_ms = watch.window_ms;
+  o.clm_watch_min_sightings = watch.min_sightings;
+  o.clm_watch_low_src = watch.low_src;
+  o.clm_watch_max_events = watch.max_events;
+  o.clm_watch_callback = nullptr;
+  o.clm_watch_callback_data = nullptr;
   return o;
 }
 
@@ -124,7 +133,8 @@ clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_si
   if (clm_status s =
           check_struct_size<clm_engine_options>(struct_size,
                                                 {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4,
-                                                 kEngineOptionsV5, kEngineOptionsV6, kEngineOptionsV7},
+                                                 kEngineOptionsV5, kEngineOptionsV6, kEngineOptionsV7,
+                                                 kEngineOptionsV8},
                                                 "clm_engine_options_init")) {
     return s;
   }
@@ -142,7 +152,7 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     if (clm_status s = check_struct_size<clm_engine_options>(
             options->struct_size,
             {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5, kEngineOptionsV6,
-             kEngineOptionsV7},
+             kEngineOptionsV7, kEngineOptionsV8},
             "clm_engine_create")) {
       return s;
     }
@@ -262,6 +272,24 @@ clm_status clm_engine_create(clm_engine** out, const clm_engine_options* options
     config.divergence.branch_points = options->divergence_branch_points;
     config.divergence.window_ms = options->divergence_window_ms;
     config.divergence.context_tokens = options->divergence_context_tokens;
+    if (options->clm_watch != 0 && options->clm_watch != 1) {
+      return fail(CLM_ERR_INVALID_ARGUMENT,
+                  fmt::format("clm_engine_create: clm_watch is {} (0 or 1)", options->clm_watch));
+    }
+    config.clm_watch.enabled = options->clm_watch == 1;
+    config.clm_watch.max_keys = options->clm_watch_max_keys;
+    config.clm_watch.window_ms = options->clm_watch_window_ms;
+    config.clm_watch.min_sightings = options->clm_watch_min_sightings;
+    config.clm_watch.low_src = options->clm_watch_low_src;
+    config.clm_watch.max_events = options->clm_watch_max_events;
+    if (clm_watch_line_callback callback = options->clm_watch_callback) {
+      void* data = options->clm_watch_callback_data;
+      // A NUL-terminated copy: the library's for the call only.
+      config.clm_watch.on_line = [callback, data](std::string_view line) {
+        const std::string terminated(line);
+        callback(terminated.c_str(), terminated.size(), data);
+      };
+    }
     auto state = std::make_shared<EngineState>();
     if (clm_status s = report(clm::Engine::create(config, state->engine))) return s;
 #if CLM_HAVE_CUDA
@@ -567,7 +595,7 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
     if (!out) return null_argument("clm_engine_metrics", "out");
     if (!engine) return null_argument("clm_engine_metrics", "engine");
     if (clm_status s = check_struct_size<clm_metrics>(
-            out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3, kMetricsV4, kMetricsV5, kMetricsV6},
+            out->struct_size, {kMetricsV1, kMetricsV2, kMetricsV3, kMetricsV4, kMetricsV5, kMetricsV6, kMetricsV7},
             "clm_engine_metrics"))
       return s;
     const clm::EngineMetrics m = engine->state->engine->metrics();
@@ -671,6 +699,13 @@ clm_status clm_engine_metrics(clm_metrics* out, const clm_engine* engine) {
                   std::tuple_size_v<decltype(m.cache.match_depth.counts)>);
     std::copy(m.cache.match_depth.counts.begin(), m.cache.match_depth.counts.end(), full.match_depth_counts);
     full.match_depth_sum_tokens = m.cache.match_depth.sum_tokens;
+    const clm::ClmWatchMetrics& w = m.clm_watch;
+    full.clm_watch_sightings = w.sightings;
+    full.clm_watch_low_src_turns = w.low_src_turns;
+    static_assert(std::size(decltype(full.clm_watch_key_events){}) == std::tuple_size_v<decltype(w.store_events)>);
+    std::copy(w.store_events.begin(), w.store_events.end(), full.clm_watch_key_events);
+    full.clm_watch_watched_keys = w.watched_keys;
+    full.clm_watch_low_src_keys = w.low_src_keys;
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

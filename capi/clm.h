@@ -158,6 +158,16 @@ typedef void (*clm_kv_event_callback)(const clm_kv_event_batch *batch, void *use
 #define CLM_KV_EVENTS_LAYOUT_LEGACY 1 /* the shorter arrays llm-d-kv-cache-manager up to 2025 needs */
 #define CLM_KV_EVENTS_LAYOUT_MAP 2    /* {"type": tag, field: value} as vLLM sends since mid-2026 */
 
+/* CLM anomalies as JSON lines (docs/observability.md), one a call, e.g.
+ *   {"time_ms":1796544000123,"event":"low_src","tenant":"acme","adapter_id":1,"key":"REFUND-ORDER",
+ *    "sightings":20,"median_src":0.0625}
+ * line is line_len bytes (no newline), NUL-terminated, the library's for the
+ * call only. Called on the thread of the engine call that caused it (a
+ * snapshot lookup, record, outcome report, blacklist), in order, under the
+ * engine's locks: return quickly and never call the engine from it. Never
+ * called once clm_engine_free returns. */
+typedef void (*clm_watch_line_callback)(const char *line, size_t line_len, void *user_data);
+
 typedef struct clm_engine_options {
   uint32_t struct_size; /* sizeof(clm_engine_options) as the caller compiled it */
   int32_t num_pages;    /* pool budget, in pages (required) */
@@ -244,6 +254,17 @@ typedef struct clm_engine_options {
   int32_t divergence_branch_points;  /* branch points kept, 16..65536 (default 256) */
   int32_t divergence_window_ms;      /* a report counts this far back, >= 2 (default 3600000: an hour) */
   int32_t divergence_context_tokens; /* tokens kept either side of a split, 0..64 (default 8) */
+  /* -- version 9: CLM anomalies (docs/observability.md; with a snapshot store only) -- */
+  int32_t clm_watch;                  /* 1: watch snapshot lookups' SRC scores and the store's key events
+                                         (clm_engine_clm_anomalies) (default 1) */
+  int32_t clm_watch_max_keys;         /* keys watched at once, 1..2^20 (default 4096) */
+  int64_t clm_watch_window_ms;        /* a key's sightings count this far back, >= 2 (default 3600000) */
+  int64_t clm_watch_min_sightings;    /* a key is low-SRC once seen this often in the window ... (default 20) */
+  float clm_watch_low_src;            /* ... with a median SRC below this, (0, 1] (default 0.2) */
+  int32_t clm_watch_max_events;       /* events a report keeps, the newest, 0..2^20 (default 1024) */
+  clm_watch_line_callback clm_watch_callback; /* each event, and each key turning low-SRC, as one JSON line
+                                                 (see clm_watch_line_callback) (default NULL) */
+  void *clm_watch_callback_data;      /* passed to the callback as it is (default NULL) */
 } clm_engine_options;
 
 /* When a cached page gets its host-tier copy (then, with a storage tier, its
@@ -272,7 +293,8 @@ CLM_API clm_status clm_engine_options_init(clm_engine_options *options, size_t s
    NULL, NULL, NULL, 64, 3, 2000.0, 5000.0,                            /* version 6: model, secret, bounds */ \
    0, CLM_KV_EVENTS_BIND_AUTO, NULL, NULL, NULL, NULL, NULL,           /* version 7: KV events */             \
    CLM_KV_EVENTS_LAYOUT_ARRAY, 10, 1024, 131072, 10000, 100000, 0, 1,                                         \
-   1, 256, 3600000, 8}                                                 /* version 8: divergence */
+   1, 256, 3600000, 8,                                                 /* version 8: divergence */            \
+   1, 4096, 3600000, 20, 0.2f, 1024, NULL, NULL}                       /* version 9: CLM anomalies */
 /* clang-format on */
 
 CLM_API clm_status clm_engine_create(clm_engine **out, const clm_engine_options *options);
@@ -536,6 +558,13 @@ typedef struct clm_metrics {
                                            holds those up to 0 (i = 0) or 2^(i+3) tokens, above bucket i-1's
                                            bound; bucket 18 those above 2^20 */
   uint64_t match_depth_sum_tokens;      /* tokens matched, summed over those lookups */
+  /* -- version 8: CLM anomalies (all 0 without a snapshot store, or with clm_watch 0) -- */
+  uint64_t clm_watch_sightings;         /* snapshot lookups recorded with their sequence's SRC score */
+  uint64_t clm_watch_low_src_turns;     /* times a key turned low-SRC */
+  uint64_t clm_watch_key_events[4];     /* the store's key events, by CLM_WATCH_EVENT_BLACKLISTED ..
+                                           CLM_WATCH_EVENT_DRIFT */
+  int64_t clm_watch_watched_keys;       /* keys watched now */
+  int64_t clm_watch_low_src_keys;       /* ... of them low-SRC as of their last sighting */
 } clm_metrics;
 /* Copies the counters out; only the first out->struct_size bytes are written
  * (set struct_size before the call). */
@@ -614,6 +643,92 @@ CLM_API int64_t clm_divergence_report_window_ms(const clm_divergence_report *rep
 CLM_API clm_status clm_divergence_report_point(clm_branch_point *out, const clm_divergence_report *report,
                                                size_t index);
 CLM_API void clm_divergence_report_free(clm_divergence_report *report);
+
+/* ---- CLM anomalies (docs/observability.md) --------------------------------
+ * What an operator watches of CLM suffix reuse: suffix keys looked up often
+ * while the SRC head keeps scoring their sequences low (a sign of a bad keyer
+ * rule or a bad head), and what the snapshot store did to keys (blacklisted
+ * or let go and why, versions created, drift). Each snapshot lookup
+ * (clm_engine_lookup_snapshots) records its sequence's last SRC score with
+ * the key, once per sequence and key. A key is *low-SRC* when, in the window,
+ * it was seen at least clm_watch_min_sightings times with a median score
+ * below clm_watch_low_src (scores go into bins of 0.025: the median is known
+ * to 0.0125).
+ *
+ *   clm_anomaly_report *report = NULL;
+ *   if (clm_engine_clm_anomalies(&report, engine) == CLM_OK) {
+ *     for (size_t i = 0; i < clm_anomaly_report_low_src_count(report); ++i) {
+ *       clm_low_src_key k = CLM_LOW_SRC_KEY_INIT;
+ *       clm_anomaly_report_low_src_key(&k, report, i);
+ *       printf("%.*s: seen %llu times, median SRC %.3f\n", (int)k.key_len, k.key,
+ *              (unsigned long long)k.sightings, k.median_src);
+ *     }
+ *   }
+ *   clm_anomaly_report_free(report);
+ */
+typedef struct clm_anomaly_report clm_anomaly_report;
+typedef struct clm_low_src_key {
+  uint32_t struct_size; /* sizeof(clm_low_src_key) as the caller compiled it */
+  const char *tenant;   /* as clm_branch_point.tenant; not NUL-terminated */
+  size_t tenant_len;
+  int32_t adapter_id;
+  int32_t reserved;     /* 0 */
+  const char *key;      /* the suffix key; not NUL-terminated */
+  size_t key_len;
+  uint64_t sightings;   /* in the window */
+  float median_src;     /* the middle of the 0.025 bin holding the median */
+} clm_low_src_key;
+#define CLM_LOW_SRC_KEY_INIT \
+  { sizeof(clm_low_src_key), NULL, 0, 0, 0, NULL, 0, 0, 0.0f }
+#define CLM_WATCH_EVENT_BLACKLISTED 0     /* by the outcome breaker or an administrator: reason, until_ms */
+#define CLM_WATCH_EVENT_UNBLACKLISTED 1   /* let go by an administrator */
+#define CLM_WATCH_EVENT_VERSION_CREATED 2 /* a record stored a key's first or a new version: version */
+#define CLM_WATCH_EVENT_DRIFT 3           /* a version started because the key's records drifted: version */
+#define CLM_WATCH_EVENT_LOW_SRC 4         /* a key turned low-SRC: sightings, median_src */
+typedef struct clm_watch_event {
+  uint32_t struct_size; /* sizeof(clm_watch_event) as the caller compiled it */
+  int32_t kind;         /* CLM_WATCH_EVENT_* */
+  int64_t time_ms;      /* since the Unix epoch */
+  const char *tenant;   /* as clm_low_src_key.tenant */
+  size_t tenant_len;
+  const char *key;
+  size_t key_len;
+  const char *reason;   /* blacklisted: why (the breaker's figures or the administrator's words) */
+  size_t reason_len;
+  int64_t until_ms;     /* blacklisted: until when */
+  int32_t adapter_id;
+  int32_t version;      /* version created, drift */
+  int32_t by_breaker;   /* blacklisted: 1 by the outcome breaker, 0 by an administrator */
+  int32_t reserved;     /* 0 */
+  uint64_t sightings;   /* low-SRC */
+  float median_src;     /* low-SRC */
+} clm_watch_event;
+#define CLM_WATCH_EVENT_INIT \
+  { sizeof(clm_watch_event), 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0.0f }
+/* Takes the report as of now: the low-SRC keys (the most seen first) and the
+ * newest clm_watch_max_events events (oldest first). The caller owns *out
+ * (free it with clm_anomaly_report_free). CLM_ERR_FAILED_PRECONDITION for an
+ * engine without a snapshot store or created with clm_watch = 0. */
+CLM_API clm_status clm_engine_clm_anomalies(clm_anomaly_report **out, const clm_engine *engine);
+CLM_API size_t clm_anomaly_report_low_src_count(const clm_anomaly_report *report);
+CLM_API size_t clm_anomaly_report_event_count(const clm_anomaly_report *report);
+/* The settings the report was made with (0 for a NULL report). */
+CLM_API int64_t clm_anomaly_report_window_ms(const clm_anomaly_report *report);
+CLM_API int64_t clm_anomaly_report_min_sightings(const clm_anomaly_report *report);
+CLM_API float clm_anomaly_report_low_src(const clm_anomaly_report *report);
+/* Entry `index` (< its count): set out->struct_size first; only that many
+ * bytes are written. Its pointers belong to the report (valid until it is
+ * freed). CLM_ERR_INVALID_ARGUMENT for an index past the last. */
+CLM_API clm_status clm_anomaly_report_low_src_key(clm_low_src_key *out, const clm_anomaly_report *report,
+                                                  size_t index);
+CLM_API clm_status clm_anomaly_report_event(clm_watch_event *out, const clm_anomaly_report *report, size_t index);
+/* Event `index` as the JSON line the callback got: *line_len always receives
+ * its length; when line_len + 1 exceeds line_capacity nothing is written and
+ * CLM_ERR_INVALID_ARGUMENT is returned (line = NULL, line_capacity = 0 is a
+ * sizing call). */
+CLM_API clm_status clm_anomaly_report_event_json(char *line, size_t line_capacity, size_t *line_len,
+                                                 const clm_anomaly_report *report, size_t index);
+CLM_API void clm_anomaly_report_free(clm_anomaly_report *report);
 
 /* ---- KV events for cache-aware routers (docs/fleet.md) --------------------
  * An engine created with kv_events = 1 publishes its cache's changes (see
