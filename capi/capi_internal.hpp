@@ -146,8 +146,7 @@ static_assert(kEngineOptionsV1 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV5 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV6 % alignof(clm_engine_options) == 0 &&
               kEngineOptionsV8 % alignof(clm_engine_options) == 0 && kMetricsV5 % alignof(clm_metrics) == 0 &&
-              kMetricsV7 % alignof(clm_metrics) == 0 &&
-              sizeof(clm_engine_options) % alignof(clm_engine_options) == 0);
+              kMetricsV7 % alignof(clm_metrics) == 0 && sizeof(clm_engine_options) % alignof(clm_engine_options) == 0);
 
 // A caller's struct of `size` bytes as this library's full struct: the
 // caller's fields, and the defaults for fields its version did not have.

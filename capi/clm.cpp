@@ -130,12 +130,11 @@ constexpr std::size_t kMaxStorageUrlBytes = 8192;  // a path and a few options
 
 clm_status clm_engine_options_init(clm_engine_options* options, size_t struct_size) {
   if (!options) return null_argument("clm_engine_options_init", "options");
-  if (clm_status s =
-          check_struct_size<clm_engine_options>(struct_size,
-                                                {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4,
-                                                 kEngineOptionsV5, kEngineOptionsV6, kEngineOptionsV7,
-                                                 kEngineOptionsV8},
-                                                "clm_engine_options_init")) {
+  if (clm_status s = check_struct_size<clm_engine_options>(
+          struct_size,
+          {kEngineOptionsV1, kEngineOptionsV2, kEngineOptionsV3, kEngineOptionsV4, kEngineOptionsV5, kEngineOptionsV6,
+           kEngineOptionsV7, kEngineOptionsV8},
+          "clm_engine_options_init")) {
     return s;
   }
   clm_engine_options defaults = default_engine_options();

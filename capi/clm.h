@@ -163,9 +163,10 @@ typedef void (*clm_kv_event_callback)(const clm_kv_event_batch *batch, void *use
  *    "sightings":20,"median_src":0.0625}
  * line is line_len bytes (no newline), NUL-terminated, the library's for the
  * call only. Called on the thread of the engine call that caused it (a
- * snapshot lookup, record, outcome report, blacklist), in order, under the
- * engine's locks: return quickly and never call the engine from it. Never
- * called once clm_engine_free returns. */
+ * snapshot lookup, record, outcome report, blacklist or unblacklist), in
+ * order, under the engine's locks: return quickly, never call the engine from
+ * it, and never throw, longjmp or unwind out of it (a Go or Rust host
+ * recovers its panics inside). Never called once clm_engine_free returns. */
 typedef void (*clm_watch_line_callback)(const char *line, size_t line_len, void *user_data);
 
 typedef struct clm_engine_options {
@@ -254,12 +255,13 @@ typedef struct clm_engine_options {
   int32_t divergence_branch_points;  /* branch points kept, 16..65536 (default 256) */
   int32_t divergence_window_ms;      /* a report counts this far back, >= 2 (default 3600000: an hour) */
   int32_t divergence_context_tokens; /* tokens kept either side of a split, 0..64 (default 8) */
-  /* -- version 9: CLM anomalies (docs/observability.md; with a snapshot store only) -- */
+  /* -- version 9: CLM anomalies (docs/observability.md): watched with a snapshot store only; the settings
+        are checked whatever clm_watch says -- */
   int32_t clm_watch;                  /* 1: watch snapshot lookups' SRC scores and the store's key events
                                          (clm_engine_clm_anomalies) (default 1) */
   int32_t clm_watch_max_keys;         /* keys watched at once, 1..2^20 (default 4096) */
   int64_t clm_watch_window_ms;        /* a key's sightings count this far back, >= 2 (default 3600000) */
-  int64_t clm_watch_min_sightings;    /* a key is low-SRC once seen this often in the window ... (default 20) */
+  int64_t clm_watch_min_sightings;    /* a key is low-SRC once seen this often in the window, >= 1 ... (default 20) */
   float clm_watch_low_src;            /* ... with a median SRC below this, (0, 1] (default 0.2) */
   int32_t clm_watch_max_events;       /* events a report keeps, the newest, 0..2^20 (default 1024) */
   clm_watch_line_callback clm_watch_callback; /* each event, and each key turning low-SRC, as one JSON line
@@ -650,7 +652,7 @@ CLM_API void clm_divergence_report_free(clm_divergence_report *report);
  * rule or a bad head), and what the snapshot store did to keys (blacklisted
  * or let go and why, versions created, drift). Each snapshot lookup
  * (clm_engine_lookup_snapshots) records its sequence's last SRC score with
- * the key, once per sequence and key. A key is *low-SRC* when, in the window,
+ * the key, once per sequence and key (of its last 64 keys). A key is *low-SRC* when, in the window,
  * it was seen at least clm_watch_min_sightings times with a median score
  * below clm_watch_low_src (scores go into bins of 0.025: the median is known
  * to 0.0125).

@@ -735,10 +735,14 @@ class Engine {
     std::vector<std::int32_t> pages;
     std::size_t tree_pages = 0;  // leading pages that are the tree's (protected by `locked`)
     NodeRef locked;
-    std::string tenant_name;                // AdmitOptions::tenant, for reports
-    std::uint64_t watched_fingerprint = 0;  // the key of its last sighting told to the CLM watch
-    SuffixKey looked_up;                    // the key the last lookup asked for, when it served a snapshot
-    SnapshotHit served;                     // what it served (level miss: nothing, or it was reported)
+    std::string tenant_name;  // AdmitOptions::tenant, for reports
+    // The keys of its sightings told to the CLM watch (once per sequence and
+    // key): the last kMaxWatchedKeys, enough for any suffix a host looks up
+    // again; a key older than those counts again.
+    std::vector<std::uint64_t> watched_fingerprints;
+    static constexpr std::size_t kMaxWatchedKeys = 64;
+    SuffixKey looked_up;  // the key the last lookup asked for, when it served a snapshot
+    SnapshotHit served;   // what it served (level miss: nothing, or it was reported)
     CacheNamespace cache_namespace() const { return {salt, adapter_id, tenant_name}; }
     // The snapshot store's tenant: salt and adapter, as the prefix cache separates them.
     std::string tenant() const { return snapshot_tenant(salt, adapter_id); }

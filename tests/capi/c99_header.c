@@ -118,13 +118,28 @@ C99_STATIC_ASSERT(offsetof(clm_metrics, diverged_lookups) >=
                   metrics_v7_appended);
 C99_STATIC_ASSERT(offsetof(clm_admit_options, tenant) >= offsetof(clm_admit_options, priority_update) + sizeof(int32_t),
                   admit_options_v3_appended);
+/* Version 9 (CLM anomalies) of the engine options and 8 of the metrics append too. */
+C99_STATIC_ASSERT(offsetof(clm_engine_options, clm_watch) >=
+                      offsetof(clm_engine_options, divergence_context_tokens) + sizeof(int32_t),
+                  engine_options_v9_appended);
+C99_STATIC_ASSERT(offsetof(clm_metrics, clm_watch_sightings) >=
+                      offsetof(clm_metrics, match_depth_sum_tokens) + sizeof(uint64_t),
+                  metrics_v8_appended);
 /* No padding at the end of the newest versions: a later version's fields
  * would land on it. */
 C99_STATIC_ASSERT(sizeof(clm_engine_options) ==
-                      offsetof(clm_engine_options, divergence_context_tokens) + sizeof(int32_t),
+                      offsetof(clm_engine_options, clm_watch_callback_data) + sizeof(void *),
                   engine_options_end_on_a_field);
-C99_STATIC_ASSERT(sizeof(clm_metrics) == offsetof(clm_metrics, match_depth_sum_tokens) + sizeof(uint64_t),
+C99_STATIC_ASSERT(sizeof(clm_metrics) == offsetof(clm_metrics, clm_watch_low_src_keys) + sizeof(int64_t),
                   metrics_end_on_a_field);
+C99_STATIC_ASSERT(sizeof(clm_low_src_key) == offsetof(clm_low_src_key, median_src) + sizeof(float) + 4,
+                  low_src_key_ends_on_its_alignment);
+C99_STATIC_ASSERT(sizeof(clm_watch_event) == offsetof(clm_watch_event, median_src) + sizeof(float) + 4,
+                  watch_event_ends_on_its_alignment);
+#if CLM_WATCH_EVENT_BLACKLISTED != 0 || CLM_WATCH_EVENT_UNBLACKLISTED != 1 || CLM_WATCH_EVENT_VERSION_CREATED != 2 || \
+    CLM_WATCH_EVENT_DRIFT != 3 || CLM_WATCH_EVENT_LOW_SRC != 4
+#error "CLM_WATCH_EVENT_* changed: they are ABI"
+#endif
 C99_STATIC_ASSERT(CLM_MATCH_DEPTH_BUCKETS == 19, match_depth_buckets_are_19);
 C99_STATIC_ASSERT(sizeof(clm_admit_options) == offsetof(clm_admit_options, tenant_len) + sizeof(size_t),
                   admit_options_end_on_a_field);
@@ -155,7 +170,7 @@ C99_STATIC_ASSERT(sizeof(clm_snapshot_blacklist_entry) == 56 + 3 * CLM_SNAPSHOT_
 /* Every field, with its type (a wrong type warns, and warnings are errors). */
 static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layout *kl, clm_metrics *m,
                       clm_src_decision *sd, clm_adapter_options *ad, clm_attention_params *ap, clm_snapshot_hit *sh,
-                      clm_kv_event_batch *kb, clm_kv_event *ke) {
+                      clm_kv_event_batch *kb, clm_kv_event *ke, clm_low_src_key *lk, clm_watch_event *we) {
   uint32_t *u32;
   int32_t *i32;
   int64_t *i64;
@@ -169,6 +184,7 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   const int32_t **ids;
   void **ptr;
   clm_kv_event_callback *callback;
+  clm_watch_line_callback *watch_callback;
   const clm_kv_event **events;
   const uint64_t **hashes;
   clm_engine *engine = NULL; /* opaque: only pointers to them exist */
@@ -235,6 +251,14 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i32 = &eo->divergence_branch_points;
   i32 = &eo->divergence_window_ms;
   i32 = &eo->divergence_context_tokens;
+  i32 = &eo->clm_watch;
+  i32 = &eo->clm_watch_max_keys;
+  i64 = &eo->clm_watch_window_ms;
+  i64 = &eo->clm_watch_min_sightings;
+  f32 = &eo->clm_watch_low_src;
+  i32 = &eo->clm_watch_max_events;
+  watch_callback = &eo->clm_watch_callback;
+  ptr = &eo->clm_watch_callback_data;
 
   u32 = &ao->struct_size;
   str = &ao->cache_salt;
@@ -351,6 +375,11 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   u64 = &m->diverged_lookups;
   u64 = &m->match_depth_counts[CLM_MATCH_DEPTH_BUCKETS - 1];
   u64 = &m->match_depth_sum_tokens;
+  u64 = &m->clm_watch_sightings;
+  u64 = &m->clm_watch_low_src_turns;
+  u64 = &m->clm_watch_key_events[CLM_WATCH_EVENT_DRIFT];
+  i64 = &m->clm_watch_watched_keys;
+  i64 = &m->clm_watch_low_src_keys;
 
   u32 = &kb->struct_size;
   i32 = &kb->data_parallel_rank;
@@ -402,8 +431,35 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   u8 = sh->reserved;
   chars = sh->key;
 
+  u32 = &lk->struct_size;
+  str = &lk->tenant;
+  sz = &lk->tenant_len;
+  i32 = &lk->adapter_id;
+  i32 = &lk->reserved;
+  str = &lk->key;
+  sz = &lk->key_len;
+  u64 = &lk->sightings;
+  f32 = &lk->median_src;
+
+  u32 = &we->struct_size;
+  i32 = &we->kind;
+  i64 = &we->time_ms;
+  str = &we->tenant;
+  sz = &we->tenant_len;
+  str = &we->key;
+  sz = &we->key_len;
+  str = &we->reason;
+  sz = &we->reason_len;
+  i64 = &we->until_ms;
+  i32 = &we->adapter_id;
+  i32 = &we->version;
+  i32 = &we->by_breaker;
+  i32 = &we->reserved;
+  u64 = &we->sightings;
+  f32 = &we->median_src;
+
   (void)u32, (void)i32, (void)i64, (void)u64, (void)u8, (void)f32, (void)f64, (void)sz, (void)str, (void)chars,
-      (void)ids, (void)ptr, (void)callback, (void)events, (void)hashes;
+      (void)ids, (void)ptr, (void)callback, (void)watch_callback, (void)events, (void)hashes;
   (void)engine, (void)seq;
 }
 
@@ -453,6 +509,20 @@ static int64_t (*const p_divergence_report_window_ms)(const clm_divergence_repor
 static clm_status (*const p_divergence_report_point)(clm_branch_point *, const clm_divergence_report *, size_t) =
     clm_divergence_report_point;
 static void (*const p_divergence_report_free)(clm_divergence_report *) = clm_divergence_report_free;
+static clm_status (*const p_engine_clm_anomalies)(clm_anomaly_report **, const clm_engine *) = clm_engine_clm_anomalies;
+static size_t (*const p_anomaly_report_low_src_count)(const clm_anomaly_report *) = clm_anomaly_report_low_src_count;
+static size_t (*const p_anomaly_report_event_count)(const clm_anomaly_report *) = clm_anomaly_report_event_count;
+static int64_t (*const p_anomaly_report_window_ms)(const clm_anomaly_report *) = clm_anomaly_report_window_ms;
+static int64_t (*const p_anomaly_report_min_sightings)(const clm_anomaly_report *) =
+    clm_anomaly_report_min_sightings;
+static float (*const p_anomaly_report_low_src)(const clm_anomaly_report *) = clm_anomaly_report_low_src;
+static clm_status (*const p_anomaly_report_low_src_key)(clm_low_src_key *, const clm_anomaly_report *, size_t) =
+    clm_anomaly_report_low_src_key;
+static clm_status (*const p_anomaly_report_event)(clm_watch_event *, const clm_anomaly_report *, size_t) =
+    clm_anomaly_report_event;
+static clm_status (*const p_anomaly_report_event_json)(char *, size_t, size_t *, const clm_anomaly_report *, size_t) =
+    clm_anomaly_report_event_json;
+static void (*const p_anomaly_report_free)(clm_anomaly_report *) = clm_anomaly_report_free;
 
 /* CLM suffix reuse: the SRC head. */
 static clm_status (*const p_engine_load_src_head)(clm_engine *, const char *, int32_t) = clm_engine_load_src_head;
@@ -630,6 +700,14 @@ static int engine_options_init_macro(void) {
   same &= SAME_FIELD(name, m, i, divergence_branch_points);
   same &= SAME_FIELD(name, m, i, divergence_window_ms);
   same &= SAME_FIELD(name, m, i, divergence_context_tokens);
+  same &= SAME_FIELD(name, m, i, clm_watch);
+  same &= SAME_FIELD(name, m, i, clm_watch_max_keys);
+  same &= SAME_FIELD(name, m, i, clm_watch_window_ms);
+  same &= SAME_FIELD(name, m, i, clm_watch_min_sightings);
+  same &= SAME_FIELD(name, m, i, clm_watch_low_src);
+  same &= SAME_FIELD(name, m, i, clm_watch_max_events);
+  same &= SAME_FIELD(name, m, i, clm_watch_callback);
+  same &= SAME_FIELD(name, m, i, clm_watch_callback_data);
   return same & SAME_STRUCT(name, m, i);
 }
 
@@ -727,6 +805,8 @@ int main(void) {
   clm_snapshot_hit hit;
   clm_kv_event_batch kv_batch;
   clm_kv_event kv_event;
+  clm_low_src_key low_key = CLM_LOW_SRC_KEY_INIT;
+  clm_watch_event watch_event = CLM_WATCH_EVENT_INIT;
   const char *suffixes[1] = {"C99-KEY"};
   const size_t suffix_lens[1] = {7};
   const float stored[2] = {3.0f, 4.0f};
@@ -743,7 +823,8 @@ int main(void) {
   size_t n_versions = 0;
   size_t i;
 
-  use_types(&options, &admit, &layout, &metrics, &decision, &adapter, &params, &hit, &kv_batch, &kv_event);
+  use_types(&options, &admit, &layout, &metrics, &decision, &adapter, &params, &hit, &kv_batch, &kv_event, &low_key,
+            &watch_event);
   (void)kinds;
   (void)modes;
   for (i = 0; i < sizeof codes / sizeof codes[0]; ++i) {
@@ -906,6 +987,30 @@ int main(void) {
       return fail("match depth metrics", CLM_ERR_INTERNAL);
     }
   }
+  {
+    /* CLM anomalies: this engine has no snapshot store, so no report. */
+    clm_anomaly_report *report = NULL;
+    size_t line_len = 0;
+    if ((s = p_engine_clm_anomalies(&report, engine)) != CLM_ERR_FAILED_PRECONDITION || report != NULL) {
+      return fail("clm_anomalies without a store", s);
+    }
+    if (p_anomaly_report_low_src_count(NULL) != 0 || p_anomaly_report_event_count(NULL) != 0 ||
+        p_anomaly_report_window_ms(NULL) != 0 || p_anomaly_report_min_sightings(NULL) != 0 ||
+        p_anomaly_report_low_src(NULL) != 0.0f) {
+      return fail("anomaly report of NULL", CLM_ERR_INTERNAL);
+    }
+    if ((s = p_anomaly_report_low_src_key(&low_key, NULL, 0)) != CLM_ERR_INVALID_ARGUMENT) {
+      return fail("low_src_key", s);
+    }
+    if ((s = p_anomaly_report_event(&watch_event, NULL, 0)) != CLM_ERR_INVALID_ARGUMENT) return fail("event", s);
+    if ((s = p_anomaly_report_event_json(NULL, 0, &line_len, NULL, 0)) != CLM_ERR_INVALID_ARGUMENT) {
+      return fail("event_json", s);
+    }
+    p_anomaly_report_free(NULL);
+    if (metrics.clm_watch_sightings != 0 || metrics.clm_watch_watched_keys != 0) {
+      return fail("clm watch metrics", CLM_ERR_INTERNAL);
+    }
+  }
   p_engine_free(engine);
 
   /* The snapshot store: record a host key, find it again at level 1. */
@@ -972,6 +1077,26 @@ int main(void) {
   s = p_engine_unblacklist_snapshot_key(store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
                                         suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY);
   if (s != CLM_OK) return fail("engine_unblacklist_snapshot_key", s);
+  {
+    /* CLM anomalies: the record (version 1), the blacklist, the unblacklist, in order. */
+    clm_anomaly_report *report = NULL;
+    char line[512];
+    size_t line_len = 0;
+    if ((s = p_engine_clm_anomalies(&report, store_engine)) != CLM_OK) return fail("engine_clm_anomalies", s);
+    s = p_anomaly_report_event(&watch_event, report, 1);
+    if (s == CLM_OK) s = p_anomaly_report_event_json(line, sizeof line, &line_len, report, 1);
+    if (s == CLM_OK && p_anomaly_report_low_src_key(&low_key, report, 0) != CLM_ERR_INVALID_ARGUMENT) {
+      s = CLM_ERR_INTERNAL;
+    }
+    if (s != CLM_OK || p_anomaly_report_event_count(report) != 3 || p_anomaly_report_low_src_count(report) != 0 ||
+        p_anomaly_report_min_sightings(report) != 20 || watch_event.kind != CLM_WATCH_EVENT_BLACKLISTED ||
+        watch_event.reason_len != 3 || strncmp(watch_event.reason, "c99", 3) != 0 || strlen(line) != line_len ||
+        strstr(line, "\"event\":\"blacklisted\"") == NULL) {
+      p_anomaly_report_free(report);
+      return fail("clm anomaly report", s == CLM_OK ? CLM_ERR_INTERNAL : s);
+    }
+    p_anomaly_report_free(report);
+  }
   s = p_engine_roll_back_snapshot_key(&deleted, store_engine, admit.cache_salt, admit.cache_salt_len, 0, suffixes[0],
                                       suffix_lens[0], NULL, 0, CLM_SUFFIX_KEY, 1);
   if (s != CLM_OK || deleted != 0) return fail("engine_roll_back_snapshot_key", s);

@@ -231,14 +231,16 @@ TEST_CASE("struct_size: only the sizes of published versions, never one that cut
        offsetof(clm_engine_options, storage_batch_pages) + sizeof(int32_t),
        offsetof(clm_engine_options, snapshot_maintenance_interval_ms) + sizeof(int64_t),
        offsetof(clm_engine_options, breaker_open_ms) + sizeof(double),
-       offsetof(clm_engine_options, kv_events_token_ids) + sizeof(int32_t)});
+       offsetof(clm_engine_options, kv_events_token_ids) + sizeof(int32_t),
+       offsetof(clm_engine_options, divergence_context_tokens) + sizeof(int32_t)});
   const std::set<size_t> metrics_sizes =
       published_sizes<clm_metrics>({offsetof(clm_metrics, metadata_bytes) + sizeof(uint64_t),
                                     offsetof(clm_metrics, src_injections) + sizeof(uint64_t),
                                     offsetof(clm_metrics, has_snapshot_store) + sizeof(int32_t),
                                     offsetof(clm_metrics, storage_evicted_pages) + sizeof(uint64_t),
                                     offsetof(clm_metrics, queued_fetches) + sizeof(int64_t),
-                                    offsetof(clm_metrics, kv_events_next_sequence) + sizeof(uint64_t)});
+                                    offsetof(clm_metrics, kv_events_next_sequence) + sizeof(uint64_t),
+                                    offsetof(clm_metrics, match_depth_sum_tokens) + sizeof(uint64_t)});
   const std::set<size_t> layout_sizes =
       published_sizes<clm_kv_layout>({offsetof(clm_kv_layout, memory) + sizeof(int32_t)});
   const std::set<size_t> admit_sizes =

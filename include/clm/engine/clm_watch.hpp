@@ -168,9 +168,23 @@ class ClmWatch {
     w.flagged = low;
   }
 
+  // Names store tenant `tenant` `name` in the events that follow (a record
+  // names its sequence's tenant before the store's events for it); an empty
+  // name changes nothing.
+  void name_tenant(std::string_view tenant, std::string_view name) {
+    if (!config_.enabled || name.empty()) return;
+    std::lock_guard lock(mutex_);
+    auto it = names_.find(std::string(tenant));
+    if (it == names_.end()) {
+      names_.emplace(std::string(tenant), std::string(name));
+    } else if (it->second != name) {
+      it->second.assign(name);
+    }
+  }
+
   // What the store did. `salt` and `adapter_id`: the parts of the event's
   // store tenant (Engine::snapshot_tenant_parts); the tenant is named as its
-  // sightings named it, else by name_of_salt(salt).
+  // sightings or records named it, else by name_of_salt(salt).
   void store_event(const SnapshotStoreEvent& se, std::string_view salt, std::int32_t adapter_id,
                    const std::function<std::string(std::string_view)>& name_of_salt) {
     if (!config_.enabled) return;
@@ -290,7 +304,7 @@ class ClmWatch {
   Clock clock_ = &system_ms;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, Watched> keys_;       // store tenant \0 key
-  std::unordered_map<std::string, std::string> names_;  // store tenant -> its name at its last new key
+  std::unordered_map<std::string, std::string> names_;  // store tenant -> its name at its last new key or record
   std::deque<ClmEvent> events_;
   ClmWatchMetrics metrics_;
 };

@@ -105,8 +105,11 @@ inline Status Engine::lookup_snapshots(std::span<const SequenceId> ids, std::spa
     std::lock_guard lock(mutex_);
     std::erase_if(sightings, [&](Sighting& s) {
       auto it = sequences_.find(ids[s.index]);
-      if (it == sequences_.end() || it->second->watched_fingerprint == keys[s.index].fingerprint) return true;
-      it->second->watched_fingerprint = keys[s.index].fingerprint;
+      if (it == sequences_.end()) return true;
+      std::vector<std::uint64_t>& watched = it->second->watched_fingerprints;
+      if (std::find(watched.begin(), watched.end(), keys[s.index].fingerprint) != watched.end()) return true;
+      if (watched.size() == Sequence::kMaxWatchedKeys) watched.erase(watched.begin());
+      watched.push_back(keys[s.index].fingerprint);
       s.named = !it->second->tenant_name.empty();
       s.name = s.named ? it->second->tenant_name : it->second->salt;
       return false;
@@ -141,9 +144,17 @@ inline Status Engine::record_snapshot(SequenceId id, const SuffixRef& suffix, st
   if (!store_) return failed_precondition("record_snapshot: the engine has no snapshot store");
   SuffixKey key;
   CLM_RETURN_IF_ERROR(suffix_key(suffix, key));
-  std::vector<std::string> tenants;
-  CLM_RETURN_IF_ERROR(tenants_of(std::span(&id, 1), "record_snapshot", tenants));
-  return store_->record(tenants[0], key, snapshot, outcome);
+  std::string tenant, tenant_name;
+  {
+    std::lock_guard lock(mutex_);
+    Sequence* seq = nullptr;
+    CLM_RETURN_IF_ERROR(find(id, "record_snapshot", seq));
+    tenant = seq->tenant();
+    tenant_name = seq->tenant_name;
+  }
+  // The store's events for this tenant (a version now, a blacklist later) carry its name.
+  clm_watch_->name_tenant(tenant, tenant_name);
+  return store_->record(tenant, key, snapshot, outcome);
 }
 
 inline Status Engine::report_snapshot_outcome(std::span<const SequenceId> ids, std::span<const std::uint8_t> correct) {
