@@ -28,6 +28,8 @@ int main(void) {
   TYPE(clm_kv_event);
   TYPE(clm_kv_event_batch);
   TYPE(clm_branch_point);
+  TYPE(clm_low_src_key);
+  TYPE(clm_watch_event);
   printf("];\n");
 
   printf("pub const C_FIELDS: &[(&str, usize, usize)] = &[\n");
@@ -92,6 +94,14 @@ int main(void) {
   FIELD(clm_engine_options, divergence_branch_points);
   FIELD(clm_engine_options, divergence_window_ms);
   FIELD(clm_engine_options, divergence_context_tokens);
+  FIELD(clm_engine_options, clm_watch);
+  FIELD(clm_engine_options, clm_watch_max_keys);
+  FIELD(clm_engine_options, clm_watch_window_ms);
+  FIELD(clm_engine_options, clm_watch_min_sightings);
+  FIELD(clm_engine_options, clm_watch_low_src);
+  FIELD(clm_engine_options, clm_watch_max_events);
+  FIELD(clm_engine_options, clm_watch_callback);
+  FIELD(clm_engine_options, clm_watch_callback_data);
 
   FIELD(clm_kv_layout, struct_size);
   FIELD(clm_kv_layout, base);
@@ -214,6 +224,11 @@ int main(void) {
   FIELD(clm_metrics, diverged_lookups);
   FIELD(clm_metrics, match_depth_counts);
   FIELD(clm_metrics, match_depth_sum_tokens);
+  FIELD(clm_metrics, clm_watch_sightings);
+  FIELD(clm_metrics, clm_watch_low_src_turns);
+  FIELD(clm_metrics, clm_watch_key_events);
+  FIELD(clm_metrics, clm_watch_watched_keys);
+  FIELD(clm_metrics, clm_watch_low_src_keys);
 
   FIELD(clm_kv_event, kind);
   FIELD(clm_kv_event, medium);
@@ -248,6 +263,31 @@ int main(void) {
   FIELD(clm_branch_point, n_after);
   FIELD(clm_branch_point, cached_after);
   FIELD(clm_branch_point, n_cached_after);
+  FIELD(clm_low_src_key, struct_size);
+  FIELD(clm_low_src_key, tenant);
+  FIELD(clm_low_src_key, tenant_len);
+  FIELD(clm_low_src_key, adapter_id);
+  FIELD(clm_low_src_key, reserved);
+  FIELD(clm_low_src_key, key);
+  FIELD(clm_low_src_key, key_len);
+  FIELD(clm_low_src_key, sightings);
+  FIELD(clm_low_src_key, median_src);
+  FIELD(clm_watch_event, struct_size);
+  FIELD(clm_watch_event, kind);
+  FIELD(clm_watch_event, time_ms);
+  FIELD(clm_watch_event, tenant);
+  FIELD(clm_watch_event, tenant_len);
+  FIELD(clm_watch_event, key);
+  FIELD(clm_watch_event, key_len);
+  FIELD(clm_watch_event, reason);
+  FIELD(clm_watch_event, reason_len);
+  FIELD(clm_watch_event, until_ms);
+  FIELD(clm_watch_event, adapter_id);
+  FIELD(clm_watch_event, version);
+  FIELD(clm_watch_event, by_breaker);
+  FIELD(clm_watch_event, reserved);
+  FIELD(clm_watch_event, sightings);
+  FIELD(clm_watch_event, median_src);
 
   FIELD(clm_src_decision, score);
   FIELD(clm_src_decision, threshold);
@@ -346,6 +386,11 @@ int main(void) {
   CONST(CLM_KV_EVENTS_LAYOUT_ARRAY);
   CONST(CLM_KV_EVENTS_LAYOUT_LEGACY);
   CONST(CLM_KV_EVENTS_LAYOUT_MAP);
+  CONST(CLM_WATCH_EVENT_BLACKLISTED);
+  CONST(CLM_WATCH_EVENT_UNBLACKLISTED);
+  CONST(CLM_WATCH_EVENT_VERSION_CREATED);
+  CONST(CLM_WATCH_EVENT_DRIFT);
+  CONST(CLM_WATCH_EVENT_LOW_SRC);
   CONST(CLM_GELU_TANH);
   CONST(CLM_GELU_ERF);
   CONST(CLM_DTYPE_F32);

@@ -136,10 +136,20 @@ pub struct clm_kv_event_batch {
 /// must not call the engine that publishes.
 pub type clm_kv_event_callback = Option<unsafe extern "C" fn(batch: *const clm_kv_event_batch, user_data: *mut c_void)>;
 
+// ---- CLM anomalies' JSON lines (docs/observability.md) --------------------------
+/// Each CLM anomaly as one JSON line: `line_len` bytes at `line` (no
+/// newline, NUL-terminated), the library's for the call only. Called on the
+/// thread of the engine call that caused it (a snapshot lookup, record,
+/// outcome report, blacklist), in order, under the engine's locks: it must
+/// return quickly and never call the engine. Never called once
+/// `clm_engine_free` returns.
+pub type clm_watch_line_callback =
+    Option<unsafe extern "C" fn(line: *const c_char, line_len: usize, user_data: *mut c_void)>;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
-// kv_events_callback compares by address, which is what equality of two
-// option structs means here.
+// kv_events_callback and clm_watch_callback compare by address, which is
+// what equality of two option structs means here.
 #[allow(unknown_lints, unpredictable_function_pointer_comparisons)]
 pub struct clm_engine_options {
     pub struct_size: u32,
@@ -225,6 +235,24 @@ pub struct clm_engine_options {
     pub divergence_window_ms: i32,
     /// Tokens kept either side of a split, 0..64 (default 8).
     pub divergence_context_tokens: i32,
+    // -- version 9: CLM anomalies (docs/observability.md; with a snapshot store only)
+    /// 1: watch snapshot lookups' SRC scores and the store's key events
+    /// (`clm_engine_clm_anomalies`) (default 1).
+    pub clm_watch: i32,
+    /// Keys watched at once, 1..2^20 (default 4096).
+    pub clm_watch_max_keys: i32,
+    /// A key's sightings count this far back, >= 2 (default 3600000).
+    pub clm_watch_window_ms: i64,
+    /// A key is low-SRC once seen this often in the window ... (default 20).
+    pub clm_watch_min_sightings: i64,
+    /// ... with a median SRC below this, (0, 1] (default 0.2).
+    pub clm_watch_low_src: f32,
+    /// Events a report keeps, the newest, 0..2^20 (default 1024).
+    pub clm_watch_max_events: i32,
+    /// Each event, and each key turning low-SRC, as one JSON line (default NULL).
+    pub clm_watch_callback: clm_watch_line_callback,
+    /// Passed to the callback as it is (default NULL).
+    pub clm_watch_callback_data: *mut c_void,
 }
 
 impl Default for clm_engine_options {
@@ -293,6 +321,14 @@ impl Default for clm_engine_options {
             divergence_branch_points: 0,
             divergence_window_ms: 0,
             divergence_context_tokens: 0,
+            clm_watch: 0,
+            clm_watch_max_keys: 0,
+            clm_watch_window_ms: 0,
+            clm_watch_min_sightings: 0,
+            clm_watch_low_src: 0.0,
+            clm_watch_max_events: 0,
+            clm_watch_callback: None,
+            clm_watch_callback_data: std::ptr::null_mut(),
         }
     }
 }
@@ -452,6 +488,18 @@ pub struct clm_metrics {
     pub match_depth_counts: [u64; 19],
     /// Tokens matched, summed over those lookups.
     pub match_depth_sum_tokens: u64,
+    // -- version 8: CLM anomalies (all 0 without a snapshot store, or with clm_watch 0)
+    /// Snapshot lookups recorded with their sequence's SRC score.
+    pub clm_watch_sightings: u64,
+    /// Times a key turned low-SRC.
+    pub clm_watch_low_src_turns: u64,
+    /// The store's key events, by `CLM_WATCH_EVENT_BLACKLISTED` ..
+    /// `CLM_WATCH_EVENT_DRIFT`.
+    pub clm_watch_key_events: [u64; 4],
+    /// Keys watched now.
+    pub clm_watch_watched_keys: i64,
+    /// ... of them low-SRC as of their last sighting.
+    pub clm_watch_low_src_keys: i64,
 }
 
 // ---- divergence hot spots (docs/observability.md) -------------------------------
@@ -509,6 +557,125 @@ impl Default for clm_branch_point {
             n_after: 0,
             cached_after: std::ptr::null(),
             n_cached_after: 0,
+        }
+    }
+}
+
+// ---- CLM anomalies (docs/observability.md) -------------------------------------
+/// A key was blacklisted, by the outcome breaker or an administrator:
+/// `reason`, `until_ms`, `by_breaker`.
+pub const CLM_WATCH_EVENT_BLACKLISTED: i32 = 0;
+/// A key was let go by an administrator.
+pub const CLM_WATCH_EVENT_UNBLACKLISTED: i32 = 1;
+/// A record stored a key's first or a new version: `version`.
+pub const CLM_WATCH_EVENT_VERSION_CREATED: i32 = 2;
+/// A version started because the key's records drifted: `version`.
+pub const CLM_WATCH_EVENT_DRIFT: i32 = 3;
+/// A key turned low-SRC: `sightings`, `median_src`.
+pub const CLM_WATCH_EVENT_LOW_SRC: i32 = 4;
+
+/// Opaque report handle (`clm_anomaly_report`), from
+/// `clm_engine_clm_anomalies`, freed by `clm_anomaly_report_free`.
+#[repr(C)]
+pub struct clm_anomaly_report {
+    _private: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+/// One low-SRC key of a report (`clm_anomaly_report_low_src_key`); its
+/// pointers belong to the report and are valid until it is freed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct clm_low_src_key {
+    /// Set by the caller: sizeof as compiled.
+    pub struct_size: u32,
+    /// Not NUL-terminated: the tenant's name, else "salt:" and 32 hex digits
+    /// of its salt's SHA-256, "" for no salt.
+    pub tenant: *const c_char,
+    pub tenant_len: usize,
+    pub adapter_id: i32,
+    /// 0.
+    pub reserved: i32,
+    /// The suffix key; not NUL-terminated.
+    pub key: *const c_char,
+    pub key_len: usize,
+    /// In the window.
+    pub sightings: u64,
+    /// The middle of the 0.025 bin holding the median.
+    pub median_src: f32,
+}
+
+impl Default for clm_low_src_key {
+    /// `CLM_LOW_SRC_KEY_INIT`: this struct's size, everything else zero/NULL.
+    fn default() -> Self {
+        clm_low_src_key {
+            struct_size: std::mem::size_of::<clm_low_src_key>() as u32,
+            tenant: std::ptr::null(),
+            tenant_len: 0,
+            adapter_id: 0,
+            reserved: 0,
+            key: std::ptr::null(),
+            key_len: 0,
+            sightings: 0,
+            median_src: 0.0,
+        }
+    }
+}
+
+/// One event of a report (`clm_anomaly_report_event`); its pointers belong
+/// to the report and are valid until it is freed. None is NUL-terminated.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct clm_watch_event {
+    /// Set by the caller: sizeof as compiled.
+    pub struct_size: u32,
+    /// `CLM_WATCH_EVENT_*`.
+    pub kind: i32,
+    /// Milliseconds since the Unix epoch.
+    pub time_ms: i64,
+    /// As `clm_low_src_key.tenant`.
+    pub tenant: *const c_char,
+    pub tenant_len: usize,
+    pub key: *const c_char,
+    pub key_len: usize,
+    /// Blacklisted: why (the breaker's figures or the administrator's words).
+    pub reason: *const c_char,
+    pub reason_len: usize,
+    /// Blacklisted: until when (milliseconds since the Unix epoch).
+    pub until_ms: i64,
+    pub adapter_id: i32,
+    /// Version created, drift.
+    pub version: i32,
+    /// Blacklisted: 1 by the outcome breaker, 0 by an administrator.
+    pub by_breaker: i32,
+    /// 0.
+    pub reserved: i32,
+    /// Low-SRC.
+    pub sightings: u64,
+    /// Low-SRC.
+    pub median_src: f32,
+}
+
+impl Default for clm_watch_event {
+    /// `CLM_WATCH_EVENT_INIT`: this struct's size, everything else zero/NULL.
+    fn default() -> Self {
+        clm_watch_event {
+            struct_size: std::mem::size_of::<clm_watch_event>() as u32,
+            kind: 0,
+            time_ms: 0,
+            tenant: std::ptr::null(),
+            tenant_len: 0,
+            key: std::ptr::null(),
+            key_len: 0,
+            reason: std::ptr::null(),
+            reason_len: 0,
+            until_ms: 0,
+            adapter_id: 0,
+            version: 0,
+            by_breaker: 0,
+            reserved: 0,
+            sightings: 0,
+            median_src: 0.0,
         }
     }
 }
@@ -773,6 +940,31 @@ extern "C" {
         index: usize,
     ) -> clm_status;
     pub fn clm_divergence_report_free(report: *mut clm_divergence_report);
+
+    pub fn clm_engine_clm_anomalies(out: *mut *mut clm_anomaly_report, engine: *const clm_engine) -> clm_status;
+    pub fn clm_anomaly_report_low_src_count(report: *const clm_anomaly_report) -> usize;
+    pub fn clm_anomaly_report_event_count(report: *const clm_anomaly_report) -> usize;
+    pub fn clm_anomaly_report_window_ms(report: *const clm_anomaly_report) -> i64;
+    pub fn clm_anomaly_report_min_sightings(report: *const clm_anomaly_report) -> i64;
+    pub fn clm_anomaly_report_low_src(report: *const clm_anomaly_report) -> f32;
+    pub fn clm_anomaly_report_low_src_key(
+        out: *mut clm_low_src_key,
+        report: *const clm_anomaly_report,
+        index: usize,
+    ) -> clm_status;
+    pub fn clm_anomaly_report_event(
+        out: *mut clm_watch_event,
+        report: *const clm_anomaly_report,
+        index: usize,
+    ) -> clm_status;
+    pub fn clm_anomaly_report_event_json(
+        line: *mut c_char,
+        line_capacity: usize,
+        line_len: *mut usize,
+        report: *const clm_anomaly_report,
+        index: usize,
+    ) -> clm_status;
+    pub fn clm_anomaly_report_free(report: *mut clm_anomaly_report);
 
     pub fn clm_engine_flush_kv_events(engine: *mut clm_engine, timeout_ms: i32) -> clm_status;
     pub fn clm_engine_kv_event_blocks(

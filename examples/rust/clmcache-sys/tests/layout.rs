@@ -52,6 +52,8 @@ fn rust_types() -> Vec<(&'static str, usize, usize)> {
         ty!(clm_kv_event),
         ty!(clm_kv_event_batch),
         ty!(clm_branch_point),
+        ty!(clm_low_src_key),
+        ty!(clm_watch_event),
     ]
 }
 
@@ -118,6 +120,14 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_engine_options, divergence_branch_points),
         field!(clm_engine_options, divergence_window_ms),
         field!(clm_engine_options, divergence_context_tokens),
+        field!(clm_engine_options, clm_watch),
+        field!(clm_engine_options, clm_watch_max_keys),
+        field!(clm_engine_options, clm_watch_window_ms),
+        field!(clm_engine_options, clm_watch_min_sightings),
+        field!(clm_engine_options, clm_watch_low_src),
+        field!(clm_engine_options, clm_watch_max_events),
+        field!(clm_engine_options, clm_watch_callback),
+        field!(clm_engine_options, clm_watch_callback_data),
         field!(clm_kv_layout, struct_size),
         field!(clm_kv_layout, base),
         field!(clm_kv_layout, page_bytes),
@@ -237,6 +247,11 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_metrics, diverged_lookups),
         field!(clm_metrics, match_depth_counts),
         field!(clm_metrics, match_depth_sum_tokens),
+        field!(clm_metrics, clm_watch_sightings),
+        field!(clm_metrics, clm_watch_low_src_turns),
+        field!(clm_metrics, clm_watch_key_events),
+        field!(clm_metrics, clm_watch_watched_keys),
+        field!(clm_metrics, clm_watch_low_src_keys),
         field!(clm_kv_event, kind),
         field!(clm_kv_event, medium),
         field!(clm_kv_event, block_hashes),
@@ -269,6 +284,31 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_branch_point, n_after),
         field!(clm_branch_point, cached_after),
         field!(clm_branch_point, n_cached_after),
+        field!(clm_low_src_key, struct_size),
+        field!(clm_low_src_key, tenant),
+        field!(clm_low_src_key, tenant_len),
+        field!(clm_low_src_key, adapter_id),
+        field!(clm_low_src_key, reserved),
+        field!(clm_low_src_key, key),
+        field!(clm_low_src_key, key_len),
+        field!(clm_low_src_key, sightings),
+        field!(clm_low_src_key, median_src),
+        field!(clm_watch_event, struct_size),
+        field!(clm_watch_event, kind),
+        field!(clm_watch_event, time_ms),
+        field!(clm_watch_event, tenant),
+        field!(clm_watch_event, tenant_len),
+        field!(clm_watch_event, key),
+        field!(clm_watch_event, key_len),
+        field!(clm_watch_event, reason),
+        field!(clm_watch_event, reason_len),
+        field!(clm_watch_event, until_ms),
+        field!(clm_watch_event, adapter_id),
+        field!(clm_watch_event, version),
+        field!(clm_watch_event, by_breaker),
+        field!(clm_watch_event, reserved),
+        field!(clm_watch_event, sightings),
+        field!(clm_watch_event, median_src),
         field!(clm_src_decision, score),
         field!(clm_src_decision, threshold),
         field!(clm_src_decision, scored),
@@ -365,6 +405,11 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         constant!(CLM_KV_EVENTS_LAYOUT_ARRAY),
         constant!(CLM_KV_EVENTS_LAYOUT_LEGACY),
         constant!(CLM_KV_EVENTS_LAYOUT_MAP),
+        constant!(CLM_WATCH_EVENT_BLACKLISTED),
+        constant!(CLM_WATCH_EVENT_UNBLACKLISTED),
+        constant!(CLM_WATCH_EVENT_VERSION_CREATED),
+        constant!(CLM_WATCH_EVENT_DRIFT),
+        constant!(CLM_WATCH_EVENT_LOW_SRC),
         constant!(CLM_GELU_TANH),
         constant!(CLM_GELU_ERF),
         constant!(CLM_DTYPE_F32),
@@ -445,7 +490,9 @@ fn constants_match_c() {
 // 192..216, two i32 at 216 and 220, two doubles at 224 and 232: 240;
 // version 7 two i32 at 240, five pointers (three strings, the callback, its
 // data) at 248..288, eight i32 at 288..320: 320; version 8 four i32 at
-// 320..336: 336.
+// 320..336: 336; version 9 two i32 at 336 and 340, two i64 at 344 and 352,
+// a float at 360, an i32 at 364, two pointers (the callback, its data) at
+// 368..384: 384.
 // kv layout: u32 at 0, pointer at 8, 2 x size_t -> 32, 7 x i32 = 28 -> 60,
 // padded to 64.
 // admit options: u32 at 0, pointer at 8, size_t at 16, 2 x i32 at 24: 32;
@@ -459,9 +506,15 @@ fn constants_match_c() {
 // version 5 five u64 at 520..560, two i32 at 560 and 564, five 8-byte
 // fields at 568..608: 608; version 6 two i32 at 608 and 612, ten 8-byte
 // fields at 616..696: 696; version 7 a u64 at 696, nineteen u64 at 704..856
-// and a u64 at 856: 864.
+// and a u64 at 856: 864; version 8 two u64 at 864 and 872, four u64 at
+// 880..912, two i64 at 912 and 920: 928.
 // branch point: u32 at 0, pointer at 8, size_t at 16, two i32 at 24 and 28,
 // three u64 at 32..56, three (pointer, size_t) pairs at 56..104: 104.
+// low-SRC key: u32 at 0, pointer at 8, size_t at 16, two i32 at 24 and 28,
+// pointer at 32, size_t at 40, u64 at 48, float at 56, padded to 64.
+// watch event: u32 and i32 at 0 and 4, i64 at 8, three (pointer, size_t)
+// pairs at 16..64, i64 at 64, four i32 at 72..88, u64 at 88, float at 96,
+// padded to 104.
 // snapshot hit: i32, f32, i32, u32 at 0..16, the u64 at 16, two u8 at 24
 // and 25, 30 reserved bytes to 56, the key's 264 bytes: 320, aligned to 8.
 // src decision: two floats at 0 and 4, four u8 at 8..12: 12, aligned to 4.
@@ -481,7 +534,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, snapshot_store_path).1, 88);
     assert_eq!(field!(clm_engine_options, snapshot_min_usage).1, 104);
     assert_eq!(field!(clm_engine_options, snapshot_lookup_timeout_us).1, 124);
-    assert_eq!(size_of::<clm_engine_options>(), 336);
+    assert_eq!(size_of::<clm_engine_options>(), 384);
     assert_eq!(field!(clm_engine_options, host_pages).1, 128);
     assert_eq!(field!(clm_engine_options, storage_url).1, 136);
     assert_eq!(field!(clm_engine_options, prefetch_policy).1, 144);
@@ -503,6 +556,14 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_engine_options, divergence_branch_points).1, 324);
     assert_eq!(field!(clm_engine_options, divergence_window_ms).1, 328);
     assert_eq!(field!(clm_engine_options, divergence_context_tokens).1, 332);
+    assert_eq!(field!(clm_engine_options, clm_watch).1, 336);
+    assert_eq!(field!(clm_engine_options, clm_watch_max_keys).1, 340);
+    assert_eq!(field!(clm_engine_options, clm_watch_window_ms).1, 344);
+    assert_eq!(field!(clm_engine_options, clm_watch_min_sightings).1, 352);
+    assert_eq!(field!(clm_engine_options, clm_watch_low_src).1, 360);
+    assert_eq!(field!(clm_engine_options, clm_watch_max_events).1, 364);
+    assert_eq!(field!(clm_engine_options, clm_watch_callback).1, 368);
+    assert_eq!(field!(clm_engine_options, clm_watch_callback_data).1, 376);
     assert_eq!(size_of::<clm_kv_layout>(), 64);
     assert_eq!(field!(clm_kv_layout, base).1, 8);
     assert_eq!(field!(clm_kv_layout, memory).1, 56);
@@ -512,7 +573,7 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_admit_options, priority_update).1, 32);
     assert_eq!(field!(clm_admit_options, tenant).1, 40);
     assert_eq!(field!(clm_admit_options, tenant_len).1, 48);
-    assert_eq!(size_of::<clm_metrics>(), 864);
+    assert_eq!(size_of::<clm_metrics>(), 928);
     assert_eq!(field!(clm_metrics, pages_used).1, 56);
     assert_eq!(field!(clm_metrics, evicted_tokens).1, 64);
     assert_eq!(field!(clm_metrics, active_sequences).1, 120);
@@ -538,6 +599,11 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_metrics, diverged_lookups).1, 696);
     assert_eq!(field!(clm_metrics, match_depth_counts), ("clm_metrics.match_depth_counts", 704, 152));
     assert_eq!(field!(clm_metrics, match_depth_sum_tokens).1, 856);
+    assert_eq!(field!(clm_metrics, clm_watch_sightings).1, 864);
+    assert_eq!(field!(clm_metrics, clm_watch_low_src_turns).1, 872);
+    assert_eq!(field!(clm_metrics, clm_watch_key_events), ("clm_metrics.clm_watch_key_events", 880, 32));
+    assert_eq!(field!(clm_metrics, clm_watch_watched_keys).1, 912);
+    assert_eq!(field!(clm_metrics, clm_watch_low_src_keys).1, 920);
     assert_eq!((size_of::<clm_kv_event>(), align_of::<clm_kv_event>()), (72, 8));
     assert_eq!(field!(clm_kv_event, parent_block_hash).1, 32);
     assert_eq!(field!(clm_kv_event, extra_key).1, 64);
@@ -554,6 +620,23 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_branch_point, before).1, 56);
     assert_eq!(field!(clm_branch_point, cached_after).1, 88);
     assert_eq!(field!(clm_branch_point, n_cached_after).1, 96);
+    assert_eq!((size_of::<clm_low_src_key>(), align_of::<clm_low_src_key>()), (64, 8));
+    assert_eq!(field!(clm_low_src_key, tenant).1, 8);
+    assert_eq!(field!(clm_low_src_key, adapter_id).1, 24);
+    assert_eq!(field!(clm_low_src_key, reserved).1, 28);
+    assert_eq!(field!(clm_low_src_key, key).1, 32);
+    assert_eq!(field!(clm_low_src_key, sightings).1, 48);
+    assert_eq!(field!(clm_low_src_key, median_src).1, 56);
+    assert_eq!((size_of::<clm_watch_event>(), align_of::<clm_watch_event>()), (104, 8));
+    assert_eq!(field!(clm_watch_event, kind).1, 4);
+    assert_eq!(field!(clm_watch_event, time_ms).1, 8);
+    assert_eq!(field!(clm_watch_event, tenant).1, 16);
+    assert_eq!(field!(clm_watch_event, reason_len).1, 56);
+    assert_eq!(field!(clm_watch_event, until_ms).1, 64);
+    assert_eq!(field!(clm_watch_event, adapter_id).1, 72);
+    assert_eq!(field!(clm_watch_event, by_breaker).1, 80);
+    assert_eq!(field!(clm_watch_event, sightings).1, 88);
+    assert_eq!(field!(clm_watch_event, median_src).1, 96);
     assert_eq!((size_of::<clm_snapshot_hit>(), align_of::<clm_snapshot_hit>()), (320, 8));
     assert_eq!(field!(clm_snapshot_hit, fingerprint).1, 16);
     assert_eq!(field!(clm_snapshot_hit, stable).1, 24);
@@ -590,6 +673,8 @@ fn init_functions_accept_our_struct_sizes() {
     let v3 = field!(clm_engine_options, snapshot_lookup_timeout_us).1 + size_of::<i32>();
     // ... and of version 7 (up to kv_events_token_ids).
     let v7 = field!(clm_engine_options, kv_events_token_ids).1 + size_of::<i32>();
+    // ... and of version 8 (up to divergence_context_tokens).
+    let v8 = field!(clm_engine_options, divergence_context_tokens).1 + size_of::<i32>();
     // Version 2 of clm_admit_options (up to priority_update), padded to its alignment.
     let admit_v2 = (field!(clm_admit_options, priority_update).1 + size_of::<i32>() + 7) / 8 * 8;
     // SAFETY: each pointer is to a live, properly sized value.
@@ -652,6 +737,16 @@ fn init_functions_accept_our_struct_sizes() {
         assert_eq!(clm_engine_options_init(&mut old7, v7), CLM_OK);
         assert_eq!((old7.struct_size as usize, old7.kv_events_token_ids), (v7, 1));
         assert_eq!((old7.divergence, old7.divergence_context_tokens), (-7, -7));
+        // Version 9: the CLM watch on, its defaults, no callback.
+        assert_eq!((engine.clm_watch, engine.clm_watch_max_keys, engine.clm_watch_max_events), (1, 4096, 1024));
+        assert_eq!((engine.clm_watch_window_ms, engine.clm_watch_min_sightings), (3600000, 20));
+        assert_eq!(engine.clm_watch_low_src, 0.2);
+        assert!(engine.clm_watch_callback.is_none() && engine.clm_watch_callback_data.is_null());
+        // Version 8 (up to divergence_context_tokens): the version-9 fields stay untouched.
+        let mut old8 = clm_engine_options { clm_watch: -7, clm_watch_max_events: -7, ..Default::default() };
+        assert_eq!(clm_engine_options_init(&mut old8, v8), CLM_OK);
+        assert_eq!((old8.struct_size as usize, old8.divergence_context_tokens), (v8, 8));
+        assert_eq!((old8.clm_watch, old8.clm_watch_max_events), (-7, -7));
         // One byte more than ours, or one byte short of version 1, is a size
         // this library does not know (any size from version 1's to ours is
         // accepted, so older callers keep working).

@@ -483,6 +483,28 @@ pub struct EngineOptions {
     pub divergence_window_ms: i32,
     /// Tokens kept either side of a split, 0..64 ([`BranchPoint::before`], ...).
     pub divergence_context_tokens: i32,
+    /// Watch CLM suffix reuse (docs/observability.md; with a snapshot store
+    /// only): each snapshot lookup's SRC score with its key, and the store's
+    /// key events, for [`Engine::clm_anomalies`] and the `clm_watch_*`
+    /// counters of [`Metrics`]. Off, the report is `FailedPrecondition`,
+    /// those counters stay 0 and the sink is never called.
+    pub clm_watch: bool,
+    /// Keys watched at once, 1..2^20 (a full watch drops its least seen keys
+    /// for new ones).
+    pub clm_watch_max_keys: i32,
+    /// A key's sightings count this far back, in milliseconds (>= 2).
+    pub clm_watch_window_ms: i64,
+    /// A key is low-SRC once seen this often in the window (>= 1) ...
+    pub clm_watch_min_sightings: i64,
+    /// ... with a median SRC below this, in (0, 1].
+    pub clm_watch_low_src: f32,
+    /// Events a report keeps, the newest, 0..2^20 (0: none; the sink still
+    /// gets every line).
+    pub clm_watch_max_events: i32,
+    /// Each event, and each key turning low-SRC, as one JSON line to this
+    /// closure, on the thread of the engine call that caused it (see
+    /// [`ClmWatchSink`]). `None`: the lines are only in the report.
+    pub clm_watch_sink: Option<ClmWatchSink>,
 }
 
 impl EngineOptions {
@@ -566,6 +588,13 @@ impl EngineOptions {
             divergence_branch_points: raw.divergence_branch_points,
             divergence_window_ms: raw.divergence_window_ms,
             divergence_context_tokens: raw.divergence_context_tokens,
+            clm_watch: raw.clm_watch != 0,
+            clm_watch_max_keys: raw.clm_watch_max_keys,
+            clm_watch_window_ms: raw.clm_watch_window_ms,
+            clm_watch_min_sightings: raw.clm_watch_min_sightings,
+            clm_watch_low_src: raw.clm_watch_low_src,
+            clm_watch_max_events: raw.clm_watch_max_events,
+            clm_watch_sink: None,
         })
     }
 
@@ -601,10 +630,11 @@ impl EngineOptions {
     /// The C struct with every string (`snapshot_store_path`, `storage_url`,
     /// `model_id`, the page secret's source, the `kv_events_*` endpoints and
     /// topic) pointing into NUL-terminated copies that the returned value
-    /// owns; it borrows `special_token_ids` from `self`. The one thing it
-    /// leaves out is `kv_events_sink`: a callback needs an owner that outlives
-    /// the engine, which only [`Engine::new`] is (with the struct alone, events
-    /// go to the socket). A string with a NUL byte is `InvalidArgument`.
+    /// owns; it borrows `special_token_ids` from `self`. The two things it
+    /// leaves out are `kv_events_sink` and `clm_watch_sink`: a callback needs
+    /// an owner that outlives the engine, which only [`Engine::new`] is (with
+    /// the struct alone, events go to the socket and CLM anomalies only to
+    /// the report). A string with a NUL byte is `InvalidArgument`.
     pub fn to_raw_owned(&self) -> Result<RawEngineOptions<'_>> {
         let mut raw = self.to_raw()?;
         let snapshot_store_path = self.store_path_cstring()?;
@@ -655,8 +685,9 @@ impl EngineOptions {
     /// but the strings (`snapshot_store_path`, `storage_url`, `model_id`, the
     /// page secret's source, the `kv_events_*` endpoints and topic), which
     /// stay NULL (no store, no storage tier, the default endpoint), and the
-    /// KV-event sink (no callback): the struct cannot own the NUL-terminated
-    /// copies they need ([`EngineOptions::to_raw_owned`] gives the strings).
+    /// KV-event and CLM-watch sinks (no callbacks): the struct cannot own the
+    /// NUL-terminated copies they need ([`EngineOptions::to_raw_owned`] gives
+    /// the strings).
     /// It borrows `special_token_ids`, so it must not outlive `self`.
     pub fn to_raw(&self) -> Result<sys::clm_engine_options> {
         let mut raw = raw_engine_options()?;
@@ -722,6 +753,15 @@ impl EngineOptions {
         raw.divergence_branch_points = self.divergence_branch_points;
         raw.divergence_window_ms = self.divergence_window_ms;
         raw.divergence_context_tokens = self.divergence_context_tokens;
+        raw.clm_watch = i32::from(self.clm_watch);
+        raw.clm_watch_max_keys = self.clm_watch_max_keys;
+        raw.clm_watch_window_ms = self.clm_watch_window_ms;
+        raw.clm_watch_min_sightings = self.clm_watch_min_sightings;
+        raw.clm_watch_low_src = self.clm_watch_low_src;
+        raw.clm_watch_max_events = self.clm_watch_max_events;
+        // The sink is the engine's to own: Engine::new sets the callback.
+        raw.clm_watch_callback = None;
+        raw.clm_watch_callback_data = ptr::null_mut();
         Ok(raw)
     }
 }
@@ -1065,6 +1105,19 @@ pub struct Metrics {
     pub match_depth_counts: [u64; 19],
     /// Tokens matched, summed over those lookups.
     pub match_depth_sum_tokens: u64,
+    /// Snapshot lookups recorded with their sequence's SRC score (once per
+    /// sequence and key; 0 without a snapshot store or with
+    /// [`EngineOptions::clm_watch`] off, as the four below).
+    pub clm_watch_sightings: u64,
+    /// Times a key turned low-SRC.
+    pub clm_watch_low_src_turns: u64,
+    /// The store's key events, indexed by [`ClmEventKind::raw`]:
+    /// blacklisted, unblacklisted, version created, drift.
+    pub clm_watch_key_events: [u64; 4],
+    /// Keys watched now.
+    pub clm_watch_watched_keys: i64,
+    /// ... of them low-SRC as of their last sighting.
+    pub clm_watch_low_src_keys: i64,
 }
 
 /// The upper bounds, in tokens, of [`Metrics::match_depth_counts`]' buckets
@@ -1168,6 +1221,11 @@ impl From<sys::clm_metrics> for Metrics {
             diverged_lookups: m.diverged_lookups,
             match_depth_counts: m.match_depth_counts,
             match_depth_sum_tokens: m.match_depth_sum_tokens,
+            clm_watch_sightings: m.clm_watch_sightings,
+            clm_watch_low_src_turns: m.clm_watch_low_src_turns,
+            clm_watch_key_events: m.clm_watch_key_events,
+            clm_watch_watched_keys: m.clm_watch_watched_keys,
+            clm_watch_low_src_keys: m.clm_watch_low_src_keys,
         }
     }
 }
@@ -1199,6 +1257,8 @@ pub struct Engine {
     // The host's KV-event sink, the C callback's user data: freed after the
     // engine (clm_engine_free returns only once no callback can come).
     _kv_event_sink: Option<Box<KvEventSink>>,
+    // The host's CLM-watch sink, likewise.
+    _clm_watch_sink: Option<Box<ClmWatchSink>>,
 }
 
 // SAFETY: clm.h: "an engine may be used from many threads at once"; every
@@ -1215,6 +1275,11 @@ impl Engine {
         if let Some(sink) = &kv_event_sink {
             raw.raw.kv_events_callback = Some(crate::events::sink_trampoline);
             raw.raw.kv_events_callback_data = &**sink as *const KvEventSink as *mut c_void;
+        }
+        let clm_watch_sink = options.clm_watch_sink.clone().map(Box::new);
+        if let Some(sink) = &clm_watch_sink {
+            raw.raw.clm_watch_callback = Some(crate::anomalies::watch_trampoline);
+            raw.raw.clm_watch_callback_data = &**sink as *const ClmWatchSink as *mut c_void;
         }
         let mut out: *mut sys::clm_engine = ptr::null_mut();
         // SAFETY: out and raw are valid for the call; raw.struct_size is ours;
@@ -1238,7 +1303,8 @@ impl Engine {
             memory: MemoryKind::None,
         };
         let snapshot_dim = if options.has_snapshot_store() { options.snapshot_dim.max(0) as usize } else { 0 };
-        let mut engine = Engine { raw, layout, snapshot_dim, _kv_event_sink: kv_event_sink };
+        let mut engine =
+            Engine { raw, layout, snapshot_dim, _kv_event_sink: kv_event_sink, _clm_watch_sink: clm_watch_sink };
         engine.layout = engine.kv_layout()?; // on error, Drop frees the engine
         Ok(engine)
     }
@@ -1604,6 +1670,7 @@ impl Drop for Sequence {
     }
 }
 
+mod anomalies;
 mod clm;
 mod divergence;
 mod events;
@@ -1612,6 +1679,7 @@ mod store;
 mod store_admin;
 mod tiers;
 
+pub use crate::anomalies::{ClmAnomalyReport, ClmEvent, ClmEventKind, ClmWatchSink, LowSrcKey};
 pub use crate::clm::{ActDtype, Activations, ActivationsMut, AdapterOptions, Gelu, SrcDecision, SrcHeadWeights};
 pub use crate::divergence::{BranchPoint, DivergenceReport};
 pub use crate::events::{KvEvent, KvEventBatch, KvEventKind, KvEventSink, KvEventsBind, KvEventsLayout, KvMedium};
