@@ -84,15 +84,27 @@ static void clmgo_kv_event_batch(const clm_kv_event_batch *batch, void *user_dat
   clmgoKVEventBatch((clm_kv_event_batch *)batch, (uintptr_t)user_data);
 }
 
-// The same for the special token ids of the engine options (version 2), and
-// the KV-event callback (version 7) when kv_events_handle is not 0.
+// The same for the CLM watch's line callback (anomalies.go): clmgoClmWatchLine
+// drops the const of clm_watch_line_callback's line; user_data is a handle.
+extern void clmgoClmWatchLine(char *line, size_t line_len, uintptr_t handle);
+static void clmgo_clm_watch_line(const char *line, size_t line_len, void *user_data) {
+  clmgoClmWatchLine((char *)line, line_len, (uintptr_t)user_data);
+}
+
+// The same for the special token ids of the engine options (version 2), the
+// KV-event callback (version 7) when kv_events_handle is not 0, and the CLM
+// watch's line callback (version 9) when clm_watch_handle is not 0.
 static clm_status clmgo_create(clm_engine **out, clm_engine_options options, const int32_t *special, size_t n_special,
-                               uintptr_t kv_events_handle) {
+                               uintptr_t kv_events_handle, uintptr_t clm_watch_handle) {
   options.special_token_ids = special;
   options.n_special_token_ids = n_special;
   if (kv_events_handle != 0) {
     options.kv_events_callback = clmgo_kv_event_batch;
     options.kv_events_callback_data = (void *)kv_events_handle;
+  }
+  if (clm_watch_handle != 0) {
+    options.clm_watch_callback = clmgo_clm_watch_line;
+    options.clm_watch_callback_data = (void *)clm_watch_handle;
   }
   return clm_engine_create(out, &options);
 }
@@ -332,6 +344,43 @@ type EngineOptions struct {
 	// DivergenceContextTokens is how many tokens are kept either side of a
 	// split (BranchPoint.Before, ...), 0..64.
 	DivergenceContextTokens int32
+
+	// Version 9: CLM anomalies (anomalies.go, docs/observability.md; with a
+	// snapshot store only). As every option, these are the library's
+	// defaults in DefaultEngineOptions and passed as they are: a zero
+	// ClmWatchMaxKeys is refused, not the default.
+
+	// ClmWatch watches snapshot lookups' SRC scores and the store's key
+	// events: Engine.ClmAnomalies, OnClmWatchLine and the ClmWatch* counters
+	// of Metrics (the default). Off, the report is FailedPrecondition and
+	// those counters stay 0.
+	ClmWatch bool
+	// ClmWatchMaxKeys is how many keys are watched at once, 1..2^20 (a full
+	// watch gives up its least seen keys for new ones).
+	ClmWatchMaxKeys int32
+	// ClmWatchWindowMS is how far back a key's sightings count, in
+	// milliseconds (>= 2).
+	ClmWatchWindowMS int64
+	// ClmWatchMinSightings (>= 1) and ClmWatchLowSrc (in (0, 1]): a key is
+	// low-SRC once seen at least ClmWatchMinSightings times in the window
+	// with a median SRC score below ClmWatchLowSrc.
+	ClmWatchMinSightings int64
+	ClmWatchLowSrc       float32
+	// ClmWatchMaxEvents is how many events a report keeps, the newest,
+	// 0..2^20.
+	ClmWatchMaxEvents int32
+	// OnClmWatchLine, when set, gets each event, and each key turning
+	// low-SRC, as one JSON line (ClmEvent.JSON), e.g.
+	//	{"time_ms":1796544000123,"event":"low_src","tenant":"acme","adapter_id":1,"key":"REFUND-ORDER","sightings":20,"median_src":0.0625}
+	// It runs on the goroutine of the Engine call that caused the event
+	// (LookupSnapshots, RecordSnapshot, ReportSnapshotOutcome,
+	// BlacklistSnapshotKey, ...), before that call returns, in order, under
+	// the engine's locks: it must return quickly and must not call the
+	// Engine (that call would deadlock). A panic in it is recovered and
+	// dropped: the engine call goes on, and later lines still come. It is
+	// never called once Close has returned; the Engine holds the function
+	// until then.
+	OnClmWatchLine func(line string)
 }
 
 func engineOptionsInit(c *C.clm_engine_options) error {
@@ -400,6 +449,13 @@ func DefaultEngineOptions() (EngineOptions, error) {
 		DivergenceBranchPoints:  int32(c.divergence_branch_points),
 		DivergenceWindowMS:      int32(c.divergence_window_ms),
 		DivergenceContextTokens: int32(c.divergence_context_tokens),
+
+		ClmWatch:             c.clm_watch != 0,
+		ClmWatchMaxKeys:      int32(c.clm_watch_max_keys),
+		ClmWatchWindowMS:     int64(c.clm_watch_window_ms),
+		ClmWatchMinSightings: int64(c.clm_watch_min_sightings),
+		ClmWatchLowSrc:       float32(c.clm_watch_low_src),
+		ClmWatchMaxEvents:    int32(c.clm_watch_max_events),
 	}, nil
 }
 
@@ -415,10 +471,10 @@ type AdmitOptions struct {
 	// PriorityUpdate says how Priority meets the priority already cached.
 	PriorityUpdate PriorityUpdate
 	// Tenant is the tenant's name in divergence reports
-	// (Engine.DivergenceReport), e.g. an API key's tenant. "" is none: a
-	// report names the salt's digest ("salt:" and 32 hex digits), never the
-	// salt. It is not part of the namespace: only CacheSalt keeps tenants
-	// apart.
+	// (Engine.DivergenceReport) and CLM anomalies (Engine.ClmAnomalies),
+	// e.g. an API key's tenant. "" is none: a report names the salt's digest
+	// ("salt:" and 32 hex digits), never the salt. It is not part of the
+	// namespace: only CacheSalt keeps tenants apart.
 	Tenant string
 }
 
@@ -566,6 +622,16 @@ type Metrics struct {
 	// (bucket 0: nothing matched), the last those above 2^20.
 	MatchDepthCounts    [19]uint64
 	MatchDepthSumTokens uint64 // tokens matched, summed over those lookups
+
+	// Version 8: CLM anomalies (all 0 without a snapshot store, or with
+	// ClmWatch off; anomalies.go).
+	ClmWatchSightings   uint64 // snapshot lookups recorded with their sequence's SRC score
+	ClmWatchLowSrcTurns uint64 // times a key turned low-SRC
+	// ClmWatchKeyEvents counts the store's key events by kind:
+	// ClmWatchKeyEvents[ClmEventBlacklisted] .. [ClmEventDrift].
+	ClmWatchKeyEvents   [4]uint64
+	ClmWatchWatchedKeys int64 // keys watched now
+	ClmWatchLowSrcKeys  int64 // ... of them low-SRC as of their last sighting
 }
 
 // PagedBatch is FlashInfer's paged-KV CSR description of a batch: sequence i
@@ -588,6 +654,9 @@ type Engine struct {
 	// kvEvents is the KVEventsCallback's handle (events.go), 0 without one;
 	// released once clm_engine_free has returned.
 	kvEvents cgo.Handle
+	// clmWatch is the OnClmWatchLine's handle (anomalies.go), 0 without one;
+	// released once clm_engine_free has returned.
+	clmWatch cgo.Handle
 }
 
 // NewEngine creates an engine (clm_engine_create).
@@ -647,6 +716,12 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	c.divergence_branch_points = C.int32_t(opts.DivergenceBranchPoints)
 	c.divergence_window_ms = C.int32_t(opts.DivergenceWindowMS)
 	c.divergence_context_tokens = C.int32_t(opts.DivergenceContextTokens)
+	c.clm_watch = cFlag(opts.ClmWatch)
+	c.clm_watch_max_keys = C.int32_t(opts.ClmWatchMaxKeys)
+	c.clm_watch_window_ms = C.int64_t(opts.ClmWatchWindowMS)
+	c.clm_watch_min_sightings = C.int64_t(opts.ClmWatchMinSightings)
+	c.clm_watch_low_src = C.float(opts.ClmWatchLowSrc)
+	c.clm_watch_max_events = C.int32_t(opts.ClmWatchMaxEvents)
 	// The option strings: C memory, so that the struct may carry them into C
 	// (freed after); "" stays NULL.
 	for _, s := range []struct {
@@ -688,18 +763,21 @@ func NewEngine(opts EngineOptions) (*Engine, error) {
 	}
 	var ptr *C.clm_engine
 	special := opts.SpecialTokenIDs
-	// The callback travels as a handle (an integer), which the C shim sets
-	// with its trampoline; released if the engine is not created.
+	// The callbacks travel as handles (integers), which the C shim sets with
+	// its trampolines; released if the engine is not created.
 	kvEvents := newKVEventCallback(opts.KVEventsCallback)
+	clmWatch := newClmWatchCallback(opts.OnClmWatchLine)
 	err := call("clm_engine_create", func() C.clm_status {
-		return C.clmgo_create(&ptr, c, tokensPtr(special), C.size_t(len(special)), C.uintptr_t(kvEvents))
+		return C.clmgo_create(&ptr, c, tokensPtr(special), C.size_t(len(special)), C.uintptr_t(kvEvents),
+			C.uintptr_t(clmWatch))
 	})
 	runtime.KeepAlive(special)
 	if err != nil {
 		releaseKVEventCallback(kvEvents)
+		releaseClmWatchCallback(clmWatch)
 		return nil, err
 	}
-	e := &Engine{ptr: ptr, snapshotDim: snapshotDim, kvEvents: kvEvents}
+	e := &Engine{ptr: ptr, snapshotDim: snapshotDim, kvEvents: kvEvents, clmWatch: clmWatch}
 	runtime.SetFinalizer(e, (*Engine).free)
 	layout, err := e.KVLayout()
 	if err != nil {
@@ -724,12 +802,15 @@ func (e *Engine) free() {
 	defer e.mu.Unlock()
 	if e.ptr != nil {
 		e.closed.Store(true)
-		// Delivers what was recorded to the KV-event callback, which is never
-		// called once this returns: only then may its handle go.
+		// Delivers what was recorded to the KV-event callback, which (as the
+		// CLM watch's) is never called once this returns: only then may
+		// their handles go.
 		C.clm_engine_free(e.ptr)
 		e.ptr = nil
 		releaseKVEventCallback(e.kvEvents)
 		e.kvEvents = 0
+		releaseClmWatchCallback(e.clmWatch)
+		e.clmWatch = 0
 	}
 }
 
@@ -1073,7 +1154,22 @@ func (e *Engine) Metrics() (Metrics, error) {
 		DivergedLookups:     uint64(c.diverged_lookups),
 		MatchDepthCounts:    matchDepthCounts(&c),
 		MatchDepthSumTokens: uint64(c.match_depth_sum_tokens),
+
+		ClmWatchSightings:   uint64(c.clm_watch_sightings),
+		ClmWatchLowSrcTurns: uint64(c.clm_watch_low_src_turns),
+		ClmWatchKeyEvents:   clmWatchKeyEvents(&c),
+		ClmWatchWatchedKeys: int64(c.clm_watch_watched_keys),
+		ClmWatchLowSrcKeys:  int64(c.clm_watch_low_src_keys),
 	}, nil
+}
+
+// clmWatchKeyEvents copies clm_metrics.clm_watch_key_events.
+func clmWatchKeyEvents(c *C.clm_metrics) [4]uint64 {
+	var out [4]uint64
+	for i := range out {
+		out[i] = uint64(c.clm_watch_key_events[i])
+	}
+	return out
 }
 
 // matchDepthCounts copies clm_metrics.match_depth_counts.
