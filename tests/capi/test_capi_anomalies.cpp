@@ -93,6 +93,7 @@ void set_constant_head(clm_engine* e, float score) {
                                      CLM_GELU_TANH));
 }
 
+// The options point into salt and tenant: they must outlive them.
 clm_admit_options tenant_options(const std::string& salt, const std::string& tenant) {
   clm_admit_options a = admit_options();
   a.cache_salt = salt.data();
@@ -295,6 +296,7 @@ TEST_CASE("clm anomalies: the store's events in order, with their fields and JSO
 }
 
 TEST_CASE("clm anomalies: options, older versions and bad input", "[capi][clm_watch]") {
+  const std::string kSalt = "s", kTenant = "t";
   SECTION("defaults") {
     const clm_engine_options o = engine_options(64, 4);
     CHECK(o.clm_watch == 1);
@@ -312,7 +314,7 @@ TEST_CASE("clm anomalies: options, older versions and bad input", "[capi][clm_wa
       o.clm_watch = with_store ? 0 : 1;
       EnginePtr e = make_engine(o);
       if (with_store) {
-        const clm_admit_options a = tenant_options("s", "t");
+        const clm_admit_options a = tenant_options(kSalt, kTenant);
         scored_sequence(e.get(), a, 0.05f, "KEY", 1);
       }
       clm_anomaly_report* r = reinterpret_cast<clm_anomaly_report*>(1);
@@ -329,7 +331,7 @@ TEST_CASE("clm anomalies: options, older versions and bad input", "[capi][clm_wa
     std::memcpy(&o, &full, offsetof(clm_engine_options, divergence_context_tokens) + sizeof(int32_t));
     o.struct_size = offsetof(clm_engine_options, divergence_context_tokens) + sizeof(int32_t);
     EnginePtr e = make_engine(o);
-    for (int i = 0; i < 20; ++i) scored_sequence(e.get(), tenant_options("s", "t"), 0.05f, "KEY", 1);
+    for (int i = 0; i < 20; ++i) scored_sequence(e.get(), tenant_options(kSalt, kTenant), 0.05f, "KEY", 1);
     ReportPtr r = take_report(e.get());
     CHECK(clm_anomaly_report_min_sightings(r.get()) == 20);  // the default, not the caller's 10
     CHECK(clm_anomaly_report_low_src_count(r.get()) == 1);
@@ -361,7 +363,7 @@ TEST_CASE("clm anomalies: options, older versions and bad input", "[capi][clm_wa
     clm_engine_options o = watched_options(&lines, 3);
     o.clm_watch_max_events = 0;
     EnginePtr e = make_engine(o);
-    for (int i = 0; i < 3; ++i) scored_sequence(e.get(), tenant_options("s", "t"), 0.05f, "KEY", 1);
+    for (int i = 0; i < 3; ++i) scored_sequence(e.get(), tenant_options(kSalt, kTenant), 0.05f, "KEY", 1);
     ReportPtr r = take_report(e.get());
     CHECK(clm_anomaly_report_event_count(r.get()) == 0);
     CHECK(clm_anomaly_report_low_src_count(r.get()) == 1);
@@ -392,7 +394,7 @@ TEST_CASE("clm anomalies: options, older versions and bad input", "[capi][clm_wa
   SECTION("bad arguments") {
     Lines lines;
     EnginePtr e = make_engine(watched_options(&lines, 1));
-    scored_sequence(e.get(), tenant_options("s", "t"), 0.05f, "KEY", 1);
+    scored_sequence(e.get(), tenant_options(kSalt, kTenant), 0.05f, "KEY", 1);
     clm_anomaly_report* raw = nullptr;
     CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_clm_anomalies(nullptr, e.get()));
     CHECK_STATUS(CLM_ERR_INVALID_ARGUMENT, clm_engine_clm_anomalies(&raw, nullptr));
