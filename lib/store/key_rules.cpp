@@ -49,6 +49,8 @@ struct Token {
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
   bool dao = false;            // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
+  bool owner = false;          // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
+  bool someones = false;       // object: right after my, our, your (OWNER): someone's own, "my neighbor"
 };
 
 // Where an entity pattern matched: [begin, end) of the normalised text, and
@@ -477,6 +479,7 @@ class Tokenizer {
         break;
       case Category::object:
         out_->push_back({Token::object, e.name, {}, false});
+        out_->back().someones = owner_word_at_ == out_->size() - 1;
         break;
       case Category::detail:
         // "退房后再退押金": what comes after AFTER or BEFORE is another clause,
@@ -516,6 +519,14 @@ class Tokenizer {
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
         if (lex_.names[e.name] == "WANT") out_->push_back({Token::want, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
+        if (lex_.names[e.name] == "OWNER") owner_word_at_ = out_->size();
+        // "my neighbor's": 's after someone's own; before a thing it owns it
+        // (make_clause). Without my, it names a kind: "a children's menu" is
+        // "a kids menu", "the doctor's visit" "the doctor visit".
+        if (lex_.names[e.name] == "POSSESSIVE" && !out_->empty() && out_->back().kind == Token::object &&
+            out_->back().someones) {
+          out_->back().owner = true;
+        }
         if (lex_.names[e.name] == "ONE") {
           out_->push_back({Token::entity, 0, "1", false});  // "a", unless counts are compared (drop_articles)
           out_->back().article = true;
@@ -530,6 +541,7 @@ class Tokenizer {
   std::string_view norm_;
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
+  std::size_t owner_word_at_ = SIZE_MAX;  // where the last my, our, your was: the next token is theirs
   // The entity being read, while numbers come: its parts, whether a number
   // word is among them, and whether it is all numbers (no id letters, no unit).
   std::vector<Numeral> parts_;
@@ -624,7 +636,11 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::object:
       case Token::entity: {
         auto& list = t->kind == Token::object ? c.objects : c.entities;
-        list.push_back({this_role + (t->kind == Token::entity ? t->text : lex.names[t->name]), pending_not});
+        // "my neighbor's parcel" is not "my parcel" for my neighbor: the owner
+        // is OF. ("'s" before a state, "the item's broken", is "is").
+        const bool owns = t->owner && t + 1 != end && (t[1].kind == Token::object || t[1].kind == Token::entity);
+        list.push_back(
+            {this_role + (owns ? "OF." : "") + (t->kind == Token::entity ? t->text : lex.names[t->name]), pending_not});
         list.back().context = t->kind == Token::object && lex.names[t->name] == "ACCOUNT" && list.size() > 1 &&
                               this_role.empty() && !pending_not &&
                               (t[-1].kind == Token::object || t[-1].kind == Token::detail);
@@ -695,6 +711,17 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           pending_not = false;
         } else {
           role = this_role;  // 从我家: FROM is the home's
+          // 房东欠我押金 is not 我欠房东押金: 我 right after the action, with
+          // things before it, is acted on, as "the landlord owes me" (BY.).
+          if (t->names_speaker && t != begin && t[-1].kind == Token::action && c.actions.size() == 1 &&
+              things_before_action.first + things_before_action.second > 0) {
+            speaker_after_action = true;
+          }
+          // 退我年费, as "refund me": a thing's name before 我, opening the clause, is its verb: a request.
+          if (t->names_speaker && t - 1 == begin && t[-1].kind == Token::object && c.actions.empty() &&
+              c.objects.size() == 1 && c.entities.empty()) {
+            wants = true;
+          }
         }
         break;
       case Token::greeting:
@@ -741,6 +768,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     // for the invoice, a towel, as "I need the invoice" is. Sent somewhere
     // else ("to my accountant"), the sending is the request.
     c.actions.clear();
+    wants = true;
+  }
+  // 把漫游费退回来: 把, then what is acted on, then a thing that is its verb
+  // (退回), ends a command ("ATM把我的卡吞了" ends in what happened to it).
+  if (c.actions.empty() && end - begin >= 3 && end[-1].kind == Token::object &&
+      std::any_of(begin, end - 2, [](const Token& t) { return t.kind == Token::disposal; })) {
     wants = true;
   }
   const bool asks = !aux.empty() || question_word || (question_mark && !polite);
@@ -1023,27 +1056,37 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
 // Things joined by "and" under one action come in any order: "cancel the
 // parking pass and the concert tickets" is "cancel the concert tickets and the
 // parking pass", 加一份米饭和一瓶可乐 is 加一瓶可乐和一份米饭. A conjunct is a
-// run of objects and entities; runs joined by coordinators are sorted by what
-// they name. Nothing else moves: actions keep their order (a sequence), and
-// runs with a role or a negation before the first or after the last stay as
-// they are ("from the twin and the king room", "X and Y not").
+// run of objects and entities after the details that describe them ("a new
+// SIM and a new charger" is "a new charger and a new SIM"); runs joined by
+// coordinators are sorted by what they name. Nothing else moves: actions keep
+// their order (a sequence), and runs with a role or a negation before the
+// first or after the last stay as they are ("from the twin and the king
+// room", "X and Y not").
 void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
   const auto text_of = [&lex](const Token& t) { return t.kind == Token::entity ? "#" + t.text : lex.names[t.name]; };
+  // The end of the details from `at` when a thing follows them, else `at`.
+  const auto after_details = [&](std::size_t at) {
+    std::size_t end = at;
+    while (end < tokens.size() && tokens[end].kind == Token::detail) ++end;
+    return end < tokens.size() && is_thing(tokens[end]) ? end : at;
+  };
   for (std::size_t i = 0; i < tokens.size();) {
-    if (!is_thing(tokens[i]) ||
+    const std::size_t first_thing = after_details(i);
+    if (!is_thing(tokens[first_thing]) ||
         (i > 0 && (tokens[i - 1].kind == Token::role || tokens[i - 1].kind == Token::negation))) {
       ++i;
       continue;
     }
-    // Runs [begin, end) joined by single coordinators, from i.
+    // Runs [begin, end) joined by single coordinators, from i: details, then things.
     std::vector<std::pair<std::size_t, std::size_t>> runs;
     std::size_t at = i;
     while (true) {
-      std::size_t end = at;
+      std::size_t end = after_details(at);
       while (end < tokens.size() && is_thing(tokens[end])) ++end;
       runs.emplace_back(at, end);
-      if (end + 1 < tokens.size() && tokens[end].kind == Token::coordinator && is_thing(tokens[end + 1])) {
+      if (end + 1 < tokens.size() && tokens[end].kind == Token::coordinator &&
+          is_thing(tokens[after_details(end + 1)])) {
         at = end + 1;
         continue;
       }
@@ -1056,7 +1099,8 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
       std::vector<std::pair<std::string, std::vector<Token>>> conjuncts;
       for (const auto& [b, e] : runs) {
         std::string name;
-        for (std::size_t k = b; k < e; ++k) name += text_of(tokens[k]) + " ";
+        for (std::size_t k = after_details(b); k < e; ++k) name += text_of(tokens[k]) + " ";
+        for (std::size_t k = b; k < after_details(b); ++k) name += lex.names[tokens[k].name] + " ";
         conjuncts.emplace_back(std::move(name), std::vector<Token>(tokens.begin() + static_cast<std::ptrdiff_t>(b),
                                                                    tokens.begin() + static_cast<std::ptrdiff_t>(e)));
       }
