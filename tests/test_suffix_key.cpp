@@ -1086,6 +1086,14 @@ TEST_CASE("suffix key: send me X asks for X") {
   CHECK(served("send the invoice to my boss").key != served("send me the invoice").key);
   CHECK(key("don't send me the invoice") != key("send me the invoice"));
   CHECK(key("you sent me the invoice") != key("send me the invoice"));
+  // 发我, 发给我: the speaker it goes to says nothing more.
+  CHECK(key("把合同发我") == key("发我合同"));
+  CHECK(key("把合同发给我") == key("我要合同"));
+}
+
+TEST_CASE("suffix key: the week after next is not next week") {
+  CHECK(key("move my flight to the week after next") != key("move my flight to next week"));
+  CHECK(key("航班改到下下周三") != key("航班改到下周三"));
 }
 
 TEST_CASE("suffix key: a charge on a statement is not the request to charge") {
@@ -1130,6 +1138,7 @@ TEST_CASE("suffix key: someone's own thing is theirs, not mine") {
   CHECK(key("the item's broken") == key("the item is broken"));
   // 我 between the action and a thing, with someone before the action, is acted on.
   CHECK(key("物业欠我钱") != key("我欠物业钱"));
+  CHECK(served("把合同发给我妈").key.find("BY.") == std::string::npos);  // after 把, acted on
   // 退我年费, as "refund me the annual fee", asks for it (no QUERY).
   CHECK(served("退我年费").key.find("QUERY") == std::string::npos);
   CHECK(key("退我年费") != key("年费退了吗"));

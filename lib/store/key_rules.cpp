@@ -713,8 +713,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           role = this_role;  // 从我家: FROM is the home's
           // 房东欠我押金 is not 我欠房东押金: 我 right after the action, with
           // things before it, is acted on, as "the landlord owes me" (BY.).
+          // (After 把 what comes before the action is what it acts on: 把合同发给我妈.)
           if (t->names_speaker && t != begin && t[-1].kind == Token::action && c.actions.size() == 1 &&
-              things_before_action.first + things_before_action.second > 0) {
+              things_before_action.first + things_before_action.second > 0 &&
+              std::none_of(begin, t, [](const Token& b) { return b.kind == Token::disposal; })) {
             speaker_after_action = true;
           }
           // 退我年费, as "refund me": a thing's name before 我, opening the clause, is its verb: a request.
@@ -766,8 +768,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       std::none_of(c.entities.begin(), c.entities.end(), [](const Element& e) { return e.text.starts_with("TO."); })) {
     // "send me the invoice", "send the invoice", "bring me a towel": a request
     // for the invoice, a towel, as "I need the invoice" is. Sent somewhere
-    // else ("to my accountant"), the sending is the request.
+    // else ("to my accountant"), the sending is the request. 账单发我: the
+    // speaker it goes to (SELF) says nothing more, as "me" does.
     c.actions.clear();
+    std::erase_if(c.objects, [](const Element& e) { return e.text == "SELF" && !e.negated; });
     wants = true;
   }
   // 把漫游费退回来: 把, then what is acted on, then a thing that is its verb
