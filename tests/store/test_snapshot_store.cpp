@@ -500,6 +500,10 @@ TEST_CASE("level 2: nearest neighbours equal brute force, within the group, abov
     }
     std::sort(ref.rbegin(), ref.rend());
     const clm::SnapshotHit hit = lookup(*store, "t", host_key(fmt::format("query-{}", q), group), query, out);
+    // The store's cosines are float32 and agree with the float64 reference to
+    // 2e-3 (below): a best neighbour that close to the floor may fall either
+    // side of it (seed 1071930543: 0.500015).
+    if (std::abs(ref.front().first - 0.5) < 2e-3) continue;
     if (ref.front().first < 0.5) {
       CHECK(hit.level == SnapshotLevel::miss);
       continue;
