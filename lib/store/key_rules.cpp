@@ -1060,12 +1060,15 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
 // Things joined by "and" under one action come in any order: "cancel the
 // parking pass and the concert tickets" is "cancel the concert tickets and the
 // parking pass", 加一份米饭和一瓶可乐 is 加一瓶可乐和一份米饭. A conjunct is a
-// run of objects and entities after the details that describe them ("a new
-// SIM and a new charger" is "a new charger and a new SIM"); runs joined by
-// coordinators are sorted by what they name. Nothing else moves: actions keep
-// their order (a sequence), and runs with a role or a negation before the
-// first or after the last stay as they are ("from the twin and the king
-// room", "X and Y not").
+// run of objects and entities; runs joined by coordinators are sorted by what
+// they name. Runs that each open with the same details sort with them ("a new
+// SIM and a new charger" is "a new charger and a new SIM"); a detail of one
+// run only breaks the runs there, as it did before details were read, since
+// the key keeps details apart from the things they describe ("the large
+// pizza and the drink" must not become "the pizza and the large drink").
+// Nothing else moves: actions keep their order (a sequence), and runs with a
+// role or a negation before the first or after the last stay as they are
+// ("from the twin and the king room", "X and Y not").
 void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
   const auto text_of = [&lex](const Token& t) { return t.kind == Token::entity ? "#" + t.text : lex.names[t.name]; };
@@ -1075,26 +1078,43 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     while (end < tokens.size() && tokens[end].kind == Token::detail) ++end;
     return end < tokens.size() && is_thing(tokens[end]) ? end : at;
   };
+  // Runs [begin, end) joined by single coordinators, from `at`: things, after
+  // their details when `with_details`.
+  const auto runs_from = [&](std::size_t at, bool with_details) {
+    const auto first_thing = [&](std::size_t k) { return with_details ? after_details(k) : k; };
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    while (true) {
+      std::size_t end = first_thing(at);
+      while (end < tokens.size() && is_thing(tokens[end])) ++end;
+      runs.emplace_back(at, end);
+      if (end + 1 >= tokens.size() || tokens[end].kind != Token::coordinator ||
+          !is_thing(tokens[first_thing(end + 1)])) {
+        return runs;
+      }
+      at = end + 1;
+    }
+  };
+  // Whether every run opens with the same details (names, in order).
+  const auto same_details = [&](const std::vector<std::pair<std::size_t, std::size_t>>& runs) {
+    const auto details = [&](std::size_t b) {
+      std::vector<std::uint32_t> names;
+      for (std::size_t k = b; k < after_details(b); ++k) names.push_back(tokens[k].name);
+      return names;
+    };
+    return std::all_of(runs.begin(), runs.end(),
+                       [&](const auto& r) { return details(r.first) == details(runs[0].first); });
+  };
   for (std::size_t i = 0; i < tokens.size();) {
-    const std::size_t first_thing = after_details(i);
-    if (!is_thing(tokens[first_thing]) ||
+    const bool described = tokens[i].kind == Token::detail && after_details(i) != i;
+    if ((!is_thing(tokens[i]) && !described) ||
         (i > 0 && (tokens[i - 1].kind == Token::role || tokens[i - 1].kind == Token::negation))) {
       ++i;
       continue;
     }
-    // Runs [begin, end) joined by single coordinators, from i: details, then things.
-    std::vector<std::pair<std::size_t, std::size_t>> runs;
-    std::size_t at = i;
-    while (true) {
-      std::size_t end = after_details(at);
-      while (end < tokens.size() && is_thing(tokens[end])) ++end;
-      runs.emplace_back(at, end);
-      if (end + 1 < tokens.size() && tokens[end].kind == Token::coordinator &&
-          is_thing(tokens[after_details(end + 1)])) {
-        at = end + 1;
-        continue;
-      }
-      break;
+    const std::vector<std::pair<std::size_t, std::size_t>> runs = runs_from(i, described);
+    if (described && (runs.size() < 2 || !same_details(runs))) {
+      ++i;  // the things after these details, read as runs of their own
+      continue;
     }
     const std::size_t group_end = runs.back().second;
     const bool followed_by_negation = group_end < tokens.size() && (tokens[group_end].kind == Token::negation_after ||
@@ -1102,9 +1122,8 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     if (runs.size() > 1 && !followed_by_negation) {
       std::vector<std::pair<std::string, std::vector<Token>>> conjuncts;
       for (const auto& [b, e] : runs) {
-        std::string name;
+        std::string name;  // the details are the same in every run
         for (std::size_t k = after_details(b); k < e; ++k) name += text_of(tokens[k]) + " ";
-        for (std::size_t k = b; k < after_details(b); ++k) name += lex.names[tokens[k].name] + " ";
         conjuncts.emplace_back(std::move(name), std::vector<Token>(tokens.begin() + static_cast<std::ptrdiff_t>(b),
                                                                    tokens.begin() + static_cast<std::ptrdiff_t>(e)));
       }
