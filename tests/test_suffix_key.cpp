@@ -1151,6 +1151,9 @@ TEST_CASE("suffix key: things joined by and come in any order, described or not"
   CHECK(key("refund the large pizza and the small drink") != key("refund the small pizza and the large drink"));
   CHECK(key("cancel the large pizza and the drink") != key("cancel the pizza and the large drink"));
   CHECK(key("cancel the red shirt and the blue socks") != key("cancel the blue shirt and the red socks"));
+  CHECK(key("cancel the large pizza and the drink") != key("cancel the large drink and the pizza"));
+  // A detail that describes one of them alone stays with it, in any order.
+  CHECK(key("cancel the large pizza and the drink") == key("cancel the drink and the large pizza"));
   CHECK(key("I want a large pizza and a drink") != key("I want a pizza and a large drink"));
 }
 

@@ -51,6 +51,7 @@ struct Token {
   bool dao = false;            // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;          // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
   bool someones = false;       // object: right after my, our, your (OWNER): someone's own, "my neighbor"
+  std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
 // Where an entity pattern matched: [begin, end) of the normalised text, and
@@ -640,7 +641,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // is OF. ("'s" before a state, "the item's broken", is "is").
         const bool owns = t->owner && t + 1 != end && (t[1].kind == Token::object || t[1].kind == Token::entity);
         list.push_back(
-            {this_role + (owns ? "OF." : "") + (t->kind == Token::entity ? t->text : lex.names[t->name]), pending_not});
+            {this_role + (owns ? "OF." : "") + t->described + (t->kind == Token::entity ? t->text : lex.names[t->name]),
+             pending_not});
         list.back().context = t->kind == Token::object && lex.names[t->name] == "ACCOUNT" && list.size() > 1 &&
                               this_role.empty() && !pending_not &&
                               (t[-1].kind == Token::object || t[-1].kind == Token::detail);
@@ -1060,15 +1062,15 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
 // Things joined by "and" under one action come in any order: "cancel the
 // parking pass and the concert tickets" is "cancel the concert tickets and the
 // parking pass", 加一份米饭和一瓶可乐 is 加一瓶可乐和一份米饭. A conjunct is a
-// run of objects and entities; runs joined by coordinators are sorted by what
-// they name. Runs that each open with the same details sort with them ("a new
-// SIM and a new charger" is "a new charger and a new SIM"); a detail of one
-// run only breaks the runs there, as it did before details were read, since
-// the key keeps details apart from the things they describe ("the large
-// pizza and the drink" must not become "the pizza and the large drink").
-// Nothing else moves: actions keep their order (a sequence), and runs with a
-// role or a negation before the first or after the last stay as they are
-// ("from the twin and the king room", "X and Y not").
+// run of objects and entities after the details that describe it; runs
+// joined by coordinators are sorted by what they name. When every run opens
+// with the same details they stay details ("a new SIM and a new charger" is
+// "a new charger and a new SIM"); otherwise a run's details go into its first
+// thing's name, since the key keeps details apart from things ("the large
+// pizza and the drink": LARGE.PIZZA+DRINK, not "the pizza and the large
+// drink"). Nothing else moves: actions keep their order (a sequence), and
+// runs with a role or a negation before the first or after the last stay as
+// they are ("from the twin and the king room", "X and Y not").
 void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
   const auto text_of = [&lex](const Token& t) { return t.kind == Token::entity ? "#" + t.text : lex.names[t.name]; };
@@ -1078,64 +1080,61 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     while (end < tokens.size() && tokens[end].kind == Token::detail) ++end;
     return end < tokens.size() && is_thing(tokens[end]) ? end : at;
   };
-  // Runs [begin, end) joined by single coordinators, from `at`: things, after
-  // their details when `with_details`.
-  const auto runs_from = [&](std::size_t at, bool with_details) {
-    const auto first_thing = [&](std::size_t k) { return with_details ? after_details(k) : k; };
-    std::vector<std::pair<std::size_t, std::size_t>> runs;
-    while (true) {
-      std::size_t end = first_thing(at);
-      while (end < tokens.size() && is_thing(tokens[end])) ++end;
-      runs.emplace_back(at, end);
-      if (end + 1 >= tokens.size() || tokens[end].kind != Token::coordinator ||
-          !is_thing(tokens[first_thing(end + 1)])) {
-        return runs;
-      }
-      at = end + 1;
-    }
-  };
-  // Whether every run opens with the same details (names, in order).
-  const auto same_details = [&](const std::vector<std::pair<std::size_t, std::size_t>>& runs) {
-    const auto details = [&](std::size_t b) {
-      std::vector<std::uint32_t> names;
-      for (std::size_t k = b; k < after_details(b); ++k) names.push_back(tokens[k].name);
-      return names;
-    };
-    return std::all_of(runs.begin(), runs.end(),
-                       [&](const auto& r) { return details(r.first) == details(runs[0].first); });
+  const auto details_of = [&](std::size_t begin) {
+    std::string names;
+    for (std::size_t k = begin; k < after_details(begin); ++k) names += lex.names[tokens[k].name] + ".";
+    return names;
   };
   for (std::size_t i = 0; i < tokens.size();) {
-    const bool described = tokens[i].kind == Token::detail && after_details(i) != i;
-    if ((!is_thing(tokens[i]) && !described) ||
+    if (!is_thing(tokens[after_details(i)]) ||
         (i > 0 && (tokens[i - 1].kind == Token::role || tokens[i - 1].kind == Token::negation))) {
       ++i;
       continue;
     }
-    const std::vector<std::pair<std::size_t, std::size_t>> runs = runs_from(i, described);
-    if (described && (runs.size() < 2 || !same_details(runs))) {
-      ++i;  // the things after these details, read as runs of their own
-      continue;
+    // Runs [begin, end) joined by single coordinators, from i: details, then things.
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    for (std::size_t at = i;;) {
+      std::size_t end = after_details(at);
+      while (end < tokens.size() && is_thing(tokens[end])) ++end;
+      runs.emplace_back(at, end);
+      if (end + 1 >= tokens.size() || tokens[end].kind != Token::coordinator ||
+          !is_thing(tokens[after_details(end + 1)])) {
+        break;
+      }
+      at = end + 1;
     }
     const std::size_t group_end = runs.back().second;
     const bool followed_by_negation = group_end < tokens.size() && (tokens[group_end].kind == Token::negation_after ||
                                                                     tokens[group_end].kind == Token::negation);
-    if (runs.size() > 1 && !followed_by_negation) {
-      std::vector<std::pair<std::string, std::vector<Token>>> conjuncts;
-      for (const auto& [b, e] : runs) {
-        std::string name;  // the details are the same in every run
-        for (std::size_t k = after_details(b); k < e; ++k) name += text_of(tokens[k]) + " ";
-        conjuncts.emplace_back(std::move(name), std::vector<Token>(tokens.begin() + static_cast<std::ptrdiff_t>(b),
-                                                                   tokens.begin() + static_cast<std::ptrdiff_t>(e)));
-      }
-      std::stable_sort(conjuncts.begin(), conjuncts.end(),
-                       [](const auto& x, const auto& y) { return x.first < y.first; });
-      std::size_t out = i;
-      for (std::size_t c = 0; c < conjuncts.size(); ++c) {
-        for (Token& t : conjuncts[c].second) tokens[out++] = std::move(t);
-        if (c + 1 < conjuncts.size()) tokens[out++] = Token{Token::coordinator, 0, {}, false};
-      }
+    if (runs.size() < 2 || followed_by_negation) {
+      i = group_end;
+      continue;
     }
-    i = group_end;
+    const std::string first_details = details_of(runs[0].first);
+    const bool same_details =
+        std::all_of(runs.begin(), runs.end(), [&](const auto& r) { return details_of(r.first) == first_details; });
+    std::vector<std::pair<std::string, std::vector<Token>>> conjuncts;
+    for (const auto& [b, e] : runs) {
+      const std::size_t first = after_details(b);
+      std::vector<Token> run(tokens.begin() + static_cast<std::ptrdiff_t>(same_details ? b : first),
+                             tokens.begin() + static_cast<std::ptrdiff_t>(e));
+      std::string name;
+      if (!same_details) name = run[0].described = details_of(b);
+      for (std::size_t k = first; k < e; ++k) name += text_of(tokens[k]) + " ";
+      conjuncts.emplace_back(std::move(name), std::move(run));
+    }
+    std::stable_sort(conjuncts.begin(), conjuncts.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<Token> sorted;
+    for (std::size_t c = 0; c < conjuncts.size(); ++c) {
+      for (Token& t : conjuncts[c].second) sorted.push_back(std::move(t));
+      if (c + 1 < conjuncts.size()) sorted.push_back(Token{Token::coordinator, 0, {}, false});
+    }
+    // Runs whose details went into their things are shorter than what they replace.
+    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(i),
+                 tokens.begin() + static_cast<std::ptrdiff_t>(group_end));
+    tokens.insert(tokens.begin() + static_cast<std::ptrdiff_t>(i), sorted.begin(), sorted.end());
+    i += sorted.size();
   }
 }
 
