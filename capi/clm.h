@@ -669,25 +669,25 @@ CLM_API void clm_divergence_report_free(clm_divergence_report *report);
  *   clm_anomaly_report_free(report);
  */
 typedef struct clm_anomaly_report clm_anomaly_report;
-typedef struct clm_low_src_key {
+typedef struct clm_low_src_key { /* no padding: a later version's fields go at the end */
   uint32_t struct_size; /* sizeof(clm_low_src_key) as the caller compiled it */
+  int32_t adapter_id;
   const char *tenant;   /* as clm_branch_point.tenant; not NUL-terminated */
   size_t tenant_len;
-  int32_t adapter_id;
-  int32_t reserved;     /* 0 */
   const char *key;      /* the suffix key; not NUL-terminated */
   size_t key_len;
   uint64_t sightings;   /* in the window */
   float median_src;     /* the middle of the 0.025 bin holding the median */
+  int32_t reserved;     /* 0 */
 } clm_low_src_key;
 #define CLM_LOW_SRC_KEY_INIT \
-  { sizeof(clm_low_src_key), NULL, 0, 0, 0, NULL, 0, 0, 0.0f }
+  { sizeof(clm_low_src_key), 0, NULL, 0, NULL, 0, 0, 0.0f, 0 }
 #define CLM_WATCH_EVENT_BLACKLISTED 0     /* by the outcome breaker or an administrator: reason, until_ms */
 #define CLM_WATCH_EVENT_UNBLACKLISTED 1   /* let go by an administrator */
 #define CLM_WATCH_EVENT_VERSION_CREATED 2 /* a record stored a key's first or a new version: version */
 #define CLM_WATCH_EVENT_DRIFT 3           /* a version started because the key's records drifted: version */
 #define CLM_WATCH_EVENT_LOW_SRC 4         /* a key turned low-SRC: sightings, median_src */
-typedef struct clm_watch_event {
+typedef struct clm_watch_event { /* no padding: a later version's fields go at the end */
   uint32_t struct_size; /* sizeof(clm_watch_event) as the caller compiled it */
   int32_t kind;         /* CLM_WATCH_EVENT_* */
   int64_t time_ms;      /* since the Unix epoch */
@@ -701,12 +701,11 @@ typedef struct clm_watch_event {
   int32_t adapter_id;
   int32_t version;      /* version created, drift */
   int32_t by_breaker;   /* blacklisted: 1 by the outcome breaker, 0 by an administrator */
-  int32_t reserved;     /* 0 */
-  uint64_t sightings;   /* low-SRC */
   float median_src;     /* low-SRC */
+  uint64_t sightings;   /* low-SRC */
 } clm_watch_event;
 #define CLM_WATCH_EVENT_INIT \
-  { sizeof(clm_watch_event), 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0.0f }
+  { sizeof(clm_watch_event), 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 0, 0, 0, 0.0f, 0 }
 /* Takes the report as of now: the low-SRC keys (the most seen first) and the
  * newest clm_watch_max_events events (oldest first). The caller owns *out
  * (free it with clm_anomaly_report_free). CLM_ERR_FAILED_PRECONDITION for an

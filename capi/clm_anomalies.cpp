@@ -69,8 +69,9 @@ clm_status clm_anomaly_report_low_src_key(clm_low_src_key* out, const clm_anomal
     if (clm_status s = check_struct_size<clm_low_src_key>(out->struct_size, {kLowSrcKeyV1}, fn)) return s;
     if (clm_status s = check_index(fn, index, report->report.low_src_keys.size(), "low-SRC keys")) return s;
     const clm::LowSrcKey& k = report->report.low_src_keys[index];
-    const clm_low_src_key full{out->struct_size, k.tenant.data(), k.tenant.size(), k.adapter_id, 0,
-                               k.key.data(),     k.key.size(),    k.sightings,     k.median_src};
+    const clm_low_src_key full{out->struct_size, k.adapter_id, k.tenant.data(),
+                               k.tenant.size(),  k.key.data(), k.key.size(),
+                               k.sightings,      k.median_src, 0};
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });
@@ -97,9 +98,8 @@ clm_status clm_anomaly_report_event(clm_watch_event* out, const clm_anomaly_repo
                                e.adapter_id,
                                e.version,
                                e.by_breaker ? 1 : 0,
-                               0,
-                               e.sightings,
-                               e.median_src};
+                               e.median_src,
+                               e.sightings};
     std::memcpy(out, &full, out->struct_size);
     return CLM_OK;
   });

@@ -132,10 +132,10 @@ C99_STATIC_ASSERT(sizeof(clm_engine_options) ==
                   engine_options_end_on_a_field);
 C99_STATIC_ASSERT(sizeof(clm_metrics) == offsetof(clm_metrics, clm_watch_low_src_keys) + sizeof(int64_t),
                   metrics_end_on_a_field);
-C99_STATIC_ASSERT(sizeof(clm_low_src_key) == offsetof(clm_low_src_key, median_src) + sizeof(float) + 4,
-                  low_src_key_ends_on_its_alignment);
-C99_STATIC_ASSERT(sizeof(clm_watch_event) == offsetof(clm_watch_event, median_src) + sizeof(float) + 4,
-                  watch_event_ends_on_its_alignment);
+C99_STATIC_ASSERT(sizeof(clm_low_src_key) == offsetof(clm_low_src_key, reserved) + sizeof(int32_t),
+                  low_src_key_end_on_a_field);
+C99_STATIC_ASSERT(sizeof(clm_watch_event) == offsetof(clm_watch_event, sightings) + sizeof(uint64_t),
+                  watch_event_end_on_a_field);
 #if CLM_WATCH_EVENT_BLACKLISTED != 0 || CLM_WATCH_EVENT_UNBLACKLISTED != 1 || CLM_WATCH_EVENT_VERSION_CREATED != 2 || \
     CLM_WATCH_EVENT_DRIFT != 3 || CLM_WATCH_EVENT_LOW_SRC != 4
 #error "CLM_WATCH_EVENT_* changed: they are ABI"
@@ -454,7 +454,6 @@ static void use_types(clm_engine_options *eo, clm_admit_options *ao, clm_kv_layo
   i32 = &we->adapter_id;
   i32 = &we->version;
   i32 = &we->by_breaker;
-  i32 = &we->reserved;
   u64 = &we->sightings;
   f32 = &we->median_src;
 

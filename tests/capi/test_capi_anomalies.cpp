@@ -272,7 +272,6 @@ TEST_CASE("clm anomalies: the store's events in order, with their fields and JSO
     CHECK(str(ev.key, ev.key_len) == key);
     CHECK(str(ev.tenant, ev.tenant_len) == tenant);
     CHECK(ev.adapter_id == 0);
-    CHECK(ev.reserved == 0);
     CHECK(ev.time_ms >= previous_ms);
     previous_ms = ev.time_ms;
     CHECK(lines.lines[i] == event_json(r.get(), i));

@@ -264,14 +264,14 @@ int main(void) {
   FIELD(clm_branch_point, cached_after);
   FIELD(clm_branch_point, n_cached_after);
   FIELD(clm_low_src_key, struct_size);
+  FIELD(clm_low_src_key, adapter_id);
   FIELD(clm_low_src_key, tenant);
   FIELD(clm_low_src_key, tenant_len);
-  FIELD(clm_low_src_key, adapter_id);
-  FIELD(clm_low_src_key, reserved);
   FIELD(clm_low_src_key, key);
   FIELD(clm_low_src_key, key_len);
   FIELD(clm_low_src_key, sightings);
   FIELD(clm_low_src_key, median_src);
+  FIELD(clm_low_src_key, reserved);
   FIELD(clm_watch_event, struct_size);
   FIELD(clm_watch_event, kind);
   FIELD(clm_watch_event, time_ms);
@@ -285,9 +285,8 @@ int main(void) {
   FIELD(clm_watch_event, adapter_id);
   FIELD(clm_watch_event, version);
   FIELD(clm_watch_event, by_breaker);
-  FIELD(clm_watch_event, reserved);
-  FIELD(clm_watch_event, sightings);
   FIELD(clm_watch_event, median_src);
+  FIELD(clm_watch_event, sightings);
 
   FIELD(clm_src_decision, score);
   FIELD(clm_src_decision, threshold);

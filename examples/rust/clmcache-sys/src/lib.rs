@@ -589,13 +589,11 @@ pub struct clm_anomaly_report {
 pub struct clm_low_src_key {
     /// Set by the caller: sizeof as compiled.
     pub struct_size: u32,
+    pub adapter_id: i32,
     /// Not NUL-terminated: the tenant's name, else "salt:" and 32 hex digits
     /// of its salt's SHA-256, "" for no salt.
     pub tenant: *const c_char,
     pub tenant_len: usize,
-    pub adapter_id: i32,
-    /// 0.
-    pub reserved: i32,
     /// The suffix key; not NUL-terminated.
     pub key: *const c_char,
     pub key_len: usize,
@@ -603,6 +601,8 @@ pub struct clm_low_src_key {
     pub sightings: u64,
     /// The middle of the 0.025 bin holding the median.
     pub median_src: f32,
+    /// 0.
+    pub reserved: i32,
 }
 
 impl Default for clm_low_src_key {
@@ -610,14 +610,14 @@ impl Default for clm_low_src_key {
     fn default() -> Self {
         clm_low_src_key {
             struct_size: std::mem::size_of::<clm_low_src_key>() as u32,
+            adapter_id: 0,
             tenant: std::ptr::null(),
             tenant_len: 0,
-            adapter_id: 0,
-            reserved: 0,
             key: std::ptr::null(),
             key_len: 0,
             sightings: 0,
             median_src: 0.0,
+            reserved: 0,
         }
     }
 }
@@ -648,12 +648,10 @@ pub struct clm_watch_event {
     pub version: i32,
     /// Blacklisted: 1 by the outcome breaker, 0 by an administrator.
     pub by_breaker: i32,
-    /// 0.
-    pub reserved: i32,
-    /// Low-SRC.
-    pub sightings: u64,
     /// Low-SRC.
     pub median_src: f32,
+    /// Low-SRC.
+    pub sightings: u64,
 }
 
 impl Default for clm_watch_event {
@@ -673,9 +671,8 @@ impl Default for clm_watch_event {
             adapter_id: 0,
             version: 0,
             by_breaker: 0,
-            reserved: 0,
-            sightings: 0,
             median_src: 0.0,
+            sightings: 0,
         }
     }
 }

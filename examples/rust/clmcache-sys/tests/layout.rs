@@ -285,14 +285,14 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_branch_point, cached_after),
         field!(clm_branch_point, n_cached_after),
         field!(clm_low_src_key, struct_size),
+        field!(clm_low_src_key, adapter_id),
         field!(clm_low_src_key, tenant),
         field!(clm_low_src_key, tenant_len),
-        field!(clm_low_src_key, adapter_id),
-        field!(clm_low_src_key, reserved),
         field!(clm_low_src_key, key),
         field!(clm_low_src_key, key_len),
         field!(clm_low_src_key, sightings),
         field!(clm_low_src_key, median_src),
+        field!(clm_low_src_key, reserved),
         field!(clm_watch_event, struct_size),
         field!(clm_watch_event, kind),
         field!(clm_watch_event, time_ms),
@@ -306,9 +306,8 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         field!(clm_watch_event, adapter_id),
         field!(clm_watch_event, version),
         field!(clm_watch_event, by_breaker),
-        field!(clm_watch_event, reserved),
-        field!(clm_watch_event, sightings),
         field!(clm_watch_event, median_src),
+        field!(clm_watch_event, sightings),
         field!(clm_src_decision, score),
         field!(clm_src_decision, threshold),
         field!(clm_src_decision, scored),
@@ -620,14 +619,15 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_branch_point, before).1, 56);
     assert_eq!(field!(clm_branch_point, cached_after).1, 88);
     assert_eq!(field!(clm_branch_point, n_cached_after).1, 96);
-    assert_eq!((size_of::<clm_low_src_key>(), align_of::<clm_low_src_key>()), (64, 8));
+    // No padding: a later version's fields go at the end.
+    assert_eq!((size_of::<clm_low_src_key>(), align_of::<clm_low_src_key>()), (56, 8));
+    assert_eq!(field!(clm_low_src_key, adapter_id).1, 4);
     assert_eq!(field!(clm_low_src_key, tenant).1, 8);
-    assert_eq!(field!(clm_low_src_key, adapter_id).1, 24);
-    assert_eq!(field!(clm_low_src_key, reserved).1, 28);
-    assert_eq!(field!(clm_low_src_key, key).1, 32);
-    assert_eq!(field!(clm_low_src_key, sightings).1, 48);
-    assert_eq!(field!(clm_low_src_key, median_src).1, 56);
-    assert_eq!((size_of::<clm_watch_event>(), align_of::<clm_watch_event>()), (104, 8));
+    assert_eq!(field!(clm_low_src_key, key).1, 24);
+    assert_eq!(field!(clm_low_src_key, sightings).1, 40);
+    assert_eq!(field!(clm_low_src_key, median_src).1, 48);
+    assert_eq!(field!(clm_low_src_key, reserved).1, 52);
+    assert_eq!((size_of::<clm_watch_event>(), align_of::<clm_watch_event>()), (96, 8));
     assert_eq!(field!(clm_watch_event, kind).1, 4);
     assert_eq!(field!(clm_watch_event, time_ms).1, 8);
     assert_eq!(field!(clm_watch_event, tenant).1, 16);
@@ -635,8 +635,8 @@ fn lp64_sizes_worked_out_by_hand() {
     assert_eq!(field!(clm_watch_event, until_ms).1, 64);
     assert_eq!(field!(clm_watch_event, adapter_id).1, 72);
     assert_eq!(field!(clm_watch_event, by_breaker).1, 80);
+    assert_eq!(field!(clm_watch_event, median_src).1, 84);
     assert_eq!(field!(clm_watch_event, sightings).1, 88);
-    assert_eq!(field!(clm_watch_event, median_src).1, 96);
     assert_eq!((size_of::<clm_snapshot_hit>(), align_of::<clm_snapshot_hit>()), (320, 8));
     assert_eq!(field!(clm_snapshot_hit, fingerprint).1, 16);
     assert_eq!(field!(clm_snapshot_hit, stable).1, 24);
