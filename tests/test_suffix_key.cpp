@@ -1166,6 +1166,20 @@ TEST_CASE("suffix key: 把 and a verb's thing at the end is a command, and 给�
   CHECK(key("周六看医生的预约改了吗") != key("改周六看医生的预约"));
 }
 
+TEST_CASE("suffix key: requests in clauses of their own come in any order, unless something orders them") {
+  CHECK(key("return the shirt, keep the trousers") == key("keep the trousers, return the shirt"));
+  CHECK(key("周六的配送取消，周日的保留") == key("周日的保留，周六的配送取消"));
+  CHECK(key("refund the shoes, cancel order 55") == key("cancel order 55. refund the shoes"));
+  // Each clause keeps what it says.
+  CHECK(key("cancel my order, not my subscription") != key("cancel my subscription, not my order"));
+  CHECK(key("return the shirt, keep the trousers") != key("return the trousers, keep the shirt"));
+  // Words that order them, money and sending, or a bare negation: as written.
+  CHECK(key("reset my password, then unlock my account") != key("unlock my account, then reset my password"));
+  CHECK(key("先取消订单，再删除地址") != key("先删除地址，再取消订单"));
+  CHECK(key("apply the coupon, charge my card") != key("charge my card, apply the coupon"));
+  CHECK(key("no, cancel my order") != key("cancel my order, no"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -982,6 +982,20 @@ void split_at_new_subject(std::vector<Token>& tokens) {
   }
 }
 
+// Whether a token orders the requests around it: a word for a sequence (then,
+// first, before, after, next, 先, 再, 然后), or money and sending, which depend
+// on what was done before them (a price charged before or after a coupon, a
+// parcel sent before or after its address changed).
+bool orders_requests(const Lexicon& lex, const Token& t) {
+  if (t.kind == Token::sequence) return true;
+  const std::string& name = lex.names[t.name];
+  if (t.kind == Token::action) {
+    return name == "CHARGE" || name == "PAY" || name == "APPLY" || name == "SEND" || name == "SHIP" ||
+           name == "TRANSFER";
+  }
+  return t.kind == Token::detail && (name == "FIRST" || name == "AFTER" || name == "BEFORE" || name == "NEXT");
+}
+
 // Requests joined by "and" come in any order: "reset my password and unlock
 // my account" is "unlock my account and reset my password", 取消订单和退款 is
 // 退款和取消订单. A clause with two actions or more, an "and" before each
@@ -1013,15 +1027,7 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
     for (std::size_t k = begin; k < end; ++k) {
       const Token& t = tokens[k];
       actions += t.kind == Token::action ? 1 : 0;
-      // Money and sending depend on what was done before them: a price
-      // charged before or after a coupon, a parcel sent before or after its
-      // address changed.
-      ordered = ordered || t.kind == Token::sequence ||
-                (t.kind == Token::action &&
-                 (lex.names[t.name] == "CHARGE" || lex.names[t.name] == "PAY" || lex.names[t.name] == "APPLY" ||
-                  lex.names[t.name] == "SEND" || lex.names[t.name] == "SHIP" || lex.names[t.name] == "TRANSFER")) ||
-                (t.kind == Token::detail && (lex.names[t.name] == "FIRST" || lex.names[t.name] == "AFTER" ||
-                                             lex.names[t.name] == "BEFORE" || lex.names[t.name] == "NEXT"));
+      ordered = ordered || orders_requests(lex, t);
       if (opens_request(k, end)) cuts.push_back(k);
     }
     // Each part names what it acts on: "upgrade the kids' plan and downgrade
@@ -1138,6 +1144,34 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
   }
 }
 
+// Requests in clauses of their own come in any order, as requests joined by
+// "and" do: 周六的配送取消，周日的保留 is 周日的保留，周六的配送取消, "return the
+// shirt, keep the trousers" is "keep the trousers, return the shirt". Each
+// clause keeps what it says (its negation, its things), so "X, not Y" stays
+// apart from "Y, not X". Clauses stay as written when anything orders them
+// (orders_requests: "apply the coupon, then charge my card") or when one is a
+// bare negation ("no, cancel it" answers what came before).
+void sort_clauses(const Lexicon& lex, const std::vector<Token>& tokens, std::vector<Clause>& clauses) {
+  if (clauses.size() < 2 ||
+      std::any_of(tokens.begin(), tokens.end(), [&lex](const Token& t) { return orders_requests(lex, t); })) {
+    return;
+  }
+  if (std::any_of(clauses.begin(), clauses.end(), [](const Clause& c) {
+        return c.negated && c.actions.empty() && c.objects.empty() && c.entities.empty();
+      })) {
+    return;
+  }
+  std::vector<std::pair<std::string, Clause>> rendered;
+  for (Clause& c : clauses) {
+    std::string text;
+    c.render(text);
+    rendered.emplace_back(std::move(text), std::move(c));
+  }
+  std::stable_sort(rendered.begin(), rendered.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  clauses.clear();
+  for (auto& [text, c] : rendered) clauses.push_back(std::move(c));
+}
+
 }  // namespace
 
 Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
@@ -1174,6 +1208,8 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     if (!c.empty()) clauses.push_back(std::move(c));
     start = i + 1;
   }
+
+  sort_clauses(lexicon, tokens, clauses);
 
   SuffixKey k;
   for (const Clause& c : clauses) {

@@ -26,7 +26,8 @@
 //  - a number is an entity, and numbers next to each other one entity
 //    ("555 1234", "555-1234": 5551234); a unit beside a number joins it
 //    ($20: 20usd).
-// The key is the clauses joined by '|'; a clause is its mood, actions,
+// The key is the clauses joined by '|', sorted unless something orders them
+// (then, first, 先, 再; money and sending; a bare "no, ..."); a clause is its mood, actions,
 // objects, entities and details, each section's parts joined by '+' and the
 // sections by '-'. The group (what level 2 must agree on) is the key itself,
 // details included. A key is issued only when some clause has an action with an
