@@ -1091,6 +1091,15 @@ TEST_CASE("suffix key: send me X asks for X") {
   CHECK(key("把合同发给我") == key("我要合同"));
 }
 
+TEST_CASE("suffix key: to me says nothing more, unless something else goes elsewhere") {
+  CHECK(served("ship the order to me").key == served("ship the order").key);
+  CHECK(served("transfer the money to me").key == served("transfer the money").key);
+  // Beside another destination, which one goes to the speaker is the request.
+  CHECK(key("charge the order to my company and ship it to me") !=
+        key("charge the order to me and ship it to my company"));
+  CHECK(key("ship it to me and the invoice to my office") != key("ship it to my office and the invoice to me"));
+}
+
 TEST_CASE("suffix key: the week after next is not next week") {
   CHECK(key("move my flight to the week after next") != key("move my flight to next week"));
   CHECK(key("航班改到下下周三") != key("航班改到下周三"));

@@ -556,8 +556,9 @@ class Tokenizer {
 struct Element {
   std::string text;  // a name, or an entity's text, after its role: "FROM.MONTHLY"
   bool negated = false;
-  bool past = false;     // an action reported, not asked for
-  bool context = false;  // the account a request is about, after what it acts on ("the card on my account")
+  bool past = false;        // an action reported, not asked for
+  bool context = false;     // the account a request is about, after what it acts on ("the card on my account")
+  bool to_speaker = false;  // "to me": kept only beside another destination
   std::string shown() const { return negated ? "NOT-" + text : text; }
 };
 
@@ -692,6 +693,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       case Token::speaker:
         speaker_after_action = !c.actions.empty();
+        if (this_role == "TO.") {
+          // Where it goes, as "to Friday" says when: a detail.
+          c.details.push_back({"TO.SELF", pending_not});
+          c.details.back().to_speaker = true;
+          pending_not = false;
+        }
         // "Refund me for ...": a thing's name before me, opening the clause, is its verb: a request.
         if (c.actions.empty() && c.objects.size() == 1 && c.entities.empty() && t != begin &&
             t[-1].kind == Token::object) {
@@ -759,6 +766,15 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   // more (to or from an account, one of two things joined by and, or what an
   // action acts on, does).
   std::erase_if(c.objects, [](const Element& e) { return e.context; });
+  // "ship it to me" is "ship it": the speaker it goes to says nothing more,
+  // unless something else goes somewhere ("charge the order to my company and
+  // ship it to me" is not "charge the order to me and ship it to my company").
+  const auto goes_elsewhere = [](const Element& e) { return e.text.starts_with("TO.") && !e.to_speaker; };
+  if (std::none_of(c.objects.begin(), c.objects.end(), goes_elsewhere) &&
+      std::none_of(c.entities.begin(), c.entities.end(), goes_elsewhere) &&
+      std::none_of(c.details.begin(), c.details.end(), goes_elsewhere)) {
+    std::erase_if(c.details, [](const Element& e) { return e.to_speaker && !e.negated; });
+  }
   if (!c.entities.empty() && !c.objects.empty()) {
     // "flight number BA2490" is "flight BA2490": beside the id and what it
     // names, the word for an id says nothing more.
