@@ -1100,6 +1100,17 @@ TEST_CASE("suffix key: to me says nothing more, unless something else goes elsew
   CHECK(key("ship it to me and the invoice to my office") != key("ship it to my office and the invoice to me"));
 }
 
+TEST_CASE("suffix key: two things going to different places keep which goes where") {
+  CHECK(key("transfer 50 to my dad and 20 to me") != key("transfer 50 to me and 20 to my dad"));
+  CHECK(key("send the invoice to my office and the parcel to my home") !=
+        key("send the parcel to my office and the invoice to my home"));
+  CHECK(key("move 100 from savings and 50 from my credit card") !=
+        key("move 50 from savings and 100 from my credit card"));
+  // One place, or one each way: the sections as ever.
+  CHECK(served("transfer 50 to my dad").key == "TRANSFER-TO.FATHER-50");
+  CHECK(served("move 100 from my savings to my credit card").key == "MOVE-FROM.SAVINGS+TO.CREDIT_CARD-100");
+}
+
 TEST_CASE("suffix key: the week after next is not next week") {
   CHECK(key("move my flight to the week after next") != key("move my flight to next week"));
   CHECK(key("航班改到下下周三") != key("航班改到下周三"));

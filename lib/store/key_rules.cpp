@@ -559,6 +559,7 @@ struct Element {
   bool past = false;        // an action reported, not asked for
   bool context = false;     // the account a request is about, after what it acts on ("the card on my account")
   bool to_speaker = false;  // "to me": kept only beside another destination
+  std::size_t at = 0;       // the token it came from (Clause::interleaved)
   std::string shown() const { return negated ? "NOT-" + text : text; }
 };
 
@@ -566,6 +567,10 @@ struct Clause {
   std::string mood;            // "", "ASK", or an aux's name ("ASK_ABLE")
   bool negated = false;        // a negation that governs nothing in it: "no, ..."
   bool asks_politely = false;  // a polite form with no question of its own: "late checkout please"
+  // Two things go to different places, or come from them ("transfer 50 to my
+  // dad and 20 to me"): objects, entities and details in one section, in the
+  // order written, so which goes where is kept.
+  bool interleaved = false;
   std::vector<Element> actions, objects, entities, details;
 
   bool empty() const { return mood.empty() && says_nothing(); }
@@ -600,6 +605,15 @@ struct Clause {
     if (negated) section(std::vector<std::string>{"NOT"}, [](const std::string& s) { return s; });
     if (!mood.empty()) section(std::vector<std::string>{mood}, [](const std::string& s) { return s; });
     section(actions, element);
+    if (interleaved) {
+      std::vector<const Element*> things;
+      for (const auto* list : {&objects, &entities, &details}) {
+        for (const Element& e : *list) things.push_back(&e);
+      }
+      std::stable_sort(things.begin(), things.end(), [](const Element* x, const Element* y) { return x->at < y->at; });
+      section(things, [](const Element* e) { return e->shown(); });
+      return;
+    }
     section(objects, element);
     section(entities, element);
     section(details, element);
@@ -620,6 +634,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool speaker_after_action = false;
   bool wants = false;  // want, need, 要: a request for what the clause names, as please is
   for (const Token* t = begin; t != end; ++t) {
+    const std::size_t before[3] = {c.objects.size(), c.entities.size(), c.details.size()};
     std::string this_role;
     this_role.swap(role);  // a role governs the next token only ("want to cancel": no role for CANCEL)
     switch (t->kind) {
@@ -743,6 +758,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
     }
     if (t->kind == Token::negation && !this_role.empty()) role = this_role;  // "from not X" keeps FROM
+    std::size_t list_index = 0;
+    for (auto* list : {&c.objects, &c.entities, &c.details}) {
+      for (std::size_t k = before[list_index]; k < list->size(); ++k)
+        (*list)[k].at = static_cast<std::size_t>(t - begin);
+      ++list_index;
+    }
     after_subject = first && t->kind == Token::subject;
     if (t->kind != Token::greeting && t->kind != Token::polite) first = false;
   }
@@ -828,11 +849,21 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       if (a.past) a.text += "_DONE";
     }
   }
+  for (std::string_view place : {"TO.", "FROM."}) {
+    std::size_t with_role = 0;
+    for (const auto* list : {&c.objects, &c.entities, &c.details}) {
+      with_role += static_cast<std::size_t>(
+          std::count_if(list->begin(), list->end(), [&](const Element& e) { return e.text.starts_with(place); }));
+    }
+    c.interleaved = c.interleaved || with_role >= 2;
+  }
   // Objects, entities and details keep their order, as actions do: sorted,
   // "退机票" would meet "机票退了" (a paraphrase), but "swap my aisle seat for
   // a window seat" would meet its reverse, and on the tuning pairs the second
-  // kind outnumbers the first. A repeated one counts once.
+  // kind outnumbers the first. A repeated one counts once, unless things go
+  // to different places.
   for (auto* list : {&c.objects, &c.entities, &c.details}) {
+    if (c.interleaved) break;  // "50 to my dad and 50 to me": each one counts
     std::vector<Element> unique;
     for (Element& e : *list) {
       const std::string shown = e.shown();
