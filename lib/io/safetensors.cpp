@@ -27,23 +27,20 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {TensorDType::f64, "F64", 8},  {TensorDType::f32, "F32", 4},   {TensorDType::f16, "F16", 2},
-    {TensorDType::bf16, "BF16", 2}, {TensorDType::i64, "I64", 8},  {TensorDType::i32, "I32", 4},
-    {TensorDType::i16, "I16", 2},  {TensorDType::i8, "I8", 1},     {TensorDType::u64, "U64", 8},
-    {TensorDType::u32, "U32", 4},  {TensorDType::u16, "U16", 2},   {TensorDType::u8, "U8", 1},
+    {TensorDType::f64, "F64", 8},      {TensorDType::f32, "F32", 4}, {TensorDType::f16, "F16", 2},
+    {TensorDType::bf16, "BF16", 2},    {TensorDType::i64, "I64", 8}, {TensorDType::i32, "I32", 4},
+    {TensorDType::i16, "I16", 2},      {TensorDType::i8, "I8", 1},   {TensorDType::u64, "U64", 8},
+    {TensorDType::u32, "U32", 4},      {TensorDType::u16, "U16", 2}, {TensorDType::u8, "U8", 1},
     {TensorDType::boolean, "BOOL", 1},
 };
 
 constexpr std::string_view kMetadataKey = "__metadata__";
 
-std::string shape_string(std::span<const std::int64_t> shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
+std::string shape_string(std::span<const std::int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 // Product of the extents times `elem`, or nullopt when an extent is negative
 // or the product overflows int64.
-std::optional<std::uint64_t> checked_nbytes(std::span<const std::int64_t> shape, std::size_t elem,
-                                            std::string& why) {
+std::optional<std::uint64_t> checked_nbytes(std::span<const std::int64_t> shape, std::size_t elem, std::string& why) {
   std::uint64_t n = 1;
   constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   for (std::int64_t d : shape) {
@@ -69,33 +66,9 @@ std::optional<std::uint64_t> checked_nbytes(std::span<const std::int64_t> shape,
 // Checks that `s` is well-formed UTF-8 (no overlong forms, no surrogates, at
 // most U+10FFFF). Returns the offset of the first bad byte, or npos.
 std::size_t find_bad_utf8(std::string_view s) {
-  std::size_t i = 0;
-  const std::size_t n = s.size();
-  while (i < n) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    std::uint32_t cp = 0;
-    std::uint32_t min = 0;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1Fu, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0Fu, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07u, min = 0x10000;
-    } else {
-      return i;
-    }
-    if (n - i < len) return i;
-    for (std::size_t k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (cc & 0x3Fu);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t len = detail::utf8_sequence_length(s, i);
+    if (len == 0) return i;
     i += len;
   }
   return std::string_view::npos;
@@ -136,8 +109,7 @@ class HeaderParser {
           CLM_RETURN_IF_ERROR(parse_metadata(metadata));
         } else {
           if (key.empty()) return error("empty tensor name");
-          if (!names.emplace(key, true).second)
-            return error(fmt::format("duplicate tensor name \"{}\"", key));
+          if (!names.emplace(key, true).second) return error(fmt::format("duplicate tensor name \"{}\"", key));
           RawTensor t;
           t.name = std::move(key);
           CLM_RETURN_IF_ERROR(parse_tensor(t));
@@ -150,8 +122,7 @@ class HeaderParser {
       }
     }
     skip_ws();
-    if (pos_ != text_.size())
-      return error("trailing characters after the header object");
+    if (pos_ != text_.size()) return error("trailing characters after the header object");
     return Status::success();
   }
 
@@ -178,8 +149,7 @@ class HeaderParser {
 
   Status expect(char c, std::string_view where) {
     if (consume(c)) return Status::success();
-    if (pos_ >= text_.size())
-      return error(fmt::format("expected '{}' {}, found the end of the header", c, where));
+    if (pos_ >= text_.size()) return error(fmt::format("expected '{}' {}, found the end of the header", c, where));
     return error(fmt::format("expected '{}' {}, found '{}'", c, where, printable(text_[pos_])));
   }
 
@@ -211,8 +181,7 @@ class HeaderParser {
 
   Status parse_string(std::string& out, std::string_view what) {
     if (!consume('"')) {
-      if (pos_ >= text_.size())
-        return error(fmt::format("expected {} (a string), found the end of the header", what));
+      if (pos_ >= text_.size()) return error(fmt::format("expected {} (a string), found the end of the header", what));
       return error(fmt::format("expected {} (a string), found '{}'", what, printable(text_[pos_])));
     }
     out.clear();
@@ -228,14 +197,30 @@ class HeaderParser {
       if (pos_ >= text_.size()) return error("unterminated escape");
       const char e = text_[pos_++];
       switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
+        case '"':
+          out.push_back('"');
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '/':
+          out.push_back('/');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
         case 'u': {
           std::uint32_t cp = 0;
           CLM_RETURN_IF_ERROR(parse_hex4(cp));
@@ -250,7 +235,8 @@ class HeaderParser {
           detail::append_utf8(out, cp);
           break;
         }
-        default: return error(fmt::format("bad escape '\\{}'", printable(e)));
+        default:
+          return error(fmt::format("bad escape '\\{}'", printable(e)));
       }
     }
   }
@@ -258,12 +244,10 @@ class HeaderParser {
   // A non-negative integer, at most INT64_MAX, in JSON form (no leading zeros,
   // no sign, no fraction or exponent).
   Status parse_uint(std::uint64_t& out, std::string_view what) {
-    if (pos_ < text_.size() && text_[pos_] == '-')
-      return error(fmt::format("{} is negative", what));
+    if (pos_ < text_.size() && text_[pos_] == '-') return error(fmt::format("{} is negative", what));
     if (pos_ >= text_.size() || text_[pos_] < '0' || text_[pos_] > '9')
       return error(fmt::format("expected {} (a non-negative integer)", what));
-    if (text_[pos_] == '0' && pos_ + 1 < text_.size() && text_[pos_ + 1] >= '0' &&
-        text_[pos_ + 1] <= '9')
+    if (text_[pos_] == '0' && pos_ + 1 < text_.size() && text_[pos_ + 1] >= '0' && text_[pos_ + 1] <= '9')
       return error(fmt::format("{} has a leading zero", what));
     constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
     out = 0;
@@ -323,15 +307,12 @@ class HeaderParser {
           t.shape.clear();
           for (std::uint64_t d : dims) t.shape.push_back(static_cast<std::int64_t>(d));
         } else if (key == "data_offsets") {
-          if (have_offsets)
-            return error(fmt::format("tensor \"{}\": duplicate \"data_offsets\"", t.name));
+          if (have_offsets) return error(fmt::format("tensor \"{}\": duplicate \"data_offsets\"", t.name));
           have_offsets = true;
           std::vector<std::uint64_t> offsets;
-          CLM_RETURN_IF_ERROR(
-              parse_uint_array(offsets, fmt::format("the data_offsets of \"{}\"", t.name)));
+          CLM_RETURN_IF_ERROR(parse_uint_array(offsets, fmt::format("the data_offsets of \"{}\"", t.name)));
           if (offsets.size() != 2)
-            return error(fmt::format("tensor \"{}\": data_offsets has {} elements, not 2", t.name,
-                                     offsets.size()));
+            return error(fmt::format("tensor \"{}\": data_offsets has {} elements, not 2", t.name, offsets.size()));
           t.begin = offsets[0];
           t.end = offsets[1];
         } else {
@@ -361,8 +342,7 @@ class HeaderParser {
       CLM_RETURN_IF_ERROR(expect(':', fmt::format("after metadata key \"{}\"", key)));
       skip_ws();
       CLM_RETURN_IF_ERROR(parse_string(value, fmt::format("the value of metadata \"{}\"", key)));
-      if (!metadata.emplace(std::move(key), std::move(value)).second)
-        return error("duplicate metadata key");
+      if (!metadata.emplace(std::move(key), std::move(value)).second) return error("duplicate metadata key");
       skip_ws();
       if (consume(',')) continue;
       return expect('}', "to close \"__metadata__\"");
@@ -402,18 +382,16 @@ std::int64_t TensorView::numel() const {
 Status SafetensorsFile::parse(std::vector<std::byte> bytes, SafetensorsFile& out) {
   const std::size_t size = bytes.size();
   if (size < 8)
-    return invalid_argument(
-        fmt::format("safetensors: file is {} bytes, too short for the 8-byte header length", size));
+    return invalid_argument(fmt::format("safetensors: file is {} bytes, too short for the 8-byte header length", size));
   std::uint64_t n = 0;
   for (int k = 7; k >= 0; --k) n = (n << 8) | std::to_integer<std::uint64_t>(bytes[static_cast<std::size_t>(k)]);
   if (n > kMaxHeaderBytes)
-    return invalid_argument(fmt::format(
-        "safetensors: header length {} is absurd (more than {} bytes)", n, kMaxHeaderBytes));
+    return invalid_argument(
+        fmt::format("safetensors: header length {} is absurd (more than {} bytes)", n, kMaxHeaderBytes));
   if (n > size - 8)
-    return invalid_argument(fmt::format(
-        "safetensors: header length {} is larger than the {} bytes after the length", n, size - 8));
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8,
-                              static_cast<std::size_t>(n));
+    return invalid_argument(
+        fmt::format("safetensors: header length {} is larger than the {} bytes after the length", n, size - 8));
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(n));
   if (const std::size_t bad = find_bad_utf8(text); bad != std::string_view::npos)
     return invalid_argument(fmt::format("safetensors: header is not UTF-8 (byte {})", bad));
 
@@ -430,16 +408,16 @@ Status SafetensorsFile::parse(std::vector<std::byte> bytes, SafetensorsFile& out
       return invalid_argument(
           fmt::format("safetensors: tensor \"{}\" shape {}: {}", t.name, shape_string(t.shape), why));
     if (t.end < t.begin)
-      return invalid_argument(fmt::format("safetensors: tensor \"{}\": data_offsets [{}, {}] end before begin",
-                                          t.name, t.begin, t.end));
+      return invalid_argument(
+          fmt::format("safetensors: tensor \"{}\": data_offsets [{}, {}] end before begin", t.name, t.begin, t.end));
     if (t.end > buffer_size)
-      return invalid_argument(fmt::format(
-          "safetensors: tensor \"{}\": data_offsets [{}, {}] past the end of the {}-byte buffer", t.name,
-          t.begin, t.end, buffer_size));
+      return invalid_argument(
+          fmt::format("safetensors: tensor \"{}\": data_offsets [{}, {}] past the end of the {}-byte buffer", t.name,
+                      t.begin, t.end, buffer_size));
     if (t.end - t.begin != *nbytes)
-      return invalid_argument(fmt::format(
-          "safetensors: tensor \"{}\": data_offsets [{}, {}] span {} bytes, but {} {} needs {}", t.name,
-          t.begin, t.end, t.end - t.begin, tensor_dtype_name(t.dtype), shape_string(t.shape), *nbytes));
+      return invalid_argument(
+          fmt::format("safetensors: tensor \"{}\": data_offsets [{}, {}] span {} bytes, but {} {} needs {}", t.name,
+                      t.begin, t.end, t.end - t.begin, tensor_dtype_name(t.dtype), shape_string(t.shape), *nbytes));
   }
   // Overlaps: in order of begin, each non-empty tensor must start at or after
   // the end of every earlier one.
@@ -452,9 +430,8 @@ Status SafetensorsFile::parse(std::vector<std::byte> bytes, SafetensorsFile& out
     const RawTensor& a = *by_offset[i - 1];
     const RawTensor& b = *by_offset[i];
     if (b.begin < a.end)
-      return invalid_argument(fmt::format(
-          "safetensors: tensors \"{}\" [{}, {}] and \"{}\" [{}, {}] overlap", a.name, a.begin, a.end,
-          b.name, b.begin, b.end));
+      return invalid_argument(fmt::format("safetensors: tensors \"{}\" [{}, {}] and \"{}\" [{}, {}] overlap", a.name,
+                                          a.begin, a.end, b.name, b.begin, b.end));
   }
 
   SafetensorsFile file;
@@ -481,8 +458,7 @@ Status SafetensorsFile::parse(std::vector<std::byte> bytes, SafetensorsFile& out
 Status SafetensorsFile::open(const std::string& path, SafetensorsFile& out) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr)
-    return {StatusCode::io_error,
-            fmt::format("safetensors: cannot open \"{}\": {}", path, std::strerror(errno))};
+    return {StatusCode::io_error, fmt::format("safetensors: cannot open \"{}\": {}", path, std::strerror(errno))};
   std::vector<std::byte> bytes;
   std::byte chunk[1 << 16];
   while (true) {
@@ -492,8 +468,7 @@ Status SafetensorsFile::open(const std::string& path, SafetensorsFile& out) {
   }
   const bool failed = std::ferror(f) != 0;
   std::fclose(f);
-  if (failed)
-    return {StatusCode::io_error, fmt::format("safetensors: cannot read \"{}\"", path)};
+  if (failed) return {StatusCode::io_error, fmt::format("safetensors: cannot read \"{}\"", path)};
   Status s = parse(std::move(bytes), out);
   if (!s.ok()) return {s.code(), fmt::format("{} (in \"{}\")", s.message(), path)};
   return s;
@@ -507,14 +482,12 @@ const TensorView* SafetensorsFile::find(std::string_view name) const {
 }
 
 Status SafetensorsFile::get(std::string_view name, TensorDType expected_dtype,
-                            std::span<const std::int64_t> expected_shape,
-                            const TensorView*& out) const {
+                            std::span<const std::int64_t> expected_shape, const TensorView*& out) const {
   const TensorView* t = find(name);
   if (t == nullptr) return not_found(fmt::format("safetensors: no tensor \"{}\"", name));
   if (t->dtype != expected_dtype)
     return invalid_argument(fmt::format("safetensors: tensor \"{}\": expected dtype {}, got {}", name,
-                                        tensor_dtype_name(expected_dtype),
-                                        tensor_dtype_name(t->dtype)));
+                                        tensor_dtype_name(expected_dtype), tensor_dtype_name(t->dtype)));
   bool match = expected_shape.size() == t->shape.size();
   for (std::size_t i = 0; match && i < expected_shape.size(); ++i)
     match = expected_shape[i] == -1 || expected_shape[i] == t->shape[i];
@@ -530,8 +503,8 @@ Status SafetensorsFile::get_f32(std::string_view name, std::span<const std::int6
   const TensorView* t = find(name);
   if (t == nullptr) return not_found(fmt::format("safetensors: no tensor \"{}\"", name));
   if (t->dtype != TensorDType::f32 && t->dtype != TensorDType::f16 && t->dtype != TensorDType::bf16)
-    return invalid_argument(fmt::format("safetensors: tensor \"{}\": expected dtype F32, F16 or BF16, got {}",
-                                        name, tensor_dtype_name(t->dtype)));
+    return invalid_argument(fmt::format("safetensors: tensor \"{}\": expected dtype F32, F16 or BF16, got {}", name,
+                                        tensor_dtype_name(t->dtype)));
   CLM_RETURN_IF_ERROR(get(name, t->dtype, expected_shape, t));
   const auto n = static_cast<std::size_t>(t->numel());
   std::vector<float> converted(n);
@@ -554,15 +527,13 @@ Status SafetensorsFile::get_f32(std::string_view name, std::span<const std::int6
   return Status::success();
 }
 
-Status serialize_safetensors(std::span<const TensorToWrite> tensors,
-                             const std::map<std::string, std::string>& metadata,
+Status serialize_safetensors(std::span<const TensorToWrite> tensors, const std::map<std::string, std::string>& metadata,
                              std::vector<std::byte>& out) {
   std::vector<const TensorToWrite*> sorted;
   sorted.reserve(tensors.size());
   for (const TensorToWrite& t : tensors) {
     if (t.name.empty()) return invalid_argument("safetensors: a tensor has an empty name");
-    if (t.name == kMetadataKey)
-      return invalid_argument("safetensors: a tensor may not be called \"__metadata__\"");
+    if (t.name == kMetadataKey) return invalid_argument("safetensors: a tensor may not be called \"__metadata__\"");
     const std::size_t elem = tensor_dtype_bytes(t.dtype);
     if (elem == 0) return invalid_argument(fmt::format("safetensors: tensor \"{}\": bad dtype", t.name));
     std::string why;
@@ -571,9 +542,8 @@ Status serialize_safetensors(std::span<const TensorToWrite> tensors,
       return invalid_argument(
           fmt::format("safetensors: tensor \"{}\" shape {}: {}", t.name, shape_string(t.shape), why));
     if (*nbytes != t.bytes.size())
-      return invalid_argument(fmt::format(
-          "safetensors: tensor \"{}\": {} bytes given, but {} {} needs {}", t.name, t.bytes.size(),
-          tensor_dtype_name(t.dtype), shape_string(t.shape), *nbytes));
+      return invalid_argument(fmt::format("safetensors: tensor \"{}\": {} bytes given, but {} {} needs {}", t.name,
+                                          t.bytes.size(), tensor_dtype_name(t.dtype), shape_string(t.shape), *nbytes));
     sorted.push_back(&t);
   }
   std::sort(sorted.begin(), sorted.end(),
@@ -614,8 +584,8 @@ Status serialize_safetensors(std::span<const TensorToWrite> tensors,
     first = false;
     detail::append_json_string(header, t->name);
     const auto [b, e] = offsets[t];
-    header += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                          tensor_dtype_name(t->dtype), fmt::join(t->shape, ","), b, e);
+    header += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", tensor_dtype_name(t->dtype),
+                          fmt::join(t->shape, ","), b, e);
   }
   header.push_back('}');
   if (const std::size_t bad = find_bad_utf8(header); bad != std::string_view::npos)
@@ -640,8 +610,7 @@ Status write_safetensors(const std::string& path, std::span<const TensorToWrite>
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr)
-    return {StatusCode::io_error,
-            fmt::format("safetensors: cannot create \"{}\": {}", tmp, std::strerror(errno))};
+    return {StatusCode::io_error, fmt::format("safetensors: cannot create \"{}\": {}", tmp, std::strerror(errno))};
   const bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   const bool closed = std::fclose(f) == 0;
   if (!wrote || !closed) {
