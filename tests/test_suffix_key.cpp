@@ -1075,8 +1075,10 @@ TEST_CASE("suffix key: after from, a verb's form names a thing") {
   CHECK(key("pay the deposit from savings and the balance from checking") !=
         key("pay the deposit from checking and the balance from savings"));
   CHECK(key("move $50 from checking to savings") != key("move $50 from savings to checking"));
-  // After to it is still a verb.
+  // After to it is still a verb, unless it is a form in -ing: "to checking" is where the money goes.
   CHECK(served("I want to cancel order 789").key == served("cancel order 789").key);
+  CHECK(served("transfer 100 to checking").key != served("did you transfer 100").key);
+  CHECK(served("transfer 100 to checking").key != served("transfer 100").key);
 }
 
 TEST_CASE("suffix key: send me X asks for X") {

@@ -48,6 +48,7 @@ struct Token {
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
+  bool gerund = false;         // action: a form in -ing ("checking"), which after "to" names a thing
   bool dao = false;            // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;          // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
   bool someones = false;       // object: right after my, our, your (OWNER): someone's own, "my neighbor"
@@ -271,10 +272,12 @@ class Tokenizer {
       }
       const bool past = is_past_form(units, i, best_len);
       const bool dao = best_len == 1 && units[i] == "到";
+      const bool gerund = units[i + best_len - 1].size() > 5 && units[i + best_len - 1].ends_with("ing");
       i += best_len;
       add_entry(lex_.entries[static_cast<std::size_t>(best)]);
       if (past && !out.empty() && out.back().kind == Token::action) out.back().past = true;
       if (dao && !out.empty() && out.back().kind == Token::action) out.back().dao = true;
+      if (gerund && !out.empty() && out.back().kind == Token::action) out.back().gerund = true;
     }
     flush_unit_as_detail();
   }
@@ -639,9 +642,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     this_role.swap(role);  // a role governs the next token only ("want to cancel": no role for CANCEL)
     switch (t->kind) {
       case Token::action:
-        if (this_role == "FROM.") {
+        if (this_role == "FROM." || (this_role == "TO." && t->gerund)) {
           // "from checking": after from, a verb's form names a thing (which way
-          // the money goes is not lost with it). After to it is a verb ("want to cancel").
+          // the money goes is not lost with it), and so does one in -ing after
+          // to ("to checking"). Otherwise, after to it is a verb ("want to cancel").
           c.objects.push_back({this_role + lex.names[t->name], pending_not});
           pending_not = false;
           break;
