@@ -1202,6 +1202,13 @@ TEST_CASE("suffix key: requests in clauses of their own come in any order, unles
   CHECK(key("no, cancel my order") != key("cancel my order, no"));
 }
 
+TEST_CASE("suffix key: a word, a negation and the word again ask about it") {
+  CHECK(key("这个订单免不免运费") == key("这个订单免运费吗"));
+  CHECK(key("你们寄不寄加拿大") == key("你们寄加拿大吗"));
+  CHECK(key("这个订单免不免运费") != key("这个订单不免运费"));
+  CHECK(key("这个订单免不免运费") != key("这个订单免运费"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -948,6 +948,22 @@ void merge_dates(const Lexicon& lex, std::vector<Token>& tokens) {
   tokens = std::move(out);
 }
 
+// 寄不寄, 免不免, 退不退: a word, a negation, the same word again asks a
+// yes-no question about it, as 吗 does (寄吗); neither side is negated.
+void a_not_a_questions(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto qmark = lex.by_name.find("QMARK");
+  if (qmark == lex.by_name.end()) return;
+  for (std::size_t i = 0; i + 2 < tokens.size(); ++i) {
+    const Token& a = tokens[i];
+    const Token& again = tokens[i + 2];
+    const bool word = a.kind == Token::action || a.kind == Token::detail || a.kind == Token::object;
+    if (word && tokens[i + 1].kind == Token::negation && again.kind == a.kind && again.name == a.name) {
+      tokens[i + 1] = Token{Token::question, qmark->second, {}, false};
+      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+    }
+  }
+}
+
 // "One" and 一 before a measure word are "a" (一张票 is 张票 is "a ticket"),
 // unless the clause compares counts: "two adult tickets and one child ticket"
 // is not "one adult ticket and two child tickets", nor 2张成人票1张儿童票
@@ -1233,6 +1249,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   std::vector<Token> tokens;
   Tokenizer(lexicon, norm).run(units, matches, tokens);
   merge_dates(lexicon, tokens);
+  a_not_a_questions(lexicon, tokens);
   drop_articles(tokens);
   dao_after_verb(lexicon, tokens);
   attach_lone_polite(tokens);
