@@ -1186,6 +1186,9 @@ TEST_CASE("suffix key: 把 and a verb's thing at the end is a command, and 给�
   CHECK(key("这个订单给我包邮") != key("这个订单包邮吗"));
   CHECK(key("take back my request to cancel the booking") != key("cancel the booking"));
   CHECK(key("周六看医生的预约改了吗") != key("改周六看医生的预约"));
+  // Details after the verb's thing: still a command.
+  CHECK(key("把送货预约在上午") != key("送货是预约在上午吗"));
+  CHECK(served("把送货预约在上午").key.find("QUERY") == std::string::npos);
 }
 
 TEST_CASE("suffix key: requests in clauses of their own come in any order, unless something orders them") {

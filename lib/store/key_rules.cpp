@@ -818,10 +818,18 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     wants = true;
   }
   // 把漫游费退回来: 把, then what is acted on, then a thing that is its verb
-  // (退回), ends a command ("ATM把我的卡吞了" ends in what happened to it).
-  if (c.actions.empty() && end - begin >= 3 && end[-1].kind == Token::object &&
-      std::any_of(begin, end - 2, [](const Token& t) { return t.kind == Token::disposal; })) {
-    wants = true;
+  // (退回), is a command ("ATM把我的卡吞了" ends in what happened to it), and
+  // so is one with details after its verb: 把送货预约在上午 asks for the
+  // booking; 送货是预约在上午吗 asks about it.
+  if (c.actions.empty() && end - begin >= 3) {
+    const Token* disposal = std::find_if(begin, end - 2, [](const Token& t) { return t.kind == Token::disposal; });
+    const auto things_after = std::count_if(disposal, end, [](const Token& t) { return t.kind == Token::object; });
+    const Token* last_thing = end;
+    while (last_thing != disposal && last_thing[-1].kind == Token::detail) --last_thing;
+    if (disposal != end - 2 && last_thing != disposal && last_thing[-1].kind == Token::object &&
+        (last_thing == end || things_after >= 2)) {
+      wants = true;
+    }
   }
   const bool asks = !aux.empty() || question_word || (question_mark && !polite);
   c.asks_politely = (polite || wants) && !asks && !c.negated;
