@@ -1212,6 +1212,16 @@ TEST_CASE("suffix key: a word, a negation and the word again ask about it") {
   CHECK(key("这个订单免不免运费") != key("这个订单免运费"));
 }
 
+TEST_CASE("suffix key: doubt is neither the request nor its negation, and a question keeps asking") {
+  CHECK(served("I don't know if I want to cancel my order").key != served("cancel my order").key);
+  CHECK(served("I'm not sure I want to cancel my order").key != served("don't cancel my order").key);
+  CHECK(served("I'm not sure I want to cancel my order").key ==
+        served("I don't know if I want to cancel my order").key);
+  CHECK(served("I'm not sure where my parcel is").key == served("where is my parcel").key);
+  CHECK(served("I'd like to know if my booking was cancelled").key == served("was my booking cancelled?").key);
+  CHECK(served("I'd like to know if my booking was cancelled").key != served("cancel my booking").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -831,6 +831,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       wants = true;
     }
   }
+  if (question_word) {
+    // "I'm not sure where my parcel is" asks where it is: the doubt is the question.
+    std::erase_if(c.details, [](const Element& d) { return d.text == "UNSURE"; });
+  }
   const bool asks = !aux.empty() || question_word || (question_mark && !polite);
   c.asks_politely = (polite || wants) && !asks && !c.negated;
   if (aux.empty() && asks) aux = aux_after_subject;
