@@ -1222,6 +1222,17 @@ TEST_CASE("suffix key: doubt is neither the request nor its negation, and a ques
   CHECK(served("I'd like to know if my booking was cancelled").key != served("cancel my booking").key);
 }
 
+TEST_CASE("suffix key: after a preference, than and over say what is not wanted") {
+  CHECK(key("I'd rather have a replacement than my money back") !=
+        key("I'd rather have my money back than a replacement"));
+  CHECK(key("I'd prefer a callback over an email") != key("I'd prefer an email over a callback"));
+  CHECK(key("I'd sooner get a voucher than a refund") != key("I'd sooner get a refund than a voucher"));
+  CHECK(served("I'd rather exchange it than get a refund").key == served("exchange it instead of refunding it").key);
+  // Without a preference, than and over are what they were.
+  CHECK(key("it costs more than 50") == key("it costs more 50"));
+  CHECK(served("deliver the parcel sooner").key.find("EARLIER") != std::string::npos);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

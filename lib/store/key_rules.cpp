@@ -48,10 +48,11 @@ struct Token {
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
-  bool gerund = false;         // action: a form in -ing ("checking"), which after "to" names a thing
-  bool dao = false;            // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
-  bool owner = false;          // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
-  bool someones = false;       // object: right after my, our, your (OWNER): someone's own, "my neighbor"
+  bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
+  bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
+  bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
+  bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
+  bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
@@ -486,6 +487,10 @@ class Tokenizer {
         out_->back().someones = owner_word_at_ == out_->size() - 1;
         break;
       case Category::detail:
+        if (lex_.names[e.name] == "ABOVE" && prefers_in_clause()) {
+          out_->push_back({Token::negation, 0, {}, false});  // "I'd prefer a callback over an email"
+          break;
+        }
         // "退房后再退押金": what comes after AFTER or BEFORE is another clause,
         // so the two sides keep their places ("退押金后再退房" differs).
         if (lex_.names[e.name] == "AFTER" || lex_.names[e.name] == "BEFORE") {
@@ -521,7 +526,14 @@ class Tokenizer {
         if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
-        if (lex_.names[e.name] == "WANT") out_->push_back({Token::want, 0, {}, false});
+        if (lex_.names[e.name] == "WANT" || lex_.names[e.name] == "PREFER") {
+          out_->push_back({Token::want, 0, {}, false});
+          out_->back().prefers = lex_.names[e.name] == "PREFER";
+        }
+        // "I'd rather have a replacement than my money back": after a
+        // preference, than (and over) says what is not wanted, as "rather than"
+        // and "instead of" do; the reverse is another request.
+        if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
         if (lex_.names[e.name] == "OWNER") owner_word_at_ = out_->size();
         // "my neighbor's": 's after someone's own; before a thing it owns it
@@ -539,6 +551,14 @@ class Tokenizer {
       case Category::unit:
         break;
     }
+  }
+
+  // Whether a preference (rather, prefer) came earlier in the clause being read.
+  bool prefers_in_clause() const {
+    for (auto t = out_->rbegin(); t != out_->rend() && t->kind != Token::clause_end; ++t) {
+      if (t->prefers) return true;
+    }
+    return false;
   }
 
   const Lexicon& lex_;
