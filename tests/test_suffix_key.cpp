@@ -1233,6 +1233,19 @@ TEST_CASE("suffix key: after a preference, than and over say what is not wanted"
   CHECK(served("deliver the parcel sooner").key.find("EARLIER") != std::string::npos);
 }
 
+TEST_CASE("suffix key: 给 and 帮 say for whom, and who acts") {
+  CHECK(key("商家给我发错货了") != key("我给商家发错货了"));
+  CHECK(key("邻居帮我签收了快递") != key("我帮邻居签收了快递"));
+  CHECK(key("以后我儿子帮我付会员费") != key("以后我帮我儿子付会员费"));
+  CHECK(key("我妈给我寄了个包裹") != key("我给我妈寄了个包裹"));
+  // Elsewhere they are a polite form, a want, or nothing.
+  CHECK(served("帮我取消订单").key == served("取消订单").key);
+  CHECK(served("订单帮我取消一下").key == served("取消订单").key);
+  CHECK(served("给我退款").key == served("我要退款").key);
+  CHECK(served("宽带帮我升级到500兆").key == served("把宽带升级到500兆").key);
+  CHECK(key("下午5点提醒我给妈妈打电话") == key("提醒我下午五点打电话给妈妈"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

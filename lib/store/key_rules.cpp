@@ -38,6 +38,7 @@ struct Token {
     disposal,     // a stopword named DISPOSAL (把, 将): what follows is acted on
     want,         // a stopword named WANT (want, need, 要, 想): the clause asks for what it names
     sequence,     // a stopword named SEQUENCE (then, 先, 再, 然后): the actions' order is asked for
+    benefactive,  // 给, 帮, 给我, 帮我: for whom, or a request (benefactive_roles reads which)
     unknown,
     clause_end,
   } kind = unknown;
@@ -48,6 +49,7 @@ struct Token {
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
+  bool actor = false;          // object, entity: who acts for the speaker (邻居帮我签收: BY.)
   bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
   bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
@@ -509,7 +511,11 @@ class Tokenizer {
         out_->push_back({Token::aux, e.name, {}, false});
         break;
       case Category::polite:
-        out_->push_back({Token::polite, 0, {}, false});
+        if (lex_.names[e.name] == "POLITE_FOR" || lex_.names[e.name] == "POLITE_FOR_ME") {
+          out_->push_back({Token::benefactive, e.name, {}, false});
+        } else {
+          out_->push_back({Token::polite, 0, {}, false});
+        }
         break;
       case Category::greeting:
         out_->push_back({Token::greeting, e.name, {}, false});
@@ -535,6 +541,9 @@ class Tokenizer {
         // and "instead of" do; the reverse is another request.
         if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
+        if (lex_.names[e.name] == "FOR" || lex_.names[e.name] == "WANT_FOR_ME") {
+          out_->push_back({Token::benefactive, e.name, {}, false});
+        }
         if (lex_.names[e.name] == "OWNER") owner_word_at_ = out_->size();
         // "my neighbor's": 's after someone's own; before a thing it owns it
         // (make_clause). Without my, it names a kind: "a children's menu" is
@@ -680,9 +689,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // "my neighbor's parcel" is not "my parcel" for my neighbor: the owner
         // is OF. ("'s" before a state, "the item's broken", is "is").
         const bool owns = t->owner && t + 1 != end && (t[1].kind == Token::object || t[1].kind == Token::entity);
-        list.push_back(
-            {this_role + (owns ? "OF." : "") + t->described + (t->kind == Token::entity ? t->text : lex.names[t->name]),
-             pending_not});
+        list.push_back({this_role + (t->actor ? "BY." : "") + (owns ? "OF." : "") + t->described +
+                            (t->kind == Token::entity ? t->text : lex.names[t->name]),
+                        pending_not});
         list.back().context = t->kind == Token::object && lex.names[t->name] == "ACCOUNT" && list.size() > 1 &&
                               this_role.empty() && !pending_not &&
                               (t[-1].kind == Token::object || t[-1].kind == Token::detail);
@@ -776,6 +785,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       case Token::greeting:
       case Token::disposal:
+      case Token::benefactive:
       case Token::coordinator:
       case Token::unknown:
       case Token::clause_end:
@@ -976,6 +986,67 @@ void merge_dates(const Lexicon& lex, std::vector<Token>& tokens) {
                    year > 0 ? fmt::format("{:04}{:02}{:02}", year, month, day) : fmt::format("m{:02}{:02}", month, day),
                    false});
     i += used;
+  }
+  tokens = std::move(out);
+}
+
+// 给, 帮 and their forms with 我 say for whom something is done, or ask for
+// it. "我给商家发错货了" (to the merchant) is not "商家给我发错货了" (the
+// merchant, to me), nor "我帮邻居签收了快递" "邻居帮我签收了快递": after the
+// speaker, 给 or 帮 before a thing and an action makes the thing where it
+// goes (TO.); after a thing, 给我 or 帮我 before an action and what it acts on
+// makes the thing who acts (BY.). Anywhere else they are what they were: 帮我
+// and 帮 a polite form (帮我取消订单), 给我 a want (给我退款), 给 nothing.
+void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto to = lex.by_name.find("TO");
+  const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
+  std::vector<Token> out;
+  out.reserve(tokens.size());
+  for (std::size_t k = 0; k < tokens.size(); ++k) {
+    Token& t = tokens[k];
+    if (t.kind != Token::benefactive) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    const std::string& name = lex.names[t.name];
+    const bool for_speaker = name == "POLITE_FOR_ME" || name == "WANT_FOR_ME";
+    std::size_t end = k + 1;
+    while (end < tokens.size() && tokens[end].kind != Token::clause_end) ++end;
+    const auto action_after = [&](std::size_t from) {
+      for (std::size_t a = from; a < end; ++a) {
+        if (tokens[a].kind == Token::action) return a;
+      }
+      return end;
+    };
+    // The speaker who acts: 我 with no action or thing before it in its clause
+    // (提醒我给妈妈打电话: 我 is reminded).
+    bool after_speaker = !out.empty() && out.back().kind == Token::subject && out.back().names_speaker;
+    for (auto b = out.rbegin() + 1; after_speaker && b < out.rend() && b->kind != Token::clause_end; ++b) {
+      after_speaker = b->kind != Token::action && b->kind != Token::object;
+    }
+    std::size_t thing = k + 1;  // 帮我儿子: the son, after the speaker who owns him
+    if (thing + 1 < end && tokens[thing].kind == Token::subject && tokens[thing].names_speaker &&
+        is_thing(tokens[thing + 1])) {
+      ++thing;
+    }
+    // 我帮我儿子付: 帮我 read as one word, the 我 is the son's.
+    const bool speaker_owns_next = for_speaker && after_speaker && thing == k + 1 && thing < end;
+    if ((!for_speaker || speaker_owns_next) && after_speaker && to != lex.by_name.end() && thing < end &&
+        is_thing(tokens[thing]) && action_after(thing) < end) {
+      out.push_back({Token::role, to->second, {}, false});
+      continue;
+    }
+    // What the action acts on, right after it (details between): 签收了快递, 发错货; not 升级到500兆.
+    const std::size_t action = action_after(k + 1);
+    std::size_t acted_on = action + 1;
+    while (acted_on < end && tokens[acted_on].kind == Token::detail) ++acted_on;
+    if (for_speaker && !out.empty() && is_thing(out.back()) && action < end && !tokens[action].dao && acted_on < end &&
+        is_thing(tokens[acted_on])) {
+      out.back().actor = true;
+      continue;
+    }
+    if (name == "POLITE_FOR" || name == "POLITE_FOR_ME") out.push_back({Token::polite, 0, {}, false});
+    if (name == "WANT_FOR_ME") out.push_back({Token::want, 0, {}, false});
   }
   tokens = std::move(out);
 }
@@ -1280,6 +1351,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   find_pattern_matches(patterns, norm, units, matches);
   std::vector<Token> tokens;
   Tokenizer(lexicon, norm).run(units, matches, tokens);
+  benefactive_roles(lexicon, tokens);
   merge_dates(lexicon, tokens);
   a_not_a_questions(lexicon, tokens);
   drop_articles(tokens);
