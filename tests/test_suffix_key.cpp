@@ -1079,6 +1079,9 @@ TEST_CASE("suffix key: after from, a verb's form names a thing") {
   CHECK(served("I want to cancel order 789").key == served("cancel order 789").key);
   CHECK(served("transfer 100 to checking").key != served("did you transfer 100").key);
   CHECK(served("transfer 100 to checking").key != served("transfer 100").key);
+  // To after a want is the verb's: what is wanted is not where anything goes.
+  CHECK(served("I'd like to return my order").key == served("return my order").key);
+  CHECK(served("I want to tip my delivery driver").key == served("tip my delivery driver").key);
 }
 
 TEST_CASE("suffix key: send me X asks for X") {

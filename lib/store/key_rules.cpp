@@ -702,6 +702,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         c.details.push_back({this_role + lex.names[t->name], false});
         break;
       case Token::role:
+        // "I want to return my order", "I'd like to tip the driver": to after a
+        // want is the verb's, not a direction (the return is not where anything goes).
+        if (t != begin && t[-1].kind == Token::want && lex.names[t->name] == "TO") break;
         role = lex.names[t->name] + ".";
         break;
       case Token::negation:
