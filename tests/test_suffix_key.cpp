@@ -1249,6 +1249,18 @@ TEST_CASE("suffix key: 给 and 帮 say for whom, and who acts") {
   CHECK(key("下午5点提醒我给妈妈打电话") == key("提醒我下午五点打电话给妈妈"));
 }
 
+TEST_CASE("suffix key: a report of what was done is not the request to do it") {
+  // Served under another key, or not served at all.
+  const auto never_served_as = [](const std::string& report, const std::string& request) {
+    const SuffixKey k = key_of(builtin(), report);
+    return k.low_information || k.key != served(request).key;
+  };
+  CHECK(never_served_as("you already refunded me", "refund me"));
+  CHECK(never_served_as("they compensated me", "compensate me"));
+  CHECK(served("I changed my mind about cancelling my order").key == served("don't cancel my order").key);
+  CHECK(served("I changed my mind, cancel my order").key == served("cancel my order").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -278,7 +278,9 @@ class Tokenizer {
       const bool gerund = units[i + best_len - 1].size() > 5 && units[i + best_len - 1].ends_with("ing");
       i += best_len;
       add_entry(lex_.entries[static_cast<std::size_t>(best)]);
-      if (past && !out.empty() && out.back().kind == Token::action) out.back().past = true;
+      if (past && !out.empty() && (out.back().kind == Token::action || out.back().kind == Token::object)) {
+        out.back().past = true;  // an object's past form is its verb's: "you refunded me" (make_clause)
+      }
       if (dao && !out.empty() && out.back().kind == Token::action) out.back().dao = true;
       if (gerund && !out.empty() && out.back().kind == Token::action) out.back().gerund = true;
     }
@@ -750,9 +752,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           c.details.back().to_speaker = true;
           pending_not = false;
         }
-        // "Refund me for ...": a thing's name before me, opening the clause, is its verb: a request.
+        // "Refund me for ...": a thing's name before me, opening the clause, is its verb: a request
+        // ("you refunded me" reports one).
         if (c.actions.empty() && c.objects.size() == 1 && c.entities.empty() && t != begin &&
-            t[-1].kind == Token::object) {
+            t[-1].kind == Token::object && !t[-1].past) {
           wants = true;
         }
         break;
