@@ -341,9 +341,11 @@ TEST_CASE("suffix key: text over max_text_bytes is invalid_argument, and fast") 
   SuffixKeyerConfig config;
   config.max_text_bytes = 4u << 20;
   const auto keyer = make_keyer(config);
-  const std::vector<std::string> pieces = {"ord ", "order ", "订单", "订单号", "1234567890123456789012345 ",
-                                           "不要", "don't ", "查",   "ORD-",   "#",
-                                           "，",   "ord",    "99 ",  "状态"};
+  const std::vector<std::string> pieces = {"ord ",     "order ", "订单",    "订单号", "1234567890123456789012345 ",
+                                           "不要",     "don't ", "查",      "ORD-",   "#",
+                                           "，",       "ord",    "99 ",     "状态",   "我给",
+                                           "帮我",     "给我",   "寄不寄",  "已经",   "被",
+                                           " rather ", " than ", " to me ", " and ",  " to my dad "};
   std::string hostile;
   std::mt19937 rng(1);
   while (hostile.size() < (2u << 20)) hostile += pieces[rng() % pieces.size()];
@@ -1259,6 +1261,13 @@ TEST_CASE("suffix key: a report of what was done is not the request to do it") {
   CHECK(never_served_as("they compensated me", "compensate me"));
   CHECK(served("I changed my mind about cancelling my order").key == served("don't cancel my order").key);
   CHECK(served("I changed my mind, cancel my order").key == served("cancel my order").key);
+  // 已经, 被: the verb after them was done.
+  CHECK(never_served_as("订单已经取消了", "取消订单"));
+  CHECK(never_served_as("卡被冻结了", "冻结卡"));
+  CHECK(never_served_as("你们已经给我退款了", "给我退款"));
+  CHECK(key("我的卡没被冻结") != key("我的卡被冻结了"));
+  CHECK(key("帳戶被鎖住了") == key("账户被锁了"));
+  CHECK(key("订单被取消了吗") == key("订单是不是已经取消了"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

@@ -49,6 +49,7 @@ struct Token {
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
+  bool reported = false;       // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;          // object, entity: who acts for the speaker (邻居帮我签收: BY.)
   bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
   bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
@@ -234,7 +235,9 @@ class Tokenizer {
       if (unit.size() == 1 && (unit[0] == kClauseBreak || unit[0] == kQuestionBreak)) {
         flush_unit_as_detail();
         out.push_back({Token::clause_end, 0, {}, unit[0] == kQuestionBreak});
+        clause_start_ = out.size();
         last_entity_ = false;
+        done_mark_ = false;
         ++i;
         continue;
       }
@@ -277,7 +280,20 @@ class Tokenizer {
       const bool dao = best_len == 1 && units[i] == "到";
       const bool gerund = units[i + best_len - 1].size() > 5 && units[i + best_len - 1].ends_with("ing");
       i += best_len;
+      const bool done_before = done_mark_;
+      const std::size_t tokens_before = out.size();
       add_entry(lex_.entries[static_cast<std::size_t>(best)]);
+      const auto says_who = [](Token::Kind kind) {
+        return kind == Token::subject || kind == Token::speaker || kind == Token::benefactive || kind == Token::want;
+      };
+      if (done_before && out.size() > tokens_before && !says_who(out.back().kind)) {
+        // 订单已经取消了, 卡被冻结了, 已经给我退款了: the first word after 已经
+        // or 被 (past who), when a verb, was done.
+        if (out.back().kind == Token::action || out.back().kind == Token::object) {
+          out.back().past = out.back().reported = true;
+        }
+        done_mark_ = false;
+      }
       if (past && !out.empty() && (out.back().kind == Token::action || out.back().kind == Token::object)) {
         out.back().past = true;  // an object's past form is its verb's: "you refunded me" (make_clause)
       }
@@ -498,7 +514,7 @@ class Tokenizer {
         // "退房后再退押金": what comes after AFTER or BEFORE is another clause,
         // so the two sides keep their places ("退押金后再退房" differs).
         if (lex_.names[e.name] == "AFTER" || lex_.names[e.name] == "BEFORE") {
-          out_->push_back({Token::clause_end, 0, {}, false});
+          end_clause();
         }
         out_->push_back({Token::detail, e.name, {}, false});
         break;
@@ -537,12 +553,14 @@ class Tokenizer {
         if (lex_.names[e.name] == "WANT" || lex_.names[e.name] == "PREFER") {
           out_->push_back({Token::want, 0, {}, false});
           out_->back().prefers = lex_.names[e.name] == "PREFER";
+          if (out_->back().prefers) prefers_at_ = out_->size() - 1;
         }
         // "I'd rather have a replacement than my money back": after a
         // preference, than (and over) says what is not wanted, as "rather than"
         // and "instead of" do; the reverse is another request.
         if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
+        if (lex_.names[e.name] == "DONE") done_mark_ = true;  // 已经, 被: the next verb was done
         if (lex_.names[e.name] == "FOR" || lex_.names[e.name] == "WANT_FOR_ME") {
           out_->push_back({Token::benefactive, e.name, {}, false});
         }
@@ -565,17 +583,19 @@ class Tokenizer {
   }
 
   // Whether a preference (rather, prefer) came earlier in the clause being read.
-  bool prefers_in_clause() const {
-    for (auto t = out_->rbegin(); t != out_->rend() && t->kind != Token::clause_end; ++t) {
-      if (t->prefers) return true;
-    }
-    return false;
+  bool prefers_in_clause() const { return prefers_at_ != SIZE_MAX && clause_start_ <= prefers_at_; }
+  void end_clause() {
+    out_->push_back({Token::clause_end, 0, {}, false});
+    clause_start_ = out_->size();
   }
 
   const Lexicon& lex_;
   std::string_view norm_;
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
+  bool done_mark_ = false;                // 已经 or 被 read, its verb not yet
+  std::size_t clause_start_ = 0;          // the first token of the clause being read
+  std::size_t prefers_at_ = SIZE_MAX;     // the last preference read
   std::size_t owner_word_at_ = SIZE_MAX;  // where the last my, our, your was: the next token is theirs
   // The entity being read, while numbers come: its parts, whether a number
   // word is among them, and whether it is all numbers (no id letters, no unit).
@@ -687,6 +707,13 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       case Token::object:
       case Token::entity: {
+        if (t->kind == Token::object && t->reported && this_role.empty()) {
+          // 你们已经给我退款了: a thing that is its verb, after 已经, reports it (REFUND_DONE).
+          if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
+          c.actions.push_back({lex.names[t->name], pending_not, true});
+          pending_not = false;
+          break;
+        }
         auto& list = t->kind == Token::object ? c.objects : c.entities;
         // "my neighbor's parcel" is not "my parcel" for my neighbor: the owner
         // is OF. ("'s" before a state, "the item's broken", is "is").
@@ -1004,11 +1031,30 @@ void merge_dates(const Lexicon& lex, std::vector<Token>& tokens) {
 // makes the thing who acts (BY.). Anywhere else they are what they were: 帮我
 // and 帮 a polite form (帮我取消订单), 给我 a want (给我退款), 给 nothing.
 void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
+  if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.kind == Token::benefactive; })) return;
   const auto to = lex.by_name.find("TO");
   const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
+  // Per token, in one pass each way (linear however long a clause is): the
+  // end of its clause, the first action at or after it in the clause, and
+  // whether an action or a thing came before it in the clause.
+  const std::size_t n = tokens.size();
+  std::vector<std::size_t> clause_end(n + 1, n), next_action(n + 1, n);
+  for (std::size_t i = n; i-- > 0;) {
+    clause_end[i] = tokens[i].kind == Token::clause_end ? i : clause_end[i + 1];
+    next_action[i] = tokens[i].kind == Token::action ? i : tokens[i].kind == Token::clause_end ? i : next_action[i + 1];
+  }
+  std::vector<bool> acted_before(n, false);
+  for (std::size_t i = 1; i < n; ++i) {
+    const Token& b = tokens[i - 1];
+    acted_before[i] =
+        b.kind != Token::clause_end && (acted_before[i - 1] || b.kind == Token::action || b.kind == Token::object);
+  }
+  const auto action_after = [&](std::size_t from) {
+    return from < n && tokens[next_action[from]].kind == Token::action ? next_action[from] : n;
+  };
   std::vector<Token> out;
-  out.reserve(tokens.size());
-  for (std::size_t k = 0; k < tokens.size(); ++k) {
+  out.reserve(n);
+  for (std::size_t k = 0; k < n; ++k) {
     Token& t = tokens[k];
     if (t.kind != Token::benefactive) {
       out.push_back(std::move(t));
@@ -1016,20 +1062,11 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
     }
     const std::string& name = lex.names[t.name];
     const bool for_speaker = name == "POLITE_FOR_ME" || name == "WANT_FOR_ME";
-    std::size_t end = k + 1;
-    while (end < tokens.size() && tokens[end].kind != Token::clause_end) ++end;
-    const auto action_after = [&](std::size_t from) {
-      for (std::size_t a = from; a < end; ++a) {
-        if (tokens[a].kind == Token::action) return a;
-      }
-      return end;
-    };
+    const std::size_t end = clause_end[k];
     // The speaker who acts: 我 with no action or thing before it in its clause
     // (提醒我给妈妈打电话: 我 is reminded).
-    bool after_speaker = !out.empty() && out.back().kind == Token::subject && out.back().names_speaker;
-    for (auto b = out.rbegin() + 1; after_speaker && b < out.rend() && b->kind != Token::clause_end; ++b) {
-      after_speaker = b->kind != Token::action && b->kind != Token::object;
-    }
+    const bool after_speaker =
+        k > 0 && tokens[k - 1].kind == Token::subject && tokens[k - 1].names_speaker && !acted_before[k - 1];
     std::size_t thing = k + 1;  // 帮我儿子: the son, after the speaker who owns him
     if (thing + 1 < end && tokens[thing].kind == Token::subject && tokens[thing].names_speaker &&
         is_thing(tokens[thing + 1])) {
@@ -1062,15 +1099,20 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
 void a_not_a_questions(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto qmark = lex.by_name.find("QMARK");
   if (qmark == lex.by_name.end()) return;
-  for (std::size_t i = 0; i + 2 < tokens.size(); ++i) {
-    const Token& a = tokens[i];
-    const Token& again = tokens[i + 2];
-    const bool word = a.kind == Token::action || a.kind == Token::detail || a.kind == Token::object;
-    if (word && tokens[i + 1].kind == Token::negation && again.kind == a.kind && again.name == a.name) {
-      tokens[i + 1] = Token{Token::question, qmark->second, {}, false};
-      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+  std::vector<Token> out;
+  out.reserve(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const bool word =
+        tokens[i].kind == Token::action || tokens[i].kind == Token::detail || tokens[i].kind == Token::object;
+    const bool asks = word && i + 2 < tokens.size() && tokens[i + 1].kind == Token::negation &&
+                      tokens[i + 2].kind == tokens[i].kind && tokens[i + 2].name == tokens[i].name;
+    out.push_back(std::move(tokens[i]));
+    if (asks) {
+      out.push_back(Token{Token::question, qmark->second, {}, false});
+      i += 2;
     }
   }
+  tokens = std::move(out);
 }
 
 // "One" and 一 before a measure word are "a" (一张票 is 张票 is "a ticket"),
@@ -1267,10 +1309,27 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     for (std::size_t k = begin; k < after_details(begin); ++k) names += lex.names[tokens[k].name] + ".";
     return names;
   };
+  // Read from tokens, written to out: linear however many groups there are.
+  std::vector<Token> out;
+  out.reserve(tokens.size());
+  const auto copy = [&](std::size_t from, std::size_t to) {
+    for (std::size_t k = from; k < to; ++k) out.push_back(tokens[k]);
+  };
   for (std::size_t i = 0; i < tokens.size();) {
-    if (!is_thing(tokens[after_details(i)]) ||
-        (i > 0 && (tokens[i - 1].kind == Token::role || tokens[i - 1].kind == Token::negation))) {
+    if (i > 0 && (tokens[i - 1].kind == Token::role || tokens[i - 1].kind == Token::negation)) {
+      copy(i, i + 1);
       ++i;
+      continue;
+    }
+    if (!is_thing(tokens[after_details(i)])) {
+      // Past a run of details with no thing after it at once (each one would find the same).
+      std::size_t next = i + 1;
+      if (tokens[i].kind == Token::detail) {
+        while (next < tokens.size() && tokens[next].kind == Token::detail) ++next;
+        if (next < tokens.size() && is_thing(tokens[next])) next = i + 1;  // a later start of the run does
+      }
+      copy(i, next);
+      i = next;
       continue;
     }
     // Runs [begin, end) joined by single coordinators, from i: details, then things.
@@ -1289,6 +1348,7 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     const bool followed_by_negation = group_end < tokens.size() && (tokens[group_end].kind == Token::negation_after ||
                                                                     tokens[group_end].kind == Token::negation);
     if (runs.size() < 2 || followed_by_negation) {
+      copy(i, group_end);
       i = group_end;
       continue;
     }
@@ -1307,17 +1367,14 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     }
     std::stable_sort(conjuncts.begin(), conjuncts.end(),
                      [](const auto& x, const auto& y) { return x.first < y.first; });
-    std::vector<Token> sorted;
-    for (std::size_t c = 0; c < conjuncts.size(); ++c) {
-      for (Token& t : conjuncts[c].second) sorted.push_back(std::move(t));
-      if (c + 1 < conjuncts.size()) sorted.push_back(Token{Token::coordinator, 0, {}, false});
-    }
     // Runs whose details went into their things are shorter than what they replace.
-    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(i),
-                 tokens.begin() + static_cast<std::ptrdiff_t>(group_end));
-    tokens.insert(tokens.begin() + static_cast<std::ptrdiff_t>(i), sorted.begin(), sorted.end());
-    i += sorted.size();
+    for (std::size_t c = 0; c < conjuncts.size(); ++c) {
+      for (Token& t : conjuncts[c].second) out.push_back(std::move(t));
+      if (c + 1 < conjuncts.size()) out.push_back(Token{Token::coordinator, 0, {}, false});
+    }
+    i = group_end;
   }
+  tokens = std::move(out);
 }
 
 // Requests in clauses of their own come in any order, as requests joined by
