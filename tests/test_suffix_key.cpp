@@ -1276,6 +1276,9 @@ TEST_CASE("suffix key: a report of what was done is not the request to do it") {
   CHECK(never_served_as("they compensated me", "compensate me"));
   CHECK(served("I changed my mind about cancelling my order").key == served("don't cancel my order").key);
   CHECK(served("I changed my mind, cancel my order").key == served("cancel my order").key);
+  // "issue" before what is issued is the verb, not a problem.
+  CHECK(served("issue the refund").key != served("I have an issue with my refund").key);
+  CHECK(served("issue a new card").key != served("there's an issue with my new card").key);
   // 已经, 被: the verb after them was done.
   CHECK(never_served_as("订单已经取消了", "取消订单"));
   CHECK(never_served_as("卡被冻结了", "冻结卡"));
