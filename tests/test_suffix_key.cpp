@@ -1232,6 +1232,12 @@ TEST_CASE("suffix key: a word, a negation and the word again ask about it") {
   CHECK(key("这个订单免不免运费") != key("这个订单免运费"));
 }
 
+TEST_CASE("suffix key: right before a thing is a side, elsewhere nothing") {
+  CHECK(served("the right earbud doesn't work").key != served("the left earbud doesn't work").key);
+  CHECK(served("the right earbud doesn't work").key != served("the earbud doesn't work").key);
+  CHECK(served("that's right, cancel my order").key == served("cancel my order").key);
+}
+
 TEST_CASE("suffix key: doubt is neither the request nor its negation, and a question keeps asking") {
   CHECK(served("I don't know if I want to cancel my order").key != served("cancel my order").key);
   CHECK(served("I'm not sure I want to cancel my order").key != served("don't cancel my order").key);

@@ -49,8 +49,9 @@ struct Token {
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
-  bool reported = false;       // action, object: after 已经 or 被, what was done ("订单已经取消了")
-  bool actor = false;          // object, entity: who acts for the speaker (邻居帮我签收: BY.)
+  bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
+  bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
+  bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
   bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
   bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
@@ -560,7 +561,12 @@ class Tokenizer {
         // and "instead of" do; the reverse is another request.
         if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
-        if (lex_.names[e.name] == "DONE") done_mark_ = true;  // 已经, 被: the next verb was done
+        if (lex_.names[e.name] == "DONE") done_mark_ = true;
+        if (lex_.names[e.name] == "RIGHT_SIDE") {
+          // "the right earbud" is not "the left earbud"; "that's right" says nothing.
+          out_->push_back({Token::detail, e.name, {}, false});
+          out_->back().before_thing_only = true;
+        }  // 已经, 被: the next verb was done
         if (lex_.names[e.name] == "FOR" || lex_.names[e.name] == "WANT_FOR_ME") {
           out_->push_back({Token::benefactive, e.name, {}, false});
         }
@@ -1142,6 +1148,19 @@ void drop_articles(std::vector<Token>& tokens) {
   std::erase_if(tokens, [](const Token& t) { return t.article; });
 }
 
+// "the right earbud" is a side, as "the left earbud" is; "that's right" and
+// "right, refund me" say nothing: such a detail stays only right before a thing.
+void drop_sides_without_thing(std::vector<Token>& tokens) {
+  std::vector<Token> out;
+  out.reserve(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const bool thing_next =
+        i + 1 < tokens.size() && (tokens[i + 1].kind == Token::object || tokens[i + 1].kind == Token::entity);
+    if (!tokens[i].before_thing_only || thing_next) out.push_back(std::move(tokens[i]));
+  }
+  tokens = std::move(out);
+}
+
 // 到 after a verb says where to, as 成 does: 改到周六 is 改成周六, 转200块到储
 // 蓄账户 is "transfer 200 to savings", not "transfer" and "arrive". So 到 alone,
 // with an action before it in its clause and a thing right after it, is the
@@ -1418,6 +1437,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   merge_dates(lexicon, tokens);
   a_not_a_questions(lexicon, tokens);
   drop_articles(tokens);
+  drop_sides_without_thing(tokens);
   dao_after_verb(lexicon, tokens);
   attach_lone_polite(tokens);
   split_at_new_subject(tokens);
