@@ -1056,7 +1056,7 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
         b.kind != Token::clause_end && (acted_before[i - 1] || b.kind == Token::action || b.kind == Token::object);
   }
   const auto action_after = [&](std::size_t from) {
-    return from < n && tokens[next_action[from]].kind == Token::action ? next_action[from] : n;
+    return from < n && next_action[from] < n && tokens[next_action[from]].kind == Token::action ? next_action[from] : n;
   };
   std::vector<Token> out;
   out.reserve(n);
