@@ -164,6 +164,11 @@ bool numeral_sum(const std::vector<Numeral>& parts, std::uint64_t& out) {
   return out <= kMax;
 }
 
+// Whether a token kind only says who (我, me, 给我, want): 已经 and 被 look past it for their verb.
+bool says_who(Token::Kind kind) {
+  return kind == Token::subject || kind == Token::speaker || kind == Token::benefactive || kind == Token::want;
+}
+
 // Whether an English surface is a verb's past form: a word in -ed or an
 // irregular past. "My flight was cancelled" and "I cancelled my order" report
 // what happened; "cancel my flight" asks for it.
@@ -284,9 +289,6 @@ class Tokenizer {
       const bool done_before = done_mark_;
       const std::size_t tokens_before = out.size();
       add_entry(lex_.entries[static_cast<std::size_t>(best)]);
-      const auto says_who = [](Token::Kind kind) {
-        return kind == Token::subject || kind == Token::speaker || kind == Token::benefactive || kind == Token::want;
-      };
       if (done_before && out.size() > tokens_before && !says_who(out.back().kind)) {
         // 订单已经取消了, 卡被冻结了, 已经给我退款了: the first word after 已经
         // or 被 (past who), when a verb, was done.
@@ -561,12 +563,12 @@ class Tokenizer {
         // and "instead of" do; the reverse is another request.
         if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
-        if (lex_.names[e.name] == "DONE") done_mark_ = true;
+        if (lex_.names[e.name] == "DONE") done_mark_ = true;  // 已经, 被: the next verb was done
         if (lex_.names[e.name] == "RIGHT_SIDE") {
           // "the right earbud" is not "the left earbud"; "that's right" says nothing.
           out_->push_back({Token::detail, e.name, {}, false});
           out_->back().before_thing_only = true;
-        }  // 已经, 被: the next verb was done
+        }
         if (lex_.names[e.name] == "FOR" || lex_.names[e.name] == "WANT_FOR_ME") {
           out_->push_back({Token::benefactive, e.name, {}, false});
         }
@@ -1041,13 +1043,14 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto to = lex.by_name.find("TO");
   const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
   // Per token, in one pass each way (linear however long a clause is): the
-  // end of its clause, the first action at or after it in the clause, and
-  // whether an action or a thing came before it in the clause.
+  // end of its clause, the first action at or after it in the clause (its end
+  // when there is none), and whether an action or a thing came before it in
+  // the clause.
   const std::size_t n = tokens.size();
-  std::vector<std::size_t> clause_end(n + 1, n), next_action(n + 1, n);
+  std::vector<std::size_t> clause_end(n + 1, n), action_after(n + 1, n);
   for (std::size_t i = n; i-- > 0;) {
     clause_end[i] = tokens[i].kind == Token::clause_end ? i : clause_end[i + 1];
-    next_action[i] = tokens[i].kind == Token::action ? i : tokens[i].kind == Token::clause_end ? i : next_action[i + 1];
+    action_after[i] = tokens[i].kind == Token::action || tokens[i].kind == Token::clause_end ? i : action_after[i + 1];
   }
   std::vector<bool> acted_before(n, false);
   for (std::size_t i = 1; i < n; ++i) {
@@ -1055,9 +1058,6 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
     acted_before[i] =
         b.kind != Token::clause_end && (acted_before[i - 1] || b.kind == Token::action || b.kind == Token::object);
   }
-  const auto action_after = [&](std::size_t from) {
-    return from < n && next_action[from] < n && tokens[next_action[from]].kind == Token::action ? next_action[from] : n;
-  };
   std::vector<Token> out;
   out.reserve(n);
   for (std::size_t k = 0; k < n; ++k) {
@@ -1081,12 +1081,12 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
     // 我帮我儿子付: 帮我 read as one word, the 我 is the son's.
     const bool speaker_owns_next = for_speaker && after_speaker && thing == k + 1 && thing < end;
     if ((!for_speaker || speaker_owns_next) && after_speaker && to != lex.by_name.end() && thing < end &&
-        is_thing(tokens[thing]) && action_after(thing) < end) {
+        is_thing(tokens[thing]) && action_after[thing] < end) {
       out.push_back({Token::role, to->second, {}, false});
       continue;
     }
     // What the action acts on, right after it (details between): 签收了快递, 发错货; not 升级到500兆.
-    const std::size_t action = action_after(k + 1);
+    const std::size_t action = action_after[k + 1];
     std::size_t acted_on = action + 1;
     while (acted_on < end && tokens[acted_on].kind == Token::detail) ++acted_on;
     if (for_speaker && !out.empty() && is_thing(out.back()) && action < end && !tokens[action].dao && acted_on < end &&
@@ -1104,7 +1104,10 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
 // yes-no question about it, as 吗 does (寄吗); neither side is negated.
 void a_not_a_questions(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto qmark = lex.by_name.find("QMARK");
-  if (qmark == lex.by_name.end()) return;
+  if (qmark == lex.by_name.end() ||
+      std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.kind == Token::negation; })) {
+    return;
+  }
   std::vector<Token> out;
   out.reserve(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -1151,6 +1154,7 @@ void drop_articles(std::vector<Token>& tokens) {
 // "the right earbud" is a side, as "the left earbud" is; "that's right" and
 // "right, refund me" say nothing: such a detail stays only right before a thing.
 void drop_sides_without_thing(std::vector<Token>& tokens) {
+  if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.before_thing_only; })) return;
   std::vector<Token> out;
   out.reserve(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -1315,6 +1319,7 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
 // runs with a role or a negation before the first or after the last stay as
 // they are ("from the twin and the king room", "X and Y not").
 void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
+  if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.kind == Token::coordinator; })) return;
   const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
   const auto text_of = [&lex](const Token& t) { return t.kind == Token::entity ? "#" + t.text : lex.names[t.name]; };
   // The end of the details from `at` when a thing follows them, else `at`.
@@ -1402,26 +1407,32 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
 // clause keeps what it says (its negation, its things), so "X, not Y" stays
 // apart from "Y, not X". Clauses stay as written when anything orders them
 // (orders_requests: "apply the coupon, then charge my card") or when one is a
-// bare negation ("no, cancel it" answers what came before).
-void sort_clauses(const Lexicon& lex, const std::vector<Token>& tokens, std::vector<Clause>& clauses) {
-  if (clauses.size() < 2 ||
-      std::any_of(tokens.begin(), tokens.end(), [&lex](const Token& t) { return orders_requests(lex, t); })) {
-    return;
-  }
-  if (std::any_of(clauses.begin(), clauses.end(), [](const Clause& c) {
-        return c.negated && c.actions.empty() && c.objects.empty() && c.entities.empty();
-      })) {
-    return;
-  }
+// bare negation ("no, cancel it" answers what came before). Returns each
+// clause's text (Clause::render) in the key's order, clauses in that order.
+std::vector<std::string> sort_clauses(const Lexicon& lex, const std::vector<Token>& tokens,
+                                      std::vector<Clause>& clauses) {
   std::vector<std::pair<std::string, Clause>> rendered;
   for (Clause& c : clauses) {
     std::string text;
     c.render(text);
     rendered.emplace_back(std::move(text), std::move(c));
   }
-  std::stable_sort(rendered.begin(), rendered.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  const bool ordered =
+      std::any_of(tokens.begin(), tokens.end(), [&lex](const Token& t) { return orders_requests(lex, t); }) ||
+      std::any_of(rendered.begin(), rendered.end(), [](const auto& r) {
+        const Clause& c = r.second;
+        return c.negated && c.actions.empty() && c.objects.empty() && c.entities.empty();
+      });
+  if (!ordered) {
+    std::stable_sort(rendered.begin(), rendered.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  }
+  std::vector<std::string> texts;
   clauses.clear();
-  for (auto& [text, c] : rendered) clauses.push_back(std::move(c));
+  for (auto& [text, c] : rendered) {
+    texts.push_back(std::move(text));
+    clauses.push_back(std::move(c));
+  }
+  return texts;
 }
 
 }  // namespace
@@ -1464,12 +1475,10 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     start = i + 1;
   }
 
-  sort_clauses(lexicon, tokens, clauses);
-
   SuffixKey k;
-  for (const Clause& c : clauses) {
+  for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
     if (!k.key.empty()) k.key.push_back('|');
-    c.render(k.key);
+    k.key += text;
   }
   for (const Clause& c : clauses) {
     for (const Element& a : c.actions) {
