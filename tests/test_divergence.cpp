@@ -102,7 +102,9 @@ TEST_CASE("divergence: branch points, hits and depths equal a naive model on ran
       for (auto& x : out) x = std::uniform_int_distribution<std::int32_t>(0, vocab)(rng);
       return out;
     };
-    for (int step = 0; step < 400; ++step) {
+    // At least 400 steps, and more until the workload did what the test is about: with pages of 16 a
+    // run of 400 diverged only 14 times once (CI, seed 2830730845).
+    for (int step = 0; step < 400 || (model.diverged <= 20 && step < 20000); ++step) {
       std::string tenant;
       Tokens prompt;
       const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
@@ -140,7 +142,7 @@ TEST_CASE("divergence: branch points, hits and depths equal a naive model on ran
       REQUIRE(m.match_depth.counts == model.depths.counts);
       REQUIRE(m.match_depth.sum_tokens == model.depths.sum_tokens);
     }
-    CHECK(model.diverged > 20);  // the workload did what the test is about
+    REQUIRE(model.diverged > 20);  // the workload did what the test is about
     CHECK(!model.hits.empty());
     clm::DivergenceReport report;
     REQUIRE(tree.divergence_report({.top_per_tenant = 100000, .min_branches = 1}, name_of_salt, report).ok());
