@@ -116,8 +116,8 @@ TEST_CASE("suffix key: the header's examples") {
   CHECK(weather.abstain_reason == "unknown word \"weather\"");
   // Negation stays in its clause; contrast keeps which side is asked for.
   CHECK(served("I don't want to wait, cancel my order").key != served("don't cancel my order").key);
-  CHECK(served("Cancel order 789, not 456").key == "CANCEL-ORDER-789|NOT-456");
-  CHECK(served("Cancel order 456, not 789").key == "CANCEL-ORDER-456|NOT-789");
+  CHECK(served("Cancel order 789, not 456").key == "CANCEL-ORDER-789+NOT-456");
+  CHECK(served("Cancel order 456, not 789").key == "CANCEL-ORDER-456+NOT-789");
   CHECK(served("$20 refund for order 789").entity == "20usd+789");
   CHECK(served("refund 20 dollars for order 789").key == served("$20 refund for order 789").key);
 }
@@ -1294,6 +1294,31 @@ TEST_CASE("suffix key: a report of what was done is not the request to do it") {
   CHECK(key("我的卡没被冻结") != key("我的卡被冻结了"));
   CHECK(key("帳戶被鎖住了") == key("账户被锁了"));
   CHECK(key("订单被取消了吗") == key("订单是不是已经取消了"));
+}
+
+TEST_CASE("suffix key: a clause of only what is not meant joins the request beside it") {
+  CHECK(served("apply the gift card, not the coupon").key == served("apply the gift card and not the coupon").key);
+  CHECK(served("instead of a callback, email me").key == served("email me instead of a callback").key);
+  CHECK(served("我要三月的收据，二月的不要").key == served("我要三月的收据，不要二月的").key);
+  // Which side is meant stays.
+  CHECK(key("apply the gift card, not the coupon") != key("apply the coupon, not the gift card"));
+  CHECK(key("refund order 12, not 13") != key("refund order 13, not 12"));
+  CHECK(key("我要三月的收据，二月的不要") != key("我要二月的收据，三月的不要"));
+  // A bare no answers what came before, and stays apart.
+  CHECK(key("no, cancel my order") != key("cancel my order"));
+}
+
+TEST_CASE("suffix key: a thing that is fine, beside another, is the one not meant") {
+  CHECK(served("the modem is broken, the router is fine").key == served("the modem is broken, not the router").key);
+  CHECK(served("光猫坏了，路由器没问题").key == served("光猫坏了，不是路由器").key);
+  CHECK(key("the modem is broken, the router is fine") != key("the router is broken, the modem is fine"));
+  CHECK(key("光猫坏了，路由器没问题") != key("路由器坏了，光猫没问题"));
+  // Beside a negation it accepts: "email is fine" asks for the email.
+  CHECK(served("no need to call me back, email is fine").key == served("email me instead of a callback").key);
+  // Opening a clause, or asked, it is not about a thing.
+  CHECK(served("ok, cancel my order").key == served("cancel my order").key);
+  CHECK(served("好的，取消订单").key == served("取消订单").key);
+  CHECK(key("is my router ok?") != key("not my router"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

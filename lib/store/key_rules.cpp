@@ -57,6 +57,7 @@ struct Token {
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
   bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
+  bool fine = false;      // negation_after: a word for fine ("the modem is fine", 没问题): no problem with what came before
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
@@ -563,6 +564,10 @@ class Tokenizer {
         // and "instead of" do; the reverse is another request.
         if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
+        if (lex_.names[e.name] == "FINE") {
+          out_->push_back({Token::negation_after, 0, {}, false});
+          out_->back().fine = true;
+        }
         if (lex_.names[e.name] == "DONE") done_mark_ = true;  // 已经, 被: the next verb was done
         if (lex_.names[e.name] == "RIGHT_SIDE") {
           // "the right earbud" is not "the left earbud"; "that's right" says nothing.
@@ -629,6 +634,7 @@ struct Clause {
   std::string mood;            // "", "ASK", or an aux's name ("ASK_ABLE")
   bool negated = false;        // a negation that governs nothing in it: "no, ..."
   bool asks_politely = false;  // a polite form with no question of its own: "late checkout please"
+  bool fine = false;           // things and a word for fine, nothing else: "the modem is fine", 路由器没问题
   // Two things go to different places, or come from them ("transfer 50 to my
   // dad and 20 to me"): objects, entities and details in one section, in the
   // order written, so which goes where is kept.
@@ -695,6 +701,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   std::pair<std::size_t, std::size_t> things_before_action{0, 0};  // objects, entities
   bool speaker_after_action = false;
   bool wants = false;  // want, need, 要: a request for what the clause names, as please is
+  bool fine_after_thing = false;  // a word for fine after a thing ("the modem is fine")
   for (const Token* t = begin; t != end; ++t) {
     const std::size_t before[3] = {c.objects.size(), c.entities.size(), c.details.size()};
     std::string this_role;
@@ -749,6 +756,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         pending_past = t->past;
         break;
       case Token::negation_after:
+        if (t->fine) {
+          fine_after_thing = fine_after_thing || c.objects.size() + c.entities.size() > 0;
+          break;
+        }
         if (!c.actions.empty()) {
           c.actions.back().negated = true;
         } else {
@@ -930,6 +941,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     // "refund status of order 7" asks; "I want a refund for the late delivery" does not.
     c.actions.push_back({lex.names[query], false});
   }
+  c.fine = fine_after_thing && c.mood.empty() && !asks && !c.negated && c.actions.empty() && c.details.empty() &&
+           std::none_of(c.objects.begin(), c.objects.end(), [](const Element& e) { return e.negated; }) &&
+           std::none_of(c.entities.begin(), c.entities.end(), [](const Element& e) { return e.negated; });
   if (c.mood.empty() && !asks) {
     // A statement of what happened: not the request to do it.
     for (Element& a : c.actions) {
@@ -1401,6 +1415,85 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
   tokens = std::move(out);
 }
 
+// A clause that is nothing but what is not meant ("contact me on my mobile,
+// not my landline", "instead of a callback, email me") says which of the
+// things beside it is asked for: its things join the request next to it (the
+// one before, or for the first clause the one after), as "call my mobile
+// rather than my landline" has them in one clause. And in any clause the
+// things not meant come after the ones meant ("email me instead of calling"
+// is "instead of calling, email me"); each keeps its negation, so "X, not Y"
+// still differs from "Y, not X".
+void join_contrasts(std::vector<Clause>& clauses) {
+  // Things all negated ("not my landline"), or a negation after them that governs nothing else (二月的不要).
+  const auto bare_contrast = [](Clause& c) {
+    if (!c.mood.empty() || c.interleaved || !c.actions.empty() || !c.details.empty() ||
+        c.objects.size() + c.entities.size() == 0) {
+      return false;
+    }
+    const auto negated = [](const Element& e) { return e.negated; };
+    const bool all_negated =
+        std::all_of(c.objects.begin(), c.objects.end(), negated) && std::all_of(c.entities.begin(), c.entities.end(), negated);
+    const bool none_negated =
+        std::none_of(c.objects.begin(), c.objects.end(), negated) && std::none_of(c.entities.begin(), c.entities.end(), negated);
+    if (!c.negated) return all_negated;
+    if (!none_negated) return false;
+    for (auto* list : {&c.objects, &c.entities}) {
+      for (Element& e : *list) e.negated = true;
+    }
+    c.negated = false;
+    return true;
+  };
+  // "the modem is fine" beside another request or report says which thing it
+  // is not about ("the modem is broken, the router is fine" is "the modem is
+  // broken, not the router"). Beside a negation it accepts instead ("no need
+  // to call me back, email is fine"; "a voucher is fine, I don't need a
+  // refund"), and stays what it was.
+  const auto says_no = [](const Clause& c) {
+    const auto negated = [](const Element& e) { return e.negated; };
+    return c.negated || std::any_of(c.actions.begin(), c.actions.end(), negated) ||
+           std::any_of(c.objects.begin(), c.objects.end(), negated) ||
+           std::any_of(c.entities.begin(), c.entities.end(), negated);
+  };
+  const bool fine_is_contrast = clauses.size() >= 2 && std::none_of(clauses.begin(), clauses.end(), says_no) &&
+                                std::any_of(clauses.begin(), clauses.end(), [](const Clause& c) { return !c.fine; });
+  for (Clause& c : clauses) {
+    if (c.fine && fine_is_contrast) c.negated = true;
+  }
+  std::vector<Clause> joined;
+  joined.reserve(clauses.size());
+  std::vector<Clause> waiting;  // bare contrasts before the first request
+  for (Clause& c : clauses) {
+    if (bare_contrast(c)) {
+      if (!joined.empty() && !joined.back().interleaved) {
+        Clause& host = joined.back();
+        std::move(c.objects.begin(), c.objects.end(), std::back_inserter(host.objects));
+        std::move(c.entities.begin(), c.entities.end(), std::back_inserter(host.entities));
+      } else {
+        waiting.push_back(std::move(c));
+      }
+      continue;
+    }
+    if (!waiting.empty() && joined.empty() && !c.interleaved) {
+      for (Clause& w : waiting) {
+        std::move(w.objects.begin(), w.objects.end(), std::back_inserter(c.objects));
+        std::move(w.entities.begin(), w.entities.end(), std::back_inserter(c.entities));
+      }
+      waiting.clear();
+    }
+    std::move(waiting.begin(), waiting.end(), std::back_inserter(joined));
+    waiting.clear();
+    joined.push_back(std::move(c));
+  }
+  std::move(waiting.begin(), waiting.end(), std::back_inserter(joined));
+  for (Clause& c : joined) {
+    if (c.interleaved) continue;
+    const auto meant = [](const Element& e) { return !e.negated; };
+    std::stable_partition(c.objects.begin(), c.objects.end(), meant);
+    std::stable_partition(c.entities.begin(), c.entities.end(), meant);
+  }
+  clauses = std::move(joined);
+}
+
 // Requests in clauses of their own come in any order, as requests joined by
 // "and" do: 周六的配送取消，周日的保留 is 周日的保留，周六的配送取消, "return the
 // shirt, keep the trousers" is "keep the trousers, return the shirt". Each
@@ -1475,6 +1568,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     start = i + 1;
   }
 
+  join_contrasts(clauses);
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
     if (!k.key.empty()) k.key.push_back('|');

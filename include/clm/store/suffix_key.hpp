@@ -60,7 +60,10 @@
 //  5. Key: the clauses joined by '|'; per clause its NOT (a negation that
 //     governs nothing), mood, actions, objects, entities and details, the
 //     parts of each joined by '+' and the sections by '-', a negated part
-//     written NOT-<PART>: "NOT-CANCEL-ORDER-789", "CANCEL-ORDER-789|NOT-456".
+//     written NOT-<PART>: "NOT-CANCEL-ORDER-789", "CANCEL-ORDER-789+NOT-456".
+//     A clause of nothing but what is not meant ("..., not 456"; "..., the
+//     router is fine" beside another request or report) joins the clause
+//     beside it, and in a clause the parts not meant come after the others.
 //     A key is issued only when a clause has an action with an object or an
 //     entity, or two of those (退押金: RETURN+DEPOSIT); an action alone
 //     ("cancel it"), a detail alone, a greeting ("hi", 谢谢: key
@@ -182,7 +185,7 @@ class SuffixKeyer {
   // same one: the store records it and refuses to open under another.
   std::uint64_t rules_fingerprint() const;
   // The version of the key rules in this library; part of rules_fingerprint().
-  static constexpr std::uint32_t kRulesVersion = 7;
+  static constexpr std::uint32_t kRulesVersion = 8;
 
  private:
   struct Impl;
