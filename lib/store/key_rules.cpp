@@ -57,7 +57,7 @@ struct Token {
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
   bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
-  bool fine = false;      // negation_after: a word for fine ("the modem is fine", 没问题): no problem with what came before
+  bool fine = false;  // negation_after: a word for fine ("the modem is fine", 没问题): no problem with what came before
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
@@ -700,7 +700,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool after_subject = false;  // the token before this one was the clause's first, a subject
   std::pair<std::size_t, std::size_t> things_before_action{0, 0};  // objects, entities
   bool speaker_after_action = false;
-  bool wants = false;  // want, need, 要: a request for what the clause names, as please is
+  bool wants = false;             // want, need, 要: a request for what the clause names, as please is
   bool fine_after_thing = false;  // a word for fine after a thing ("the modem is fine")
   for (const Token* t = begin; t != end; ++t) {
     const std::size_t before[3] = {c.objects.size(), c.entities.size(), c.details.size()};
@@ -1431,10 +1431,10 @@ void join_contrasts(std::vector<Clause>& clauses) {
       return false;
     }
     const auto negated = [](const Element& e) { return e.negated; };
-    const bool all_negated =
-        std::all_of(c.objects.begin(), c.objects.end(), negated) && std::all_of(c.entities.begin(), c.entities.end(), negated);
-    const bool none_negated =
-        std::none_of(c.objects.begin(), c.objects.end(), negated) && std::none_of(c.entities.begin(), c.entities.end(), negated);
+    const bool all_negated = std::all_of(c.objects.begin(), c.objects.end(), negated) &&
+                             std::all_of(c.entities.begin(), c.entities.end(), negated);
+    const bool none_negated = std::none_of(c.objects.begin(), c.objects.end(), negated) &&
+                              std::none_of(c.entities.begin(), c.entities.end(), negated);
     if (!c.negated) return all_negated;
     if (!none_negated) return false;
     for (auto* list : {&c.objects, &c.entities}) {
