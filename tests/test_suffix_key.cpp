@@ -1321,6 +1321,28 @@ TEST_CASE("suffix key: a thing that is fine, beside another, is the one not mean
   CHECK(key("is my router ok?") != key("not my router"));
 }
 
+TEST_CASE("suffix key: undoing an action named as a thing is the action that reverses it") {
+  CHECK(served("undo the cancellation of my booking").key == served("reinstate my cancelled booking").key);
+  CHECK(served("lift the freeze on my account").key == served("unfreeze my account").key);
+  CHECK(served("remove the suspension on my line").key == served("unsuspend my line").key);
+  CHECK(served("解除账户冻结").key == served("账户解冻").key);
+  CHECK(served("取消订单的取消").key == served("恢复被取消的订单").key);
+  CHECK(served("预约的取消撤销掉").key == served("撤销预约的取消").key);
+  CHECK(served("reopen my closed ticket").key == served("reopen my ticket").key);
+  // Never the action itself, nor its negation.
+  CHECK(key("undo the cancellation of order 789") != key("cancel order 789"));
+  CHECK(key("undo the cancellation of order 789") != key("don't cancel order 789"));
+  // Actions joined by and, or, then are two requests, not an undoing.
+  for (const char* both : {"cancel and delete my account", "cancel or delete my account",
+                           "cancel then delete my account", "取消和删除我的账户", "取消或删除我的账户"}) {
+    INFO(both);
+    CHECK(key(both) != key("restore my account"));
+  }
+  CHECK(key("cancel my order and delete my address") != key("restore my order and my address"));
+  // A report beside another request stays: only the action undone is in the reversing one.
+  CHECK(key("refund the order I cancelled") != key("refund the order"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

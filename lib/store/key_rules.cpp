@@ -57,6 +57,8 @@ struct Token {
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
   bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
+  bool nominal =
+      false;  // action: named as a thing ("the cancellation", 预约的取消, 解除冻结), so undoing it reverses it
   bool fine = false;  // negation_after: a word for fine ("the modem is fine", 没问题): no problem with what came before
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
@@ -191,6 +193,21 @@ bool is_past_form(const std::vector<std::string_view>& units, std::size_t first,
   return false;
 }
 
+bool is_ascii_word(std::string_view unit) {
+  return !unit.empty() &&
+         std::all_of(unit.begin(), unit.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+}
+
+// A word after which a verb's word names a thing: "the cancellation", "my
+// freeze", 订单的取消.
+bool names_a_thing_next(std::string_view unit) {
+  for (std::string_view w :
+       {"the", "a", "an", "my", "your", "our", "their", "his", "her", "its", "this", "that", "of", "的"}) {
+    if (unit == w) return true;
+  }
+  return false;
+}
+
 bool has_ascii_digit(std::string_view unit) { return std::any_of(unit.begin(), unit.end(), is_ascii_digit); }
 
 std::size_t offset_of(std::string_view norm, std::string_view unit) {
@@ -286,6 +303,14 @@ class Tokenizer {
       const bool past = is_past_form(units, i, best_len);
       const bool dao = best_len == 1 && units[i] == "到";
       const bool gerund = units[i + best_len - 1].size() > 5 && units[i + best_len - 1].ends_with("ing");
+      // "the cancellation", "my booking cancellation", 订单的取消, 解除冻结 and 账户冻结 (right after
+      // a verb or a thing): an action named as a thing, which an undoing acts on ("cancel and
+      // delete", 取消和冻结 have and between them).
+      const bool nominal = i > 0 && (names_a_thing_next(units[i - 1]) ||
+                                     (!is_ascii_word(units[i]) && last_token_end_ == i && !out.empty() &&
+                                      (out.back().kind == Token::action || out.back().kind == Token::object)));
+      const bool english_noun = is_ascii_word(units[i]) && (units[i].ends_with("tion") || units[i].ends_with("sion") ||
+                                                            units[i].ends_with("al") || units[i].ends_with("ure"));
       i += best_len;
       const bool done_before = done_mark_;
       const std::size_t tokens_before = out.size();
@@ -303,6 +328,10 @@ class Tokenizer {
       }
       if (dao && !out.empty() && out.back().kind == Token::action) out.back().dao = true;
       if (gerund && !out.empty() && out.back().kind == Token::action) out.back().gerund = true;
+      if ((nominal || english_noun) && out.size() > tokens_before && out.back().kind == Token::action) {
+        out.back().nominal = true;
+      }
+      if (out.size() > tokens_before) last_token_end_ = i;
     }
     flush_unit_as_detail();
   }
@@ -606,10 +635,11 @@ class Tokenizer {
   std::string_view norm_;
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
-  bool done_mark_ = false;                // 已经 or 被 read, its verb not yet
-  std::size_t clause_start_ = 0;          // the first token of the clause being read
-  std::size_t prefers_at_ = SIZE_MAX;     // the last preference read
-  std::size_t owner_word_at_ = SIZE_MAX;  // where the last my, our, your was: the next token is theirs
+  bool done_mark_ = false;                 // 已经 or 被 read, its verb not yet
+  std::size_t clause_start_ = 0;           // the first token of the clause being read
+  std::size_t last_token_end_ = SIZE_MAX;  // the unit after the last one that gave a token
+  std::size_t prefers_at_ = SIZE_MAX;      // the last preference read
+  std::size_t owner_word_at_ = SIZE_MAX;   // where the last my, our, your was: the next token is theirs
   // The entity being read, while numbers come: its parts, whether a number
   // word is among them, and whether it is all numbers (no id letters, no unit).
   std::vector<Numeral> parts_;
@@ -626,6 +656,7 @@ struct Element {
   bool past = false;        // an action reported, not asked for
   bool context = false;     // the account a request is about, after what it acts on ("the card on my account")
   bool to_speaker = false;  // "to me": kept only beside another destination
+  bool nominal = false;     // an action named as a thing ("the cancellation"): undoing it reverses it
   std::size_t at = 0;       // the token it came from (Clause::interleaved)
   std::string shown() const { return negated ? "NOT-" + text : text; }
 };
@@ -688,6 +719,70 @@ struct Clause {
   }
 };
 
+// Undoing an action is the action that reverses it: "undo the cancellation",
+// "cancel the cancellation", 解除冻结 and "lift the freeze" are "reinstate",
+// "unfreeze" (RESUME, UNFREEZE), as their own words are; and beside the
+// reversing action, the action reversed says nothing more: "reinstate my
+// cancelled booking" is "reinstate my booking", 恢复被停机的号码 is 号码复机.
+// The undoing is still never the action itself nor its negation: "undo the
+// cancellation" is not "cancel", nor "don't cancel".
+const char* reverse_of(std::string_view action) {
+  static constexpr std::pair<std::string_view, const char*> kReverse[] = {
+      {"CANCEL", "RESUME"}, {"PAUSE", "RESUME"},  {"DELETE", "RESUME"}, {"FREEZE", "UNFREEZE"},
+      {"LOCK", "UNLOCK"},   {"BLOCK", "UNBLOCK"}, {"CLOSE", "REOPEN"},  {"DISABLE", "ENABLE"},
+  };
+  for (const auto& [done, reverse] : kReverse) {
+    if (action == done) return reverse;
+  }
+  return nullptr;
+}
+
+void undo_to_reverse(std::vector<Element>& actions) {
+  const auto undoes = [](std::string_view a) {
+    return a == "UNDO" || a == "CANCEL" || a == "LIFT" || a == "WITHDRAW" || a == "DELETE";
+  };
+  std::vector<Element> out;
+  out.reserve(actions.size());
+  // The reverse of `undone`, when `undoer` undoes it: an action named as a
+  // thing ("the cancellation"), never one joined to it ("cancel and delete").
+  const auto reverse_when_undone = [&undoes](const Element& undoer, const Element& undone) -> const char* {
+    if (undoer.negated || !undoes(undoer.text) || undone.negated || undone.past || !undone.nominal) return nullptr;
+    return reverse_of(undone.text);
+  };
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    Element& a = actions[i];
+    if (i + 1 < actions.size()) {
+      Element& b = actions[i + 1];
+      // "undo the cancellation"; 预约的取消撤销掉 (what is undone first)
+      const char* reverse = reverse_when_undone(a, b);
+      Element* undoer = &a;
+      if (reverse == nullptr) {
+        reverse = reverse_when_undone(b, a);
+        undoer = &b;
+      }
+      if (reverse != nullptr) {
+        undoer->text = reverse;
+        out.push_back(std::move(*undoer));
+        ++i;  // the undone action is in its reverse
+        continue;
+      }
+    }
+    out.push_back(std::move(a));
+  }
+  const auto reversed_beside = [&out](const Element& a) {
+    const char* reverse = a.past && !a.negated ? reverse_of(a.text) : nullptr;
+    return reverse != nullptr && std::any_of(out.begin(), out.end(), [&](const Element& b) {
+             return !b.past && !b.negated && b.text == reverse;
+           });
+  };
+  std::vector<bool> drop(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i) drop[i] = reversed_beside(out[i]);
+  actions.clear();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (!drop[i]) actions.push_back(std::move(out[i]));
+  }
+}
+
 // The clause between two breaks, from its tokens.
 Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, const Token* end, bool question_mark) {
   Clause c;
@@ -718,6 +813,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         }
         if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
         c.actions.push_back({lex.names[t->name], pending_not, t->past || (pending_not && pending_past)});
+        c.actions.back().nominal = t->nominal;
         pending_not = false;
         break;
       case Token::object:
@@ -944,6 +1040,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   c.fine = fine_after_thing && c.mood.empty() && !asks && !c.negated && c.actions.empty() && c.details.empty() &&
            std::none_of(c.objects.begin(), c.objects.end(), [](const Element& e) { return e.negated; }) &&
            std::none_of(c.entities.begin(), c.entities.end(), [](const Element& e) { return e.negated; });
+  undo_to_reverse(c.actions);
   if (c.mood.empty() && !asks) {
     // A statement of what happened: not the request to do it.
     for (Element& a : c.actions) {
