@@ -1343,6 +1343,18 @@ TEST_CASE("suffix key: undoing an action named as a thing is the action that rev
   CHECK(key("refund the order I cancelled") != key("refund the order"));
 }
 
+TEST_CASE("suffix key: a clause of actions alone acts on what the clause beside it names") {
+  CHECK(served("my account is locked, please unlock it").key == served("unlock my account").key);
+  CHECK(served("my card was stolen, please report it").key == served("report my card stolen").key);
+  CHECK(served("my card is lost, block it").key == served("block my lost card").key);
+  CHECK(served("收货地址请保留，不要删").key == served("别删我的收货地址").key);
+  // What was done that the request does not reverse stays: shipped, it may be too late to cancel.
+  CHECK(key("my order has shipped, cancel it") != key("cancel my order"));
+  // "keep" gives way to a "don't" only; a sequence keeps its clauses.
+  CHECK(key("keep my address, update it") != key("update my address"));
+  CHECK(key("先寄新的，再退旧的") != key("先退旧的，再寄新的"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -1512,6 +1512,70 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
   tokens = std::move(out);
 }
 
+// A clause of actions alone acts on what the clause beside it names: "my
+// account is locked, please unlock it" is "unlock my account", "my card was
+// stolen, please report it" "report my card stolen", 收货地址请保留，不要删
+// 别删我的收货地址. The clause beside it (the one before, or for the first
+// the one after) names things and asks nothing of its own: no action, or
+// one it asked about (QUERY), or what was done that the request reverses
+// (LOCK_DONE, then UNLOCK), or "keep" beside a "don't". Anything else stays
+// two clauses: "my order has shipped, cancel it" is not "cancel my order".
+void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::vector<Token>& tokens,
+                          std::vector<Clause>& clauses) {
+  // "先寄新的，再退旧的": clauses in a sequence are each their own request.
+  const bool sequence = std::any_of(tokens.begin(), tokens.end(), [&lex](const Token& t) {
+    const std::string& name = lex.names[t.name];
+    return t.kind == Token::sequence ||
+           (t.kind == Token::detail && (name == "FIRST" || name == "AFTER" || name == "BEFORE" || name == "NEXT"));
+  });
+  if (sequence || clauses.size() < 2) return;
+  const auto acts_alone = [&](const Clause& c) {
+    return c.objects.empty() && c.entities.empty() && !c.negated && !c.interleaved &&
+           std::any_of(c.actions.begin(), c.actions.end(),
+                       [&](const Element& a) { return a.text != lex.names[query]; });
+  };
+  const auto names_things = [](const Clause& c) {
+    return (!c.objects.empty() || !c.entities.empty()) && !c.interleaved && !c.negated && !c.fine && c.mood.empty();
+  };
+  // Whether `with`'s actions all give way to `request`'s: what the request
+  // asks is all that is asked.
+  const auto gives_way = [&](const Clause& with, const Clause& request) {
+    const bool request_negated =
+        std::any_of(request.actions.begin(), request.actions.end(), [](const Element& a) { return a.negated; });
+    return std::all_of(with.actions.begin(), with.actions.end(), [&](const Element& a) {
+      if (a.negated) return false;
+      if (a.text == lex.names[query]) return true;
+      if (a.text == "KEEP") return request_negated;
+      const std::string_view done = std::string_view(a.text).ends_with("_DONE")
+                                        ? std::string_view(a.text).substr(0, a.text.size() - 5)
+                                        : std::string_view();
+      if (done.empty()) return false;
+      const char* reverse = reverse_of(done);
+      return std::any_of(request.actions.begin(), request.actions.end(), [&](const Element& r) {
+        return !r.negated && (r.text == "UNDO" || (reverse != nullptr && r.text == reverse));
+      });
+    });
+  };
+  for (std::size_t i = 0; i < clauses.size(); ++i) {
+    if (!acts_alone(clauses[i])) continue;
+    std::size_t with = SIZE_MAX;
+    if (i > 0 && names_things(clauses[i - 1]) && gives_way(clauses[i - 1], clauses[i])) {
+      with = i - 1;
+    } else if (i == 0 && clauses.size() > 1 && names_things(clauses[1]) && gives_way(clauses[1], clauses[0])) {
+      with = 1;
+    }
+    if (with == SIZE_MAX) continue;
+    Clause& request = clauses[i];
+    Clause& named = clauses[with];
+    request.objects = std::move(named.objects);
+    request.entities = std::move(named.entities);
+    std::move(request.details.begin(), request.details.end(), std::back_inserter(named.details));
+    request.details = std::move(named.details);
+    clauses.erase(clauses.begin() + static_cast<std::ptrdiff_t>(with));
+    if (with < i) --i;
+  }
+}
+
 // A clause that is nothing but what is not meant ("contact me on my mobile,
 // not my landline", "instead of a callback, email me") says which of the
 // things beside it is asked for: its things join the request next to it (the
@@ -1665,6 +1729,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     start = i + 1;
   }
 
+  resolve_bare_actions(lexicon, query, tokens, clauses);
   join_contrasts(clauses);
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {

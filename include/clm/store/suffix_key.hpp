@@ -66,7 +66,9 @@
 //     beside it, and in a clause the parts not meant come after the others.
 //     Undoing an action named as a thing is the action that reverses it
 //     ("lift the freeze": UNFREEZE; "undo the cancellation", 取消订单的取消:
-//     RESUME), never the action nor its negation.
+//     RESUME), never the action nor its negation. A clause of actions alone
+//     acts on what the clause beside it names when that one asks nothing of
+//     its own ("my account is locked, please unlock it": UNLOCK-ACCOUNT).
 //     A key is issued only when a clause has an action with an object or an
 //     entity, or two of those (退押金: RETURN+DEPOSIT); an action alone
 //     ("cancel it"), a detail alone, a greeting ("hi", 谢谢: key
