@@ -1355,6 +1355,18 @@ TEST_CASE("suffix key: a clause of actions alone acts on what the clause beside 
   CHECK(key("先寄新的，再退旧的") != key("先退旧的，再寄新的"));
 }
 
+TEST_CASE("suffix key: a negation with only details after it negates them, not the action before") {
+  // "instead of the noon one" is not "don't book".
+  CHECK(key("book the 8 am flight instead of the noon one") != key("don't book the 8 am flight or the noon one"));
+  CHECK(key("deliver Thursday rather than Wednesday") != key("don't deliver Thursday or Wednesday"));
+  CHECK(key("book the 8 am flight instead of the noon one") != key("book the noon flight instead of the 8 am one"));
+  // And a clause of details not meant joins the request beside it.
+  CHECK(served("I want the aisle seat, not the window").key ==
+        served("give me an aisle seat rather than a window one").key);
+  CHECK(key("I want the aisle seat, not the window") != key("I want the window seat, not the aisle"));
+  CHECK(served("give me a refund").key == served("I want a refund").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

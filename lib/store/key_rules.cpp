@@ -666,6 +666,7 @@ struct Clause {
   bool negated = false;        // a negation that governs nothing in it: "no, ..."
   bool asks_politely = false;  // a polite form with no question of its own: "late checkout please"
   bool fine = false;           // things and a word for fine, nothing else: "the modem is fine", 路由器没问题
+  bool states = false;         // its QUERY came from details alone, not a question ("refund status of order 7")
   // Two things go to different places, or come from them ("transfer 50 to my
   // dad and 20 to me"): objects, entities and details in one section, in the
   // order written, so which goes where is kept.
@@ -795,8 +796,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool after_subject = false;  // the token before this one was the clause's first, a subject
   std::pair<std::size_t, std::size_t> things_before_action{0, 0};  // objects, entities
   bool speaker_after_action = false;
-  bool wants = false;             // want, need, 要: a request for what the clause names, as please is
-  bool fine_after_thing = false;  // a word for fine after a thing ("the modem is fine")
+  bool wants = false;                  // want, need, 要: a request for what the clause names, as please is
+  bool fine_after_thing = false;       // a word for fine after a thing ("the modem is fine")
+  const Token* last_acted_on = begin;  // the last action, object or entity of the clause (or its start)
+  for (const Token* t = begin; t != end; ++t) {
+    if (t->kind == Token::action || t->kind == Token::object || t->kind == Token::entity) last_acted_on = t;
+  }
   for (const Token* t = begin; t != end; ++t) {
     const std::size_t before[3] = {c.objects.size(), c.entities.size(), c.details.size()};
     std::string this_role;
@@ -839,7 +844,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       }
       case Token::detail:
-        c.details.push_back({this_role + lex.names[t->name], false});
+        // "rather than a window one", "Thursday, not Wednesday": with no thing
+        // or action after it in the clause, a negation's detail is what is not meant.
+        c.details.push_back({this_role + lex.names[t->name], pending_not && t > last_acted_on});
+        if (c.details.back().negated) pending_not = false;
         break;
       case Token::role:
         // "I want to return my order", "I'd like to tip the driver": to after a
@@ -1036,6 +1044,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   } else if (c.actions.empty() && !c.details.empty() && !c.asks_politely) {
     // "refund status of order 7" asks; "I want a refund for the late delivery" does not.
     c.actions.push_back({lex.names[query], false});
+    c.states = true;
   }
   c.fine = fine_after_thing && c.mood.empty() && !asks && !c.negated && c.actions.empty() && c.details.empty() &&
            std::none_of(c.objects.begin(), c.objects.end(), [](const Element& e) { return e.negated; }) &&
@@ -1585,24 +1594,31 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
 // is "instead of calling, email me"); each keeps its negation, so "X, not Y"
 // still differs from "Y, not X".
 void join_contrasts(std::vector<Clause>& clauses) {
-  // Things all negated ("not my landline"), or a negation after them that governs nothing else (二月的不要).
-  const auto bare_contrast = [](Clause& c) {
-    if (!c.mood.empty() || c.interleaved || !c.actions.empty() || !c.details.empty() ||
-        c.objects.size() + c.entities.size() == 0) {
+  // Things all negated ("not my landline"), or a negation after them that
+  // governs nothing else (二月的不要), and no action of its own: none, or the
+  // QUERY its details alone gave it ("not the vegan one").
+  const auto bare_contrast = [](const Clause& c) {
+    const bool acts = !c.actions.empty() && !(c.states && c.actions.size() == 1);
+    if (!c.mood.empty() || c.interleaved || acts || c.objects.size() + c.entities.size() + c.details.size() == 0) {
       return false;
     }
     const auto negated = [](const Element& e) { return e.negated; };
-    const bool all_negated = std::all_of(c.objects.begin(), c.objects.end(), negated) &&
-                             std::all_of(c.entities.begin(), c.entities.end(), negated);
-    const bool none_negated = std::none_of(c.objects.begin(), c.objects.end(), negated) &&
-                              std::none_of(c.entities.begin(), c.entities.end(), negated);
-    if (!c.negated) return all_negated;
-    if (!none_negated) return false;
-    for (auto* list : {&c.objects, &c.entities}) {
-      for (Element& e : *list) e.negated = true;
+    bool all_negated = true, none_negated = true;
+    for (const auto* list : {&c.objects, &c.entities, &c.details}) {
+      all_negated = all_negated && std::all_of(list->begin(), list->end(), negated);
+      none_negated = none_negated && std::none_of(list->begin(), list->end(), negated);
     }
-    c.negated = false;
-    return true;
+    return c.negated ? none_negated : all_negated;
+  };
+  // Its parts, each not meant, into the clause it joins.
+  const auto join = [](Clause& contrast, Clause& host) {
+    for (auto [from, to] : {std::pair{&contrast.objects, &host.objects}, std::pair{&contrast.entities, &host.entities},
+                            std::pair{&contrast.details, &host.details}}) {
+      for (Element& e : *from) {
+        e.negated = true;
+        to->push_back(std::move(e));
+      }
+    }
   };
   // "the modem is fine" beside another request or report says which thing it
   // is not about ("the modem is broken, the router is fine" is "the modem is
@@ -1626,19 +1642,14 @@ void join_contrasts(std::vector<Clause>& clauses) {
   for (Clause& c : clauses) {
     if (bare_contrast(c)) {
       if (!joined.empty() && !joined.back().interleaved) {
-        Clause& host = joined.back();
-        std::move(c.objects.begin(), c.objects.end(), std::back_inserter(host.objects));
-        std::move(c.entities.begin(), c.entities.end(), std::back_inserter(host.entities));
+        join(c, joined.back());
       } else {
         waiting.push_back(std::move(c));
       }
       continue;
     }
     if (!waiting.empty() && joined.empty() && !c.interleaved) {
-      for (Clause& w : waiting) {
-        std::move(w.objects.begin(), w.objects.end(), std::back_inserter(c.objects));
-        std::move(w.entities.begin(), w.entities.end(), std::back_inserter(c.entities));
-      }
+      for (Clause& w : waiting) join(w, c);
       waiting.clear();
     }
     std::move(waiting.begin(), waiting.end(), std::back_inserter(joined));
@@ -1651,6 +1662,7 @@ void join_contrasts(std::vector<Clause>& clauses) {
     const auto meant = [](const Element& e) { return !e.negated; };
     std::stable_partition(c.objects.begin(), c.objects.end(), meant);
     std::stable_partition(c.entities.begin(), c.entities.end(), meant);
+    std::stable_partition(c.details.begin(), c.details.end(), meant);
   }
   clauses = std::move(joined);
 }

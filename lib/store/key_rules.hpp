@@ -16,8 +16,9 @@
 //  - mood: a yes-no question opened by an aux (has, did: ASK; can i: ASK_ABLE),
 //    a question word, or a question mark without a polite form (can you,
 //    please) is ASK; a question about state alone is the action QUERY;
-//  - negation: NOT_ governs the next action, object or entity of its clause,
-//    or, with none after it, the action before it (NOT_AFTER always does);
+//  - negation: NOT_ governs the next action, object or entity of its clause;
+//    with only details after it, those ("book the 8 am flight instead of the
+//    noon one"); with nothing, the action before it (NOT_AFTER always does);
 //    alone in a clause ("no, ...") it is the clause NOT. It never crosses a
 //    clause;
 //  - actions, objects, entities and details each keep their order (cancel

@@ -43,7 +43,8 @@
 //     roles (from, to, 从: which way), greetings and stopwords. Number words
 //     ("two", 两) are numbers.
 //  4. Clauses, each on its own: a negation governs the next action, object or
-//     entity of its clause, or with none after it the action before it
+//     entity of its clause, with only details after it those ("instead of the
+//     noon one"), or with nothing after it the action before it
 //     (登录不了); it never reaches past a clause break, so "I don't want to
 //     wait, cancel my order" asks to cancel. A clause opened by an auxiliary,
 //     or with a question word, or ending in a question mark without a polite
