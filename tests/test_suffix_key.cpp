@@ -1367,6 +1367,35 @@ TEST_CASE("suffix key: a negation with only details after it negates them, not t
   CHECK(served("give me a refund").key == served("I want a refund").key);
 }
 
+TEST_CASE("suffix key: a command, its negation, a report of it and questions about it never share a key") {
+  // Each command is served; each form made from it by rule is low information or keyed apart.
+  const auto never_served_as = [](const std::string& form, const SuffixKey& command) {
+    const SuffixKey k = key_of(builtin(), form);
+    INFO(form << " => " << k.key << "; the command's key: " << command.key);
+    CHECK((k.low_information || k.key != command.key));
+  };
+  for (std::string command :
+       {"refund the annual fee", "order a large pizza", "return everything except the lamp", "refund half the amount",
+        "put my son on the insurance policy", "give my order free shipping", "cancel my gym membership",
+        "charge it to the company card and not mine", "book the 8 am flight instead of the noon one",
+        "upgrade my wife's phone line instead of mine", "send the invoice to my office", "unlock my account",
+        "transfer 200 dollars to savings", "freeze my credit card", "change my delivery address"}) {
+    const SuffixKey k = served(command);
+    never_served_as("don't " + command, k);
+    never_served_as("did you " + command + "?", k);
+    never_served_as("can I " + command + "?", k);
+  }
+  for (std::string command : {"把订单取消", "把押金退给我", "把卡解冻", "把会员暂停一个月", "把运费退给我",
+                              "取消健身卡", "把航班改签一下", "把手机号改成新的"}) {
+    const SuffixKey k = served(command);
+    never_served_as("别" + command, k);
+    never_served_as(command + "了吗", k);
+    never_served_as("已经" + command + "了", k);
+    never_served_as("你们已经" + command + "了", k);
+    never_served_as("我可以" + command + "吗", k);
+  }
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -57,9 +57,10 @@ struct Token {
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
   bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
-  bool nominal =
-      false;  // action: named as a thing ("the cancellation", 预约的取消, 解除冻结), so undoing it reverses it
-  bool fine = false;  // negation_after: a word for fine ("the modem is fine", 没问题): no problem with what came before
+  bool nominal = false;   // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
+  bool fine = false;      // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
+  bool contrast = false;  // negation: says which thing is meant (not, instead of, rather than, except)
+  bool commands = false;  // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
@@ -198,6 +199,44 @@ bool is_ascii_word(std::string_view unit) {
          std::all_of(unit.begin(), unit.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
+// Whether the token at `at` opens its clause: nothing before it in the
+// clause but greetings and polite forms ("please refund my fee").
+bool opens_clause(const std::vector<Token>& tokens, std::size_t at) {
+  for (std::size_t k = at; k > 0; --k) {
+    const Token::Kind kind = tokens[k - 1].kind;
+    if (kind == Token::clause_end) return true;
+    if (kind != Token::greeting && kind != Token::polite) return false;
+  }
+  return true;
+}
+
+// Whether an English word after a thing's name makes the name a verb
+// ("refund the fee", "order a pizza", "return it", "refund everything"); never
+// "that" ("the modem that's broken").
+bool opens_what_a_verb_acts_on(std::string_view unit) {
+  for (std::string_view w :
+       {"the", "a",    "an",    "my",    "your",       "our", "their", "his",  "her",  "it",   "them", "me",
+        "us",  "this", "these", "those", "everything", "all", "half",  "just", "only", "both", "to"}) {
+    if (unit == w) return true;
+  }
+  return false;
+}
+
+// Whether the negation's words say which thing is meant rather than deny
+// what is said ("not", "instead of", "rather than", "except"; not "don't",
+// "isn't", 不).
+bool says_which_is_meant(const std::vector<std::string_view>& units, std::size_t first, std::size_t count) {
+  static constexpr std::string_view kContrast[][2] = {
+      {"not", ""},       {"instead", "of"}, {"rather", "than"}, {"but", "not"},    {"except", ""},
+      {"except", "for"}, {"apart", "from"}, {"aside", "from"},  {"other", "than"}, {"excluding", ""},
+  };
+  for (const auto& words : kContrast) {
+    const std::size_t n = words[1].empty() ? 1 : 2;
+    if (n == count && units[first] == words[0] && (n == 1 || units[first + 1] == words[1])) return true;
+  }
+  return false;
+}
+
 // A word after which a verb's word names a thing: "the cancellation", "my
 // freeze", 订单的取消.
 bool names_a_thing_next(std::string_view unit) {
@@ -261,7 +300,7 @@ class Tokenizer {
         out.push_back({Token::clause_end, 0, {}, unit[0] == kQuestionBreak});
         clause_start_ = out.size();
         last_entity_ = false;
-        done_mark_ = false;
+        done_mark_ = done_waits_for_action_ = false;
         ++i;
         continue;
       }
@@ -315,19 +354,40 @@ class Tokenizer {
       const bool done_before = done_mark_;
       const std::size_t tokens_before = out.size();
       add_entry(lex_.entries[static_cast<std::size_t>(best)]);
-      if (done_before && out.size() > tokens_before && !says_who(out.back().kind)) {
+      // 已经把押金退给我了: after 把 and what it takes, a thing's name right after
+      // another thing or a detail is its verb (退: RETURN).
+      const bool verb_after_disposal =
+          done_waits_for_action_ && out.size() > tokens_before && out.size() >= 2 &&
+          (out.back().kind == Token::action ||
+           (out.back().kind == Token::object &&
+            (out[out.size() - 2].kind == Token::object || out[out.size() - 2].kind == Token::detail ||
+             out[out.size() - 2].kind == Token::entity)));
+      if (done_before && out.size() > tokens_before && out.back().kind == Token::disposal) {
+        done_waits_for_action_ = true;  // 已经把订单取消了: past 把 and what it takes, to the verb
+      } else if (done_before && out.size() > tokens_before &&
+                 (out.back().kind == Token::detail || out.back().kind == Token::entity)) {
+        // 已经远程重启: a detail before the verb leaves it to the verb
+      } else if (done_before && out.size() > tokens_before && !says_who(out.back().kind) &&
+                 (!done_waits_for_action_ || verb_after_disposal)) {
         // 订单已经取消了, 卡被冻结了, 已经给我退款了: the first word after 已经
         // or 被 (past who), when a verb, was done.
         if (out.back().kind == Token::action || out.back().kind == Token::object) {
           out.back().past = out.back().reported = true;
         }
-        done_mark_ = false;
+        done_mark_ = done_waits_for_action_ = false;
       }
       if (past && !out.empty() && (out.back().kind == Token::action || out.back().kind == Token::object)) {
         out.back().past = true;  // an object's past form is its verb's: "you refunded me" (make_clause)
       }
       if (dao && !out.empty() && out.back().kind == Token::action) out.back().dao = true;
       if (gerund && !out.empty() && out.back().kind == Token::action) out.back().gerund = true;
+      if (out.size() > tokens_before && out.back().kind == Token::object && i < units.size() &&
+          opens_clause(out, tokens_before) && opens_what_a_verb_acts_on(units[i])) {
+        out.back().commands = true;  // "refund the annual fee", "order a large pizza"
+      }
+      if (out.size() > tokens_before && out.back().kind == Token::negation) {
+        out.back().contrast = says_which_is_meant(units, i - best_len, best_len);
+      }
       if ((nominal || english_noun) && out.size() > tokens_before && out.back().kind == Token::action) {
         out.back().nominal = true;
       }
@@ -593,6 +653,9 @@ class Tokenizer {
         // and "instead of" do; the reverse is another request.
         if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
+        if (lex_.names[e.name] == "COMMAND" && opens_clause(*out_, out_->size())) {
+          out_->push_back({Token::want, 0, {}, false});  // "put my son on the policy" asks for it
+        }
         if (lex_.names[e.name] == "FINE") {
           out_->push_back({Token::negation_after, 0, {}, false});
           out_->back().fine = true;
@@ -636,6 +699,7 @@ class Tokenizer {
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
   bool done_mark_ = false;                 // 已经 or 被 read, its verb not yet
+  bool done_waits_for_action_ = false;     // 已经把: only a verb takes the mark, not what 把 takes
   std::size_t clause_start_ = 0;           // the first token of the clause being read
   std::size_t last_token_end_ = SIZE_MAX;  // the unit after the last one that gave a token
   std::size_t prefers_at_ = SIZE_MAX;      // the last preference read
@@ -798,6 +862,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool speaker_after_action = false;
   bool wants = false;                  // want, need, 要: a request for what the clause names, as please is
   bool fine_after_thing = false;       // a word for fine after a thing ("the modem is fine")
+  bool contrasts_unnamed = false;      // the pending negation came after what the action acts on
   const Token* last_acted_on = begin;  // the last action, object or entity of the clause (or its start)
   for (const Token* t = begin; t != end; ++t) {
     if (t->kind == Token::action || t->kind == Token::object || t->kind == Token::entity) last_acted_on = t;
@@ -830,6 +895,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           pending_not = false;
           break;
         }
+        // "refund the annual fee" asks for the refund; "did you refund the annual fee?" asks about it.
+        if (t->commands && this_role.empty() && c.actions.empty()) wants = true;
         auto& list = t->kind == Token::object ? c.objects : c.entities;
         // "my neighbor's parcel" is not "my parcel" for my neighbor: the owner
         // is OF. ("'s" before a state, "the item's broken", is "is").
@@ -858,6 +925,11 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::negation:
         pending_not = true;
         pending_past = t->past;
+        // "charge it to the company card and not mine": after what an action
+        // acts on (or a thing), a negation with nothing after it contrasts
+        // with what is not named; it does not negate the action.
+        contrasts_unnamed = t->contrast && c.actions.size() + c.objects.size() + c.entities.size() > 0 && t != begin &&
+                            t[-1].kind != Token::action;
         break;
       case Token::negation_after:
         if (t->fine) {
@@ -900,6 +972,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           // Where it goes, as "to Friday" says when: a detail.
           c.details.push_back({"TO.SELF", pending_not});
           c.details.back().to_speaker = true;
+          pending_not = false;
+        } else if (pending_not && contrasts_unnamed) {
+          // "give the upgrade to my partner rather than me": the speaker is not meant.
+          c.objects.push_back({"SELF", true});
           pending_not = false;
         }
         // "Refund me for ...": a thing's name before me, opening the clause, is its verb: a request
@@ -956,6 +1032,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     }
     after_subject = first && t->kind == Token::subject;
     if (t->kind != Token::greeting && t->kind != Token::polite) first = false;
+  }
+  if (pending_not && contrasts_unnamed) {
+    pending_not = false;  // "deliver to the front door instead of the back"
   }
   if (pending_not) {
     if (question_mark && !question_word && aux.empty() && !c.actions.empty()) {
