@@ -1396,6 +1396,14 @@ TEST_CASE("suffix key: a command, its negation, a report of it and questions abo
   }
 }
 
+TEST_CASE("suffix key: check after my or before a number is a cheque, elsewhere the verb") {
+  CHECK(key("was my check deposited?") != key("deposit my check"));
+  CHECK(served("has my check cleared?").key == served("did my cheque clear yet?").key);
+  CHECK(served("stop payment on check 204").key.find("CHEQUE") != std::string::npos);
+  CHECK(served("check the status of my order").key == served("what's the status of my order").key);
+  CHECK(key("租车合同从我名下转到我太太名下") != key("租车合同从我太太名下转到我名下"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -321,6 +321,14 @@ class Tokenizer {
         }
       }
       if (best < 0 && (best = corrected_spelling(unit)) >= 0) best_len = 1;
+      // "deposit my check", "stop payment on check 204": after the, my, a, or before a number, the
+      // word is the cheque, not the verb "check" (QUERY).
+      if (best >= 0 && best_len == 1 && (unit == "check" || unit == "checks") &&
+          ((i > 0 && names_a_thing_next(units[i - 1])) || (i + 1 < units.size() && has_ascii_digit(units[i + 1])))) {
+        if (const auto cheque = lex_.surfaces.find("cheque"); cheque != lex_.surfaces.end() && cheque->second >= 0) {
+          best = cheque->second;
+        }
+      }
       if (best < 0) {
         if (has_ascii_digit(unit)) {
           add_number(unit);
