@@ -1404,6 +1404,22 @@ TEST_CASE("suffix key: check after my or before a number is a cheque, elsewhere 
   CHECK(key("租车合同从我名下转到我太太名下") != key("租车合同从我太太名下转到我名下"));
 }
 
+TEST_CASE("suffix key: a request reads the same however politely it is asked") {
+  for (std::string command :
+       {"cancel my order, not my subscription", "reset my password and unlock my account",
+        "apply the coupon, then charge my card", "email me the receipt", "refund to my card, not store credit",
+        "keep my flight, undo the cancellation", "call me back at 555-2714",
+        "change my flight to Tuesday, not Wednesday", "freeze my debit card, but leave the credit card active",
+        "cancel my credit card and close my savings account"}) {
+    const SuffixKey k = served(command);
+    for (const std::string& asked : {"please " + command, "could you " + command + "?", "I want to " + command,
+                                     "I'd like you to " + command, "I need you to " + command}) {
+      INFO(asked);
+      CHECK(served(asked).key == k.key);
+    }
+  }
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

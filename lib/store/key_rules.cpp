@@ -857,7 +857,8 @@ void undo_to_reverse(std::vector<Element>& actions) {
 }
 
 // The clause between two breaks, from its tokens.
-Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, const Token* end, bool question_mark) {
+Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, const Token* end, bool question_mark,
+                   bool polite_earlier) {
   Clause c;
   bool pending_not = false;
   bool pending_past = false;  // the negation was of what happened: "didn't", 没
@@ -927,7 +928,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::role:
         // "I want to return my order", "I'd like to tip the driver": to after a
         // want is the verb's, not a direction (the return is not where anything goes).
-        if (t != begin && t[-1].kind == Token::want && lex.names[t->name] == "TO") break;
+        // ("I need you to email me": past the one asked, too.)
+        if (lex.names[t->name] == "TO" && t != begin &&
+            (t[-1].kind == Token::want ||
+             (t - 1 != begin && t[-1].kind == Token::subject && t[-2].kind == Token::want))) {
+          break;
+        }
         role = lex.names[t->name] + ".";
         break;
       case Token::negation:
@@ -1108,7 +1114,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     // "I'm not sure where my parcel is" asks where it is: the doubt is the question.
     std::erase_if(c.details, [](const Element& d) { return d.text == "UNSURE"; });
   }
-  const bool asks = !aux.empty() || question_word || (question_mark && !polite);
+  // "could you cancel my order, not my subscription?": the question mark of
+  // a request asked politely earlier in the text is the request's, not a question.
+  const bool asks = !aux.empty() || question_word || (question_mark && !polite && !polite_earlier);
   c.asks_politely = (polite || wants) && !asks && !c.negated;
   if (aux.empty() && asks) aux = aux_after_subject;
   const auto is_plain_query = [query, &lex](const Element& e) { return !e.negated && e.text == lex.names[query]; };
@@ -1492,8 +1500,18 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
       from = to + 1;
     }
     if (actions >= 2 && actions == cuts.size() + 1 && !ordered && every_part_has_a_thing) {
-      std::vector<std::pair<std::string, std::vector<Token>>> parts;
+      // "I want to cancel my card and close my account": who asks, and how,
+      // opens the clause for every part; it stays first, and the parts sort after it.
       std::size_t from = begin;
+      while (from < end && (tokens[from].kind == Token::subject || tokens[from].kind == Token::want ||
+                            tokens[from].kind == Token::polite || tokens[from].kind == Token::aux ||
+                            tokens[from].kind == Token::greeting ||
+                            (tokens[from].kind == Token::role && lex.names[tokens[from].name] == "TO" && from > begin &&
+                             (tokens[from - 1].kind == Token::want || tokens[from - 1].kind == Token::subject)))) {
+        ++from;
+      }
+      const std::size_t parts_begin = from;
+      std::vector<std::pair<std::string, std::vector<Token>>> parts;
       for (std::size_t c = 0; c <= cuts.size(); ++c) {
         const std::size_t to = c < cuts.size() ? cuts[c] : end;
         std::string name;
@@ -1503,7 +1521,7 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
         from = to + 1;
       }
       std::stable_sort(parts.begin(), parts.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-      std::size_t out = begin;
+      std::size_t out = parts_begin;
       for (std::size_t c = 0; c < parts.size(); ++c) {
         for (Token& t : parts[c].second) tokens[out++] = std::move(t);
         if (c + 1 < parts.size()) tokens[out++] = Token{Token::coordinator, 0, {}, false};
@@ -1820,10 +1838,13 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   }
   std::vector<Clause> clauses;
   std::size_t start = 0;
+  bool polite_earlier = false;  // a polite form in an earlier clause ("could you ..., not ...?")
   for (std::size_t i = 0; i <= tokens.size(); ++i) {
     if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
     const bool question_mark = i < tokens.size() && tokens[i].question_mark;
-    Clause c = make_clause(lexicon, query, tokens.data() + start, tokens.data() + i, question_mark);
+    Clause c = make_clause(lexicon, query, tokens.data() + start, tokens.data() + i, question_mark, polite_earlier);
+    polite_earlier = polite_earlier || std::any_of(tokens.data() + start, tokens.data() + i,
+                                                   [](const Token& t) { return t.kind == Token::polite; });
     if (!c.empty()) clauses.push_back(std::move(c));
     start = i + 1;
   }
