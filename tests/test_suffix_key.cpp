@@ -1385,7 +1385,7 @@ TEST_CASE("suffix key: a command, its negation, a report of it and questions abo
     never_served_as("did you " + command + "?", k);
     never_served_as("can I " + command + "?", k);
   }
-  for (std::string command : {"把订单取消", "把押金退给我", "把卡解冻", "把会员暂停一个月", "把运费退给我",
+  for (std::string command : {"把订单取消", "把押金退给我", "把卡解冻", "把会员暂停一个月", "把运费退给我", "退年费",
                               "取消健身卡", "把航班改签一下", "把手机号改成新的"}) {
     const SuffixKey k = served(command);
     never_served_as("别" + command, k);
@@ -1414,6 +1414,13 @@ TEST_CASE("suffix key: a request reads the same however politely it is asked") {
     const SuffixKey k = served(command);
     for (const std::string& asked : {"please " + command, "could you " + command + "?", "I want to " + command,
                                      "I'd like you to " + command, "I need you to " + command}) {
+      INFO(asked);
+      CHECK(served(asked).key == k.key);
+    }
+  }
+  for (std::string command : {"退年费", "预约明天下午3点理发", "退款原路返回", "把订单取消", "取消订单，不要退款"}) {
+    const SuffixKey k = served(command);
+    for (const std::string& asked : {"请" + command, "帮我" + command, "麻烦你" + command, "我想" + command}) {
       INFO(asked);
       CHECK(served(asked).key == k.key);
     }

@@ -52,15 +52,16 @@ struct Token {
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
-  bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
-  bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
-  bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
-  bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
-  bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
-  bool nominal = false;   // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
-  bool fine = false;      // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
-  bool contrast = false;  // negation: says which thing is meant (not, instead of, rather than, except)
-  bool commands = false;  // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
+  bool prefers = false;     // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
+  bool gerund = false;      // action: a form in -ing ("checking"), which after "to" names a thing
+  bool dao = false;         // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
+  bool owner = false;       // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
+  bool someones = false;    // object: right after my, our, your (OWNER): someone's own, "my neighbor"
+  bool nominal = false;     // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
+  bool fine = false;        // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
+  bool contrast = false;    // negation: says which thing is meant (not, instead of, rather than, except)
+  bool commands = false;    // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
+  bool verb_first = false;  // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
@@ -221,6 +222,11 @@ bool opens_what_a_verb_acts_on(std::string_view unit) {
   }
   return false;
 }
+
+// Whether a Chinese word for a thing is also its verb when it opens a
+// clause before what it acts on (退年费: refund the annual fee; 退款原路返回;
+// 预约明天下午: book tomorrow afternoon). Not 订单, 账单: they name things only.
+bool names_its_verb(std::string_view name) { return name == "RETURN" || name == "REFUND" || name == "APPOINTMENT"; }
 
 // Whether the negation's words say which thing is meant rather than deny
 // what is said ("not", "instead of", "rather than", "except"; not "don't",
@@ -392,6 +398,10 @@ class Tokenizer {
       if (out.size() > tokens_before && out.back().kind == Token::object && i < units.size() &&
           opens_clause(out, tokens_before) && opens_what_a_verb_acts_on(units[i])) {
         out.back().commands = true;  // "refund the annual fee", "order a large pizza"
+      }
+      if (out.size() > tokens_before && out.back().kind == Token::object && !is_ascii_word(units[i - best_len]) &&
+          opens_clause(out, tokens_before) && names_its_verb(lex_.names[out.back().name])) {
+        out.back().verb_first = true;  // 退年费, 预约明天下午: a command when a thing follows (make_clause)
       }
       if (out.size() > tokens_before && out.back().kind == Token::negation) {
         out.back().contrast = says_which_is_meant(units, i - best_len, best_len);
@@ -906,6 +916,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         }
         // "refund the annual fee" asks for the refund; "did you refund the annual fee?" asks about it.
         if (t->commands && this_role.empty() && c.actions.empty()) wants = true;
+        if (t->verb_first && this_role.empty() && c.actions.empty() && t + 1 != end &&
+            (t[1].kind == Token::object || t[1].kind == Token::entity || t[1].kind == Token::detail)) {
+          wants = true;  // 退年费 asks for the refund; 退年费了吗 asks about it
+        }
         auto& list = t->kind == Token::object ? c.objects : c.entities;
         // "my neighbor's parcel" is not "my parcel" for my neighbor: the owner
         // is OF. ("'s" before a state, "the item's broken", is "is").
