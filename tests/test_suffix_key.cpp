@@ -1427,6 +1427,13 @@ TEST_CASE("suffix key: a request reads the same however politely it is asked") {
   }
 }
 
+TEST_CASE("suffix key: no. before a number after a word is the word number, not a negation") {
+  CHECK(served("return item no. 3 from my order").key == served("return item 3 from my order").key);
+  CHECK(served("order no. 5521 has not arrived").key == served("order 5521 has not arrived").key);
+  CHECK(key("return item no. 3 from my order") != key("don't return item 3 from my order"));
+  CHECK(key("No. Cancel it.") != key("cancel it"));  // a sentence's no stays one
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

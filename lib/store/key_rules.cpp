@@ -749,6 +749,7 @@ struct Clause {
   bool asks_politely = false;  // a polite form with no question of its own: "late checkout please"
   bool fine = false;           // things and a word for fine, nothing else: "the modem is fine", 路由器没问题
   bool states = false;         // its QUERY came from details alone, not a question ("refund status of order 7")
+  bool about_someone = false;  // a subject in it ("I'm not happy"): a statement, not a contrast
   // Two things go to different places, or come from them ("transfer 50 to my
   // dad and 20 to me"): objects, entities and details in one section, in the
   // order written, so which goes where is kept.
@@ -1155,6 +1156,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     c.actions.push_back({lex.names[query], false});
     c.states = true;
   }
+  c.about_someone = std::any_of(begin, end, [](const Token& t) { return t.kind == Token::subject; });
   c.fine = fine_after_thing && c.mood.empty() && !asks && !c.negated && c.actions.empty() && c.details.empty() &&
            std::none_of(c.objects.begin(), c.objects.end(), [](const Element& e) { return e.negated; }) &&
            std::none_of(c.entities.begin(), c.entities.end(), [](const Element& e) { return e.negated; });
@@ -1640,11 +1642,21 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
   tokens = std::move(out);
 }
 
+// Whether keeping a thing is what not doing `action` to it means ("keep my
+// address, don't delete it"): an action that ends, removes or changes it.
+bool keeping_undoes(std::string_view action) {
+  if (reverse_of(action) != nullptr) return true;
+  for (std::string_view a : {"END", "DOWNGRADE", "CHANGE", "RETURN", "UNSUBSCRIBE", "UPGRADE", "SPLIT", "MERGE"}) {
+    if (action == a) return true;
+  }
+  return false;
+}
+
 // A clause of actions alone acts on what the clause beside it names: "my
 // account is locked, please unlock it" is "unlock my account", "my card was
 // stolen, please report it" "report my card stolen", 收货地址请保留，不要删
-// 别删我的收货地址. The clause beside it (the one before, or for the first
-// the one after) names things and asks nothing of its own: no action, or
+// 别删我的收货地址. The clause beside it names things and asks nothing of its
+// own: no action, or
 // one it asked about (QUERY), or what was done that the request reverses
 // (LOCK_DONE, then UNLOCK), or "keep" beside a "don't". Anything else stays
 // two clauses: "my order has shipped, cancel it" is not "cancel my order".
@@ -1673,7 +1685,10 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
     return std::all_of(with.actions.begin(), with.actions.end(), [&](const Element& a) {
       if (a.negated) return false;
       if (a.text == lex.names[query]) return true;
-      if (a.text == "KEEP") return request_negated;
+      // "keep my address, don't delete it"; not "keep my plan, I don't want to wait".
+      if (a.text == "KEEP")
+        return request_negated && std::all_of(request.actions.begin(), request.actions.end(),
+                                              [](const Element& r) { return !r.negated || keeping_undoes(r.text); });
       const std::string_view done = std::string_view(a.text).ends_with("_DONE")
                                         ? std::string_view(a.text).substr(0, a.text.size() - 5)
                                         : std::string_view();
@@ -1684,12 +1699,20 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
       });
     });
   };
+  // The clause of actions alone comes after what it acts on ("..., please
+  // unlock it"), or before it when it says what not to do ("don't replace
+  // it, just refund me"); one that asks before it ("no thanks on the upgrade,
+  // email my statements") is a request of its own.
+  const auto all_negated = [](const Clause& c) {
+    return std::all_of(c.actions.begin(), c.actions.end(), [](const Element& a) { return a.negated; });
+  };
   for (std::size_t i = 0; i < clauses.size(); ++i) {
     if (!acts_alone(clauses[i])) continue;
     std::size_t with = SIZE_MAX;
     if (i > 0 && names_things(clauses[i - 1]) && gives_way(clauses[i - 1], clauses[i])) {
       with = i - 1;
-    } else if (i == 0 && clauses.size() > 1 && names_things(clauses[1]) && gives_way(clauses[1], clauses[0])) {
+    } else if (i == 0 && clauses.size() > 1 && all_negated(clauses[0]) && names_things(clauses[1]) &&
+               gives_way(clauses[1], clauses[0])) {
       with = 1;
     }
     if (with == SIZE_MAX) continue;
@@ -1721,6 +1744,8 @@ void join_contrasts(std::vector<Clause>& clauses) {
     if (!c.mood.empty() || c.interleaved || acts || c.objects.size() + c.entities.size() + c.details.size() == 0) {
       return false;
     }
+    // Details alone about someone ("I'm not happy") state something; they name no alternative.
+    if (c.objects.empty() && c.entities.empty() && c.about_someone) return false;
     const auto negated = [](const Element& e) { return e.negated; };
     bool all_negated = true, none_negated = true;
     for (const auto* list : {&c.objects, &c.entities, &c.details}) {

@@ -80,6 +80,16 @@ bool is_separator(char32_t cp) {
   return false;
 }
 
+// Whether out, before text[next], ends in "no" after a word, and the text
+// goes on with a number: "no." then abbreviates "number" ("item no. 3").
+bool abbreviates_number(std::string_view out, std::string_view text, std::size_t next) {
+  if (out.size() < 4 || !out.ends_with("no") || out[out.size() - 3] != ' ' || !is_ascii_alnum(out[out.size() - 4])) {
+    return false;
+  }
+  while (next < text.size() && text[next] == ' ') ++next;
+  return next < text.size() && is_ascii_digit(text[next]);
+}
+
 }  // namespace
 
 Status normalise_text(std::string_view text, std::string& out, Clauses clauses) {
@@ -116,6 +126,12 @@ Status normalise_text(std::string_view text, std::string& out, Clauses clauses) 
         // A full stop before a space ends a sentence ("No. Cancel it."); one
         // inside a word does not ("e.g", "no.789").
         const bool full_stop = c == '.' && (i >= text.size() || text[i] == ' ' || text[i] == '\n' || text[i] == '\t');
+        if (full_stop && abbreviates_number(out, text, i)) {
+          // "item no. 3", "order no. 20231145": the word for number, not "no" and a full stop.
+          out.replace(out.size() - 2, 2, "number");
+          note(' ');
+          continue;
+        }
         note(c == '?'                                                               ? kQuestionBreak
              : (c == ',' || c == ';' || c == '!' || c == kClauseBreak || full_stop) ? kClauseBreak
                                                                                     : ' ');
