@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "english_words.hpp"
@@ -853,11 +854,14 @@ void undo_to_reverse(std::vector<Element>& actions) {
     }
     out.push_back(std::move(a));
   }
-  const auto reversed_beside = [&out](const Element& a) {
+  // The actions asked for, looked up once per action reported (linear however many there are).
+  std::unordered_set<std::string_view> asked;
+  for (const Element& b : out) {
+    if (!b.past && !b.negated) asked.insert(b.text);
+  }
+  const auto reversed_beside = [&asked](const Element& a) {
     const char* reverse = a.past && !a.negated ? reverse_of(a.text) : nullptr;
-    return reverse != nullptr && std::any_of(out.begin(), out.end(), [&](const Element& b) {
-             return !b.past && !b.negated && b.text == reverse;
-           });
+    return reverse != nullptr && asked.count(reverse) > 0;
   };
   std::vector<bool> drop(out.size());
   for (std::size_t i = 0; i < out.size(); ++i) drop[i] = reversed_beside(out[i]);
@@ -1682,21 +1686,24 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
   const auto gives_way = [&](const Clause& with, const Clause& request) {
     const bool request_negated =
         std::any_of(request.actions.begin(), request.actions.end(), [](const Element& a) { return a.negated; });
+    // What the request asks, looked up once per action beside it (linear however many there are).
+    std::unordered_set<std::string_view> asked;
+    for (const Element& r : request.actions) {
+      if (!r.negated) asked.insert(r.text);
+    }
+    const bool keeping_undone = std::all_of(request.actions.begin(), request.actions.end(),
+                                            [](const Element& r) { return !r.negated || keeping_undoes(r.text); });
     return std::all_of(with.actions.begin(), with.actions.end(), [&](const Element& a) {
       if (a.negated) return false;
       if (a.text == lex.names[query]) return true;
       // "keep my address, don't delete it"; not "keep my plan, I don't want to wait".
-      if (a.text == "KEEP")
-        return request_negated && std::all_of(request.actions.begin(), request.actions.end(),
-                                              [](const Element& r) { return !r.negated || keeping_undoes(r.text); });
+      if (a.text == "KEEP") return request_negated && keeping_undone;
       const std::string_view done = std::string_view(a.text).ends_with("_DONE")
                                         ? std::string_view(a.text).substr(0, a.text.size() - 5)
                                         : std::string_view();
       if (done.empty()) return false;
       const char* reverse = reverse_of(done);
-      return std::any_of(request.actions.begin(), request.actions.end(), [&](const Element& r) {
-        return !r.negated && (r.text == "UNDO" || (reverse != nullptr && r.text == reverse));
-      });
+      return asked.count("UNDO") > 0 || (reverse != nullptr && asked.count(reverse) > 0);
     });
   };
   // The clause of actions alone comes after what it acts on ("..., please
@@ -1706,25 +1713,28 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
   const auto all_negated = [](const Clause& c) {
     return std::all_of(c.actions.begin(), c.actions.end(), [](const Element& a) { return a.negated; });
   };
-  for (std::size_t i = 0; i < clauses.size(); ++i) {
-    if (!acts_alone(clauses[i])) continue;
-    std::size_t with = SIZE_MAX;
-    if (i > 0 && names_things(clauses[i - 1]) && gives_way(clauses[i - 1], clauses[i])) {
-      with = i - 1;
-    } else if (i == 0 && clauses.size() > 1 && all_negated(clauses[0]) && names_things(clauses[1]) &&
-               gives_way(clauses[1], clauses[0])) {
-      with = 1;
-    }
-    if (with == SIZE_MAX) continue;
-    Clause& request = clauses[i];
-    Clause& named = clauses[with];
+  // The request takes what the named clause names, in its place (a new list: linear however many clauses).
+  const auto take_things = [](Clause& request, Clause& named) {
     request.objects = std::move(named.objects);
     request.entities = std::move(named.entities);
     std::move(request.details.begin(), request.details.end(), std::back_inserter(named.details));
     request.details = std::move(named.details);
-    clauses.erase(clauses.begin() + static_cast<std::ptrdiff_t>(with));
-    if (with < i) --i;
+  };
+  std::vector<Clause> resolved;
+  resolved.reserve(clauses.size());
+  for (std::size_t i = 0; i < clauses.size(); ++i) {
+    Clause& c = clauses[i];
+    if (!resolved.empty() && acts_alone(c) && names_things(resolved.back()) && gives_way(resolved.back(), c)) {
+      take_things(c, resolved.back());
+      resolved.back() = std::move(c);
+    } else if (i == 1 && acts_alone(resolved[0]) && all_negated(resolved[0]) && names_things(c) &&
+               gives_way(c, resolved[0])) {
+      take_things(resolved[0], c);
+    } else {
+      resolved.push_back(std::move(c));
+    }
   }
+  clauses = std::move(resolved);
 }
 
 // A clause that is nothing but what is not meant ("contact me on my mobile,
