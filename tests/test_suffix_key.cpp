@@ -1483,6 +1483,18 @@ TEST_CASE("suffix key: no. before a number after a word is the word number, not 
   CHECK(key("No. Cancel it.") != key("cancel it"));  // a sentence's no stays one
 }
 
+TEST_CASE("suffix key: a report with who did it, or already, is not the request") {
+  CHECK(key("I already froze my account") != key("freeze my account"));
+  CHECK(key("I returned item 2") != key("return item 2"));
+  CHECK(key("you refunded my ticket") != key("refund my ticket"));
+  CHECK(key("你们取消订单了") != key("取消订单"));
+  // A past form naming a kind is no report; a request with 了 still asks; the speaker's problem stays one.
+  CHECK(served("what's covered by policy PL-33018").key == served("what does policy PL-33018 cover").key);
+  CHECK(served("帮我把订单取消了").key == served("取消订单").key);
+  CHECK(served("我要取消订单了").key == served("取消订单").key);
+  CHECK(served("我忘记密码了").key == served("帮我找回密码").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -40,6 +40,7 @@ struct Token {
     want,         // a stopword named WANT (want, need, 要, 想): the clause asks for what it names
     sequence,     // a stopword named SEQUENCE (then, 先, 再, 然后): the actions' order is asked for
     benefactive,  // 给, 帮, 给我, 帮我: for whom, or a request (benefactive_roles reads which)
+    perfective,   // a stopword named PERFECTIVE (了, 过): with a subject and no request, what was done
     unknown,
     clause_end,
   } kind = unknown;
@@ -672,6 +673,7 @@ class Tokenizer {
         // and "instead of" do; the reverse is another request.
         if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
+        if (lex_.names[e.name] == "PERFECTIVE") out_->push_back({Token::perfective, 0, {}, false});
         if (lex_.names[e.name] == "COMMAND" && opens_clause(*out_, out_->size())) {
           out_->push_back({Token::want, 0, {}, false});  // "put my son on the policy" asks for it
         }
@@ -886,6 +888,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool speaker_after_action = false;
   bool wants = false;                  // want, need, 要: a request for what the clause names, as please is
   bool fine_after_thing = false;       // a word for fine after a thing ("the modem is fine")
+  bool perfective = false;             // 了 or 过 read: with a subject and no request, a report (我取消订单了)
   bool contrasts_unnamed = false;      // the pending negation came after what the action acts on
   const Token* last_acted_on = begin;  // the last action, object or entity of the clause (or its start)
   for (const Token* t = begin; t != end; ++t) {
@@ -912,8 +915,11 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       case Token::object:
       case Token::entity: {
-        if (t->kind == Token::object && t->reported && this_role.empty()) {
-          // 你们已经给我退款了: a thing that is its verb, after 已经, reports it (REFUND_DONE).
+        if (t->kind == Token::object && this_role.empty() &&
+            (t->reported || (t->past && t != begin && t[-1].kind == Token::subject))) {
+          // 你们已经给我退款了: a thing that is its verb, after 已经, reports it (REFUND_DONE); so does
+          // its past form after who did it ("I returned item 2" is not "return item 2"; "the named
+          // driver", "what's covered" are no report).
           if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
           c.actions.push_back({lex.names[t->name], pending_not, true});
           pending_not = false;
@@ -1048,6 +1054,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           }
         }
         break;
+      case Token::perfective:
+        perfective = true;
+        break;
       case Token::greeting:
       case Token::disposal:
       case Token::benefactive:
@@ -1165,6 +1174,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
            std::none_of(c.objects.begin(), c.objects.end(), [](const Element& e) { return e.negated; }) &&
            std::none_of(c.entities.begin(), c.entities.end(), [](const Element& e) { return e.negated; });
   undo_to_reverse(c.actions);
+  if (perfective && !polite && !wants && c.mood.empty() && !asks &&
+      std::any_of(begin, end, [](const Token& t) { return t.kind == Token::subject && !t.names_speaker; })) {
+    // 你们取消订单了, 您给我退款了: the one asked did it; 帮我把订单取消了 and 我要取消订单了 still ask.
+    // (我忘记密码了 states the speaker's problem, as "I forgot my password" does.)
+    for (Element& a : c.actions) a.past = a.past || (!a.negated && a.text != lex.names[query]);
+  }
   if (c.mood.empty() && !asks) {
     // A statement of what happened: not the request to do it.
     for (Element& a : c.actions) {
