@@ -1495,6 +1495,14 @@ TEST_CASE("suffix key: a report with who did it, or already, is not the request"
   CHECK(served("我忘记密码了").key == served("帮我找回密码").key);
 }
 
+TEST_CASE("suffix key: a clause split at before or after asks when the text around it asks") {
+  CHECK(key("我可以换回之前那个邮箱吗") != key("换回之前那个邮箱"));
+  CHECK(key("我可以退房后再退押金吗") != key("退房后再退押金"));
+  CHECK(served("cancel my order before it ships").key == served("cancel my order before it ships.").key);
+  // 了 after the verb of a 把 command leaves it a command.
+  CHECK(served("把高级会员退了").key == served("把高级会员退掉").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -47,6 +47,7 @@ struct Token {
   std::uint32_t name = 0;
   std::string text;            // an entity's canonical text, an unknown word
   bool question_mark = false;  // clause_end: a question mark
+  bool soft = false;           // clause_end: made by a rule (before, after; "and" then a subject), not the text
   bool past = false;           // an action in a past form ("cancelled", "sent")
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
@@ -712,6 +713,7 @@ class Tokenizer {
   bool prefers_in_clause() const { return prefers_at_ != SIZE_MAX && clause_start_ <= prefers_at_; }
   void end_clause() {
     out_->push_back({Token::clause_end, 0, {}, false});
+    out_->back().soft = true;
     clause_start_ = out_->size();
   }
 
@@ -1132,7 +1134,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     const Token* disposal = std::find_if(begin, end - 2, [](const Token& t) { return t.kind == Token::disposal; });
     const auto things_after = std::count_if(disposal, end, [](const Token& t) { return t.kind == Token::object; });
     const Token* last_thing = end;
-    while (last_thing != disposal && last_thing[-1].kind == Token::detail) --last_thing;
+    while (last_thing != disposal &&
+           (last_thing[-1].kind == Token::detail || last_thing[-1].kind == Token::perfective)) {
+      --last_thing;  // 把高级会员退了: 了 after the verb is no thing
+    }
     if (disposal != end - 2 && last_thing != disposal && last_thing[-1].kind == Token::object &&
         (last_thing == end || things_after >= 2)) {
       wants = true;
@@ -1469,6 +1474,7 @@ void split_at_new_subject(std::vector<Token>& tokens) {
   for (std::size_t i = 0; i + 2 < tokens.size(); ++i) {
     if (tokens[i].kind == Token::coordinator && tokens[i + 1].kind == Token::subject) {
       tokens[i] = Token{Token::clause_end, 0, {}, false};
+      tokens[i].soft = true;
     }
   }
 }
@@ -1899,6 +1905,15 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
       any_greeting = true;
       greeting = t.name;
     }
+  }
+  // A clause a rule split off (before, after) asks when the text's clause
+  // around it asks: 我可以换回之前那个邮箱吗 asks whether, as a whole.
+  bool asked_later = false;
+  for (std::size_t i = tokens.size(); i-- > 0;) {
+    Token& t = tokens[i];
+    if (t.kind == Token::clause_end && !t.soft) asked_later = t.question_mark;
+    if (t.kind == Token::question && lexicon.names[t.name] == "QMARK") asked_later = true;
+    if (t.kind == Token::clause_end && t.soft) t.question_mark = asked_later;
   }
   std::vector<Clause> clauses;
   std::size_t start = 0;
