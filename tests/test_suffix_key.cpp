@@ -1397,6 +1397,10 @@ TEST_CASE("suffix key: a clause of actions alone acts on what the clause beside 
   CHECK(served("my card was stolen, please report it").key == served("report my card stolen").key);
   CHECK(served("my card is lost, block it").key == served("block my lost card").key);
   CHECK(served("收货地址请保留，不要删").key == served("别删我的收货地址").key);
+  // An undo there undoes what was reported: reinstate the order, not "undo my order".
+  CHECK(served("my order was cancelled, undo it").key == served("reinstate my order").key);
+  CHECK(key("my order was cancelled, undo it") != key("undo my order"));
+  CHECK(served("my card was frozen, undo it").key == served("unfreeze my card").key);
   // What was done that the request does not reverse stays: shipped, it may be too late to cancel.
   CHECK(key("my order has shipped, cancel it") != key("cancel my order"));
   // "keep" gives way to a "don't" only; a sequence keeps its clauses.

@@ -1667,6 +1667,12 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
   tokens = std::move(out);
 }
 
+// The action a reported one names ("CANCEL" for CANCEL_DONE), or empty.
+std::string_view reported_action(const Element& a) {
+  const std::string_view text(a.text);
+  return a.past && text.ends_with("_DONE") ? text.substr(0, text.size() - 5) : std::string_view();
+}
+
 // Whether keeping a thing is what not doing `action` to it means ("keep my
 // address, don't delete it"): an action that ends, removes or changes it.
 bool keeping_undoes(std::string_view action) {
@@ -1719,9 +1725,7 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
       if (a.text == lex.names[query]) return true;
       // "keep my address, don't delete it"; not "keep my plan, I don't want to wait".
       if (a.text == "KEEP") return request_negated && keeping_undone;
-      const std::string_view done = std::string_view(a.text).ends_with("_DONE")
-                                        ? std::string_view(a.text).substr(0, a.text.size() - 5)
-                                        : std::string_view();
+      const std::string_view done = reported_action(a);
       if (done.empty()) return false;
       const char* reverse = reverse_of(done);
       return asked.count("UNDO") > 0 || (reverse != nullptr && asked.count(reverse) > 0);
@@ -1734,8 +1738,20 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
   const auto all_negated = [](const Clause& c) {
     return std::all_of(c.actions.begin(), c.actions.end(), [](const Element& a) { return a.negated; });
   };
-  // The request takes what the named clause names, in its place (a new list: linear however many clauses).
+  // The request takes what the named clause names, in its place (a new list:
+  // linear however many clauses). An undo there undoes what was reported:
+  // "my order was cancelled, undo it" reinstates the order (RESUME), as
+  // "undo the cancellation" does; it is not "undo my order".
   const auto take_things = [](Clause& request, Clause& named) {
+    for (Element& r : request.actions) {
+      if (r.negated || r.text != "UNDO") continue;
+      for (const Element& a : named.actions) {
+        if (const char* reverse = reverse_of(reported_action(a))) {
+          r.text = reverse;
+          break;
+        }
+      }
+    }
     request.objects = std::move(named.objects);
     request.entities = std::move(named.entities);
     std::move(request.details.begin(), request.details.end(), std::back_inserter(named.details));
