@@ -89,6 +89,12 @@ SuffixKey served(const std::string& text) {
   return k;
 }
 
+// Whether text is never served under the request's key: it abstains, or is keyed apart.
+bool never_served_as(const std::string& text, const std::string& request) {
+  const SuffixKey k = key_of(builtin(), text);
+  return k.low_information || k.key != served(request).key;
+}
+
 }  // namespace
 
 static_assert(clm::key_fingerprint("") == 0xcbf29ce484222325ULL);
@@ -1325,10 +1331,6 @@ TEST_CASE("suffix key: 给 and 帮 say for whom, and who acts") {
 
 TEST_CASE("suffix key: a report of what was done is not the request to do it") {
   // Served under another key, or not served at all.
-  const auto never_served_as = [](const std::string& report, const std::string& request) {
-    const SuffixKey k = key_of(builtin(), report);
-    return k.low_information || k.key != served(request).key;
-  };
   CHECK(never_served_as("you already refunded me", "refund me"));
   CHECK(never_served_as("they compensated me", "compensate me"));
   CHECK(served("I changed my mind about cancelling my order").key == served("don't cancel my order").key);
@@ -1422,30 +1424,24 @@ TEST_CASE("suffix key: a negation with only details after it negates them, not t
 
 TEST_CASE("suffix key: a command, its negation, a report of it and questions about it never share a key") {
   // Each command is served; each form made from it by rule is low information or keyed apart.
-  const auto never_served_as = [](const std::string& form, const SuffixKey& command) {
-    const SuffixKey k = key_of(builtin(), form);
-    INFO(form << " => " << k.key << "; the command's key: " << command.key);
-    CHECK((k.low_information || k.key != command.key));
-  };
   for (std::string command :
        {"refund the annual fee", "order a large pizza", "return everything except the lamp", "refund half the amount",
         "put my son on the insurance policy", "give my order free shipping", "cancel my gym membership",
         "charge it to the company card and not mine", "book the 8 am flight instead of the noon one",
         "upgrade my wife's phone line instead of mine", "send the invoice to my office", "unlock my account",
         "transfer 200 dollars to savings", "freeze my credit card", "change my delivery address"}) {
-    const SuffixKey k = served(command);
-    never_served_as("don't " + command, k);
-    never_served_as("did you " + command + "?", k);
-    never_served_as("can I " + command + "?", k);
+    for (const std::string& form : {"don't " + command, "did you " + command + "?", "can I " + command + "?"}) {
+      INFO(form);
+      CHECK(never_served_as(form, command));
+    }
   }
   for (std::string command : {"把订单取消", "把押金退给我", "把卡解冻", "把会员暂停一个月", "把运费退给我", "退年费",
                               "取消健身卡", "把航班改签一下", "把手机号改成新的"}) {
-    const SuffixKey k = served(command);
-    never_served_as("别" + command, k);
-    never_served_as(command + "了吗", k);
-    never_served_as("已经" + command + "了", k);
-    never_served_as("你们已经" + command + "了", k);
-    never_served_as("我可以" + command + "吗", k);
+    for (const std::string& form : {"别" + command, command + "了吗", "已经" + command + "了",
+                                    "你们已经" + command + "了", "我可以" + command + "吗"}) {
+      INFO(form);
+      CHECK(never_served_as(form, command));
+    }
   }
 }
 

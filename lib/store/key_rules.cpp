@@ -748,6 +748,8 @@ struct Element {
   std::string shown() const { return negated ? "NOT-" + text : text; }
 };
 
+bool is_negated(const Element& e) { return e.negated; }
+
 struct Clause {
   std::string mood;            // "", "ASK", or an aux's name ("ASK_ABLE")
   bool negated = false;        // a negation that governs nothing in it: "no, ..."
@@ -774,7 +776,7 @@ struct Clause {
   bool says_enough() const {
     const std::size_t things = objects.size() + entities.size();
     const bool requested = asks_politely && actions.empty() && objects.size() == 1 &&
-                           std::none_of(objects.begin(), objects.end(), [](const Element& e) { return e.negated; });
+                           std::none_of(objects.begin(), objects.end(), is_negated);
     return (!actions.empty() && things >= 1) || things >= 2 || requested;
   }
 
@@ -1176,8 +1178,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   }
   c.about_someone = std::any_of(begin, end, [](const Token& t) { return t.kind == Token::subject; });
   c.fine = fine_after_thing && c.mood.empty() && !asks && !c.negated && c.actions.empty() && c.details.empty() &&
-           std::none_of(c.objects.begin(), c.objects.end(), [](const Element& e) { return e.negated; }) &&
-           std::none_of(c.entities.begin(), c.entities.end(), [](const Element& e) { return e.negated; });
+           std::none_of(c.objects.begin(), c.objects.end(), is_negated) &&
+           std::none_of(c.entities.begin(), c.entities.end(), is_negated);
   undo_to_reverse(c.actions);
   if (perfective && !polite && !wants && c.mood.empty() && !asks &&
       std::any_of(begin, end, [](const Token& t) { return t.kind == Token::subject && !t.names_speaker; })) {
@@ -1479,18 +1481,22 @@ void split_at_new_subject(std::vector<Token>& tokens) {
   }
 }
 
+// Whether a token is a word for a sequence: then, first, before, after, next, 先, 再, 然后.
+bool says_sequence(const Lexicon& lex, const Token& t) {
+  if (t.kind == Token::sequence) return true;
+  const std::string& name = lex.names[t.name];
+  return t.kind == Token::detail && (name == "FIRST" || name == "AFTER" || name == "BEFORE" || name == "NEXT");
+}
+
 // Whether a token orders the requests around it: a word for a sequence (then,
 // first, before, after, next, 先, 再, 然后), or money and sending, which depend
 // on what was done before them (a price charged before or after a coupon, a
 // parcel sent before or after its address changed).
 bool orders_requests(const Lexicon& lex, const Token& t) {
-  if (t.kind == Token::sequence) return true;
+  if (says_sequence(lex, t)) return true;
   const std::string& name = lex.names[t.name];
-  if (t.kind == Token::action) {
-    return name == "CHARGE" || name == "PAY" || name == "APPLY" || name == "SEND" || name == "SHIP" ||
-           name == "TRANSFER";
-  }
-  return t.kind == Token::detail && (name == "FIRST" || name == "AFTER" || name == "BEFORE" || name == "NEXT");
+  return t.kind == Token::action && (name == "CHARGE" || name == "PAY" || name == "APPLY" || name == "SEND" ||
+                                     name == "SHIP" || name == "TRANSFER");
 }
 
 // Requests joined by "and" come in any order: "reset my password and unlock
@@ -1694,11 +1700,8 @@ bool keeping_undoes(std::string_view action) {
 void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::vector<Token>& tokens,
                           std::vector<Clause>& clauses) {
   // "先寄新的，再退旧的": clauses in a sequence are each their own request.
-  const bool sequence = std::any_of(tokens.begin(), tokens.end(), [&lex](const Token& t) {
-    const std::string& name = lex.names[t.name];
-    return t.kind == Token::sequence ||
-           (t.kind == Token::detail && (name == "FIRST" || name == "AFTER" || name == "BEFORE" || name == "NEXT"));
-  });
+  const bool sequence =
+      std::any_of(tokens.begin(), tokens.end(), [&lex](const Token& t) { return says_sequence(lex, t); });
   if (sequence || clauses.size() < 2) return;
   const auto acts_alone = [&](const Clause& c) {
     return c.objects.empty() && c.entities.empty() && !c.negated && !c.interleaved &&
@@ -1711,8 +1714,7 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
   // Whether `with`'s actions all give way to `request`'s: what the request
   // asks is all that is asked.
   const auto gives_way = [&](const Clause& with, const Clause& request) {
-    const bool request_negated =
-        std::any_of(request.actions.begin(), request.actions.end(), [](const Element& a) { return a.negated; });
+    const bool request_negated = std::any_of(request.actions.begin(), request.actions.end(), is_negated);
     // What the request asks, looked up once per action beside it (linear however many there are).
     std::unordered_set<std::string_view> asked;
     for (const Element& r : request.actions) {
@@ -1735,9 +1737,7 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
   // unlock it"), or before it when it says what not to do ("don't replace
   // it, just refund me"); one that asks before it ("no thanks on the upgrade,
   // email my statements") is a request of its own.
-  const auto all_negated = [](const Clause& c) {
-    return std::all_of(c.actions.begin(), c.actions.end(), [](const Element& a) { return a.negated; });
-  };
+  const auto all_negated = [](const Clause& c) { return std::all_of(c.actions.begin(), c.actions.end(), is_negated); };
   // The request takes what the named clause names, in its place (a new list:
   // linear however many clauses). An undo there undoes what was reported:
   // "my order was cancelled, undo it" reinstates the order (RESUME), as
@@ -1793,11 +1793,10 @@ void join_contrasts(std::vector<Clause>& clauses) {
     }
     // Details alone about someone ("I'm not happy") state something; they name no alternative.
     if (c.objects.empty() && c.entities.empty() && c.about_someone) return false;
-    const auto negated = [](const Element& e) { return e.negated; };
     bool all_negated = true, none_negated = true;
     for (const auto* list : {&c.objects, &c.entities, &c.details}) {
-      all_negated = all_negated && std::all_of(list->begin(), list->end(), negated);
-      none_negated = none_negated && std::none_of(list->begin(), list->end(), negated);
+      all_negated = all_negated && std::all_of(list->begin(), list->end(), is_negated);
+      none_negated = none_negated && std::none_of(list->begin(), list->end(), is_negated);
     }
     return c.negated ? none_negated : all_negated;
   };
@@ -1817,10 +1816,9 @@ void join_contrasts(std::vector<Clause>& clauses) {
   // to call me back, email is fine"; "a voucher is fine, I don't need a
   // refund"), and stays what it was.
   const auto says_no = [](const Clause& c) {
-    const auto negated = [](const Element& e) { return e.negated; };
-    return c.negated || std::any_of(c.actions.begin(), c.actions.end(), negated) ||
-           std::any_of(c.objects.begin(), c.objects.end(), negated) ||
-           std::any_of(c.entities.begin(), c.entities.end(), negated);
+    return c.negated || std::any_of(c.actions.begin(), c.actions.end(), is_negated) ||
+           std::any_of(c.objects.begin(), c.objects.end(), is_negated) ||
+           std::any_of(c.entities.begin(), c.entities.end(), is_negated);
   };
   const bool fine_is_contrast = clauses.size() >= 2 && std::none_of(clauses.begin(), clauses.end(), says_no) &&
                                 std::any_of(clauses.begin(), clauses.end(), [](const Clause& c) { return !c.fine; });
