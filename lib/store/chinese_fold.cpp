@@ -165,7 +165,7 @@ Status ChineseFolder::fold(std::string_view utf8, std::string& out) const {
   for (std::size_t i = 0; i < utf8.size();) {
     const std::size_t at = i;
     char32_t cp = 0;
-    if (!decode_utf8(utf8, i, cp)) return invalid_argument(fmt::format("chinese fold: invalid UTF-8 at byte {}", at));
+    if (!decode_utf8(utf8, i, cp)) return invalid_argument(fmt::format("invalid UTF-8 at byte {}", at));
     any_cjk = any_cjk || is_cjk_ideograph(cp);
   }
   try {
