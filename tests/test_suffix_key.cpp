@@ -1503,6 +1503,67 @@ TEST_CASE("suffix key: a clause split at before or after asks when the text arou
   CHECK(served("把高级会员退了").key == served("把高级会员退掉").key);
 }
 
+TEST_CASE("suffix key: what cannot be done is not what must not be done") {
+  // "I can't X" asks for help with what "don't X" forbids; every way of saying it is one key.
+  for (std::string command : {"cancel my order", "transfer money to savings", "pay my bill", "change my password",
+                              "unsubscribe from your emails"}) {
+    const std::string cannot = served("I can't " + command).key;
+    INFO(command);
+    CHECK(cannot != served("don't " + command).key);
+    CHECK(served("I'm unable to " + command).key == cannot);
+    CHECK(served("I cannot " + command).key == cannot);
+    CHECK(served("I'm not able to " + command).key == cannot);
+    CHECK(key("why can't you " + command + "?") != key("why did you " + command + "?"));
+    CHECK(served("can't you " + command + "?").key == served(command).key);  // asked, not denied
+  }
+  for (const char* forbids : {"别取消订单", "不要取消订单", "订单别取消"}) {
+    for (const char* cannot : {"订单取消不了", "我无法取消订单", "我不能取消订单", "订单没法取消"}) {
+      INFO(forbids << " / " << cannot);
+      CHECK(served(cannot).key != served(forbids).key);
+      CHECK(served(cannot).key == served("订单取消不了").key);
+    }
+  }
+  CHECK(key("钱转不过去") != key("转钱"));  // 不过去 is no 不过 ("but")
+  CHECK(key("发票打印不出来") != key("别打印发票"));
+  CHECK(served("我的账号登不进去").key == served("账号登录不上").key);
+  // A thing that won't do something is at fault, as one who cannot; what mustn't be done is forbidden.
+  CHECK(key("the refund isn't processing") != key("don't process the refund"));
+  CHECK(served("my card doesn't work").key == served("my card isn't working").key);
+  CHECK(served("it won't let me pay my bill").key == served("I can't pay my bill").key);
+  CHECK(served("the technician mustn't come before noon").key.starts_with("NOT-ARRIVE"));
+  CHECK(served("纸质账单别寄了").key == served("别寄纸质账单").key);  // Chinese names the topic first
+  // Waiting is the speaker's own to do: "I can't wait" is "I don't want to wait".
+  CHECK(served("I can't wait any longer, cancel my order").key ==
+        served("I don't want to wait any longer, cancel my order").key);
+}
+
+TEST_CASE("suffix key: asked with care is the request while who and must ask and not yet reports") {
+  for (std::string command : {"refund my baggage fee", "cancel my gym membership", "email me the receipt"}) {
+    for (const std::string& asked : {"make sure you " + command, "don't forget to " + command, "remember to " + command,
+                                     "be sure to " + command}) {
+      INFO(asked);
+      CHECK(served(asked).key == served(command).key);
+    }
+  }
+  CHECK(served("别忘了取消订单").key == served("取消订单").key);
+  CHECK(key("who cancelled my order?") != key("did you cancel my order?"));
+  CHECK(key("谁取消的订单") != key("订单取消了吗"));
+  CHECK(key("do I need to pay a deposit?") != key("did I pay the deposit?"));
+  CHECK(key("要交押金吗") != key("交押金了吗"));
+  CHECK(served("需要交押金吗").key == served("要交押金吗").key);
+  CHECK(key("帮我把订单取消了吗") != key("帮我把订单取消"));  // 了吗 asks whether it was done
+  CHECK(served("never cancel my order").key == served("don't cancel my order").key);
+  CHECK(key("never cancel my order") != key("I never cancelled my order"));
+  CHECK(key("there is a charge on my card") != key("is there a charge on my card?"));
+  CHECK(key("there is a charge on my card") == key("there's a charge on my card"));
+  // A negation before 把 is the verb's; not done yet (没, didn't) is no prohibition.
+  CHECK(served("别把卡注销").key == served("卡别注销").key);
+  CHECK(key("还没把卡注销") != key("别把卡注销"));
+  CHECK(key("押金还没退") != key("别退押金"));
+  CHECK(served("押金还没退").key == served("你们还没退押金").key);
+  CHECK(key("you didn't refund my deposit") != key("don't refund my deposit"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

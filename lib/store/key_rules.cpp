@@ -55,14 +55,17 @@ struct Token {
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
-  bool prefers = false;     // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
-  bool gerund = false;      // action: a form in -ing ("checking"), which after "to" names a thing
-  bool dao = false;         // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
-  bool owner = false;       // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
-  bool someones = false;    // object: right after my, our, your (OWNER): someone's own, "my neighbor"
-  bool nominal = false;     // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
-  bool fine = false;        // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
+  bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
+  bool needs = false;     // want: need, 需要, 要 (NEED), which in a question asks whether one must: ASK_MUST
+  bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
+  bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
+  bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
+  bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
+  bool nominal = false;   // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
+  bool fine = false;      // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
+  bool unable = false;  // negation, negation_after: what cannot be done (can't, 无法, 登录不了), not what must not
   bool contrast = false;    // negation: says which thing is meant (not, instead of, rather than, except)
+  bool does_not = false;    // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
   bool commands = false;    // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
   bool verb_first = false;  // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
@@ -246,6 +249,22 @@ bool says_which_is_meant(const std::vector<std::string_view>& units, std::size_t
   return false;
 }
 
+// Whether the negation's words deny what something does or is ("doesn't",
+// "won't", "isn't", "aren't"): after a thing, "the app won't open", a fault;
+// not "mustn't", "shouldn't", "no need to", which forbid.
+bool says_it_does_not(const std::vector<std::string_view>& units, std::size_t first, std::size_t count) {
+  static constexpr std::string_view kDoesNot[][2] = {
+      {"doesn", "t"}, {"doesnt", ""}, {"does", "not"}, {"don", "t"},    {"dont", ""},
+      {"do", "not"},  {"won", "t"},   {"wont", ""},    {"will", "not"}, {"isn", "t"},
+      {"isnt", ""},   {"is", "not"},  {"aren", "t"},   {"arent", ""},   {"are", "not"},
+  };
+  for (const auto& words : kDoesNot) {
+    const std::size_t n = words[1].empty() ? 1 : 2;
+    if (n == count && units[first] == words[0] && (n == 1 || units[first + 1] == words[1])) return true;
+  }
+  return false;
+}
+
 // A word after which a verb's word names a thing: "the cancellation", "my
 // freeze", 订单的取消.
 bool names_a_thing_next(std::string_view unit) {
@@ -408,6 +427,9 @@ class Tokenizer {
       }
       if (out.size() > tokens_before && out.back().kind == Token::negation) {
         out.back().contrast = says_which_is_meant(units, i - best_len, best_len);
+        out.back().does_not = says_it_does_not(units, i - best_len, best_len);
+        // "never call me again" forbids, as "don't call me" does; "I never got my refund" reports.
+        if (best_len == 1 && units[i - 1] == "never" && opens_clause(out, tokens_before)) out.back().past = false;
       }
       if ((nominal || english_noun) && out.size() > tokens_before && out.back().kind == Token::action) {
         out.back().nominal = true;
@@ -632,10 +654,14 @@ class Tokenizer {
         }
         out_->push_back({Token::detail, e.name, {}, false});
         break;
-      case Category::negation:
-        out_->push_back({lex_.names[e.name] == "NOT_AFTER" ? Token::negation_after : Token::negation, 0, {}, false});
-        out_->back().past = lex_.names[e.name] == "NOT_PAST";
+      case Category::negation: {
+        const std::string& name = lex_.names[e.name];
+        const bool after = name == "NOT_AFTER" || name == "NOT_AFTER_ABLE";
+        out_->push_back({after ? Token::negation_after : Token::negation, 0, {}, false});
+        out_->back().past = name == "NOT_PAST";
+        out_->back().unable = name == "NOT_ABLE" || name == "NOT_AFTER_ABLE";
         break;
+      }
       case Category::question:
         out_->push_back({Token::question, e.name, {}, false});
         break;
@@ -645,6 +671,11 @@ class Tokenizer {
       case Category::polite:
         if (lex_.names[e.name] == "POLITE_FOR" || lex_.names[e.name] == "POLITE_FOR_ME") {
           out_->push_back({Token::benefactive, e.name, {}, false});
+        } else if (lex_.names[e.name] == "POLITE_UNLESS_ASKED_WHY" && out_->size() > clause_start_ &&
+                   out_->back().kind == Token::question && lex_.names[out_->back().name] == "REASON") {
+          // "can't you cancel it?" asks politely; "why can't you cancel it?" asks why it cannot be done.
+          out_->push_back({Token::negation, 0, {}, false});
+          out_->back().unable = true;
         } else {
           out_->push_back({Token::polite, 0, {}, false});
         }
@@ -664,8 +695,9 @@ class Tokenizer {
         if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
-        if (lex_.names[e.name] == "WANT" || lex_.names[e.name] == "PREFER") {
+        if (lex_.names[e.name] == "WANT" || lex_.names[e.name] == "NEED" || lex_.names[e.name] == "PREFER") {
           out_->push_back({Token::want, 0, {}, false});
+          out_->back().needs = lex_.names[e.name] == "NEED";
           out_->back().prefers = lex_.names[e.name] == "PREFER";
           if (out_->back().prefers) prefers_at_ = out_->size() - 1;
         }
@@ -744,8 +776,10 @@ struct Element {
   bool context = false;     // the account a request is about, after what it acts on ("the card on my account")
   bool to_speaker = false;  // "to me": kept only beside another destination
   bool nominal = false;     // an action named as a thing ("the cancellation"): undoing it reverses it
+  bool unable = false;      // negated as what cannot be done ("I can't cancel my order"), not as what must not
   std::size_t at = 0;       // the token it came from (Clause::interleaved)
-  std::string shown() const { return negated ? "NOT-" + text : text; }
+  // "I can't cancel my order" asks for help with what "don't cancel my order" forbids: CANNOT, not NOT.
+  std::string shown() const { return negated ? (unable ? "CANNOT-" : "NOT-") + text : text; }
 };
 
 bool is_negated(const Element& e) { return e.negated; }
@@ -882,8 +916,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
                    bool polite_earlier) {
   Clause c;
   bool pending_not = false;
-  bool pending_past = false;  // the negation was of what happened: "didn't", 没
-  std::string role;           // the role of the very next token ("FROM.")
+  bool pending_past = false;          // the negation was of what happened: "didn't", 没
+  bool pending_unable = false;        // the negation says what cannot be done: can't, 无法
+  bool not_waits_for_action = false;  // the pending negation is the next action's (别把卡注销)
+  std::string role;                   // the role of the very next token ("FROM.")
   bool polite = false, question_word = false;
   bool first = true;  // no token of the clause seen yet but greetings and polite forms
   std::string aux, aux_after_subject;
@@ -891,6 +927,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   std::pair<std::size_t, std::size_t> things_before_action{0, 0};  // objects, entities
   bool speaker_after_action = false;
   bool wants = false;                  // want, need, 要: a request for what the clause names, as please is
+  bool needs = false;                  // need, 需要: asked, whether one must (要交押金吗 is not 交押金了吗)
   bool fine_after_thing = false;       // a word for fine after a thing ("the modem is fine")
   bool perfective = false;             // 了 or 过 read: with a subject and no request, a report (我取消订单了)
   bool contrasts_unnamed = false;      // the pending negation came after what the action acts on
@@ -915,17 +952,21 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
         c.actions.push_back({lex.names[t->name], pending_not, t->past || (pending_not && pending_past)});
         c.actions.back().nominal = t->nominal;
+        c.actions.back().unable = pending_not && pending_unable;
         pending_not = false;
         break;
       case Token::object:
       case Token::entity: {
         if (t->kind == Token::object && this_role.empty() &&
-            (t->reported || (t->past && t != begin && t[-1].kind == Token::subject))) {
+            (t->reported || (t->past && t != begin && t[-1].kind == Token::subject) ||
+             (pending_not && pending_past && !not_waits_for_action && names_its_verb(lex.names[t->name])))) {
+          // (押金还没退, "you didn't refund my deposit": not done, which 别退押金 forbids.)
           // 你们已经给我退款了: a thing that is its verb, after 已经, reports it (REFUND_DONE); so does
           // its past form after who did it ("I returned item 2" is not "return item 2"; "the named
           // driver", "what's covered" are no report).
           if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
           c.actions.push_back({lex.names[t->name], pending_not, true});
+          c.actions.back().unable = pending_not && pending_unable;
           pending_not = false;
           break;
         }
@@ -939,19 +980,21 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // "my neighbor's parcel" is not "my parcel" for my neighbor: the owner
         // is OF. ("'s" before a state, "the item's broken", is "is").
         const bool owns = t->owner && t + 1 != end && (t[1].kind == Token::object || t[1].kind == Token::entity);
+        const bool negated = pending_not && !not_waits_for_action;
         list.push_back({this_role + (t->actor ? "BY." : "") + (owns ? "OF." : "") + t->described +
                             (t->kind == Token::entity ? t->text : lex.names[t->name]),
-                        pending_not});
+                        negated});
         list.back().context = t->kind == Token::object && lex.names[t->name] == "ACCOUNT" && list.size() > 1 &&
                               this_role.empty() && !pending_not &&
                               (t[-1].kind == Token::object || t[-1].kind == Token::detail);
-        pending_not = false;
+        if (negated) pending_not = false;
         break;
       }
       case Token::detail:
         // "rather than a window one", "Thursday, not Wednesday": with no thing
         // or action after it in the clause, a negation's detail is what is not meant.
-        c.details.push_back({this_role + lex.names[t->name], pending_not && t > last_acted_on});
+        c.details.push_back(
+            {this_role + lex.names[t->name], pending_not && !not_waits_for_action && t > last_acted_on});
         if (c.details.back().negated) pending_not = false;
         break;
       case Token::role:
@@ -968,6 +1011,17 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::negation:
         pending_not = true;
         pending_past = t->past;
+        // 别把卡注销, 还没把卡注销: a negation before 把 is the verb's, not the card's.
+        not_waits_for_action = t + 1 != end && t[1].kind == Token::disposal;
+        // "the label isn't printing", "my card won't work": a thing opening
+        // the clause, then a negated action, is what it cannot do (a fault,
+        // as "I can't print the label"), not "don't print the label".
+        pending_unable =
+            t->unable || (t->does_not && c.actions.empty() && t != begin &&
+                          (t[-1].kind == Token::object || t[-1].kind == Token::entity) && t + 1 != end &&
+                          t[1].kind == Token::action && !t[1].past && std::all_of(begin, t, [](const Token& b) {
+                            return b.kind == Token::object || b.kind == Token::entity || b.kind == Token::detail;
+                          }));
         // "charge it to the company card and not mine": after what an action
         // acts on (or a thing), a negation with nothing after it contrasts
         // with what is not named; it does not negate the action.
@@ -981,13 +1035,17 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         }
         if (!c.actions.empty()) {
           c.actions.back().negated = true;
+          c.actions.back().unable = t->unable;
         } else {
           pending_not = true;
+          pending_unable = t->unable;
         }
         break;
       case Token::question:
         if (lex.names[t->name] == "QMARK") {
           question_mark = true;  // 吗, 呢: a spoken question mark, which a polite form outranks
+          // ... but not 了吗: 帮我值机了吗 asks whether it was done, however politely.
+          if (t != begin && t[-1].kind == Token::perfective) question_word = true;
         } else {
           question_word = true;
           if (t->name != query) c.details.push_back({lex.names[t->name], false});
@@ -1030,6 +1088,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       case Token::want:
         wants = true;
+        needs = needs || t->needs;
         break;
       case Token::sequence:
         break;
@@ -1083,10 +1142,11 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     pending_not = false;  // "deliver to the front door instead of the back"
   }
   if (pending_not) {
-    if (question_mark && !question_word && aux.empty() && !c.actions.empty()) {
+    if (question_mark && !question_word && aux.empty() && !c.actions.empty() && !pending_unable) {
       question_word = true;  // 支付成功没有？: the negation asks, it does not negate
     } else if (!c.actions.empty()) {
       c.actions.back().negated = true;  // 登录不了
+      c.actions.back().unable = pending_unable;
     } else {
       c.negated = true;
     }
@@ -1154,6 +1214,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   const bool asks = !aux.empty() || question_word || (question_mark && !polite && !polite_earlier);
   c.asks_politely = (polite || wants) && !asks && !c.negated;
   if (aux.empty() && asks) aux = aux_after_subject;
+  // "do I need to pay a deposit?", 要交押金吗: whether one must, not whether it was done
+  // (with a question word, 要怎么改 is "how to change": how, not whether).
+  if (needs && asks && !question_word && (aux.empty() || aux == "ASK")) aux = "ASK_MUST";
   const auto is_plain_query = [query, &lex](const Element& e) { return !e.negated && e.text == lex.names[query]; };
   const bool other_action =
       std::any_of(c.actions.begin(), c.actions.end(), [&](const Element& e) { return e.text != lex.names[query]; });
@@ -1180,6 +1243,11 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   c.fine = fine_after_thing && c.mood.empty() && !asks && !c.negated && c.actions.empty() && c.details.empty() &&
            std::none_of(c.objects.begin(), c.objects.end(), is_negated) &&
            std::none_of(c.entities.begin(), c.entities.end(), is_negated);
+  for (Element& a : c.actions) {
+    // "I can't wait any longer", "I can't attend": what only the speaker does, they will not do
+    // ("I don't want to wait"); no one is asked for help with it.
+    if (a.unable && (a.text == "WAIT" || a.text == "ATTEND")) a.unable = false;
+  }
   undo_to_reverse(c.actions);
   if (perfective && !polite && !wants && c.mood.empty() && !asks &&
       std::any_of(begin, end, [](const Token& t) { return t.kind == Token::subject && !t.names_speaker; })) {
@@ -1952,11 +2020,11 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   for (const Clause& c : clauses) {
     for (const Element& a : c.actions) {
       if (!k.action.empty()) k.action.push_back('+');
-      k.action += a.negated ? "NOT-" + a.text : a.text;
+      k.action += a.shown();
     }
     for (const Element& e : c.entities) {
       if (!k.entity.empty()) k.entity.push_back('+');
-      k.entity += e.negated ? "NOT-" + e.text : e.text;
+      k.entity += e.shown();
     }
     for (const Element& o : c.objects) {
       if (k.object.empty() && !o.negated) k.object = o.text;

@@ -196,10 +196,12 @@ Status Lexicon::load(std::string_view file, std::string_view text) {
     if (cat == Category::question && fields[2] != "QUERY" && fields[2] != "QMARK") {
       question_names.emplace_back(name, fmt::format("{}:{}", file, line_no));
     }
-    if (cat == Category::negation && fields[2] != "NOT_" && fields[2] != "NOT_PAST" && fields[2] != "NOT_AFTER") {
+    if (cat == Category::negation && fields[2] != "NOT_" && fields[2] != "NOT_PAST" && fields[2] != "NOT_AFTER" &&
+        fields[2] != "NOT_ABLE" && fields[2] != "NOT_AFTER_ABLE") {
       return bad(
-          "a negation's name is NOT_ (it governs what follows), NOT_PAST (the same, of what happened: didn't) or "
-          "NOT_AFTER (the action before it)");
+          "a negation's name is NOT_ (it governs what follows), NOT_PAST (the same, of what happened: didn't), "
+          "NOT_AFTER (the action before it), NOT_ABLE or NOT_AFTER_ABLE (as NOT_ and NOT_AFTER, of what cannot be "
+          "done: can't, 不了)");
     }
     if (cat == Category::action || cat == Category::object || cat == Category::detail || cat == Category::greeting ||
         cat == Category::aux || cat == Category::unit || cat == Category::role) {
