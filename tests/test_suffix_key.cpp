@@ -1554,6 +1554,13 @@ TEST_CASE("suffix key: asked with care is the request while who and must ask and
   CHECK(key("帮我把订单取消了吗") != key("帮我把订单取消"));  // 了吗 asks whether it was done
   CHECK(served("never cancel my order").key == served("don't cancel my order").key);
   CHECK(key("never cancel my order") != key("I never cancelled my order"));
+  // What follows from an action, and whether it is possible, are questions of their own.
+  for (const char* asks : {"what happens if I cancel my order?", "would it be possible to cancel my order?"}) {
+    CHECK(served(asks).key != served("did you cancel my order?").key);
+    CHECK(served(asks).key != served("cancel my order").key);
+  }
+  CHECK(served("would it be possible to cancel my order?").key == served("is it possible to cancel my order?").key);
+  CHECK(served("取消订单会怎样").key != served("怎么取消订单").key);  // what follows, not how
   CHECK(key("there is a charge on my card") != key("is there a charge on my card?"));
   CHECK(key("there is a charge on my card") == key("there's a charge on my card"));
   // A negation before 把 is the verb's; not done yet (没, didn't) is no prohibition.
