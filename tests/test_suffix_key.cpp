@@ -1571,6 +1571,33 @@ TEST_CASE("suffix key: asked with care is the request while who and must ask and
   CHECK(key("you didn't refund my deposit") != key("don't refund my deposit"));
 }
 
+TEST_CASE("suffix key: the option not meant keeps all that names it") {
+  // A contrast before an action starts a clause of its own: what each action acts on stays its own.
+  CHECK(key("外卖多放点香菜而不是多放辣") != key("外卖多放辣而不是多放点香菜"));
+  CHECK(key("体检约在8号而不是约在这周") != key("体检约在这周而不是约在8号"));
+  CHECK(key("cancel my gym membership rather than freezing it") !=
+        key("freeze my gym membership rather than cancelling it"));
+  CHECK(served("暂停账户而不是注销").key == served("先别注销，把账户暂停就好").key);
+  CHECK(served("booking confirmation not received").key.find('|') == std::string::npos);  // "not" alone
+  // Details before the thing not meant, and things after it in its phrase, are not meant either.
+  CHECK(key("activate my SIM, not my new SIM") != key("activate my new SIM, not my SIM"));
+  CHECK(key("改机票上的姓名而不是票上的日期") != key("改机票上的日期而不是票上的姓名"));
+  CHECK(served("give me store credit instead of a cash refund").key !=
+        served("give me a cash refund instead of store credit").key);
+  CHECK(served("I need a window seat, not an aisle seat").key ==
+        served("I want a window seat instead of an aisle seat").key);
+  // What is kept, beside a request to end, remove or change something, is the thing not meant.
+  for (const char* same : {"cancel the flight but keep the hotel", "keep the hotel, just cancel the flight",
+                           "keep the hotel and cancel the flight", "cancel the flight, not the hotel"}) {
+    INFO(same);
+    CHECK(served(same).key == served("cancel the flight but not the hotel").key);
+  }
+  CHECK(key("cancel the flight but keep the hotel") != key("cancel the hotel but keep the flight"));
+  CHECK(served("取消789，不是456").key == served("456留着，把789取消").key);
+  CHECK(served("取消机票，酒店保留").key != served("取消酒店，机票保留").key);
+  CHECK(served("keep my plan and add a line").key.find("KEEP") != std::string::npos);  // adding removes nothing
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

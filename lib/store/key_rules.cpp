@@ -66,6 +66,7 @@ struct Token {
   bool unable = false;  // negation, negation_after: what cannot be done (can't, 无法, 登录不了), not what must not
   bool contrast = false;    // negation: says which thing is meant (not, instead of, rather than, except)
   bool does_not = false;    // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
+  bool instead = false;     // negation: instead of, rather than, but not, 而不是: what follows is the other option
   bool commands = false;    // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
   bool verb_first = false;  // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
@@ -265,6 +266,21 @@ bool says_it_does_not(const std::vector<std::string_view>& units, std::size_t fi
   return false;
 }
 
+// Whether the negation's words name the other option ("instead of", "rather
+// than", "but not", 而不是): not "not" alone ("confirmation not received").
+bool names_the_other_option(const std::vector<std::string_view>& units, std::size_t first, std::size_t count) {
+  static constexpr std::string_view kInstead[][3] = {
+      {"instead", "of", ""}, {"rather", "than", ""}, {"but", "not", ""}, {"而", "不", "是"}};
+  for (const auto& words : kInstead) {
+    const std::size_t n = words[2].empty() ? 2 : 3;
+    if (n != count) continue;
+    bool same = true;
+    for (std::size_t k = 0; k < n; ++k) same = same && units[first + k] == words[k];
+    if (same) return true;
+  }
+  return false;
+}
+
 // A word after which a verb's word names a thing: "the cancellation", "my
 // freeze", 订单的取消.
 bool names_a_thing_next(std::string_view unit) {
@@ -428,6 +444,7 @@ class Tokenizer {
       if (out.size() > tokens_before && out.back().kind == Token::negation) {
         out.back().contrast = says_which_is_meant(units, i - best_len, best_len);
         out.back().does_not = says_it_does_not(units, i - best_len, best_len);
+        out.back().instead = names_the_other_option(units, i - best_len, best_len);
         // "never call me again" forbids, as "don't call me" does; "I never got my refund" reports.
         if (best_len == 1 && units[i - 1] == "never" && opens_clause(out, tokens_before)) out.back().past = false;
       }
@@ -912,6 +929,17 @@ void undo_to_reverse(std::vector<Element>& actions) {
 }
 
 // The clause between two breaks, from its tokens.
+// Whether the detail at `t` stands between a negation and the thing it
+// negates, with only details beside it: "not my new SIM", 不要红色的那件.
+bool describes_negated_thing(const Token* t, const Token* begin, const Token* end) {
+  const Token* after = t + 1;
+  while (after != end && after->kind == Token::detail) ++after;
+  const Token* before = t;
+  while (before != begin && before[-1].kind == Token::detail) --before;
+  return after != end && (after->kind == Token::object || after->kind == Token::entity) && before != begin &&
+         before[-1].kind == Token::negation;
+}
+
 Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, const Token* end, bool question_mark,
                    bool polite_earlier) {
   Clause c;
@@ -919,7 +947,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool pending_past = false;          // the negation was of what happened: "didn't", 没
   bool pending_unable = false;        // the negation says what cannot be done: can't, 无法
   bool not_waits_for_action = false;  // the pending negation is the next action's (别把卡注销)
-  std::string role;                   // the role of the very next token ("FROM.")
+  bool rest_not_meant = false;  // after "instead of", 而不是: every thing up to a role or action is the other option
+  std::string role;             // the role of the very next token ("FROM.")
   bool polite = false, question_word = false;
   bool first = true;  // no token of the clause seen yet but greetings and polite forms
   std::string aux, aux_after_subject;
@@ -941,6 +970,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     this_role.swap(role);  // a role governs the next token only ("want to cancel": no role for CANCEL)
     switch (t->kind) {
       case Token::action:
+        rest_not_meant = false;
         if (this_role == "FROM." || (this_role == "TO." && t->gerund)) {
           // "from checking": after from, a verb's form names a thing (which way
           // the money goes is not lost with it), and so does one in -ing after
@@ -980,7 +1010,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // "my neighbor's parcel" is not "my parcel" for my neighbor: the owner
         // is OF. ("'s" before a state, "the item's broken", is "is").
         const bool owns = t->owner && t + 1 != end && (t[1].kind == Token::object || t[1].kind == Token::entity);
-        const bool negated = pending_not && !not_waits_for_action;
+        // 改机票上的日期而不是票上的姓名: the name is on the ticket not meant, as the ticket is.
+        const bool negated = (pending_not && !not_waits_for_action) || rest_not_meant;
         list.push_back({this_role + (t->actor ? "BY." : "") + (owns ? "OF." : "") + t->described +
                             (t->kind == Token::entity ? t->text : lex.names[t->name]),
                         negated});
@@ -993,11 +1024,17 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::detail:
         // "rather than a window one", "Thursday, not Wednesday": with no thing
         // or action after it in the clause, a negation's detail is what is not meant.
-        c.details.push_back(
-            {this_role + lex.names[t->name], pending_not && !not_waits_for_action && t > last_acted_on});
-        if (c.details.back().negated) pending_not = false;
+        c.details.push_back({this_role + lex.names[t->name],
+                             (pending_not && !not_waits_for_action && t > last_acted_on) || rest_not_meant});
+        if (c.details.back().negated) {
+          pending_not = false;
+        } else if (pending_not && !not_waits_for_action && describes_negated_thing(t, begin, end)) {
+          // "activate my SIM, not my new SIM": new is the SIM's not meant (the negation stays the SIM's).
+          c.details.back().negated = true;
+        }
         break;
       case Token::role:
+        rest_not_meant = false;
         // "I want to return my order", "I'd like to tip the driver": to after a
         // want is the verb's, not a direction (the return is not where anything goes).
         // ("I need you to email me": past the one asked, too.)
@@ -1011,6 +1048,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::negation:
         pending_not = true;
         pending_past = t->past;
+        rest_not_meant = t->instead;
         // 别把卡注销, 还没把卡注销: a negation before 把 is the verb's, not the card's.
         not_waits_for_action = t + 1 != end && t[1].kind == Token::disposal;
         // "the label isn't printing", "my card won't work": a thing opening
@@ -1549,6 +1587,58 @@ void split_at_new_subject(std::vector<Token>& tokens) {
   }
 }
 
+// "外卖多放点香菜而不是多放辣", "book it for the 8th rather than move it": a
+// contrast word before an action, after another action of its clause, starts
+// a clause of its own, so what each action acts on stays its own (in one
+// clause the coriander and the spice met in their sections, whichever was
+// asked for). So does "keep" after an action and what it acts on ("cancel the
+// flight but keep the hotel": join_contrasts reads what is kept as not meant).
+void split_at_contrasted_action(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto keep = lex.by_name.find("KEEP");
+  const auto keeps = [&](std::size_t i) {
+    return keep != lex.by_name.end() && tokens[i].kind == Token::action && tokens[i].name == keep->second;
+  };
+  const auto contrasts_action = [&](std::size_t i) {
+    if (tokens[i].kind != Token::negation || !tokens[i].instead) return false;
+    std::size_t next = i + 1;
+    while (next < tokens.size() && tokens[next].kind == Token::detail) ++next;
+    // (Not a verb's word naming a thing: "instead of my work one".)
+    return next < tokens.size() && tokens[next].kind == Token::action && !tokens[next].nominal;
+  };
+  // Where to split: the action read before in the clause, whether it was keep, and whether a thing
+  // came after it ("keep the add-on and cancel the plan" splits before cancel).
+  bool action_in_clause = false, thing_after_action = false, kept = false;
+  const auto splits_here = [&](std::size_t i) {
+    if (tokens[i].kind == Token::clause_end) action_in_clause = thing_after_action = kept = false;
+    const bool split =
+        action_in_clause && (contrasts_action(i) || (tokens[i].kind == Token::action && thing_after_action &&
+                                                     (keeps(i) || kept) && !tokens[i].nominal));
+    if (tokens[i].kind == Token::action) {
+      action_in_clause = true;
+      thing_after_action = false;
+      kept = keeps(i);
+    }
+    if (tokens[i].kind == Token::object || tokens[i].kind == Token::entity) thing_after_action = true;
+    if (split) thing_after_action = false;
+    return split;
+  };
+  bool any = false;
+  for (std::size_t i = 0; i < tokens.size() && !any; ++i) any = splits_here(i);
+  if (!any) return;
+  std::vector<Token> out;
+  out.reserve(tokens.size() + 4);
+  action_in_clause = thing_after_action = kept = false;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (splits_here(i)) {
+      if (!out.empty() && out.back().kind == Token::coordinator) out.pop_back();  // "... and keep the hotel"
+      out.push_back(Token{Token::clause_end, 0, {}, false});
+      out.back().soft = true;
+    }
+    out.push_back(std::move(tokens[i]));
+  }
+  tokens = std::move(out);
+}
+
 // Whether a token is a word for a sequence: then, first, before, after, next, 先, 再, 然后.
 bool says_sequence(const Lexicon& lex, const Token& t) {
   if (t.kind == Token::sequence) return true;
@@ -1888,6 +1978,29 @@ void join_contrasts(std::vector<Clause>& clauses) {
            std::any_of(c.objects.begin(), c.objects.end(), is_negated) ||
            std::any_of(c.entities.begin(), c.entities.end(), is_negated);
   };
+  // "cancel the flight, keep the hotel" is "cancel the flight, not the hotel": what is kept, beside a request
+  // to end, remove or change something, is what that request is not about.
+  const auto removes = [](const Clause& c) {
+    return c.mood.empty() && std::any_of(c.actions.begin(), c.actions.end(), [](const Element& a) {
+             return !a.negated && !a.past && (keeping_undoes(a.text) || a.text == "REFUND");
+           });
+  };
+  const auto only_keeps = [](const Clause& c) {
+    return c.mood.empty() && !c.negated && !c.interleaved && c.actions.size() == 1 && c.actions[0].text == "KEEP" &&
+           !c.actions[0].negated && !c.actions[0].past && c.objects.size() + c.entities.size() + c.details.size() > 0 &&
+           std::none_of(c.objects.begin(), c.objects.end(), is_negated) &&
+           std::none_of(c.entities.begin(), c.entities.end(), is_negated) &&
+           std::none_of(c.details.begin(), c.details.end(), is_negated);
+  };
+  if (clauses.size() >= 2 && std::any_of(clauses.begin(), clauses.end(), removes)) {
+    for (Clause& c : clauses) {
+      if (!only_keeps(c)) continue;
+      c.actions.clear();
+      for (auto* list : {&c.objects, &c.entities, &c.details}) {
+        for (Element& e : *list) e.negated = true;
+      }
+    }
+  }
   const bool fine_is_contrast = clauses.size() >= 2 && std::none_of(clauses.begin(), clauses.end(), says_no) &&
                                 std::any_of(clauses.begin(), clauses.end(), [](const Clause& c) { return !c.fine; });
   for (Clause& c : clauses) {
@@ -1975,6 +2088,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   dao_after_verb(lexicon, tokens);
   attach_lone_polite(tokens);
   split_at_new_subject(tokens);
+  split_at_contrasted_action(lexicon, tokens);
   sort_requests(lexicon, tokens);
   sort_conjuncts(lexicon, tokens);
 
