@@ -1569,6 +1569,10 @@ TEST_CASE("suffix key: asked with care is the request while who and must ask and
   CHECK(key("押金还没退") != key("别退押金"));
   CHECK(served("押金还没退").key == served("你们还没退押金").key);
   CHECK(key("you didn't refund my deposit") != key("don't refund my deposit"));
+  // ... nor before whom it is for or where it goes, with the verb after them.
+  CHECK(key("别给我弟转50欧元") != key("还没给我弟转50欧元"));
+  CHECK(key("别从我卡里扣款") != key("还没从我卡里扣款"));
+  CHECK(served("别往旧地址寄").key == served("不要寄到旧地址").key);
 }
 
 TEST_CASE("suffix key: the option not meant keeps all that names it") {

@@ -961,8 +961,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool perfective = false;             // 了 or 过 read: with a subject and no request, a report (我取消订单了)
   bool contrasts_unnamed = false;      // the pending negation came after what the action acts on
   const Token* last_acted_on = begin;  // the last action, object or entity of the clause (or its start)
+  const Token* last_action = nullptr;  // the clause's last action, if any
   for (const Token* t = begin; t != end; ++t) {
     if (t->kind == Token::action || t->kind == Token::object || t->kind == Token::entity) last_acted_on = t;
+    if (t->kind == Token::action) last_action = t;
   }
   for (const Token* t = begin; t != end; ++t) {
     const std::size_t before[3] = {c.objects.size(), c.entities.size(), c.details.size()};
@@ -1049,8 +1051,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         pending_not = true;
         pending_past = t->past;
         rest_not_meant = t->instead;
-        // 别把卡注销, 还没把卡注销: a negation before 把 is the verb's, not the card's.
-        not_waits_for_action = t + 1 != end && t[1].kind == Token::disposal;
+        // 别把卡注销, 还没把卡注销: a negation before 把 is the verb's, not the card's; so is one before
+        // who it is for or where it goes, with a verb after (别给我弟转50欧元, 还没从我卡里扣款).
+        not_waits_for_action = t + 1 != end && (t[1].kind == Token::disposal ||
+                                                ((t[1].kind == Token::benefactive || t[1].kind == Token::role ||
+                                                  t[1].kind == Token::polite || t[1].kind == Token::want) &&
+                                                 last_action != nullptr && last_action > t));
         // "the label isn't printing", "my card won't work": a thing opening
         // the clause, then a negated action, is what it cannot do (a fault,
         // as "I can't print the label"), not "don't print the label".
