@@ -1573,6 +1573,9 @@ TEST_CASE("suffix key: asked with care is the request while who and must ask and
   CHECK(key("别给我弟转50欧元") != key("还没给我弟转50欧元"));
   CHECK(key("别从我卡里扣款") != key("还没从我卡里扣款"));
   CHECK(served("别往旧地址寄").key == served("不要寄到旧地址").key);
+  // A negation opening a question, or a don't before what a verb it has no word for acts on, is the verb's.
+  CHECK(served("why isn't my order cancelled?").key == served("why was my order not cancelled?").key);
+  CHECK(served("don't put the order on hold").key == served("please don't hold my order").key);
 }
 
 TEST_CASE("suffix key: the option not meant keeps all that names it") {

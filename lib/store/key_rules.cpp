@@ -1053,10 +1053,13 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         rest_not_meant = t->instead;
         // 别把卡注销, 还没把卡注销: a negation before 把 is the verb's, not the card's; so is one before
         // who it is for or where it goes, with a verb after (别给我弟转50欧元, 还没从我卡里扣款).
+        // So is one opening a question before what it asks about ("why isn't my order cancelled?").
         not_waits_for_action = t + 1 != end && (t[1].kind == Token::disposal ||
-                                                ((t[1].kind == Token::benefactive || t[1].kind == Token::role ||
-                                                  t[1].kind == Token::polite || t[1].kind == Token::want) &&
-                                                 last_action != nullptr && last_action > t));
+                                                (last_action != nullptr && last_action > t &&
+                                                 (((t == begin || t[-1].kind == Token::question) && t->does_not &&
+                                                   (t[1].kind == Token::object || t[1].kind == Token::entity)) ||
+                                                  t[1].kind == Token::benefactive || t[1].kind == Token::role ||
+                                                  t[1].kind == Token::polite || t[1].kind == Token::want)));
         // "the label isn't printing", "my card won't work": a thing opening
         // the clause, then a negated action, is what it cannot do (a fault,
         // as "I can't print the label"), not "don't print the label".
