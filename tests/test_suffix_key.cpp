@@ -1605,6 +1605,18 @@ TEST_CASE("suffix key: the option not meant keeps all that names it") {
   CHECK(served("keep my plan and add a line").key.find("KEEP") != std::string::npos);  // adding removes nothing
 }
 
+TEST_CASE("suffix key: words for one request are one key, where what they act on says so") {
+  CHECK(served("verify my identity").key == served("confirm my identity").key);
+  CHECK(served("rebook my flight").key == served("change my flight").key);
+  // Money moved is transferred; an appointment moved is not.
+  CHECK(served("move $300 into my savings").key == served("transfer $300 to my savings").key);
+  CHECK(served("move my appointment to Friday").key.starts_with("MOVE"));
+  // "checking" after from or to is the checking account.
+  CHECK(served("transfer $100 from checking to savings").key ==
+        served("transfer $100 from my checking account to savings").key);
+  CHECK(key("transfer $100 from checking to savings") != key("transfer $100 from savings to checking"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -977,7 +977,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           // "from checking": after from, a verb's form names a thing (which way
           // the money goes is not lost with it), and so does one in -ing after
           // to ("to checking"). Otherwise, after to it is a verb ("want to cancel").
-          c.objects.push_back({this_role + lex.names[t->name], pending_not});
+          // "checking" there is the checking account, as "my checking account" is.
+          const bool checking = t->name == query && t->gerund;
+          c.objects.push_back({this_role + (checking ? "CURRENT_ACCOUNT" : lex.names[t->name]), pending_not});
           pending_not = false;
           break;
         }
@@ -1290,6 +1292,20 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   c.fine = fine_after_thing && c.mood.empty() && !asks && !c.negated && c.actions.empty() && c.details.empty() &&
            std::none_of(c.objects.begin(), c.objects.end(), is_negated) &&
            std::none_of(c.entities.begin(), c.entities.end(), is_negated);
+  // "move $300 into savings" is "transfer $300 to savings": money moved is transferred (a move of house,
+  // of an appointment or a seat stays MOVE).
+  const auto is_money = [](const Element& e) {
+    for (std::string_view unit : {"usd", "eur", "gbp", "cny", "jpy"}) {
+      if (e.text.size() > unit.size() && e.text.ends_with(unit)) return true;
+    }
+    return e.text == "MONEY" || e.text.ends_with(".MONEY");
+  };
+  if (std::any_of(c.entities.begin(), c.entities.end(), is_money) ||
+      std::any_of(c.objects.begin(), c.objects.end(), is_money)) {
+    for (Element& a : c.actions) {
+      if (a.text == "MOVE") a.text = "TRANSFER";
+    }
+  }
   for (Element& a : c.actions) {
     // "I can't wait any longer", "I can't attend": what only the speaker does, they will not do
     // ("I don't want to wait"); no one is asked for help with it.
