@@ -1608,6 +1608,9 @@ TEST_CASE("suffix key: the option not meant keeps all that names it") {
 TEST_CASE("suffix key: words for one request are one key, where what they act on says so") {
   CHECK(served("verify my identity").key == served("confirm my identity").key);
   CHECK(served("rebook my flight").key == served("change my flight").key);
+  // Back on is active again: reactivated, not first turned on.
+  CHECK(served("turn my subscription back on").key == served("reactivate my subscription").key);
+  CHECK(served("re-enable my voicemail").key == served("reactivate my voicemail").key);
   // Money moved is transferred; an appointment moved is not.
   CHECK(served("move $300 into my savings").key == served("transfer $300 to my savings").key);
   CHECK(served("move my appointment to Friday").key.starts_with("MOVE"));
