@@ -1611,6 +1611,12 @@ TEST_CASE("suffix key: words for one request are one key, where what they act on
   // Back on is active again: reactivated, not first turned on.
   CHECK(served("turn my subscription back on").key == served("reactivate my subscription").key);
   CHECK(served("re-enable my voicemail").key == served("reactivate my voicemail").key);
+  // A balance is a thing one asks about; recent, partners, 第 (ordinal) are words of requests.
+  CHECK(!key_of(builtin(), "check my balance").low_information);
+  CHECK(served("check my balance and my recent transactions").key ==
+        served("show me my recent transactions and my balance").key);
+  CHECK(served("don't share my data with partners").key == served("don't share my data with third parties").key);
+  CHECK(served("第2件退货").key != served("2件退货").key);
   // Money moved is transferred; an appointment moved is not.
   CHECK(served("move $300 into my savings").key == served("transfer $300 to my savings").key);
   CHECK(served("move my appointment to Friday").key.starts_with("MOVE"));
