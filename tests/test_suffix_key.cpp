@@ -1561,6 +1561,12 @@ TEST_CASE("suffix key: asked with care is the request while who and must ask and
   }
   CHECK(served("would it be possible to cancel my order?").key == served("is it possible to cancel my order?").key);
   CHECK(served("取消订单会怎样").key != served("怎么取消订单").key);  // what follows, not how
+  // Asked when, "can" is when it will be; asked whether, it stays whether one can.
+  CHECK(served("退款多久能到").key == served("退款大概什么时候到账").key);
+  CHECK(served("订单3318什么时候发货").key == served("3318这个单子啥时候能发出来").key);
+  CHECK(served("预约能改时间吗").key.starts_with("ASK_ABLE"));
+  CHECK(served("how can I change my delivery address?").key == served("how do I change my delivery address?").key);
+  CHECK(served("how much luggage can I bring on my flight?").key.starts_with("ASK_ABLE"));  // a limit
   CHECK(key("there is a charge on my card") != key("is there a charge on my card?"));
   CHECK(key("there is a charge on my card") == key("there's a charge on my card"));
   // A negation before 把 is the verb's; not done yet (没, didn't) is no prohibition.

@@ -950,7 +950,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool rest_not_meant = false;  // after "instead of", 而不是: every thing up to a role or action is the other option
   std::string role;             // the role of the very next token ("FROM.")
   bool polite = false, question_word = false;
-  bool first = true;  // no token of the clause seen yet but greetings and polite forms
+  bool asks_how = false;  // a question word for how or when
+  bool first = true;      // no token of the clause seen yet but greetings and polite forms
   std::string aux, aux_after_subject;
   bool after_subject = false;  // the token before this one was the clause's first, a subject
   std::pair<std::size_t, std::size_t> things_before_action{0, 0};  // objects, entities
@@ -1097,6 +1098,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           if (t != begin && t[-1].kind == Token::perfective) question_word = true;
         } else {
           question_word = true;
+          // how, when: asked so, "can" adds nothing ("how can I cancel" is "how do I cancel"); never
+          // how much ("how much can I withdraw" asks a limit) nor whether ("whether I can switch").
+          asks_how = asks_how || lex.names[t->name] == "TIME" || lex.names[t->name] == "METHOD";
           if (t->name != query) c.details.push_back({lex.names[t->name], false});
         }
         break;
@@ -1266,6 +1270,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   // "do I need to pay a deposit?", 要交押金吗: whether one must, not whether it was done
   // (with a question word, 要怎么改 is "how to change": how, not whether).
   if (needs && asks && !question_word && (aux.empty() || aux == "ASK")) aux = "ASK_MUST";
+  // "when can it ship?", 啥时候能发出来, "how can I cancel?": asked when or how, can is only when or how
+  // it will be ("when will it ship?", "how do I cancel?").
+  if (aux == "ASK_ABLE" && asks_how) aux = "ASK";
   const auto is_plain_query = [query, &lex](const Element& e) { return !e.negated && e.text == lex.names[query]; };
   const bool other_action =
       std::any_of(c.actions.begin(), c.actions.end(), [&](const Element& e) { return e.text != lex.names[query]; });
