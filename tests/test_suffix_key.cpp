@@ -1575,6 +1575,9 @@ TEST_CASE("suffix key: asked with care is the request while who and must ask and
   CHECK(key("押金还没退") != key("别退押金"));
   CHECK(served("押金还没退").key == served("你们还没退押金").key);
   CHECK(key("you didn't refund my deposit") != key("don't refund my deposit"));
+  CHECK(key("no refund yet for order 3390") != key("don't refund order 3390"));         // not yet is no prohibition
+  CHECK(served("don't charge my card yet").key == served("don't charge my card").key);  // still one
+  CHECK(served("漏发的是耳机盒，不是耳机").key != served("漏发的是耳机，不是耳机盒").key);
   // ... nor before whom it is for or where it goes, with the verb after them.
   CHECK(key("别给我弟转50欧元") != key("还没给我弟转50欧元"));
   CHECK(key("别从我卡里扣款") != key("还没从我卡里扣款"));

@@ -67,6 +67,7 @@ struct Token {
   bool contrast = false;    // negation: says which thing is meant (not, instead of, rather than, except)
   bool does_not = false;    // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
   bool instead = false;     // negation: instead of, rather than, but not, 而不是: what follows is the other option
+  bool forbids = false;     // negation: don't, do not: with "yet", still a prohibition ("don't ship it yet")
   bool commands = false;    // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
   bool verb_first = false;  // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
@@ -445,6 +446,9 @@ class Tokenizer {
         out.back().contrast = says_which_is_meant(units, i - best_len, best_len);
         out.back().does_not = says_it_does_not(units, i - best_len, best_len);
         out.back().instead = names_the_other_option(units, i - best_len, best_len);
+        out.back().forbids = (best_len == 2 && units[i - 2] == "don" && units[i - 1] == "t") ||
+                             (best_len == 1 && units[i - 1] == "dont") ||
+                             (best_len == 2 && units[i - 2] == "do" && units[i - 1] == "not");
         // "never call me again" forbids, as "don't call me" does; "I never got my refund" reports.
         if (best_len == 1 && units[i - 1] == "never" && opens_clause(out, tokens_before)) out.back().past = false;
       }
@@ -677,6 +681,7 @@ class Tokenizer {
         out_->push_back({after ? Token::negation_after : Token::negation, 0, {}, false});
         out_->back().past = name == "NOT_PAST";
         out_->back().unable = name == "NOT_ABLE" || name == "NOT_AFTER_ABLE";
+        last_negation_at_ = out_->size() - 1;
         break;
       }
       case Category::question:
@@ -722,6 +727,13 @@ class Tokenizer {
         // preference, than (and over) says what is not wanted, as "rather than"
         // and "instead of" do; the reverse is another request.
         if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
+        // "no refund yet", "not refunded yet": not done yet, as 还没 says; no prohibition ("don't refund").
+        if (lex_.names[e.name] == "YET") {
+          if (last_negation_at_ != SIZE_MAX && last_negation_at_ >= clause_start_) {
+            Token& negation = (*out_)[last_negation_at_];
+            negation.past = negation.past || !negation.forbids;  // "don't ship it yet" still forbids
+          }
+        }
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
         if (lex_.names[e.name] == "PERFECTIVE") out_->push_back({Token::perfective, 0, {}, false});
         if (lex_.names[e.name] == "COMMAND" && opens_clause(*out_, out_->size())) {
@@ -770,12 +782,13 @@ class Tokenizer {
   std::string_view norm_;
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
-  bool done_mark_ = false;                 // 已经 or 被 read, its verb not yet
-  bool done_waits_for_action_ = false;     // 已经把: only a verb takes the mark, not what 把 takes
-  std::size_t clause_start_ = 0;           // the first token of the clause being read
-  std::size_t last_token_end_ = SIZE_MAX;  // the unit after the last one that gave a token
-  std::size_t prefers_at_ = SIZE_MAX;      // the last preference read
-  std::size_t owner_word_at_ = SIZE_MAX;   // where the last my, our, your was: the next token is theirs
+  bool done_mark_ = false;                   // 已经 or 被 read, its verb not yet
+  bool done_waits_for_action_ = false;       // 已经把: only a verb takes the mark, not what 把 takes
+  std::size_t clause_start_ = 0;             // the first token of the clause being read
+  std::size_t last_negation_at_ = SIZE_MAX;  // the last negation read (its clause: clause_start_)
+  std::size_t last_token_end_ = SIZE_MAX;    // the unit after the last one that gave a token
+  std::size_t prefers_at_ = SIZE_MAX;        // the last preference read
+  std::size_t owner_word_at_ = SIZE_MAX;     // where the last my, our, your was: the next token is theirs
   // The entity being read, while numbers come: its parts, whether a number
   // word is among them, and whether it is all numbers (no id letters, no unit).
   std::vector<Numeral> parts_;
