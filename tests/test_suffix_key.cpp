@@ -1635,6 +1635,20 @@ TEST_CASE("suffix key: words for one request are one key, where what they act on
   CHECK(key("transfer $100 from checking to savings") != key("transfer $100 from savings to checking"));
 }
 
+TEST_CASE("suffix key: a thing wanted in a past form is asked for, and what is kept or not mine is not meant") {
+  // "I want my order cancelled", "the hotel should be cancelled": asked for, not reported.
+  CHECK(served("i want my order cancelled").key == served("cancel my order").key);
+  CHECK(served("I'd like my subscription reinstated").key == served("reactivate my subscription").key);
+  CHECK(served("the hotel needs to be cancelled").key == served("cancel the hotel").key);
+  CHECK(served("my order was cancelled").key != served("cancel my order").key);
+  CHECK(served("I'd like a refund for my cancelled flight").key.find("CANCEL_DONE") != std::string::npos);
+  CHECK(served("This month's water bill seems much higher than it should be.").key.starts_with("QUERY"));
+  // "..., not mine", "rather than mine": the speaker's is not meant.
+  CHECK(served("upgrade the kids' line, not mine").key == served("upgrade the kids' line rather than mine").key);
+  CHECK(served("instead of a voucher I want cash back").key == served("give me the cashback, not a voucher").key);
+  CHECK(served("cancel the hotel, the car rental stays").key == served("cancel the hotel, keep the car rental").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -57,6 +57,7 @@ struct Token {
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
   bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
   bool needs = false;     // want: need, 需要, 要 (NEED), which in a question asks whether one must: ASK_MUST
+  bool passive = false;   // want: should be, has to be (WANT_DONE): only a past form after it is asked for
   bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
@@ -717,8 +718,10 @@ class Tokenizer {
         if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
-        if (lex_.names[e.name] == "WANT" || lex_.names[e.name] == "NEED" || lex_.names[e.name] == "PREFER") {
+        if (lex_.names[e.name] == "WANT" || lex_.names[e.name] == "NEED" || lex_.names[e.name] == "PREFER" ||
+            lex_.names[e.name] == "WANT_DONE") {
           out_->push_back({Token::want, 0, {}, false});
+          out_->back().passive = lex_.names[e.name] == "WANT_DONE";
           out_->back().needs = lex_.names[e.name] == "NEED";
           out_->back().prefers = lex_.names[e.name] == "PREFER";
           if (out_->back().prefers) prefers_at_ = out_->size() - 1;
@@ -961,7 +964,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool pending_unable = false;        // the negation says what cannot be done: can't, 无法
   bool not_waits_for_action = false;  // the pending negation is the next action's (别把卡注销)
   bool rest_not_meant = false;  // after "instead of", 而不是: every thing up to a role or action is the other option
-  std::string role;             // the role of the very next token ("FROM.")
+  bool want_then_things = false;  // a want, then only things and details since ("I want my order cancelled")
+  std::string role;               // the role of the very next token ("FROM.")
   bool polite = false, question_word = false;
   bool asks_how = false;  // a question word for how or when
   bool first = true;      // no token of the clause seen yet but greetings and polite forms
@@ -985,7 +989,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     std::string this_role;
     this_role.swap(role);  // a role governs the next token only ("want to cancel": no role for CANCEL)
     switch (t->kind) {
-      case Token::action:
+      case Token::action: {
         rest_not_meant = false;
         if (this_role == "FROM." || (this_role == "TO." && t->gerund)) {
           // "from checking": after from, a verb's form names a thing (which way
@@ -998,11 +1002,21 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           break;
         }
         if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
-        c.actions.push_back({lex.names[t->name], pending_not, t->past || (pending_not && pending_past)});
+        // "I want my subscription cancelled", "the hotel should be cancelled": a thing wanted in a past
+        // form is what is asked for, not what was done.
+        // (Not one before a thing: "a refund for my cancelled flight".)
+        const bool after_thing = t != begin && (t[-1].kind == Token::object || t[-1].kind == Token::entity);
+        const bool after_passive = t - begin >= 2 && t[-1].kind == Token::want && t[-1].passive &&
+                                   (t[-2].kind == Token::object || t[-2].kind == Token::entity);
+        const bool asked_done = t->past && ((want_then_things && after_thing) || after_passive) &&
+                                (t + 1 == end || (t[1].kind != Token::object && t[1].kind != Token::entity));
+        c.actions.push_back(
+            {lex.names[t->name], pending_not, (t->past && !asked_done) || (pending_not && pending_past)});
         c.actions.back().nominal = t->nominal;
         c.actions.back().unable = pending_not && pending_unable;
         pending_not = false;
         break;
+      }
       case Token::object:
       case Token::entity: {
         if (t->kind == Token::object && this_role.empty() &&
@@ -1140,8 +1154,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           c.details.push_back({"TO.SELF", pending_not});
           c.details.back().to_speaker = true;
           pending_not = false;
-        } else if (pending_not && contrasts_unnamed) {
-          // "give the upgrade to my partner rather than me": the speaker is not meant.
+        } else if (pending_not && (contrasts_unnamed ||
+                                   (t != begin && t[-1].kind == Token::negation && t - 1 == begin && t + 1 == end))) {
+          // "give the upgrade to my partner rather than me", "..., not mine": the speaker is not meant.
           c.objects.push_back({"SELF", true});
           pending_not = false;
         }
@@ -1153,8 +1168,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         }
         break;
       case Token::want:
-        wants = true;
+        wants = wants || !t->passive;
         needs = needs || t->needs;
+        rest_not_meant = false;  // "instead of a voucher I want cash back": the want names what is meant
         break;
       case Token::sequence:
         break;
@@ -1195,6 +1211,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
     }
     if (t->kind == Token::negation && !this_role.empty()) role = this_role;  // "from not X" keeps FROM
+    want_then_things =
+        (t->kind == Token::want && !t->prefers) ||
+        (want_then_things && (t->kind == Token::object || t->kind == Token::entity || t->kind == Token::detail));
     std::size_t list_index = 0;
     for (auto* list : {&c.objects, &c.entities, &c.details}) {
       for (std::size_t k = before[list_index]; k < list->size(); ++k)
