@@ -1611,6 +1611,8 @@ TEST_CASE("suffix key: the option not meant keeps all that names it") {
   CHECK(key("cancel the flight but keep the hotel") != key("cancel the hotel but keep the flight"));
   CHECK(served("取消789，不是456").key == served("456留着，把789取消").key);
   CHECK(served("取消机票，酒店保留").key != served("取消酒店，机票保留").key);
+  CHECK(served("退机票，酒店保留").key == served("退机票，不是酒店").key);  // 退 names its verb
+  CHECK(served("return the shirt, keep the trousers").key == served("return the shirt, not the trousers").key);
   CHECK(served("keep my plan and add a line").key.find("KEEP") != std::string::npos);  // adding removes nothing
 }
 

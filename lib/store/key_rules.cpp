@@ -2045,7 +2045,13 @@ void join_contrasts(std::vector<Clause>& clauses) {
   // "cancel the flight, keep the hotel" is "cancel the flight, not the hotel": what is kept, beside a request
   // to end, remove or change something, is what that request is not about.
   const auto removes = [](const Clause& c) {
-    return c.mood.empty() && std::any_of(c.actions.begin(), c.actions.end(), [](const Element& a) {
+    if (!c.mood.empty()) return false;
+    // 退机票, 退M码那件: 退 names its verb, and what it acts on is beside it.
+    const bool returns_thing = c.actions.empty() && c.objects.size() + c.entities.size() + c.details.size() >= 2 &&
+                               std::any_of(c.objects.begin(), c.objects.end(), [](const Element& o) {
+                                 return !o.negated && (o.text == "RETURN" || o.text == "REFUND");
+                               });
+    return returns_thing || std::any_of(c.actions.begin(), c.actions.end(), [](const Element& a) {
              return !a.negated && !a.past && (keeping_undoes(a.text) || a.text == "REFUND");
            });
   };
