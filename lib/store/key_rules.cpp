@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -237,50 +238,50 @@ bool opens_what_a_verb_acts_on(std::string_view unit) {
 // 预约明天下午: book tomorrow afternoon). Not 订单, 账单: they name things only.
 bool names_its_verb(std::string_view name) { return name == "RETURN" || name == "REFUND" || name == "APPOINTMENT"; }
 
+// Whether the `count` units from `first` are one of `phrases`, each its words
+// separated by single spaces ("rather than"; Chinese units are characters: "而 不 是").
+bool is_one_of(const std::vector<std::string_view>& units, std::size_t first, std::size_t count,
+               std::initializer_list<std::string_view> phrases) {
+  for (std::string_view phrase : phrases) {
+    std::size_t k = 0;
+    bool same = true;
+    for (std::size_t start = 0; same && start <= phrase.size(); ++k) {
+      const std::size_t space = std::min(phrase.find(' ', start), phrase.size());
+      same = k < count && units[first + k] == phrase.substr(start, space - start);
+      start = space + 1;
+    }
+    if (same && k == count) return true;
+  }
+  return false;
+}
+
 // Whether the negation's words say which thing is meant rather than deny
 // what is said ("not", "instead of", "rather than", "except"; not "don't",
 // "isn't", 不).
 bool says_which_is_meant(const std::vector<std::string_view>& units, std::size_t first, std::size_t count) {
-  static constexpr std::string_view kContrast[][2] = {
-      {"not", ""},       {"instead", "of"}, {"rather", "than"}, {"but", "not"},    {"except", ""},
-      {"except", "for"}, {"apart", "from"}, {"aside", "from"},  {"other", "than"}, {"excluding", ""},
-  };
-  for (const auto& words : kContrast) {
-    const std::size_t n = words[1].empty() ? 1 : 2;
-    if (n == count && units[first] == words[0] && (n == 1 || units[first + 1] == words[1])) return true;
-  }
-  return false;
+  return is_one_of(units, first, count,
+                   {"not", "instead of", "rather than", "but not", "except", "except for", "apart from", "aside from",
+                    "other than", "excluding"});
 }
 
 // Whether the negation's words deny what something does or is ("doesn't",
 // "won't", "isn't", "aren't"): after a thing, "the app won't open", a fault;
 // not "mustn't", "shouldn't", "no need to", which forbid.
 bool says_it_does_not(const std::vector<std::string_view>& units, std::size_t first, std::size_t count) {
-  static constexpr std::string_view kDoesNot[][2] = {
-      {"doesn", "t"}, {"doesnt", ""}, {"does", "not"}, {"don", "t"},    {"dont", ""},
-      {"do", "not"},  {"won", "t"},   {"wont", ""},    {"will", "not"}, {"isn", "t"},
-      {"isnt", ""},   {"is", "not"},  {"aren", "t"},   {"arent", ""},   {"are", "not"},
-  };
-  for (const auto& words : kDoesNot) {
-    const std::size_t n = words[1].empty() ? 1 : 2;
-    if (n == count && units[first] == words[0] && (n == 1 || units[first + 1] == words[1])) return true;
-  }
-  return false;
+  return is_one_of(units, first, count,
+                   {"doesn t", "doesnt", "does not", "don t", "dont", "do not", "won t", "wont", "will not", "isn t",
+                    "isnt", "is not", "aren t", "arent", "are not"});
 }
 
 // Whether the negation's words name the other option ("instead of", "rather
 // than", "but not", 而不是): not "not" alone ("confirmation not received").
 bool names_the_other_option(const std::vector<std::string_view>& units, std::size_t first, std::size_t count) {
-  static constexpr std::string_view kInstead[][3] = {
-      {"instead", "of", ""}, {"rather", "than", ""}, {"but", "not", ""}, {"而", "不", "是"}};
-  for (const auto& words : kInstead) {
-    const std::size_t n = words[2].empty() ? 2 : 3;
-    if (n != count) continue;
-    bool same = true;
-    for (std::size_t k = 0; k < n; ++k) same = same && units[first + k] == words[k];
-    if (same) return true;
-  }
-  return false;
+  return is_one_of(units, first, count, {"instead of", "rather than", "but not", "而 不 是"});
+}
+
+// Whether the negation's words forbid ("don't", "do not"): with "yet", still a prohibition.
+bool says_do_not(const std::vector<std::string_view>& units, std::size_t first, std::size_t count) {
+  return is_one_of(units, first, count, {"don t", "dont", "do not"});
 }
 
 // A word after which a verb's word names a thing: "the cancellation", "my
@@ -447,9 +448,7 @@ class Tokenizer {
         out.back().contrast = says_which_is_meant(units, i - best_len, best_len);
         out.back().does_not = says_it_does_not(units, i - best_len, best_len);
         out.back().instead = names_the_other_option(units, i - best_len, best_len);
-        out.back().forbids = (best_len == 2 && units[i - 2] == "don" && units[i - 1] == "t") ||
-                             (best_len == 1 && units[i - 1] == "dont") ||
-                             (best_len == 2 && units[i - 2] == "do" && units[i - 1] == "not");
+        out.back().forbids = says_do_not(units, i - best_len, best_len);
         // "never call me again" forbids, as "don't call me" does; "I never got my refund" reports.
         if (best_len == 1 && units[i - 1] == "never" && opens_clause(out, tokens_before)) out.back().past = false;
       }
