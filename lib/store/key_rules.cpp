@@ -58,7 +58,7 @@ struct Token {
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
   bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
   bool needs = false;     // want: need, 需要, 要 (NEED), which in a question asks whether one must: ASK_MUST
-  bool passive = false;   // want: should be, has to be (WANT_DONE): only a past form after it is asked for
+  bool passive = false;   // want: needs to be, has to be (WANT_DONE): only a past form after it is asked for
   bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
@@ -1001,7 +1001,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           break;
         }
         if (c.actions.empty()) things_before_action = {c.objects.size(), c.entities.size()};
-        // "I want my subscription cancelled", "the hotel should be cancelled": a thing wanted in a past
+        // "I want my subscription cancelled", "the hotel needs to be cancelled": a thing wanted in a past
         // form is what is asked for, not what was done.
         // (Not one before a thing: "a refund for my cancelled flight".)
         const bool after_thing = t != begin && (t[-1].kind == Token::object || t[-1].kind == Token::entity);
