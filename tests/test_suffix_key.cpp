@@ -764,6 +764,14 @@ TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
       // Alone, no entry says enough to pick one answer: every one abstains
       // (or has no content at all), and says what it understood.
       // A clock's unit with no number before it is no time of day (安静点).
+      // 再 alone is "again" (then needs something before it): a detail.
+      if (category == "stopword" && name == "THEN_OR_AGAIN") {
+        REQUIRE(s.ok());
+        CHECK(k.low_information);
+        CHECK(k.details == std::vector<std::string>{"AGAIN"});
+        ++checked;
+        continue;
+      }
       if (category == "stopword" || category == "polite" || category == "role" ||
           (category == "unit" && name == "OCLOCK")) {
         CHECK(s.code() == StatusCode::invalid_argument);
@@ -1650,6 +1658,34 @@ TEST_CASE("suffix key: a thing wanted in a past form is asked for, and what is k
   CHECK(served("upgrade the kids' line, not mine").key == served("upgrade the kids' line rather than mine").key);
   CHECK(served("instead of a voucher I want cash back").key == served("give me the cashback, not a voucher").key);
   CHECK(served("cancel the hotel, the car rental stays").key == served("cancel the hotel, keep the car rental").key);
+}
+
+TEST_CASE("suffix key: again is in the action where the action has a form for it") {
+  // Turned on again is resumed, sent or added again is sent or added: 再 before its verb is again, as 重新.
+  CHECK(served("把漫游再打开").key == served("恢复漫游").key);
+  CHECK(served("重新开通漫游").key == served("恢复漫游").key);
+  CHECK(served("enable roaming again").key == served("re-enable roaming").key);
+  CHECK(served("send me my invoice again").key == served("send me my invoice").key);
+  CHECK(served("账单再发我一次").key == served("账单发我").key);
+  CHECK(served("再加一张床").key == served("加一张床").key);
+  // Where the action has no such form, again stays: charged again is not charged.
+  CHECK(served("charge my card again").key != served("charge my card").key);
+  CHECK(served("再开一个副卡").key != served("开一个副卡").key);
+  CHECK(served("please send the activation code again").key == served("resend the activation code").key);
+  CHECK(served("my card never arrived, please send it again").key ==
+        served("my card never arrived, could you resend it?").key);
+  // What happened again is a report of its own.
+  CHECK(served("my order was cancelled again").key != served("my order was cancelled").key);
+  // With two actions asked for, which one is again is not known.
+  CHECK(served("cancel my order and enable roaming again").key.find("AGAIN") != std::string::npos);
+  // 再 after 先 or an action, opening a later clause, after a time or a negation: then, any more.
+  CHECK(key("先退款再取消订单").find("AGAIN") == std::string::npos);
+  CHECK(key("取消订单再退款").find("AGAIN") == std::string::npos);
+  CHECK(served("押金退了，再把房费结清").key == served("押金退了，把房费结清").key);
+  CHECK(key("下午再送") == key("下午送"));
+  CHECK(served("别再给我发短信了").key == served("别给我发短信了").key);
+  CHECK(key("别再给我打电话了") == key("别给我打电话了"));
+  CHECK(key("我再等一下") == key("我等一下"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

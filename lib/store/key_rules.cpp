@@ -737,6 +737,7 @@ class Tokenizer {
           }
         }
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
+        if (lex_.names[e.name] == "THEN_OR_AGAIN") then_or_again();
         if (lex_.names[e.name] == "PERFECTIVE") out_->push_back({Token::perfective, 0, {}, false});
         if (lex_.names[e.name] == "COMMAND" && opens_clause(*out_, out_->size())) {
           out_->push_back({Token::want, 0, {}, false});  // "put my son on the policy" asks for it
@@ -772,6 +773,28 @@ class Tokenizer {
     }
   }
 
+  // 再: "then" after 先 or an action (先退款，再退货; 取消订单再退款), opening a clause
+  // after another (押金退了，再把房费结清), right after a
+  // time (下午再送, 12点以后再送) or the one who waits (我再等等), "any more" after a
+  // negation in its clause (别再发了): each as a word of sequence. Else "again",
+  // before its verb (把工单再打开, as 重新打开).
+  void then_or_again() {
+    const auto from = out_->begin() + static_cast<std::ptrdiff_t>(std::min(clause_start_, out_->size()));
+    const bool then =
+        std::any_of(out_->begin(), out_->end(),
+                    [](const Token& t) { return t.kind == Token::sequence || t.kind == Token::action; }) ||
+        std::any_of(from, out_->end(),
+                    [](const Token& t) { return t.kind == Token::negation || t.kind == Token::negation_after; }) ||
+        (clause_start_ > 0 && out_->size() == clause_start_) ||  // ...，再把房费结清
+        (out_->size() > clause_start_ && (out_->back().kind == Token::detail || out_->back().kind == Token::entity ||
+                                          out_->back().kind == Token::subject));
+    if (then) {
+      out_->push_back({Token::sequence, 0, {}, false});
+      return;
+    }
+    const auto again = lex_.by_name.find("AGAIN");
+    if (again != lex_.by_name.end()) out_->push_back({Token::detail, again->second, {}, false});
+  }
   // Whether a preference (rather, prefer) came earlier in the clause being read.
   bool prefers_in_clause() const { return prefers_at_ != SIZE_MAX && clause_start_ <= prefers_at_; }
   void end_clause() {
@@ -892,6 +915,42 @@ const char* reverse_of(std::string_view action) {
     if (action == done) return reverse;
   }
   return nullptr;
+}
+
+// "Again" is in the action where the action has a form for it, as restart,
+// reissue and resend do: "enable roaming again" is "re-enable roaming",
+// 重新开通自动续费 is 恢复自动续费 ("turn it on again": resume), 重新寄一个 is 补发
+// (resend is send), 再加一张床 is 加一张床. A thing asked for again is the thing
+// ("I need my invoice again"), a problem again the problem. With two actions
+// asked for, which one is again is not known: it stays.
+void again_into_action(Clause& c) {
+  const auto again =
+      std::find_if(c.details.begin(), c.details.end(), [](const Element& d) { return d.text == "AGAIN"; });
+  if (again == c.details.end()) return;
+  if (c.objects.empty() && c.entities.empty() &&
+      std::all_of(c.actions.begin(), c.actions.end(), [](const Element& a) { return a.text == "QUERY"; })) {
+    return;  // "again" alone
+  }
+  Element* asked = nullptr;
+  for (Element& a : c.actions) {
+    if (a.past || a.nominal) continue;  // "send the activation code again": the sending
+    if (asked != nullptr) return;
+    asked = &a;
+  }
+  if (asked != nullptr) {
+    std::string& action = asked->text;
+    if (action == "ENABLE" || action == "START") {
+      action = "RESUME";
+    } else if (action == "ISSUE") {
+      action = "REISSUE";
+    } else if (action != "SEND" && action != "SHIP" && action != "ADD" && action != "QUERY" && action != "RESUME" &&
+               action != "REISSUE") {
+      return;
+    }
+  } else if (!c.actions.empty()) {
+    return;  // "it was cancelled again": what happened, again
+  }
+  c.details.erase(again);
 }
 
 void undo_to_reverse(std::vector<Element>& actions) {
@@ -2195,6 +2254,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
 
   resolve_bare_actions(lexicon, query, tokens, clauses);
   join_contrasts(clauses);
+  for (Clause& c : clauses) again_into_action(c);
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
     if (!k.key.empty()) k.key.push_back('|');
