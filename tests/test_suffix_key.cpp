@@ -1688,6 +1688,15 @@ TEST_CASE("suffix key: again is in the action where the action has a form for it
   CHECK(key("我再等一下") == key("我等一下"));
 }
 
+TEST_CASE("suffix key: can you is a request in Chinese as in English, can I asks whether one may") {
+  CHECK(served("你能把我的订单取消吗？").key == served("取消我的订单").key);
+  CHECK(served("你能不能把我的订单取消").key == served("取消我的订单").key);
+  CHECK(served("能远程帮我办理退货吗").key == served("远程帮我办理退货").key);
+  CHECK(served("您可以帮我改一下收货地址吗").key == served("帮我改一下收货地址").key);
+  CHECK(served("我能把订单取消吗？").key != served("取消我的订单").key);
+  CHECK(served("订单能取消吗").key != served("取消我的订单").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -917,6 +917,13 @@ const char* reverse_of(std::string_view action) {
   return nullptr;
 }
 
+// Whether a polite form or 帮我 comes next, after details only (能马上帮我...).
+bool polite_after_details(const Lexicon& lex, const Token* t, const Token* end) {
+  while (t != end && t->kind == Token::detail) ++t;
+  return t != end &&
+         (t->kind == Token::polite || (t->kind == Token::benefactive && lex.names[t->name] == "POLITE_FOR_ME"));
+}
+
 // "Again" is in the action where the action has a form for it, as restart,
 // reissue and resend do: "enable roaming again" is "re-enable roaming",
 // 重新开通自动续费 is 恢复自动续费 ("turn it on again": resume), 重新寄一个 is 补发
@@ -1196,6 +1203,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // Before an action, after what it is about, it asks too when the
         // clause is a question ("订单能取消吗", 特价商品能退款吗: 退款 is a thing
         // and its verb).
+        if (first && polite_after_details(lex, t + 1, end)) {
+          polite = true;  // 能马上帮我冻结银行卡吗 asks as 能帮我 does: "can you", not "can I"
+          break;
+        }
         if (first) aux = lex.names[t->name];
         if ((after_subject || (t + 1 != end && (t[1].kind == Token::action || t[1].kind == Token::object))) &&
             aux.empty() && aux_after_subject.empty()) {
