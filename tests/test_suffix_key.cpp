@@ -1697,6 +1697,15 @@ TEST_CASE("suffix key: can you is a request in Chinese as in English, can I asks
   CHECK(served("订单能取消吗").key != served("取消我的订单").key);
 }
 
+TEST_CASE("suffix key: a thing asked to be on its way is asked whether it shipped") {
+  CHECK(served("is my parcel on its way?").key == served("has my parcel shipped?").key);
+  CHECK(served("快递在路上了吗").key == served("快递发货了吗").key);
+  CHECK(served("is my parcel on its way?").key != served("ship my parcel").key);
+  CHECK(served("is my parcel on its way?").key != served("has my parcel arrived?").key);
+  CHECK(served("my parcel is on its way").key != served("has my parcel shipped?").key);
+  CHECK(served("my parcel is on its way").key != served("ship my parcel").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -1374,6 +1374,15 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   // "when can it ship?", 啥时候能发出来, "how can I cancel?": asked when or how, can is only when or how
   // it will be ("when will it ship?", "how do I cancel?").
   if (aux == "ASK_ABLE" && asks_how) aux = "ASK";
+  if (asks && (aux.empty() || aux == "ASK") && c.actions.empty() && !c.objects.empty()) {
+    // "is my order on its way?" asks whether it has shipped ("has my order been dispatched?").
+    const auto on_its_way =
+        std::find_if(c.details.begin(), c.details.end(), [](const Element& d) { return d.text == "IN_TRANSIT"; });
+    if (on_its_way != c.details.end() && !on_its_way->negated) {
+      c.details.erase(on_its_way);
+      c.actions.push_back({"SHIP", false});
+    }
+  }
   const auto is_plain_query = [query, &lex](const Element& e) { return !e.negated && e.text == lex.names[query]; };
   const bool other_action =
       std::any_of(c.actions.begin(), c.actions.end(), [&](const Element& e) { return e.text != lex.names[query]; });
