@@ -1689,6 +1689,9 @@ TEST_CASE("suffix key: again is in the action where the action has a form for it
 }
 
 TEST_CASE("suffix key: can you is a request in Chinese as in English, can I asks whether one may") {
+  CHECK(served("is there any way you could cancel my order?").key == served("cancel my order").key);
+  CHECK(served("are you able to cancel my order?").key == served("cancel my order").key);
+  CHECK(served("is there any way for me to cancel my order?").key == served("can I cancel my order?").key);
   CHECK(served("你能把我的订单取消吗？").key == served("取消我的订单").key);
   CHECK(served("你能不能把我的订单取消").key == served("取消我的订单").key);
   CHECK(served("能远程帮我办理退货吗").key == served("远程帮我办理退货").key);
