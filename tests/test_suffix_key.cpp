@@ -1709,6 +1709,17 @@ TEST_CASE("suffix key: a thing asked to be on its way is asked whether it shippe
   CHECK(served("my parcel is on its way").key != served("ship my parcel").key);
 }
 
+TEST_CASE("suffix key: a replacement is for a new one unless new says which") {
+  CHECK(served("swap out my phone for a new one").key == served("replace my phone").key);
+  CHECK(served("换个新手机号").key == served("换手机号").key);
+  CHECK(served("给我换了新的手机号吗").key == served("给我换了手机号吗").key);
+  CHECK(served("I replaced my phone with a new one").key == served("I replaced my phone").key);
+  // New beside old, with another action, or in a negated request still says which.
+  CHECK(served("replace my old card with the new one").key != served("replace the new card with my old one").key);
+  CHECK(served("cancel my order and replace my phone with a new one").key.find("NEW") != std::string::npos);
+  CHECK(served("don't replace my phone with a new one").key != served("don't replace my phone").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -960,6 +960,27 @@ void again_into_action(Clause& c) {
   c.details.erase(again);
 }
 
+// A change, an exchange or a reissue is for a new one: "swap out my router
+// for a new one" is "replace my router", 换个新手机号 is 换手机号. (To the new
+// one, not a new one, or new beside old still say which.)
+void new_in_replacement(Clause& c) {
+  const Element* replacing = nullptr;
+  for (const Element& a : c.actions) {
+    if (a.nominal) continue;
+    if (replacing != nullptr) return;
+    replacing = &a;
+  }
+  if (replacing == nullptr || replacing->negated) return;
+  const std::string_view action = std::string_view(replacing->text).substr(0, replacing->text.find("_DONE"));
+  if (action != "CHANGE" && action != "EXCHANGE" && action != "REISSUE") return;
+  // "replace my old card with the new one" is not "replace the new card with my old one".
+  const auto names_the_other = [](const Element& d) {
+    return d.text == "OLD" || d.text == "ORIGINAL" || d.text == "CURRENT";
+  };
+  if (std::any_of(c.details.begin(), c.details.end(), names_the_other)) return;
+  std::erase_if(c.details, [](const Element& d) { return d.text == "NEW" && !d.negated; });
+}
+
 void undo_to_reverse(std::vector<Element>& actions) {
   const auto undoes = [](std::string_view a) {
     return a == "UNDO" || a == "CANCEL" || a == "LIFT" || a == "WITHDRAW" || a == "DELETE";
@@ -2274,7 +2295,10 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
 
   resolve_bare_actions(lexicon, query, tokens, clauses);
   join_contrasts(clauses);
-  for (Clause& c : clauses) again_into_action(c);
+  for (Clause& c : clauses) {
+    again_into_action(c);
+    new_in_replacement(c);
+  }
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
     if (!k.key.empty()) k.key.push_back('|');
