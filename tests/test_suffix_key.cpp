@@ -1668,6 +1668,7 @@ TEST_CASE("suffix key: again is in the action where the action has a form for it
   CHECK(served("send me my invoice again").key == served("send me my invoice").key);
   CHECK(served("账单再发我一次").key == served("账单发我").key);
   CHECK(served("再加一张床").key == served("加一张床").key);
+  CHECK(served("已经关闭的漫游再开一下").key == served("恢复漫游").key);  // what was done is no "then"
   // Where the action has no such form, again stays: charged again is not charged.
   CHECK(served("charge my card again").key != served("charge my card").key);
   CHECK(served("再开一个副卡").key != served("开一个副卡").key);

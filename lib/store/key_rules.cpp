@@ -773,7 +773,8 @@ class Tokenizer {
     }
   }
 
-  // 再: "then" after 先 or an action (先退款，再退货; 取消订单再退款), opening a clause
+  // 再: "then" after 先 or an action (先退款，再退货; 取消订单再退款; not one done:
+  // 把已关闭的工单再打开), opening a clause
   // after another (押金退了，再把房费结清), right after a
   // time (下午再送, 12点以后再送) or the one who waits (我再等等), "any more" after a
   // negation in its clause (别再发了): each as a word of sequence. Else "again",
@@ -781,8 +782,9 @@ class Tokenizer {
   void then_or_again() {
     const auto from = out_->begin() + static_cast<std::ptrdiff_t>(std::min(clause_start_, out_->size()));
     const bool then =
-        std::any_of(out_->begin(), out_->end(),
-                    [](const Token& t) { return t.kind == Token::sequence || t.kind == Token::action; }) ||
+        std::any_of(
+            out_->begin(), out_->end(),
+            [](const Token& t) { return t.kind == Token::sequence || (t.kind == Token::action && !t.reported); }) ||
         std::any_of(from, out_->end(),
                     [](const Token& t) { return t.kind == Token::negation || t.kind == Token::negation_after; }) ||
         (clause_start_ > 0 && out_->size() == clause_start_) ||  // ...，再把房费结清
