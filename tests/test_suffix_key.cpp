@@ -1601,7 +1601,7 @@ TEST_CASE("suffix key: the option not meant keeps all that names it") {
   CHECK(key("体检约在8号而不是约在这周") != key("体检约在这周而不是约在8号"));
   CHECK(key("cancel my gym membership rather than freezing it") !=
         key("freeze my gym membership rather than cancelling it"));
-  CHECK(served("暂停账户而不是注销").key == served("先别注销，把账户暂停就好").key);
+  CHECK(served("暂停账户而不是注销").key == served("别注销，把账户暂停就好").key);
   CHECK(served("booking confirmation not received").key.find('|') == std::string::npos);  // "not" alone
   // Details before the thing not meant, and things after it in its phrase, are not meant either.
   CHECK(key("activate my SIM, not my new SIM") != key("activate my new SIM, not my SIM"));
@@ -1719,6 +1719,17 @@ TEST_CASE("suffix key: a replacement is for a new one unless new says which") {
   CHECK(served("replace my old card with the new one").key != served("replace the new card with my old one").key);
   CHECK(served("cancel my order and replace my phone with a new one").key.find("NEW") != std::string::npos);
   CHECK(served("don't replace my phone with a new one").key != served("don't replace my phone").key);
+}
+
+TEST_CASE("suffix key: 先 before a negation is for now, 没 after its verb asks") {
+  CHECK(served("订单先别取消").key == served("订单暂时别取消").key);
+  CHECK(served("订单先别取消").key != served("订单别取消").key);
+  CHECK(key("先退款再退货") != key("先退货再退款"));  // elsewhere 先 is first
+  CHECK(served("订单发货了没有").key == served("订单发货了吗").key);
+  CHECK(served("订单发货了没有").key != served("订单没有发货").key);
+  CHECK(served("包裹到了没").key == served("包裹到了吗").key);
+  CHECK(served("包裹送到没有").key == served("包裹送到了吗").key);
+  CHECK(served("退款成功没有").key == served("退款成功了吗").key);
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

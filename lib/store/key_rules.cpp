@@ -677,6 +677,7 @@ class Tokenizer {
         break;
       case Category::negation: {
         const std::string& name = lex_.names[e.name];
+        for_now_before_negation();
         const bool after = name == "NOT_AFTER" || name == "NOT_AFTER_ABLE";
         out_->push_back({after ? Token::negation_after : Token::negation, 0, {}, false});
         out_->back().past = name == "NOT_PAST";
@@ -737,6 +738,7 @@ class Tokenizer {
           }
         }
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
+        if (lex_.names[e.name] == "FIRST_OR_FOR_NOW") out_->push_back({Token::sequence, e.name, {}, false});
         if (lex_.names[e.name] == "THEN_OR_AGAIN") then_or_again();
         if (lex_.names[e.name] == "PERFECTIVE") out_->push_back({Token::perfective, 0, {}, false});
         if (lex_.names[e.name] == "COMMAND" && opens_clause(*out_, out_->size())) {
@@ -773,6 +775,15 @@ class Tokenizer {
     }
   }
 
+  // 先 right before a negation is "for now", as 暂时 is (先别发货 = 暂时别发货); elsewhere "first".
+  void for_now_before_negation() {
+    if (out_->size() <= clause_start_ || out_->back().kind != Token::sequence ||
+        lex_.names[out_->back().name] != "FIRST_OR_FOR_NOW") {
+      return;
+    }
+    const auto for_now = lex_.by_name.find("TEMPORARY");
+    if (for_now != lex_.by_name.end()) out_->back() = Token{Token::detail, for_now->second, {}, false};
+  }
   // 再: "then" after 先 or an action (先退款，再退货; 取消订单再退款; not one done:
   // 把已关闭的工单再打开), opening a clause
   // after another (押金退了，再把房费结清), right after a
@@ -1318,8 +1329,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   if (pending_not && contrasts_unnamed) {
     pending_not = false;  // "deliver to the front door instead of the back"
   }
+  // 付款成功没有, 退款了没: 没 closing the clause right after its verb asks (a statement puts it before).
+  const bool ends_asking_whether_done =
+      end - begin >= 2 && end[-1].kind == Token::negation && end[-1].past && end[-2].kind == Token::action;
   if (pending_not) {
-    if (question_mark && !question_word && aux.empty() && !c.actions.empty() && !pending_unable) {
+    if ((question_mark || ends_asking_whether_done) && !question_word && aux.empty() && !c.actions.empty() &&
+        !pending_unable) {
       question_word = true;  // 支付成功没有？: the negation asks, it does not negate
     } else if (!c.actions.empty()) {
       c.actions.back().negated = true;  // 登录不了
