@@ -1698,6 +1698,7 @@ TEST_CASE("suffix key: can you is a request in Chinese as in English, can I asks
   CHECK(served("能远程帮我办理退货吗").key == served("远程帮我办理退货").key);
   CHECK(served("您可以帮我改一下收货地址吗").key == served("帮我改一下收货地址").key);
   CHECK(served("我能把订单取消吗？").key != served("取消我的订单").key);
+  CHECK(served("can I please cancel my order?").key == served("can I cancel my order?").key);
   CHECK(served("订单能取消吗").key != served("取消我的订单").key);
 }
 

@@ -930,11 +930,12 @@ const char* reverse_of(std::string_view action) {
   return nullptr;
 }
 
-// Whether a polite form or 帮我 comes next, after details only (能马上帮我...).
-bool polite_after_details(const Lexicon& lex, const Token* t, const Token* end) {
+// Whether 帮我 comes next, after details only (能马上帮我..., 能远程帮我...; not
+// "can I please ...", which asks whether one may).
+bool for_me_after_details(const Lexicon& lex, const Token* t, const Token* end) {
   while (t != end && t->kind == Token::detail) ++t;
-  return t != end &&
-         (t->kind == Token::polite || (t->kind == Token::benefactive && lex.names[t->name] == "POLITE_FOR_ME"));
+  return t != end && (t->kind == Token::polite || t->kind == Token::benefactive) &&
+         lex.names[t->name] == "POLITE_FOR_ME";
 }
 
 // "Again" is in the action where the action has a form for it, as restart,
@@ -1237,7 +1238,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // Before an action, after what it is about, it asks too when the
         // clause is a question ("订单能取消吗", 特价商品能退款吗: 退款 is a thing
         // and its verb).
-        if (first && polite_after_details(lex, t + 1, end)) {
+        if (first && lex.names[t->name] == "ASK_ABLE" && for_me_after_details(lex, t + 1, end)) {
           polite = true;  // 能马上帮我冻结银行卡吗 asks as 能帮我 does: "can you", not "can I"
           break;
         }
@@ -1637,7 +1638,7 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
       out.back().actor = true;
       continue;
     }
-    if (name == "POLITE_FOR" || name == "POLITE_FOR_ME") out.push_back({Token::polite, 0, {}, false});
+    if (name == "POLITE_FOR" || name == "POLITE_FOR_ME") out.push_back({Token::polite, t.name, {}, false});
     if (name == "WANT_FOR_ME") out.push_back({Token::want, 0, {}, false});
   }
   tokens = std::move(out);
