@@ -1699,6 +1699,7 @@ TEST_CASE("suffix key: can you is a request in Chinese as in English, can I asks
   CHECK(served("您可以帮我改一下收货地址吗").key == served("帮我改一下收货地址").key);
   CHECK(served("我能把订单取消吗？").key != served("取消我的订单").key);
   CHECK(served("can I please cancel my order?").key == served("can I cancel my order?").key);
+  CHECK(key("应该帮我退押金吗") != key("帮我退押金"));  // whether one should is no request
   CHECK(served("订单能取消吗").key != served("取消我的订单").key);
 }
 
