@@ -1734,6 +1734,15 @@ TEST_CASE("suffix key: 先 before a negation is for now, 没 after its verb asks
   CHECK(served("退款成功没有").key == served("退款成功了吗").key);
 }
 
+TEST_CASE("suffix key: one span of time is a span however the one is written") {
+  CHECK(served("extend my stay by 1 night").key == served("extend my stay by one night").key);
+  CHECK(served("extend my stay by 1 night").key == served("extend my stay by a night").key);
+  CHECK(served("酒店续住1晚").key == served("酒店续住一晚").key);
+  CHECK(served("extend my stay by 1 night").key != served("extend my stay by 2 nights").key);
+  CHECK(served("extend my stay by 1 night, not 2 nights").key != served("extend my stay by 2 nights, not 1 night").key);
+  CHECK(served("发1月账单").key != served("发2月账单").key);  // 1月 is January
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

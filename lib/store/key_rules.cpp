@@ -615,6 +615,11 @@ class Tokenizer {
            std::all_of(text.begin(), text.end(), is_ascii_digit) && std::stoull(text) > 31;
   }
 
+  // (Not MONTH: 1月 is January.)
+  static bool is_span_of_time(std::string_view unit) {
+    return unit == "MINUTE" || unit == "HOUR" || unit == "DAY" || unit == "NIGHT" || unit == "WEEK" || unit == "YEAR";
+  }
+
   std::string unit_suffix(std::uint32_t name) const {
     std::string s = lex_.names[name];
     std::transform(s.begin(), s.end(), s.begin(), [](char c) { return c >= 'A' && c <= 'Z' ? char(c + 32) : c; });
@@ -637,6 +642,13 @@ class Tokenizer {
     if (e.category == Category::unit) {
       if (last_entity_ && !out_->empty() && out_->back().kind == Token::entity) {
         std::string& text = out_->back().text;
+        if (text == "1" && is_span_of_time(lex_.names[e.name])) {
+          // "1 night" is "one night", "a night" (一晚 as 一件): the span, unless counts are compared.
+          out_->back().article = true;
+          out_->push_back({Token::detail, e.name, {}, false});
+          last_entity_ = false;
+          return;
+        }
         if (!twenty_four_hour(text, lex_.names[e.name]) && !names_no_day(text, lex_.names[e.name])) {
           text += unit_suffix(e.name);  // "20 dollars": 20usd
         }
