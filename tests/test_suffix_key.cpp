@@ -1743,6 +1743,18 @@ TEST_CASE("suffix key: one span of time is a span however the one is written") {
   CHECK(served("发1月账单").key != served("发2月账单").key);  // 1月 is January
 }
 
+TEST_CASE("suffix key: a verb that carries another is that other") {
+  CHECK(served("did my address change go through?").key == served("has my address been changed?").key);
+  CHECK(served("地址修改成功了吗").key == served("地址改好了吗").key);
+  CHECK(key("付款没成功") != key("付款成功了吗"));
+  CHECK(served("帮我办护照续签").key == served("续签护照").key);
+  CHECK(served("帮我办提前入住").key == served("我要提前入住").key);
+  CHECK(served("go through with the account deletion").key == served("delete my account").key);
+  // Asked about, processing is the question: it stays.
+  CHECK(served("has my refund been processed?").key.find("PROCESS") != std::string::npos);
+  CHECK(key("护照办好了吗").find("PROCESS") != std::string::npos);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -1007,6 +1007,25 @@ void new_in_replacement(Clause& c) {
   std::erase_if(c.details, [](const Element& d) { return d.text == "NEW" && !d.negated; });
 }
 
+// Verbs that only carry another: whether a change went through is whether it
+// was made ("did my address change go through?" = "has my address been
+// updated?", 改签成功了吗 = 改签好了没; "go through with the deletion" is
+// "delete it"); 办 / process asked for with another action is that action
+// (帮我办护照续签 = 续签护照), and alone the thing it names (办延迟退房 =
+// 我想晚点退房). Asked about, processing is the question (护照办好了吗).
+void drop_carrier_verbs(Clause& c) {
+  const auto is = [](std::string_view name) {
+    return [name](const Element& a) { return a.text == name && !a.negated && !a.past; };
+  };
+  const auto others = [&c](std::string_view name) {
+    return std::any_of(c.actions.begin(), c.actions.end(), [name](const Element& a) { return a.text != name; });
+  };
+  if (others("SUCCEED")) std::erase_if(c.actions, is("SUCCEED"));
+  if (c.mood.empty() && (others("PROCESS") || (!c.objects.empty() && c.actions.size() == 1))) {
+    std::erase_if(c.actions, is("PROCESS"));
+  }
+}
+
 void undo_to_reverse(std::vector<Element>& actions) {
   const auto undoes = [](std::string_view a) {
     return a == "UNDO" || a == "CANCEL" || a == "LIFT" || a == "WITHDRAW" || a == "DELETE";
@@ -2328,6 +2347,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   for (Clause& c : clauses) {
     again_into_action(c);
     new_in_replacement(c);
+    drop_carrier_verbs(c);
   }
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
