@@ -1755,6 +1755,15 @@ TEST_CASE("suffix key: a verb that carries another is that other") {
   CHECK(key("护照办好了吗").find("PROCESS") != std::string::npos);
 }
 
+TEST_CASE("suffix key: money returned is a refund, money moved is the move") {
+  CHECK(served("订单的钱退给我").key == served("订单退款").key);
+  CHECK(served("钱退到银行卡").key == served("退款到银行卡").key);
+  CHECK(served("退的钱到银行卡了吗").key == served("退款到银行卡了吗").key);
+  CHECK(served("从储蓄账户转钱到活期").key == served("从储蓄账户转账到活期").key);
+  CHECK(served("同一个订单扣了我两次钱").key == served("同一个订单重复扣款").key);
+  CHECK(served("从储蓄账户转钱到活期").key != served("从活期转钱到储蓄账户").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

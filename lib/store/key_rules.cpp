@@ -1026,6 +1026,28 @@ void drop_carrier_verbs(Clause& c) {
   }
 }
 
+// Money returned is a refund (把钱退给我 = 我要退款, 机票的钱退给我 = 机票退款), and
+// money transferred, paid or charged is the transfer, the payment, the charge
+// (转钱 = 转账, 扣了两次钱 = 重复扣款).
+void money_in_its_action(Clause& c) {
+  for (std::size_t i = 0; i + 1 < c.objects.size(); ++i) {
+    Element& a = c.objects[i];
+    const Element& b = c.objects[i + 1];
+    if (a.negated == b.negated &&
+        ((a.text == "MONEY" && b.text == "RETURN") || (a.text == "RETURN" && b.text == "MONEY"))) {
+      a.text = "REFUND";
+      c.objects.erase(c.objects.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+  const auto moves_money = [](const Element& a) {
+    const std::string_view action = std::string_view(a.text).substr(0, a.text.find("_DONE"));
+    return action == "TRANSFER" || action == "PAY" || action == "CHARGE";
+  };
+  if (std::any_of(c.actions.begin(), c.actions.end(), moves_money)) {
+    std::erase_if(c.objects, [](const Element& o) { return o.text == "MONEY" && !o.negated; });
+  }
+}
+
 void undo_to_reverse(std::vector<Element>& actions) {
   const auto undoes = [](std::string_view a) {
     return a == "UNDO" || a == "CANCEL" || a == "LIFT" || a == "WITHDRAW" || a == "DELETE";
@@ -2348,6 +2370,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     again_into_action(c);
     new_in_replacement(c);
     drop_carrier_verbs(c);
+    money_in_its_action(c);
   }
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
