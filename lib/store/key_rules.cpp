@@ -1043,8 +1043,11 @@ void money_in_its_action(Clause& c) {
     const std::string_view action = std::string_view(a.text).substr(0, a.text.find("_DONE"));
     return action == "TRANSFER" || action == "PAY" || action == "CHARGE";
   };
-  if (std::any_of(c.actions.begin(), c.actions.end(), moves_money)) {
-    std::erase_if(c.objects, [](const Element& o) { return o.text == "MONEY" && !o.negated; });
+  const auto is_money = [](const Element& o) { return o.text == "MONEY" && !o.negated; };
+  const auto money = static_cast<std::size_t>(std::count_if(c.objects.begin(), c.objects.end(), is_money));
+  // ("transfer the money" alone keeps it: which money, the conversation says.)
+  if (std::any_of(c.actions.begin(), c.actions.end(), moves_money) && c.objects.size() + c.entities.size() > money) {
+    std::erase_if(c.objects, is_money);
   }
 }
 
