@@ -1764,6 +1764,13 @@ TEST_CASE("suffix key: money returned is a refund, money moved is the move") {
   CHECK(served("从储蓄账户转钱到活期").key != served("从活期转钱到储蓄账户").key);
 }
 
+TEST_CASE("suffix key: an account's own attribute names the account") {
+  CHECK(served("change my account password").key == served("change my password").key);
+  CHECK(served("给账户开启两步验证").key == served("开启两步验证").key);
+  CHECK(served("send me my account statement").key == served("send me my statement").key);
+  CHECK(served("reset my password and unlock my account").key.find("ACCOUNT") != std::string::npos);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -1051,6 +1051,19 @@ void money_in_its_action(Clause& c) {
   }
 }
 
+// An account's own attribute names the account: "change my account password"
+// is "change my password", 给账号打开双重认证 is 开启两步验证, "my account
+// statement" is "my statement". (To or from an account still says where.)
+void account_of_its_attribute(Clause& c) {
+  const auto is_attribute = [](const Element& o) {
+    return !o.negated && (o.text == "PASSWORD" || o.text == "EMAIL" || o.text == "PHONE" || o.text == "TWO_FACTOR" ||
+                          o.text == "STATEMENT" || o.text == "USERNAME" || o.text == "SECURITY_QUESTION");
+  };
+  // With two actions the account may be the other's ("reset my password and unlock my account").
+  if (c.actions.size() > 1 || std::none_of(c.objects.begin(), c.objects.end(), is_attribute)) return;
+  std::erase_if(c.objects, [](const Element& o) { return o.text == "ACCOUNT" && !o.negated; });
+}
+
 void undo_to_reverse(std::vector<Element>& actions) {
   const auto undoes = [](std::string_view a) {
     return a == "UNDO" || a == "CANCEL" || a == "LIFT" || a == "WITHDRAW" || a == "DELETE";
@@ -2374,6 +2387,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     new_in_replacement(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
+    account_of_its_attribute(c);
   }
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
