@@ -1630,6 +1630,7 @@ TEST_CASE("suffix key: words for one request are one key, where what they act on
   // Back on is active again: reactivated, not first turned on.
   CHECK(served("turn my subscription back on").key == served("reactivate my subscription").key);
   CHECK(served("re-enable my voicemail").key == served("reactivate my voicemail").key);
+  CHECK(served("bring back the booking I cancelled").key == served("restore my cancelled booking").key);
   // A balance is a thing one asks about; recent, partners, 第 (ordinal) are words of requests.
   CHECK(!key_of(builtin(), "check my balance").low_information);
   CHECK(served("check my balance and my recent transactions").key ==
