@@ -1402,9 +1402,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   // 付款成功没有, 退款了没: 没 closing the clause right after its verb asks (a statement puts it before).
   const bool ends_asking_whether_done =
       end - begin >= 2 && end[-1].kind == Token::negation && end[-1].past && end[-2].kind == Token::action;
+  // 我的押金退回来没有？: 没有 closing a question after a thing that is its verb (退) asks too.
+  const bool asks_with_closing_not = question_mark && end - begin >= 2 && end[-1].kind == Token::negation &&
+                                     end[-1].past && end[-2].kind == Token::object;
   if (pending_not) {
-    if ((question_mark || ends_asking_whether_done) && !question_word && aux.empty() && !c.actions.empty() &&
-        !pending_unable) {
+    if ((question_mark || ends_asking_whether_done) && !question_word && aux.empty() &&
+        (!c.actions.empty() || asks_with_closing_not) && !pending_unable) {
       question_word = true;  // 支付成功没有？: the negation asks, it does not negate
     } else if (!c.actions.empty()) {
       c.actions.back().negated = true;  // 登录不了
