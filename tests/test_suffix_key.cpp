@@ -1733,7 +1733,7 @@ TEST_CASE("suffix key: 先 before a negation is for now, 没 after its verb asks
   CHECK(served("包裹到了没").key == served("包裹到了吗").key);
   CHECK(served("包裹送到没有").key == served("包裹送到了吗").key);
   CHECK(served("退款成功没有").key == served("退款成功了吗").key);
-  CHECK(served("房租押金退回来没有？").key == served("房租押金退了吗？").key);  // after a thing that is its verb
+  CHECK(served("保证金退回来没有？").key == served("保证金退了吗？").key);  // after a thing that is its verb
 }
 
 TEST_CASE("suffix key: one span of time is a span however the one is written") {
