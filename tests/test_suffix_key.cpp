@@ -1766,11 +1766,15 @@ TEST_CASE("suffix key: money returned is a refund, money moved is the move") {
   CHECK(served("从储蓄账户转钱到活期").key != served("从活期转钱到储蓄账户").key);
 }
 
-TEST_CASE("suffix key: an account's own attribute names the account") {
+TEST_CASE("suffix key: an account's own attribute names the account, what is booked the booking") {
   CHECK(served("change my account password").key == served("change my password").key);
   CHECK(served("给账户开启两步验证").key == served("开启两步验证").key);
   CHECK(served("send me my account statement").key == served("send me my statement").key);
   CHECK(served("reset my password and unlock my account").key.find("ACCOUNT") != std::string::npos);
+  // A flight, a hotel, a room or a table booked is the booking.
+  CHECK(served("cancel my hotel reservation").key == served("cancel my hotel").key);
+  CHECK(served("change my table booking to 8pm").key == served("change my table to 8pm").key);
+  CHECK(served("cancel my booking").key.find("BOOKING") != std::string::npos);
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

@@ -1064,6 +1064,19 @@ void account_of_its_attribute(Clause& c) {
   std::erase_if(c.objects, [](const Element& o) { return o.text == "ACCOUNT" && !o.negated; });
 }
 
+// A flight, a hotel, a room or a table booked is the booking: "change my
+// flight booking" is "change my flight".
+void booking_of_what_is_booked(Clause& c) {
+  for (std::size_t i = 1; i < c.objects.size(); ++i) {
+    const Element& booked = c.objects[i - 1];
+    if (c.objects[i].text == "BOOKING" && c.objects[i].negated == booked.negated &&
+        (booked.text == "FLIGHT" || booked.text == "HOTEL" || booked.text == "ROOM" || booked.text == "TABLE")) {
+      c.objects.erase(c.objects.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+    }
+  }
+}
+
 void undo_to_reverse(std::vector<Element>& actions) {
   const auto undoes = [](std::string_view a) {
     return a == "UNDO" || a == "CANCEL" || a == "LIFT" || a == "WITHDRAW" || a == "DELETE";
@@ -2391,6 +2404,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     drop_carrier_verbs(c);
     money_in_its_action(c);
     account_of_its_attribute(c);
+    booking_of_what_is_booked(c);
   }
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
