@@ -1547,6 +1547,17 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       if (a.text == "MOVE") a.text = "TRANSFER";
     }
   }
+  // What is booked for a time, moved, is rescheduled: "move my appointment to Friday" is "change
+  // my appointment to Friday", "reschedule my appointment".
+  const auto is_booked_for_a_time = [](const Element& e) {
+    return e.text == "APPOINTMENT" || e.text == "BOOKING" || e.text == "DELIVERY" || e.text == "FLIGHT" ||
+           e.text == "TABLE";
+  };
+  if (std::any_of(c.objects.begin(), c.objects.end(), is_booked_for_a_time)) {
+    for (Element& a : c.actions) {
+      if (a.text == "MOVE") a.text = "CHANGE";
+    }
+  }
   for (Element& a : c.actions) {
     // "I can't wait any longer", "I can't attend": what only the speaker does, they will not do
     // ("I don't want to wait"); no one is asked for help with it.
