@@ -1718,6 +1718,10 @@ TEST_CASE("suffix key: a replacement is for a new one unless new says which") {
   CHECK(served("换个新手机号").key == served("换手机号").key);
   CHECK(served("给我换了新的手机号吗").key == served("给我换了手机号吗").key);
   CHECK(served("I replaced my phone with a new one").key == served("I replaced my phone").key);
+  // To a different one, to another day: a change is to one.
+  CHECK(served("move me to a different room").key == served("change my room").key);
+  CHECK(served("move my delivery to another day").key == served("reschedule my delivery").key);
+  CHECK(served("move my delivery to another day").key != served("move my delivery to Friday").key);
   // New beside old, with another action, or in a negated request still says which.
   CHECK(served("replace my old card with the new one").key != served("replace the new card with my old one").key);
   CHECK(served("cancel my order and replace my phone with a new one").key.find("NEW") != std::string::npos);

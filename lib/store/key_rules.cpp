@@ -1005,6 +1005,21 @@ void new_in_replacement(Clause& c) {
   };
   if (std::any_of(c.details.begin(), c.details.end(), names_the_other)) return;
   std::erase_if(c.details, [](const Element& d) { return d.text == "NEW" && !d.negated; });
+  // And to a different one, another day: "move me to a different seat" is "change my seat",
+  // "move my appointment to another day" is "reschedule my appointment".
+  std::vector<Element> kept;
+  for (std::size_t i = 0; i < c.details.size(); ++i) {
+    const Element& d = c.details[i];
+    if (!d.negated && (d.text == "TO.DIFFERENT" || d.text == "TO.ANOTHER")) {
+      const bool unnamed_when =
+          i + 1 < c.details.size() &&
+          (c.details[i + 1].text == "DAY" || c.details[i + 1].text == "TIME" || c.details[i + 1].text == "DATE");
+      if (unnamed_when) ++i;
+      continue;
+    }
+    kept.push_back(d);
+  }
+  c.details = std::move(kept);
 }
 
 // Verbs that only carry another: whether a change went through is whether it
