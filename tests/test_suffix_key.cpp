@@ -1640,6 +1640,9 @@ TEST_CASE("suffix key: words for one request are one key, where what they act on
   // Money moved is transferred; an appointment moved is rescheduled.
   CHECK(served("move $300 into my savings").key == served("transfer $300 to my savings").key);
   CHECK(served("move my appointment to Friday").key == served("reschedule my appointment to Friday").key);
+  // A request withdrawn is cancelled; money withdrawn is not.
+  CHECK(served("withdraw my return request").key == served("cancel my return request").key);
+  CHECK(served("withdraw $100 from my savings").key.starts_with("WITHDRAW"));
   // "checking" after from or to is the checking account.
   CHECK(served("transfer $100 from checking to savings").key ==
         served("transfer $100 from my checking account to savings").key);

@@ -1573,6 +1573,16 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       if (a.text == "MOVE") a.text = "CHANGE";
     }
   }
+  // A request withdrawn is cancelled: "withdraw my refund request" is "cancel my refund request"
+  // (money withdrawn is not: "withdraw $100 from my savings").
+  const auto is_request = [](const Element& e) {
+    return e.text == "REFUND" || e.text == "RETURN" || e.text == "APPLICATION" || e.text == "CLAIM";
+  };
+  if (std::any_of(c.objects.begin(), c.objects.end(), is_request)) {
+    for (Element& a : c.actions) {
+      if (a.text == "WITHDRAW" && !a.nominal) a.text = "CANCEL";
+    }
+  }
   for (Element& a : c.actions) {
     // "I can't wait any longer", "I can't attend": what only the speaker does, they will not do
     // ("I don't want to wait"); no one is asked for help with it.
