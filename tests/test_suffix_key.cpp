@@ -386,14 +386,19 @@ TEST_CASE("suffix key: text over max_text_bytes is invalid_argument, and fast") 
                                            "已经把",
                                            "not mine ",
                                            "instead of the ",
-                                           "please unlock it "};
+                                           "please unlock it ",
+                                           "再",
+                                           "先"};
   // With clause breaks among the pieces; as one clause; and as one clause of
   // nothing but actions reported, none reversed (what the passes over a
   // clause's actions see: each looks for the one that reverses it).
+  // And a thing then 再, over and over, with no verb: each 再 reads what came before it ("then" or
+  // "again").
   const std::vector<std::string> reported = {"cancelled ", "paused ", "deleted ", "keep ", "don't delete "};
-  for (int mode : {0, 1, 2}) {
-    const bool one_clause = mode > 0;
-    const std::vector<std::string>& from = mode == 2 ? reported : pieces;
+  const std::vector<std::string> again_without_verb = {"订单再"};
+  for (int mode : {0, 1, 2, 3}) {
+    const bool one_clause = mode == 1 || mode == 2;
+    const std::vector<std::string>& from = mode == 2 ? reported : mode == 3 ? again_without_verb : pieces;
     INFO("mode " << mode);
     std::string hostile;
     std::mt19937 rng(1);

@@ -803,13 +803,22 @@ class Tokenizer {
   // negation in its clause (别再发了): each as a word of sequence. Else "again",
   // before its verb (把工单再打开, as 重新打开).
   void then_or_again() {
-    const auto from = out_->begin() + static_cast<std::ptrdiff_t>(std::min(clause_start_, out_->size()));
+    // Tokens are only appended and clauses only start later: each token is looked at once, however
+    // many 再 there are (a scan from the start for each made "订单再" repeated quadratic).
+    for (; then_scanned_ < out_->size(); ++then_scanned_) {
+      const Token& t = (*out_)[then_scanned_];
+      sequence_seen_ = sequence_seen_ || t.kind == Token::sequence || (t.kind == Token::action && !t.reported);
+    }
+    if (negation_scan_clause_ != clause_start_) {
+      negation_scan_clause_ = negation_scan_at_ = clause_start_;
+      negation_in_clause_ = false;
+    }
+    for (; negation_scan_at_ < out_->size(); ++negation_scan_at_) {
+      const Token& t = (*out_)[negation_scan_at_];
+      negation_in_clause_ = negation_in_clause_ || t.kind == Token::negation || t.kind == Token::negation_after;
+    }
     const bool then =
-        std::any_of(
-            out_->begin(), out_->end(),
-            [](const Token& t) { return t.kind == Token::sequence || (t.kind == Token::action && !t.reported); }) ||
-        std::any_of(from, out_->end(),
-                    [](const Token& t) { return t.kind == Token::negation || t.kind == Token::negation_after; }) ||
+        sequence_seen_ || negation_in_clause_ ||
         (clause_start_ > 0 && out_->size() == clause_start_) ||  // ...，再把房费结清
         (out_->size() > clause_start_ && (out_->back().kind == Token::detail || out_->back().kind == Token::entity ||
                                           out_->back().kind == Token::subject));
@@ -832,9 +841,14 @@ class Tokenizer {
   std::string_view norm_;
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
-  bool done_mark_ = false;                   // 已经 or 被 read, its verb not yet
-  bool done_waits_for_action_ = false;       // 已经把: only a verb takes the mark, not what 把 takes
-  std::size_t clause_start_ = 0;             // the first token of the clause being read
+  bool done_mark_ = false;              // 已经 or 被 read, its verb not yet
+  bool done_waits_for_action_ = false;  // 已经把: only a verb takes the mark, not what 把 takes
+  std::size_t clause_start_ = 0;        // the first token of the clause being read
+  // then_or_again's view of the tokens before it, kept as they come: up to then_scanned_, whether a
+  // sequence word or an action not done came; in the clause at negation_scan_clause_, up to
+  // negation_scan_at_, whether a negation came.
+  std::size_t then_scanned_ = 0, negation_scan_clause_ = 0, negation_scan_at_ = 0;
+  bool sequence_seen_ = false, negation_in_clause_ = false;
   std::size_t last_negation_at_ = SIZE_MAX;  // the last negation read (its clause: clause_start_)
   std::size_t last_token_end_ = SIZE_MAX;    // the unit after the last one that gave a token
   std::size_t prefers_at_ = SIZE_MAX;        // the last preference read
