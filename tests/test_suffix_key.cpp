@@ -1682,6 +1682,7 @@ TEST_CASE("suffix key: again is in the action where the action has a form for it
   CHECK(served("charge my card again").key != served("charge my card").key);
   CHECK(served("再开一个副卡").key != served("开一个副卡").key);
   CHECK(served("please send the activation code again").key == served("resend the activation code").key);
+  CHECK(key("订单再") != key("查订单"));  // "again" alone made no question of the thing
   CHECK(served("my card never arrived, please send it again").key ==
         served("my card never arrived, could you resend it?").key);
   // What happened again is a report of its own.

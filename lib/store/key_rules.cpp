@@ -998,6 +998,12 @@ void again_into_action(Clause& c) {
     return;  // "it was cancelled again": what happened, again
   }
   c.details.erase(again);
+  // A QUERY that "again" alone made (a statement of details: 订单再) goes with it: "order again" is no
+  // "check my order".
+  if (c.states && c.details.empty()) {
+    std::erase_if(c.actions, [](const Element& a) { return a.text == "QUERY"; });
+    c.states = false;
+  }
 }
 
 // A change, an exchange or a reissue is for a new one: "swap out my router
