@@ -1,7 +1,7 @@
 # cmake/embed_words.cmake: clm_embed_english_words(OUTPUT <file.cpp> INPUT <words>)
 # writes the C++ source of the English word list the suffix keyer checks a
-# misspelling against (lib/store/english_words.hpp): the lower-case words of
-# five to 24 letters of a system word list (Debian's wamerican,
+# misspelling against (lib/store/english_words.hpp): the words of five to 24
+# letters of a system word list, proper names lower-cased (Debian's wamerican,
 # /usr/share/dict/american-english), sorted, one per line, in string literals
 # of whole words under 60,000 characters each. A word from the list is a word, never a slip of
 # another ("older" is not "order"). The output is rewritten only when its
@@ -15,7 +15,9 @@ function(clm_embed_english_words)
     message(FATAL_ERROR "clmcache: the English word list ${arg_INPUT} is missing: install wamerican "
                         "(apt-get install wamerican), or set CLM_ENGLISH_WORDS to another list, one word a line")
   endif()
-  file(STRINGS "${arg_INPUT}" words ENCODING UTF-8 REGEX "^[a-z][a-z][a-z][a-z][a-z]+$")
+  # Proper names count too, lower-cased ("Paris", "Leeds"): a city or a person is no slip of "part" or "lend".
+  file(STRINGS "${arg_INPUT}" words ENCODING UTF-8 REGEX "^[A-Za-z][a-z][a-z][a-z][a-z]+$")
+  list(TRANSFORM words TOLOWER)
   list(FILTER words EXCLUDE REGEX "^.........................")  # 25 letters or more
   list(SORT words)
   list(REMOVE_DUPLICATES words)

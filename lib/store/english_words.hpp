@@ -1,7 +1,7 @@
 // lib/store/english_words.hpp: the English words the suffix keyer knows are
 // words, so that it never mends one into another. Built from a system word
 // list at configure time (cmake/embed_words.cmake: Debian's wamerican), the
-// lower-case words of 5 to 24 letters, compiled in.
+// words of 5 to 24 letters (proper names lower-cased: "paris" is no slip of "part"), compiled in.
 //
 //   if (!store_detail::is_english_word("rooom")) { /* a slip: try to mend it */ }
 //   store_detail::is_english_word("older");  // true: a word, not a slip of "order"

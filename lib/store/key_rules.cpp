@@ -749,6 +749,16 @@ class Tokenizer {
             negation.past = negation.past || !negation.forbids;  // "don't ship it yet" still forbids
           }
         }
+        // "I don't need it anymore so cancel my order", "cancel my order because I don't need it": the
+        // reason is a clause of its own, as after a comma, so its negation stays there. "so" after a
+        // clause with nothing done, wanted or denied is a degree ("my bill is so high").
+        if (lex_.names[e.name] == "BECAUSE" && out_->size() > clause_start_) break_clause();
+        if (lex_.names[e.name] == "SO_THEN" &&
+            std::any_of(out_->begin() + static_cast<std::ptrdiff_t>(clause_start_), out_->end(), [](const Token& t) {
+              return t.kind == Token::action || t.kind == Token::negation || t.kind == Token::want;
+            })) {
+          break_clause();
+        }
         if (lex_.names[e.name] == "SEQUENCE") out_->push_back({Token::sequence, 0, {}, false});
         if (lex_.names[e.name] == "FIRST_OR_FOR_NOW") out_->push_back({Token::sequence, e.name, {}, false});
         if (lex_.names[e.name] == "THEN_OR_AGAIN") then_or_again();
@@ -834,6 +844,11 @@ class Tokenizer {
   void end_clause() {
     out_->push_back({Token::clause_end, 0, {}, false});
     out_->back().soft = true;
+    clause_start_ = out_->size();
+  }
+  // A break as the text's own comma: the clause before asks only what it asks itself.
+  void break_clause() {
+    out_->push_back({Token::clause_end, 0, {}, false});
     clause_start_ = out_->size();
   }
 
@@ -1875,6 +1890,31 @@ void dao_after_verb(const Lexicon& lex, std::vector<Token>& tokens) {
   }
 }
 
+// "Move $200 into savings from checking" is "from checking to savings": a
+// thing moved to one place from another is said in either order, so "to B
+// from A" reads as "from A to B". A role governs the one token after it, so
+// what comes after the two stays where it was.
+void from_before_to(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto from = lex.by_name.find("FROM");
+  const auto to = lex.by_name.find("TO");
+  if (from == lex.by_name.end() || to == lex.by_name.end()) return;
+  // What make_clause reads as a thing there, a verb in -ing too ("from checking").
+  const auto is_thing = [&](std::size_t at) {
+    const Token& t = tokens[at];
+    return t.kind == Token::object || t.kind == Token::entity || (t.kind == Token::action && t.gerund);
+  };
+  const auto is_role = [&](std::size_t at, std::uint32_t name) {
+    return tokens[at].kind == Token::role && tokens[at].name == name;
+  };
+  for (std::size_t i = 0; i + 3 < tokens.size(); ++i) {
+    if (is_role(i, to->second) && is_thing(i + 1) && is_role(i + 2, from->second) && is_thing(i + 3)) {
+      std::swap(tokens[i], tokens[i + 2]);
+      std::swap(tokens[i + 1], tokens[i + 3]);
+      i += 3;
+    }
+  }
+}
+
 // "Please, cancel my order" and "two adult tickets, please": a clause of
 // nothing but a polite form is part of the clause it stands beside (the next
 // one, or the last), so please asks for what that clause names.
@@ -2092,7 +2132,7 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     for (std::size_t k = from; k < to; ++k) out.push_back(tokens[k]);
   };
   for (std::size_t i = 0; i < tokens.size();) {
-    if (i > 0 && (tokens[i - 1].kind == Token::role || tokens[i - 1].kind == Token::negation)) {
+    if (i > 0 && tokens[i - 1].kind == Token::negation) {
       copy(i, i + 1);
       ++i;
       continue;
@@ -2123,6 +2163,19 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     const std::size_t group_end = runs.back().second;
     const bool followed_by_negation = group_end < tokens.size() && (tokens[group_end].kind == Token::negation_after ||
                                                                     tokens[group_end].kind == Token::negation);
+    // Behind a role, only a plain list the role alone governs ("from texts and emails"): in "the tip to the
+    // restaurant and the fee to me" each thing has its own role after it.
+    const bool behind_role = i > 0 && tokens[i - 1].kind == Token::role;
+    std::size_t after_group = group_end;
+    while (after_group < tokens.size() && tokens[after_group].kind == Token::detail) ++after_group;
+    const bool plain_list =
+        std::all_of(runs.begin(), runs.end(), [](const auto& r) { return r.second == r.first + 1; }) &&
+        (after_group == tokens.size() || tokens[after_group].kind != Token::role);
+    if (behind_role && !plain_list) {  // the thing the role names stays first; a list may start after it
+      copy(i, i + 1);
+      ++i;
+      continue;
+    }
     if (runs.size() < 2 || followed_by_negation) {
       copy(i, group_end);
       i = group_end;
@@ -2414,6 +2467,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   drop_articles(tokens);
   drop_sides_without_thing(tokens);
   dao_after_verb(lexicon, tokens);
+  from_before_to(lexicon, tokens);
   attach_lone_polite(tokens);
   split_at_new_subject(tokens);
   split_at_contrasted_action(lexicon, tokens);
