@@ -388,7 +388,11 @@ TEST_CASE("suffix key: text over max_text_bytes is invalid_argument, and fast") 
                                            "instead of the ",
                                            "please unlock it ",
                                            "再",
-                                           "先"};
+                                           "先",
+                                           " so ",
+                                           " because ",
+                                           " into savings from checking ",
+                                           " from texts and emails "};
   // With clause breaks among the pieces; as one clause; and as one clause of
   // nothing but actions reported, none reversed (what the passes over a
   // clause's actions see: each looks for the one that reverses it).
@@ -396,9 +400,14 @@ TEST_CASE("suffix key: text over max_text_bytes is invalid_argument, and fast") 
   // "again").
   const std::vector<std::string> reported = {"cancelled ", "paused ", "deleted ", "keep ", "don't delete "};
   const std::vector<std::string> again_without_verb = {"订单再"};
-  for (int mode : {0, 1, 2, 3}) {
+  // And things and returns with no break: each 退 looks back at what it is for.
+  const std::vector<std::string> returns_named_first = {"耳机", "退款", "退"};
+  for (int mode : {0, 1, 2, 3, 4}) {
     const bool one_clause = mode == 1 || mode == 2;
-    const std::vector<std::string>& from = mode == 2 ? reported : mode == 3 ? again_without_verb : pieces;
+    const std::vector<std::string>& from = mode == 2   ? reported
+                                           : mode == 3 ? again_without_verb
+                                           : mode == 4 ? returns_named_first
+                                                       : pieces;
     INFO("mode " << mode);
     std::string hostile;
     std::mt19937 rng(1);
@@ -1839,6 +1848,22 @@ TEST_CASE("suffix key: a reason joined by so or because keeps its negation to it
         key("I don't need it anymore, so can you cancel my order?"));
   // After what nothing was done, wanted or denied, so is a degree.
   CHECK(key("my bill is so high") == key("my bill is high"));
+}
+
+TEST_CASE("suffix key: 退 after what it returns, with who wants it or 把, is the return asked for") {
+  CHECK(served("耳机我想退回去").key == served("我要退耳机").key);
+  CHECK(served("把机票退了").key == served("退机票").key);
+  CHECK(served("帮我把健身卡退了").key == served("我要退掉健身卡").key);
+  CHECK(served("电影票帮我退一下").key == served("退电影票").key);
+  CHECK(served("衬衫退掉，裤子留着").key == served("裤子我留下，把衬衫退了").key);
+  CHECK(served("only the shoes need refunding").key == served("refund the shoes").key);
+  // Without those words the thing may be who returns; a report stays one; English nouns stay put.
+  CHECK(key("卖家退款了") != key("退款给卖家"));
+  CHECK(key("Would you be able to refund the shoes I returned on Monday?").find("RETURN_DONE") != std::string::npos);
+  CHECK(key("file my tax return") != key("return my tax file"));
+  CHECK(served("把年费退回来").key == served("退我年费").key);
+  // What another verb acts on is not what 退 returns.
+  CHECK(key("取消订单我要退款").find("CANCEL-ORDER") != std::string::npos);
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

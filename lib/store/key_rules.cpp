@@ -66,12 +66,13 @@ struct Token {
   bool nominal = false;   // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
   bool fine = false;      // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
   bool unable = false;  // negation, negation_after: what cannot be done (can't, 无法, 登录不了), not what must not
-  bool contrast = false;    // negation: says which thing is meant (not, instead of, rather than, except)
-  bool does_not = false;    // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
-  bool instead = false;     // negation: instead of, rather than, but not, 而不是: what follows is the other option
-  bool forbids = false;     // negation: don't, do not: with "yet", still a prohibition ("don't ship it yet")
-  bool commands = false;    // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
-  bool verb_first = false;  // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
+  bool contrast = false;      // negation: says which thing is meant (not, instead of, rather than, except)
+  bool does_not = false;      // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
+  bool instead = false;       // negation: instead of, rather than, but not, 而不是: what follows is the other option
+  bool forbids = false;       // negation: don't, do not: with "yet", still a prohibition ("don't ship it yet")
+  bool commands = false;      // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
+  bool verb_first = false;    // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
+  bool chinese_verb = false;  // object: 退, 退款, 预约 in Chinese, a verb wherever it stands
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
@@ -443,6 +444,10 @@ class Tokenizer {
       if (out.size() > tokens_before && out.back().kind == Token::object && !is_ascii_word(units[i - best_len]) &&
           opens_clause(out, tokens_before) && names_its_verb(lex_.names[out.back().name])) {
         out.back().verb_first = true;  // 退年费, 预约明天下午: a command when a thing follows (make_clause)
+      }
+      if (out.size() > tokens_before && out.back().kind == Token::object && !is_ascii_word(units[i - best_len]) &&
+          names_its_verb(lex_.names[out.back().name])) {
+        out.back().chinese_verb = true;  // 衬衫退掉: a verb after its thing (return_of_what_is_named_first)
       }
       if (out.size() > tokens_before && out.back().kind == Token::negation) {
         out.back().contrast = says_which_is_meant(units, i - best_len, best_len);
@@ -1915,6 +1920,58 @@ void from_before_to(const Lexicon& lex, std::vector<Token>& tokens) {
   }
 }
 
+// 耳机我想退回去, 电影票帮我退一下, 把机票退了: what is returned or refunded,
+// named first, then who wants it or 把 before it, then 退 or 退款 last, asks
+// for it as 我要退耳机 does; the return goes before the things. Without
+// those words the thing may be who returns ("卖家退款给我" is not "退款给卖家").
+void return_of_what_is_named_first(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto returns = [&lex](const Token& t) {
+    return t.kind == Token::object && (lex.names[t.name] == "RETURN" || lex.names[t.name] == "REFUND");
+  };
+  const auto is_marker = [](const Token& t) {
+    return t.kind == Token::subject || t.kind == Token::want || t.kind == Token::benefactive || t.kind == Token::polite;
+  };
+  const auto is_named = [](const Token& t) {
+    return t.kind == Token::object || t.kind == Token::entity || t.kind == Token::detail;
+  };
+  // A few words each way: a clause that names more before its 退 is no such request, and each 退 looks
+  // back a bounded way (linear however many there are).
+  constexpr std::size_t kMarkers = 4, kNamed = 8;
+  for (std::size_t r = 1; r < tokens.size(); ++r) {
+    if (!returns(tokens[r]) || tokens[r].past || tokens[r].reported) continue;  // "the shoes I returned"
+    std::size_t k = r;
+    while (k > 0 && r - k < kMarkers && is_marker(tokens[k - 1])) --k;
+    bool marked = k < r;
+    const std::size_t things_end = k;
+    while (k > 0 && things_end - k < kNamed && is_named(tokens[k - 1])) --k;
+    const std::size_t things_begin = k;
+    if (things_begin == things_end || std::none_of(tokens.begin() + static_cast<std::ptrdiff_t>(things_begin),
+                                                   tokens.begin() + static_cast<std::ptrdiff_t>(things_end),
+                                                   [](const Token& t) { return t.kind == Token::object; })) {
+      continue;  // 把年费退回来: with details alone, 退 stays where it reads as the verb
+    }
+    if (k > 0 && tokens[k - 1].kind == Token::disposal) {
+      marked = true;
+      --k;
+    }
+    while (k > 0 && (tokens[k - 1].kind == Token::polite || tokens[k - 1].kind == Token::benefactive)) --k;
+    // 衬衫退掉，裤子留着: right after the things, 退 closing its clause asks for it too (not 卖家退款了,
+    // nor "my tax return").
+    // 订单的钱退给我: money returned to someone is no one returning.
+    const bool money_back = !marked && lex.names[tokens[r - 1].name] == "MONEY" &&
+                            tokens[r - 1].kind == Token::object && r + 1 < tokens.size() &&
+                            tokens[r + 1].kind == Token::want;  // 给我, read by benefactive_roles
+    const std::size_t after = money_back ? r + 2 : r + 1;
+    const bool closes_clause =
+        tokens[r].chinese_verb && (after == tokens.size() || tokens[after].kind == Token::clause_end);
+    if (!(marked || closes_clause) || (k > 0 && tokens[k - 1].kind != Token::clause_end)) continue;
+    const std::size_t moved = money_back ? r - 1 : r;  // the money goes with its return (money_in_its_action)
+    std::rotate(tokens.begin() + static_cast<std::ptrdiff_t>(things_begin),
+                tokens.begin() + static_cast<std::ptrdiff_t>(moved),
+                tokens.begin() + static_cast<std::ptrdiff_t>(r + 1));
+  }
+}
+
 // "Please, cancel my order" and "two adult tickets, please": a clause of
 // nothing but a polite form is part of the clause it stands beside (the next
 // one, or the last), so please asks for what that clause names.
@@ -2468,6 +2525,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   drop_sides_without_thing(tokens);
   dao_after_verb(lexicon, tokens);
   from_before_to(lexicon, tokens);
+  return_of_what_is_named_first(lexicon, tokens);
   attach_lone_polite(tokens);
   split_at_new_subject(tokens);
   split_at_contrasted_action(lexicon, tokens);
