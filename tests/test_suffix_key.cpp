@@ -1866,6 +1866,18 @@ TEST_CASE("suffix key: 退 after what it returns, with who wants it or 把, is t
   CHECK(key("取消订单我要退款").find("CANCEL-ORDER") != std::string::npos);
 }
 
+TEST_CASE("suffix key: what is given up beside a request only to end it is what it ends") {
+  CHECK(served("酒店不住了，帮我退订").key == served("取消酒店预订").key);
+  CHECK(served("I can't make tomorrow's appointment, please cancel").key ==
+        served("cancel my appointment tomorrow").key);
+  CHECK(served("I don't need the hotel anymore, cancel it").key == served("cancel the hotel").key);
+  // An option set aside stays one; so does what cannot be used beside another request, or a report.
+  CHECK(key("not the hotel, cancel it") != key("cancel the hotel"));
+  CHECK(key("I don't need the car rather than the hotel, cancel it").find("NOT-HOTEL") != std::string::npos);
+  CHECK(key("I can't make my appointment, please call me").find("NOT-APPOINTMENT") != std::string::npos);
+  CHECK(key("视频会员退不了，点取消没反应").find("NOT-") != std::string::npos);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -891,6 +891,7 @@ struct Element {
   bool to_speaker = false;  // "to me": kept only beside another destination
   bool nominal = false;     // an action named as a thing ("the cancellation"): undoing it reverses it
   bool unable = false;      // negated as what cannot be done ("I can't cancel my order"), not as what must not
+  bool given_up = false;    // negated as what cannot be used or is not wanted ("I can't make my appointment")
   std::size_t at = 0;       // the token it came from (Clause::interleaved)
   // "I can't cancel my order" asks for help with what "don't cancel my order" forbids: CANNOT, not NOT.
   std::string shown() const { return negated ? (unable ? "CANNOT-" : "NOT-") + text : text; }
@@ -1199,6 +1200,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   bool pending_not = false;
   bool pending_past = false;          // the negation was of what happened: "didn't", 没
   bool pending_unable = false;        // the negation says what cannot be done: can't, 无法
+  bool not_wanted = false;            // the negation is of a want: "I don't need the hotel anymore"
   bool not_waits_for_action = false;  // the pending negation is the next action's (别把卡注销)
   bool rest_not_meant = false;  // after "instead of", 而不是: every thing up to a role or action is the other option
   bool want_then_things = false;  // a want, then only things and details since ("I want my order cancelled")
@@ -1284,6 +1286,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         list.push_back({this_role + (t->actor ? "BY." : "") + (owns ? "OF." : "") + t->described +
                             (t->kind == Token::entity ? t->text : lex.names[t->name]),
                         negated});
+        list.back().given_up = negated && (pending_unable || not_wanted) && !rest_not_meant;
         list.back().context = t->kind == Token::object && lex.names[t->name] == "ACCOUNT" && list.size() > 1 &&
                               this_role.empty() && !pending_not &&
                               (t[-1].kind == Token::object || t[-1].kind == Token::detail);
@@ -1295,6 +1298,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // or action after it in the clause, a negation's detail is what is not meant.
         c.details.push_back({this_role + lex.names[t->name],
                              (pending_not && !not_waits_for_action && t > last_acted_on) || rest_not_meant});
+        c.details.back().given_up = pending_not && (pending_unable || not_wanted) && !rest_not_meant;
         if (c.details.back().negated) {
           pending_not = false;
         } else if (pending_not && !not_waits_for_action && describes_negated_thing(t, begin, end)) {
@@ -1317,6 +1321,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::negation:
         pending_not = true;
         pending_past = t->past;
+        not_wanted = false;
         rest_not_meant = t->instead;
         // 别把卡注销, 还没把卡注销: a negation before 把 is the verb's, not the card's; so is one before
         // who it is for or where it goes, with a verb after (别给我弟转50欧元, 还没从我卡里扣款).
@@ -1409,6 +1414,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         }
         break;
       case Token::want:
+        not_wanted = not_wanted || pending_not;
         wants = wants || !t->passive;
         needs = needs || t->needs;
         rest_not_meant = false;  // "instead of a voucher I want cash back": the want names what is meant
@@ -2279,6 +2285,35 @@ bool keeping_undoes(std::string_view action) {
   return false;
 }
 
+// "酒店不住了，帮我退订", "I can't make tomorrow's appointment, please cancel":
+// what is given up (no longer wanted, 不...了, or what cannot be used), beside
+// a request only to end something, is what it ends, not an option set aside
+// ("not the hotel, cancel it" still is): whether a clause gives up its things,
+bool gives_up(const Clause& c) {
+  if (c.negated) return true;
+  bool any = false;
+  for (const auto* list : {&c.objects, &c.entities, &c.details}) {
+    for (const Element& e : *list) {
+      if (e.negated && !e.given_up) return false;
+      any = any || e.given_up;
+    }
+  }
+  return any;
+}
+
+// and whether one asks only to end something, naming nothing.
+bool only_ends(const Clause& c) {
+  return c.mood.empty() && !c.negated && c.objects.empty() && c.entities.empty() && c.details.empty() &&
+         !c.actions.empty() && std::all_of(c.actions.begin(), c.actions.end(), [](const Element& a) {
+           if (a.negated || a.past) return false;
+           for (std::string_view ends :
+                {"CANCEL", "UNSUBSCRIBE", "END", "DELETE", "CLOSE", "DISABLE", "PAUSE", "RETURN", "REFUND"}) {
+             if (a.text == ends) return true;
+           }
+           return false;
+         });
+}
+
 // A clause of actions alone acts on what the clause beside it names: "my
 // account is locked, please unlock it" is "unlock my account", "my card was
 // stolen, please report it" "report my card stolen", 收货地址请保留，不要删
@@ -2333,6 +2368,11 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
   // "my order was cancelled, undo it" reinstates the order (RESUME), as
   // "undo the cancellation" does; it is not "undo my order".
   const auto take_things = [](Clause& request, Clause& named) {
+    if (only_ends(request) && gives_up(named)) {
+      for (auto* list : {&named.objects, &named.entities, &named.details}) {
+        for (Element& e : *list) e.negated = false;
+      }
+    }
     for (Element& r : request.actions) {
       if (r.negated || r.text != "UNDO") continue;
       for (const Element& a : named.actions) {
@@ -2444,20 +2484,34 @@ void join_contrasts(std::vector<Clause>& clauses) {
   for (Clause& c : clauses) {
     if (c.fine && fine_is_contrast) c.negated = true;
   }
+  // What is given up, beside a request only to end something, is what it ends (gives_up).
+  const auto join_into = [&](Clause& contrast, Clause& host) {
+    if (!(gives_up(contrast) && only_ends(host))) {
+      join(contrast, host);
+      return;
+    }
+    for (auto [from, to] : {std::pair{&contrast.objects, &host.objects}, std::pair{&contrast.entities, &host.entities},
+                            std::pair{&contrast.details, &host.details}}) {
+      for (Element& e : *from) {
+        e.negated = false;
+        to->push_back(std::move(e));
+      }
+    }
+  };
   std::vector<Clause> joined;
   joined.reserve(clauses.size());
   std::vector<Clause> waiting;  // bare contrasts before the first request
   for (Clause& c : clauses) {
     if (bare_contrast(c)) {
       if (!joined.empty() && !joined.back().interleaved) {
-        join(c, joined.back());
+        join_into(c, joined.back());
       } else {
         waiting.push_back(std::move(c));
       }
       continue;
     }
     if (!waiting.empty() && joined.empty() && !c.interleaved) {
-      for (Clause& w : waiting) join(w, c);
+      for (Clause& w : waiting) join_into(w, c);
       waiting.clear();
     }
     std::move(waiting.begin(), waiting.end(), std::back_inserter(joined));
