@@ -1878,6 +1878,16 @@ TEST_CASE("suffix key: what is given up beside a request only to end it is what 
   CHECK(key("视频会员退不了，点取消没反应").find("NOT-") != std::string::npos);
 }
 
+TEST_CASE("suffix key: a card ending in digits ends nothing, and a status asked for is asked about") {
+  CHECK(served("the card ending 4417 was declined").key == served("my card ending in 4417 was declined").key);
+  CHECK(served("the card ending 4417 was declined").key != served("the card ending 4471 was declined").key);
+  CHECK(served("the card ending 4417 was declined").key.find("END") == std::string::npos);
+  CHECK(served("my trial ends in 3 days").key.find("END") != std::string::npos);
+  CHECK(served("my booking ends at 11").key.find("END") != std::string::npos);
+  CHECK(served("Status of flight UA 482, please.").key == served("What's the status of flight UA482?").key);
+  CHECK(served("I want a refund for the late delivery").key.find("QUERY") == std::string::npos);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -1585,8 +1585,11 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     // shipped"): ASK and the action; the QUERY is the question's form.
     c.mood = "ASK";
     c.actions.erase(std::remove_if(c.actions.begin(), c.actions.end(), is_plain_query), c.actions.end());
-  } else if (c.actions.empty() && !c.details.empty() && !c.asks_politely) {
-    // "refund status of order 7" asks; "I want a refund for the late delivery" does not.
+  } else if (c.actions.empty() && !c.details.empty() &&
+             (!c.asks_politely || std::any_of(c.details.begin(), c.details.end(),
+                                              [](const Element& d) { return d.text == "STATUS" && !d.negated; }))) {
+    // "refund status of order 7" asks; "I want a refund for the late delivery" does not. A status
+    // asked for politely is asked about: "status of flight UA 482, please".
     c.actions.push_back({lex.names[query], false});
     c.states = true;
   }
@@ -1922,6 +1925,22 @@ void from_before_to(const Lexicon& lex, std::vector<Token>& tokens) {
       std::swap(tokens[i], tokens[i + 2]);
       std::swap(tokens[i + 1], tokens[i + 3]);
       i += 3;
+    }
+  }
+}
+
+// "the card ending (in) 4417" names the card by its last digits, as 尾号4417
+// does: an end right after a thing and right before a number of three digits
+// or more ends nothing ("my trial ends in 3 days" still ends).
+void ending_as_last_digits(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto end = lex.by_name.find("END");
+  const auto last_digits = lex.by_name.find("LAST_DIGITS");
+  if (end == lex.by_name.end() || last_digits == lex.by_name.end()) return;
+  for (std::size_t i = 1; i + 1 < tokens.size(); ++i) {
+    if (tokens[i].kind == Token::action && tokens[i].name == end->second && tokens[i - 1].kind == Token::object &&
+        tokens[i + 1].kind == Token::entity && tokens[i + 1].text.size() >= 3 &&
+        std::all_of(tokens[i + 1].text.begin(), tokens[i + 1].text.end(), is_ascii_digit)) {
+      tokens[i] = Token{Token::detail, last_digits->second, {}, false};
     }
   }
 }
@@ -2579,6 +2598,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   drop_sides_without_thing(tokens);
   dao_after_verb(lexicon, tokens);
   from_before_to(lexicon, tokens);
+  ending_as_last_digits(lexicon, tokens);
   return_of_what_is_named_first(lexicon, tokens);
   attach_lone_polite(tokens);
   split_at_new_subject(tokens);
