@@ -1888,6 +1888,13 @@ TEST_CASE("suffix key: a card ending in digits ends nothing, and a status asked 
   CHECK(served("I want a refund for the late delivery").key.find("QUERY") == std::string::npos);
 }
 
+TEST_CASE("suffix key: until says how long, not when") {
+  CHECK(served("pause my membership until June").key != served("pause my membership in June").key);
+  CHECK(served("freeze my card until tomorrow").key != served("freeze my card tomorrow").key);
+  CHECK(served("hold my order till Monday").key == served("hold my order until Monday").key);
+  CHECK(served("How long until my refund is processed?").key == served("When will my refund be processed?").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,
