@@ -786,6 +786,14 @@ TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
         ++checked;
         continue;
       }
+      // "both" alone is the number 2, which says nothing alone.
+      if (category == "stopword" && name == "BOTH") {
+        REQUIRE(s.ok());
+        CHECK(k.low_information);
+        CHECK(k.entity == "2");
+        ++checked;
+        continue;
+      }
       if (category == "stopword" || category == "polite" || category == "role" ||
           (category == "unit" && name == "OCLOCK")) {
         CHECK(s.code() == StatusCode::invalid_argument);
@@ -1893,6 +1901,13 @@ TEST_CASE("suffix key: until says how long, not when") {
   CHECK(served("freeze my card until tomorrow").key != served("freeze my card tomorrow").key);
   CHECK(served("hold my order till Monday").key == served("hold my order until Monday").key);
   CHECK(served("How long until my refund is processed?").key == served("When will my refund be processed?").key);
+}
+
+TEST_CASE("suffix key: both counts two unless it only joins") {
+  CHECK(served("cancel both orders").key == served("cancel two orders").key);
+  CHECK(served("cancel both orders").key != served("cancel my order").key);
+  CHECK(served("cancel both the order and the subscription").key ==
+        served("cancel the order and the subscription").key);
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

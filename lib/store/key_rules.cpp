@@ -53,6 +53,7 @@ struct Token {
   bool names_speaker = false;  // subject: the speaker's word for itself, also what is acted on (我)
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
+  bool both = false;           // entity: "both", the number 2, unless it opens "both X and Y" (drop_articles)
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
@@ -791,6 +792,10 @@ class Tokenizer {
         if (lex_.names[e.name] == "POSSESSIVE" && !out_->empty() && out_->back().kind == Token::object &&
             out_->back().someones) {
           out_->back().owner = true;
+        }
+        if (lex_.names[e.name] == "BOTH") {
+          out_->push_back({Token::entity, 0, "2", false});  // "cancel both orders" is "cancel two orders"
+          out_->back().both = true;
         }
         if (lex_.names[e.name] == "ONE") {
           out_->push_back({Token::entity, 0, "1", false});  // "a", unless counts are compared (drop_articles)
@@ -1842,7 +1847,9 @@ void a_not_a_questions(const Lexicon& lex, std::vector<Token>& tokens) {
 // unless the clause compares counts: "two adult tickets and one child ticket"
 // is not "one adult ticket and two child tickets", nor 2张成人票1张儿童票
 // 1张成人票2张儿童票. Counts are compared where two numbers count things (each
-// before a measure word), or where two numbers are joined by "and".
+// before a measure word), or where two numbers are joined by "and". "Both"
+// is 2 ("cancel both orders"), except in a clause with "and": "cancel both
+// the order and the subscription" only joins them.
 void drop_articles(std::vector<Token>& tokens) {
   const auto is_number = [](const Token& t) {
     return t.kind == Token::entity && !t.text.empty() && std::all_of(t.text.begin(), t.text.end(), is_ascii_digit);
@@ -1859,6 +1866,9 @@ void drop_articles(std::vector<Token>& tokens) {
     }
     if (counted >= 2 || (joined && numbers >= 2)) {
       for (std::size_t k = begin; k < i; ++k) tokens[k].article = false;  // compared: one is 1
+    }
+    if (joined) {
+      for (std::size_t k = begin; k < i; ++k) tokens[k].article = tokens[k].article || tokens[k].both;  // both X and Y
     }
     begin = i + 1;
   }
