@@ -1899,6 +1899,7 @@ TEST_CASE("suffix key: a card ending in digits ends nothing, and a status asked 
 TEST_CASE("suffix key: until says how long, not when") {
   CHECK(served("pause my membership until June").key != served("pause my membership in June").key);
   CHECK(served("freeze my card until tomorrow").key != served("freeze my card tomorrow").key);
+  CHECK(served("会员暂停直到6月").key != served("6月暂停会员").key);
   CHECK(served("hold my order till Monday").key == served("hold my order until Monday").key);
   CHECK(served("How long until my refund is processed?").key == served("When will my refund be processed?").key);
 }
