@@ -1911,6 +1911,14 @@ TEST_CASE("suffix key: both counts two unless it only joins") {
         served("cancel the order and the subscription").key);
 }
 
+TEST_CASE("suffix key: the reverse of what is named as a thing is that reverse alone") {
+  CHECK(served("release the hold on my account").key == served("lift the hold on my account").key);
+  CHECK(served("恢复暂停的会员").key == served("会员取消暂停").key);
+  CHECK(served("恢复删除的文件").key == served("恢复文件").key);
+  // Joined, not named as a thing: both are asked for.
+  CHECK(served("resume and pause my membership").key != served("resume my membership").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -1144,11 +1144,13 @@ void undo_to_reverse(std::vector<Element>& actions) {
   };
   std::vector<Element> out;
   out.reserve(actions.size());
-  // The reverse of `undone`, when `undoer` undoes it: an action named as a
-  // thing ("the cancellation"), never one joined to it ("cancel and delete").
+  // The reverse of `undone`, when `undoer` undoes it or is that reverse ("release the hold" is "release
+  // the order": RESUME): an action named as a thing ("the cancellation"), never one joined to it
+  // ("cancel and delete").
   const auto reverse_when_undone = [&undoes](const Element& undoer, const Element& undone) -> const char* {
-    if (undoer.negated || !undoes(undoer.text) || undone.negated || undone.past || !undone.nominal) return nullptr;
-    return reverse_of(undone.text);
+    if (undoer.negated || undone.negated || undone.past || !undone.nominal) return nullptr;
+    const char* reverse = reverse_of(undone.text);
+    return reverse != nullptr && (undoes(undoer.text) || undoer.text == reverse) ? reverse : nullptr;
   };
   for (std::size_t i = 0; i < actions.size(); ++i) {
     Element& a = actions[i];
