@@ -1904,7 +1904,8 @@ TEST_CASE("suffix key: until says how long, not when") {
   CHECK(served("How long until my refund is processed?").key == served("When will my refund be processed?").key);
 }
 
-TEST_CASE("suffix key: both counts two unless it only joins") {
+TEST_CASE("suffix key: both counts two unless it only joins, and a pair of things pairs nothing") {
+  CHECK(served("I'd like to return a pair of shoes").key == served("I'd like to return the shoes").key);
   CHECK(served("cancel both orders").key == served("cancel two orders").key);
   CHECK(served("cancel both orders").key != served("cancel my order").key);
   CHECK(served("cancel both the order and the subscription").key ==
