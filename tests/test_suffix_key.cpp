@@ -1920,6 +1920,13 @@ TEST_CASE("suffix key: the reverse of what is named as a thing is that reverse a
   CHECK(served("resume and pause my membership").key != served("resume my membership").key);
 }
 
+TEST_CASE("suffix key: a card supplied again is reissued, a payment made up is not") {
+  CHECK(served("给我补一张借记卡").key == served("借记卡要补办一张").key);
+  CHECK(served("手机卡坏了，补一张").key == served("手机卡坏了，补办一张").key);
+  CHECK(served("补交押金").key.find("MAKE_UP") != std::string::npos);
+  CHECK(key("补积分").find("MAKE_UP") != std::string::npos);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

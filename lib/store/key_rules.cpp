@@ -1125,6 +1125,21 @@ void account_of_its_attribute(Clause& c) {
   std::erase_if(c.objects, [](const Element& o) { return o.text == "ACCOUNT" && !o.negated; });
 }
 
+// 补卡, 补一张银行卡, 补新卡: a card or an identity document supplied again is
+// reissued, as 补办 is (补差价, 补交押金 still make up what is missing).
+void reissue_of_a_card(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "MAKE_UP") return;
+  const auto is_card = [](const Element& o) {
+    for (std::string_view card :
+         {"CARD", "DEBIT_CARD", "CREDIT_CARD", "SIM", "ESIM", "PASSPORT", "DRIVING_LICENSE", "IDENTITY",
+          "MEMBERSHIP_CARD", "MEDICAL_INSURANCE_CARD", "PATIENT_CARD", "PRIMARY_CARD", "SECONDARY_CARD", "RAILCARD"}) {
+      if (o.text == card) return true;
+    }
+    return false;
+  };
+  if (std::any_of(c.objects.begin(), c.objects.end(), is_card)) c.actions[0].text = "REISSUE";
+}
+
 // A flight, a hotel, a room or a table booked is the booking: "change my
 // flight booking" is "change my flight".
 void booking_of_what_is_booked(Clause& c) {
@@ -2654,6 +2669,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   join_contrasts(clauses);
   for (Clause& c : clauses) {
     again_into_action(c);
+    reissue_of_a_card(c);
     new_in_replacement(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
