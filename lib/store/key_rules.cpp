@@ -54,6 +54,7 @@ struct Token {
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
   bool both = false;           // entity: "both", the number 2, unless it opens "both X and Y" (drop_articles)
+  bool particle = false;       // unknown: "off" apart from its verb ("take my card off"), until separated_off reads it
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
@@ -769,8 +770,15 @@ class Tokenizer {
         if (lex_.names[e.name] == "FIRST_OR_FOR_NOW") out_->push_back({Token::sequence, e.name, {}, false});
         if (lex_.names[e.name] == "THEN_OR_AGAIN") then_or_again();
         if (lex_.names[e.name] == "PERFECTIVE") out_->push_back({Token::perfective, 0, {}, false});
-        if (lex_.names[e.name] == "COMMAND" && opens_clause(*out_, out_->size())) {
-          out_->push_back({Token::want, 0, {}, false});  // "put my son on the policy" asks for it
+        if ((lex_.names[e.name] == "COMMAND" || lex_.names[e.name] == "TAKE" || lex_.names[e.name] == "TURN") &&
+            opens_clause(*out_, out_->size())) {
+          out_->push_back({Token::want, e.name, {}, false});  // "put my son on the policy" asks for it
+        }
+        if (lex_.names[e.name] == "OFF") {
+          // Unknown until separated_off finds its verb: an "off" it cannot read keeps the key abstaining
+          // ("leave the tip off my bill" is not "leave the tip on my bill").
+          out_->push_back({Token::unknown, 0, "off", false});
+          out_->back().particle = true;
         }
         if (lex_.names[e.name] == "FINE") {
           out_->push_back({Token::negation_after, 0, {}, false});
@@ -1956,6 +1964,65 @@ void from_before_to(const Lexicon& lex, std::vector<Token>& tokens) {
   }
 }
 
+// "take my Visa off the account", "turn the heating off", "call it off",
+// "drop the parcel off at reception": off apart from its verb makes the verb
+// what the two words say together, as "take off", "turn off", "call off" and
+// "drop off" do (remove, disable, cancel, drop off); what comes after a thing
+// taken off is what it is taken from. Any other "off" stays unknown.
+void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
+  if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.particle; })) return;
+  const auto named = [&lex](std::string_view name) -> std::int64_t {
+    const auto it = lex.by_name.find(std::string(name));
+    return it == lex.by_name.end() ? -1 : static_cast<std::int64_t>(it->second);
+  };
+  const auto what_it_makes = [&](const Token& verb) -> std::string_view {
+    const std::string& name = lex.names[verb.name];
+    if (verb.kind == Token::want) return name == "TAKE" ? "DELETE" : name == "TURN" ? "DISABLE" : "";
+    if (verb.kind != Token::action) return "";
+    if (name == "CHANGE" || name == "CLOSE") return "DISABLE";  // switch, shut
+    if (name == "CONTACT") return "CANCEL";                     // call
+    if (name == "DELETE") return "DROP_OFF";                    // drop
+    return "";
+  };
+  const auto between = [](const Token& t) {
+    return t.kind == Token::object || t.kind == Token::entity || t.kind == Token::detail || t.kind == Token::speaker ||
+           t.kind == Token::subject;  // "take me off", "call it off"
+  };
+  constexpr std::size_t kMaxBetween = 6;  // a bounded look back: linear however many there are
+  std::vector<bool> drop(tokens.size(), false);
+  std::vector<std::size_t> from_before;  // where a FROM goes (before the thing taken from)
+  for (std::size_t k = 0; k < tokens.size(); ++k) {
+    if (!tokens[k].particle) continue;
+    std::size_t j = k;
+    while (j > 0 && k - j < kMaxBetween && between(tokens[j - 1])) --j;
+    if (j == 0) continue;
+    const std::string_view made = what_it_makes(tokens[j - 1]);
+    const std::int64_t name = made.empty() ? -1 : named(made);
+    if (name < 0) continue;
+    const bool past = tokens[j - 1].past;
+    tokens[j - 1] = Token{Token::action, static_cast<std::uint32_t>(name), {}, false};
+    tokens[j - 1].past = past;
+    drop[k] = true;
+    // "take my Visa off the account": the account is what it is taken from (not "take off the discount").
+    if (made == "DELETE" && j < k && k + 1 < tokens.size() &&
+        (tokens[k + 1].kind == Token::object || tokens[k + 1].kind == Token::entity)) {
+      from_before.push_back(k + 1);
+    }
+  }
+  const auto from = lex.by_name.find("FROM");
+  std::vector<Token> out;
+  out.reserve(tokens.size() + from_before.size());
+  std::size_t next_from = 0;
+  for (std::size_t k = 0; k < tokens.size(); ++k) {
+    if (next_from < from_before.size() && from_before[next_from] == k) {
+      if (from != lex.by_name.end()) out.push_back({Token::role, from->second, {}, false});
+      ++next_from;
+    }
+    if (!drop[k]) out.push_back(std::move(tokens[k]));
+  }
+  tokens = std::move(out);
+}
+
 // "the card ending (in) 4417" names the card by its last digits, as 尾号4417
 // does: an end right after a thing and right before a number of three digits
 // or more ends nothing ("my trial ends in 3 days" still ends).
@@ -2618,6 +2685,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   find_pattern_matches(patterns, norm, units, matches);
   std::vector<Token> tokens;
   Tokenizer(lexicon, norm).run(units, matches, tokens);
+  separated_off(lexicon, tokens);
   benefactive_roles(lexicon, tokens);
   merge_dates(lexicon, tokens);
   a_not_a_questions(lexicon, tokens);
