@@ -2073,7 +2073,10 @@ void return_of_what_is_named_first(const Lexicon& lex, std::vector<Token>& token
       marked = true;
       --k;
     }
-    while (k > 0 && (tokens[k - 1].kind == Token::polite || tokens[k - 1].kind == Token::benefactive)) --k;
+    while (k > 0 && (tokens[k - 1].kind == Token::polite || tokens[k - 1].kind == Token::benefactive ||
+                     tokens[k - 1].kind == Token::subject || tokens[k - 1].kind == Token::want)) {
+      --k;  // 我想把上一单退款, 我想上一单退款: who wants it, before 把 or the things
+    }
     // 衬衫退掉，裤子留着: right after the things, 退 closing its clause asks for it too (not 卖家退款了,
     // nor "my tax return").
     // 订单的钱退给我: money returned to someone is no one returning.
