@@ -1873,6 +1873,7 @@ TEST_CASE("suffix key: 退 after what it returns, with who wants it or 把, is t
   CHECK(served("我想把上一单退款").key == served("上一单退款").key);
   // 上一单 is the previous order, 下一单 the next (上 and 下 alone are dropped, 一 is 1).
   CHECK(served("上一单能用优惠券吗").key != served("下一单能用优惠券吗").key);
+  CHECK(key("信用卡又扣了一次钱") != key("信用卡扣了一次钱"));  // 又: charged again
   CHECK(served("电影票帮我退一下").key == served("退电影票").key);
   CHECK(served("衬衫退掉，裤子留着").key == served("裤子我留下，把衬衫退了").key);
   CHECK(served("only the shoes need refunding").key == served("refund the shoes").key);
