@@ -1955,6 +1955,16 @@ TEST_CASE("suffix key: off apart from its verb is read with it, or stays unknown
   CHECK(key_of(builtin(), "am I off the newsletter list now?").abstain_reason == "unknown word \"off\"");
 }
 
+TEST_CASE("suffix key: when joining what happens asks no time, and some or the back door say which") {
+  CHECK(key("I get an error when I try to pay on your site").find("TIME") == std::string::npos);
+  CHECK(served("charge my card when the order ships").key != served("when do you charge my card for the order?").key);
+  CHECK(served("when does my subscription renew").key == served("can you tell me when my subscription renews").key);
+  CHECK(served("when my order will arrive?").key == served("when will my order arrive?").key);
+  CHECK(key("does Apple Pay fail when I try to pay?").find("TIME") == std::string::npos);
+  CHECK(served("cancel some of my orders").key != served("cancel my orders").key);
+  CHECK(served("leave the parcel at the back door").key != served("leave the parcel at the door").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

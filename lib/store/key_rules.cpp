@@ -55,6 +55,7 @@ struct Token {
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
   bool both = false;           // entity: "both", the number 2, unless it opens "both X and Y" (drop_articles)
   bool particle = false;       // unknown: "off" apart from its verb ("take my card off"), until separated_off reads it
+  bool subordinate = false;    // question: "when" then who or what ("charge me when it ships"), unless asked about
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
@@ -287,6 +288,20 @@ bool says_do_not(const std::vector<std::string_view>& units, std::size_t first, 
   return is_one_of(units, first, count, {"don t", "dont", "do not"});
 }
 
+// Whether "when" before units[at] opens a clause of its own ("when it ships",
+// "when my order arrives"), not a question ("when will it ship", "when is it
+// due"), and is not asked about ("do you know when it ships").
+bool starts_a_clause_after_when(const std::vector<std::string_view>& units, std::size_t at) {
+  static constexpr std::string_view kWho[] = {"it", "i", "you", "we", "they", "my", "the", "your", "our", "he", "she"};
+  if (std::find(std::begin(kWho), std::end(kWho), units[at]) == std::end(kWho)) return false;
+  if (at < 2) return true;
+  static constexpr std::string_view kKnowing[] = {"know", "idea", "wondering", "wonder", "sure", "check", "ask"};
+  if (std::find(std::begin(kKnowing), std::end(kKnowing), units[at - 2]) != std::end(kKnowing)) return false;
+  // "tell me when my subscription renews" asks when; "call me when you arrive" does not.
+  return !(at >= 3 && (units[at - 2] == "me" || units[at - 2] == "us") &&
+           (units[at - 3] == "tell" || units[at - 3] == "show"));
+}
+
 // A word after which a verb's word names a thing: "the cancellation", "my
 // freeze", 订单的取消.
 bool names_a_thing_next(std::string_view unit) {
@@ -450,6 +465,10 @@ class Tokenizer {
       if (out.size() > tokens_before && out.back().kind == Token::object && !is_ascii_word(units[i - best_len]) &&
           names_its_verb(lex_.names[out.back().name])) {
         out.back().chinese_verb = true;  // 衬衫退掉: a verb after its thing (return_of_what_is_named_first)
+      }
+      if (out.size() > tokens_before && out.back().kind == Token::question && best_len == 1 && units[i - 1] == "when" &&
+          i < units.size() && starts_a_clause_after_when(units, i)) {
+        out.back().subordinate = true;  // when_as_conjunction decides
       }
       if (out.size() > tokens_before && out.back().kind == Token::negation) {
         out.back().contrast = says_which_is_meant(units, i - best_len, best_len);
@@ -1964,6 +1983,27 @@ void from_before_to(const Lexicon& lex, std::vector<Token>& tokens) {
   }
 }
 
+// "charge me when it ships", "I get an error when I try to pay": when, then
+// who or what, joins what happens to the rest of the clause and asks no time
+// (it made statements questions: "ASK-PAY-ERROR+TIME"); it is dropped. Opening
+// a clause that ends in a question mark it still asks ("when my order will
+// arrive?").
+void when_as_conjunction(std::vector<Token>& tokens) {
+  if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.subordinate; })) return;
+  // Whether each token's clause ends in a question mark, in one pass from the end.
+  std::vector<bool> asked(tokens.size() + 1, false);
+  for (std::size_t i = tokens.size(); i-- > 0;) {
+    asked[i] = tokens[i].kind == Token::clause_end ? tokens[i].question_mark : asked[i + 1];
+  }
+  std::vector<Token> out;
+  out.reserve(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const bool opens = out.empty() || out.back().kind == Token::clause_end;
+    if (!tokens[i].subordinate || (opens && asked[i])) out.push_back(std::move(tokens[i]));
+  }
+  tokens = std::move(out);
+}
+
 // "take my Visa off the account", "turn the heating off", "call it off",
 // "drop the parcel off at reception": off apart from its verb makes the verb
 // what the two words say together, as "take off", "turn off", "call off" and
@@ -2689,6 +2729,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   std::vector<Token> tokens;
   Tokenizer(lexicon, norm).run(units, matches, tokens);
   separated_off(lexicon, tokens);
+  when_as_conjunction(tokens);
   benefactive_roles(lexicon, tokens);
   merge_dates(lexicon, tokens);
   a_not_a_questions(lexicon, tokens);
