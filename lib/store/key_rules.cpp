@@ -288,6 +288,12 @@ bool says_do_not(const std::vector<std::string_view>& units, std::size_t first, 
   return is_one_of(units, first, count, {"don t", "dont", "do not"});
 }
 
+// Whether a name is one of `names`: the short lists of names a rule reads
+// ("CANCEL", "END", ...).
+bool name_in(std::string_view text, std::initializer_list<std::string_view> names) {
+  return std::find(names.begin(), names.end(), text) != names.end();
+}
+
 // Whether "when" before units[at] opens a clause of its own ("when it ships",
 // "when my order arrives"), not a question ("when will it ship", "when is it
 // due"), and is not asked about ("do you know when it ships").
@@ -1144,8 +1150,8 @@ void money_in_its_action(Clause& c) {
 // statement" is "my statement". (To or from an account still says where.)
 void account_of_its_attribute(Clause& c) {
   const auto is_attribute = [](const Element& o) {
-    return !o.negated && (o.text == "PASSWORD" || o.text == "EMAIL" || o.text == "PHONE" || o.text == "TWO_FACTOR" ||
-                          o.text == "STATEMENT" || o.text == "USERNAME" || o.text == "SECURITY_QUESTION");
+    return !o.negated &&
+           name_in(o.text, {"PASSWORD", "EMAIL", "PHONE", "TWO_FACTOR", "STATEMENT", "USERNAME", "SECURITY_QUESTION"});
   };
   // With two actions the account may be the other's ("reset my password and unlock my account").
   if (c.actions.size() > 1 || std::none_of(c.objects.begin(), c.objects.end(), is_attribute)) return;
@@ -1157,12 +1163,9 @@ void account_of_its_attribute(Clause& c) {
 void reissue_of_a_card(Clause& c) {
   if (c.actions.size() != 1 || c.actions[0].text != "MAKE_UP") return;
   const auto is_card = [](const Element& o) {
-    for (std::string_view card :
-         {"CARD", "DEBIT_CARD", "CREDIT_CARD", "SIM", "ESIM", "PASSPORT", "DRIVING_LICENSE", "IDENTITY",
-          "MEMBERSHIP_CARD", "MEDICAL_INSURANCE_CARD", "PATIENT_CARD", "PRIMARY_CARD", "SECONDARY_CARD", "RAILCARD"}) {
-      if (o.text == card) return true;
-    }
-    return false;
+    return name_in(o.text, {"CARD", "DEBIT_CARD", "CREDIT_CARD", "SIM", "ESIM", "PASSPORT", "DRIVING_LICENSE",
+                            "IDENTITY", "MEMBERSHIP_CARD", "MEDICAL_INSURANCE_CARD", "PATIENT_CARD", "PRIMARY_CARD",
+                            "SECONDARY_CARD", "RAILCARD"});
   };
   if (std::any_of(c.objects.begin(), c.objects.end(), is_card)) c.actions[0].text = "REISSUE";
 }
@@ -1173,7 +1176,7 @@ void booking_of_what_is_booked(Clause& c) {
   for (std::size_t i = 1; i < c.objects.size(); ++i) {
     const Element& booked = c.objects[i - 1];
     if (c.objects[i].text == "BOOKING" && c.objects[i].negated == booked.negated &&
-        (booked.text == "FLIGHT" || booked.text == "HOTEL" || booked.text == "ROOM" || booked.text == "TABLE")) {
+        name_in(booked.text, {"FLIGHT", "HOTEL", "ROOM", "TABLE"})) {
       c.objects.erase(c.objects.begin() + static_cast<std::ptrdiff_t>(i));
       --i;
     }
@@ -1347,13 +1350,13 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // or action after it in the clause, a negation's detail is what is not meant.
         c.details.push_back({this_role + lex.names[t->name],
                              (pending_not && !not_waits_for_action && t > last_acted_on) || rest_not_meant});
-        c.details.back().given_up = pending_not && (pending_unable || not_wanted) && !rest_not_meant;
         if (c.details.back().negated) {
           pending_not = false;
         } else if (pending_not && !not_waits_for_action && describes_negated_thing(t, begin, end)) {
           // "activate my SIM, not my new SIM": new is the SIM's not meant (the negation stays the SIM's).
           c.details.back().negated = true;
         }
+        c.details.back().given_up = c.details.back().negated && (pending_unable || not_wanted) && !rest_not_meant;
         break;
       case Token::role:
         rest_not_meant = false;
@@ -1663,8 +1666,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   // What is booked for a time, moved, is rescheduled: "move my appointment to Friday" is "change
   // my appointment to Friday", "reschedule my appointment".
   const auto is_booked_for_a_time = [](const Element& e) {
-    return e.text == "APPOINTMENT" || e.text == "BOOKING" || e.text == "DELIVERY" || e.text == "FLIGHT" ||
-           e.text == "TABLE";
+    return name_in(e.text, {"APPOINTMENT", "BOOKING", "DELIVERY", "FLIGHT", "TABLE"});
   };
   if (std::any_of(c.objects.begin(), c.objects.end(), is_booked_for_a_time)) {
     for (Element& a : c.actions) {
@@ -1674,7 +1676,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   // A request withdrawn is cancelled: "withdraw my refund request" is "cancel my refund request"
   // (money withdrawn is not: "withdraw $100 from my savings").
   const auto is_request = [](const Element& e) {
-    return e.text == "REFUND" || e.text == "RETURN" || e.text == "APPLICATION" || e.text == "CLAIM";
+    return name_in(e.text, {"REFUND", "RETURN", "APPLICATION", "CLAIM"});
   };
   if (std::any_of(c.objects.begin(), c.objects.end(), is_request)) {
     for (Element& a : c.actions) {
@@ -2434,11 +2436,8 @@ std::string_view reported_action(const Element& a) {
 // Whether keeping a thing is what not doing `action` to it means ("keep my
 // address, don't delete it"): an action that ends, removes or changes it.
 bool keeping_undoes(std::string_view action) {
-  if (reverse_of(action) != nullptr) return true;
-  for (std::string_view a : {"END", "DOWNGRADE", "CHANGE", "RETURN", "UNSUBSCRIBE", "UPGRADE", "SPLIT", "MERGE"}) {
-    if (action == a) return true;
-  }
-  return false;
+  return reverse_of(action) != nullptr ||
+         name_in(action, {"END", "DOWNGRADE", "CHANGE", "RETURN", "UNSUBSCRIBE", "UPGRADE", "SPLIT", "MERGE"});
 }
 
 // "酒店不住了，帮我退订", "I can't make tomorrow's appointment, please cancel":
@@ -2461,12 +2460,9 @@ bool gives_up(const Clause& c) {
 bool only_ends(const Clause& c) {
   return c.mood.empty() && !c.negated && c.objects.empty() && c.entities.empty() && c.details.empty() &&
          !c.actions.empty() && std::all_of(c.actions.begin(), c.actions.end(), [](const Element& a) {
-           if (a.negated || a.past) return false;
-           for (std::string_view ends :
-                {"CANCEL", "UNSUBSCRIBE", "END", "DELETE", "CLOSE", "DISABLE", "PAUSE", "RETURN", "REFUND"}) {
-             if (a.text == ends) return true;
-           }
-           return false;
+           return !a.negated && !a.past &&
+                  name_in(a.text,
+                          {"CANCEL", "UNSUBSCRIBE", "END", "DELETE", "CLOSE", "DISABLE", "PAUSE", "RETURN", "REFUND"});
          });
 }
 
