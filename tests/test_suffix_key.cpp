@@ -1372,6 +1372,27 @@ TEST_CASE("suffix key: 给 and 帮 say for whom, and who acts") {
   CHECK(key("下午5点提醒我给妈妈打电话") == key("提醒我下午五点打电话给妈妈"));
 }
 
+TEST_CASE("suffix key: 给 after a verb, or before what a giving verb gives to, says who receives") {
+  // To the mother is not from her; 给 after the verb or before it is the same.
+  CHECK(served("转账给妈妈").key == served("给妈妈转账").key);
+  CHECK(served("给我妈转账").key == served("转账给妈妈").key);
+  CHECK(served("给我奶奶打电话").key == served("打电话给奶奶").key);
+  CHECK(served("打电话给我妈").key == served("给妈妈打电话").key);
+  CHECK(served("给卖家退款").key == served("退款给卖家").key);
+  CHECK(key("转账给妈妈") != key("妈妈给我转账"));
+  CHECK(key("转账给妈妈") != key("妈妈转账了"));
+  CHECK(key("退款给卖家") != key("卖家给我退款"));
+  CHECK(key("寄给我妈，不是寄给我") != key("寄给我，不是寄给我妈"));
+  // Other verbs are done for the thing or on it; 给我 before a thing that is no person is a want.
+  CHECK(served("给手机充值").key == served("手机充值").key);
+  CHECK(served("给我退款").key == served("退款给我").key);
+  // Done: the verb after 给 and whom it gives to is what was done.
+  CHECK(key("已经给房东转账了") != key("给房东转账"));
+  CHECK(key("已经给我妹转200块了") != key("给我妹转200块"));
+  CHECK(served("已经给房东转账了").key == served("已经转账给房东了").key);
+  CHECK(served("已经给那个账户付款了").key == served("已经付款给那个账户了").key);
+}
+
 TEST_CASE("suffix key: a report of what was done is not the request to do it") {
   // Served under another key, or not served at all.
   CHECK(never_served_as("you already refunded me", "refund me"));

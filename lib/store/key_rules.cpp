@@ -294,6 +294,16 @@ bool name_in(std::string_view text, std::initializer_list<std::string_view> name
   return std::find(names.begin(), names.end(), text) != names.end();
 }
 
+// Whether a thing is a person one gives, pays or calls (妈妈, 朋友, 房东): 给我
+// before it is 给 and the speaker's own person (给我妈转账), not 给我 (I want).
+bool is_person(const Lexicon& lex, const Token& t) {
+  return t.kind == Token::object &&
+         name_in(lex.names[t.name],
+                 {"MOTHER",     "FATHER",    "PARENTS", "GRANDMOTHER", "GRANDFATHER", "WIFE",     "HUSBAND",
+                  "GIRLFRIEND", "BOYFRIEND", "SISTER",  "BROTHER",     "SON",         "DAUGHTER", "CHILD",
+                  "FRIEND",     "FAMILY",    "TEACHER", "COLLEAGUE",   "BOSS",        "LANDLORD"});
+}
+
 // Whether "when" before units[at] opens a clause of its own ("when it ships",
 // "when my order arrives"), not a question ("when will it ship", "when is it
 // due"), and is not asked about ("do you know when it ships").
@@ -441,8 +451,14 @@ class Tokenizer {
            (out.back().kind == Token::object &&
             (out[out.size() - 2].kind == Token::object || out[out.size() - 2].kind == Token::detail ||
              out[out.size() - 2].kind == Token::entity)));
-      if (done_before && out.size() > tokens_before && out.back().kind == Token::disposal) {
-        done_waits_for_action_ = true;  // 已经把订单取消了: past 把 and what it takes, to the verb
+      if (done_before && out.size() > tokens_before &&
+          (out.back().kind == Token::disposal ||
+           (out.back().kind == Token::benefactive && name_in(lex_.names[out.back().name], {"FOR", "POLITE_FOR"})))) {
+        // 已经把订单取消了, 已经给房东转账了: past 把 or 给 and what it takes, to the verb
+        done_waits_for_action_ = true;
+      } else if (done_before && out.size() > tokens_before && out.size() >= 2 && is_person(lex_, out.back()) &&
+                 out[out.size() - 2].kind == Token::benefactive) {
+        done_waits_for_action_ = true;  // 已经给我妹转了: 给, my sister, then the verb
       } else if (done_before && out.size() > tokens_before &&
                  (out.back().kind == Token::detail || out.back().kind == Token::entity)) {
         // 已经远程重启: a detail before the verb leaves it to the verb
@@ -1796,13 +1812,23 @@ void merge_dates(const Lexicon& lex, std::vector<Token>& tokens) {
   tokens = std::move(out);
 }
 
+// Whether an action passes something to someone (转账, 付, 打电话, 发, 回复,
+// 退款): 给 and a thing before it say who receives (给妈妈转账 = 转账给妈妈).
+// Other actions are done for the thing or on it (给手机充值, 给订单加备注).
+bool gives_to(const Lexicon& lex, const Token& t) {
+  return (t.kind == Token::action && name_in(lex.names[t.name], {"TRANSFER", "PAY", "CONTACT", "SEND", "REPLY"})) ||
+         (t.kind == Token::object && t.chinese_verb && lex.names[t.name] == "REFUND");
+}
+
 // 给, 帮 and their forms with 我 say for whom something is done, or ask for
 // it. "我给商家发错货了" (to the merchant) is not "商家给我发错货了" (the
 // merchant, to me), nor "我帮邻居签收了快递" "邻居帮我签收了快递": after the
 // speaker, 给 or 帮 before a thing and an action makes the thing where it
 // goes (TO.); after a thing, 给我 or 帮我 before an action and what it acts on
-// makes the thing who acts (BY.). Anywhere else they are what they were: 帮我
-// and 帮 a polite form (帮我取消订单), 给我 a want (给我退款), 给 nothing.
+// makes the thing who acts (BY.). 给 right after an action, or before a thing
+// and an action that gives, says who receives (转账给妈妈 = 给妈妈转账, not
+// 妈妈给我转账: TO.). Anywhere else they are what they were: 帮我 and 帮 a
+// polite form (帮我取消订单), 给我 a want (给我退款), 给 nothing.
 void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
   if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.kind == Token::benefactive; })) return;
   const auto to = lex.by_name.find("TO");
@@ -1832,8 +1858,28 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
       continue;
     }
     const std::string& name = lex.names[t.name];
-    const bool for_speaker = name == "POLITE_FOR_ME" || name == "WANT_FOR_ME";
     const std::size_t end = clause_end[k];
+    // 给我妈: 给 and the speaker's mother, not 给我 and 妈.
+    const bool to_own_person = name == "WANT_FOR_ME" && k + 1 < end && is_person(lex, tokens[k + 1]);
+    if ((name == "FOR" || to_own_person) && to != lex.by_name.end() && k + 1 < end && is_thing(tokens[k + 1])) {
+      const bool after_action = !out.empty() && (out.back().kind == Token::action ||
+                                                 (out.back().kind == Token::object && out.back().chinese_verb));
+      std::size_t verb = k + 2;
+      while (verb < end && tokens[verb].kind == Token::detail) ++verb;
+      if (after_action || (verb < end && gives_to(lex, tokens[verb]))) {
+        // 给卖家退款 = 退款给卖家: a verb named as a thing goes first, as it would.
+        if (!after_action && verb == k + 2 && tokens[verb].kind == Token::object) {
+          out.push_back(std::move(tokens[verb]));
+          out.push_back({Token::role, to->second, {}, false});
+          out.push_back(std::move(tokens[k + 1]));
+          k = verb;
+          continue;
+        }
+        out.push_back({Token::role, to->second, {}, false});
+        continue;
+      }
+    }
+    const bool for_speaker = name == "POLITE_FOR_ME" || name == "WANT_FOR_ME";
     // The speaker who acts: 我 with no action or thing before it in its clause
     // (提醒我给妈妈打电话: 我 is reminded).
     const bool after_speaker =
