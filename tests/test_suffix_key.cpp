@@ -812,7 +812,9 @@ TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
       CHECK(k.low_information);
       CHECK(!k.abstain_reason.empty());
       if (category == "action") {
-        CHECK((k.action == name || k.action == name + "_DONE"));  // "cancelled": a report of it
+        // "cancelled": a report of it; reconnecting alone, with no supply, links again.
+        const std::string action = name == "RECONNECT" ? "BIND" : name;
+        CHECK((k.action == action || k.action == action + "_DONE"));
       } else if (category == "object") {
         CHECK(k.object == name);
       } else if (category == "detail" || category == "unit") {
@@ -956,7 +958,8 @@ TEST_CASE("suffix key: a misspelt word is the one word it is a slip away from, o
     }
     const std::string& name = *names.begin();
     if (category == "action") {
-      CHECK((k.action == name || k.action == name + "_DONE"));
+      const std::string action = name == "RECONNECT" ? "BIND" : name;  // no supply: links again
+      CHECK((k.action == action || k.action == action + "_DONE"));
     } else if (category == "object") {
       CHECK(k.object == name);
     } else {
@@ -1984,6 +1987,40 @@ TEST_CASE("suffix key: when joining what happens asks no time, and some or the b
   CHECK(key("does Apple Pay fail when I try to pay?").find("TIME") == std::string::npos);
   CHECK(served("cancel some of my orders").key != served("cancel my orders").key);
   CHECK(served("leave the parcel at the back door").key != served("leave the parcel at the door").key);
+}
+
+TEST_CASE("suffix key: not wanting a thing to be acted on forbids the act, and have to is need to") {
+  CHECK(served("I don't want my subscription to renew").key == served("don't renew my subscription").key);
+  CHECK(key("I don't want my subscription to renew") != key("renew my subscription"));
+  CHECK(key("I want my order to ship today") != key("I don't want my order to ship today"));
+  // Only a want denied: "not getting the code" is no prohibition to log in.
+  CHECK(key("I'm not getting the SMS code to log in") != key("don't log in with the SMS code"));
+  // "have to" asks for the act, as "need to" does; "don't have to" is "no need to".
+  CHECK(served("you have to refund me").key == served("refund me").key);
+  CHECK(served("you don't have to send a technician").key == served("no need to send a technician").key);
+  CHECK(key("you don't have to send a technician") != key("send a technician"));
+}
+
+TEST_CASE("suffix key: a new card is its replacement, closing an account cancels it, a supply reconnected resumes") {
+  CHECK(served("send me a new debit card").key == served("replace my debit card").key);
+  CHECK(served("I need a new SIM").key == served("replace my SIM card").key);
+  CHECK(served("给我寄一张新卡").key == served("我要一张新卡").key);
+  // Not a new account (opened), nor a new card beside the old one (which says which), nor a question.
+  CHECK(key("I want a new account") != key("replace my account"));
+  CHECK(key("close the new card and keep the old one") != key("replace my card"));
+  CHECK(key("has my new card been sent?") != key("has my card been replaced?"));
+  CHECK(key("send me a new card in blue") != key("replace my card"));
+  CHECK(key("don't send me a new card") != key("replace my card"));
+  CHECK(served("I want to close my credit card").key == served("cancel my credit card").key);
+  CHECK(served("注销账户").key == served("取消账户").key);
+  CHECK(served("I'd like to stop my streaming subscription").key == served("cancel my streaming subscription").key);
+  CHECK(key("close the ticket") != key("cancel the ticket"));
+  CHECK(key("What's the end date of my membership?") != key("what date does my membership get cancelled?"));
+  CHECK(key("don't close my account") != key("close my account"));
+  CHECK(served("Reconnect my gas supply").key == served("turn my gas back on").key);
+  CHECK(served("reconnect my broadband").key == served("restore my broadband").key);
+  CHECK(served("reconnect my headphones").key == served("connect my headphones").key);
+  CHECK(key("reconnect my headphones") != key("restore my headphones"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

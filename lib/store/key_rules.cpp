@@ -73,6 +73,7 @@ struct Token {
   bool does_not = false;      // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
   bool instead = false;       // negation: instead of, rather than, but not, 而不是: what follows is the other option
   bool forbids = false;       // negation: don't, do not: with "yet", still a prohibition ("don't ship it yet")
+  bool refuses = false;       // negation: don't want: "don't want my plan to renew" is "don't renew my plan"
   bool commands = false;      // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
   bool verb_first = false;    // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
   bool chinese_verb = false;  // object: 退, 退款, 预约 in Chinese, a verb wherever it stands
@@ -497,6 +498,7 @@ class Tokenizer {
         out.back().does_not = says_it_does_not(units, i - best_len, best_len);
         out.back().instead = names_the_other_option(units, i - best_len, best_len);
         out.back().forbids = says_do_not(units, i - best_len, best_len);
+        out.back().refuses = is_one_of(units, i - best_len, best_len, {"don t want", "dont want", "do not want"});
         // "never call me again" forbids, as "don't call me" does; "I never got my refund" reports.
         if (best_len == 1 && units[i - 1] == "never" && opens_clause(out, tokens_before)) out.back().past = false;
       }
@@ -1174,16 +1176,70 @@ void account_of_its_attribute(Clause& c) {
   std::erase_if(c.objects, [](const Element& o) { return o.text == "ACCOUNT" && !o.negated; });
 }
 
+// Whether an object is a card or a document one carries, replaced or reissued when worn, lost or stolen.
+bool is_card_like(const Element& o) {
+  return name_in(o.text, {"CARD", "DEBIT_CARD", "CREDIT_CARD", "SIM", "ESIM", "PASSPORT", "DRIVING_LICENSE", "IDENTITY",
+                          "MEMBERSHIP_CARD", "MEDICAL_INSURANCE_CARD", "PATIENT_CARD", "PRIMARY_CARD", "SECONDARY_CARD",
+                          "RAILCARD", "PIN", "CHEQUE_BOOK"});
+}
+
 // 补卡, 补一张银行卡, 补新卡: a card or an identity document supplied again is
 // reissued, as 补办 is (补差价, 补交押金 still make up what is missing).
 void reissue_of_a_card(Clause& c) {
   if (c.actions.size() != 1 || c.actions[0].text != "MAKE_UP") return;
-  const auto is_card = [](const Element& o) {
-    return name_in(o.text, {"CARD", "DEBIT_CARD", "CREDIT_CARD", "SIM", "ESIM", "PASSPORT", "DRIVING_LICENSE",
-                            "IDENTITY", "MEMBERSHIP_CARD", "MEDICAL_INSURANCE_CARD", "PATIENT_CARD", "PRIMARY_CARD",
-                            "SECONDARY_CARD", "RAILCARD"});
+  if (std::any_of(c.objects.begin(), c.objects.end(), is_card_like)) c.actions[0].text = "REISSUE";
+}
+
+// A new card asked for, with no verb or only sending, is its replacement:
+// "send me a new card" and "I need a new SIM" are "replace my card", "replace
+// my SIM" (not "a new account", which opens one; not beside the old or the
+// current one, which still say which).
+void new_card_is_its_replacement(Clause& c) {
+  if (!c.mood.empty() || c.actions.size() > 1 || c.objects.size() != 1 || !c.entities.empty() || c.objects[0].negated ||
+      !is_card_like(c.objects[0])) {
+    return;
+  }
+  if (!c.actions.empty() && (c.actions[0].text != "SEND" || c.actions[0].negated)) return;
+  const auto is_new = [](const Element& d) { return d.text == "NEW" && !d.negated; };
+  if (c.details.size() != 1 || !is_new(c.details[0])) return;
+  c.details.clear();
+  c.actions.assign(1, Element{"EXCHANGE"});
+}
+
+// Closing a card or an account, stopping a subscription, is cancelling it:
+// "close my credit card" is "cancel my credit card", "stop my streaming
+// subscription" is "cancel" it (closing a ticket or an app, stopping a
+// payment, stay what they are).
+void ending_a_contract_cancels_it(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].past) return;
+  const std::string& action = c.actions[0].text;
+  const bool closes = action == "CLOSE";
+  const bool ends = action == "END" && c.mood.empty();  // "what's the end date of my membership" asks a date
+  if (!closes && !ends) return;
+  const auto ended = [&](const Element& o) {
+    return !o.negated && o.text.find('.') == std::string::npos &&
+           ((closes && (is_card_like(o) || name_in(o.text, {"ACCOUNT", "BANK_ACCOUNT", "SAVINGS"}))) ||
+            name_in(o.text, {"SUBSCRIPTION", "MEMBERSHIP"}));
   };
-  if (std::any_of(c.objects.begin(), c.objects.end(), is_card)) c.actions[0].text = "REISSUE";
+  if (c.objects.size() == 1 && ended(c.objects[0])) c.actions[0].text = "CANCEL";
+}
+
+// Reconnecting a supply restores it ("reconnect my internet" is "restore my
+// internet", "turn my gas back on"); reconnecting anything else links it
+// again ("reconnect my headphones" is "connect my headphones"). A supply of
+// gas is the gas ("my gas supply").
+void reconnecting_restores_a_supply(Clause& c) {
+  const auto is_supply = [](const Element& o) {
+    return name_in(o.text, {"INTERNET", "BROADBAND", "GAS", "ELECTRICITY", "WATER", "SUPPLY", "LANDLINE", "LINE"});
+  };
+  const bool supplies = !c.objects.empty() && std::all_of(c.objects.begin(), c.objects.end(), is_supply);
+  for (Element& a : c.actions) {
+    if (a.text.starts_with("RECONNECT")) a.text.replace(0, 9, supplies ? "RESUME" : "BIND");
+  }
+  // "my gas supply" is my gas.
+  if (supplies && c.objects.size() > 1) {
+    std::erase_if(c.objects, [](const Element& o) { return o.text == "SUPPLY" && !o.negated; });
+  }
 }
 
 // A flight, a hotel, a room or a table booked is the booking: "change my
@@ -1260,6 +1316,21 @@ bool describes_negated_thing(const Token* t, const Token* begin, const Token* en
   while (before != begin && before[-1].kind == Token::detail) --before;
   return after != end && (after->kind == Token::object || after->kind == Token::entity) && before != begin &&
          before[-1].kind == Token::negation;
+}
+
+// "(I don't want) my subscription to renew": a thing, then to and a verb, is
+// what the verb acts on; a negation before the thing is the verb's ("don't
+// renew my subscription"). Looks a few tokens ahead only (linear on any text).
+bool wanted_thing_then_its_verb(const Lexicon& lex, const Token* t, const Token* end) {
+  constexpr int kLookAhead = 6;
+  if (t == end || (t->kind != Token::object && t->kind != Token::entity)) return false;
+  for (int seen = 0; t != end && seen < kLookAhead; ++t, ++seen) {
+    if (t->kind == Token::role) {
+      return lex.names[t->name] == "TO" && t + 1 != end && t[1].kind == Token::action;
+    }
+    if (t->kind != Token::object && t->kind != Token::entity && t->kind != Token::detail) return false;
+  }
+  return false;
 }
 
 Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, const Token* end, bool question_mark,
@@ -1394,12 +1465,13 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         // 别把卡注销, 还没把卡注销: a negation before 把 is the verb's, not the card's; so is one before
         // who it is for or where it goes, with a verb after (别给我弟转50欧元, 还没从我卡里扣款).
         // So is one opening a question before what it asks about ("why isn't my order cancelled?").
-        not_waits_for_action = t + 1 != end && (t[1].kind == Token::disposal ||
-                                                (last_action != nullptr && last_action > t &&
-                                                 (((t == begin || t[-1].kind == Token::question) && t->does_not &&
-                                                   (t[1].kind == Token::object || t[1].kind == Token::entity)) ||
-                                                  t[1].kind == Token::benefactive || t[1].kind == Token::role ||
-                                                  t[1].kind == Token::polite || t[1].kind == Token::want)));
+        not_waits_for_action = (t + 1 != end && (t[1].kind == Token::disposal ||
+                                                 (last_action != nullptr && last_action > t &&
+                                                  (((t == begin || t[-1].kind == Token::question) && t->does_not &&
+                                                    (t[1].kind == Token::object || t[1].kind == Token::entity)) ||
+                                                   t[1].kind == Token::benefactive || t[1].kind == Token::role ||
+                                                   t[1].kind == Token::polite || t[1].kind == Token::want)))) ||
+                               (t->refuses && wanted_thing_then_its_verb(lex, t + 1, end));
         // "the label isn't printing", "my card won't work": a thing opening
         // the clause, then a negated action, is what it cannot do (a fault,
         // as "I can't print the label"), not "don't print the label".
@@ -2824,7 +2896,10 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   for (Clause& c : clauses) {
     again_into_action(c);
     reissue_of_a_card(c);
+    new_card_is_its_replacement(c);
     new_in_replacement(c);
+    ending_a_contract_cancels_it(c);
+    reconnecting_restores_a_supply(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
     account_of_its_attribute(c);
