@@ -1043,6 +1043,12 @@ TEST_CASE("suffix key: numbers written in words are their value") {
       {"十三万五千元退款", "135000元退款"},
       {"订单二〇二六", "订单2026"},
       {"订单一千零一", "订单1001"},
+      {"转一千五到储蓄账户", "转1500到储蓄账户"},
+      {"转三百五", "转350"},
+      {"转一万五", "转15000"},
+      {"转五万三千五", "转53500"},
+      {"转一千零五", "转1005"},
+      {"refund two hundred five dollars", "refund $205"},
       {"二十三号入住", "23号入住"},
       {"book twenty five rooms", "book 25 rooms"},
       {"refund two thousand five hundred dollars", "refund $2500"},
@@ -1548,6 +1554,12 @@ TEST_CASE("suffix key: no. before a number after a word is the word number, not 
   CHECK(served("order no. 5521 has not arrived").key == served("order 5521 has not arrived").key);
   CHECK(key("return item no. 3 from my order") != key("don't return item 3 from my order"));
   CHECK(key("No. Cancel it.") != key("cancel it"));  // a sentence's no stays one
+  // After a Chinese word, No or no before a number is the sign for number, with or without a point or a space.
+  for (const char* text :
+       {"订单No.4521申请退款", "订单no4521申请退款", "订单 no 4521 申请退款", "订单No. 4521申请退款"}) {
+    INFO(text);
+    CHECK(served(text).key == served("4521号订单申请退款").key);
+  }
 }
 
 TEST_CASE("suffix key: a report with who did it, or already, is not the request") {

@@ -97,6 +97,9 @@ struct Numeral {
     group,       // closes a group and multiplies it: thousand, 万
   } kind = value;
   std::uint64_t amount = 0;
+  // 百, 千, 万: one digit right after it, ending the number, counts the next
+  // place down (一千五 is 1500, 三百五 350, 一万五 15000; 一千零五 is 1005).
+  bool shortens = false;
 };
 
 const Numeral* numeral_value(std::string_view unit) {
@@ -133,9 +136,9 @@ const Numeral* numeral_value(std::string_view unit) {
       {"八", {N::value, 8}},
       {"九", {N::value, 9}},
       {"十", {N::multiplier, 10}},
-      {"百", {N::multiplier, 100}},
-      {"千", {N::multiplier, 1000}},
-      {"万", {N::group, 10000}},
+      {"百", {N::multiplier, 100, true}},
+      {"千", {N::multiplier, 1000, true}},
+      {"万", {N::group, 10000, true}},
   };
   for (const auto& [word, numeral] : kNumerals) {
     if (unit == word) return &numeral;
@@ -180,6 +183,9 @@ bool numeral_sum(const std::vector<Numeral>& parts, std::uint64_t& out) {
         break;
     }
   }
+  const bool shortened = parts.size() >= 2 && parts.back().kind == Numeral::value && parts.back().amount >= 1 &&
+                         parts.back().amount <= 9 && parts[parts.size() - 2].shortens;
+  if (shortened) number *= parts[parts.size() - 2].amount / 10;
   out = total + group + number;
   return out <= kMax;
 }

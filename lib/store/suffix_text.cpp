@@ -90,6 +90,22 @@ bool abbreviates_number(std::string_view out, std::string_view text, std::size_t
   return next < text.size() && is_ascii_digit(text[next]);
 }
 
+// Whether out ends in "no" right after a Chinese character, or after one and
+// a space (订单No.4521, 订单 no 4521): there it is the sign for number, never
+// the English "no".
+bool number_sign_after_chinese(std::string_view out) {
+  if (out.size() < 3 || !out.ends_with("no")) return false;
+  const std::size_t before = out[out.size() - 3] == ' ' && out.size() >= 4 ? out.size() - 4 : out.size() - 3;
+  return static_cast<unsigned char>(out[before]) >= 0x80;
+}
+
+// Whether text from `next` goes on, past a point and spaces, with a digit.
+bool number_follows(std::string_view text, std::size_t next) {
+  if (next < text.size() && text[next] == '.') ++next;
+  while (next < text.size() && text[next] == ' ') ++next;
+  return next < text.size() && is_ascii_digit(text[next]);
+}
+
 }  // namespace
 
 Status normalise_text(std::string_view text, std::string& out, Clauses clauses) {
@@ -126,7 +142,8 @@ Status normalise_text(std::string_view text, std::string& out, Clauses clauses) 
         // A full stop before a space ends a sentence ("No. Cancel it."); one
         // inside a word does not ("e.g", "no.789").
         const bool full_stop = c == '.' && (i >= text.size() || text[i] == ' ' || text[i] == '\n' || text[i] == '\t');
-        if (full_stop && abbreviates_number(out, text, i)) {
+        if ((full_stop && abbreviates_number(out, text, i)) ||
+            (c == '.' && pending == 0 && number_sign_after_chinese(out) && number_follows(text, i))) {
           // "item no. 3", "order no. 20231145": the word for number, not "no" and a full stop.
           out.replace(out.size() - 2, 2, "number");
           note(' ');
@@ -143,6 +160,11 @@ Status normalise_text(std::string_view text, std::string& out, Clauses clauses) 
     } else if (is_separator(cp)) {  // U+3000 (ideographic space) and U+3001 (、, a list's comma) included
       note(' ');
       continue;
+    }
+    if (cp < 0x80 && is_ascii_digit(static_cast<char>(cp)) && (pending == 0 || pending == ' ') &&
+        number_sign_after_chinese(out)) {
+      out.replace(out.size() - 2, 2, "number");  // 订单no4521, 订单no 4521
+      pending = ' ';
     }
     if (pending != 0 && !out.empty()) out.push_back(pending);
     pending = 0;
