@@ -823,7 +823,7 @@ TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
       } else if (category == "greeting") {
         CHECK(k.key == name);
       } else if (category == "question") {
-        CHECK(k.key == (name == "QUERY" || name == "QMARK" ? std::string("ASK") : "QUERY-" + name));
+        CHECK(k.key == (name == "QUERY" || name == "QMARK" || name == "WHERE" ? std::string("ASK") : "QUERY-" + name));
       } else if (category == "aux") {
         CHECK(k.key == name);
       } else if (category == "negation") {
@@ -2033,6 +2033,19 @@ TEST_CASE("suffix key: a new card is its replacement, closing an account cancels
   CHECK(served("reconnect my broadband").key == served("restore my broadband").key);
   CHECK(served("reconnect my headphones").key == served("connect my headphones").key);
   CHECK(key("reconnect my headphones") != key("restore my headphones"));
+}
+
+TEST_CASE("suffix key: where before an act asks how, after one the place, alone what") {
+  CHECK(served("where do I pay my water bill?").key == served("how do I pay my water bill?").key);
+  CHECK(served("where can I download my statement?").key == served("how do I download my statement?").key);
+  CHECK(served("自动续费在哪里关").key == served("怎么关闭自动续费").key);
+  // Not whether one can, nor whether it was done.
+  CHECK(key("where can I download my statement?") != key("can I download my statement?"));
+  CHECK(key("where was my parcel delivered?") != key("was my parcel delivered?"));
+  CHECK(key("where was my parcel delivered?") != key("how was my parcel delivered?"));
+  // No act, or only a check: what it is, as tracking asks.
+  CHECK(served("where is my order?").key == served("track my order").key);
+  CHECK(served("查一下我的包裹现在在哪").key == served("快递到哪了").key);
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

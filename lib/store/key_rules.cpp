@@ -1513,10 +1513,22 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           if (t != begin && t[-1].kind == Token::perfective) question_word = true;
         } else {
           question_word = true;
+          // Where, before an act asked for, asks how ("where do I pay my water bill", 自动续费在哪里关);
+          // after an act or of one done, the place ("where was it delivered": not "was it delivered?");
+          // with no act but asking, what ("where is my order", "check where my parcel is"). (到哪了,
+          // 送到哪里了 ask how far a parcel got: QUERY.)
+          const bool where = lex.names[t->name] == "WHERE";
+          const bool where_to_act = where && last_action != nullptr && last_action > t && !last_action->past;
           // how, when: asked so, "can" adds nothing ("how can I cancel" is "how do I cancel"); never
           // how much ("how much can I withdraw" asks a limit) nor whether ("whether I can switch").
-          asks_how = asks_how || lex.names[t->name] == "TIME" || lex.names[t->name] == "METHOD";
-          if (t->name != query) c.details.push_back({lex.names[t->name], false});
+          asks_how = asks_how || lex.names[t->name] == "TIME" || lex.names[t->name] == "METHOD" || where_to_act;
+          if (where_to_act) {
+            c.details.push_back({"METHOD", false});
+          } else if (where && last_action != nullptr && last_action->name != query) {
+            c.details.push_back({"LOCATION", false});
+          } else if (t->name != query && !where) {
+            c.details.push_back({lex.names[t->name], false});
+          }
         }
         break;
       case Token::aux:

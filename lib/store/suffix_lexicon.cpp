@@ -193,7 +193,7 @@ Status Lexicon::load(std::string_view file, std::string_view text) {
     if (units.size() > kMaxSurfaceUnits) return bad(fmt::format("surface longer than {} words", kMaxSurfaceUnits));
 
     const std::uint32_t name = intern(fields[2]);
-    if (cat == Category::question && fields[2] != "QUERY" && fields[2] != "QMARK") {
+    if (cat == Category::question && fields[2] != "QUERY" && fields[2] != "QMARK" && fields[2] != "WHERE") {
       question_names.emplace_back(name, fmt::format("{}:{}", file, line_no));
     }
     if (cat == Category::negation && fields[2] != "NOT_" && fields[2] != "NOT_PAST" && fields[2] != "NOT_AFTER" &&
@@ -232,11 +232,11 @@ Status Lexicon::load(std::string_view file, std::string_view text) {
 }
 
 Status Lexicon::check_names() const {
-  // A question word names QUERY or the detail it asks for ("when": TIME).
+  // A question word names QUERY, QMARK, WHERE or the detail it asks for ("when": TIME).
   for (const auto& [name, where] : question_names) {
     if (owner[name] != Category::detail) {
       return invalid_argument(
-          fmt::format("{}: question word's name {} is neither QUERY, QMARK nor a detail", where, names[name]));
+          fmt::format("{}: question word's name {} is neither QUERY, QMARK, WHERE nor a detail", where, names[name]));
     }
   }
   return Status::success();

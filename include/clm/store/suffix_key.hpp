@@ -142,7 +142,8 @@ struct SuffixKeyerConfig {
   // a line's start or after a blank); categories: action, object, detail,
   // negation, stopword, greeting, question, aux, polite, unit. CANONICAL is
   // [A-Z][A-Z0-9_]*, one category's only (QUERY: an action's); a question's
-  // is QUERY, QMARK (a spoken question mark: 吗) or a detail's; a negation's
+  // is QUERY, QMARK (a spoken question mark: 吗), WHERE (how, before an act
+  // asked for: "where do I pay"; else QUERY) or a detail's; a negation's
   // NOT_ (governs what follows), NOT_PAST (the same, of what happened:
   // didn't, 没) or NOT_AFTER (the action before it: 不了). A stopword named
   // SUBJECT (i, we, 我) says that an auxiliary after it states, not asks; a
