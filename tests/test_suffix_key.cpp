@@ -2048,6 +2048,39 @@ TEST_CASE("suffix key: where before an act asks how, after one the place, alone 
   CHECK(served("查一下我的包裹现在在哪").key == served("快递到哪了").key);
 }
 
+TEST_CASE("suffix key: billing address, marketing refused, an undone thing, a state asked, a flight's number") {
+  CHECK(served("Change the address on my bills").key == served("update my billing address").key);
+  CHECK(served("更新我的账单寄送地址").key == served("账单地址改一下").key);
+  CHECK(key("send the invoice to my new address") != key("update my billing address"));
+  CHECK(served("change the address on my bills to 5 Main Street").key ==
+        served("update my billing address to 5 Main Street").key);
+  for (const char* text : {"unsubscribe me from marketing emails", "stop sending me marketing emails",
+                           "I don't want to receive marketing emails", "退订营销邮件", "别再给我发推广邮件了"}) {
+    INFO(text);
+    CHECK(served(text).key == served("don't send me marketing emails").key);
+  }
+  CHECK(key("I want to receive marketing emails") != key("don't send me marketing emails"));
+  CHECK(key("unsubscribe me from the newsletter") != key("don't send me marketing emails"));
+  CHECK(served("WiFi密码是多少").key == served("what's the wifi password").key);
+  CHECK(key("话费是多少") != key("查一下话费"));
+  CHECK(served("我的储蓄卡要重新办一张").key == served("补办一张借记卡").key);
+  CHECK(served("帮我把这单撤了").key == served("取消这个订单").key);
+  CHECK(served("撤销退款申请").key == served("取消退款").key);
+  CHECK(key("revert my plan to the old one") != key("cancel my plan"));
+  CHECK(key_of(builtin(), "revert my plan to the old one").action != "CANCEL");  // reverted, not cancelled
+  CHECK(key("don't undo the return") != key("cancel the return"));
+  CHECK(served("我的会员现在是暂停状态吗？").key == served("会员暂停了吗？").key);
+  CHECK(key("any news about the leak I reported yesterday?") != key("did I report the leak yesterday?"));
+  CHECK(served("牙医预约要改个时间").key == served("帮我把看牙的预约挪一下").key);
+  CHECK(served("change my appointment time").key == served("reschedule my appointment").key);
+  CHECK(key("change my appointment to 3pm") != key("reschedule my appointment"));
+  CHECK(key("when did you change my appointment?") != key("did you change my appointment?"));
+  CHECK(served("Is flight BA 117 on time?").key == served("is ba117 on time").key);
+  CHECK(served("CA1831航班帮我值机").key == served("帮我给CA 1831值机").key);
+  CHECK(key("my flight is UA882") != key("UA882"));
+  CHECK(key("Is flight BA 117 on time?") != key("Is flight BA 118 on time?"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

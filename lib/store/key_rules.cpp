@@ -954,6 +954,7 @@ struct Element {
   bool nominal = false;     // an action named as a thing ("the cancellation"): undoing it reverses it
   bool unable = false;      // negated as what cannot be done ("I can't cancel my order"), not as what must not
   bool given_up = false;    // negated as what cannot be used or is not wanted ("I can't make my appointment")
+  bool asked = false;       // detail: a question word's ("when": TIME), what the clause asks for
   std::size_t at = 0;       // the token it came from (Clause::interleaved)
   // "I can't cancel my order" asks for help with what "don't cancel my order" forbids: CANNOT, not NOT.
   std::string shown() const { return negated ? (unable ? "CANNOT-" : "NOT-") + text : text; }
@@ -1047,6 +1048,13 @@ bool for_me_after_details(const Lexicon& lex, const Token* t, const Token* end) 
          lex.names[t->name] == "POLITE_FOR_ME";
 }
 
+// Whether an object is a card or a document one carries, replaced or reissued when worn, lost or stolen.
+bool is_card_like(const Element& o) {
+  return name_in(o.text, {"CARD", "DEBIT_CARD", "CREDIT_CARD", "SIM", "ESIM", "PASSPORT", "DRIVING_LICENSE", "IDENTITY",
+                          "MEMBERSHIP_CARD", "MEDICAL_INSURANCE_CARD", "PATIENT_CARD", "PRIMARY_CARD", "SECONDARY_CARD",
+                          "RAILCARD", "PIN", "CHEQUE_BOOK"});
+}
+
 // "Again" is in the action where the action has a form for it, as restart,
 // reissue and resend do: "enable roaming again" is "re-enable roaming",
 // 重新开通自动续费 is 恢复自动续费 ("turn it on again": resume), 重新寄一个 is 补发
@@ -1071,7 +1079,9 @@ void again_into_action(Clause& c) {
     std::string& action = asked->text;
     if (action == "ENABLE" || action == "START") {
       action = "RESUME";
-    } else if (action == "ISSUE") {
+    } else if (action == "ISSUE" ||
+               (action == "PROCESS" && std::any_of(c.objects.begin(), c.objects.end(), is_card_like))) {
+      // 储蓄卡要重新办一张: a card processed again is reissued, as 补办 is.
       action = "REISSUE";
     } else if (action != "SEND" && action != "SHIP" && action != "ADD" && action != "QUERY" && action != "RESUME" &&
                action != "REISSUE") {
@@ -1182,13 +1192,6 @@ void account_of_its_attribute(Clause& c) {
   std::erase_if(c.objects, [](const Element& o) { return o.text == "ACCOUNT" && !o.negated; });
 }
 
-// Whether an object is a card or a document one carries, replaced or reissued when worn, lost or stolen.
-bool is_card_like(const Element& o) {
-  return name_in(o.text, {"CARD", "DEBIT_CARD", "CREDIT_CARD", "SIM", "ESIM", "PASSPORT", "DRIVING_LICENSE", "IDENTITY",
-                          "MEMBERSHIP_CARD", "MEDICAL_INSURANCE_CARD", "PATIENT_CARD", "PRIMARY_CARD", "SECONDARY_CARD",
-                          "RAILCARD", "PIN", "CHEQUE_BOOK"});
-}
-
 // 补卡, 补一张银行卡, 补新卡: a card or an identity document supplied again is
 // reissued, as 补办 is (补差价, 补交押金 still make up what is missing).
 void reissue_of_a_card(Clause& c) {
@@ -1246,6 +1249,109 @@ void reconnecting_restores_a_supply(Clause& c) {
   if (supplies && c.objects.size() > 1) {
     std::erase_if(c.objects, [](const Element& o) { return o.text == "SUPPLY" && !o.negated; });
   }
+}
+
+// The address on my bills is my billing address, when it is changed: "change
+// the address on my bills", 更新我的账单寄送地址 are "update my billing address"
+// (not "send the invoice to my new address").
+void billing_address_of_bills(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "CHANGE" || c.objects.size() != 2) return;
+  const bool names_it = (c.objects[0].text == "INVOICE" && c.objects[1].text == "ADDRESS") ||
+                        (c.objects[0].text == "ADDRESS" && c.objects[1].text == "INVOICE");
+  if (!names_it || c.objects[0].negated || c.objects[1].negated) return;
+  c.objects.assign(1, Element{"BILLING_ADDRESS"});
+}
+
+// Marketing messages one no longer wants are not to be sent: "unsubscribe me
+// from marketing emails", "stop sending me marketing emails", "I don't want
+// to receive marketing emails", 退订营销邮件 are "don't send me marketing
+// emails" (别再给我发推广邮件了).
+void no_more_marketing(Clause& c) {
+  if (!c.mood.empty() || c.objects.empty() || !c.entities.empty()) return;
+  const auto is_message = [](const Element& o) {
+    return !o.negated && name_in(o.text, {"EMAIL", "SMS", "MESSAGE", "NOTIFICATION", "NEWSLETTER", "CALL"});
+  };
+  if (!std::all_of(c.objects.begin(), c.objects.end(), is_message)) return;
+  const auto marketing = [](const Element& d) { return d.text == "MARKETING" || d.text == "FROM.MARKETING"; };
+  if (c.details.size() != 1 || !marketing(c.details[0]) || c.details[0].negated) return;
+  const auto plain = [](const Element& a, std::string_view name) { return a.text == name && !a.negated && !a.past; };
+  const auto negated = [](const Element& a, std::string_view name) {
+    return a.text == name && a.negated && !a.unable && !a.past;
+  };
+  const bool refused = (c.actions.size() == 1 && (plain(c.actions[0], "UNSUBSCRIBE") || plain(c.actions[0], "CANCEL") ||
+                                                  negated(c.actions[0], "SEND") || negated(c.actions[0], "ARRIVE"))) ||
+                       (c.actions.size() == 2 && plain(c.actions[0], "END") && plain(c.actions[1], "SEND"));
+  if (!refused) return;
+  c.actions.assign(1, Element{"SEND", true});
+  c.details[0].text = "MARKETING";
+}
+
+// What a password, a code or a number "is" asks for it, not for an amount:
+// WiFi密码是多少 is "what's the wifi password".
+void identifier_asked_is_no_amount(Clause& c) {
+  const auto is_identifier = [](const Element& o) {
+    return name_in(o.text, {"PASSWORD", "CODE", "PHONE", "EMAIL", "ADDRESS", "USERNAME", "POSTCODE", "ACCOUNT_NUMBER",
+                            "PIN", "WIFI"});
+  };
+  if (c.actions.size() != 1 || c.actions[0].text != "QUERY" || c.objects.empty() ||
+      !std::all_of(c.objects.begin(), c.objects.end(), is_identifier)) {
+    return;
+  }
+  std::erase_if(c.details, [](const Element& d) { return d.text == "AMOUNT" && !d.negated; });
+}
+
+// Undoing a thing, not an act, cancels it: 帮我把这单撤了 and "undo my order"
+// are "cancel my order", 撤销退款申请 is 取消退款 (undoing an act still
+// reverses it: undo_to_reverse).
+void undoing_a_thing_cancels_it(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "UNDO" || c.actions[0].past ||
+      c.objects.size() + c.entities.size() == 0) {
+    return;
+  }
+  // Reverting a thing to another state is no cancelling: "revert my plan to the old one".
+  const auto to_another = [](const Element& e) { return e.text.starts_with("TO."); };
+  if (std::any_of(c.objects.begin(), c.objects.end(), to_another) ||
+      std::any_of(c.details.begin(), c.details.end(), to_another)) {
+    return;
+  }
+  c.actions[0].text = "CANCEL";
+}
+
+// Whether a clause is asked about its state: "是暂停状态吗" is "暂停了吗".
+void state_of_an_act_asked(Clause& c) {
+  if (c.mood.empty() || c.actions.empty()) return;
+  // (Not of what was done: "any news about the leak I reported" asks how the report stands.)
+  const auto acts = [](const Element& a) { return a.text != "QUERY" && !a.negated && !a.past; };
+  if (!std::all_of(c.actions.begin(), c.actions.end(), acts)) return;
+  std::erase_if(c.details, [](const Element& d) { return d.text == "STATUS" && !d.negated; });
+}
+
+// Changing an appointment's time or date is rescheduling it: "change my
+// appointment time", 牙医预约要改个时间 are "reschedule my appointment" (to
+// which time, a detail of its own, still says).
+void appointment_time_changed(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "CHANGE" || c.actions[0].negated) return;
+  const auto is_appointment = [](const Element& o) { return name_in(o.text, {"APPOINTMENT", "MEETING"}); };
+  if (std::none_of(c.objects.begin(), c.objects.end(), is_appointment)) return;
+  // (Not a time asked for: "when did you move my appointment?")
+  std::erase_if(c.details,
+                [](const Element& d) { return (d.text == "TIME" || d.text == "DATE") && !d.negated && !d.asked; });
+}
+
+// A flight's number names the flight: "is flight BA 117 on time" is "is
+// BA117 on time", CA1831航班值机 is CA 1831值机 (two letters or a letter and a
+// digit, then digits).
+void flight_of_its_number(Clause& c) {
+  const auto flight_number = [](const Element& e) {
+    const std::string& t = e.text;
+    const auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+    const auto letter = [](char ch) { return ch >= 'a' && ch <= 'z'; };
+    if (e.negated || t.size() < 3 || t.size() > 6 || !letter(t[0]) || !(letter(t[1]) || digit(t[1]))) return false;
+    return std::all_of(t.begin() + 2, t.end(), digit);
+  };
+  // (With nothing else in the clause, the flight stays: "my flight is UA882" says what the number is.)
+  if (c.actions.empty() || std::none_of(c.entities.begin(), c.entities.end(), flight_number)) return;
+  std::erase_if(c.objects, [](const Element& o) { return o.text == "FLIGHT" && !o.negated; });
 }
 
 // A flight, a hotel, a room or a table booked is the booking: "change my
@@ -1528,6 +1634,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
             c.details.push_back({"LOCATION", false});
           } else if (t->name != query && !where) {
             c.details.push_back({lex.names[t->name], false});
+            c.details.back().asked = true;
           }
         }
         break;
@@ -2918,6 +3025,13 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     new_in_replacement(c);
     ending_a_contract_cancels_it(c);
     reconnecting_restores_a_supply(c);
+    billing_address_of_bills(c);
+    no_more_marketing(c);
+    identifier_asked_is_no_amount(c);
+    undoing_a_thing_cancels_it(c);
+    state_of_an_act_asked(c);
+    appointment_time_changed(c);
+    flight_of_its_number(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
     account_of_its_attribute(c);
