@@ -1991,6 +1991,17 @@ TEST_CASE("suffix key: off apart from its verb is read with it, or stays unknown
   CHECK(key_of(builtin(), "am I off the newsletter list now?").abstain_reason == "unknown word \"off\"");
 }
 
+TEST_CASE("suffix key: back apart from send returns, any other back goes") {
+  CHECK(served("send the headphones back").key == served("return the headphones").key);
+  CHECK(served("I'd like to send these shoes back").key == served("I want to return these shoes").key);
+  CHECK(served("ship back the broken one").key == served("return the broken one").key);
+  CHECK(served("I sent the headphones back").key == served("I returned the headphones").key);
+  CHECK(key("send my old router back") != key("send me my old router"));
+  CHECK(key("can I send the shoes back?") != key("send the shoes back"));
+  // Anywhere else back says nothing (and is no unknown word).
+  CHECK(served("I want my old plan back").key == served("I want my old plan").key);
+}
+
 TEST_CASE("suffix key: when joining what happens asks no time, and some or the back door say which") {
   CHECK(key("I get an error when I try to pay on your site").find("TIME") == std::string::npos);
   CHECK(served("charge my card when the order ships").key != served("when do you charge my card for the order?").key);
@@ -2026,6 +2037,8 @@ TEST_CASE("suffix key: a new card is its replacement, closing an account cancels
   CHECK(served("I want to close my credit card").key == served("cancel my credit card").key);
   CHECK(served("注销账户").key == served("取消账户").key);
   CHECK(served("I'd like to stop my streaming subscription").key == served("cancel my streaming subscription").key);
+  CHECK(served("stop the refund I asked for").key == served("cancel my refund request").key);
+  CHECK(served("please send me a new PIN for my card").key == served("I need a replacement PIN for my card").key);
   CHECK(key("close the ticket") != key("cancel the ticket"));
   CHECK(key("What's the end date of my membership?") != key("what date does my membership get cancelled?"));
   CHECK(key("don't close my account") != key("close my account"));

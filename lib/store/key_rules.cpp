@@ -54,7 +54,7 @@ struct Token {
   bool counted = false;        // entity: a number before a measure word (2张), so it counts something
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
   bool both = false;           // entity: "both", the number 2, unless it opens "both X and Y" (drop_articles)
-  bool particle = false;       // unknown: "off" apart from its verb ("take my card off"), until separated_off reads it
+  bool particle = false;       // unknown: "off" or "back" apart from its verb ("take my card off"), until separated_off
   bool subordinate = false;    // question: "when" then who or what ("charge me when it ships"), unless asked about
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
@@ -823,10 +823,10 @@ class Tokenizer {
             opens_clause(*out_, out_->size())) {
           out_->push_back({Token::want, e.name, {}, false});  // "put my son on the policy" asks for it
         }
-        if (lex_.names[e.name] == "OFF") {
+        if (lex_.names[e.name] == "OFF" || lex_.names[e.name] == "BACK") {
           // Unknown until separated_off finds its verb: an "off" it cannot read keeps the key abstaining
-          // ("leave the tip off my bill" is not "leave the tip on my bill").
-          out_->push_back({Token::unknown, 0, "off", false});
+          // ("leave the tip off my bill" is not "leave the tip on my bill"); a "back" it cannot read goes.
+          out_->push_back({Token::unknown, 0, lex_.names[e.name] == "OFF" ? "off" : "back", false});
           out_->back().particle = true;
         }
         if (lex_.names[e.name] == "FINE") {
@@ -1200,12 +1200,13 @@ void reissue_of_a_card(Clause& c) {
 }
 
 // A new card asked for, with no verb or only sending, is its replacement:
-// "send me a new card" and "I need a new SIM" are "replace my card", "replace
-// my SIM" (not "a new account", which opens one; not beside the old or the
-// current one, which still say which).
+// "send me a new card", "I need a new SIM", "a new PIN for my card" are
+// "replace my card", "replace my SIM", "replace the PIN for my card" (not "a new account", which opens one; not beside
+// the old or the current one, which still say which).
 void new_card_is_its_replacement(Clause& c) {
-  if (!c.mood.empty() || c.actions.size() > 1 || c.objects.size() != 1 || !c.entities.empty() || c.objects[0].negated ||
-      !is_card_like(c.objects[0])) {
+  const auto card = [](const Element& o) { return !o.negated && is_card_like(o); };
+  if (!c.mood.empty() || c.actions.size() > 1 || c.objects.empty() || !c.entities.empty() ||
+      !std::all_of(c.objects.begin(), c.objects.end(), card)) {
     return;
   }
   if (!c.actions.empty() && (c.actions[0].text != "SEND" || c.actions[0].negated)) return;
@@ -1215,10 +1216,10 @@ void new_card_is_its_replacement(Clause& c) {
   c.actions.assign(1, Element{"EXCHANGE"});
 }
 
-// Closing a card or an account, stopping a subscription, is cancelling it:
-// "close my credit card" is "cancel my credit card", "stop my streaming
-// subscription" is "cancel" it (closing a ticket or an app, stopping a
-// payment, stay what they are).
+// Closing a card or an account, stopping a subscription, an order, a refund
+// or a payment, is cancelling it: "close my credit card" is "cancel my credit
+// card", "stop my streaming subscription", "stop the refund I asked for" are
+// "cancel" them (closing a ticket or an app stays what it is).
 void ending_a_contract_cancels_it(Clause& c) {
   if (c.actions.size() != 1 || c.actions[0].past) return;
   const std::string& action = c.actions[0].text;
@@ -1228,7 +1229,8 @@ void ending_a_contract_cancels_it(Clause& c) {
   const auto ended = [&](const Element& o) {
     return !o.negated && o.text.find('.') == std::string::npos &&
            ((closes && (is_card_like(o) || name_in(o.text, {"ACCOUNT", "BANK_ACCOUNT", "SAVINGS"}))) ||
-            name_in(o.text, {"SUBSCRIPTION", "MEMBERSHIP"}));
+            name_in(o.text, {"SUBSCRIPTION", "MEMBERSHIP", "REFUND", "ORDER", "PAYMENT", "TRANSFER", "DIRECT_DEBIT",
+                             "STANDING_ORDER"}));
   };
   if (c.objects.size() == 1 && ended(c.objects[0])) c.actions[0].text = "CANCEL";
 }
@@ -2253,7 +2255,9 @@ void when_as_conjunction(std::vector<Token>& tokens) {
 // "drop the parcel off at reception": off apart from its verb makes the verb
 // what the two words say together, as "take off", "turn off", "call off" and
 // "drop off" do (remove, disable, cancel, drop off); what comes after a thing
-// taken off is what it is taken from. Any other "off" stays unknown.
+// taken off is what it is taken from. Any other "off" stays unknown. So
+// "send the headphones back" and "ship it back" return, as "send back" does
+// (not "send the headphones", which asks for them); any other "back" goes.
 void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
   if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.particle; })) return;
   const auto named = [&lex](std::string_view name) -> std::int64_t {
@@ -2276,11 +2280,26 @@ void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
   constexpr std::size_t kMaxBetween = 6;  // a bounded look back: linear however many there are
   std::vector<bool> drop(tokens.size(), false);
   std::vector<std::size_t> from_before;  // where a FROM goes (before the thing taken from)
+  const std::int64_t return_name = named("RETURN");
   for (std::size_t k = 0; k < tokens.size(); ++k) {
     if (!tokens[k].particle) continue;
+    const bool back = tokens[k].text == "back";
+    drop[k] = back;
     std::size_t j = k;
     while (j > 0 && k - j < kMaxBetween && between(tokens[j - 1])) --j;
     if (j == 0) continue;
+    if (back) {
+      Token& verb = tokens[j - 1];
+      const bool sends = verb.kind == Token::action && name_in(lex.names[verb.name], {"SEND", "SHIP"});
+      if (sends && return_name >= 0) {
+        const bool past = verb.past;
+        verb = Token{Token::object, static_cast<std::uint32_t>(return_name), {}, false};
+        verb.past = past;
+        // Opening its clause, the return is asked for, as "return my old router" is.
+        verb.commands = j == 1 || tokens[j - 2].kind == Token::clause_end;
+      }
+      continue;
+    }
     const std::string_view made = what_it_makes(tokens[j - 1]);
     const std::int64_t name = made.empty() ? -1 : named(made);
     if (name < 0) continue;
