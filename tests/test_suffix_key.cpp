@@ -2073,6 +2073,22 @@ TEST_CASE("suffix key: billing address, marketing refused, an undone thing, a st
     CHECK(served(text).key == served("don't send me marketing emails").key);
   }
   CHECK(key("I want to receive marketing emails") != key("don't send me marketing emails"));
+  CHECK(served("以后不要再发推广短信给我了").key == served("别再给我发营销短信").key);
+  CHECK(served("别再给我发广告邮件了").key == served("取消订阅推广邮件").key);
+  CHECK(served("退订短信通知").key == served("短信通知别发了").key);
+  CHECK(served("不想收电子杂志了").key == served("帮我退订电子杂志").key);
+  CHECK(key("cancel my email") != key("don't send me emails"));
+  CHECK(served("删除我所有的个人资料").key == served("把我的个人信息删掉").key);
+  CHECK(key("cancel all my orders") != key("cancel my orders"));
+  CHECK(key("delete all my photos") != key("delete my photos"));
+  CHECK(key("how much is the phone?") != key("what's my phone balance?"));
+  CHECK(served("How much data do I have left?").key == served("Check my data balance.").key);
+  CHECK(served("我卡里还有多少钱").key == served("查一下卡里的余额").key);
+  CHECK(served("How many points do I have?").key == served("What's my rewards points balance?").key);
+  CHECK(served("余额是多少").key == served("查一下余额").key);
+  CHECK(key("我的账号是多少") != key("我账户里还有多少钱"));
+  CHECK(key("我的卡号是多少") != key("我卡里还有多少钱"));
+  CHECK(key("how much is my credit card annual fee") != key("how much is left on my credit card"));
   CHECK(key("unsubscribe me from the newsletter") != key("don't send me marketing emails"));
   CHECK(served("WiFi密码是多少").key == served("what's the wifi password").key);
   CHECK(key("话费是多少") != key("查一下话费"));

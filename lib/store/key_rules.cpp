@@ -56,6 +56,7 @@ struct Token {
   bool both = false;           // entity: "both", the number 2, unless it opens "both X and Y" (drop_articles)
   bool particle = false;       // unknown: "off" or "back" apart from its verb ("take my card off"), until separated_off
   bool subordinate = false;    // question: "when" then who or what ("charge me when it ships"), unless asked about
+  bool what_it_is = false;     // question: 多少 after 是 (账号是多少): what it is, not how much there is
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
@@ -494,6 +495,10 @@ class Tokenizer {
       if (out.size() > tokens_before && out.back().kind == Token::object && !is_ascii_word(units[i - best_len]) &&
           names_its_verb(lex_.names[out.back().name])) {
         out.back().chinese_verb = true;  // 衬衫退掉: a verb after its thing (return_of_what_is_named_first)
+      }
+      if (out.size() > tokens_before && out.back().kind == Token::question && i - best_len > 0 &&
+          units[i - best_len - 1] == "是" && lex_.names[out.back().name] == "AMOUNT") {
+        out.back().what_it_is = true;  // 卡号是多少: what the number is, not how much is on the card
       }
       if (out.size() > tokens_before && out.back().kind == Token::question && best_len == 1 && units[i - 1] == "when" &&
           i < units.size() && starts_a_clause_after_when(units, i)) {
@@ -955,6 +960,7 @@ struct Element {
   bool unable = false;      // negated as what cannot be done ("I can't cancel my order"), not as what must not
   bool given_up = false;    // negated as what cannot be used or is not wanted ("I can't make my appointment")
   bool asked = false;       // detail: a question word's ("when": TIME), what the clause asks for
+  bool what_it_is = false;  // detail: AMOUNT from 是多少, which asks what a thing is (账号是多少)
   std::size_t at = 0;       // the token it came from (Clause::interleaved)
   // "I can't cancel my order" asks for help with what "don't cancel my order" forbids: CANNOT, not NOT.
   std::string shown() const { return negated ? (unable ? "CANNOT-" : "NOT-") + text : text; }
@@ -1264,18 +1270,25 @@ void billing_address_of_bills(Clause& c) {
   c.objects.assign(1, Element{"BILLING_ADDRESS"});
 }
 
-// Marketing messages one no longer wants are not to be sent: "unsubscribe me
-// from marketing emails", "stop sending me marketing emails", "I don't want
-// to receive marketing emails", 退订营销邮件 are "don't send me marketing
-// emails" (别再给我发推广邮件了).
+// Marketing messages, notifications or newsletters one no longer wants are
+// not to be sent: "unsubscribe me from marketing emails", "stop sending me
+// marketing emails", "I don't want to receive marketing emails", 退订营销邮件
+// are "don't send me marketing emails" (别再给我发推广邮件了), 退订短信通知 is
+// 短信通知别发了.
 void no_more_marketing(Clause& c) {
   if (!c.mood.empty() || c.objects.empty() || !c.entities.empty()) return;
   const auto is_message = [](const Element& o) {
-    return !o.negated && name_in(o.text, {"EMAIL", "SMS", "MESSAGE", "NOTIFICATION", "NEWSLETTER", "CALL"});
+    return !o.negated && name_in(o.text, {"EMAIL", "SMS", "MESSAGE", "NOTIFICATION", "NEWSLETTER", "MAGAZINE", "CALL"});
   };
   if (!std::all_of(c.objects.begin(), c.objects.end(), is_message)) return;
-  const auto marketing = [](const Element& d) { return d.text == "MARKETING" || d.text == "FROM.MARKETING"; };
-  if (c.details.size() != 1 || !marketing(c.details[0]) || c.details[0].negated) return;
+  const auto marketing = [](const Element& d) {
+    return !d.negated && (d.text == "MARKETING" || d.text == "FROM.MARKETING" || d.text == "ADS");
+  };
+  const auto subscribed = [](const Element& o) { return name_in(o.text, {"NOTIFICATION", "NEWSLETTER", "MAGAZINE"}); };
+  if (std::none_of(c.details.begin(), c.details.end(), marketing) &&
+      std::none_of(c.objects.begin(), c.objects.end(), subscribed)) {
+    return;
+  }
   const auto plain = [](const Element& a, std::string_view name) { return a.text == name && !a.negated && !a.past; };
   const auto negated = [](const Element& a, std::string_view name) {
     return a.text == name && a.negated && !a.unable && !a.past;
@@ -1285,15 +1298,19 @@ void no_more_marketing(Clause& c) {
                        (c.actions.size() == 2 && plain(c.actions[0], "END") && plain(c.actions[1], "SEND"));
   if (!refused) return;
   c.actions.assign(1, Element{"SEND", true});
-  c.details[0].text = "MARKETING";
+  // Advertising is marketing; "from now on" (以后) adds nothing to "don't send".
+  std::erase_if(c.details, [](const Element& d) { return d.text == "AFTER" && !d.negated; });
+  for (Element& d : c.details) {
+    if (marketing(d)) d.text = "MARKETING";
+  }
 }
 
 // What a password, a code or a number "is" asks for it, not for an amount:
 // WiFi密码是多少 is "what's the wifi password".
 void identifier_asked_is_no_amount(Clause& c) {
   const auto is_identifier = [](const Element& o) {
-    return name_in(o.text, {"PASSWORD", "CODE", "PHONE", "EMAIL", "ADDRESS", "USERNAME", "POSTCODE", "ACCOUNT_NUMBER",
-                            "PIN", "WIFI"});
+    // (Not a phone, which may be the handset: "how much is the phone?")
+    return name_in(o.text, {"PASSWORD", "CODE", "USERNAME", "POSTCODE", "ACCOUNT_NUMBER", "PIN", "WIFI"});
   };
   if (c.actions.size() != 1 || c.actions[0].text != "QUERY" || c.objects.empty() ||
       !std::all_of(c.objects.begin(), c.objects.end(), is_identifier)) {
@@ -1354,6 +1371,46 @@ void flight_of_its_number(Clause& c) {
   // (With nothing else in the clause, the flight stays: "my flight is UA882" says what the number is.)
   if (c.actions.empty() || std::none_of(c.entities.begin(), c.entities.end(), flight_number)) return;
   std::erase_if(c.objects, [](const Element& o) { return o.text == "FLIGHT" && !o.negated; });
+}
+
+// Deleting all of one's data or account is deleting it: 删除我所有的个人资料
+// is 把我的个人信息删掉, "delete all my account data" is "delete my account
+// data" (all of several orders or photos still counts them).
+void all_of_ones_data_deleted(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "DELETE" || c.actions[0].negated || c.objects.empty()) return;
+  const auto data = [](const Element& o) {
+    return !o.negated && name_in(o.text, {"PERSONAL_DATA", "DATA", "ACCOUNT", "HISTORY"});
+  };
+  if (!std::all_of(c.objects.begin(), c.objects.end(), data)) return;
+  std::erase_if(c.details, [](const Element& d) { return d.text == "FULL" && !d.negated; });
+}
+
+// How much is left on what holds a balance asks the balance: "how much data
+// do I have left" is "check my data balance", 我卡里还有多少钱 is 查一下卡的余额,
+// "how many points do I have" is "my points balance", 余额是多少 is 查余额.
+void amount_left_is_the_balance(Clause& c) {
+  if (!c.mood.empty() || c.actions.size() != 1 || c.actions[0].text != "QUERY" || c.objects.empty() ||
+      !c.entities.empty()) {
+    return;
+  }
+  const auto holds = [](const Element& o) {
+    return !o.negated && name_in(o.text, {"ACCOUNT", "CARD", "DEBIT_CARD", "CREDIT_CARD", "GIFT_CARD", "DATA", "POINTS",
+                                          "WALLET", "SAVINGS", "MILES", "BALANCE"});
+  };
+  if (!std::all_of(c.objects.begin(), c.objects.end(), holds)) return;
+  // (我的账号是多少, 卡号是多少 ask what the number is; 余额是多少 how much.)
+  const auto balance = [](const Element& o) { return o.text == "BALANCE"; };
+  const bool of_balance = std::any_of(c.objects.begin(), c.objects.end(), balance);
+  const auto how_much = [of_balance](const Element& d) {
+    return (d.text == "AMOUNT" && (!d.what_it_is || of_balance)) || d.text == "QUANTITY";
+  };
+  const auto left = [](const Element& d) { return d.text == "LEFT"; };
+  const bool asks = std::any_of(c.details.begin(), c.details.end(), how_much) &&
+                    std::all_of(c.details.begin(), c.details.end(),
+                                [&](const Element& d) { return !d.negated && (how_much(d) || left(d)); });
+  if (!asks) return;
+  c.details.clear();
+  if (!of_balance) c.objects.push_back(Element{"BALANCE"});
 }
 
 // A flight, a hotel, a room or a table booked is the booking: "change my
@@ -1637,6 +1694,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
           } else if (t->name != query && !where) {
             c.details.push_back({lex.names[t->name], false});
             c.details.back().asked = true;
+            c.details.back().what_it_is = t->what_it_is;
           }
         }
         break;
@@ -3051,6 +3109,8 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     state_of_an_act_asked(c);
     appointment_time_changed(c);
     flight_of_its_number(c);
+    all_of_ones_data_deleted(c);
+    amount_left_is_the_balance(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
     account_of_its_attribute(c);
