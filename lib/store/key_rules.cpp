@@ -1232,13 +1232,33 @@ void ending_a_contract_cancels_it(Clause& c) {
   const bool closes = action == "CLOSE";
   const bool ends = action == "END" && c.mood.empty();  // "what's the end date of my membership" asks a date
   if (!closes && !ends) return;
+  // A service stopped may be suspended (宽带先停一段时间): only closing it (宽带拆机) cancels it.
   const auto ended = [&](const Element& o) {
     return !o.negated && o.text.find('.') == std::string::npos &&
-           ((closes && (is_card_like(o) || name_in(o.text, {"ACCOUNT", "BANK_ACCOUNT", "SAVINGS"}))) ||
+           ((closes &&
+             (is_card_like(o) || name_in(o.text, {"ACCOUNT", "BANK_ACCOUNT", "SAVINGS", "LANDLINE", "BROADBAND"}))) ||
             name_in(o.text, {"SUBSCRIPTION", "MEMBERSHIP", "REFUND", "ORDER", "PAYMENT", "TRANSFER", "DIRECT_DEBIT",
-                             "STANDING_ORDER"}));
+                             "STANDING_ORDER", "CONTRACT", "INSURANCE", "PLAN"}));
   };
-  if (c.objects.size() == 1 && ended(c.objects[0])) c.actions[0].text = "CANCEL";
+  // The last thing named is what ends ("end my mobile contract", "stop my card payment").
+  const auto plain = [](const Element& o) { return !o.negated && o.text.find('.') == std::string::npos; };
+  if (!c.objects.empty() && ended(c.objects.back()) && std::all_of(c.objects.begin(), c.objects.end(), plain)) {
+    c.actions[0].text = "CANCEL";
+  }
+}
+
+// Stopping something for a time pauses it: "stop my subscription for now",
+// 暂时停掉会员 are "pause my subscription", 暂停会员; and a pause, a freeze or a
+// lock is for a time anyway ("temporarily lock my card" is "lock my card").
+// (Negated, the time says when: 暂时不要扣 is not 不要扣.)
+void stopping_for_a_time_pauses(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].negated || c.actions[0].past) return;
+  std::string& action = c.actions[0].text;
+  if (!name_in(action, {"END", "PAUSE", "FREEZE", "LOCK"})) return;
+  const auto temporary = [](const Element& d) { return d.text == "TEMPORARY" && !d.negated; };
+  if (std::none_of(c.details.begin(), c.details.end(), temporary)) return;
+  if (action == "END") action = "PAUSE";
+  std::erase_if(c.details, temporary);
 }
 
 // Reconnecting a supply restores it ("reconnect my internet" is "restore my
@@ -1405,12 +1425,33 @@ void amount_left_is_the_balance(Clause& c) {
     return (d.text == "AMOUNT" && (!d.what_it_is || of_balance)) || d.text == "QUANTITY";
   };
   const auto left = [](const Element& d) { return d.text == "LEFT"; };
-  const bool asks = std::any_of(c.details.begin(), c.details.end(), how_much) &&
-                    std::all_of(c.details.begin(), c.details.end(),
-                                [&](const Element& d) { return !d.negated && (how_much(d) || left(d)); });
+  // "my remaining data allowance" is what is left of it: the balance.
+  const bool any_left = std::any_of(c.details.begin(), c.details.end(), left);
+  const auto allowance = [any_left](const Element& d) { return d.text == "ALLOWANCE" && any_left; };
+  const bool asks = (any_left || std::any_of(c.details.begin(), c.details.end(), how_much)) &&
+                    std::all_of(c.details.begin(), c.details.end(), [&](const Element& d) {
+                      return !d.negated && (how_much(d) || left(d) || allowance(d));
+                    });
   if (!asks) return;
   c.details.clear();
   if (!of_balance) c.objects.push_back(Element{"BALANCE"});
+}
+
+// Whether a flight is on time asks whether it is delayed: "is my flight on
+// time" and "has my flight been delayed" (航班准点吗, 航班延误了吗) have one
+// answer. (Asked for, "make sure it arrives on time" stays.) And a question
+// asked twice over ("tell me what's included") is asked once.
+void on_time_asks_the_delay(Clause& c) {
+  const auto query = [](const Element& a) { return a.text == "QUERY" && !a.negated; };
+  for (std::size_t i = 1; i < c.actions.size(); ++i) {
+    if (query(c.actions[i]) && query(c.actions[i - 1]))
+      c.actions.erase(c.actions.begin() + static_cast<std::ptrdiff_t>(i--));
+  }
+  const bool asks = !c.states && (!c.mood.empty() || (c.actions.size() == 1 && query(c.actions[0])));
+  if (!asks) return;
+  for (Element& d : c.details) {
+    if (d.text == "ON_TIME" && !d.negated) d.text = "DELAY";
+  }
 }
 
 // A flight, a hotel, a room or a table booked is the booking: "change my
@@ -3100,6 +3141,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     reissue_of_a_card(c);
     new_card_is_its_replacement(c);
     new_in_replacement(c);
+    stopping_for_a_time_pauses(c);
     ending_a_contract_cancels_it(c);
     reconnecting_restores_a_supply(c);
     billing_address_of_bills(c);
@@ -3111,6 +3153,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     flight_of_its_number(c);
     all_of_ones_data_deleted(c);
     amount_left_is_the_balance(c);
+    on_time_asks_the_delay(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
     account_of_its_attribute(c);
