@@ -1998,6 +1998,8 @@ TEST_CASE("suffix key: back apart from send returns, any other back goes") {
   CHECK(served("I sent the headphones back").key == served("I returned the headphones").key);
   CHECK(key("send my old router back") != key("send me my old router"));
   CHECK(key("can I send the shoes back?") != key("send the shoes back"));
+  CHECK(served("push my flight back").key == served("postpone my flight").key);
+  CHECK(served("送货时间往后推到下周").key == served("送货时间推迟到下周").key);
   // Anywhere else back says nothing (and is no unknown word).
   CHECK(served("I want my old plan back").key == served("I want my old plan").key);
 }

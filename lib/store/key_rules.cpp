@@ -824,7 +824,8 @@ class Tokenizer {
         if (lex_.names[e.name] == "FIRST_OR_FOR_NOW") out_->push_back({Token::sequence, e.name, {}, false});
         if (lex_.names[e.name] == "THEN_OR_AGAIN") then_or_again();
         if (lex_.names[e.name] == "PERFECTIVE") out_->push_back({Token::perfective, 0, {}, false});
-        if ((lex_.names[e.name] == "COMMAND" || lex_.names[e.name] == "TAKE" || lex_.names[e.name] == "TURN") &&
+        if ((lex_.names[e.name] == "COMMAND" || lex_.names[e.name] == "TAKE" || lex_.names[e.name] == "TURN" ||
+             lex_.names[e.name] == "PUSH") &&
             opens_clause(*out_, out_->size())) {
           out_->push_back({Token::want, e.name, {}, false});  // "put my son on the policy" asks for it
         }
@@ -2356,7 +2357,8 @@ void when_as_conjunction(std::vector<Token>& tokens) {
 // "drop off" do (remove, disable, cancel, drop off); what comes after a thing
 // taken off is what it is taken from. Any other "off" stays unknown. So
 // "send the headphones back" and "ship it back" return, as "send back" does
-// (not "send the headphones", which asks for them); any other "back" goes.
+// (not "send the headphones", which asks for them), "push my flight back"
+// postpones; any other "back" goes.
 void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
   if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.particle; })) return;
   const auto named = [&lex](std::string_view name) -> std::int64_t {
@@ -2389,6 +2391,11 @@ void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
     if (j == 0) continue;
     if (back) {
       Token& verb = tokens[j - 1];
+      // "push my flight back": postpone it, as "push back" does.
+      if (verb.kind == Token::want && lex.names[verb.name] == "PUSH" && named("POSTPONE") >= 0) {
+        verb = Token{Token::action, static_cast<std::uint32_t>(named("POSTPONE")), {}, false};
+        continue;
+      }
       const bool sends = verb.kind == Token::action && name_in(lex.names[verb.name], {"SEND", "SHIP"});
       if (sends && return_name >= 0) {
         const bool past = verb.past;
