@@ -1999,6 +1999,10 @@ TEST_CASE("suffix key: back apart from send returns, any other back goes") {
   CHECK(key("send my old router back") != key("send me my old router"));
   CHECK(key("can I send the shoes back?") != key("send the shoes back"));
   CHECK(served("push my flight back").key == served("postpone my flight").key);
+  CHECK(served("extend my checkout until 2 pm").key == served("extend my checkout to 2 pm").key);
+  CHECK(key("pause my membership until June") != key("pause my membership to June"));
+  CHECK(served("dispatch a technician to my address").key == served("send a technician to my address").key);
+  CHECK(key("ship it to my office") != key("send it to my office"));
   CHECK(served("送货时间往后推到下周").key == served("送货时间推迟到下周").key);
   // Anywhere else back says nothing (and is no unknown word).
   CHECK(served("I want my old plan back").key == served("I want my old plan").key);

@@ -1455,6 +1455,32 @@ void on_time_asks_the_delay(Clause& c) {
   }
 }
 
+// Extending or putting something off until a time is extending it to that
+// time: "extend my checkout until 2 pm" is "... to 2 pm", "postpone my
+// delivery until Monday" "... to Monday" (a pause until June still ends then).
+void until_is_to_when_put_off(Clause& c) {
+  const auto puts_off = [](const Element& a) { return !a.negated && name_in(a.text, {"EXTEND", "POSTPONE"}); };
+  if (std::none_of(c.actions.begin(), c.actions.end(), puts_off)) return;
+  for (auto* list : {&c.objects, &c.entities, &c.details}) {
+    for (Element& e : *list) {
+      if (e.text.starts_with("UNTIL.")) e.text.replace(0, 6, "TO.");
+    }
+  }
+}
+
+// A person sent out is sent, whatever the verb: "dispatch a technician" is
+// "send a technician" (dispatching an order ships it).
+void person_dispatched_is_sent(Clause& c) {
+  const auto person = [](const Element& o) { return name_in(o.text, {"ENGINEER", "DRIVER", "AGENT", "DOCTOR"}); };
+  if (c.actions.size() != 1 || c.actions[0].text != "SHIP" ||
+      std::none_of(c.objects.begin(), c.objects.end(), person) ||
+      !std::all_of(c.objects.begin(), c.objects.end(),
+                   [&](const Element& o) { return person(o) || o.text.starts_with("TO."); })) {
+    return;
+  }
+  c.actions[0].text = "SEND";
+}
+
 // A flight, a hotel, a room or a table booked is the booking: "change my
 // flight booking" is "change my flight".
 void booking_of_what_is_booked(Clause& c) {
@@ -3161,6 +3187,8 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     all_of_ones_data_deleted(c);
     amount_left_is_the_balance(c);
     on_time_asks_the_delay(c);
+    until_is_to_when_put_off(c);
+    person_dispatched_is_sent(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
     account_of_its_attribute(c);
