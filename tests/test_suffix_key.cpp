@@ -2003,6 +2003,16 @@ TEST_CASE("suffix key: back apart from send returns, any other back goes") {
   CHECK(key("pause my membership until June") != key("pause my membership to June"));
   CHECK(served("dispatch a technician to my address").key == served("send a technician to my address").key);
   CHECK(key("ship it to my office") != key("send it to my office"));
+  CHECK(served("撤销换座").key == served("座位改回原来的").key);
+  CHECK(served("undo my address change").key == served("change my address back to the original one").key);
+  CHECK(served("undo my plan change").key == served("change my plan back to the previous one").key);
+  CHECK(key("undo my plan change") != key("change my plan"));
+  CHECK(key("change my address to the original one") != key("change my address"));
+  CHECK(served("恢复宽带服务").key == served("宽带重新给我开通").key);
+  CHECK(served("取消我的彩铃业务").key == served("取消彩铃").key);
+  CHECK(key("重置服务密码") != key("重置密码"));
+  CHECK(key("服务费退给我") != key("退费给我"));
+  CHECK(key("账单里多了一个业务") != key("账单多了"));
   CHECK(served("送货时间往后推到下周").key == served("送货时间推迟到下周").key);
   // Anywhere else back says nothing (and is no unknown word).
   CHECK(served("I want my old plan back").key == served("I want my old plan").key);

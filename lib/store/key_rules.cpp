@@ -1481,6 +1481,41 @@ void person_dispatched_is_sent(Clause& c) {
   c.actions[0].text = "SEND";
 }
 
+// Undoing a change is changing back: 撤销换座 and "undo the seat change" are
+// 把座位换回原来的, "change my seat back"; "back to the original" says no more
+// than back (把地址改回原来的 = 撤销地址修改, "change my order back to the
+// original address" = "undo the address change on my order").
+void undoing_a_change_changes_back(Clause& c) {
+  const auto is = [](const Element& a, std::string_view name) { return a.text == name && !a.negated && !a.past; };
+  const auto find = [&](std::string_view name) {
+    return std::find_if(c.actions.begin(), c.actions.end(), [&](const Element& a) { return is(a, name); });
+  };
+  const auto original = [](const Element& d) {
+    return !d.negated && name_in(d.text, {"ORIGINAL", "TO.ORIGINAL", "PREVIOUS", "TO.PREVIOUS"});
+  };
+  if (c.actions.size() == 2 && find("UNDO") != c.actions.end() && find("CHANGE") != c.actions.end()) {
+    c.actions.assign(1, Element{"CHANGE_BACK"});
+  } else if (c.actions.size() == 1 && is(c.actions[0], "CHANGE") &&
+             std::any_of(c.details.begin(), c.details.end(), [](const Element& d) {
+               return d.text.starts_with("TO.ORIGINAL") || d.text == "TO.PREVIOUS";
+             })) {
+    c.actions[0].text = "CHANGE_BACK";
+  }
+  if (c.actions.size() == 1 && is(c.actions[0], "CHANGE_BACK")) std::erase_if(c.details, original);
+}
+
+// A service right after what it is names nothing more: 恢复宽带服务 is 恢复宽带,
+// 取消我的彩铃业务 is 取消彩铃 (服务费, 服务密码 keep it: it comes first there).
+void service_of_a_thing(Clause& c) {
+  // Right after the thing it serves (not a bill's or an order's service: 账单里多了一个业务).
+  for (std::size_t i = 1; i < c.objects.size(); ++i) {
+    const Element& o = c.objects[i];
+    const bool served_thing = !name_in(c.objects[i - 1].text, {"INVOICE", "ORDER", "ACCOUNT", "RETURN", "REFUND"});
+    if (o.text == "SERVICE" && !o.negated && served_thing)
+      c.objects.erase(c.objects.begin() + static_cast<std::ptrdiff_t>(i--));
+  }
+}
+
 // A flight, a hotel, a room or a table booked is the booking: "change my
 // flight booking" is "change my flight".
 void booking_of_what_is_booked(Clause& c) {
@@ -3189,6 +3224,8 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     on_time_asks_the_delay(c);
     until_is_to_when_put_off(c);
     person_dispatched_is_sent(c);
+    undoing_a_change_changes_back(c);
+    service_of_a_thing(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
     account_of_its_attribute(c);
