@@ -2013,6 +2013,12 @@ TEST_CASE("suffix key: back apart from send returns, any other back goes") {
   CHECK(key("重置服务密码") != key("重置密码"));
   CHECK(key("服务费退给我") != key("退费给我"));
   CHECK(key("账单里多了一个业务") != key("账单多了"));
+  CHECK(served("Reopen my ticket").key == served("Please open my support ticket again").key);
+  CHECK(served("close ticket SR-00912").key == served("please close support ticket sr00912").key);
+  CHECK(key("cancel my ticket") != key("cancel my support ticket"));
+  CHECK(served("My bill has an error on it.").key == served("There's a mistake on my bill.").key);
+  CHECK(served("账单有错误").key == served("账单错了").key);
+  CHECK(key("the app shows an error") != key("the app is wrong"));
   CHECK(served("送货时间往后推到下周").key == served("送货时间推迟到下周").key);
   // Anywhere else back says nothing (and is no unknown word).
   CHECK(served("I want my old plan back").key == served("I want my old plan").key);

@@ -1086,6 +1086,8 @@ void again_into_action(Clause& c) {
     std::string& action = asked->text;
     if (action == "ENABLE" || action == "START") {
       action = "RESUME";
+    } else if (action == "OPEN") {
+      action = "REOPEN";  // "open my ticket again" is "reopen my ticket"
     } else if (action == "ISSUE" ||
                (action == "PROCESS" && std::any_of(c.objects.begin(), c.objects.end(), is_card_like))) {
       // 储蓄卡要重新办一张: a card processed again is reissued, as 补办 is.
@@ -1513,6 +1515,27 @@ void service_of_a_thing(Clause& c) {
     const bool served_thing = !name_in(c.objects[i - 1].text, {"INVOICE", "ORDER", "ACCOUNT", "RETURN", "REFUND"});
     if (o.text == "SERVICE" && !o.negated && served_thing)
       c.objects.erase(c.objects.begin() + static_cast<std::ptrdiff_t>(i--));
+  }
+}
+
+// A ticket closed, reopened or escalated is a support ticket, so the ticket
+// says enough ("close support ticket SR-00912" is "close ticket SR-00912"; a
+// ticket cancelled may be a train's: "cancel my support ticket" keeps it). An error on a bill, an order or a name is
+// its being wrong ("my bill has an error on it" is "there's a mistake on my bill", 账单有错误 is 账单错了; an app's
+// error stays an error).
+void ticket_handled_is_support_and_error_is_wrong(Clause& c) {
+  const auto handles = [](const Element& a) { return name_in(a.text, {"CLOSE", "REOPEN", "ESCALATE"}); };
+  if (!c.actions.empty() && std::all_of(c.actions.begin(), c.actions.end(), handles)) {
+    for (Element& o : c.objects) {
+      if (o.text == "SUPPORT_TICKET") o.text = "TICKET";
+    }
+  }
+  const auto written = [](const Element& o) {
+    return name_in(o.text, {"INVOICE", "STATEMENT", "ORDER", "ADDRESS", "NAME", "RECEIPT"});
+  };
+  if (c.objects.empty() || !std::all_of(c.objects.begin(), c.objects.end(), written)) return;
+  for (Element& d : c.details) {
+    if (d.text == "ERROR") d.text = "WRONG";
   }
 }
 
@@ -3226,6 +3249,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     person_dispatched_is_sent(c);
     undoing_a_change_changes_back(c);
     service_of_a_thing(c);
+    ticket_handled_is_support_and_error_is_wrong(c);
     drop_carrier_verbs(c);
     money_in_its_action(c);
     account_of_its_attribute(c);
