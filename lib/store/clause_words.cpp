@@ -1,0 +1,546 @@
+// lib/store/clause_words.cpp: one request said in other words made one clause
+// (key_clause.hpp): a new card asked for is its replacement, closing an account
+// cancels it, a supply reconnected resumes, what is left is the balance, and
+// the like. Each rule reads one clause the key rules made (key_rules.cpp) and
+// changes it only when it says the same request another way; each has tests in
+// tests/test_suffix_key.cpp that fail with it switched off.
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "key_clause.hpp"
+
+namespace clm::store_detail {
+
+namespace {
+
+// Whether an object is a card or a document one carries, replaced or reissued when worn, lost or stolen.
+bool is_card_like(const Element& o) {
+  return name_in(o.text, {"CARD", "DEBIT_CARD", "CREDIT_CARD", "SIM", "ESIM", "PASSPORT", "DRIVING_LICENSE", "IDENTITY",
+                          "MEMBERSHIP_CARD", "MEDICAL_INSURANCE_CARD", "PATIENT_CARD", "PRIMARY_CARD", "SECONDARY_CARD",
+                          "RAILCARD", "PIN", "CHEQUE_BOOK"});
+}
+
+// "Again" is in the action where the action has a form for it, as restart,
+// reissue and resend do: "enable roaming again" is "re-enable roaming",
+// 重新开通自动续费 is 恢复自动续费 ("turn it on again": resume), 重新寄一个 is 补发
+// (resend is send), 再加一张床 is 加一张床. A thing asked for again is the thing
+// ("I need my invoice again"), a problem again the problem. With two actions
+// asked for, which one is again is not known: it stays.
+void again_into_action(Clause& c) {
+  const auto again =
+      std::find_if(c.details.begin(), c.details.end(), [](const Element& d) { return d.text == "AGAIN"; });
+  if (again == c.details.end()) return;
+  if (c.objects.empty() && c.entities.empty() &&
+      std::all_of(c.actions.begin(), c.actions.end(), [](const Element& a) { return a.text == "QUERY"; })) {
+    return;  // "again" alone
+  }
+  Element* asked = nullptr;
+  for (Element& a : c.actions) {
+    if (a.past || a.nominal) continue;  // "send the activation code again": the sending
+    if (asked != nullptr) return;
+    asked = &a;
+  }
+  if (asked != nullptr) {
+    std::string& action = asked->text;
+    if (action == "ENABLE" || action == "START") {
+      action = "RESUME";
+    } else if (action == "OPEN") {
+      action = "REOPEN";  // "open my ticket again" is "reopen my ticket"
+    } else if (action == "ISSUE" ||
+               (action == "PROCESS" && std::any_of(c.objects.begin(), c.objects.end(), is_card_like))) {
+      // 储蓄卡要重新办一张: a card processed again is reissued, as 补办 is.
+      action = "REISSUE";
+    } else if (action != "SEND" && action != "SHIP" && action != "ADD" && action != "QUERY" && action != "RESUME" &&
+               action != "REISSUE") {
+      return;
+    }
+  } else if (!c.actions.empty()) {
+    return;  // "it was cancelled again": what happened, again
+  }
+  c.details.erase(again);
+  // A QUERY that "again" alone made (a statement of details: 订单再) goes with it: "order again" is no
+  // "check my order".
+  if (c.states && c.details.empty()) {
+    std::erase_if(c.actions, [](const Element& a) { return a.text == "QUERY"; });
+    c.states = false;
+  }
+}
+
+// A change, an exchange or a reissue is for a new one: "swap out my router
+// for a new one" is "replace my router", 换个新手机号 is 换手机号. (To the new
+// one, not a new one, or new beside old still say which.)
+void new_in_replacement(Clause& c) {
+  const Element* replacing = nullptr;
+  for (const Element& a : c.actions) {
+    if (a.nominal) continue;
+    if (replacing != nullptr) return;
+    replacing = &a;
+  }
+  if (replacing == nullptr || replacing->negated) return;
+  const std::string_view action = std::string_view(replacing->text).substr(0, replacing->text.find("_DONE"));
+  if (action != "CHANGE" && action != "EXCHANGE" && action != "REISSUE") return;
+  // "replace my old card with the new one" is not "replace the new card with my old one".
+  const auto names_the_other = [](const Element& d) {
+    return d.text == "OLD" || d.text == "ORIGINAL" || d.text == "CURRENT";
+  };
+  if (std::any_of(c.details.begin(), c.details.end(), names_the_other)) return;
+  std::erase_if(c.details, [](const Element& d) { return d.text == "NEW" && !d.negated; });
+  // And to a different one, another day: "move me to a different seat" is "change my seat",
+  // "move my appointment to another day" is "reschedule my appointment".
+  std::vector<Element> kept;
+  for (std::size_t i = 0; i < c.details.size(); ++i) {
+    const Element& d = c.details[i];
+    if (!d.negated && (d.text == "TO.DIFFERENT" || d.text == "TO.ANOTHER")) {
+      const bool unnamed_when =
+          i + 1 < c.details.size() &&
+          (c.details[i + 1].text == "DAY" || c.details[i + 1].text == "TIME" || c.details[i + 1].text == "DATE");
+      if (unnamed_when) ++i;
+      continue;
+    }
+    kept.push_back(d);
+  }
+  c.details = std::move(kept);
+}
+
+// Verbs that only carry another: whether a change went through is whether it
+// was made ("did my address change go through?" = "has my address been
+// updated?", 改签成功了吗 = 改签好了没; "go through with the deletion" is
+// "delete it"); 办 / process asked for with another action is that action
+// (帮我办护照续签 = 续签护照), and alone the thing it names (办延迟退房 =
+// 我想晚点退房). Asked about, processing is the question (护照办好了吗).
+void drop_carrier_verbs(Clause& c) {
+  const auto is = [](std::string_view name) {
+    return [name](const Element& a) { return a.text == name && !a.negated && !a.past; };
+  };
+  const auto others = [&c](std::string_view name) {
+    return std::any_of(c.actions.begin(), c.actions.end(), [name](const Element& a) { return a.text != name; });
+  };
+  if (others("SUCCEED")) std::erase_if(c.actions, is("SUCCEED"));
+  if (c.mood.empty() && (others("PROCESS") || (!c.objects.empty() && c.actions.size() == 1))) {
+    std::erase_if(c.actions, is("PROCESS"));
+  }
+}
+
+// Money returned is a refund (把钱退给我 = 我要退款, 机票的钱退给我 = 机票退款), and
+// money transferred, paid or charged is the transfer, the payment, the charge
+// (转钱 = 转账, 扣了两次钱 = 重复扣款).
+void money_in_its_action(Clause& c) {
+  for (std::size_t i = 0; i + 1 < c.objects.size(); ++i) {
+    Element& a = c.objects[i];
+    const Element& b = c.objects[i + 1];
+    if (a.negated == b.negated &&
+        ((a.text == "MONEY" && b.text == "RETURN") || (a.text == "RETURN" && b.text == "MONEY"))) {
+      a.text = "REFUND";
+      c.objects.erase(c.objects.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+  const auto moves_money = [](const Element& a) {
+    const std::string_view action = std::string_view(a.text).substr(0, a.text.find("_DONE"));
+    return action == "TRANSFER" || action == "PAY" || action == "CHARGE";
+  };
+  const auto is_money = [](const Element& o) { return o.text == "MONEY" && !o.negated; };
+  const auto money = static_cast<std::size_t>(std::count_if(c.objects.begin(), c.objects.end(), is_money));
+  // ("transfer the money" alone keeps it: which money, the conversation says.)
+  if (std::any_of(c.actions.begin(), c.actions.end(), moves_money) && c.objects.size() + c.entities.size() > money) {
+    std::erase_if(c.objects, is_money);
+  }
+}
+
+// An account's own attribute names the account: "change my account password"
+// is "change my password", 给账号打开双重认证 is 开启两步验证, "my account
+// statement" is "my statement". (To or from an account still says where.)
+void account_of_its_attribute(Clause& c) {
+  const auto is_attribute = [](const Element& o) {
+    return !o.negated &&
+           name_in(o.text, {"PASSWORD", "EMAIL", "PHONE", "TWO_FACTOR", "STATEMENT", "USERNAME", "SECURITY_QUESTION"});
+  };
+  // With two actions the account may be the other's ("reset my password and unlock my account").
+  if (c.actions.size() > 1 || std::none_of(c.objects.begin(), c.objects.end(), is_attribute)) return;
+  std::erase_if(c.objects, [](const Element& o) { return o.text == "ACCOUNT" && !o.negated; });
+}
+
+// 补卡, 补一张银行卡, 补新卡: a card or an identity document supplied again is
+// reissued, as 补办 is (补差价, 补交押金 still make up what is missing).
+void reissue_of_a_card(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "MAKE_UP") return;
+  if (std::any_of(c.objects.begin(), c.objects.end(), is_card_like)) c.actions[0].text = "REISSUE";
+}
+
+// A new card asked for, with no verb or only sending, is its replacement:
+// "send me a new card", "I need a new SIM", "a new PIN for my card" are
+// "replace my card", "replace my SIM", "replace the PIN for my card" (not "a new account", which opens one; not beside
+// the old or the current one, which still say which).
+void new_card_is_its_replacement(Clause& c) {
+  const auto card = [](const Element& o) { return !o.negated && is_card_like(o); };
+  if (!c.mood.empty() || c.actions.size() > 1 || c.objects.empty() || !c.entities.empty() ||
+      !std::all_of(c.objects.begin(), c.objects.end(), card)) {
+    return;
+  }
+  if (!c.actions.empty() && (c.actions[0].text != "SEND" || c.actions[0].negated)) return;
+  const auto is_new = [](const Element& d) { return d.text == "NEW" && !d.negated; };
+  if (c.details.size() != 1 || !is_new(c.details[0])) return;
+  c.details.clear();
+  c.actions.assign(1, Element{"EXCHANGE"});
+}
+
+// Closing a card or an account, stopping a subscription, an order, a refund
+// or a payment, is cancelling it: "close my credit card" is "cancel my credit
+// card", "stop my streaming subscription", "stop the refund I asked for" are
+// "cancel" them (closing a ticket or an app stays what it is).
+void ending_a_contract_cancels_it(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].past) return;
+  const std::string& action = c.actions[0].text;
+  const bool closes = action == "CLOSE";
+  const bool ends = action == "END" && c.mood.empty();  // "what's the end date of my membership" asks a date
+  if (!closes && !ends) return;
+  // A service stopped may be suspended (宽带先停一段时间): only closing it (宽带拆机) cancels it.
+  const auto ended = [&](const Element& o) {
+    return !o.negated && o.text.find('.') == std::string::npos &&
+           ((closes &&
+             (is_card_like(o) || name_in(o.text, {"ACCOUNT", "BANK_ACCOUNT", "SAVINGS", "LANDLINE", "BROADBAND"}))) ||
+            name_in(o.text, {"SUBSCRIPTION", "MEMBERSHIP", "REFUND", "ORDER", "PAYMENT", "TRANSFER", "DIRECT_DEBIT",
+                             "STANDING_ORDER", "CONTRACT", "INSURANCE", "PLAN"}));
+  };
+  // The last thing named is what ends ("end my mobile contract", "stop my card payment").
+  const auto plain = [](const Element& o) { return !o.negated && o.text.find('.') == std::string::npos; };
+  if (!c.objects.empty() && ended(c.objects.back()) && std::all_of(c.objects.begin(), c.objects.end(), plain)) {
+    c.actions[0].text = "CANCEL";
+  }
+}
+
+// Stopping something for a time pauses it: "stop my subscription for now",
+// 暂时停掉会员 are "pause my subscription", 暂停会员; and a pause, a freeze or a
+// lock is for a time anyway ("temporarily lock my card" is "lock my card").
+// (Negated, the time says when: 暂时不要扣 is not 不要扣.)
+void stopping_for_a_time_pauses(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].negated || c.actions[0].past) return;
+  std::string& action = c.actions[0].text;
+  if (!name_in(action, {"END", "PAUSE", "FREEZE", "LOCK"})) return;
+  const auto temporary = [](const Element& d) { return d.text == "TEMPORARY" && !d.negated; };
+  if (std::none_of(c.details.begin(), c.details.end(), temporary)) return;
+  if (action == "END") action = "PAUSE";
+  std::erase_if(c.details, temporary);
+}
+
+// Reconnecting a supply restores it ("reconnect my internet" is "restore my
+// internet", "turn my gas back on"); reconnecting anything else links it
+// again ("reconnect my headphones" is "connect my headphones"). A supply of
+// gas is the gas ("my gas supply").
+void reconnecting_restores_a_supply(Clause& c) {
+  const auto is_supply = [](const Element& o) {
+    return name_in(o.text, {"INTERNET", "BROADBAND", "GAS", "ELECTRICITY", "WATER", "SUPPLY", "LANDLINE", "LINE"});
+  };
+  const bool supplies = !c.objects.empty() && std::all_of(c.objects.begin(), c.objects.end(), is_supply);
+  for (Element& a : c.actions) {
+    if (a.text.starts_with("RECONNECT")) a.text.replace(0, 9, supplies ? "RESUME" : "BIND");
+  }
+  // "my gas supply" is my gas.
+  if (supplies && c.objects.size() > 1) {
+    std::erase_if(c.objects, [](const Element& o) { return o.text == "SUPPLY" && !o.negated; });
+  }
+}
+
+// The address on my bills is my billing address, when it is changed: "change
+// the address on my bills", 更新我的账单寄送地址 are "update my billing address"
+// (not "send the invoice to my new address").
+void billing_address_of_bills(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "CHANGE" || c.objects.size() != 2) return;
+  const bool names_it = (c.objects[0].text == "INVOICE" && c.objects[1].text == "ADDRESS") ||
+                        (c.objects[0].text == "ADDRESS" && c.objects[1].text == "INVOICE");
+  if (!names_it || c.objects[0].negated || c.objects[1].negated) return;
+  c.objects.assign(1, Element{"BILLING_ADDRESS"});
+}
+
+// Marketing messages, notifications or newsletters one no longer wants are
+// not to be sent: "unsubscribe me from marketing emails", "stop sending me
+// marketing emails", "I don't want to receive marketing emails", 退订营销邮件
+// are "don't send me marketing emails" (别再给我发推广邮件了), 退订短信通知 is
+// 短信通知别发了.
+void no_more_marketing(Clause& c) {
+  if (!c.mood.empty() || c.objects.empty() || !c.entities.empty()) return;
+  const auto is_message = [](const Element& o) {
+    return !o.negated && name_in(o.text, {"EMAIL", "SMS", "MESSAGE", "NOTIFICATION", "NEWSLETTER", "MAGAZINE", "CALL"});
+  };
+  if (!std::all_of(c.objects.begin(), c.objects.end(), is_message)) return;
+  const auto marketing = [](const Element& d) {
+    return !d.negated && (d.text == "MARKETING" || d.text == "FROM.MARKETING" || d.text == "ADS");
+  };
+  const auto subscribed = [](const Element& o) { return name_in(o.text, {"NOTIFICATION", "NEWSLETTER", "MAGAZINE"}); };
+  if (std::none_of(c.details.begin(), c.details.end(), marketing) &&
+      std::none_of(c.objects.begin(), c.objects.end(), subscribed)) {
+    return;
+  }
+  const auto plain = [](const Element& a, std::string_view name) { return a.text == name && !a.negated && !a.past; };
+  const auto negated = [](const Element& a, std::string_view name) {
+    return a.text == name && a.negated && !a.unable && !a.past;
+  };
+  const bool refused = (c.actions.size() == 1 && (plain(c.actions[0], "UNSUBSCRIBE") || plain(c.actions[0], "CANCEL") ||
+                                                  negated(c.actions[0], "SEND") || negated(c.actions[0], "ARRIVE"))) ||
+                       (c.actions.size() == 2 && plain(c.actions[0], "END") && plain(c.actions[1], "SEND"));
+  if (!refused) return;
+  c.actions.assign(1, Element{"SEND", true});
+  // Advertising is marketing; "from now on" (以后) adds nothing to "don't send".
+  std::erase_if(c.details, [](const Element& d) { return d.text == "AFTER" && !d.negated; });
+  for (Element& d : c.details) {
+    if (marketing(d)) d.text = "MARKETING";
+  }
+}
+
+// What a password, a code or a number "is" asks for it, not for an amount:
+// WiFi密码是多少 is "what's the wifi password".
+void identifier_asked_is_no_amount(Clause& c) {
+  const auto is_identifier = [](const Element& o) {
+    // (Not a phone, which may be the handset: "how much is the phone?")
+    return name_in(o.text, {"PASSWORD", "CODE", "USERNAME", "POSTCODE", "ACCOUNT_NUMBER", "PIN", "WIFI"});
+  };
+  if (c.actions.size() != 1 || c.actions[0].text != "QUERY" || c.objects.empty() ||
+      !std::all_of(c.objects.begin(), c.objects.end(), is_identifier)) {
+    return;
+  }
+  std::erase_if(c.details, [](const Element& d) { return d.text == "AMOUNT" && !d.negated; });
+}
+
+// Undoing a thing, not an act, cancels it: 帮我把这单撤了 and "undo my order"
+// are "cancel my order", 撤销退款申请 is 取消退款 (undoing an act still
+// reverses it: undo_to_reverse).
+void undoing_a_thing_cancels_it(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "UNDO" || c.actions[0].past ||
+      c.objects.size() + c.entities.size() == 0) {
+    return;
+  }
+  // Reverting a thing to another state is no cancelling: "revert my plan to the old one".
+  const auto to_another = [](const Element& e) { return e.text.starts_with("TO."); };
+  if (std::any_of(c.objects.begin(), c.objects.end(), to_another) ||
+      std::any_of(c.details.begin(), c.details.end(), to_another)) {
+    return;
+  }
+  c.actions[0].text = "CANCEL";
+}
+
+// Whether a clause is asked about its state: "是暂停状态吗" is "暂停了吗".
+void state_of_an_act_asked(Clause& c) {
+  if (c.mood.empty() || c.actions.empty()) return;
+  // (Not of what was done: "any news about the leak I reported" asks how the report stands.)
+  const auto acts = [](const Element& a) { return a.text != "QUERY" && !a.negated && !a.past; };
+  if (!std::all_of(c.actions.begin(), c.actions.end(), acts)) return;
+  std::erase_if(c.details, [](const Element& d) { return d.text == "STATUS" && !d.negated; });
+}
+
+// Changing an appointment's time or date is rescheduling it: "change my
+// appointment time", 牙医预约要改个时间 are "reschedule my appointment" (to
+// which time, a detail of its own, still says).
+void appointment_time_changed(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "CHANGE" || c.actions[0].negated) return;
+  const auto is_appointment = [](const Element& o) { return name_in(o.text, {"APPOINTMENT", "MEETING"}); };
+  if (std::none_of(c.objects.begin(), c.objects.end(), is_appointment)) return;
+  // (Not a time asked for: "when did you move my appointment?")
+  std::erase_if(c.details,
+                [](const Element& d) { return (d.text == "TIME" || d.text == "DATE") && !d.negated && !d.asked; });
+}
+
+// A flight's number names the flight: "is flight BA 117 on time" is "is
+// BA117 on time", CA1831航班值机 is CA 1831值机 (two letters or a letter and a
+// digit, then digits).
+void flight_of_its_number(Clause& c) {
+  const auto flight_number = [](const Element& e) {
+    const std::string& t = e.text;
+    const auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+    const auto letter = [](char ch) { return ch >= 'a' && ch <= 'z'; };
+    if (e.negated || t.size() < 3 || t.size() > 6 || !letter(t[0]) || !(letter(t[1]) || digit(t[1]))) return false;
+    return std::all_of(t.begin() + 2, t.end(), digit);
+  };
+  // (With nothing else in the clause, the flight stays: "my flight is UA882" says what the number is.)
+  if (c.actions.empty() || std::none_of(c.entities.begin(), c.entities.end(), flight_number)) return;
+  std::erase_if(c.objects, [](const Element& o) { return o.text == "FLIGHT" && !o.negated; });
+}
+
+// Deleting all of one's data or account is deleting it: 删除我所有的个人资料
+// is 把我的个人信息删掉, "delete all my account data" is "delete my account
+// data" (all of several orders or photos still counts them).
+void all_of_ones_data_deleted(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].text != "DELETE" || c.actions[0].negated || c.objects.empty()) return;
+  const auto data = [](const Element& o) {
+    return !o.negated && name_in(o.text, {"PERSONAL_DATA", "DATA", "ACCOUNT", "HISTORY"});
+  };
+  if (!std::all_of(c.objects.begin(), c.objects.end(), data)) return;
+  std::erase_if(c.details, [](const Element& d) { return d.text == "FULL" && !d.negated; });
+}
+
+// How much is left on what holds a balance asks the balance: "how much data
+// do I have left" is "check my data balance", 我卡里还有多少钱 is 查一下卡的余额,
+// "how many points do I have" is "my points balance", 余额是多少 is 查余额.
+void amount_left_is_the_balance(Clause& c) {
+  if (!c.mood.empty() || c.actions.size() != 1 || c.actions[0].text != "QUERY" || c.objects.empty() ||
+      !c.entities.empty()) {
+    return;
+  }
+  const auto holds = [](const Element& o) {
+    return !o.negated && name_in(o.text, {"ACCOUNT", "CARD", "DEBIT_CARD", "CREDIT_CARD", "GIFT_CARD", "DATA", "POINTS",
+                                          "WALLET", "SAVINGS", "MILES", "BALANCE"});
+  };
+  if (!std::all_of(c.objects.begin(), c.objects.end(), holds)) return;
+  // (我的账号是多少, 卡号是多少 ask what the number is; 余额是多少 how much.)
+  const auto balance = [](const Element& o) { return o.text == "BALANCE"; };
+  const bool of_balance = std::any_of(c.objects.begin(), c.objects.end(), balance);
+  const auto how_much = [of_balance](const Element& d) {
+    return (d.text == "AMOUNT" && (!d.what_it_is || of_balance)) || d.text == "QUANTITY";
+  };
+  const auto left = [](const Element& d) { return d.text == "LEFT"; };
+  // "my remaining data allowance" is what is left of it: the balance.
+  const bool any_left = std::any_of(c.details.begin(), c.details.end(), left);
+  const auto allowance = [any_left](const Element& d) { return d.text == "ALLOWANCE" && any_left; };
+  const bool asks = (any_left || std::any_of(c.details.begin(), c.details.end(), how_much)) &&
+                    std::all_of(c.details.begin(), c.details.end(), [&](const Element& d) {
+                      return !d.negated && (how_much(d) || left(d) || allowance(d));
+                    });
+  if (!asks) return;
+  c.details.clear();
+  if (!of_balance) c.objects.push_back(Element{"BALANCE"});
+}
+
+// Whether a flight is on time asks whether it is delayed: "is my flight on
+// time" and "has my flight been delayed" (航班准点吗, 航班延误了吗) have one
+// answer. (Asked for, "make sure it arrives on time" stays.) And a question
+// asked twice over ("tell me what's included") is asked once.
+void on_time_asks_the_delay(Clause& c) {
+  const auto query = [](const Element& a) { return a.text == "QUERY" && !a.negated; };
+  for (std::size_t i = 1; i < c.actions.size(); ++i) {
+    if (query(c.actions[i]) && query(c.actions[i - 1]))
+      c.actions.erase(c.actions.begin() + static_cast<std::ptrdiff_t>(i--));
+  }
+  const bool asks = !c.states && (!c.mood.empty() || (c.actions.size() == 1 && query(c.actions[0])));
+  if (!asks) return;
+  for (Element& d : c.details) {
+    if (d.text == "ON_TIME" && !d.negated) d.text = "DELAY";
+  }
+}
+
+// Extending or putting something off until a time is extending it to that
+// time: "extend my checkout until 2 pm" is "... to 2 pm", "postpone my
+// delivery until Monday" "... to Monday" (a pause until June still ends then).
+void until_is_to_when_put_off(Clause& c) {
+  const auto puts_off = [](const Element& a) { return !a.negated && name_in(a.text, {"EXTEND", "POSTPONE"}); };
+  if (std::none_of(c.actions.begin(), c.actions.end(), puts_off)) return;
+  for (auto* list : {&c.objects, &c.entities, &c.details}) {
+    for (Element& e : *list) {
+      if (e.text.starts_with("UNTIL.")) e.text.replace(0, 6, "TO.");
+    }
+  }
+}
+
+// A person sent out is sent, whatever the verb: "dispatch a technician" is
+// "send a technician" (dispatching an order ships it).
+void person_dispatched_is_sent(Clause& c) {
+  const auto person = [](const Element& o) { return name_in(o.text, {"ENGINEER", "DRIVER", "AGENT", "DOCTOR"}); };
+  if (c.actions.size() != 1 || c.actions[0].text != "SHIP" ||
+      std::none_of(c.objects.begin(), c.objects.end(), person) ||
+      !std::all_of(c.objects.begin(), c.objects.end(),
+                   [&](const Element& o) { return person(o) || o.text.starts_with("TO."); })) {
+    return;
+  }
+  c.actions[0].text = "SEND";
+}
+
+// Undoing a change is changing back: 撤销换座 and "undo the seat change" are
+// 把座位换回原来的, "change my seat back"; "back to the original" says no more
+// than back (把地址改回原来的 = 撤销地址修改, "change my order back to the
+// original address" = "undo the address change on my order").
+void undoing_a_change_changes_back(Clause& c) {
+  const auto is = [](const Element& a, std::string_view name) { return a.text == name && !a.negated && !a.past; };
+  const auto find = [&](std::string_view name) {
+    return std::find_if(c.actions.begin(), c.actions.end(), [&](const Element& a) { return is(a, name); });
+  };
+  const auto original = [](const Element& d) {
+    return !d.negated && name_in(d.text, {"ORIGINAL", "TO.ORIGINAL", "PREVIOUS", "TO.PREVIOUS"});
+  };
+  if (c.actions.size() == 2 && find("UNDO") != c.actions.end() && find("CHANGE") != c.actions.end()) {
+    c.actions.assign(1, Element{"CHANGE_BACK"});
+  } else if (c.actions.size() == 1 && is(c.actions[0], "CHANGE") &&
+             std::any_of(c.details.begin(), c.details.end(), [](const Element& d) {
+               return d.text.starts_with("TO.ORIGINAL") || d.text == "TO.PREVIOUS";
+             })) {
+    c.actions[0].text = "CHANGE_BACK";
+  }
+  if (c.actions.size() == 1 && is(c.actions[0], "CHANGE_BACK")) std::erase_if(c.details, original);
+}
+
+// A service right after what it is names nothing more: 恢复宽带服务 is 恢复宽带,
+// 取消我的彩铃业务 is 取消彩铃 (服务费, 服务密码 keep it: it comes first there).
+void service_of_a_thing(Clause& c) {
+  // Right after the thing it serves (not a bill's or an order's service: 账单里多了一个业务).
+  for (std::size_t i = 1; i < c.objects.size(); ++i) {
+    const Element& o = c.objects[i];
+    const bool served_thing = !name_in(c.objects[i - 1].text, {"INVOICE", "ORDER", "ACCOUNT", "RETURN", "REFUND"});
+    if (o.text == "SERVICE" && !o.negated && served_thing)
+      c.objects.erase(c.objects.begin() + static_cast<std::ptrdiff_t>(i--));
+  }
+}
+
+// A ticket closed, reopened or escalated is a support ticket, so the ticket
+// says enough ("close support ticket SR-00912" is "close ticket SR-00912"; a
+// ticket cancelled may be a train's: "cancel my support ticket" keeps it). An error on a bill, an order or a name is
+// its being wrong ("my bill has an error on it" is "there's a mistake on my bill", 账单有错误 is 账单错了; an app's
+// error stays an error).
+void ticket_handled_is_support_and_error_is_wrong(Clause& c) {
+  const auto handles = [](const Element& a) { return name_in(a.text, {"CLOSE", "REOPEN", "ESCALATE"}); };
+  if (!c.actions.empty() && std::all_of(c.actions.begin(), c.actions.end(), handles)) {
+    for (Element& o : c.objects) {
+      if (o.text == "SUPPORT_TICKET") o.text = "TICKET";
+    }
+  }
+  const auto written = [](const Element& o) {
+    return name_in(o.text, {"INVOICE", "STATEMENT", "ORDER", "ADDRESS", "NAME", "RECEIPT"});
+  };
+  if (c.objects.empty() || !std::all_of(c.objects.begin(), c.objects.end(), written)) return;
+  for (Element& d : c.details) {
+    if (d.text == "ERROR") d.text = "WRONG";
+  }
+}
+
+// A flight, a hotel, a room or a table booked is the booking: "change my
+// flight booking" is "change my flight".
+void booking_of_what_is_booked(Clause& c) {
+  for (std::size_t i = 1; i < c.objects.size(); ++i) {
+    const Element& booked = c.objects[i - 1];
+    if (c.objects[i].text == "BOOKING" && c.objects[i].negated == booked.negated &&
+        name_in(booked.text, {"FLIGHT", "HOTEL", "ROOM", "TABLE"})) {
+      c.objects.erase(c.objects.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+    }
+  }
+}
+
+}  // namespace
+
+void reword_clause(Clause& c) {
+  again_into_action(c);
+  reissue_of_a_card(c);
+  new_card_is_its_replacement(c);
+  new_in_replacement(c);
+  stopping_for_a_time_pauses(c);
+  ending_a_contract_cancels_it(c);
+  reconnecting_restores_a_supply(c);
+  billing_address_of_bills(c);
+  no_more_marketing(c);
+  identifier_asked_is_no_amount(c);
+  undoing_a_thing_cancels_it(c);
+  state_of_an_act_asked(c);
+  appointment_time_changed(c);
+  flight_of_its_number(c);
+  all_of_ones_data_deleted(c);
+  amount_left_is_the_balance(c);
+  on_time_asks_the_delay(c);
+  until_is_to_when_put_off(c);
+  person_dispatched_is_sent(c);
+  undoing_a_change_changes_back(c);
+  service_of_a_thing(c);
+  ticket_handled_is_support_and_error_is_wrong(c);
+  drop_carrier_verbs(c);
+  money_in_its_action(c);
+  account_of_its_attribute(c);
+  booking_of_what_is_booked(c);
+}
+
+}  // namespace clm::store_detail
