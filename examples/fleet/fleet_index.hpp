@@ -33,6 +33,7 @@ class FleetIndex {
   // One batch of `instance`'s stream, in order (thread-safe).
   void apply(std::size_t instance, const clm::KvEventBatch& batch) {
     std::lock_guard lock(mutex_);
+    ++batches_;
     auto& held = held_.at(instance);
     for (const clm::KvEvent& e : batch.events) {
       const std::uint8_t medium = e.medium == clm::KvMedium::cpu ? 2 : 1;
@@ -55,6 +56,13 @@ class FleetIndex {
     }
   }
 
+  // How many batches it has applied: a scheduler waits for it to stop
+  // growing before it trusts what the index says.
+  std::uint64_t batches_applied() const {
+    std::lock_guard lock(mutex_);
+    return batches_;
+  }
+
   // Per instance, how many of `hashes` (a prompt's pages, in order) it holds
   // on some medium before the first it lacks.
   std::vector<std::size_t> matched_pages(const std::vector<std::uint64_t>& hashes) const {
@@ -68,6 +76,7 @@ class FleetIndex {
 
  private:
   mutable std::mutex mutex_;
+  std::uint64_t batches_ = 0;
   std::vector<std::unordered_map<std::uint64_t, std::uint8_t>> held_;  // hash -> media (1 GPU, 2 CPU)
 };
 

@@ -323,7 +323,15 @@ int run(const RunFlags& f) {
       });
     }
     for (auto& c : clients) c.join();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the turn's events reach the index
+    // The turn's events reach the index: until no batch has come for 100 ms
+    // (at most 3 s; a loaded machine, a sanitizer, delays them past a fixed wait).
+    const auto give_up = Clock::now() + std::chrono::seconds(3);
+    for (std::uint64_t seen = index.batches_applied(); Clock::now() < give_up;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const std::uint64_t now = index.batches_applied();
+      if (now == seen) break;
+      seen = now;
+    }
     std::fprintf(stderr, "clm_fleet %s: turn %zu of %zu done (%zu requests)\n", f.mode.c_str(), turn + 1, f.turns,
                  answers.size());
   }
