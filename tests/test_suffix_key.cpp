@@ -2014,6 +2014,13 @@ TEST_CASE("suffix key: back apart from send returns, any other back goes") {
   CHECK(key("服务费退给我") != key("退费给我"));
   CHECK(key("账单里多了一个业务") != key("账单多了"));
   CHECK(served("Reopen my ticket").key == served("Please open my support ticket again").key);
+  CHECK(served("switch two-factor authentication back on").key == served("re-enable two-factor authentication").key);
+  CHECK(key("change my plan and resume my subscription") != key("resume my plan and my subscription"));
+  CHECK(served("No refund please, just send me a replacement.").key ==
+        served("I don't want a refund, I want a replacement.").key);
+  CHECK(key("did you send the replacement sim?") != key("did you replace my sim?"));
+  CHECK(served("What's the way to cancel an order?").key == served("How do I cancel my order?").key);
+  CHECK(key("my order is on the way") != key("how do I order"));
   CHECK(served("close ticket SR-00912").key == served("please close support ticket sr00912").key);
   CHECK(key("cancel my ticket") != key("cancel my support ticket"));
   CHECK(served("My bill has an error on it.").key == served("There's a mistake on my bill.").key);

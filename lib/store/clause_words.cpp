@@ -512,10 +512,26 @@ void booking_of_what_is_booked(Clause& c) {
   }
 }
 
+// "switch two-factor authentication back on" is "re-enable" it: a switch
+// with back on is the resuming alone (not a change and a resumption of two
+// things: "change my plan and resume my subscription"). "send me a
+// replacement" is "I want a replacement": the sending says no more.
+void switched_back_on_and_replacement_sent(Clause& c) {
+  const auto plain = [](const Element& a, std::string_view name) { return a.text == name && !a.negated && !a.past; };
+  if (c.actions.size() != 2 || c.objects.size() + c.entities.size() > 1) return;
+  if (plain(c.actions[0], "CHANGE") && plain(c.actions[1], "RESUME")) {
+    c.actions.erase(c.actions.begin());
+  } else if (c.mood.empty() && plain(c.actions[0], "SEND") && plain(c.actions[1], "EXCHANGE") && c.actions[1].nominal) {
+    // (Asked, "did you send the replacement?" is about the sending.)
+    c.actions.erase(c.actions.begin());
+  }
+}
+
 }  // namespace
 
 void reword_clause(Clause& c) {
   again_into_action(c);
+  switched_back_on_and_replacement_sent(c);
   reissue_of_a_card(c);
   new_card_is_its_replacement(c);
   new_in_replacement(c);
