@@ -22,6 +22,9 @@ bool is_card_like(const Element& o) {
                           "RAILCARD", "PIN", "CHEQUE_BOOK"});
 }
 
+// An action's name without the mark of what was done: "EXCHANGE_DONE" is "EXCHANGE".
+std::string_view verb_of(const Element& a) { return std::string_view(a.text).substr(0, a.text.find("_DONE")); }
+
 // "Again" is in the action where the action has a form for it, as restart,
 // reissue and resend do: "enable roaming again" is "re-enable roaming",
 // 重新开通自动续费 is 恢复自动续费 ("turn it on again": resume), 重新寄一个 is 补发
@@ -320,8 +323,16 @@ void undoing_a_thing_cancels_it(Clause& c) {
 }
 
 // Whether a clause is asked about its state: "是暂停状态吗" is "暂停了吗".
+// Asked, processed is gone through: "has my payment been processed?" is "did
+// my payment go through?", "is the refund done?" "has the refund gone
+// through?" ("process my refund" still asks for the processing).
 void state_of_an_act_asked(Clause& c) {
   if (c.mood.empty() || c.actions.empty()) return;
+  const auto how = [](const Element& d) { return d.text == "METHOD"; };  // (not "how is my account handled?")
+  if (c.mood == "ASK" && c.actions.size() == 1 && c.actions[0].text == "PROCESS" && !c.actions[0].negated &&
+      std::none_of(c.details.begin(), c.details.end(), how)) {
+    c.actions[0].text = "SUCCEED";
+  }
   // (Not of what was done: "any news about the leak I reported" asks how the report stands.)
   const auto acts = [](const Element& a) { return a.text != "QUERY" && !a.negated && !a.past; };
   if (!std::all_of(c.actions.begin(), c.actions.end(), acts)) return;
@@ -512,6 +523,104 @@ void booking_of_what_is_booked(Clause& c) {
   }
 }
 
+// Two things one request acts on are one pair whichever is named first: "the
+// insurance on my car" is "my car insurance", "the heating in room 312" "room
+// 312's heating", "cancel my appointment at the dentist" "my dentist
+// appointment". Only where the order says nothing else: one action at most
+// (with two, which thing each acts on is in the order: "return the shirt but
+// keep the trousers"), no person (who does what to whom: "my son will order
+// and I'll pay"), no exchange or payment (what is given and what is got), no
+// sequence ("the laptop first and the charger later", 先充话费再办套餐), no
+// but or if ("the wings were fine but the pizza arrived cold", "cancel my
+// hotel if the flight is delayed") and nothing compared ("a credit note over
+// a refund").
+void things_of_one_request_unordered(Clause& c) {
+  if (c.interleaved || c.sequenced || c.turns || c.actions.size() > 1 || c.objects.size() != 2) return;
+  // A thing that is the verb: "file my tax return" is not "return my tax file",
+  // "order a refund" not "refund an order".
+  if (std::any_of(c.objects.begin(), c.objects.end(), [](const Element& o) { return o.commands; })) return;
+  // What is given and what is got, unless "and" joins them ("交水费和物业费"):
+  // "change my phone for a tablet", "pay my credit card with my debit card",
+  // 用信用卡还花呗.
+  if (!c.coordinated && !c.actions.empty() && !c.actions[0].negated &&
+      name_in(verb_of(c.actions[0]), {"EXCHANGE", "CHANGE", "CONVERT", "MOVE", "TRANSFER", "APPLY", "PAY", "TOP_UP",
+                                      "CHARGE", "REFUND", "SEND"})) {
+    return;
+  }
+  const auto person = [](const Element& o) { return is_person_name(o.text); };
+  if (std::any_of(c.objects.begin(), c.objects.end(), person)) return;
+  const auto ordering = [](const Element& d) { return name_in(d.text, {"FIRST", "LATER", "ABOVE", "NEXT"}); };
+  if (std::any_of(c.details.begin(), c.details.end(), ordering)) return;
+  // A return, a refund or an exchange first, as its verb would be: "a refund
+  // for my order" is "refund my order". With an action too, it may be the
+  // action's thing or a request of its own ("cancel the refund for my order",
+  // "cancel my order and refund me"): the order stays.
+  const auto verb_named = [](const Element& o) { return name_in(o.text, {"RETURN", "REFUND", "EXCHANGE"}); };
+  if (!c.actions.empty() && std::any_of(c.objects.begin(), c.objects.end(), verb_named)) return;
+  const auto rank = [&verb_named](const Element& o) { return std::pair(!verb_named(o), o.shown()); };
+  if (rank(c.objects[1]) < rank(c.objects[0])) std::swap(c.objects[0], c.objects[1]);
+}
+
+// What describes one request is a set: "the date on my receipt is wrong" is
+// "my receipt shows the wrong date", "my bill is way too high this month"
+// "this month's bill is much higher". Not where the order may say which
+// thing or which side each detail is: two actions ("return the large, keep
+// the medium", a return named as a thing among them), things joined by "and"
+// ("the red shirt in medium and the blue one in large"), a detail before each
+// of two things ("a large pizza with small fries", "my new card replaced my
+// old card"), a sequence, a negation ("to the new number, not the old one")
+// or an exchange ("swap the medium shirt for a large").
+void details_in_any_order(Clause& c) {
+  const auto verb_named = [](const Element& o) { return name_in(o.text, {"RETURN", "REFUND", "EXCHANGE"}); };
+  const auto acts =
+      c.actions.size() + static_cast<std::size_t>(std::count_if(c.objects.begin(), c.objects.end(), verb_named));
+  if (c.interleaved || c.sequenced || c.coordinated || c.turns || acts > 1) return;
+  const auto described = [&c](const Element& o) {
+    return std::any_of(c.details.begin(), c.details.end(), [&o](const Element& d) { return d.at + 1 == o.at; });
+  };
+  if (std::count_if(c.objects.begin(), c.objects.end(), described) > 1) return;
+  const auto negated = [](const Element& e) { return e.negated; };
+  for (const auto* list : {&c.actions, &c.objects, &c.entities, &c.details}) {
+    if (std::any_of(list->begin(), list->end(), negated)) return;
+  }
+  if (!c.actions.empty() &&
+      name_in(verb_of(c.actions[0]), {"EXCHANGE", "CHANGE", "CONVERT", "MOVE", "TRANSFER", "APPLY"})) {
+    return;
+  }
+  std::stable_sort(c.details.begin(), c.details.end(),
+                   [](const Element& x, const Element& y) { return x.shown() < y.shown(); });
+}
+
+// "an aisle seat instead of a window seat" is "the aisle seat, not the
+// window", "order 789, not order 456" "order 789, not 456": a thing named on
+// both sides of a contrast is not what is contrasted; what tells the sides
+// apart (a detail, an entity) is.
+void shared_head_of_a_contrast(Clause& c) {
+  const auto negated = [](const Element& e) { return e.negated; };
+  if (std::none_of(c.details.begin(), c.details.end(), negated) &&
+      std::none_of(c.entities.begin(), c.entities.end(), negated)) {
+    return;
+  }
+  std::erase_if(c.objects, [&c](const Element& o) {
+    return o.negated && std::any_of(c.objects.begin(), c.objects.end(),
+                                    [&o](const Element& p) { return !p.negated && p.text == o.text; });
+  });
+}
+
+// What one subscribes, signs up or unsubscribes to is what the request is
+// about, as the thing after the verb is: "resubscribe me to the newsletter"
+// is "sign me back up for the newsletter", "sign me up to the loyalty
+// program" "sign me up for" it.
+void subscribed_to_is_the_thing(Clause& c) {
+  if (c.actions.size() != 1 || c.actions[0].past ||
+      !name_in(c.actions[0].text, {"SUBSCRIBE", "RESUBSCRIBE", "UNSUBSCRIBE", "OPEN"})) {
+    return;
+  }
+  for (Element& o : c.objects) {
+    if (o.text.starts_with("TO.")) o.text.erase(0, 3);
+  }
+}
+
 // "switch two-factor authentication back on" is "re-enable" it: a switch
 // with back on is the resuming alone (not a change and a resumption of two
 // things: "change my plan and resume my subscription"). "send me a
@@ -557,6 +666,10 @@ void reword_clause(Clause& c) {
   money_in_its_action(c);
   account_of_its_attribute(c);
   booking_of_what_is_booked(c);
+  subscribed_to_is_the_thing(c);
+  shared_head_of_a_contrast(c);
+  things_of_one_request_unordered(c);
+  details_in_any_order(c);
 }
 
 }  // namespace clm::store_detail

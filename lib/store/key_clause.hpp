@@ -26,12 +26,25 @@ inline bool name_in(std::string_view text, std::initializer_list<std::string_vie
   return std::find(names.begin(), names.end(), text) != names.end();
 }
 
+// Whether a thing is someone (妈妈, "my son", the landlord, a driver, a pet):
+// who does what to whom is in the order two of them are named, and what is
+// theirs is not what is the speaker's ("my neighbor's parcel").
+inline bool is_person_name(std::string_view text) {
+  return name_in(
+      text,
+      {"MOTHER",  "FATHER",   "PARENTS", "GRANDMOTHER", "GRANDFATHER", "WIFE",   "HUSBAND", "GIRLFRIEND", "BOYFRIEND",
+       "SISTER",  "BROTHER",  "SON",     "DAUGHTER",    "CHILD",       "FRIEND", "FAMILY",  "TEACHER",    "COLLEAGUE",
+       "BOSS",    "LANDLORD", "TENANT",  "NEIGHBOR",    "DRIVER",      "STORE",  "BUYER",   "CUSTOMER",   "SELF",
+       "PARTNER", "AGENT",    "DOCTOR",  "ACCOUNTANT",  "ROOMMATE",    "BABY",   "PET",     "DOG",        "CAT"});
+}
+
 struct Element {
   std::string text;  // a name, or an entity's text, after its role: "FROM.MONTHLY"
   bool negated = false;
   bool past = false;        // an action reported, not asked for
   bool context = false;     // the account a request is about, after what it acts on ("the card on my account")
   bool to_speaker = false;  // "to me": kept only beside another destination
+  bool commands = false;    // object: a verb named as a thing, opening its clause ("return my tax file")
   bool nominal = false;     // an action named as a thing ("the cancellation"): undoing it reverses it
   bool unable = false;      // negated as what cannot be done ("I can't cancel my order"), not as what must not
   bool given_up = false;    // negated as what cannot be used or is not wanted ("I can't make my appointment")
@@ -51,6 +64,9 @@ struct Clause {
   bool fine = false;           // things and a word for fine, nothing else: "the modem is fine", 路由器没问题
   bool states = false;         // its QUERY came from details alone, not a question ("refund status of order 7")
   bool about_someone = false;  // a subject in it ("I'm not happy"): a statement, not a contrast
+  bool sequenced = false;      // a word for a sequence in it (then, first, 先, 再): its order is meant
+  bool coordinated = false;    // an "and" in it: which detail goes with which thing may be in the order
+  bool turns = false;          // a but, an if, an although in it: each side's things are its own
   // Two things go to different places, or come from them ("transfer 50 to my
   // dad and 20 to me"): objects, entities and details in one section, in the
   // order written, so which goes where is kept.

@@ -43,6 +43,7 @@ struct Token {
     sequence,     // a stopword named SEQUENCE (then, 先, 再, 然后): the actions' order is asked for
     benefactive,  // 给, 帮, 给我, 帮我: for whom, or a request (benefactive_roles reads which)
     perfective,   // a stopword named PERFECTIVE (了, 过): with a subject and no request, what was done
+    turn,         // a stopword named TURN_OF_CLAUSE (but, if, although): what follows is said of another thing
     unknown,
     clause_end,
   } kind = unknown;
@@ -56,20 +57,24 @@ struct Token {
   bool article = false;        // entity: "one", or 1 before a measure word (一张): "a", unless counts are compared
   bool both = false;           // entity: "both", the number 2, unless it opens "both X and Y" (drop_articles)
   bool particle = false;       // unknown: "off" or "back" apart from its verb ("take my card off"), until separated_off
+  bool denies_saying = false;  // unknown: a negated word for saying ("I never said"): no request follows
   bool subordinate = false;    // question: "when" then who or what ("charge me when it ships"), unless asked about
   bool what_it_is = false;     // question: 多少 after 是 (账号是多少): what it is, not how much there is
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
-  bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
-  bool needs = false;     // want: need, 需要, 要 (NEED), which in a question asks whether one must: ASK_MUST
-  bool passive = false;   // want: needs to be, has to be (WANT_DONE): only a past form after it is asked for
-  bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
-  bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
-  bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
-  bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
-  bool nominal = false;   // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
-  bool fine = false;      // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
+  bool prefers = false;    // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
+  bool needs = false;      // want: need, 需要, 要 (NEED), which in a question asks whether one must: ASK_MUST
+  bool passive = false;    // want: needs to be, has to be (WANT_DONE): only a past form after it is asked for
+  bool gerund = false;     // action: a form in -ing ("checking"), which after "to" names a thing
+  bool dao = false;        // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
+  bool owner = false;      // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
+  bool someones = false;   // object: right after my, our, your (OWNER): someone's own, "my neighbor"
+  bool of_whole = false;   // object: right after on, in, at, of, for (WHOLE): what the thing before it is part of
+  bool for_whole = false;  // object: of_whole by "for", which after exchange names what replaces the thing
+  bool on_whole = false;   // object: of_whole by "on", so an "on" before it is no particle ("turn it on")
+  bool nominal = false;    // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
+  bool fine = false;       // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
   bool unable = false;  // negation, negation_after: what cannot be done (can't, 无法, 登录不了), not what must not
   bool contrast = false;      // negation: says which thing is meant (not, instead of, rather than, except)
   bool does_not = false;      // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
@@ -300,11 +305,7 @@ bool says_do_not(const std::vector<std::string_view>& units, std::size_t first, 
 // Whether a thing is a person one gives, pays or calls (妈妈, 朋友, 房东): 给我
 // before it is 给 and the speaker's own person (给我妈转账), not 给我 (I want).
 bool is_person(const Lexicon& lex, const Token& t) {
-  return t.kind == Token::object &&
-         name_in(lex.names[t.name],
-                 {"MOTHER",     "FATHER",    "PARENTS", "GRANDMOTHER", "GRANDFATHER", "WIFE",     "HUSBAND",
-                  "GIRLFRIEND", "BOYFRIEND", "SISTER",  "BROTHER",     "SON",         "DAUGHTER", "CHILD",
-                  "FRIEND",     "FAMILY",    "TEACHER", "COLLEAGUE",   "BOSS",        "LANDLORD"});
+  return t.kind == Token::object && is_person_name(lex.names[t.name]);
 }
 
 // Whether "when" before units[at] opens a clause of its own ("when it ships",
@@ -730,6 +731,9 @@ class Tokenizer {
       case Category::object:
         out_->push_back({Token::object, e.name, {}, false});
         out_->back().someones = owner_word_at_ == out_->size() - 1;
+        out_->back().of_whole = whole_word_at_ == out_->size() - 1;
+        out_->back().for_whole = out_->back().of_whole && whole_by_for_;
+        out_->back().on_whole = out_->back().of_whole && whole_by_on_;
         break;
       case Category::detail:
         if (lex_.names[e.name] == "ABOVE" && prefers_in_clause()) {
@@ -784,6 +788,7 @@ class Tokenizer {
           out_->back().names_speaker = true;
         }
         if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
+        if (lex_.names[e.name] == "TURN_OF_CLAUSE") out_->push_back({Token::turn, 0, {}, false});
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
         if (lex_.names[e.name] == "WANT" || lex_.names[e.name] == "NEED" || lex_.names[e.name] == "PREFER" ||
@@ -830,6 +835,12 @@ class Tokenizer {
           out_->push_back({Token::unknown, 0, lex_.names[e.name] == "OFF" ? "off" : "back", false});
           out_->back().particle = true;
         }
+        if (lex_.names[e.name] == "SAY" && !out_->empty() && out_->back().kind == Token::negation) {
+          // "I never said I didn't want the warranty", "I didn't ask for this": what was said is denied,
+          // and what follows is no request; the key abstains (KeyRules::build).
+          out_->push_back({Token::unknown, 0, "said", false});
+          out_->back().denies_saying = true;
+        }
         if (lex_.names[e.name] == "FINE") {
           out_->push_back({Token::negation_after, 0, {}, false});
           out_->back().fine = true;
@@ -844,6 +855,19 @@ class Tokenizer {
           out_->push_back({Token::benefactive, e.name, {}, false});
         }
         if (lex_.names[e.name] == "OWNER") owner_word_at_ = out_->size();
+        // "on my card", "in the room": only an article or my, our, your between it and its whole.
+        if (lex_.names[e.name] == "ON") {
+          // A particle until separated_off reads it ("turn the heating on"), or the whole ("on my card").
+          out_->push_back({Token::unknown, 0, "on", false});
+          out_->back().particle = true;
+        }
+        if (lex_.names[e.name] == "WHOLE" || lex_.names[e.name] == "WHOLE_FOR" || lex_.names[e.name] == "ON") {
+          whole_word_at_ = out_->size();
+          whole_by_for_ = lex_.names[e.name] == "WHOLE_FOR";
+          whole_by_on_ = lex_.names[e.name] == "ON";
+        } else if (lex_.names[e.name] != "OWNER" && lex_.names[e.name] != "ARTICLE") {
+          whole_word_at_ = SIZE_MAX;
+        }
         // "my neighbor's": 's after someone's own; before a thing it owns it
         // (make_clause). Without my, it names a kind: "a children's menu" is
         // "a kids menu", "the doctor's visit" "the doctor visit".
@@ -936,6 +960,9 @@ class Tokenizer {
   std::size_t last_token_end_ = SIZE_MAX;    // the unit after the last one that gave a token
   std::size_t prefers_at_ = SIZE_MAX;        // the last preference read
   std::size_t owner_word_at_ = SIZE_MAX;     // where the last my, our, your was: the next token is theirs
+  std::size_t whole_word_at_ = SIZE_MAX;     // where the last on, in, at, of, for was: the next thing is the whole
+  bool whole_by_for_ = false;                // that word was "for"
+  bool whole_by_on_ = false;                 // that word was "on"
   // The entity being read, while numbers come: its parts, whether a number
   // word is among them, and whether it is all numbers (no id letters, no unit).
   std::vector<Numeral> parts_;
@@ -1136,13 +1163,16 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         auto& list = t->kind == Token::object ? c.objects : c.entities;
         // "my neighbor's parcel" is not "my parcel" for my neighbor: the owner
         // is OF. ("'s" before a state, "the item's broken", is "is").
-        const bool owns = t->owner && t + 1 != end && (t[1].kind == Token::object || t[1].kind == Token::entity);
+        // A thing's is its part: "my room's AC" is "the AC in my room".
+        const bool owns = t->owner && t + 1 != end && (t[1].kind == Token::object || t[1].kind == Token::entity) &&
+                          is_person(lex, *t);
         // 改机票上的日期而不是票上的姓名: the name is on the ticket not meant, as the ticket is.
         const bool negated = (pending_not && !not_waits_for_action) || rest_not_meant;
         list.push_back({this_role + (t->actor ? "BY." : "") + (owns ? "OF." : "") + t->described +
                             (t->kind == Token::entity ? t->text : lex.names[t->name]),
                         negated});
         list.back().given_up = negated && (pending_unable || not_wanted) && !rest_not_meant;
+        list.back().commands = t->commands;
         list.back().context = t->kind == Token::object && lex.names[t->name] == "ACCOUNT" && list.size() > 1 &&
                               this_role.empty() && !pending_not &&
                               (t[-1].kind == Token::object || t[-1].kind == Token::detail);
@@ -1324,6 +1354,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::disposal:
       case Token::benefactive:
       case Token::coordinator:
+      case Token::turn:
       case Token::unknown:
       case Token::clause_end:
         break;
@@ -1545,6 +1576,49 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
     *list = std::move(unique);
   }
   return c;
+}
+
+// A clock time with its part of the day is the 24-hour clock's: 下午3点 is
+// 15:00 and "3 pm", 晚上7点半 19:30, 下午6点45 18:45, "8 o'clock in the
+// morning" 08:00. Only
+// hours the part of the day can have are read (下午3点, not 下午9点).
+void part_of_day_clock(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto hour_of = [](const Token& t) -> int {
+    if (t.kind != Token::entity || !t.text.ends_with("oclock") || t.text.size() > 8) return -1;
+    const std::string_view digits = std::string_view(t.text).substr(0, t.text.size() - 6);
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), is_ascii_digit)) return -1;
+    const int hour = std::stoi(std::string(digits));
+    return hour >= 1 && hour <= 12 ? hour : -1;
+  };
+  // The hour on the 24-hour clock, or -1 where the part of the day has no such hour.
+  const auto in_part = [](std::string_view part, int hour) -> int {
+    if (part == "MORNING" || part == "EARLY_MORNING") return hour == 12 ? 0 : hour <= 11 ? hour : -1;
+    if (part == "AFTERNOON") return hour == 12 ? 12 : hour <= 7 ? hour + 12 : -1;
+    if (part == "EVENING") return hour == 12 ? 0 : hour >= 5 ? hour + 12 : -1;
+    if (part == "NOON") return hour == 12 ? 12 : hour <= 2 ? hour + 12 : -1;
+    return -1;
+  };
+  for (std::size_t i = 0; i + 1 < tokens.size(); ++i) {
+    // 下午3点 (the part first), "3 o'clock in the afternoon" (the hour first).
+    const bool part_first = tokens[i].kind == Token::detail;
+    Token& part = tokens[part_first ? i : i + 1];
+    Token& clock = tokens[part_first ? i + 1 : i];
+    if (part.kind != Token::detail) continue;
+    const int hour = hour_of(clock);
+    if (hour < 0) continue;
+    const int on_clock = in_part(lex.names[part.name], hour);
+    if (on_clock < 0) continue;
+    // 三点半: half past; 6点45: 6:45.
+    const std::size_t after = part_first ? i + 2 : i + 1;
+    const bool half = part_first && after < tokens.size() && tokens[after].kind == Token::detail &&
+                      lex.names[tokens[after].name] == "HALF";
+    const bool minutes = part_first && after < tokens.size() && tokens[after].kind == Token::entity &&
+                         tokens[after].text.size() == 2 && is_ascii_digit(tokens[after].text[0]) &&
+                         is_ascii_digit(tokens[after].text[1]) && tokens[after].text[0] <= '5';
+    clock.text = fmt::format("{:02}{}", on_clock, half ? "30" : minutes ? tokens[after].text : "00");
+    if (half || minutes) tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(after));
+    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(part_first ? i : i + 1));
+  }
 }
 
 // A date is one entity, however it is written: "1 July 2026", "July 1st,
@@ -1770,6 +1844,74 @@ void drop_articles(std::vector<Token>& tokens) {
   std::erase_if(tokens, [](const Token& t) { return t.article; });
 }
 
+// "the insurance on my car" is "my car insurance", "the heating in room 312"
+// "room 312's heating", "a table at the restaurant" "a restaurant table": a
+// thing on, in, at, of or for another is named after the whole it is part of, as
+// a compound names it (and as Chinese does: 账户上的姓名). Not with a person
+// (whose thing is OF.); an account after a thing stays the context it is
+// (make_clause).
+void whole_before_its_part(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto to = lex.by_name.find("TO");
+  for (std::size_t whole = 1; whole < tokens.size(); ++whole) {
+    const Token& w = tokens[whole];
+    if (w.kind != Token::object || !w.of_whole || is_person(lex, w) || lex.names[w.name] == "ACCOUNT") continue;
+    std::size_t part = whole;
+    while (part > 0 && tokens[part - 1].kind == Token::entity) --part;
+    if (part == 0 || tokens[part - 1].kind != Token::object) continue;
+    --part;
+    const Token& p = tokens[part];
+    // "a refund for the chicken" is "refund the chicken": a thing that is also a verb stays first.
+    if (is_person(lex, p) || p.commands || p.verb_first || p.chinese_verb ||
+        name_in(lex.names[p.name], {"REFUND", "RETURN", "EXCHANGE", "CLAIM", "APPLICATION"})) {
+      continue;
+    }
+    // "no dial tone on my landline": the negation stays the part's. One
+    // further back ("I won't need a child seat in the rental"), or one for
+    // the other option ("rather than a credit on my bill"), reaches the things
+    // in their order, and with things joined by "and" which goes where is in
+    // it ("the jacket in box 1 and the jeans in box 2"): the order stays.
+    while (part > 0 && tokens[part - 1].kind == Token::negation && !tokens[part - 1].instead &&
+           !tokens[part - 1].contrast) {
+      --part;
+    }
+    bool keeps_order = false;
+    for (std::size_t k = part; k > 0 && tokens[k - 1].kind != Token::clause_end; --k) {
+      keeps_order = keeps_order || tokens[k - 1].kind == Token::negation || tokens[k - 1].kind == Token::coordinator;
+    }
+    for (std::size_t k = whole; k < tokens.size() && tokens[k].kind != Token::clause_end; ++k) {
+      keeps_order = keeps_order || tokens[k].kind == Token::coordinator;
+    }
+    // "exchange the shirt for the jacket": for names what replaces the thing,
+    // where it goes (TO), as "change the shirt to the jacket" names it.
+    bool exchanged = false;
+    for (std::size_t k = part; k > 0 && tokens[k - 1].kind != Token::clause_end; --k) {
+      const bool exchanging = tokens[k - 1].kind == Token::action &&
+                              name_in(lex.names[tokens[k - 1].name], {"EXCHANGE", "CHANGE", "CONVERT", "MOVE"});
+      // ("change the PIN for my card" changes the card's PIN: what names a thing's own is not exchanged.)
+      const bool own = name_in(lex.names[p.name], {"PIN", "PASSWORD", "NAME", "ADDRESS", "EMAIL", "LIMIT", "NUMBER"});
+      keeps_order = keeps_order || (w.for_whole && exchanging && !tokens[k - 1].nominal && !own);
+      // (Not "a replacement PIN for my card": the card's PIN.)
+      exchanged = exchanged ||
+                  (w.for_whole && exchanging && !tokens[k - 1].nominal && lex.names[tokens[k - 1].name] != "CHANGE");
+    }
+    if (exchanged && to != lex.by_name.end()) {
+      tokens.insert(tokens.begin() + static_cast<std::ptrdiff_t>(whole), Token{Token::role, to->second, {}, false});
+      ++whole;
+    }
+    if (keeps_order) continue;
+    // The whole is all its words: "autopay on my water bill".
+    std::size_t end = whole + 1;
+    while (end < tokens.size() &&
+           (tokens[end].kind == Token::entity ||
+            (tokens[end].kind == Token::object && !tokens[end].of_whole && !is_person(lex, tokens[end])))) {
+      ++end;
+    }
+    std::rotate(tokens.begin() + static_cast<std::ptrdiff_t>(part), tokens.begin() + static_cast<std::ptrdiff_t>(whole),
+                tokens.begin() + static_cast<std::ptrdiff_t>(end));
+    whole = end - 1;
+  }
+}
+
 // "the right earbud" is a side, as "the left earbud" is; "that's right" and
 // "right, refund me" say nothing: such a detail stays only right before a thing.
 void drop_sides_without_thing(std::vector<Token>& tokens) {
@@ -1888,6 +2030,28 @@ void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
   const std::int64_t return_name = named("RETURN");
   for (std::size_t k = 0; k < tokens.size(); ++k) {
     if (!tokens[k].particle) continue;
+    if (tokens[k].text == "on") {
+      // "turn the heating on", "switch roaming on for my trip", "switch it on
+      // again": enable. Before what it is on ("change the address on my
+      // billing info", "rebook me on the 11am") it is no particle.
+      drop[k] = true;
+      std::size_t j = k;
+      while (j > 0 && k - j < kMaxBetween && between(tokens[j - 1])) --j;
+      const Token* next = k + 1 < tokens.size() ? &tokens[k + 1] : nullptr;
+      const bool thing_on = next != nullptr && between(*next) &&
+                            !(next->kind == Token::object && next->of_whole && !next->on_whole) &&
+                            !(next->kind == Token::detail && name_in(lex.names[next->name], {"AGAIN", "TEMPORARY"}));
+      const bool turns = j > 0 && j < k &&
+                         ((tokens[j - 1].kind == Token::want && lex.names[tokens[j - 1].name] == "TURN") ||
+                          (tokens[j - 1].kind == Token::action && lex.names[tokens[j - 1].name] == "CHANGE"));
+      const std::int64_t enable = named("ENABLE");
+      if (turns && !thing_on && enable >= 0) {
+        const bool past = tokens[j - 1].past;
+        tokens[j - 1] = Token{Token::action, static_cast<std::uint32_t>(enable), {}, false};
+        tokens[j - 1].past = past;
+      }
+      continue;
+    }
     const bool back = tokens[k].text == "back";
     drop[k] = back;
     std::size_t j = k;
@@ -2101,15 +2265,24 @@ bool says_sequence(const Lexicon& lex, const Token& t) {
   return t.kind == Token::detail && (name == "FIRST" || name == "AFTER" || name == "BEFORE" || name == "NEXT");
 }
 
-// Whether a token orders the requests around it: a word for a sequence (then,
-// first, before, after, next, 先, 再, 然后), or money and sending, which depend
-// on what was done before them (a price charged before or after a coupon, a
-// parcel sent before or after its address changed).
-bool orders_requests(const Lexicon& lex, const Token& t) {
-  if (says_sequence(lex, t)) return true;
-  const std::string& name = lex.names[t.name];
-  return t.kind == Token::action && (name == "CHARGE" || name == "PAY" || name == "APPLY" || name == "SEND" ||
-                                     name == "SHIP" || name == "TRANSFER");
+// Whether tokens [first, last) order the requests in them: money and sending,
+// which depend on what was done before them (a price charged before or after
+// a coupon, a parcel sent before or after its address changed), or a word for
+// a sequence (then, first, before, after, next, 先, 再, 然后) with a refund, a
+// return or an exchange (先退款，我再寄回商品: who goes first) or with what
+// cannot be undone ("export my data, then delete my account"; "reset my
+// password, then unlock my account") among them. Other steps in a sequence
+// stand apart: 挂失旧卡，再补一张新卡 is 补一张新卡，把旧卡挂失.
+bool orders_requests(const Lexicon& lex, const Token* first, const Token* last) {
+  bool sequence = false, lasting = false;
+  for (const Token* t = first; t != last; ++t) {
+    const std::string& name = lex.names[t->name];
+    if (t->kind == Token::action && name_in(name, {"CHARGE", "PAY", "APPLY", "SEND", "SHIP", "TRANSFER"})) return true;
+    sequence = sequence || says_sequence(lex, *t);
+    lasting = lasting || (t->kind == Token::object && name_in(name, {"REFUND", "RETURN", "EXCHANGE"})) ||
+              (t->kind == Token::action && name_in(name, {"DELETE", "CLOSE", "RESET", "CANCEL", "CLEAR", "TOP_UP"}));
+  }
+  return sequence && lasting;
 }
 
 // Requests joined by "and" come in any order: "reset my password and unlock
@@ -2138,24 +2311,24 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
     if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
     const std::size_t end = i;
     std::size_t actions = 0;
-    bool ordered = false;
+    const bool ordered = orders_requests(lex, tokens.data() + begin, tokens.data() + end);
     std::vector<std::size_t> cuts;  // the "and"s that open a request
     for (std::size_t k = begin; k < end; ++k) {
-      const Token& t = tokens[k];
-      actions += t.kind == Token::action ? 1 : 0;
-      ordered = ordered || orders_requests(lex, t);
+      actions += tokens[k].kind == Token::action ? 1 : 0;
       if (opens_request(k, end)) cuts.push_back(k);
     }
     // Each part names what it acts on: "upgrade the kids' plan and downgrade
     // mine" has no thing after downgrade, so which plan goes which way would
-    // be lost; "confirm and cancel order 789" is one thing done in order.
+    // be lost; "confirm and cancel order 789" is one thing done in order. A
+    // detail is one ("change my delivery date and add a note for the driver").
     bool every_part_has_a_thing = true;
     for (std::size_t c = 0, from = begin; c <= cuts.size() && actions >= 2; ++c) {
       const std::size_t to = c < cuts.size() ? cuts[c] : end;
       every_part_has_a_thing =
           every_part_has_a_thing && std::any_of(tokens.begin() + static_cast<std::ptrdiff_t>(from),
                                                 tokens.begin() + static_cast<std::ptrdiff_t>(to), [](const Token& t) {
-                                                  return t.kind == Token::object || t.kind == Token::entity;
+                                                  return t.kind == Token::object || t.kind == Token::entity ||
+                                                         t.kind == Token::detail;
                                                 });
       from = to + 1;
     }
@@ -2569,12 +2742,11 @@ std::vector<std::string> sort_clauses(const Lexicon& lex, const std::vector<Toke
     c.render(text);
     rendered.emplace_back(std::move(text), std::move(c));
   }
-  const bool ordered =
-      std::any_of(tokens.begin(), tokens.end(), [&lex](const Token& t) { return orders_requests(lex, t); }) ||
-      std::any_of(rendered.begin(), rendered.end(), [](const auto& r) {
-        const Clause& c = r.second;
-        return c.negated && c.actions.empty() && c.objects.empty() && c.entities.empty();
-      });
+  const bool ordered = orders_requests(lex, tokens.data(), tokens.data() + tokens.size()) ||
+                       std::any_of(rendered.begin(), rendered.end(), [](const auto& r) {
+                         const Clause& c = r.second;
+                         return c.negated && c.actions.empty() && c.objects.empty() && c.entities.empty();
+                       });
   if (!ordered) {
     std::stable_sort(rendered.begin(), rendered.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   }
@@ -2600,8 +2772,10 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   when_as_conjunction(tokens);
   benefactive_roles(lexicon, tokens);
   merge_dates(lexicon, tokens);
+  part_of_day_clock(lexicon, tokens);
   a_not_a_questions(lexicon, tokens);
   drop_articles(tokens);
+  whole_before_its_part(lexicon, tokens);
   drop_sides_without_thing(tokens);
   dao_after_verb(lexicon, tokens);
   from_before_to(lexicon, tokens);
@@ -2639,6 +2813,12 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
     const bool question_mark = i < tokens.size() && tokens[i].question_mark;
     Clause c = make_clause(lexicon, query, tokens.data() + start, tokens.data() + i, question_mark, polite_earlier);
+    c.sequenced = std::any_of(tokens.data() + start, tokens.data() + i,
+                              [this](const Token& t) { return says_sequence(lexicon, t); });
+    c.coordinated = std::any_of(tokens.data() + start, tokens.data() + i,
+                                [](const Token& t) { return t.kind == Token::coordinator; });
+    c.turns =
+        std::any_of(tokens.data() + start, tokens.data() + i, [](const Token& t) { return t.kind == Token::turn; });
     polite_earlier = polite_earlier || std::any_of(tokens.data() + start, tokens.data() + i,
                                                    [](const Token& t) { return t.kind == Token::polite; });
     if (!c.empty()) clauses.push_back(std::move(c));
@@ -2672,7 +2852,8 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
 
   if (unknown != nullptr) {
     k.low_information = true;
-    k.abstain_reason = fmt::format("unknown word \"{}\"", unknown->text);
+    k.abstain_reason = unknown->denies_saying ? std::string("a denial of what was said")
+                                              : fmt::format("unknown word \"{}\"", unknown->text);
   } else if (clauses.empty() || (any_greeting && std::all_of(clauses.begin(), clauses.end(),
                                                              [](const Clause& c) { return c.says_nothing(); }))) {
     if (!any_greeting) return invalid_argument("no content");

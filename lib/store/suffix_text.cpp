@@ -106,6 +106,35 @@ bool number_follows(std::string_view text, std::size_t next) {
   return next < text.size() && is_ascii_digit(text[next]);
 }
 
+// A phone number written with its country's code is the number as dialled at
+// home: "+1 (415) 555-0134" is "415-555-0134", "+44 7700 900123" "07700
+// 900123", "+86 138 1234 5678" "13812345678". Returns how many bytes of
+// text from `at` (the '+') the code takes, 0 where no such number follows,
+// and in `home` what the code becomes.
+std::size_t country_code(std::string_view text, std::size_t at, std::string_view& home) {
+  struct Code {
+    std::string_view digits, home;
+    std::size_t min_digits, max_digits;  // of the number after the code
+  };
+  static constexpr Code kCodes[] = {{"1", "", 10, 10}, {"44", "0", 9, 10}, {"86", "", 11, 11}};
+  for (const Code& code : kCodes) {
+    if (text.substr(at + 1, code.digits.size()) != code.digits) continue;
+    std::size_t next = at + 1 + code.digits.size(), digits = 0;
+    for (std::size_t k = next; k < text.size() && k < next + 24; ++k) {
+      const char c = text[k];
+      if (is_ascii_digit(c)) {
+        ++digits;
+      } else if (c != ' ' && c != '-' && c != '(' && c != ')' && c != '.') {
+        break;
+      }
+    }
+    if (digits < code.min_digits || digits > code.max_digits) continue;
+    home = code.home;
+    return 1 + code.digits.size();
+  }
+  return 0;
+}
+
 }  // namespace
 
 Status normalise_text(std::string_view text, std::string& out, Clauses clauses) {
@@ -137,6 +166,19 @@ Status normalise_text(std::string_view text, std::string& out, Clauses clauses) 
         while (i + digits < text.size() && is_ascii_digit(text[i + digits])) ++digits;
         if (c == '.' || digits != 3) out.push_back('.');  // a comma before exactly three digits groups thousands
         continue;
+      }
+      if (c == '+' && (out.empty() || pending != 0 || !is_ascii_alnum(out.back()))) {  // not "c++", "a+b"
+        std::string_view home;
+        if (const std::size_t code = country_code(text, at, home); code > 0) {
+          i = at + code;
+          if (!home.empty()) {
+            if (pending != 0 && !out.empty()) out.push_back(pending);
+            pending = 0;
+            out += home;
+          }
+          note(' ');
+          continue;
+        }
       }
       if (!is_ascii_alnum(c) && !is_ascii_symbol_unit(c)) {
         // A full stop before a space ends a sentence ("No. Cancel it."); one
