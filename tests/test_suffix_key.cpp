@@ -1334,6 +1334,8 @@ TEST_CASE("suffix key: requests in clauses of their own come in any order, unles
   CHECK(key("export my data, then delete my account") != key("delete my account, then export my data"));
   CHECK(key("先退款，我再寄回商品") != key("我先寄回商品，你们再退款"));
   // Other steps in a sequence stand apart.
+  CHECK(served("change my delivery date and add a note for the driver").key ==
+        served("add a note for the driver and change my delivery date").key);
   CHECK(served("冻结卡，然后给我打个电话").key == served("给我打个电话，再把卡冻结").key);
   CHECK(served("挂失旧卡，再补一张新卡").key == served("补一张新卡，把旧卡挂失").key);
   CHECK(key("apply the coupon, charge my card") != key("charge my card, apply the coupon"));
@@ -2169,6 +2171,7 @@ TEST_CASE("suffix key: a thing on, in, at or for another is named after it, and 
   CHECK(served("cancel my appointment at the dentist").key == served("cancel my dentist appointment").key);
   CHECK(served("raise the limit on my credit card").key == served("raise my credit card limit").key);
   CHECK(served("there's no dial tone on my landline").key == served("my landline has no dial tone").key);
+  CHECK(served("there's no hot water in my hotel room").key == served("my hotel room has no hot water").key);
   CHECK(served("is there parking at the hotel?").key == served("does the hotel have parking?").key);
   CHECK(served("my room's AC is broken").key == served("the AC in my room is broken").key);
   CHECK(served("押金退给我").key == served("我要退押金").key);
@@ -2202,6 +2205,13 @@ TEST_CASE("suffix key: details of one request in any order, a thing on both side
         served("I want the aisle seat, not the window").key);
   CHECK(key("give me an aisle seat instead of a window seat") != key("give me a window seat instead of an aisle seat"));
   CHECK(served("冻结新卡，旧卡别动").key != served("冻结旧卡，新卡别动").key);
+  CHECK(key("账单发新邮箱，别发旧的") != key("账单发旧邮箱，别发新的"));
+  CHECK(key("the red shirt in medium and the blue one in large") !=
+        key("the red shirt in large and the blue one in medium"));
+  // A but or an if: each side's things are its own.
+  CHECK(key("the wings were ok but the pizza arrived cold") != key("the pizza was ok but the wings arrived cold"));
+  CHECK(key("cancel my hotel booking if the flight is delayed") !=
+        key("cancel my flight booking if the hotel is delayed"));
 }
 
 TEST_CASE("suffix key: switched on, a hold taken off, processed asked, what was said denied, receipts") {

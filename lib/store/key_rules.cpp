@@ -1847,11 +1847,10 @@ void drop_articles(std::vector<Token>& tokens) {
 // "the insurance on my car" is "my car insurance", "the heating in room 312"
 // "room 312's heating", "a table at the restaurant" "a restaurant table": a
 // thing on, in, at, of or for another is named after the whole it is part of, as
-// a compound names it (and as Chinese does: 账户上的姓名). Not with a person
+// a compound names it (and as Chinese does: 账户上的姓名). Not on a person
 // (whose thing is OF.); an account after a thing stays the context it is
 // (make_clause).
 void whole_before_its_part(const Lexicon& lex, std::vector<Token>& tokens) {
-  const auto to = lex.by_name.find("TO");
   for (std::size_t whole = 1; whole < tokens.size(); ++whole) {
     const Token& w = tokens[whole];
     if (w.kind != Token::object || !w.of_whole || is_person(lex, w) || lex.names[w.name] == "ACCOUNT") continue;
@@ -1861,7 +1860,7 @@ void whole_before_its_part(const Lexicon& lex, std::vector<Token>& tokens) {
     --part;
     const Token& p = tokens[part];
     // "a refund for the chicken" is "refund the chicken": a thing that is also a verb stays first.
-    if (is_person(lex, p) || p.commands || p.verb_first || p.chinese_verb ||
+    if (p.commands || p.verb_first || p.chinese_verb ||
         name_in(lex.names[p.name], {"REFUND", "RETURN", "EXCHANGE", "CLAIM", "APPLICATION"})) {
       continue;
     }
@@ -1882,21 +1881,13 @@ void whole_before_its_part(const Lexicon& lex, std::vector<Token>& tokens) {
       keeps_order = keeps_order || tokens[k].kind == Token::coordinator;
     }
     // "exchange the shirt for the jacket": for names what replaces the thing,
-    // where it goes (TO), as "change the shirt to the jacket" names it.
-    bool exchanged = false;
+    // and the order which is which; "a replacement PIN for my card" and
+    // "change the PIN for my card" name the card's own.
     for (std::size_t k = part; k > 0 && tokens[k - 1].kind != Token::clause_end; --k) {
-      const bool exchanging = tokens[k - 1].kind == Token::action &&
+      const bool exchanging = tokens[k - 1].kind == Token::action && !tokens[k - 1].nominal &&
                               name_in(lex.names[tokens[k - 1].name], {"EXCHANGE", "CHANGE", "CONVERT", "MOVE"});
-      // ("change the PIN for my card" changes the card's PIN: what names a thing's own is not exchanged.)
       const bool own = name_in(lex.names[p.name], {"PIN", "PASSWORD", "NAME", "ADDRESS", "EMAIL", "LIMIT", "NUMBER"});
-      keeps_order = keeps_order || (w.for_whole && exchanging && !tokens[k - 1].nominal && !own);
-      // (Not "a replacement PIN for my card": the card's PIN.)
-      exchanged = exchanged ||
-                  (w.for_whole && exchanging && !tokens[k - 1].nominal && lex.names[tokens[k - 1].name] != "CHANGE");
-    }
-    if (exchanged && to != lex.by_name.end()) {
-      tokens.insert(tokens.begin() + static_cast<std::ptrdiff_t>(whole), Token{Token::role, to->second, {}, false});
-      ++whole;
+      keeps_order = keeps_order || (w.for_whole && exchanging && !own);
     }
     if (keeps_order) continue;
     // The whole is all its words: "autopay on my water bill".
