@@ -2165,7 +2165,7 @@ TEST_CASE("suffix key: billing address, marketing refused, an undone thing, a st
   CHECK(key("Is flight BA 117 on time?") != key("Is flight BA 118 on time?"));
 }
 
-TEST_CASE("suffix key: a thing on, in, at or for another is named after it, and two things in any order") {
+TEST_CASE("suffix key: two things of one request in any order, unless the order says which is which") {
   CHECK(served("renew the insurance on my car").key == served("renew my car insurance").key);
   CHECK(served("the heating in room 214 doesn't work").key == served("room 214's heating doesn't work").key);
   CHECK(served("cancel my appointment at the dentist").key == served("cancel my dentist appointment").key);
@@ -2210,6 +2210,7 @@ TEST_CASE("suffix key: details of one request in any order, a thing on both side
         key("the red shirt in large and the blue one in medium"));
   // A but or an if: each side's things are its own.
   CHECK(key("the wings were ok but the pizza arrived cold") != key("the pizza was ok but the wings arrived cold"));
+  CHECK(key("the pizza was late but the wings were damaged") != key("the pizza was damaged but the wings were late"));
   CHECK(key("cancel my hotel booking if the flight is delayed") !=
         key("cancel my flight booking if the hotel is delayed"));
 }
@@ -2249,6 +2250,28 @@ TEST_CASE("suffix key: a phone number with its country's code, a clock time with
   CHECK(served("deliver at 3 o'clock in the afternoon").key == served("deliver at 3 pm").key);
   CHECK(key("上午10点送") != key("晚上10点送"));
   CHECK(served("下午9点送").entity == "9oclock");  // no afternoon hour: as written
+}
+
+TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
+  CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
+  CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);
+  CHECK(served("isn't it possible to pay my bill in instalments?").key ==
+        served("is it possible to pay my bill in instalments?").key);
+  CHECK(served("can't I change my seat online?").key == served("can I change my seat online?").key);
+  // A question word, a statement or a prohibition keeps its negation.
+  CHECK(key("why hasn't my parcel shipped?") != key("why has my parcel shipped?"));
+  CHECK(key("my parcel hasn't shipped?") != key("has my parcel shipped?"));
+  CHECK(key("don't cancel my order?") != key("cancel my order?"));
+  CHECK(key("can't I change my seat online?") != key("I can't change my seat online"));
+  // Asked, active is activated; a card missing is lost; stopping a return cancels it.
+  CHECK(served("is my new SIM active?").key == served("has my new SIM been activated?").key);
+  CHECK(key("my new SIM is active") != key("has my new SIM been activated?"));
+  CHECK(served("my debit card is missing").key == served("I lost my debit card").key);
+  CHECK(served("我的借记卡找不到了").key == served("借记卡丢了").key);
+  CHECK(key("an item is missing from my order") != key("I lost an item from my order"));
+  CHECK(served("stop my return for order 4412").key == served("cancel my return for order 4412").key);
+  CHECK(served("shut down my savings account").key == served("close my savings account").key);
+  CHECK(key("close my claim") != key("cancel my claim"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

@@ -188,10 +188,10 @@ void new_card_is_its_replacement(Clause& c) {
   c.actions.assign(1, Element{"EXCHANGE"});
 }
 
-// Closing a card or an account, stopping a subscription, an order, a refund
-// or a payment, is cancelling it: "close my credit card" is "cancel my credit
-// card", "stop my streaming subscription", "stop the refund I asked for" are
-// "cancel" them (closing a ticket or an app stays what it is).
+// Closing a card or an account, stopping a subscription, an order, a refund,
+// a return or a payment, is cancelling it: "close my credit card" is
+// "cancel my credit card", "stop my streaming subscription", "stop the return
+// I requested" are "cancel" them (closing a ticket or an app stays what it is).
 void ending_a_contract_cancels_it(Clause& c) {
   if (c.actions.size() != 1 || c.actions[0].past) return;
   const std::string& action = c.actions[0].text;
@@ -204,7 +204,7 @@ void ending_a_contract_cancels_it(Clause& c) {
            ((closes &&
              (is_card_like(o) || name_in(o.text, {"ACCOUNT", "BANK_ACCOUNT", "SAVINGS", "LANDLINE", "BROADBAND"}))) ||
             name_in(o.text, {"SUBSCRIPTION", "MEMBERSHIP", "REFUND", "ORDER", "PAYMENT", "TRANSFER", "DIRECT_DEBIT",
-                             "STANDING_ORDER", "CONTRACT", "INSURANCE", "PLAN"}));
+                             "STANDING_ORDER", "CONTRACT", "INSURANCE", "PLAN", "RETURN", "EXCHANGE"}));
   };
   // The last thing named is what ends ("end my mobile contract", "stop my card payment").
   const auto plain = [](const Element& o) { return !o.negated && o.text.find('.') == std::string::npos; };
@@ -621,6 +621,31 @@ void subscribed_to_is_the_thing(Clause& c) {
   }
 }
 
+// A card, a passport or a SIM missing or not found is lost ("my credit card
+// is missing", 信用卡找不到了 are "I lost my credit card"); an item missing from
+// an order is not.
+void a_card_missing_is_lost(Clause& c) {
+  if (c.objects.size() != 1 || !is_card_like(c.objects[0]) || c.objects[0].negated) return;
+  for (Element& d : c.details) {
+    if (name_in(d.text, {"MISSING", "NOT_FOUND"}) && !d.negated) d.text = "LOST";
+  }
+}
+
+// Asked whether a thing is active is asked whether it was activated: "is my
+// SIM active now?" is "has my SIM been activated?" ("my SIM is active" says so).
+void active_asked_is_enabled(Clause& c) {
+  if (!c.question_mark || !c.mood.empty() || c.actions.size() != 1 || c.actions[0].text != "QUERY" ||
+      c.actions[0].negated || c.objects.empty()) {
+    return;
+  }
+  const auto active = std::find_if(c.details.begin(), c.details.end(),
+                                   [](const Element& d) { return d.text == "ACTIVE" && !d.negated; });
+  if (active == c.details.end()) return;
+  c.details.erase(active);
+  c.mood = "ASK";
+  c.actions[0].text = "ENABLE";
+}
+
 // "switch two-factor authentication back on" is "re-enable" it: a switch
 // with back on is the resuming alone (not a change and a resumption of two
 // things: "change my plan and resume my subscription"). "send me a
@@ -667,6 +692,8 @@ void reword_clause(Clause& c) {
   account_of_its_attribute(c);
   booking_of_what_is_booked(c);
   subscribed_to_is_the_thing(c);
+  a_card_missing_is_lost(c);
+  active_asked_is_enabled(c);
   shared_head_of_a_contrast(c);
   things_of_one_request_unordered(c);
   details_in_any_order(c);

@@ -58,23 +58,23 @@ struct Token {
   bool both = false;           // entity: "both", the number 2, unless it opens "both X and Y" (drop_articles)
   bool particle = false;       // unknown: "off" or "back" apart from its verb ("take my card off"), until separated_off
   bool denies_saying = false;  // unknown: a negated word for saying ("I never said"): no request follows
+  bool inverts = false;        // negation: an auxiliary's (isn't, hasn't, can't), which may open a question
   bool subordinate = false;    // question: "when" then who or what ("charge me when it ships"), unless asked about
   bool what_it_is = false;     // question: 多少 after 是 (账号是多少): what it is, not how much there is
   bool before_thing_only = false;  // detail: kept only right before a thing ("the right earbud", not "that's right")
   bool reported = false;           // action, object: after 已经 or 被, what was done ("订单已经取消了")
   bool actor = false;              // object, entity: who acts for the speaker (邻居帮我签收: BY.)
-  bool prefers = false;    // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
-  bool needs = false;      // want: need, 需要, 要 (NEED), which in a question asks whether one must: ASK_MUST
-  bool passive = false;    // want: needs to be, has to be (WANT_DONE): only a past form after it is asked for
-  bool gerund = false;     // action: a form in -ing ("checking"), which after "to" names a thing
-  bool dao = false;        // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
-  bool owner = false;      // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
-  bool someones = false;   // object: right after my, our, your (OWNER): someone's own, "my neighbor"
-  bool of_whole = false;   // object: right after on, in, at, of, for (WHOLE): what the thing before it is part of
-  bool for_whole = false;  // object: of_whole by "for", which after exchange names what replaces the thing
-  bool on_whole = false;   // object: of_whole by "on", so an "on" before it is no particle ("turn it on")
-  bool nominal = false;    // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
-  bool fine = false;       // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
+  bool prefers = false;   // want: rather, prefer, would sooner ("than" or "over" after it names what is not wanted)
+  bool needs = false;     // want: need, 需要, 要 (NEED), which in a question asks whether one must: ASK_MUST
+  bool passive = false;   // want: needs to be, has to be (WANT_DONE): only a past form after it is asked for
+  bool gerund = false;    // action: a form in -ing ("checking"), which after "to" names a thing
+  bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
+  bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
+  bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
+  bool after_preposition = false;  // object: right after on, in, at, of, for (PREPOSITION, ON)
+  bool after_on = false;           // object: right after "on": an "on" before it is no particle ("turn it on")
+  bool nominal = false;  // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
+  bool fine = false;     // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
   bool unable = false;  // negation, negation_after: what cannot be done (can't, 无法, 登录不了), not what must not
   bool contrast = false;      // negation: says which thing is meant (not, instead of, rather than, except)
   bool does_not = false;      // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
@@ -443,10 +443,19 @@ class Tokenizer {
                                       (out.back().kind == Token::action || out.back().kind == Token::object)));
       const bool english_noun = is_ascii_word(units[i]) && (units[i].ends_with("tion") || units[i].ends_with("sion") ||
                                                             units[i].ends_with("al") || units[i].ends_with("ure"));
+      const std::string_view first_unit = units[i];
       i += best_len;
       const bool done_before = done_mark_;
       const std::size_t tokens_before = out.size();
       add_entry(lex_.entries[static_cast<std::size_t>(best)]);
+      if (out.size() > tokens_before && out.back().kind == Token::negation) {
+        // isn't, hasn't, didn't, can't: an auxiliary's own negation, which opening a question is
+        // that auxiliary asking (negated_yes_no_question).
+        static constexpr std::string_view kAux[] = {"isn",   "aren",   "wasn",  "weren", "hasn",   "haven", "didn",
+                                                    "don",   "doesn",  "can",   "isnt",  "arent",  "wasnt", "werent",
+                                                    "hasnt", "havent", "didnt", "dont",  "doesnt", "cant"};
+        out.back().inverts = std::find(std::begin(kAux), std::end(kAux), first_unit) != std::end(kAux);
+      }
       // 已经把押金退给我了: after 把 and what it takes, a thing's name right after
       // another thing or a detail is its verb (退: RETURN).
       const bool verb_after_disposal =
@@ -731,9 +740,8 @@ class Tokenizer {
       case Category::object:
         out_->push_back({Token::object, e.name, {}, false});
         out_->back().someones = owner_word_at_ == out_->size() - 1;
-        out_->back().of_whole = whole_word_at_ == out_->size() - 1;
-        out_->back().for_whole = out_->back().of_whole && whole_by_for_;
-        out_->back().on_whole = out_->back().of_whole && whole_by_on_;
+        out_->back().after_preposition = preposition_at_ == out_->size() - 1;
+        out_->back().after_on = out_->back().after_preposition && preposition_is_on_;
         break;
       case Category::detail:
         if (lex_.names[e.name] == "ABOVE" && prefers_in_clause()) {
@@ -855,18 +863,17 @@ class Tokenizer {
           out_->push_back({Token::benefactive, e.name, {}, false});
         }
         if (lex_.names[e.name] == "OWNER") owner_word_at_ = out_->size();
-        // "on my card", "in the room": only an article or my, our, your between it and its whole.
+        // "on my card", "for my trip": only an article or my, our, your between a preposition and its thing.
         if (lex_.names[e.name] == "ON") {
-          // A particle until separated_off reads it ("turn the heating on"), or the whole ("on my card").
+          // A particle until separated_off reads it ("turn the heating on"), or a preposition ("on my card").
           out_->push_back({Token::unknown, 0, "on", false});
           out_->back().particle = true;
         }
-        if (lex_.names[e.name] == "WHOLE" || lex_.names[e.name] == "WHOLE_FOR" || lex_.names[e.name] == "ON") {
-          whole_word_at_ = out_->size();
-          whole_by_for_ = lex_.names[e.name] == "WHOLE_FOR";
-          whole_by_on_ = lex_.names[e.name] == "ON";
+        if (lex_.names[e.name] == "PREPOSITION" || lex_.names[e.name] == "ON") {
+          preposition_at_ = out_->size();
+          preposition_is_on_ = lex_.names[e.name] == "ON";
         } else if (lex_.names[e.name] != "OWNER" && lex_.names[e.name] != "ARTICLE") {
-          whole_word_at_ = SIZE_MAX;
+          preposition_at_ = SIZE_MAX;
         }
         // "my neighbor's": 's after someone's own; before a thing it owns it
         // (make_clause). Without my, it names a kind: "a children's menu" is
@@ -960,9 +967,8 @@ class Tokenizer {
   std::size_t last_token_end_ = SIZE_MAX;    // the unit after the last one that gave a token
   std::size_t prefers_at_ = SIZE_MAX;        // the last preference read
   std::size_t owner_word_at_ = SIZE_MAX;     // where the last my, our, your was: the next token is theirs
-  std::size_t whole_word_at_ = SIZE_MAX;     // where the last on, in, at, of, for was: the next thing is the whole
-  bool whole_by_for_ = false;                // that word was "for"
-  bool whole_by_on_ = false;                 // that word was "on"
+  std::size_t preposition_at_ = SIZE_MAX;    // where the last on, in, at, of, for was: the next thing is its
+  bool preposition_is_on_ = false;           // that word was "on"
   // The entity being read, while numbers come: its parts, whether a number
   // word is among them, and whether it is all numbers (no id letters, no unit).
   std::vector<Numeral> parts_;
@@ -1578,6 +1584,38 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   return c;
 }
 
+// "Isn't my policy active yet?" asks what "is my policy active yet?" asks,
+// "haven't you received my payment?" what "have you received my payment?"
+// does, "can't I cancel online?" "can I cancel online?": a yes-or-no question
+// opened by an auxiliary's negation is that auxiliary's question. Not with a
+// question word ("why hasn't my order shipped?" is not "why has it?"), nor
+// where the negation says what is ("my order hasn't shipped?") or forbids
+// ("don't cancel my order?").
+void negated_yes_no_question(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto ask = lex.by_name.find("ASK"), ask_able = lex.by_name.find("ASK_ABLE");
+  if (ask == lex.by_name.end() || ask_able == lex.by_name.end()) return;  // a host's lexicon without them
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i <= tokens.size(); ++i) {
+    if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
+    const bool asked = i < tokens.size() && tokens[i].question_mark;
+    std::size_t first = begin;
+    while (first < i && (tokens[first].kind == Token::greeting || tokens[first].kind == Token::polite)) ++first;
+    const bool question_word = std::any_of(
+        tokens.begin() + static_cast<std::ptrdiff_t>(begin), tokens.begin() + static_cast<std::ptrdiff_t>(i),
+        [&lex](const Token& t) { return t.kind == Token::question && lex.names[t.name] != "QMARK"; });
+    // Inverted: who or what it asks about comes next ("isn't my", "haven't you"), not the verb ("don't cancel it?").
+    const auto inverted = [](const Token& t) {
+      return t.kind == Token::subject || t.kind == Token::object || t.kind == Token::entity || t.kind == Token::detail;
+    };
+    if (asked && !question_word && first + 1 < i && tokens[first].kind == Token::negation && tokens[first].inverts &&
+        inverted(tokens[first + 1])) {
+      const bool unable = tokens[first].unable;
+      tokens[first] = Token{Token::aux, unable ? ask_able->second : ask->second, {}, false};
+    }
+    begin = i + 1;
+  }
+}
+
 // A clock time with its part of the day is the 24-hour clock's: 下午3点 is
 // 15:00 and "3 pm", 晚上7点半 19:30, 下午6点45 18:45, "8 o'clock in the
 // morning" 08:00. Only
@@ -1844,65 +1882,6 @@ void drop_articles(std::vector<Token>& tokens) {
   std::erase_if(tokens, [](const Token& t) { return t.article; });
 }
 
-// "the insurance on my car" is "my car insurance", "the heating in room 312"
-// "room 312's heating", "a table at the restaurant" "a restaurant table": a
-// thing on, in, at, of or for another is named after the whole it is part of, as
-// a compound names it (and as Chinese does: 账户上的姓名). Not on a person
-// (whose thing is OF.); an account after a thing stays the context it is
-// (make_clause).
-void whole_before_its_part(const Lexicon& lex, std::vector<Token>& tokens) {
-  for (std::size_t whole = 1; whole < tokens.size(); ++whole) {
-    const Token& w = tokens[whole];
-    if (w.kind != Token::object || !w.of_whole || is_person(lex, w) || lex.names[w.name] == "ACCOUNT") continue;
-    std::size_t part = whole;
-    while (part > 0 && tokens[part - 1].kind == Token::entity) --part;
-    if (part == 0 || tokens[part - 1].kind != Token::object) continue;
-    --part;
-    const Token& p = tokens[part];
-    // "a refund for the chicken" is "refund the chicken": a thing that is also a verb stays first.
-    if (p.commands || p.verb_first || p.chinese_verb ||
-        name_in(lex.names[p.name], {"REFUND", "RETURN", "EXCHANGE", "CLAIM", "APPLICATION"})) {
-      continue;
-    }
-    // "no dial tone on my landline": the negation stays the part's. One
-    // further back ("I won't need a child seat in the rental"), or one for
-    // the other option ("rather than a credit on my bill"), reaches the things
-    // in their order, and with things joined by "and" which goes where is in
-    // it ("the jacket in box 1 and the jeans in box 2"): the order stays.
-    while (part > 0 && tokens[part - 1].kind == Token::negation && !tokens[part - 1].instead &&
-           !tokens[part - 1].contrast) {
-      --part;
-    }
-    bool keeps_order = false;
-    for (std::size_t k = part; k > 0 && tokens[k - 1].kind != Token::clause_end; --k) {
-      keeps_order = keeps_order || tokens[k - 1].kind == Token::negation || tokens[k - 1].kind == Token::coordinator;
-    }
-    for (std::size_t k = whole; k < tokens.size() && tokens[k].kind != Token::clause_end; ++k) {
-      keeps_order = keeps_order || tokens[k].kind == Token::coordinator;
-    }
-    // "exchange the shirt for the jacket": for names what replaces the thing,
-    // and the order which is which; "a replacement PIN for my card" and
-    // "change the PIN for my card" name the card's own.
-    for (std::size_t k = part; k > 0 && tokens[k - 1].kind != Token::clause_end; --k) {
-      const bool exchanging = tokens[k - 1].kind == Token::action && !tokens[k - 1].nominal &&
-                              name_in(lex.names[tokens[k - 1].name], {"EXCHANGE", "CHANGE", "CONVERT", "MOVE"});
-      const bool own = name_in(lex.names[p.name], {"PIN", "PASSWORD", "NAME", "ADDRESS", "EMAIL", "LIMIT", "NUMBER"});
-      keeps_order = keeps_order || (w.for_whole && exchanging && !own);
-    }
-    if (keeps_order) continue;
-    // The whole is all its words: "autopay on my water bill".
-    std::size_t end = whole + 1;
-    while (end < tokens.size() &&
-           (tokens[end].kind == Token::entity ||
-            (tokens[end].kind == Token::object && !tokens[end].of_whole && !is_person(lex, tokens[end])))) {
-      ++end;
-    }
-    std::rotate(tokens.begin() + static_cast<std::ptrdiff_t>(part), tokens.begin() + static_cast<std::ptrdiff_t>(whole),
-                tokens.begin() + static_cast<std::ptrdiff_t>(end));
-    whole = end - 1;
-  }
-}
-
 // "the right earbud" is a side, as "the left earbud" is; "that's right" and
 // "right, refund me" say nothing: such a detail stays only right before a thing.
 void drop_sides_without_thing(std::vector<Token>& tokens) {
@@ -2030,7 +2009,7 @@ void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
       while (j > 0 && k - j < kMaxBetween && between(tokens[j - 1])) --j;
       const Token* next = k + 1 < tokens.size() ? &tokens[k + 1] : nullptr;
       const bool thing_on = next != nullptr && between(*next) &&
-                            !(next->kind == Token::object && next->of_whole && !next->on_whole) &&
+                            !(next->kind == Token::object && next->after_preposition && !next->after_on) &&
                             !(next->kind == Token::detail && name_in(lex.names[next->name], {"AGAIN", "TEMPORARY"}));
       const bool turns = j > 0 && j < k &&
                          ((tokens[j - 1].kind == Token::want && lex.names[tokens[j - 1].name] == "TURN") ||
@@ -2762,11 +2741,11 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   separated_off(lexicon, tokens);
   when_as_conjunction(tokens);
   benefactive_roles(lexicon, tokens);
+  negated_yes_no_question(lexicon, tokens);
   merge_dates(lexicon, tokens);
   part_of_day_clock(lexicon, tokens);
   a_not_a_questions(lexicon, tokens);
   drop_articles(tokens);
-  whole_before_its_part(lexicon, tokens);
   drop_sides_without_thing(tokens);
   dao_after_verb(lexicon, tokens);
   from_before_to(lexicon, tokens);
@@ -2804,6 +2783,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
     if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
     const bool question_mark = i < tokens.size() && tokens[i].question_mark;
     Clause c = make_clause(lexicon, query, tokens.data() + start, tokens.data() + i, question_mark, polite_earlier);
+    c.question_mark = question_mark;
     c.sequenced = std::any_of(tokens.data() + start, tokens.data() + i,
                               [this](const Token& t) { return says_sequence(lexicon, t); });
     c.coordinated = std::any_of(tokens.data() + start, tokens.data() + i,
