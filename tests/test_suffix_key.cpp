@@ -2269,9 +2269,21 @@ TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks"
   CHECK(served("my debit card is missing").key == served("I lost my debit card").key);
   CHECK(served("我的借记卡找不到了").key == served("借记卡丢了").key);
   CHECK(key("an item is missing from my order") != key("I lost an item from my order"));
-  CHECK(served("stop my return for order 4412").key == served("cancel my return for order 4412").key);
+  CHECK(served("stop the return I requested").key == served("cancel the return I requested").key);
   CHECK(served("shut down my savings account").key == served("close my savings account").key);
   CHECK(key("close my claim") != key("cancel my claim"));
+}
+
+TEST_CASE("suffix key: a request beside the one it replaces is one contrast") {
+  CHECK(served("freeze my card, don't cancel it").key == served("freeze my card instead of cancelling it").key);
+  CHECK(served("别注销会员，暂停就行").key == served("暂停会员，不要注销").key);
+  CHECK(served("转到定期账户，别转到活期").key == served("转到定期账户，不要转到活期").key);
+  // Which is refused, and which thing goes with which, stay.
+  CHECK(key("freeze my card, don't cancel it") != key("cancel my card, don't freeze it"));
+  CHECK(key("don't cancel my order, refund my subscription") != key("don't cancel my subscription, refund my order"));
+  CHECK(key("don't cancel my order, cancel my subscription") != key("cancel my order, don't cancel my subscription"));
+  CHECK(key("I don't want to wait, cancel my order") != key("don't cancel my order, I can wait"));
+  CHECK(key("don't deliver before 9 am") != key("deliver before 9 am"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

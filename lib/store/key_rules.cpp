@@ -1587,7 +1587,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
 // "Isn't my policy active yet?" asks what "is my policy active yet?" asks,
 // "haven't you received my payment?" what "have you received my payment?"
 // does, "can't I cancel online?" "can I cancel online?": a yes-or-no question
-// opened by an auxiliary's negation is that auxiliary's question. Not with a
+// opened by an auxiliary's negation is that auxiliary's question. Not after a
 // question word ("why hasn't my order shipped?" is not "why has it?"), nor
 // where the negation says what is ("my order hasn't shipped?") or forbids
 // ("don't cancel my order?").
@@ -1600,14 +1600,11 @@ void negated_yes_no_question(const Lexicon& lex, std::vector<Token>& tokens) {
     const bool asked = i < tokens.size() && tokens[i].question_mark;
     std::size_t first = begin;
     while (first < i && (tokens[first].kind == Token::greeting || tokens[first].kind == Token::polite)) ++first;
-    const bool question_word = std::any_of(
-        tokens.begin() + static_cast<std::ptrdiff_t>(begin), tokens.begin() + static_cast<std::ptrdiff_t>(i),
-        [&lex](const Token& t) { return t.kind == Token::question && lex.names[t.name] != "QMARK"; });
     // Inverted: who or what it asks about comes next ("isn't my", "haven't you"), not the verb ("don't cancel it?").
     const auto inverted = [](const Token& t) {
       return t.kind == Token::subject || t.kind == Token::object || t.kind == Token::entity || t.kind == Token::detail;
     };
-    if (asked && !question_word && first + 1 < i && tokens[first].kind == Token::negation && tokens[first].inverts &&
+    if (asked && first + 1 < i && tokens[first].kind == Token::negation && tokens[first].inverts &&
         inverted(tokens[first + 1])) {
       const bool unable = tokens[first].unable;
       tokens[first] = Token{Token::aux, unable ? ask_able->second : ask->second, {}, false};
@@ -2696,6 +2693,49 @@ void join_contrasts(std::vector<Clause>& clauses) {
   clauses = std::move(joined);
 }
 
+// A request beside the one it replaces, in a clause of its own, says what
+// "X, not Y" says in one: 寄到公司，别寄家里 is 寄到公司，不是家里 (the same
+// action: the refused clause's things are the ones not meant), "downgrade my
+// plan, don't upgrade it" is "downgrade my plan rather than upgrade it"
+// (another action: it is the one not meant, and the things, named in one
+// clause only, are both's). Not when both name things of their own ("don't
+// cancel my order, refund my subscription" keeps which goes with which), nor
+// beside what cannot be done or was done ("I can't wait, cancel my order").
+void merge_refused_alternative(std::vector<Clause>& clauses) {
+  if (clauses.size() != 2) return;
+  const auto plain = [](const Clause& c) {
+    return c.mood.empty() && !c.negated && !c.interleaved && !c.states && !c.actions.empty() &&
+           std::none_of(c.objects.begin(), c.objects.end(), is_negated) &&
+           std::none_of(c.entities.begin(), c.entities.end(), is_negated) &&
+           std::none_of(c.details.begin(), c.details.end(), is_negated);
+  };
+  const auto refused = [&plain](const Clause& c) {
+    return plain(c) && c.actions.size() == 1 && c.actions[0].negated && !c.actions[0].past && !c.actions[0].unable &&
+           !c.actions[0].given_up;
+  };
+  const auto asked = [&plain](const Clause& c) {
+    return plain(c) &&
+           std::none_of(c.actions.begin(), c.actions.end(), [](const Element& a) { return a.negated || a.past; });
+  };
+  const bool first_refused = refused(clauses[0]) && asked(clauses[1]);
+  if (!first_refused && !(refused(clauses[1]) && asked(clauses[0]))) return;
+  Clause& no = clauses[first_refused ? 0 : 1];
+  Clause& yes = clauses[first_refused ? 1 : 0];
+  const auto things = [](const Clause& c) { return c.objects.size() + c.entities.size() + c.details.size(); };
+  const bool same_action = yes.actions.size() == 1 && yes.actions[0].text == no.actions[0].text;
+  if (same_action ? things(no) == 0 : (things(no) > 0 && things(yes) > 0)) return;
+  if (!same_action) yes.actions.push_back(std::move(no.actions[0]));
+  for (auto [from, to] : {std::pair{&no.objects, &yes.objects}, std::pair{&no.entities, &yes.entities},
+                          std::pair{&no.details, &yes.details}}) {
+    for (Element& e : *from) {
+      e.negated = same_action;
+      to->push_back(std::move(e));
+    }
+  }
+  Clause merged = std::move(yes);
+  clauses.assign(1, std::move(merged));
+}
+
 // Requests in clauses of their own come in any order, as requests joined by
 // "and" do: 周六的配送取消，周日的保留 is 周日的保留，周六的配送取消, "return the
 // shirt, keep the trousers" is "keep the trousers, return the shirt". Each
@@ -2798,6 +2838,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
 
   resolve_bare_actions(lexicon, query, tokens, clauses);
   join_contrasts(clauses);
+  merge_refused_alternative(clauses);
   for (Clause& c : clauses) reword_clause(c);
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
