@@ -2284,6 +2284,10 @@ TEST_CASE("suffix key: a request beside the one it replaces is one contrast") {
   CHECK(key("don't cancel my order, cancel my subscription") != key("cancel my order, don't cancel my subscription"));
   CHECK(key("I don't want to wait, cancel my order") != key("don't cancel my order, I can wait"));
   CHECK(key("don't deliver before 9 am") != key("deliver before 9 am"));
+  CHECK(key("don't cancel, pause my order and my subscription") != key("don't cancel my subscription, pause my order"));
+  // What cannot be done is the problem a request is for, and a time alone no request: clauses of their own.
+  CHECK(served("I can't log in, please reset my password").key.find('|') != std::string::npos);
+  CHECK(served("please don't charge me before delivery").key.find('|') != std::string::npos);
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

@@ -2710,8 +2710,7 @@ void merge_refused_alternative(std::vector<Clause>& clauses) {
            std::none_of(c.details.begin(), c.details.end(), is_negated);
   };
   const auto refused = [&plain](const Clause& c) {
-    return plain(c) && c.actions.size() == 1 && c.actions[0].negated && !c.actions[0].past && !c.actions[0].unable &&
-           !c.actions[0].given_up;
+    return plain(c) && c.actions.size() == 1 && c.actions[0].negated && !c.actions[0].past && !c.actions[0].unable;
   };
   const auto asked = [&plain](const Clause& c) {
     return plain(c) &&
