@@ -2272,6 +2272,12 @@ TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks"
   CHECK(served("stop the return I requested").key == served("cancel the return I requested").key);
   CHECK(served("shut down my savings account").key == served("close my savings account").key);
   CHECK(key("close my claim") != key("cancel my claim"));
+  // Taking back a request withdraws it; who is reminded to do what stays.
+  CHECK(key("take back my refund request for the kettle") != key("request a refund for the kettle"));
+  CHECK(served("take back my refund request for the kettle").key ==
+        served("withdraw my refund request for the kettle").key);
+  CHECK(key("remind me to call my sister at 6") != key("remind my sister to call me at 6"));
+  CHECK(served("email me my latest statement").key == served("email me my most recent statement").key);
 }
 
 TEST_CASE("suffix key: a request beside the one it replaces is one contrast") {

@@ -1086,6 +1086,9 @@ bool wanted_thing_then_its_verb(const Lexicon& lex, const Token* t, const Token*
 Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, const Token* end, bool question_mark,
                    bool polite_earlier) {
   Clause c;
+  const bool two_actions_and_someone =
+      std::count_if(begin, end, [](const Token& t) { return t.kind == Token::action; }) >= 2 &&
+      std::any_of(begin, end, [&lex](const Token& t) { return is_person(lex, t); });
   bool pending_not = false;
   bool pending_past = false;          // the negation was of what happened: "didn't", 没
   bool pending_unable = false;        // the negation says what cannot be done: can't, 无法
@@ -1302,7 +1305,11 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         break;
       case Token::speaker:
         speaker_after_action = !c.actions.empty();
-        if (this_role == "TO.") {
+        if (two_actions_and_someone) {
+          // "remind me to call mum" is not "remind mum to call me": who is asked to do what is in where I am.
+          c.objects.push_back({"SELF", pending_not});
+          pending_not = false;
+        } else if (this_role == "TO.") {
           // Where it goes, as "to Friday" says when: a detail.
           c.details.push_back({"TO.SELF", pending_not});
           c.details.back().to_speaker = true;
