@@ -411,16 +411,20 @@ void amount_left_is_the_balance(Clause& c) {
   if (!of_balance) c.objects.push_back(Element{"BALANCE"});
 }
 
-// Whether a flight is on time asks whether it is delayed: "is my flight on
-// time" and "has my flight been delayed" (航班准点吗, 航班延误了吗) have one
-// answer. (Asked for, "make sure it arrives on time" stays.) And a question
-// asked twice over ("tell me what's included") is asked once.
-void on_time_asks_the_delay(Clause& c) {
+// A question asked twice over ("tell me what's included") is asked once.
+void asked_once(Clause& c) {
   const auto query = [](const Element& a) { return a.text == "QUERY" && !a.negated; };
   for (std::size_t i = 1; i < c.actions.size(); ++i) {
     if (query(c.actions[i]) && query(c.actions[i - 1]))
       c.actions.erase(c.actions.begin() + static_cast<std::ptrdiff_t>(i--));
   }
+}
+
+// Whether a flight is on time asks whether it is delayed: "is my flight on
+// time" and "has my flight been delayed" (航班准点吗, 航班延误了吗) have one
+// answer. (Asked for, "make sure it arrives on time" stays.)
+void on_time_asks_the_delay(Clause& c) {
+  const auto query = [](const Element& a) { return a.text == "QUERY" && !a.negated; };
   const bool asks = !c.states && (!c.mood.empty() || (c.actions.size() == 1 && query(c.actions[0])));
   if (!asks) return;
   for (Element& d : c.details) {
@@ -681,6 +685,7 @@ void reword_clause(Clause& c) {
   flight_of_its_number(c);
   all_of_ones_data_deleted(c);
   amount_left_is_the_balance(c);
+  asked_once(c);
   on_time_asks_the_delay(c);
   until_is_to_when_put_off(c);
   person_dispatched_is_sent(c);

@@ -2002,6 +2002,7 @@ void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
   std::vector<bool> drop(tokens.size(), false);
   std::vector<std::size_t> from_before;  // where a FROM goes (before the thing taken from)
   const std::int64_t return_name = named("RETURN");
+  const std::int64_t postpone_name = named("POSTPONE");
   for (std::size_t k = 0; k < tokens.size(); ++k) {
     if (!tokens[k].particle) continue;
     if (tokens[k].text == "on") {
@@ -2034,8 +2035,8 @@ void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
     if (back) {
       Token& verb = tokens[j - 1];
       // "push my flight back": postpone it, as "push back" does.
-      if (verb.kind == Token::want && lex.names[verb.name] == "PUSH" && named("POSTPONE") >= 0) {
-        verb = Token{Token::action, static_cast<std::uint32_t>(named("POSTPONE")), {}, false};
+      if (verb.kind == Token::want && lex.names[verb.name] == "PUSH" && postpone_name >= 0) {
+        verb = Token{Token::action, static_cast<std::uint32_t>(postpone_name), {}, false};
         continue;
       }
       const bool sends = verb.kind == Token::action && name_in(lex.names[verb.name], {"SEND", "SHIP"});
