@@ -2262,6 +2262,10 @@ TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks"
   CHECK(key("why hasn't my parcel shipped?") != key("why has my parcel shipped?"));
   CHECK(key("my parcel hasn't shipped?") != key("has my parcel shipped?"));
   CHECK(key("don't cancel my order?") != key("cancel my order?"));
+  // A tag of the other polarity asks the question; both negated or neither, it stays what it says.
+  CHECK(served("my parcel hasn't shipped, has it?").key == served("has my parcel shipped?").key);
+  CHECK(served("my parcel has shipped, hasn't it?").key == served("has my parcel shipped?").key);
+  CHECK(key("my parcel hasn't shipped, hasn't it?") != key("has my parcel shipped?"));
   CHECK(key("can't I change my seat online?") != key("I can't change my seat online"));
   // Asked, active is activated; a card missing is lost; stopping a return cancels it.
   CHECK(served("is my new SIM active?").key == served("has my new SIM been activated?").key);

@@ -1591,6 +1591,41 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   return c;
 }
 
+// "Breakfast isn't included, is it?" asks what "is breakfast included?"
+// asks, "you charged me twice, didn't you?" what "did you charge me twice?"
+// does: a tag of the other polarity after a statement makes it that
+// question, its one negation the tag's. (Both negated or neither, it stays.)
+void tag_question(std::vector<Token>& tokens) {
+  if (tokens.size() < 4 || tokens.back().kind != Token::clause_end || !tokens.back().question_mark) return;
+  std::size_t tag = tokens.size() - 1;  // the tag: tokens[tag, size - 1)
+  while (tag > 0 && tokens[tag - 1].kind != Token::clause_end) --tag;
+  if (tag < 2 || tokens[tag - 1].soft) return;  // a comma of the text's own before it
+  bool aux = false, subject = false, tag_negated = false;
+  for (std::size_t k = tag; k + 1 < tokens.size(); ++k) {
+    const Token& t = tokens[k];
+    if (t.kind == Token::aux && !aux) {
+      aux = true;
+    } else if (t.kind == Token::negation && t.inverts && !tag_negated && !aux) {
+      tag_negated = aux = true;  // isn't, didn't: the auxiliary and its negation
+    } else if (t.kind == Token::subject && !subject) {
+      subject = true;
+    } else {
+      return;
+    }
+  }
+  if (!aux) return;  // ("is it", "did you": one auxiliary entry with its subject)
+  std::size_t statement = tag - 1;
+  while (statement > 0 && tokens[statement - 1].kind != Token::clause_end) --statement;
+  std::vector<std::size_t> negations;
+  for (std::size_t k = statement; k + 1 < tag; ++k) {
+    if (tokens[k].kind == Token::negation || tokens[k].kind == Token::negation_after) negations.push_back(k);
+  }
+  if (negations.size() + (tag_negated ? 1 : 0) != 1) return;
+  tokens[tag - 1].question_mark = true;
+  tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(tag), tokens.end());
+  if (!negations.empty()) tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(negations[0]));
+}
+
 // "Isn't my policy active yet?" asks what "is my policy active yet?" asks,
 // "haven't you received my payment?" what "have you received my payment?"
 // does, "can't I cancel online?" "can I cancel online?": a yes-or-no question
@@ -1622,8 +1657,8 @@ void negated_yes_no_question(const Lexicon& lex, std::vector<Token>& tokens) {
 
 // A clock time with its part of the day is the 24-hour clock's: 下午3点 is
 // 15:00 and "3 pm", 晚上7点半 19:30, 下午6点45 18:45, "8 o'clock in the
-// morning" 08:00. Only
-// hours the part of the day can have are read (下午3点, not 下午9点).
+// morning" 08:00. Only hours the part of the day can have are read (下午3点,
+// not 下午9点).
 void part_of_day_clock(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto hour_of = [](const Token& t) -> int {
     if (t.kind != Token::entity || !t.text.ends_with("oclock") || t.text.size() > 8) return -1;
@@ -2788,6 +2823,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   separated_off(lexicon, tokens);
   when_as_conjunction(tokens);
   benefactive_roles(lexicon, tokens);
+  tag_question(tokens);
   negated_yes_no_question(lexicon, tokens);
   merge_dates(lexicon, tokens);
   part_of_day_clock(lexicon, tokens);
