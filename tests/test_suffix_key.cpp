@@ -2300,6 +2300,16 @@ TEST_CASE("suffix key: a request beside the one it replaces is one contrast") {
   CHECK(served("please don't charge me before delivery").key.find('|') != std::string::npos);
 }
 
+TEST_CASE("suffix key: what the fourteenth tuning set found: a comparison, a but, than now") {
+  // Compared, the order is which is which.
+  CHECK(key("charge my business card over my personal one") != key("charge my personal card over my business one"));
+  // With a but, each side's things are its own.
+  CHECK(key("the order said no cheese but it came with cheese") !=
+        key("the order said cheese but it came with no cheese"));
+  // Than now: now is the other time.
+  CHECK(key("I'd rather pay the balance now than at pickup") != key("I'd rather pay the balance at pickup than now"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

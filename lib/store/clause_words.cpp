@@ -583,6 +583,9 @@ void details_in_any_order(Clause& c) {
     return std::any_of(c.details.begin(), c.details.end(), [&o](const Element& d) { return d.at + 1 == o.at; });
   };
   if (std::count_if(c.objects.begin(), c.objects.end(), described) > 1) return;
+  // Compared or in sequence ("my business account over my personal one"): the order is which is which.
+  const auto ordering = [](const Element& d) { return name_in(d.text, {"FIRST", "LATER", "ABOVE", "NEXT"}); };
+  if (std::any_of(c.details.begin(), c.details.end(), ordering)) return;
   const auto negated = [](const Element& e) { return e.negated; };
   for (const auto* list : {&c.actions, &c.objects, &c.entities, &c.details}) {
     if (std::any_of(list->begin(), list->end(), negated)) return;

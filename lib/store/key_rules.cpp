@@ -810,7 +810,15 @@ class Tokenizer {
         // "I'd rather have a replacement than my money back": after a
         // preference, than (and over) says what is not wanted, as "rather than"
         // and "instead of" do; the reverse is another request.
-        if (lex_.names[e.name] == "THAN" && prefers_in_clause()) out_->push_back({Token::negation, 0, {}, false});
+        if (lex_.names[e.name] == "THAN" && prefers_in_clause()) {
+          out_->push_back({Token::negation, 0, {}, false});
+          than_at_ = out_->size();
+        }
+        // "I'd rather pay at check-in than now": now, compared, is a time (URGENT, as "immediately" is).
+        if (lex_.names[e.name] == "NOW" && than_at_ == out_->size()) {
+          const auto urgent = lex_.by_name.find("URGENT");
+          if (urgent != lex_.by_name.end()) out_->push_back({Token::detail, urgent->second, {}, false});
+        }
         // "no refund yet", "not refunded yet": not done yet, as 还没 says; no prohibition ("don't refund").
         if (lex_.names[e.name] == "YET") {
           if (last_negation_at_ != SIZE_MAX && last_negation_at_ >= clause_start_) {
@@ -969,6 +977,7 @@ class Tokenizer {
   std::size_t owner_word_at_ = SIZE_MAX;     // where the last my, our, your was: the next token is theirs
   std::size_t preposition_at_ = SIZE_MAX;    // where the last on, in, at, of, for was: the next thing is its
   bool preposition_is_on_ = false;           // that word was "on"
+  std::size_t than_at_ = SIZE_MAX;           // right after a preference's "than" ("than now")
   // The entity being read, while numbers come: its parts, whether a number
   // word is among them, and whether it is all numbers (no id letters, no unit).
   std::vector<Numeral> parts_;
@@ -2727,7 +2736,8 @@ void join_contrasts(std::vector<Clause>& clauses) {
   }
   std::move(waiting.begin(), waiting.end(), std::back_inserter(joined));
   for (Clause& c : joined) {
-    if (c.interleaved) continue;
+    // (With a but, each side's things are its own: "the order said no onions but it came with onions".)
+    if (c.interleaved || c.turns) continue;
     const auto meant = [](const Element& e) { return !e.negated; };
     std::stable_partition(c.objects.begin(), c.objects.end(), meant);
     std::stable_partition(c.entities.begin(), c.entities.end(), meant);
