@@ -109,8 +109,13 @@ struct Subscriber {
       frames.push_back(payload.to_string());
     }
   }
-  void finish() {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Stops once `expected` events have come in, or 10 s after the call: a
+  // fixed wait missed the last batches on a busy machine (both cores building).
+  void finish(std::uint64_t expected) {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (events.load() < expected && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     stop.store(true);
     thread.join();
   }
@@ -213,7 +218,9 @@ Run publish_flat_out(std::size_t inserts) {
     die(s.message());
   }
   Subscriber sub(publisher->endpoint());
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The subscription reaches the publisher some time after connect (ZeroMQ's
+  // slow joiner): events published before it are not sent to it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   std::mt19937 rng(7);
   std::vector<std::int32_t> tokens(kPageSize), pages(1);
   clm::InsertOutcome out;
@@ -225,7 +232,7 @@ Run publish_flat_out(std::size_t inserts) {
     if (const clm::Status s = tree.insert(tokens, pages, {}, out); !s.ok()) die(s.message());
   }
   if (const clm::Status s = publisher->flush(std::chrono::seconds(120)); !s.ok()) die(s.message());
-  sub.finish();
+  sub.finish(publisher->metrics().published_events);
   Run run;
   run.wall_s = std::chrono::duration<double>(sub.last - start).count();
   run.events = sub.events.load();
