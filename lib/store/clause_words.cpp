@@ -22,6 +22,13 @@ bool is_card_like(const Element& o) {
                           "RAILCARD", "PIN", "CHEQUE_BOOK"});
 }
 
+// A thing named by a verb's noun, a request in itself: "a refund for my order" asks to refund it.
+bool is_verb_named(const Element& o) { return name_in(o.text, {"RETURN", "REFUND", "EXCHANGE"}); }
+
+// A detail that ranks or sequences what it describes: "first", "later", "over" ("my business account over my
+// personal one"), "next".
+bool is_ordering(const Element& d) { return name_in(d.text, {"FIRST", "LATER", "ABOVE", "NEXT"}); }
+
 // An action's name without the mark of what was done: "EXCHANGE_DONE" is "EXCHANGE".
 std::string_view verb_of(const Element& a) { return std::string_view(a.text).substr(0, a.text.find("_DONE")); }
 
@@ -553,15 +560,13 @@ void things_of_one_request_unordered(Clause& c) {
   }
   const auto person = [](const Element& o) { return is_person_name(o.text); };
   if (std::any_of(c.objects.begin(), c.objects.end(), person)) return;
-  const auto ordering = [](const Element& d) { return name_in(d.text, {"FIRST", "LATER", "ABOVE", "NEXT"}); };
-  if (std::any_of(c.details.begin(), c.details.end(), ordering)) return;
+  if (std::any_of(c.details.begin(), c.details.end(), is_ordering)) return;
   // A return, a refund or an exchange first, as its verb would be: "a refund
   // for my order" is "refund my order". With an action too, it may be the
   // action's thing or a request of its own ("cancel the refund for my order",
   // "cancel my order and refund me"): the order stays.
-  const auto verb_named = [](const Element& o) { return name_in(o.text, {"RETURN", "REFUND", "EXCHANGE"}); };
-  if (!c.actions.empty() && std::any_of(c.objects.begin(), c.objects.end(), verb_named)) return;
-  const auto rank = [&verb_named](const Element& o) { return std::pair(!verb_named(o), o.shown()); };
+  if (!c.actions.empty() && std::any_of(c.objects.begin(), c.objects.end(), is_verb_named)) return;
+  const auto rank = [](const Element& o) { return std::pair(!is_verb_named(o), o.shown()); };
   if (rank(c.objects[1]) < rank(c.objects[0])) std::swap(c.objects[0], c.objects[1]);
 }
 
@@ -575,17 +580,15 @@ void things_of_one_request_unordered(Clause& c) {
 // old card"), a sequence, a negation ("to the new number, not the old one")
 // or an exchange ("swap the medium shirt for a large").
 void details_in_any_order(Clause& c) {
-  const auto verb_named = [](const Element& o) { return name_in(o.text, {"RETURN", "REFUND", "EXCHANGE"}); };
   const auto acts =
-      c.actions.size() + static_cast<std::size_t>(std::count_if(c.objects.begin(), c.objects.end(), verb_named));
+      c.actions.size() + static_cast<std::size_t>(std::count_if(c.objects.begin(), c.objects.end(), is_verb_named));
   if (c.interleaved || c.sequenced || c.coordinated || c.turns || acts > 1) return;
   const auto described = [&c](const Element& o) {
     return std::any_of(c.details.begin(), c.details.end(), [&o](const Element& d) { return d.at + 1 == o.at; });
   };
   if (std::count_if(c.objects.begin(), c.objects.end(), described) > 1) return;
   // Compared or in sequence ("my business account over my personal one"): the order is which is which.
-  const auto ordering = [](const Element& d) { return name_in(d.text, {"FIRST", "LATER", "ABOVE", "NEXT"}); };
-  if (std::any_of(c.details.begin(), c.details.end(), ordering)) return;
+  if (std::any_of(c.details.begin(), c.details.end(), is_ordering)) return;
   const auto negated = [](const Element& e) { return e.negated; };
   for (const auto* list : {&c.actions, &c.objects, &c.entities, &c.details}) {
     if (std::any_of(list->begin(), list->end(), negated)) return;

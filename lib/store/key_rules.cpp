@@ -71,8 +71,7 @@ struct Token {
   bool dao = false;       // action: 到 alone, which after a verb says where to (改到周六, 转到储蓄账户)
   bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
   bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
-  bool after_preposition = false;  // object: right after on, in, at, of, for (PREPOSITION, ON)
-  bool after_on = false;           // object: right after "on": an "on" before it is no particle ("turn it on")
+  bool after_preposition = false;  // object: right after in, at, of or for (PREPOSITION), not "on"
   bool nominal = false;  // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
   bool fine = false;     // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
   bool unable = false;  // negation, negation_after: what cannot be done (can't, 无法, 登录不了), not what must not
@@ -741,7 +740,6 @@ class Tokenizer {
         out_->push_back({Token::object, e.name, {}, false});
         out_->back().someones = owner_word_at_ == out_->size() - 1;
         out_->back().after_preposition = preposition_at_ == out_->size() - 1;
-        out_->back().after_on = out_->back().after_preposition && preposition_is_on_;
         break;
       case Category::detail:
         if (lex_.names[e.name] == "ABOVE" && prefers_in_clause()) {
@@ -877,9 +875,8 @@ class Tokenizer {
           out_->push_back({Token::unknown, 0, "on", false});
           out_->back().particle = true;
         }
-        if (lex_.names[e.name] == "PREPOSITION" || lex_.names[e.name] == "ON") {
+        if (lex_.names[e.name] == "PREPOSITION") {
           preposition_at_ = out_->size();
-          preposition_is_on_ = lex_.names[e.name] == "ON";
         } else if (lex_.names[e.name] != "OWNER" && lex_.names[e.name] != "ARTICLE") {
           preposition_at_ = SIZE_MAX;
         }
@@ -975,8 +972,7 @@ class Tokenizer {
   std::size_t last_token_end_ = SIZE_MAX;    // the unit after the last one that gave a token
   std::size_t prefers_at_ = SIZE_MAX;        // the last preference read
   std::size_t owner_word_at_ = SIZE_MAX;     // where the last my, our, your was: the next token is theirs
-  std::size_t preposition_at_ = SIZE_MAX;    // where the last on, in, at, of, for was: the next thing is its
-  bool preposition_is_on_ = false;           // that word was "on"
+  std::size_t preposition_at_ = SIZE_MAX;    // where the last in, at, of, for was: the next thing is its
   std::size_t than_at_ = SIZE_MAX;           // right after a preference's "than" ("than now")
   // The entity being read, while numbers come: its parts, whether a number
   // word is among them, and whether it is all numbers (no id letters, no unit).
@@ -2058,7 +2054,7 @@ void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
       while (j > 0 && k - j < kMaxBetween && between(tokens[j - 1])) --j;
       const Token* next = k + 1 < tokens.size() ? &tokens[k + 1] : nullptr;
       const bool thing_on = next != nullptr && between(*next) &&
-                            !(next->kind == Token::object && next->after_preposition && !next->after_on) &&
+                            !(next->kind == Token::object && next->after_preposition) &&
                             !(next->kind == Token::detail && name_in(lex.names[next->name], {"AGAIN", "TEMPORARY"}));
       const bool turns = j > 0 && j < k &&
                          ((tokens[j - 1].kind == Token::want && lex.names[tokens[j - 1].name] == "TURN") ||
