@@ -820,8 +820,16 @@ TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
       } else if (category == "object") {
         CHECK(k.object == name);
       } else if (category == "detail" || category == "unit") {
-        CHECK(k.action == "QUERY");  // a detail alone asks about it
+        // A detail alone asks about it, or reports it where it names something
+        // gone wrong ("broken"); asked ("broken?"), it is asked about.
+        CHECK((k.action == "QUERY" || k.action == "REPORT"));
         CHECK(k.details == std::vector<std::string>{name});
+        if (k.action == "REPORT") {
+          SuffixKey asked;
+          REQUIRE(builtin().make_key(surface + "?", asked).ok());
+          CHECK(asked.action == "QUERY");
+          CHECK(asked.details == k.details);
+        }
       } else if (category == "greeting") {
         CHECK(k.key == name);
       } else if (category == "question") {
@@ -1738,7 +1746,7 @@ TEST_CASE("suffix key: a thing wanted in a past form is asked for, and what is k
   CHECK(served("my order should be delivered tomorrow").key != served("deliver my order tomorrow").key);
   CHECK(served("my order was cancelled").key != served("cancel my order").key);
   CHECK(served("I'd like a refund for my cancelled flight").key.find("CANCEL_DONE") != std::string::npos);
-  CHECK(served("This month's water bill seems much higher than it should be.").key.starts_with("QUERY"));
+  CHECK(served("This month's water bill seems much higher than it should be.").key.starts_with("REPORT"));
   // "..., not mine", "rather than mine": the speaker's is not meant.
   CHECK(served("upgrade the kids' line, not mine").key == served("upgrade the kids' line rather than mine").key);
   CHECK(served("instead of a voucher I want cash back").key == served("give me the cashback, not a voucher").key);
@@ -2252,6 +2260,65 @@ TEST_CASE("suffix key: a phone number with its country's code, a clock time with
   CHECK(served("deliver at 3 o'clock in the afternoon").key == served("deliver at 3 pm").key);
   CHECK(key("上午10点送") != key("晚上10点送"));
   CHECK(served("下午9点送").entity == "9oclock");  // no afternoon hour: as written
+}
+
+TEST_CASE("suffix key: cancelling what is switched on and off turns it off") {
+  CHECK(served("cancel my alarm for tomorrow").key == served("turn off tomorrow's alarm").key);
+  CHECK(served("解除家长控制").key == served("把家长控制关掉").key);
+  CHECK(served("cancel the auto-renewal on my subscription").key ==
+        served("turn off auto renewal on my subscription").key);
+  CHECK(key("don't cancel auto-renewal") != key("cancel auto-renewal"));
+  // A product named for a switch is ended, not switched off.
+  CHECK(served("cancel my roaming add-on").key.starts_with("CANCEL"));
+  CHECK(served("cancel my roaming plan").key != served("turn off roaming on my plan").key);
+}
+
+TEST_CASE("suffix key: a problem said is reported, not asked about") {
+  // A complaint asks for a remedy, a question for the state: keys apart.
+  CHECK(served("My internet is down.").key != served("Is my internet down?").key);
+  CHECK(served("my flight has been delayed").key != served("has my flight been delayed?").key);
+  CHECK(served("my parcel is missing").key != served("is my parcel missing?").key);
+  CHECK(served("订单3131的商品有破损").key != served("订单3131的商品有破损吗？").key);
+  // Said in other words, a report is one report; asked in other words, one question.
+  CHECK(served("my internet is down").key == served("My internet is down.").key);
+  CHECK(served("my order has a problem").key == served("report a problem with my order").key);
+  CHECK(served("my card was stolen").key == served("I want to report that my card was stolen").key);
+  CHECK(served("is my internet down?").key == served("my internet down?").key);
+  CHECK(served("空调坏了吗").key == served("空调是不是坏了").key);
+  // Not what is fine, nor a detail that asks: a status stays a question however said.
+  CHECK(served("my internet is not down").key.starts_with("QUERY"));
+  CHECK(served("refund status of order 7").key == served("what is the refund status of order 7?").key);
+}
+
+TEST_CASE("suffix key: a problem reported beside a request describes what it acts on") {
+  CHECK(served("block my credit card, it's been lost").key == served("I lost my credit card, please block it").key);
+  CHECK(served("挂失银行卡，卡不见了").key == served("我银行卡丢了，帮我挂失").key);
+  CHECK(served("Could you block my card? It was stolen yesterday.").key ==
+        served("My card was stolen yesterday, please block it.").key);
+  CHECK(served("my card was cancelled, it was stolen").key == served("my stolen card was cancelled").key);
+  // Another thing, or one with an id of its own, is its own report.
+  CHECK(key("block my card, my phone was stolen") != key("block my card, it was stolen"));
+  CHECK(key("block my card, card 4821 was stolen") != key("block my card, it was stolen"));
+  // A state asked or denied is no report; beside a but or in a sequence each clause keeps its own.
+  CHECK(key("block my card, was it stolen?") != key("block my card, it was stolen"));
+  CHECK(key("my card wasn't stolen, I just lost it") != key("my card wasn't stolen and was lost"));
+  CHECK(served("my card wasn't stolen, I just lost it").key.find('|') != std::string::npos);
+  CHECK(served("收到发票了，但抬头错了").key.find('|') != std::string::npos);
+  CHECK(served("我的手机被偷，先把号码停了。").key.find('|') != std::string::npos);
+}
+
+TEST_CASE("suffix key: a check beside one clause asks about what it says") {
+  CHECK(served("my order number is 55120, where is it").key == served("where's order 55120").key);
+  CHECK(served("Booking reference xk7p2q, please look it up.").key == served("look up booking reference xk7p2q").key);
+  CHECK(served("还没收到退款，帮我查一下。").key == served("还没收到退款").key);
+  CHECK(served("你好，我上周买的外套到现在还没到，帮忙看看").key == served("上周下单的外套还没收到").key);
+  // A check refused (or a checking account not meant) or asked whether it may be done is no bare
+  // check; alone, it says too little.
+  CHECK(key("it's the savings account that was overcharged, not checking") !=
+        key("the savings account was overcharged"));
+  CHECK(key("order 55120, don't check it") != key("check order 55120"));
+  CHECK(key("order 55120, can I check it?") != key("check order 55120"));
+  CHECK(key_of(builtin(), "can you check?").low_information);
 }
 
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {

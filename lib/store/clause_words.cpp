@@ -220,6 +220,26 @@ void ending_a_contract_cancels_it(Clause& c) {
   }
 }
 
+// What is switched on and off is switched off when cancelled: "cancel my
+// alarm for tomorrow" is "turn off tomorrow's alarm", 解除家长控制 is
+// 把家长控制关掉, "stop auto-renewal on my membership" "turn off automatic
+// renewal for my membership". Not a product named for one ("cancel my
+// roaming add-on" ends the add-on), nor a direct debit (revoked: it stays).
+void cancelling_a_switch_turns_it_off(Clause& c) {
+  if (c.actions.size() != 1 || verb_of(c.actions[0]) != "CANCEL" || c.objects.empty()) return;
+  const Element& o = c.objects.front();
+  if (o.negated ||
+      !name_in(o.text, {"AUTO_RENEWAL", "PARENTAL_CONTROLS", "ALARM", "AUTO_PAY", "ROAMING", "NOTIFICATION",
+                        "PUSH_NOTIFICATION", "TWO_FACTOR", "VOICEMAIL", "CALL_FORWARDING"})) {
+    return;
+  }
+  const auto product = [](const Element& p) {
+    return name_in(p.text, {"ADD_ON", "PLAN", "PACKAGE", "BUNDLE", "PASS"});
+  };
+  if (std::any_of(c.objects.begin(), c.objects.end(), product)) return;
+  c.actions[0].text.replace(0, std::string_view("CANCEL").size(), "DISABLE");
+}
+
 // Stopping something for a time pauses it: "stop my subscription for now",
 // 暂时停掉会员 are "pause my subscription", 暂停会员; and a pause, a freeze or a
 // lock is for a time anyway ("temporarily lock my card" is "lock my card").
@@ -671,6 +691,28 @@ void switched_back_on_and_replacement_sent(Clause& c) {
   }
 }
 
+// A problem said is reported, not asked about: "my internet is down." is
+// "report that my internet is down", not "is my internet down?", and "my
+// flight has been delayed." not "has my flight been delayed?" (a complaint
+// asks for a remedy, a question for the state). Only a statement (a
+// question, by a word, a mood or a question mark, is no Clause::states);
+// only a word for something gone wrong ("the refund status of order 7" asks).
+void problem_said_is_reported(Clause& c) {
+  if (!c.states || c.actions.size() != 1 || c.actions[0].text != "QUERY") return;
+  const auto wrong = [](const Element& d) {
+    return !d.negated &&
+           name_in(d.text, {"DAMAGED",      "WRONG",        "DROPOUT",     "OUTAGE",       "MISSING",     "UNAVAILABLE",
+                            "DELAY",        "STOLEN",       "LOST",        "LEAK",         "SPOILED",     "HACKED",
+                            "CRASH",        "ERROR",        "OVERCHARGED", "UNAUTHORIZED", "FRAUD",       "SMELL",
+                            "NOISE",        "POOR",         "BUG",         "SLOW",         "STUCK",       "DEAD",
+                            "BLANK_SCREEN", "BUFFERING",    "CANNOT_OPEN", "OVERHEATING",  "WET",         "SPILLED",
+                            "BURNT",        "UNDERCOOKED",  "OVERCOOKED",  "COLD",         "DIRTY",       "FAULT",
+                            "PROBLEM",      "FLASHING",     "TIMEOUT",     "UNRESPONSIVE", "UNREACHABLE", "NOT_FOUND",
+                            "INVALID",      "INSUFFICIENT", "BLOCKED",     "HIGH",         "WEAK"});
+  };
+  if (std::any_of(c.details.begin(), c.details.end(), wrong)) c.actions[0].text = "REPORT";
+}
+
 }  // namespace
 
 void reword_clause(Clause& c) {
@@ -681,6 +723,7 @@ void reword_clause(Clause& c) {
   new_in_replacement(c);
   stopping_for_a_time_pauses(c);
   ending_a_contract_cancels_it(c);
+  cancelling_a_switch_turns_it_off(c);
   reconnecting_restores_a_supply(c);
   billing_address_of_bills(c);
   no_more_marketing(c);
@@ -708,6 +751,7 @@ void reword_clause(Clause& c) {
   shared_head_of_a_contrast(c);
   things_of_one_request_unordered(c);
   details_in_any_order(c);
+  problem_said_is_reported(c);
 }
 
 }  // namespace clm::store_detail

@@ -2784,6 +2784,54 @@ void merge_refused_alternative(std::vector<Clause>& clauses) {
   clauses.assign(1, std::move(merged));
 }
 
+// "Can you check?", "please look it up", 帮忙看看, "where is it?" beside
+// one other clause asks about what that clause says: things named alone
+// ("my order number is 55120, where is it") are what is asked about ("where
+// is order 55120"); beside a request or a report, the check asks nothing
+// more ("my refund hasn't arrived, can you check?"). Not a check refused:
+// "not checking" may name an account ("the savings account was overcharged,
+// not checking"). A check alone says too little to be served.
+void join_bare_check(std::vector<Clause>& clauses) {
+  if (clauses.size() != 2) return;
+  const auto bare_check = [](const Clause& c) {
+    return c.mood.empty() && c.actions.size() == 1 && c.actions[0].text == "QUERY" && !c.actions[0].negated &&
+           c.objects.empty() && c.entities.empty() && c.details.empty();
+  };
+  const std::size_t check = bare_check(clauses[0]) ? 0 : bare_check(clauses[1]) ? 1 : 2;
+  if (check == 2) return;
+  Clause& other = clauses[1 - check];
+  if (other.actions.empty()) other.actions.push_back(clauses[check].actions[0]);
+  clauses.erase(clauses.begin() + static_cast<std::ptrdiff_t>(check));
+}
+
+// A problem reported beside a request, in a clause of its own, describes
+// what the request acts on, as a detail of its thing would: "block my credit
+// card, it's been lost" is "I lost my credit card, please block it", 挂失银行卡，
+// 卡不见了 is 我银行卡丢了，帮我挂失. Only a report (problem_said_is_reported)
+// of nothing but the request's own things, beside one clause that acts on
+// them ("my card was cancelled, it was stolen" is "my stolen card was
+// cancelled"); not beside a but or in a sequence, where each keeps its own.
+void join_reported_problem(std::vector<Clause>& clauses) {
+  if (clauses.size() != 2) return;
+  const auto plain = [](const Clause& c) { return !c.turns && !c.sequenced; };
+  // (An entity of its own, "card 4821 was stolen", is no detail of the request's thing.)
+  const auto reported = [&plain](const Clause& c, const Clause& request) {
+    return plain(c) && c.actions.size() == 1 && c.actions[0].text == "REPORT" && c.entities.empty() &&
+           std::all_of(c.objects.begin(), c.objects.end(), [&request](const Element& o) {
+             return std::any_of(request.objects.begin(), request.objects.end(),
+                                [&o](const Element& r) { return r.text == o.text; });
+           });
+  };
+  const auto requests = [&plain](const Clause& c) { return plain(c) && !c.states && !c.actions.empty(); };
+  std::size_t report = 2;
+  if (reported(clauses[1], clauses[0]) && requests(clauses[0])) report = 1;
+  if (reported(clauses[0], clauses[1]) && requests(clauses[1])) report = 0;
+  if (report == 2) return;
+  Clause& request = clauses[1 - report];
+  for (Element& d : clauses[report].details) request.details.push_back(std::move(d));
+  clauses.erase(clauses.begin() + static_cast<std::ptrdiff_t>(report));
+}
+
 // Requests in clauses of their own come in any order, as requests joined by
 // "and" do: 周六的配送取消，周日的保留 is 周日的保留，周六的配送取消, "return the
 // shirt, keep the trousers" is "keep the trousers, return the shirt". Each
@@ -2889,6 +2937,8 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   join_contrasts(clauses);
   merge_refused_alternative(clauses);
   for (Clause& c : clauses) reword_clause(c);
+  join_reported_problem(clauses);
+  join_bare_check(clauses);
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
     if (!k.key.empty()) k.key.push_back('|');
