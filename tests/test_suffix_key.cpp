@@ -1572,6 +1572,13 @@ TEST_CASE("suffix key: no. before a number after a word is the word number, not 
   CHECK(served("order no. 5521 has not arrived").key == served("order 5521 has not arrived").key);
   CHECK(key("return item no. 3 from my order") != key("don't return item 3 from my order"));
   CHECK(key("No. Cancel it.") != key("cancel it"));  // a sentence's no stays one
+  // Before an id: its digits, or its capitals (at most four) and then its digits.
+  CHECK(served("pay invoice no. INV 30077").key == served("pay invoice INV-30077").key);
+  CHECK(served("pay invoice no. INV-30077").key == served("pay invoice INV-30077").key);
+  CHECK(served("check claim no. CLM88310").key == served("check claim CLM88310").key);
+  CHECK(key("the answer is no. Send 200 boxes") != key("the answer is number Send 200 boxes"));
+  CHECK(key("the answer is no. SEND 20 boxes") != key("the answer is number SEND 20 boxes"));
+  CHECK(key("the answer is no. CANCEL 300 items") != key("the answer is number CANCEL 300 items"));
   // After a Chinese word, No or no before a number is the sign for number, with or without a point or a space.
   for (const char* text :
        {"订单No.4521申请退款", "订单no4521申请退款", "订单 no 4521 申请退款", "订单No. 4521申请退款"}) {
@@ -2319,6 +2326,23 @@ TEST_CASE("suffix key: a check beside one clause asks about what it says") {
   CHECK(key("order 55120, don't check it") != key("check order 55120"));
   CHECK(key("order 55120, can I check it?") != key("check order 55120"));
   CHECK(key_of(builtin(), "can you check?").low_information);
+}
+
+TEST_CASE("suffix key: a phone's own service names the phone, a delivery's label the delivery") {
+  CHECK(served("disable roaming on my phone").key == served("turn off roaming").key);
+  CHECK(served("手机短信一条都收不到。").key == served("收不到短信。").key);
+  CHECK(served("I want to end my phone contract").key == served("I'd like to cancel my contract").key);
+  CHECK(key("cancel my phone contract") != key("cancel my broadband contract"));
+  // Calls forwarded go from one phone to another: which is which stays. A phone or a service not
+  // meant is no phone's service.
+  CHECK(key("手机呼叫转移到座机") != key("座机呼叫转移到手机"));
+  CHECK(served("I'd rather get a text than a phone call.").key.find("PHONE") != std::string::npos);
+  CHECK(served("the fault is with the handset, not the sim").key.find("PHONE") != std::string::npos);
+  // A delivery's own label names the delivery.
+  CHECK(served("send me a return shipping label please").key == served("I need a return label").key);
+  CHECK(served("我需要一张退货快递面单").key == served("退货的标签发我一下").key);
+  CHECK(served("I need the parcel, not the label").key.find("DELIVERY") != std::string::npos);
+  CHECK(served("I got the label but not the parcel").key.find("DELIVERY") != std::string::npos);
 }
 
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {

@@ -171,6 +171,29 @@ void account_of_its_attribute(Clause& c) {
   std::erase_if(c.objects, [](const Element& o) { return o.text == "ACCOUNT" && !o.negated; });
 }
 
+// A phone's own service names the phone, as an account's attribute names
+// the account: "disable roaming on my phone" is "turn off roaming", 手机短信
+// 收不到 is 收不到短信, "end my phone contract" is "cancel my contract". (A code
+// or a call may come by phone or by another way, and calls forwarded go from
+// one phone to another: the phone stays beside them.)
+void phone_of_its_service(Clause& c) {
+  const auto is_service = [](const Element& o) {
+    return !o.negated &&
+           name_in(o.text, {"ROAMING", "SMS", "DATA", "SIM", "ESIM", "VOICEMAIL", "DATA_PACK", "CONTRACT"});
+  };
+  if (std::none_of(c.objects.begin(), c.objects.end(), is_service)) return;
+  std::erase_if(c.objects, [](const Element& o) { return o.text == "PHONE" && !o.negated; });
+}
+
+// A delivery's own label names the delivery: "a return shipping label" is
+// "a return label", 退货快递面单 is 退货标签. (A driver is not the delivery's
+// own: "is my parcel with the driver today?" names both.)
+void delivery_of_its_label(Clause& c) {
+  const auto label = [](const Element& o) { return o.text == "LABEL" && !o.negated; };
+  if (std::none_of(c.objects.begin(), c.objects.end(), label)) return;
+  std::erase_if(c.objects, [](const Element& o) { return o.text == "DELIVERY" && !o.negated; });
+}
+
 // 补卡, 补一张银行卡, 补新卡: a card or an identity document supplied again is
 // reissued, as 补办 is (补差价, 补交押金 still make up what is missing).
 void reissue_of_a_card(Clause& c) {
@@ -744,6 +767,8 @@ void reword_clause(Clause& c) {
   drop_carrier_verbs(c);
   money_in_its_action(c);
   account_of_its_attribute(c);
+  phone_of_its_service(c);
+  delivery_of_its_label(c);
   booking_of_what_is_booked(c);
   subscribed_to_is_the_thing(c);
   a_card_missing_is_lost(c);

@@ -81,13 +81,29 @@ bool is_separator(char32_t cp) {
 }
 
 // Whether out, before text[next], ends in "no" after a word, and the text
-// goes on with a number: "no." then abbreviates "number" ("item no. 3").
+// goes on with a number or an id: "no." then abbreviates "number" ("item no.
+// 3", "policy no. PN550921", "invoice no. INV-30077", "invoice no. INV 30077":
+// an id's letters are capitals, at most four, before three digits or more).
+// "No. Cancel it." and "the answer is no. SEND 2 boxes" go on with a word.
 bool abbreviates_number(std::string_view out, std::string_view text, std::size_t next) {
   if (out.size() < 4 || !out.ends_with("no") || out[out.size() - 3] != ' ' || !is_ascii_alnum(out[out.size() - 4])) {
     return false;
   }
   while (next < text.size() && text[next] == ' ') ++next;
-  return next < text.size() && is_ascii_digit(text[next]);
+  if (next < text.size() && is_ascii_digit(text[next])) return true;
+  constexpr std::size_t kMaxWord = 24;  // a bounded look ahead: linear however long the text
+  std::size_t end = next, capitals = 0;
+  bool digit = false;
+  while (end < text.size() && end - next < kMaxWord && (is_ascii_alnum(text[end]) || text[end] == '-')) {
+    digit = digit || is_ascii_digit(text[end]);
+    capitals += text[end] >= 'A' && text[end] <= 'Z' ? 1 : 0;
+    ++end;
+  }
+  if (digit) return true;
+  if (end == next || capitals != end - next || capitals > 4 || end >= text.size()) return false;
+  std::size_t digits = 0;
+  while (end + 1 + digits < text.size() && digits < 3 && is_ascii_digit(text[end + 1 + digits])) ++digits;
+  return digits == 3;
 }
 
 // Whether out ends in "no" right after a Chinese character, or after one and
