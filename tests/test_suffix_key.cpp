@@ -2345,6 +2345,31 @@ TEST_CASE("suffix key: a phone's own service names the phone, a delivery's label
   CHECK(served("I got the label but not the parcel").key.find("DELIVERY") != std::string::npos);
 }
 
+TEST_CASE("suffix key: a name where only a name stands is kept whole, elsewhere an unknown word abstains") {
+  // After "Dr" (with or without its point: no sentence ends there) and between a house number and a street.
+  std::string dotted, plain;
+  REQUIRE(builtin().normalise("see Dr. Lee", dotted).ok());
+  REQUIRE(builtin().normalise("see Dr Lee", plain).ok());
+  CHECK(dotted == plain);
+  std::string sentences;  // a word that ends like a title ("items") still ends its sentence
+  REQUIRE(builtin().normalise("I returned the items. Cancel it", sentences).ok());
+  CHECK(sentences.find('|') != std::string::npos);
+  CHECK(served("I'd like to see Dr. Patel rather than Dr. Lee").key == served("see Dr Patel instead of Dr Lee").key);
+  CHECK(served("book me with dr patel").key == served("Book me in with Dr. Patel").key);
+  CHECK(key("book me with Dr Patel") != key("book me with Dr Lee"));
+  CHECK(key("see Dr Patel instead of Dr Lee") != key("see Dr Lee instead of Dr Patel"));
+  CHECK(served("change my address to 14 Elm Street").key == served("can you update my address to 14 Elm Street?").key);
+  CHECK(served("Deliver to 42 Oak St.").key == served("Deliver to 42 Oak Street.").key);
+  CHECK(served("chnage my adress to 9 Oak Rd").key == served("change my address to 9 Oak Road").key);
+  CHECK(key("change my address to 14 Elm Street") != key("change my address to 14 Oak Street"));
+  CHECK(key("change my address to 14 Elm Street") != key("change my address to 41 Elm Street"));
+  CHECK(key("deliver to 22 Oak Lane") != key("deliver to 22 Oak Road"));
+  CHECK(key("Deliver to 42 Oak Street.") != key("Deliver to 42 Oak Avenue."));
+  // Anywhere else the word may change what is asked.
+  CHECK(key_of(builtin(), "change my address to Elm Street").abstain_reason == "unknown word \"elm\"");
+  CHECK(key_of(builtin(), "cancel my 14 yoga classes").abstain_reason == "unknown word \"yoga\"");
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

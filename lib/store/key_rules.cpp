@@ -423,6 +423,8 @@ class Tokenizer {
           id_prefix_ = unit;  // "MU 5137", "TKT-88120": the letters are part of the id
         } else if (const Numeral* numeral = numeral_value(unit)) {
           add_entity({}, numeral);  // "two rooms", 两件: numbers written out are numbers
+        } else if (in_name_slot(units, i)) {
+          add_entity(std::string(unit));  // "Dr Patel", "14 Elm Street": a name, whole in the key
         } else {
           flush_unit_as_detail();
           out.push_back({Token::unknown, 0, std::string(unit), false});
@@ -584,6 +586,19 @@ class Tokenizer {
       return false;
     }
     return i + 1 < units.size() && has_ascii_digit(units[i + 1]) && offset_of(norm_, units[i + 1]) < next_match;
+  }
+
+  // Whether units[i], a word the lexicon does not know, stands where only a
+  // name does: after "dr" or "doctor" ("Dr Patel", the doctor's name), or
+  // between a house number and the word for a street ("14 Elm Street", "9
+  // Pine Rd"). Elsewhere an unknown word may change what is asked: the key
+  // abstains.
+  static bool in_name_slot(const std::vector<std::string_view>& units, std::size_t i) {
+    const std::string_view unit = units[i];
+    if (!std::all_of(unit.begin(), unit.end(), [](char c) { return c >= 'a' && c <= 'z'; })) return false;
+    if (i > 0 && (units[i - 1] == "dr" || units[i - 1] == "doctor")) return true;
+    return i > 0 && i + 1 < units.size() && has_ascii_digit(units[i - 1]) &&
+           name_in(units[i + 1], {"street", "st", "road", "rd", "avenue", "ave", "lane", "ln", "drive", "way"});
   }
 
   // A unit with a digit: "7pm" is the number 7 and the unit pm, as "7 pm" is;

@@ -106,6 +106,17 @@ bool abbreviates_number(std::string_view out, std::string_view text, std::size_t
   return digits == 3;
 }
 
+// Whether out ends in a title's abbreviation ("dr", "mr", "mrs", "ms") as a
+// word of its own: "Dr. Patel" is no sentence ending after "dr".
+bool abbreviates_title(std::string_view out) {
+  for (std::string_view title : {"dr", "mr", "mrs", "ms"}) {
+    if (out.ends_with(title) && (out.size() == title.size() || !is_ascii_alnum(out[out.size() - title.size() - 1]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Whether out ends in "no" right after a Chinese character, or after one and
 // a space (订单No.4521, 订单 no 4521): there it is the sign for number, never
 // the English "no".
@@ -205,6 +216,10 @@ Status normalise_text(std::string_view text, std::string& out, Clauses clauses) 
           // "item no. 3", "order no. 20231145": the word for number, not "no" and a full stop.
           out.replace(out.size() - 2, 2, "number");
           note(' ');
+          continue;
+        }
+        if (full_stop && pending == 0 && abbreviates_title(out)) {
+          note(' ');  // "Dr. Lee": a title and its name
           continue;
         }
         note(c == '?'                                                               ? kQuestionBreak
