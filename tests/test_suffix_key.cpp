@@ -2370,6 +2370,14 @@ TEST_CASE("suffix key: a name where only a name stands is kept whole, elsewhere 
   CHECK(key_of(builtin(), "cancel my 14 yoga classes").abstain_reason == "unknown word \"yoga\"");
 }
 
+TEST_CASE("suffix key: the same action asked again beside what it acts on asks once") {
+  CHECK(served("訂單8830不要了，麻煩取消").key == served("請幫我取消訂單8830").key);
+  CHECK(served("密码想不起来了，帮我重置一下").key == served("我忘记密码了").key);
+  CHECK(served("手机号换了，帮我更新").key == served("更新一下我的手机号码").key);
+  // With something of its own it says more: who pays what stays.
+  CHECK(key("my employer pays the premium and I pay the excess") != key("my employer pays the excess and the premium"));
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

@@ -2577,6 +2577,9 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
     return std::all_of(with.actions.begin(), with.actions.end(), [&](const Element& a) {
       if (a.negated) return false;
       if (a.text == lex.names[query]) return true;
+      // 订单8830不要了，麻烦取消, 密码忘了，帮我重置: the same action asked again, with nothing of its
+      // own, asks what was asked ("I pay the excess" beside "my employer pays the premium" says more).
+      if (asked.count(a.text) > 0 && request.details.empty()) return true;
       // "keep my address, don't delete it"; not "keep my plan, I don't want to wait".
       if (a.text == "KEEP") return request_negated && keeping_undone;
       const std::string_view done = reported_action(a);
