@@ -2378,6 +2378,27 @@ TEST_CASE("suffix key: the same action asked again beside what it acts on asks o
   CHECK(key("my employer pays the premium and I pay the excess") != key("my employer pays the excess and the premium"));
 }
 
+TEST_CASE("suffix key: an order names what was ordered, beside one action and no id") {
+  CHECK(served("酒店订单帮我取消").key == served("我要取消酒店预订").key);
+  CHECK(served("Cancel my pizza order.").key == served("cancel my pizza").key);
+  CHECK(served("Order a replacement remote.").key == served("replace my remote").key);
+  // With no action, the order is one of the two things that say enough.
+  CHECK(served("这个订单申请退款").key.find("ORDER") != std::string::npos);
+  // An id numbers the order, said in one clause or two, not the thing beside it.
+  CHECK(served("my order number is 55120, where is it").key == served("where's order 55120").key);
+  CHECK(key("订单2290开一下发票") != key("发票2290开一下"));
+  // Not after an "and" ("order" is the verb), nor past a detail that says which order.
+  CHECK(key("freeze my card and order a new one") != key("freeze my new card"));
+  CHECK(key("给上次的订单退款") != key("上次的退款查一下"));
+  // Nor beside someone who acts, a refund, or a negation.
+  CHECK(key("the restaurant cancelled my order") != key("I cancelled the restaurant"));
+  CHECK(served("my husband orders, I pay").key == served("I'll pay and my husband will place the order").key);
+  CHECK(key("先取消订单再退款") != key("取消退款"));
+  CHECK(served("Cancel my order, not my subscription.").key.find("ORDER") != std::string::npos);
+  // 单位 is an employer, not an order.
+  CHECK(key("单位交钱，我领医保卡") != key("我交钱，单位领医保卡"));
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

@@ -674,6 +674,38 @@ void subscribed_to_is_the_thing(Clause& c) {
   }
 }
 
+// An order names what was ordered: "cancel this takeaway order" is "cancel
+// my takeaway", 酒店订单帮我取消 is 我要取消酒店预订, "the item missing from my
+// order" "my missing item", "order a replacement remote" "replace my
+// remote". Only beside other things and no id, with one action ("order a
+// pizza" names both), nothing negated and no "and" ("freeze my card and order
+// a new one"); not beside someone who acts ("my husband orders, I pay", "the
+// restaurant cancelled my order") or a refund, a return or an exchange (先取消
+// 订单再退款 is not 取消退款).
+void order_names_what_was_ordered(Clause& c) {
+  if (c.coordinated || c.actions.size() != 1) return;
+  const auto order =
+      std::find_if(c.objects.begin(), c.objects.end(), [](const Element& o) { return o.text == "ORDER"; });
+  if (order == c.objects.end()) return;
+  for (const auto* list : {&c.actions, &c.objects, &c.entities, &c.details}) {
+    if (std::any_of(list->begin(), list->end(), is_negated)) return;
+  }
+  // With an id, the order is what the id numbers ("order 55120"), kept as one clause or two would say it;
+  // a detail before it may say which order ("refund my last order": not "my last refund").
+  if (!c.entities.empty()) return;
+  if (std::any_of(c.details.begin(), c.details.end(), [&order](const Element& d) { return d.at < order->at; })) {
+    return;
+  }
+  bool others = false;
+  for (const Element& o : c.objects) {
+    if (&o == &*order) continue;
+    if (is_person_name(o.text) || name_in(o.text, {"RESTAURANT", "CARRIER", "EMPLOYER"}) || is_verb_named(o)) return;
+    others = true;
+  }
+  if (!others) return;
+  c.objects.erase(order);
+}
+
 // A card, a passport or a SIM missing or not found is lost ("my credit card
 // is missing", 信用卡找不到了 are "I lost my credit card"); an item missing from
 // an order is not.
@@ -774,6 +806,7 @@ void reword_clause(Clause& c) {
   a_card_missing_is_lost(c);
   active_asked_is_enabled(c);
   shared_head_of_a_contrast(c);
+  order_names_what_was_ordered(c);
   things_of_one_request_unordered(c);
   details_in_any_order(c);
   problem_said_is_reported(c);
