@@ -2399,6 +2399,17 @@ TEST_CASE("suffix key: an order names what was ordered, beside one action and no
   CHECK(key("单位交钱，我领医保卡") != key("我交钱，单位领医保卡"));
 }
 
+TEST_CASE("suffix key: a clause of only a span, a date or a count says it of the clause beside it") {
+  CHECK(served("都10天了，退款还没收到").key == served("退款十天了还没到账").key);
+  CHECK(served("where is my parcel? it's been 4 days").key ==
+        served("track my parcel please, it's been four days").key);
+  // Where each was written stays: which of two counts came first.
+  CHECK(key("我原来买了三件，现在只要两件") != key("我原来买了两件，现在只要三件"));
+  // Not beside a clause with no action of its own, nor a clause that asks.
+  CHECK(key("my booking is on the 12th, please push it to the 14th") != key("my booking is on the 12th and the 14th"));
+  CHECK(key("邮编填错了，应该是100022") != key("邮编100022填错了"));
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

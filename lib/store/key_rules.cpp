@@ -2850,6 +2850,28 @@ void join_reported_problem(std::vector<Clause>& clauses) {
   clauses.erase(clauses.begin() + static_cast<std::ptrdiff_t>(report));
 }
 
+// A clause of nothing but a span, a date, a count or an id ("it's been 10
+// days", 都10天了, "two nights") beside one other clause says when, how long
+// or how many for that clause: 都10天了，退款还没收到 is 退款十天了还没到账. Its
+// things join the other clause where they were written (before or after its
+// own), so which of two dates came first stays.
+void join_lone_entities(std::vector<Clause>& clauses) {
+  if (clauses.size() != 2) return;
+  // (What is not meant, "not the 14th", joined its request before: join_contrasts.)
+  const auto lone = [](const Clause& c) {
+    return c.mood.empty() && c.actions.empty() && c.objects.empty() && !c.entities.empty();
+  };
+  const std::size_t at = lone(clauses[0]) ? 0 : lone(clauses[1]) ? 1 : 2;
+  if (at == 2 || lone(clauses[1 - at]) || clauses[1 - at].actions.empty()) return;
+  Clause& into = clauses[1 - at];
+  for (auto [from, to] :
+       {std::pair{&clauses[at].entities, &into.entities}, std::pair{&clauses[at].details, &into.details}}) {
+    to->insert(at == 0 ? to->begin() : to->end(), std::make_move_iterator(from->begin()),
+               std::make_move_iterator(from->end()));
+  }
+  clauses.erase(clauses.begin() + static_cast<std::ptrdiff_t>(at));
+}
+
 // Requests in clauses of their own come in any order, as requests joined by
 // "and" do: 周六的配送取消，周日的保留 is 周日的保留，周六的配送取消, "return the
 // shirt, keep the trousers" is "keep the trousers, return the shirt". Each
@@ -2957,6 +2979,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   for (Clause& c : clauses) reword_clause(c);
   join_reported_problem(clauses);
   join_bare_check(clauses);
+  join_lone_entities(clauses);
   SuffixKey k;
   for (const std::string& text : sort_clauses(lexicon, tokens, clauses)) {
     if (!k.key.empty()) k.key.push_back('|');
