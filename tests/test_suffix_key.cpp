@@ -2410,6 +2410,15 @@ TEST_CASE("suffix key: a clause of only a span, a date or a count says it of the
   CHECK(key("邮编填错了，应该是100022") != key("邮编100022填错了"));
 }
 
+TEST_CASE("suffix key: 能 before 把 or 给我 asks someone to act, as 能帮我 does") {
+  CHECK(served("能把退货标签发到我邮箱吗").key == served("把退货标签发到我邮箱").key);
+  CHECK(served("能给我再发一份收据吗").key == served("再发我一份收据").key);
+  CHECK(served("能把订单取消吗").key == served("能帮我取消订单吗").key);
+  // Whether it can be, or whether I may, is still asked.
+  CHECK(key("订单能取消吗") != key("能把订单取消吗"));
+  CHECK(key("我能取消订单吗") != key("能把订单取消吗"));
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

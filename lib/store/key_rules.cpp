@@ -1017,12 +1017,13 @@ const char* reverse_of(std::string_view action) {
   return nullptr;
 }
 
-// Whether 帮我 comes next, after details only (能马上帮我..., 能远程帮我...; not
-// "can I please ...", which asks whether one may).
+// Whether 帮我 or 把 comes next, after details only (能马上帮我..., 能远程帮我...,
+// 能把发票发我吗: someone is asked to act on it, as 你能 asks; not "can I
+// please ...", which asks whether one may, nor 订单能取消吗, whether it can be).
 bool for_me_after_details(const Lexicon& lex, const Token* t, const Token* end) {
   while (t != end && t->kind == Token::detail) ++t;
-  return t != end && (t->kind == Token::polite || t->kind == Token::benefactive) &&
-         lex.names[t->name] == "POLITE_FOR_ME";
+  return t != end && (t->kind == Token::disposal || ((t->kind == Token::polite || t->kind == Token::benefactive) &&
+                                                     lex.names[t->name] == "POLITE_FOR_ME"));
 }
 
 void undo_to_reverse(std::vector<Element>& actions) {
@@ -1806,6 +1807,7 @@ bool gives_to(const Lexicon& lex, const Token& t) {
 void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
   if (std::none_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.kind == Token::benefactive; })) return;
   const auto to = lex.by_name.find("TO");
+  const auto polite_for_me = lex.by_name.find("POLITE_FOR_ME");
   const auto is_thing = [](const Token& t) { return t.kind == Token::object || t.kind == Token::entity; };
   // Per token, in one pass each way (linear however long a clause is): the
   // end of its clause, the first action at or after it in the clause (its end
@@ -1880,7 +1882,15 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
       continue;
     }
     if (name == "POLITE_FOR" || name == "POLITE_FOR_ME") out.push_back({Token::polite, t.name, {}, false});
-    if (name == "WANT_FOR_ME") out.push_back({Token::want, 0, {}, false});
+    if (name == "WANT_FOR_ME") {
+      // 能给我退款吗 asks someone to give: 能帮我退款吗, not "I want".
+      std::size_t before = out.size();
+      while (before > 0 && out[before - 1].kind == Token::detail) --before;
+      const bool asked_of_someone = before > 0 && out[before - 1].kind == Token::aux &&
+                                    lex.names[out[before - 1].name] == "ASK_ABLE" && polite_for_me != lex.by_name.end();
+      out.push_back(asked_of_someone ? Token{Token::benefactive, polite_for_me->second, {}, false}
+                                     : Token{Token::want, 0, {}, false});
+    }
   }
   tokens = std::move(out);
 }
