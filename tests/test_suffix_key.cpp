@@ -2419,6 +2419,17 @@ TEST_CASE("suffix key: 能 before 把 or 给我 asks someone to act, as 能帮�
   CHECK(key("我能取消订单吗") != key("能把订单取消吗"));
 }
 
+TEST_CASE("suffix key: setting up what is switched on and off turns it on") {
+  CHECK(served("set up auto-pay for my electric bill").key ==
+        served("can you turn on auto-pay for my electric bill?").key);
+  CHECK(served("两步验证在哪里设置？").key == served("怎么开启双重验证？").key);
+  // An alarm or a reminder set up is a new one; a product or a password is not the switch.
+  CHECK(key("set an alarm for 7") != key("turn on my alarm for 7"));
+  CHECK(key("set a reminder for 9") != key("turn on reminders for 9"));
+  CHECK(key("set up the roaming add-on") != key("turn on the roaming add-on"));
+  CHECK(served("语音信箱要设个新密码").key.find("SET_UP") != std::string::npos);
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

@@ -243,6 +243,15 @@ void ending_a_contract_cancels_it(Clause& c) {
   }
 }
 
+// What is switched on and off: auto-pay, roaming, two-factor sign-in, an alarm ...
+bool is_switch(const Element& o) {
+  return name_in(o.text, {"AUTO_RENEWAL", "PARENTAL_CONTROLS", "ALARM", "AUTO_PAY", "ROAMING", "NOTIFICATION",
+                          "PUSH_NOTIFICATION", "TWO_FACTOR", "VOICEMAIL", "CALL_FORWARDING"});
+}
+
+// A product named for a switch: "my roaming add-on" ends or starts as products do.
+bool is_product(const Element& p) { return name_in(p.text, {"ADD_ON", "PLAN", "PACKAGE", "BUNDLE", "PASS"}); }
+
 // What is switched on and off is switched off when cancelled: "cancel my
 // alarm for tomorrow" is "turn off tomorrow's alarm", 解除家长控制 is
 // 把家长控制关掉, "stop auto-renewal on my membership" "turn off automatic
@@ -251,16 +260,23 @@ void ending_a_contract_cancels_it(Clause& c) {
 void cancelling_a_switch_turns_it_off(Clause& c) {
   if (c.actions.size() != 1 || verb_of(c.actions[0]) != "CANCEL" || c.objects.empty()) return;
   const Element& o = c.objects.front();
-  if (o.negated ||
-      !name_in(o.text, {"AUTO_RENEWAL", "PARENTAL_CONTROLS", "ALARM", "AUTO_PAY", "ROAMING", "NOTIFICATION",
-                        "PUSH_NOTIFICATION", "TWO_FACTOR", "VOICEMAIL", "CALL_FORWARDING"})) {
-    return;
-  }
-  const auto product = [](const Element& p) {
-    return name_in(p.text, {"ADD_ON", "PLAN", "PACKAGE", "BUNDLE", "PASS"});
-  };
-  if (std::any_of(c.objects.begin(), c.objects.end(), product)) return;
+  if (o.negated || !is_switch(o) || std::any_of(c.objects.begin(), c.objects.end(), is_product)) return;
   c.actions[0].text.replace(0, std::string_view("CANCEL").size(), "DISABLE");
+}
+
+// And switched on when set up: "set up auto-pay for my electric bill" is
+// "turn on auto-pay for my electric bill", 燃气费设置自动扣款 is 燃气费帮我开通代扣,
+// "how do I set up two-factor authentication?" "how do I enable 2FA?". Not
+// an alarm or a reminder (setting one up makes a new one: "set an alarm for
+// 7" is not "turn my alarm on"), a product named for a switch, or its
+// password (语音信箱要设个新密码 is no voicemail turned on).
+void setting_up_a_switch_turns_it_on(Clause& c) {
+  if (c.actions.size() != 1 || verb_of(c.actions[0]) != "SET_UP" || c.objects.empty()) return;
+  const Element& o = c.objects.front();
+  if (o.negated || !is_switch(o) || name_in(o.text, {"ALARM", "NOTIFICATION"})) return;
+  const auto other_thing = [](const Element& p) { return is_product(p) || name_in(p.text, {"PASSWORD", "PIN"}); };
+  if (std::any_of(c.objects.begin(), c.objects.end(), other_thing)) return;
+  c.actions[0].text.replace(0, std::string_view("SET_UP").size(), "ENABLE");
 }
 
 // Stopping something for a time pauses it: "stop my subscription for now",
@@ -779,6 +795,7 @@ void reword_clause(Clause& c) {
   stopping_for_a_time_pauses(c);
   ending_a_contract_cancels_it(c);
   cancelling_a_switch_turns_it_off(c);
+  setting_up_a_switch_turns_it_on(c);
   reconnecting_restores_a_supply(c);
   billing_address_of_bills(c);
   no_more_marketing(c);
