@@ -1778,8 +1778,9 @@ TEST_CASE("suffix key: again is in the action where the action has a form for it
         served("my card never arrived, could you resend it?").key);
   // What happened again is a report of its own.
   CHECK(served("my order was cancelled again").key != served("my order was cancelled").key);
-  // With two actions asked for, which one is again is not known.
-  CHECK(served("cancel my order and enable roaming again").key.find("AGAIN") != std::string::npos);
+  // With two requests joined by and, again is in its own one's action (each is a clause of its own).
+  CHECK(served("cancel my order and enable roaming again").key == served("enable roaming again, cancel my order").key);
+  CHECK(key("cancel my order and enable roaming again") != key("cancel my order again and enable roaming"));
   // 再 after 先 or an action, opening a later clause, after a time or a negation: then, any more.
   CHECK(key("先退款再取消订单").find("AGAIN") == std::string::npos);
   CHECK(key("取消订单再退款").find("AGAIN") == std::string::npos);
@@ -1822,9 +1823,12 @@ TEST_CASE("suffix key: a replacement is for a new one unless new says which") {
   CHECK(served("move me to a different room").key == served("change my room").key);
   CHECK(served("move my delivery to another day").key == served("reschedule my delivery").key);
   CHECK(served("move my delivery to another day").key != served("move my delivery to Friday").key);
-  // New beside old, with another action, or in a negated request still says which.
+  // New beside old, or in a negated request, still says which.
   CHECK(served("replace my old card with the new one").key != served("replace the new card with my old one").key);
-  CHECK(served("cancel my order and replace my phone with a new one").key.find("NEW") != std::string::npos);
+  CHECK(served("cancel my order and replace my phone with a new one").key ==
+        served("replace my phone with a new one, cancel my order").key);
+  CHECK(key("cancel my order and replace my phone with a new one") !=
+        key("cancel my order and replace my phone with the old one"));
   CHECK(served("don't replace my phone with a new one").key != served("don't replace my phone").key);
 }
 
@@ -2428,6 +2432,16 @@ TEST_CASE("suffix key: setting up what is switched on and off turns it on") {
   CHECK(key("set a reminder for 9") != key("turn on reminders for 9"));
   CHECK(key("set up the roaming add-on") != key("turn on the roaming add-on"));
   CHECK(served("语音信箱要设个新密码").key.find("SET_UP") != std::string::npos);
+}
+
+TEST_CASE("suffix key: requests joined by and are clauses of their own, as after a comma") {
+  CHECK(served("重置密码并解锁账号").key == served("解锁账号，顺便重置密码").key);
+  CHECK(served("I'd like to pause my membership and update my card details").key ==
+        served("update my card details and also pause my membership").key);
+  // Who asks, and how, asks for each: "can I ... and ...?" is not "can I ...? ...".
+  CHECK(key("can I cancel my card and close my account?") != key("can I cancel my card? close my account"));
+  // One action to each part: 酒店和租车都取消 cancels both.
+  CHECK(served("酒店和租车都取消").key.find('|') == std::string::npos);
 }
 
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {

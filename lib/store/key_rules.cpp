@@ -2329,9 +2329,11 @@ bool orders_requests(const Lexicon& lex, const Token* first, const Token* last) 
 // my account" is "unlock my account and reset my password", 取消订单和退款 is
 // 退款和取消订单. A clause with two actions or more, an "and" before each
 // one but the first, and no word that orders them (then, first, before,
-// after, 先, 再, 然后) is cut before each such "and", and the parts are
-// sorted by what they name. Anything that orders them keeps them as written,
-// and so do requests that pay, charge, apply, send, ship or transfer.
+// after, 先, 再, 然后) is cut before each such "and" into clauses of their
+// own, as a comma would cut them (重置密码并解锁账号 is 解锁账号，顺便重置密码),
+// and the parts are sorted by what they name. Anything that orders them
+// keeps them as written, and so do requests that pay, charge, apply, send,
+// ship or transfer.
 void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto opens_request = [&tokens](std::size_t i, std::size_t end) {
     // "and" then, past an auxiliary, a want or a negation, an action
@@ -2346,6 +2348,8 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto name_of = [&lex](const Token& t) {
     return t.kind == Token::entity ? "#" + t.text : std::to_string(static_cast<int>(t.kind)) + lex.names[t.name];
   };
+  std::vector<Token> out;  // written clause by clause: linear however many there are
+  out.reserve(tokens.size());
   std::size_t begin = 0;
   for (std::size_t i = 0; i <= tokens.size(); ++i) {
     if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
@@ -2364,12 +2368,16 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
     bool every_part_has_a_thing = true;
     for (std::size_t c = 0, from = begin; c <= cuts.size() && actions >= 2; ++c) {
       const std::size_t to = c < cuts.size() ? cuts[c] : end;
+      const auto part_begin = tokens.begin() + static_cast<std::ptrdiff_t>(from);
+      const auto part_end = tokens.begin() + static_cast<std::ptrdiff_t>(to);
+      // And one action each: in 酒店和租车都取消 the "and" joins the hotel to the car, not two requests.
       every_part_has_a_thing =
-          every_part_has_a_thing && std::any_of(tokens.begin() + static_cast<std::ptrdiff_t>(from),
-                                                tokens.begin() + static_cast<std::ptrdiff_t>(to), [](const Token& t) {
-                                                  return t.kind == Token::object || t.kind == Token::entity ||
-                                                         t.kind == Token::detail;
-                                                });
+          every_part_has_a_thing &&
+          std::any_of(part_begin, part_end,
+                      [](const Token& t) {
+                        return t.kind == Token::object || t.kind == Token::entity || t.kind == Token::detail;
+                      }) &&
+          std::count_if(part_begin, part_end, [](const Token& t) { return t.kind == Token::action; }) == 1;
       from = to + 1;
     }
     if (actions >= 2 && actions == cuts.size() + 1 && !ordered && every_part_has_a_thing) {
@@ -2384,6 +2392,8 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
         ++from;
       }
       const std::size_t parts_begin = from;
+      out.insert(out.end(), tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                 tokens.begin() + static_cast<std::ptrdiff_t>(parts_begin));
       std::vector<std::pair<std::string, std::vector<Token>>> parts;
       for (std::size_t c = 0; c <= cuts.size(); ++c) {
         const std::size_t to = c < cuts.size() ? cuts[c] : end;
@@ -2394,14 +2404,26 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
         from = to + 1;
       }
       std::stable_sort(parts.begin(), parts.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-      std::size_t out = parts_begin;
+      // Each part is a clause of its own, as it would be after a comma ("reset my password, unlock my
+      // account", 重置密码，顺便把账户解锁), with who asks, and how, before each.
+      const std::vector<Token> asker(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                                     tokens.begin() + static_cast<std::ptrdiff_t>(parts_begin));
       for (std::size_t c = 0; c < parts.size(); ++c) {
-        for (Token& t : parts[c].second) tokens[out++] = std::move(t);
-        if (c + 1 < parts.size()) tokens[out++] = Token{Token::coordinator, 0, {}, false};
+        if (c > 0) {
+          out.push_back(Token{Token::clause_end, 0, {}, false});
+          out.back().soft = true;
+          out.insert(out.end(), asker.begin(), asker.end());
+        }
+        for (Token& t : parts[c].second) out.push_back(std::move(t));
       }
+    } else {
+      out.insert(out.end(), tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                 tokens.begin() + static_cast<std::ptrdiff_t>(end));
     }
+    if (end < tokens.size()) out.push_back(std::move(tokens[end]));
     begin = i + 1;
   }
+  tokens = std::move(out);
 }
 
 // Things joined by "and" under one action come in any order: "cancel the
