@@ -2444,10 +2444,11 @@ TEST_CASE("suffix key: requests joined by and are clauses of their own, as after
   CHECK(served("酒店和租车都取消").key.find('|') == std::string::npos);
 }
 
-TEST_CASE("suffix key: wondering if asks, as whether does, and wondering if you could requests") {
+TEST_CASE("suffix key: wondering if and let me know if ask, as whether does, and wondering if you could requests") {
   CHECK(served("just wondering if my order has shipped yet").key == served("has my order shipped?").key);
   CHECK(key("just wondering if my order has shipped yet") != key("ship my order"));
   CHECK(served("I was wondering if you could send my invoice").key == served("please send me my invoice").key);
+  CHECK(served("let me know if my order has shipped").key == served("has my order shipped?").key);
 }
 
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
