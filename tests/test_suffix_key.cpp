@@ -2451,6 +2451,15 @@ TEST_CASE("suffix key: wondering if and let me know if ask, as whether does, and
   CHECK(served("let me know if my order has shipped").key == served("has my order shipped?").key);
 }
 
+TEST_CASE("suffix key: never mind and a mind changed after but take a request back") {
+  CHECK(served("never mind cancelling my order").key == served("don't cancel my order").key);
+  CHECK(served("I was going to cancel my order but I changed my mind").key == served("don't cancel my order").key);
+  CHECK(key("never mind, cancel my order") != key("don't cancel my order"));
+  CHECK(key("never mind, cancel my order") != key("never mind cancelling my order"));
+  // Without but, a mind changed gives the reason for what is asked.
+  CHECK(served("I changed my mind, cancel my order").key == served("cancel my order").key);
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);
