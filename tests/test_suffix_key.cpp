@@ -2460,6 +2460,21 @@ TEST_CASE("suffix key: never mind and a mind changed after but take a request ba
   CHECK(served("I changed my mind, cancel my order").key == served("cancel my order").key);
 }
 
+TEST_CASE("suffix key: refunded or returned after what it was done to reports it") {
+  // A thing that is its verb ("refund", "return") in its past form: found by probing, these were
+  // keyed as the request.
+  CHECK(key("my order was refunded") != key("refund my order"));
+  CHECK(key("my payment got refunded") != key("refund my payment"));
+  CHECK(key("my item has been returned") != key("return my item"));
+  CHECK(served("was my deposit returned?").key == served("has my deposit been returned?").key);
+  // Asked for, it is still the request.
+  CHECK(served("I want my payment refunded").key == served("refund my payment").key);
+  CHECK(served("my payment needs to be refunded").key == served("refund my payment").key);
+  CHECK(served("the laptop should be returned").key.find("RETURN_DONE") == std::string::npos);
+  // And "I'm against" is a negation.
+  CHECK(served("I'm against cancelling my order").key == served("don't cancel my order").key);
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

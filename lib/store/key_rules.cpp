@@ -1171,8 +1171,17 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       }
       case Token::object:
       case Token::entity: {
+        // "my payment was refunded", "my order got returned": a thing that is its verb, in its past
+        // form after the thing it was done to, reports it too, unless it is asked for ("I want my payment refunded",
+        // "my payment needs to be refunded").
+        const bool after_what_it_was_done_to =
+            t->past && t != begin && names_its_verb(lex.names[t->name]) &&
+            ((t[-1].kind == Token::aux && lex.names[t[-1].name] == "ASK") || t[-1].kind == Token::object ||
+             t[-1].kind == Token::entity) &&
+            !(want_then_things || (t[-1].kind == Token::want && t[-1].passive)) &&
+            (t + 1 == end || (t[1].kind != Token::object && t[1].kind != Token::entity));
         if (t->kind == Token::object && this_role.empty() &&
-            (t->reported || (t->past && t != begin && t[-1].kind == Token::subject) ||
+            (t->reported || (t->past && t != begin && t[-1].kind == Token::subject) || after_what_it_was_done_to ||
              (pending_not && pending_past && !not_waits_for_action && names_its_verb(lex.names[t->name])))) {
           // (押金还没退, "you didn't refund my deposit": not done, which 别退押金 forbids.)
           // 你们已经给我退款了: a thing that is its verb, after 已经, reports it (REFUND_DONE); so does
