@@ -2475,6 +2475,18 @@ TEST_CASE("suffix key: refunded or returned after what it was done to reports it
   CHECK(served("I'm against cancelling my order").key == served("don't cancel my order").key);
 }
 
+TEST_CASE("suffix key: 过 after a verb, and 了 between a verb and its thing after who did it, report it") {
+  // Found by probing: these were keyed as the requests.
+  CHECK(never_served_as("会员我上周续过了", "续费会员"));
+  CHECK(never_served_as("我订过这个服务", "订这个服务"));
+  CHECK(never_served_as("我取消了订单", "取消订单"));
+  CHECK(never_served_as("我退订了会员，还是被扣费了", "退订会员"));
+  CHECK(served("我取消了订单").key == served("订单已经取消了").key);
+  // 过来, 过去 say where to; 了 at the end of a request still asks.
+  CHECK(served("今天把包裹送过来").key == served("今天把包裹送来").key);
+  CHECK(served("帮我把订单取消了").key == served("取消订单").key);
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

@@ -488,6 +488,13 @@ class Tokenizer {
       if (past && !out.empty() && (out.back().kind == Token::action || out.back().kind == Token::object)) {
         out.back().past = true;  // an object's past form is its verb's: "you refunded me" (make_clause)
       }
+      // 过 right after a verb says it was done once (取消过订单了, 订单取消过了): never a request, as 了
+      // may be. Not 过来, 过去 after it, which say where to (送过来).
+      const bool toward = i < units.size() && (units[i] == "来" || units[i] == "去");
+      if (best_len == 1 && first_unit == "过" && !toward && out.size() >= 2 && out.back().kind == Token::perfective &&
+          out[out.size() - 2].kind == Token::action) {
+        out[out.size() - 2].past = out[out.size() - 2].reported = true;
+      }
       if (dao && !out.empty() && out.back().kind == Token::action) out.back().dao = true;
       if (gerund && !out.empty() && out.back().kind == Token::action) out.back().gerund = true;
       if (out.size() > tokens_before && out.back().kind == Token::object && i < units.size() &&
@@ -1162,8 +1169,17 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
                                    (t[-2].kind == Token::object || t[-2].kind == Token::entity);
         const bool asked_done = t->past && ((want_then_things && after_thing) || after_passive) &&
                                 (t + 1 == end || (t[1].kind != Token::object && t[1].kind != Token::entity));
-        c.actions.push_back(
-            {lex.names[t->name], pending_not, (t->past && !asked_done) || (pending_not && pending_past)});
+        // 我取消了订单, 你们退了押金: 了 between the verb and its thing, after who did it, reports it
+        // (a request puts 了 at the end: 把订单取消了).
+        const bool done_before_its_thing =
+            t + 2 < end && t[1].kind == Token::perfective &&
+            (t[2].kind == Token::object || t[2].kind == Token::entity) &&
+            std::any_of(begin, t, [](const Token& x) { return x.kind == Token::subject; }) &&
+            std::none_of(begin, t, [](const Token& x) {
+              return x.kind == Token::want || x.kind == Token::polite || x.kind == Token::aux;
+            });
+        c.actions.push_back({lex.names[t->name], pending_not,
+                             (t->past && !asked_done) || (pending_not && pending_past) || done_before_its_thing});
         c.actions.back().nominal = t->nominal;
         c.actions.back().unable = pending_not && pending_unable;
         pending_not = false;
