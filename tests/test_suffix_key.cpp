@@ -2475,13 +2475,22 @@ TEST_CASE("suffix key: refunded or returned after what it was done to reports it
   CHECK(served("I'm against cancelling my order").key == served("don't cancel my order").key);
 }
 
-TEST_CASE("suffix key: 过 after a verb, and 了 between a verb and its thing after who did it, report it") {
+TEST_CASE("suffix key: 过 after a verb, 了 between a verb and its thing, and what completes a verb report it") {
   // Found by probing: these were keyed as the requests.
   CHECK(never_served_as("会员我上周续过了", "续费会员"));
   CHECK(never_served_as("我订过这个服务", "订这个服务"));
   CHECK(never_served_as("我取消了订单", "取消订单"));
   CHECK(never_served_as("我退订了会员，还是被扣费了", "退订会员"));
   CHECK(served("我取消了订单").key == served("订单已经取消了").key);
+  // So do what completes a verb, and 给 as 被, before 了 (房间订好了: the room is booked).
+  CHECK(never_served_as("房间订好了", "帮我订房间"));
+  CHECK(never_served_as("空调修好了", "把空调修好"));
+  CHECK(served("订单取消成功了").key == served("订单已经取消了").key);
+  CHECK(served("订单给取消了").key == served("订单被取消了").key);
+  CHECK(key("订单取消成功了吗") != key("订单取消成功了"));
+  CHECK(served("把订单给取消了").key == served("取消订单").key);
+  // Before 再, what completes a verb is a step to finish first.
+  CHECK(served("身份核实完了再销户").key == served("先核实身份再销户").key);
   // 过来, 过去 say where to; 了 at the end of a request still asks.
   CHECK(served("今天把包裹送过来").key == served("今天把包裹送来").key);
   CHECK(served("帮我把订单取消了").key == served("取消订单").key);

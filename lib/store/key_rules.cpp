@@ -488,6 +488,20 @@ class Tokenizer {
       if (past && !out.empty() && (out.back().kind == Token::action || out.back().kind == Token::object)) {
         out.back().past = true;  // an object's past form is its verb's: "you refunded me" (make_clause)
       }
+      // 取消好了, 退完了, 取消成功了: a verb, what completes it and 了 report it done (asked with 吗,
+      // whether; before 再 or 就, a step to finish first: 身份核实完了再销户).
+      const bool step_first = i < units.size() && (units[i] == "再" || units[i] == "就");
+      if (best_len == 1 && first_unit == "了" && !step_first && i >= 3 && out.size() >= 2 &&
+          out.back().kind == Token::perfective) {
+        const std::size_t le = i - 1;  // 了
+        const bool succeeded = units[le - 2] == "成" && units[le - 1] == "功";
+        std::size_t verb = out.size() - 2;
+        if (succeeded && verb > 0 && out[verb].kind == Token::action && lex_.names[out[verb].name] == "SUCCEED") --verb;
+        if ((succeeded || units[le - 1] == "好" || units[le - 1] == "完") && out[verb].kind == Token::action &&
+            lex_.names[out[verb].name] != "SUCCEED") {
+          out[verb].past = out[verb].reported = true;
+        }
+      }
       // 过 right after a verb says it was done once (取消过订单了, 订单取消过了): never a request, as 了
       // may be. Not 过来, 过去 after it, which say where to (送过来).
       const bool toward = i < units.size() && (units[i] == "来" || units[i] == "去");
@@ -1860,6 +1874,14 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
     }
     const std::string& name = lex.names[t.name];
     const std::size_t end = clause_end[k];
+    // 订单给取消了: after a thing, 给 right before a verb and 了 says 被, what was done to it (with 把,
+    // 把订单给取消了, and without 了, 订单给取消一下, it still asks).
+    if (name == "FOR" && !out.empty() && is_thing(out.back()) && k + 2 < end && tokens[k + 1].kind == Token::action &&
+        tokens[k + 2].kind == Token::perfective &&
+        std::none_of(out.begin(), out.end(), [](const Token& x) { return x.kind == Token::disposal; })) {
+      tokens[k + 1].past = tokens[k + 1].reported = true;
+      continue;
+    }
     // 给我妈: 给 and the speaker's mother, not 给我 and 妈.
     const bool to_own_person = name == "WANT_FOR_ME" && k + 1 < end && is_person(lex, tokens[k + 1]);
     if ((name == "FOR" || to_own_person) && to != lex.by_name.end() && k + 1 < end && is_thing(tokens[k + 1])) {
