@@ -2496,6 +2496,21 @@ TEST_CASE("suffix key: 过 after a verb, 了 between a verb and its thing, and w
   CHECK(served("帮我把订单取消了").key == served("取消订单").key);
 }
 
+TEST_CASE("suffix key: a verb whose past is its present is past after who did it or been") {
+  // Found by probing: "I just reset my password" was "reset my password".
+  CHECK(never_served_as("I just reset my password", "reset my password"));
+  CHECK(never_served_as("my password has been reset", "reset my password"));
+  CHECK(never_served_as("my password is reset", "reset my password"));
+  CHECK(never_served_as("I have refunded my deposit", "refund my deposit"));
+  CHECK(served("they reset my password").key == served("my password has been reset").key);
+  CHECK(served("could you reset my password").key == served("reset my password").key);
+  CHECK(served("just reset my password").key == served("reset my password").key);
+  CHECK(key("can I reset my password") != key("I just reset my password"));
+  CHECK(served("I set an alarm").key != served("set an alarm").key);
+  // Forgetting is not a reset done.
+  CHECK(key("I forgot my password") != key("I just reset my password"));
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

@@ -222,6 +222,28 @@ bool is_past_form(const std::vector<std::string_view>& units, std::size_t first,
   return false;
 }
 
+// Whether a verb whose past is its present ("reset", "put", "set") is in
+// its past: after who did it ("I just reset my password", "they reset it")
+// or after been, got, have, is, already ("my password has been reset"). Not
+// after "can I" or "do I", which ask for it, nor after "you", which a
+// polite request puts there ("could you reset my password").
+bool same_in_past_after_who(const std::vector<std::string_view>& units, std::size_t at, std::size_t count) {
+  static constexpr std::string_view kSameInPast[] = {"reset", "put", "set", "quit", "shut", "cut", "split", "hit"};
+  if (count != 1 || at == 0 ||
+      std::find(std::begin(kSameInPast), std::end(kSameInPast), units[at]) == std::end(kSameInPast)) {
+    return false;
+  }
+  std::size_t before = at - 1;
+  if (units[before] == "just" && before > 0) --before;
+  static constexpr std::string_view kWho[] = {"i", "we", "they", "he", "she", "someone", "somebody"};
+  static constexpr std::string_view kDone[] = {"been", "got", "already", "have", "has",
+                                               "had",  "ve",  "is",      "was",  "were"};
+  if (std::find(std::begin(kDone), std::end(kDone), units[before]) != std::end(kDone)) return true;
+  if (std::find(std::begin(kWho), std::end(kWho), units[before]) == std::end(kWho)) return false;
+  static constexpr std::string_view kAsking[] = {"can", "could", "may", "should", "would", "will", "do", "did"};
+  return before == 0 || std::find(std::begin(kAsking), std::end(kAsking), units[before - 1]) == std::end(kAsking);
+}
+
 bool is_ascii_word(std::string_view unit) {
   return !unit.empty() &&
          std::all_of(unit.begin(), unit.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
@@ -433,7 +455,7 @@ class Tokenizer {
         ++i;
         continue;
       }
-      const bool past = is_past_form(units, i, best_len);
+      const bool past = is_past_form(units, i, best_len) || same_in_past_after_who(units, i, best_len);
       const bool dao = best_len == 1 && units[i] == "到";
       const bool gerund = units[i + best_len - 1].size() > 5 && units[i + best_len - 1].ends_with("ing");
       // "the cancellation", "my booking cancellation", 订单的取消, 解除冻结 and 账户冻结 (right after
@@ -1211,7 +1233,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
             !(want_then_things || (t[-1].kind == Token::want && t[-1].passive)) &&
             (t + 1 == end || (t[1].kind != Token::object && t[1].kind != Token::entity));
         if (t->kind == Token::object && this_role.empty() &&
-            (t->reported || (t->past && t != begin && t[-1].kind == Token::subject) || after_what_it_was_done_to ||
+            (t->reported || (t->past && t != begin && t[-1].kind == Token::subject) ||
+             (t->past && t - begin >= 2 && t[-1].kind == Token::aux && t[-2].kind == Token::subject) ||
+             after_what_it_was_done_to ||
              (pending_not && pending_past && !not_waits_for_action && names_its_verb(lex.names[t->name])))) {
           // (押金还没退, "you didn't refund my deposit": not done, which 别退押金 forbids.)
           // 你们已经给我退款了: a thing that is its verb, after 已经, reports it (REFUND_DONE); so does
