@@ -2511,6 +2511,17 @@ TEST_CASE("suffix key: a verb whose past is its present is past after who did it
   CHECK(key("I forgot my password") != key("I just reset my password"));
 }
 
+TEST_CASE("suffix key: chat words: wen, hw, wher, them, a real agent, a motor policy, a puncture, posting") {
+  CHECK(served("wen will my parcel arrive").key == served("When will my parcel arrive?").key);
+  CHECK(served("hw do i chnage my email").key == served("how do I change my email").key);
+  CHECK(served("the food was cold wen it arrived").key == served("the food was cold when it arrived").key);
+  CHECK(served("I have two accounts, can you combine them into one").key == served("please merge my two accounts").key);
+  CHECK(served("connect me to a real agent").key == served("connect me to a human").key);
+  CHECK(served("Email the bill instead of posting it").key == served("Send my bill by email rather than by post").key);
+  CHECK(key("Put a second driver on my motor policy") != key("Put a second driver on my home policy"));
+  CHECK(served("The car I hired has a puncture").key == served("The car I hired has a flat tyre").key);
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);

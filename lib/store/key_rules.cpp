@@ -549,8 +549,9 @@ class Tokenizer {
           units[i - best_len - 1] == "是" && lex_.names[out.back().name] == "AMOUNT") {
         out.back().what_it_is = true;  // 卡号是多少: what the number is, not how much is on the card
       }
-      if (out.size() > tokens_before && out.back().kind == Token::question && best_len == 1 && units[i - 1] == "when" &&
-          i < units.size() && starts_a_clause_after_when(units, i)) {
+      if (out.size() > tokens_before && out.back().kind == Token::question && best_len == 1 &&
+          (units[i - 1] == "when" || units[i - 1] == "wen") && i < units.size() &&
+          starts_a_clause_after_when(units, i)) {
         out.back().subordinate = true;  // when_as_conjunction decides
       }
       if (out.size() > tokens_before && out.back().kind == Token::negation) {
