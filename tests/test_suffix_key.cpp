@@ -2522,13 +2522,17 @@ TEST_CASE("suffix key: chat words: wen, hw, wher, them, a real agent, a motor po
   CHECK(served("The car I hired has a puncture").key == served("The car I hired has a flat tyre").key);
 }
 
-TEST_CASE("suffix key: words of chat in Chinese: 报名, 报警, 违章, 瑜伽, 沙拉, 一般") {
+TEST_CASE("suffix key: words of chat in Chinese: 报名, 报警, 违章, 瑜伽, 沙拉, 一般, 到帐, 财产险, 影音") {
   CHECK(served("钱包被人偷了，我要报警").key == served("我的钱包被偷了，要报案").key);
   CHECK(served("退款一般几天能收到").key == served("退款多久到账").key);
   CHECK(served("去掉薯条，加个沙拉").key == served("加个沙拉，去掉薯条").key);
   CHECK(key("取消周五的瑜伽课") != key("取消周五的课"));
   CHECK(served("帮我查一下违章").key != served("帮我查一下车").key);
   CHECK(key("我不是车主，能帮我查违章吗") != key("我是车主，能帮我查违章吗"));
+  CHECK(served("退款什麼時候會到帳").key == served("退款啥时候到账").key);
+  CHECK(served("家庭财产险续保").key == served("续保家财险").key);
+  CHECK(served("幫我續訂影音會員").key == served("帮我续费视频会员").key);
+  CHECK(served("把儿子加到手机套餐里").key.find("PHONE") != std::string::npos);  // 到手 is no word
   // 报 alone stays unknown: it may report, quote or claim.
   CHECK(key_of(builtin(), "我要报一下电表读数").low_information);
 }
