@@ -2537,6 +2537,15 @@ TEST_CASE("suffix key: words of chat in Chinese: 报名, 报警, 违章, 瑜伽,
   CHECK(key_of(builtin(), "我要报一下电表读数").low_information);
 }
 
+TEST_CASE("suffix key: what might come is no request, as doubt is none") {
+  // Found by probing: "I might cancel my order" and 可能要取消订单 were "cancel my order".
+  CHECK(key("I might cancel my order") != key("cancel my order"));
+  CHECK(key("I may need to close my account") != key("close my account"));
+  CHECK(key("可能要取消订单") != key("取消订单"));
+  // May I, might I: still asked.
+  CHECK(served("may I cancel my order?").key == served("can I cancel my order?").key);
+}
+
 TEST_CASE("suffix key: a negated yes-or-no question asks what the question asks") {
   CHECK(served("hasn't my parcel shipped yet?").key == served("has my parcel shipped yet?").key);
   CHECK(served("didn't you get my rent payment?").key == served("did you get my rent payment?").key);
