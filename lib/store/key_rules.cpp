@@ -2437,14 +2437,14 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
     // mine" has no thing after downgrade, so which plan goes which way would
     // be lost; "confirm and cancel order 789" is one thing done in order. A
     // detail is one ("change my delivery date and add a note for the driver").
-    bool every_part_has_a_thing = true;
+    bool every_part_is_a_request = true;
     for (std::size_t c = 0, from = begin; c <= cuts.size() && actions >= 2; ++c) {
       const std::size_t to = c < cuts.size() ? cuts[c] : end;
       const auto part_begin = tokens.begin() + static_cast<std::ptrdiff_t>(from);
       const auto part_end = tokens.begin() + static_cast<std::ptrdiff_t>(to);
       // And one action each: in 酒店和租车都取消 the "and" joins the hotel to the car, not two requests.
-      every_part_has_a_thing =
-          every_part_has_a_thing &&
+      every_part_is_a_request =
+          every_part_is_a_request &&
           std::any_of(part_begin, part_end,
                       [](const Token& t) {
                         return t.kind == Token::object || t.kind == Token::entity || t.kind == Token::detail;
@@ -2452,7 +2452,7 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
           std::count_if(part_begin, part_end, [](const Token& t) { return t.kind == Token::action; }) == 1;
       from = to + 1;
     }
-    if (actions >= 2 && actions == cuts.size() + 1 && !ordered && every_part_has_a_thing) {
+    if (actions >= 2 && actions == cuts.size() + 1 && !ordered && every_part_is_a_request) {
       // "I want to cancel my card and close my account": who asks, and how,
       // opens the clause for every part; it stays first, and the parts sort after it.
       std::size_t from = begin;
@@ -2464,8 +2464,10 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
         ++from;
       }
       const std::size_t parts_begin = from;
-      out.insert(out.end(), tokens.begin() + static_cast<std::ptrdiff_t>(begin),
-                 tokens.begin() + static_cast<std::ptrdiff_t>(parts_begin));
+      // Who asks, and how: before the first part, and again before each later one.
+      const std::vector<Token> asker(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                                     tokens.begin() + static_cast<std::ptrdiff_t>(parts_begin));
+      out.insert(out.end(), asker.begin(), asker.end());
       std::vector<std::pair<std::string, std::vector<Token>>> parts;
       for (std::size_t c = 0; c <= cuts.size(); ++c) {
         const std::size_t to = c < cuts.size() ? cuts[c] : end;
@@ -2478,8 +2480,6 @@ void sort_requests(const Lexicon& lex, std::vector<Token>& tokens) {
       std::stable_sort(parts.begin(), parts.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
       // Each part is a clause of its own, as it would be after a comma ("reset my password, unlock my
       // account", 重置密码，顺便把账户解锁), with who asks, and how, before each.
-      const std::vector<Token> asker(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
-                                     tokens.begin() + static_cast<std::ptrdiff_t>(parts_begin));
       for (std::size_t c = 0; c < parts.size(); ++c) {
         if (c > 0) {
           out.push_back(Token{Token::clause_end, 0, {}, false});
