@@ -1006,6 +1006,10 @@ TEST_CASE("suffix key: objects joined by and come in any order, and nothing else
       {"cancel order 789 and order 456", "cancel order 456 and order 789"},
       {"update my email and phone and address", "update my address and email and phone"},
       {"加一份米饭和一瓶可乐", "加一瓶可乐和一份米饭"},
+      // A place that ends the list is every conjunct's.
+      {"book a checkup and a cleaning at the dentist", "book a cleaning and a checkup at the dentist"},
+      {"cancel the locker rental and the towel service at my gym",
+       "cancel the towel service and the locker rental at my gym"},
   };
   for (const auto& texts : same) {
     for (const std::string& text : texts) {
@@ -1022,6 +1026,8 @@ TEST_CASE("suffix key: objects joined by and come in any order, and nothing else
       {"refund order 789 and not order 456", "refund order 456 and not order 789"},
       {"cancel order 789, order 456", "cancel order 456, order 789"},
       {"swap my aisle seat for a window seat", "swap my window seat for an aisle seat"},
+      // A place after the first conjunct is that one's.
+      {"cancel the locker at my gym and the towel service", "cancel the towel service at my gym and the locker"},
   };
   for (const auto& [a, b] : differ) {
     INFO(a << " => " << key(a) << " | " << b << " => " << key(b));

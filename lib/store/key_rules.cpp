@@ -2581,6 +2581,14 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
       i = group_end;
       continue;
     }
+    // A place after a preposition that ends the last run is said of every run ("a checkup and a cleaning
+    // at the dentist", "the locker rental and the towel service at my gym"): it stays after the sorted runs.
+    const std::size_t last_begin = after_details(runs.back().first);
+    std::size_t shared_begin = group_end;
+    for (std::size_t k = last_begin + 1; k < group_end && shared_begin == group_end; ++k) {
+      if (tokens[k].kind == Token::object && tokens[k].after_preposition) shared_begin = k;
+    }
+    runs.back().second = shared_begin;
     const std::string first_details = details_of(runs[0].first);
     const bool same_details =
         std::all_of(runs.begin(), runs.end(), [&](const auto& r) { return details_of(r.first) == first_details; });
@@ -2601,6 +2609,7 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
       for (Token& t : conjuncts[c].second) out.push_back(std::move(t));
       if (c + 1 < conjuncts.size()) out.push_back(Token{Token::coordinator, 0, {}, false});
     }
+    copy(shared_begin, group_end);
     i = group_end;
   }
   tokens = std::move(out);
