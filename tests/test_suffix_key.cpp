@@ -1010,6 +1010,11 @@ TEST_CASE("suffix key: objects joined by and come in any order, and nothing else
       {"book a checkup and a cleaning at the dentist", "book a cleaning and a checkup at the dentist"},
       {"cancel the locker rental and the towel service at my gym",
        "cancel the towel service and the locker rental at my gym"},
+      {"send the invoice for order 7 and the receipt for order 7",
+       "send the receipt for order 7 and the invoice for order 7"},
+      // What owns the first conjunct before 的, or the thing after 的 in the last, is every conjunct's.
+      {"修改账户上的姓名和身份证号", "修改账户上的身份证号和姓名"},
+      {"车险和家财险的地址都改一下", "家财险和车险的地址都改一下"},
   };
   for (const auto& texts : same) {
     for (const std::string& text : texts) {
@@ -1028,6 +1033,7 @@ TEST_CASE("suffix key: objects joined by and come in any order, and nothing else
       {"swap my aisle seat for a window seat", "swap my window seat for an aisle seat"},
       // A place after the first conjunct is that one's.
       {"cancel the locker at my gym and the towel service", "cancel the towel service at my gym and the locker"},
+      {"订单1的发票和订单2的收据都发我", "订单1的收据和订单2的发票都发我"},
   };
   for (const auto& [a, b] : differ) {
     INFO(a << " => " << key(a) << " | " << b << " => " << key(b));

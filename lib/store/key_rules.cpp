@@ -72,6 +72,7 @@ struct Token {
   bool owner = false;     // object: before 's (POSSESSIVE), so it owns the thing after it ("my neighbor's parcel")
   bool someones = false;  // object: right after my, our, your (OWNER): someone's own, "my neighbor"
   bool after_preposition = false;  // object: right after in, at, of or for (PREPOSITION), not "on"
+  bool modifies = false;           // object, entity: right before 的 (OF), so it says which thing follows
   bool nominal = false;  // action: named as a thing ("the cancellation", 解除冻结): undoing it reverses it
   bool fine = false;     // negation_after: a word for fine ("the modem is fine", 没问题): no problem with it
   bool unable = false;  // negation, negation_after: what cannot be done (can't, 无法, 登录不了), not what must not
@@ -853,6 +854,10 @@ class Tokenizer {
           out_->back().names_speaker = true;
         }
         if (lex_.names[e.name] == "AND") out_->push_back({Token::coordinator, 0, {}, false});
+        if (lex_.names[e.name] == "OF" && !out_->empty() &&
+            (out_->back().kind == Token::object || out_->back().kind == Token::entity)) {
+          out_->back().modifies = true;  // 账户上的姓名: the account's name
+        }
         if (lex_.names[e.name] == "TURN_OF_CLAUSE") out_->push_back({Token::turn, 0, {}, false});
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
@@ -2581,14 +2586,33 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
       i = group_end;
       continue;
     }
-    // A place after a preposition that ends the last run is said of every run ("a checkup and a cleaning
-    // at the dentist", "the locker rental and the towel service at my gym"): it stays after the sorted runs.
-    const std::size_t last_begin = after_details(runs.back().first);
-    std::size_t shared_begin = group_end;
-    for (std::size_t k = last_begin + 1; k < group_end && shared_begin == group_end; ++k) {
-      if (tokens[k].kind == Token::object && tokens[k].after_preposition) shared_begin = k;
+    // What one run alone says of its things may be said of them all. A place after a preposition that
+    // ends the last run ("a checkup and a cleaning at the dentist"), or the thing after 的 in the last run
+    // (车险和家财险的地址: the address of both), stays after the sorted runs; what owns the first run's thing
+    // before 的 (账户上的姓名和身份证号: the account's name and id number) stays before them. Said in more than
+    // one run, each run keeps its own ("the invoice for order 1 and the receipt for order 2").
+    const auto first_in_run = [&](const auto& r, auto&& is_mark) {
+      for (std::size_t k = after_details(r.first) + 1; k < r.second; ++k) {
+        if (is_mark(tokens[k - 1], tokens[k])) return k;
+      }
+      return r.second;
+    };
+    const auto place = [](const Token&, const Token& t) { return t.kind == Token::object && t.after_preposition; };
+    const auto after_de = [](const Token& before, const Token&) { return before.modifies; };
+    const auto marked_in = [&](auto begin, auto end, auto&& is_mark) {
+      return std::any_of(begin, end, [&](const auto& r) { return first_in_run(r, is_mark) < r.second; });
+    };
+    std::size_t shared_begin = group_end, owner_end = runs[0].first;
+    if (!marked_in(runs.begin(), runs.end() - 1, place)) shared_begin = first_in_run(runs.back(), place);
+    if (shared_begin == group_end && !marked_in(runs.begin(), runs.end() - 1, after_de)) {
+      shared_begin = first_in_run(runs.back(), after_de);
+    }
+    if (!marked_in(runs.begin() + 1, runs.end(), after_de) && first_in_run(runs[0], after_de) < runs[0].second) {
+      owner_end = first_in_run(runs[0], after_de);
     }
     runs.back().second = shared_begin;
+    copy(runs[0].first, owner_end);
+    runs[0].first = owner_end;
     const std::string first_details = details_of(runs[0].first);
     const bool same_details =
         std::all_of(runs.begin(), runs.end(), [&](const auto& r) { return details_of(r.first) == first_details; });
