@@ -1010,6 +1010,7 @@ TEST_CASE("suffix key: objects joined by and come in any order, and nothing else
       {"book a checkup and a cleaning at the dentist", "book a cleaning and a checkup at the dentist"},
       {"cancel the locker rental and the towel service at my gym",
        "cancel the towel service and the locker rental at my gym"},
+      {"update my phone and email on the insurance file", "update my email and phone on the insurance file"},
       {"send the invoice for order 7 and the receipt for order 7",
        "send the receipt for order 7 and the invoice for order 7"},
       // What owns the first conjunct before 的, or the thing after 的 in the last, is every conjunct's.
@@ -2614,6 +2615,19 @@ TEST_CASE("suffix key: what the fourteenth tuning set found: a comparison, a but
         key("the order said cheese but it came with no cheese"));
   // Than now: now is the other time.
   CHECK(key("I'd rather pay the balance now than at pickup") != key("I'd rather pay the balance at pickup than now"));
+}
+
+TEST_CASE("suffix key: what the seventeenth tuning set found") {
+  // 不是 before another negation denies what that one states: "not that I didn't get the goods".
+  CHECK(key("还没收到退款，不是还没收到货") != key("还没收到货，不是还没收到退款"));
+  CHECK(key("不是没收到货") != key("没收到货"));
+  CHECK(key("不是取消订单") == key("别取消订单"));
+  // A date with no year is no flight's number: the flight, and which way it flies, stay.
+  CHECK(key("12月10号深圳飞成都的航班延误了") != key("12月10号成都飞深圳的航班延误了"));
+  CHECK(served("12月10号深圳飞成都的航班延误了").key.find("FLIGHT") != std::string::npos);
+  CHECK(served("CA1831航班值机").key == served("CA 1831值机").key);
+  // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
+  CHECK(key("申请退还押金") != key("申请退还保证金"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

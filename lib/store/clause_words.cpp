@@ -426,6 +426,11 @@ void flight_of_its_number(Clause& c) {
     const auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
     const auto letter = [](char ch) { return ch >= 'a' && ch <= 'z'; };
     if (e.negated || t.size() < 3 || t.size() > 6 || !letter(t[0]) || !(letter(t[1]) || digit(t[1]))) return false;
+    // A date with no year (m then its month and day: 12月10号 is m1210) is no flight's number.
+    if (t.size() == 5 && t[0] == 'm' && std::all_of(t.begin() + 1, t.end(), digit)) {
+      const int month = (t[1] - '0') * 10 + (t[2] - '0'), day = (t[3] - '0') * 10 + (t[4] - '0');
+      if (month >= 1 && month <= 12 && day >= 1 && day <= 31) return false;
+    }
     return std::all_of(t.begin() + 2, t.end(), digit);
   };
   // (With nothing else in the clause, the flight stays: "my flight is UA882" says what the number is.)

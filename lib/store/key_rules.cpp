@@ -81,6 +81,7 @@ struct Token {
   bool instead = false;       // negation: instead of, rather than, but not, 而不是: what follows is the other option
   bool forbids = false;       // negation: don't, do not: with "yet", still a prohibition ("don't ship it yet")
   bool refuses = false;       // negation: don't want: "don't want my plan to renew" is "don't renew my plan"
+  bool denies = false;        // negation: 不是, which before another negation denies what that one states
   bool commands = false;      // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
   bool verb_first = false;    // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
   bool chinese_verb = false;  // object: 退, 退款, 预约 in Chinese, a verb wherever it stands
@@ -561,6 +562,7 @@ class Tokenizer {
         out.back().instead = names_the_other_option(units, i - best_len, best_len);
         out.back().forbids = says_do_not(units, i - best_len, best_len);
         out.back().refuses = is_one_of(units, i - best_len, best_len, {"don t want", "dont want", "do not want"});
+        out.back().denies = is_one_of(units, i - best_len, best_len, {"不 是", "并 不 是"});
         // "never call me again" forbids, as "don't call me" does; "I never got my refund" reports.
         if (best_len == 1 && units[i - 1] == "never" && opens_clause(out, tokens_before)) out.back().past = false;
       }
@@ -1304,6 +1306,10 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         role = lex.names[t->name] + ".";
         break;
       case Token::negation:
+        // 不是没收到货 ("it is not that I didn't get the goods") denies 没收到货: one more thing it says.
+        if (t != begin && t[-1].kind == Token::negation && t[-1].denies && pending_not) {
+          c.details.push_back({"NOT_SO", false});
+        }
         pending_not = true;
         pending_past = t->past;
         not_wanted = false;
@@ -2161,6 +2167,8 @@ void separated_off(const Lexicon& lex, std::vector<Token>& tokens) {
       const bool turns = j > 0 && j < k &&
                          ((tokens[j - 1].kind == Token::want && lex.names[tokens[j - 1].name] == "TURN") ||
                           (tokens[j - 1].kind == Token::action && lex.names[tokens[j - 1].name] == "CHANGE"));
+      // Before a thing, on is its preposition: "the phone and email on the insurance file" (a place).
+      if (thing_on && next->kind == Token::object) tokens[k + 1].after_preposition = true;
       const std::int64_t enable = named("ENABLE");
       if (turns && !thing_on && enable >= 0) {
         const bool past = tokens[j - 1].past;
