@@ -2626,6 +2626,10 @@ TEST_CASE("suffix key: what the seventeenth tuning set found") {
   CHECK(key("12月10号深圳飞成都的航班延误了") != key("12月10号成都飞深圳的航班延误了"));
   CHECK(served("12月10号深圳飞成都的航班延误了").key.find("FLIGHT") != std::string::npos);
   CHECK(served("CA1831航班值机").key == served("CA 1831值机").key);
+  // 到 between two things goes from the first to the second; after 退 (a verb) it says where the money goes.
+  CHECK(key("深圳到成都多少钱") != key("成都到深圳多少钱"));
+  CHECK(key("深圳到成都") != key("成都到深圳"));
+  CHECK(key("退款退到尾号4471的卡") == key("退款退到卡号最后四位是4471的卡"));
   // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
   CHECK(key("申请退还押金") != key("申请退还保证金"));
 }

@@ -2069,7 +2069,15 @@ void dao_after_verb(const Lexicon& lex, std::vector<Token>& tokens) {
       t = Token{Token::role, to->second, {}, false};
       continue;
     }
-    if (t.kind == Token::action) action_before = true;
+    // Between two things with no verb before it, 到 goes from the first to the second: 深圳到成都多少钱
+    // is not 成都到深圳多少钱 (the second is where to; the 到 still arrives). Not after money, a verb of
+    // its own (退款到银行卡了吗 is 退的钱到银行卡了吗: where it arrives, as before).
+    if (t.kind == Token::action && t.dao && !action_before && i > 0 && tokens[i - 1].kind == Token::object &&
+        !tokens[i - 1].chinese_verb && !name_in(lex.names[tokens[i - 1].name], {"REFUND", "MONEY"}) &&
+        i + 1 < tokens.size() && tokens[i + 1].kind == Token::object) {
+      tokens.insert(tokens.begin() + static_cast<std::ptrdiff_t>(i + 1), Token{Token::role, to->second, {}, false});
+    }
+    if (tokens[i].kind == Token::action) action_before = true;
   }
 }
 
