@@ -2630,6 +2630,12 @@ TEST_CASE("suffix key: what the seventeenth tuning set found") {
   CHECK(key("深圳到成都多少钱") != key("成都到深圳多少钱"));
   CHECK(key("深圳到成都") != key("成都到深圳"));
   CHECK(key("退款退到尾号4471的卡") == key("退款退到卡号最后四位是4471的卡"));
+  // Words of its chat: 不动 keeps, 学费 / tuition, 学号 / student id, 租金, 瓦斯 (gas, as Taiwan says it).
+  CHECK(served("机票不动，只取消酒店").key == served("取消酒店，机票保留").key);
+  CHECK(served("孩子的学费在哪交").key == served("孩子的学费怎么交").key);
+  CHECK(served("pay my tuition fees").key == served("pay my tuition").key);
+  CHECK(served("瓦斯費被扣了兩次").key == served("燃气费被扣了两次").key);
+  CHECK(key("押金还没退回来") != key("租金还没退回来"));
   // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
   CHECK(key("申请退还押金") != key("申请退还保证金"));
 }
