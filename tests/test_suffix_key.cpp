@@ -2639,6 +2639,10 @@ TEST_CASE("suffix key: what the seventeenth tuning set found") {
   CHECK(served("book a flight to Denver from Boston").key == served("book a flight from Boston to Denver").key);
   CHECK(key("book a flight from Boston to Denver") != key("book a flight from Denver to Boston"));
   CHECK(served("recall the payment I just sent").key == served("reverse the payment I just sent").key);
+  // 能帮我 (can you) asks to act even before 了吗; who did it, and 帮我 alone, ask whether it was done.
+  CHECK(served("能帮我把滞纳金退了吗").key == served("请把滞纳金退给我").key);
+  CHECK(key("能帮我把订单取消了吗") != key("你们取消订单了吗"));
+  CHECK(key("能帮我把订单取消了吗") != key("订单取消了吗"));
   // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
   CHECK(key("申请退还押金") != key("申请退还保证金"));
 }

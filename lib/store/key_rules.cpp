@@ -80,6 +80,7 @@ struct Token {
   bool does_not = false;      // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
   bool instead = false;       // negation: instead of, rather than, but not, 而不是: what follows is the other option
   bool forbids = false;       // negation: don't, do not: with "yet", still a prohibition ("don't ship it yet")
+  bool can_you = false;       // polite: 能帮我, 你可以 (POLITE_CAN_YOU): asks the one asked to act, 了吗 or not
   bool refuses = false;       // negation: don't want: "don't want my plan to renew" is "don't renew my plan"
   bool denies = false;        // negation: 不是, which before another negation denies what that one states
   bool commands = false;      // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
@@ -841,6 +842,7 @@ class Tokenizer {
           out_->back().unable = true;
         } else {
           out_->push_back({Token::polite, 0, {}, false});
+          out_->back().can_you = lex_.names[e.name] == "POLITE_CAN_YOU";
         }
         break;
       case Category::greeting:
@@ -1355,8 +1357,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::question:
         if (lex.names[t->name] == "QMARK") {
           question_mark = true;  // 吗, 呢: a spoken question mark, which a polite form outranks
-          // ... but not 了吗: 帮我值机了吗 asks whether it was done, however politely.
-          if (t != begin && t[-1].kind == Token::perfective) question_word = true;
+          // ... but not 了吗: 帮我值机了吗 asks whether it was done, however politely; 能帮我把滞纳金退了吗
+          // still asks to act (能帮我 asks whether one can, that is, to do it).
+          if (t != begin && t[-1].kind == Token::perfective &&
+              std::none_of(begin, t, [](const Token& p) { return p.kind == Token::polite && p.can_you; })) {
+            question_word = true;
+          }
         } else {
           question_word = true;
           // Where, before an act asked for, asks how ("where do I pay my water bill", 自动续费在哪里关);
