@@ -2643,6 +2643,11 @@ TEST_CASE("suffix key: what the seventeenth tuning set found") {
   CHECK(served("能帮我把滞纳金退了吗").key == served("请把滞纳金退给我").key);
   CHECK(key("能帮我把订单取消了吗") != key("你们取消订单了吗"));
   CHECK(key("能帮我把订单取消了吗") != key("订单取消了吗"));
+  // Found by probing: who did it, "you" or "someone", reports it.
+  CHECK(key("you reset my password") != key("reset my password"));
+  CHECK(served("could you reset my password").key == served("reset my password").key);
+  CHECK(key("someone refunded my deposit") != key("refund my deposit"));
+  CHECK(served("someone refunded my deposit").key == served("they refunded my deposit").key);
   // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
   CHECK(key("申请退还押金") != key("申请退还保证金"));
 }

@@ -227,9 +227,9 @@ bool is_past_form(const std::vector<std::string_view>& units, std::size_t first,
 
 // Whether a verb whose past is its present ("reset", "put", "set") is in
 // its past: after who did it ("I just reset my password", "they reset it")
-// or after been, got, have, is, already ("my password has been reset"). Not
-// after "can I" or "do I", which ask for it, nor after "you", which a
-// polite request puts there ("could you reset my password").
+// or after been, got, have, is, already ("my password has been reset"); "you
+// reset my password" reports it too. Not after "can I", "do I" or "could
+// you", which ask for it ("could you reset my password").
 bool same_in_past_after_who(const std::vector<std::string_view>& units, std::size_t at, std::size_t count) {
   static constexpr std::string_view kSameInPast[] = {"reset", "put", "set", "quit", "shut", "cut", "split", "hit"};
   if (count != 1 || at == 0 ||
@@ -238,7 +238,7 @@ bool same_in_past_after_who(const std::vector<std::string_view>& units, std::siz
   }
   std::size_t before = at - 1;
   if (units[before] == "just" && before > 0) --before;
-  static constexpr std::string_view kWho[] = {"i", "we", "they", "he", "she", "someone", "somebody"};
+  static constexpr std::string_view kWho[] = {"i", "we", "you", "they", "he", "she", "someone", "somebody"};
   static constexpr std::string_view kDone[] = {"been", "got", "already", "have", "has",
                                                "had",  "ve",  "is",      "was",  "were"};
   if (std::find(std::begin(kDone), std::end(kDone), units[before]) != std::end(kDone)) return true;
