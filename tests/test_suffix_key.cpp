@@ -796,6 +796,14 @@ TEST_CASE("suffix key: every built-in lexicon entry means what its line says") {
         ++checked;
         continue;
       }
+      // "if" alone sets a condition on nothing.
+      if (category == "stopword" && name == "CONDITION") {
+        REQUIRE(s.ok());
+        CHECK(k.low_information);
+        CHECK(k.details == std::vector<std::string>{"IF"});
+        ++checked;
+        continue;
+      }
       // "both" alone is the number 2, which says nothing alone.
       if (category == "stopword" && name == "BOTH") {
         REQUIRE(s.ok());
@@ -2648,6 +2656,10 @@ TEST_CASE("suffix key: what the seventeenth tuning set found") {
   CHECK(served("could you reset my password").key == served("reset my password").key);
   CHECK(key("someone refunded my deposit") != key("refund my deposit"));
   CHECK(served("someone refunded my deposit").key == served("they refunded my deposit").key);
+  // If sets a condition, which asks for nothing; after a check it is whether.
+  CHECK(key("if you cancel my order I'll be upset") != key("cancel my order"));
+  CHECK(key("如果取消订单，会退款吗") != key("取消订单，会退款吗"));
+  CHECK(served("can you check if my payment went through?").key == served("did my payment go through?").key);
   // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
   CHECK(key("申请退还押金") != key("申请退还保证金"));
 }

@@ -80,6 +80,7 @@ struct Token {
   bool does_not = false;      // negation: denies what something does ("won't", "isn't"), unlike "mustn't"
   bool instead = false;       // negation: instead of, rather than, but not, 而不是: what follows is the other option
   bool forbids = false;       // negation: don't, do not: with "yet", still a prohibition ("don't ship it yet")
+  bool condition = false;     // turn: if, 如果 (CONDITION): what follows is a condition, not a request
   bool can_you = false;       // polite: 能帮我, 你可以 (POLITE_CAN_YOU): asks the one asked to act, 了吗 or not
   bool refuses = false;       // negation: don't want: "don't want my plan to renew" is "don't renew my plan"
   bool denies = false;        // negation: 不是, which before another negation denies what that one states
@@ -862,7 +863,10 @@ class Tokenizer {
             (out_->back().kind == Token::object || out_->back().kind == Token::entity)) {
           out_->back().modifies = true;  // 账户上的姓名: the account's name
         }
-        if (lex_.names[e.name] == "TURN_OF_CLAUSE") out_->push_back({Token::turn, 0, {}, false});
+        if (lex_.names[e.name] == "TURN_OF_CLAUSE" || lex_.names[e.name] == "CONDITION") {
+          out_->push_back({Token::turn, 0, {}, false});
+          out_->back().condition = lex_.names[e.name] == "CONDITION";
+        }
         if (lex_.names[e.name] == "ME") out_->push_back({Token::speaker, 0, {}, false});
         if (lex_.names[e.name] == "DISPOSAL") out_->push_back({Token::disposal, 0, {}, false});
         if (lex_.names[e.name] == "WANT" || lex_.names[e.name] == "NEED" || lex_.names[e.name] == "PREFER" ||
@@ -1470,6 +1474,14 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::benefactive:
       case Token::coordinator:
       case Token::turn:
+        // "if you cancel my order, ..." sets a condition; it asks for nothing. After a check or a
+        // doubt, if is whether ("check if my payment went through", "I don't know if I want to").
+        if (t->condition &&
+            !(t != begin && (t[-1].kind == Token::question || (t[-1].kind == Token::action && t[-1].name == query) ||
+                             (t[-1].kind == Token::detail && lex.names[t[-1].name] == "UNSURE")))) {
+          c.details.push_back({"IF", false});
+        }
+        break;
       case Token::unknown:
       case Token::clause_end:
         break;
