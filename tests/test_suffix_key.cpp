@@ -2660,6 +2660,10 @@ TEST_CASE("suffix key: what the seventeenth tuning set found") {
   CHECK(key("if you cancel my order I'll be upset") != key("cancel my order"));
   CHECK(key("如果取消订单，会退款吗") != key("取消订单，会退款吗"));
   CHECK(served("can you check if my payment went through?").key == served("did my payment go through?").key);
+  // What was tried did not work: a problem, not the request ("trying to" still asks).
+  CHECK(key("I tried to cancel my order") != key("cancel my order"));
+  CHECK(served("I tried to cancel my order").key == served("I attempted to cancel my order").key);
+  CHECK(served("I'm trying to cancel my order").key == served("cancel my order").key);
   // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
   CHECK(key("申请退还押金") != key("申请退还保证金"));
 }
