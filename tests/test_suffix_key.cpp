@@ -2664,6 +2664,10 @@ TEST_CASE("suffix key: what the seventeenth tuning set found") {
   CHECK(key("I tried to cancel my order") != key("cancel my order"));
   CHECK(served("I tried to cancel my order").key == served("I attempted to cancel my order").key);
   CHECK(served("I'm trying to cancel my order").key == served("cancel my order").key);
+  // An intention in the past is no request; taken back, it is not to do it.
+  CHECK(key("I was going to cancel my order") != key("cancel my order"));
+  CHECK(key("本来想取消订单") != key("取消订单"));
+  CHECK(served("I was going to cancel my order but I changed my mind").key == served("don't cancel my order").key);
   // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
   CHECK(key("申请退还押金") != key("申请退还保证金"));
 }

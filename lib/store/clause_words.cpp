@@ -767,6 +767,13 @@ void switched_back_on_and_replacement_sent(Clause& c) {
   }
 }
 
+// An intention taken back ("I was going to cancel my order but I changed my
+// mind", 本来想取消订单，不取消了) is not to do it: the intention says no more.
+void intention_taken_back(Clause& c) {
+  if (std::none_of(c.actions.begin(), c.actions.end(), is_negated)) return;
+  std::erase_if(c.details, [](const Element& d) { return d.text == "INTENDED" && !d.negated; });
+}
+
 // A problem said is reported, not asked about: "my internet is down." is
 // "report that my internet is down", not "is my internet down?", and "my
 // flight has been delayed." not "has my flight been delayed?" (a complaint
@@ -830,6 +837,7 @@ void reword_clause(Clause& c) {
   shared_head_of_a_contrast(c);
   order_names_what_was_ordered(c);
   things_of_one_request_unordered(c);
+  intention_taken_back(c);
   details_in_any_order(c);
   problem_said_is_reported(c);
 }
