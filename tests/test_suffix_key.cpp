@@ -2668,6 +2668,8 @@ TEST_CASE("suffix key: what the seventeenth tuning set found") {
   CHECK(key("I was going to cancel my order") != key("cancel my order"));
   CHECK(key("本来想取消订单") != key("取消订单"));
   CHECK(served("I was going to cancel my order but I changed my mind").key == served("don't cancel my order").key);
+  CHECK(key("我想过取消订单") != key("取消订单"));
+  CHECK(key("我想过来取件") == key("我想取件"));
   // A seller's or a margin's 保证金 is not the 押金 returned with what was lent.
   CHECK(key("申请退还押金") != key("申请退还保证金"));
 }
