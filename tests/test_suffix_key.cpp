@@ -1043,6 +1043,7 @@ TEST_CASE("suffix key: objects joined by and come in any order, and nothing else
       // A place after the first conjunct is that one's.
       {"cancel the locker at my gym and the towel service", "cancel the towel service at my gym and the locker"},
       {"订单1的发票和订单2的收据都发我", "订单1的收据和订单2的发票都发我"},
+      {"put the kids in row 5 and us in row 20", "put us in row 5 and the kids in row 20"},
   };
   for (const auto& [a, b] : differ) {
     INFO(a << " => " << key(a) << " | " << b << " => " << key(b));

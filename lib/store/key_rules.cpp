@@ -2637,7 +2637,13 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
       return std::any_of(begin, end, [&](const auto& r) { return first_in_run(r, is_mark) < r.second; });
     };
     std::size_t shared_begin = group_end, owner_end = runs[0].first;
-    if (!marked_in(runs.begin(), runs.end() - 1, place)) shared_begin = first_in_run(runs.back(), place);
+    // (A place anywhere in an earlier run, its first thing too: "put us in row 5 and the kids in row 20".)
+    const auto has_place = [&](const auto& r) {
+      return std::any_of(tokens.begin() + static_cast<std::ptrdiff_t>(r.first),
+                         tokens.begin() + static_cast<std::ptrdiff_t>(r.second),
+                         [](const Token& t) { return t.kind == Token::object && t.after_preposition; });
+    };
+    if (std::none_of(runs.begin(), runs.end() - 1, has_place)) shared_begin = first_in_run(runs.back(), place);
     if (shared_begin == group_end && !marked_in(runs.begin(), runs.end() - 1, after_de)) {
       shared_begin = first_in_run(runs.back(), after_de);
     }
