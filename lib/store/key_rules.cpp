@@ -2631,7 +2631,8 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
       }
       return r.second;
     };
-    const auto place = [](const Token&, const Token& t) { return t.kind == Token::object && t.after_preposition; };
+    const auto is_place = [](const Token& t) { return t.kind == Token::object && t.after_preposition; };
+    const auto place = [&](const Token&, const Token& t) { return is_place(t); };
     const auto after_de = [](const Token& before, const Token&) { return before.modifies; };
     const auto marked_in = [&](auto begin, auto end, auto&& is_mark) {
       return std::any_of(begin, end, [&](const auto& r) { return first_in_run(r, is_mark) < r.second; });
@@ -2640,8 +2641,7 @@ void sort_conjuncts(const Lexicon& lex, std::vector<Token>& tokens) {
     // (A place anywhere in an earlier run, its first thing too: "put us in row 5 and the kids in row 20".)
     const auto has_place = [&](const auto& r) {
       return std::any_of(tokens.begin() + static_cast<std::ptrdiff_t>(r.first),
-                         tokens.begin() + static_cast<std::ptrdiff_t>(r.second),
-                         [](const Token& t) { return t.kind == Token::object && t.after_preposition; });
+                         tokens.begin() + static_cast<std::ptrdiff_t>(r.second), is_place);
     };
     if (std::none_of(runs.begin(), runs.end() - 1, has_place)) shared_begin = first_in_run(runs.back(), place);
     if (shared_begin == group_end && !marked_in(runs.begin(), runs.end() - 1, after_de)) {
