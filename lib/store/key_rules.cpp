@@ -87,6 +87,7 @@ struct Token {
   bool commands = false;      // object: opens its clause before "the", "my", "a": its verb, asked for ("refund my fee")
   bool verb_first = false;    // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
   bool chinese_verb = false;  // object: 退, 退款, 预约 in Chinese, a verb wherever it stands
+  bool copular = false;  // speaker: "the buyer is me", "I am the buyer", 我是受益人: the speaker in a role (SELF)
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
@@ -411,6 +412,33 @@ class Tokenizer {
         clause_start_ = out.size();
         last_entity_ = false;
         done_mark_ = done_waits_for_action_ = false;
+        all_mark_ = false;
+        ++i;
+        continue;
+      }
+      // "the buyer is me", 受益人是我, "I am the buyer", 我是受益人: the speaker
+      // said to be who plays a role is part of what is said ("my sister is
+      // the beneficiary" is not "I am"). speaker_plays_a_role keeps it only in
+      // a clause that names a role.
+      const bool ends_here = i + 1 == units.size() || units[i + 1] == "and" || units[i + 1] == "和" ||
+                             (units[i + 1].size() == 1 && units[i + 1][0] == kClauseBreak);
+      if ((unit == "me" || unit == "我") && i > 0 && is_one_of(units, i - 1, 1, {"is", "was", "是"}) && ends_here) {
+        flush_unit_as_detail();
+        out.push_back({Token::speaker, 0, {}, false});
+        out.back().copular = true;
+        last_entity_ = false;
+        ++i;
+        continue;
+      }
+      if ((unit == "i" || unit == "我") && i + 1 < units.size() && is_one_of(units, i + 1, 1, {"am", "m", "是"})) {
+        flush_unit_as_detail();
+        out.push_back({Token::speaker, 0, {}, false});
+        out.back().copular = true;
+      }
+      // "my customer no is 0045": after a thing, "no" then is or was and a
+      // number is the word for number, not a negation.
+      if (unit == "no" && !out.empty() && out.back().kind == Token::object && i + 2 < units.size() &&
+          (units[i + 1] == "is" || units[i + 1] == "was") && has_ascii_digit(units[i + 2])) {
         ++i;
         continue;
       }
@@ -430,7 +458,30 @@ class Tokenizer {
           best_len = k + 1;
         }
       }
-      if (best < 0 && (best = corrected_spelling(unit)) >= 0) best_len = 1;
+      // After to, from, in or via comes a place's name: "a flight to Nice" is
+      // no pleasantry and "to Porto" no slip of "port". A name the lexicon
+      // lacks is an unknown word, and the key abstains.
+      const bool names_a_place = i > 0 && is_one_of(units, i - 1, 1, {"to", "from", "in", "via"});
+      if (names_a_place && best >= 0 && best_len == 1 && unit == "nice") best = -1;
+      // 我点的是中杯, 我点了两杯: 点 after who orders is ordering (点单), not
+      // o'clock. 我点的外卖 names the takeout, as 我的外卖 does: left as it was.
+      const bool names_what_was_ordered = i + 2 < units.size() && units[i + 1] == "的" && units[i + 2] != "是";
+      if (best >= 0 && best_len == 1 && unit == "点" && i > 0 && !names_what_was_ordered &&
+          is_one_of(units, i - 1, 1, {"我", "你", "他", "她", "们"})) {
+        if (const auto order = lex_.surfaces.find("点 单"); order != lex_.surfaces.end() && order->second >= 0) {
+          best = order->second;
+        }
+      }
+      if (best < 0 && (best = corrected_spelling(unit)) >= 0) {
+        best_len = 1;
+        // After a thing and to ("a flight to Porto", "my flight to bostn")
+        // a slip is mended only into a thing, a place: not "port".
+        if (names_a_place && out.size() >= 2 && out.back().kind == Token::role &&
+            out[out.size() - 2].kind == Token::object &&
+            lex_.entries[static_cast<std::size_t>(best)].category != Category::object) {
+          best = -1;
+        }
+      }
       // "deposit my check", "stop payment on check 204": after the, my, a, or before a number, the
       // word is the cheque, not the verb "check" (QUERY).
       if (best >= 0 && best_len == 1 && (unit == "check" || unit == "checks") &&
@@ -534,6 +585,30 @@ class Tokenizer {
       if (best_len == 1 && first_unit == "过" && !toward && out.size() >= 2 && out.back().kind == Token::perfective &&
           out[out.size() - 2].kind == Token::action) {
         out[out.size() - 2].past = out[out.size() - 2].reported = true;
+      }
+      // 都取消, 全取消, 都退了: 都 or 全 right before the verb says all of them, as 全部
+      // does ("取消一个" cancels one), and stands where 全部 would, before
+      // the verb. Before anything else (都三天了, 都不行) it says nothing the
+      // key keeps.
+      if (all_mark_ && first_unit != "都" && first_unit != "全") {
+        all_mark_ = false;
+        if (out.size() == tokens_before + 1 &&
+            (out.back().kind == Token::action ||
+             (out.back().kind == Token::object && names_its_verb(lex_.names[out.back().name])))) {
+          if (const auto full = lex_.surfaces.find("全 部"); full != lex_.surfaces.end() && full->second >= 0) {
+            add_entry(lex_.entries[static_cast<std::size_t>(full->second)]);
+            if (out.size() == tokens_before + 2) std::swap(out[tokens_before], out[tokens_before + 1]);
+          }
+        }
+      }
+      // Not after a list (电视和宽带都暂停: both, as without 都) nor after one
+      // and a measure (一条都收不到: not even one).
+      if (best_len == 1 && (first_unit == "都" || first_unit == "全")) {
+        const std::size_t du = i - 1;
+        const bool after_one = (du >= 1 && units[du - 1] == "一") || (du >= 2 && units[du - 2] == "一");
+        const bool after_list = std::any_of(out.begin() + static_cast<std::ptrdiff_t>(clause_start_), out.end(),
+                                            [](const Token& t) { return t.kind == Token::coordinator; });
+        all_mark_ = !after_one && !after_list;
       }
       if (dao && !out.empty() && out.back().kind == Token::action) out.back().dao = true;
       if (gerund && !out.empty() && out.back().kind == Token::action) out.back().gerund = true;
@@ -1033,6 +1108,7 @@ class Tokenizer {
   std::vector<Token>* out_ = nullptr;
   bool last_entity_ = false;
   bool done_mark_ = false;              // 已经 or 被 read, its verb not yet
+  bool all_mark_ = false;               // 都 read: all of them, if a verb comes next
   bool done_waits_for_action_ = false;  // 已经把: only a verb takes the mark, not what 把 takes
   std::size_t clause_start_ = 0;        // the first token of the clause being read
   // then_or_again's view of the tokens before it, kept as they come: up to then_scanned_, whether a
@@ -1410,6 +1486,11 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
         polite = true;
         break;
       case Token::speaker:
+        if (t->copular) {
+          c.objects.push_back({"SELF", pending_not});
+          pending_not = false;
+          break;
+        }
         speaker_after_action = !c.actions.empty();
         if (two_actions_and_someone) {
           // "remind me to call mum" is not "remind mum to call me": who is asked to do what is in where I am.
@@ -2027,6 +2108,30 @@ void a_not_a_questions(const Lexicon& lex, std::vector<Token>& tokens) {
 // before a measure word), or where two numbers are joined by "and". "Both"
 // is 2 ("cancel both orders"), except in a clause with "and": "cancel both
 // the order and the subscription" only joins them.
+// The speaker's copular mark ("the buyer is me", 我是受益人) stays only in a
+// clause that names a role someone plays: "I am the beneficiary" is not "the
+// beneficiary", but "I'm calling about my order" names none.
+void speaker_plays_a_role(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto plays_a_role = [&lex](const Token& t) {
+    return (t.kind == Token::object || t.kind == Token::detail) &&
+           name_in(lex.names[t.name], {"BUYER", "BENEFICIARY", "OWNER", "CAR_OWNER", "ACCOUNT_HOLDER", "CARDHOLDER",
+                                       "POLICYHOLDER", "PASSENGER", "SENDER", "USER", "RECIPIENT", "DRIVER"});
+  };
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= tokens.size(); ++i) {
+    if (i < tokens.size() && tokens[i].kind != Token::clause_end) continue;
+    const auto first = tokens.begin() + static_cast<std::ptrdiff_t>(start);
+    const auto last = tokens.begin() + static_cast<std::ptrdiff_t>(i);
+    if (std::none_of(first, last, plays_a_role)) {
+      const auto kept = std::remove_if(first, last, [](const Token& t) { return t.copular; });
+      const auto removed = static_cast<std::size_t>(last - kept);
+      tokens.erase(kept, last);
+      i -= removed;
+    }
+    start = i + 1;
+  }
+}
+
 void drop_articles(std::vector<Token>& tokens) {
   const auto is_number = [](const Token& t) {
     return t.kind == Token::entity && !t.text.empty() && std::all_of(t.text.begin(), t.text.end(), is_ascii_digit);
@@ -3091,6 +3196,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   find_pattern_matches(patterns, norm, units, matches);
   std::vector<Token> tokens;
   Tokenizer(lexicon, norm).run(units, matches, tokens);
+  speaker_plays_a_role(lexicon, tokens);
   separated_off(lexicon, tokens);
   when_as_conjunction(tokens);
   benefactive_roles(lexicon, tokens);
