@@ -2711,6 +2711,20 @@ TEST_CASE("suffix key: wrong hits found by trying it as a new user would (rules 
   CHECK(served("三点送到订单5521").key.find("3oclock") != std::string::npos);
 }
 
+TEST_CASE("suffix key: a condition with nothing asked on it abstains (rules v51)") {
+  // What follows the condition ("I'll be upset") is lost, and it is what was said; "I'll leave" is kept.
+  const SuffixKey upset = key_of(builtin(), "if you cancel my order I'll be upset");
+  CHECK(upset.low_information);
+  CHECK(upset.abstain_reason == "a condition and nothing asked on it");
+  CHECK(key_of(builtin(), "if you cancel my order, I will be upset").low_information);
+  CHECK(key("if you cancel my order, I'll leave") != key("if you cancel my order, I will be upset"));
+  // A request or a question beside it, or a condition after the request, is still served.
+  CHECK(served("cancel my order if it hasn't shipped").key != served("cancel my order").key);
+  CHECK(served("if you cancel my order, cancel the insurance too").key.find("INSURANCE") != std::string::npos);
+  CHECK(served("如果取消订单，会退款吗").key.find("REFUND") != std::string::npos);
+  CHECK(!key_of(builtin(), "if you cancel my order will I get a refund?").low_information);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

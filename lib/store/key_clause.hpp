@@ -68,6 +68,7 @@ struct Clause {
   bool coordinated = false;    // an "and" in it: which detail goes with which thing may be in the order
   bool turns = false;          // a but, an if, an although in it: each side's things are its own
   bool question_mark = false;  // it ends in a question mark
+  bool conditional = false;    // it opens with if, 如果: a condition, which alone asks for nothing
   // Two things go to different places, or come from them ("transfer 50 to my
   // dad and 20 to me"): objects, entities and details in one section, in the
   // order written, so which goes where is kept.

@@ -1561,6 +1561,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
             !(t != begin && (t[-1].kind == Token::question || (t[-1].kind == Token::action && t[-1].name == query) ||
                              (t[-1].kind == Token::detail && lex.names[t[-1].name] == "UNSURE")))) {
           c.details.push_back({"IF", false});
+          c.conditional = c.conditional || t == begin;
         }
         break;
       case Token::unknown:
@@ -3298,6 +3299,12 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   } else if (std::none_of(clauses.begin(), clauses.end(), [](const Clause& c) { return c.says_enough(); })) {
     k.low_information = true;
     k.abstain_reason = "no clause has an action with an object or an entity";
+  } else if (std::all_of(clauses.begin(), clauses.end(),
+                         [](const Clause& c) { return c.conditional && c.mood.empty() && !c.question_mark; })) {
+    // "if you cancel my order I'll be upset", "if you cancel my order, I'll
+    // leave": what follows the condition is lost, and it is what was said.
+    k.low_information = true;
+    k.abstain_reason = "a condition and nothing asked on it";
   }
   if (k.key.size() > kMaxKeyBytes) {
     // As long as a host key may be, at most: a longer one names no request people repeat.
