@@ -2725,6 +2725,20 @@ TEST_CASE("suffix key: a condition with nothing asked on it abstains (rules v51)
   CHECK(!key_of(builtin(), "if you cancel my order will I get a refund?").low_information);
 }
 
+TEST_CASE("suffix key: thanks for what was done and whether it is too late (rules v52)") {
+  // Thanks for a thing done reports it ("thanks in advance" still asks).
+  CHECK(key("thanks for cancelling my order") != key("cancel my order"));
+  CHECK(served("thank you for cancelling my order").key == served("谢谢你取消了订单").key);
+  CHECK(served("thanks in advance for cancelling my order").key == served("cancel my order").key);
+  CHECK(served("thanks for your help, cancel my order").key == served("cancel my order").key);
+  // 还来得及吗 asks whether it is too late, not whether it was done.
+  CHECK(key("现在取消订单还来得及吗") != key("订单取消了吗"));
+  CHECK(served("现在取消订单还来得及吗").key == served("is it too late to cancel my order").key);
+  // 算了 is never mind, not 算 (calculate).
+  CHECK(served("取消订单算了").key == served("取消订单").key);
+  CHECK(served("算了，不取消订单了").key == served("不取消订单了").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,
