@@ -2739,6 +2739,30 @@ TEST_CASE("suffix key: thanks for what was done and whether it is too late (rule
   CHECK(served("算了，不取消订单了").key == served("不取消订单了").key);
 }
 
+TEST_CASE("suffix key: who did it before 把 or 帮我 reports it (rules v53)") {
+  // Who opens the clause, then 把 or (someone else) 帮我, then the verb and 了: done, not asked.
+  CHECK(key("我把密码重置了") != key("重置密码"));
+  CHECK(served("把密码重置了").key == served("重置密码").key);
+  CHECK(served("帮我把订单取消了").key == served("取消订单").key);
+  CHECK(key("我老公把订单取消了") != key("帮我老公取消订单"));
+  CHECK(key("我老公把订单取消了") != key("把我老公的订单取消了"));
+  CHECK(key("我儿子帮我改了地址") != key("帮我儿子改地址"));
+  CHECK(served("我儿子帮我改了地址").key == served("我儿子帮我把地址改了").key);
+  CHECK(key("邻居帮我签收了快递") != key("请邻居帮我签收快递"));
+  // Whether someone else can is not "can you".
+  CHECK(key("我儿子能帮我改地址吗") != key("帮我儿子改地址"));
+  CHECK(key("我儿子能帮我改地址吗") != key("能帮我改地址吗"));
+  // 退 is a verb too: 了 between it and its thing, after who did it, reports it.
+  CHECK(key("我退了押金") != key("退押金"));
+  CHECK(served("我把押金退了").key == served("我退了押金").key);
+  CHECK(served("我想退押金").key == served("退押金").key);
+  // "got" is a past: I got the refund, it came.
+  CHECK(key("I got the refund for order 5521") != key("refund order 5521"));
+  CHECK(served("I got the refund for order 5521").key == served("I received the refund for order 5521").key);
+  CHECK(served("I never got my order 5521").key == served("my order 5521 never arrived").key);
+  CHECK(served("get me a refund for order 5521").key == served("refund order 5521").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -213,9 +213,9 @@ bool is_past_form(const std::vector<std::string_view>& units, std::size_t first,
   // Irregular pasts that are not also present forms ("put", "set", "hit",
   // "quit", "split", "shut" are both, so they cannot tell).
   static constexpr std::string_view kIrregular[] = {
-      "sent",  "paid",   "bought", "made",   "done",    "gone",   "came",    "went", "lost", "broke", "taken",
-      "took",  "given",  "gave",   "forgot", "chose",   "chosen", "held",    "kept", "sold", "spent", "told",
-      "found", "frozen", "stolen", "stole",  "written", "wrote",  "brought", "left", "won",  "begun", "began",
+      "sent",   "paid",  "bought",  "made",  "done",    "gone", "came", "went",  "lost",  "broke", "taken", "took",
+      "given",  "gave",  "forgot",  "chose", "chosen",  "held", "kept", "sold",  "spent", "told",  "found", "frozen",
+      "stolen", "stole", "written", "wrote", "brought", "left", "won",  "begun", "began", "got",
   };
   for (std::size_t k = first; k < first + count; ++k) {
     const std::string_view w = units[k];
@@ -1322,12 +1322,20 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
              t[-1].kind == Token::entity) &&
             !(want_then_things || (t[-1].kind == Token::want && t[-1].passive)) &&
             (t + 1 == end || (t[1].kind != Token::object && t[1].kind != Token::entity));
+        const bool done_before_its_thing =
+            t->chinese_verb && t + 2 < end && t[1].kind == Token::perfective &&
+            (t[2].kind == Token::object || t[2].kind == Token::entity) &&
+            std::any_of(begin, t, [](const Token& x) { return x.kind == Token::subject; }) &&
+            std::none_of(begin, t, [](const Token& x) {
+              return x.kind == Token::want || x.kind == Token::polite || x.kind == Token::aux;
+            });
         if (t->kind == Token::object && this_role.empty() &&
-            (t->reported || (t->past && t != begin && t[-1].kind == Token::subject) ||
+            (t->reported || done_before_its_thing || (t->past && t != begin && t[-1].kind == Token::subject) ||
              (t->past && t - begin >= 2 && t[-1].kind == Token::aux && t[-2].kind == Token::subject) ||
              after_what_it_was_done_to ||
              (pending_not && pending_past && !not_waits_for_action && names_its_verb(lex.names[t->name])))) {
           // (押金还没退, "you didn't refund my deposit": not done, which 别退押金 forbids.)
+          // 我退了押金: 了 between it and its thing, after who did it, as 我取消了订单.
           // 你们已经给我退款了: a thing that is its verb, after 已经, reports it (REFUND_DONE); so does
           // its past form after who did it ("I returned item 2" is not "return item 2"; "the named
           // driver", "what's covered" are no report).
@@ -2057,8 +2065,10 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
     }
     // What the action acts on, right after it (details between): 签收了快递, 发错货; not 升级到500兆.
     const std::size_t action = action_after[k + 1];
-    std::size_t acted_on = action + 1;
-    while (acted_on < end && tokens[acted_on].kind == Token::detail) ++acted_on;
+    std::size_t acted_on = action + 1;  // 我儿子帮我改了地址: 了 between, too
+    while (acted_on < end && (tokens[acted_on].kind == Token::detail || tokens[acted_on].kind == Token::perfective)) {
+      ++acted_on;
+    }
     if (for_speaker && !out.empty() && is_thing(out.back()) && action < end && !tokens[action].dao && acted_on < end &&
         is_thing(tokens[acted_on])) {
       out.back().actor = true;
@@ -2076,6 +2086,67 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
     }
   }
   tokens = std::move(out);
+}
+
+// 我把密码重置了, 我老公把订单取消了, 我儿子帮我改地址了: who opens the
+// clause, then 把 or (someone else) 帮我, then the verb and a closing 了
+// reports what was done; without who did it (把订单取消了, 帮我把订单取消了)
+// it still asks. Someone other than the speaker did it (BY.).
+void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens) {
+  const auto is_verb = [](const Token& t) {
+    return t.kind == Token::action || (t.kind == Token::object && t.chinese_verb);
+  };
+  const auto describes = [](const Token& t) {
+    return (t.kind == Token::object && !t.chinese_verb) || t.kind == Token::entity || t.kind == Token::detail ||
+           t.kind == Token::role;
+  };
+  std::size_t start = 0;
+  for (std::size_t end = 0; end <= tokens.size(); ++end) {
+    if (end < tokens.size() && tokens[end].kind != Token::clause_end) continue;
+    std::size_t k = start;
+    bool person = false;
+    while (k < end && ((tokens[k].kind == Token::subject && tokens[k].names_speaker) || is_person(lex, tokens[k]))) {
+      person = person || is_person(lex, tokens[k]);
+      ++k;
+    }
+    // 我儿子能帮我改地址吗: whether someone else can, not "can you".
+    if (person && k > start && k < end && tokens[k].kind == Token::polite && tokens[k].can_you) {
+      if (const auto able = lex.by_name.find("ASK_ABLE"); able != lex.by_name.end()) {
+        tokens[k] = Token{Token::aux, able->second, {}, false};
+        for (std::size_t i = start; i < k; ++i) {
+          if (is_person(lex, tokens[i])) tokens[i].actor = true;
+        }
+      }
+    }
+    // 我儿子帮我把地址改了: someone, 帮我 (read as please), then 把.
+    const bool helps = person && k > start && k + 1 < end && tokens[k].kind == Token::polite &&
+                       lex.names[tokens[k].name] == "POLITE_FOR_ME" && tokens[k + 1].kind == Token::disposal;
+    if (helps) {
+      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(k));
+      --end;
+    }
+    const bool disposal = k > start && k < end && tokens[k].kind == Token::disposal;
+    const bool acts_for_speaker = helps || (person && k > start && tokens[k - 1].actor);
+    // The verb: before a closing 了, things between (改地址了), or right
+    // before 了 with only its things after (改了地址).
+    std::size_t verb = end;
+    if (end >= start + 2 && tokens[end - 1].kind == Token::perfective) {
+      std::size_t j = end - 1;
+      while (j > k && describes(tokens[j - 1])) --j;
+      if (j > k && is_verb(tokens[j - 1])) verb = j - 1;
+    } else {
+      std::size_t j = end;
+      while (j > k && describes(tokens[j - 1])) --j;
+      if (j > k + 1 && j < end && tokens[j - 1].kind == Token::perfective && is_verb(tokens[j - 2])) verb = j - 2;
+    }
+    if ((disposal || acts_for_speaker) && verb < end && verb >= k) {
+      tokens[verb].past = tokens[verb].reported = true;
+      for (std::size_t i = start; i < k; ++i) {
+        if (is_person(lex, tokens[i])) tokens[i].actor = true;
+      }
+    }
+    start = end + 1;
+  }
 }
 
 // 寄不寄, 免不免, 退不退: a word, a negation, the same word again asks a
@@ -3201,6 +3272,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   separated_off(lexicon, tokens);
   when_as_conjunction(tokens);
   benefactive_roles(lexicon, tokens);
+  done_by_who_opens_the_clause(lexicon, tokens);
   tag_question(tokens);
   negated_yes_no_question(lexicon, tokens);
   merge_dates(lexicon, tokens);
