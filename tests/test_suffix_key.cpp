@@ -2763,6 +2763,23 @@ TEST_CASE("suffix key: who did it before 把 or 帮我 reports it (rules v53)") 
   CHECK(served("get me a refund for order 5521").key == served("refund order 5521").key);
 }
 
+TEST_CASE("suffix key: what the eighteenth tuning set found: framings (rules v54)") {
+  // Thanks for not doing it: not done, which "don't" forbids.
+  CHECK(key("thanks for not charging me the roaming fee") != key("don't charge me the roaming fee"));
+  CHECK(served("thanks for not charging me the roaming fee").key.find("NOT-CHARGE_DONE") != std::string::npos);
+  // What someone said would happen, and a worry, are not the request.
+  CHECK(key("I was told I'd get a replacement rather than a refund") !=
+        key("I want a replacement rather than a refund"));
+  CHECK(key("I'm afraid you'll ship the grey sofa, not the green one") != key("ship the grey sofa, not the green one"));
+  CHECK(served("I'm afraid I need to cancel my order").key == served("please cancel my order").key);
+  // 谢谢 then 帮我 and a verb done (了) thanks for it; 谢谢，帮我… still asks.
+  CHECK(key("谢谢帮我开了发票") != key("帮我开下发票"));
+  CHECK(key("谢谢帮我解冻了健身卡") != key("健身卡解冻"));
+  CHECK(served("谢谢，帮我开下发票").key == served("帮我开下发票").key);
+  // Who does it for whom, when the verb is a thing's name (预约).
+  CHECK(key("我帮同事预约体检") != key("同事帮我预约体检"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

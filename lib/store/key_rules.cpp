@@ -551,8 +551,10 @@ class Tokenizer {
                  out[out.size() - 2].kind == Token::benefactive) {
         done_waits_for_action_ = true;  // 已经给我妹转了: 给, my sister, then the verb
       } else if (done_before && out.size() > tokens_before &&
-                 (out.back().kind == Token::detail || out.back().kind == Token::entity)) {
-        // 已经远程重启: a detail before the verb leaves it to the verb
+                 (out.back().kind == Token::detail || out.back().kind == Token::entity ||
+                  (out.back().kind == Token::negation && is_ascii_word(first_unit)))) {
+        // 已经远程重启: a detail before the verb leaves it to the verb ("thanks for not charging me": so does
+        // an English negation)
       } else if (done_before && out.size() > tokens_before && !says_who(out.back().kind) &&
                  (!done_waits_for_action_ || verb_after_disposal)) {
         // 订单已经取消了, 卡被冻结了, 已经给我退款了: the first word after 已经
@@ -2000,7 +2002,9 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
   std::vector<std::size_t> clause_end(n + 1, n), action_after(n + 1, n);
   for (std::size_t i = n; i-- > 0;) {
     clause_end[i] = tokens[i].kind == Token::clause_end ? i : clause_end[i + 1];
-    action_after[i] = tokens[i].kind == Token::action || tokens[i].kind == Token::clause_end ? i : action_after[i + 1];
+    // 同事帮我预约体检: 预约, a thing that is its verb, acts as a verb does.
+    const bool verb = tokens[i].kind == Token::action || (tokens[i].kind == Token::object && tokens[i].chinese_verb);
+    action_after[i] = verb || tokens[i].kind == Token::clause_end ? i : action_after[i + 1];
   }
   std::vector<bool> acted_before(n, false);
   for (std::size_t i = 1; i < n; ++i) {
@@ -2104,6 +2108,13 @@ void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens
   for (std::size_t end = 0; end <= tokens.size(); ++end) {
     if (end < tokens.size() && tokens[end].kind != Token::clause_end) continue;
     std::size_t k = start;
+    // 谢谢帮我开了发票, 谢谢你帮我解冻了健身卡: thanks for what was done, as 你帮我 would report it.
+    const bool thanks = k < end && tokens[k].kind == Token::greeting && lex.names[tokens[k].name] == "THANKS";
+    if (thanks) {
+      ++k;
+      while (k < end && tokens[k].kind == Token::subject && !tokens[k].names_speaker) ++k;
+      if (k < end && tokens[k].kind == Token::polite && lex.names[tokens[k].name] == "POLITE_FOR_ME") ++k;
+    }
     bool person = false;
     while (k < end && ((tokens[k].kind == Token::subject && tokens[k].names_speaker) || is_person(lex, tokens[k]))) {
       person = person || is_person(lex, tokens[k]);
@@ -2139,7 +2150,7 @@ void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens
       while (j > k && describes(tokens[j - 1])) --j;
       if (j > k + 1 && j < end && tokens[j - 1].kind == Token::perfective && is_verb(tokens[j - 2])) verb = j - 2;
     }
-    if ((disposal || acts_for_speaker) && verb < end && verb >= k) {
+    if ((disposal || acts_for_speaker || (thanks && k > start + 1)) && verb < end && verb >= k) {
       tokens[verb].past = tokens[verb].reported = true;
       for (std::size_t i = start; i < k; ++i) {
         if (is_person(lex, tokens[i])) tokens[i].actor = true;
