@@ -2780,6 +2780,13 @@ TEST_CASE("suffix key: what the eighteenth tuning set found: framings (rules v54
   CHECK(key("我帮同事预约体检") != key("同事帮我预约体检"));
 }
 
+TEST_CASE("suffix key: someone opening the clause before a past verb did it (rules v55)") {
+  CHECK(key("I paid for my colleague") != key("my colleague paid for me"));
+  CHECK(key("I booked it for my colleague") != key("my colleague booked it for me"));
+  CHECK(served("my colleague booked a table for me").key == served("my colleague booked me a table").key);
+  CHECK(key("my mom sent me 500") == key("my mom sent 500 to me"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -1614,8 +1614,12 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
   if (speaker_after_action) {
     // "The seller owes me $40" is not "I owe the seller $40": what comes
     // before the action, with the speaker after it, is who acts (BY.).
-    for (std::size_t i = 0; i < things_before_action.first; ++i) c.objects[i].text.insert(0, "BY.");
-    for (std::size_t i = 0; i < things_before_action.second; ++i) c.entities[i].text.insert(0, "BY.");
+    for (std::size_t i = 0; i < things_before_action.first; ++i) {
+      if (!c.objects[i].text.starts_with("BY.")) c.objects[i].text.insert(0, "BY.");
+    }
+    for (std::size_t i = 0; i < things_before_action.second; ++i) {
+      if (!c.entities[i].text.starts_with("BY.")) c.entities[i].text.insert(0, "BY.");
+    }
   }
   // "the outstanding invoices on my account" are "my outstanding invoices":
   // the speaker's account, right after what the request acts on, says nothing
@@ -2149,6 +2153,13 @@ void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens
       std::size_t j = end;
       while (j > k && describes(tokens[j - 1])) --j;
       if (j > k + 1 && j < end && tokens[j - 1].kind == Token::perfective && is_verb(tokens[j - 2])) verb = j - 2;
+    }
+    // "my colleague paid for me", "my mom booked it": someone opening the
+    // clause right before a verb in its past form did it ("I paid for my
+    // colleague" is not the same).
+    if (!thanks && k == start + 1 && person && k < end && tokens[k].kind == Token::action && tokens[k].past &&
+        !tokens[start].owner && !tokens[start].modifies) {
+      tokens[start].actor = true;
     }
     if ((disposal || acts_for_speaker || (thanks && k > start + 1)) && verb < end && verb >= k) {
       tokens[verb].past = tokens[verb].reported = true;
