@@ -1,6 +1,6 @@
 // tests/bench/bench_keys.cpp: how precise the suffix key is (clm/store/suffix_key.hpp,
 // docs/snapshot-store.md) on labelled utterance pairs, English and Chinese:
-// the eighteen tuning sets (tuning, tuning2 .. tuning18; tuning14 English only) and the three frozen held-out
+// the nineteen tuning sets (tuning, tuning2 .. tuning19; tuning14 English only) and the three frozen held-out
 // sets (heldout, heldout2, heldout3) of tests/data/suffix_keys/ (their README says who
 // wrote them, and how).
 //
@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
                                                  "heldout",  "heldout2", "heldout3"};
     if (std::find(std::begin(kSets), std::end(kSets), sets.back()) == std::end(kSets)) {
       clm_bench::die(
-          fmt::format("unknown set \"{}\" (tuning, tuning2 .. tuning18, heldout, heldout2, heldout3)", sets.back()));
+          fmt::format("unknown set \"{}\" (tuning, tuning2 .. tuning19, heldout, heldout2, heldout3)", sets.back()));
     }
     list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
   }
