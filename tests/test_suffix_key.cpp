@@ -2787,6 +2787,20 @@ TEST_CASE("suffix key: someone opening the clause before a past verb did it (rul
   CHECK(key("my mom sent me 500") == key("my mom sent 500 to me"));
 }
 
+TEST_CASE("suffix key: what the nineteenth tuning set found: roles (rules v56)") {
+  // What was asked for and what came are two things, each with its own size.
+  CHECK(key("我要的是中号披萨，你们送来的是大号") != key("我要的是大号披萨，你们送来的是中号"));
+  CHECK(served("东西坏了，给我补发一个").key == served("东西坏了，给我补发一个吧").key);
+  // Someone opening the clause before a negation and the verb, or (in Chinese) before the verb and 了, did it.
+  CHECK(key("I didn't receive the parking fine, my partner did") !=
+        key("my partner didn't receive the parking fine, I did"));
+  CHECK(key("撤回我对司机的评价") != key("司机撤回了对我的评价"));
+  CHECK(key("my wife can't log in") != key("I can't log in"));
+  // 我能帮… asks whether I can, not "can you".
+  CHECK(key("我能帮我爸改手机套餐吗") != key("帮我爸改手机套餐"));
+  CHECK(served("你能帮我爸改手机套餐吗").key == served("帮我爸改手机套餐").key);
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -2124,8 +2124,8 @@ void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens
       person = person || is_person(lex, tokens[k]);
       ++k;
     }
-    // 我儿子能帮我改地址吗: whether someone else can, not "can you".
-    if (person && k > start && k < end && tokens[k].kind == Token::polite && tokens[k].can_you) {
+    // 我儿子能帮我改地址吗: whether someone else can, not "can you"; 我能帮我爸改套餐吗: whether I can.
+    if (k > start && k < end && tokens[k].kind == Token::polite && tokens[k].can_you) {
       if (const auto able = lex.by_name.find("ASK_ABLE"); able != lex.by_name.end()) {
         tokens[k] = Token{Token::aux, able->second, {}, false};
         for (std::size_t i = start; i < k; ++i) {
@@ -2157,9 +2157,20 @@ void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens
     // "my colleague paid for me", "my mom booked it": someone opening the
     // clause right before a verb in its past form did it ("I paid for my
     // colleague" is not the same).
-    if (!thanks && k == start + 1 && person && k < end && tokens[k].kind == Token::action && tokens[k].past &&
-        !tokens[start].owner && !tokens[start].modifies) {
-      tokens[start].actor = true;
+    // So does one before a negation and the verb ("my roommate didn't order
+    // this, I did"), and in Chinese one right before a verb and 了
+    // (司机撤回了对我的评价).
+    const std::size_t after_not = k < end && tokens[k].kind == Token::negation ? k + 1 : k;
+    const bool verb_done_next =
+        after_not < end &&
+        ((tokens[after_not].kind == Token::action && (tokens[after_not].past || after_not > k)) ||
+         (is_verb(tokens[after_not]) && after_not + 1 < end && tokens[after_not + 1].kind == Token::perfective));
+    if (!thanks && k > start && is_person(lex, tokens[k - 1]) && verb_done_next && !tokens[k - 1].owner &&
+        !tokens[k - 1].modifies) {
+      tokens[k - 1].actor = true;
+      if (after_not + 1 < end && tokens[after_not + 1].kind == Token::perfective) {
+        tokens[after_not].past = tokens[after_not].reported = true;
+      }
     }
     if ((disposal || acts_for_speaker || (thanks && k > start + 1)) && verb < end && verb >= k) {
       tokens[verb].past = tokens[verb].reported = true;
@@ -2993,11 +3004,17 @@ void resolve_bare_actions(const Lexicon& lex, std::uint32_t query, const std::ve
     std::move(request.details.begin(), request.details.end(), std::back_inserter(named.details));
     request.details = std::move(named.details);
   };
+  // 我要的是中号披萨，你们送来的是大号: details on both sides describe two
+  // things (what was asked for, what came), not one thing acted on.
+  const auto describes_another = [](const Clause& request, const Clause& named) {
+    return !request.details.empty() && !named.details.empty() && named.actions.empty();
+  };
   std::vector<Clause> resolved;
   resolved.reserve(clauses.size());
   for (std::size_t i = 0; i < clauses.size(); ++i) {
     Clause& c = clauses[i];
-    if (!resolved.empty() && acts_alone(c) && names_things(resolved.back()) && gives_way(resolved.back(), c)) {
+    if (!resolved.empty() && acts_alone(c) && names_things(resolved.back()) && gives_way(resolved.back(), c) &&
+        !describes_another(c, resolved.back())) {
       take_things(c, resolved.back());
       resolved.back() = std::move(c);
     } else if (i == 1 && acts_alone(resolved[0]) && all_negated(resolved[0]) && names_things(c) &&
