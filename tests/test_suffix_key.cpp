@@ -2697,6 +2697,7 @@ TEST_CASE("suffix key: wrong hits found by trying it as a new user would (rules 
   CHECK(key("同一个东西我下单了两次，取消一个") != key("同一个东西我下单了两次，都取消"));
   CHECK(key("其他订单全取消") == key("其他订单全部取消"));
   CHECK(key("电视和宽带都暂停") == key("暂停宽带和电视"));
+  CHECK(served("手机银行、网银都开一下").key == served("帮我开通网银和手机银行").key);
   CHECK(key("手机短信一条都收不到") == key("收不到短信"));
   CHECK(key("都三天了还没发货") == key("三天了还没发货"));
   // The speaker named in a role is part of it: the buyer is not the speaker because a role is named.

@@ -608,8 +608,11 @@ class Tokenizer {
       if (best_len == 1 && (first_unit == "都" || first_unit == "全")) {
         const std::size_t du = i - 1;
         const bool after_one = (du >= 1 && units[du - 1] == "一") || (du >= 2 && units[du - 2] == "一");
-        const bool after_list = std::any_of(out.begin() + static_cast<std::ptrdiff_t>(clause_start_), out.end(),
-                                            [](const Token& t) { return t.kind == Token::coordinator; });
+        // (A list joined by 、 has no and: two things before 都 are one too.)
+        const auto clause = out.begin() + static_cast<std::ptrdiff_t>(clause_start_);
+        const bool after_list =
+            std::any_of(clause, out.end(), [](const Token& t) { return t.kind == Token::coordinator; }) ||
+            std::count_if(clause, out.end(), [](const Token& t) { return t.kind == Token::object; }) >= 2;
         all_mark_ = !after_one && !after_list;
       }
       if (dao && !out.empty() && out.back().kind == Token::action) out.back().dao = true;
