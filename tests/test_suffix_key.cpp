@@ -2800,6 +2800,8 @@ TEST_CASE("suffix key: what the nineteenth tuning set found: roles (rules v56)")
   // 我能帮… asks whether I can, not "can you".
   CHECK(key("我能帮我爸改手机套餐吗") != key("帮我爸改手机套餐"));
   CHECK(served("你能帮我爸改手机套餐吗").key == served("帮我爸改手机套餐").key);
+  // A red packet is not a coupon (v58).
+  CHECK(key("优惠券用不了") != key("红包用不了"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

@@ -256,14 +256,14 @@ int main(int argc, char** argv) {
   for (std::string_view list = argc > 2 ? std::string_view(argv[2])
                                         : "tuning,tuning2,tuning3,tuning4,tuning5,tuning6,tuning7,tuning8,tuning9,"
                                           "tuning10,tuning11,tuning12,tuning13,tuning14,tuning15,tuning16,tuning17,"
-                                          "tuning18,heldout,heldout2,heldout3";
+                                          "tuning18,tuning19,heldout,heldout2,heldout3";
        !list.empty();) {
     const std::size_t comma = list.find(',');
     sets.emplace_back(list.substr(0, comma));
     static constexpr std::string_view kSets[] = {"tuning",   "tuning2",  "tuning3",  "tuning4",  "tuning5",  "tuning6",
                                                  "tuning7",  "tuning8",  "tuning9",  "tuning10", "tuning11", "tuning12",
                                                  "tuning13", "tuning14", "tuning15", "tuning16", "tuning17", "tuning18",
-                                                 "heldout",  "heldout2", "heldout3"};
+                                                 "tuning19", "heldout",  "heldout2", "heldout3"};
     if (std::find(std::begin(kSets), std::end(kSets), sets.back()) == std::end(kSets)) {
       clm_bench::die(
           fmt::format("unknown set \"{}\" (tuning, tuning2 .. tuning19, heldout, heldout2, heldout3)", sets.back()));
