@@ -2788,7 +2788,7 @@ TEST_CASE("suffix key: someone opening the clause before a past verb did it (rul
   CHECK(key("my mom sent me 500") == key("my mom sent 500 to me"));
 }
 
-TEST_CASE("suffix key: what the nineteenth tuning set found: roles (rules v56)") {
+TEST_CASE("suffix key: what the nineteenth tuning set found: roles (rules v56 to v59)") {
   // What was asked for and what came are two things, each with its own size.
   CHECK(key("我要的是中号披萨，你们送来的是大号") != key("我要的是大号披萨，你们送来的是中号"));
   CHECK(served("东西坏了，给我补发一个").key == served("东西坏了，给我补发一个吧").key);
@@ -2802,6 +2802,12 @@ TEST_CASE("suffix key: what the nineteenth tuning set found: roles (rules v56)")
   CHECK(served("你能帮我爸改手机套餐吗").key == served("帮我爸改手机套餐").key);
   // A red packet is not a coupon (v58).
   CHECK(key("优惠券用不了") != key("红包用不了"));
+  // 打扫 is to clean, as "clean" is; 没 says it was not done, 不用 that it need not be (v59).
+  CHECK(key("房间没打扫") != key("房间不用打扫"));
+  CHECK(served("打扫房间").key == served("clean my room").key);
+  CHECK(served("房间没打扫").key == served("my room was not cleaned").key);
+  // 给我的是 is what came, as 送来的是; what was wanted stays apart (v59).
+  CHECK(key("给我的是现金券，我要的是折扣券") != key("给我的是折扣券，我要的是现金券"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {
