@@ -2286,6 +2286,8 @@ void drop_sides_without_thing(std::vector<Token>& tokens) {
 void dao_after_verb(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto to = lex.by_name.find("TO");
   if (to == lex.by_name.end()) return;  // a lexicon of the host's own, without roles
+  std::vector<Token> out;               // written anew, not inserted into: linear however many 到 there are
+  out.reserve(tokens.size() + 4);
   bool action_before = false;
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     Token& t = tokens[i];
@@ -2297,19 +2299,21 @@ void dao_after_verb(const Lexicon& lex, std::vector<Token>& tokens) {
         next < tokens.size() && (tokens[next].kind == Token::object || tokens[next].kind == Token::entity ||
                                  tokens[next].kind == Token::detail);
     if (t.kind == Token::action && t.dao && action_before && thing_after) {
-      t = Token{Token::role, to->second, {}, false};
+      out.push_back(Token{Token::role, to->second, {}, false});
       continue;
     }
     // Between two things with no verb before it, 到 goes from the first to the second: 深圳到成都多少钱
     // is not 成都到深圳多少钱 (the second is where to; the 到 still arrives). Not after money, a verb of
     // its own (退款到银行卡了吗 is 退的钱到银行卡了吗: where it arrives, as before).
-    if (t.kind == Token::action && t.dao && !action_before && i > 0 && tokens[i - 1].kind == Token::object &&
-        !tokens[i - 1].chinese_verb && !name_in(lex.names[tokens[i - 1].name], {"REFUND", "MONEY"}) &&
-        i + 1 < tokens.size() && tokens[i + 1].kind == Token::object) {
-      tokens.insert(tokens.begin() + static_cast<std::ptrdiff_t>(i + 1), Token{Token::role, to->second, {}, false});
-    }
-    if (tokens[i].kind == Token::action) action_before = true;
+    const bool between_things = t.kind == Token::action && t.dao && !action_before && i > 0 &&
+                                tokens[i - 1].kind == Token::object && !tokens[i - 1].chinese_verb &&
+                                !name_in(lex.names[tokens[i - 1].name], {"REFUND", "MONEY"}) && i + 1 < tokens.size() &&
+                                tokens[i + 1].kind == Token::object;
+    if (t.kind == Token::action) action_before = true;
+    out.push_back(std::move(t));
+    if (between_things) out.push_back(Token{Token::role, to->second, {}, false});
   }
+  tokens = std::move(out);
 }
 
 // "Move $200 into savings from checking" is "from checking to savings": a
