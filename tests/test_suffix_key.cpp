@@ -2810,6 +2810,17 @@ TEST_CASE("suffix key: what the nineteenth tuning set found: roles (rules v56 to
   CHECK(key("给我的是现金券，我要的是折扣券") != key("给我的是折扣券，我要的是现金券"));
 }
 
+TEST_CASE("suffix key: a first step named as a thing keeps its place (rules v60)") {
+  // 先 then a thing (售后, 满减, 价保) then 再 and a verb: the thing is the first step.
+  CHECK(key("先确认收货再申请售后") != key("先申请售后再确认收货"));
+  CHECK(key("先满减再用积分") != key("先用积分再满减"));
+  CHECK(key("先取消订单再申请价保") != key("先申请价保再取消订单"));
+  CHECK(served("先申请售后再确认收货").key.find("FIRST.AFTER_SALES") != std::string::npos);
+  // A first step that is a verb keeps the order of actions as before; 先 before a negation is "for now".
+  CHECK(key("先取消订单再退款") != key("先退款再取消订单"));
+  CHECK(key("先别发货") == key("暂时别发货"));
+}
+
 TEST_CASE("suffix key: the labelled pairs") {
   // tests/data/suffix_pairs.tsv: lang, relation, text_a, text_b. Paraphrases
   // should share a key (a miss costs reuse, and is reported); negation,

@@ -88,6 +88,7 @@ struct Token {
   bool verb_first = false;    // object: 退, 退款, 预约 opening a Chinese clause: its verb, when a thing follows
   bool chinese_verb = false;  // object: 退, 退款, 预约 in Chinese, a verb wherever it stands
   bool copular = false;  // speaker: "the buyer is me", "I am the buyer", 我是受益人: the speaker in a role (SELF)
+  bool step_first = false;     // object, entity, detail: the step between 先 and 再 before any verb (FIRST.)
   std::string described = {};  // thing: the details that describe it alone among things joined by and ("LARGE.")
 };
 
@@ -1364,8 +1365,8 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
                           is_person(lex, *t);
         // 改机票上的日期而不是票上的姓名: the name is on the ticket not meant, as the ticket is.
         const bool negated = (pending_not && !not_waits_for_action) || rest_not_meant;
-        list.push_back({this_role + (t->actor ? "BY." : "") + (owns ? "OF." : "") + t->described +
-                            (t->kind == Token::entity ? t->text : lex.names[t->name]),
+        list.push_back({this_role + (t->step_first ? "FIRST." : "") + (t->actor ? "BY." : "") + (owns ? "OF." : "") +
+                            t->described + (t->kind == Token::entity ? t->text : lex.names[t->name]),
                         negated});
         list.back().given_up = negated && (pending_unable || not_wanted) && !rest_not_meant;
         list.back().commands = t->commands;
@@ -1378,7 +1379,7 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
       case Token::detail:
         // "rather than a window one", "Thursday, not Wednesday": with no thing
         // or action after it in the clause, a negation's detail is what is not meant.
-        c.details.push_back({this_role + lex.names[t->name],
+        c.details.push_back({this_role + (t->step_first ? "FIRST." : "") + lex.names[t->name],
                              (pending_not && !not_waits_for_action && t > last_acted_on) || rest_not_meant});
         if (c.details.back().negated) {
           pending_not = false;
@@ -2574,6 +2575,37 @@ void split_at_new_subject(std::vector<Token>& tokens) {
   }
 }
 
+// 先申请售后再确认收货, 先满减再用积分: a first step named as a thing (售后,
+// 满减), before 再 and a verb, is the step done first; in one clause its
+// name would meet the verb's things in their sections, whichever came first
+// (先确认收货再申请售后). It is marked FIRST.; a first step that is a verb
+// keeps the order of actions as it did.
+void first_step_named_as_thing(const Lexicon& lex, std::vector<Token>& tokens) {
+  std::size_t start = 0;
+  for (std::size_t end = 0; end <= tokens.size(); ++end) {
+    if (end < tokens.size() && tokens[end].kind != Token::clause_end) continue;
+    std::size_t first = end, then = end;
+    for (std::size_t i = start; i < end; ++i) {
+      if (tokens[i].kind != Token::sequence) continue;
+      if (first == end && lex.names[tokens[i].name] == "FIRST_OR_FOR_NOW") {
+        first = i;
+      } else if (first != end && lex.names[tokens[i].name] != "FIRST_OR_FOR_NOW") {
+        then = i;
+        break;
+      }
+    }
+    const auto is_action = [](const Token& t) { return t.kind == Token::action; };
+    const auto at = [&tokens](std::size_t i) { return tokens.begin() + static_cast<std::ptrdiff_t>(i); };
+    if (then < end && std::none_of(at(first), at(then), is_action) && std::any_of(at(then), at(end), is_action)) {
+      for (std::size_t i = first + 1; i < then; ++i) {
+        Token& t = tokens[i];
+        if (t.kind == Token::object || t.kind == Token::entity || t.kind == Token::detail) t.step_first = true;
+      }
+    }
+    start = end + 1;
+  }
+}
+
 // "外卖多放点香菜而不是多放辣", "book it for the 8th rather than move it": a
 // contrast word before an action, after another action of its clause, starts
 // a clause of its own, so what each action acts on stays its own (in one
@@ -3333,6 +3365,7 @@ Status KeyRules::build(std::string_view norm, SuffixKey& key) const {
   attach_lone_polite(tokens);
   split_at_new_subject(tokens);
   split_at_contrasted_action(lexicon, tokens);
+  first_step_named_as_thing(lexicon, tokens);
   sort_requests(lexicon, tokens);
   sort_conjuncts(lexicon, tokens);
 
