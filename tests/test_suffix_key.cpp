@@ -2810,7 +2810,7 @@ TEST_CASE("suffix key: what the nineteenth tuning set found: roles (rules v56 to
   CHECK(key("给我的是现金券，我要的是折扣券") != key("给我的是折扣券，我要的是现金券"));
 }
 
-TEST_CASE("suffix key: a first step named as a thing keeps its place (rules v60)") {
+TEST_CASE("suffix key: a first step named as a thing keeps its place (rules v60 and v61)") {
   // 先 then a thing (售后, 满减, 价保) then 再 and a verb: the thing is the first step.
   CHECK(key("先确认收货再申请售后") != key("先申请售后再确认收货"));
   CHECK(key("先满减再用积分") != key("先用积分再满减"));
@@ -2819,6 +2819,8 @@ TEST_CASE("suffix key: a first step named as a thing keeps its place (rules v60)
   // A first step that is a verb keeps the order of actions as before; 先 before a negation is "for now".
   CHECK(key("先取消订单再退款") != key("先退款再取消订单"));
   CHECK(key("先别发货") == key("暂时别发货"));
+  // X出发去Y goes from X to Y (v61).
+  CHECK(key("杭州出发去苏州") != key("苏州出发去杭州"));
 }
 
 TEST_CASE("suffix key: the labelled pairs") {

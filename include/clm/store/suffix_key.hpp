@@ -192,7 +192,7 @@ class SuffixKeyer {
   // same one: the store records it and refuses to open under another.
   std::uint64_t rules_fingerprint() const;
   // The version of the key rules in this library; part of rules_fingerprint().
-  static constexpr std::uint32_t kRulesVersion = 60;
+  static constexpr std::uint32_t kRulesVersion = 61;
 
  private:
   struct Impl;
