@@ -2100,10 +2100,16 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
   tokens = std::move(out);
 }
 
-// 我把密码重置了, 我老公把订单取消了, 我儿子帮我改地址了: who opens the
-// clause, then 把 or (someone else) 帮我, then the verb and a closing 了
-// reports what was done; without who did it (把订单取消了, 帮我把订单取消了)
-// it still asks. Someone other than the speaker did it (BY.).
+// Who did what, read from who opens a clause (rules v53 to v56):
+// - 我把密码重置了, 我老公把订单取消了, 我儿子帮我改地址了: who opens the clause,
+//   then 把 or (someone else) 帮我, then the verb and a closing 了 reports
+//   what was done; without who did it (把订单取消了, 帮我把订单取消了) it still
+//   asks. Someone other than the speaker did it (BY.).
+// - 谢谢帮我开了发票: thanks, then 帮我 and a verb with 了, likewise.
+// - 我儿子能帮我…吗, 我能帮我爸…吗: whether someone can, not "can you".
+// - "my colleague paid for me", "my partner didn't receive it", 司机撤回了对我的
+//   评价: someone opening the clause right before a past verb (or a negation
+//   and the verb, or a verb and 了) did it.
 void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens) {
   const auto is_verb = [](const Token& t) {
     return t.kind == Token::action || (t.kind == Token::object && t.chinese_verb);
@@ -2160,10 +2166,9 @@ void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens
     }
     // "my colleague paid for me", "my mom booked it": someone opening the
     // clause right before a verb in its past form did it ("I paid for my
-    // colleague" is not the same).
-    // So does one before a negation and the verb ("my roommate didn't order
-    // this, I did"), and in Chinese one right before a verb and 了
-    // (司机撤回了对我的评价).
+    // colleague" is not the same). So does one before a negation and the
+    // verb ("my partner didn't receive the fine, I did"), and in Chinese one
+    // right before a verb and 了 (司机撤回了对我的评价).
     const std::size_t after_not = k < end && tokens[k].kind == Token::negation ? k + 1 : k;
     const bool verb_done_next =
         after_not < end &&
