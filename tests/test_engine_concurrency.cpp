@@ -242,6 +242,31 @@ TEST_CASE("concurrency: 8 threads of random lifecycles on one engine with a host
   config.tiers.storage_url = "file://" + storage.str();
   config.model_id = "test-model";                                                   // storage pages are one model's
   const clm::EngineMetrics m = run_concurrent(config, ops_per_thread(100000) / 5);  // storage writes are files
+  // Whether the threads' own prompts come back from storage depends on how they interleave (once, in a CI
+  // rehearsal, none did), so one conversation surely does: asked on an engine, pushed off its device, and asked
+  // again on a second engine over the same directory, whose device and host are empty.
+  std::mt19937 rng(clm_test::fresh_seed());
+  const Tokens first = random_tokens(rng, 10 * kPageSize, kVocab);
+  const auto ask = [](clm::Engine& engine, const Tokens& prompt) {
+    clm::Admission a;
+    REQUIRE(engine.admit(prompt, clm::AdmitOptions{}, a).ok());
+    REQUIRE(engine.finish(a.seq).ok());
+  };
+  {
+    std::unique_ptr<clm::Engine> engine;
+    REQUIRE(clm::Engine::create(config, engine).ok());
+    ask(*engine, first);
+    for (int i = 0; i < 12; ++i) ask(*engine, random_tokens(rng, 16 * kPageSize, kVocab));  // 192 pages > the device
+    engine->wait_for_tiers();
+  }
+  std::unique_ptr<clm::Engine> second;
+  REQUIRE(clm::Engine::create(config, second).ok());
+  ask(*second, first);
+  second->wait_for_tiers();
+  const clm::EngineMetrics again = second->metrics();
+  INFO("second engine: storage hits " << again.tiers.storage_hit_tokens << ", fetched " << again.tiers.fetched_pages);
+  CHECK(again.tiers.storage_hit_tokens > 0);
+  CHECK(again.tiers.fetched_pages > 0);
   INFO("tiers: host hits " << m.tiers.host_hit_tokens << ", storage hits " << m.tiers.storage_hit_tokens << ", stored "
                            << m.tiers.stored_pages << ", fetched " << m.tiers.fetched_pages << ", dropped fetches "
                            << m.tiers.dropped_fetches << ", merged " << m.tiers.merged_fetches << ", timeouts "
