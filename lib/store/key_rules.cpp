@@ -331,6 +331,21 @@ bool says_do_not(const std::vector<std::string_view>& units, std::size_t first, 
 
 // Whether a thing is a person one gives, pays or calls (妈妈, 朋友, 房东): 给我
 // before it is 给 and the speaker's own person (给我妈转账), not 给我 (I want).
+// A verb, or a thing that is its verb in Chinese (退, 退款, 预约): what
+// acts, wherever it stands.
+bool acts_as_verb(const Token& t) { return t.kind == Token::action || (t.kind == Token::object && t.chinese_verb); }
+
+// 我取消了订单, 你们退了押金, 我退了押金: 了 between the verb at t and its
+// thing, after who did it, reports it (a request puts 了 at the end:
+// 把订单取消了); not after a want, a polite form or an auxiliary.
+bool done_before_its_thing(const Token* begin, const Token* t, const Token* end) {
+  return t + 2 < end && t[1].kind == Token::perfective && (t[2].kind == Token::object || t[2].kind == Token::entity) &&
+         std::any_of(begin, t, [](const Token& x) { return x.kind == Token::subject; }) &&
+         std::none_of(begin, t, [](const Token& x) {
+           return x.kind == Token::want || x.kind == Token::polite || x.kind == Token::aux;
+         });
+}
+
 bool is_person(const Lexicon& lex, const Token& t) {
   return t.kind == Token::object && is_person_name(lex.names[t.name]);
 }
@@ -1301,17 +1316,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
                                    (t[-2].kind == Token::object || t[-2].kind == Token::entity);
         const bool asked_done = t->past && ((want_then_things && after_thing) || after_passive) &&
                                 (t + 1 == end || (t[1].kind != Token::object && t[1].kind != Token::entity));
-        // 我取消了订单, 你们退了押金: 了 between the verb and its thing, after who did it, reports it
-        // (a request puts 了 at the end: 把订单取消了).
-        const bool done_before_its_thing =
-            t + 2 < end && t[1].kind == Token::perfective &&
-            (t[2].kind == Token::object || t[2].kind == Token::entity) &&
-            std::any_of(begin, t, [](const Token& x) { return x.kind == Token::subject; }) &&
-            std::none_of(begin, t, [](const Token& x) {
-              return x.kind == Token::want || x.kind == Token::polite || x.kind == Token::aux;
-            });
-        c.actions.push_back({lex.names[t->name], pending_not,
-                             (t->past && !asked_done) || (pending_not && pending_past) || done_before_its_thing});
+        c.actions.push_back(
+            {lex.names[t->name], pending_not,
+             (t->past && !asked_done) || (pending_not && pending_past) || done_before_its_thing(begin, t, end)});
         c.actions.back().nominal = t->nominal;
         c.actions.back().unable = pending_not && pending_unable;
         pending_not = false;
@@ -1328,15 +1335,9 @@ Clause make_clause(const Lexicon& lex, std::uint32_t query, const Token* begin, 
              t[-1].kind == Token::entity) &&
             !(want_then_things || (t[-1].kind == Token::want && t[-1].passive)) &&
             (t + 1 == end || (t[1].kind != Token::object && t[1].kind != Token::entity));
-        const bool done_before_its_thing =
-            t->chinese_verb && t + 2 < end && t[1].kind == Token::perfective &&
-            (t[2].kind == Token::object || t[2].kind == Token::entity) &&
-            std::any_of(begin, t, [](const Token& x) { return x.kind == Token::subject; }) &&
-            std::none_of(begin, t, [](const Token& x) {
-              return x.kind == Token::want || x.kind == Token::polite || x.kind == Token::aux;
-            });
         if (t->kind == Token::object && this_role.empty() &&
-            (t->reported || done_before_its_thing || (t->past && t != begin && t[-1].kind == Token::subject) ||
+            (t->reported || (t->chinese_verb && done_before_its_thing(begin, t, end)) ||
+             (t->past && t != begin && t[-1].kind == Token::subject) ||
              (t->past && t - begin >= 2 && t[-1].kind == Token::aux && t[-2].kind == Token::subject) ||
              after_what_it_was_done_to ||
              (pending_not && pending_past && !not_waits_for_action && names_its_verb(lex.names[t->name])))) {
@@ -2011,8 +2012,7 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
   for (std::size_t i = n; i-- > 0;) {
     clause_end[i] = tokens[i].kind == Token::clause_end ? i : clause_end[i + 1];
     // 同事帮我预约体检: 预约, a thing that is its verb, acts as a verb does.
-    const bool verb = tokens[i].kind == Token::action || (tokens[i].kind == Token::object && tokens[i].chinese_verb);
-    action_after[i] = verb || tokens[i].kind == Token::clause_end ? i : action_after[i + 1];
+    action_after[i] = acts_as_verb(tokens[i]) || tokens[i].kind == Token::clause_end ? i : action_after[i + 1];
   }
   std::vector<bool> acted_before(n, false);
   for (std::size_t i = 1; i < n; ++i) {
@@ -2111,9 +2111,6 @@ void benefactive_roles(const Lexicon& lex, std::vector<Token>& tokens) {
 //   评价: someone opening the clause right before a past verb (or a negation
 //   and the verb, or a verb and 了) did it.
 void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens) {
-  const auto is_verb = [](const Token& t) {
-    return t.kind == Token::action || (t.kind == Token::object && t.chinese_verb);
-  };
   const auto describes = [](const Token& t) {
     return (t.kind == Token::object && !t.chinese_verb) || t.kind == Token::entity || t.kind == Token::detail ||
            t.kind == Token::role;
@@ -2158,11 +2155,11 @@ void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens
     if (end >= start + 2 && tokens[end - 1].kind == Token::perfective) {
       std::size_t j = end - 1;
       while (j > k && describes(tokens[j - 1])) --j;
-      if (j > k && is_verb(tokens[j - 1])) verb = j - 1;
+      if (j > k && acts_as_verb(tokens[j - 1])) verb = j - 1;
     } else {
       std::size_t j = end;
       while (j > k && describes(tokens[j - 1])) --j;
-      if (j > k + 1 && j < end && tokens[j - 1].kind == Token::perfective && is_verb(tokens[j - 2])) verb = j - 2;
+      if (j > k + 1 && j < end && tokens[j - 1].kind == Token::perfective && acts_as_verb(tokens[j - 2])) verb = j - 2;
     }
     // "my colleague paid for me", "my mom booked it": someone opening the
     // clause right before a verb in its past form did it ("I paid for my
@@ -2173,7 +2170,7 @@ void done_by_who_opens_the_clause(const Lexicon& lex, std::vector<Token>& tokens
     const bool verb_done_next =
         after_not < end &&
         ((tokens[after_not].kind == Token::action && (tokens[after_not].past || after_not > k)) ||
-         (is_verb(tokens[after_not]) && after_not + 1 < end && tokens[after_not + 1].kind == Token::perfective));
+         (acts_as_verb(tokens[after_not]) && after_not + 1 < end && tokens[after_not + 1].kind == Token::perfective));
     if (!thanks && k > start && is_person(lex, tokens[k - 1]) && verb_done_next && !tokens[k - 1].owner &&
         !tokens[k - 1].modifies) {
       tokens[k - 1].actor = true;
